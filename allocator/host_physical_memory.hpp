@@ -1,0 +1,56 @@
+// Physical memory of the simulated device: offset ranges of one memfd (Note [Host physical memory]).
+//
+// Note [Host physical memory]
+// HostBackend's physical handles must be mappable at several virtual addresses at once (that is
+// what makes stitching real: two views of one handle see the same bytes), so they live in a
+// file, not in anonymous memory. File descriptors are few, so all handles share one memfd and a
+// handle is an offset range of it. The file is sparse: its size is address space, not RAM; pages
+// cost memory only once touched, and freeing a range punches a hole so the RAM goes back at
+// once. The file is sized at kFileSlack times the device capacity so that offset fragmentation
+// cannot make a creation fail while the device still has capacity (capacity is enforced by
+// HostBackend, not here).
+//
+// Contract: not thread-safe (HostBackend serialises all calls under its memory lock). Owns the
+// file descriptor. Ranges are handed out first-fit, lowest offset first; freed ranges coalesce.
+// Invariant: free ranges and allocated ranges are disjoint and together cover [0, file_bytes).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+
+namespace stowage {
+
+class HostPhysicalMemory {
+ public:
+  static constexpr std::size_t kFileSlack = 4;
+
+  // capacity_bytes: the device capacity; alignment: every range's size and offset is a multiple.
+  HostPhysicalMemory(std::size_t capacity_bytes, std::size_t alignment);
+  ~HostPhysicalMemory();
+  HostPhysicalMemory(const HostPhysicalMemory&) = delete;
+  HostPhysicalMemory& operator=(const HostPhysicalMemory&) = delete;
+
+  int fd() const noexcept { return fd_; }
+
+  // Returns the offset of a fresh zero-filled range of `bytes`, or nullopt if the file has no
+  // free range that large. bytes must be a positive multiple of the alignment.
+  std::optional<std::size_t> try_allocate(std::size_t bytes);
+  // Returns a range to the file and its RAM to the system. The range must be allocated.
+  void free(std::size_t offset, std::size_t bytes);
+
+  std::size_t allocated_bytes() const noexcept { return allocated_bytes_; }
+  std::size_t file_bytes() const noexcept { return file_bytes_; }
+
+  // Throws InternalError if the free list is inconsistent with the allocated byte count.
+  void check_invariants() const;
+
+ private:
+  int fd_ = -1;
+  std::size_t alignment_;
+  std::size_t file_bytes_;
+  std::size_t allocated_bytes_ = 0;
+  std::map<std::size_t, std::size_t> free_ranges_;  // offset -> bytes; coalesced, disjoint
+};
+
+}  // namespace stowage

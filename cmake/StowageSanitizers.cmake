@@ -1,0 +1,15 @@
+# Sanitizer configurations build the C++ core and its tests only: no torch, no CUDA, no
+# benchmarks, so they stay fast. The flags go to every target of the build.
+if(STOWAGE_SANITIZER STREQUAL "address-undefined")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=address,undefined)
+elseif(STOWAGE_SANITIZER STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT STOWAGE_SANITIZER STREQUAL "")
+  message(FATAL_ERROR "STOWAGE_SANITIZER must be '', 'address-undefined' or 'thread', not '${STOWAGE_SANITIZER}'")
+endif()
+if(STOWAGE_SANITIZER)
+  set(STOWAGE_WITH_CUDA OFF)
+  set(STOWAGE_WITH_TORCH OFF)
+endif()

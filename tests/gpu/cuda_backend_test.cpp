@@ -1,0 +1,40 @@
+// CudaBackend joins the DeviceBackend conformance suite on every visible GPU. Without a GPU the
+// factory returns nullptr and every case skips.
+#include "allocator/cuda_backend.hpp"
+#include "allocator/errors.hpp"
+#include "tests/conformance/backend_conformance.hpp"
+
+namespace stowage::testing {
+namespace {
+
+std::unique_ptr<DeviceBackend> make_cuda() {
+  if (!CudaBackend::available()) return nullptr;
+  return std::make_unique<CudaBackend>(0);
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaBackend, BackendConformance,
+                         ::testing::Values(BackendUnderTest{"gpu0", make_cuda, false}),
+                         backend_test_name);
+
+TEST(CudaBackend, DeviceCountNeverThrows) {
+  EXPECT_GE(CudaBackend::device_count(), 0);
+}
+
+TEST(CudaBackend, RefusesADeviceThatDoesNotExist) {
+  EXPECT_THROW(CudaBackend(-1), LogicError);
+  EXPECT_THROW(CudaBackend(CudaBackend::device_count() + 7), Error);
+}
+
+TEST(CudaBackend, DescribesARealDevice) {
+  if (!CudaBackend::available()) GTEST_SKIP() << "no GPU";
+  CudaBackend backend(0);
+  const DeviceProperties& properties = backend.properties();
+  EXPECT_FALSE(properties.pci_bus_id.empty());
+  EXPECT_GT(properties.total_bytes, std::size_t{1} << 30);
+  if (properties.virtual_memory) {
+    EXPECT_GE(properties.granularity, std::size_t{1} << 21);
+  }
+}
+
+}  // namespace
+}  // namespace stowage::testing
