@@ -43,9 +43,18 @@ if(NOT STOWAGE_WITH_TORCH STREQUAL "OFF")
   endif()
 endif()
 
-# --- offload: hwloc places pinned host memory on the GPU's NUMA node. ---
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+# --- offload: hwloc places pinned host memory on the GPU's NUMA node. Found by path rather than
+# pkg-config so a prefix of unpacked Debian packages (tests/gpu/run.sh) works as well. ---
+find_path(STOWAGE_HWLOC_INCLUDE_DIR hwloc.h)
+find_library(STOWAGE_HWLOC_LIBRARY hwloc)
+if(NOT STOWAGE_HWLOC_INCLUDE_DIR OR NOT STOWAGE_HWLOC_LIBRARY)
+  message(FATAL_ERROR "hwloc not found (Debian: libhwloc-dev): run tools/bootstrap")
+endif()
+add_library(stowage::hwloc UNKNOWN IMPORTED)
+set_target_properties(stowage::hwloc PROPERTIES
+  IMPORTED_LOCATION "${STOWAGE_HWLOC_LIBRARY}"
+  INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${STOWAGE_HWLOC_INCLUDE_DIR}"
+  INTERFACE_INCLUDE_DIRECTORIES "${STOWAGE_HWLOC_INCLUDE_DIR}")
 
 if(STOWAGE_BUILD_TESTS)
   find_package(GTest REQUIRED)
