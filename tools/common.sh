@@ -7,3 +7,7 @@ STOWAGE_VENV="${STOWAGE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/stowage/venv-py${S
 STOWAGE_VENV_PYTHON="$STOWAGE_VENV/bin/python"
 STOWAGE_JOBS="${STOWAGE_JOBS:-$(nproc)}"
 export CCACHE_DIR="${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}"
+# Paths inside the clone are hashed relative to it, so every clone (CI's fresh ones included)
+# shares one warm cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$STOWAGE_ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
