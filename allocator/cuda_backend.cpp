@@ -74,6 +74,7 @@ struct DriverApi {
   PFN_cuGetErrorName_v6000 get_error_name = nullptr;
   PFN_cuGetErrorString_v6000 get_error_string = nullptr;
   PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;  // runtime ordinal -> CUdevice
   PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state = nullptr;
   PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity = nullptr;
@@ -118,6 +119,7 @@ DriverApi load_driver_api() {
   look_up("cuGetErrorName", api.get_error_name, api.missing);
   look_up("cuGetErrorString", api.get_error_string, api.missing);
   look_up("cuCtxGetCurrent", api.ctx_get_current, api.missing);
+  look_up("cuDeviceGet", api.device_get, api.missing);
   look_up("cuDevicePrimaryCtxGetState", api.primary_ctx_get_state, api.missing);
   look_up("cuDeviceGetAttribute", api.device_get_attribute, api.missing);
   look_up("cuMemGetAllocationGranularity", api.mem_get_allocation_granularity, api.missing);
@@ -170,10 +172,12 @@ class DeviceGuard {
            driver_.ctx_get_current(&context) != CUDA_SUCCESS || context != nullptr;
   }
 
-  bool primary_context_active(int device) const noexcept {
+  bool primary_context_active(int ordinal) const noexcept {
+    CUdevice device = 0;
     unsigned int flags = 0;
     int active = 0;
-    return driver_.primary_ctx_get_state == nullptr ||
+    return driver_.device_get == nullptr || driver_.primary_ctx_get_state == nullptr ||
+           driver_.device_get(&device, ordinal) != CUDA_SUCCESS ||
            driver_.primary_ctx_get_state(device, &flags, &active) != CUDA_SUCCESS || active != 0;
   }
 
@@ -182,6 +186,19 @@ class DeviceGuard {
   int previous_ = -1;
   bool restore_ = false;
 };
+
+// cudaStreamIsCapturing in cudaStreamCaptureModeRelaxed (a global-mode capture on another thread
+// cannot object), then the thread's own mode back. Clears the runtime's last error it set.
+cudaError_t capture_status(cudaStream_t stream, cudaStreamCaptureStatus& capture) noexcept {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t status = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (status == cudaSuccess) {
+    status = cudaStreamIsCapturing(stream, &capture);
+    clear_if_last(cudaThreadExchangeStreamCaptureMode(&mode));  // back to the thread's mode
+  }
+  clear_if_last(status);
+  return status;
+}
 
 // Runs and deletes a function given to enqueue_host_function. CUDA calls it exactly once.
 void CUDART_CB run_host_function(void* data) noexcept {
@@ -197,7 +214,8 @@ void CUDART_CB run_host_function(void* data) noexcept {
 }  // namespace
 
 struct CudaBackend::Impl {
-  int device = 0;
+  int device = 0;          // the runtime ordinal, for runtime calls
+  CUdevice cu_device = 0;  // the driver's device of that ordinal, for driver calls
   DriverApi driver;
   DeviceProperties properties;
   std::string no_vmm_reason;          // why properties.virtual_memory is false; else empty
@@ -244,22 +262,25 @@ struct CudaBackend::Impl {
                   " was not created by this backend, or was destroyed");
   }
 
-  // Fills `allocation` and properties.granularity; returns why VMM is unusable, or "".
-  // Needs a current context. A runtime ordinal is also the driver's CUdevice.
+  // Fills cu_device, `allocation` and properties.granularity; returns why VMM is unusable, or
+  // "". Needs a current context.
   std::string probe_virtual_memory() {
     if (!driver.missing.empty()) {
       return "the driver lacks " + driver.missing;
     }
+    if (const CUresult got = driver.device_get(&cu_device, device); got != CUDA_SUCCESS) {
+      return "cuDeviceGet failed: " + driver.error_text(got);
+    }
     int supported = 0;
     const CUresult status = driver.device_get_attribute(
-        &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+        &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device);
     if (status != CUDA_SUCCESS || supported == 0) {
       return status != CUDA_SUCCESS ? "cuDeviceGetAttribute failed: " + driver.error_text(status)
                                     : "the device does not support virtual memory management";
     }
     allocation.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     allocation.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    allocation.location.id = device;
+    allocation.location.id = cu_device;
     const CUresult queried = driver.mem_get_allocation_granularity(
         &properties.granularity, &allocation, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (queried != CUDA_SUCCESS || properties.granularity == 0) {
@@ -273,11 +294,8 @@ struct CudaBackend::Impl {
 int CudaBackend::device_count() noexcept {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) {
-    clear_if_last(status);
-    return 0;
-  }
-  return count;
+  clear_if_last(status);
+  return status == cudaSuccess ? count : 0;
 }
 
 CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
@@ -407,7 +425,7 @@ void CudaBackend::set_access(void* address, std::size_t bytes) {
   const DeviceGuard guard = impl_->vmm_guard();
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = impl_->device;
+  access.location.id = impl_->cu_device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_set_access(to_cu(address), bytes, &access, 1),
                    "cuMemSetAccess(", address, ", ", bytes, " bytes, read-write)");
@@ -515,9 +533,14 @@ void CudaBackend::enqueue_host_function(Stream stream, std::function<void()> fn)
   auto owned = std::make_unique<std::function<void()>>(std::move(fn));
   const DeviceGuard guard = impl_->guard();
   // Under graph capture the function would become a graph node run at every replay, while
-  // run_host_function deletes it after the first: refuse.
+  // run_host_function deletes it after the first: refuse. The legacy Stream{0} answers
+  // cudaErrorStreamCaptureImplicit while a blocking stream captures (the capture survives the
+  // query, not a launch): refuse too.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  STOWAGE_CUDART_CHECK(impl_->device, cudaStreamIsCapturing(to_cuda(stream), &capture));
+  const cudaError_t status = capture_status(to_cuda(stream), capture);
+  STOWAGE_CHECK(status != cudaErrorStreamCaptureImplicit,
+                "enqueue_host_function on legacy Stream{0} during a blocking stream's capture");
+  STOWAGE_CUDART_THROW_IF(impl_->device, status, "cudaStreamIsCapturing");
   STOWAGE_CHECK(capture == cudaStreamCaptureStatusNone,
                 "enqueue_host_function on a stream under CUDA graph capture");
   STOWAGE_CUDART_CHECK(impl_->device,

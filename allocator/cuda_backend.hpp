@@ -41,17 +41,25 @@ namespace stowage {
 // are neither freed nor tracked (the layer above may still hold them; the process's exit
 // returns them), so free them first.
 //
+// VMM rules: this backend does not check the VMM rules of backend.hpp itself; it passes each
+// call to the driver, which judges it. A call the driver refuses is a BackendError here (where
+// HostBackend raises LogicError). The driver is more lenient than HostBackend: it may accept
+// what HostBackend refuses, such as mapping part of a handle, a mapping that spans two
+// reservations, releasing a reservation that still has mappings, or set_access over part of a
+// mapping. Code must follow the rules of backend.hpp regardless: a breach shows on HostBackend,
+// not necessarily here.
+//
 // Errors: out-of-memory from try_allocate_segment, try_create_physical and try_allocate_pinned
 // is a soft failure (empty result; the runtime's last error is cleared). Every other CUDA
-// failure throws BackendError naming the call and CUDA's error name and text; the VMM rules of
-// backend.hpp are judged by the driver, so breaking one is a BackendError here (HostBackend,
-// which enforces them itself, raises LogicError). The VMM calls throw BackendError when
-// properties().virtual_memory is false. Misuse the backend can see without asking CUDA throws
-// LogicError: bytes == 0 to try_allocate_segment / try_allocate_pinned, nullptr to free_segment /
-// free_pinned, Stream{0} or a stream it did not create to destroy_stream, an event it did not
-// create (or Event{0}, or one destroyed), an empty function, or a host function enqueued on a
-// stream under graph capture (it would run at every replay but is freed after its first run).
-// A host function that throws despite the contract is reported on stderr and dropped.
+// failure throws BackendError naming the call and CUDA's error name and text. The VMM calls
+// throw BackendError when properties().virtual_memory is false. Misuse the backend can see
+// without asking CUDA throws LogicError: bytes == 0 to try_allocate_segment /
+// try_allocate_pinned, nullptr to free_segment / free_pinned, Stream{0} or a stream it did not
+// create to destroy_stream, an event it did not create (or Event{0}, or one destroyed), an
+// empty function, or a host function enqueued on a stream under graph capture (it would run at
+// every replay but is freed after its first run) or on Stream{0} while a blocking stream of the
+// device is capturing (the launch would break that capture). A host function that throws
+// despite the contract is reported on stderr and dropped.
 class CudaBackend final : public DeviceBackend {
  public:
   // Opens CUDA device `device_index` (a CUDA runtime ordinal) and initialises its primary

@@ -1,6 +1,6 @@
 #include "allocator/fault_injector.hpp"
 
-#include <algorithm>
+#include <vector>
 
 #include "allocator/errors.hpp"
 
@@ -24,6 +24,7 @@ std::string_view backend_call_name(BackendCall call) noexcept {
     case BackendCall::kMemset: return "memset_async";
     case BackendCall::kAllocatePinned: return "allocate_pinned";
     case BackendCall::kFreePinned: return "free_pinned";
+    case BackendCall::kCount: break;
   }
   return "unknown";
 }
@@ -39,14 +40,14 @@ void FaultInjector::clear() {
   armed_.clear();
 }
 
-bool FaultInjector::should_fail(BackendCall call) {
+bool FaultInjector::should_fail(BackendCall call, std::uint64_t* call_number) {
   std::lock_guard lock(mutex_);
   const std::uint64_t count = ++calls_[static_cast<std::size_t>(call)];
-  const auto hit = std::find_if(armed_.begin(), armed_.end(), [&](const Armed& armed) {
+  if (call_number != nullptr) *call_number = count;
+  const auto hits = std::erase_if(armed_, [&](const Armed& armed) {
     return armed.call == call && armed.at_call == count;
   });
-  if (hit == armed_.end()) return false;
-  armed_.erase(hit);
+  if (hits == 0) return false;
   ++fired_;
   return true;
 }

@@ -34,8 +34,9 @@ enum class BackendCall : std::uint8_t {
   kMemset,
   kAllocatePinned,
   kFreePinned,
+  kCount,  // the number of kinds, not a kind
 };
-inline constexpr std::size_t kBackendCallKinds = 16;
+inline constexpr std::size_t kBackendCallKinds = static_cast<std::size_t>(BackendCall::kCount);
 
 // "allocate_segment", "map", ...: the name used in messages and in the selfcheck's output.
 std::string_view backend_call_name(BackendCall call) noexcept;
@@ -46,8 +47,9 @@ class FaultInjector {
   void fail_nth(BackendCall call, std::uint64_t n);
   // Disarms every fault.
   void clear();
-  // Counts one call of `call`; true when an armed fault fires on it.
-  bool should_fail(BackendCall call);
+  // Counts one call of `call`; true when an armed fault fires on it (every fault armed for that
+  // call fires together). `call_number`, when given, receives the call's number.
+  bool should_fail(BackendCall call, std::uint64_t* call_number = nullptr);
   std::uint64_t calls(BackendCall call) const;
   std::uint64_t faults_fired() const;
 

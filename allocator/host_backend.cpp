@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <thread>
 
 #include "allocator/errors.hpp"
@@ -48,34 +51,43 @@ std::uintptr_t to_address(const void* ptr) { return reinterpret_cast<std::uintpt
 
 }  // namespace
 
-HostBackend::HostBackend(HostBackendOptions options)
-    : options_(options),
-      max_mappings_(options.max_mappings != 0 ? options.max_mappings : default_max_mappings()),
-      virtual_memory_(options.capacity_bytes, options.granularity),
-      streams_(options.synchronous) {
-  STOWAGE_CHECK(options.capacity_bytes > 0, "a simulated device needs a positive capacity");
+// Checked before any member is built from the options.
+HostBackendOptions HostBackend::validated(HostBackendOptions options) {
+  STOWAGE_CHECK(options.capacity_bytes > 0 && options.capacity_bytes <= kMaxCapacity,
+                "a simulated device's capacity must be between 1 byte and ", kMaxCapacity,
+                " bytes, not ", options.capacity_bytes);
+  STOWAGE_CHECK(std::has_single_bit(options.granularity) && options.granularity % page_size() == 0,
+                "the granularity must be a power of two and a multiple of the host page size (",
+                page_size(), "), not ", options.granularity);
   STOWAGE_CHECK(options.copy_bytes_per_second >= 0, "copy bandwidth must not be negative");
+  return options;
+}
+
+HostBackend::HostBackend(HostBackendOptions options)
+    : options_(validated(options)),
+      max_mappings_(options_.max_mappings != 0 ? options_.max_mappings : default_max_mappings()),
+      segment_memory_(options_.capacity_bytes, options_.release_freed_memory),
+      virtual_memory_(options_.capacity_bytes, options_.granularity),
+      streams_(options_.synchronous) {
   properties_.name = "stowage simulated device (HostBackend)";
-  properties_.device_index = options.device_index;
-  properties_.total_bytes = options.capacity_bytes;
+  properties_.device_index = options_.device_index;
+  properties_.total_bytes = options_.capacity_bytes;
   properties_.virtual_memory = true;
-  properties_.granularity = options.granularity;
+  properties_.granularity = options_.granularity;
 }
 
 HostBackend::~HostBackend() {
   streams_.synchronize_all();
-  for (const auto& [base, bytes] : segments_) {
-    ::munmap(reinterpret_cast<void*>(base), round_up(bytes, page_size()));
-  }
   for (const auto& [base, bytes] : pinned_) {
     ::munmap(reinterpret_cast<void*>(base), round_up(bytes, page_size()));
   }
 }
 
 void HostBackend::fail_if_injected(BackendCall call) {
-  if (faults_.should_fail(call)) {
+  std::uint64_t call_number = 0;
+  if (faults_.should_fail(call, &call_number)) {
     STOWAGE_THROW(BackendError, "injected fault in ", backend_call_name(call), " (call #",
-                  faults_.calls(call), ")");
+                  call_number, ")");
   }
 }
 
@@ -99,7 +111,7 @@ std::size_t HostBackend::pinned_bytes() const {
 }
 
 std::size_t HostBackend::kernel_mappings_locked() const {
-  return segments_.size() + pinned_.size() + virtual_memory_.reservation_count() +
+  return 1 + pinned_.size() + virtual_memory_.reservation_count() +
          2 * virtual_memory_.mapping_count();
 }
 
@@ -125,8 +137,7 @@ void* HostBackend::try_allocate_segment(std::size_t bytes) {
   if (faults_.should_fail(BackendCall::kAllocateSegment)) return nullptr;
   std::lock_guard lock(memory_mutex_);
   if (bytes > options_.capacity_bytes - used_bytes_locked()) return nullptr;
-  check_mapping_room_locked(1);
-  void* ptr = map_anonymous(bytes);
+  void* ptr = segment_memory_.try_allocate(bytes);
   if (ptr == nullptr) return nullptr;  // the host is out of address space: out of memory too
   segments_.emplace(to_address(ptr), bytes);
   segment_bytes_ += bytes;
@@ -135,13 +146,13 @@ void* HostBackend::try_allocate_segment(std::size_t bytes) {
 
 void HostBackend::free_segment(void* ptr) {
   fail_if_injected(BackendCall::kFreeSegment);
+  // cudaFree waits for the device: work still queued on the segment finishes first.
+  streams_.synchronize_all();
   std::lock_guard lock(memory_mutex_);
   const auto it = segments_.find(to_address(ptr));
   STOWAGE_CHECK(it != segments_.end(), "free of ", ptr,
                 ", which is not a live segment of this device");
-  if (::munmap(ptr, round_up(it->second, page_size())) != 0) {
-    STOWAGE_THROW(BackendError, "munmap of a segment failed: ", std::strerror(errno));
-  }
+  segment_memory_.free(ptr, it->second);
   segment_bytes_ -= it->second;
   segments_.erase(it);
 }
@@ -165,14 +176,7 @@ std::optional<PhysicalHandle> HostBackend::try_create_physical(std::size_t bytes
   if (faults_.should_fail(BackendCall::kCreatePhysical)) return std::nullopt;
   std::lock_guard lock(memory_mutex_);
   if (bytes > options_.capacity_bytes - used_bytes_locked()) return std::nullopt;
-  const auto handle = virtual_memory_.try_create(bytes);
-  // The device file is kFileSlack times the capacity, so it runs out of room only under
-  // pathological fragmentation of its offsets; say so rather than report a false OOM.
-  if (!handle) {
-    STOWAGE_THROW(BackendError, "the simulated device's physical file has no contiguous ",
-                  bytes, " bytes left although the capacity allows them");
-  }
-  return handle;
+  return virtual_memory_.try_create(bytes);
 }
 
 void HostBackend::release_physical(PhysicalHandle handle) {
@@ -235,16 +239,32 @@ void HostBackend::stream_wait_event(Stream stream, Event event) {
 
 void HostBackend::check_range_locked(const void* ptr, std::size_t bytes, const char* what) const {
   const std::uintptr_t address = to_address(ptr);
-  auto segment = segments_.upper_bound(address);
-  if (segment != segments_.begin()) {
-    --segment;
-    if (address < segment->first + segment->second) {
-      STOWAGE_CHECK(address + bytes <= segment->first + segment->second, what, " of ", bytes,
-                    " bytes at ", ptr, " runs past the end of its segment");
-      return;
+  STOWAGE_CHECK(ptr != nullptr, what, " is a null pointer");
+  STOWAGE_CHECK(bytes <= std::numeric_limits<std::uintptr_t>::max() - address, what, " of ",
+                bytes, " bytes at ", ptr, " runs past the end of memory");
+  const std::uintptr_t end = address + bytes;
+  // The device or pinned allocation holding `address`, if any, must hold the whole range.
+  for (const auto* allocations : {&segments_, &pinned_}) {
+    auto it = allocations->upper_bound(address);
+    if (it != allocations->begin()) {
+      const auto holder = std::prev(it);
+      if (address < holder->first + holder->second) {
+        STOWAGE_CHECK(bytes <= holder->first + holder->second - address, what, " of ", bytes,
+                      " bytes at ", ptr, " runs past the end of its ",
+                      allocations == &segments_ ? "segment" : "pinned buffer");
+        return;
+      }
     }
+    // Host memory must not run into an allocation either.
+    STOWAGE_CHECK(it == allocations->end() || it->first >= end, what, " of ", bytes, " bytes at ",
+                  ptr, " runs into device or pinned memory it does not belong to");
   }
-  if (virtual_memory_.reserved(ptr)) virtual_memory_.check_accessible(ptr, bytes);
+  if (virtual_memory_.reserved(ptr)) {
+    virtual_memory_.check_accessible(ptr, bytes);
+    return;
+  }
+  STOWAGE_CHECK(!virtual_memory_.reserved(reinterpret_cast<const void*>(end - 1)), what, " of ",
+                bytes, " bytes at ", ptr, " runs into reserved device address space");
   // Anything else is host memory, which copies may read and write as under UVA.
 }
 
@@ -303,6 +323,8 @@ void* HostBackend::try_allocate_pinned(std::size_t bytes) {
 
 void HostBackend::free_pinned(void* ptr) {
   fail_if_injected(BackendCall::kFreePinned);
+  // cudaFreeHost waits for the device, as cudaFree does.
+  streams_.synchronize_all();
   std::lock_guard lock(memory_mutex_);
   const auto it = pinned_.find(to_address(ptr));
   STOWAGE_CHECK(it != pinned_.end(), "free of ", ptr, ", which is not a live pinned buffer");
@@ -314,6 +336,7 @@ void HostBackend::free_pinned(void* ptr) {
 void HostBackend::check_invariants() const {
   std::lock_guard lock(memory_mutex_);
   virtual_memory_.check_invariants();
+  segment_memory_.check_invariants();
   std::size_t segment_bytes = 0;
   std::uintptr_t previous_end = 0;
   for (const auto& [base, bytes] : segments_) {

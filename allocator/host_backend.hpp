@@ -6,11 +6,12 @@
 // streams run on worker threads (Note [Host streams]); copies are memcpy, optionally slowed to a
 // bandwidth. So code that passes on HostBackend passes on a GPU.
 //
-// - Segments are mmap(MAP_NORESERVE): an 80 GiB device costs no RAM until its pages are touched.
+// - Segments are carved from one MAP_NORESERVE region (Note [Host segments]): an 80 GiB device
+//   costs no RAM until its pages are touched, and a freed segment's pages are reused cheaply.
 // - The kernel limits a process to vm.max_map_count mappings (about 65k). HostBackend counts the
-//   kernel mappings it creates (segments, pinned buffers, reservations, and two per mapped
-//   handle, for the split reservation around it) and refuses, with a BackendError naming the
-//   limit, any call that would pass max_mappings.
+//   kernel mappings it creates (pinned buffers, reservations, and two per mapped handle, for the
+//   split reservation around it) and refuses, with a BackendError naming the limit, any call
+//   that would pass max_mappings.
 // - Fault injection: faults().fail_nth(BackendCall::kMap, 3) makes the third map from now fail.
 //   try_* calls then report out-of-memory; every other call throws BackendError and changes
 //   nothing.
@@ -27,6 +28,7 @@
 
 #include "allocator/backend.hpp"
 #include "allocator/fault_injector.hpp"
+#include "allocator/host_segment_memory.hpp"
 #include "allocator/host_streams.hpp"
 #include "allocator/host_virtual_memory.hpp"
 
@@ -42,11 +44,16 @@ struct HostBackendOptions {
   double copy_bytes_per_second = 0;        // bandwidth limit of copies; 0 = memcpy speed
   std::size_t pinned_capacity_bytes = 0;   // limit on pinned host memory; 0 = none
   std::size_t max_mappings = 0;            // kernel mappings allowed; 0 = from vm.max_map_count
+  bool release_freed_memory = false;       // give freed segments' RAM back to the kernel at once
   int device_index = 0;
 };
 
 class HostBackend final : public DeviceBackend {
  public:
+  // 1 PiB: far beyond any GPU, and small enough that no size computation can overflow.
+  static constexpr std::size_t kMaxCapacity = std::size_t{1} << 50;
+
+  // Throws LogicError naming the first bad option.
   explicit HostBackend(HostBackendOptions options = {});
   ~HostBackend() override;
 
@@ -96,13 +103,15 @@ class HostBackend final : public DeviceBackend {
   void check_invariants() const;
 
  private:
+  static HostBackendOptions validated(HostBackendOptions options);
   // Throws BackendError if a fault is armed for this call.
   void fail_if_injected(BackendCall call);
   std::size_t used_bytes_locked() const;
   std::size_t kernel_mappings_locked() const;
   // Throws BackendError if `added` more kernel mappings would pass max_mappings_.
   void check_mapping_room_locked(std::size_t added) const;
-  // Throws LogicError unless [ptr, ptr + bytes) is host memory or valid device memory.
+  // Throws LogicError unless [ptr, ptr + bytes) lies wholly in host memory, in one segment or
+  // pinned buffer, or in accessible mapped memory.
   void check_range_locked(const void* ptr, std::size_t bytes, const char* what) const;
 
   const HostBackendOptions options_;
@@ -111,6 +120,7 @@ class HostBackend final : public DeviceBackend {
   FaultInjector faults_;
 
   mutable std::mutex memory_mutex_;  // guards everything below but streams_
+  HostSegmentMemory segment_memory_;
   std::map<std::uintptr_t, std::size_t> segments_;  // base -> bytes
   std::size_t segment_bytes_ = 0;
   std::map<std::uintptr_t, std::size_t> pinned_;    // base -> bytes

@@ -6,18 +6,18 @@
 // file, not in anonymous memory. File descriptors are few, so all handles share one memfd and a
 // handle is an offset range of it. The file is sparse: its size is address space, not RAM; pages
 // cost memory only once touched, and freeing a range punches a hole so the RAM goes back at
-// once. The file is sized at kFileSlack times the device capacity so that offset fragmentation
-// cannot make a creation fail while the device still has capacity (capacity is enforced by
-// HostBackend, not here).
+// once. The file starts at kFileSlack times the device capacity and grows when its offsets are
+// too fragmented for a request, so fragmentation never fails a creation (capacity is enforced
+// by HostBackend, not here).
 //
 // Contract: not thread-safe (HostBackend serialises all calls under its memory lock). Owns the
-// file descriptor. Ranges are handed out first-fit, lowest offset first; freed ranges coalesce.
-// Invariant: free ranges and allocated ranges are disjoint and together cover [0, file_bytes).
+// file descriptor. Ranges come from a RangeAllocator over the file (first fit, coalescing).
 #pragma once
 
 #include <cstddef>
-#include <map>
 #include <optional>
+
+#include "allocator/range_allocator.hpp"
 
 namespace stowage {
 
@@ -33,24 +33,20 @@ class HostPhysicalMemory {
 
   int fd() const noexcept { return fd_; }
 
-  // Returns the offset of a fresh zero-filled range of `bytes`, or nullopt if the file has no
-  // free range that large. bytes must be a positive multiple of the alignment.
+  // Returns the offset of a fresh zero-filled range of `bytes`, growing the file if needed;
+  // nullopt only if the file cannot grow. bytes must be a positive multiple of the alignment.
   std::optional<std::size_t> try_allocate(std::size_t bytes);
   // Returns a range to the file and its RAM to the system. The range must be allocated.
-  void free(std::size_t offset, std::size_t bytes);
+  void free(std::size_t offset, std::size_t bytes) noexcept;
 
-  std::size_t allocated_bytes() const noexcept { return allocated_bytes_; }
-  std::size_t file_bytes() const noexcept { return file_bytes_; }
+  std::size_t allocated_bytes() const noexcept { return ranges_.allocated_bytes(); }
+  std::size_t file_bytes() const noexcept { return ranges_.total(); }
 
-  // Throws InternalError if the free list is inconsistent with the allocated byte count.
-  void check_invariants() const;
+  void check_invariants() const { ranges_.check_invariants(); }
 
  private:
   int fd_ = -1;
-  std::size_t alignment_;
-  std::size_t file_bytes_;
-  std::size_t allocated_bytes_ = 0;
-  std::map<std::size_t, std::size_t> free_ranges_;  // offset -> bytes; coalesced, disjoint
+  RangeAllocator ranges_;
 };
 
 }  // namespace stowage

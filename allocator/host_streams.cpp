@@ -1,10 +1,10 @@
 #include "allocator/host_streams.hpp"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "allocator/errors.hpp"
+#include "allocator/log.hpp"
 
 namespace stowage {
 
@@ -31,7 +31,7 @@ class HostStreamSet::Worker {
     if (!thread_.joinable()) {
       // Synchronous mode: one caller at a time, so the stream stays in order.
       std::lock_guard inline_lock(inline_mutex_);
-      task();
+      run_task(task);
       return;
     }
     {
@@ -43,6 +43,11 @@ class HostStreamSet::Worker {
   }
 
   void synchronize() {
+    if (!thread_.joinable()) {
+      // Synchronous mode: a task another thread is running inline finishes first.
+      std::lock_guard inline_lock(inline_mutex_);
+      return;
+    }
     std::unique_lock lock(mutex_);
     const std::uint64_t target = enqueued_;
     done_.wait(lock, [&] { return completed_ >= target; });
@@ -57,10 +62,22 @@ class HostStreamSet::Worker {
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
       lock.unlock();
-      task();
+      run_task(task);
       lock.lock();
       ++completed_;
       done_.notify_all();
+    }
+  }
+
+  // Tasks must not throw (the contract); one that does is reported and dropped, the same way in
+  // both modes and on CudaBackend, rather than terminating a worker thread.
+  static void run_task(const std::function<void()>& task) noexcept {
+    try {
+      task();
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("a task on a simulated stream threw; dropped: ", error.what()));
+    } catch (...) {
+      log_warning("a task on a simulated stream threw; dropped");
     }
   }
 
@@ -75,24 +92,37 @@ class HostStreamSet::Worker {
   std::thread thread_;
 };
 
-// One event: how many times it was recorded, and the latest recording that has completed.
-struct HostStreamSet::EventState {
+// One recording of an event: the point in its stream's work that it captured.
+struct HostStreamSet::Recording {
   std::mutex mutex;
-  std::condition_variable completed_changed;
-  std::uint64_t recorded = 0;
-  std::uint64_t completed = 0;
+  std::condition_variable done_changed;
+  bool done = false;
 
-  void complete(std::uint64_t recording) {
+  void complete() {
     {
       std::lock_guard lock(mutex);
-      completed = std::max(completed, recording);
+      done = true;
     }
-    completed_changed.notify_all();
+    done_changed.notify_all();
   }
-
-  void wait_for(std::uint64_t recording) {
+  bool is_done() {
+    std::lock_guard lock(mutex);
+    return done;
+  }
+  void wait() {
     std::unique_lock lock(mutex);
-    completed_changed.wait(lock, [&] { return completed >= recording; });
+    done_changed.wait(lock, [&] { return done; });
+  }
+};
+
+// An event is its latest published recording (Note [Host streams]); none: never recorded.
+struct HostStreamSet::EventState {
+  std::mutex mutex;
+  std::shared_ptr<Recording> latest;
+
+  std::shared_ptr<Recording> current() {
+    std::lock_guard lock(mutex);
+    return latest;
   }
 };
 
@@ -175,39 +205,28 @@ void HostStreamSet::destroy_event(Event event) {
 void HostStreamSet::record_event(Event event, Stream stream) {
   const auto state = find_event(event);
   const auto worker = find_worker(stream);
-  std::uint64_t recording = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    recording = ++state->recorded;
-  }
-  worker->enqueue([state, recording] { state->complete(recording); });
+  auto recording = std::make_shared<Recording>();
+  // Enqueue the completion first, publish the recording after: whoever sees a recording knows
+  // its completion is already queued, so a wait on it can never sit in front of it.
+  worker->enqueue([recording] { recording->complete(); });
+  std::lock_guard lock(state->mutex);
+  state->latest = std::move(recording);
 }
 
 bool HostStreamSet::query_event(Event event) {
-  const auto state = find_event(event);
-  std::lock_guard lock(state->mutex);
-  return state->completed >= state->recorded;
+  const auto recording = find_event(event)->current();
+  return recording == nullptr || recording->is_done();
 }
 
 void HostStreamSet::synchronize_event(Event event) {
-  const auto state = find_event(event);
-  std::uint64_t recording = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    recording = state->recorded;
-  }
-  state->wait_for(recording);
+  const auto recording = find_event(event)->current();
+  if (recording != nullptr) recording->wait();
 }
 
 void HostStreamSet::stream_wait_event(Stream stream, Event event) {
-  const auto state = find_event(event);
-  const auto worker = find_worker(stream);
-  std::uint64_t recording = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    recording = state->recorded;
-  }
-  worker->enqueue([state, recording] { state->wait_for(recording); });
+  const auto recording = find_event(event)->current();
+  if (recording == nullptr) return;  // never recorded: nothing to wait for
+  find_worker(stream)->enqueue([recording] { recording->wait(); });
 }
 
 std::size_t HostStreamSet::stream_count() const {

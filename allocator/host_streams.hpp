@@ -2,11 +2,13 @@
 //
 // Note [Host streams]
 // Each stream is an in-order queue of tasks run by a worker thread of its own, so work on two
-// streams really overlaps and stream-ordering bugs show up as they would on a GPU. An event
-// counts its recordings; record_event enqueues a task that marks the current recording done, so
-// an event completes exactly when its stream reaches it. stream_wait_event captures the event's
-// latest recording at enqueue time (like cudaStreamWaitEvent) and blocks the waiting stream's
-// worker until that recording completes. A never-recorded event is complete.
+// streams really overlaps and stream-ordering bugs show up as they would on a GPU. Each
+// record_event makes a new recording, enqueues the task that completes it, and only then
+// publishes it as the event's latest; query, synchronize and stream_wait_event act on the
+// recording that was latest when they were called (as in CUDA, recording the event again later
+// does not change what an earlier wait waits for). stream_wait_event blocks the waiting stream's
+// worker until that recording completes. A never-recorded event is complete. A task that throws
+// is reported and dropped.
 //
 // Synchronous mode (for replay and deterministic tests) runs every task inline, on the caller's
 // thread, before enqueue returns; no threads are started.
@@ -56,6 +58,7 @@ class HostStreamSet {
 
  private:
   class Worker;
+  struct Recording;
   struct EventState;
 
   // Looked-up objects are shared so a concurrent destroy cannot free one under a caller.

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <limits>
 
 #include "allocator/errors.hpp"
 
@@ -54,6 +55,9 @@ void HostVirtualMemory::check_granular(std::size_t value, const char* what) cons
 
 void* HostVirtualMemory::reserve(std::size_t bytes, std::size_t alignment) {
   STOWAGE_CHECK(bytes > 0, "cannot reserve an empty address range");
+  STOWAGE_CHECK(bytes <= kMaxReservation && alignment <= kMaxReservation, "cannot reserve ",
+                bytes, " bytes aligned to ", alignment, ": more than the ", kMaxReservation,
+                " bytes of address space a process can have");
   check_granular(bytes, "reservation size");
   if (alignment < granularity_) alignment = granularity_;
   STOWAGE_CHECK(std::has_single_bit(alignment), "reservation alignment ", alignment,
@@ -129,7 +133,7 @@ HostVirtualMemory::Reservation& HostVirtualMemory::reservation_holding(std::uint
   STOWAGE_CHECK(it != reservations_.begin(), what, " at 0x", std::hex, address, std::dec,
                 " is outside every reserved address range");
   --it;
-  STOWAGE_CHECK(address + bytes <= it->first + it->second.bytes, what, " of ", bytes,
+  STOWAGE_CHECK(bytes <= it->first + it->second.bytes - address, what, " of ", bytes,
                 " bytes at 0x", std::hex, address, std::dec,
                 " does not lie inside one reserved address range");
   return it->second;
@@ -222,6 +226,8 @@ void HostVirtualMemory::check_accessible(const void* address, std::size_t bytes)
   const Reservation* reservation = find_reservation(start);
   STOWAGE_CHECK(reservation != nullptr, "0x", std::hex, start, std::dec,
                 " is not in a reserved range");
+  STOWAGE_CHECK(bytes <= std::numeric_limits<std::uintptr_t>::max() - start, bytes,
+                " bytes at 0x", std::hex, start, std::dec, " run past the end of memory");
   const std::uintptr_t end = start + bytes;
   auto it = reservation->mappings.upper_bound(start);
   STOWAGE_CHECK(it != reservation->mappings.begin(), "device memory at 0x", std::hex, start,

@@ -35,6 +35,9 @@ namespace stowage {
 
 class HostVirtualMemory {
  public:
+  // x86-64 and AArch64 user address space: no reservation can be larger.
+  static constexpr std::size_t kMaxReservation = std::size_t{1} << 47;
+
   // capacity_bytes sizes the physical file; granularity is a multiple of the host page size.
   HostVirtualMemory(std::size_t capacity_bytes, std::size_t granularity);
   ~HostVirtualMemory();

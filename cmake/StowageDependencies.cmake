@@ -1,6 +1,8 @@
 # Finds what the build needs and decides the AUTO options. Every dependency comes from Debian's
 # packages or from the virtual environment that tools/bootstrap prepares; nothing is vendored.
 find_package(Threads REQUIRED)
+# Boost.Intrusive (headers only) indexes the allocator's blocks without allocating.
+find_package(Boost 1.74 REQUIRED)
 
 # --- CUDA: CudaBackend needs the runtime headers and libcudart only (never libcuda). ---
 set(STOWAGE_HAVE_CUDA OFF)

@@ -14,10 +14,14 @@
 
 #include "allocator/errors.hpp"
 #include "tests/conformance/pattern.hpp"
+#include "tests/support/captured_log.hpp"
+#include "tests/support/gate.hpp"
 
 namespace stowage {
 namespace {
 
+using testing::CapturedLog;
+using testing::Gate;
 using testing::pattern;
 
 HostBackendOptions small_device(std::size_t capacity = 64 * kMiB) {
@@ -270,22 +274,23 @@ TEST(HostBackend, InjectedFaultsFailTheChosenCallOnly) {
 
 TEST(HostBackend, RefusesToPassItsKernelMappingLimit) {
   HostBackendOptions options = small_device();
-  options.max_mappings = 5;
-  HostBackend backend(options);
+  options.max_mappings = 6;
+  HostBackend backend(options);  // 1 mapping: the segment region
+  EXPECT_EQ(backend.kernel_mappings(), 1u);
   const std::size_t g = backend.properties().granularity;
-  char* base = static_cast<char*>(backend.reserve_address_range(4 * g));  // 1 mapping
+  char* base = static_cast<char*>(backend.reserve_address_range(4 * g));  // 2
   const auto a = backend.try_create_physical(g);
   const auto b = backend.try_create_physical(g);
   const auto c = backend.try_create_physical(g);
-  backend.map(base, g, *a);      // 3
-  backend.map(base + g, g, *b);  // 5
+  backend.map(base, g, *a);      // 4
+  backend.map(base + g, g, *b);  // 6
   try {
     backend.map(base + 2 * g, g, *c);
-    FAIL() << "a sixth kernel mapping was allowed";
+    FAIL() << "a seventh kernel mapping was allowed";
   } catch (const BackendError& error) {
     EXPECT_NE(std::string(error.what()).find("max_map_count"), std::string::npos) << error.what();
   }
-  EXPECT_EQ(backend.kernel_mappings(), 5u);
+  EXPECT_EQ(backend.kernel_mappings(), 6u);
   backend.unmap(base + g, g);
   backend.map(base + 2 * g, g, *c);
   backend.check_invariants();
@@ -373,6 +378,189 @@ TEST(HostBackend, ConcurrentCallersKeepTheAccountsStraight) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(backend.used_bytes(), 0u);
   backend.check_invariants();
+}
+
+TEST_F(HostVmmRules, ANonZeroOffsetIsRefusedEvenForAWholeHandle) {
+  const auto handle = backend_.try_create_physical(2 * g_);
+  EXPECT_THROW(backend_.map(base_, 2 * g_, *handle, g_), LogicError);
+  EXPECT_EQ(backend_.kernel_mappings(), 2u) << "nothing was mapped";
+}
+
+TEST_F(HostVmmRules, AHandleMappedTwiceIsFreedAtItsLastUnmap) {
+  const auto handle = backend_.try_create_physical(g_);
+  backend_.map(base_, g_, *handle);
+  backend_.map(base_ + 4 * g_, g_, *handle);
+  backend_.release_physical(*handle);
+  backend_.unmap(base_, g_);
+  EXPECT_EQ(backend_.used_bytes(), g_) << "one view is left";
+  backend_.unmap(base_ + 4 * g_, g_);
+  EXPECT_EQ(backend_.used_bytes(), 0u);
+  backend_.check_invariants();
+}
+
+TEST(HostBackend, BadOptionsAreRefusedWithTheirName) {
+  auto refused = [](HostBackendOptions options, const char* part) {
+    try {
+      HostBackend backend(options);
+      ADD_FAILURE() << "accepted: " << part;
+    } catch (const LogicError& error) {
+      EXPECT_NE(std::string(error.what()).find(part), std::string::npos) << error.what();
+    }
+  };
+  HostBackendOptions options;
+  options.granularity = 0;
+  refused(options, "granularity");
+  options.granularity = 3 * kMiB;
+  refused(options, "granularity");
+  options = {};
+  options.capacity_bytes = 0;
+  refused(options, "capacity");
+  options.capacity_bytes = HostBackend::kMaxCapacity + 1;
+  refused(options, "capacity");
+  options = {};
+  options.copy_bytes_per_second = -1;
+  refused(options, "bandwidth");
+}
+
+TEST(HostBackend, HugeOrWildArgumentsAreRefusedNotOverflowed) {
+  HostBackend backend(small_device());
+  const std::size_t g = backend.properties().granularity;
+  const std::size_t huge = ~std::size_t{0};
+  EXPECT_EQ(backend.try_allocate_segment(huge), nullptr);
+  EXPECT_FALSE(backend.try_create_physical(huge / g * g).has_value());
+  EXPECT_THROW(backend.reserve_address_range(huge / g * g), LogicError);
+  EXPECT_THROW(backend.reserve_address_range(g, std::size_t{1} << 62), LogicError);
+  void* segment = backend.try_allocate_segment(4096);
+  std::vector<char> host(8192);
+  EXPECT_THROW(backend.copy_async(segment, host.data(), huge, Stream{0}), LogicError);
+  EXPECT_THROW(backend.copy_async(nullptr, host.data(), 16, Stream{0}), LogicError);
+  EXPECT_THROW(backend.copy_async(host.data(), nullptr, 16, Stream{0}), LogicError);
+  // A host range that runs into the segment from below.
+  auto* below = static_cast<char*>(segment) - 64;
+  EXPECT_THROW(backend.copy_async(below, host.data(), 128, Stream{0}), LogicError);
+  backend.synchronize_device();
+  backend.free_segment(segment);
+  backend.check_invariants();
+}
+
+TEST(HostBackend, EveryInjectedFaultFailsOneCallAndChangesNothing) {
+  HostBackend backend(small_device(256 * kMiB));  // room for what the retried calls leave
+  const std::size_t g = backend.properties().granularity;
+  std::vector<char> host(64);
+  for (std::size_t kind = 0; kind < kBackendCallKinds; ++kind) {
+    const auto call = static_cast<BackendCall>(kind);
+    SCOPED_TRACE(std::string(backend_call_name(call)));
+    // State every call can act on.
+    void* segment = backend.try_allocate_segment(4096);
+    void* pinned = backend.try_allocate_pinned(4096);
+    void* range = backend.reserve_address_range(2 * g);
+    void* spare = backend.reserve_address_range(g);  // empty: releasable
+    const auto handle = backend.try_create_physical(g);
+    ASSERT_TRUE(segment && pinned && range && spare && handle);
+    backend.map(range, g, *handle);
+    const Stream stream = backend.create_stream();
+    const Event event = backend.create_event();
+    const std::size_t used = backend.used_bytes();
+    const std::size_t mappings = backend.kernel_mappings();
+
+    backend.faults().fail_nth(call, 1);
+    auto attempt = [&]() -> bool {  // true: the call reported its failure
+      switch (call) {
+        case BackendCall::kAllocateSegment: return backend.try_allocate_segment(4096) == nullptr;
+        case BackendCall::kFreeSegment: backend.free_segment(segment); return false;
+        case BackendCall::kReserve: backend.reserve_address_range(g); return false;
+        case BackendCall::kReleaseReservation: backend.release_address_range(spare, g); return false;
+        case BackendCall::kCreatePhysical: return !backend.try_create_physical(g).has_value();
+        case BackendCall::kReleasePhysical: backend.release_physical(*handle); return false;
+        case BackendCall::kMap: backend.map(static_cast<char*>(range) + g, g, *handle); return false;
+        case BackendCall::kSetAccess: backend.set_access(range, g); return false;
+        case BackendCall::kUnmap: backend.unmap(range, g); return false;
+        case BackendCall::kCreateStream: backend.create_stream(); return false;
+        case BackendCall::kCreateEvent: backend.create_event(); return false;
+        case BackendCall::kRecordEvent: backend.record_event(event, stream); return false;
+        case BackendCall::kCopy: backend.copy_async(segment, host.data(), 64, stream); return false;
+        case BackendCall::kMemset: backend.memset_async(segment, 0, 64, stream); return false;
+        case BackendCall::kAllocatePinned: return backend.try_allocate_pinned(4096) == nullptr;
+        case BackendCall::kFreePinned: backend.free_pinned(pinned); return false;
+        case BackendCall::kCount: break;
+      }
+      return false;
+    };
+    bool failed = false;
+    try {
+      failed = attempt();
+    } catch (const BackendError& error) {
+      failed = std::string(error.what()).find("injected fault") != std::string::npos;
+    }
+    EXPECT_TRUE(failed);
+    EXPECT_EQ(backend.used_bytes(), used);
+    EXPECT_EQ(backend.kernel_mappings(), mappings);
+    backend.check_invariants();
+    // The same call succeeds now, on the state left unchanged.
+    EXPECT_NO_THROW(attempt());
+
+    backend.synchronize_device();
+    backend.destroy_event(event);
+    backend.destroy_stream(stream);
+    if (call != BackendCall::kFreeSegment) backend.free_segment(segment);
+    if (call != BackendCall::kFreePinned) backend.free_pinned(pinned);
+    if (call == BackendCall::kMap) backend.unmap(range, 2 * g);
+    if (call != BackendCall::kMap && call != BackendCall::kUnmap) backend.unmap(range, g);
+    if (call != BackendCall::kReleasePhysical) backend.release_physical(*handle);
+    backend.release_address_range(range, 2 * g);
+    if (call != BackendCall::kReleaseReservation) backend.release_address_range(spare, g);
+  }
+  EXPECT_EQ(backend.faults().faults_fired(), kBackendCallKinds);
+}
+
+TEST(HostBackend, FreeingASegmentWaitsForWorkStillQueuedOnIt) {
+  HostBackendOptions options = small_device();
+  HostBackend backend(options);
+  const Stream stream = backend.create_stream();
+  void* segment = backend.try_allocate_segment(kMiB);
+  std::vector<char> host(kMiB, 5);
+  std::atomic<bool> copied{false};
+  backend.enqueue_host_function(stream, [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
+  backend.copy_async(segment, host.data(), kMiB, stream);
+  backend.enqueue_host_function(stream, [&] { copied = true; });
+  backend.free_segment(segment);
+  EXPECT_TRUE(copied.load()) << "cudaFree semantics: the device finishes first";
+  backend.destroy_stream(stream);
+}
+
+TEST(HostBackend, AHostFunctionThatThrowsIsReportedAndTheStreamGoesOn) {
+  for (const bool synchronous : {false, true}) {
+    HostBackendOptions options = small_device();
+    options.synchronous = synchronous;
+    HostBackend backend(options);
+    CapturedLog log;
+    bool ran_after = false;
+    backend.enqueue_host_function(Stream{0}, [] { throw std::runtime_error("boom"); });
+    backend.enqueue_host_function(Stream{0}, [&] { ran_after = true; });
+    backend.synchronize_stream(Stream{0});
+    EXPECT_TRUE(ran_after);
+    ASSERT_EQ(log.lines().size(), 1u);
+    EXPECT_NE(log.lines()[0].find("boom"), std::string::npos);
+  }
+}
+
+TEST(HostBackend, SynchronousModeSynchronizeWaitsForAnotherThreadsInlineWork) {
+  HostBackendOptions options = small_device();
+  options.synchronous = true;
+  HostBackend backend(options);
+  std::atomic<bool> started{false};
+  std::atomic<bool> finished{false};
+  std::thread worker([&] {
+    backend.enqueue_host_function(Stream{0}, [&] {
+      started = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      finished = true;
+    });
+  });
+  while (!started.load()) std::this_thread::yield();
+  backend.synchronize_stream(Stream{0});
+  EXPECT_TRUE(finished.load());
+  worker.join();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "allocator/errors.hpp"
+#include "tests/support/gate.hpp"
 
 namespace stowage::testing {
 
@@ -44,20 +45,6 @@ bool BackendConformance::skip_without_virtual_memory() {
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-// A stream gate: a host function that blocks its stream until open() is called.
-class Gate {
- public:
-  Gate() : opened_(promise_.get_future().share()) {}
-  std::function<void()> blocker() const {
-    return [opened = opened_] { opened.wait(); };
-  }
-  void open() { promise_.set_value(); }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> opened_;
-};
 
 #define SKIP_IF_SYNCHRONOUS()                                                         \
   if (GetParam().synchronous) GTEST_SKIP() << "stream work runs inline on this backend"
@@ -226,7 +213,7 @@ TEST_P(BackendConformance, HandlesAreMappedFromOffsetZero) {
   void* base = backend_->reserve_address_range(2 * g);
   const auto handle = backend_->try_create_physical(2 * g);
   ASSERT_TRUE(handle);
-  EXPECT_THROW(backend_->map(base, g, *handle, g), Error);
+  EXPECT_THROW(backend_->map(base, g, *handle, g), Error);  // the second half of the handle
   backend_->map(base, 2 * g, *handle, 0);
   backend_->unmap(base, 2 * g);
   backend_->release_physical(*handle);
@@ -271,24 +258,71 @@ TEST_P(BackendConformance, EventCompletesWhenItsStreamReachesIt) {
 TEST_P(BackendConformance, StreamRunsItsWorkInOrder) {
   const Stream stream = backend_->create_stream();
   void* segment = backend_->try_allocate_segment(kMiB);
-  ASSERT_NE(segment, nullptr);
+  // Pinned staging: a copy from pageable memory may read it when enqueued, not when it runs.
+  auto* staging = static_cast<std::uint8_t*>(backend_->try_allocate_pinned(kMiB));
+  auto* result = static_cast<std::uint8_t*>(backend_->try_allocate_pinned(kMiB));
+  ASSERT_TRUE(segment && staging && result);
+  std::memset(staging, 0, kMiB);
+  std::memset(result, 0, kMiB);
   const auto expected = pattern(kMiB, 21);
-  std::vector<std::uint8_t> staging(kMiB, 0);
-  std::vector<std::uint8_t> result(kMiB, 0);
   std::vector<int> order;
   // The host function fills the staging buffer; the copies that follow must see its bytes.
   backend_->enqueue_host_function(stream, [&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    std::memcpy(staging.data(), expected.data(), kMiB);
+    std::memcpy(staging, expected.data(), kMiB);
     order.push_back(1);
   });
-  backend_->copy_async(segment, staging.data(), kMiB, stream);
-  backend_->copy_async(result.data(), segment, kMiB, stream);
+  backend_->copy_async(segment, staging, kMiB, stream);
+  backend_->copy_async(result, segment, kMiB, stream);
   backend_->enqueue_host_function(stream, [&] { order.push_back(2); });
   backend_->synchronize_stream(stream);
-  EXPECT_EQ(result, expected);
+  EXPECT_EQ(std::memcmp(result, expected.data(), kMiB), 0);
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  backend_->destroy_stream(stream);
+  backend_->free_pinned(staging);
+  backend_->free_pinned(result);
   backend_->free_segment(segment);
+}
+
+TEST_P(BackendConformance, AWaitIsForTheRecordingItSawNotALaterOne) {
+  SKIP_IF_SYNCHRONOUS();
+  const Stream slow = backend_->create_stream();
+  const Stream idle = backend_->create_stream();
+  const Stream waiter = backend_->create_stream();
+  const Event event = backend_->create_event();
+  Gate gate;
+  std::atomic<bool> slow_done{false};
+  std::atomic<bool> waited_too_little{false};
+  backend_->enqueue_host_function(slow, gate.blocker());
+  backend_->enqueue_host_function(slow, [&] { slow_done = true; });
+  backend_->record_event(event, slow);
+  backend_->stream_wait_event(waiter, event);  // waits for the slow stream's recording
+  backend_->record_event(event, idle);         // a later recording that completes at once
+  backend_->synchronize_stream(idle);
+  backend_->enqueue_host_function(waiter, [&] { waited_too_little = !slow_done.load(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  gate.open();
+  backend_->synchronize_stream(waiter);
+  EXPECT_FALSE(waited_too_little.load());
+  backend_->destroy_event(event);
+  for (const Stream stream : {slow, idle, waiter}) backend_->destroy_stream(stream);
+}
+
+TEST_P(BackendConformance, RecordingAndWaitingRaceWithoutDeadlock) {
+  // Two threads: one records the event on a stream again and again, the other makes the same
+  // stream wait for it. Every wait must find its recording already queued.
+  const Stream stream = backend_->create_stream();
+  const Event event = backend_->create_event();
+  std::atomic<bool> stop{false};
+  std::thread recorder([&] {
+    while (!stop.load()) backend_->record_event(event, stream);
+  });
+  for (int i = 0; i < 3000; ++i) backend_->stream_wait_event(stream, event);
+  stop = true;
+  recorder.join();
+  backend_->synchronize_stream(stream);
+  EXPECT_TRUE(backend_->query_event(event));
+  backend_->destroy_event(event);
   backend_->destroy_stream(stream);
 }
 

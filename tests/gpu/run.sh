@@ -44,10 +44,14 @@ export PATH="$PATH:/usr/local/cuda/bin"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 status=0
-cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTOWAGE_WITH_CUDA=ON \
-  -DPython3_EXECUTABLE="$(command -v python3)" 2>&1 | tee "$out/configure.txt" | grep -E "stowage:|Error" \
-  && cmake --build build/gpu --parallel "$(nproc)" >"$out/build.txt" 2>&1 \
-  || { echo "build failed:"; tail -40 "$out/build.txt"; exit 1; }
+if ! cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTOWAGE_WITH_CUDA=ON \
+    -DPython3_EXECUTABLE="$(command -v python3)" >"$out/configure.txt" 2>&1; then
+  echo "configure failed:"; tail -40 "$out/configure.txt"; exit 1
+fi
+grep -E "^-- stowage:" "$out/configure.txt"
+if ! cmake --build build/gpu --parallel "$(nproc)" >"$out/build.txt" 2>&1; then
+  echo "build failed:"; tail -40 "$out/build.txt"; exit 1
+fi
 
 build/gpu/tools/stowage_selfcheck --capacity 80 2>&1 | tee "$out/selfcheck.txt" || status=1
 ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -25

@@ -1,0 +1,663 @@
+#include "allocator/caching_allocator.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "allocator/byte_units.hpp"
+#include "allocator/errors.hpp"
+#include "allocator/log.hpp"
+
+namespace stowage {
+
+namespace {
+
+std::int64_t as_signed(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
+
+}  // namespace
+
+CachingAllocator::CachingAllocator(DeviceBackend& backend, AllocatorConfig config)
+    : backend_(backend),
+      config_(config),
+      limit_bytes_(config.limit_bytes),
+      memory_fraction_(config.memory_fraction) {
+  STOWAGE_CHECK(config.memory_fraction > 0 && config.memory_fraction <= 1,
+                "memory_fraction must be in (0, 1], not ", config.memory_fraction);
+  STOWAGE_CHECK(config.limit_bytes > 0, "the memory limit must be positive");
+  stats_.max_split_size =
+      config.max_split_size == AllocatorConfig::kUnlimited ? -1 : as_signed(config.max_split_size);
+}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard lock(mutex_);
+  try {
+    synchronize_pending_locked();
+    release_cached_locked();
+  } catch (const std::exception& error) {
+    log_warning(detail::concat("releasing cached memory at shutdown failed: ", error.what()));
+  }
+  if (allocated_.size() > 0) {
+    log_warning(detail::concat(allocated_.size(), " block(s), ",
+                               format_bytes(static_cast<std::size_t>(
+                                   stats_.allocated_bytes.all().current)),
+                               ", were still allocated when the allocator was destroyed; their "
+                               "segments are left to the device"));
+  }
+  for (const Event event : spare_events_) {
+    try {
+      backend_.destroy_event(event);
+    } catch (...) {
+      // The device is going away; nothing more to do.
+    }
+  }
+}
+
+// --- malloc ---
+
+void* CachingAllocator::malloc(std::size_t bytes, Stream stream) {
+  if (bytes == 0) return nullptr;
+  const std::uint64_t context = context_for_history();
+  const bool representable = bytes <= SizePolicy::kMaxRequest;
+  const std::size_t rounded = representable ? SizePolicy::block_size(bytes) : bytes;
+  if (representable) {
+    {
+      std::lock_guard lock(mutex_);
+      if (Block* block = try_malloc_locked(bytes, rounded, stream, context)) return block->pointer();
+    }
+    // Costly relief, without the lock: handlers free blocks through free().
+    std::vector<MemoryPressureHandler*> handlers;
+    {
+      std::lock_guard lock(mutex_);
+      handlers = pressure_handlers_;
+    }
+    for (MemoryPressureHandler* handler : handlers) {
+      if (handler->relieve_pressure(rounded, stream) == 0) continue;
+      std::lock_guard lock(mutex_);
+      if (Block* block = try_malloc_locked(bytes, rounded, stream, context)) return block->pointer();
+    }
+  }
+  OomReport report;
+  std::vector<OomObserver> observers;
+  {
+    std::lock_guard lock(mutex_);
+    report = oom_report_locked(bytes, rounded, stream);
+    ++stats_.num_ooms;
+    record_locked(TraceAction::kOom, report.device_free, bytes, stream, context);
+    for (const auto& [id, observer] : oom_observers_) observers.push_back(observer);
+  }
+  for (const OomObserver& observer : observers) {
+    try {
+      observer(report);
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("an out-of-memory observer threw: ", error.what()));
+    }
+  }
+  throw OutOfMemory(report.message, __FILE__, __LINE__);
+}
+
+Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
+                                           std::uint64_t context) {
+  process_events_locked();
+  const Pool pool = SizePolicy::pool_for(rounded);
+  const bool oversize = rounded >= config_.max_split_size;
+  Block* block = find_cached_locked(pool, stream, rounded, oversize);
+  if (block == nullptr) block = allocate_segment_locked(pool, stream, rounded, oversize, context);
+  if (block == nullptr) {
+    // Note [Miss path]: wait for pending frees (they may complete a fitting block), then give
+    // wholly free segments back to the device and ask it again.
+    ++stats_.num_alloc_retries;
+    synchronize_pending_locked();
+    block = find_cached_locked(pool, stream, rounded, oversize);
+    if (block == nullptr) {
+      release_cached_locked();
+      // Asked again even when nothing was released: the device's failure may have been
+      // transient, and memory freed elsewhere on the device may have come back.
+      block = allocate_segment_locked(pool, stream, rounded, oversize, context);
+    }
+  }
+  if (block == nullptr) return nullptr;
+  return claim_locked(block, bytes, rounded, oversize, context);
+}
+
+Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_t rounded,
+                                            bool oversize) {
+  FreeBlockIndex& index = index_of(pool);
+  Block* block = index.best_fit(stream, rounded);
+  if (block == nullptr) return nullptr;
+  // Oversize blocks serve oversize requests only, and only when they waste at most one
+  // medium segment's worth: carving them up is what strands huge holes.
+  if (!oversize && block->size >= config_.max_split_size) return nullptr;
+  if (oversize && block->size - rounded >= SizePolicy::kMediumSegmentSize) return nullptr;
+  count_inactive_split_locked(*block, -1);
+  index.erase(*block);
+  return block;
+}
+
+Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
+                                                 bool oversize, std::uint64_t context) {
+  const std::size_t size = SizePolicy::segment_size(rounded);
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  if (size > limit_locked() || reserved > limit_locked() - size) return nullptr;
+  void* base = backend_.try_allocate_segment(size);
+  if (base == nullptr) return nullptr;
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  Block* block = nullptr;
+  try {
+    Segment& segment = segments_.emplace(address, Segment{address, size, stream, pool, nullptr,
+                                                          context})
+                           .first->second;
+    block = arena_.acquire();
+    block->address = address;
+    block->size = size;
+    block->stream = stream;
+    block->segment = &segment;
+    segment.first = block;
+  } catch (...) {
+    segments_.erase(address);
+    backend_.free_segment(base);
+    throw;
+  }
+  ++stats_.num_device_alloc;
+  stats_.segment.update(pool, 1);
+  stats_.reserved_bytes.update(pool, as_signed(size));
+  if (oversize) stats_.oversize_segments.update(1);
+  record_locked(TraceAction::kSegmentAlloc, address, size, stream, context);
+  return block;
+}
+
+Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size_t rounded,
+                                      bool oversize, std::uint64_t context) {
+  const Pool pool = block->segment->pool;
+  const std::size_t remainder = block->size - rounded;
+  if (SizePolicy::should_split(pool, remainder, oversize)) {
+    Block* rest = arena_.acquire();
+    rest->address = block->address + rounded;
+    rest->size = remainder;
+    rest->stream = block->stream;
+    rest->segment = block->segment;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    block->size = rounded;
+    index_of(pool).insert(*rest);
+    count_inactive_split_locked(*rest, 1);
+  }
+  block->state = BlockState::kAllocated;
+  block->requested = bytes;
+  block->oversize = oversize;
+  block->context = context;
+  allocated_.insert(*block);
+  stats_.allocation.update(pool, 1);
+  stats_.allocated_bytes.update(pool, as_signed(block->size));
+  stats_.requested_bytes.update(pool, as_signed(bytes));
+  stats_.active.update(pool, 1);
+  stats_.active_bytes.update(pool, as_signed(block->size));
+  if (oversize) stats_.oversize_allocations.update(1);
+  record_locked(TraceAction::kAlloc, block->address, bytes, block->stream, context);
+  return block;
+}
+
+// --- free ---
+
+void CachingAllocator::free(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  const std::uint64_t context = context_for_history();
+  std::unique_lock lock(mutex_);
+  Block* block = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) {
+    ++stats_.num_invalid_frees;
+    lock.unlock();
+    log_warning(detail::concat("free of ", ptr,
+                               ", which this allocator did not allocate or has already freed; "
+                               "ignored"));
+    return;
+  }
+  allocated_.erase(*block);
+  const Pool pool = block->segment->pool;
+  stats_.allocation.update(pool, -1);
+  stats_.allocated_bytes.update(pool, -as_signed(block->size));
+  stats_.requested_bytes.update(pool, -as_signed(block->requested));
+  if (block->oversize) stats_.oversize_allocations.update(-1);
+  record_locked(TraceAction::kFreeRequested, block->address, block->requested, block->stream,
+                context);
+  if (block->stream_uses.empty()) {
+    free_block_locked(block);
+    return;
+  }
+  // Note [Stream-ordered reuse]: other streams may still use the block; it becomes free when
+  // events recorded on each of them now have completed.
+  block->state = BlockState::kPendingFree;
+  try {
+    for (const Stream use : block->stream_uses) {
+      const Event event = acquire_event_locked();
+      pending_events_.push_back({event, block});
+      ++block->pending_events;
+      backend_.record_event(event, use);
+    }
+  } catch (const std::exception& error) {
+    // Without events, wait for the streams themselves: slower, but reuse stays safe.
+    try {
+      for (const Stream use : block->stream_uses) backend_.synchronize_stream(use);
+    } catch (const std::exception& second) {
+      log_warning(detail::concat("block ", ptr, " cannot be reused: recording an event failed (",
+                                 error.what(), ") and so did waiting for its streams (",
+                                 second.what(), ")"));
+      return;  // stays pending: never handed out again while a stream might use it
+    }
+    std::erase_if(pending_events_, [&](const PendingEvent& pending) {
+      if (pending.block != block) return false;
+      spare_events_.push_back(pending.event);
+      return true;
+    });
+    block->pending_events = 0;
+    free_block_locked(block);
+  }
+}
+
+void CachingAllocator::free_block_locked(Block* block) {
+  const Pool pool = block->segment->pool;
+  stats_.active.update(pool, -1);
+  stats_.active_bytes.update(pool, -as_signed(block->size));
+  record_locked(TraceAction::kFreeCompleted, block->address, block->requested, block->stream,
+                block->context);
+  block->state = BlockState::kFree;
+  block->requested = 0;
+  block->oversize = false;
+  block->context = 0;
+  block->stream_uses.clear();
+  FreeBlockIndex& index = index_of(pool);
+  if (Block* prev = block->prev; prev != nullptr && prev->state == BlockState::kFree) {
+    count_inactive_split_locked(*prev, -1);
+    index.erase(*prev);
+    block->address = prev->address;
+    block->size += prev->size;
+    block->prev = prev->prev;
+    if (block->prev != nullptr) {
+      block->prev->next = block;
+    } else {
+      block->segment->first = block;
+    }
+    arena_.recycle(prev);
+  }
+  if (Block* next = block->next; next != nullptr && next->state == BlockState::kFree) {
+    count_inactive_split_locked(*next, -1);
+    index.erase(*next);
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next != nullptr) block->next->prev = block;
+    arena_.recycle(next);
+  }
+  index.insert(*block);
+  count_inactive_split_locked(*block, 1);
+}
+
+void CachingAllocator::record_stream(void* ptr, Stream stream) {
+  std::lock_guard lock(mutex_);
+  Block* block = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  STOWAGE_CHECK(block != nullptr, "record_stream of ", ptr,
+                ", which is not a live allocation of this allocator");
+  if (stream == block->stream) return;
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+  }
+}
+
+// --- events ---
+
+Event CachingAllocator::acquire_event_locked() {
+  if (!spare_events_.empty()) {
+    const Event event = spare_events_.back();
+    spare_events_.pop_back();
+    return event;
+  }
+  return backend_.create_event();
+}
+
+void CachingAllocator::process_events_locked() {
+  if (pending_events_.empty()) return;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending_events_.size(); ++i) {
+    const PendingEvent pending = pending_events_[i];
+    bool done = false;
+    try {
+      done = backend_.query_event(pending.event);
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("querying an event failed: ", error.what()));
+    }
+    if (!done) {
+      pending_events_[kept++] = pending;
+      continue;
+    }
+    spare_events_.push_back(pending.event);
+    if (--pending.block->pending_events == 0) free_block_locked(pending.block);
+  }
+  pending_events_.resize(kept);
+}
+
+void CachingAllocator::synchronize_pending_locked() {
+  if (pending_events_.empty()) return;
+  ++stats_.num_sync_all_streams;
+  for (const PendingEvent& pending : pending_events_) backend_.synchronize_event(pending.event);
+  process_events_locked();
+}
+
+// --- releasing memory ---
+
+void CachingAllocator::release_segment_locked(Segment& segment) {
+  backend_.free_segment(reinterpret_cast<void*>(segment.base));
+  ++stats_.num_device_free;
+  stats_.segment.update(segment.pool, -1);
+  stats_.reserved_bytes.update(segment.pool, -as_signed(segment.size));
+  if (segment.size >= config_.max_split_size) stats_.oversize_segments.update(-1);
+  record_locked(TraceAction::kSegmentFree, segment.base, segment.size, segment.stream, 0);
+}
+
+bool CachingAllocator::release_cached_locked() {
+  bool released = false;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment& segment = it->second;
+    if (!segment.is_free()) {
+      ++it;
+      continue;
+    }
+    Block* block = segment.first;
+    index_of(segment.pool).erase(*block);
+    try {
+      release_segment_locked(segment);
+    } catch (const std::exception& error) {
+      index_of(segment.pool).insert(*block);
+      log_warning(detail::concat("returning a segment to the device failed: ", error.what()));
+      ++it;
+      continue;
+    }
+    arena_.recycle(block);
+    it = segments_.erase(it);
+    released = true;
+  }
+  return released;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard lock(mutex_);
+  synchronize_pending_locked();
+  release_cached_locked();
+}
+
+// --- limits ---
+
+void CachingAllocator::set_memory_fraction(double fraction) {
+  STOWAGE_CHECK(fraction > 0 && fraction <= 1, "memory fraction must be in (0, 1], not ",
+                fraction);
+  std::lock_guard lock(mutex_);
+  memory_fraction_ = fraction;
+}
+
+void CachingAllocator::set_limit(std::size_t bytes) {
+  STOWAGE_CHECK(bytes > 0, "the memory limit must be positive");
+  std::lock_guard lock(mutex_);
+  limit_bytes_ = bytes;
+}
+
+std::size_t CachingAllocator::limit_locked() const {
+  const std::size_t total = backend_.properties().total_bytes;
+  const auto by_fraction =
+      static_cast<std::size_t>(std::floor(memory_fraction_ * static_cast<double>(total)));
+  return std::min({total, by_fraction, limit_bytes_});
+}
+
+std::size_t CachingAllocator::limit() const {
+  std::lock_guard lock(mutex_);
+  return limit_locked();
+}
+
+// --- stats, history, snapshot ---
+
+DeviceStats CachingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard lock(mutex_);
+  stats_.reset_peak();
+}
+
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard lock(mutex_);
+  stats_.reset_accumulated();
+}
+
+void CachingAllocator::record_history(bool enabled, std::size_t max_entries) {
+  std::lock_guard lock(mutex_);
+  if (enabled) {
+    history_.enable(max_entries);
+  } else {
+    history_.disable();
+  }
+  history_on_.store(enabled, std::memory_order_relaxed);
+}
+
+void CachingAllocator::set_context_provider(ContextProvider provider) {
+  context_provider_.store(provider ? std::make_shared<const ContextProvider>(std::move(provider))
+                                   : nullptr);
+}
+
+std::uint64_t CachingAllocator::context_for_history() const noexcept {
+  if (!history_on_.load(std::memory_order_relaxed)) return 0;
+  const auto provider = context_provider_.load();
+  if (!provider) return 0;
+  try {
+    return (*provider)();
+  } catch (...) {
+    return 0;
+  }
+}
+
+void CachingAllocator::record_locked(TraceAction action, std::uintptr_t address, std::size_t size,
+                                     Stream stream, std::uint64_t context) {
+  if (!history_.enabled()) return;
+  history_.record({action, address, size, stream, History::now_us(), context});
+}
+
+AllocatorSnapshot CachingAllocator::snapshot() const {
+  std::lock_guard lock(mutex_);
+  AllocatorSnapshot out;
+  out.device = backend_.properties().device_index;
+  out.segments.reserve(segments_.size());
+  for (const auto& [base, segment] : segments_) {
+    SegmentSnapshot& shot = out.segments.emplace_back();
+    shot.address = segment.base;
+    shot.total_size = segment.size;
+    shot.stream = segment.stream;
+    shot.pool = segment.pool;
+    shot.context = segment.context;
+    for (const Block* block = segment.first; block != nullptr; block = block->next) {
+      shot.blocks.push_back(
+          {block->address, block->size, block->requested, block->state, block->context});
+      if (block->state != BlockState::kFree) shot.active_size += block->size;
+      if (block->state == BlockState::kAllocated) {
+        shot.allocated_size += block->size;
+        shot.requested_size += block->requested;
+      }
+    }
+  }
+  out.trace = history_.entries();
+  return out;
+}
+
+std::size_t CachingAllocator::block_size(const void* ptr) const {
+  std::lock_guard lock(mutex_);
+  const Block* block = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return block == nullptr ? 0 : block->size;
+}
+
+// --- handlers and observers ---
+
+void CachingAllocator::add_pressure_handler(MemoryPressureHandler* handler) {
+  STOWAGE_CHECK(handler != nullptr, "add_pressure_handler needs a handler");
+  std::lock_guard lock(mutex_);
+  pressure_handlers_.push_back(handler);
+}
+
+void CachingAllocator::remove_pressure_handler(MemoryPressureHandler* handler) {
+  std::lock_guard lock(mutex_);
+  std::erase(pressure_handlers_, handler);
+}
+
+std::size_t CachingAllocator::add_oom_observer(OomObserver observer) {
+  STOWAGE_CHECK(static_cast<bool>(observer), "add_oom_observer needs a function");
+  std::lock_guard lock(mutex_);
+  const std::size_t id = next_observer_id_++;
+  oom_observers_.emplace(id, std::move(observer));
+  return id;
+}
+
+void CachingAllocator::remove_oom_observer(std::size_t id) {
+  std::lock_guard lock(mutex_);
+  oom_observers_.erase(id);
+}
+
+// --- OOM ---
+
+OomReport CachingAllocator::oom_report_locked(std::size_t bytes, std::size_t rounded,
+                                              Stream stream) {
+  OomReport report;
+  report.device = backend_.properties().device_index;
+  report.requested = bytes;
+  report.rounded = rounded;
+  report.stream = stream;
+  report.allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
+  report.reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  report.reserved_unallocated = report.reserved - report.allocated;
+  for (const FreeBlockIndex& index : pools_) {
+    index.for_each([&](const Block& block) {
+      report.largest_free_block = std::max(report.largest_free_block, block.size);
+    });
+  }
+  report.device_total = backend_.properties().total_bytes;
+  try {
+    report.device_free = backend_.memory_info().free_bytes;
+  } catch (const std::exception&) {
+    report.device_free = 0;
+  }
+  report.limit = limit_locked();
+  report.describe();
+  return report;
+}
+
+// --- invariants ---
+
+void CachingAllocator::count_inactive_split_locked(const Block& block, int sign) {
+  if (!block.is_split()) return;
+  const Pool pool = block.segment->pool;
+  stats_.inactive_split.update(pool, sign);
+  stats_.inactive_split_bytes.update(pool, sign * as_signed(block.size));
+}
+
+void CachingAllocator::check_invariants() const {
+  std::lock_guard lock(mutex_);
+  struct Sums {
+    std::int64_t reserved = 0, allocated = 0, pending = 0, free = 0, requested = 0;
+    std::int64_t segments = 0, allocations = 0, active = 0, inactive_split = 0;
+    std::int64_t inactive_split_bytes = 0;
+  };
+  Sums sums[2];
+  std::size_t free_blocks = 0;
+  std::size_t allocated_blocks = 0;
+  std::size_t blocks = 0;
+  for (const auto& [base, segment] : segments_) {
+    Sums& sum = sums[segment.pool == Pool::kSmall ? 0 : 1];
+    STOWAGE_INTERNAL_ASSERT(base == segment.base && segment.first != nullptr);
+    STOWAGE_INTERNAL_ASSERT(segment.first->prev == nullptr && segment.first->address == base,
+                            "segment ", base, " does not start with its first block");
+    sum.reserved += as_signed(segment.size);
+    ++sum.segments;
+    std::uintptr_t expected = base;
+    const Block* prev = nullptr;
+    for (const Block* block = segment.first; block != nullptr; block = block->next) {
+      ++blocks;
+      STOWAGE_INTERNAL_ASSERT(block->segment == &segment && block->prev == prev,
+                              "broken block list in segment ", base);
+      STOWAGE_INTERNAL_ASSERT(block->address == expected, "gap or overlap at ", block->address,
+                              " in segment ", base, " (expected ", expected, ")");
+      STOWAGE_INTERNAL_ASSERT(block->size > 0 && block->size % SizePolicy::kMinBlockSize == 0);
+      STOWAGE_INTERNAL_ASSERT(block->stream == segment.stream);
+      switch (block->state) {
+        case BlockState::kFree:
+          STOWAGE_INTERNAL_ASSERT(prev == nullptr || prev->state != BlockState::kFree,
+                                  "free neighbours not coalesced at ", block->address);
+          sum.free += as_signed(block->size);
+          ++free_blocks;
+          if (block->is_split()) {
+            ++sum.inactive_split;
+            sum.inactive_split_bytes += as_signed(block->size);
+          }
+          break;
+        case BlockState::kAllocated:
+          STOWAGE_INTERNAL_ASSERT(allocated_.find(block->address) == block,
+                                  "allocated block ", block->address, " missing from the map");
+          sum.allocated += as_signed(block->size);
+          sum.requested += as_signed(block->requested);
+          ++sum.allocations;
+          ++sum.active;
+          ++allocated_blocks;
+          break;
+        case BlockState::kPendingFree:
+          sum.pending += as_signed(block->size);
+          ++sum.active;
+          break;
+      }
+      expected += block->size;
+      prev = block;
+    }
+    STOWAGE_INTERNAL_ASSERT(expected == base + segment.size, "blocks of segment ", base,
+                            " do not reach its end");
+  }
+  STOWAGE_INTERNAL_ASSERT(blocks == arena_.live(), "the arena holds ", arena_.live(),
+                          " blocks but segments hold ", blocks);
+  STOWAGE_INTERNAL_ASSERT(allocated_blocks == allocated_.size(), "the address map holds ",
+                          allocated_.size(), " blocks but ", allocated_blocks, " are allocated");
+  STOWAGE_INTERNAL_ASSERT(free_blocks == pools_[0].size() + pools_[1].size(),
+                          "the free indexes hold ", pools_[0].size() + pools_[1].size(),
+                          " blocks but ", free_blocks, " are free");
+  for (int p = 0; p < 2; ++p) {
+    const Pool pool = p == 0 ? Pool::kSmall : Pool::kLarge;
+    pools_[p].for_each([&](const Block& block) {
+      STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.segment->pool == pool,
+                              "the free index of a pool holds a block it should not");
+    });
+    const Sums& sum = sums[p];
+    // The accounting identity: reserved == allocated + pending + free.
+    STOWAGE_INTERNAL_ASSERT(sum.reserved == sum.allocated + sum.pending + sum.free);
+    STOWAGE_INTERNAL_ASSERT(stats_.reserved_bytes.of(pool).current == sum.reserved,
+                            "reserved_bytes ", stats_.reserved_bytes.of(pool).current, " != ",
+                            sum.reserved);
+    STOWAGE_INTERNAL_ASSERT(stats_.allocated_bytes.of(pool).current == sum.allocated,
+                            "allocated_bytes ", stats_.allocated_bytes.of(pool).current, " != ",
+                            sum.allocated);
+    STOWAGE_INTERNAL_ASSERT(stats_.active_bytes.of(pool).current == sum.allocated + sum.pending);
+    STOWAGE_INTERNAL_ASSERT(stats_.requested_bytes.of(pool).current == sum.requested);
+    STOWAGE_INTERNAL_ASSERT(stats_.segment.of(pool).current == sum.segments);
+    STOWAGE_INTERNAL_ASSERT(stats_.allocation.of(pool).current == sum.allocations);
+    STOWAGE_INTERNAL_ASSERT(stats_.active.of(pool).current == sum.active);
+    STOWAGE_INTERNAL_ASSERT(stats_.inactive_split.of(pool).current == sum.inactive_split,
+                            "inactive_split ", stats_.inactive_split.of(pool).current, " != ",
+                            sum.inactive_split);
+    STOWAGE_INTERNAL_ASSERT(stats_.inactive_split_bytes.of(pool).current ==
+                            sum.inactive_split_bytes);
+  }
+  for (const PoolStats* pool_stats :
+       {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    STOWAGE_INTERNAL_ASSERT(pool_stats->stats[0].current ==
+                            pool_stats->stats[1].current + pool_stats->stats[2].current);
+  }
+  for (const PendingEvent& pending : pending_events_) {
+    STOWAGE_INTERNAL_ASSERT(pending.block->state == BlockState::kPendingFree &&
+                            pending.block->pending_events > 0);
+  }
+}
+
+}  // namespace stowage

@@ -1,0 +1,82 @@
+#include "allocator/config.hpp"
+
+#include <charconv>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "allocator/byte_units.hpp"
+#include "allocator/errors.hpp"
+
+namespace stowage {
+
+namespace {
+
+constexpr std::string_view kKnownKeys = "max_split_size_mb, limit, memory_fraction";
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  return text;
+}
+
+double parse_number(std::string_view key, std::string_view value) {
+  double number = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+  STOWAGE_CHECK(error == std::errc() && end == value.data() + value.size(),
+                "allocator config: ", key, " needs a number, not '", value, "'");
+  return number;
+}
+
+}  // namespace
+
+AllocatorConfig parse_allocator_config(std::string_view text) {
+  AllocatorConfig config;
+  std::set<std::string, std::less<>> seen;
+  while (!trim(text).empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view item = trim(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    if (item.empty()) continue;
+    const std::size_t colon = item.find(':');
+    STOWAGE_CHECK(colon != std::string_view::npos, "allocator config: '", item,
+                  "' is not key:value");
+    const std::string_view key = trim(item.substr(0, colon));
+    const std::string_view value = trim(item.substr(colon + 1));
+    STOWAGE_CHECK(seen.emplace(key).second, "allocator config: ", key, " is given twice");
+    if (key == "max_split_size_mb") {
+      const double mib = parse_number(key, value);
+      STOWAGE_CHECK(mib >= 1, "allocator config: max_split_size_mb must be at least 1, not ",
+                    value);
+      config.max_split_size = static_cast<std::size_t>(mib * 1024 * 1024);
+    } else if (key == "limit") {
+      config.limit_bytes = parse_byte_size(value);
+      STOWAGE_CHECK(config.limit_bytes > 0, "allocator config: limit must be positive");
+    } else if (key == "memory_fraction") {
+      config.memory_fraction = parse_number(key, value);
+      STOWAGE_CHECK(config.memory_fraction > 0 && config.memory_fraction <= 1,
+                    "allocator config: memory_fraction must be in (0, 1], not ", value);
+    } else {
+      STOWAGE_THROW(LogicError, "allocator config: unknown key '", key, "' (known: ", kKnownKeys,
+                    ")");
+    }
+  }
+  return config;
+}
+
+std::string AllocatorConfig::to_string() const {
+  std::ostringstream out;
+  const char* separator = "";
+  if (max_split_size != kUnlimited) {
+    out << separator << "max_split_size_mb:" << static_cast<double>(max_split_size) / (1024.0 * 1024.0);
+    separator = ",";
+  }
+  if (limit_bytes != kUnlimited) {
+    out << separator << "limit:" << limit_bytes;
+    separator = ",";
+  }
+  if (memory_fraction != 1.0) out << separator << "memory_fraction:" << memory_fraction;
+  return out.str();
+}
+
+}  // namespace stowage

@@ -1,0 +1,69 @@
+#include "allocator/history.hpp"
+
+#include <chrono>
+#include <utility>
+
+#include "allocator/errors.hpp"
+
+namespace stowage {
+
+std::string_view trace_action_name(TraceAction action) noexcept {
+  switch (action) {
+    case TraceAction::kAlloc: return "alloc";
+    case TraceAction::kFreeRequested: return "free_requested";
+    case TraceAction::kFreeCompleted: return "free_completed";
+    case TraceAction::kSegmentAlloc: return "segment_alloc";
+    case TraceAction::kSegmentFree: return "segment_free";
+    case TraceAction::kSegmentMap: return "segment_map";
+    case TraceAction::kSegmentUnmap: return "segment_unmap";
+    case TraceAction::kSnapshot: return "snapshot";
+    case TraceAction::kOom: return "oom";
+  }
+  return "unknown";
+}
+
+void History::enable(std::size_t max_entries) {
+  STOWAGE_CHECK(max_entries > 0, "history needs room for at least one event");
+  if (max_entries != ring_.size()) {
+    std::vector<TraceEntry> kept = entries();
+    if (kept.size() > max_entries) {
+      kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(max_entries));
+    }
+    size_ = kept.size();
+    kept.resize(max_entries);
+    ring_ = std::move(kept);
+    next_ = size_ % max_entries;
+  }
+  enabled_ = true;
+}
+
+void History::disable() {
+  enabled_ = false;
+  ring_.clear();
+  ring_.shrink_to_fit();
+  next_ = 0;
+  size_ = 0;
+}
+
+void History::record(const TraceEntry& entry) {
+  if (!enabled_) return;
+  ring_[next_] = entry;
+  next_ = (next_ + 1) % ring_.size();
+  if (size_ < ring_.size()) ++size_;
+}
+
+std::vector<TraceEntry> History::entries() const {
+  std::vector<TraceEntry> out;
+  out.reserve(size_);
+  const std::size_t start = (next_ + ring_.size() - size_) % (ring_.empty() ? 1 : ring_.size());
+  for (std::size_t i = 0; i < size_; ++i) out.push_back(ring_[(start + i) % ring_.size()]);
+  return out;
+}
+
+std::int64_t History::now_us() noexcept {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace stowage

@@ -1,0 +1,72 @@
+// A bounded ring buffer of allocator events, in the vocabulary of PyTorch's snapshot traces.
+//
+// Events: alloc and free_requested / free_completed carry the caller's unrounded size;
+// segment_alloc / segment_free / segment_map / segment_unmap carry segment bytes; oom carries
+// the request in `size` and the device's free bytes in `address` (as torch's trace does). Each
+// event has the stream, a wall-clock time in microseconds since the epoch, and an opaque stack
+// handle supplied by the caller (0: none), which the Python layer resolves into frames.
+//
+// When disabled, recording is one predictable branch in the caller (enabled() is checked before
+// anything is built). When full, the oldest event is overwritten.
+//
+// Contract: not thread-safe (the allocator's lock guards it). Owns its events.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "allocator/backend.hpp"
+
+namespace stowage {
+
+enum class TraceAction : std::uint8_t {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kSegmentMap,
+  kSegmentUnmap,
+  kSnapshot,
+  kOom,
+};
+
+// "alloc", "free_requested", ...: the names torch's snapshots use.
+std::string_view trace_action_name(TraceAction action) noexcept;
+
+struct TraceEntry {
+  TraceAction action = TraceAction::kAlloc;
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  Stream stream;
+  std::int64_t time_us = 0;
+  std::uint64_t context = 0;
+};
+
+class History {
+ public:
+  static constexpr std::size_t kDefaultMaxEntries = 100000;
+
+  bool enabled() const noexcept { return enabled_; }
+  // Turning recording on keeps what was recorded; a new max_entries keeps the newest events.
+  void enable(std::size_t max_entries);
+  // Stops recording and drops every event.
+  void disable();
+  void record(const TraceEntry& entry);
+  // The events, oldest first.
+  std::vector<TraceEntry> entries() const;
+  std::size_t size() const noexcept { return size_; }
+  std::size_t max_entries() const noexcept { return ring_.size(); }
+
+  static std::int64_t now_us() noexcept;
+
+ private:
+  bool enabled_ = false;
+  std::vector<TraceEntry> ring_;
+  std::size_t next_ = 0;  // where the next event goes
+  std::size_t size_ = 0;  // events held, at most ring_.size()
+};
+
+}  // namespace stowage

@@ -1,0 +1,27 @@
+// What the allocator asks, when the device is full, before it gives up (Note [Miss path]).
+//
+// A MemoryPressureHandler can make room at a cost: the offload pager, for instance, copies
+// tensors to host memory and frees their device blocks. The allocator calls handlers only after
+// the cheap steps failed (cached blocks, a new segment, releasing wholly free cached segments),
+// without holding its lock, so a handler may call CachingAllocator::free. Handlers are called in
+// registration order until the request fits.
+//
+// Contract: relieve_pressure is called from the thread whose malloc missed; it must not throw
+// and must not allocate through the same allocator.
+#pragma once
+
+#include <cstddef>
+
+#include "allocator/backend.hpp"
+
+namespace stowage {
+
+class MemoryPressureHandler {
+ public:
+  virtual ~MemoryPressureHandler() = default;
+  // `bytes` more are needed for a request on `stream`. Free what can be freed (through the
+  // allocator's free) and return how many bytes were freed; 0 when there was nothing to give.
+  virtual std::size_t relieve_pressure(std::size_t bytes, Stream stream) noexcept = 0;
+};
+
+}  // namespace stowage

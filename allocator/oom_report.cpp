@@ -1,0 +1,40 @@
+#include "allocator/oom_report.hpp"
+
+#include <cstdio>
+#include <sstream>
+
+#include "allocator/byte_units.hpp"
+
+namespace stowage {
+
+void OomReport::describe() {
+  fragmentation = reserved_unallocated == 0
+                      ? 0.0
+                      : 1.0 - static_cast<double>(largest_free_block) /
+                                  static_cast<double>(reserved_unallocated);
+  char percent[16];
+  std::snprintf(percent, sizeof(percent), "%.1f%%", fragmentation * 100.0);
+
+  std::ostringstream out;
+  out << "stowage: out of memory on device " << device << ": tried to allocate "
+      << format_bytes(requested) << " (a block of " << format_bytes(rounded) << ") on stream 0x"
+      << std::hex << stream.handle << std::dec << ". Device: " << format_bytes(device_total)
+      << " total, " << format_bytes(device_free) << " free";
+  if (limit < device_total) out << "; stowage's limit " << format_bytes(limit);
+  out << ". stowage: " << format_bytes(allocated) << " allocated, " << format_bytes(reserved)
+      << " reserved, of which " << format_bytes(reserved_unallocated)
+      << " reserved but unallocated; largest free block " << format_bytes(largest_free_block)
+      << "; fragmentation " << percent
+      << " (1 - largest free block / reserved but unallocated).";
+  if (rounded > device_total) {
+    out << " The request is larger than the whole device.";
+  } else if (largest_free_block < rounded && reserved_unallocated >= rounded) {
+    out << " Enough memory is free but not in one piece: this is fragmentation.";
+  } else {
+    out << " Live blocks hold the memory: free tensors that are no longer needed, or offload or"
+           " recompute activations.";
+  }
+  message = out.str();
+}
+
+}  // namespace stowage

@@ -1,0 +1,73 @@
+// How request sizes become block and segment sizes (Note [Rounding], Note [Splitting]).
+//
+// Note [Rounding]
+// Every request is rounded up to a multiple of 512 B, in both pools. PyTorch rounds large
+// blocks to 2 MiB steps in effect (its segments are 2 MiB multiples and it splits only
+// remainders above 1 MiB); on real training traces that costs several per cent of memory, so
+// stowage keeps 512 B granularity everywhere and leaves coarseness to segment sizing.
+//
+// Requests of up to 1 MiB (after rounding) go to the small pool, which packs them into 2 MiB
+// segments; larger ones go to the large pool. A large request under 10 MiB gets a 20 MiB
+// segment, so that several medium blocks share one segment instead of each paying for its own
+// rounding; from 10 MiB up a segment is the request rounded up to 2 MiB. Small and large blocks
+// never share a segment: small, short-lived blocks would otherwise pin large segments.
+//
+// Note [Splitting]
+// A free block bigger than the request is split only when the remainder is worth keeping:
+//   - small pool: the remainder is at least 512 B, the smallest block there is; anything
+//     smaller could never be used and would only lengthen the free index;
+//   - large pool: the remainder is larger than 1 MiB, so it can hold a large request on its own.
+//     A smaller remainder could only ever be used by merging with a neighbour once that is
+//     freed, and as a separate free block it would sit in the index as a sliver no request
+//     fits; keeping it inside the block costs at most 1 MiB while the block lives and returns
+//     it the moment the block is freed.
+//   - blocks of the oversize class (requests of max_split_size or more) are never split: huge
+//     blocks carved up by small requests are what leaves large holes unusable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace stowage {
+
+enum class Pool : std::uint8_t { kSmall = 0, kLarge = 1 };
+
+struct SizePolicy {
+  static constexpr std::size_t kMinBlockSize = 512;             // rounding step, both pools
+  static constexpr std::size_t kSmallRequestMax = 1 << 20;      // 1 MiB: largest small request
+  static constexpr std::size_t kSmallSegmentSize = 2 << 20;     // 2 MiB small segments
+  static constexpr std::size_t kMediumRequestMax = 10 << 20;    // under 10 MiB: a shared segment
+  static constexpr std::size_t kMediumSegmentSize = 20 << 20;   // 20 MiB
+  static constexpr std::size_t kLargeSegmentRounding = 2 << 20; // 2 MiB
+  static constexpr std::size_t kLargeSplitMinimum = 1 << 20;    // large remainders must exceed this
+  // Larger requests cannot be rounded without overflow; they fail as out of memory.
+  static constexpr std::size_t kMaxRequest = std::size_t{1} << 62;
+
+  static constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+  }
+
+  // The block size for a request of `bytes` (0 < bytes <= kMaxRequest).
+  static constexpr std::size_t block_size(std::size_t bytes) {
+    return bytes < kMinBlockSize ? kMinBlockSize : round_up(bytes, kMinBlockSize);
+  }
+
+  static constexpr Pool pool_for(std::size_t block_bytes) {
+    return block_bytes <= kSmallRequestMax ? Pool::kSmall : Pool::kLarge;
+  }
+
+  // The size of a new segment for a block of `block_bytes`.
+  static constexpr std::size_t segment_size(std::size_t block_bytes) {
+    if (block_bytes <= kSmallRequestMax) return kSmallSegmentSize;
+    if (block_bytes < kMediumRequestMax) return kMediumSegmentSize;
+    return round_up(block_bytes, kLargeSegmentRounding);
+  }
+
+  // Note [Splitting]. `oversize`: the request is of the oversize class.
+  static constexpr bool should_split(Pool pool, std::size_t remainder, bool oversize) {
+    if (oversize) return false;
+    return pool == Pool::kSmall ? remainder >= kMinBlockSize : remainder > kLargeSplitMinimum;
+  }
+};
+
+}  // namespace stowage

@@ -1,0 +1,77 @@
+#include "allocator/stats.hpp"
+
+#include <algorithm>
+
+namespace stowage {
+
+namespace {
+
+template <typename Fn>
+void for_each_pool_stats(DeviceStats& stats, Fn&& fn) {
+  for (PoolStats* pool_stats :
+       {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
+        &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+        &stats.inactive_split_bytes, &stats.requested_bytes}) {
+    for (Stat& stat : pool_stats->stats) fn(stat);
+  }
+  fn(stats.oversize_allocations);
+  fn(stats.oversize_segments);
+}
+
+void add_stat(std::vector<std::pair<std::string, std::int64_t>>& out, const std::string& prefix,
+              const Stat& stat) {
+  out.emplace_back(prefix + ".current", stat.current);
+  out.emplace_back(prefix + ".peak", stat.peak);
+  out.emplace_back(prefix + ".allocated", stat.allocated);
+  out.emplace_back(prefix + ".freed", stat.freed);
+}
+
+}  // namespace
+
+void DeviceStats::reset_peak() noexcept {
+  for_each_pool_stats(*this, [](Stat& stat) { stat.reset_peak(); });
+}
+
+void DeviceStats::reset_accumulated() noexcept {
+  for_each_pool_stats(*this, [](Stat& stat) { stat.reset_accumulated(); });
+  num_alloc_retries = 0;
+  num_ooms = 0;
+  num_sync_all_streams = 0;
+  num_device_alloc = 0;
+  num_device_free = 0;
+  num_invalid_frees = 0;
+}
+
+std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const DeviceStats& stats) {
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  const std::pair<const char*, const PoolStats*> pooled[] = {
+      {"allocation", &stats.allocation},
+      {"segment", &stats.segment},
+      {"active", &stats.active},
+      {"inactive_split", &stats.inactive_split},
+      {"allocated_bytes", &stats.allocated_bytes},
+      {"reserved_bytes", &stats.reserved_bytes},
+      {"active_bytes", &stats.active_bytes},
+      {"inactive_split_bytes", &stats.inactive_split_bytes},
+      {"requested_bytes", &stats.requested_bytes},
+  };
+  for (const auto& [name, pool_stats] : pooled) {
+    const std::string base(name);
+    add_stat(out, base + ".all", pool_stats->stats[0]);
+    add_stat(out, base + ".small_pool", pool_stats->stats[1]);
+    add_stat(out, base + ".large_pool", pool_stats->stats[2]);
+  }
+  add_stat(out, "oversize_allocations", stats.oversize_allocations);
+  add_stat(out, "oversize_segments", stats.oversize_segments);
+  out.emplace_back("num_alloc_retries", stats.num_alloc_retries);
+  out.emplace_back("num_ooms", stats.num_ooms);
+  out.emplace_back("num_sync_all_streams", stats.num_sync_all_streams);
+  out.emplace_back("num_device_alloc", stats.num_device_alloc);
+  out.emplace_back("num_device_free", stats.num_device_free);
+  out.emplace_back("num_invalid_frees", stats.num_invalid_frees);
+  out.emplace_back("max_split_size", stats.max_split_size);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace stowage

@@ -1,0 +1,87 @@
+// Allocator statistics, with PyTorch's memory_stats() names and meanings.
+//
+// Each Stat has current, peak, allocated (sum of increases) and freed (sum of decreases), kept
+// for all pools together and for the small and large pools apart. What is counted:
+//   allocation / allocated_bytes   blocks handed to callers and not yet freed by them
+//   requested_bytes                the bytes callers asked for (before rounding) of those blocks
+//   active / active_bytes          allocated blocks plus freed blocks still waiting for streams
+//   segment / reserved_bytes       segments obtained from the device
+//   inactive_split / _bytes        free blocks in segments that are split (so not releasable)
+//   oversize_allocations/segments  allocations / segments of max_split_size or more
+// plus counters: num_alloc_retries (cache released and allocation retried), num_ooms,
+// num_sync_all_streams, num_device_alloc, num_device_free, and stowage's num_invalid_frees
+// (frees of unknown pointers and double frees, which change nothing else).
+//
+// Contract: plain values; the CachingAllocator updates them under its lock and returns copies.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocator/size_policy.hpp"
+
+namespace stowage {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void update(std::int64_t amount) noexcept {
+    current += amount;
+    if (current > peak) peak = current;
+    if (amount > 0) allocated += amount;
+    if (amount < 0) freed -= amount;
+  }
+  void reset_peak() noexcept { peak = current; }
+  void reset_accumulated() noexcept { allocated = freed = 0; }
+};
+
+// One Stat for all pools, then the small pool, then the large pool (torch's order).
+struct PoolStats {
+  std::array<Stat, 3> stats;
+
+  Stat& all() noexcept { return stats[0]; }
+  const Stat& all() const noexcept { return stats[0]; }
+  Stat& of(Pool pool) noexcept { return stats[pool == Pool::kSmall ? 1 : 2]; }
+  const Stat& of(Pool pool) const noexcept { return stats[pool == Pool::kSmall ? 1 : 2]; }
+  // Updates the all-pools stat and the pool's.
+  void update(Pool pool, std::int64_t amount) noexcept {
+    stats[0].update(amount);
+    of(pool).update(amount);
+  }
+};
+
+struct DeviceStats {
+  PoolStats allocation;
+  PoolStats segment;
+  PoolStats active;
+  PoolStats inactive_split;
+  PoolStats allocated_bytes;
+  PoolStats reserved_bytes;
+  PoolStats active_bytes;
+  PoolStats inactive_split_bytes;
+  PoolStats requested_bytes;
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  std::int64_t num_invalid_frees = 0;
+  std::int64_t max_split_size = -1;  // bytes; -1 when unlimited
+
+  void reset_peak() noexcept;
+  void reset_accumulated() noexcept;
+};
+
+// The stats as torch.cuda.memory_stats() flattens them: "allocated_bytes.all.current", ...,
+// "num_ooms", "max_split_size", plus "num_invalid_frees". Sorted by key.
+std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const DeviceStats& stats);
+
+}  // namespace stowage

@@ -1,0 +1,544 @@
+// The CachingAllocator's rules, one test each, on the simulated device.
+#include "allocator/caching_allocator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allocator/errors.hpp"
+#include "allocator/host_backend.hpp"
+#include "allocator/log.hpp"
+#include "tests/support/captured_log.hpp"
+#include "tests/support/gate.hpp"
+
+namespace stowage {
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = kMiB;
+
+HostBackendOptions device_of(std::size_t capacity, bool synchronous = true) {
+  HostBackendOptions options;
+  options.capacity_bytes = capacity;
+  options.synchronous = synchronous;
+  return options;
+}
+
+std::uintptr_t address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
+
+using testing::CapturedLog;
+using testing::Gate;
+
+class CachingAllocatorTest : public ::testing::Test {
+ protected:
+  explicit CachingAllocatorTest(HostBackendOptions options = device_of(256 * MiB))
+      : backend_(options) {}
+  void TearDown() override { allocator_.check_invariants(); }
+
+  HostBackend backend_;
+  CachingAllocator allocator_{backend_};
+};
+
+TEST_F(CachingAllocatorTest, RoundsEveryRequestTo512Bytes) {
+  void* tiny = allocator_.malloc(1);
+  void* small = allocator_.malloc(1000);
+  void* large = allocator_.malloc(MiB + 1);
+  EXPECT_EQ(allocator_.block_size(tiny), 512u);
+  EXPECT_EQ(allocator_.block_size(small), 1024u);
+  EXPECT_EQ(allocator_.block_size(large), MiB + 512) << "no 2 MiB rounding in the large pool";
+  const DeviceStats stats = allocator_.stats();
+  EXPECT_EQ(stats.requested_bytes.all().current, static_cast<std::int64_t>(1 + 1000 + MiB + 1));
+  EXPECT_EQ(stats.allocated_bytes.all().current, static_cast<std::int64_t>(512 + 1024 + MiB + 512));
+  allocator_.free(tiny);
+  allocator_.free(small);
+  allocator_.free(large);
+}
+
+TEST_F(CachingAllocatorTest, SmallRequestsArePackedIntoTwoMiBSegments) {
+  std::vector<void*> blocks;
+  for (int i = 0; i < 100; ++i) blocks.push_back(allocator_.malloc(20 * KiB));  // 2000 KiB
+  DeviceStats stats = allocator_.stats();
+  EXPECT_EQ(stats.segment.of(Pool::kSmall).current, 1);
+  EXPECT_EQ(stats.reserved_bytes.of(Pool::kSmall).current, static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(stats.segment.of(Pool::kLarge).current, 0);
+  blocks.push_back(allocator_.malloc(100 * KiB));  // does not fit the 48 KiB left
+  EXPECT_EQ(allocator_.stats().segment.of(Pool::kSmall).current, 2);
+  for (void* block : blocks) allocator_.free(block);
+}
+
+TEST_F(CachingAllocatorTest, MediumRequestsShareTwentyMiBSegmentsAndLargeOnesGetTheirOwn) {
+  void* a = allocator_.malloc(5 * MiB);
+  void* b = allocator_.malloc(5 * MiB);
+  void* c = allocator_.malloc(5 * MiB);
+  EXPECT_EQ(allocator_.stats().segment.of(Pool::kLarge).current, 1);
+  EXPECT_EQ(allocator_.stats().reserved_bytes.of(Pool::kLarge).current,
+            static_cast<std::int64_t>(20 * MiB));
+  // 11 MiB gets a 12 MiB segment; the 1 MiB left is not worth a block of its own.
+  void* d = allocator_.malloc(11 * MiB);
+  EXPECT_EQ(allocator_.block_size(d), 12 * MiB);
+  // 10.5 MiB gets a 12 MiB segment too; 1.5 MiB is worth keeping, so it is split off.
+  void* e = allocator_.malloc(10 * MiB + 512 * KiB);
+  EXPECT_EQ(allocator_.block_size(e), 10 * MiB + 512 * KiB);
+  EXPECT_EQ(allocator_.stats().inactive_split.of(Pool::kLarge).current, 2)
+      << "the 5 MiB tail of the medium segment and the 1.5 MiB tail";
+  for (void* block : {a, b, c, d, e}) allocator_.free(block);
+}
+
+TEST_F(CachingAllocatorTest, BestFitTakesTheSmallestFreeBlockThenTheLowestAddress) {
+  // One 20 MiB segment: [a 2][b 3][c 2][d 3][e 2][tail 8] MiB.
+  void* a = allocator_.malloc(2 * MiB);
+  void* b = allocator_.malloc(3 * MiB);
+  void* c = allocator_.malloc(2 * MiB);
+  void* d = allocator_.malloc(3 * MiB);
+  void* e = allocator_.malloc(2 * MiB);
+  allocator_.free(d);
+  allocator_.free(b);
+  void* first = allocator_.malloc(3 * MiB);
+  EXPECT_EQ(first, b) << "two 3 MiB holes: the lower one";
+  void* second = allocator_.malloc(2 * MiB + 512 * KiB);
+  EXPECT_EQ(second, d) << "the 3 MiB hole fits better than the 8 MiB tail";
+  for (void* block : {a, c, e, first, second}) allocator_.free(block);
+}
+
+TEST_F(CachingAllocatorTest, FreedBlocksCoalesceWithFreeNeighbours) {
+  void* a = allocator_.malloc(4 * MiB);
+  void* b = allocator_.malloc(4 * MiB);
+  void* c = allocator_.malloc(4 * MiB);
+  allocator_.free(b);
+  EXPECT_EQ(allocator_.stats().inactive_split.all().current, 2) << "b's hole and the tail";
+  allocator_.free(a);  // merges with b
+  EXPECT_EQ(allocator_.stats().inactive_split.all().current, 2);
+  EXPECT_EQ(allocator_.stats().inactive_split_bytes.all().current,
+            static_cast<std::int64_t>(20 * MiB - 4 * MiB));
+  allocator_.free(c);  // merges with both sides: the segment is one free block again
+  const AllocatorSnapshot snapshot = allocator_.snapshot();
+  ASSERT_EQ(snapshot.segments.size(), 1u);
+  ASSERT_EQ(snapshot.segments[0].blocks.size(), 1u);
+  EXPECT_EQ(snapshot.segments[0].blocks[0].size, 20 * MiB);
+  EXPECT_EQ(allocator_.stats().inactive_split.all().current, 0);
+  allocator_.empty_cache();
+  EXPECT_EQ(allocator_.stats().reserved_bytes.all().current, 0);
+  EXPECT_EQ(backend_.used_bytes(), 0u);
+}
+
+TEST_F(CachingAllocatorTest, SmallPoolSplitsAnyRemainderOf512BytesOrMore) {
+  void* a = allocator_.malloc(MiB);
+  void* b = allocator_.malloc(MiB - 512);
+  void* c = allocator_.malloc(512);
+  EXPECT_EQ(address(c), address(a) + 2 * MiB - 512) << "the last 512 B were kept and used";
+  EXPECT_EQ(allocator_.stats().segment.all().current, 1);
+  for (void* block : {a, b, c}) allocator_.free(block);
+}
+
+TEST_F(CachingAllocatorTest, ReuseOnTheSameStreamIsImmediateAndNeverCrossesStreams) {
+  const Stream other = backend_.create_stream();
+  void* a = allocator_.malloc(MiB);
+  allocator_.free(a);
+  EXPECT_EQ(allocator_.malloc(MiB), a);
+  allocator_.free(a);
+  void* on_other = allocator_.malloc(MiB, other);
+  EXPECT_NE(on_other, a) << "a block cached for stream 0 was handed to another stream";
+  EXPECT_EQ(allocator_.stats().segment.all().current, 2);
+  allocator_.free(on_other);
+  backend_.destroy_stream(other);
+}
+
+class CachingAllocatorStreamsTest : public CachingAllocatorTest {
+ protected:
+  CachingAllocatorStreamsTest() : CachingAllocatorTest(device_of(256 * MiB, false)) {}
+};
+
+TEST_F(CachingAllocatorStreamsTest, RecordStreamDefersReuseUntilTheStreamCatchesUp) {
+  const Stream side = backend_.create_stream();
+  Gate gate;
+  backend_.enqueue_host_function(side, gate.blocker());
+  void* block = allocator_.malloc(64 * KiB);
+  allocator_.record_stream(block, side);
+  allocator_.free(block);
+  DeviceStats stats = allocator_.stats();
+  EXPECT_EQ(stats.allocation.all().current, 0);
+  EXPECT_EQ(stats.active.all().current, 1) << "freed but pending on the side stream";
+  EXPECT_EQ(allocator_.snapshot().segments[0].blocks[0].state, BlockState::kPendingFree);
+
+  // malloc does not wait for the blocked stream: it returns another block at once.
+  void* meanwhile = allocator_.malloc(64 * KiB);
+  EXPECT_NE(meanwhile, block);
+  gate.open();
+  backend_.synchronize_stream(side);
+  void* later = allocator_.malloc(64 * KiB);
+  EXPECT_EQ(later, block) << "once the side stream passed the event, the block is reused";
+  allocator_.free(meanwhile);
+  allocator_.free(later);
+  backend_.destroy_stream(side);
+}
+
+TEST_F(CachingAllocatorStreamsTest, EmptyCacheWaitsForPendingFrees) {
+  const Stream side = backend_.create_stream();
+  void* block = allocator_.malloc(MiB);
+  backend_.enqueue_host_function(side, [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+  allocator_.record_stream(block, side);
+  allocator_.free(block);
+  allocator_.empty_cache();
+  EXPECT_EQ(allocator_.stats().reserved_bytes.all().current, 0);
+  EXPECT_EQ(allocator_.stats().num_sync_all_streams, 1);
+  backend_.destroy_stream(side);
+}
+
+TEST_F(CachingAllocatorTest, RecordStreamOfAnUnknownPointerIsAnError) {
+  int local = 0;
+  EXPECT_THROW(allocator_.record_stream(&local, Stream{0}), LogicError);
+}
+
+class SmallDeviceTest : public CachingAllocatorTest {
+ protected:
+  SmallDeviceTest() : CachingAllocatorTest(device_of(64 * MiB)) {}
+};
+
+TEST_F(SmallDeviceTest, AMissReleasesCachedSegmentsAndRetries) {
+  void* a = allocator_.malloc(30 * MiB);
+  allocator_.free(a);  // cached: 30 MiB reserved, none allocated
+  void* b = allocator_.malloc(40 * MiB);  // 30 + 40 > 64: release the cache, then fits
+  ASSERT_NE(b, nullptr);
+  const DeviceStats stats = allocator_.stats();
+  EXPECT_EQ(stats.num_alloc_retries, 1);
+  EXPECT_EQ(stats.num_device_free, 1);
+  EXPECT_EQ(stats.reserved_bytes.all().current, static_cast<std::int64_t>(40 * MiB));
+  allocator_.free(b);
+}
+
+TEST_F(SmallDeviceTest, ATransientDeviceFailureIsRetried) {
+  backend_.faults().fail_nth(BackendCall::kAllocateSegment, 1);
+  void* block = allocator_.malloc(MiB);
+  EXPECT_NE(block, nullptr);
+  EXPECT_EQ(allocator_.stats().num_alloc_retries, 1);
+  allocator_.free(block);
+}
+
+// Frees a block it holds when asked, as the offload pager will.
+class HoldingHandler : public MemoryPressureHandler {
+ public:
+  explicit HoldingHandler(CachingAllocator& allocator, void* held, std::size_t bytes)
+      : allocator_(allocator), held_(held), bytes_(bytes) {}
+  std::size_t relieve_pressure(std::size_t, Stream) noexcept override {
+    ++calls;
+    if (held_ == nullptr) return 0;
+    allocator_.free(held_);  // the allocator's lock is not held here
+    held_ = nullptr;
+    return bytes_;
+  }
+  int calls = 0;
+
+ private:
+  CachingAllocator& allocator_;
+  void* held_;
+  std::size_t bytes_;
+};
+
+TEST_F(SmallDeviceTest, PressureHandlersRunOnlyAfterTheCheapStepsFail) {
+  HoldingHandler handler(allocator_, allocator_.malloc(40 * MiB), 40 * MiB);
+  allocator_.add_pressure_handler(&handler);
+  void* fits = allocator_.malloc(20 * MiB);
+  EXPECT_EQ(handler.calls, 0) << "the device had room: no eviction";
+  void* needs_room = allocator_.malloc(30 * MiB);
+  EXPECT_EQ(handler.calls, 1);
+  EXPECT_NE(needs_room, nullptr);
+  allocator_.remove_pressure_handler(&handler);
+  allocator_.free(fits);
+  allocator_.free(needs_room);
+}
+
+TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
+  void* held = allocator_.malloc(40 * MiB);
+  std::vector<OomReport> observed;
+  allocator_.add_oom_observer([&](const OomReport& report) { observed.push_back(report); });
+  allocator_.record_history(true);
+  try {
+    allocator_.malloc(30 * MiB);
+    FAIL() << "30 MiB fitted beside 40 MiB on a 64 MiB device";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    for (const char* part : {"tried to allocate 30.00 MiB", "64.00 MiB total",
+                             "40.00 MiB allocated", "40.00 MiB reserved",
+                             "0 B reserved but unallocated", "largest free block",
+                             "fragmentation 0.0%", "Live blocks hold the memory"}) {
+      EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in\n"
+                                                       << message;
+    }
+  }
+  ASSERT_EQ(observed.size(), 1u);
+  EXPECT_EQ(observed[0].requested, 30 * MiB);
+  EXPECT_EQ(observed[0].device_free, 24 * MiB);
+  EXPECT_EQ(allocator_.stats().num_ooms, 1);
+  const auto trace = allocator_.snapshot().trace;
+  ASSERT_FALSE(trace.empty());
+  EXPECT_EQ(trace.back().action, TraceAction::kOom);
+  EXPECT_EQ(trace.back().size, 30 * MiB);
+  EXPECT_EQ(trace.back().address, 24 * MiB) << "oom events carry the device's free bytes";
+
+  allocator_.free(held);
+  void* retry = allocator_.malloc(30 * MiB);
+  EXPECT_NE(retry, nullptr);
+  allocator_.free(retry);
+}
+
+TEST_F(SmallDeviceTest, OutOfMemoryNamesFragmentation) {
+  // Fill the device with 4 MiB blocks in 20 MiB segments, then free every other one: plenty
+  // of memory is free, none of it in one piece of 12 MiB.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 15; ++i) blocks.push_back(allocator_.malloc(4 * MiB));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) allocator_.free(blocks[i]);
+  try {
+    allocator_.malloc(12 * MiB);
+    FAIL() << "expected out of memory";
+  } catch (const OutOfMemory& error) {
+    EXPECT_NE(std::string(error.what()).find("not in one piece"), std::string::npos)
+        << error.what();
+  }
+  for (std::size_t i = 1; i < blocks.size(); i += 2) allocator_.free(blocks[i]);
+}
+
+TEST_F(CachingAllocatorTest, ARequestLargerThanAnythingIsAnOutOfMemoryError) {
+  EXPECT_THROW(allocator_.malloc(std::size_t{1} << 63), OutOfMemory);
+  EXPECT_THROW(allocator_.malloc(~std::size_t{0}), OutOfMemory);
+  EXPECT_EQ(allocator_.stats().num_ooms, 2);
+}
+
+TEST_F(CachingAllocatorTest, MisusedFreesAreCountedLoggedAndIgnored) {
+  CapturedLog log;
+  int local = 0;
+  allocator_.free(&local);
+  void* block = allocator_.malloc(KiB);
+  allocator_.free(block);
+  allocator_.free(block);  // double free
+  EXPECT_EQ(allocator_.stats().num_invalid_frees, 2);
+  ASSERT_EQ(log.lines().size(), 2u);
+  EXPECT_NE(log.lines()[0].find("did not allocate or has already freed"), std::string::npos);
+  allocator_.check_invariants();
+  EXPECT_EQ(allocator_.malloc(KiB), block) << "the cache is intact";
+  allocator_.free(block);
+}
+
+TEST_F(CachingAllocatorTest, ZeroBytesGiveNullWhichFreeAccepts) {
+  EXPECT_EQ(allocator_.malloc(0), nullptr);
+  allocator_.free(nullptr);
+  EXPECT_EQ(allocator_.stats().num_invalid_frees, 0);
+  EXPECT_EQ(allocator_.stats().allocation.all().allocated, 0);
+}
+
+class OversizeTest : public CachingAllocatorTest {
+ protected:
+  OversizeTest() : CachingAllocatorTest(device_of(512 * MiB)) {}
+  CachingAllocator oversize_{backend_, parse_allocator_config("max_split_size_mb:64")};
+  void TearDown() override {
+    oversize_.check_invariants();
+    CachingAllocatorTest::TearDown();
+  }
+};
+
+TEST_F(OversizeTest, OversizeBlocksAreNeitherSplitNorCarvedUp) {
+  void* big = oversize_.malloc(100 * MiB);
+  EXPECT_EQ(oversize_.block_size(big), 100 * MiB);
+  oversize_.free(big);
+  void* medium = oversize_.malloc(10 * MiB);
+  EXPECT_NE(medium, big) << "a normal request must not carve up a cached oversize block";
+  void* similar = oversize_.malloc(90 * MiB);
+  EXPECT_EQ(similar, big) << "an oversize request within 20 MiB reuses it";
+  EXPECT_EQ(oversize_.block_size(similar), 100 * MiB) << "without splitting";
+  oversize_.free(similar);
+  void* much_smaller = oversize_.malloc(70 * MiB);
+  EXPECT_NE(much_smaller, big) << "30 MiB of waste is too much";
+  const DeviceStats stats = oversize_.stats();
+  EXPECT_EQ(stats.oversize_allocations.current, 1);
+  EXPECT_EQ(stats.oversize_segments.current, 2);
+  EXPECT_EQ(stats.max_split_size, static_cast<std::int64_t>(64 * MiB));
+  oversize_.free(medium);
+  oversize_.free(much_smaller);
+}
+
+TEST_F(CachingAllocatorTest, StatsUseTorchNamesAndMeanings) {
+  void* a = allocator_.malloc(1000);
+  void* b = allocator_.malloc(3 * MiB);
+  allocator_.free(a);
+  const auto entries = memory_stats_entries(allocator_.stats());
+  std::map<std::string, std::int64_t> stats(entries.begin(), entries.end());
+  EXPECT_EQ(stats.size(), 9u * 3 * 4 + 2 * 4 + 7);
+  EXPECT_EQ(stats.at("allocation.all.current"), 1);
+  EXPECT_EQ(stats.at("allocation.all.allocated"), 2);
+  EXPECT_EQ(stats.at("allocation.all.freed"), 1);
+  EXPECT_EQ(stats.at("allocation.small_pool.peak"), 1);
+  EXPECT_EQ(stats.at("allocated_bytes.large_pool.current"), static_cast<std::int64_t>(3 * MiB));
+  EXPECT_EQ(stats.at("requested_bytes.small_pool.freed"), 1000);
+  EXPECT_EQ(stats.at("reserved_bytes.all.current"), static_cast<std::int64_t>(22 * MiB));
+  EXPECT_EQ(stats.at("segment.all.current"), 2);
+  EXPECT_EQ(stats.at("inactive_split.large_pool.current"), 1);
+  EXPECT_EQ(stats.at("num_device_alloc"), 2);
+  EXPECT_EQ(stats.at("max_split_size"), -1);
+  EXPECT_TRUE(stats.count("num_invalid_frees"));
+  EXPECT_TRUE(stats.count("oversize_segments.freed"));
+  allocator_.free(b);
+}
+
+TEST_F(CachingAllocatorTest, PeaksAndAccumulatedCountsReset) {
+  void* a = allocator_.malloc(4 * MiB);
+  void* b = allocator_.malloc(4 * MiB);
+  allocator_.free(a);
+  EXPECT_EQ(allocator_.stats().allocated_bytes.all().peak, static_cast<std::int64_t>(8 * MiB));
+  allocator_.reset_peak_stats();
+  EXPECT_EQ(allocator_.stats().allocated_bytes.all().peak, static_cast<std::int64_t>(4 * MiB));
+  allocator_.reset_accumulated_stats();
+  const DeviceStats stats = allocator_.stats();
+  EXPECT_EQ(stats.allocation.all().allocated, 0);
+  EXPECT_EQ(stats.allocation.all().freed, 0);
+  EXPECT_EQ(stats.allocation.all().current, 1) << "current values survive";
+  EXPECT_EQ(stats.num_device_alloc, 0);
+  allocator_.free(b);
+}
+
+TEST_F(SmallDeviceTest, LimitAndMemoryFractionCapReservedMemory) {
+  allocator_.set_limit(8 * MiB);
+  EXPECT_EQ(allocator_.limit(), 8 * MiB);
+  try {
+    allocator_.malloc(10 * MiB);
+    FAIL() << "the limit was ignored";
+  } catch (const OutOfMemory& error) {
+    EXPECT_NE(std::string(error.what()).find("stowage's limit 8.00 MiB"), std::string::npos)
+        << error.what();
+  }
+  allocator_.set_limit(AllocatorConfig::kUnlimited);
+  allocator_.set_memory_fraction(0.5);
+  EXPECT_EQ(allocator_.limit(), 32 * MiB);
+  void* fits = allocator_.malloc(30 * MiB);
+  EXPECT_THROW(allocator_.malloc(10 * MiB), OutOfMemory);
+  EXPECT_LE(allocator_.stats().reserved_bytes.all().peak, static_cast<std::int64_t>(32 * MiB));
+  EXPECT_THROW(allocator_.set_memory_fraction(0), LogicError);
+  EXPECT_THROW(allocator_.set_memory_fraction(1.5), LogicError);
+  allocator_.free(fits);
+}
+
+TEST_F(CachingAllocatorTest, HistoryRecordsEventsWithContextsAndIsBounded) {
+  void* before = allocator_.malloc(KiB);  // not recorded: history is off
+  std::uint64_t next_context = 100;
+  allocator_.set_context_provider([&] { return next_context++; });
+  allocator_.record_history(true);
+  void* block = allocator_.malloc(3 * MiB);
+  allocator_.free(block);
+  allocator_.empty_cache();
+  const auto trace = allocator_.snapshot().trace;
+  ASSERT_EQ(trace.size(), 5u);
+  EXPECT_EQ(trace[0].action, TraceAction::kSegmentAlloc);
+  EXPECT_EQ(trace[0].size, 20 * MiB);
+  EXPECT_EQ(trace[1].action, TraceAction::kAlloc);
+  EXPECT_EQ(trace[1].address, address(block));
+  EXPECT_EQ(trace[1].size, 3 * MiB);
+  EXPECT_EQ(trace[1].context, 100u);
+  EXPECT_EQ(trace[2].action, TraceAction::kFreeRequested);
+  EXPECT_EQ(trace[2].context, 101u);
+  EXPECT_EQ(trace[3].action, TraceAction::kFreeCompleted);
+  EXPECT_EQ(trace[4].action, TraceAction::kSegmentFree);
+  EXPECT_LE(trace[0].time_us, trace[4].time_us);
+  EXPECT_GT(trace[0].time_us, 0);
+
+  allocator_.record_history(true, 2);
+  EXPECT_EQ(allocator_.snapshot().trace.size(), 2u) << "shrinking keeps the newest";
+  EXPECT_EQ(allocator_.snapshot().trace.back().action, TraceAction::kSegmentFree);
+  allocator_.record_history(false);
+  allocator_.free(before);
+  EXPECT_TRUE(allocator_.snapshot().trace.empty());
+}
+
+TEST_F(CachingAllocatorTest, TheContextProviderRunsWithoutTheAllocatorsLock) {
+  // The provider calls back into the allocator: were it called under the lock, this deadlocks.
+  allocator_.set_context_provider([this] {
+    return static_cast<std::uint64_t>(allocator_.stats().allocation.all().current + 1);
+  });
+  allocator_.record_history(true);
+  void* block = allocator_.malloc(KiB);
+  allocator_.free(block);
+  EXPECT_EQ(allocator_.snapshot().trace.front().context, 1u);
+}
+
+TEST_F(CachingAllocatorTest, SnapshotShowsSegmentsBlocksAndStates) {
+  void* a = allocator_.malloc(1000);
+  void* b = allocator_.malloc(2000);
+  allocator_.free(a);
+  const AllocatorSnapshot snapshot = allocator_.snapshot();
+  ASSERT_EQ(snapshot.segments.size(), 1u);
+  const SegmentSnapshot& segment = snapshot.segments[0];
+  EXPECT_EQ(segment.pool, Pool::kSmall);
+  EXPECT_EQ(segment.total_size, 2 * MiB);
+  EXPECT_EQ(segment.allocated_size, 2048u);
+  EXPECT_EQ(segment.requested_size, 2000u);
+  ASSERT_EQ(segment.blocks.size(), 3u);
+  EXPECT_EQ(segment.blocks[0].state, BlockState::kFree);
+  EXPECT_EQ(segment.blocks[1].state, BlockState::kAllocated);
+  EXPECT_EQ(segment.blocks[1].address, address(b));
+  EXPECT_EQ(segment.blocks[1].requested_size, 2000u);
+  EXPECT_EQ(segment.blocks[2].state, BlockState::kFree);
+  std::size_t tiled = 0;
+  for (const BlockSnapshot& block : segment.blocks) tiled += block.size;
+  EXPECT_EQ(tiled, segment.total_size);
+  allocator_.free(b);
+}
+
+TEST_F(CachingAllocatorTest, ThreadsAllocatingAndFreeingEachOthersBlocks) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  std::vector<std::vector<void*>> handed(kThreads);
+  std::vector<std::mutex> locks(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        void* block = allocator_.malloc(static_cast<std::size_t>(1 + (i * 7919 + t) % 30000));
+        {
+          std::lock_guard lock(locks[static_cast<std::size_t>((t + 1) % kThreads)]);
+          handed[static_cast<std::size_t>((t + 1) % kThreads)].push_back(block);
+        }
+        std::vector<void*> mine;
+        {
+          std::lock_guard lock(locks[static_cast<std::size_t>(t)]);
+          mine.swap(handed[static_cast<std::size_t>(t)]);
+        }
+        for (void* other : mine) allocator_.free(other);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (auto& blocks : handed) {
+    for (void* block : blocks) allocator_.free(block);
+  }
+  EXPECT_EQ(allocator_.stats().allocation.all().current, 0);
+  EXPECT_EQ(allocator_.stats().num_invalid_frees, 0);
+}
+
+TEST(AllocatorConfig, ParsesTheConfigurationString) {
+  const AllocatorConfig config =
+      parse_allocator_config("max_split_size_mb:128, limit:12GiB,memory_fraction:0.5");
+  EXPECT_EQ(config.max_split_size, 128 * MiB);
+  EXPECT_EQ(config.limit_bytes, 12 * kGiB);
+  EXPECT_DOUBLE_EQ(config.memory_fraction, 0.5);
+  EXPECT_EQ(parse_allocator_config(config.to_string()).limit_bytes, config.limit_bytes);
+  EXPECT_EQ(parse_allocator_config("").max_split_size, AllocatorConfig::kUnlimited);
+}
+
+TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
+  for (const char* bad : {"max_split_size:128", "limit", "limit:12 parsecs", "memory_fraction:2",
+                          "limit:1GiB,limit:2GiB", "max_split_size_mb:0"}) {
+    EXPECT_THROW(parse_allocator_config(bad), LogicError) << bad;
+  }
+  try {
+    parse_allocator_config("expandable_segment:true");
+  } catch (const LogicError& error) {
+    EXPECT_NE(std::string(error.what()).find("unknown key 'expandable_segment'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace stowage
