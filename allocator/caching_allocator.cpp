@@ -100,7 +100,7 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   const Pool pool = SizePolicy::pool_for(rounded);
   const bool oversize = rounded >= config_.max_split_size;
   Block* block = find_cached_locked(pool, stream, rounded, oversize);
-  if (block == nullptr) block = allocate_segment_locked(pool, stream, rounded, oversize, context);
+  if (block == nullptr) block = allocate_segment_locked(pool, stream, rounded, context);
   if (block == nullptr) {
     // Note [Miss path]: wait for pending frees (they may complete a fitting block), then give
     // wholly free segments back to the device and ask it again.
@@ -111,7 +111,7 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
       release_cached_locked();
       // Asked again even when nothing was released: the device's failure may have been
       // transient, and memory freed elsewhere on the device may have come back.
-      block = allocate_segment_locked(pool, stream, rounded, oversize, context);
+      block = allocate_segment_locked(pool, stream, rounded, context);
     }
   }
   if (block == nullptr) return nullptr;
@@ -133,7 +133,7 @@ Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_
 }
 
 Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
-                                                 bool oversize, std::uint64_t context) {
+                                                 std::uint64_t context) {
   const std::size_t size = SizePolicy::segment_size(rounded);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   if (size > limit_locked() || reserved > limit_locked() - size) return nullptr;
@@ -159,7 +159,7 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
   ++stats_.num_device_alloc;
   stats_.segment.update(pool, 1);
   stats_.reserved_bytes.update(pool, as_signed(size));
-  if (oversize) stats_.oversize_segments.update(1);
+  if (size >= config_.max_split_size) stats_.oversize_segments.update(1);
   record_locked(TraceAction::kSegmentAlloc, address, size, stream, context);
   return block;
 }
@@ -236,13 +236,14 @@ void CachingAllocator::free(void* ptr) noexcept {
     }
   } catch (const std::exception& error) {
     // Without events, wait for the streams themselves: slower, but reuse stays safe.
+    bool synchronized = true;
     try {
       for (const Stream use : block->stream_uses) backend_.synchronize_stream(use);
     } catch (const std::exception& second) {
       log_warning(detail::concat("block ", ptr, " cannot be reused: recording an event failed (",
                                  error.what(), ") and so did waiting for its streams (",
                                  second.what(), ")"));
-      return;  // stays pending: never handed out again while a stream might use it
+      synchronized = false;
     }
     std::erase_if(pending_events_, [&](const PendingEvent& pending) {
       if (pending.block != block) return false;
@@ -250,7 +251,9 @@ void CachingAllocator::free(void* ptr) noexcept {
       return true;
     });
     block->pending_events = 0;
-    free_block_locked(block);
+    // Unless the streams were waited for, the block stays pending for good: it is never handed
+    // out again while a stream might still use it.
+    if (synchronized) free_block_locked(block);
   }
 }
 

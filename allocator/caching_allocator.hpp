@@ -127,7 +127,7 @@ class CachingAllocator {
   Block* try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                            std::uint64_t context);
   Block* find_cached_locked(Pool pool, Stream stream, std::size_t rounded, bool oversize);
-  Block* allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded, bool oversize,
+  Block* allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
                                  std::uint64_t context);
   Block* claim_locked(Block* block, std::size_t bytes, std::size_t rounded, bool oversize,
                       std::uint64_t context);
