@@ -12,6 +12,10 @@
 
 namespace stowage {
 
+inline constexpr std::size_t kKiB = std::size_t{1} << 10;
+inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+inline constexpr std::size_t kGiB = std::size_t{1} << 30;
+
 std::size_t parse_byte_size(std::string_view text);
 std::string format_bytes(std::size_t bytes);
 

@@ -12,9 +12,11 @@
 // InternalError marks a broken invariant of stowage itself (STOWAGE_INTERNAL_ASSERT): a bug,
 // never the caller's fault.
 //
-// Every error records the file and line that raised it. Free paths, destructors and callbacks
-// are noexcept: they count and log misuse instead of throwing (a throw from a destructor
-// terminates the process, and torch frees from destructors).
+// Every error records the file and line that raised it. Inside stowage, the device seam
+// (DeviceBackend) throws on every failure, free paths included, so the layer above sees each one
+// and decides. At the API edge, free paths, destructors and callbacks are noexcept
+// (CachingAllocator::free, for one): they count and log misuse instead of throwing, because a
+// throw from a destructor terminates the process and torch frees from destructors.
 #pragma once
 
 #include <sstream>

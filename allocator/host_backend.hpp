@@ -27,15 +27,13 @@
 #include <mutex>
 
 #include "allocator/backend.hpp"
+#include "allocator/byte_units.hpp"
 #include "allocator/fault_injector.hpp"
 #include "allocator/host_segment_memory.hpp"
 #include "allocator/host_streams.hpp"
 #include "allocator/host_virtual_memory.hpp"
 
 namespace stowage {
-
-inline constexpr std::size_t kMiB = std::size_t{1} << 20;
-inline constexpr std::size_t kGiB = std::size_t{1} << 30;
 
 struct HostBackendOptions {
   std::size_t capacity_bytes = 16 * kGiB;  // the simulated device's memory

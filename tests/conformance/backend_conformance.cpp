@@ -6,6 +6,7 @@
 #include <future>
 #include <thread>
 
+#include "allocator/byte_units.hpp"
 #include "allocator/errors.hpp"
 #include "tests/support/gate.hpp"
 
@@ -43,8 +44,6 @@ bool BackendConformance::skip_without_virtual_memory() {
 }
 
 namespace {
-
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 #define SKIP_IF_SYNCHRONOUS()                                                         \
   if (GetParam().synchronous) GTEST_SKIP() << "stream work runs inline on this backend"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds stowage on the GPU test machine and runs everything that needs a GPU there: the whole
 # CTest suite (the CUDA conformance cases run instead of skipping), the self-check, and the
-# backend benchmarks. Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for
+# backend and allocator benchmarks. Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for
 # bench/results/.
 #
 #   tools/fetch-gpu-deps          # here, once: C++ test libraries as .debs into .gpu-deps/
@@ -59,5 +59,8 @@ ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" 
 build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_backend_ops.json" \
   --benchmark_out_format=json 2>&1 | tee "$out/bench_backend_ops.txt" || status=1
+"build/gpu/bench/allocator/bench_caching_allocator" --benchmark_repetitions=5 \
+  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_caching_allocator.json" \
+  --benchmark_out_format=json 2>&1 | tee "$out/bench_caching_allocator.txt" || status=1
 echo "gpu run: $([[ $status -eq 0 ]] && echo passed || echo FAILED); results in $out"
 exit $status
