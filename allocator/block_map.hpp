@@ -50,9 +50,17 @@ class BlockMap {
   static constexpr std::size_t kInitialBuckets = 1024;
 
   struct AddressHash {
-    // Blocks are 512-byte aligned: drop those bits, then spread the rest (Fibonacci hashing).
+    // The buckets are picked by the hash's low bits, and block addresses share many low bits
+    // (large blocks are often 2 MiB aligned), so every bit is mixed into them (splitmix64's
+    // finaliser); a plain multiply would leave the low bits of aligned addresses zero.
     std::size_t operator()(std::uintptr_t address) const noexcept {
-      return static_cast<std::size_t>((address >> 9) * 0x9E3779B97F4A7C15ull);
+      std::uint64_t x = address;
+      x ^= x >> 30;
+      x *= 0xBF58476D1CE4E5B9ull;
+      x ^= x >> 27;
+      x *= 0x94D049BB133111EBull;
+      x ^= x >> 31;
+      return static_cast<std::size_t>(x);
     }
     std::size_t operator()(const Block& block) const noexcept { return (*this)(block.address); }
   };

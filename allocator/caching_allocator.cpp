@@ -134,10 +134,18 @@ Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_
 
 Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
                                                  std::uint64_t context) {
-  const std::size_t size = SizePolicy::segment_size(rounded);
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
-  if (size > limit_locked() || reserved > limit_locked() - size) return nullptr;
-  void* base = backend_.try_allocate_segment(size);
+  // The preferred size first (a medium request's shared 20 MiB segment); when the device or
+  // the limit refuses it, the smallest segment that holds the block.
+  const std::size_t preferred = SizePolicy::segment_size(rounded);
+  const std::size_t smallest = SizePolicy::smallest_segment_size(rounded);
+  auto try_size = [&](std::size_t size) -> void* {
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+    if (size > limit_locked() || reserved > limit_locked() - size) return nullptr;
+    return backend_.try_allocate_segment(size);
+  };
+  std::size_t size = preferred;
+  void* base = try_size(size);
+  if (base == nullptr && smallest < preferred) base = try_size(size = smallest);
   if (base == nullptr) return nullptr;
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   Block* block = nullptr;

@@ -9,7 +9,8 @@
 // Requests of up to 1 MiB (after rounding) go to the small pool, which packs them into 2 MiB
 // segments; larger ones go to the large pool. A large request under 10 MiB gets a 20 MiB
 // segment, so that several medium blocks share one segment instead of each paying for its own
-// rounding; from 10 MiB up a segment is the request rounded up to 2 MiB. Small and large blocks
+// rounding; from 10 MiB up a segment is the request rounded up to 2 MiB. When the device cannot
+// give the preferred size, the smallest segment that holds the block is asked for instead. Small and large blocks
 // never share a segment: small, short-lived blocks would otherwise pin large segments.
 //
 // Note [Splitting]
@@ -60,6 +61,13 @@ struct SizePolicy {
   static constexpr std::size_t segment_size(std::size_t block_bytes) {
     if (block_bytes <= kSmallRequestMax) return kSmallSegmentSize;
     if (block_bytes < kMediumRequestMax) return kMediumSegmentSize;
+    return round_up(block_bytes, kLargeSegmentRounding);
+  }
+
+  // The least a segment for `block_bytes` can be: what is asked for when the preferred size
+  // does not fit the device (near out of memory, a shared 20 MiB segment is a luxury).
+  static constexpr std::size_t smallest_segment_size(std::size_t block_bytes) {
+    if (block_bytes <= kSmallRequestMax) return kSmallSegmentSize;
     return round_up(block_bytes, kLargeSegmentRounding);
   }
 

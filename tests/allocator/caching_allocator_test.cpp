@@ -213,6 +213,15 @@ TEST_F(SmallDeviceTest, AMissReleasesCachedSegmentsAndRetries) {
   allocator_.free(b);
 }
 
+TEST_F(SmallDeviceTest, WithoutRoomForASharedSegmentAMediumBlockGetsASegmentOfItsOwn) {
+  void* held = allocator_.malloc(50 * MiB);  // leaves 14 MiB: no room for a 20 MiB segment
+  void* medium = allocator_.malloc(3 * MiB);
+  EXPECT_EQ(allocator_.stats().reserved_bytes.all().current, static_cast<std::int64_t>(54 * MiB))
+      << "a 4 MiB segment, the 3 MiB block rounded to 2 MiB";
+  allocator_.free(medium);
+  allocator_.free(held);
+}
+
 TEST_F(SmallDeviceTest, ATransientDeviceFailureIsRetried) {
   backend_.faults().fail_nth(BackendCall::kAllocateSegment, 1);
   void* block = allocator_.malloc(MiB);

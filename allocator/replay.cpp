@@ -1,0 +1,120 @@
+#include "allocator/replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include "allocator/caching_allocator.hpp"
+#include "allocator/errors.hpp"
+#include "allocator/host_backend.hpp"
+
+namespace stowage {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<std::uint32_t>& samples, double fraction) {
+  if (samples.empty()) return 0;
+  const auto index = static_cast<std::size_t>(fraction * static_cast<double>(samples.size() - 1));
+  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(index),
+                   samples.end());
+  return samples[index];
+}
+
+struct LiveBlock {
+  void* ptr = nullptr;     // nullptr once the allocator is no longer called (after an OOM)
+  std::uint64_t size = 0;  // requested bytes
+};
+
+}  // namespace
+
+ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& config,
+                           bool measure_latency) const {
+  const auto start = Clock::now();
+  HostBackendOptions options;
+  options.capacity_bytes = capacity_bytes;
+  options.synchronous = true;
+  HostBackend backend(options);
+  ReplayResult result;
+  std::vector<std::uint32_t> latencies;
+  if (measure_latency) latencies.reserve(events_.size());
+  std::unordered_map<std::uint64_t, LiveBlock> live;
+  live.reserve(events_.size() / 2 + 1);
+  std::size_t requested = 0;
+  {
+    CachingAllocator allocator(backend, config);
+    auto timed = [&](auto&& call) {
+      if (!measure_latency) return call();
+      const auto before = Clock::now();
+      auto value = call();
+      const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - before);
+      latencies.push_back(static_cast<std::uint32_t>(std::min<std::int64_t>(elapsed.count(), UINT32_MAX)));
+      return value;
+    };
+    auto release = [&](const LiveBlock& block) {
+      requested -= block.size;
+      if (block.ptr == nullptr) return;
+      timed([&] {
+        allocator.free(block.ptr);
+        return 0;
+      });
+    };
+    for (std::size_t i = 0; i < events_.size(); ++i) {
+      const TraceEvent& event = events_[i];
+      ++result.events;
+      if (event.kind == TraceEvent::Kind::kFree) {
+        ++result.frees;
+        if (event.address == 0) {
+          ++result.zero_size;
+          continue;
+        }
+        const auto it = live.find(event.address);
+        if (it == live.end()) {
+          ++result.skipped_frees;
+          continue;
+        }
+        release(it->second);
+        live.erase(it);
+        continue;
+      }
+      ++result.allocs;
+      if (event.size == 0) {
+        ++result.zero_size;
+        continue;
+      }
+      if (const auto it = live.find(event.address); it != live.end()) {
+        ++result.implicit_frees;
+        release(it->second);
+        live.erase(it);
+      }
+      LiveBlock block{nullptr, event.size};
+      if (!result.oom) {
+        try {
+          block.ptr = timed([&] {
+            return allocator.malloc(static_cast<std::size_t>(event.size), Stream{event.stream});
+          });
+        } catch (const OutOfMemory& error) {
+          result.oom = true;
+          result.oom_event = i;
+          result.oom_message = error.message();
+        }
+      }
+      requested += event.size;
+      result.peak_requested = std::max(result.peak_requested, requested);
+      live.emplace(event.address, block);
+    }
+    const DeviceStats stats = allocator.stats();
+    result.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes.all().peak);
+    result.peak_reserved = static_cast<std::size_t>(stats.reserved_bytes.all().peak);
+    for (const auto& [address, block] : live) {
+      if (block.ptr != nullptr) allocator.free(block.ptr);
+    }
+  }
+  result.ns_per_call_p50 = percentile(latencies, 0.50);
+  result.ns_per_call_p99 = percentile(latencies, 0.99);
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace stowage

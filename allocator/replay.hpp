@@ -1,0 +1,65 @@
+// Replays a recorded allocation trace through a CachingAllocator on a simulated device.
+//
+// A trace is the alloc and free events of one device of a PyTorch memory snapshot (or of a
+// stowage recording), in order. The replay drives a CachingAllocator over a synchronous
+// HostBackend of the given capacity, mapping the trace's addresses to its own blocks. Frees of
+// addresses the trace never allocated (allocated before recording began) are skipped and
+// counted; zero-size events are counted no-ops; an alloc at an address still live (its free
+// was not recorded) frees the older block first and is counted. After an OOM the replay stops
+// calling the allocator but keeps counting, so peak_requested always covers the whole trace.
+//
+// Contract: a Trace is immutable after construction and may be replayed concurrently; each
+// replay builds its own device and allocator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocator/config.hpp"
+
+namespace stowage {
+
+struct TraceEvent {
+  enum class Kind : std::uint8_t { kAlloc = 0, kFree = 1 };
+  Kind kind = Kind::kAlloc;
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;  // the caller's bytes (allocs); ignored for frees
+  std::uint64_t stream = 0;
+};
+
+struct ReplayResult {
+  std::size_t events = 0;
+  std::size_t allocs = 0;
+  std::size_t frees = 0;
+  std::size_t skipped_frees = 0;   // frees of addresses the trace never allocated
+  std::size_t zero_size = 0;       // zero-byte allocs and frees of address 0
+  std::size_t implicit_frees = 0;  // allocs at an address still live
+  std::size_t peak_requested = 0;  // largest sum of live requested bytes in the trace
+  std::size_t peak_allocated = 0;  // the allocator's peak of allocated (rounded) bytes
+  std::size_t peak_reserved = 0;   // the allocator's peak of reserved bytes
+  bool oom = false;
+  std::size_t oom_event = 0;       // index of the event that failed
+  std::string oom_message;
+  double ns_per_call_p50 = 0;      // host time of one allocator call (malloc or free)
+  double ns_per_call_p99 = 0;
+  double seconds = 0;              // wall time of the whole replay
+};
+
+class Trace {
+ public:
+  explicit Trace(std::vector<TraceEvent> events) : events_(std::move(events)) {}
+
+  const std::vector<TraceEvent>& events() const noexcept { return events_; }
+
+  // Replays on a device of `capacity_bytes`. With measure_latency, times every allocator call.
+  ReplayResult replay(std::size_t capacity_bytes, const AllocatorConfig& config,
+                      bool measure_latency = true) const;
+
+ private:
+  std::vector<TraceEvent> events_;
+};
+
+}  // namespace stowage

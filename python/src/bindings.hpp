@@ -1,0 +1,10 @@
+// The parts of stowage._core, each bound in a file of its own.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace stowage::python {
+
+void bind_replay(pybind11::module_& module);
+
+}  // namespace stowage::python

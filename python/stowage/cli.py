@@ -1,0 +1,31 @@
+"""The ``stowage`` command: one module per subcommand, each with ``add_parser`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from stowage import __version__, replay
+
+SUBCOMMANDS = {"replay": replay}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stowage", description="Memory tools for training PyTorch models on one GPU."
+    )
+    parser.add_argument("--version", action="version", version=f"stowage {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, title="commands")
+    for name, module in SUBCOMMANDS.items():
+        module.add_parser(commands, name)
+    args = parser.parse_args(argv)
+    try:
+        return int(SUBCOMMANDS[args.command].run(args))
+    except KeyboardInterrupt:
+        print("stowage: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

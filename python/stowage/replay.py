@@ -1,0 +1,195 @@
+"""``stowage replay``: how much memory a recorded training step needs under stowage.
+
+Each device trace of each snapshot is replayed (its alloc and free_completed events) through
+stowage's CachingAllocator on a simulated device, in C++; the figures are printed as a table,
+or as one JSON object per trace and device with ``--json``. With ``--min-capacity`` the
+smallest device, in 2 MiB steps, on which the replay completes is searched and then verified:
+the replay completes at that capacity and fails 2 MiB below it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from stowage import _core
+from stowage.snapshot_loader import SnapshotError, load_snapshot
+from stowage.trace import device_events, native_figures
+
+STEP = 2 << 20  # capacities are searched in 2 MiB steps
+MAX_CAPACITY = 1 << 50
+
+
+def add_parser(commands: Any, name: str) -> None:
+    parser = commands.add_parser(
+        name,
+        help="replay memory snapshots through stowage on a simulated device",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="snapshot pickles (.pickle, .pickle.gz)")
+    parser.add_argument("--capacity", default="1TiB", help="simulated device size (default 1TiB)")
+    parser.add_argument("--min-capacity", action="store_true", help="search the smallest device that fits")
+    parser.add_argument("--config", default="", help="allocator configuration, key:value,key:value")
+    parser.add_argument("--json", action="store_true", help="one JSON object per trace and device")
+
+
+def _fits(events: _core.Trace, capacity: int, config: str) -> bool:
+    return not events.replay(capacity, config, measure_latency=False)["oom"]
+
+
+def min_capacity(events: _core.Trace, peak_requested: int, config: str, known_fit: int | None,
+                 progress: Progress | None = None) -> dict[str, Any]:
+    """The smallest capacity, in STEP units, on which the replay completes, searched then verified.
+
+    Below peak_requested nothing can fit, so the search starts there; known_fit is a capacity
+    already seen to fit, if any.
+    """
+    low = max(0, (peak_requested - 1) // STEP)  # fails: cannot hold the live requested bytes
+    if known_fit is not None:
+        high = -(-known_fit // STEP)
+    else:
+        high = max(low + 1, 2 * (low + 1))
+        while not _fits(events, high * STEP, config):
+            if high * STEP >= MAX_CAPACITY:
+                return {"min_capacity": None, "min_capacity_verified": False, "replays": 0}
+            low, high = high, 2 * high
+    replays = 0
+    task = progress.add_task("min capacity", total=max(1, (high - low).bit_length())) if progress else None
+    while high - low > 1:
+        middle = (low + high) // 2
+        replays += 1
+        if _fits(events, middle * STEP, config):
+            high = middle
+        else:
+            low = middle
+        if progress is not None and task is not None:
+            progress.advance(task)
+    # Verify both sides; a replay that fits below the found capacity means the search was misled
+    # (the allocator need not be monotone in capacity): walk down until it does not.
+    fits_at = _fits(events, high * STEP, config)
+    while high > 1 and _fits(events, (high - 1) * STEP, config):
+        high -= 1
+        replays += 1
+    fails_below = not _fits(events, (high - 1) * STEP, config) if high > 1 else True
+    if progress is not None and task is not None:
+        progress.remove_task(task)
+    return {
+        "min_capacity": high * STEP,
+        "min_capacity_verified": bool(fits_at and fails_below),
+        "replays": replays + 2,
+    }
+
+
+def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config: str,
+                    search: bool, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """One result per device trace of the snapshot."""
+    results = []
+    for device, trace in enumerate(snapshot.get("device_traces", [])):
+        events = device_events(trace)
+        if len(events) == 0:
+            continue
+        result: dict[str, Any] = {"trace": str(path), "device": device, "trace_entries": len(trace)}
+        replayed = events.replay(capacity, config)
+        throughput = events.replay(capacity, config, measure_latency=False)
+        result.update(replayed)
+        result["capacity"] = capacity
+        result["config"] = config
+        result["events_per_second"] = len(events) / throughput["seconds"] if throughput["seconds"] else None
+        native = native_figures(snapshot, device)
+        result["native_peak_reserved"] = native.peak_reserved
+        result["preexisting_segments"] = native.preexisting_segments
+        result["preexisting_segment_bytes"] = native.preexisting_bytes
+        result["allocs_in_preexisting_segments"] = native.allocs_in_preexisting
+        result["bytes_in_preexisting_segments"] = native.bytes_in_preexisting
+        result["native_comparable"] = native.comparable(replayed["peak_requested"])
+        result["min_capacity"] = None
+        if search:
+            known_fit = replayed["peak_reserved"] if not replayed["oom"] else None
+            result.update(min_capacity(events, replayed["peak_requested"], config, known_fit, progress))
+        results.append(result)
+    return results
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f}"
+
+
+def _ratio(value: int | None, base: int) -> str:
+    return "" if value is None or base == 0 else f" ({value / base:.3f}x)"
+
+
+def print_table(results: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="stowage replay (MiB; ratios to the peak of requested bytes)")
+    for column in ("trace", "dev", "events", "skipped frees", "peak requested", "stowage reserved",
+                   "min capacity", "native reserved", "p50/p99 ns", "M events/s", "oom"):
+        table.add_column(column, justify="left" if column == "trace" else "right")
+    for r in results:
+        base = r["peak_requested"]
+        native = _mib(r["native_peak_reserved"]) + _ratio(r["native_peak_reserved"], base)
+        if r["native_peak_reserved"] is not None and not r["native_comparable"]:
+            native += " *"
+        rate = r["events_per_second"]
+        table.add_row(
+            Path(r["trace"]).name,
+            str(r["device"]),
+            f"{r['events']:,}",
+            f"{r['skipped_frees']:,}",
+            _mib(base),
+            _mib(r["peak_reserved"]) + _ratio(r["peak_reserved"], base),
+            _mib(r["min_capacity"]) + _ratio(r["min_capacity"], base),
+            native,
+            f"{r['ns_per_call_p50']:.0f}/{r['ns_per_call_p99']:.0f}",
+            "-" if rate is None else f"{rate / 1e6:.1f}",
+            "yes" if r["oom"] else "no",
+        )
+    console.print(table)
+    if any(r["native_peak_reserved"] is not None and not r["native_comparable"] for r in results):
+        console.print("* the trace's allocations reused memory cached before it began: the native "
+                      "figure is not comparable with a replay from empty.")
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    try:
+        config = _core.normalize_allocator_config(args.config)
+        capacity = _core.parse_byte_size(args.capacity)
+    except ValueError as error:
+        err.print(f"stowage replay: {error}")
+        return 2
+    if capacity <= 0:
+        err.print("stowage replay: --capacity must be positive")
+        return 2
+    results: list[dict[str, Any]] = []
+    status = 0
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
+        loading = progress.add_task("traces", total=len(args.traces))
+        for name in args.traces:
+            path = Path(name)
+            progress.update(loading, description=f"replaying {path.name}")
+            try:
+                snapshot = load_snapshot(path)
+            except SnapshotError as error:
+                err.print(f"stowage replay: {error}")
+                status = 2
+                progress.advance(loading)
+                continue
+            found = replay_snapshot(path, snapshot, capacity, config, args.min_capacity, progress)
+            if not found:
+                err.print(f"stowage replay: {path}: no alloc or free events to replay")
+            if args.json:
+                for result in found:
+                    print(json.dumps(result), flush=True)
+            results.extend(found)
+            progress.advance(loading)
+    if not args.json and results:
+        out = Console()
+        print_table(results, out if out.is_terminal else Console(width=200))
+    return status

@@ -1,0 +1,29 @@
+"""Shared helpers for the Python tests."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+MiB = 1 << 20
+
+
+def event(action: str, addr: int, size: int, stream: int = 0) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": stream}
+
+
+@pytest.fixture
+def write_snapshot(tmp_path: Path):
+    """Writes a snapshot dict (or raw bytes) to a file and returns its path."""
+
+    def write(content: dict[str, Any] | bytes, name: str = "snapshot.pickle") -> Path:
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else pickle.dumps(content, protocol=4))
+        return path
+
+    return write

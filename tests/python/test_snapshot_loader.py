@@ -1,0 +1,118 @@
+"""The safe snapshot loader refuses hostile and malformed files with clear errors, quickly."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MiB, event
+
+from stowage.snapshot_loader import SnapshotError, load_snapshot, loads_snapshot
+
+VALID = {"segments": [], "device_traces": [[event("alloc", 4096, 100), event("free_completed", 4096, 100)]]}
+
+
+def stowage(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stowage", *args], capture_output=True, text=True)
+
+
+class Payload:
+    """Unpickling this would run os.system and create the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_valid_snapshot_loads_plain_and_gzipped(write_snapshot) -> None:
+    assert load_snapshot(write_snapshot(VALID)) == VALID
+    gz = write_snapshot(gzip.compress(pickle.dumps(VALID)), "snapshot.pickle.gz")
+    assert load_snapshot(gz) == VALID
+
+
+def test_optional_fields_may_be_missing(write_snapshot) -> None:
+    bare = {"device_traces": [[{"action": "alloc", "addr": 1, "size": 2}]]}
+    assert load_snapshot(write_snapshot(bare)) == bare
+
+
+def test_a_pickle_that_would_run_code_is_refused_before_anything_runs(tmp_path, write_snapshot) -> None:
+    marker = tmp_path / "pwned"
+    path = write_snapshot(pickle.dumps({"segments": [Payload(marker)], "device_traces": []}))
+    with pytest.raises(SnapshotError, match="refers to posix.system|refers to os.system"):
+        load_snapshot(path)
+    result = stowage("replay", str(path))
+    assert result.returncode != 0
+    assert "refused" in result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "snapshot, field",
+    [
+        ("not a dict", "snapshot: expected dict"),
+        ({"segments": "x"}, "segments: expected list"),
+        ({"device_traces": [[event("alloc", 1, 2), {"action": "alloc", "addr": 1, "size": "big"}]]},
+         r"device_traces\[0\]\[1\].size: expected int, got str"),
+        ({"device_traces": [[{"action": "teleport", "addr": 1, "size": 1}]]}, "unknown action"),
+        ({"segments": [{"address": 1}]}, r"segments\[0\]: missing 'total_size'"),
+        ({"device_traces": [[{"action": "alloc", "size": 1}]]}, r"device_traces\[0\]\[0\]: missing 'addr'"),
+    ],
+)
+def test_wrong_shapes_name_the_first_bad_field(write_snapshot, snapshot, field) -> None:
+    with pytest.raises(SnapshotError, match=field):
+        load_snapshot(write_snapshot(snapshot))
+
+
+def test_truncated_files_say_so(write_snapshot) -> None:
+    data = pickle.dumps(VALID)
+    path = write_snapshot(data[: len(data) // 2])
+    with pytest.raises(SnapshotError, match="truncated"):
+        load_snapshot(path)
+    result = stowage("replay", str(path))
+    assert result.returncode == 2
+    assert "truncated" in result.stderr
+
+
+def test_foreign_types_are_refused() -> None:
+    with pytest.raises(SnapshotError, match="set"):
+        loads_snapshot(pickle.dumps({"segments": [], "device_traces": [], "x": {1, 2}}, protocol=4))
+
+
+def memo_bomb(levels: int = 40) -> bytes:
+    """A few hundred bytes whose tree has 2**levels leaves: each list holds the previous twice."""
+    ops = [b"\x80\x04", b"]", b"q\x00"]  # PROTO 4, EMPTY_LIST, BINPUT 0
+    for level in range(1, levels + 1):
+        ops += [b"(", b"h", bytes([level - 1]), b"h", bytes([level - 1]), b"l", b"q", bytes([level])]
+    body = b"".join(ops)
+    return body + b"}(X\x08\x00\x00\x00segmentsh" + bytes([levels]) + b"u."
+
+
+def test_a_memo_bomb_is_refused_in_under_a_second() -> None:
+    data = memo_bomb()
+    assert len(data) < 1000
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="memo bomb"):
+        loads_snapshot(data)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_deep_nesting_is_refused_in_under_a_second() -> None:
+    depth = 100_000
+    data = b"\x80\x04" + b"]" * depth + b"a" * (depth - 1) + b"."
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="deeper than"):
+        loads_snapshot(data)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(SnapshotError, match="cannot read"):
+        load_snapshot(tmp_path / "absent.pickle")
