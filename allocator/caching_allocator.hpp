@@ -116,6 +116,12 @@ class CachingAllocator {
   // Throws InternalError if any invariant above is broken. O(blocks).
   void check_invariants() const;
 
+  // For pthread_atfork: hold the lock across fork() so the child never inherits it held by a
+  // thread that does not exist there. prepare_fork() takes it; after_fork() (parent and child)
+  // releases it.
+  void prepare_fork() { mutex_.lock(); }
+  void after_fork() { mutex_.unlock(); }
+
  private:
   struct PendingEvent {
     Event event;

@@ -32,11 +32,12 @@ if(NOT STOWAGE_WITH_TORCH STREQUAL "OFF")
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
     execute_process(
-      COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(torch.__version__, end=';'); print(torch.utils.cmake_prefix_path, end='')"
+      COMMAND "${Python3_EXECUTABLE}" -c "import os, torch; print(torch.__version__, torch.utils.cmake_prefix_path, os.path.dirname(torch.__file__), sep=';', end='')"
       OUTPUT_VARIABLE _stowage_torch RESULT_VARIABLE _stowage_torch_status ERROR_QUIET)
     if(_stowage_torch_status EQUAL 0)
       list(GET _stowage_torch 0 STOWAGE_TORCH_VERSION)
       list(GET _stowage_torch 1 STOWAGE_TORCH_CMAKE_PREFIX_PATH)
+      list(GET _stowage_torch 2 STOWAGE_TORCH_DIR)  # the torch package: include/ and lib/
       set(STOWAGE_HAVE_TORCH ON)
     endif()
   endif()

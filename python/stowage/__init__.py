@@ -5,5 +5,41 @@ safe snapshot loader, the trace recorder, and the ``stowage`` command.
 """
 
 from stowage._core import __version__, format_bytes, parse_byte_size
+from stowage.memory import (
+    disable,
+    dump_snapshot,
+    empty_cache,
+    enable,
+    is_enabled,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    record_history,
+    reset_accumulated_stats,
+    reset_peak_stats,
+    snapshot,
+)
 
-__all__ = ["__version__", "format_bytes", "parse_byte_size"]
+__all__ = [
+    "__version__",
+    "disable",
+    "dump_snapshot",
+    "empty_cache",
+    "enable",
+    "format_bytes",
+    "is_enabled",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "parse_byte_size",
+    "record_history",
+    "reset_accumulated_stats",
+    "reset_peak_stats",
+    "snapshot",
+]

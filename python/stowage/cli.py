@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stowage import __version__, replay
+from stowage import __version__, demo, record, replay
 
-SUBCOMMANDS = {"replay": replay}
+SUBCOMMANDS = {"replay": replay, "record": record, "demo": demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

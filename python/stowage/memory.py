@@ -1,0 +1,199 @@
+"""The memory API: stowage's counterpart of torch.cuda's memory functions.
+
+The names and meanings follow torch.cuda (memory_stats keys, memory_summary's layout, the
+snapshot dict), so code and tools written for one read the other. The API is the same in CPU
+mode, where stowage is torch's CPU allocator over a simulated device of a chosen capacity::
+
+    import stowage, torch
+    stowage.enable(device="cpu", capacity="4GiB")
+    model = torchvision.models.resnet18()      # every CPU tensor now comes from stowage
+    ...
+    print(stowage.memory_summary())
+    stowage.dump_snapshot("step.pickle")       # readable by torch.cuda._memory_viz
+
+Tensors allocated before enable() keep their old allocator and are freed by it; tensors from
+stowage stay valid after disable().
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from stowage import _core
+
+DEFAULT_MAX_ENTRIES = 100_000
+
+
+def _torch_module() -> Any:
+    try:
+        import torch  # (loads libc10 for stowage._torch)
+
+        from stowage import _torch
+    except ImportError as error:
+        raise RuntimeError(
+            "stowage's PyTorch integration is not available: install torch, then reinstall "
+            f"stowage so it is built against it ({error})"
+        ) from error
+    if _torch.built_for_torch != torch.__version__:
+        raise RuntimeError(
+            f"stowage was built against torch {_torch.built_for_torch} but torch "
+            f"{torch.__version__} is installed: reinstall stowage (tools/install)"
+        )
+    return _torch
+
+
+def _bytes(value: int | str) -> int:
+    return value if isinstance(value, int) else _core.parse_byte_size(value)
+
+
+def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str | None = None) -> None:
+    """Makes stowage the allocator of ``device``.
+
+    ``conf`` is the ``key:value,key:value`` allocator configuration (as STOWAGE_ALLOC_CONF).
+    device="cpu" installs stowage as torch's CPU allocator over a simulated device of
+    ``capacity`` bytes ("4GiB" or an int); CPU tensors allocated afterwards count against it.
+    """
+    config = _core.normalize_allocator_config(conf or "")
+    if device == "cpu":
+        if capacity is None:
+            raise ValueError("stowage.enable(device='cpu') needs a capacity, e.g. capacity='4GiB'")
+        size = _bytes(capacity)
+        if size <= 0:
+            raise ValueError(f"capacity must be positive, not {capacity!r}")
+        _torch_module().enable_cpu(size, config)
+        return
+    if device == "cuda":
+        raise RuntimeError(
+            "stowage.enable(device='cuda') needs stowage's CUDA integration, which this build of "
+            "stowage does not have; device='cpu' runs models on a simulated device"
+        )
+    raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+
+
+def disable() -> None:
+    """Gives torch back its own allocator. Tensors from stowage remain valid."""
+    _torch_module().disable_cpu()
+
+
+def is_enabled() -> bool:
+    return bool(_torch_module().is_enabled())
+
+
+def _module() -> Any:
+    module = _torch_module()
+    if not module.was_enabled():
+        raise RuntimeError("stowage is not enabled: call stowage.enable(device='cpu', capacity=...) first")
+    return module
+
+
+def memory_stats(device: Any = None) -> OrderedDict[str, int]:
+    """The allocator's statistics under torch.cuda.memory_stats()'s keys, sorted by key."""
+    return OrderedDict(sorted(_module().memory_stats().items()))
+
+
+def memory_allocated(device: Any = None) -> int:
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_stats(device: Any = None) -> None:
+    _module().reset_peak_stats()
+
+
+def reset_accumulated_stats(device: Any = None) -> None:
+    _module().reset_accumulated_stats()
+
+
+def empty_cache() -> None:
+    """Returns every wholly free cached segment to the device."""
+    _module().empty_cache()
+
+
+def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    """Records alloc, free, segment and oom events with the Python stack ("python") or Python and
+    C++ stacks ("all"), keeping the newest ``max_entries``. enabled=False stops and forgets."""
+    _module().record_history(enabled, stacks, max_entries)
+
+
+def snapshot() -> dict[str, Any]:
+    """torch.cuda.memory._snapshot()'s dict: segments with blocks, device_traces, settings."""
+    return _module().snapshot()
+
+
+def dump_snapshot(path: str | Path) -> None:
+    """Pickles snapshot() with protocol 4, which pytorch.org/memory_viz reads."""
+    Path(path).write_bytes(pickle.dumps(snapshot(), protocol=4))
+
+
+def _format_size(size: int, reference: int) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
+        if reference < 768 * 1024 or unit == "TiB":
+            return f"{size:6d} {unit}"
+        size //= 1024
+        reference //= 1024
+    return f"{size:6d} TiB"
+
+
+def _format_count(count: int, reference: int) -> str:
+    for unit in (" ", "K", "M"):
+        if reference < 750 * 1000 or unit == "M":
+            return f"{count:7d} {unit} "
+        count //= 1000
+        reference //= 1000
+    return f"{count:7d} M "
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """The statistics as a table in torch.cuda.memory_summary()'s layout."""
+    stats = memory_stats(device)
+    capacity = _module().capacity()
+    lines = ["=" * 75]
+    title = f"stowage memory summary, simulated device of {_core.format_bytes(capacity)}"
+    lines.append(f"{title:^75}")
+    lines.append("-" * 75)
+    counters = f"OOMs: {stats['num_ooms']:<12d} |  device alloc retries: {stats['num_alloc_retries']}"
+    lines.append(f"{counters:^75}")
+    lines.append("=" * 75)
+    lines.append("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ")
+    metrics = [
+        ("allocated_bytes", "Allocated memory", _format_size),
+        ("active_bytes", "Active memory", _format_size),
+        ("requested_bytes", "Requested memory", _format_size),
+        ("reserved_bytes", "Reserved memory", _format_size),
+        ("inactive_split_bytes", "Non-releasable memory", _format_size),
+        ("allocation", "Allocations", _format_count),
+        ("active", "Active allocs", _format_count),
+        ("segment", "Reserved segments", _format_count),
+        ("inactive_split", "Non-releasable allocs", _format_count),
+    ]
+    for key, name, formatter in metrics:
+        lines.append("-" * 75)
+        pools = [("all", name)]
+        if not abbreviated:
+            pools += [("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+        reference = [stats[f"{key}.all.{field}"] for field in ("current", "peak", "allocated", "freed")]
+        for pool, label in pools:
+            values = [stats[f"{key}.{pool}.{field}"] for field in ("current", "peak", "allocated", "freed")]
+            cells = " | ".join(formatter(v, r) for v, r in zip(values, reference))
+            lines.append(f" {label:<21} | {cells} ")
+    for key, name in (("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize segments")):
+        lines.append("-" * 75)
+        values = [stats[f"{key}.{field}"] for field in ("current", "peak", "allocated", "freed")]
+        cells = " | ".join(_format_count(v, v) for v in values)
+        lines.append(f" {name:<21} | {cells} ")
+    lines.append("=" * 75)
+    return "".join(f"|{line}|\n" for line in lines)
