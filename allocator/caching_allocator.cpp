@@ -125,7 +125,11 @@ Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_
   if (block == nullptr) return nullptr;
   // Oversize blocks serve oversize requests only, and only when they waste at most one
   // medium segment's worth: carving them up is what strands huge holes.
-  if (!oversize && block->size >= config_.max_split_size) return nullptr;
+  // (A block no bigger than the segment this request would get is fair game, oversize or not.)
+  if (!oversize && block->size >= config_.max_split_size &&
+      block->size > SizePolicy::segment_size(rounded)) {
+    return nullptr;
+  }
   if (oversize && block->size - rounded >= SizePolicy::kMediumSegmentSize) return nullptr;
   count_inactive_split_locked(*block, -1);
   index.erase(*block);
@@ -176,8 +180,15 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
                                       bool oversize, std::uint64_t context) {
   const Pool pool = block->segment->pool;
   const std::size_t remainder = block->size - rounded;
+  Block* rest = nullptr;
   if (SizePolicy::should_split(pool, remainder, oversize)) {
-    Block* rest = arena_.acquire();
+    try {
+      rest = arena_.acquire();
+    } catch (const std::bad_alloc&) {
+      rest = nullptr;  // no memory for bookkeeping: hand out the whole block unsplit
+    }
+  }
+  if (rest != nullptr) {
     rest->address = block->address + rounded;
     rest->size = remainder;
     rest->stream = block->stream;
@@ -450,14 +461,13 @@ void CachingAllocator::record_history(bool enabled, std::size_t max_entries) {
 }
 
 void CachingAllocator::set_context_provider(ContextProvider provider) {
-  context_provider_.store(provider ? std::make_shared<const ContextProvider>(std::move(provider))
-                                   : nullptr);
+  context_provider_.store(provider ? new ContextProvider(std::move(provider)) : nullptr);
 }
 
 std::uint64_t CachingAllocator::context_for_history() const noexcept {
   if (!history_on_.load(std::memory_order_relaxed)) return 0;
-  const auto provider = context_provider_.load();
-  if (!provider) return 0;
+  const ContextProvider* provider = context_provider_.load();
+  if (provider == nullptr) return 0;
   try {
     return (*provider)();
   } catch (...) {

@@ -98,6 +98,7 @@ class CachingAllocator {
   void reset_accumulated_stats();
 
   void record_history(bool enabled, std::size_t max_entries = History::kDefaultMaxEntries);
+  // Each provider set is kept until the process ends (lock-free reads; set it once).
   void set_context_provider(ContextProvider provider);
   AllocatorSnapshot snapshot() const;
 
@@ -156,7 +157,10 @@ class CachingAllocator {
   const AllocatorConfig config_;
   // Read before the lock is taken (Note [Stacks before the lock]).
   std::atomic<bool> history_on_{false};
-  std::atomic<std::shared_ptr<const ContextProvider>> context_provider_;
+  // Set once, rarely; replaced providers are kept (never freed) so a reader needs no lock.
+  // std::atomic<std::shared_ptr> would take an internal spin lock, which fork() can inherit
+  // held.
+  std::atomic<const ContextProvider*> context_provider_{nullptr};
 
   mutable std::mutex mutex_;  // guards everything below
   BlockArena arena_;

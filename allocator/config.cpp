@@ -46,7 +46,8 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
     STOWAGE_CHECK(seen.emplace(key).second, "allocator config: ", key, " is given twice");
     if (key == "max_split_size_mb") {
       const double mib = parse_number(key, value);
-      STOWAGE_CHECK(mib >= 1, "allocator config: max_split_size_mb must be at least 1, not ",
+      // Up to 20 MiB every medium segment would count as oversize and never be shared.
+      STOWAGE_CHECK(mib > 20, "allocator config: max_split_size_mb must be more than 20, not ",
                     value);
       config.max_split_size = static_cast<std::size_t>(mib * 1024 * 1024);
     } else if (key == "limit") {

@@ -6,6 +6,7 @@
 //                         split, and they reuse only cached blocks at most 20 MiB larger, so
 //                         huge blocks are not carved up by small requests. Default: unlimited
 //                         (PyTorch's default), because splitting is what lets memory be reused.
+//                         Must be more than 20 (MiB), the medium segment size, as in PyTorch.
 //   limit:SIZE            Reserve at most SIZE ("12GiB", bytes, ...) from the device. Default:
 //                         none (the device's capacity is the limit).
 //   memory_fraction:F     Reserve at most F (0 < F <= 1) of the device's memory; with limit,

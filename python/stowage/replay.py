@@ -24,7 +24,7 @@ from stowage.snapshot_loader import SnapshotError, load_snapshot
 from stowage.trace import device_events, native_figures
 
 STEP = 2 << 20  # capacities are searched in 2 MiB steps
-MAX_CAPACITY = 1 << 50
+MAX_CAPACITY = 16 << 40  # 16 TiB: the simulated device reserves twice its size in address space
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -52,15 +52,17 @@ def min_capacity(events: _core.Trace, peak_requested: int, config: str, known_fi
     Below peak_requested nothing can fit, so the search starts there; known_fit is a capacity
     already seen to fit, if any.
     """
+    if peak_requested == 0:
+        return {"min_capacity": None, "min_capacity_verified": False, "replays": 0}
     low = max(0, (peak_requested - 1) // STEP)  # fails: cannot hold the live requested bytes
-    if known_fit is not None:
+    if known_fit is not None and _fits(events, -(-known_fit // STEP) * STEP, config):
         high = -(-known_fit // STEP)
     else:
         high = max(low + 1, 2 * (low + 1))
-        while not _fits(events, high * STEP, config):
+        while high * STEP > MAX_CAPACITY or not _fits(events, high * STEP, config):
             if high * STEP >= MAX_CAPACITY:
                 return {"min_capacity": None, "min_capacity_verified": False, "replays": 0}
-            low, high = high, 2 * high
+            low, high = high, min(2 * high, MAX_CAPACITY // STEP)
     replays = 0
     task = progress.add_task("min capacity", total=max(1, (high - low).bit_length())) if progress else None
     while high - low > 1:
@@ -164,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         err.print(f"stowage replay: {error}")
         return 2
-    if capacity <= 0:
-        err.print("stowage replay: --capacity must be positive")
+    if not 0 < capacity <= MAX_CAPACITY:
+        err.print(f"stowage replay: --capacity must be between 1 byte and {_core.format_bytes(MAX_CAPACITY)}")
         return 2
     results: list[dict[str, Any]] = []
     status = 0
@@ -181,7 +183,13 @@ def run(args: argparse.Namespace) -> int:
                 status = 2
                 progress.advance(loading)
                 continue
-            found = replay_snapshot(path, snapshot, capacity, config, args.min_capacity, progress)
+            try:
+                found = replay_snapshot(path, snapshot, capacity, config, args.min_capacity, progress)
+            except (ValueError, RuntimeError, MemoryError) as error:
+                err.print(f"stowage replay: {path}: {error}")
+                status = 2
+                progress.advance(loading)
+                continue
             if not found:
                 err.print(f"stowage replay: {path}: no alloc or free events to replay")
             if args.json:

@@ -4,8 +4,12 @@ A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory
 returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. Pickles can run code,
 so ``load_snapshot`` never uses ``pickle.load`` as is:
 
-1. the unpickler refuses every global (so no constructor, function or class can be reached:
-   a payload that would call ``os.system`` fails before anything runs) and persistent ids;
+1. before unpickling, every opcode is checked: only those that build plain data are allowed
+   (no global, reduce, build, extension, persistent id, set or buffer: a payload that would call
+   ``os.system`` fails before anything runs), memo indices must be within the file, and
+   numbers must be plausible (below 2**60: larger ones could collide in hash tables on
+   purpose); gzip data may expand at most 256 times, so a gzip bomb is refused too; the
+   unpickler itself also refuses every global;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
    stands for (64 values per byte of pickle, at least a million; real snapshots need under 3)
    and on depth (64), so a memo bomb, whose few bytes expand into a huge tree, or deep nesting
@@ -20,13 +24,28 @@ Every failure raises ``SnapshotError`` with the file name and the reason.
 
 from __future__ import annotations
 
-import gzip
 import io
+import math
 import pickle
+import pickletools
+import zlib
 from pathlib import Path
 from typing import Any
 
 MAX_DEPTH = 64
+MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte
+MIN_DECOMPRESSED_LIMIT = 64 << 20
+MAX_NUMBER = 2**60
+MAX_SIZE = 2**50  # bytes: far beyond any device
+PLAIN_OPCODES = frozenset(
+    """PROTO FRAME STOP MARK POP POP_MARK DUP NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2
+    LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE
+    SHORT_BINUNICODE BINUNICODE8 BINBYTES SHORT_BINBYTES BINBYTES8 EMPTY_LIST APPEND APPENDS LIST
+    EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3 EMPTY_DICT DICT SETITEM SETITEMS GET BINGET
+    LONG_BINGET PUT BINPUT LONG_BINPUT MEMOIZE""".split()
+)
+MEMO_OPCODES = frozenset("GET BINGET LONG_BINGET PUT BINPUT LONG_BINPUT".split())
+NUMBER_OPCODES = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT".split())
 MIN_NODE_BUDGET = 1_000_000
 NODES_PER_BYTE = 64
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
@@ -59,17 +78,46 @@ class _RefusingUnpickler(pickle.Unpickler):
         raise SnapshotError("the pickle uses persistent ids; snapshots hold only plain data")
 
 
+def _gunzip(raw: bytes, path: Path) -> bytes:
+    limit = max(MIN_DECOMPRESSED_LIMIT, MAX_EXPANSION * len(raw))
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(raw, limit + 1)
+    except zlib.error as error:
+        raise SnapshotError(f"{path}: broken gzip data: {error}") from error
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times: "
+                            "not a snapshot (a gzip bomb)")
+    if not inflater.eof:
+        raise SnapshotError(f"{path}: broken gzip data: truncated")
+    return data
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError) as error:
-            raise SnapshotError(f"{path}: broken gzip data: {error}") from error
-    return raw
+    return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw
+
+
+def _check_opcodes(data: bytes) -> None:
+    """Refuses, before anything is built, what a snapshot pickle never holds."""
+    try:
+        for opcode, argument, position in pickletools.genops(data):
+            name = opcode.name
+            if name not in PLAIN_OPCODES:
+                raise SnapshotError(
+                    f"opcode {name} at byte {position} would build objects beyond plain data; refused"
+                )
+            if name in MEMO_OPCODES and argument is not None and argument > len(data):
+                raise SnapshotError(f"memo index {argument} at byte {position} is beyond the file")
+            if name in NUMBER_OPCODES and isinstance(argument, (int, float)) and not (
+                -MAX_NUMBER < argument < MAX_NUMBER and not (isinstance(argument, float) and math.isnan(argument))
+            ):
+                raise SnapshotError(f"number {argument!r} at byte {position} is out of any snapshot's range")
+    except (ValueError, EOFError) as error:
+        raise SnapshotError(f"not a readable pickle ({error}); is the file truncated?") from None
 
 
 def _check_plain(value: Any, budget: int) -> None:
@@ -147,7 +195,9 @@ def check_structure(snapshot: Any) -> None:
             if field not in segment:
                 raise SnapshotError(f"{where}: missing '{field}'")
             _expect(segment[field], int, f"{where}.{field}")
-        for j, block in enumerate(segment.get("blocks", [])):
+        blocks = segment.get("blocks", [])
+        _expect(blocks, list, f"{where}.blocks")
+        for j, block in enumerate(blocks):
             _expect(block, dict, f"{where}.blocks[{j}]")
             for field in ("address", "size"):
                 if field in block:
@@ -168,10 +218,11 @@ def check_structure(snapshot: Any) -> None:
             for field in ("addr", "size"):
                 if field not in entry and action != "snapshot":
                     raise SnapshotError(f"{where}: missing '{field}'")
+            for field, upper in (("addr", 2**64), ("size", MAX_SIZE), ("stream", 2**64)):
                 if field in entry:
                     _expect(entry[field], int, f"{where}.{field}")
-            if "stream" in entry:
-                _expect(entry["stream"], int, f"{where}.stream")
+                    if not 0 <= entry[field] < upper:
+                        raise SnapshotError(f"{where}.{field}: {entry[field]} is out of range [0, {upper})")
             if "time_us" in entry:
                 _expect(entry["time_us"], (int, float), f"{where}.time_us")
 
@@ -179,6 +230,7 @@ def check_structure(snapshot: Any) -> None:
 def loads_snapshot(data: bytes, name: str = "<bytes>") -> dict[str, Any]:
     """Loads a snapshot from pickle bytes (not gzipped); see the module's description."""
     try:
+        _check_opcodes(data)
         value = _RefusingUnpickler(io.BytesIO(data)).load()
     except SnapshotError as error:
         raise SnapshotError(f"{name}: {error}") from None

@@ -371,6 +371,13 @@ TEST_F(OversizeTest, OversizeBlocksAreNeitherSplitNorCarvedUp) {
   oversize_.free(much_smaller);
 }
 
+TEST_F(OversizeTest, ABlockRoundedUpToTheOversizeClassIsStillReused) {
+  // 63 MiB is below max_split_size (64 MiB) but its segment, rounded to 2 MiB, is not: the
+  // cached block must serve the same request again instead of a new segment each time.
+  for (int i = 0; i < 10; ++i) oversize_.free(oversize_.malloc(63 * MiB));
+  EXPECT_EQ(oversize_.stats().reserved_bytes.all().current, static_cast<std::int64_t>(64 * MiB));
+}
+
 TEST_F(CachingAllocatorTest, StatsUseTorchNamesAndMeanings) {
   void* a = allocator_.malloc(1000);
   void* b = allocator_.malloc(3 * MiB);
@@ -539,7 +546,8 @@ TEST(AllocatorConfig, ParsesTheConfigurationString) {
 
 TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
   for (const char* bad : {"max_split_size:128", "limit", "limit:12 parsecs", "memory_fraction:2",
-                          "limit:1GiB,limit:2GiB", "max_split_size_mb:0"}) {
+                          "limit:1GiB,limit:2GiB", "max_split_size_mb:0",
+                          "max_split_size_mb:20"}) {
     EXPECT_THROW(parse_allocator_config(bad), LogicError) << bad;
   }
   try {

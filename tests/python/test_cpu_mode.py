@@ -209,3 +209,67 @@ def test_stowage_record_runs_a_script_and_writes_its_snapshot(tmp_path) -> None:
     replayed = subprocess.run([sys.executable, "-m", "stowage", "replay", str(out), "--json"],
                               capture_output=True, text=True)
     assert replayed.returncode == 0, replayed.stderr
+
+
+def test_history_keeps_an_exception_raised_while_tensors_are_freed() -> None:
+    result = run_python("""
+        import torch, stowage
+        stowage.enable(device="cpu", capacity="1GiB")
+        stowage.record_history(True)
+        def boom():
+            return [torch.empty(10) for _ in range(3)] + [1 / 0]
+        try:
+            boom()
+        except ZeroDivisionError:
+            print("caught")
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "caught"
+
+
+def test_forking_with_history_on_while_another_thread_allocates() -> None:
+    result = run_python("""
+        import os, threading, torch, stowage
+        stowage.enable(device="cpu", capacity="1GiB")
+        stowage.record_history(True)
+        stop = False
+        def churn():
+            while not stop:
+                torch.empty(1000)
+        thread = threading.Thread(target=churn)
+        thread.start()
+        for _ in range(60):
+            pid = os.fork()
+            if pid == 0:
+                torch.empty(100)
+                os._exit(0)
+            os.waitpid(pid, 0)
+        stop = True
+        thread.join()
+        print("ok")
+    """, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_enable_and_disable_alternate_as_often_as_asked() -> None:
+    result = run_python("""
+        import torch, stowage
+        for cycle in range(300):
+            stowage.enable(device="cpu", capacity="1GiB")
+            before = stowage.memory_stats()["allocation.all.allocated"]
+            kept = torch.empty(100)
+            assert stowage.memory_stats()["allocation.all.allocated"] == before + 1, cycle
+            stowage.disable()
+            other = torch.empty(100)
+            assert stowage.memory_stats()["allocation.all.allocated"] == before + 1, cycle
+        print("ok")
+    """)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_profiler_sees_allocations_in_cpu_mode() -> None:
+    from stowage.recorder import record
+
+    trace = record(lambda step: torch.empty(1000), 2)["device_traces"][0]
+    assert sum(1 for e in trace if e["action"] == "alloc" and e["size"] >= 4000) >= 2

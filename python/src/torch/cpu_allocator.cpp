@@ -22,8 +22,11 @@ struct State {
   CachingAllocator* allocator = nullptr;
   c10::Allocator* previous = nullptr;  // torch's allocator before enable()
   bool enabled = false;
-  std::uint8_t priority = 100;  // SetCPUAllocator keeps the highest priority seen
 };
+
+// SetCPUAllocator ignores a call whose priority is below the highest seen; stowage always uses
+// the highest, so enable and disable alternate as often as asked.
+constexpr std::uint8_t kPriority = 255;
 
 std::mutex& state_mutex() {
   static std::mutex mutex;
@@ -35,7 +38,25 @@ State& state() {
   return *instance;
 }
 
-void free_block(void* ptr) { state().allocator->free(ptr); }
+// torch.profiler(profile_memory=True) hears of every allocation and free, as from torch's own
+// CPU allocator; the figures are looked up only while it listens.
+void report_to_profiler(void* ptr, std::int64_t bytes) {
+  const DeviceStats stats = state().allocator->stats();
+  c10::reportMemoryUsageToProfiler(ptr, bytes,
+                                   static_cast<std::size_t>(stats.allocated_bytes.all().current),
+                                   static_cast<std::size_t>(stats.reserved_bytes.all().current),
+                                   c10::Device(c10::DeviceType::CPU));
+}
+
+void free_block(void* ptr) {
+  if (ptr != nullptr && c10::memoryProfilingEnabled()) {
+    const auto bytes = static_cast<std::int64_t>(state().allocator->block_size(ptr));
+    state().allocator->free(ptr);
+    report_to_profiler(ptr, -bytes);
+    return;
+  }
+  state().allocator->free(ptr);
+}
 
 class StowageCpuAllocator final : public c10::Allocator {
  public:
@@ -45,6 +66,9 @@ class StowageCpuAllocator final : public c10::Allocator {
       ptr = state().allocator->malloc(bytes);
     } catch (const OutOfMemory& error) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, error.message());
+    }
+    if (ptr != nullptr && c10::memoryProfilingEnabled()) {
+      report_to_profiler(ptr, static_cast<std::int64_t>(state().allocator->block_size(ptr)));
     }
     return {ptr, ptr, &free_block, c10::Device(c10::DeviceType::CPU)};
   }
@@ -59,13 +83,30 @@ StowageCpuAllocator& torch_allocator() {
   return *instance;
 }
 
+// Every lock a thread may hold inside an allocation is taken before fork() and released after,
+// in the parent and in the child, so the child never inherits one held by a thread it lacks.
 void register_fork_handlers() {
-  ::pthread_atfork([] { state().allocator->prepare_fork(); },
-                   [] { state().allocator->after_fork(); },
-                   [] { state().allocator->after_fork(); });
+  ::pthread_atfork(
+      [] {
+        stack_table().prepare_fork();
+        state().allocator->prepare_fork();
+      },
+      [] {
+        state().allocator->after_fork();
+        stack_table().after_fork();
+      },
+      [] {
+        state().allocator->after_fork();
+        stack_table().after_fork();
+      });
 }
 
 }  // namespace
+
+StackTable& stack_table() {
+  static auto* table = new StackTable();  // outlives every allocation that refers to it
+  return *table;
+}
 
 void enable(std::size_t capacity_bytes, const std::string& config) {
   std::lock_guard lock(state_mutex());
@@ -80,6 +121,7 @@ void enable(std::size_t capacity_bytes, const std::string& config) {
     s.config = config;
     s.backend = backend.release();
     s.allocator = allocator.release();
+    s.allocator->set_context_provider([] { return stack_table().capture(); });
     register_fork_handlers();
   } else {
     STOWAGE_CHECK(capacity_bytes == s.capacity && config == s.config,
@@ -88,7 +130,9 @@ void enable(std::size_t capacity_bytes, const std::string& config) {
   }
   if (s.enabled) return;
   s.previous = c10::GetCPUAllocator();
-  c10::SetCPUAllocator(&torch_allocator(), ++s.priority);
+  c10::SetCPUAllocator(&torch_allocator(), kPriority);
+  STOWAGE_CHECK(c10::GetCPUAllocator() == &torch_allocator(),
+                "torch did not accept stowage as its CPU allocator");
   s.enabled = true;
 }
 
@@ -96,7 +140,9 @@ void disable() {
   std::lock_guard lock(state_mutex());
   State& s = state();
   if (!s.enabled) return;
-  c10::SetCPUAllocator(s.previous, ++s.priority);
+  c10::SetCPUAllocator(s.previous, kPriority);
+  STOWAGE_CHECK(c10::GetCPUAllocator() == s.previous,
+                "torch did not take its own CPU allocator back");
   s.enabled = false;
 }
 

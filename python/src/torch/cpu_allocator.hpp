@@ -17,6 +17,7 @@
 #include <string>
 
 #include "allocator/caching_allocator.hpp"
+#include "python/src/torch/stack_table.hpp"
 
 namespace stowage::torch_cpu {
 
@@ -27,5 +28,7 @@ void disable();
 bool is_enabled();
 // The instance, or nullptr before the first enable().
 CachingAllocator* allocator();
+// The stacks behind the allocator's history (never destroyed).
+StackTable& stack_table();
 
 }  // namespace stowage::torch_cpu

@@ -18,10 +18,7 @@ namespace {
 using stowage::CachingAllocator;
 namespace cpu = stowage::torch_cpu;
 
-cpu::StackTable& stacks() {
-  static auto* table = new cpu::StackTable();  // outlives every allocation that refers to it
-  return *table;
-}
+cpu::StackTable& stacks() { return cpu::stack_table(); }
 
 CachingAllocator& enabled_allocator() {
   CachingAllocator* allocator = cpu::allocator();
@@ -43,7 +40,6 @@ PYBIND11_MODULE(_torch, module) {
       "enable_cpu",
       [](std::size_t capacity, const std::string& config) {
         cpu::enable(capacity, config);
-        enabled_allocator().set_context_provider([] { return stacks().capture(); });
       },
       py::arg("capacity"), py::arg("config") = "");
   module.def("disable_cpu", &cpu::disable);

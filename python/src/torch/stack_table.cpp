@@ -37,6 +37,12 @@ std::vector<Frame> python_frames() {
   std::vector<Frame> frames;
   if (!python_usable() || PyGILState_GetThisThreadState() == nullptr) return frames;
   const PyGILState_STATE gil = PyGILState_Ensure();
+  // A tensor may be freed while an exception is being raised: keep it, and clear only what the
+  // walk below raises.
+  PyObject* error_type = nullptr;
+  PyObject* error_value = nullptr;
+  PyObject* error_traceback = nullptr;
+  PyErr_Fetch(&error_type, &error_value, &error_traceback);
   PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
   while (frame != nullptr && frames.size() < kMaxPythonFrames) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
@@ -52,6 +58,7 @@ std::vector<Frame> python_frames() {
   }
   Py_XDECREF(frame);
   PyErr_Clear();
+  PyErr_Restore(error_type, error_value, error_traceback);
   PyGILState_Release(gil);
   return frames;
 }
@@ -69,6 +76,9 @@ Frame symbolise(void* address) {
 }
 
 }  // namespace
+
+void StackTable::prepare_fork() { mutex_.lock(); }
+void StackTable::after_fork() { mutex_.unlock(); }
 
 void StackTable::configure(bool python, bool cpp) {
   std::lock_guard lock(mutex_);

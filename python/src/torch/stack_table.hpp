@@ -32,6 +32,9 @@ class StackTable {
   std::uint64_t capture() noexcept;
   // Python frames innermost first, then the C++ frames, symbolised now.
   std::vector<Frame> frames(std::uint64_t handle) const;
+  // For pthread_atfork, as CachingAllocator's: the lock is held across fork().
+  void prepare_fork();
+  void after_fork();
 
  private:
   struct Stack {
