@@ -461,7 +461,13 @@ void CachingAllocator::record_history(bool enabled, std::size_t max_entries) {
 }
 
 void CachingAllocator::set_context_provider(ContextProvider provider) {
-  context_provider_.store(provider ? new ContextProvider(std::move(provider)) : nullptr);
+  std::lock_guard lock(mutex_);
+  if (!provider) {
+    context_provider_.store(nullptr);
+    return;
+  }
+  providers_.push_back(std::make_unique<const ContextProvider>(std::move(provider)));
+  context_provider_.store(providers_.back().get());
 }
 
 std::uint64_t CachingAllocator::context_for_history() const noexcept {

@@ -98,7 +98,8 @@ class CachingAllocator {
   void reset_accumulated_stats();
 
   void record_history(bool enabled, std::size_t max_entries = History::kDefaultMaxEntries);
-  // Each provider set is kept until the process ends (lock-free reads; set it once).
+  // Providers replaced by a later call are kept until the allocator is destroyed (so readers
+  // need no lock); set it once, or rarely.
   void set_context_provider(ContextProvider provider);
   AllocatorSnapshot snapshot() const;
 
@@ -157,9 +158,9 @@ class CachingAllocator {
   const AllocatorConfig config_;
   // Read before the lock is taken (Note [Stacks before the lock]).
   std::atomic<bool> history_on_{false};
-  // Set once, rarely; replaced providers are kept (never freed) so a reader needs no lock.
-  // std::atomic<std::shared_ptr> would take an internal spin lock, which fork() can inherit
-  // held.
+  // Read without a lock: replaced providers stay alive in providers_ until the allocator is
+  // destroyed. (std::atomic<std::shared_ptr> would take an internal spin lock, which fork()
+  // can inherit held.)
   std::atomic<const ContextProvider*> context_provider_{nullptr};
 
   mutable std::mutex mutex_;  // guards everything below
@@ -175,6 +176,7 @@ class CachingAllocator {
   double memory_fraction_;
   std::vector<MemoryPressureHandler*> pressure_handlers_;
   std::map<std::size_t, OomObserver> oom_observers_;
+  std::vector<std::unique_ptr<const ContextProvider>> providers_;  // every provider ever set
   std::size_t next_observer_id_ = 1;
 };
 
