@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "allocator/errors.hpp"
+#include "allocator/host_pages.hpp"
 
 namespace stowage {
 
@@ -35,19 +36,11 @@ std::size_t default_max_mappings() {
                                                            : kMinimumMappings;
 }
 
-std::size_t page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
-
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 void* map_anonymous(std::size_t bytes) {
-  void* ptr = ::mmap(nullptr, round_up(bytes, page_size()), PROT_READ | PROT_WRITE,
+  void* ptr = ::mmap(nullptr, round_up(bytes, host_page_size()), PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return ptr == MAP_FAILED ? nullptr : ptr;
 }
-
-std::uintptr_t to_address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
 }  // namespace
 
@@ -56,9 +49,9 @@ HostBackendOptions HostBackend::validated(HostBackendOptions options) {
   STOWAGE_CHECK(options.capacity_bytes > 0 && options.capacity_bytes <= kMaxCapacity,
                 "a simulated device's capacity must be between 1 byte and ", kMaxCapacity,
                 " bytes, not ", options.capacity_bytes);
-  STOWAGE_CHECK(std::has_single_bit(options.granularity) && options.granularity % page_size() == 0,
+  STOWAGE_CHECK(std::has_single_bit(options.granularity) && options.granularity % host_page_size() == 0,
                 "the granularity must be a power of two and a multiple of the host page size (",
-                page_size(), "), not ", options.granularity);
+                host_page_size(), "), not ", options.granularity);
   STOWAGE_CHECK(options.copy_bytes_per_second >= 0, "copy bandwidth must not be negative");
   return options;
 }
@@ -79,7 +72,7 @@ HostBackend::HostBackend(HostBackendOptions options)
 HostBackend::~HostBackend() {
   streams_.synchronize_all();
   for (const auto& [base, bytes] : pinned_) {
-    ::munmap(reinterpret_cast<void*>(base), round_up(bytes, page_size()));
+    ::munmap(reinterpret_cast<void*>(base), round_up(bytes, host_page_size()));
   }
 }
 
@@ -111,7 +104,8 @@ std::size_t HostBackend::pinned_bytes() const {
 }
 
 std::size_t HostBackend::kernel_mappings_locked() const {
-  return 1 + pinned_.size() + virtual_memory_.reservation_count() +
+  return 1 + segment_memory_.overflow_count() + pinned_.size() +
+         virtual_memory_.reservation_count() +
          2 * virtual_memory_.mapping_count();
 }
 
@@ -328,7 +322,7 @@ void HostBackend::free_pinned(void* ptr) {
   std::lock_guard lock(memory_mutex_);
   const auto it = pinned_.find(to_address(ptr));
   STOWAGE_CHECK(it != pinned_.end(), "free of ", ptr, ", which is not a live pinned buffer");
-  ::munmap(ptr, round_up(it->second, page_size()));
+  ::munmap(ptr, round_up(it->second, host_page_size()));
   pinned_bytes_ -= it->second;
   pinned_.erase(it);
 }

@@ -9,8 +9,8 @@
 // - Segments are carved from one MAP_NORESERVE region (Note [Host segments]): an 80 GiB device
 //   costs no RAM until its pages are touched, and a freed segment's pages are reused cheaply.
 // - The kernel limits a process to vm.max_map_count mappings (about 65k). HostBackend counts the
-//   kernel mappings it creates (pinned buffers, reservations, and two per mapped handle, for the
-//   split reservation around it) and refuses, with a BackendError naming the limit, any call
+//   kernel mappings it creates (the segment region and any segment that did not fit it, pinned
+//   buffers, reservations, and two per mapped handle, for the split reservation around it) and refuses, with a BackendError naming the limit, any call
 //   that would pass max_mappings.
 // - Fault injection: faults().fail_nth(BackendCall::kMap, 3) makes the third map from now fail.
 //   try_* calls then report out-of-memory; every other call throws BackendError and changes

@@ -8,18 +8,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "allocator/byte_units.hpp"
 #include "allocator/errors.hpp"
 #include "allocator/log.hpp"
 
 namespace stowage {
-
-namespace {
-
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-}  // namespace
 
 HostPhysicalMemory::HostPhysicalMemory(std::size_t capacity_bytes, std::size_t alignment)
     : ranges_(round_up(capacity_bytes, alignment) * kFileSlack, alignment) {

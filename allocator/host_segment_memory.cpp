@@ -6,24 +6,16 @@
 #include <cerrno>
 #include <cstring>
 
+#include "allocator/byte_units.hpp"
 #include "allocator/errors.hpp"
+#include "allocator/host_pages.hpp"
 
 namespace stowage {
 
-namespace {
-
-std::size_t page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
-
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-}  // namespace
-
 HostSegmentMemory::HostSegmentMemory(std::size_t capacity_bytes, bool release_freed_memory)
-    : page_(page_size()),
+    : page_(host_page_size()),
       release_freed_memory_(release_freed_memory),
-      ranges_(round_up(capacity_bytes, page_size()) * kRegionSlack, page_size()) {
+      ranges_(round_up(capacity_bytes, host_page_size()) * kRegionSlack, host_page_size()) {
   void* region = ::mmap(nullptr, ranges_.total(), PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (region == MAP_FAILED) {

@@ -10,14 +10,11 @@
 #include <limits>
 
 #include "allocator/errors.hpp"
+#include "allocator/host_pages.hpp"
 
 namespace stowage {
 
 namespace {
-
-std::uintptr_t to_address(const void* pointer) {
-  return reinterpret_cast<std::uintptr_t>(pointer);
-}
 
 void* to_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 
@@ -36,7 +33,7 @@ void restore_reservation(std::uintptr_t address, std::size_t bytes) {
 
 HostVirtualMemory::HostVirtualMemory(std::size_t capacity_bytes, std::size_t granularity)
     : granularity_(granularity), physical_(capacity_bytes, granularity) {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t page = host_page_size();
   STOWAGE_CHECK(granularity > 0 && granularity % page == 0, "granularity ", granularity,
                 " is not a positive multiple of the host page size ", page);
 }

@@ -29,6 +29,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "allocator/byte_units.hpp"
+
 namespace stowage {
 
 enum class Pool : std::uint8_t { kSmall = 0, kLarge = 1 };
@@ -43,10 +45,6 @@ struct SizePolicy {
   static constexpr std::size_t kLargeSplitMinimum = 1 << 20;    // large remainders must exceed this
   // Larger requests cannot be rounded without overflow; they fail as out of memory.
   static constexpr std::size_t kMaxRequest = std::size_t{1} << 62;
-
-  static constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
-    return (value + multiple - 1) / multiple * multiple;
-  }
 
   // The block size for a request of `bytes` (0 < bytes <= kMaxRequest).
   static constexpr std::size_t block_size(std::size_t bytes) {

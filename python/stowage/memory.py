@@ -90,8 +90,9 @@ def _module() -> Any:
 
 
 def memory_stats(device: Any = None) -> OrderedDict[str, int]:
-    """The allocator's statistics under torch.cuda.memory_stats()'s keys, sorted by key."""
-    return OrderedDict(sorted(_module().memory_stats().items()))
+    """The allocator's statistics under torch.cuda.memory_stats()'s keys, sorted by key (the C++
+    side lists them in that order)."""
+    return OrderedDict(_module().memory_stats())
 
 
 def memory_allocated(device: Any = None) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 MiB = 1 << 20
+
+
+def stowage(*args: str) -> subprocess.CompletedProcess[str]:
+    """Runs the stowage command in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "stowage", *args], capture_output=True, text=True)
 
 
 def event(action: str, addr: int, size: int, stream: int = 0) -> dict[str, Any]:

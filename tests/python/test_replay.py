@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import MiB, SHARED_TRACES, event
+from conftest import MiB, SHARED_TRACES, event, stowage
 
 from stowage import _core
 from stowage.replay import STEP, min_capacity
 from stowage.trace import device_events
-
-
-def stowage(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stowage", *args], capture_output=True, text=True)
 
 
 SMALL = {

@@ -6,21 +6,15 @@ import gzip
 import io
 import os
 import pickle
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import MiB, event
+from conftest import event, stowage
 
 from stowage.snapshot_loader import SnapshotError, load_snapshot, loads_snapshot
 
 VALID = {"segments": [], "device_traces": [[event("alloc", 4096, 100), event("free_completed", 4096, 100)]]}
-
-
-def stowage(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stowage", *args], capture_output=True, text=True)
 
 
 class Payload:
