@@ -9,6 +9,13 @@
 //   - kFree: cached; in exactly one free index (its pool's), keyed by (stream, size, address).
 // Free blocks never touch each other: freeing coalesces with free neighbours.
 //
+// On the paged path (Note [Paged pool] in caching_allocator.hpp) a segment is an address
+// reservation of which only some pages are mapped to physical memory. There a free block is
+// either mapped (all its bytes lie on mapped pages: cached memory, in the pool's free index) or
+// unmapped (page-aligned, every page unmapped: address space only, in the pool's hole index).
+// Allocated and pending blocks always lie on mapped pages. Free neighbours coalesce only when
+// both are mapped or both unmapped.
+//
 // Blocks carry intrusive hooks for both indexes (Boost.Intrusive), so indexing a block never
 // allocates. They are plain data owned by the CachingAllocator (through its BlockArena) and
 // guarded by its lock.
@@ -44,6 +51,7 @@ struct Block {
   Block* next = nullptr;
   BlockState state = BlockState::kFree;
   bool oversize = false;            // allocated for a request of max_split_size or more
+  bool mapped = true;               // false only for a free block over unmapped pages
   std::uint32_t pending_events = 0;  // events still to complete before a pending block is free
   std::uint64_t context = 0;        // caller's stack handle at allocation (0: none)
   std::vector<Stream> stream_uses;  // other streams recorded with record_stream
@@ -56,11 +64,16 @@ struct Block {
 
 struct Segment {
   std::uintptr_t base = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;  // bytes; for a paged segment, of address space (mapped or not)
   Stream stream;
   Pool pool = Pool::kSmall;
   Block* first = nullptr;    // the lowest block; the list tiles [base, base + size)
   std::uint64_t context = 0;  // caller's stack handle when the segment was created
+  // Paged segments only: the physical handle mapped at each page (0: unmapped), up to the
+  // highest page mapped so far (pages past the end are unmapped).
+  bool paged = false;
+  std::vector<std::uint64_t> pages;
+  std::size_t mapped_pages = 0;
 
   // Wholly free: one block spanning the segment, and it is free.
   bool is_free() const noexcept {

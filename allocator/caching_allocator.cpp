@@ -13,15 +13,34 @@ namespace {
 
 std::int64_t as_signed(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
 
+bool use_paged_pool(const DeviceBackend& backend, const AllocatorConfig& config) {
+  const bool available = backend.properties().virtual_memory && backend.properties().granularity > 0;
+  switch (config.virtual_memory) {
+    case VirtualMemoryMode::kOff:
+      return false;
+    case VirtualMemoryMode::kOn:
+      STOWAGE_CHECK(available, "virtual_memory:on, but ", backend.properties().name,
+                    " has no virtual memory management; use virtual_memory:auto or off");
+      return true;
+    case VirtualMemoryMode::kAuto:
+      break;
+  }
+  return available;
+}
+
 }  // namespace
 
 CachingAllocator::CachingAllocator(DeviceBackend& backend, AllocatorConfig config)
     : backend_(backend),
       config_(config),
+      paged_(use_paged_pool(backend, config)),
+      page_(paged_ ? backend.properties().granularity : 0),
       limit_bytes_(config.limit_bytes),
       memory_fraction_(config.memory_fraction) {
   STOWAGE_CHECK(config.memory_fraction > 0 && config.memory_fraction <= 1,
                 "memory_fraction must be in (0, 1], not ", config.memory_fraction);
+  STOWAGE_CHECK(config.reserve_headroom >= 0 && config.reserve_headroom <= 1,
+                "reserve_headroom must be in [0, 1], not ", config.reserve_headroom);
   STOWAGE_CHECK(config.limit_bytes > 0, "the memory limit must be positive");
   stats_.max_split_size =
       config.max_split_size == AllocatorConfig::kUnlimited ? -1 : as_signed(config.max_split_size);
@@ -99,15 +118,23 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   process_events_locked();
   const Pool pool = SizePolicy::pool_for(rounded);
   const bool oversize = rounded >= config_.max_split_size;
+  auto grow = [&] {
+    return paged_ ? grow_paged_locked(pool, stream, rounded, context)
+                  : allocate_segment_locked(pool, stream, rounded, context);
+  };
   Block* block = find_cached_locked(pool, stream, rounded, oversize);
-  if (block == nullptr) block = allocate_segment_locked(pool, stream, rounded, context);
+  if (block == nullptr) block = grow();
   if (block == nullptr) {
     // Note [Miss path]: wait for pending frees (they may complete a fitting block), then give
     // wholly free segments back to the device and ask it again.
     ++stats_.num_alloc_retries;
     synchronize_pending_locked();
     block = find_cached_locked(pool, stream, rounded, oversize);
-    if (block == nullptr) {
+    if (block == nullptr && paged_) {
+      // Pages under blocks that just completed can be moved; releasing the cache would only
+      // give back what stitching can use.
+      block = grow_paged_locked(pool, stream, rounded, context);
+    } else if (block == nullptr) {
       release_cached_locked();
       // Asked again even when nothing was released: the device's failure may have been
       // transient, and memory freed elsewhere on the device may have come back.
@@ -154,9 +181,12 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   Block* block = nullptr;
   try {
-    Segment& segment = segments_.emplace(address, Segment{address, size, stream, pool, nullptr,
-                                                          context})
-                           .first->second;
+    Segment& segment = segments_[address];
+    segment.base = address;
+    segment.size = size;
+    segment.stream = stream;
+    segment.pool = pool;
+    segment.context = context;
     block = arena_.acquire();
     block->address = address;
     block->size = size;
@@ -181,7 +211,7 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
   const Pool pool = block->segment->pool;
   const std::size_t remainder = block->size - rounded;
   Block* rest = nullptr;
-  if (SizePolicy::should_split(pool, remainder, oversize)) {
+  if (SizePolicy::should_split(pool, remainder, oversize, paged_)) {
     try {
       rest = arena_.acquire();
     } catch (const std::bad_alloc&) {
@@ -211,6 +241,11 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
   stats_.requested_bytes.update(pool, as_signed(bytes));
   stats_.active.update(pool, 1);
   stats_.active_bytes.update(pool, as_signed(block->size));
+  if (const auto active = static_cast<std::size_t>(stats_.active_bytes.all().current);
+      active > active_high_water_) {
+    active_high_water_ = active;
+    moved_pages_ = 0;
+  }
   if (oversize) stats_.oversize_allocations.update(1);
   record_locked(TraceAction::kAlloc, block->address, bytes, block->stream, context);
   return block;
@@ -287,10 +322,17 @@ void CachingAllocator::free_block_locked(Block* block) {
   block->oversize = false;
   block->context = 0;
   block->stream_uses.clear();
-  FreeBlockIndex& index = index_of(pool);
-  if (Block* prev = block->prev; prev != nullptr && prev->state == BlockState::kFree) {
+  insert_free_locked(block);
+}
+
+Block* CachingAllocator::insert_free_locked(Block* block) {
+  auto mergeable = [&](const Block* neighbour) {
+    return neighbour != nullptr && neighbour->state == BlockState::kFree &&
+           neighbour->mapped == block->mapped;
+  };
+  if (Block* prev = block->prev; mergeable(prev)) {
     count_inactive_split_locked(*prev, -1);
-    index.erase(*prev);
+    index_for(*prev).erase(*prev);
     block->address = prev->address;
     block->size += prev->size;
     block->prev = prev->prev;
@@ -301,16 +343,17 @@ void CachingAllocator::free_block_locked(Block* block) {
     }
     arena_.recycle(prev);
   }
-  if (Block* next = block->next; next != nullptr && next->state == BlockState::kFree) {
+  if (Block* next = block->next; mergeable(next)) {
     count_inactive_split_locked(*next, -1);
-    index.erase(*next);
+    index_for(*next).erase(*next);
     block->size += next->size;
     block->next = next->next;
     if (block->next != nullptr) block->next->prev = block;
     arena_.recycle(next);
   }
-  index.insert(*block);
+  index_for(*block).insert(*block);
   count_inactive_split_locked(*block, 1);
+  return block;
 }
 
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
@@ -376,6 +419,7 @@ void CachingAllocator::release_segment_locked(Segment& segment) {
 }
 
 bool CachingAllocator::release_cached_locked() {
+  if (paged_) return release_paged_locked();
   bool released = false;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment& segment = it->second;
@@ -493,6 +537,10 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.device = backend_.properties().device_index;
   out.segments.reserve(segments_.size());
   for (const auto& [base, segment] : segments_) {
+    if (segment.paged) {
+      snapshot_paged_segment(segment, out);
+      continue;
+    }
     SegmentSnapshot& shot = out.segments.emplace_back();
     shot.address = segment.base;
     shot.total_size = segment.size;
@@ -576,7 +624,7 @@ OomReport CachingAllocator::oom_report_locked(std::size_t bytes, std::size_t rou
 // --- invariants ---
 
 void CachingAllocator::count_inactive_split_locked(const Block& block, int sign) {
-  if (!block.is_split()) return;
+  if (!block.is_split() || !block.mapped) return;
   const Pool pool = block.segment->pool;
   stats_.inactive_split.update(pool, sign);
   stats_.inactive_split_bytes.update(pool, sign * as_signed(block.size));
@@ -598,11 +646,43 @@ void CachingAllocator::check_invariants() const {
     STOWAGE_INTERNAL_ASSERT(base == segment.base && segment.first != nullptr);
     STOWAGE_INTERNAL_ASSERT(segment.first->prev == nullptr && segment.first->address == base,
                             "segment ", base, " does not start with its first block");
-    sum.reserved += as_signed(segment.size);
+    sum.reserved += as_signed(segment.paged ? segment.mapped_pages * page_ : segment.size);
     ++sum.segments;
+    STOWAGE_INTERNAL_ASSERT(segment.paged == paged_, "segment ", base, " is of the wrong path");
+    if (segment.paged) {
+      STOWAGE_INTERNAL_ASSERT(segment.size % page_ == 0 && segment.pages.size() <= segment.size / page_);
+      STOWAGE_INTERNAL_ASSERT(
+          static_cast<std::size_t>(std::count_if(segment.pages.begin(), segment.pages.end(),
+                                                 [](std::uint64_t h) { return h != 0; })) ==
+              segment.mapped_pages,
+          "segment ", base, " counts ", segment.mapped_pages, " mapped pages wrongly");
+    }
+    std::size_t pages_under_blocks = 0;
+    std::size_t last_counted_page = SIZE_MAX;
     std::uintptr_t expected = base;
     const Block* prev = nullptr;
     for (const Block* block = segment.first; block != nullptr; block = block->next) {
+      if (segment.paged) {
+        // Holes are page-aligned and unmapped; every other block lies on mapped pages. Counting
+        // the distinct pages under mapped blocks against mapped_pages proves holes unmapped.
+        const std::size_t first = (block->address - base) / page_;
+        const std::size_t last = (block->address + block->size - base - 1) / page_;
+        if (!block->mapped) {
+          STOWAGE_INTERNAL_ASSERT(block->state == BlockState::kFree &&
+                                      (block->address - base) % page_ == 0 &&
+                                      block->size % page_ == 0,
+                                  "hole ", block->address, " is not free whole pages");
+        } else {
+          for (std::size_t page = first; page <= last; ++page) {
+            STOWAGE_INTERNAL_ASSERT(page < segment.pages.size() && segment.pages[page] != 0, "block ", block->address,
+                                    " lies on unmapped page ", page, " of segment ", base);
+            if (page != last_counted_page) ++pages_under_blocks;
+            last_counted_page = page;
+          }
+        }
+      } else {
+        STOWAGE_INTERNAL_ASSERT(block->mapped, "an unmapped block in segment ", base);
+      }
       ++blocks;
       STOWAGE_INTERNAL_ASSERT(block->segment == &segment && block->prev == prev,
                               "broken block list in segment ", base);
@@ -612,10 +692,12 @@ void CachingAllocator::check_invariants() const {
       STOWAGE_INTERNAL_ASSERT(block->stream == segment.stream);
       switch (block->state) {
         case BlockState::kFree:
-          STOWAGE_INTERNAL_ASSERT(prev == nullptr || prev->state != BlockState::kFree,
-                                  "free neighbours not coalesced at ", block->address);
-          sum.free += as_signed(block->size);
+          STOWAGE_INTERNAL_ASSERT(
+              prev == nullptr || prev->state != BlockState::kFree || prev->mapped != block->mapped,
+              "free neighbours not coalesced at ", block->address);
           ++free_blocks;
+          if (!block->mapped) break;
+          sum.free += as_signed(block->size);
           if (block->is_split()) {
             ++sum.inactive_split;
             sum.inactive_split_bytes += as_signed(block->size);
@@ -640,19 +722,31 @@ void CachingAllocator::check_invariants() const {
     }
     STOWAGE_INTERNAL_ASSERT(expected == base + segment.size, "blocks of segment ", base,
                             " do not reach its end");
+    if (segment.paged) {
+      STOWAGE_INTERNAL_ASSERT(pages_under_blocks == segment.mapped_pages, "segment ", base, " has ",
+                              segment.mapped_pages, " mapped pages but blocks lie on ",
+                              pages_under_blocks);
+    }
   }
   STOWAGE_INTERNAL_ASSERT(blocks == arena_.live(), "the arena holds ", arena_.live(),
                           " blocks but segments hold ", blocks);
   STOWAGE_INTERNAL_ASSERT(allocated_blocks == allocated_.size(), "the address map holds ",
                           allocated_.size(), " blocks but ", allocated_blocks, " are allocated");
-  STOWAGE_INTERNAL_ASSERT(free_blocks == pools_[0].size() + pools_[1].size(),
-                          "the free indexes hold ", pools_[0].size() + pools_[1].size(),
+  const std::size_t indexed =
+      pools_[0].size() + pools_[1].size() + holes_[0].size() + holes_[1].size();
+  STOWAGE_INTERNAL_ASSERT(free_blocks == indexed, "the free indexes hold ", indexed,
                           " blocks but ", free_blocks, " are free");
   for (int p = 0; p < 2; ++p) {
     const Pool pool = p == 0 ? Pool::kSmall : Pool::kLarge;
     pools_[p].for_each([&](const Block& block) {
-      STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.segment->pool == pool,
+      STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.mapped &&
+                                  block.segment->pool == pool,
                               "the free index of a pool holds a block it should not");
+    });
+    holes_[p].for_each([&](const Block& block) {
+      STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && !block.mapped &&
+                                  block.segment->pool == pool,
+                              "the hole index of a pool holds a block it should not");
     });
     const Sums& sum = sums[p];
     // The accounting identity: reserved == allocated + pending + free.
@@ -674,6 +768,10 @@ void CachingAllocator::check_invariants() const {
     STOWAGE_INTERNAL_ASSERT(stats_.inactive_split_bytes.of(pool).current ==
                             sum.inactive_split_bytes);
   }
+  std::size_t mapped_pages = 0;
+  for (const auto& [base, segment] : segments_) mapped_pages += segment.mapped_pages;
+  STOWAGE_INTERNAL_ASSERT(stats_.mapped_pages.current == as_signed(mapped_pages),
+                          "mapped_pages ", stats_.mapped_pages.current, " != ", mapped_pages);
   for (const PoolStats* pool_stats :
        {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
         &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,

@@ -21,6 +21,39 @@
 // a message that explains (Note [OOM message]), after recording an oom event and calling the
 // OOM observers. The allocator is intact afterwards.
 //
+// Note [Paged pool]
+// When the device has virtual memory (and virtual_memory is not off), both pools are paged:
+// each (pool, stream) has an address reservation (a paged segment), and physical memory comes
+// in pages of the device's granularity (2 MiB on current GPUs) that blocks share, so requests
+// keep their 512 B rounding and reserved bytes are exactly the pages mapped. Free blocks over
+// mapped pages are the cache, found by best fit as on the segment path; address space with no
+// pages under it forms "holes" (Note in block.hpp). On a miss the allocator maps pages into a
+// hole, choosing whichever of two holes needs fewer new pages:
+//   - the best-fitting hole; or
+//   - the stream's largest hole, normally the unmapped tail of its reservation.
+// A hole right after a free mapped block extends that block, so the request needs pages only
+// for what the block lacks: the reservation grows at its end like PyTorch's expandable
+// segments, and a batch that grows by one row costs one page instead of a new segment per layer.
+// Pages come, in order, from:
+//   1. new physical memory, while reserved stays within (1 + reserve_headroom) x the most bytes
+//      ever active (so the forward pass grows the reserve at its tail, and later misses move
+//      pages rather than add them);
+//   2. stitching: the whole pages of free mapped blocks anywhere (any stream, either pool,
+//      largest blocks first, each block's pages all at once) are unmapped and mapped into the
+//      hole, the surplus after the request as cache; so a request that fits in the total free
+//      memory never fails for want of a contiguous range, and free memory gathers at the growth
+//      front instead of being chopped into slivers. The owner stream of a moved page is
+//      synchronised first: its queued work may still use the page;
+//   3. new physical memory up to the limit.
+// Ranges built this way stay mapped and cached after their blocks are freed, so a training
+// loop that repeats its allocations finds them again. A loop whose layout still makes it move
+// pages step after step is caught by counting: each time stitching has moved half as many pages
+// as the most ever in use, without that peak rising, the allowance for new pages grows by 1% of
+// the peak, until the layout fits and the moves stop; so steady training makes no map or unmap
+// calls once warm, at the cost of a little memory only where the layout needs it. Live mappings are bounded by reserved bytes / page size. empty_cache and
+// the miss path's release unmap and release every page under free mapped blocks, and return
+// reservations with nothing mapped.
+//
 // Thread safety: every public function may be called from any thread; one std::mutex guards
 // the state. The context provider, pressure handlers and OOM observers are called without it.
 //
@@ -131,6 +164,11 @@ class CachingAllocator {
   };
 
   FreeBlockIndex& index_of(Pool pool) noexcept { return pools_[pool == Pool::kSmall ? 0 : 1]; }
+  FreeBlockIndex& holes_of(Pool pool) noexcept { return holes_[pool == Pool::kSmall ? 0 : 1]; }
+  // The index a free block belongs in: its pool's cache, or its pool's holes when unmapped.
+  FreeBlockIndex& index_for(const Block& block) noexcept {
+    return block.mapped ? index_of(block.segment->pool) : holes_of(block.segment->pool);
+  }
 
   Block* try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                            std::uint64_t context);
@@ -140,6 +178,30 @@ class CachingAllocator {
   Block* claim_locked(Block* block, std::size_t bytes, std::size_t rounded, bool oversize,
                       std::uint64_t context);
   void free_block_locked(Block* block);
+  // Indexes a free block after coalescing it with free neighbours of the same kind (mapped or
+  // unmapped); returns the coalesced block.
+  Block* insert_free_locked(Block* block);
+
+  // The paged path (Note [Paged pool]; caching_allocator_paged.cpp).
+  Block* grow_paged_locked(Pool pool, Stream stream, std::size_t rounded, std::uint64_t context);
+  Block* reserve_paged_locked(Pool pool, Stream stream, std::size_t rounded,
+                              std::uint64_t context);
+  bool create_page_locked(std::vector<PhysicalHandle>& out);
+  // Records `handles`, just mapped and made accessible at the start of `hole`, and makes them
+  // cache joined to the free mapped block before the hole; returns that cached block (indexed).
+  Block* adopt_mapped_pages_locked(Block* hole, const std::vector<PhysicalHandle>& handles,
+                                   std::uint64_t context);
+  // Unmaps the whole pages of free mapped blocks other than keep_a / keep_b, largest blocks
+  // first, until at least `count` pages are in `out`; returns how many were added.
+  std::size_t steal_pages_locked(std::size_t count, const Block* keep_a, const Block* keep_b,
+                                 std::vector<PhysicalHandle>& out);
+  // Unmaps the pages [first, last) of free mapped block `block` (page-aligned, inside it) and
+  // appends their handles to out; false (and nothing changed) if the device refused.
+  bool unmap_pages_locked(Block* block, std::uintptr_t first, std::uintptr_t last,
+                          std::vector<PhysicalHandle>& out);
+  void release_pages_locked(std::vector<PhysicalHandle>& handles);
+  bool release_paged_locked();
+  void snapshot_paged_segment(const Segment& segment, AllocatorSnapshot& out) const;
   void release_segment_locked(Segment& segment);
   // Returns every wholly free segment to the device; true if any was released.
   bool release_cached_locked();
@@ -165,7 +227,14 @@ class CachingAllocator {
 
   mutable std::mutex mutex_;  // guards everything below
   BlockArena arena_;
+  const bool paged_;        // Note [Paged pool]
+  const std::size_t page_;  // the device's granularity on the paged path
   FreeBlockIndex pools_[2];                 // small, large
+  FreeBlockIndex holes_[2];                 // paged path: unmapped free blocks, small, large
+  std::vector<Stream> paged_streams_;       // streams with a paged segment
+  std::size_t active_high_water_ = 0;       // most active bytes ever (not reset with the stats)
+  std::size_t moved_pages_ = 0;             // pages stitching moved since the high water last rose
+  std::size_t learned_headroom_ = 0;        // reserve allowed beyond the configured headroom
   BlockMap allocated_;                      // allocated blocks by address
   std::map<std::uintptr_t, Segment> segments_;  // by base address
   std::vector<PendingEvent> pending_events_;

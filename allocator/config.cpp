@@ -12,7 +12,8 @@ namespace stowage {
 
 namespace {
 
-constexpr std::string_view kKnownKeys = "max_split_size_mb, limit, memory_fraction";
+constexpr std::string_view kKnownKeys =
+    "max_split_size_mb, limit, memory_fraction, virtual_memory, reserve_headroom";
 
 std::string_view trim(std::string_view text) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
@@ -57,6 +58,21 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
       config.memory_fraction = parse_number(key, value);
       STOWAGE_CHECK(config.memory_fraction > 0 && config.memory_fraction <= 1,
                     "allocator config: memory_fraction must be in (0, 1], not ", value);
+    } else if (key == "virtual_memory") {
+      if (value == "auto") {
+        config.virtual_memory = VirtualMemoryMode::kAuto;
+      } else if (value == "on") {
+        config.virtual_memory = VirtualMemoryMode::kOn;
+      } else if (value == "off") {
+        config.virtual_memory = VirtualMemoryMode::kOff;
+      } else {
+        STOWAGE_THROW(LogicError, "allocator config: virtual_memory must be auto, on or off, not '",
+                      value, "'");
+      }
+    } else if (key == "reserve_headroom") {
+      config.reserve_headroom = parse_number(key, value);
+      STOWAGE_CHECK(config.reserve_headroom >= 0 && config.reserve_headroom <= 1,
+                    "allocator config: reserve_headroom must be in [0, 1], not ", value);
     } else {
       STOWAGE_THROW(LogicError, "allocator config: unknown key '", key, "' (known: ", kKnownKeys,
                     ")");
@@ -76,7 +92,17 @@ std::string AllocatorConfig::to_string() const {
     out << separator << "limit:" << limit_bytes;
     separator = ",";
   }
-  if (memory_fraction != 1.0) out << separator << "memory_fraction:" << memory_fraction;
+  if (memory_fraction != 1.0) {
+    out << separator << "memory_fraction:" << memory_fraction;
+    separator = ",";
+  }
+  if (virtual_memory != VirtualMemoryMode::kAuto) {
+    out << separator << "virtual_memory:" << (virtual_memory == VirtualMemoryMode::kOn ? "on" : "off");
+    separator = ",";
+  }
+  if (reserve_headroom != kDefaultReserveHeadroom) {
+    out << separator << "reserve_headroom:" << reserve_headroom;
+  }
   return out.str();
 }
 

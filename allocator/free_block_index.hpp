@@ -14,6 +14,7 @@
 
 #include <boost/intrusive/set.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <tuple>
 
 #include "allocator/block.hpp"
@@ -31,6 +32,24 @@ class FreeBlockIndex {
     const auto it = set_.lower_bound(Key{stream.handle, bytes, 0}, KeyCompare{});
     if (it == set_.end() || it->stream.handle != stream.handle) return nullptr;
     return &*it;
+  }
+
+  // The largest free block of `stream` (highest address on ties), or nullptr.
+  Block* largest(Stream stream) {
+    auto it = set_.upper_bound(Key{stream.handle, SIZE_MAX, UINTPTR_MAX}, KeyCompare{});
+    if (it == set_.begin()) return nullptr;
+    --it;
+    return it->stream.handle == stream.handle ? &*it : nullptr;
+  }
+
+  // Calls fn(block) for the blocks of `stream` holding at least `bytes`, smallest first, while
+  // fn returns true. fn must not change the index.
+  template <typename Fn>
+  void for_each_fitting(Stream stream, std::size_t bytes, Fn&& fn) {
+    for (auto it = set_.lower_bound(Key{stream.handle, bytes, 0}, KeyCompare{});
+         it != set_.end() && it->stream.handle == stream.handle; ++it) {
+      if (!fn(*it)) return;
+    }
   }
 
   std::size_t size() const noexcept { return set_.size(); }

@@ -60,7 +60,8 @@ HostBackend::HostBackend(HostBackendOptions options)
     : options_(validated(options)),
       max_mappings_(options_.max_mappings != 0 ? options_.max_mappings : default_max_mappings()),
       segment_memory_(options_.capacity_bytes, options_.release_freed_memory),
-      virtual_memory_(options_.capacity_bytes, options_.granularity),
+      virtual_memory_(options_.capacity_bytes, options_.granularity, options_.release_freed_memory,
+                      options_.back_mappings),
       streams_(options_.synchronous) {
   properties_.name = "stowage simulated device (HostBackend)";
   properties_.device_index = options_.device_index;
@@ -106,7 +107,7 @@ std::size_t HostBackend::pinned_bytes() const {
 std::size_t HostBackend::kernel_mappings_locked() const {
   return 1 + segment_memory_.overflow_count() + pinned_.size() +
          virtual_memory_.reservation_count() +
-         2 * virtual_memory_.mapping_count();
+         2 * virtual_memory_.kernel_mapping_count();
 }
 
 std::size_t HostBackend::kernel_mappings() const {
@@ -255,6 +256,8 @@ void HostBackend::check_range_locked(const void* ptr, std::size_t bytes, const c
   }
   if (virtual_memory_.reserved(ptr)) {
     virtual_memory_.check_accessible(ptr, bytes);
+    STOWAGE_CHECK(options_.back_mappings, what, " of mapped memory at ", ptr,
+                  ": this simulated device does not back its mappings (back_mappings is off)");
     return;
   }
   STOWAGE_CHECK(!virtual_memory_.reserved(reinterpret_cast<const void*>(end - 1)), what, " of ",

@@ -42,7 +42,12 @@ struct HostBackendOptions {
   double copy_bytes_per_second = 0;        // bandwidth limit of copies; 0 = memcpy speed
   std::size_t pinned_capacity_bytes = 0;   // limit on pinned host memory; 0 = none
   std::size_t max_mappings = 0;            // kernel mappings allowed; 0 = from vm.max_map_count
-  bool release_freed_memory = false;       // give freed segments' RAM back to the kernel at once
+  bool release_freed_memory = false;       // give freed segments' and handles' RAM back at once
+  // Map handles' memory into reservations for real. Without it the virtual-memory calls keep
+  // all their bookkeeping and rules but touch no page tables, and mapped memory must not be
+  // accessed: for replays, which never touch memory and would otherwise spend their time in
+  // mmap.
+  bool back_mappings = true;
   int device_index = 0;
 };
 

@@ -14,8 +14,10 @@
 
 namespace stowage {
 
-HostPhysicalMemory::HostPhysicalMemory(std::size_t capacity_bytes, std::size_t alignment)
-    : ranges_(round_up(capacity_bytes, alignment) * kFileSlack, alignment) {
+HostPhysicalMemory::HostPhysicalMemory(std::size_t capacity_bytes, std::size_t alignment,
+                                       bool release_freed_memory)
+    : ranges_(round_up(capacity_bytes, alignment) * kFileSlack, alignment),
+      release_freed_memory_(release_freed_memory) {
   fd_ = ::memfd_create("stowage-device", MFD_CLOEXEC);
   if (fd_ < 0) {
     STOWAGE_THROW(BackendError, "memfd_create failed: ", std::strerror(errno));
@@ -42,9 +44,11 @@ std::optional<std::size_t> HostPhysicalMemory::try_allocate(std::size_t bytes) {
 }
 
 void HostPhysicalMemory::free(std::size_t offset, std::size_t bytes) noexcept {
-  // Give the RAM back now: the range reads as zeros afterwards. A failed punch only delays
-  // that (the next user of the range overwrites it), so it is reported, not thrown.
-  if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+  // With release_freed_memory, give the RAM back now: the range reads as zeros afterwards. A
+  // failed punch only delays that (the next user of the range overwrites it), so it is
+  // reported, not thrown. Without it the RAM stays for the next handle, which then takes no
+  // page faults (like a GPU, new physical memory holds whatever was there).
+  if (release_freed_memory_ && ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                   static_cast<off_t>(bytes)) != 0) {
     log_warning(detail::concat("punching a hole in the device file failed: ",
                                std::strerror(errno)));

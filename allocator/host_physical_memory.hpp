@@ -26,7 +26,8 @@ class HostPhysicalMemory {
   static constexpr std::size_t kFileSlack = 4;
 
   // capacity_bytes: the device capacity; alignment: every range's size and offset is a multiple.
-  HostPhysicalMemory(std::size_t capacity_bytes, std::size_t alignment);
+  HostPhysicalMemory(std::size_t capacity_bytes, std::size_t alignment,
+                     bool release_freed_memory);
   ~HostPhysicalMemory();
   HostPhysicalMemory(const HostPhysicalMemory&) = delete;
   HostPhysicalMemory& operator=(const HostPhysicalMemory&) = delete;
@@ -47,6 +48,7 @@ class HostPhysicalMemory {
  private:
   int fd_ = -1;
   RangeAllocator ranges_;
+  bool release_freed_memory_;
 };
 
 }  // namespace stowage

@@ -31,8 +31,11 @@ void restore_reservation(std::uintptr_t address, std::size_t bytes) {
 
 }  // namespace
 
-HostVirtualMemory::HostVirtualMemory(std::size_t capacity_bytes, std::size_t granularity)
-    : granularity_(granularity), physical_(capacity_bytes, granularity) {
+HostVirtualMemory::HostVirtualMemory(std::size_t capacity_bytes, std::size_t granularity,
+                                     bool release_freed_memory, bool back_mappings)
+    : granularity_(granularity),
+      back_mappings_(back_mappings),
+      physical_(capacity_bytes, granularity, release_freed_memory) {
   const std::size_t page = host_page_size();
   STOWAGE_CHECK(granularity > 0 && granularity % page == 0, "granularity ", granularity,
                 " is not a positive multiple of the host page size ", page);
@@ -161,10 +164,12 @@ void HostVirtualMemory::map(void* address, std::size_t bytes, PhysicalHandle han
     STOWAGE_CHECK(previous->first + previous->second.bytes <= start, "map at 0x", std::hex, start,
                   std::dec, " overlaps an existing mapping");
   }
-  void* result = ::mmap(address, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, physical_.fd(),
-                        static_cast<off_t>(handle_it->second.file_offset));
-  if (result == MAP_FAILED) {
-    STOWAGE_THROW(BackendError, "mapping a physical handle failed: ", std::strerror(errno));
+  if (back_mappings_) {
+    void* result = ::mmap(address, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, physical_.fd(),
+                          static_cast<off_t>(handle_it->second.file_offset));
+    if (result == MAP_FAILED) {
+      STOWAGE_THROW(BackendError, "mapping a physical handle failed: ", std::strerror(errno));
+    }
   }
   reservation.mappings.emplace(start, Mapping{bytes, handle.value, false});
   ++handle_it->second.mappings;
@@ -197,7 +202,7 @@ void HostVirtualMemory::set_access(void* address, std::size_t bytes) {
   const std::uintptr_t start = to_address(address);
   Reservation& reservation = reservation_holding(start, bytes, "set_access");
   const auto [first, last] = whole_mappings(reservation, start, bytes, "set_access");
-  if (::mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
+  if (back_mappings_ && ::mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
     STOWAGE_THROW(BackendError, "mprotect failed: ", std::strerror(errno));
   }
   for (auto it = first; it != last; ++it) it->second.accessible = true;
@@ -207,7 +212,7 @@ void HostVirtualMemory::unmap(void* address, std::size_t bytes) {
   const std::uintptr_t start = to_address(address);
   Reservation& reservation = reservation_holding(start, bytes, "unmap");
   const auto [first, last] = whole_mappings(reservation, start, bytes, "unmap");
-  restore_reservation(start, bytes);
+  if (back_mappings_) restore_reservation(start, bytes);
   for (auto it = first; it != last; ++it) {
     const auto handle = handles_.find(it->second.handle);
     STOWAGE_INTERNAL_ASSERT(handle != handles_.end() && handle->second.mappings > 0);

@@ -39,7 +39,9 @@ class HostVirtualMemory {
   static constexpr std::size_t kMaxReservation = std::size_t{1} << 47;
 
   // capacity_bytes sizes the physical file; granularity is a multiple of the host page size.
-  HostVirtualMemory(std::size_t capacity_bytes, std::size_t granularity);
+  // release_freed_memory and back_mappings: as in HostBackendOptions.
+  HostVirtualMemory(std::size_t capacity_bytes, std::size_t granularity,
+                    bool release_freed_memory, bool back_mappings);
   ~HostVirtualMemory();
   HostVirtualMemory(const HostVirtualMemory&) = delete;
   HostVirtualMemory& operator=(const HostVirtualMemory&) = delete;
@@ -59,6 +61,8 @@ class HostVirtualMemory {
   std::size_t physical_bytes() const noexcept { return physical_.allocated_bytes(); }
   std::size_t reservation_count() const noexcept { return reservations_.size(); }
   std::size_t mapping_count() const noexcept { return mapping_count_; }
+  // Kernel mappings the handles' mappings take (none when mappings are not backed).
+  std::size_t kernel_mapping_count() const noexcept { return back_mappings_ ? mapping_count_ : 0; }
 
   // True when `address` lies inside a reservation.
   bool reserved(const void* address) const;
@@ -98,6 +102,7 @@ class HostVirtualMemory {
   void free_if_unused(std::map<std::uint64_t, Handle>::iterator handle);
 
   std::size_t granularity_;
+  bool back_mappings_;
   HostPhysicalMemory physical_;
   std::map<std::uint64_t, Handle> handles_;
   std::uint64_t next_handle_ = 1;

@@ -35,6 +35,7 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
   HostBackendOptions options;
   options.capacity_bytes = capacity_bytes;
   options.synchronous = true;
+  options.back_mappings = false;  // a replay never touches the memory it allocates
   HostBackend backend(options);
   ReplayResult result;
   std::vector<std::uint32_t> latencies;
@@ -107,6 +108,9 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
     const DeviceStats stats = allocator.stats();
     result.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes.all().peak);
     result.peak_reserved = static_cast<std::size_t>(stats.reserved_bytes.all().peak);
+    result.peak_mapped_pages = static_cast<std::size_t>(stats.mapped_pages.peak);
+    result.maps = static_cast<std::size_t>(stats.num_maps);
+    result.unmaps = static_cast<std::size_t>(stats.num_unmaps);
     for (const auto& [address, block] : live) {
       if (block.ptr != nullptr) allocator.free(block.ptr);
     }

@@ -40,6 +40,9 @@ struct ReplayResult {
   std::size_t peak_requested = 0;  // largest sum of live requested bytes in the trace
   std::size_t peak_allocated = 0;  // the allocator's peak of allocated (rounded) bytes
   std::size_t peak_reserved = 0;   // the allocator's peak of reserved bytes
+  std::size_t peak_mapped_pages = 0;  // paged path: most pages mapped at once (live mappings)
+  std::size_t maps = 0;            // paged path: pages mapped and unmapped over the replay
+  std::size_t unmaps = 0;
   bool oom = false;
   std::size_t oom_event = 0;       // index of the event that failed
   std::string oom_message;

@@ -24,6 +24,11 @@
 //     it the moment the block is freed.
 //   - blocks of the oversize class (requests of max_split_size or more) are never split: huge
 //     blocks carved up by small requests are what leaves large holes unusable.
+//   - on the paged path (Note [Paged pool]) any remainder of 512 B or more is split off in the
+//     large pool too. There a remainder kept inside a block wastes its bytes on a page that is
+//     mapped anyway, while a free one joins its neighbour the moment that is freed, and its
+//     whole pages can be moved; on the recorded traces this lowers the memory needed by 0.5 to
+//     3.5 per cent (bench/results).
 #pragma once
 
 #include <cstddef>
@@ -69,10 +74,12 @@ struct SizePolicy {
     return round_up(block_bytes, kLargeSegmentRounding);
   }
 
-  // Note [Splitting]. `oversize`: the request is of the oversize class.
-  static constexpr bool should_split(Pool pool, std::size_t remainder, bool oversize) {
+  // Note [Splitting]. `oversize`: the request is of the oversize class; `paged`: the block is
+  // on the paged path.
+  static constexpr bool should_split(Pool pool, std::size_t remainder, bool oversize, bool paged) {
     if (oversize) return false;
-    return pool == Pool::kSmall ? remainder >= kMinBlockSize : remainder > kLargeSplitMinimum;
+    if (pool == Pool::kSmall || paged) return remainder >= kMinBlockSize;
+    return remainder > kLargeSplitMinimum;
   }
 };
 

@@ -16,6 +16,7 @@ void for_each_pool_stats(DeviceStats& stats, Fn&& fn) {
   }
   fn(stats.oversize_allocations);
   fn(stats.oversize_segments);
+  fn(stats.mapped_pages);
 }
 
 void add_stat(std::vector<std::pair<std::string, std::int64_t>>& out, const std::string& prefix,
@@ -40,6 +41,8 @@ void DeviceStats::reset_accumulated() noexcept {
   num_device_alloc = 0;
   num_device_free = 0;
   num_invalid_frees = 0;
+  num_maps = 0;
+  num_unmaps = 0;
 }
 
 std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const DeviceStats& stats) {
@@ -63,6 +66,9 @@ std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const Dev
   }
   add_stat(out, "oversize_allocations", stats.oversize_allocations);
   add_stat(out, "oversize_segments", stats.oversize_segments);
+  add_stat(out, "mapped_pages", stats.mapped_pages);
+  out.emplace_back("num_maps", stats.num_maps);
+  out.emplace_back("num_unmaps", stats.num_unmaps);
   out.emplace_back("num_alloc_retries", stats.num_alloc_retries);
   out.emplace_back("num_ooms", stats.num_ooms);
   out.emplace_back("num_sync_all_streams", stats.num_sync_all_streams);

@@ -11,6 +11,10 @@
 // plus counters: num_alloc_retries (cache released and allocation retried), num_ooms,
 // num_sync_all_streams, num_device_alloc, num_device_free, and stowage's num_invalid_frees
 // (frees of unknown pointers and double frees, which change nothing else).
+// On the paged path (Note [Paged pool]) reserved_bytes counts mapped physical pages,
+// num_device_alloc / num_device_free count physical pages created and released, and a segment is
+// an address reservation. stowage adds mapped_pages (current, peak: the live mappings) and
+// the counters num_maps / num_unmaps (pages mapped and unmapped).
 //
 // Contract: plain values; the CachingAllocator updates them under its lock and returns copies.
 #pragma once
@@ -68,6 +72,9 @@ struct DeviceStats {
   PoolStats requested_bytes;
   Stat oversize_allocations;
   Stat oversize_segments;
+  Stat mapped_pages;
+  std::int64_t num_maps = 0;
+  std::int64_t num_unmaps = 0;
   std::int64_t num_alloc_retries = 0;
   std::int64_t num_ooms = 0;
   std::int64_t num_sync_all_streams = 0;

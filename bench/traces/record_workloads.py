@@ -1,9 +1,10 @@
 """Records the project's own allocation traces: real PyTorch workloads, random weights, on the CPU.
 
-    python bench/traces/record_workloads.py [NAME ...]     # all four when no name is given
+    python bench/traces/record_workloads.py [NAME ...]     # all of them when no name is given
 
-Each workload runs three or more training steps (forward, backward, AdamW, zero_grad) and is
-written to bench/traces/NAME.pickle.gz in PyTorch's snapshot format (see README.md).
+Each workload runs three or more training steps (forward, backward, AdamW, zero_grad) at the
+sizes people train on one GPU (peaks of 1 to 10 GiB), and is written to
+bench/traces/NAME.pickle.gz in PyTorch's snapshot format (see README.md).
 """
 
 from __future__ import annotations
@@ -28,49 +29,67 @@ def _training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad(set_to_none=True)
 
 
-def resnet18_b8_3steps() -> Callable[[int], None]:
-    """torchvision ResNet-18, batch 8 of 3x128x128 images."""
-    model = torchvision.models.resnet18(weights=None)
+def resnet50_b32_3steps() -> Callable[[int], None]:
+    """torchvision ResNet-50, batch 32 of 3x224x224 images (ImageNet shapes)."""
+    model = torchvision.models.resnet50(weights=None)
     optimizer = torch.optim.AdamW(model.parameters())
-    labels = torch.randint(0, 1000, (8,))
+    labels = torch.randint(0, 1000, (32,))
     return lambda step: _training_step(model, optimizer, lambda: torch.nn.functional.cross_entropy(
-        model(torch.randn(8, 3, 128, 128)), labels))
+        model(torch.randn(32, 3, 224, 224)), labels))
 
 
-def transformer_varlen_4steps() -> Callable[[int], None]:
-    """A 4-layer Transformer encoder (d=256, 8 heads) whose sequence length changes each step."""
-    model = torch.nn.TransformerEncoder(
-        torch.nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True), num_layers=4)
+def vit_b16_varbatch_4steps() -> Callable[[int], None]:
+    """torchvision ViT-B/16 at 224x224 whose batch size changes each step."""
+    model = torchvision.models.vit_b_16(weights=None)
     optimizer = torch.optim.AdamW(model.parameters())
-    lengths = [64, 128, 96, 112]
+    batches = [12, 20, 8, 16]
+    return lambda step: _training_step(model, optimizer, lambda: torch.nn.functional.cross_entropy(
+        model(torch.randn(batches[step], 3, 224, 224)), torch.randint(0, 1000, (batches[step],))))
+
+
+class _CausalLM(torch.nn.Module):
+    """A GPT-2-small-shaped decoder (d=768, 12 heads, 6 layers, 50257-token vocabulary)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50257, 768)
+        self.position = torch.nn.Embedding(1024, 768)
+        layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True, norm_first=True,
+                                                 activation="gelu")
+        self.blocks = torch.nn.TransformerEncoder(layer, num_layers=6)
+        self.head = torch.nn.Linear(768, 50257, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(length)
+        hidden = self.embed(tokens) + self.position(torch.arange(length))
+        logits = self.head(self.blocks(hidden, mask=mask, is_causal=True))
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 tokens[:, 1:].reshape(-1))
+
+
+def gpt2_varlen_4steps() -> Callable[[int], None]:
+    """A GPT-2-small-shaped causal LM, batch 4, sequence length 256, 512, 320, 448."""
+    model = _CausalLM()
+    optimizer = torch.optim.AdamW(model.parameters())
+    lengths = [256, 512, 320, 448]
     return lambda step: _training_step(model, optimizer, lambda: model(
-        torch.randn(8, lengths[step], 256)).pow(2).mean())
-
-
-def mlp_varbatch_4steps() -> Callable[[int], None]:
-    """A 4-layer MLP (1024 wide) whose batch size changes each step."""
-    model = torch.nn.Sequential(
-        torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024), torch.nn.GELU(),
-        torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 10))
-    optimizer = torch.optim.AdamW(model.parameters())
-    batches = [64, 256, 32, 160]
-    return lambda step: _training_step(model, optimizer, lambda: torch.nn.functional.cross_entropy(
-        model(torch.randn(batches[step], 512)), torch.randint(0, 10, (batches[step],))))
+        torch.randint(0, 50257, (4, lengths[step]))))
 
 
 def lstm_varlen_3steps() -> Callable[[int], None]:
-    """A 2-layer LSTM (hidden 256) over sequences of changing length, batch 16."""
-    model = torch.nn.LSTM(128, 256, num_layers=2, batch_first=True)
+    """A 3-layer LSTM (input 512, hidden 1024), batch 64, sequence length 120, 200, 90."""
+    model = torch.nn.LSTM(512, 1024, num_layers=3, batch_first=True)
     optimizer = torch.optim.AdamW(model.parameters())
-    lengths = [50, 80, 35]
+    lengths = [120, 200, 90]
     return lambda step: _training_step(model, optimizer, lambda: model(
-        torch.randn(16, lengths[step], 128))[0].pow(2).mean())
+        torch.randn(64, lengths[step], 512))[0].pow(2).mean())
 
 
 WORKLOADS = {
-    "resnet18_b8_3steps": (resnet18_b8_3steps, 3),
-    "transformer_varlen_4steps": (transformer_varlen_4steps, 4),
-    "mlp_varbatch_4steps": (mlp_varbatch_4steps, 4),
+    "resnet50_b32_3steps": (resnet50_b32_3steps, 3),
+    "vit_b16_varbatch_4steps": (vit_b16_varbatch_4steps, 4),
+    "gpt2_varlen_4steps": (gpt2_varlen_4steps, 4),
     "lstm_varlen_3steps": (lstm_varlen_3steps, 3),
 }
 

@@ -49,6 +49,9 @@ py::dict to_dict(const ReplayResult& result) {
   out["peak_requested"] = result.peak_requested;
   out["peak_allocated"] = result.peak_allocated;
   out["peak_reserved"] = result.peak_reserved;
+  out["peak_mapped_pages"] = result.peak_mapped_pages;
+  out["maps"] = result.maps;
+  out["unmaps"] = result.unmaps;
   out["oom"] = result.oom;
   out["oom_event"] = result.oom ? py::object(py::int_(result.oom_event)) : py::object(py::none());
   out["oom_message"] = result.oom ? py::object(py::str(result.oom_message)) : py::object(py::none());

@@ -131,7 +131,8 @@ def _ratio(value: int | None, base: int) -> str:
 def print_table(results: list[dict[str, Any]], console: Console) -> None:
     table = Table(title="stowage replay (MiB; ratios to the peak of requested bytes)")
     for column in ("trace", "dev", "events", "skipped frees", "peak requested", "stowage reserved",
-                   "min capacity", "native reserved", "p50/p99 ns", "M events/s", "oom"):
+                   "min capacity", "native reserved", "maps/unmaps", "p50/p99 ns", "M events/s",
+                   "oom"):
         table.add_column(column, justify="left" if column == "trace" else "right")
     for r in results:
         base = r["peak_requested"]
@@ -148,6 +149,7 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
             _mib(r["peak_reserved"]) + _ratio(r["peak_reserved"], base),
             _mib(r["min_capacity"]) + _ratio(r["min_capacity"], base),
             native,
+            f"{r['maps']:,}/{r['unmaps']:,}",
             f"{r['ns_per_call_p50']:.0f}/{r['ns_per_call_p99']:.0f}",
             "-" if rate is None else f"{rate / 1e6:.1f}",
             "yes" if r["oom"] else "no",

@@ -1,4 +1,5 @@
 // Random walks over the CachingAllocator, checked after every step.
+// (Sizes and device are a quarter as large on the paged path, see below.)
 //
 // Each live block carries its id in its first and last 8 bytes and in one word per 4 KiB page,
 // written at malloc and verified at free: two blocks that overlap overwrite each other's ids.
@@ -7,9 +8,14 @@
 // Streams are real (worker threads, delayed at random), record_stream makes frees wait on them,
 // and backend calls fail at random (segment allocation, event creation and recording).
 //
-// Operation counts: 10^6 in a release build (four walks of 2.5 * 10^5), 10^5 under ASan+UBSan,
-// 2 * 10^4 under TSan; the threaded walk has 16 threads, each freeing blocks another allocated.
-// STOWAGE_FUZZ_OPS overrides the total of each walk.
+// Each walk runs on both paths: whole segments (virtual_memory:off) and paged (virtual_memory:on,
+// where faults also hit page creation, map, set_access, unmap and reservations). Operation
+// counts on the segment path: 10^6 in a release build (four walks of 2.5 * 10^5), 10^5 under
+// ASan+UBSan, 2 * 10^4 under TSan; on the paged path 10^5, 2 * 10^4 and 10^4: near a full
+// device it moves pages on most misses, and the simulated device pays a host page fault per
+// 4 KiB of every page it maps and the walk touches. The threaded walk (paged, the default) has 16
+// threads, each freeing blocks another allocated. STOWAGE_FUZZ_OPS overrides the total of each
+// walk.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,7 +26,9 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
@@ -33,12 +41,15 @@ namespace {
 
 #if defined(__SANITIZE_THREAD__)
 constexpr std::size_t kWalkOps = 20'000;
+constexpr std::size_t kPagedWalkOps = 10'000;
 constexpr std::size_t kThreadedOps = 20'000;
 #elif defined(__SANITIZE_ADDRESS__)
 constexpr std::size_t kWalkOps = 100'000;
+constexpr std::size_t kPagedWalkOps = 20'000;
 constexpr std::size_t kThreadedOps = 20'000;
 #else
 constexpr std::size_t kWalkOps = 1'000'000;
+constexpr std::size_t kPagedWalkOps = 100'000;
 constexpr std::size_t kThreadedOps = 100'000;
 #endif
 constexpr std::size_t kWalks = 4;
@@ -78,14 +89,14 @@ bool pattern_intact(const void* ptr, std::size_t size, std::uint64_t id) {
   return intact;
 }
 
-std::size_t log_uniform_size(std::mt19937_64& random) {
-  std::uniform_real_distribution<double> exponent(0.0, std::log(static_cast<double>(kMaxSize)));
+std::size_t log_uniform_size(std::mt19937_64& random, std::size_t max_size = kMaxSize) {
+  std::uniform_real_distribution<double> exponent(0.0, std::log(static_cast<double>(max_size)));
   return std::max<std::size_t>(1, static_cast<std::size_t>(std::exp(exponent(random))));
 }
 
-HostBackendOptions fuzz_device() {
+HostBackendOptions fuzz_device(std::size_t capacity = std::size_t{2} << 30) {
   HostBackendOptions options;
-  options.capacity_bytes = std::size_t{2} << 30;
+  options.capacity_bytes = capacity;
   return options;
 }
 
@@ -105,16 +116,19 @@ struct Live {
   std::uint64_t id;
 };
 
-class AllocatorWalk : public ::testing::TestWithParam<std::size_t> {};
+class AllocatorWalk : public ::testing::TestWithParam<std::tuple<bool, std::size_t>> {};
 
 TEST_P(AllocatorWalk, KeepsBlocksDisjointAndInvariantsTrue) {
-  const std::size_t seed = GetParam();
-  const std::size_t ops = ops_or_override(kWalkOps) / kWalks;
+  const auto [paged, seed] = GetParam();
+  const std::size_t ops = ops_or_override(paged ? kPagedWalkOps : kWalkOps) / kWalks;
   QuietLog quiet;
-  HostBackend backend(fuzz_device());
+  // The paged walks use a quarter of the sizes and of the device (the same pressure).
+  const std::size_t max_size = paged ? kMaxSize / 4 : kMaxSize;
+  HostBackend backend(fuzz_device(paged ? std::size_t{512} << 20 : std::size_t{2} << 30));
   // Odd walks also exercise the oversize class.
-  CachingAllocator allocator(backend,
-                             parse_allocator_config(seed % 2 ? "max_split_size_mb:64" : ""));
+  std::string config = paged ? "virtual_memory:on" : "virtual_memory:off";
+  if (seed % 2) config += ",max_split_size_mb:64";
+  CachingAllocator allocator(backend, parse_allocator_config(config));
   std::mt19937_64 random(seed);
   std::vector<Stream> streams{Stream{0}, backend.create_stream(), backend.create_stream(),
                               backend.create_stream()};
@@ -127,7 +141,7 @@ TEST_P(AllocatorWalk, KeepsBlocksDisjointAndInvariantsTrue) {
   for (std::size_t step = 0; step < ops; ++step) {
     const std::size_t roll = pick(100);
     if (roll < 45) {
-      const std::size_t size = log_uniform_size(random);
+      const std::size_t size = log_uniform_size(random, max_size);
       const Stream stream = streams[pick(streams.size())];
       try {
         void* ptr = allocator.malloc(size, stream);
@@ -156,10 +170,17 @@ TEST_P(AllocatorWalk, KeepsBlocksDisjointAndInvariantsTrue) {
       backend.enqueue_host_function(streams[pick(streams.size())],
                                     [delay] { std::this_thread::sleep_for(delay); });
     } else if (roll < 96) {
-      static constexpr BackendCall kFaults[] = {BackendCall::kAllocateSegment,
-                                                BackendCall::kCreateEvent,
-                                                BackendCall::kRecordEvent};
-      backend.faults().fail_nth(kFaults[pick(3)], 1 + pick(3));
+      static constexpr BackendCall kSegmentFaults[] = {
+          BackendCall::kAllocateSegment, BackendCall::kCreateEvent, BackendCall::kRecordEvent};
+      static constexpr BackendCall kPagedFaults[] = {
+          BackendCall::kCreatePhysical, BackendCall::kMap,         BackendCall::kSetAccess,
+          BackendCall::kUnmap,          BackendCall::kReserve,     BackendCall::kCreateEvent,
+          BackendCall::kRecordEvent};
+      if (paged) {
+        backend.faults().fail_nth(kPagedFaults[pick(std::size(kPagedFaults))], 1 + pick(3));
+      } else {
+        backend.faults().fail_nth(kSegmentFaults[pick(std::size(kSegmentFaults))], 1 + pick(3));
+      }
     } else {
       if (live.empty()) continue;
       const Live& block = live[pick(live.size())];
@@ -184,7 +205,13 @@ TEST_P(AllocatorWalk, KeepsBlocksDisjointAndInvariantsTrue) {
   for (std::size_t i = 1; i < streams.size(); ++i) backend.destroy_stream(streams[i]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, AllocatorWalk, ::testing::Range<std::size_t>(1, 1 + kWalks));
+INSTANTIATE_TEST_SUITE_P(Seeds, AllocatorWalk,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Range<std::size_t>(1, 1 + kWalks)),
+                         [](const auto& test_case) {
+                           return std::string(std::get<0>(test_case.param) ? "paged" : "segments") +
+                                  "_" + std::to_string(std::get<1>(test_case.param));
+                         });
 
 // 16 threads; each allocates, writes its pattern and hands the block to the next thread, which
 // verifies and frees it: allocation and free of one block always happen on different threads.

@@ -36,6 +36,10 @@ std::uintptr_t address(const void* ptr) { return reinterpret_cast<std::uintptr_t
 using testing::CapturedLog;
 using testing::Gate;
 
+// These tests pin down the segment path (virtual_memory:off); the paged path has its own
+// (caching_allocator_paged_test.cpp).
+const AllocatorConfig kSegmentPath = parse_allocator_config("virtual_memory:off");
+
 class CachingAllocatorTest : public ::testing::Test {
  protected:
   explicit CachingAllocatorTest(HostBackendOptions options = device_of(256 * MiB))
@@ -43,7 +47,7 @@ class CachingAllocatorTest : public ::testing::Test {
   void TearDown() override { allocator_.check_invariants(); }
 
   HostBackend backend_;
-  CachingAllocator allocator_{backend_};
+  CachingAllocator allocator_{backend_, kSegmentPath};
 };
 
 TEST_F(CachingAllocatorTest, RoundsEveryRequestTo512Bytes) {
@@ -344,7 +348,8 @@ TEST_F(CachingAllocatorTest, ZeroBytesGiveNullWhichFreeAccepts) {
 class OversizeTest : public CachingAllocatorTest {
  protected:
   OversizeTest() : CachingAllocatorTest(device_of(512 * MiB)) {}
-  CachingAllocator oversize_{backend_, parse_allocator_config("max_split_size_mb:64")};
+  CachingAllocator oversize_{backend_,
+                             parse_allocator_config("max_split_size_mb:64,virtual_memory:off")};
   void TearDown() override {
     oversize_.check_invariants();
     CachingAllocatorTest::TearDown();
@@ -384,7 +389,7 @@ TEST_F(CachingAllocatorTest, StatsUseTorchNamesAndMeanings) {
   allocator_.free(a);
   const auto entries = memory_stats_entries(allocator_.stats());
   std::map<std::string, std::int64_t> stats(entries.begin(), entries.end());
-  EXPECT_EQ(stats.size(), 9u * 3 * 4 + 2 * 4 + 7);
+  EXPECT_EQ(stats.size(), 9u * 3 * 4 + 3 * 4 + 9);
   EXPECT_EQ(stats.at("allocation.all.current"), 1);
   EXPECT_EQ(stats.at("allocation.all.allocated"), 2);
   EXPECT_EQ(stats.at("allocation.all.freed"), 1);
@@ -536,8 +541,16 @@ TEST_F(CachingAllocatorTest, ThreadsAllocatingAndFreeingEachOthersBlocks) {
 
 TEST(AllocatorConfig, ParsesTheConfigurationString) {
   const AllocatorConfig config =
-      parse_allocator_config("max_split_size_mb:128, limit:12GiB,memory_fraction:0.5");
+      parse_allocator_config("max_split_size_mb:128, limit:12GiB,memory_fraction:0.5,"
+                             "virtual_memory:off,reserve_headroom:0.1");
   EXPECT_EQ(config.max_split_size, 128 * MiB);
+  EXPECT_EQ(config.virtual_memory, VirtualMemoryMode::kOff);
+  EXPECT_DOUBLE_EQ(config.reserve_headroom, 0.1);
+  const AllocatorConfig again = parse_allocator_config(config.to_string());
+  EXPECT_EQ(again.virtual_memory, VirtualMemoryMode::kOff);
+  EXPECT_DOUBLE_EQ(again.reserve_headroom, 0.1);
+  EXPECT_EQ(parse_allocator_config("virtual_memory:on").virtual_memory, VirtualMemoryMode::kOn);
+  EXPECT_EQ(parse_allocator_config("").virtual_memory, VirtualMemoryMode::kAuto);
   EXPECT_EQ(config.limit_bytes, 12 * kGiB);
   EXPECT_DOUBLE_EQ(config.memory_fraction, 0.5);
   EXPECT_EQ(parse_allocator_config(config.to_string()).limit_bytes, config.limit_bytes);
@@ -547,7 +560,8 @@ TEST(AllocatorConfig, ParsesTheConfigurationString) {
 TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
   for (const char* bad : {"max_split_size:128", "limit", "limit:12 parsecs", "memory_fraction:2",
                           "limit:1GiB,limit:2GiB", "max_split_size_mb:0",
-                          "max_split_size_mb:20"}) {
+                          "max_split_size_mb:20", "virtual_memory:yes", "reserve_headroom:-1",
+                          "reserve_headroom:2"}) {
     EXPECT_THROW(parse_allocator_config(bad), LogicError) << bad;
   }
   try {

@@ -73,8 +73,74 @@ TEST(HostBackend, HugeDeviceCostsNoMemoryUntilTouched) {
   backend.free_segment(segment);
 }
 
-TEST(HostBackend, PhysicalMemoryIsReturnedWhenFreed) {
+TEST(HostBackend, BytesWrittenThroughOneMappingAreReadThroughAStitchedOne) {
+  // What the paged pool does when it stitches: pages written where they were first mapped are
+  // unmapped from there and mapped side by side into a new range, which reads the same bytes.
   HostBackend backend(small_device());
+  const std::size_t g = backend.properties().granularity;
+  auto* first = static_cast<unsigned char*>(backend.reserve_address_range(4 * g));
+  std::vector<PhysicalHandle> handles;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto handle = backend.try_create_physical(g);
+    ASSERT_TRUE(handle);
+    handles.push_back(*handle);
+    backend.map(first + i * g, g, *handle);
+  }
+  backend.set_access(first, 4 * g);
+  for (std::size_t i = 0; i < 4; ++i) std::memset(first + i * g, static_cast<int>(0x10 + i), g);
+  // Pages 3 and 1, in that order, become one contiguous range elsewhere.
+  backend.unmap(first + 3 * g, g);
+  backend.unmap(first + 1 * g, g);
+  auto* stitched = static_cast<unsigned char*>(backend.reserve_address_range(2 * g));
+  backend.map(stitched, g, handles[3]);
+  backend.map(stitched + g, g, handles[1]);
+  backend.set_access(stitched, 2 * g);
+  EXPECT_EQ(stitched[0], 0x13);
+  EXPECT_EQ(stitched[g - 1], 0x13);
+  EXPECT_EQ(stitched[g], 0x11);
+  EXPECT_EQ(stitched[2 * g - 1], 0x11);
+  // Writes through the stitched range land in the same physical memory.
+  stitched[g + 5] = 0xEE;
+  backend.unmap(stitched + g, g);
+  backend.map(first + 1 * g, g, handles[1]);
+  backend.set_access(first + 1 * g, g);
+  EXPECT_EQ(first[g + 5], 0xEE);
+  EXPECT_EQ(first[0], 0x10) << "pages that never moved are untouched";
+  backend.unmap(stitched, g);
+  backend.unmap(first, 2 * g);
+  backend.unmap(first + 2 * g, g);
+  for (const PhysicalHandle handle : handles) backend.release_physical(handle);
+  backend.release_address_range(stitched, 2 * g);
+  backend.release_address_range(first, 4 * g);
+  EXPECT_EQ(backend.used_bytes(), 0u);
+  backend.check_invariants();
+}
+
+TEST(HostBackend, UnbackedMappingsKeepTheRulesAndCostNoKernelMappings) {
+  HostBackendOptions options = small_device();
+  options.back_mappings = false;
+  HostBackend backend(options);
+  const std::size_t g = backend.properties().granularity;
+  const std::size_t before = backend.kernel_mappings();
+  void* base = backend.reserve_address_range(2 * g);
+  const auto handle = backend.try_create_physical(g);
+  ASSERT_TRUE(handle);
+  EXPECT_THROW(backend.map(base, 2 * g, *handle), LogicError) << "a handle is mapped whole";
+  backend.map(base, g, *handle);
+  backend.set_access(base, g);
+  EXPECT_EQ(backend.kernel_mappings(), before + 1) << "only the reservation";
+  EXPECT_THROW(backend.memset_async(base, 0, 16, Stream{0}), LogicError)
+      << "unbacked memory cannot be touched";
+  backend.unmap(base, g);
+  backend.release_physical(*handle);
+  backend.release_address_range(base, 2 * g);
+  backend.check_invariants();
+}
+
+TEST(HostBackend, PhysicalMemoryIsReturnedWhenFreed) {
+  HostBackendOptions options = small_device();
+  options.release_freed_memory = true;
+  HostBackend backend(options);
   const std::size_t g = backend.properties().granularity;
   void* base = backend.reserve_address_range(8 * g);
   const auto first = backend.try_create_physical(8 * g);

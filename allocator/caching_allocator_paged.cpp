@@ -1,0 +1,470 @@
+// The caching allocator's paged path: reservations, pages mapped into holes, stitching and
+// release (Note [Paged pool] in caching_allocator.hpp).
+#include <algorithm>
+#include <exception>
+
+#include "allocator/byte_units.hpp"
+#include "allocator/caching_allocator.hpp"
+#include "allocator/errors.hpp"
+#include "allocator/log.hpp"
+
+namespace stowage {
+
+namespace {
+
+std::int64_t as_signed(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
+
+std::size_t round_down(std::size_t value, std::size_t multiple) { return value - value % multiple; }
+
+// Address space reserved per (pool, stream): the device's memory, so one reservation holds
+// anything the device can; more are added when holes run out. Capped so that replays of huge
+// simulated devices keep their page tables small.
+constexpr std::size_t kMaxReservation = std::size_t{1} << 40;  // 1 TiB
+
+void* address(std::uintptr_t value) { return reinterpret_cast<void*>(value); }
+
+}  // namespace
+
+Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t rounded,
+                                           std::uint64_t context) {
+  // Choose the hole needing the fewest new pages (Note [Paged pool]).
+  struct Choice {
+    Block* hole = nullptr;
+    Block* lead = nullptr;  // the free mapped block the new pages extend, if any
+    std::size_t pages = 0;
+  };
+  Choice best;
+  auto consider = [&](Block* hole) {
+    if (hole == nullptr) return;
+    Block* lead = hole->prev;
+    if (lead == nullptr || lead->state != BlockState::kFree || !lead->mapped ||
+        lead->size >= rounded) {
+      lead = nullptr;
+    }
+    const std::size_t lacking = rounded - (lead == nullptr ? 0 : lead->size);
+    const std::size_t pages = (lacking + page_ - 1) / page_;
+    if (pages * page_ > hole->size) return;
+    if (best.hole == nullptr || pages < best.pages) best = {hole, lead, pages};
+  };
+  FreeBlockIndex& holes = holes_of(pool);
+  consider(holes.best_fit(stream, rounded));
+  consider(holes.largest(stream));
+  if (best.hole == nullptr) consider(reserve_paged_locked(pool, stream, rounded, context));
+  if (best.hole == nullptr) return nullptr;
+
+  // Gather the pages: new memory within the headroom, then stitching, then new memory up to
+  // the limit.
+  const std::size_t limit = limit_locked();
+  const double in_use = static_cast<double>(std::max(
+      active_high_water_, static_cast<std::size_t>(stats_.active_bytes.all().current) + rounded));
+  std::vector<PhysicalHandle> handles;
+  handles.reserve(best.pages);
+  while (handles.size() < best.pages) {
+    const std::size_t held =
+        static_cast<std::size_t>(stats_.reserved_bytes.all().current) + handles.size() * page_;
+    const bool within_limit = held <= limit && page_ <= limit - held;
+    const bool within_headroom =
+        static_cast<double>(held + page_) <=
+        (1.0 + config_.reserve_headroom) * in_use + static_cast<double>(learned_headroom_);
+    if (within_limit && within_headroom && create_page_locked(handles)) continue;
+    if (steal_pages_locked(best.pages - handles.size(), best.hole->prev, best.hole->next, handles) > 0) {
+      continue;
+    }
+    if (within_limit && !within_headroom && create_page_locked(handles)) continue;
+    break;
+  }
+  if (handles.size() < best.pages) {
+    release_pages_locked(handles);
+    return nullptr;
+  }
+  if (handles.size() > best.pages) {
+    // Stitching moved whole blocks: map the surplus after the request as cache, as far as the
+    // hole reaches, and give the rest back.
+    const std::size_t fit = std::min(handles.size(), best.hole->size / page_);
+    std::vector<PhysicalHandle> surplus(handles.begin() + static_cast<std::ptrdiff_t>(fit),
+                                        handles.end());
+    handles.resize(fit);
+    release_pages_locked(surplus);
+    best.pages = fit;
+  }
+
+  // Map them at the start of the hole.
+  Block* hole = best.hole;
+  const std::uintptr_t start = hole->address;
+  std::size_t mapped = 0;
+  bool usable = true;
+  try {
+    for (; mapped < best.pages; ++mapped) {
+      backend_.map(address(start + mapped * page_), page_, handles[mapped]);
+    }
+    backend_.set_access(address(start), best.pages * page_);
+  } catch (const std::exception& error) {
+    log_warning(detail::concat("mapping ", format_bytes(best.pages * page_),
+                               " of device memory failed: ", error.what()));
+    usable = false;
+  }
+  if (!usable) {
+    // Undo the maps that succeeded, trying again on a transient failure. If the device keeps
+    // refusing, keep the mapped pages as cache rather than lose track of them.
+    for (int attempt = 0; mapped > 0 && attempt < 3; ++attempt) {
+      try {
+        backend_.unmap(address(start), mapped * page_);
+        mapped = 0;
+      } catch (const std::exception&) {
+      }
+    }
+    if (mapped > 0) {
+      try {
+        backend_.set_access(address(start), mapped * page_);
+      } catch (const std::exception& error) {
+        log_warning(detail::concat("device memory at ", address(start),
+                                 " can be neither unmapped nor made accessible (", error.what(),
+                                 "); ", mapped, " page(s) are lost to this allocator"));
+        mapped = 0;
+      }
+    }
+    std::vector<PhysicalHandle> unused(handles.begin() + static_cast<std::ptrdiff_t>(mapped),
+                                       handles.end());
+    release_pages_locked(unused);
+    handles.resize(mapped);
+    if (mapped == 0) return nullptr;
+  }
+  Block* block = adopt_mapped_pages_locked(hole, handles, context);
+  if (!usable) return nullptr;  // the pages became cache; the request fails this time
+  STOWAGE_INTERNAL_ASSERT(block->size >= rounded, "mapped ", handles.size(), " pages for a block of ",
+                          rounded, " bytes but the cached block holds ", block->size);
+  count_inactive_split_locked(*block, -1);
+  index_of(pool).erase(*block);
+  return block;
+}
+
+Block* CachingAllocator::adopt_mapped_pages_locked(Block* hole,
+                                                  const std::vector<PhysicalHandle>& handles,
+                                                  std::uint64_t context) {
+  Segment& segment = *hole->segment;
+  const Pool pool = segment.pool;
+  const std::uintptr_t start = hole->address;
+  const std::size_t pages = handles.size();
+  const std::size_t bytes = pages * page_;
+  Block* rest = hole->size > bytes ? arena_.acquire() : nullptr;
+  const std::size_t first_page = (start - segment.base) / page_;
+  if (segment.pages.size() < first_page + pages) segment.pages.resize(first_page + pages, 0);
+  for (std::size_t i = 0; i < pages; ++i) segment.pages[first_page + i] = handles[i].value;
+  segment.mapped_pages += pages;
+  stats_.reserved_bytes.update(pool, as_signed(bytes));
+  stats_.mapped_pages.update(as_signed(pages));
+  stats_.num_maps += as_signed(pages);
+  record_locked(TraceAction::kSegmentMap, start, bytes, hole->stream, context);
+
+  // The mapped part of the hole becomes cache, joined to the free mapped block before it.
+  holes_of(pool).erase(*hole);
+  if (rest != nullptr) {
+    rest->address = start + bytes;
+    rest->size = hole->size - bytes;
+    rest->stream = hole->stream;
+    rest->segment = hole->segment;
+    rest->mapped = false;
+    rest->prev = hole;
+    rest->next = hole->next;
+    if (hole->next != nullptr) hole->next->prev = rest;
+    hole->next = rest;
+    hole->size = bytes;
+    holes_of(pool).insert(*rest);
+  }
+  hole->mapped = true;
+  return insert_free_locked(hole);
+}
+
+Block* CachingAllocator::reserve_paged_locked(Pool pool, Stream stream, std::size_t rounded,
+                                              std::uint64_t context) {
+  const std::size_t device = round_up(backend_.properties().total_bytes, page_);
+  if (rounded > device) return nullptr;  // no device could ever hold it
+  const std::size_t size = std::max(std::min(device, kMaxReservation), round_up(rounded, page_));
+  void* base = nullptr;
+  try {
+    base = backend_.reserve_address_range(size, page_);
+  } catch (const std::exception& error) {
+    log_warning(detail::concat("reserving ", format_bytes(size), " of device address space failed: ",
+                               error.what()));
+    return nullptr;
+  }
+  const auto start = reinterpret_cast<std::uintptr_t>(base);
+  Block* hole = nullptr;
+  try {
+    Segment& segment = segments_[start];
+    segment.base = start;
+    segment.size = size;
+    segment.stream = stream;
+    segment.pool = pool;
+    segment.context = context;
+    segment.paged = true;
+    hole = arena_.acquire();
+    hole->address = start;
+    hole->size = size;
+    hole->stream = stream;
+    hole->segment = &segment;
+    hole->mapped = false;
+    segment.first = hole;
+    if (std::find(paged_streams_.begin(), paged_streams_.end(), stream) == paged_streams_.end()) {
+      paged_streams_.push_back(stream);
+    }
+  } catch (...) {
+    if (hole != nullptr) arena_.recycle(hole);
+    segments_.erase(start);
+    backend_.release_address_range(base, size);
+    throw;
+  }
+  holes_of(pool).insert(*hole);
+  stats_.segment.update(pool, 1);
+  return hole;
+}
+
+bool CachingAllocator::create_page_locked(std::vector<PhysicalHandle>& out) {
+  std::optional<PhysicalHandle> handle;
+  try {
+    handle = backend_.try_create_physical(page_);
+  } catch (const std::exception& error) {
+    log_warning(detail::concat("creating a page of device memory failed: ", error.what()));
+    return false;
+  }
+  if (!handle) return false;
+  out.push_back(*handle);
+  ++stats_.num_device_alloc;
+  return true;
+}
+
+std::size_t CachingAllocator::steal_pages_locked(std::size_t count, const Block* keep_a,
+                                                 const Block* keep_b,
+                                                 std::vector<PhysicalHandle>& out) {
+  // Free mapped blocks holding at least one whole page, largest first, each taken whole: the
+  // free space moves to the growth front in as few pieces as possible, and every victim is left
+  // with only the partial pages it shares with live neighbours. Taking a few pages from many
+  // small blocks instead chops the cache into slivers that no later request fits (measured on
+  // the recorded traces: 1-2 per cent more memory needed).
+  std::vector<Block*> victims;
+  auto whole_pages = [&](const Block& block) {
+    const std::uintptr_t first = round_up(block.address, page_);
+    const std::uintptr_t last = round_down(block.address + block.size, page_);
+    return last > first ? (last - first) / page_ : 0;
+  };
+  for (const Pool pool : {Pool::kSmall, Pool::kLarge}) {
+    for (const Stream stream : paged_streams_) {
+      index_of(pool).for_each_fitting(stream, page_, [&](Block& block) {
+        if (&block != keep_a && &block != keep_b && whole_pages(block) > 0) {
+          victims.push_back(&block);
+        }
+        return true;
+      });
+    }
+  }
+  std::sort(victims.begin(), victims.end(), [](const Block* a, const Block* b) {
+    return a->size != b->size ? a->size > b->size : a->address < b->address;
+  });
+  std::size_t found = 0;
+  for (std::size_t i = 0; i < victims.size(); ++i) {
+    found += whole_pages(*victims[i]);
+    if (found >= count) {
+      victims.resize(i + 1);
+      break;
+    }
+  }
+  const std::size_t before = out.size();
+  std::vector<Stream> synchronized;
+  for (Block* victim : victims) {
+    // Work queued on the victim's stream before its free may still touch these pages.
+    if (std::find(synchronized.begin(), synchronized.end(), victim->stream) == synchronized.end()) {
+      try {
+        backend_.synchronize_stream(victim->stream);
+      } catch (const std::exception&) {
+        // A stream destroyed since the free (or failing): waiting for the device covers it.
+        try {
+          backend_.synchronize_device();
+        } catch (const std::exception& error) {
+          log_warning(detail::concat("cannot move cached pages: synchronising failed: ",
+                                     error.what()));
+          continue;
+        }
+      }
+      synchronized.push_back(victim->stream);
+    }
+    const std::size_t had = out.size();
+    unmap_pages_locked(victim, round_up(victim->address, page_),
+                       round_down(victim->address + victim->size, page_), out);
+    moved_pages_ += out.size() - had;
+    // A loop that has moved half as many pages as it uses without needing more memory churns:
+    // allow it 1% more reserve, and again each time it moves that much more, until its layout
+    // fits and the moves stop (Note [Paged pool]).
+    if (2 * moved_pages_ * page_ >= active_high_water_) {
+      learned_headroom_ += std::max(page_, active_high_water_ / 100);
+      moved_pages_ = 0;
+    }
+  }
+  return out.size() - before;
+}
+
+bool CachingAllocator::unmap_pages_locked(Block* block, std::uintptr_t first, std::uintptr_t last,
+                                          std::vector<PhysicalHandle>& out) {
+  Segment& segment = *block->segment;
+  const Pool pool = segment.pool;
+  const bool has_head = first > block->address;
+  const bool has_tail = last < block->address + block->size;
+  // Take the bookkeeping first, so that nothing can fail after the device has unmapped.
+  Block* head = has_head ? arena_.acquire() : nullptr;
+  Block* tail = nullptr;
+  try {
+    if (has_tail) tail = arena_.acquire();
+    out.reserve(out.size() + (last - first) / page_);
+    backend_.unmap(address(first), last - first);
+  } catch (const std::exception& error) {
+    if (head != nullptr) arena_.recycle(head);
+    if (tail != nullptr) arena_.recycle(tail);
+    log_warning(detail::concat("unmapping ", format_bytes(last - first),
+                               " of device memory failed: ", error.what()));
+    return false;
+  }
+  const std::size_t pages = (last - first) / page_;
+  for (std::size_t page = (first - segment.base) / page_, end = page + pages; page < end; ++page) {
+    out.push_back(PhysicalHandle{segment.pages[page]});
+    segment.pages[page] = 0;
+  }
+  segment.mapped_pages -= pages;
+  stats_.reserved_bytes.update(pool, -as_signed(last - first));
+  stats_.mapped_pages.update(-as_signed(pages));
+  stats_.num_unmaps += as_signed(pages);
+  record_locked(TraceAction::kSegmentUnmap, first, last - first, block->stream, 0);
+
+  // Cut the block into [head][hole][tail]; the head and tail stay cached.
+  count_inactive_split_locked(*block, -1);
+  index_of(pool).erase(*block);
+  auto link_after = [](Block* left, Block* right) {
+    right->prev = left;
+    right->next = left->next;
+    if (left->next != nullptr) left->next->prev = right;
+    left->next = right;
+  };
+  auto init = [&](Block* piece, std::uintptr_t begin, std::uintptr_t end, bool mapped) {
+    piece->address = begin;
+    piece->size = end - begin;
+    piece->stream = block->stream;
+    piece->segment = block->segment;
+    piece->mapped = mapped;
+  };
+  const std::uintptr_t end = block->address + block->size;
+  if (tail != nullptr) {
+    init(tail, last, end, true);
+    link_after(block, tail);
+  }
+  Block* hole = block;
+  if (head != nullptr) {
+    // block keeps the head; head (the spare) becomes the hole.
+    hole = head;
+    init(hole, first, last, false);
+    block->size = first - block->address;
+    link_after(block, hole);
+    index_of(pool).insert(*block);
+    count_inactive_split_locked(*block, 1);
+  } else {
+    block->size = last - first;
+    block->mapped = false;
+  }
+  if (tail != nullptr) {
+    index_of(pool).insert(*tail);
+    count_inactive_split_locked(*tail, 1);
+  }
+  insert_free_locked(hole);
+  return true;
+}
+
+void CachingAllocator::release_pages_locked(std::vector<PhysicalHandle>& handles) {
+  for (const PhysicalHandle handle : handles) {
+    try {
+      backend_.release_physical(handle);
+      ++stats_.num_device_free;
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("releasing a page of device memory failed: ", error.what()));
+    }
+  }
+  handles.clear();
+}
+
+bool CachingAllocator::release_paged_locked() {
+  // Every whole page under a free mapped block goes back to the device.
+  std::vector<Block*> victims;
+  for (FreeBlockIndex& index : pools_) {
+    index.for_each([&](const Block& block) {
+      if (round_down(block.address + block.size, page_) > round_up(block.address, page_)) {
+        victims.push_back(const_cast<Block*>(&block));
+      }
+    });
+  }
+  std::vector<PhysicalHandle> handles;
+  bool released = false;
+  if (!victims.empty()) {
+    // Work queued before the frees may still touch these pages.
+    try {
+      backend_.synchronize_device();
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("cannot release cached pages: synchronising the device failed: ",
+                                 error.what()));
+      victims.clear();
+    }
+  }
+  for (Block* victim : victims) {
+    const std::uintptr_t first = round_up(victim->address, page_);
+    const std::uintptr_t last = round_down(victim->address + victim->size, page_);
+    if (unmap_pages_locked(victim, first, last, handles)) released = true;
+    release_pages_locked(handles);
+  }
+  // Reservations with nothing mapped go back too.
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment& segment = it->second;
+    Block* hole = segment.first;
+    if (segment.mapped_pages != 0 || hole->next != nullptr) {
+      ++it;
+      continue;
+    }
+    holes_of(segment.pool).erase(*hole);
+    try {
+      backend_.release_address_range(address(segment.base), segment.size);
+    } catch (const std::exception& error) {
+      holes_of(segment.pool).insert(*hole);
+      log_warning(detail::concat("releasing device address space failed: ", error.what()));
+      ++it;
+      continue;
+    }
+    stats_.segment.update(segment.pool, -1);
+    arena_.recycle(hole);
+    it = segments_.erase(it);
+    released = true;
+  }
+  return released;
+}
+
+void CachingAllocator::snapshot_paged_segment(const Segment& segment, AllocatorSnapshot& out) const {
+  // Each run of mapped pages is reported as a segment, as torch reports an expandable segment's
+  // mapped part: runs start and end at holes, which are page-aligned, so blocks tile each run.
+  SegmentSnapshot* shot = nullptr;
+  for (const Block* block = segment.first; block != nullptr; block = block->next) {
+    if (!block->mapped) {
+      shot = nullptr;
+      continue;
+    }
+    if (shot == nullptr) {
+      shot = &out.segments.emplace_back();
+      shot->address = block->address;
+      shot->stream = segment.stream;
+      shot->pool = segment.pool;
+      shot->context = segment.context;
+    }
+    shot->total_size += block->size;
+    shot->blocks.push_back({block->address, block->size, block->requested, block->state,
+                            block->context});
+    if (block->state != BlockState::kFree) shot->active_size += block->size;
+    if (block->state == BlockState::kAllocated) {
+      shot->allocated_size += block->size;
+      shot->requested_size += block->requested;
+    }
+  }
+}
+
+}  // namespace stowage
