@@ -31,7 +31,6 @@ struct LiveBlock {
 
 ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& config,
                            bool measure_latency) const {
-  const auto start = Clock::now();
   HostBackendOptions options;
   options.capacity_bytes = capacity_bytes;
   options.synchronous = true;
@@ -45,6 +44,7 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
   std::size_t requested = 0;
   {
     CachingAllocator allocator(backend, config);
+    const auto start = Clock::now();
     auto timed = [&](auto&& call) {
       if (!measure_latency) return call();
       const auto before = Clock::now();
@@ -105,6 +105,7 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
       result.peak_requested = std::max(result.peak_requested, requested);
       live.emplace(event.address, block);
     }
+    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const DeviceStats stats = allocator.stats();
     result.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes.all().peak);
     result.peak_reserved = static_cast<std::size_t>(stats.reserved_bytes.all().peak);
@@ -117,7 +118,6 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
   }
   result.ns_per_call_p50 = percentile(latencies, 0.50);
   result.ns_per_call_p99 = percentile(latencies, 0.99);
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }
 

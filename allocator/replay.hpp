@@ -48,7 +48,7 @@ struct ReplayResult {
   std::string oom_message;
   double ns_per_call_p50 = 0;      // host time of one allocator call (malloc or free)
   double ns_per_call_p99 = 0;
-  double seconds = 0;              // wall time of the whole replay
+  double seconds = 0;              // wall time of the events (device setup and teardown excluded)
 };
 
 class Trace {
