@@ -118,7 +118,11 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   process_events_locked();
   const Pool pool = SizePolicy::pool_for(rounded);
   const bool oversize = rounded >= config_.max_split_size;
+  // A block the paged path has just formed from new pages may be split even for an oversize
+  // request: its remainder is the partial page at its end, not part of a huge cached block.
+  bool fresh = false;
   auto grow = [&] {
+    fresh = paged_;
     return paged_ ? grow_paged_locked(pool, stream, rounded, context)
                   : allocate_segment_locked(pool, stream, rounded, context);
   };
@@ -129,11 +133,12 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
     // wholly free segments back to the device and ask it again.
     ++stats_.num_alloc_retries;
     synchronize_pending_locked();
+    fresh = false;
     block = find_cached_locked(pool, stream, rounded, oversize);
     if (block == nullptr && paged_) {
       // Pages under blocks that just completed can be moved; releasing the cache would only
       // give back what stitching can use.
-      block = grow_paged_locked(pool, stream, rounded, context);
+      block = grow();
     } else if (block == nullptr) {
       release_cached_locked();
       // Asked again even when nothing was released: the device's failure may have been
@@ -142,7 +147,7 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
     }
   }
   if (block == nullptr) return nullptr;
-  return claim_locked(block, bytes, rounded, oversize, context);
+  return claim_locked(block, bytes, rounded, oversize, fresh, context);
 }
 
 Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_t rounded,
@@ -207,11 +212,11 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
 }
 
 Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size_t rounded,
-                                      bool oversize, std::uint64_t context) {
+                                      bool oversize, bool fresh, std::uint64_t context) {
   const Pool pool = block->segment->pool;
   const std::size_t remainder = block->size - rounded;
   Block* rest = nullptr;
-  if (SizePolicy::should_split(pool, remainder, oversize, paged_)) {
+  if (SizePolicy::should_split(pool, remainder, oversize && !fresh, paged_)) {
     try {
       rest = arena_.acquire();
     } catch (const std::bad_alloc&) {

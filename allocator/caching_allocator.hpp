@@ -39,8 +39,8 @@
 //      ever active (so the forward pass grows the reserve at its tail, and later misses move
 //      pages rather than add them);
 //   2. stitching: the whole pages of free mapped blocks anywhere (any stream, either pool,
-//      largest blocks first, each block's pages all at once) are unmapped and mapped into the
-//      hole, the surplus after the request as cache; so a request that fits in the total free
+//      largest blocks first, each block's pages all at once unless that is far more than
+//      missing) are unmapped and mapped into the hole, the surplus after the request as cache; so a request that fits in the total free
 //      memory never fails for want of a contiguous range, and free memory gathers at the growth
 //      front instead of being chopped into slivers. The owner stream of a moved page is
 //      synchronised first: its queued work may still use the page;
@@ -50,9 +50,10 @@
 // pages step after step is caught by counting: each time stitching has moved half as many pages
 // as the most ever in use, without that peak rising, the allowance for new pages grows by 1% of
 // the peak, until the layout fits and the moves stop; so steady training makes no map or unmap
-// calls once warm, at the cost of a little memory only where the layout needs it. Live mappings are bounded by reserved bytes / page size. empty_cache and
-// the miss path's release unmap and release every page under free mapped blocks, and return
-// reservations with nothing mapped.
+// calls once warm, at the cost of a little memory only where the layout needs it. Live
+// mappings are bounded by reserved bytes / page size. empty_cache unmaps and releases every
+// page under free mapped blocks and returns reservations with nothing mapped; the miss path
+// does not (stitching already uses those pages).
 //
 // Thread safety: every public function may be called from any thread; one std::mutex guards
 // the state. The context provider, pressure handlers and OOM observers are called without it.
@@ -82,6 +83,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "allocator/backend.hpp"
@@ -175,8 +177,10 @@ class CachingAllocator {
   Block* find_cached_locked(Pool pool, Stream stream, std::size_t rounded, bool oversize);
   Block* allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
                                  std::uint64_t context);
+  // `fresh`: the block was just formed by the paged path (its remainder may be split off even
+  // for an oversize request).
   Block* claim_locked(Block* block, std::size_t bytes, std::size_t rounded, bool oversize,
-                      std::uint64_t context);
+                      bool fresh, std::uint64_t context);
   void free_block_locked(Block* block);
   // Indexes a free block after coalescing it with free neighbours of the same kind (mapped or
   // unmapped); returns the coalesced block.
@@ -191,10 +195,12 @@ class CachingAllocator {
   // cache joined to the free mapped block before the hole; returns that cached block (indexed).
   Block* adopt_mapped_pages_locked(Block* hole, const std::vector<PhysicalHandle>& handles,
                                    std::uint64_t context);
-  // Unmaps the whole pages of free mapped blocks other than keep_a / keep_b, largest blocks
-  // first, until at least `count` pages are in `out`; returns how many were added.
-  std::size_t steal_pages_locked(std::size_t count, const Block* keep_a, const Block* keep_b,
+  // Unmaps whole pages of free mapped blocks other than `keep`, largest blocks first, until at
+  // least `count` pages are in `out`; returns how many were added.
+  std::size_t steal_pages_locked(std::size_t count, const Block* keep,
                                  std::vector<PhysicalHandle>& out);
+  // True when a range set aside after a failed unmap lies inside the hole.
+  bool overlaps_lost_range(const Block& hole) const noexcept;
   // Unmaps the pages [first, last) of free mapped block `block` (page-aligned, inside it) and
   // appends their handles to out; false (and nothing changed) if the device refused.
   bool unmap_pages_locked(Block* block, std::uintptr_t first, std::uintptr_t last,
@@ -235,6 +241,9 @@ class CachingAllocator {
   std::size_t active_high_water_ = 0;       // most active bytes ever (not reset with the stats)
   std::size_t moved_pages_ = 0;             // pages stitching moved since the high water last rose
   std::size_t learned_headroom_ = 0;        // reserve allowed beyond the configured headroom
+  // Mapped ranges that neither unmap nor become accessible after a failed map (address, bytes):
+  // kept out of use, unmapped again by every release until that works.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> lost_ranges_;
   BlockMap allocated_;                      // allocated blocks by address
   std::map<std::uintptr_t, Segment> segments_;  // by base address
   std::vector<PendingEvent> pending_events_;

@@ -52,6 +52,18 @@ class FreeBlockIndex {
     }
   }
 
+  // Calls fn(block) for the blocks of `stream` holding at least `bytes`, largest first, while
+  // fn returns true. fn must not change the index.
+  template <typename Fn>
+  void for_each_fitting_largest_first(Stream stream, std::size_t bytes, Fn&& fn) {
+    auto it = set_.upper_bound(Key{stream.handle, SIZE_MAX, UINTPTR_MAX}, KeyCompare{});
+    while (it != set_.begin()) {
+      --it;
+      if (it->stream.handle != stream.handle || it->size < bytes) return;
+      if (!fn(*it)) return;
+    }
+  }
+
   std::size_t size() const noexcept { return set_.size(); }
   bool empty() const noexcept { return set_.empty(); }
 

@@ -30,6 +30,16 @@ HostBackendOptions device_of(std::size_t capacity) {
 
 std::int64_t bytes(std::size_t value) { return static_cast<std::int64_t>(value); }
 
+// Silences the warnings that injected faults provoke.
+class QuietLog {
+ public:
+  QuietLog() : previous_(set_log_sink([](std::string_view) {})) {}
+  ~QuietLog() { set_log_sink(std::move(previous_)); }
+
+ private:
+  LogSink previous_;
+};
+
 class PagedTest : public ::testing::Test {
  protected:
   explicit PagedTest(std::size_t capacity = 256 * MiB, const char* config = "virtual_memory:on")
@@ -121,16 +131,6 @@ TEST_F(SmallPagedTest, LiveDataStaysIntactWhileOtherPagesMove) {
   for (void* block : keep) allocator_.free(block);
 }
 
-// Silences the warnings that injected faults provoke.
-class QuietLog {
- public:
-  QuietLog() : previous_(set_log_sink([](std::string_view) {})) {}
-  ~QuietLog() { set_log_sink(std::move(previous_)); }
-
- private:
-  LogSink previous_;
-};
-
 constexpr BackendCall kPagedCalls[] = {BackendCall::kCreatePhysical, BackendCall::kMap,
                                        BackendCall::kSetAccess, BackendCall::kReserve};
 
@@ -177,6 +177,81 @@ TEST_F(SmallPagedTest, AFailedUnmapLeavesTheCacheAsItWas) {
   void* stitched = allocator_.malloc(24 * MiB);
   allocator_.free(stitched);
   for (std::size_t i = 1; i < blocks.size(); i += 2) allocator_.free(blocks[i]);
+}
+
+TEST(PagedOversize, AnOversizeFreeBlockIsNeitherHandedOutWholeNorCarved) {
+  HostBackend backend(device_of(256 * MiB));
+  CachingAllocator allocator(backend,
+                             parse_allocator_config("virtual_memory:on,max_split_size_mb:40"));
+  void* big = allocator.malloc(100 * MiB);
+  allocator.free(big);
+  // Too much bigger to be reused for 50 MiB; the new pages must not join it either.
+  void* oversize = allocator.malloc(50 * MiB);
+  EXPECT_EQ(allocator.block_size(oversize), 50 * MiB);
+  EXPECT_EQ(allocator.stats().allocated_bytes.all().current, bytes(50 * MiB));
+  // Small requests beside it do not carve it, and still find memory under a limit.
+  allocator.set_limit(200 * MiB);
+  std::vector<void*> small;
+  for (int i = 0; i < 15; ++i) small.push_back(allocator.malloc(5 * MiB));
+  for (void* block : small) allocator.free(block);
+  allocator.free(oversize);
+  allocator.check_invariants();
+}
+
+TEST(PagedStitching, TheFreeBlockAfterTheChosenHoleCanGiveItsPages) {
+  // A hole in the middle of the range, followed by free cache: the request needs that cache's
+  // pages, and gets them.
+  HostBackend backend(device_of(256 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on,limit:48MiB"));
+  const Stream other = backend.create_stream();
+  void* x = allocator.malloc(20 * MiB);
+  void* y = allocator.malloc(12 * MiB);
+  void* c = allocator.malloc(4 * MiB);
+  allocator.free(x);
+  void* z = allocator.malloc(20 * MiB, other);  // moves x's pages: a hole where x was
+  allocator.free(y);                             // 12 MiB of cache right after the hole
+  void* w = nullptr;
+  EXPECT_NO_THROW(w = allocator.malloc(20 * MiB));
+  allocator.check_invariants();
+  allocator.free(w);
+  allocator.free(z);
+  allocator.free(c);
+}
+
+TEST(PagedStitching, ASmallRequestMovesAFewPagesNotAWholeHugeBlock) {
+  HostBackend backend(device_of(2048 * MiB));
+  CachingAllocator allocator(backend,
+                             parse_allocator_config("virtual_memory:on,reserve_headroom:0"));
+  const Stream other = backend.create_stream();
+  allocator.free(allocator.malloc(1024 * MiB, other));
+  const DeviceStats before = allocator.stats();
+  void* block = allocator.malloc(2 * MiB);
+  const DeviceStats after = allocator.stats();
+  EXPECT_GE(after.num_unmaps - before.num_unmaps, 1);
+  EXPECT_LE(after.num_unmaps - before.num_unmaps, 16) << "at most 16 times the pages missing";
+  allocator.free(block);
+  allocator.check_invariants();
+}
+
+TEST(PagedFaults, PagesThatNeitherUnmapNorBecomeAccessibleAreSetAsideNotReused) {
+  QuietLog quiet;
+  HostBackend backend(device_of(256 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on"));
+  backend.faults().fail_nth(BackendCall::kSetAccess, 1);
+  backend.faults().fail_nth(BackendCall::kSetAccess, 2);
+  for (std::uint64_t n = 1; n <= 3; ++n) backend.faults().fail_nth(BackendCall::kUnmap, n);
+  void* first = allocator.malloc(4 * MiB);  // served from a fresh range on the retry
+  backend.faults().clear();
+  for (int i = 0; i < 3; ++i) {
+    void* block = allocator.malloc(4 * MiB);
+    std::memset(block, i, 4 * MiB);
+    allocator.free(block);
+  }
+  allocator.free(first);
+  allocator.check_invariants();
+  allocator.empty_cache();  // unmaps the set-aside range now that the device cooperates
+  EXPECT_EQ(backend.used_bytes(), 0u);
+  EXPECT_EQ(allocator.stats().segment.all().current, 0);
 }
 
 TEST_F(PagedTest, EmptyCacheReturnsEveryFreePageAndReservation) {
