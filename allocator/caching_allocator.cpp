@@ -14,7 +14,8 @@ namespace {
 std::int64_t as_signed(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
 
 bool use_paged_pool(const DeviceBackend& backend, const AllocatorConfig& config) {
-  const bool available = backend.properties().virtual_memory && backend.properties().granularity > 0;
+  const bool available =
+      backend.properties().virtual_memory && backend.properties().granularity > 0;
   switch (config.virtual_memory) {
     case VirtualMemoryMode::kOff:
       return false;
@@ -655,7 +656,8 @@ void CachingAllocator::check_invariants() const {
     ++sum.segments;
     STOWAGE_INTERNAL_ASSERT(segment.paged == paged_, "segment ", base, " is of the wrong path");
     if (segment.paged) {
-      STOWAGE_INTERNAL_ASSERT(segment.size % page_ == 0 && segment.pages.size() <= segment.size / page_);
+      STOWAGE_INTERNAL_ASSERT(segment.size % page_ == 0 &&
+                              segment.pages.size() <= segment.size / page_);
       STOWAGE_INTERNAL_ASSERT(
           static_cast<std::size_t>(std::count_if(segment.pages.begin(), segment.pages.end(),
                                                  [](std::uint64_t h) { return h != 0; })) ==
@@ -679,7 +681,8 @@ void CachingAllocator::check_invariants() const {
                                   "hole ", block->address, " is not free whole pages");
         } else {
           for (std::size_t page = first; page <= last; ++page) {
-            STOWAGE_INTERNAL_ASSERT(page < segment.pages.size() && segment.pages[page] != 0, "block ", block->address,
+            STOWAGE_INTERNAL_ASSERT(page < segment.pages.size() && segment.pages[page] != 0,
+                                    "block ", block->address,
                                     " lies on unmapped page ", page, " of segment ", base);
             if (page != last_counted_page) ++pages_under_blocks;
             last_counted_page = page;

@@ -40,9 +40,10 @@
 //      pages rather than add them);
 //   2. stitching: the whole pages of free mapped blocks anywhere (any stream, either pool,
 //      largest blocks first, each block's pages all at once unless that is far more than
-//      missing) are unmapped and mapped into the hole, the surplus after the request as cache; so a request that fits in the total free
-//      memory never fails for want of a contiguous range, and free memory gathers at the growth
-//      front instead of being chopped into slivers. The owner stream of a moved page is
+//      missing) are unmapped and mapped into the hole, the surplus after the request as
+//      cache; so a request that fits in the total free memory never fails for want of a
+//      contiguous range, and free memory gathers at the growth front instead of being chopped
+//      into slivers. The owner stream of a moved page is
 //      synchronised first: its queued work may still use the page;
 //   3. new physical memory up to the limit.
 // Ranges built this way stay mapped and cached after their blocks are freed, so a training
@@ -196,7 +197,7 @@ class CachingAllocator {
   Block* adopt_mapped_pages_locked(Block* hole, const std::vector<PhysicalHandle>& handles,
                                    std::uint64_t context);
   // Unmaps whole pages of free mapped blocks other than `keep`, largest blocks first, until at
-  // least `count` pages are in `out`; returns how many were added.
+  // least `count` pages have been added to `out`; returns how many were added.
   std::size_t steal_pages_locked(std::size_t count, const Block* keep,
                                  std::vector<PhysicalHandle>& out);
   // True when a range set aside after a failed unmap lies inside the hole.

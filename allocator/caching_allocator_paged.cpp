@@ -93,8 +93,19 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
   }
   if (handles.size() > best.pages) {
     // Stitching moved whole blocks: map the surplus after the request as cache, as far as the
-    // hole reaches, and give the rest back.
-    const std::size_t fit = std::min(handles.size(), best.hole->size / page_);
+    // hole reaches (and short of any range set aside inside it), and give the rest back. With
+    // an oversize class, the cache left after the request stays below it: a remainder the cache
+    // refuses would only be moved again by the next miss.
+    std::size_t fit = std::min(handles.size(), best.hole->size / page_);
+    for (const auto& [start, bytes] : lost_ranges_) {
+      if (start >= best.hole->address && start < best.hole->address + best.hole->size) {
+        fit = std::min(fit, (start - best.hole->address) / page_);
+      }
+    }
+    if (config_.max_split_size != AllocatorConfig::kUnlimited) {
+      fit = std::min(fit, best.pages + (config_.max_split_size - 1) / page_ - 1);
+    }
+    fit = std::max(fit, best.pages);
     std::vector<PhysicalHandle> surplus(handles.begin() + static_cast<std::ptrdiff_t>(fit),
                                         handles.end());
     handles.resize(fit);
@@ -148,7 +159,8 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
   }
   Block* block = adopt_mapped_pages_locked(hole, handles, context);
   if (!usable) return nullptr;  // the pages became cache; the request fails this time
-  STOWAGE_INTERNAL_ASSERT(block->size >= rounded, "mapped ", handles.size(), " pages for a block of ",
+  STOWAGE_INTERNAL_ASSERT(block->size >= rounded, "mapped ", handles.size(),
+                          " pages for a block of ",
                           rounded, " bytes but the cached block holds ", block->size);
   count_inactive_split_locked(*block, -1);
   index_of(pool).erase(*block);
@@ -201,7 +213,8 @@ Block* CachingAllocator::reserve_paged_locked(Pool pool, Stream stream, std::siz
   try {
     base = backend_.reserve_address_range(size, page_);
   } catch (const std::exception& error) {
-    log_warning(detail::concat("reserving ", format_bytes(size), " of device address space failed: ",
+    log_warning(detail::concat("reserving ", format_bytes(size),
+                               " of device address space failed: ",
                                error.what()));
     return nullptr;
   }
@@ -473,7 +486,8 @@ bool CachingAllocator::release_paged_locked() {
   return released;
 }
 
-void CachingAllocator::snapshot_paged_segment(const Segment& segment, AllocatorSnapshot& out) const {
+void CachingAllocator::snapshot_paged_segment(const Segment& segment,
+                                              AllocatorSnapshot& out) const {
   // Each run of mapped pages is reported as a segment, as torch reports an expandable segment's
   // mapped part: runs start and end at holes, which are page-aligned, so blocks tile each run.
   SegmentSnapshot* shot = nullptr;

@@ -218,6 +218,21 @@ TEST(PagedStitching, TheFreeBlockAfterTheChosenHoleCanGiveItsPages) {
   allocator.free(c);
 }
 
+TEST(PagedStitching, PagesMovedWithAnOversizeClassLeaveCacheTheCacheCanUse) {
+  // Surplus pages mapped after a request stay below the oversize class, so later small
+  // requests use them instead of moving the same pages again and again.
+  HostBackend backend(device_of(1024 * MiB));
+  CachingAllocator allocator(
+      backend, parse_allocator_config("virtual_memory:on,max_split_size_mb:24,reserve_headroom:0"));
+  const Stream other = backend.create_stream();
+  allocator.free(allocator.malloc(60 * MiB, other));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 12; ++i) blocks.push_back(allocator.malloc(3 * MiB));
+  EXPECT_LE(allocator.stats().num_unmaps, 30) << "the 60 MiB block's pages moved once";
+  for (void* block : blocks) allocator.free(block);
+  allocator.check_invariants();
+}
+
 TEST(PagedStitching, ASmallRequestMovesAFewPagesNotAWholeHugeBlock) {
   HostBackend backend(device_of(2048 * MiB));
   CachingAllocator allocator(backend,
