@@ -36,8 +36,7 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
   // Choose the hole needing the fewest new pages (Note [Paged pool]).
   struct Choice {
     Block* hole = nullptr;
-    Block* lead = nullptr;  // the free mapped block the new pages extend, if any
-    std::size_t pages = 0;
+    std::size_t pages = 0;  // new pages needed, after what a free block before the hole holds
   };
   Choice best;
   auto consider = [&](Block* hole) {
@@ -53,7 +52,7 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
     const std::size_t lacking = rounded - (lead == nullptr ? 0 : lead->size);
     const std::size_t pages = (lacking + page_ - 1) / page_;
     if (pages * page_ > hole->size) return;
-    if (best.hole == nullptr || pages < best.pages) best = {hole, lead, pages};
+    if (best.hole == nullptr || pages < best.pages) best = {hole, pages};
   };
   FreeBlockIndex& holes = holes_of(pool);
   consider(holes.best_fit(stream, rounded));
