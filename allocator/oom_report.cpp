@@ -28,6 +28,9 @@ void OomReport::describe() {
       << " (1 - largest free block / reserved but unallocated).";
   if (rounded > device_total) {
     out << " The request is larger than the whole device.";
+  } else if (device_free >= rounded && reserved <= limit && rounded <= limit - reserved) {
+    out << " The device reports room for it but refused (see the warnings logged before): a"
+           " driver, address-space or mapping-limit failure, not a lack of memory.";
   } else if (largest_free_block < rounded && reserved_unallocated >= rounded) {
     out << " Enough memory is free but not in one piece: this is fragmentation.";
   } else {
