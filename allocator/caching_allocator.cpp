@@ -187,20 +187,8 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   Block* block = nullptr;
   try {
-    Segment& segment = segments_[address];
-    segment.base = address;
-    segment.size = size;
-    segment.stream = stream;
-    segment.pool = pool;
-    segment.context = context;
-    block = arena_.acquire();
-    block->address = address;
-    block->size = size;
-    block->stream = stream;
-    block->segment = &segment;
-    segment.first = block;
+    block = add_segment_locked(address, size, stream, pool, context, /*paged=*/false);
   } catch (...) {
-    segments_.erase(address);
     backend_.free_segment(base);
     throw;
   }
@@ -209,6 +197,31 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
   stats_.reserved_bytes.update(pool, as_signed(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.update(1);
   record_locked(TraceAction::kSegmentAlloc, address, size, stream, context);
+  return block;
+}
+
+Block* CachingAllocator::add_segment_locked(std::uintptr_t base, std::size_t size, Stream stream,
+                                            Pool pool, std::uint64_t context, bool paged) {
+  Segment& segment = segments_[base];
+  segment.base = base;
+  segment.size = size;
+  segment.stream = stream;
+  segment.pool = pool;
+  segment.context = context;
+  segment.paged = paged;
+  Block* block = nullptr;
+  try {
+    block = arena_.acquire();
+  } catch (...) {
+    segments_.erase(base);
+    throw;
+  }
+  block->address = base;
+  block->size = size;
+  block->stream = stream;
+  block->segment = &segment;
+  block->mapped = !paged;
+  segment.first = block;
   return block;
 }
 

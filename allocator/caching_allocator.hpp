@@ -180,6 +180,10 @@ class CachingAllocator {
                                  std::uint64_t context);
   // `fresh`: the block was just formed by the paged path (its remainder may be split off even
   // for an oversize request).
+  // Records a segment (paged: an address reservation) over [base, base + size) and the one
+  // free block spanning it (unmapped when paged); throws with nothing recorded on failure.
+  Block* add_segment_locked(std::uintptr_t base, std::size_t size, Stream stream, Pool pool,
+                            std::uint64_t context, bool paged);
   Block* claim_locked(Block* block, std::size_t bytes, std::size_t rounded, bool oversize,
                       bool fresh, std::uint64_t context);
   void free_block_locked(Block* block);

@@ -220,26 +220,15 @@ Block* CachingAllocator::reserve_paged_locked(Pool pool, Stream stream, std::siz
   const auto start = reinterpret_cast<std::uintptr_t>(base);
   Block* hole = nullptr;
   try {
-    Segment& segment = segments_[start];
-    segment.base = start;
-    segment.size = size;
-    segment.stream = stream;
-    segment.pool = pool;
-    segment.context = context;
-    segment.paged = true;
-    hole = arena_.acquire();
-    hole->address = start;
-    hole->size = size;
-    hole->stream = stream;
-    hole->segment = &segment;
-    hole->mapped = false;
-    segment.first = hole;
+    hole = add_segment_locked(start, size, stream, pool, context, /*paged=*/true);
     if (std::find(paged_streams_.begin(), paged_streams_.end(), stream) == paged_streams_.end()) {
       paged_streams_.push_back(stream);
     }
   } catch (...) {
-    if (hole != nullptr) arena_.recycle(hole);
-    segments_.erase(start);
+    if (hole != nullptr) {
+      arena_.recycle(hole);
+      segments_.erase(start);
+    }
     backend_.release_address_range(base, size);
     throw;
   }
