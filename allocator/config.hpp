@@ -24,9 +24,10 @@
 //                         needed) before new ones are made. Moving costs map/unmap calls (and
 //                         a wait for the stream that last used the page), creating costs
 //                         memory. Default: 0.02, the best of the values measured (0 to 1) on
-//                         the recorded traces: both the reserve with room to spare and the
-//                         smallest device that fits stay within 2 per cent of the peak in use
-//                         (bench/results). 1 creates whenever the device has room.
+//                         the recorded traces: the reserve with room to spare stays within
+//                         2.1 per cent of the peak in use and the smallest device that fits
+//                         within 2 per cent (bench/results). 1 creates whenever the device has
+//                         room.
 //
 // An empty string gives the defaults. Unknown keys, repeated keys and bad values throw
 // LogicError naming the key and what was expected: a typo never passes silently.
