@@ -48,9 +48,9 @@
 //   3. new physical memory up to the limit.
 // Ranges built this way stay mapped and cached after their blocks are freed, so a training
 // loop that repeats its allocations finds them again. A loop whose layout still makes it move
-// pages step after step is caught by counting: each time stitching has moved half as many pages
-// as the most ever in use, without that peak rising, the allowance for new pages grows by 1% of
-// the peak, until the layout fits and the moves stop; so steady training makes no map or unmap
+// pages step after step is caught by counting: each time stitching has moved an eighth as many
+// pages as the most ever in use, without that peak rising, the allowance for new pages grows
+// by 1% of the peak, until the layout fits and the moves stop; so steady training makes no map or unmap
 // calls once warm, at the cost of a little memory only where the layout needs it. Live
 // mappings are bounded by reserved bytes / page size. empty_cache unmaps and releases every
 // page under free mapped blocks and returns reservations with nothing mapped; the miss path

@@ -316,10 +316,10 @@ std::size_t CachingAllocator::steal_pages_locked(std::size_t count, const Block*
     const std::size_t take = pages <= kWholeVictimFactor * missing ? pages : missing;
     unmap_pages_locked(victim, last - take * page_, last, out);
     moved_pages_ += out.size() - had;
-    // A loop that has moved half as many pages as it uses without needing more memory churns:
+    // A loop that has moved an eighth of the pages it uses without needing more memory churns:
     // allow it 1% more reserve, and again each time it moves that much more, until its layout
     // fits and the moves stop (Note [Paged pool]).
-    if (2 * moved_pages_ * page_ >= active_high_water_) {
+    if (8 * moved_pages_ * page_ >= active_high_water_) {
       learned_headroom_ += std::max(page_, active_high_water_ / 100);
       moved_pages_ = 0;
     }

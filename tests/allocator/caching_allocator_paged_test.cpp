@@ -364,8 +364,8 @@ TEST_F(StepTest, IdenticalStepsMakeNoMapOrUnmapCallsOnceWarm) {
   for (std::size_t i = 0; i < 12; ++i) weights.push_back(allocator_.malloc((i + 1) * 700 * 1024));
   const SyntheticStep step(7);
   std::vector<void*> gradients(step.gradient_sizes.size(), nullptr);
-  // Warm-up: the first steps move pages; each time they have moved half the working set without
-  // it growing, the reserve may grow by 1%, until the layout settles.
+  // Warm-up: the first steps move pages; each time they have moved an eighth of the working set
+  // without it growing, the reserve may grow by 1%, until the layout settles.
   for (int warm = 0; warm < 200; ++warm) step.run(allocator_, gradients);
   const DeviceStats warm = stats();
   for (int i = 0; i < 20; ++i) step.run(allocator_, gradients);
