@@ -225,6 +225,19 @@ Block* CachingAllocator::add_segment_locked(std::uintptr_t base, std::size_t siz
   return block;
 }
 
+void CachingAllocator::split_after_locked(Block* block, std::size_t keep, Block* rest) noexcept {
+  rest->address = block->address + keep;
+  rest->size = block->size - keep;
+  rest->stream = block->stream;
+  rest->segment = block->segment;
+  rest->mapped = block->mapped;
+  rest->prev = block;
+  rest->next = block->next;
+  if (block->next != nullptr) block->next->prev = rest;
+  block->next = rest;
+  block->size = keep;
+}
+
 Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size_t rounded,
                                       bool oversize, bool fresh, std::uint64_t context) {
   const Pool pool = block->segment->pool;
@@ -238,15 +251,7 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
     }
   }
   if (rest != nullptr) {
-    rest->address = block->address + rounded;
-    rest->size = remainder;
-    rest->stream = block->stream;
-    rest->segment = block->segment;
-    rest->prev = block;
-    rest->next = block->next;
-    if (block->next != nullptr) block->next->prev = rest;
-    block->next = rest;
-    block->size = rounded;
+    split_after_locked(block, rounded, rest);
     index_of(pool).insert(*rest);
     count_inactive_split_locked(*rest, 1);
   }

@@ -184,6 +184,10 @@ class CachingAllocator {
   // free block spanning it (unmapped when paged); throws with nothing recorded on failure.
   Block* add_segment_locked(std::uintptr_t base, std::size_t size, Stream stream, Pool pool,
                             std::uint64_t context, bool paged);
+  // Cuts `block` after its first `keep` bytes (0 < keep < size); the rest goes to `rest`, a
+  // fresh block from the arena, linked after it with the same stream, segment and mapping.
+  // Neither is indexed or counted here.
+  static void split_after_locked(Block* block, std::size_t keep, Block* rest) noexcept;
   Block* claim_locked(Block* block, std::size_t bytes, std::size_t rounded, bool oversize,
                       bool fresh, std::uint64_t context);
   void free_block_locked(Block* block);

@@ -187,16 +187,7 @@ Block* CachingAllocator::adopt_mapped_pages_locked(Block* hole,
   // The mapped part of the hole becomes cache, joined to the free mapped block before it.
   holes_of(pool).erase(*hole);
   if (rest != nullptr) {
-    rest->address = start + bytes;
-    rest->size = hole->size - bytes;
-    rest->stream = hole->stream;
-    rest->segment = hole->segment;
-    rest->mapped = false;
-    rest->prev = hole;
-    rest->next = hole->next;
-    if (hole->next != nullptr) hole->next->prev = rest;
-    hole->next = rest;
-    hole->size = bytes;
+    split_after_locked(hole, bytes, rest);  // rest stays unmapped, like the hole
     holes_of(pool).insert(*rest);
   }
   hole->mapped = true;
@@ -361,37 +352,16 @@ bool CachingAllocator::unmap_pages_locked(Block* block, std::uintptr_t first, st
   // Cut the block into [head][hole][tail]; the head and tail stay cached.
   count_inactive_split_locked(*block, -1);
   index_of(pool).erase(*block);
-  auto link_after = [](Block* left, Block* right) {
-    right->prev = left;
-    right->next = left->next;
-    if (left->next != nullptr) left->next->prev = right;
-    left->next = right;
-  };
-  auto init = [&](Block* piece, std::uintptr_t begin, std::uintptr_t end, bool mapped) {
-    piece->address = begin;
-    piece->size = end - begin;
-    piece->stream = block->stream;
-    piece->segment = block->segment;
-    piece->mapped = mapped;
-  };
-  const std::uintptr_t end = block->address + block->size;
-  if (tail != nullptr) {
-    init(tail, last, end, true);
-    link_after(block, tail);
-  }
+  if (tail != nullptr) split_after_locked(block, last - block->address, tail);
   Block* hole = block;
   if (head != nullptr) {
     // block keeps the head; head (the spare) becomes the hole.
     hole = head;
-    init(hole, first, last, false);
-    block->size = first - block->address;
-    link_after(block, hole);
+    split_after_locked(block, first - block->address, hole);
     index_of(pool).insert(*block);
     count_inactive_split_locked(*block, 1);
-  } else {
-    block->size = last - first;
-    block->mapped = false;
   }
+  hole->mapped = false;
   if (tail != nullptr) {
     index_of(pool).insert(*tail);
     count_inactive_split_locked(*tail, 1);

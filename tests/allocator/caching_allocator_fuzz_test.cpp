@@ -35,6 +35,7 @@
 #include "allocator/errors.hpp"
 #include "allocator/host_backend.hpp"
 #include "allocator/log.hpp"
+#include "tests/support/quiet_log.hpp"
 
 namespace stowage {
 namespace {
@@ -100,15 +101,7 @@ HostBackendOptions fuzz_device(std::size_t capacity = std::size_t{2} << 30) {
   return options;
 }
 
-// Silences the warnings the walks provoke on purpose (failed event recording, ...).
-class QuietLog {
- public:
-  QuietLog() : previous_(set_log_sink([](std::string_view) {})) {}
-  ~QuietLog() { set_log_sink(std::move(previous_)); }
-
- private:
-  LogSink previous_;
-};
+using testing::QuietLog;
 
 struct Live {
   void* ptr;

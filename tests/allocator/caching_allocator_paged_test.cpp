@@ -15,6 +15,7 @@
 #include "allocator/errors.hpp"
 #include "allocator/host_backend.hpp"
 #include "allocator/log.hpp"
+#include "tests/support/quiet_log.hpp"
 
 namespace stowage {
 namespace {
@@ -31,15 +32,7 @@ HostBackendOptions device_of(std::size_t capacity) {
 
 std::int64_t bytes(std::size_t value) { return static_cast<std::int64_t>(value); }
 
-// Silences the warnings that injected faults provoke.
-class QuietLog {
- public:
-  QuietLog() : previous_(set_log_sink([](std::string_view) {})) {}
-  ~QuietLog() { set_log_sink(std::move(previous_)); }
-
- private:
-  LogSink previous_;
-};
+using testing::QuietLog;
 
 class PagedTest : public ::testing::Test {
  protected:
