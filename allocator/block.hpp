@@ -35,6 +35,7 @@ namespace stowage {
 enum class BlockState : std::uint8_t { kFree, kAllocated, kPendingFree };
 
 struct Segment;
+struct PrivatePool;
 
 struct Block {
   using FreeHook = boost::intrusive::set_member_hook<
@@ -69,6 +70,9 @@ struct Segment {
   Pool pool = Pool::kSmall;
   Block* first = nullptr;    // the lowest block; the list tiles [base, base + size)
   std::uint64_t context = 0;  // caller's stack handle when the segment was created
+  // The private pool the segment belongs to (Note [Private pools]); nullptr: the shared pools.
+  // A private pool's segments are never paged.
+  PrivatePool* owner = nullptr;
   // Paged segments only: the physical handle mapped at each page (0: unmapped), up to the
   // highest page mapped so far (pages past the end are unmapped).
   bool paged = false;

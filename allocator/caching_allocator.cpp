@@ -52,6 +52,7 @@ CachingAllocator::~CachingAllocator() {
   try {
     synchronize_pending_locked();
     release_cached_locked();
+    release_private_segments_locked(/*all=*/true);
   } catch (const std::exception& error) {
     log_warning(detail::concat("releasing cached memory at shutdown failed: ", error.what()));
   }
@@ -116,9 +117,19 @@ void* CachingAllocator::malloc(std::size_t bytes, Stream stream) {
 
 Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                                            std::uint64_t context) {
-  process_events_locked();
+  if (!capturing()) {
+    flush_deferred_frees_locked();
+    process_events_locked();
+  }
   const Pool pool = SizePolicy::pool_for(rounded);
   const bool oversize = rounded >= config_.max_split_size;
+  if (PrivatePool* owner = capturing() ? capture_pool_locked(stream) : nullptr) {
+    // Note [Private pools]: the pool's own blocks, else a segment of its own.
+    Block* block = find_cached_locked(pool, stream, rounded, oversize, owner);
+    if (block == nullptr) block = allocate_segment_locked(pool, stream, rounded, context, owner);
+    if (block == nullptr) return nullptr;
+    return claim_locked(block, bytes, rounded, oversize, /*fresh=*/false, context);
+  }
   // A block the paged path has just formed from new pages may be split even for an oversize
   // request: its remainder is the partial page at its end, not part of a huge cached block.
   bool fresh = false;
@@ -129,7 +140,8 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   };
   Block* block = find_cached_locked(pool, stream, rounded, oversize);
   if (block == nullptr) block = grow();
-  if (block == nullptr) {
+  // (Under capture there is no waiting for pending frees nor giving memory back.)
+  if (block == nullptr && !capturing()) {
     // Note [Miss path]: wait for pending frees (they may complete a fitting block), then give
     // wholly free segments back to the device and ask it again.
     ++stats_.num_alloc_retries;
@@ -152,8 +164,8 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
 }
 
 Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_t rounded,
-                                            bool oversize) {
-  FreeBlockIndex& index = index_of(pool);
+                                            bool oversize, PrivatePool* owner) {
+  FreeBlockIndex& index = index_of(pool, owner);
   Block* block = index.best_fit(stream, rounded);
   if (block == nullptr) return nullptr;
   // Oversize blocks serve oversize requests only, and only when they waste at most one
@@ -170,7 +182,7 @@ Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_
 }
 
 Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
-                                                 std::uint64_t context) {
+                                                 std::uint64_t context, PrivatePool* owner) {
   // The preferred size first (a medium request's shared 20 MiB segment); when the device or
   // the limit refuses it, the smallest segment that holds the block.
   const std::size_t preferred = SizePolicy::segment_size(rounded);
@@ -192,6 +204,8 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
     backend_.free_segment(base);
     throw;
   }
+  block->segment->owner = owner;
+  if (owner != nullptr) ++owner->segments;
   ++stats_.num_device_alloc;
   stats_.segment.update(pool, 1);
   stats_.reserved_bytes.update(pool, as_signed(size));
@@ -243,7 +257,7 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
   const Pool pool = block->segment->pool;
   const std::size_t remainder = block->size - rounded;
   Block* rest = nullptr;
-  if (SizePolicy::should_split(pool, remainder, oversize && !fresh, paged_)) {
+  if (SizePolicy::should_split(pool, remainder, oversize && !fresh, block->segment->paged)) {
     try {
       rest = arena_.acquire();
     } catch (const std::bad_alloc&) {
@@ -252,9 +266,16 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
   }
   if (rest != nullptr) {
     split_after_locked(block, rounded, rest);
-    index_of(pool).insert(*rest);
+    index_for(*rest).insert(*rest);
     count_inactive_split_locked(*rest, 1);
   }
+  mark_allocated_locked(block, bytes, oversize, context);
+  return block;
+}
+
+void CachingAllocator::mark_allocated_locked(Block* block, std::size_t bytes, bool oversize,
+                                             std::uint64_t context) {
+  const Pool pool = block->segment->pool;
   block->state = BlockState::kAllocated;
   block->requested = bytes;
   block->oversize = oversize;
@@ -272,7 +293,6 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
   }
   if (oversize) stats_.oversize_allocations.update(1);
   record_locked(TraceAction::kAlloc, block->address, bytes, block->stream, context);
-  return block;
 }
 
 // --- free ---
@@ -290,6 +310,17 @@ void CachingAllocator::free(void* ptr) noexcept {
                                "ignored"));
     return;
   }
+  end_allocation_locked(block, context);
+  if (!block->stream_uses.empty() && capturing()) {
+    // Events recorded now would join the capture: they are recorded when it ends.
+    block->state = BlockState::kPendingFree;
+    deferred_frees_.push_back(block);
+    return;
+  }
+  await_stream_uses_locked(block);
+}
+
+void CachingAllocator::end_allocation_locked(Block* block, std::uint64_t context) {
   allocated_.erase(*block);
   const Pool pool = block->segment->pool;
   stats_.allocation.update(pool, -1);
@@ -298,6 +329,9 @@ void CachingAllocator::free(void* ptr) noexcept {
   if (block->oversize) stats_.oversize_allocations.update(-1);
   record_locked(TraceAction::kFreeRequested, block->address, block->requested, block->stream,
                 context);
+}
+
+void CachingAllocator::await_stream_uses_locked(Block* block) {
   if (block->stream_uses.empty()) {
     free_block_locked(block);
     return;
@@ -318,7 +352,7 @@ void CachingAllocator::free(void* ptr) noexcept {
     try {
       for (const Stream use : block->stream_uses) backend_.synchronize_stream(use);
     } catch (const std::exception& second) {
-      log_warning(detail::concat("block ", ptr, " cannot be reused: recording an event failed (",
+      log_warning(detail::concat("block ", block->pointer(), " cannot be reused: recording an event failed (",
                                  error.what(), ") and so did waiting for its streams (",
                                  second.what(), ")"));
       synchronized = false;
@@ -346,7 +380,12 @@ void CachingAllocator::free_block_locked(Block* block) {
   block->oversize = false;
   block->context = 0;
   block->stream_uses.clear();
-  insert_free_locked(block);
+  Block* freed = insert_free_locked(block);
+  // A segment of a private pool nobody holds goes back as soon as it is wholly free.
+  if (const PrivatePool* owner = freed->segment->owner;
+      owner != nullptr && owner->use_count == 0 && freed->segment->is_free() && !capturing()) {
+    release_private_segments_locked(/*all=*/false);
+  }
 }
 
 Block* CachingAllocator::insert_free_locked(Block* block) {
@@ -435,6 +474,7 @@ void CachingAllocator::synchronize_pending_locked() {
 
 void CachingAllocator::release_segment_locked(Segment& segment) {
   backend_.free_segment(reinterpret_cast<void*>(segment.base));
+  if (segment.owner != nullptr) --segment.owner->segments;
   ++stats_.num_device_free;
   stats_.segment.update(segment.pool, -1);
   stats_.reserved_bytes.update(segment.pool, -as_signed(segment.size));
@@ -443,11 +483,11 @@ void CachingAllocator::release_segment_locked(Segment& segment) {
 }
 
 bool CachingAllocator::release_cached_locked() {
-  if (paged_) return release_paged_locked();
-  bool released = false;
+  bool released = release_private_segments_locked(/*all=*/false);
+  if (paged_) return release_paged_locked() || released;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment& segment = it->second;
-    if (!segment.is_free()) {
+    if (!segment.is_free() || segment.owner != nullptr) {
       ++it;
       continue;
     }
@@ -470,6 +510,10 @@ bool CachingAllocator::release_cached_locked() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
+  STOWAGE_CHECK(!capturing(), "empty_cache during a CUDA graph capture: giving memory back "
+                "needs a device synchronisation, which would break the capture; call it "
+                "before or after capturing");
+  flush_deferred_frees_locked();
   synchronize_pending_locked();
   release_cached_locked();
 }
@@ -571,6 +615,7 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
     shot.stream = segment.stream;
     shot.pool = segment.pool;
     shot.context = segment.context;
+    if (segment.owner != nullptr) shot.owner = segment.owner->id;
     for (const Block* block = segment.first; block != nullptr; block = block->next) {
       shot.blocks.push_back(
           {block->address, block->size, block->requested, block->state, block->context});
@@ -672,7 +717,8 @@ void CachingAllocator::check_invariants() const {
                             "segment ", base, " does not start with its first block");
     sum.reserved += as_signed(segment.paged ? segment.mapped_pages * page_ : segment.size);
     ++sum.segments;
-    STOWAGE_INTERNAL_ASSERT(segment.paged == paged_, "segment ", base, " is of the wrong path");
+    STOWAGE_INTERNAL_ASSERT(segment.paged == (paged_ && segment.owner == nullptr), "segment ",
+                            base, " is of the wrong path");
     if (segment.paged) {
       STOWAGE_INTERNAL_ASSERT(segment.size % page_ == 0 &&
                               segment.pages.size() <= segment.size / page_);
@@ -758,15 +804,29 @@ void CachingAllocator::check_invariants() const {
                           " blocks but segments hold ", blocks);
   STOWAGE_INTERNAL_ASSERT(allocated_blocks == allocated_.size(), "the address map holds ",
                           allocated_.size(), " blocks but ", allocated_blocks, " are allocated");
-  const std::size_t indexed =
+  std::size_t indexed =
       pools_[0].size() + pools_[1].size() + holes_[0].size() + holes_[1].size();
+  for (const auto& [id, pool] : private_pools_) {
+    indexed += pool->free[0].size() + pool->free[1].size();
+    std::size_t owned = 0;
+    for (const auto& [base, segment] : segments_) if (segment.owner == pool.get()) ++owned;
+    STOWAGE_INTERNAL_ASSERT(owned == pool->segments, "private pool (", id.first, ", ", id.second,
+                            ") counts ", pool->segments, " segments but owns ", owned);
+    for (int p = 0; p < 2; ++p) {
+      pool->free[p].for_each([&](const Block& block) {
+        STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.mapped &&
+                                    block.segment->owner == pool.get(),
+                                "a private pool's free list holds a block it should not");
+      });
+    }
+  }
   STOWAGE_INTERNAL_ASSERT(free_blocks == indexed, "the free indexes hold ", indexed,
                           " blocks but ", free_blocks, " are free");
   for (int p = 0; p < 2; ++p) {
     const Pool pool = p == 0 ? Pool::kSmall : Pool::kLarge;
     pools_[p].for_each([&](const Block& block) {
       STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.mapped &&
-                                  block.segment->pool == pool,
+                                  block.segment->pool == pool && block.segment->owner == nullptr,
                               "the free index of a pool holds a block it should not");
     });
     holes_[p].for_each([&](const Block& block) {
@@ -804,6 +864,9 @@ void CachingAllocator::check_invariants() const {
         &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
     STOWAGE_INTERNAL_ASSERT(pool_stats->stats[0].current ==
                             pool_stats->stats[1].current + pool_stats->stats[2].current);
+  }
+  for (const Block* block : deferred_frees_) {
+    STOWAGE_INTERNAL_ASSERT(block->state == BlockState::kPendingFree && block->pending_events == 0);
   }
   for (const PendingEvent& pending : pending_events_) {
     STOWAGE_INTERNAL_ASSERT(pending.block->state == BlockState::kPendingFree &&

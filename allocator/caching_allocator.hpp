@@ -56,6 +56,21 @@
 // page under free mapped blocks and returns reservations with nothing mapped; the miss path
 // does not (stitching already uses those pages).
 //
+// Note [Private pools]
+// A private pool sets memory apart for one owner: a CUDA graph being captured (its replays reuse
+// the addresses it captured, so no one else may take them), or a torch MemPool. Between
+// begin_allocate_to_pool(id, filter) and end_allocate_to_pool(id), requests on streams the
+// filter accepts are served from pool `id` alone: its own free blocks, else a new segment that
+// belongs to it (private pools use the segment path, never the paged one, so their memory
+// never moves). Their blocks, once freed, go back to that pool's free lists only. Holders share
+// a pool through its use count (create_or_incref_pool, release_pool); when it reaches zero the
+// pool's wholly free segments go back to the device, and the rest follow as their blocks are
+// freed. While any capture is under way the allocator makes no call a capture forbids: it
+// neither queries nor waits for events (frees that need events wait until the capture ends),
+// nor synchronises to move pages; a miss it cannot serve without those is an OutOfMemory.
+// checkpoint_pool / restore_pool save a pool's layout and return to it (torch's cudagraph
+// trees).
+//
 // Thread safety: every public function may be called from any thread; one std::mutex guards
 // the state. The context provider, pressure handlers and OOM observers are called without it.
 //
@@ -96,6 +111,7 @@
 #include "allocator/history.hpp"
 #include "allocator/memory_pressure.hpp"
 #include "allocator/oom_report.hpp"
+#include "allocator/private_pool.hpp"
 #include "allocator/snapshot.hpp"
 #include "allocator/stats.hpp"
 
@@ -146,8 +162,34 @@ class CachingAllocator {
   std::size_t add_oom_observer(OomObserver observer);
   void remove_oom_observer(std::size_t id);
 
+  // --- private pools (Note [Private pools]); PoolId{0, 0} is not a private pool ---
+  using StreamFilter = std::function<bool(Stream)>;
+  // Creates pool `id` with one holder, or adds a holder to it.
+  void create_or_incref_pool(PoolId id);
+  // Adds a holder to pool `id` (creating it) and routes requests on streams `filter` accepts
+  // to it until end_allocate_to_pool(id). The filter is called under the allocator's lock.
+  void begin_allocate_to_pool(PoolId id, StreamFilter filter);
+  void end_allocate_to_pool(PoolId id);
+  // Drops a holder; at zero the pool's memory goes back to the device as it becomes free.
+  void release_pool(PoolId id);
+  // The pool's holders; 0 for a pool that does not exist.
+  int pool_use_count(PoolId id) const;
+  // The allocated blocks of pool `id`, in address order.
+  std::vector<void*> pool_allocations(PoolId id) const;
+  PoolCheckpoint checkpoint_pool(PoolId id) const;
+  // Frees every allocation of the checkpoint's pool and allocates again those that were
+  // allocated at the checkpoint, at the same addresses. Throws LogicError when the pool's
+  // segments no longer match the checkpoint (nothing changed then).
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+
   // The size of the block holding an allocated pointer (its rounded size), or 0 if unknown.
   std::size_t block_size(const void* ptr) const;
+  // The device memory range an allocated pointer lies in (its segment, or on the paged path its
+  // run of mapped pages): {base, bytes}; {nullptr, 0} for a pointer this allocator did not give.
+  std::pair<void*, std::size_t> base_allocation(const void* ptr) const;
+  // The largest request that can be served now without waiting: the largest cached block of the
+  // shared large pool, or what the device and the limit would still give, whichever is larger.
+  std::size_t largest_available_block() const;
   DeviceBackend& backend() const noexcept { return backend_; }
   const AllocatorConfig& config() const noexcept { return config_; }
 
@@ -166,18 +208,43 @@ class CachingAllocator {
     Block* block;
   };
 
-  FreeBlockIndex& index_of(Pool pool) noexcept { return pools_[pool == Pool::kSmall ? 0 : 1]; }
+  FreeBlockIndex& index_of(Pool pool, PrivatePool* owner = nullptr) noexcept {
+    return owner != nullptr ? owner->index(pool) : pools_[pool == Pool::kSmall ? 0 : 1];
+  }
   FreeBlockIndex& holes_of(Pool pool) noexcept { return holes_[pool == Pool::kSmall ? 0 : 1]; }
-  // The index a free block belongs in: its pool's cache, or its pool's holes when unmapped.
+  // The index a free block belongs in: its private pool's, its pool's cache, or its pool's
+  // holes when unmapped.
   FreeBlockIndex& index_for(const Block& block) noexcept {
-    return block.mapped ? index_of(block.segment->pool) : holes_of(block.segment->pool);
+    return block.mapped ? index_of(block.segment->pool, block.segment->owner)
+                        : holes_of(block.segment->pool);
   }
 
   Block* try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                            std::uint64_t context);
-  Block* find_cached_locked(Pool pool, Stream stream, std::size_t rounded, bool oversize);
+  Block* find_cached_locked(Pool pool, Stream stream, std::size_t rounded, bool oversize,
+                            PrivatePool* owner = nullptr);
   Block* allocate_segment_locked(Pool pool, Stream stream, std::size_t rounded,
-                                 std::uint64_t context);
+                                 std::uint64_t context, PrivatePool* owner = nullptr);
+  // Marks a free, unindexed block allocated for `bytes` and counts it.
+  void mark_allocated_locked(Block* block, std::size_t bytes, bool oversize,
+                             std::uint64_t context);
+  // Takes an allocated block out of the address map and the allocation counts (free's first
+  // half; the block is then pending or freed by the caller).
+  void end_allocation_locked(Block* block, std::uint64_t context);
+  // Makes a freed block wait for events on the streams recorded with record_stream, or frees
+  // it at once when it has none.
+  void await_stream_uses_locked(Block* block);
+
+  // Private pools (caching_allocator_pools.cpp).
+  bool capturing() const noexcept { return !captures_.empty(); }
+  PrivatePool* capture_pool_locked(Stream stream) const;
+  PrivatePool* find_pool_locked(PoolId id) const;
+  PrivatePool& create_or_incref_pool_locked(PoolId id);
+  // Returns the wholly free segments of pools nobody holds (all of them when `all` is set) and
+  // forgets pools left empty; true if any segment was returned.
+  bool release_private_segments_locked(bool all);
+  // Frees that waited for a capture to end.
+  void flush_deferred_frees_locked();
   // `fresh`: the block was just formed by the paged path (its remainder may be split off even
   // for an oversize request).
   // Records a segment (paged: an address reservation) over [base, base + size) and the one
@@ -256,6 +323,9 @@ class CachingAllocator {
   BlockMap allocated_;                      // allocated blocks by address
   std::map<std::uintptr_t, Segment> segments_;  // by base address
   std::vector<PendingEvent> pending_events_;
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::vector<std::pair<PrivatePool*, StreamFilter>> captures_;  // pools being allocated to
+  std::vector<Block*> deferred_frees_;  // pending blocks whose events wait for captures to end
   std::vector<Event> spare_events_;
   DeviceStats stats_;
   History history_;

@@ -251,6 +251,8 @@ bool CachingAllocator::create_page_locked(std::vector<PhysicalHandle>& out) {
 
 std::size_t CachingAllocator::steal_pages_locked(std::size_t count, const Block* keep,
                                                  std::vector<PhysicalHandle>& out) {
+  // Moving a page waits for its stream, which a capture forbids (Note [Private pools]).
+  if (capturing()) return 0;
   // Free mapped blocks holding at least one whole page, largest first, each taken whole when
   // that moves at most kWholeVictimFactor times what is missing: the free space moves to the
   // growth front in few pieces, and a victim keeps only the partial pages it shares with live
@@ -423,7 +425,7 @@ bool CachingAllocator::release_paged_locked() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment& segment = it->second;
     Block* hole = segment.first;
-    if (segment.mapped_pages != 0 || hole->next != nullptr || overlaps_lost_range(*hole)) {
+    if (!segment.paged || segment.mapped_pages != 0 || hole->next != nullptr || overlaps_lost_range(*hole)) {
       ++it;
       continue;
     }

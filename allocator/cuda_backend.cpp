@@ -358,11 +358,27 @@ MemoryInfo CudaBackend::memory_info() {
   return info;
 }
 
+// Lets the calling thread make calls that a CUDA graph capture in the default (global) mode
+// forbids, such as cudaMalloc and the VMM calls, for the guard's lifetime; the thread's
+// previous mode comes back afterwards. A capture under way records none of these calls, so
+// memory obtained while one runs is plain device memory (as in torch's own allocator).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { clear_if_last(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCaptureMode() { clear_if_last(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // --- segments ---
 
 void* CudaBackend::try_allocate_segment(std::size_t bytes) {
   STOWAGE_CHECK(bytes > 0, "cannot allocate an empty segment");
   const DeviceGuard guard = impl_->guard();
+  const RelaxedCaptureMode relaxed;
   void* ptr = nullptr;
   const cudaError_t status = cudaMalloc(&ptr, bytes);
   if (status == cudaErrorMemoryAllocation) {
@@ -383,6 +399,7 @@ void CudaBackend::free_segment(void* ptr) {
 
 void* CudaBackend::reserve_address_range(std::size_t bytes, std::size_t alignment) {
   const DeviceGuard guard = impl_->vmm_guard();
+  const RelaxedCaptureMode relaxed;
   CUdeviceptr base = 0;
   STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_address_reserve(&base, bytes, alignment, 0, 0),
                    "cuMemAddressReserve(", bytes, " bytes, alignment ", alignment, ")");
@@ -397,6 +414,7 @@ void CudaBackend::release_address_range(void* base, std::size_t bytes) {
 
 std::optional<PhysicalHandle> CudaBackend::try_create_physical(std::size_t bytes) {
   const DeviceGuard guard = impl_->vmm_guard();
+  const RelaxedCaptureMode relaxed;
   CUmemGenericAllocationHandle handle = 0;
   const CUresult status = impl_->driver.mem_create(&handle, bytes, &impl_->allocation, 0);
   if (status == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -415,6 +433,7 @@ void CudaBackend::release_physical(PhysicalHandle handle) {
 void CudaBackend::map(void* address, std::size_t bytes, PhysicalHandle handle,
                       std::size_t handle_offset) {
   const DeviceGuard guard = impl_->vmm_guard();
+  const RelaxedCaptureMode relaxed;
   STOWAGE_CU_CHECK(*impl_,
                    impl_->driver.mem_map(to_cu(address), bytes, handle_offset, handle.value, 0),
                    "cuMemMap(", address, ", ", bytes, " bytes, offset ", handle_offset,
@@ -423,6 +442,7 @@ void CudaBackend::map(void* address, std::size_t bytes, PhysicalHandle handle,
 
 void CudaBackend::set_access(void* address, std::size_t bytes) {
   const DeviceGuard guard = impl_->vmm_guard();
+  const RelaxedCaptureMode relaxed;
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = impl_->cu_device;

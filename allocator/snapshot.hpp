@@ -10,6 +10,7 @@
 #include "allocator/backend.hpp"
 #include "allocator/block.hpp"
 #include "allocator/history.hpp"
+#include "allocator/private_pool.hpp"
 #include "allocator/size_policy.hpp"
 
 namespace stowage {
@@ -31,6 +32,7 @@ struct SegmentSnapshot {
   Stream stream;
   Pool pool = Pool::kSmall;
   bool is_expandable = false;
+  PoolId owner{0, 0};  // the private pool it belongs to; (0, 0): the shared pools
   std::uint64_t context = 0;
   std::vector<BlockSnapshot> blocks;  // address order, tiling the segment
 };

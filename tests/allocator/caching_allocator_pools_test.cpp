@@ -1,0 +1,324 @@
+// Private pools of the CachingAllocator (Note [Private pools]): what a CUDA graph capture or a
+// torch MemPool relies on. Memory allocated to a pool is never handed to anyone else, the pool
+// lives while it is held, a capture makes no event calls, and a checkpoint puts a pool back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <future>
+#include <random>
+#include <unordered_set>
+#include <vector>
+
+#include "allocator/byte_units.hpp"
+#include "allocator/caching_allocator.hpp"
+#include "allocator/errors.hpp"
+#include "allocator/host_backend.hpp"
+#include "tests/support/quiet_log.hpp"
+
+namespace stowage {
+namespace {
+
+constexpr std::size_t MiB = kMiB;
+constexpr PoolId kGraph{1, 0};
+constexpr PoolId kOtherGraph{2, 0};
+
+HostBackendOptions device_of(std::size_t capacity, bool synchronous = true) {
+  HostBackendOptions options;
+  options.capacity_bytes = capacity;
+  options.synchronous = synchronous;
+  return options;
+}
+
+// Parameterised over the two paths: private pools always use segments, next to either.
+class PoolsTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  PoolsTest() : backend_(device_of(512 * MiB)), allocator_(backend_, parse_allocator_config(GetParam())) {}
+  void TearDown() override { allocator_.check_invariants(); }
+
+  static CachingAllocator::StreamFilter only(Stream stream) {
+    return [stream](Stream s) { return s == stream; };
+  }
+  std::int64_t reserved() const { return allocator_.stats().reserved_bytes.all().current; }
+
+  HostBackend backend_;
+  CachingAllocator allocator_;
+};
+
+TEST_P(PoolsTest, RequestsOnTheCapturedStreamComeFromThePoolAlone) {
+  const Stream captured = backend_.create_stream();
+  void* shared_before = allocator_.malloc(3 * MiB);
+  allocator_.free(shared_before);  // cached in the shared pools
+
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* in_pool = allocator_.malloc(3 * MiB, captured);
+  void* elsewhere = allocator_.malloc(3 * MiB);  // another stream: the shared pools
+  allocator_.end_allocate_to_pool(kGraph);
+
+  EXPECT_NE(in_pool, shared_before) << "a private pool took memory cached in the shared pools";
+  EXPECT_EQ(elsewhere, shared_before);
+  EXPECT_EQ(allocator_.pool_allocations(kGraph), std::vector<void*>{in_pool});
+  EXPECT_EQ(allocator_.pool_use_count(kGraph), 1);
+  const AllocatorSnapshot shot = allocator_.snapshot();
+  const auto owned = std::count_if(shot.segments.begin(), shot.segments.end(),
+                                   [](const SegmentSnapshot& s) { return s.owner == kGraph; });
+  EXPECT_EQ(owned, 1);
+
+  // Freed, the pool's block is not for the shared pools, even on the captured stream...
+  allocator_.free(in_pool);
+  void* after = allocator_.malloc(3 * MiB, captured);
+  EXPECT_NE(after, in_pool);
+  // ...but the pool's next capture finds it again.
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* again = allocator_.malloc(3 * MiB, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  EXPECT_EQ(again, in_pool);
+  EXPECT_EQ(allocator_.pool_use_count(kGraph), 2);  // each capture holds the pool
+  for (void* p : {after, again, elsewhere}) allocator_.free(p);
+  allocator_.release_pool(kGraph);
+  allocator_.release_pool(kGraph);
+  EXPECT_EQ(allocator_.pool_use_count(kGraph), 0);
+}
+
+TEST_P(PoolsTest, AReleasedPoolGivesItsMemoryBackAsItsBlocksAreFreed) {
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* small = allocator_.malloc(100 * 1024, captured);
+  void* large = allocator_.malloc(30 * MiB, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  const std::int64_t held = reserved();
+  EXPECT_GE(held, static_cast<std::int64_t>(30 * MiB));
+
+  allocator_.release_pool(kGraph);  // the graph is gone, its output tensors are not
+  EXPECT_EQ(reserved(), held);
+  allocator_.empty_cache();
+  EXPECT_EQ(reserved(), held) << "empty_cache returned memory that is still in use";
+  allocator_.free(large);
+  EXPECT_LT(reserved(), held);
+  allocator_.free(small);
+  EXPECT_EQ(reserved(), 0);
+  EXPECT_EQ(allocator_.pool_use_count(kGraph), 0);
+  EXPECT_TRUE(allocator_.pool_allocations(kGraph).empty());
+}
+
+TEST_P(PoolsTest, AHeldPoolKeepsItsCacheThroughEmptyCache) {
+  const Stream captured = backend_.create_stream();
+  allocator_.create_or_incref_pool(kGraph);  // a MemPool
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* block = allocator_.malloc(8 * MiB, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  allocator_.free(block);
+  const std::int64_t held = reserved();
+  allocator_.empty_cache();
+  EXPECT_EQ(reserved(), held);
+  allocator_.release_pool(kGraph);  // the capture's hold
+  EXPECT_EQ(reserved(), held);
+  allocator_.release_pool(kGraph);  // the MemPool's
+  EXPECT_EQ(reserved(), 0);
+}
+
+TEST_P(PoolsTest, TwoGraphsSharingAPoolReuseEachOthersFreedBlocks) {
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* first = allocator_.malloc(5 * MiB, captured);
+  allocator_.free(first);  // freed inside the capture: the same capture may reuse it
+  void* second = allocator_.malloc(5 * MiB, captured);
+  EXPECT_EQ(second, first);
+  allocator_.end_allocate_to_pool(kGraph);
+  // A second graph in another pool does not see it.
+  allocator_.free(second);
+  allocator_.begin_allocate_to_pool(kOtherGraph, only(captured));
+  void* other = allocator_.malloc(5 * MiB, captured);
+  allocator_.end_allocate_to_pool(kOtherGraph);
+  EXPECT_NE(other, first);
+  allocator_.free(other);
+  allocator_.release_pool(kGraph);
+  allocator_.release_pool(kOtherGraph);
+  EXPECT_EQ(reserved(), 0);
+}
+
+TEST_P(PoolsTest, MisuseIsRefusedWithAMessage) {
+  const Stream captured = backend_.create_stream();
+  EXPECT_THROW(allocator_.end_allocate_to_pool(kGraph), LogicError);
+  EXPECT_THROW(allocator_.release_pool(kGraph), LogicError);
+  EXPECT_THROW(allocator_.begin_allocate_to_pool({0, 0}, only(captured)), LogicError);
+  EXPECT_THROW(allocator_.begin_allocate_to_pool(kGraph, {}), LogicError);
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  EXPECT_THROW(allocator_.begin_allocate_to_pool(kGraph, only(captured)), LogicError);
+  EXPECT_THROW(allocator_.empty_cache(), LogicError);
+  allocator_.end_allocate_to_pool(kGraph);
+  allocator_.release_pool(kGraph);
+  EXPECT_THROW(allocator_.checkpoint_pool(kGraph), LogicError);
+}
+
+TEST_P(PoolsTest, ACheckpointPutsThePoolBackAtTheSameAddresses) {
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* a = allocator_.malloc(2 * MiB, captured);
+  void* b = allocator_.malloc(3 * MiB, captured);
+  void* c = allocator_.malloc(1 * MiB + 512, captured);
+  allocator_.free(b);
+  const PoolCheckpoint checkpoint = allocator_.checkpoint_pool(kGraph);
+  // The pool moves on: c goes, b's space is taken by others.
+  allocator_.free(c);
+  void* d = allocator_.malloc(4 * MiB, captured);
+  void* e = allocator_.malloc(512, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  allocator_.check_invariants();
+
+  const PoolRestore restore = allocator_.restore_pool(checkpoint);
+  std::unordered_set<void*> freed(restore.freed.begin(), restore.freed.end());
+  EXPECT_EQ(freed, (std::unordered_set<void*>{a, d, e}));
+  EXPECT_EQ(restore.allocated, (std::vector<void*>{a, c}));
+  EXPECT_EQ(allocator_.pool_allocations(kGraph), (std::vector<void*>{a, c}));
+  EXPECT_EQ(allocator_.block_size(c), 1 * MiB + 512);
+  allocator_.check_invariants();
+  // The layout is the checkpoint's: the next 3 MiB request lands where b was.
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  EXPECT_EQ(allocator_.malloc(3 * MiB, captured), b);
+  allocator_.end_allocate_to_pool(kGraph);
+  allocator_.free(b);
+  allocator_.free(a);
+  allocator_.free(c);
+  allocator_.release_pool(kGraph);
+  allocator_.release_pool(kGraph);
+  EXPECT_EQ(reserved(), 0);
+}
+
+TEST_P(PoolsTest, ACheckpointOfSegmentsThatAreGoneIsRefusedAndChangesNothing) {
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* a = allocator_.malloc(2 * MiB, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  PoolCheckpoint checkpoint = allocator_.checkpoint_pool(kGraph);
+  checkpoint.segments[0].base += 4096;
+  EXPECT_THROW(allocator_.restore_pool(checkpoint), LogicError);
+  checkpoint.segments[0].base -= 4096;
+  checkpoint.segments[0].blocks[0].size += 512;
+  EXPECT_THROW(allocator_.restore_pool(checkpoint), LogicError);
+  EXPECT_EQ(allocator_.pool_allocations(kGraph), std::vector<void*>{a});
+  allocator_.free(a);
+  allocator_.release_pool(kGraph);
+}
+
+TEST_P(PoolsTest, BaseAllocationAndTheLargestAvailableBlock) {
+  void* block = allocator_.malloc(3 * MiB);
+  const auto [base, bytes] = allocator_.base_allocation(block);
+  ASSERT_NE(base, nullptr);
+  EXPECT_LE(static_cast<char*>(base), static_cast<char*>(block));
+  EXPECT_GE(static_cast<char*>(base) + bytes, static_cast<char*>(block) + 3 * MiB);
+  EXPECT_EQ(allocator_.base_allocation(static_cast<char*>(block) + 512).first, nullptr);
+  // Nothing cached: what the device still has.
+  EXPECT_EQ(allocator_.largest_available_block(), backend_.memory_info().free_bytes);
+  allocator_.set_limit(64 * MiB);
+  EXPECT_EQ(allocator_.largest_available_block(),
+            64 * MiB - static_cast<std::size_t>(reserved()));
+  allocator_.free(block);
+}
+
+TEST_P(PoolsTest, RandomCapturesKeepTheInvariantsAndNeverShareMemory) {
+  std::mt19937_64 random(7);
+  const Stream streams[2] = {backend_.create_stream(), backend_.create_stream()};
+  const PoolId pools[3] = {{1, 0}, {2, 0}, {3, 0}};
+  struct Live {
+    void* ptr;
+    std::size_t bytes;
+    PoolId pool;  // {0, 0}: shared
+  };
+  std::vector<Live> live;
+  int held[3] = {0, 0, 0};
+  int capturing = -1;
+  for (int step = 0; step < 3000; ++step) {
+    const auto op = random() % 10;
+    if (op < 5) {
+      const std::size_t bytes = std::size_t{1} << (random() % 24);
+      const Stream stream = streams[random() % 2];
+      const bool to_pool = capturing >= 0 && stream == streams[0];
+      try {
+        void* ptr = allocator_.malloc(bytes, stream);
+        live.push_back({ptr, bytes, to_pool ? pools[capturing] : PoolId{0, 0}});
+      } catch (const OutOfMemory&) {
+      }
+    } else if (op < 8 && !live.empty()) {
+      const std::size_t i = random() % live.size();
+      allocator_.free(live[i].ptr);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (op == 8) {
+      if (capturing < 0) {
+        capturing = static_cast<int>(random() % 3);
+        allocator_.begin_allocate_to_pool(pools[capturing], only(streams[0]));
+        ++held[capturing];
+      } else {
+        allocator_.end_allocate_to_pool(pools[capturing]);
+        capturing = -1;
+      }
+    } else {
+      const auto p = random() % 3;
+      if (held[p] > (capturing == static_cast<int>(p) ? 1 : 0)) {
+        allocator_.release_pool(pools[p]);
+        --held[p];
+      }
+    }
+    // No two live allocations overlap, and each pool's allocations are exactly its own.
+    allocator_.check_invariants();
+    for (int p = 0; p < 3; ++p) {
+      std::vector<void*> expected;
+      for (const Live& l : live) {
+        if (l.pool == pools[p]) expected.push_back(l.ptr);
+      }
+      std::vector<void*> actual = allocator_.pool_allocations(pools[p]);
+      std::sort(expected.begin(), expected.end());
+      std::sort(actual.begin(), actual.end());
+      ASSERT_EQ(actual, expected) << "step " << step;
+    }
+  }
+  if (capturing >= 0) allocator_.end_allocate_to_pool(pools[capturing]);
+  for (const Live& l : live) allocator_.free(l.ptr);
+  for (int p = 0; p < 3; ++p) {
+    while (held[p]-- > 0) allocator_.release_pool(pools[p]);
+  }
+  allocator_.empty_cache();
+  EXPECT_EQ(reserved(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothPaths, PoolsTest,
+                         ::testing::Values("virtual_memory:off", "virtual_memory:on"),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param).find("off") != std::string::npos
+                                      ? "Segments"
+                                      : "Paged";
+                         });
+
+TEST(PoolsCaptureTest, ACaptureMakesNoEventCallsAndFreesWaitUntilItEnds) {
+  // An asynchronous device: a stream held busy keeps a recorded block pending.
+  HostBackend backend(device_of(256 * MiB, /*synchronous=*/false));
+  CachingAllocator allocator(backend);
+  const Stream side = backend.create_stream();
+  const Stream captured = backend.create_stream();
+  void* shared = allocator.malloc(4 * MiB);
+  allocator.record_stream(shared, side);
+
+  allocator.begin_allocate_to_pool(kGraph, [&](Stream s) { return s == captured; });
+  const auto events_before = backend.faults().calls(BackendCall::kRecordEvent);
+  allocator.free(shared);  // needs an event on `side`: deferred
+  void* in_pool = allocator.malloc(MiB, captured);
+  void* other = allocator.malloc(4 * MiB);
+  EXPECT_NE(other, shared) << "a block still in use on another stream was handed out";
+  EXPECT_EQ(backend.faults().calls(BackendCall::kRecordEvent), events_before)
+      << "an event was recorded during a capture";
+  allocator.end_allocate_to_pool(kGraph);
+  allocator.check_invariants();
+
+  // After the capture the deferred free records its event and completes.
+  void* next = allocator.malloc(512);
+  EXPECT_GT(backend.faults().calls(BackendCall::kRecordEvent), events_before);
+  backend.synchronize_device();
+  allocator.empty_cache();
+  for (void* p : {in_pool, other, next}) allocator.free(p);
+  allocator.release_pool(kGraph);
+  allocator.empty_cache();
+  allocator.check_invariants();
+  EXPECT_EQ(allocator.stats().reserved_bytes.all().current, 0);
+}
+
+}  // namespace
+}  // namespace stowage
