@@ -297,6 +297,16 @@ void CachingAllocator::mark_allocated_locked(Block* block, std::size_t bytes, bo
 
 // --- free ---
 
+bool CachingAllocator::free_if_owned(void* ptr) noexcept {
+  if (ptr == nullptr) return false;
+  {
+    std::lock_guard lock(mutex_);
+    if (allocated_.find(reinterpret_cast<std::uintptr_t>(ptr)) == nullptr) return false;
+  }
+  free(ptr);
+  return true;
+}
+
 void CachingAllocator::free(void* ptr) noexcept {
   if (ptr == nullptr) return;
   const std::uint64_t context = context_for_history();
@@ -545,6 +555,11 @@ std::size_t CachingAllocator::limit() const {
   return limit_locked();
 }
 
+double CachingAllocator::memory_fraction() const {
+  std::lock_guard lock(mutex_);
+  return memory_fraction_;
+}
+
 // --- stats, history, snapshot ---
 
 DeviceStats CachingAllocator::stats() const {
@@ -595,8 +610,22 @@ std::uint64_t CachingAllocator::context_for_history() const noexcept {
 
 void CachingAllocator::record_locked(TraceAction action, std::uintptr_t address, std::size_t size,
                                      Stream stream, std::uint64_t context) {
-  if (!history_.enabled()) return;
-  history_.record({action, address, size, stream, History::now_us(), context});
+  if (!history_.enabled() && trace_listeners_.empty()) return;
+  const TraceEntry entry{action, address, size, stream, History::now_us(), context};
+  for (const TraceListener& listener : trace_listeners_) {
+    try {
+      listener(entry);
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("a trace listener threw: ", error.what()));
+    }
+  }
+  if (history_.enabled()) history_.record(entry);
+}
+
+void CachingAllocator::add_trace_listener(TraceListener listener) {
+  STOWAGE_CHECK(static_cast<bool>(listener), "add_trace_listener needs a function");
+  std::lock_guard lock(mutex_);
+  trace_listeners_.push_back(std::move(listener));
 }
 
 AllocatorSnapshot CachingAllocator::snapshot() const {

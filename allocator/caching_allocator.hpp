@@ -133,6 +133,9 @@ class CachingAllocator {
   void* malloc(std::size_t bytes, Stream stream = {});
   // Returns memory from malloc; nullptr is ignored. Never throws.
   void free(void* ptr) noexcept;
+  // free() for a pointer that may belong to another allocator (one per device): false, with
+  // nothing counted or logged, when it is not one of this allocator's live allocations.
+  bool free_if_owned(void* ptr) noexcept;
   // `stream` uses the block at ptr as well; its free waits for that stream's work so far.
   void record_stream(void* ptr, Stream stream);
   // Waits for pending frees, then returns every wholly free cached segment to the device.
@@ -144,6 +147,7 @@ class CachingAllocator {
   void set_limit(std::size_t bytes);
   // The cap in force: the smaller of the two settings and the device's total.
   std::size_t limit() const;
+  double memory_fraction() const;
 
   DeviceStats stats() const;
   void reset_peak_stats();
@@ -154,6 +158,11 @@ class CachingAllocator {
   // need no lock); set it once, or rarely.
   void set_context_provider(ContextProvider provider);
   AllocatorSnapshot snapshot() const;
+  bool history_enabled() const noexcept { return history_on_.load(std::memory_order_relaxed); }
+  // Listeners hear of every event as it happens, history on or not, under the allocator's lock:
+  // they must not call the allocator. Kept until the allocator is destroyed.
+  using TraceListener = std::function<void(const TraceEntry&)>;
+  void add_trace_listener(TraceListener listener);
 
   // Handlers are not owned; remove one before destroying it.
   void add_pressure_handler(MemoryPressureHandler* handler);
@@ -325,7 +334,8 @@ class CachingAllocator {
   std::vector<PendingEvent> pending_events_;
   std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
   std::vector<std::pair<PrivatePool*, StreamFilter>> captures_;  // pools being allocated to
-  std::vector<Block*> deferred_frees_;  // pending blocks whose events wait for captures to end
+  std::vector<Block*> deferred_frees_;
+  std::vector<TraceListener> trace_listeners_;  // pending blocks whose events wait for captures to end
   std::vector<Event> spare_events_;
   DeviceStats stats_;
   History history_;

@@ -462,6 +462,7 @@ void CachingAllocator::snapshot_paged_segment(const Segment& segment,
       shot->stream = segment.stream;
       shot->pool = segment.pool;
       shot->context = segment.context;
+      shot->is_expandable = true;
     }
     shot->total_size += block->size;
     shot->blocks.push_back({block->address, block->size, block->requested, block->state,

@@ -14,7 +14,7 @@
 namespace stowage {
 
 // torch's MempoolId_t: (0, 0) names the shared pools; any other pair a private pool.
-using PoolId = std::pair<std::uint64_t, std::uint64_t>;
+using PoolId = std::pair<unsigned long long, unsigned long long>;  // NOLINT(google-runtime-int)
 
 // One private pool's free blocks, apart from everyone else's. Owned by the CachingAllocator
 // and guarded by its lock; a pool lives while its use count is positive or it holds segments.

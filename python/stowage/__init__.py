@@ -6,6 +6,7 @@ safe snapshot loader, the trace recorder, and the ``stowage`` command.
 
 from stowage._core import __version__, format_bytes, parse_byte_size
 from stowage.memory import (
+    c_library_path,
     disable,
     dump_snapshot,
     empty_cache,
@@ -25,6 +26,7 @@ from stowage.memory import (
 
 __all__ = [
     "__version__",
+    "c_library_path",
     "disable",
     "dump_snapshot",
     "empty_cache",

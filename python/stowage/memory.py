@@ -1,8 +1,16 @@
 """The memory API: stowage's counterpart of torch.cuda's memory functions.
 
 The names and meanings follow torch.cuda (memory_stats keys, memory_summary's layout, the
-snapshot dict), so code and tools written for one read the other. The API is the same in CPU
-mode, where stowage is torch's CPU allocator over a simulated device of a chosen capacity::
+snapshot dict), so code and tools written for one read the other. On a GPU, stowage is torch's
+CUDA allocator, and torch.cuda's own functions report the same figures::
+
+    import torch, stowage
+    stowage.enable()                           # or STOWAGE_ALLOC_CONF="" in the environment
+    ...
+    torch.cuda.memory_stats() == stowage.memory_stats() minus stowage's extra keys
+
+The API is the same in CPU mode, where stowage is torch's CPU allocator over a simulated device
+of a chosen capacity::
 
     import stowage, torch
     stowage.enable(device="cpu", capacity="4GiB")
@@ -53,6 +61,8 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
     """Makes stowage the allocator of ``device``.
 
     ``conf`` is the ``key:value,key:value`` allocator configuration (as STOWAGE_ALLOC_CONF).
+    device="cuda" makes stowage torch's CUDA allocator; it must come before CUDA is initialised
+    (the first CUDA tensor), as setting STOWAGE_ALLOC_CONF does by itself.
     device="cpu" installs stowage as torch's CPU allocator over a simulated device of
     ``capacity`` bytes ("4GiB" or an int); CPU tensors allocated afterwards count against it.
     """
@@ -66,11 +76,50 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
         _torch_module().enable_cpu(size, config)
         return
     if device == "cuda":
-        raise RuntimeError(
-            "stowage.enable(device='cuda') needs stowage's CUDA integration, which this build of "
-            "stowage does not have; device='cpu' runs models on a simulated device"
-        )
+        _enable_cuda(config)
+        return
     raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+
+
+def _enable_cuda(config: str) -> None:
+    import torch
+
+    module = _torch_module()
+    if not module.has_cuda:
+        raise RuntimeError(
+            f"this build of stowage has no CUDA allocator for torch {torch.__version__} (it needs "
+            "the CUDA toolkit at build time and torch "
+            f"{module.cuda_torch_versions or '2.11'}); with other torch versions use "
+            "torch.cuda.memory.CUDAPluggableAllocator(stowage.c_library_path(), "
+            "'stowage_malloc', 'stowage_free')"
+        )
+    if module.cuda_enabled():
+        if module.cuda_configuration() != config:
+            raise RuntimeError(
+                f"stowage is already torch's CUDA allocator with configuration "
+                f"'{module.cuda_configuration()}'; it cannot change to '{config}' in this process"
+            )
+        return
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA is already initialised in this process, so torch keeps its own allocator. "
+            "Enable stowage before the first CUDA tensor: set STOWAGE_ALLOC_CONF (empty for the "
+            "defaults) in the environment, or call stowage.enable() right after importing torch"
+        )
+    module.enable_cuda(config)
+
+
+def c_library_path() -> str:
+    """The path of libstowage.so, for torch builds stowage's own allocator does not support::
+
+    a = torch.cuda.memory.CUDAPluggableAllocator(stowage.c_library_path(),
+                                                 "stowage_malloc", "stowage_free")
+    torch.cuda.memory.change_current_allocator(a)
+    """
+    module = _torch_module()
+    if not module.has_cuda:
+        raise RuntimeError("this build of stowage has no CUDA support (no CUDA toolkit at build time)")
+    return str(module.c_library_path())
 
 
 def disable() -> None:
@@ -79,20 +128,40 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
-    return bool(_torch_module().is_enabled())
+    """Whether stowage is torch's CUDA allocator, or its CPU allocator (CPU mode)."""
+    module = _torch_module()
+    return bool(module.cuda_enabled() or module.is_enabled())
+
+
+_CPU = -1
 
 
 def _module() -> Any:
     module = _torch_module()
-    if not module.was_enabled():
-        raise RuntimeError("stowage is not enabled: call stowage.enable(device='cpu', capacity=...) first")
+    if not module.cuda_enabled() and not module.was_enabled():
+        raise RuntimeError(
+            "stowage is not enabled: call stowage.enable() (a GPU) or "
+            "stowage.enable(device='cpu', capacity=...) first"
+        )
     return module
+
+
+def _index(device: Any) -> int:
+    """-1 for CPU mode, else the CUDA device index (the current device for None)."""
+    module = _module()
+    if device is not None and str(device) == "cpu":
+        return _CPU
+    if not module.cuda_enabled():
+        return _CPU
+    import torch
+
+    return int(torch.cuda._get_device_index(device, optional=True))
 
 
 def memory_stats(device: Any = None) -> OrderedDict[str, int]:
     """The allocator's statistics under torch.cuda.memory_stats()'s keys, sorted by key (the C++
     side lists them in that order)."""
-    return OrderedDict(_module().memory_stats())
+    return OrderedDict(_module().memory_stats(_index(device)))
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -112,27 +181,50 @@ def max_memory_reserved(device: Any = None) -> int:
 
 
 def reset_peak_stats(device: Any = None) -> None:
-    _module().reset_peak_stats()
+    _module().reset_peak_stats(_index(device))
 
 
 def reset_accumulated_stats(device: Any = None) -> None:
-    _module().reset_accumulated_stats()
+    _module().reset_accumulated_stats(_index(device))
 
 
 def empty_cache() -> None:
-    """Returns every wholly free cached segment to the device."""
-    _module().empty_cache()
+    """Returns cached memory to the device (on the paged path, every free page)."""
+    module = _module()
+    if module.cuda_enabled():
+        import torch
+
+        torch.cuda.empty_cache()  # every device, as torch does
+    else:
+        module.empty_cache(_CPU)
 
 
 def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
     """Records alloc, free, segment and oom events with the Python stack ("python") or Python and
-    C++ stacks ("all"), keeping the newest ``max_entries``. enabled=False stops and forgets."""
-    _module().record_history(enabled, stacks, max_entries)
+    C++ stacks ("all"), keeping the newest ``max_entries``. enabled=False stops and forgets.
+    On a GPU this is torch.cuda.memory._record_memory_history, which stowage serves."""
+    module = _module()
+    if module.cuda_enabled():
+        import torch
+
+        if stacks not in ("python", "all"):
+            raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
+        torch.cuda.memory._record_memory_history(
+            "all" if enabled else None, context="all", stacks=stacks, max_entries=max_entries
+        )
+        return
+    module.record_history(enabled, stacks, max_entries)
 
 
 def snapshot() -> dict[str, Any]:
-    """torch.cuda.memory._snapshot()'s dict: segments with blocks, device_traces, settings."""
-    return _module().snapshot()
+    """torch.cuda.memory._snapshot()'s dict: segments with blocks, device_traces, settings.
+    On a GPU it is torch.cuda.memory._snapshot() itself, which stowage serves."""
+    module = _module()
+    if module.cuda_enabled():
+        import torch
+
+        return dict(torch.cuda.memory._snapshot())
+    return module.snapshot()
 
 
 def dump_snapshot(path: str | Path) -> None:
@@ -161,9 +253,13 @@ def _format_count(count: int, reference: int) -> str:
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """The statistics as a table in torch.cuda.memory_summary()'s layout."""
     stats = memory_stats(device)
-    capacity = _module().capacity()
+    index = _index(device)
+    capacity = _module().capacity(index)
     lines = ["=" * 75]
-    title = f"stowage memory summary, simulated device of {_core.format_bytes(capacity)}"
+    if index == _CPU:
+        title = f"stowage memory summary, simulated device of {_core.format_bytes(capacity)}"
+    else:
+        title = f"stowage memory summary, CUDA device {index} ({_core.format_bytes(capacity)})"
     lines.append(f"{title:^75}")
     lines.append("-" * 75)
     counters = f"OOMs: {stats['num_ooms']:<12d} |  device alloc retries: {stats['num_alloc_retries']}"

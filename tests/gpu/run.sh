@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Builds stowage on the GPU test machine and runs everything that needs a GPU there: the whole
-# CTest suite (the CUDA conformance cases run instead of skipping), the self-check, and the
-# backend and allocator benchmarks. Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for
-# bench/results/.
+# Builds stowage on the GPU test machine and runs everything that needs a GPU there, in stages:
+#   build   configure and build the C++ tree (CUDA on), and install the Python package into the
+#           machine's python3 (stowage as torch's CUDA allocator, its .pth hook, libstowage.so)
+#   test    the CTest suite (the CUDA cases run instead of skipping), the self-check, and the
+#           torch suite tests/gpu/python (stowage as torch's CUDA allocator)
+#   bench   the end-to-end figures: a GPT-2-small training step and host time per allocation,
+#           stowage beside torch's native allocator in the same run; then the backend and
+#           allocator micro-benchmarks (skip them with STOWAGE_GPU_MICRO=0)
+# Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for bench/results/.
 #
-#   tools/fetch-gpu-deps          # here, once: C++ test libraries as .debs into .gpu-deps/
-#   tests/gpu/run.sh [OUTDIR]     # there, from the repository root, with .gpu-deps carried
+#   tools/fetch-gpu-deps                        # here, once: C++ test libraries as .debs
+#   tests/gpu/run.sh [OUTDIR] [build test bench]  # there, from the repository root, with
+#                                               # .gpu-deps carried; no stages given: all three
 #
-# The machine has CUDA 13, CMake, a C++ compiler and python3 with torch 2.11, but no package
-# registry: GoogleTest, Google Benchmark and hwloc come from the carried .debs, unpacked into a
-# private prefix (never into /).
+# The machine has CUDA 13, CMake, a C++ compiler and python3 with torch 2.11, pybind11 and
+# scikit-build-core, but no package registry: GoogleTest, Google Benchmark and hwloc come from
+# the carried .debs, unpacked into a private prefix (never into /).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${1:-${OUT:-$root/build/gpu-results}}"
+shift || true
+stages=("$@")
+[[ ${#stages[@]} -eq 0 ]] && stages=(build test bench)
+wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 mkdir -p "$out"
 cd "$root"
 
@@ -43,24 +53,49 @@ export PATH="$PATH:/usr/local/cuda/bin"
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+python="$(command -v python3)"
 status=0
-if ! cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTOWAGE_WITH_CUDA=ON \
-    -DPython3_EXECUTABLE="$(command -v python3)" >"$out/configure.txt" 2>&1; then
-  echo "configure failed:"; tail -40 "$out/configure.txt"; exit 1
-fi
-grep -E "^-- stowage:" "$out/configure.txt"
-if ! cmake --build build/gpu --parallel "$(nproc)" >"$out/build.txt" 2>&1; then
-  echo "build failed:"; tail -40 "$out/build.txt"; exit 1
+if wants build; then
+  if ! cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTOWAGE_WITH_CUDA=ON \
+      -DPython3_EXECUTABLE="$python" >"$out/configure.txt" 2>&1; then
+    echo "configure failed:"; tail -40 "$out/configure.txt"; exit 1
+  fi
+  grep -E "^-- stowage:" "$out/configure.txt"
+  if ! cmake --build build/gpu --parallel "$(nproc)" >"$out/build.txt" 2>&1; then
+    echo "build failed:"; tail -40 "$out/build.txt"; exit 1
+  fi
+  if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install --no-build-isolation \
+      --no-deps --no-index --quiet --config-settings=build-dir=build/gpu-python \
+      --config-settings=cmake.define.Python3_EXECUTABLE="$python" . >"$out/install.txt" 2>&1; then
+    echo "installing the Python package failed:"; tail -40 "$out/install.txt"; exit 1
+  fi
+  "$python" -c "import stowage, stowage._torch as t; print('stowage', stowage.__version__, 'torch allocator', t.has_cuda)"
 fi
 
-build/gpu/tools/stowage_selfcheck --capacity 80 2>&1 | tee "$out/selfcheck.txt" || status=1
-ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -25
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
-  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_backend_ops.json" \
-  --benchmark_out_format=json 2>&1 | tee "$out/bench_backend_ops.txt" || status=1
-"build/gpu/bench/allocator/bench_caching_allocator" --benchmark_repetitions=5 \
-  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_caching_allocator.json" \
-  --benchmark_out_format=json 2>&1 | tee "$out/bench_caching_allocator.txt" || status=1
-echo "gpu run: $([[ $status -eq 0 ]] && echo passed || echo FAILED); results in $out"
+if wants test; then
+  build/gpu/tools/stowage_selfcheck --capacity 80 2>&1 | tee "$out/selfcheck.txt" || status=1
+  ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -25
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # Its own process: the tests enable stowage before CUDA starts (tests/gpu/python/conftest.py).
+  (cd "$root" && "$python" -m pytest tests/gpu/python -q -p no:cacheprovider --durations=10 \
+    --junitxml="$out/pytest-gpu.xml" 2>&1 | tee "$out/pytest-gpu.txt" | tail -40)
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+
+if wants bench; then
+  "$python" bench/e2e/gpt2_step.py --compare --json "$out/gpt2_step.json" 2>&1 | tee "$out/gpt2_step.txt" || status=1
+  "$python" bench/e2e/gpt2_step.py --compare --varlen --json "$out/gpt2_step_varlen.json" 2>&1 \
+    | tee "$out/gpt2_step_varlen.txt" || status=1
+  "$python" bench/e2e/host_alloc_time.py --compare --json "$out/host_alloc_time.json" 2>&1 \
+    | tee "$out/host_alloc_time.txt" || status=1
+  if [[ "${STOWAGE_GPU_MICRO:-1}" != 0 ]]; then
+    build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
+      --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_backend_ops.json" \
+      --benchmark_out_format=json >"$out/bench_backend_ops.txt" 2>&1 || status=1
+    build/gpu/bench/allocator/bench_caching_allocator --benchmark_repetitions=5 \
+      --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_caching_allocator.json" \
+      --benchmark_out_format=json >"$out/bench_caching_allocator.txt" 2>&1 || status=1
+  fi
+fi
+echo "gpu run (${stages[*]}): $([[ $status -eq 0 ]] && echo passed || echo FAILED); results in $out"
 exit $status

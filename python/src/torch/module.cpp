@@ -1,5 +1,7 @@
-// stowage._torch: the parts of stowage that live inside PyTorch (CPU mode now; the CUDA
-// integration later). Built only where torch is found; links only torch's libc10.
+// stowage._torch: the parts of stowage that live inside PyTorch: CPU mode, stowage as torch's
+// CUDA allocator (when built with CUDA for a supported torch), and the memory API behind both.
+// Memory functions take a device: -1 for CPU mode, else a CUDA device index.
+#include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +13,12 @@
 #include "python/src/torch/snapshot_dict.hpp"
 #include "python/src/torch/stack_table.hpp"
 
+#ifdef STOWAGE_TORCH_CUDA
+#include "allocator/c_api.h"
+#include "allocator/cuda_allocators.hpp"
+#include "python/src/torch/cuda_allocator.hpp"
+#endif
+
 namespace py = pybind11;
 
 namespace {
@@ -18,22 +26,34 @@ namespace {
 using stowage::CachingAllocator;
 namespace cpu = stowage::torch_cpu;
 
+constexpr int kCpu = -1;
+
 cpu::StackTable& stacks() { return cpu::stack_table(); }
 
-CachingAllocator& enabled_allocator() {
-  CachingAllocator* allocator = cpu::allocator();
-  STOWAGE_CHECK(allocator != nullptr, "stowage is not enabled: call stowage.enable(device='cpu', "
-                "capacity=...) first");
-  return *allocator;
+CachingAllocator& allocator_for(int device) {
+  if (device == kCpu) {
+    CachingAllocator* allocator = cpu::allocator();
+    STOWAGE_CHECK(allocator != nullptr, "stowage is not enabled: call stowage.enable(device='cpu', "
+                  "capacity=...) first");
+    return *allocator;
+  }
+#ifdef STOWAGE_TORCH_CUDA
+  STOWAGE_CHECK(stowage::torch_cuda::is_enabled(), "stowage is not torch's CUDA allocator: call "
+                "stowage.enable() or set STOWAGE_ALLOC_CONF first");
+  return stowage::cuda_allocators::get(device);
+#else
+  STOWAGE_CHECK(false, "this build of stowage has no CUDA integration (device ", device, ")");
+  return *cpu::allocator();
+#endif
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_torch, module) {
-  module.doc() = "stowage inside PyTorch: CPU mode and the memory API behind it";
+  module.doc() = "stowage inside PyTorch: CPU mode, the CUDA allocator, and the memory API";
   py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
-  // c10::Allocator's layout can change between torch releases: the Python side refuses to use
-  // this module under any other torch than the one it was compiled against.
+  // torch's allocator interfaces change between releases: the Python side refuses to use this
+  // module under any other torch than the one it was compiled against.
   module.attr("built_for_torch") = STOWAGE_BUILT_FOR_TORCH;
 
   module.def(
@@ -45,28 +65,57 @@ PYBIND11_MODULE(_torch, module) {
   module.def("disable_cpu", &cpu::disable);
   module.def("is_enabled", &cpu::is_enabled);
   module.def("was_enabled", [] { return cpu::allocator() != nullptr; });
-  module.def("memory_stats", [] {
+
+#ifdef STOWAGE_TORCH_CUDA
+  module.attr("has_cuda") = true;
+  module.attr("cuda_torch_versions") = stowage::torch_cuda::supported_torch_versions();
+  module.def("enable_cuda", &stowage::torch_cuda::enable, py::arg("config") = "");
+  module.def("cuda_enabled", &stowage::torch_cuda::is_enabled);
+  module.def("cuda_configuration", &stowage::cuda_allocators::configuration);
+  module.def("c_library_path", [] {
+    Dl_info info{};
+    STOWAGE_CHECK(::dladdr(reinterpret_cast<void*>(&stowage_malloc), &info) != 0 &&
+                      info.dli_fname != nullptr,
+                  "cannot find where libstowage.so was loaded from");
+    return std::string(info.dli_fname);
+  });
+  module.def("device_name", [](int device) {
+    return stowage::cuda_allocators::get(device).backend().properties().name;
+  });
+#else
+  module.attr("has_cuda") = false;
+  module.attr("cuda_torch_versions") = "";
+  module.def("cuda_enabled", [] { return false; });
+#endif
+
+  module.def("memory_stats", [](int device) {
     py::dict out;
-    for (const auto& [key, value] : stowage::memory_stats_entries(enabled_allocator().stats())) {
+    for (const auto& [key, value] : stowage::memory_stats_entries(allocator_for(device).stats())) {
       out[py::str(key)] = value;
     }
     return out;
-  });
-  module.def("reset_peak_stats", [] { enabled_allocator().reset_peak_stats(); });
-  module.def("reset_accumulated_stats", [] { enabled_allocator().reset_accumulated_stats(); });
-  module.def("empty_cache", [] { enabled_allocator().empty_cache(); });
-  module.def("capacity", [] { return enabled_allocator().backend().properties().total_bytes; });
+  }, py::arg("device") = kCpu);
+  module.def("reset_peak_stats", [](int device) { allocator_for(device).reset_peak_stats(); },
+             py::arg("device") = kCpu);
+  module.def("reset_accumulated_stats",
+             [](int device) { allocator_for(device).reset_accumulated_stats(); },
+             py::arg("device") = kCpu);
+  module.def("empty_cache", [](int device) { allocator_for(device).empty_cache(); },
+             py::arg("device") = kCpu);
+  module.def("capacity",
+             [](int device) { return allocator_for(device).backend().properties().total_bytes; },
+             py::arg("device") = kCpu);
   module.def(
       "record_history",
       [](bool enabled, const std::string& stacks_kind, std::size_t max_entries) {
         STOWAGE_CHECK(stacks_kind == "python" || stacks_kind == "all",
                       "stacks must be 'python' or 'all', not '", stacks_kind, "'");
         stacks().configure(true, stacks_kind == "all");
-        enabled_allocator().record_history(enabled, max_entries);
+        allocator_for(kCpu).record_history(enabled, max_entries);
       },
       py::arg("enabled"), py::arg("stacks") = "python", py::arg("max_entries") = 100000);
   module.def("snapshot", [] {
-    return stowage::python::snapshot_dict(enabled_allocator().snapshot(), stacks(),
-                                          enabled_allocator().config().to_string());
+    return stowage::python::snapshot_dict(allocator_for(kCpu).snapshot(), stacks(),
+                                          allocator_for(kCpu).config().to_string());
   });
 }

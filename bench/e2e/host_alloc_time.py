@@ -1,0 +1,268 @@
+"""Host time of one `torch.empty(n, device="cuda")` + `del`, native allocator against stowage.
+
+    python3 bench/e2e/host_alloc_time.py --allocator native|stowage [--conf KEY:VALUE,...] [--json OUT]
+    python3 bench/e2e/host_alloc_time.py --compare [--json OUT]
+
+For each size (512 B, 64 KiB, 1 MiB, 16 MiB, 256 MiB) the pair is first run --warmup times, so
+the allocator's cache holds the block (no device call is timed), then timed in --repeats runs
+of --iterations pairs each (perf_counter_ns around the whole run, the garbage collector off);
+reported are the median, p10 and p90 of the per-pair times of the runs. This is what a PyTorch
+program pays per tensor: Python and dispatcher overhead included. One allocator per process:
+--compare runs this script once per allocator and prints them side by side; its JSON holds both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+ALLOCATORS = ("native", "stowage")
+SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
+
+
+def format_size(size: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) of ``values``, linearly interpolated."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "cpu": cpu_name(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+    }
+    try:
+        import stowage
+
+        info["stowage"] = stowage.__version__
+    except ImportError:
+        info["stowage"] = None
+    return info
+
+
+def install_allocator(allocator: str, conf: str) -> None:
+    """Makes ``allocator`` torch's CUDA allocator; must run before anything initialises CUDA."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise SystemExit("CUDA was initialised before the allocator was chosen")
+    if allocator == "native":
+        if os.environ.get("STOWAGE_ALLOC_CONF") is not None:
+            raise SystemExit("--allocator native: unset STOWAGE_ALLOC_CONF, which installs stowage at import torch")
+        return
+    import stowage
+
+    if stowage.is_enabled():
+        if conf:
+            raise SystemExit("--conf and STOWAGE_ALLOC_CONF both given: use one")
+        return
+    stowage.enable(conf or None, device="cuda")
+
+
+def time_pairs(size: int, iterations: int) -> float:
+    """Nanoseconds per torch.empty(size) + del, over ``iterations`` pairs."""
+    import torch
+
+    empty, device, dtype = torch.empty, torch.device("cuda"), torch.uint8
+    start = time.perf_counter_ns()
+    for _ in range(iterations):
+        tensor = empty(size, dtype=dtype, device=device)
+        del tensor
+    return (time.perf_counter_ns() - start) / iterations
+
+
+def time_loop(iterations: int) -> float:
+    """Nanoseconds per iteration of the same loop with no allocation (the loop's own cost)."""
+    start = time.perf_counter_ns()
+    for _ in range(iterations):
+        tensor = None
+        del tensor
+    return (time.perf_counter_ns() - start) / iterations
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    install_allocator(args.allocator, args.conf)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device")
+    torch.zeros(1, device="cuda")  # initialise CUDA outside the timings
+    torch.cuda.synchronize()
+    results = []
+    gc.collect()
+    gc.disable()
+    try:
+        loop = statistics.median(time_loop(args.iterations) for _ in range(args.repeats))
+        for size in SIZES:
+            time_pairs(size, args.warmup)
+            device_calls_before = device_calls(args.allocator)
+            runs = [time_pairs(size, args.iterations) for _ in range(args.repeats)]
+            results.append({
+                "size": size,
+                "median_ns": statistics.median(runs),
+                "p10_ns": percentile(runs, 10),
+                "p90_ns": percentile(runs, 90),
+                "min_ns": min(runs),
+                "device_calls_during_timing": device_calls(args.allocator) - device_calls_before,
+            })
+    finally:
+        gc.enable()
+    return {
+        "benchmark": "host_alloc_time",
+        "allocator": args.allocator,
+        "conf": args.conf if args.allocator == "stowage" else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "machine": machine_info(),
+        "iterations": args.iterations,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "loop_overhead_ns": loop,
+        "results": results,
+    }
+
+
+def device_calls(allocator: str) -> int:
+    """Device allocations so far (cudaMalloc for native, page maps for stowage), where counted."""
+    import torch
+
+    if allocator == "stowage":
+        import stowage
+
+        return int(stowage.memory_stats().get("num_maps", 0))
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+
+
+def print_run(result: dict[str, Any]) -> None:
+    print(f"{result['allocator']} ({result['machine']['gpu']}, torch {result['machine']['torch']}): "
+          f"ns per torch.empty + del, median of {result['repeats']} x {result['iterations']}")
+    for row in result["results"]:
+        print(f"  {format_size(row['size']):>8}  median {row['median_ns']:9.0f}  p10 {row['p10_ns']:9.0f}  "
+              f"p90 {row['p90_ns']:9.0f}  device calls {row['device_calls_during_timing']}")
+
+
+def spawn(allocator: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs this script for one allocator in a fresh interpreter and returns its JSON result."""
+    environment = dict(os.environ)
+    environment.pop("STOWAGE_ALLOC_CONF", None)
+    with tempfile.TemporaryDirectory() as directory:
+        output = Path(directory) / f"{allocator}.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--allocator", allocator, "--json", str(output),
+                   "--iterations", str(args.iterations), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+        if allocator == "stowage" and args.conf:
+            command += ["--conf", args.conf]
+        completed = subprocess.run(command, env=environment)
+        if not output.exists():
+            return {"allocator": allocator, "error": f"exit status {completed.returncode}, no result"}
+        return json.loads(output.read_text())
+
+
+def compare(args: argparse.Namespace) -> int:
+    results = {name: spawn(name, args) for name in ALLOCATORS}
+    failed = [name for name, result in results.items() if "results" not in result]
+    for name in failed:
+        print(f"{name} FAILED: {results[name].get('error')}")
+    if failed:
+        return 1
+    native, ours = results["native"], results["stowage"]
+    machine = ours["machine"]
+    print(f"\nhost time per torch.empty(n, device='cuda') + del, ns, median of {args.repeats} runs of "
+          f"{args.iterations} (warm cache)")
+    print(f"{machine['gpu']}  {machine['cpu']} x{machine['cpus']}  torch {machine['torch']}  CUDA {machine['cuda']}  "
+          f"stowage {machine['stowage']}  commit {machine['commit']}  {machine['date']}\n")
+    header = f"{'size':>8}  {'native':>9}  {'p10-p90':>15}  {'stowage':>9}  {'p10-p90':>15}  {'stowage/native':>14}"
+    print(header)
+    print("-" * len(header))
+    for a, b in zip(native["results"], ours["results"]):
+        print(f"{format_size(a['size']):>8}  {a['median_ns']:9.0f}  {a['p10_ns']:7.0f}-{a['p90_ns']:<7.0f}  "
+              f"{b['median_ns']:9.0f}  {b['p10_ns']:7.0f}-{b['p90_ns']:<7.0f}  {b['median_ns'] / a['median_ns']:13.3f}x")
+    print(f"\nloop overhead (no allocation): native {native['loop_overhead_ns']:.0f} ns, "
+          f"stowage {ours['loop_overhead_ns']:.0f} ns")
+    calls = {name: sum(row["device_calls_during_timing"] for row in result["results"])
+             for name, result in results.items()}
+    print(f"device calls during the timed runs: native {calls['native']}, stowage {calls['stowage']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"benchmark": "host_alloc_time", "machine": machine, "runs": results},
+                                              indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--allocator", choices=ALLOCATORS, help="run this allocator in this process")
+    which.add_argument("--compare", action="store_true", help="run both, one process each, and compare")
+    parser.add_argument("--iterations", type=int, default=2000, help="pairs per timed run (default 2000)")
+    parser.add_argument("--repeats", type=int, default=25, help="timed runs per size (default 25)")
+    parser.add_argument("--warmup", type=int, default=200, help="untimed pairs per size first (default 200)")
+    parser.add_argument("--conf", default="", help="stowage's allocator configuration (key:value,...)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if min(args.iterations, args.repeats, args.warmup) < 1:
+        parser.error("--iterations, --repeats and --warmup must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    if args.compare:
+        return compare(args)
+    result = run(args)
+    print_run(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

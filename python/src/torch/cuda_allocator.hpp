@@ -1,0 +1,30 @@
+// stowage as torch's CUDA allocator: the C++ entry point, for the Python module (stowage.enable)
+// and for libtorch programs alike (link libstowage_torch.so, call stowage::torch_cuda::enable()
+// before the first CUDA tensor).
+//
+// The allocator is a subclass of torch's CUDAPluggableAllocator over the process's per-device
+// CachingAllocators (allocator/cuda_allocators.hpp). Besides malloc and free it implements what
+// the stock pluggable allocator refuses, so torch's memory API keeps working: device stats and
+// their resets, snapshots in torch's own structures (memory_viz reads them), history with
+// torch's stack contexts, OOM observers (OOM raises torch.OutOfMemoryError with stowage's
+// explanation), cacheInfo for cudnn.benchmark, and the private pools of CUDA graphs, MemPool and
+// cudagraph trees (Note [Private pools] in caching_allocator.hpp). CUDA IPC is not supported.
+//
+// Contract: thread-safe; the allocator, once installed, stays for the life of the process.
+#pragma once
+
+#include <string>
+
+namespace stowage::torch_cuda {
+
+// Installs stowage as torch's CUDA allocator with `config` (STOWAGE_ALLOC_CONF's syntax).
+// Must come before CUDA is initialised in the process: afterwards torch keeps the allocator it
+// has and this throws LogicError saying how to enable stowage earlier. Calling it again with the
+// same configuration does nothing.
+void enable(const std::string& config);
+// Whether stowage is torch's CUDA allocator now.
+bool is_enabled();
+// The torch versions this build's allocator was written for, e.g. "2.11".
+const char* supported_torch_versions();
+
+}  // namespace stowage::torch_cuda

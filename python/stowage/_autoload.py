@@ -1,0 +1,73 @@
+"""Installs stowage as torch's CUDA allocator when STOWAGE_ALLOC_CONF is set.
+
+``stowage_autoload.pth`` (installed beside the package) imports this module at interpreter start,
+and only when the variable is set. It does not import torch: it waits for the program to import
+torch, then enables stowage with the variable's configuration (empty: the defaults) right after
+torch's own initialisation, before any CUDA tensor can exist. A configuration stowage cannot
+use makes ``import torch`` fail with stowage's message.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from types import ModuleType
+from typing import Any, Sequence
+
+_VARIABLE = "STOWAGE_ALLOC_CONF"
+
+
+def _enable_now() -> None:
+    from stowage.memory import enable
+
+    enable(os.environ.get(_VARIABLE, ""), device="cuda")
+
+
+class _EnableAfterExec(importlib.abc.Loader):
+    """Wraps torch's loader: runs it, then enables stowage."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        _enable_now()
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._loader, name)
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Finds torch with the other finders and wraps its loader; then steps aside."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _EnableAfterExec(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    if "torch" in sys.modules:
+        _enable_now()
+    elif not any(isinstance(finder, _TorchImportHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TorchImportHook())
+
+
+if _VARIABLE in os.environ:
+    install()

@@ -1,0 +1,141 @@
+"""stowage's CUDA integration where CI can check it, without a GPU: the torch allocator and the C
+library build and load, their symbols resolve, the version check holds, and the .pth hook does
+nothing unless STOWAGE_ALLOC_CONF is set (and never imports torch itself). tests/gpu/python runs
+the rest on a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+from stowage import _torch  # noqa: E402
+
+TOOLKIT = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+needs_cuda_build = pytest.mark.skipif(not _torch.has_cuda, reason="built without the CUDA toolkit")
+
+
+def run_python(code: str, conf: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "STOWAGE_ALLOC_CONF"}
+    if conf is not None:
+        env["STOWAGE_ALLOC_CONF"] = conf
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def test_a_build_with_the_toolkit_has_the_cuda_allocator() -> None:
+    if TOOLKIT and torch.version.cuda is not None:
+        assert _torch.has_cuda, "the CUDA toolkit and a CUDA torch are here, but stowage._torch was built without CUDA"
+
+
+@needs_cuda_build
+def test_the_torch_version_is_one_the_allocator_supports() -> None:
+    supported = _torch.cuda_torch_versions.split(",")
+    assert supported == ["2.11"]
+    assert any(torch.__version__.startswith(version + ".") for version in supported)
+    assert _torch.built_for_torch == torch.__version__
+
+
+@needs_cuda_build
+def test_the_c_library_loads_with_every_symbol_resolved() -> None:
+    path = Path(stowage.c_library_path())
+    assert path.name == "libstowage.so" and path.exists()
+    library = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    for name in ("stowage_malloc", "stowage_free", "stowage_init", "stowage_reset",
+                 "stowage_set_memory_fraction", "stowage_record_stream", "stowage_base_alloc",
+                 "stowage_configure", "stowage_last_error"):
+        assert hasattr(library, name), name
+    torch_library = ctypes.CDLL(str(path.with_name("libstowage_torch.so")), mode=os.RTLD_NOW)
+    # The C++ entry point for libtorch programs: stowage::torch_cuda::enable(std::string const&).
+    assert hasattr(torch_library, "_ZN7stowage10torch_cuda6enableERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE")
+
+
+@needs_cuda_build
+def test_the_c_library_reports_failures_instead_of_crashing() -> None:
+    result = run_python(f"""
+        import ctypes, torch
+        lib = ctypes.CDLL({stowage.c_library_path()!r})
+        lib.stowage_malloc.restype = ctypes.c_void_p
+        lib.stowage_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.stowage_last_error.restype = ctypes.c_char_p
+        lib.stowage_configure.argtypes = [ctypes.c_char_p]
+        assert lib.stowage_configure(b"bogus:1") != 0
+        print(lib.stowage_last_error().decode())
+        assert lib.stowage_configure(b"reserve_headroom:0.05") == 0
+        assert lib.stowage_configure(b"reserve_headroom:0.05") == 0
+        assert lib.stowage_configure(b"") != 0
+        print(lib.stowage_last_error().decode())
+        devices = torch.cuda.device_count()
+        ptr = lib.stowage_malloc(1024, devices, None)   # one past the last device
+        assert ptr is None
+        print(lib.stowage_last_error().decode())
+        lib.stowage_free(None, 0, 0, None)
+        print("ok")
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "unknown key 'bogus'" in lines[0]
+    assert "already configured" in lines[1]
+    assert "does not exist" in lines[2]
+    assert lines[-1] == "ok"
+
+
+def test_the_pth_hook_does_nothing_without_the_variable() -> None:
+    result = run_python("""
+        import sys
+        print(sorted(m for m in ("torch", "stowage", "stowage._autoload") if m in sys.modules))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@needs_cuda_build
+def test_the_pth_hook_installs_stowage_when_torch_is_imported_and_not_before() -> None:
+    result = run_python("""
+        import sys
+        print("torch" in sys.modules, "stowage._autoload" in sys.modules)
+        import torch
+        from stowage import _torch
+        print(_torch.cuda_enabled(), _torch.cuda_configuration())
+    """, conf="reserve_headroom:0.05")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["False True", "True reserve_headroom:0.05"]
+
+
+@needs_cuda_build
+def test_a_bad_configuration_in_the_variable_fails_import_torch_with_stowages_message() -> None:
+    result = run_python("import torch", conf="virtual_memory:sometimes")
+    assert result.returncode != 0
+    assert "virtual_memory" in result.stderr and "sometimes" in result.stderr
+
+
+@needs_cuda_build
+def test_enable_installs_the_allocator_and_refuses_another_configuration() -> None:
+    result = run_python("""
+        import torch, stowage
+        stowage.enable()
+        print(stowage.is_enabled(), torch.cuda.is_initialized())
+        stowage.enable("")
+        try:
+            stowage.enable("reserve_headroom:0.5")
+        except RuntimeError as error:
+            print("refused:", error)
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "True False"
+    assert lines[1].startswith("refused:") and "cannot change" in lines[1]
+
+
+def test_enable_rejects_an_unknown_device() -> None:
+    with pytest.raises(ValueError, match="device"):
+        stowage.enable(device="tpu")
