@@ -77,7 +77,7 @@ if wants test; then
   ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -25
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   # Its own process: the tests enable stowage before CUDA starts (tests/gpu/python/conftest.py).
-  (cd "$root" && "$python" -m pytest tests/gpu/python -q -p no:cacheprovider --durations=10 \
+  (cd "$root" && "$python" -m pytest tests/gpu/python -q -p no:cacheprovider --durations=10 --timeout=240 \
     --junitxml="$out/pytest-gpu.xml" 2>&1 | tee "$out/pytest-gpu.txt" | tail -40)
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
