@@ -1,6 +1,7 @@
 #include "allocator/cuda_allocators.hpp"
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,8 @@ struct Registry {
   std::optional<std::string> config;  // normalised
   std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
   std::vector<std::function<void(int, CachingAllocator&)>> listeners;
+  std::atomic<int> made{0};
+  std::atomic<CachingAllocator*> first{nullptr};  // the first one made
 };
 
 Registry& registry() {
@@ -74,8 +77,17 @@ CachingAllocator& get(int device) {
   backend.release();  // owned by the allocator's lifetime, which is the process's
   CachingAllocator* made = allocator.release();
   slot.store(made, std::memory_order_release);
+  if (r.made.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    r.first.store(made, std::memory_order_release);
+  }
   for (const auto& listener : r.listeners) listener(device, *made);
   return *made;
+}
+
+CachingAllocator* sole() noexcept {
+  Registry& r = registry();
+  return r.made.load(std::memory_order_acquire) == 1 ? r.first.load(std::memory_order_acquire)
+                                                      : nullptr;
 }
 
 void for_each(const std::function<void(int, CachingAllocator&)>& fn) {

@@ -31,6 +31,8 @@ std::string configuration();
 CachingAllocator& get(int device);
 // Device `device`'s allocator, or nullptr if none was made yet.
 CachingAllocator* find(int device) noexcept;
+// The allocator when exactly one has been made (the one-GPU case), else nullptr. Lock-free.
+CachingAllocator* sole() noexcept;
 // Calls fn for every allocator made so far, in device order.
 void for_each(const std::function<void(int device, CachingAllocator&)>& fn);
 // Called with every allocator as it is made (and at once with those already made).

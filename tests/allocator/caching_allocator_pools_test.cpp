@@ -322,3 +322,33 @@ TEST(PoolsCaptureTest, ACaptureMakesNoEventCallsAndFreesWaitUntilItEnds) {
 
 }  // namespace
 }  // namespace stowage
+
+namespace stowage {
+namespace {
+
+// The case torch's default stream makes: a block of a side stream used on Stream{0}, freed while
+// Stream{0} is busy, is not handed out again on the side stream (on either path).
+TEST(RecordStreamTest, ABlockUsedOnTheDefaultStreamWaitsForIt) {
+  for (const char* config : {"virtual_memory:off", "virtual_memory:on"}) {
+    HostBackend backend(device_of(256 * MiB, /*synchronous=*/false));
+    CachingAllocator allocator(backend, parse_allocator_config(config));
+    const Stream side = backend.create_stream();
+    void* result = allocator.malloc(16 * MiB);
+    void* x = allocator.malloc(16 * MiB, side);
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    backend.enqueue_host_function(Stream{0}, [released] { released.wait(); });
+    allocator.record_stream(x, Stream{0});
+    allocator.free(x);
+    void* y = allocator.malloc(16 * MiB, side);
+    EXPECT_NE(y, x) << config << ": reused while the default stream may still read it";
+    release.set_value();
+    backend.synchronize_device();
+    for (void* p : {result, y}) allocator.free(p);
+    allocator.empty_cache();
+    allocator.check_invariants();
+  }
+}
+
+}  // namespace
+}  // namespace stowage

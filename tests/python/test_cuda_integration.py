@@ -139,3 +139,16 @@ def test_enable_installs_the_allocator_and_refuses_another_configuration() -> No
 def test_enable_rejects_an_unknown_device() -> None:
     with pytest.raises(ValueError, match="device"):
         stowage.enable(device="tpu")
+
+
+@needs_cuda_build
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
+def test_the_allocator_is_in_the_process_once() -> None:
+    """stowage._torch and libstowage_torch.so use libstowage.so's allocator: a second copy of
+    its code (and its statics) in the same process corrupts state."""
+    package = Path(stowage.c_library_path()).parent
+    for module in [*package.glob("_torch*.so"), package / "libstowage_torch.so"]:
+        defined = subprocess.run(["nm", "-DC", "--defined-only", str(module)], capture_output=True,
+                                 text=True, check=True).stdout
+        assert "stowage::CachingAllocator::malloc" not in defined, module.name
+        assert "stowage::cuda_allocators::get" not in defined, module.name

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_set>
 #include <vector>
 
@@ -50,6 +51,10 @@ CachingAllocator& allocator_of(c10::DeviceIndex device) { return cuda_allocators
 // logs a pointer it does not know); with several, each is asked in turn.
 void delete_block(void* ptr) {
   if (ptr == nullptr) return;
+  if (CachingAllocator* only = cuda_allocators::sole()) {
+    only->free(ptr);
+    return;
+  }
   CachingAllocator* first = nullptr;
   bool freed = false;
   int devices = 0;
@@ -167,18 +172,6 @@ class StowageCudaAllocator final : public PluggableBase {
         for (const auto& observer : observers) {
           observer(device, report.allocated, report.device_total, report.device_free);
         }
-      });
-      allocator.add_trace_listener([this, device](const TraceEntry& entry) {
-        if (!has_trackers_.load(std::memory_order_acquire)) return;
-        std::vector<cda::AllocatorTraceTracker> trackers;
-        {
-          std::lock_guard lock(mutex_);
-          trackers = trace_trackers_;
-        }
-        const cda::TraceEntry torch_entry(
-            to_torch(entry.action), static_cast<c10::DeviceIndex>(device), entry.address,
-            entry.size, to_cuda_stream(entry.stream), {0, 0}, c10::getApproximateTime());
-        for (const auto& tracker : trackers) tracker(torch_entry);
       });
       allocator.set_context_provider([this] { return gather_context(); });
     });
@@ -304,7 +297,9 @@ class StowageCudaAllocator final : public PluggableBase {
       if (!include_traces || static_cast<std::size_t>(device) >= out.device_traces.size()) return;
       auto& trace = out.device_traces[static_cast<std::size_t>(device)];
       trace.reserve(shot.trace.size());
+      const std::set<cda::TraceEntry::Action> skipped = skipped_actions();
       for (const TraceEntry& entry : shot.trace) {
+        if (skipped.contains(to_torch(entry.action))) continue;
         trace.emplace_back(to_torch(entry.action), static_cast<c10::DeviceIndex>(device),
                            entry.address, entry.size, to_cuda_stream(entry.stream),
                            c10::MempoolId_t{0, 0}, clock_.approx_time_of(entry.time_us),
@@ -332,11 +327,15 @@ class StowageCudaAllocator final : public PluggableBase {
 
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      std::size_t alloc_trace_max_entries, cca::RecordContext when,
-                     bool clear_history, const std::vector<std::string>& /*skip_actions*/) override {
+                     bool clear_history, const std::vector<std::string>& skip_actions) override {
     {
       std::lock_guard lock(mutex_);
       context_recorder_ = when == cca::RecordContext::NEVER ? nullptr : context_recorder;
       max_entries_ = std::max<std::size_t>(alloc_trace_max_entries, 1);
+      skip_actions_.clear();
+      for (const std::string& name : skip_actions) {
+        skip_actions_.insert(cda::parseTraceEntryAction(name));  // names an unknown one
+      }
     }
     history_enabled_.store(enabled);
     // History is kept by every device's allocator, made now or later.
@@ -356,9 +355,25 @@ class StowageCudaAllocator final : public PluggableBase {
     oom_observers_.push_back(std::move(observer));
   }
   void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override {
-    std::lock_guard lock(mutex_);
-    trace_trackers_.push_back(std::move(tracker));
-    has_trackers_.store(true, std::memory_order_release);
+    {
+      std::lock_guard lock(mutex_);
+      trace_trackers_.push_back(std::move(tracker));
+    }
+    // Listening costs a clock reading per event, so allocators listen only once someone asks.
+    if (has_trackers_.exchange(true)) return;
+    cuda_allocators::on_create([this](int device, CachingAllocator& allocator) {
+      allocator.add_trace_listener([this, device](const TraceEntry& entry) {
+        std::vector<cda::AllocatorTraceTracker> trackers;
+        {
+          std::lock_guard lock(mutex_);
+          trackers = trace_trackers_;
+        }
+        const cda::TraceEntry torch_entry(
+            to_torch(entry.action), static_cast<c10::DeviceIndex>(device), entry.address,
+            entry.size, to_cuda_stream(entry.stream), {0, 0}, c10::getApproximateTime());
+        for (const auto& listen : trackers) listen(torch_entry);
+      });
+    });
   }
 
   // --- private pools: CUDA graphs, MemPool, cudagraph trees ---
@@ -445,6 +460,11 @@ class StowageCudaAllocator final : public PluggableBase {
     return nullptr;  // (not reached: the check throws)
   }
 
+  std::set<cda::TraceEntry::Action> skipped_actions() {
+    std::lock_guard lock(mutex_);
+    return skip_actions_;
+  }
+
   // The context provider: torch's stack for this event, when history asks for one.
   std::uint64_t gather_context() {
     cca::CreateContextFn recorder = nullptr;
@@ -476,6 +496,7 @@ class StowageCudaAllocator final : public PluggableBase {
   std::atomic<bool> has_trackers_{false};
   cca::CreateContextFn context_recorder_ = nullptr;
   std::size_t max_entries_ = 1;
+  std::set<cda::TraceEntry::Action> skip_actions_;  // left out of snapshots' traces
   std::function<void(int, CachingAllocator&)> pending_history_;
   std::atomic<bool> history_enabled_{false};
   std::atomic<bool> initialized_flag_{false};
