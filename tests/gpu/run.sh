@@ -41,6 +41,12 @@ if compgen -G ".gpu-deps/*.deb" >/dev/null; then
   export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
+# The image's default compiler ($CXX=/opt/gcc/bin/g++) links libstdc++ statically. Libraries that
+# Python loads beside torch must use the process's one libstdc++ (two copies' locale tables
+# clash: number formatting crashes), so the system compiler builds everything here.
+if [[ -x /usr/bin/g++ && -x /usr/bin/gcc ]]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -70,6 +76,8 @@ if wants build; then
     echo "installing the Python package failed:"; tail -40 "$out/install.txt"; exit 1
   fi
   "$python" -c "import stowage, stowage._torch as t; print('stowage', stowage.__version__, 'torch allocator', t.has_cuda)"
+  library="$("$python" -c "import stowage; print(stowage.c_library_path())")"
+  ldd "$library" | grep -q "libstdc++" || { echo "libstowage.so has libstdc++ linked in statically: build with the system compiler"; exit 1; }
 fi
 
 if wants test; then

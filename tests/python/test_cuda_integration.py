@@ -152,3 +152,15 @@ def test_the_allocator_is_in_the_process_once() -> None:
                                  text=True, check=True).stdout
         assert "stowage::CachingAllocator::malloc" not in defined, module.name
         assert "stowage::cuda_allocators::get" not in defined, module.name
+
+
+@needs_cuda_build
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+def test_the_libraries_share_the_process_libstdcxx() -> None:
+    """A toolchain that links libstdc++ statically gives each library its own locale tables,
+    which clash with torch's (number formatting then crashes): every library python loads must
+    use the shared libstdc++."""
+    package = Path(stowage.c_library_path()).parent
+    for module in [*package.glob("_*.so"), package / "libstowage.so", package / "libstowage_torch.so"]:
+        needed = subprocess.run(["ldd", str(module)], capture_output=True, text=True, check=True).stdout
+        assert "libstdc++" in needed, f"{module.name} links libstdc++ statically"
