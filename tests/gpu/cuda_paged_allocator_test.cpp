@@ -3,7 +3,9 @@
 // data intact across moves, release. Skips without a GPU or without virtual memory support.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <memory>
 #include <string>
 #include <utility>
@@ -91,6 +93,34 @@ TEST_F(CudaPagedTest, FreePagesAreStitchedAndLiveDataSurvives) {
   allocator.free(stitched);
   for (void* block : keep) allocator.free(block);
   allocator.check_invariants();
+}
+
+// A block of a created stream, used on the default stream (torch's usual stream) and freed while
+// that stream is busy, is not handed out again until the default stream is past the use; on
+// both paths, with a host function holding Stream{0} for 300 ms.
+TEST_F(CudaPagedTest, RecordStreamOnTheDefaultStreamHoldsTheBlock) {
+  for (const char* config : {"virtual_memory:off", "virtual_memory:on"}) {
+    CachingAllocator allocator(*backend_, parse_allocator_config(config));
+    const Stream side = backend_->create_stream();
+    void* x = allocator.malloc(16 * MiB, side);
+    backend_->enqueue_host_function(Stream{0}, [] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    });
+    allocator.record_stream(x, Stream{0});
+    allocator.free(x);
+    EXPECT_EQ(allocator.stats().active_bytes.all().current, static_cast<std::int64_t>(16 * MiB))
+        << config << ": the free did not wait for the default stream";
+    void* y = allocator.malloc(16 * MiB, side);
+    EXPECT_NE(y, x) << config << ": reused while the default stream may still use it";
+    backend_->synchronize_device();
+    allocator.free(y);
+    void* z = allocator.malloc(16 * MiB, side);  // collects the completed event
+    allocator.free(z);
+    EXPECT_EQ(allocator.stats().active_bytes.all().current, 0) << config;
+    allocator.empty_cache();
+    allocator.check_invariants();
+    backend_->destroy_stream(side);
+  }
 }
 
 }  // namespace
