@@ -159,6 +159,16 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
       block = allocate_segment_locked(pool, stream, rounded, context);
     }
   }
+  if (block == nullptr && !capturing()) {
+    // Last, the free blocks of private pools that lend theirs rather than see an OOM (torch's
+    // MemPool(use_on_oom=True)); the block stays the pool's and returns to it when freed.
+    for (auto& [id, lender] : private_pools_) {
+      if (!lender->use_on_oom) continue;
+      block = find_cached_locked(pool, stream, rounded, oversize, lender.get());
+      if (block != nullptr) break;
+    }
+    fresh = false;
+  }
   if (block == nullptr) return nullptr;
   return claim_locked(block, bytes, rounded, oversize, fresh, context);
 }
@@ -257,7 +267,8 @@ Block* CachingAllocator::claim_locked(Block* block, std::size_t bytes, std::size
   const Pool pool = block->segment->pool;
   const std::size_t remainder = block->size - rounded;
   Block* rest = nullptr;
-  if (SizePolicy::should_split(pool, remainder, oversize && !fresh, block->segment->paged)) {
+  const bool whole = block->segment->owner != nullptr && block->segment->owner->no_split;
+  if (!whole && SizePolicy::should_split(pool, remainder, oversize && !fresh, block->segment->paged)) {
     try {
       rest = arena_.acquire();
     } catch (const std::bad_alloc&) {

@@ -183,6 +183,11 @@ class CachingAllocator {
   void release_pool(PoolId id);
   // The pool's holders; 0 for a pool that does not exist.
   int pool_use_count(PoolId id) const;
+  // With use_on_oom, the pool's free blocks serve requests from outside it that would
+  // otherwise fail (after every other step of the miss path). With no_split, its blocks are
+  // handed out whole. Both throw LogicError for a pool that does not exist.
+  void set_pool_use_on_oom(PoolId id, bool use_on_oom);
+  void set_pool_no_split(PoolId id);
   // The allocated blocks of pool `id`, in address order.
   std::vector<void*> pool_allocations(PoolId id) const;
   PoolCheckpoint checkpoint_pool(PoolId id) const;

@@ -115,6 +115,22 @@ void CachingAllocator::flush_deferred_frees_locked() {
   for (Block* block : blocks) await_stream_uses_locked(block);
 }
 
+void CachingAllocator::set_pool_use_on_oom(PoolId id, bool use_on_oom) {
+  std::lock_guard lock(mutex_);
+  PrivatePool* pool = find_pool_locked(id);
+  STOWAGE_CHECK(pool != nullptr, "set_pool_use_on_oom: there is no private pool (", id.first,
+                ", ", id.second, ")");
+  pool->use_on_oom = use_on_oom;
+}
+
+void CachingAllocator::set_pool_no_split(PoolId id) {
+  std::lock_guard lock(mutex_);
+  PrivatePool* pool = find_pool_locked(id);
+  STOWAGE_CHECK(pool != nullptr, "set_pool_no_split: there is no private pool (", id.first, ", ",
+                id.second, ")");
+  pool->no_split = true;
+}
+
 std::vector<void*> CachingAllocator::pool_allocations(PoolId id) const {
   std::lock_guard lock(mutex_);
   std::vector<void*> out;

@@ -22,6 +22,8 @@ struct PrivatePool {
   PoolId id;
   int use_count = 0;          // holders: graphs and MemPools that share it
   std::size_t segments = 0;   // segments it owns
+  bool use_on_oom = false;    // its free blocks may serve others' requests rather than an OOM
+  bool no_split = false;      // its blocks are handed out whole, never cut
   FreeBlockIndex free[2];     // small, large
 
   FreeBlockIndex& index(Pool pool) noexcept { return free[pool == Pool::kSmall ? 0 : 1]; }

@@ -352,3 +352,57 @@ TEST(RecordStreamTest, ABlockUsedOnTheDefaultStreamWaitsForIt) {
 
 }  // namespace
 }  // namespace stowage
+
+namespace stowage {
+namespace {
+
+TEST(PoolOptionsTest, APoolThatLendsOnOomServesOthersAndGetsItsBlockBack) {
+  HostBackend backend(device_of(64 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:off"));
+  const Stream captured = backend.create_stream();
+  allocator.create_or_incref_pool(kGraph);
+  allocator.begin_allocate_to_pool(kGraph, [&](Stream s) { return s == captured; });
+  void* in_pool = allocator.malloc(40 * MiB, captured);
+  allocator.end_allocate_to_pool(kGraph);
+  allocator.release_pool(kGraph);  // the capture's hold; the MemPool's stays
+  allocator.free(in_pool);
+  // The device is full of the pool's cache: without lending, a request outside fails.
+  EXPECT_THROW(allocator.malloc(30 * MiB, captured), OutOfMemory);
+  allocator.set_pool_use_on_oom(kGraph, true);
+  void* borrowed = allocator.malloc(30 * MiB, captured);
+  EXPECT_EQ(borrowed, in_pool);
+  allocator.free(borrowed);
+  EXPECT_EQ(allocator.pool_allocations(kGraph), std::vector<void*>{});
+  // Back in the pool: the pool's next capture finds it.
+  allocator.begin_allocate_to_pool(kGraph, [&](Stream s) { return s == captured; });
+  EXPECT_EQ(allocator.malloc(40 * MiB, captured), in_pool);
+  allocator.end_allocate_to_pool(kGraph);
+  allocator.free(in_pool);
+  allocator.release_pool(kGraph);
+  allocator.release_pool(kGraph);
+  EXPECT_EQ(allocator.stats().reserved_bytes.all().current, 0);
+  EXPECT_THROW(allocator.set_pool_use_on_oom(kGraph, false), LogicError);
+  allocator.check_invariants();
+}
+
+TEST(PoolOptionsTest, ANoSplitPoolHandsOutWholeBlocks) {
+  HostBackend backend(device_of(64 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:off"));
+  const Stream captured = backend.create_stream();
+  allocator.create_or_incref_pool(kGraph);
+  allocator.set_pool_no_split(kGraph);
+  allocator.begin_allocate_to_pool(kGraph, [&](Stream s) { return s == captured; });
+  void* first = allocator.malloc(3 * MiB, captured);
+  void* second = allocator.malloc(3 * MiB, captured);
+  allocator.end_allocate_to_pool(kGraph);
+  EXPECT_EQ(allocator.block_size(first), SizePolicy::segment_size(3 * MiB));
+  EXPECT_NE(allocator.base_allocation(first).first, allocator.base_allocation(second).first);
+  allocator.free(first);
+  allocator.free(second);
+  allocator.release_pool(kGraph);
+  allocator.release_pool(kGraph);
+  allocator.check_invariants();
+}
+
+}  // namespace
+}  // namespace stowage

@@ -227,8 +227,15 @@ class StowageCudaAllocator final : public PluggableBase {
   }
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
     // Pools nobody holds go back with the shared cache; held pools keep their memory (torch's
-    // graphs may replay into it).
-    cuda_allocators::for_each([](int, CachingAllocator& allocator) { allocator.empty_cache(); });
+    // graphs may replay into it). torch calls this from destructors (MemPool's): it warns
+    // rather than throws.
+    cuda_allocators::for_each([](int device, CachingAllocator& allocator) {
+      try {
+        allocator.empty_cache();
+      } catch (const std::exception& error) {
+        TORCH_WARN("stowage: emptying the cache of device ", device, " failed: ", error.what());
+      }
+    });
   }
   void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override {
     *largest_block = allocator_of(device).largest_available_block();
@@ -389,7 +396,24 @@ class StowageCudaAllocator final : public PluggableBase {
     allocator_of(device).end_allocate_to_pool(mempool_id);
   }
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
-    allocator_of(device).release_pool(mempool_id);
+    try {  // called from destructors (MemPool's, CUDAGraph's): warn, never throw
+      allocator_of(device).release_pool(mempool_id);
+    } catch (const std::exception& error) {
+      TORCH_WARN("stowage: releasing private pool (", mempool_id.first, ", ", mempool_id.second,
+                 ") failed: ", error.what());
+    }
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                   bool use_on_oom) override {
+    try {  // ~MemPool turns it off
+      allocator_of(device).set_pool_use_on_oom(mempool_id, use_on_oom);
+    } catch (const std::exception& error) {
+      TORCH_WARN("stowage: setUseOnOOM on private pool (", mempool_id.first, ", ",
+                 mempool_id.second, "): ", error.what());
+    }
+  }
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    allocator_of(device).set_pool_no_split(mempool_id);
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     return allocator_of(device).pool_use_count(mempool_id);

@@ -445,7 +445,7 @@ def test_reset_peak_stats_is_seen_by_both(reset: str) -> None:
     peak_tensor = torch.empty(512 * MiB, dtype=torch.uint8, device=DEVICE)
     del peak_tensor
     assert stowage.max_memory_allocated() >= stowage.memory_allocated() + 512 * MiB
-    (torch.cuda.reset_peak_stats if reset == "torch" else stowage.reset_peak_stats)()
+    (torch.cuda.reset_peak_memory_stats if reset == "torch" else stowage.reset_peak_stats)()
     assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
     assert stowage.max_memory_allocated() == stowage.memory_allocated()
     assert torch.cuda.max_memory_reserved() == torch.cuda.memory_reserved()
