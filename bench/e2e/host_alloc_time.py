@@ -206,17 +206,43 @@ def spawn(allocator: str, args: argparse.Namespace) -> dict[str, Any]:
         return json.loads(output.read_text())
 
 
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One allocator's processes as one result: per size, the median of the processes' medians
+    (and of their p10 and p90), with every process's median kept."""
+    combined = dict(runs[0])
+    rows = []
+    for index, row in enumerate(runs[0]["results"]):
+        per_process = [run["results"][index] for run in runs]
+        merged = dict(row)
+        for key in ("median_ns", "p10_ns", "p90_ns"):
+            merged[key] = statistics.median(r[key] for r in per_process)
+        merged["process_medians_ns"] = [r["median_ns"] for r in per_process]
+        merged["device_calls_during_timing"] = sum(r["device_calls_during_timing"] for r in per_process)
+        rows.append(merged)
+    combined["results"] = rows
+    combined["loop_overhead_ns"] = statistics.median(run["loop_overhead_ns"] for run in runs)
+    combined["processes"] = len(runs)
+    return combined
+
+
 def compare(args: argparse.Namespace) -> int:
-    results = {name: spawn(name, args) for name in ALLOCATORS}
-    failed = [name for name, result in results.items() if "results" not in result]
+    # Processes alternate (native, stowage, native, ...): a VM's per-process state moves whole
+    # processes by a factor of two, so one process of each says little.
+    spawned: dict[str, list[dict[str, Any]]] = {name: [] for name in ALLOCATORS}
+    for _ in range(args.processes):
+        for name in ALLOCATORS:
+            spawned[name].append(spawn(name, args))
+    failed = [name for name, runs in spawned.items() if any("results" not in run for run in runs)]
     for name in failed:
-        print(f"{name} FAILED: {results[name].get('error')}")
+        print(f"{name} FAILED: {next(run.get('error') for run in spawned[name] if 'results' not in run)}")
     if failed:
         return 1
+    results = {name: combine(runs) for name, runs in spawned.items()}
     native, ours = results["native"], results["stowage"]
     machine = ours["machine"]
-    print(f"\nhost time per torch.empty(n, device='cuda') + del, ns, median of {args.repeats} runs of "
-          f"{args.iterations} (warm cache)")
+    print(f"\nhost time per torch.empty(n, device='cuda') + del, ns: per process the median of "
+          f"{args.repeats} runs of {args.iterations} (warm cache), then the median of "
+          f"{args.processes} alternating processes per allocator")
     print(f"{machine['gpu']}  {machine['cpu']} x{machine['cpus']}  torch {machine['torch']}  CUDA {machine['cuda']}  "
           f"stowage {machine['stowage']}  commit {machine['commit']}  {machine['date']}\n")
     header = f"{'size':>8}  {'native':>9}  {'p10-p90':>15}  {'stowage':>9}  {'p10-p90':>15}  {'stowage/native':>14}"
@@ -245,11 +271,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=2000, help="pairs per timed run (default 2000)")
     parser.add_argument("--repeats", type=int, default=25, help="timed runs per size (default 25)")
     parser.add_argument("--warmup", type=int, default=200, help="untimed pairs per size first (default 200)")
+    parser.add_argument("--processes", type=int, default=3,
+                        help="with --compare: processes per allocator, alternating (default 3)")
     parser.add_argument("--conf", default="", help="stowage's allocator configuration (key:value,...)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    if min(args.iterations, args.repeats, args.warmup) < 1:
-        parser.error("--iterations, --repeats and --warmup must be at least 1")
+    if min(args.iterations, args.repeats, args.warmup, args.processes) < 1:
+        parser.error("--iterations, --repeats, --warmup and --processes must be at least 1")
     return args
 
 
