@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stowage import __version__, demo, record, replay
+from stowage import __version__, demo, inspector, record, replay
 
-SUBCOMMANDS = {"replay": replay, "record": record, "demo": demo}
+SUBCOMMANDS = {"inspect": inspector, "replay": replay, "record": record, "demo": demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
