@@ -6,9 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stowage import __version__, demo, inspector, record, replay
+from stowage import __version__, demo, diff, inspector, record, replay
 
-SUBCOMMANDS = {"inspect": inspector, "replay": replay, "record": record, "demo": demo}
+SUBCOMMANDS = {
+    "inspect": inspector,
+    "diff": diff,
+    "replay": replay,
+    "record": record,
+    "demo": demo,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,188 @@
+"""``stowage diff A B``: what grew or shrank between two memory snapshots.
+
+Both snapshots go through the safe loader. For one device it compares the totals (allocated,
+reserved, largest free block, fragmentation, the trace's live peak), the live bytes by allocation
+site at the end (sites as ``stowage inspect`` names them), and the segments: those only in A
+(given back), only in B (new), and those in both whose size or live bytes changed, matched by
+address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from stowage import _core
+from stowage.inspector import devices_with_data, peak_of, sites_at_end, totals_of
+from stowage.snapshot_loader import SnapshotError, load_snapshot
+
+_ALL_SITES = 1 << 30
+
+
+def add_parser(commands: Any, name: str) -> None:
+    parser = commands.add_parser(
+        name,
+        help="what grew or shrank between two snapshots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("before", metavar="A", help="the earlier snapshot")
+    parser.add_argument("after", metavar="B", help="the later snapshot")
+    parser.add_argument("--device", type=int, default=None, help="the device to compare (default: the first with data in both)")
+    parser.add_argument("--top", type=int, default=10, help="sites and segments to list each way (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+
+
+def _segments(snapshot: dict[str, Any], device: int) -> list[dict[str, Any]]:
+    return [s for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device]
+
+
+def _live(segment: dict[str, Any]) -> int:
+    return sum(int(b["size"]) for b in segment.get("blocks", []) if b.get("state") == "active_allocated")
+
+
+def _figures(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
+    segments = _segments(snapshot, device)
+    totals = totals_of(segments)
+    traces = snapshot.get("device_traces", [])
+    trace = traces[device] if device < len(traces) else []
+    peak = peak_of(trace, totals.allocated if segments else None, 1)
+    return {"allocated": totals.allocated, "reserved": totals.reserved, "segments": totals.segments,
+            "largest_free_block": totals.largest_free_block, "fragmentation": totals.fragmentation,
+            "trace_peak": peak.live_bytes if peak.event_index >= 0 else None}
+
+
+def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> dict[str, Any]:
+    a_figures, b_figures = _figures(before, device), _figures(after, device)
+    totals = {key: {"before": a_figures[key], "after": b_figures[key],
+                    "change": (None if a_figures[key] is None or b_figures[key] is None
+                               else b_figures[key] - a_figures[key])}
+              for key in a_figures}
+
+    a_sites = {s["site"]: s["bytes"] for s in sites_at_end(_segments(before, device), _ALL_SITES)}
+    b_sites = {s["site"]: s["bytes"] for s in sites_at_end(_segments(after, device), _ALL_SITES)}
+    changes = [{"site": site, "before": a_sites.get(site, 0), "after": b_sites.get(site, 0),
+                "change": b_sites.get(site, 0) - a_sites.get(site, 0)}
+               for site in a_sites.keys() | b_sites.keys()]
+    grew = sorted((c for c in changes if c["change"] > 0), key=lambda c: c["change"], reverse=True)
+    shrank = sorted((c for c in changes if c["change"] < 0), key=lambda c: c["change"])
+
+    a_segments = {int(s["address"]): s for s in _segments(before, device)}
+    b_segments = {int(s["address"]): s for s in _segments(after, device)}
+    gone = [a_segments[address] for address in a_segments.keys() - b_segments.keys()]
+    new = [b_segments[address] for address in b_segments.keys() - a_segments.keys()]
+    changed = []
+    for address in a_segments.keys() & b_segments.keys():
+        a, b = a_segments[address], b_segments[address]
+        size_change = int(b["total_size"]) - int(a["total_size"])
+        live_change = _live(b) - _live(a)
+        if size_change or live_change:
+            changed.append({"address": address, "size_before": int(a["total_size"]),
+                            "size_after": int(b["total_size"]), "live_before": _live(a),
+                            "live_after": _live(b), "live_change": live_change})
+    changed.sort(key=lambda c: abs(c["live_change"]), reverse=True)
+    return {
+        "device": device,
+        "totals": totals,
+        "sites_grew": grew[:top],
+        "sites_shrank": shrank[:top],
+        "segments": {
+            "only_before": {"count": len(gone), "bytes": sum(int(s["total_size"]) for s in gone)},
+            "only_after": {"count": len(new), "bytes": sum(int(s["total_size"]) for s in new)},
+            "changed": changed[:top],
+            "changed_count": len(changed),
+        },
+    }
+
+
+def _signed(value: int) -> str:
+    sign = "+" if value > 0 else "-" if value < 0 else ""
+    return f"{sign}{_core.format_bytes(abs(int(value)))}"
+
+
+def print_report(a: Path, b: Path, report: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]{a.name}[/bold] -> [bold]{b.name}[/bold], device {report['device']}")
+    totals = Table(title="totals", title_justify="left")
+    for column in ("", "before", "after", "change"):
+        totals.add_column(column, justify="right" if column else "left")
+    for key, label in (("allocated", "allocated"), ("reserved", "reserved"),
+                       ("largest_free_block", "largest free block"), ("trace_peak", "live peak of the trace")):
+        row = report["totals"][key]
+        if row["before"] is None and row["after"] is None:
+            continue
+        cell = lambda v: "-" if v is None else _core.format_bytes(int(v))  # noqa: E731
+        totals.add_row(label, cell(row["before"]), cell(row["after"]),
+                       "-" if row["change"] is None else _signed(row["change"]))
+    segments = report["totals"]["segments"]
+    totals.add_row("segments", f"{segments['before']:,}", f"{segments['after']:,}", f"{segments['change']:+,}")
+    fragmentation = report["totals"]["fragmentation"]
+    totals.add_row("fragmentation", f"{100 * fragmentation['before']:.1f}%", f"{100 * fragmentation['after']:.1f}%",
+                   f"{100 * fragmentation['change']:+.1f} points")
+    console.print(totals)
+    for title, key in (("grew, by site", "sites_grew"), ("shrank, by site", "sites_shrank")):
+        rows = report[key]
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left")
+        for column in ("change", "before", "after"):
+            table.add_column(column, justify="right")
+        table.add_column("site")
+        for row in rows:
+            table.add_row(_signed(row["change"]), _core.format_bytes(row["before"]),
+                          _core.format_bytes(row["after"]), row["site"])
+        console.print(table)
+    seg = report["segments"]
+    console.print(f"segments: {seg['only_before']['count']:,} given back ({_core.format_bytes(seg['only_before']['bytes'])}), "
+                  f"{seg['only_after']['count']:,} new ({_core.format_bytes(seg['only_after']['bytes'])}), "
+                  f"{seg['changed_count']:,} changed in place")
+    if seg["changed"]:
+        table = Table(title="segments changed in place", title_justify="left")
+        for column in ("address", "size", "live before", "live after", "change"):
+            table.add_column(column, justify="right")
+        for row in seg["changed"]:
+            size = _core.format_bytes(row["size_after"])
+            if row["size_after"] != row["size_before"]:
+                size = f"{_core.format_bytes(row['size_before'])} -> {size}"
+            table.add_row(f"0x{row['address']:x}", size, _core.format_bytes(row["live_before"]),
+                          _core.format_bytes(row["live_after"]), _signed(row["live_change"]))
+        console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True, soft_wrap=True)
+    if args.top < 1:
+        err.print("stowage diff: --top must be at least 1")
+        return 2
+    snapshots = []
+    for name in (args.before, args.after):
+        try:
+            snapshots.append(load_snapshot(Path(name)))
+        except SnapshotError as error:
+            err.print(f"stowage diff: {error}")
+            return 2
+    common = sorted(set(devices_with_data(snapshots[0])) & set(devices_with_data(snapshots[1])))
+    if args.device is not None:
+        if args.device not in common:
+            err.print(f"stowage diff: device {args.device} does not have data in both snapshots "
+                      f"(devices with data in both: {', '.join(map(str, common)) or 'none'})")
+            return 2
+        common = [args.device]
+    if not common:
+        err.print("stowage diff: no device has data in both snapshots")
+        return 2
+    try:
+        report = compare(snapshots[0], snapshots[1], common[0], args.top)
+    except (KeyError, TypeError, ValueError) as error:
+        err.print(f"stowage diff: malformed snapshot ({type(error).__name__}: {error})")
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        out = Console()
+        print_report(Path(args.before), Path(args.after), report, out if out.is_terminal else Console(width=160))
+    return 0
