@@ -18,14 +18,15 @@ stowage::Stream to_stream(void* stream) {
 
 // The first use without stowage_configure() takes STOWAGE_ALLOC_CONF.
 stowage::CachingAllocator& allocator_of(int device) {
-  if (stowage::cuda_allocators::find(device) == nullptr) {
-    static const bool configured_from_environment = [] {
-      if (const char* conf = std::getenv("STOWAGE_ALLOC_CONF")) {
+  if (stowage::cuda_allocators::find(device) == nullptr && !stowage::cuda_allocators::configured()) {
+    if (const char* conf = std::getenv("STOWAGE_ALLOC_CONF")) {
+      try {
         stowage::cuda_allocators::configure(conf);
+      } catch (const stowage::LogicError&) {
+        // Another thread configured it first; its configuration stands.
+        if (!stowage::cuda_allocators::configured()) throw;
       }
-      return true;
-    }();
-    (void)configured_from_environment;
+    }
   }
   return stowage::cuda_allocators::get(device);
 }

@@ -542,7 +542,7 @@ void CachingAllocator::empty_cache() {
 // --- limits ---
 
 void CachingAllocator::set_memory_fraction(double fraction) {
-  STOWAGE_CHECK(fraction > 0 && fraction <= 1, "memory fraction must be in (0, 1], not ",
+  STOWAGE_CHECK(fraction >= 0 && fraction <= 1, "memory fraction must be in [0, 1], not ",
                 fraction);
   std::lock_guard lock(mutex_);
   memory_fraction_ = fraction;

@@ -141,7 +141,8 @@ class CachingAllocator {
   // Waits for pending frees, then returns every wholly free cached segment to the device.
   void empty_cache();
 
-  // Caps reserved memory at fraction * device total (0 < fraction <= 1).
+  // Caps reserved memory at fraction * device total (0 <= fraction <= 1; 0 refuses every
+  // request that needs new memory, as torch allows).
   void set_memory_fraction(double fraction);
   // Caps reserved memory at `bytes` (AllocatorConfig::kUnlimited: no cap but the device's).
   void set_limit(std::size_t bytes);
@@ -181,6 +182,9 @@ class CachingAllocator {
   void end_allocate_to_pool(PoolId id);
   // Drops a holder; at zero the pool's memory goes back to the device as it becomes free.
   void release_pool(PoolId id);
+  // Returns the wholly free segments of pool `id` to the device, held or not (torch's
+  // emptyCache(pool)); false if none or no such pool.
+  bool release_pool_cache(PoolId id);
   // The pool's holders; 0 for a pool that does not exist.
   int pool_use_count(PoolId id) const;
   // With use_on_oom, the pool's free blocks serve requests from outside it that would

@@ -67,7 +67,40 @@ void CachingAllocator::release_pool(PoolId id) {
   PrivatePool* pool = find_pool_locked(id);
   STOWAGE_CHECK(pool != nullptr && pool->use_count > 0, "release_pool: private pool (", id.first,
                 ", ", id.second, ") is not held");
-  if (--pool->use_count == 0) release_private_segments_locked(/*all=*/false);
+  // Memory goes back later when a capture is under way (cudaFree would break it).
+  if (--pool->use_count == 0 && !capturing()) release_private_segments_locked(/*all=*/false);
+}
+
+bool CachingAllocator::release_pool_cache(PoolId id) {
+  std::lock_guard lock(mutex_);
+  STOWAGE_CHECK(!capturing(), "releasing a pool's cache during a CUDA graph capture would break "
+                "the capture; release it before or after capturing");
+  PrivatePool* pool = find_pool_locked(id);
+  if (pool == nullptr) return false;
+  synchronize_pending_locked();
+  bool released = false;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment& segment = it->second;
+    if (segment.owner != pool || !segment.is_free()) {
+      ++it;
+      continue;
+    }
+    Block* block = segment.first;
+    index_for(*block).erase(*block);
+    try {
+      release_segment_locked(segment);
+    } catch (const std::exception& error) {
+      index_for(*block).insert(*block);
+      log_warning(detail::concat("returning a segment to the device failed: ", error.what()));
+      ++it;
+      continue;
+    }
+    arena_.recycle(block);
+    it = segments_.erase(it);
+    released = true;
+  }
+  release_private_segments_locked(/*all=*/false);  // forgets the pool if nothing holds it
+  return released;
 }
 
 int CachingAllocator::pool_use_count(PoolId id) const {
@@ -171,6 +204,10 @@ PoolRestore CachingAllocator::restore_pool(const PoolCheckpoint& checkpoint) {
   PrivatePool* pool = find_pool_locked(id);
   STOWAGE_CHECK(pool != nullptr, "restore_pool: there is no private pool (", id.first, ", ",
                 id.second, ")");
+  // A pool nobody holds gives its segments back as they become free: there is nothing to
+  // restore into.
+  STOWAGE_CHECK(pool->use_count > 0, "restore_pool: private pool (", id.first, ", ", id.second,
+                ") is not held");
   // Check everything first, so a mismatch changes nothing.
   for (const PoolCheckpoint::SegmentRecord& record : checkpoint.segments) {
     const auto found = segments_.find(record.base);
@@ -193,20 +230,31 @@ PoolRestore CachingAllocator::restore_pool(const PoolCheckpoint& checkpoint) {
                     block->pointer(), " of the pool is still in use by another stream");
     }
   }
-  // End every allocation of the pool.
-  PoolRestore out;
-  for (auto& [base, segment] : segments_) {
-    if (segment.owner != pool) continue;
-    for (Block* block = segment.first; block != nullptr;) {
-      Block* next = block->next;
-      if (block->state == BlockState::kAllocated) {
-        out.freed.push_back(block->pointer());
-        end_allocation_locked(block, 0);
-        block->stream_uses.clear();
-        free_block_locked(block);
-      }
-      block = next;
+  // The block records the cuts need, taken now so that nothing fails halfway.
+  std::vector<Block*> spare;
+  try {
+    for (const PoolCheckpoint::SegmentRecord& record : checkpoint.segments) {
+      for (std::size_t i = 1; i < record.blocks.size(); ++i) spare.push_back(arena_.acquire());
     }
+  } catch (...) {
+    for (Block* block : spare) arena_.recycle(block);
+    throw;
+  }
+  // End every allocation of the pool. They are listed first: freeing one coalesces it with
+  // free neighbours, whose records are recycled, so the block list cannot be walked meanwhile.
+  std::vector<Block*> live;
+  for (const auto& [base, segment] : segments_) {
+    if (segment.owner != pool) continue;
+    for (Block* block = segment.first; block != nullptr; block = block->next) {
+      if (block->state == BlockState::kAllocated) live.push_back(block);
+    }
+  }
+  PoolRestore out;
+  for (Block* block : live) {
+    out.freed.push_back(block->pointer());
+    end_allocation_locked(block, 0);
+    block->stream_uses.clear();
+    free_block_locked(block);
   }
   // Each checkpointed segment is now one free block: cut it as it was, and allocate again.
   for (const PoolCheckpoint::SegmentRecord& record : checkpoint.segments) {
@@ -219,7 +267,8 @@ PoolRestore CachingAllocator::restore_pool(const PoolCheckpoint& checkpoint) {
     for (std::size_t i = 0; i < record.blocks.size(); ++i) {
       pieces.push_back(block);
       if (i + 1 < record.blocks.size()) {
-        Block* rest = arena_.acquire();
+        Block* rest = spare.back();
+        spare.pop_back();
         split_after_locked(block, record.blocks[i].size, rest);
         block = rest;
       }

@@ -51,6 +51,12 @@ void configure(const std::string& config) {
   r.config = wanted;
 }
 
+bool configured() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return r.config.has_value();
+}
+
 std::string configuration() {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
@@ -76,11 +82,12 @@ CachingAllocator& get(int device) {
   auto allocator = std::make_unique<CachingAllocator>(*backend, parse_allocator_config(*r.config));
   backend.release();  // owned by the allocator's lifetime, which is the process's
   CachingAllocator* made = allocator.release();
-  slot.store(made, std::memory_order_release);
+  // Observers, history and contexts are attached before any other thread can find it.
+  for (const auto& listener : r.listeners) listener(device, *made);
   if (r.made.fetch_add(1, std::memory_order_acq_rel) == 0) {
     r.first.store(made, std::memory_order_release);
   }
-  for (const auto& listener : r.listeners) listener(device, *made);
+  slot.store(made, std::memory_order_release);
   return *made;
 }
 
@@ -98,10 +105,8 @@ void for_each(const std::function<void(int, CachingAllocator&)>& fn) {
 
 void on_create(const std::function<void(int, CachingAllocator&)>& fn) {
   Registry& r = registry();
-  {
-    std::lock_guard lock(r.mutex);
-    r.listeners.push_back(fn);
-  }
+  std::lock_guard lock(r.mutex);  // no allocator can be made between the two steps
+  r.listeners.push_back(fn);
   for_each(fn);
 }
 

@@ -26,6 +26,8 @@ namespace stowage::cuda_allocators {
 void configure(const std::string& config);
 // The configuration in force (normalised).
 std::string configuration();
+// Whether configure() was called or an allocator made (the configuration is then fixed).
+bool configured();
 // Device `device`'s allocator, made now if need be. Throws LogicError for a device that does
 // not exist, BackendError when CUDA cannot open it.
 CachingAllocator& get(int device);
@@ -35,7 +37,8 @@ CachingAllocator* find(int device) noexcept;
 CachingAllocator* sole() noexcept;
 // Calls fn for every allocator made so far, in device order.
 void for_each(const std::function<void(int device, CachingAllocator&)>& fn);
-// Called with every allocator as it is made (and at once with those already made).
+// Called with every allocator as it is made, before any other thread can reach it (and at once
+// with those already made); under the registry's lock, so fn must not call into the registry.
 void on_create(const std::function<void(int device, CachingAllocator&)>& fn);
 
 }  // namespace stowage::cuda_allocators

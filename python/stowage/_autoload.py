@@ -26,10 +26,11 @@ def _enable_now() -> None:
 
 
 class _EnableAfterExec(importlib.abc.Loader):
-    """Wraps torch's loader: runs it, then enables stowage."""
+    """Wraps torch's loader: runs it, then enables stowage and removes the hook."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, hook: _TorchImportHook) -> None:
         self._loader = loader
+        self._hook = hook
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._loader, "create_module", None)
@@ -37,6 +38,7 @@ class _EnableAfterExec(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
+        self._hook.remove()
         _enable_now()
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
@@ -44,22 +46,29 @@ class _EnableAfterExec(importlib.abc.Loader):
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Finds torch with the other finders and wraps its loader; then steps aside."""
+    """Finds torch with the other finders and wraps its loader. It stays in place until torch
+    has really been imported: importlib.util.find_spec("torch"), which libraries call to see
+    whether torch is installed, finds a spec that is never loaded."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)
         for finder in sys.meta_path:
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _EnableAfterExec(spec.loader)
+                if spec.loader is not None and not isinstance(spec.loader, _EnableAfterExec):
+                    spec.loader = _EnableAfterExec(spec.loader, self)
                 return spec
         return None
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 def install() -> None:

@@ -123,8 +123,17 @@ def c_library_path() -> str:
 
 
 def disable() -> None:
-    """Gives torch back its own allocator. Tensors from stowage remain valid."""
-    _torch_module().disable_cpu()
+    """Gives torch back its own CPU allocator (CPU mode). Tensors from stowage remain valid.
+    torch cannot take back its CUDA allocator once another one served CUDA tensors, so in CUDA
+    mode this raises."""
+    module = _torch_module()
+    if module.cuda_enabled():
+        raise RuntimeError(
+            "stowage is torch's CUDA allocator for the rest of this process: torch cannot switch "
+            "allocators once CUDA tensors exist (start the program without STOWAGE_ALLOC_CONF "
+            "and without stowage.enable() to use torch's own)"
+        )
+    module.disable_cpu()
 
 
 def is_enabled() -> bool:

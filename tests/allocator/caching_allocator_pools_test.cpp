@@ -280,6 +280,84 @@ TEST_P(PoolsTest, RandomCapturesKeepTheInvariantsAndNeverShareMemory) {
   EXPECT_EQ(reserved(), 0);
 }
 
+TEST_P(PoolsTest, RestoringFreesEveryAllocationEvenWhenFreesCoalesce) {
+  // allocated / free / allocated / allocated in one segment: freeing the first coalesces it
+  // with the free block after it.
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* p = allocator_.malloc(MiB, captured);
+  void* q = allocator_.malloc(MiB, captured);
+  void* r = allocator_.malloc(MiB, captured);
+  void* t = allocator_.malloc(MiB, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  const PoolCheckpoint empty_checkpoint = [&] {
+    PoolCheckpoint checkpoint = allocator_.checkpoint_pool(kGraph);
+    for (auto& segment : checkpoint.segments) {
+      std::size_t total = 0;
+      for (const auto& block : segment.blocks) total += block.size;
+      segment.blocks = {{total, 0, false, 0}};
+    }
+    return checkpoint;
+  }();
+  allocator_.free(q);
+  const PoolRestore restore = allocator_.restore_pool(empty_checkpoint);
+  std::unordered_set<void*> freed(restore.freed.begin(), restore.freed.end());
+  EXPECT_EQ(freed, (std::unordered_set<void*>{p, r, t}));
+  EXPECT_TRUE(restore.allocated.empty());
+  EXPECT_TRUE(allocator_.pool_allocations(kGraph).empty());
+  allocator_.check_invariants();
+  allocator_.release_pool(kGraph);
+  EXPECT_EQ(reserved(), 0);
+}
+
+TEST_P(PoolsTest, AnUnheldPoolCannotBeRestored) {
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* a = allocator_.malloc(MiB, captured);
+  void* b = allocator_.malloc(MiB, captured);
+  allocator_.end_allocate_to_pool(kGraph);
+  const PoolCheckpoint checkpoint = allocator_.checkpoint_pool(kGraph);
+  allocator_.release_pool(kGraph);  // nobody holds it; its tensors live on
+  EXPECT_THROW(allocator_.restore_pool(checkpoint), LogicError);
+  EXPECT_EQ(allocator_.pool_allocations(kGraph), (std::vector<void*>{a, b}));
+  allocator_.free(a);
+  allocator_.free(b);
+  EXPECT_EQ(reserved(), 0);
+}
+
+TEST_P(PoolsTest, NoMemoryGoesBackWhileAnotherPoolCaptures) {
+  const Stream captured = backend_.create_stream();
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  allocator_.free(allocator_.malloc(8 * MiB, captured));
+  allocator_.end_allocate_to_pool(kGraph);
+  const std::int64_t held = reserved();
+  allocator_.begin_allocate_to_pool(kOtherGraph, only(captured));
+  allocator_.release_pool(kGraph);  // an old graph dropped while a new one captures
+  EXPECT_EQ(reserved(), held + 0) << "device memory was freed during a capture";
+  allocator_.end_allocate_to_pool(kOtherGraph);
+  allocator_.release_pool(kOtherGraph);
+  allocator_.empty_cache();  // after the capture, the unheld pool's memory goes back
+  EXPECT_EQ(reserved(), 0);
+}
+
+TEST_P(PoolsTest, APoolsCacheCanBeReleasedWhileItIsHeld) {
+  const Stream captured = backend_.create_stream();
+  allocator_.create_or_incref_pool(kGraph);
+  allocator_.begin_allocate_to_pool(kGraph, only(captured));
+  void* kept = allocator_.malloc(MiB, captured);
+  allocator_.free(allocator_.malloc(30 * MiB, captured));
+  allocator_.end_allocate_to_pool(kGraph);
+  allocator_.release_pool(kGraph);
+  const std::int64_t held = reserved();
+  EXPECT_TRUE(allocator_.release_pool_cache(kGraph));
+  EXPECT_LT(reserved(), held);
+  EXPECT_EQ(allocator_.pool_use_count(kGraph), 1);
+  EXPECT_FALSE(allocator_.release_pool_cache(kOtherGraph));
+  allocator_.free(kept);
+  allocator_.release_pool(kGraph);
+  EXPECT_EQ(reserved(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothPaths, PoolsTest,
                          ::testing::Values("virtual_memory:off", "virtual_memory:on"),
                          [](const auto& param_info) {

@@ -438,9 +438,17 @@ TEST_F(SmallDeviceTest, LimitAndMemoryFractionCapReservedMemory) {
   void* fits = allocator_.malloc(30 * MiB);
   EXPECT_THROW(allocator_.malloc(10 * MiB), OutOfMemory);
   EXPECT_LE(allocator_.stats().reserved_bytes.all().peak, static_cast<std::int64_t>(32 * MiB));
-  EXPECT_THROW(allocator_.set_memory_fraction(0), LogicError);
+  EXPECT_THROW(allocator_.set_memory_fraction(-0.1), LogicError);
   EXPECT_THROW(allocator_.set_memory_fraction(1.5), LogicError);
   allocator_.free(fits);
+  // Fraction 0 (torch allows it) refuses new memory, and a later fraction lifts that again.
+  allocator_.empty_cache();
+  allocator_.set_memory_fraction(0);
+  EXPECT_EQ(allocator_.limit(), 0u);
+  EXPECT_THROW(allocator_.malloc(MiB), OutOfMemory);
+  allocator_.set_memory_fraction(0.5);
+  EXPECT_DOUBLE_EQ(allocator_.memory_fraction(), 0.5);
+  allocator_.free(allocator_.malloc(MiB));
 }
 
 TEST_F(CachingAllocatorTest, HistoryRecordsEventsWithContextsAndIsBounded) {

@@ -164,3 +164,50 @@ def test_the_libraries_share_the_process_libstdcxx() -> None:
     for module in [*package.glob("_*.so"), package / "libstowage.so", package / "libstowage_torch.so"]:
         needed = subprocess.run(["ldd", str(module)], capture_output=True, text=True, check=True).stdout
         assert "libstdc++" in needed, f"{module.name} links libstdc++ statically"
+
+
+@needs_cuda_build
+def test_the_hook_survives_a_find_spec_for_torch() -> None:
+    """Libraries check for torch with importlib.util.find_spec before importing it."""
+    result = run_python("""
+        import importlib.util
+        assert importlib.util.find_spec("torch") is not None
+        import torch
+        from stowage import _torch
+        print(_torch.cuda_enabled())
+    """, conf="")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+@needs_cuda_build
+def test_the_c_library_takes_the_variable_only_without_a_configuration() -> None:
+    # (No torch here: with the variable set, importing torch would install stowage with it.)
+    result = run_python(f"""
+        import ctypes
+        lib = ctypes.CDLL({stowage.c_library_path()!r})
+        lib.stowage_malloc.restype = ctypes.c_void_p
+        lib.stowage_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.stowage_last_error.restype = ctypes.c_char_p
+        assert lib.stowage_configure(b"reserve_headroom:0.05") == 0
+        lib.stowage_malloc(1024, 0, None)
+        print(lib.stowage_last_error().decode())
+    """, conf="reserve_headroom:0.5")
+    assert result.returncode == 0, result.stderr
+    # No GPU here: the failure is the missing device, not a configuration conflict.
+    assert "already configured" not in result.stdout
+    assert "does not exist" in result.stdout
+
+
+@needs_cuda_build
+def test_disable_in_cuda_mode_says_why_it_cannot() -> None:
+    result = run_python("""
+        import torch, stowage
+        stowage.enable()
+        try:
+            stowage.disable()
+        except RuntimeError as error:
+            print("refused:", error)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("refused:") and "rest of this process" in result.stdout

@@ -47,6 +47,10 @@ void* to_cuda_stream(Stream stream) { return reinterpret_cast<void*>(stream.hand
 
 CachingAllocator& allocator_of(c10::DeviceIndex device) { return cuda_allocators::get(device); }
 
+// For questions that must not open a device (a CUDA context costs hundreds of MiB): the device's
+// allocator only when one exists already.
+CachingAllocator* existing(c10::DeviceIndex device) { return cuda_allocators::find(device); }
+
 // Frees a block of any device. One device is the common case: its allocator frees directly (and
 // logs a pointer it does not know); with several, each is asked in turn.
 void delete_block(void* ptr) {
@@ -205,17 +209,13 @@ class StowageCudaAllocator final : public PluggableBase {
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "memory fraction must be in [0, 1], not ",
                 fraction);
-    // torch allows 0 (no memory at all); stowage's smallest cap is one byte.
-    CachingAllocator& allocator = allocator_of(device);
-    if (fraction == 0) {
-      allocator.set_limit(1);
-    } else {
-      allocator.set_memory_fraction(fraction);
-    }
+    allocator_of(device).set_memory_fraction(fraction);
   }
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
     std::map<std::pair<void*, bool>, std::size_t> sizes;
-    for (const SegmentSnapshot& segment : allocator_of(device).snapshot().segments) {
+    CachingAllocator* allocator = existing(device);
+    if (allocator == nullptr) return {};
+    for (const SegmentSnapshot& segment : allocator->snapshot().segments) {
       if (!segment.is_expandable) continue;
       sizes[{to_cuda_stream(segment.stream), segment.pool == Pool::kSmall}] += segment.total_size;
     }
@@ -225,13 +225,17 @@ class StowageCudaAllocator final : public PluggableBase {
     }
     return out;
   }
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    // Pools nobody holds go back with the shared cache; held pools keep their memory (torch's
-    // graphs may replay into it). torch calls this from destructors (MemPool's): it warns
-    // rather than throws.
-    cuda_allocators::for_each([](int device, CachingAllocator& allocator) {
+  void emptyCache(c10::MempoolId_t mempool_id) override {
+    // The shared cache, with the pools nobody holds; or, for a pool id, that pool's free
+    // segments only (held pools otherwise keep their memory: torch's graphs may replay into
+    // it). torch calls this from destructors (MemPool's): it warns rather than throws.
+    cuda_allocators::for_each([mempool_id](int device, CachingAllocator& allocator) {
       try {
-        allocator.empty_cache();
+        if (mempool_id == kSharedPools) {
+          allocator.empty_cache();
+        } else {
+          allocator.release_pool_cache(mempool_id);
+        }
       } catch (const std::exception& error) {
         TORCH_WARN("stowage: emptying the cache of device ", device, " failed: ", error.what());
       }
@@ -263,13 +267,17 @@ class StowageCudaAllocator final : public PluggableBase {
 
   // --- stats ---
 
+  // A device stowage has not allocated on has all-zero stats (asking does not open it).
   cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    return to_torch(allocator_of(device).stats());
+    const CachingAllocator* allocator = existing(device);
+    return to_torch(allocator != nullptr ? allocator->stats() : DeviceStats{});
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
-    allocator_of(device).reset_accumulated_stats();
+    if (CachingAllocator* allocator = existing(device)) allocator->reset_accumulated_stats();
   }
-  void resetPeakStats(c10::DeviceIndex device) override { allocator_of(device).reset_peak_stats(); }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    if (CachingAllocator* allocator = existing(device)) allocator->reset_peak_stats();
+  }
 
   // --- snapshot and history ---
 
@@ -397,7 +405,9 @@ class StowageCudaAllocator final : public PluggableBase {
   }
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     try {  // called from destructors (MemPool's, CUDAGraph's): warn, never throw
-      allocator_of(device).release_pool(mempool_id);
+      CachingAllocator* allocator = existing(device);
+      STOWAGE_CHECK(allocator != nullptr, "stowage has no allocator on device ", device);
+      allocator->release_pool(mempool_id);
     } catch (const std::exception& error) {
       TORCH_WARN("stowage: releasing private pool (", mempool_id.first, ", ", mempool_id.second,
                  ") failed: ", error.what());
@@ -448,6 +458,18 @@ class StowageCudaAllocator final : public PluggableBase {
                                          c10::Device(c10::DeviceType::CUDA, device));
     }
     return delta;
+  }
+
+  // Copies between devices go through cudaMemcpyPeerAsync: memory mapped through the driver's
+  // virtual-memory calls is not covered by peer access, and cudaMemcpyPeerAsync works without
+  // it.
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                          std::size_t count, cudaStream_t stream, bool p2p_enabled) override {
+    if (dst_device == src_device) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    (void)p2p_enabled;
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
 
   // --- refused ---
@@ -558,6 +580,8 @@ void enable(const std::string& config) {
     raw->apply_history(device, caching);
   });
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  // The device-generic registry too: torch.accelerator's memory functions ask it.
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/std::uint8_t{255});
   s.allocator = std::move(allocator);
 }
 
