@@ -6,5 +6,6 @@
 namespace stowage::python {
 
 void bind_replay(pybind11::module_& module);
+void bind_topology(pybind11::module_& module);
 
 }  // namespace stowage::python

@@ -6,11 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stowage import __version__, demo, diff, inspector, record, replay
+from stowage import __version__, demo, diff, doctor, inspector, record, replay
 
 SUBCOMMANDS = {
     "inspect": inspector,
     "diff": diff,
+    "doctor": doctor,
     "replay": replay,
     "record": record,
     "demo": demo,

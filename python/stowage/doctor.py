@@ -1,0 +1,586 @@
+"""``stowage doctor``: this machine as it concerns stowage, with advice where something limits it.
+
+Sections: stowage (how this copy was built), CUDA (driver, runtime), GPUs (name, memory, PCI bus
+id, compute capability, virtual memory management, nearest NUMA node), torch (its CUDA build,
+whether stowage's allocator was built for it and is in use), host memory (the locked-memory
+limit, ulimit -l), NUMA (hwloc: the nodes, where this process runs), and advice. A report, not a
+check: the exit status is 0 whatever it finds, non-zero only when the doctor itself fails.
+``--json`` prints the same facts and advice as one JSON object.
+
+The driver is asked through ctypes (libcuda.so.1: its entry points are ABI-stable, unlike the
+runtime's cudaDeviceProp), so torch's CUDA state is never initialised: stowage.enable() still
+works in the same process afterwards. A GPU's NUMA node is found through its PCI bus id, since
+Debian's hwloc has no CUDA plugin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import ctypes.util
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from stowage import _core
+
+# CUdevice_attribute values (cuda.h); fixed by the driver ABI.
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+
+SECTIONS = ("stowage", "CUDA", "GPUs", "torch", "host memory", "NUMA", "advice")
+
+
+def add_parser(commands: Any, name: str) -> None:
+    parser = commands.add_parser(
+        name,
+        help="report the machine as it concerns stowage (CUDA, GPUs, torch, pinned memory, NUMA)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(parser)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+# --- CUDA, through ctypes -------------------------------------------------------------------
+
+
+def _cuda_version(value: int) -> str:
+    """12040 -> '12.4', as CUDA encodes versions."""
+    return f"{value // 1000}.{value % 1000 // 10}"
+
+
+def _mapped_library(stem: str) -> str | None:
+    """The path of a loaded library whose file name starts with ``stem + '.so'``, if any."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for path in re.findall(r"(/\S+)$", maps, flags=re.MULTILINE):
+        if Path(path).name.startswith(stem + ".so"):
+            return str(path)
+    return None
+
+
+def _driver_error(lib: ctypes.CDLL, status: int) -> str:
+    name = ctypes.c_char_p()
+    if lib.cuGetErrorName(status, ctypes.byref(name)) == 0 and name.value:
+        return name.value.decode()
+    return f"CUresult {status}"
+
+
+def _driver_gpus(lib: ctypes.CDLL, count: int) -> list[dict[str, Any]]:
+    lib.cuDeviceGetName.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.cuDeviceGetPCIBusId.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.cuDeviceTotalMem_v2.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+    lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+
+    def attribute(attr: int, device: int) -> int | None:
+        value = ctypes.c_int()
+        return value.value if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, device) == 0 else None
+
+    gpus = []
+    for index in range(count):
+        device = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(device), index) != 0:
+            continue
+        name = ctypes.create_string_buffer(256)
+        bus_id = ctypes.create_string_buffer(32)
+        memory = ctypes.c_size_t()
+        major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device.value)
+        minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device.value)
+        vmm = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device.value)
+        found = lib.cuDeviceGetName(name, 256, device.value) == 0
+        has_bus_id = lib.cuDeviceGetPCIBusId(bus_id, 32, device.value) == 0
+        has_memory = lib.cuDeviceTotalMem_v2(ctypes.byref(memory), device.value) == 0
+        gpus.append({
+            "index": index,
+            "name": name.value.decode() if found else None,
+            "total_memory": memory.value if has_memory else None,
+            "pci_bus_id": bus_id.value.decode() if has_bus_id else None,
+            "compute_capability": None if major is None or minor is None else f"{major}.{minor}",
+            "virtual_memory_management": None if vmm is None else bool(vmm),
+            "source": "driver",
+        })
+    return gpus
+
+
+def cuda_driver() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The driver (libcuda.so.1) and the GPUs it reports; an "error" says why there are none."""
+    facts: dict[str, Any] = {"library": None, "version": None, "device_count": 0, "error": None}
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        facts["error"] = "no NVIDIA driver (libcuda.so.1 cannot be loaded)"
+        return facts, []
+    facts["library"] = _mapped_library("libcuda") or "libcuda.so.1"
+    try:
+        version = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            facts["version"] = _cuda_version(version.value)
+        status = lib.cuInit(0)
+        if status != 0:
+            facts["error"] = f"cuInit failed: {_driver_error(lib, status)}"
+            return facts, []
+        count = ctypes.c_int()
+        status = lib.cuDeviceGetCount(ctypes.byref(count))
+        if status != 0:
+            facts["error"] = f"cuDeviceGetCount failed: {_driver_error(lib, status)}"
+            return facts, []
+        gpus = _driver_gpus(lib, count.value)
+    except AttributeError as error:  # a driver too old to have an entry point
+        facts["error"] = f"the driver lacks {error}"
+        return facts, []
+    facts["device_count"] = len(gpus)
+    return facts, gpus
+
+
+def nvidia_smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
+    """The GPUs nvidia-smi lists (in PCI order, ignoring CUDA_VISIBLE_DEVICES), and an error."""
+    program = shutil.which("nvidia-smi")
+    if program is None:
+        return [], None
+    query = "index,name,memory.total,pci.bus_id,compute_cap"
+    try:
+        done = subprocess.run([program, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return [], f"nvidia-smi: {error}"
+    if done.returncode != 0:
+        return [], f"nvidia-smi: {(done.stdout + done.stderr).strip() or f'exit status {done.returncode}'}"
+    gpus = []
+    for row in csv.reader(done.stdout.splitlines(), skipinitialspace=True):
+        if len(row) != 5:
+            continue
+        index, name, memory, bus_id, capability = row
+        gpus.append({
+            "index": int(index) if index.isdigit() else len(gpus),
+            "name": name,
+            "total_memory": int(memory) << 20 if memory.isdigit() else None,
+            "pci_bus_id": bus_id,
+            "compute_capability": capability if re.fullmatch(r"\d+\.\d+", capability) else None,
+            "virtual_memory_management": None,
+            "source": "nvidia-smi",
+        })
+    return gpus, None
+
+
+def _runtime_candidates() -> list[str]:
+    """libcudart in the order a stowage process would use it: loaded already (by torch), the
+    one torch's wheels bring (site-packages/nvidia/*/lib), then the system's."""
+    found = [path] if (path := _mapped_library("libcudart")) else []
+    for entry in sys.path:
+        found.extend(sorted(str(p) for p in Path(entry or ".").glob("nvidia/*/lib/libcudart.so.*")))
+    found.append("libcudart.so")
+    if (system := ctypes.util.find_library("cudart")) is not None:
+        found.append(system)
+    return found
+
+
+def cuda_runtime() -> dict[str, Any]:
+    """The CUDA runtime (libcudart): its version and the devices it sees, or why none."""
+    facts: dict[str, Any] = {"library": None, "version": None, "device_count": None, "error": None}
+    lib = None
+    for candidate in _runtime_candidates():
+        try:
+            lib = ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        facts["library"] = candidate
+        break
+    if lib is None:
+        facts["error"] = "no CUDA runtime (libcudart.so cannot be loaded)"
+        return facts
+    try:
+        lib.cudaGetErrorName.restype = ctypes.c_char_p
+        version = ctypes.c_int()
+        if lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
+            facts["version"] = _cuda_version(version.value)
+        count = ctypes.c_int()
+        status = lib.cudaGetDeviceCount(ctypes.byref(count))
+        if status == 0:
+            facts["device_count"] = count.value
+        else:
+            name = lib.cudaGetErrorName(status)
+            facts["error"] = name.decode() if name else f"cudaError {status}"
+    except AttributeError as error:
+        facts["error"] = f"the runtime lacks {error}"
+    return facts
+
+
+# --- torch and stowage ----------------------------------------------------------------------
+
+
+def torch_facts() -> dict[str, Any]:
+    """torch's version and CUDA build, and stowage's torch module: what it was built for and
+    whether stowage is the allocator now. Never initialises torch's CUDA state."""
+    facts: dict[str, Any] = {
+        "installed": False, "version": None, "cuda_build": None, "cuda_device_count": None,
+        "cuda_initialized": None, "error": None, "stowage_module": None,
+        "environment": {key: os.environ[key] for key in
+                        ("STOWAGE_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+                        if key in os.environ},
+    }
+    try:
+        import torch
+    except ImportError as error:
+        facts["error"] = str(error)
+        return facts
+    facts.update(installed=True, version=str(torch.__version__), cuda_build=torch.version.cuda)
+    if torch.version.cuda is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "found no NVIDIA driver": the CUDA section says so
+            facts["cuda_device_count"] = int(torch.cuda.device_count())
+        facts["cuda_initialized"] = bool(torch.cuda.is_initialized())
+    facts["stowage_module"] = _stowage_torch(str(torch.__version__))
+    return facts
+
+
+def _stowage_torch(torch_version: str) -> dict[str, Any]:
+    facts: dict[str, Any] = {"importable": False, "error": None, "built_for_torch": None,
+                             "matches_torch": None, "cuda_allocator_built": False,
+                             "cuda_torch_versions": [], "cuda_allocator_enabled": False,
+                             "cpu_allocator_enabled": False}
+    try:
+        from stowage import _torch
+    except ImportError as error:
+        facts["error"] = str(error)
+        return facts
+    versions = [v for v in re.split(r"[;, ]+", str(_torch.cuda_torch_versions)) if v]
+    facts.update(importable=True, built_for_torch=str(_torch.built_for_torch),
+                 matches_torch=_torch.built_for_torch == torch_version,
+                 cuda_allocator_built=bool(_torch.has_cuda), cuda_torch_versions=versions)
+    if facts["matches_torch"]:  # a module built for another torch is not to be called into
+        facts["cuda_allocator_enabled"] = bool(_torch.cuda_enabled())
+        facts["cpu_allocator_enabled"] = bool(_torch.is_enabled())
+    return facts
+
+
+# --- host memory and NUMA -------------------------------------------------------------------
+
+
+def host_memory() -> dict[str, Any]:
+    """Physical memory and the locked-memory limit (bytes; None: unlimited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    page = os.sysconf("SC_PAGE_SIZE")
+    available = page * os.sysconf("SC_AVPHYS_PAGES")  # free pages; MemAvailable counts caches too
+    try:
+        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
+        available = int(found.group(1)) << 10 if found else available
+    except OSError:
+        pass
+    return {
+        "total": page * os.sysconf("SC_PHYS_PAGES"),
+        "available": available,
+        "memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
+        "memlock_hard": None if hard == resource.RLIM_INFINITY else hard,
+    }
+
+
+def numa(bus_ids: list[str]) -> dict[str, Any]:
+    """hwloc's view: NUMA nodes, this process's CPUs, and each bus id's nearest nodes."""
+    try:
+        return dict(_core.numa_topology(bus_ids), error=None)
+    except (RuntimeError, ValueError) as error:
+        return {"error": f"hwloc: {error}", "nodes": [], "pci_devices": [], "process_cpus": None,
+                "process_numa_nodes": [], "hwloc_api_version": None, "packages": None,
+                "cores": None, "processing_units": None}
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def gather() -> dict[str, Any]:
+    """Every fact the report shows, and the advice drawn from them, as one JSON-ready dict."""
+    build = dict(_core.build_info())
+    torch = torch_facts()  # first: then the runtime found is the one torch loaded
+    driver, gpus = cuda_driver()
+    if not gpus:
+        gpus, smi_error = nvidia_smi_gpus()
+        if smi_error:
+            driver["nvidia_smi_error"] = smi_error
+    runtime = cuda_runtime()
+    topology = numa([gpu["pci_bus_id"] for gpu in gpus if gpu["pci_bus_id"]])
+    located = {device["bus_id"]: device for device in topology["pci_devices"]}
+    for gpu in gpus:
+        device = located.get(gpu["pci_bus_id"])
+        gpu["numa_nodes"] = device["numa_nodes"] if device and device["found"] else None
+        gpu["near_cpus"] = device["cpus"] if device and device["found"] else None
+    report = {
+        "stowage": build,
+        "cuda": {"driver": driver, "runtime": runtime},
+        "gpus": gpus,
+        "torch": torch,
+        "host_memory": host_memory(),
+        "numa": topology,
+    }
+    report["advice"] = advise(report)
+    return report
+
+
+def _bytes(value: int | None) -> str:
+    return "unlimited" if value is None else _core.format_bytes(value)
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text or "")[:2])
+
+
+def advise(report: dict[str, Any]) -> list[str]:
+    """One line per thing on this machine that limits stowage, stated as fact plus remedy."""
+    advice = []
+    build, gpus, torch = report["stowage"], report["gpus"], report["torch"]
+    driver, runtime = report["cuda"]["driver"], report["cuda"]["runtime"]
+    module = torch["stowage_module"] or {}
+    if not gpus:
+        reason = driver["error"] or "the driver reports no GPU"
+        advice.append(f"No GPU ({reason}): stowage runs on the simulated device; CPU mode works "
+                      "(stowage.enable(device='cpu', capacity='4GiB'), `stowage demo`), and so do "
+                      "`stowage replay` and the C++ library.")
+    elif gpus[0]["source"] == "nvidia-smi":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        advice.append(f"nvidia-smi lists {len(gpus)} GPU(s) but CUDA cannot use them "
+                      f"({driver['error']}): CUDA_VISIBLE_DEVICES is "
+                      f"{'unset' if visible is None else repr(visible)}; check that the driver "
+                      "library and the kernel module are the same version.")
+    elif not build["with_cuda"]:
+        advice.append("stowage was built without the CUDA toolkit, so it cannot use the GPUs: "
+                      "install the toolkit and reinstall stowage (tools/install).")
+    if (driver["version"] and runtime["version"]
+            and _version_tuple(driver["version"]) < _version_tuple(runtime["version"])):
+        advice.append(f"The driver supports CUDA up to {driver['version']} but the runtime is "
+                      f"{runtime['version']} ({runtime['library']}): CUDA calls fail with "
+                      "cudaErrorInsufficientDriver; update the driver, or use a torch built for "
+                      f"CUDA {driver['version']} or older.")
+    for gpu in gpus:
+        if gpu["virtual_memory_management"] is False:
+            advice.append(f"GPU {gpu['index']} ({gpu['name']}) has no virtual memory management: "
+                          "the paged pool needs it; stowage falls back to segments "
+                          "(virtual_memory:off).")
+    if not torch["installed"]:
+        advice.append("torch is not installed: stowage's torch allocator and CPU mode need it; "
+                      "`stowage replay` and the C++ library work without.")
+    elif not module.get("importable"):
+        advice.append(f"stowage._torch cannot be imported ({module.get('error')}): reinstall "
+                      "stowage against this torch (tools/install).")
+    elif not module["matches_torch"]:
+        advice.append(f"stowage was built for torch {module['built_for_torch']} but torch "
+                      f"{torch['version']} is installed: reinstall stowage (tools/install).")
+    elif gpus and torch["cuda_build"] is None:
+        advice.append(f"torch {torch['version']} is a CPU-only build: install a CUDA build of "
+                      "torch, then reinstall stowage (tools/install).")
+    elif gpus and build["with_cuda"] and not module["cuda_allocator_built"]:
+        advice.append(f"stowage's torch CUDA allocator was not built for torch {torch['version']} "
+                      "(it supports the versions named in python/CMakeLists.txt, "
+                      "STOWAGE_TORCH_CUDA_VERSIONS): use the C library route, "
+                      "torch.cuda.memory.CUDAPluggableAllocator(stowage.c_library_path(), "
+                      "'stowage_malloc', 'stowage_free') (no torch.cuda.memory_stats).")
+    memory = report["host_memory"]
+    soft = memory["memlock_soft"]
+    if soft is not None and soft < memory["total"]:
+        hard = memory["memlock_hard"]
+        if hard is None:
+            now = "`ulimit -l unlimited` in the shell that starts the job"
+        elif hard > soft:
+            now = (f"`ulimit -l {hard >> 10}` (the hard limit) in the shell that starts the job; "
+                   "beyond it needs CAP_SYS_RESOURCE")
+        else:
+            now = "the hard limit is the same, and raising it needs CAP_SYS_RESOURCE"
+        advice.append(f"The locked-memory limit (ulimit -l) is {_bytes(soft)} of "
+                      f"{_bytes(memory['total'])}: pinned host memory for offload needs it large "
+                      f"or unlimited. Now: {now}; for good: a memlock line in "
+                      "/etc/security/limits.conf ('* - memlock unlimited'); in Docker: "
+                      "`docker run --ulimit memlock=-1`.")
+    topology = report["numa"]
+    if topology["error"]:
+        advice.append(f"The NUMA topology is unknown ({topology['error']}), and with it each "
+                      "GPU's nearest NUMA node, where pinned host memory is best placed.")
+    process_nodes = set(topology["process_numa_nodes"])
+    for gpu in gpus:
+        if not gpu["pci_bus_id"] or topology["error"]:
+            continue
+        if gpu["numa_nodes"] is None:
+            advice.append(f"hwloc does not list GPU {gpu['index']}'s PCI device "
+                          f"{gpu['pci_bus_id']}: its NUMA node is unknown (is /sys/bus/pci "
+                          "visible?).")
+        elif gpu["numa_nodes"] and process_nodes and not process_nodes & set(gpu["numa_nodes"]):
+            nodes = _nodes(gpu["numa_nodes"])
+            advice.append(f"GPU {gpu['index']} is nearest NUMA node {nodes} (CPUs "
+                          f"{gpu['near_cpus']}), but this process runs on CPUs "
+                          f"{topology['process_cpus']} (node "
+                          f"{_nodes(sorted(process_nodes))}): host-device copies "
+                          f"cross the socket link; run under `numactl --cpunodebind={nodes} "
+                          f"--membind={nodes}`.")
+    return advice
+
+
+def _facts_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left", title_style="bold")
+    table.add_column("fact", style="cyan", no_wrap=True)
+    table.add_column("value")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _yes(value: bool | None) -> str:
+    return "unknown" if value is None else "yes" if value else "no"
+
+
+def _nodes(indexes: list[int]) -> str:
+    return ",".join(map(str, indexes))
+
+
+def _stowage_rows(build: dict[str, Any], module: dict[str, Any]) -> list[tuple[str, str]]:
+    versions = ", ".join(module.get("cuda_torch_versions") or [])
+    allocator = "not built"
+    if module.get("cuda_allocator_built"):
+        allocator = f"built for torch {versions}" if versions else "built"
+    sanitizer = f", sanitizer {build['sanitizer']}" if build["sanitizer"] else ""
+    return [
+        ("version", build["version"]),
+        ("build type", build["build_type"] + sanitizer),
+        ("compiler", build["compiler"]),
+        ("CUDA backend", f"built (CUDA {build['cuda_version']})" if build["with_cuda"] else "not built"),
+        ("torch integration",
+         f"built for torch {build['torch_version']}" if build["with_torch"] else "not built"),
+        ("torch CUDA allocator", allocator),
+    ]
+
+
+def _cuda_rows(driver: dict[str, Any], runtime: dict[str, Any]) -> list[tuple[str, str]]:
+    driver_devices = str(driver["device_count"])
+    if driver["version"] and driver["error"]:
+        driver_devices += f" ({driver['error']})"
+    return [
+        ("driver", f"CUDA {driver['version']} ({driver['library']})" if driver["version"]
+         else driver["error"] or "unknown"),
+        ("driver devices", driver_devices),
+        ("runtime", f"CUDA {runtime['version']} ({runtime['library']})" if runtime["version"]
+         else runtime["error"] or "unknown"),
+        ("runtime devices", str(runtime["device_count"]) if runtime["device_count"] is not None
+         else f"none ({runtime['error']})"),
+    ]
+
+
+def _print_gpus(gpus: list[dict[str, Any]], driver: dict[str, Any], console: Console) -> None:
+    if not gpus:
+        console.print(_facts_table("GPUs", [("none", driver["error"] or "the driver reports no GPU")]))
+        return
+    table = Table(title="GPUs", title_justify="left", title_style="bold")
+    for column in ("#", "name", "memory", "PCI bus id", "compute capability", "VMM", "NUMA node"):
+        table.add_column(column)
+    for gpu in gpus:
+        table.add_row(str(gpu["index"]), gpu["name"] or "?",
+                      "?" if gpu["total_memory"] is None else _bytes(gpu["total_memory"]),
+                      gpu["pci_bus_id"] or "?", gpu["compute_capability"] or "?",
+                      _yes(gpu["virtual_memory_management"]),
+                      "unknown" if gpu["numa_nodes"] is None else _nodes(gpu["numa_nodes"]))
+    console.print(table)
+
+
+def _torch_rows(torch: dict[str, Any]) -> list[tuple[str, str]]:
+    if not torch["installed"]:
+        return [("installed", f"no ({torch['error']})")]
+    module = torch["stowage_module"]
+    if module["importable"]:
+        built = f"built for torch {module['built_for_torch']}"
+        built += "" if module["matches_torch"] else " (not this torch)"
+    else:
+        built = f"cannot be imported: {module['error']}"
+    count = torch["cuda_device_count"]
+    rows = [
+        ("version", torch["version"]),
+        ("CUDA build", torch["cuda_build"] or "none (CPU-only build)"),
+        ("GPUs torch sees", "-" if count is None else str(count)),
+        ("stowage._torch", built),
+        ("stowage is the CUDA allocator", _yes(module["cuda_allocator_enabled"])),
+        ("stowage is the CPU allocator", _yes(module["cpu_allocator_enabled"])),
+    ]
+    return rows + [(key, repr(value)) for key, value in torch["environment"].items()]
+
+
+def _memory_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        ("physical", _bytes(memory["total"])),
+        ("available", _bytes(memory["available"])),
+        ("locked-memory limit (ulimit -l)",
+         f"{_bytes(memory['memlock_soft'])} (hard: {_bytes(memory['memlock_hard'])})"),
+    ]
+
+
+def _print_numa(topology: dict[str, Any], console: Console) -> None:
+    if topology["error"]:
+        console.print(_facts_table("NUMA", [("hwloc", topology["error"])]))
+        return
+    console.print(_facts_table("NUMA", [
+        ("hwloc", topology["hwloc_api_version"]),
+        ("machine", f"{topology['packages']} package(s), {topology['cores']} cores, "
+                    f"{topology['processing_units']} hardware threads, "
+                    f"{len(topology['nodes'])} NUMA node(s)"),
+        ("this process", f"CPUs {topology['process_cpus']}, NUMA node "
+                         f"{_nodes(topology['process_numa_nodes'])}"),
+    ]))
+    nodes = Table(title="NUMA nodes", title_justify="left", title_style="bold")
+    for column in ("node", "memory", "CPUs", "allowed"):
+        nodes.add_column(column)
+    for node in topology["nodes"]:
+        nodes.add_row(str(node["os_index"]), _bytes(node["local_memory"]), node["cpus"],
+                      _yes(node["allowed"]))
+    console.print(nodes)
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    driver, runtime = report["cuda"]["driver"], report["cuda"]["runtime"]
+    console.print(_facts_table("stowage", _stowage_rows(report["stowage"],
+                                                        report["torch"]["stowage_module"] or {})))
+    console.print(_facts_table("CUDA", _cuda_rows(driver, runtime)))
+    _print_gpus(report["gpus"], driver, console)
+    console.print(_facts_table("torch", _torch_rows(report["torch"])))
+    console.print(_facts_table("host memory", _memory_rows(report["host_memory"])))
+    _print_numa(report["numa"], console)
+    text = "\n".join(f"- {line}" for line in report["advice"]) or "Nothing here limits stowage."
+    console.print(Panel(text, title="advice", title_align="left"))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = gather()
+    except Exception as error:  # a bug in the doctor itself: say so, never a traceback
+        print(f"stowage doctor: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    out = Console()
+    print_report(report, out if out.is_terminal else Console(width=120))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stowage.doctor``: the same as ``stowage doctor``."""
+    parser = argparse.ArgumentParser(prog="stowage doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
