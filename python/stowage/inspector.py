@@ -13,6 +13,8 @@ loader, which runs no code) and explains one device's memory in the terminal, or
   without frames, by size class;
 - the live-bytes timeline of the trace (alloc adds, free_completed subtracts): its peak, when
   (time_us, or the event index when the trace has no times), and what was live then;
+- ``--html OUT``: the same as one self-contained HTML file with a stacked live-memory timeline by
+  site and a segment map (stowage/html_report.py);
 - for an ``oom`` event: what was asked, what the device had free, what was live and where from,
   and what would have helped: the same trace replayed through stowage, and the sites that
   offloading or recomputing could remove.
@@ -49,6 +51,7 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("--device", type=int, default=None, help="the device to explain (default: the first with data)")
     parser.add_argument("--top", type=int, default=10, help="allocation sites to list (default 10)")
     parser.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (plots and tables)")
 
 
 # --- sites ---
@@ -422,6 +425,15 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"stowage inspect: {path}: malformed snapshot ({type(error).__name__}: {error})")
         return 2
     report["path"] = str(path)
+    if args.html:
+        from stowage.html_report import render
+
+        try:
+            Path(args.html).write_text(render(path.name, report, snapshot), encoding="utf-8")
+        except OSError as error:
+            err.print(f"stowage inspect: cannot write {args.html}: {error}")
+            return 2
+        err.print(f"stowage inspect: wrote {args.html} ({_b(Path(args.html).stat().st_size)})")
     if args.json:
         print(json.dumps(report))
     else:
