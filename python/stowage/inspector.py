@@ -380,6 +380,10 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         console.print(f"[bold red]out of memory[/bold red] at event {oom['event_index']:,}: asked for "
                       f"{_b(oom['requested'])}; the device had {_b(oom['device_free'])} free; "
                       f"{_b(oom['live_bytes'])} were live.")
+        if totals["segments"]:
+            console.print(f"at the snapshot, stowage's or torch's cache held {_b(totals['reserved_unallocated'])} "
+                          f"reserved but unallocated, the largest free block {_b(totals['largest_free_block'])} "
+                          f"(a snapshot dumped at the OOM shows the cache as the request found it)")
         console.print(_sites_table("live at the OOM, by site", oom["sites"], oom["live_bytes"]))
         console.print("what would have helped:")
         short = oom["requested"] - oom["device_free"]

@@ -9,7 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import REPO, stowage
+import pytest
+
+from conftest import REPO, SHARED_TRACES, stowage
 
 MiB = 1 << 20
 
@@ -50,10 +52,11 @@ def test_a_site_that_grew_and_one_that_shrank(tmp_path: Path) -> None:
     assert "grew, by site" in text and "shrank, by site" in text and "+12.00 MiB" in text
 
 
-def test_a_snapshot_against_itself_changes_nothing() -> None:
-    trace = REPO / "../shared/traces/gpu_deepseek1.3b_finetune_step.pickle"
-    if not trace.exists():
-        trace = next((REPO / "bench" / "traces").glob("*.pickle.gz"))
+TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_a_snapshot_against_itself_changes_nothing(trace: Path) -> None:
     result = stowage("diff", str(trace), str(trace), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
