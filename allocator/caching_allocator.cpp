@@ -504,20 +504,28 @@ void CachingAllocator::release_segment_locked(Segment& segment) {
 }
 
 bool CachingAllocator::release_cached_locked() {
-  bool released = release_private_segments_locked(/*all=*/false);
+  const bool released = release_private_segments_locked(/*all=*/false);
   if (paged_) return release_paged_locked() || released;
+  return release_free_segments_locked(
+             [](const Segment& segment) { return segment.owner == nullptr; }) ||
+         released;
+}
+
+bool CachingAllocator::release_free_segments_locked(
+    const std::function<bool(const Segment&)>& which) {
+  bool released = false;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment& segment = it->second;
-    if (!segment.is_free() || segment.owner != nullptr) {
+    if (segment.paged || !segment.is_free() || !which(segment)) {
       ++it;
       continue;
     }
     Block* block = segment.first;
-    index_of(segment.pool).erase(*block);
+    index_for(*block).erase(*block);
     try {
       release_segment_locked(segment);
     } catch (const std::exception& error) {
-      index_of(segment.pool).insert(*block);
+      index_for(*block).insert(*block);
       log_warning(detail::concat("returning a segment to the device failed: ", error.what()));
       ++it;
       continue;

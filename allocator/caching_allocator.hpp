@@ -305,6 +305,9 @@ class CachingAllocator {
   void release_segment_locked(Segment& segment);
   // Returns every wholly free segment to the device; true if any was released.
   bool release_cached_locked();
+  // Returns the wholly free segment-path segments that `which` picks; true if any went back.
+  // A segment the device refuses stays, logged.
+  bool release_free_segments_locked(const std::function<bool(const Segment&)>& which);
   void process_events_locked();
   void synchronize_pending_locked();
   Event acquire_event_locked();

@@ -78,27 +78,8 @@ bool CachingAllocator::release_pool_cache(PoolId id) {
   PrivatePool* pool = find_pool_locked(id);
   if (pool == nullptr) return false;
   synchronize_pending_locked();
-  bool released = false;
-  for (auto it = segments_.begin(); it != segments_.end();) {
-    Segment& segment = it->second;
-    if (segment.owner != pool || !segment.is_free()) {
-      ++it;
-      continue;
-    }
-    Block* block = segment.first;
-    index_for(*block).erase(*block);
-    try {
-      release_segment_locked(segment);
-    } catch (const std::exception& error) {
-      index_for(*block).insert(*block);
-      log_warning(detail::concat("returning a segment to the device failed: ", error.what()));
-      ++it;
-      continue;
-    }
-    arena_.recycle(block);
-    it = segments_.erase(it);
-    released = true;
-  }
+  bool released =
+      release_free_segments_locked([&](const Segment& segment) { return segment.owner == pool; });
   release_private_segments_locked(/*all=*/false);  // forgets the pool if nothing holds it
   return released;
 }
@@ -110,28 +91,9 @@ int CachingAllocator::pool_use_count(PoolId id) const {
 }
 
 bool CachingAllocator::release_private_segments_locked(bool all) {
-  bool released = false;
-  for (auto it = segments_.begin(); it != segments_.end();) {
-    Segment& segment = it->second;
-    if (segment.owner == nullptr || !segment.is_free() ||
-        (segment.owner->use_count > 0 && !all)) {
-      ++it;
-      continue;
-    }
-    Block* block = segment.first;
-    index_for(*block).erase(*block);
-    try {
-      release_segment_locked(segment);
-    } catch (const std::exception& error) {
-      index_for(*block).insert(*block);
-      log_warning(detail::concat("returning a segment to the device failed: ", error.what()));
-      ++it;
-      continue;
-    }
-    arena_.recycle(block);
-    it = segments_.erase(it);
-    released = true;
-  }
+  const bool released = release_free_segments_locked([all](const Segment& segment) {
+    return segment.owner != nullptr && (all || segment.owner->use_count == 0);
+  });
   std::erase_if(private_pools_, [&](const auto& entry) {
     const PrivatePool& pool = *entry.second;
     const bool in_capture = std::any_of(captures_.begin(), captures_.end(),
