@@ -18,10 +18,8 @@ and during the measured steps.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from run_context import install_allocator, machine_info, percentile
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -39,68 +39,6 @@ VARLEN_FRACTIONS = (1.0, 0.75, 0.875, 0.5)
 COUNTER_KEYS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_maps",
                 "num_unmaps", "mapped_pages.current", "segment.all.current")
 GiB = float(1 << 30)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) of ``values``, linearly interpolated."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    """The GPU, software versions and date of this run."""
-    import torch
-
-    properties = torch.cuda.get_device_properties(0)
-    info: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0),
-        "gpu_memory_gib": round(properties.total_memory / GiB, 2),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-    }
-    try:
-        import stowage
-
-        info["stowage"] = stowage.__version__
-    except ImportError:
-        info["stowage"] = None
-    return info
-
-
-def install_allocator(allocator: str, conf: str) -> None:
-    """Makes ``allocator`` torch's CUDA allocator; must run before anything initialises CUDA."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        raise SystemExit("CUDA was initialised before the allocator was chosen")
-    if allocator == "native":
-        if os.environ.get("STOWAGE_ALLOC_CONF") is not None:
-            raise SystemExit("--allocator native: unset STOWAGE_ALLOC_CONF, which installs stowage at import torch")
-        return
-    import stowage
-
-    if stowage.is_enabled():  # STOWAGE_ALLOC_CONF installed it at import torch
-        if conf:
-            raise SystemExit("--conf and STOWAGE_ALLOC_CONF both given: use one")
-        return
-    stowage.enable(conf or None, device="cuda")
 
 
 def counters(allocator: str) -> dict[str, int]:

@@ -14,11 +14,9 @@ program pays per tensor: Python and dispatcher overhead included. One allocator 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from run_context import install_allocator, machine_info, percentile
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -39,75 +39,6 @@ def format_size(size: int) -> str:
         if size >= 1 << shift and size % (1 << shift) == 0:
             return f"{size >> shift} {unit}"
     return f"{size} B"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) of ``values``, linearly interpolated."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict[str, Any]:
-    import torch
-
-    info: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0),
-        "cpu": cpu_name(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-    }
-    try:
-        import stowage
-
-        info["stowage"] = stowage.__version__
-    except ImportError:
-        info["stowage"] = None
-    return info
-
-
-def install_allocator(allocator: str, conf: str) -> None:
-    """Makes ``allocator`` torch's CUDA allocator; must run before anything initialises CUDA."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        raise SystemExit("CUDA was initialised before the allocator was chosen")
-    if allocator == "native":
-        if os.environ.get("STOWAGE_ALLOC_CONF") is not None:
-            raise SystemExit("--allocator native: unset STOWAGE_ALLOC_CONF, which installs stowage at import torch")
-        return
-    import stowage
-
-    if stowage.is_enabled():
-        if conf:
-            raise SystemExit("--conf and STOWAGE_ALLOC_CONF both given: use one")
-        return
-    stowage.enable(conf or None, device="cuda")
 
 
 def time_pairs(size: int, iterations: int) -> float:
