@@ -31,7 +31,6 @@ from typing import Any
 from run_context import install_allocator, machine_info, percentile
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 ALLOCATORS = ("native", "stowage")

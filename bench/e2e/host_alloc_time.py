@@ -28,7 +28,6 @@ from typing import Any
 from run_context import install_allocator, machine_info, percentile
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 
 ALLOCATORS = ("native", "stowage")
 SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
