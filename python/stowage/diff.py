@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from stowage import _core
-from stowage.inspector import devices_with_data, peak_of, sites_at_end, totals_of
-from stowage.snapshot_loader import SnapshotError, load_snapshot
+from stowage.inspector import devices_with_data, load_with_progress, peak_of, sites_at_end, totals_of
+from stowage.snapshot_loader import SnapshotError
 
 _ALL_SITES = 1 << 30
 
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     snapshots = []
     for name in (args.before, args.after):
         try:
-            snapshots.append(load_snapshot(Path(name)))
+            snapshots.append(load_with_progress(Path(name), err))
         except SnapshotError as error:
             err.print(f"stowage diff: {error}")
             return 2

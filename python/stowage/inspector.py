@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
@@ -408,8 +409,7 @@ def run(args: argparse.Namespace) -> int:
         err.print("stowage inspect: --top must be at least 1")
         return 2
     try:
-        with err.status(f"loading {path.name}", spinner="dots") if err.is_terminal else _nothing():
-            snapshot = load_snapshot(path)
+        snapshot = load_with_progress(path, err)
     except SnapshotError as error:
         err.print(f"stowage inspect: {error}")
         return 2
@@ -446,9 +446,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
+def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
+    """load_snapshot, with a progress bar per phase (checking the pickle, loading it) on a
+    terminal."""
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
+        tasks: dict[str, Any] = {}
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+        def report(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = progress.add_task(f"{phase} {path.name}", total=max(total, 1))
+            progress.update(tasks[phase], completed=done)
+
+        return load_snapshot(path, report)

@@ -29,6 +29,7 @@ import math
 import pickle
 import pickletools
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +102,43 @@ def _read_bytes(path: Path) -> bytes:
     return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw
 
 
-def _check_opcodes(data: bytes) -> None:
+# Reports a phase's progress: (phase, bytes done, bytes in all).
+Progress = Callable[[str, int, int], None]
+_REPORT_EVERY = 1 << 16  # opcodes between progress reports
+
+
+class _ReportingReader(io.BytesIO):
+    """The pickle's bytes, reporting how far the unpickler has read."""
+
+    def __init__(self, data: bytes, progress: Progress) -> None:
+        super().__init__(data)
+        self._progress = progress
+        self._total = len(data)
+        self._reported = 0
+
+    def _report(self) -> None:
+        position = self.tell()
+        if position - self._reported >= 1 << 20 or position == self._total:
+            self._reported = position
+            self._progress("loading", position, self._total)
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        self._report()
+        return chunk
+
+    def readinto(self, buffer: Any) -> int:
+        count = super().readinto(buffer)
+        self._report()
+        return count
+
+
+def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
     """Refuses, before anything is built, what a snapshot pickle never holds."""
     try:
-        for opcode, argument, position in pickletools.genops(data):
+        for count, (opcode, argument, position) in enumerate(pickletools.genops(data)):
+            if progress is not None and count % _REPORT_EVERY == 0:
+                progress("checking", position, len(data))
             name = opcode.name
             if name not in PLAIN_OPCODES:
                 raise SnapshotError(
@@ -227,11 +261,15 @@ def check_structure(snapshot: Any) -> None:
                 _expect(entry["time_us"], (int, float), f"{where}.time_us")
 
 
-def loads_snapshot(data: bytes, name: str = "<bytes>") -> dict[str, Any]:
-    """Loads a snapshot from pickle bytes (not gzipped); see the module's description."""
+def loads_snapshot(data: bytes, name: str = "<bytes>", progress: Progress | None = None) -> dict[str, Any]:
+    """Loads a snapshot from pickle bytes (not gzipped); see the module's description. `progress`,
+    if given, hears how far the checking and the loading have come."""
     try:
-        _check_opcodes(data)
-        value = _RefusingUnpickler(io.BytesIO(data)).load()
+        _check_opcodes(data, progress)
+        if progress is not None:
+            progress("checking", len(data), len(data))
+        reader = io.BytesIO(data) if progress is None else _ReportingReader(data, progress)
+        value = _RefusingUnpickler(reader).load()
     except SnapshotError as error:
         raise SnapshotError(f"{name}: {error}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
@@ -246,7 +284,7 @@ def loads_snapshot(data: bytes, name: str = "<bytes>") -> dict[str, Any]:
     return value
 
 
-def load_snapshot(path: str | Path) -> dict[str, Any]:
+def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
     """Loads a snapshot file (plain or gzipped pickle) safely; raises SnapshotError."""
     path = Path(path)
-    return loads_snapshot(_read_bytes(path), str(path))
+    return loads_snapshot(_read_bytes(path), str(path), progress)

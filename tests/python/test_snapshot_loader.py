@@ -160,3 +160,18 @@ def test_a_trace_of_frees_only_replays_without_a_traceback(write_snapshot) -> No
     result = stowage("replay", str(path), "--min-capacity", "--json")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_progress_is_reported_through_checking_and_loading(tmp_path: Path) -> None:
+    trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(200_000)]
+    path = tmp_path / "big.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    heard: dict[str, list[tuple[int, int]]] = {}
+    snapshot = load_snapshot(path, lambda phase, done, total: heard.setdefault(phase, []).append((done, total)))
+    assert len(snapshot["device_traces"][0]) == 200_000
+    size = path.stat().st_size
+    for phase in ("checking", "loading"):
+        reports = heard[phase]
+        assert len(reports) >= 2, phase
+        assert [done for done, _ in reports] == sorted(done for done, _ in reports)
+        assert reports[-1] == (size, size)
