@@ -76,9 +76,9 @@ void delete_block(void* ptr) {
 class ClockMapping {
  public:
   ClockMapping() : start_(c10::ApproximateClockToUnixTimeConverter::measurePair()) {}
-  c10::approx_time_t approx_time_of(std::int64_t time_us) const {
+  // A converter for one snapshot: both clocks are read once, when it is made.
+  std::function<c10::approx_time_t(std::int64_t)> converter() const {
     const auto now = c10::ApproximateClockToUnixTimeConverter::measurePair();
-    const double ns = static_cast<double>(time_us) * 1000.0;
     const double elapsed_ns = static_cast<double>(now.t_ - start_.t_);
     double ticks_per_ns = 1.0;
     if constexpr (!std::is_same_v<c10::approx_time_t, std::int64_t>) {
@@ -86,9 +86,12 @@ class ClockMapping {
         ticks_per_ns = static_cast<double>(now.approx_t_ - start_.approx_t_) / elapsed_ns;
       }
     }
-    const double ticks =
-        static_cast<double>(now.approx_t_) - (static_cast<double>(now.t_) - ns) * ticks_per_ns;
-    return static_cast<c10::approx_time_t>(std::max(ticks, 0.0));
+    return [now, ticks_per_ns](std::int64_t time_us) {
+      const double ns = static_cast<double>(time_us) * 1000.0;
+      const double ticks =
+          static_cast<double>(now.approx_t_) - (static_cast<double>(now.t_) - ns) * ticks_per_ns;
+      return static_cast<c10::approx_time_t>(std::max(ticks, 0.0));
+    };
   }
 
  private:
@@ -284,6 +287,7 @@ class StowageCudaAllocator final : public PluggableBase {
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
     cca::SnapshotInfo out;
     out.device_traces.resize(static_cast<std::size_t>(std::max<int>(0, c10::cuda::device_count())));
+    const auto approx_time_of = clock_.converter();
     cuda_allocators::for_each([&](int device, CachingAllocator& allocator) {
       const AllocatorSnapshot shot = allocator.snapshot();
       for (const SegmentSnapshot& segment : shot.segments) {
@@ -317,7 +321,7 @@ class StowageCudaAllocator final : public PluggableBase {
         if (skipped.contains(to_torch(entry.action))) continue;
         trace.emplace_back(to_torch(entry.action), static_cast<c10::DeviceIndex>(device),
                            entry.address, entry.size, to_cuda_stream(entry.stream),
-                           c10::MempoolId_t{0, 0}, clock_.approx_time_of(entry.time_us),
+                           c10::MempoolId_t{0, 0}, approx_time_of(entry.time_us),
                            contexts_.find(entry.context));
       }
     });
