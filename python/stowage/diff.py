@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stowage import _core
-from stowage.inspector import devices_with_data, load_with_progress, peak_of, sites_at_end, totals_of
+from stowage.inspector import analyse_trace, devices_with_data, load_with_progress, sites_at_end, totals_of
 from stowage.snapshot_loader import SnapshotError
 
 _ALL_SITES = 1 << 30
@@ -51,10 +51,10 @@ def _figures(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
     totals = totals_of(segments)
     traces = snapshot.get("device_traces", [])
     trace = traces[device] if device < len(traces) else []
-    peak = peak_of(trace, totals.allocated if segments else None, 1)
+    peak, _, _ = analyse_trace(trace, totals.requested if segments else None, 1)
     return {"allocated": totals.allocated, "reserved": totals.reserved, "segments": totals.segments,
             "largest_free_block": totals.largest_free_block, "fragmentation": totals.fragmentation,
-            "trace_peak": peak.live_bytes if peak.event_index >= 0 else None}
+            "trace_peak": peak.live_bytes if trace else None}
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> dict[str, Any]:
@@ -72,13 +72,19 @@ def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int
     grew = sorted((c for c in changes if c["change"] > 0), key=lambda c: c["change"], reverse=True)
     shrank = sorted((c for c in changes if c["change"] < 0), key=lambda c: c["change"])
 
-    a_segments = {int(s["address"]): s for s in _segments(before, device)}
-    b_segments = {int(s["address"]): s for s in _segments(after, device)}
+    # Segments are the same when address and size agree; an expandable segment (a mapped range of
+    # one reservation) is the same range when its start agrees, whatever it grew or shrank to.
+    def key(segment: dict[str, Any]) -> tuple[int, int]:
+        return (int(segment["address"]), 0 if segment.get("is_expandable") else int(segment["total_size"]))
+
+    a_segments = {key(s): s for s in _segments(before, device)}
+    b_segments = {key(s): s for s in _segments(after, device)}
     gone = [a_segments[address] for address in a_segments.keys() - b_segments.keys()]
     new = [b_segments[address] for address in b_segments.keys() - a_segments.keys()]
     changed = []
-    for address in a_segments.keys() & b_segments.keys():
-        a, b = a_segments[address], b_segments[address]
+    for address_and_size in a_segments.keys() & b_segments.keys():
+        a, b = a_segments[address_and_size], b_segments[address_and_size]
+        address = address_and_size[0]
         size_change = int(b["total_size"]) - int(a["total_size"])
         live_change = _live(b) - _live(a)
         if size_change or live_change:

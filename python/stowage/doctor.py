@@ -294,10 +294,14 @@ def host_memory() -> dict[str, Any]:
     }
 
 
+_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
 def numa(bus_ids: list[str]) -> dict[str, Any]:
-    """hwloc's view: NUMA nodes, this process's CPUs, and each bus id's nearest nodes."""
+    """hwloc's view: NUMA nodes, this process's CPUs, and each bus id's nearest nodes. A bus id
+    that is not one (nvidia-smi prints "[N/A]" for some) is left out rather than failing all."""
     try:
-        return dict(_core.numa_topology(bus_ids), error=None)
+        return dict(_core.numa_topology([b for b in bus_ids if _BUS_ID.match(b)]), error=None)
     except (RuntimeError, ValueError) as error:
         return {"error": f"hwloc: {error}", "nodes": [], "pci_devices": [], "process_cpus": None,
                 "process_numa_nodes": [], "hwloc_api_version": None, "packages": None,
@@ -404,8 +408,10 @@ def advise(report: dict[str, Any]) -> list[str]:
         else:
             now = "the hard limit is the same, and raising it needs CAP_SYS_RESOURCE"
         advice.append(f"The locked-memory limit (ulimit -l) is {_bytes(soft)} of "
-                      f"{_bytes(memory['total'])}: pinned host memory for offload needs it large "
-                      f"or unlimited. Now: {now}; for good: a memlock line in "
+                      f"{_bytes(memory['total'])}. Memory the CUDA driver pins itself "
+                      "(cudaHostAlloc) does not count against it, but host memory pinned by "
+                      "registering it (cudaHostRegister) and by other tools may; if pinning "
+                      f"fails, raise it. Now: {now}; for good: a memlock line in "
                       "/etc/security/limits.conf ('* - memlock unlimited'); in Docker: "
                       "`docker run --ulimit memlock=-1`.")
     topology = report["numa"]

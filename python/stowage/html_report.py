@@ -35,21 +35,34 @@ def _e(text: object) -> str:
 
 
 def timeline(trace: list[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
-    """Live bytes by site, sampled: at most MAX_POINTS samples, always including the peak."""
+    """Live bytes by site, sampled: at most MAX_POINTS samples, always including the peak. As in
+    inspector.analyse_trace, bytes live before the trace began start at `baseline` and drop with
+    each free of an address the trace never allocated."""
     events = [(i, e) for i, e in enumerate(trace) if e.get("action") in ("alloc", "free_completed")]
     if not events:
         return {"x": [], "series": {}, "peak_index": -1}
     index_of_site = {site: k for k, site in enumerate(named)}
-    other = len(named)
-    live_site: dict[int, int] = {}
-    running = [0] * (len(named) + 1)
-    total, peak_total, peak_at = 0, -1, 0
-    for position, (_, entry) in enumerate(events):  # first pass: where the peak is
+    other, before = len(named), len(named) + 1
+    live: dict[int, tuple[int, int]] = {}  # address -> (series, size)
+    running = [0] * (len(named) + 2)
+    running[before] = baseline
+    totals = []
+    for _, entry in events:  # first pass: where the peak is
         size = int(entry["size"])
-        total += size if entry["action"] == "alloc" else -size
-        if total > peak_total:
-            peak_total, peak_at = total, position
-    stride = max(1, len(events) // MAX_POINTS)
+        address = int(entry["addr"])
+        if entry["action"] == "alloc":
+            live[address] = (0, size)
+            running[0] += size
+        elif address in live:
+            running[0] -= live.pop(address)[1]
+        else:
+            running[before] -= size
+        totals.append(running[0] + running[before])
+    peak_at = max(range(len(totals)), key=totals.__getitem__)
+    live.clear()
+    running = [0] * (len(named) + 2)
+    running[before] = baseline
+    stride = max(1, -(-len(events) // MAX_POINTS))
     xs: list[int] = []
     samples: list[list[int]] = []
     for position, (index, entry) in enumerate(events):
@@ -57,18 +70,21 @@ def timeline(trace: list[dict[str, Any]], baseline: int, named: list[str]) -> di
         address = int(entry["addr"])
         if entry["action"] == "alloc":
             k = index_of_site.get(site_of(entry.get("frames"), size), other)
-            live_site[address] = k
+            live[address] = (k, size)
             running[k] += size
+        elif address in live:
+            k, allocated = live.pop(address)
+            running[k] -= allocated
         else:
-            k = live_site.pop(address, other)
-            running[k] -= size
+            running[before] -= size
         if position % stride == 0 or position == peak_at or position == len(events) - 1:
             xs.append(index)
             samples.append(list(running))
-    series = {site: [s[k] for s in samples] for site, k in index_of_site.items()}
-    series["other"] = [s[other] for s in samples]
+    series: dict[str, list[int]] = {}
     if baseline:
-        series = {"(live before the trace began)": [baseline] * len(xs), **series}
+        series["(live before the trace began)"] = [max(s[before], 0) for s in samples]
+    series.update({site: [s[k] for s in samples] for site, k in index_of_site.items()})
+    series["other"] = [s[other] for s in samples]
     return {"x": xs, "series": series, "peak_index": events[peak_at][0]}
 
 
@@ -117,8 +133,11 @@ def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:
 def _segment_map_svg(segments: list[dict[str, Any]], colors: dict[str, str]) -> str:
     if not segments:
         return "<p>The snapshot lists no segments (everything had been freed and released).</p>"
-    chosen = sorted(segments, key=lambda s: int(s["total_size"]), reverse=True)[:MAX_SEGMENT_ROWS]
+    chosen = [s for s in segments if int(s["total_size"]) > 0]
+    chosen = sorted(chosen, key=lambda s: int(s["total_size"]), reverse=True)[:MAX_SEGMENT_ROWS]
     chosen.sort(key=lambda s: int(s["address"]))
+    if not chosen:
+        return "<p>The snapshot lists only empty segments.</p>"
     largest = max(int(s["total_size"]) for s in chosen)
     row, left = 11, 90
     bar_w = WIDTH - left - 10

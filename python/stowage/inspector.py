@@ -4,8 +4,8 @@ Reads a snapshot written by ``torch.cuda.memory._dump_snapshot`` or by stowage (
 loader, which runs no code) and explains one device's memory in the terminal, or as JSON:
 
 - totals: allocated, active, reserved, reserved but unallocated, the largest free block, and
-  fragmentation = 1 - largest free block / reserved-but-unallocated bytes (0 when nothing is
-  free): the share of free cached memory that a single request could not use;
+  fragmentation = 1 - largest free block / free reserved bytes (reserved minus active; 0 when
+  nothing is free): the share of free cached memory that a single request could not use;
 - segments: how many, their sizes, how full, and those held by one small live block (a segment
   that cannot go back to the device for the sake of a few bytes);
 - allocation sites by live bytes at the end and at the peak of the trace: stacks grouped by
@@ -171,7 +171,8 @@ def segments_of(segments: list[dict[str, Any]], top: int) -> SegmentSummary:
         live = [b for b in segment.get("blocks", []) if str(b.get("state", "")).startswith("active")]
         live_bytes = sum(int(b["size"]) for b in live)
         fills.append(live_bytes / total if total else 0.0)
-        if len(live) == 1 and live_bytes < _SMALL_SEGMENT * total:
+        # An expandable segment's free pages can be unmapped: one small block holds nothing back.
+        if len(live) == 1 and live_bytes < _SMALL_SEGMENT * total and not segment.get("is_expandable"):
             block = live[0]
             held.append({"address": int(segment["address"]), "segment_bytes": total,
                          "live_bytes": live_bytes, "held_back": total - live_bytes,
@@ -197,83 +198,99 @@ def sites_at_end(segments: list[dict[str, Any]], top: int) -> list[dict[str, Any
         for block in segment.get("blocks", []):
             if block.get("state") == "active_allocated":
                 size = int(block["size"])
-                entry = by_site[site_of(block.get("frames"), size)]
+                # Classified by the size asked for, as the trace's events are.
+                entry = by_site[site_of(block.get("frames"), int(block.get("requested_size", size)))]
                 entry[0] += size
                 entry[1] += 1
     return _ranked(by_site, top)
 
 
-def _live_during(trace: list[dict[str, Any]], stop: int) -> dict[int, dict[str, Any]]:
-    """The allocations live just after event `stop`, by address (alloc adds, free_completed
-    removes)."""
-    live: dict[int, dict[str, Any]] = {}
-    for entry in trace[: stop + 1]:
-        action = entry.get("action")
-        if action == "alloc":
-            live[int(entry["addr"])] = entry
-        elif action == "free_completed":
-            live.pop(int(entry["addr"]), None)
-    return live
+_BEFORE = "(live before the trace began)"
+_MAX_OOMS = 50  # OOM events explained; a trace with more says how many it left out
 
 
-def _sites_of_live(live: dict[int, dict[str, Any]], top: int) -> list[dict[str, Any]]:
-    by_site: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for entry in live.values():
-        size = int(entry["size"])
-        record = by_site[site_of(entry.get("frames"), size)]
-        record[0] += size
-        record[1] += 1
-    return _ranked(by_site, top)
-
-
-def peak_of(trace: list[dict[str, Any]], allocated_at_end: int | None, top: int) -> Peak:
-    """The trace's live-bytes peak. Bytes live before the trace began are estimated from the
-    snapshot's end (allocated at the end minus what the trace added) when segments are known."""
-    live = 0
-    peak = Peak()
-    for index, entry in enumerate(trace):
-        action = entry.get("action")
-        if action == "alloc":
-            live += int(entry["size"])
-        elif action == "free_completed":
-            live -= int(entry["size"])
-        else:
-            continue
-        if live > peak.live_bytes or peak.event_index < 0:
-            peak.live_bytes, peak.event_index = live, index
-            peak.time_us = entry.get("time_us")
-    if allocated_at_end is not None:
-        peak.baseline = max(0, allocated_at_end - live)
-    peak.live_bytes += peak.baseline
-    if peak.event_index >= 0:
-        live_then = _live_during(trace, peak.event_index)
-        peak.sites = _with_baseline(_sites_of_live(live_then, top), peak.baseline, top)
-    return peak
-
-
-def _with_baseline(sites: list[dict[str, Any]], baseline: int, top: int) -> list[dict[str, Any]]:
-    """Adds the bytes live before the trace began (whose sites the trace cannot name) as a row."""
-    if baseline <= 0:
-        return sites
-    rows = sites + [{"site": "(live before the trace began)", "bytes": baseline, "allocations": 0}]
+def _ranked_sites(by_site: dict[str, int], counts: dict[str, int], pre_trace: int,
+                  top: int) -> list[dict[str, Any]]:
+    rows = [{"site": site, "bytes": total, "allocations": counts[site]}
+            for site, total in by_site.items() if total > 0]
+    if pre_trace > 0:
+        rows.append({"site": _BEFORE, "bytes": pre_trace, "allocations": 0})
     return sorted(rows, key=lambda row: row["bytes"], reverse=True)[:top]
 
 
-def ooms_of(trace: list[dict[str, Any]], baseline: int, top: int) -> list[OomExplanation]:
-    found = []
-    live = baseline
+def analyse_trace(trace: list[dict[str, Any]], requested_at_end: int | None,
+                  top: int) -> tuple[Peak, list[OomExplanation], int]:
+    """The live-bytes peak and the OOM events of a trace, in two passes.
+
+    Live bytes at an event = the trace's own allocations still live (each counted at the size it
+    was allocated with) + what was live before the trace began and is not yet freed. The latter
+    starts at a baseline and drops with every free of an address the trace never allocated (a
+    ring buffer that dropped its oldest events). The baseline comes from the snapshot's end
+    (requested bytes of the live blocks, minus the trace's own still live, plus those unknown
+    frees) when segments are known, else it is the unknown frees alone: never negative, and
+    never less than what was freed of it. Returns the peak, the OOMs (at most _MAX_OOMS) and the
+    number of OOM events in all.
+    """
+    sizes: dict[int, int] = {}
+    own = unknown = 0
+    best, best_index = 0, -1  # own - unknown, highest so far; -1: before the first event
     for index, entry in enumerate(trace):
         action = entry.get("action")
         if action == "alloc":
-            live += int(entry["size"])
+            size = int(entry["size"])
+            sizes[int(entry["addr"])] = size
+            own += size
         elif action == "free_completed":
-            live -= int(entry["size"])
+            size = sizes.pop(int(entry["addr"]), None)
+            if size is None:
+                unknown += int(entry["size"])
+            else:
+                own -= size
+        else:
+            continue
+        if own - unknown > best:
+            best, best_index = own - unknown, index
+    baseline = unknown if requested_at_end is None else requested_at_end - own + unknown
+    baseline = max(baseline, unknown, 0)
+    peak = Peak(live_bytes=baseline + best, event_index=best_index, baseline=baseline)
+    if best_index >= 0:
+        peak.time_us = trace[best_index].get("time_us")
+
+    live: dict[int, tuple[str, int]] = {}
+    by_site: dict[str, int] = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
+    freed_before = 0
+    ooms: list[OomExplanation] = []
+    oom_events = 0
+    if best_index < 0:
+        peak.sites = _ranked_sites({}, counts, baseline, top)
+    for index, entry in enumerate(trace):
+        action = entry.get("action")
+        if action == "alloc":
+            size = int(entry["size"])
+            site = site_of(entry.get("frames"), size)
+            live[int(entry["addr"])] = (site, size)
+            by_site[site] += size
+            counts[site] += 1
+        elif action == "free_completed":
+            found = live.pop(int(entry["addr"]), None)
+            if found is None:
+                freed_before += int(entry["size"])
+            else:
+                by_site[found[0]] -= found[1]
+                counts[found[0]] -= 1
         elif action == "oom":
-            found.append(OomExplanation(
-                event_index=index, requested=int(entry.get("size", 0)),
-                device_free=int(entry.get("addr", 0)), live_bytes=live,
-                sites=_with_baseline(_sites_of_live(_live_during(trace, index), top), baseline, top)))
-    return found
+            oom_events += 1
+            if len(ooms) < _MAX_OOMS:
+                pre_trace = baseline - freed_before
+                ooms.append(OomExplanation(
+                    event_index=index, requested=int(entry.get("size", 0)),
+                    device_free=int(entry.get("device_free", entry.get("addr", 0))),
+                    live_bytes=pre_trace + sum(by_site.values()),
+                    sites=_ranked_sites(by_site, counts, pre_trace, top)))
+        if index == best_index:
+            peak.sites = _ranked_sites(by_site, counts, baseline - freed_before, top)
+    return peak, ooms, oom_events
 
 
 def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str, Any]:
@@ -283,8 +300,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     totals = totals_of(segments)
     # Without segments the snapshot tells nothing about the end state; the trace's own balance
     # is then taken as the whole story.
-    peak = peak_of(trace, totals.allocated if segments else None, top)
-    ooms = ooms_of(trace, peak.baseline, top)
+    peak, ooms, oom_events = analyse_trace(trace, totals.requested if segments else None, top)
     if ooms:
         events = device_events(trace)
         if len(events) > 0:
@@ -295,14 +311,17 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
                 oom.stowage_peak_requested = int(replayed["peak_requested"])
                 if native.comparable(int(replayed["peak_requested"])):
                     oom.native_peak_reserved = native.peak_reserved
+    first_time = next((e.get("time_us") for e in trace if e.get("time_us") is not None), None)
     return {
         "device": device,
         "totals": asdict(totals),
         "segments": asdict(segments_of(segments, top)),
         "sites_at_end": sites_at_end(segments, top),
         "trace_events": len(trace),
+        "trace_start_us": first_time,
         "peak": asdict(peak),
         "ooms": [asdict(oom) for oom in ooms],
+        "oom_events": oom_events,
     }
 
 
@@ -316,7 +335,8 @@ def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
 
 
 def _b(value: int) -> str:
-    return _core.format_bytes(int(value))
+    value = int(value)
+    return _core.format_bytes(value) if value >= 0 else "-" + _core.format_bytes(-value)
 
 
 def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
@@ -372,9 +392,15 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         console.print(_sites_table("live at the end, by site", report["sites_at_end"], totals["allocated"]))
 
     peak = report["peak"]
-    if peak["event_index"] >= 0:
-        when = f"time_us {peak['time_us']:,}" if peak["time_us"] is not None else f"event {peak['event_index']:,}"
-        baseline = f" (of which {_b(peak['baseline'])} live before the trace began)" if peak["baseline"] else ""
+    if report["trace_events"]:
+        if peak["event_index"] < 0:
+            when = "the start of the trace"
+        else:
+            when = f"event {peak['event_index']:,}"
+            start = report.get("trace_start_us")
+            if peak["time_us"] is not None and start is not None:
+                when += f" ({(peak['time_us'] - start) / 1000:,.1f} ms into the trace)"
+        baseline = f"; {_b(peak['baseline'])} were live before the trace began" if peak["baseline"] else ""
         console.print(f"peak: {_b(peak['live_bytes'])} live at {when}{baseline}")
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
     for oom in report["ooms"]:
@@ -400,6 +426,8 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
                           f"{report.get('path', 'SNAPSHOT')} finds the smallest device)")
         if oom["native_peak_reserved"] is not None:
             console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
+    if report["oom_events"] > len(report["ooms"]):
+        console.print(f"({report['oom_events'] - len(report['ooms']):,} more OOM events not shown)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -425,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = inspect_device(snapshot, devices[0], args.top)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         err.print(f"stowage inspect: {path}: malformed snapshot ({type(error).__name__}: {error})")
         return 2
     report["path"] = str(path)
@@ -433,7 +461,12 @@ def run(args: argparse.Namespace) -> int:
         from stowage.html_report import render
 
         try:
-            Path(args.html).write_text(render(path.name, report, snapshot), encoding="utf-8")
+            page = render(path.name, report, snapshot)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+            err.print(f"stowage inspect: {path}: cannot draw the report ({type(error).__name__}: {error})")
+            return 2
+        try:
+            Path(args.html).write_text(page, encoding="utf-8")
         except OSError as error:
             err.print(f"stowage inspect: cannot write {args.html}: {error}")
             return 2

@@ -38,6 +38,7 @@ MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte
 MIN_DECOMPRESSED_LIMIT = 64 << 20
 MAX_NUMBER = 2**60
 MAX_SIZE = 2**50  # bytes: far beyond any device
+MAX_DEVICES = 1 << 16  # device indexes a snapshot may name
 PLAIN_OPCODES = frozenset(
     """PROTO FRAME STOP MARK POP POP_MARK DUP NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2
     LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE
@@ -229,6 +230,10 @@ def check_structure(snapshot: Any) -> None:
             if field not in segment:
                 raise SnapshotError(f"{where}: missing '{field}'")
             _expect(segment[field], int, f"{where}.{field}")
+        if "device" in segment:
+            _expect(segment["device"], int, f"{where}.device")
+            if not 0 <= segment["device"] < MAX_DEVICES:
+                raise SnapshotError(f"{where}.device: {segment['device']} is out of range [0, {MAX_DEVICES})")
         blocks = segment.get("blocks", [])
         _expect(blocks, list, f"{where}.blocks")
         for j, block in enumerate(blocks):
@@ -249,10 +254,16 @@ def check_structure(snapshot: Any) -> None:
             _expect(action, str, f"{where}.action")
             if action not in TRACE_ACTIONS:
                 raise SnapshotError(f"{where}.action: unknown action {action!r}")
-            for field in ("addr", "size"):
+            # torch's oom entries carry device_free (the device's free bytes) where others carry
+            # addr; stowage's older ones carry addr.
+            needed = ("size",) if action == "oom" else ("addr", "size")
+            for field in needed:
                 if field not in entry and action != "snapshot":
                     raise SnapshotError(f"{where}: missing '{field}'")
-            for field, upper in (("addr", 2**64), ("size", MAX_SIZE), ("stream", 2**64)):
+            if action == "oom" and "addr" not in entry and "device_free" not in entry:
+                raise SnapshotError(f"{where}: missing 'device_free'")
+            for field, upper in (("addr", 2**64), ("size", MAX_SIZE), ("stream", 2**64),
+                                 ("device_free", 2**64)):
                 if field in entry:
                     _expect(entry[field], int, f"{where}.{field}")
                     if not 0 <= entry[field] < upper:

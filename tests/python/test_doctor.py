@@ -249,3 +249,12 @@ def test_stowage_doctor_command() -> None:
     assert set(out) >= {"stowage", "cuda", "gpus", "torch", "host_memory", "numa", "advice"}
     assert len(out["numa"]["nodes"]) == len(sys_nodes())
 
+
+
+def test_a_bus_id_that_is_not_one_leaves_the_numa_report_standing() -> None:
+    """nvidia-smi prints "[N/A]" for some GPUs' bus ids."""
+    from stowage import doctor
+
+    report = doctor.numa(["[N/A]"])
+    assert report["error"] is None
+    assert len(report["nodes"]) >= 1

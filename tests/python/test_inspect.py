@@ -38,15 +38,23 @@ def test_totals_and_the_peak_agree_with_an_independent_count(path: Path) -> None
     assert report["totals"]["allocated"] == allocated
     assert report["totals"]["largest_free_block"] == max(
         (b["size"] for b in blocks if b["state"] == "inactive"), default=0)
-    # The peak of the running sum of alloc minus free_completed, plus what was live before.
-    running, highest = 0, 0
+    # The trace's own live bytes (each allocation counted at its size until its address is
+    # freed) minus the frees of addresses it never allocated, at its highest; plus what was live
+    # before the trace began (from the end's requested bytes, at least what was freed of it).
+    sizes: dict[int, int] = {}
+    own = unknown = highest = 0
     for entry in snapshot["device_traces"][device]:
         if entry["action"] == "alloc":
-            running += entry["size"]
+            sizes[entry["addr"]] = entry["size"]
+            own += entry["size"]
         elif entry["action"] == "free_completed":
-            running -= entry["size"]
-        highest = max(highest, running)
-    baseline = max(0, allocated - running) if segments else 0
+            if entry["addr"] in sizes:
+                own -= sizes.pop(entry["addr"])
+            else:
+                unknown += entry["size"]
+        highest = max(highest, own - unknown)
+    requested = sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated")
+    baseline = max(requested - own + unknown, unknown, 0) if segments else unknown
     assert report["peak"]["baseline"] == baseline
     assert report["peak"]["live_bytes"] == highest + baseline
     assert sum(site["bytes"] for site in report["peak"]["sites"]) <= report["peak"]["live_bytes"]
@@ -120,3 +128,64 @@ def test_a_device_without_data_is_refused() -> None:
     result = stowage("inspect", str(TRACES[0]), "--device", "7")
     assert result.returncode == 2
     assert "device 7 has no data" in result.stderr
+
+
+def _frames(line: int) -> list[dict[str, Any]]:
+    return [{"filename": "/home/user/train.py", "line": line, "name": "step"}]
+
+
+def test_a_torch_oom_event_with_device_free_is_explained(write_snapshot: Any) -> None:
+    """torch writes an oom event's free bytes under device_free, with no addr."""
+    trace = [
+        {"action": "alloc", "addr": 1 << 30, "size": 10 << 20, "stream": 0, "frames": _frames(7)},
+        {"action": "oom", "size": 1 << 30, "device_free": 5 << 20, "stream": 0, "frames": _frames(9)},
+    ]
+    report = inspect_json(write_snapshot({"segments": [], "device_traces": [trace]}))
+    oom = report["ooms"][0]
+    assert (oom["requested"], oom["device_free"], oom["live_bytes"]) == (1 << 30, 5 << 20, 10 << 20)
+    assert oom["sites"][0]["site"] == "/home/user/train.py:7 in step"
+
+
+def test_a_trace_that_starts_mid_run_never_goes_below_zero(write_snapshot: Any, tmp_path: Path) -> None:
+    """A ring buffer that dropped its oldest events: frees of addresses the trace never saw."""
+    trace = [{"action": "free_completed", "addr": 4096 * i, "size": 64 << 20, "stream": 0} for i in range(8)]
+    trace += [{"action": "alloc", "addr": 1 << 40, "size": 100 << 20, "stream": 0}]
+    path = write_snapshot({"segments": [], "device_traces": [trace]})
+    report = inspect_json(path)
+    peak = report["peak"]
+    assert peak["baseline"] == 512 << 20  # at least what was freed of it was live before
+    assert peak["live_bytes"] == 512 << 20 and peak["event_index"] == -1
+    out = tmp_path / "report.html"
+    result = stowage("inspect", str(path), "--html", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_many_oom_events_are_counted_and_a_bounded_number_explained(write_snapshot: Any) -> None:
+    trace = []
+    for i in range(400):
+        trace.append({"action": "alloc", "addr": 4096 * i, "size": 1 << 20, "stream": 0})
+        trace.append({"action": "oom", "size": 1 << 40, "device_free": 0, "stream": 0})
+    report = inspect_json(write_snapshot({"segments": [], "device_traces": [trace]}))
+    assert report["oom_events"] == 400
+    assert len(report["ooms"]) == 50
+    assert report["ooms"][-1]["live_bytes"] == 50 << 20
+
+
+def test_an_expandable_segment_is_not_held_by_its_one_block(write_snapshot: Any) -> None:
+    segment = {"device": 0, "address": 1 << 32, "total_size": 1 << 30, "is_expandable": True,
+               "blocks": [{"address": 1 << 32, "size": 2 << 20, "requested_size": 2 << 20,
+                           "state": "active_allocated"},
+                          {"address": (1 << 32) + (2 << 20), "size": (1 << 30) - (2 << 20), "state": "inactive"}]}
+    report = inspect_json(write_snapshot({"segments": [segment], "device_traces": [[]]}))
+    assert report["segments"]["held_by_one_small_block"] == []
+    fixed = dict(segment, is_expandable=False)
+    report = inspect_json(write_snapshot({"segments": [fixed], "device_traces": [[]]}, "fixed.pickle"))
+    assert len(report["segments"]["held_by_one_small_block"]) == 1
+
+
+def test_the_timeline_keeps_its_sample_cap() -> None:
+    from stowage.html_report import MAX_POINTS, timeline
+
+    trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(2 * MAX_POINTS - 1)]
+    assert len(timeline(trace, 0, [])["x"]) <= MAX_POINTS + 2  # the peak and the last event may add one each

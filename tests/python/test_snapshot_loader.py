@@ -175,3 +175,13 @@ def test_progress_is_reported_through_checking_and_loading(tmp_path: Path) -> No
         assert len(reports) >= 2, phase
         assert [done for done, _ in reports] == sorted(done for done, _ in reports)
         assert reports[-1] == (size, size)
+
+
+def test_an_oom_event_needs_its_free_bytes_and_a_device_must_be_a_number() -> None:
+    oom = {"action": "oom", "size": 1 << 30, "stream": 0}
+    with pytest.raises(SnapshotError, match="missing 'device_free'"):
+        loads_snapshot(pickle.dumps({"segments": [], "device_traces": [[oom]]}))
+    assert loads_snapshot(pickle.dumps({"segments": [], "device_traces": [[dict(oom, device_free=7)]]}))
+    segment = {"device": "x", "address": 0, "total_size": 512, "blocks": []}
+    with pytest.raises(SnapshotError, match=r"segments\[0\].device"):
+        loads_snapshot(pickle.dumps({"segments": [segment], "device_traces": []}))

@@ -78,7 +78,8 @@ py::dict snapshot_dict(const AllocatorSnapshot& snapshot, const torch_cpu::Stack
   for (const TraceEntry& event : snapshot.trace) {
     py::dict entry;
     entry["action"] = std::string(trace_action_name(event.action));
-    entry["addr"] = event.address;
+    // torch's snapshots give an oom event the device's free bytes under "device_free".
+    entry[event.action == TraceAction::kOom ? "device_free" : "addr"] = event.address;
     entry["size"] = event.size;
     entry["stream"] = event.stream.handle;
     entry["time_us"] = event.time_us;
