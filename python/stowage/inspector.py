@@ -490,4 +490,5 @@ def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
                 tasks[phase] = progress.add_task(f"{phase} {path.name}", total=max(total, 1))
             progress.update(tasks[phase], completed=done)
 
-        return load_snapshot(path, report)
+        # (Reporting costs time on unframed pickles: only when someone sees the bars.)
+        return load_snapshot(path, report if console.is_terminal else None)
