@@ -80,27 +80,20 @@ void stowage_set_memory_fraction(double fraction, int device) {
 
 void stowage_record_stream(void* ptr, void* stream) {
   guarded([&] {
-    bool found = false;
-    stowage::cuda_allocators::for_each([&](int, stowage::CachingAllocator& allocator) {
-      if (!found && allocator.block_size(ptr) != 0) {
-        allocator.record_stream(ptr, to_stream(stream));
-        found = true;
-      }
-    });
+    if (stowage::CachingAllocator* owner = stowage::cuda_allocators::owning(ptr)) {
+      owner->record_stream(ptr, to_stream(stream));
+    }
   });
 }
 
 void* stowage_base_alloc(void* ptr, size_t* size) {
   void* base = nullptr;
   guarded([&] {
-    stowage::cuda_allocators::for_each([&](int, stowage::CachingAllocator& allocator) {
-      if (base != nullptr) return;
-      const auto [start, bytes] = allocator.base_allocation(ptr);
-      if (start != nullptr) {
-        base = start;
-        if (size != nullptr) *size = bytes;
-      }
-    });
+    if (stowage::CachingAllocator* owner = stowage::cuda_allocators::owning(ptr)) {
+      const auto [start, bytes] = owner->base_allocation(ptr);
+      base = start;
+      if (size != nullptr) *size = bytes;
+    }
   });
   return base;
 }

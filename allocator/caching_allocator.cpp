@@ -308,16 +308,6 @@ void CachingAllocator::mark_allocated_locked(Block* block, std::size_t bytes, bo
 
 // --- free ---
 
-bool CachingAllocator::free_if_owned(void* ptr) noexcept {
-  if (ptr == nullptr) return false;
-  {
-    std::lock_guard lock(mutex_);
-    if (allocated_.find(reinterpret_cast<std::uintptr_t>(ptr)) == nullptr) return false;
-  }
-  free(ptr);
-  return true;
-}
-
 void CachingAllocator::free(void* ptr) noexcept {
   if (ptr == nullptr) return;
   const std::uint64_t context = context_for_history();

@@ -133,9 +133,6 @@ class CachingAllocator {
   void* malloc(std::size_t bytes, Stream stream = {});
   // Returns memory from malloc; nullptr is ignored. Never throws.
   void free(void* ptr) noexcept;
-  // free() for a pointer that may belong to another allocator (one per device): false, with
-  // nothing counted or logged, when it is not one of this allocator's live allocations.
-  bool free_if_owned(void* ptr) noexcept;
   // `stream` uses the block at ptr as well; its free waits for that stream's work so far.
   void record_stream(void* ptr, Stream stream);
   // Waits for pending frees, then returns every wholly free cached segment to the device.

@@ -97,6 +97,15 @@ CachingAllocator* sole() noexcept {
                                                       : nullptr;
 }
 
+CachingAllocator* owning(const void* ptr) {
+  if (ptr == nullptr) return nullptr;
+  for (int device = 0; device < kMaxDevices; ++device) {
+    CachingAllocator* allocator = find(device);
+    if (allocator != nullptr && allocator->block_size(ptr) != 0) return allocator;
+  }
+  return nullptr;
+}
+
 void for_each(const std::function<void(int, CachingAllocator&)>& fn) {
   for (int device = 0; device < kMaxDevices; ++device) {
     if (CachingAllocator* allocator = find(device)) fn(device, *allocator);

@@ -35,6 +35,8 @@ CachingAllocator& get(int device);
 CachingAllocator* find(int device) noexcept;
 // The allocator when exactly one has been made (the one-GPU case), else nullptr. Lock-free.
 CachingAllocator* sole() noexcept;
+// The allocator that handed out `ptr` (a live allocation), or nullptr.
+CachingAllocator* owning(const void* ptr);
 // Calls fn for every allocator made so far, in device order.
 void for_each(const std::function<void(int device, CachingAllocator&)>& fn);
 // Called with every allocator as it is made, before any other thread can reach it (and at once

@@ -21,14 +21,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from run_context import install_allocator, machine_info, percentile
+from run_context import install_allocator, machine_info, percentile, spawn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -154,21 +152,6 @@ def child_arguments(args: argparse.Namespace) -> list[str]:
     if args.fused:
         forwarded.append("--fused")
     return forwarded
-
-
-def spawn(script: Path, allocator: str, forwarded: list[str], conf: str) -> dict[str, Any]:
-    """Runs ``script`` for one allocator in a fresh interpreter and returns its JSON result."""
-    environment = dict(os.environ)
-    environment.pop("STOWAGE_ALLOC_CONF", None)
-    with tempfile.TemporaryDirectory() as directory:
-        output = Path(directory) / f"{allocator}.json"
-        command = [sys.executable, str(script), "--allocator", allocator, "--json", str(output), *forwarded]
-        if allocator == "stowage" and conf:
-            command += ["--conf", conf]
-        completed = subprocess.run(command, env=environment)
-        if not output.exists():
-            return {"allocator": allocator, "error": f"exit status {completed.returncode}, no result"}
-        return json.loads(output.read_text())
 
 
 def compare_table(rows: list[tuple[str, str, str, str]]) -> str:

@@ -18,14 +18,12 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from run_context import install_allocator, machine_info, percentile
+from run_context import install_allocator, machine_info, percentile, spawn
 
 HERE = Path(__file__).resolve().parent
 
@@ -120,22 +118,6 @@ def print_run(result: dict[str, Any]) -> None:
               f"p90 {row['p90_ns']:9.0f}  device calls {row['device_calls_during_timing']}")
 
 
-def spawn(allocator: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Runs this script for one allocator in a fresh interpreter and returns its JSON result."""
-    environment = dict(os.environ)
-    environment.pop("STOWAGE_ALLOC_CONF", None)
-    with tempfile.TemporaryDirectory() as directory:
-        output = Path(directory) / f"{allocator}.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--allocator", allocator, "--json", str(output),
-                   "--iterations", str(args.iterations), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-        if allocator == "stowage" and args.conf:
-            command += ["--conf", args.conf]
-        completed = subprocess.run(command, env=environment)
-        if not output.exists():
-            return {"allocator": allocator, "error": f"exit status {completed.returncode}, no result"}
-        return json.loads(output.read_text())
-
-
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One allocator's processes as one result: per size, the median of the processes' medians
     (and of their p10 and p90), with every process's median kept."""
@@ -161,7 +143,9 @@ def compare(args: argparse.Namespace) -> int:
     spawned: dict[str, list[dict[str, Any]]] = {name: [] for name in ALLOCATORS}
     for _ in range(args.processes):
         for name in ALLOCATORS:
-            spawned[name].append(spawn(name, args))
+            forwarded = ["--iterations", str(args.iterations), "--repeats", str(args.repeats),
+                         "--warmup", str(args.warmup)]
+            spawned[name].append(spawn(Path(__file__).resolve(), name, forwarded, args.conf))
     failed = [name for name, runs in spawned.items() if any("results" not in run for run in runs)]
     for name in failed:
         print(f"{name} FAILED: {next(run.get('error') for run in spawned[name] if 'results' not in run)}")

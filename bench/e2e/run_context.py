@@ -1,12 +1,16 @@
 """What the end-to-end benchmarks share: the machine and version record of a run, percentiles,
-and choosing torch's CUDA allocator (native or stowage) before CUDA starts."""
+choosing torch's CUDA allocator (native or stowage) before CUDA starts, and running one
+allocator's measurement in a fresh interpreter."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +90,18 @@ def install_allocator(allocator: str, conf: str) -> None:
             raise SystemExit("--conf and STOWAGE_ALLOC_CONF both given: use one")
         return
     stowage.enable(conf or None, device="cuda")
+
+
+def spawn(script: Path, allocator: str, forwarded: list[str], conf: str) -> dict[str, Any]:
+    """Runs ``script`` for one allocator in a fresh interpreter and returns its JSON result."""
+    environment = dict(os.environ)
+    environment.pop("STOWAGE_ALLOC_CONF", None)
+    with tempfile.TemporaryDirectory() as directory:
+        output = Path(directory) / f"{allocator}.json"
+        command = [sys.executable, str(script), "--allocator", allocator, "--json", str(output), *forwarded]
+        if allocator == "stowage" and conf:
+            command += ["--conf", conf]
+        completed = subprocess.run(command, env=environment)
+        if not output.exists():
+            return {"allocator": allocator, "error": f"exit status {completed.returncode}, no result"}
+        return json.loads(output.read_text())

@@ -59,15 +59,11 @@ void delete_block(void* ptr) {
     only->free(ptr);
     return;
   }
-  CachingAllocator* first = nullptr;
-  bool freed = false;
-  int devices = 0;
-  cuda_allocators::for_each([&](int, CachingAllocator& allocator) {
-    ++devices;
-    if (first == nullptr) first = &allocator;
-    if (!freed) freed = allocator.free_if_owned(ptr);
-  });
-  if (!freed && first != nullptr) first->free(ptr);  // counted and logged as an invalid free
+  if (CachingAllocator* owner = cuda_allocators::owning(ptr)) {
+    owner->free(ptr);
+  } else if (CachingAllocator* any = cuda_allocators::find(0)) {
+    any->free(ptr);  // counted and logged as an invalid free
+  }
 }
 
 // History events carry microseconds since the epoch; torch's snapshots carry its approximate
@@ -248,16 +244,10 @@ class StowageCudaAllocator final : public PluggableBase {
     *largest_block = allocator_of(device).largest_available_block();
   }
   void* getBaseAllocation(void* ptr, std::size_t* size) override {
-    void* base = nullptr;
-    cuda_allocators::for_each([&](int, CachingAllocator& allocator) {
-      if (base != nullptr) return;
-      const auto [start, bytes] = allocator.base_allocation(ptr);
-      if (start != nullptr) {
-        base = start;
-        if (size != nullptr) *size = bytes;
-      }
-    });
-    TORCH_CHECK(base != nullptr, "getBaseAllocation: ", ptr, " is not memory stowage allocated");
+    CachingAllocator* owner = cuda_allocators::owning(ptr);
+    TORCH_CHECK(owner != nullptr, "getBaseAllocation: ", ptr, " is not memory stowage allocated");
+    const auto [base, bytes] = owner->base_allocation(ptr);
+    if (size != nullptr) *size = bytes;
     return base;
   }
 
