@@ -56,6 +56,8 @@ struct Block {
   std::uint32_t pending_events = 0;  // events still to complete before a pending block is free
   std::uint64_t context = 0;        // caller's stack handle at allocation (0: none)
   std::vector<Stream> stream_uses;  // other streams recorded with record_stream
+  // Allocated blocks only: the StepLearner's record of the allocation (UINT64_MAX: none).
+  std::uint64_t learned_record = UINT64_MAX;
   FreeHook free_hook;
   AddressHook address_hook;
 
@@ -78,6 +80,9 @@ struct Segment {
   bool paged = false;
   std::vector<std::uint64_t> pages;
   std::size_t mapped_pages = 0;
+  // The arena of a placement plan (Note [Learned placement]): a paged segment whose free blocks
+  // are kept apart, by address, for the plan's allocations.
+  bool planned = false;
 
   // Wholly free: one block spanning the segment, and it is free.
   bool is_free() const noexcept {

@@ -36,6 +36,7 @@ CachingAllocator::CachingAllocator(DeviceBackend& backend, AllocatorConfig confi
       config_(config),
       paged_(use_paged_pool(backend, config)),
       page_(paged_ ? backend.properties().granularity : 0),
+      learned_placement_(paged_ && config.placement == PlacementMode::kLearned),
       limit_bytes_(config.limit_bytes),
       memory_fraction_(config.memory_fraction) {
   STOWAGE_CHECK(config.memory_fraction > 0 && config.memory_fraction <= 1,
@@ -45,6 +46,11 @@ CachingAllocator::CachingAllocator(DeviceBackend& backend, AllocatorConfig confi
   STOWAGE_CHECK(config.limit_bytes > 0, "the memory limit must be positive");
   stats_.max_split_size =
       config.max_split_size == AllocatorConfig::kUnlimited ? -1 : as_signed(config.max_split_size);
+  if (config.placement == PlacementMode::kLearned && !paged_) {
+    log_warning(detail::concat("placement:learned needs virtual memory, which ",
+                               backend.properties().name,
+                               " does not offer; allocations are placed dynamically"));
+  }
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -138,6 +144,13 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
     return paged_ ? grow_paged_locked(pool, stream, rounded, context)
                   : allocate_segment_locked(pool, stream, rounded, context);
   };
+  // Note [Learned placement]: the plan's address for this request, when a plan is in force.
+  const bool learning = learned_placement_ && pool == Pool::kLarge && !capturing();
+  if (learning) {
+    if (Block* placed = place_planned_locked(rounded, stream, context)) {
+      return claim_locked(placed, bytes, rounded, oversize, /*fresh=*/false, context);
+    }
+  }
   Block* block = find_cached_locked(pool, stream, rounded, oversize);
   if (block == nullptr) block = grow();
   // (Under capture there is no waiting for pending frees nor giving memory back.)
@@ -170,7 +183,9 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
     fresh = false;
   }
   if (block == nullptr) return nullptr;
-  return claim_locked(block, bytes, rounded, oversize, fresh, context);
+  Block* claimed = claim_locked(block, bytes, rounded, oversize, fresh, context);
+  if (learning) learn_malloc_locked(claimed, rounded, stream, context);
+  return claimed;
 }
 
 Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_t rounded,
@@ -333,6 +348,10 @@ void CachingAllocator::free(void* ptr) noexcept {
 
 void CachingAllocator::end_allocation_locked(Block* block, std::uint64_t context) {
   allocated_.erase(*block);
+  if (block->learned_record != StepLearner::kNoRecord) {
+    learner_.record_free(block->learned_record);
+    block->learned_record = StepLearner::kNoRecord;
+  }
   const Pool pool = block->segment->pool;
   stats_.allocation.update(pool, -1);
   stats_.allocated_bytes.update(pool, -as_signed(block->size));
@@ -494,6 +513,11 @@ void CachingAllocator::release_segment_locked(Segment& segment) {
 }
 
 bool CachingAllocator::release_cached_locked() {
+  // The plan's arena goes back like any cache; learning starts again.
+  if (arena_segment_ != nullptr) {
+    dissolve_arena_locked();
+    learner_.reset();
+  }
   const bool released = release_private_segments_locked(/*all=*/false);
   if (paged_) return release_paged_locked() || released;
   return release_free_segments_locked(
@@ -842,8 +866,18 @@ void CachingAllocator::check_invariants() const {
                           " blocks but segments hold ", blocks);
   STOWAGE_INTERNAL_ASSERT(allocated_blocks == allocated_.size(), "the address map holds ",
                           allocated_.size(), " blocks but ", allocated_blocks, " are allocated");
-  std::size_t indexed =
-      pools_[0].size() + pools_[1].size() + holes_[0].size() + holes_[1].size();
+  std::size_t indexed = pools_[0].size() + pools_[1].size() + holes_[0].size() +
+                        holes_[1].size() + plan_arena_.size();
+  STOWAGE_INTERNAL_ASSERT(arena_segment_ == nullptr || arena_segment_->planned,
+                          "the plan's arena is not marked planned");
+  for (const auto& [base, segment] : segments_) {
+    STOWAGE_INTERNAL_ASSERT(!segment.planned || &segment == arena_segment_,
+                            "segment ", base, " is planned but not the plan's arena");
+  }
+  plan_arena_.for_each([&](const Block& block) {
+    STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.segment == arena_segment_,
+                            "the arena's index holds a block it should not");
+  });
   for (const auto& [id, pool] : private_pools_) {
     indexed += pool->free[0].size() + pool->free[1].size();
     std::size_t owned = 0;
@@ -864,7 +898,8 @@ void CachingAllocator::check_invariants() const {
     const Pool pool = p == 0 ? Pool::kSmall : Pool::kLarge;
     pools_[p].for_each([&](const Block& block) {
       STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && block.mapped &&
-                                  block.segment->pool == pool && block.segment->owner == nullptr,
+                                  block.segment->pool == pool && block.segment->owner == nullptr &&
+                                  !block.segment->planned,
                               "the free index of a pool holds a block it should not");
     });
     holes_[p].for_each([&](const Block& block) {

@@ -56,6 +56,23 @@
 // page under free mapped blocks and returns reservations with nothing mapped; the miss path
 // does not (stitching already uses those pages).
 //
+// Note [Learned placement]
+// Training repeats the same allocations every step. With placement:learned (paged path only) a
+// StepLearner (step_learner.hpp) watches the large pool's requests on one stream until a step
+// has repeated (stowage.mark_step() marks steps; without marks the repetition is found in the
+// sequence), and plans an address for every allocation of the step that lives less than a step,
+// by packing their recorded lifetimes (placement_plan.hpp). The plan gets an arena: an address
+// reservation of its own whose free blocks are kept apart from the dynamic pools, in an index
+// by address. From then on the k-th request of the step is cut out of the arena at its planned
+// offset; pages under it are mapped on first use (new within the headroom, else stitched from
+// the dynamic cache, as on a miss), so after the first planned step no page moves, and the
+// arena never holds more than the plan's packing. Requests the plan leaves dynamic (long-lived
+// ones) take the dynamic path. The moment a request differs from the plan (another size, a step
+// marked early) or its planned range is not free (a free came later than recorded, a
+// record_stream still pending), the plan is dropped: the arena's free blocks join the dynamic
+// pools, its live blocks stay where they are, and learning starts again. empty_cache drops the
+// plan too. The learner bounds what it keeps and stops after repeated departures.
+//
 // Note [Private pools]
 // A private pool sets memory apart for one owner: a CUDA graph being captured (its replays reuse
 // the addresses it captured, so no one else may take them), or a torch MemPool. Between
@@ -114,6 +131,7 @@
 #include "allocator/private_pool.hpp"
 #include "allocator/snapshot.hpp"
 #include "allocator/stats.hpp"
+#include "allocator/step_learner.hpp"
 
 namespace stowage {
 
@@ -161,6 +179,19 @@ class CachingAllocator {
   // they must not call the allocator. Kept until the allocator is destroyed.
   using TraceListener = std::function<void(const TraceEntry&)>;
   void add_trace_listener(TraceListener listener);
+
+  // Marks the end of a training step (Note [Learned placement]); recorded in history. Cheap: call
+  // it once per step whatever the configuration.
+  void mark_step();
+  struct PlacementStatus {
+    bool enabled = false;           // placement:learned on the paged path
+    StepLearner::Phase phase = StepLearner::Phase::kLearning;
+    std::size_t plans_made = 0;
+    int departures = 0;
+    std::size_t arena_bytes = 0;    // the plan in force's arena (0: none)
+    std::size_t planned_allocations = 0;  // requests served at a planned address, ever
+  };
+  PlacementStatus placement_status() const;
 
   // Handlers are not owned; remove one before destroying it.
   void add_pressure_handler(MemoryPressureHandler* handler);
@@ -230,6 +261,7 @@ class CachingAllocator {
   // The index a free block belongs in: its private pool's, its pool's cache, or its pool's
   // holes when unmapped.
   FreeBlockIndex& index_for(const Block& block) noexcept {
+    if (block.segment->planned) return plan_arena_;
     return block.mapped ? index_of(block.segment->pool, block.segment->owner)
                         : holes_of(block.segment->pool);
   }
@@ -282,6 +314,23 @@ class CachingAllocator {
   Block* reserve_paged_locked(Pool pool, Stream stream, std::size_t rounded,
                               std::uint64_t context);
   bool create_page_locked(std::vector<PhysicalHandle>& out);
+  // Adds `count` pages to `handles`: new memory while reserved stays within the headroom (for a
+  // request of `rounded` bytes), then stitching from free mapped blocks other than `keep`, then
+  // new memory up to the limit. False (handles partly filled) when that is not enough.
+  bool gather_pages_locked(std::size_t count, std::size_t rounded, const Block* keep,
+                           std::vector<PhysicalHandle>& handles);
+  // Maps `handles` at `start` and makes them accessible. On failure, undoes what it can: the
+  // handles that stay mapped (not undone) remain in `handles`, the rest are released; returns
+  // false.
+  bool map_pages_locked(std::uintptr_t start, std::vector<PhysicalHandle>& handles);
+  // Learned placement (Note [Learned placement]; caching_allocator_placement.cpp).
+  Block* place_planned_locked(std::size_t rounded, Stream stream, std::uint64_t context);
+  void learn_malloc_locked(Block* block, std::size_t rounded, Stream stream,
+                           std::uint64_t context);
+  bool open_arena_locked(const StepLearner::Plan& plan, Stream stream, std::uint64_t context);
+  void dissolve_arena_locked();
+  // Maps the unmapped pages of the arena in [first, last) (page-aligned); false if it could not.
+  bool map_arena_range_locked(std::uintptr_t first, std::uintptr_t last, std::uint64_t context);
   // Records `handles`, just mapped and made accessible at the start of `hole`, and makes them
   // cache joined to the free mapped block before the hole; returns that cached block (indexed).
   Block* adopt_mapped_pages_locked(Block* hole, const std::vector<PhysicalHandle>& handles,
@@ -335,6 +384,14 @@ class CachingAllocator {
   std::size_t active_high_water_ = 0;       // most active bytes ever (not reset with the stats)
   std::size_t moved_pages_ = 0;             // pages stitching moved since the high water last rose
   std::size_t learned_headroom_ = 0;        // reserve allowed beyond the configured headroom
+  // Learned placement (Note [Learned placement]).
+  const bool learned_placement_;
+  StepLearner learner_;
+  bool learned_stream_known_ = false;
+  Stream learned_stream_;                   // the one stream the learner follows
+  Segment* arena_segment_ = nullptr;        // the plan's arena, while a plan is in force
+  FreeBlockIndex plan_arena_{FreeBlockIndex::Order::kAddress};  // its free blocks, by address
+  std::size_t planned_allocations_ = 0;
   // Mapped ranges that neither unmap nor become accessible after a failed map (address, bytes):
   // kept out of use, unmapped again by every release until that works.
   std::vector<std::pair<std::uintptr_t, std::size_t>> lost_ranges_;

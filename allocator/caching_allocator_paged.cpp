@@ -60,29 +60,13 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
   if (best.hole == nullptr) consider(reserve_paged_locked(pool, stream, rounded, context));
   if (best.hole == nullptr) return nullptr;
 
-  // Gather the pages: new memory within the headroom, then stitching, then new memory up to
-  // the limit.
-  const std::size_t limit = limit_locked();
-  const double in_use = static_cast<double>(std::max(
-      active_high_water_, static_cast<std::size_t>(stats_.active_bytes.all().current) + rounded));
   // Stitching may unmap the free block after the hole, which then joins the hole: find the
   // hole again through its left neighbour, which stitching never touches.
   Block* const before_hole = best.hole->prev;
   Segment* const hole_segment = best.hole->segment;
   std::vector<PhysicalHandle> handles;
   handles.reserve(best.pages);
-  while (handles.size() < best.pages) {
-    const std::size_t held =
-        static_cast<std::size_t>(stats_.reserved_bytes.all().current) + handles.size() * page_;
-    const bool within_limit = held <= limit && page_ <= limit - held;
-    const bool within_headroom =
-        static_cast<double>(held + page_) <=
-        (1.0 + config_.reserve_headroom) * in_use + static_cast<double>(learned_headroom_);
-    if (within_limit && within_headroom && create_page_locked(handles)) continue;
-    if (steal_pages_locked(best.pages - handles.size(), before_hole, handles) > 0) continue;
-    if (within_limit && !within_headroom && create_page_locked(handles)) continue;
-    break;
-  }
+  gather_pages_locked(best.pages, rounded, before_hole, handles);
   best.hole = before_hole != nullptr ? before_hole->next : hole_segment->first;
   STOWAGE_INTERNAL_ASSERT(best.hole->state == BlockState::kFree && !best.hole->mapped,
                           "the hole to map into was lost while gathering pages");
@@ -114,48 +98,8 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
 
   // Map them at the start of the hole.
   Block* hole = best.hole;
-  const std::uintptr_t start = hole->address;
-  std::size_t mapped = 0;
-  bool usable = true;
-  try {
-    for (; mapped < best.pages; ++mapped) {
-      backend_.map(address(start + mapped * page_), page_, handles[mapped]);
-    }
-    backend_.set_access(address(start), best.pages * page_);
-  } catch (const std::exception& error) {
-    log_warning(detail::concat("mapping ", format_bytes(best.pages * page_),
-                               " of device memory failed: ", error.what()));
-    usable = false;
-  }
-  if (!usable) {
-    // Undo the maps that succeeded, trying again on a transient failure. If the device keeps
-    // refusing, keep the mapped pages as cache rather than lose track of them.
-    for (int attempt = 0; mapped > 0 && attempt < 3; ++attempt) {
-      try {
-        backend_.unmap(address(start), mapped * page_);
-        mapped = 0;
-      } catch (const std::exception&) {
-      }
-    }
-    if (mapped > 0) {
-      try {
-        backend_.set_access(address(start), mapped * page_);
-      } catch (const std::exception& error) {
-        log_warning(detail::concat("device memory at ", address(start),
-                                 " can be neither unmapped nor made accessible (", error.what(),
-                                 "); ", mapped, " page(s) are set aside until they unmap"));
-        // The handles are released below (their memory returns once unmapped); the range stays
-        // out of use, and every release tries to unmap it again.
-        lost_ranges_.emplace_back(start, mapped * page_);
-        mapped = 0;
-      }
-    }
-    std::vector<PhysicalHandle> unused(handles.begin() + static_cast<std::ptrdiff_t>(mapped),
-                                       handles.end());
-    release_pages_locked(unused);
-    handles.resize(mapped);
-    if (mapped == 0) return nullptr;
-  }
+  const bool usable = map_pages_locked(hole->address, handles);
+  if (handles.empty()) return nullptr;
   Block* block = adopt_mapped_pages_locked(hole, handles, context);
   if (!usable) return nullptr;  // the pages became cache; the request fails this time
   STOWAGE_INTERNAL_ASSERT(block->size >= rounded, "mapped ", handles.size(),
@@ -164,6 +108,70 @@ Block* CachingAllocator::grow_paged_locked(Pool pool, Stream stream, std::size_t
   count_inactive_split_locked(*block, -1);
   index_of(pool).erase(*block);
   return block;
+}
+
+bool CachingAllocator::gather_pages_locked(std::size_t count, std::size_t rounded,
+                                           const Block* keep,
+                                           std::vector<PhysicalHandle>& handles) {
+  const std::size_t target = handles.size() + count;
+  const std::size_t limit = limit_locked();
+  const double in_use = static_cast<double>(std::max(
+      active_high_water_, static_cast<std::size_t>(stats_.active_bytes.all().current) + rounded));
+  while (handles.size() < target) {
+    const std::size_t held =
+        static_cast<std::size_t>(stats_.reserved_bytes.all().current) + handles.size() * page_;
+    const bool within_limit = held <= limit && page_ <= limit - held;
+    const bool within_headroom =
+        static_cast<double>(held + page_) <=
+        (1.0 + config_.reserve_headroom) * in_use + static_cast<double>(learned_headroom_);
+    if (within_limit && within_headroom && create_page_locked(handles)) continue;
+    if (steal_pages_locked(target - handles.size(), keep, handles) > 0) continue;
+    if (within_limit && !within_headroom && create_page_locked(handles)) continue;
+    break;
+  }
+  return handles.size() >= target;
+}
+
+bool CachingAllocator::map_pages_locked(std::uintptr_t start,
+                                        std::vector<PhysicalHandle>& handles) {
+  std::size_t mapped = 0;
+  try {
+    for (; mapped < handles.size(); ++mapped) {
+      backend_.map(address(start + mapped * page_), page_, handles[mapped]);
+    }
+    backend_.set_access(address(start), handles.size() * page_);
+    return true;
+  } catch (const std::exception& error) {
+    log_warning(detail::concat("mapping ", format_bytes(handles.size() * page_),
+                               " of device memory failed: ", error.what()));
+  }
+  // Undo the maps that succeeded, trying again on a transient failure. If the device keeps
+  // refusing, keep the mapped pages as cache rather than lose track of them.
+  for (int attempt = 0; mapped > 0 && attempt < 3; ++attempt) {
+    try {
+      backend_.unmap(address(start), mapped * page_);
+      mapped = 0;
+    } catch (const std::exception&) {
+    }
+  }
+  if (mapped > 0) {
+    try {
+      backend_.set_access(address(start), mapped * page_);
+    } catch (const std::exception& error) {
+      log_warning(detail::concat("device memory at ", address(start),
+                                 " can be neither unmapped nor made accessible (", error.what(),
+                                 "); ", mapped, " page(s) are set aside until they unmap"));
+      // The handles are released below (their memory returns once unmapped); the range stays
+      // out of use, and every release tries to unmap it again.
+      lost_ranges_.emplace_back(start, mapped * page_);
+      mapped = 0;
+    }
+  }
+  std::vector<PhysicalHandle> unused(handles.begin() + static_cast<std::ptrdiff_t>(mapped),
+                                     handles.end());
+  release_pages_locked(unused);
+  handles.resize(mapped);
+  return false;
 }
 
 Block* CachingAllocator::adopt_mapped_pages_locked(Block* hole,
@@ -185,10 +193,10 @@ Block* CachingAllocator::adopt_mapped_pages_locked(Block* hole,
   record_locked(TraceAction::kSegmentMap, start, bytes, hole->stream, context);
 
   // The mapped part of the hole becomes cache, joined to the free mapped block before it.
-  holes_of(pool).erase(*hole);
+  index_for(*hole).erase(*hole);
   if (rest != nullptr) {
     split_after_locked(hole, bytes, rest);  // rest stays unmapped, like the hole
-    holes_of(pool).insert(*rest);
+    index_for(*rest).insert(*rest);
   }
   hole->mapped = true;
   return insert_free_locked(hole);
@@ -425,7 +433,8 @@ bool CachingAllocator::release_paged_locked() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment& segment = it->second;
     Block* hole = segment.first;
-    if (!segment.paged || segment.mapped_pages != 0 || hole->next != nullptr || overlaps_lost_range(*hole)) {
+    if (!segment.paged || segment.planned || segment.mapped_pages != 0 || hole->next != nullptr ||
+        overlaps_lost_range(*hole)) {
       ++it;
       continue;
     }

@@ -13,7 +13,7 @@ namespace stowage {
 namespace {
 
 constexpr std::string_view kKnownKeys =
-    "max_split_size_mb, limit, memory_fraction, virtual_memory, reserve_headroom";
+    "max_split_size_mb, limit, memory_fraction, virtual_memory, reserve_headroom, placement";
 
 std::string_view trim(std::string_view text) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
@@ -73,11 +73,24 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
       config.reserve_headroom = parse_number(key, value);
       STOWAGE_CHECK(config.reserve_headroom >= 0 && config.reserve_headroom <= 1,
                     "allocator config: reserve_headroom must be in [0, 1], not ", value);
+    } else if (key == "placement") {
+      if (value == "dynamic") {
+        config.placement = PlacementMode::kDynamic;
+      } else if (value == "learned") {
+        config.placement = PlacementMode::kLearned;
+      } else {
+        STOWAGE_THROW(LogicError, "allocator config: placement must be dynamic or learned, not '",
+                      value, "'");
+      }
     } else {
       STOWAGE_THROW(LogicError, "allocator config: unknown key '", key, "' (known: ", kKnownKeys,
                     ")");
     }
   }
+  STOWAGE_CHECK(config.placement != PlacementMode::kLearned ||
+                    config.virtual_memory != VirtualMemoryMode::kOff,
+                "allocator config: placement:learned places blocks in the paged pool, which "
+                "virtual_memory:off turns off; use one or the other");
   return config;
 }
 
@@ -102,6 +115,10 @@ std::string AllocatorConfig::to_string() const {
   }
   if (reserve_headroom != kDefaultReserveHeadroom) {
     out << separator << "reserve_headroom:" << reserve_headroom;
+    separator = ",";
+  }
+  if (placement != kDefaultPlacement) {
+    out << separator << "placement:" << (placement == PlacementMode::kLearned ? "learned" : "dynamic");
   }
   return out.str();
 }

@@ -18,6 +18,7 @@ std::string_view trace_action_name(TraceAction action) noexcept {
     case TraceAction::kSegmentUnmap: return "segment_unmap";
     case TraceAction::kSnapshot: return "snapshot";
     case TraceAction::kOom: return "oom";
+    case TraceAction::kMarkStep: return "snapshot";
   }
   return "unknown";
 }

@@ -1,6 +1,6 @@
 // A bounded ring buffer of allocator events, in the vocabulary of PyTorch's snapshot traces.
 //
-// Events: alloc and free_requested / free_completed carry the caller's unrounded size;
+// Events: mark_step (a training step ended), alloc and free_requested / free_completed carry the caller's unrounded size;
 // segment_alloc / segment_free / segment_map / segment_unmap carry segment bytes; oom carries
 // the request in `size` and the device's free bytes in `address` (as torch's trace does). Each
 // event has the stream, a wall-clock time in microseconds since the epoch, and an opaque stack
@@ -31,9 +31,14 @@ enum class TraceAction : std::uint8_t {
   kSegmentUnmap,
   kSnapshot,
   kOom,
+  // The end of a training step (CachingAllocator::mark_step). torch's snapshots have no such
+  // action: it is written as a "snapshot" marker whose user_metadata is kMarkStepMetadata.
+  kMarkStep,
 };
 
-// "alloc", "free_requested", ...: the names torch's snapshots use.
+inline constexpr std::string_view kMarkStepMetadata = "stowage.mark_step";
+
+// "alloc", "free_requested", ...: the names torch's snapshots use (kMarkStep: "snapshot").
 std::string_view trace_action_name(TraceAction action) noexcept;
 
 struct TraceEntry {

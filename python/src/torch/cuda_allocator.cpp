@@ -105,6 +105,7 @@ cda::TraceEntry::Action to_torch(TraceAction action) {
     case TraceAction::kSegmentUnmap: return cda::TraceEntry::SEGMENT_UNMAP;
     case TraceAction::kSnapshot: return cda::TraceEntry::SNAPSHOT;
     case TraceAction::kOom: return cda::TraceEntry::OOM;
+    case TraceAction::kMarkStep: return cda::TraceEntry::SNAPSHOT;
   }
   return cda::TraceEntry::ALLOC;
 }
@@ -312,7 +313,10 @@ class StowageCudaAllocator final : public PluggableBase {
         trace.emplace_back(to_torch(entry.action), static_cast<c10::DeviceIndex>(device),
                            entry.address, entry.size, to_cuda_stream(entry.stream),
                            c10::MempoolId_t{0, 0}, approx_time_of(entry.time_us),
-                           contexts_.find(entry.context));
+                           contexts_.find(entry.context), "",
+                           entry.action == TraceAction::kMarkStep
+                               ? std::string(kMarkStepMetadata)
+                               : std::string());
       }
     });
     out.config_metadata.garbage_collection_threshold = 0;

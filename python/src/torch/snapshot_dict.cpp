@@ -84,6 +84,7 @@ py::dict snapshot_dict(const AllocatorSnapshot& snapshot, const torch_cpu::Stack
     entry["stream"] = event.stream.handle;
     entry["time_us"] = event.time_us;
     entry["frames"] = frames(event.context);
+    if (event.action == TraceAction::kMarkStep) entry["user_metadata"] = std::string(kMarkStepMetadata);
     trace.append(entry);
   }
   py::list device_traces;

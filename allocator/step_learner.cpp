@@ -1,0 +1,232 @@
+#include "allocator/step_learner.hpp"
+
+#include <algorithm>
+
+#include "allocator/errors.hpp"
+#include "allocator/placement_plan.hpp"
+
+namespace stowage {
+
+namespace {
+
+// z[i]: the length of the longest common prefix of s and s[i:] (z[0] = s.size()).
+template <typename Sequence>
+std::vector<std::size_t> z_function(const Sequence& s) {
+  const std::size_t n = s.size();
+  std::vector<std::size_t> z(n, 0);
+  if (n == 0) return z;
+  z[0] = n;
+  std::size_t left = 0;
+  std::size_t right = 0;  // [left, right): the rightmost match found so far
+  for (std::size_t i = 1; i < n; ++i) {
+    if (i < right) z[i] = std::min(right - i, z[i - left]);
+    while (i + z[i] < n && s[z[i]] == s[i + z[i]]) ++z[i];
+    if (i + z[i] > right) {
+      left = i;
+      right = i + z[i];
+    }
+  }
+  return z;
+}
+
+}  // namespace
+
+std::uint64_t StepLearner::record_malloc(std::size_t bytes) {
+  if (phase_ != Phase::kLearning) return kNoRecord;
+  if (symbols_.size() >= kMaxEvents) trim();
+  const std::uint64_t id = next_record_++;
+  records_.push_back({bytes, event_base_ + symbols_.size(), kNotFreed});
+  live_bytes_ += static_cast<std::int64_t>(bytes);
+  push_event(static_cast<std::uint64_t>(bytes) << 1, id);
+  return id;
+}
+
+void StepLearner::record_free(std::uint64_t record) {
+  if (phase_ != Phase::kLearning || record < record_base_ || record >= next_record_) return;
+  if (symbols_.size() >= kMaxEvents) {
+    trim();
+    if (record < record_base_) return;
+  }
+  Record& freed = records_[record - record_base_];
+  if (freed.free_event != kNotFreed) return;
+  freed.free_event = event_base_ + symbols_.size();
+  live_bytes_ -= static_cast<std::int64_t>(freed.bytes);
+  push_event(((next_record_ - record) << 1) | 1, kNoRecord);
+}
+
+void StepLearner::push_event(std::uint64_t symbol, std::uint64_t record) {
+  symbols_.push_back(symbol);
+  live_.push_back(live_bytes_);
+  event_record_.push_back(record);
+  if (!ready_ && !marked_) maybe_detect();
+}
+
+std::optional<StepLearner::Plan> StepLearner::take_plan() {
+  if (!ready_) return std::nullopt;
+  std::optional<Plan> plan = std::move(ready_);
+  ready_.reset();
+  plan_ = *plan;
+  cursor_ = 0;
+  phase_ = Phase::kPlaced;
+  ++plans_made_;
+  clear_events();
+  return plan;
+}
+
+bool StepLearner::mark_step() {
+  marked_ = true;
+  if (phase_ == Phase::kPlaced) {
+    if (cursor_ == 0) return false;
+    depart();
+    return true;
+  }
+  if (phase_ != Phase::kLearning || ready_) return false;
+  marks_.push_back(event_base_ + symbols_.size());
+  if (marks_.size() > 3) marks_.erase(marks_.begin());
+  if (marks_.size() < 3 || marks_[0] < event_base_) return false;
+  const std::size_t period = marks_[2] - marks_[1];
+  if (period == 0 || marks_[1] - marks_[0] != period) return false;
+  if (repeats(period)) build_plan(period);
+  return false;
+}
+
+const StepLearner::PlannedAllocation* StepLearner::next_planned(std::size_t bytes) {
+  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "next_planned without a plan");
+  const PlannedAllocation& next = plan_.allocations[cursor_];
+  if (next.bytes != bytes) {
+    depart();
+    return nullptr;
+  }
+  cursor_ = cursor_ + 1 == plan_.allocations.size() ? 0 : cursor_ + 1;
+  return &next;
+}
+
+void StepLearner::depart() {
+  ++departures_;
+  if (plan_.period_events != 0) rejected_periods_.push_back(plan_.period_events);
+  plan_ = Plan{};
+  ready_.reset();
+  cursor_ = 0;
+  clear_events();
+  phase_ = departures_ >= kMaxDepartures ? Phase::kOff : Phase::kLearning;
+}
+
+void StepLearner::reset() {
+  plan_ = Plan{};
+  ready_.reset();
+  cursor_ = 0;
+  clear_events();
+  if (phase_ != Phase::kOff) phase_ = Phase::kLearning;
+}
+
+void StepLearner::clear_events() {
+  event_base_ += symbols_.size();
+  symbols_.clear();
+  live_.clear();
+  event_record_.clear();
+  records_.clear();
+  record_base_ = next_record_;  // frees of earlier allocations are not events any more
+  live_bytes_ = 0;
+  marks_.clear();
+  next_check_ = 0;
+}
+
+void StepLearner::trim() {
+  const std::size_t drop = symbols_.size() / 2;
+  const auto cut = static_cast<std::ptrdiff_t>(drop);
+  symbols_.erase(symbols_.begin(), symbols_.begin() + cut);
+  live_.erase(live_.begin(), live_.begin() + cut);
+  event_record_.erase(event_record_.begin(), event_record_.begin() + cut);
+  event_base_ += drop;
+  const auto first_kept = std::find_if(records_.begin(), records_.end(), [&](const Record& r) {
+    return r.event >= event_base_;
+  });
+  record_base_ += static_cast<std::uint64_t>(first_kept - records_.begin());
+  records_.erase(records_.begin(), first_kept);
+  next_check_ = next_check_ > drop ? next_check_ - drop : 0;
+}
+
+void StepLearner::maybe_detect() {
+  const std::size_t n = symbols_.size();
+  if (n < next_check_ || n < 2 * kMinPeriodEvents) return;
+  next_check_ = n + std::max<std::size_t>(64, n / 8);
+  if (const std::size_t period = detect_period(); period != 0) build_plan(period);
+}
+
+bool StepLearner::repeats(std::size_t period) const {
+  const std::size_t n = symbols_.size();
+  if (period == 0 || 2 * period > n) return false;
+  if (live_[n - 1] != live_[n - 1 - period]) return false;
+  return std::equal(symbols_.end() - static_cast<std::ptrdiff_t>(period), symbols_.end(),
+                    symbols_.end() - static_cast<std::ptrdiff_t>(2 * period));
+}
+
+std::size_t StepLearner::detect_period() const {
+  const std::size_t n = symbols_.size();
+  std::vector<std::uint64_t> reversed(symbols_.rbegin(), symbols_.rend());
+  const std::vector<std::size_t> z = z_function(reversed);
+  auto valid = [&](std::size_t period) {
+    return period >= kMinPeriodEvents && 2 * period <= n && z[period] >= period &&
+           live_[n - 1] == live_[n - 1 - period] &&
+           std::find(rejected_periods_.begin(), rejected_periods_.end(), period) ==
+               rejected_periods_.end();
+  };
+  std::size_t longest = 0;
+  for (std::size_t period = n / 2; period >= kMinPeriodEvents; --period) {
+    if (valid(period)) {
+      longest = period;
+      break;
+    }
+  }
+  if (longest == 0) return 0;
+  // Several steps may repeat as one: the shortest period that divides the longest.
+  for (std::size_t parts = longest / kMinPeriodEvents; parts > 1; --parts) {
+    if (longest % parts == 0 && valid(longest / parts)) return longest / parts;
+  }
+  return longest;
+}
+
+void StepLearner::build_plan(std::size_t period) {
+  const std::size_t n = symbols_.size();
+  const std::size_t window = n - period;  // relative index of the step's first event
+  Plan plan;
+  plan.period_events = period;
+  std::vector<Lifetime> lifetimes;
+  std::vector<std::size_t> planned;  // index into plan.allocations of each lifetime
+  for (std::size_t i = window; i < n; ++i) {
+    const std::uint64_t id = event_record_[i];
+    if (id == kNoRecord) continue;
+    const Record& record = records_[id - record_base_];
+    PlannedAllocation allocation{record.bytes, kDynamic};
+    const std::size_t start = i - window;
+    std::size_t end = kNotFreed;
+    if (record.free_event != kNotFreed) {
+      end = record.free_event - event_base_ - window;
+    } else if (const std::uint64_t previous = event_record_[i - period]; previous != kNoRecord) {
+      // Still live at the step's end: it is freed where the previous step's same allocation
+      // was freed in this step, if that came before this one was made.
+      const std::size_t freed = records_[previous - record_base_].free_event;
+      if (freed != kNotFreed && freed - event_base_ >= window && freed - event_base_ < i) {
+        end = freed - event_base_ - window;
+      }
+    }
+    if (end != kNotFreed) {
+      lifetimes.push_back({record.bytes, start, end});
+      planned.push_back(plan.allocations.size());
+    }
+    plan.allocations.push_back(allocation);
+  }
+  if (lifetimes.empty() || lifetimes.size() > kMaxPlannedAllocations) {
+    rejected_periods_.push_back(period);
+    return;
+  }
+  const PlacementPlan packed = plan_placement(lifetimes, period);
+  for (std::size_t k = 0; k < lifetimes.size(); ++k) {
+    plan.allocations[planned[k]].offset = packed.offsets[k];
+  }
+  plan.arena_bytes = packed.arena_bytes;
+  plan.peak_live_bytes = packed.peak_live_bytes;
+  ready_ = std::move(plan);
+}
+
+}  // namespace stowage

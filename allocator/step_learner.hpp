@@ -1,0 +1,125 @@
+// StepLearner: learns the allocation sequence of a repeating training step, and hands the
+// caching allocator a placement plan for it (Note [Learned placement] in caching_allocator.hpp).
+//
+// Learning: the allocator reports each allocation it makes (its rounded size) and each free of
+// one; the learner keeps them as a sequence of events: "allocate n bytes" and "free the
+// allocation made k allocations ago". A step has repeated when the last P events equal the P
+// before them and the bytes live at both ends agree (a forward pass repeats its layers, but
+// with more live each time, so layers are not steps). Boundaries come from mark_step() when the
+// program calls it (then only whole marked steps count); otherwise the learner looks for the
+// longest such P every so often (a Z-function over the reversed sequence, O(events)), taking
+// the shortest P that divides it. The plan places every allocation of the step whose lifetime
+// is shorter than a step, with lifetimes read from the two repetitions (an allocation alive at
+// the end of the step is freed where the previous step's same allocation was freed in this one),
+// by plan_placement; allocations that live longer are left to the dynamic path.
+//
+// Placed: each allocation asks next_planned(); a size other than the plan's, or a mark_step()
+// in mid-plan, is a departure: the allocator goes back to its dynamic path and the learner to
+// learning, remembering the period so the same false step is not learned twice. After
+// kMaxDepartures the learner stops for good (off).
+//
+// Memory is bounded: at most kMaxEvents events are kept (the older half is dropped), so steps
+// of more than kMaxEvents / 2 events, or plans of more than kMaxPlannedAllocations, are never
+// planned.
+//
+// Contract: not thread-safe (the allocator's lock guards it). Record ids are never reused.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace stowage {
+
+class StepLearner {
+ public:
+  static constexpr std::uint64_t kNoRecord = UINT64_MAX;
+  static constexpr std::size_t kDynamic = SIZE_MAX;  // an allocation the plan leaves dynamic
+  static constexpr std::size_t kMaxEvents = std::size_t{1} << 16;
+  static constexpr std::size_t kMaxPlannedAllocations = 16384;
+  static constexpr std::size_t kMinPeriodEvents = 8;
+  static constexpr int kMaxDepartures = 16;
+
+  enum class Phase : std::uint8_t { kLearning, kPlaced, kOff };
+
+  struct PlannedAllocation {
+    std::size_t bytes = 0;
+    std::size_t offset = kDynamic;  // in the arena; kDynamic: served by the dynamic path
+  };
+  struct Plan {
+    std::vector<PlannedAllocation> allocations;  // in the order the step makes them
+    std::size_t arena_bytes = 0;
+    std::size_t peak_live_bytes = 0;  // of the planned allocations: the packing's lower bound
+    std::size_t period_events = 0;
+  };
+
+  Phase phase() const noexcept { return phase_; }
+
+  // --- learning ---
+  // Records an allocation of `bytes`; returns its record id (kNoRecord unless learning).
+  std::uint64_t record_malloc(std::size_t bytes);
+  // Records the free of a recorded allocation; ids from before the last reset are ignored.
+  void record_free(std::uint64_t record);
+  // A plan found by the last record_malloc / record_free / mark_step, moved out; the learner is
+  // then placed. nullopt when there is none.
+  std::optional<Plan> take_plan();
+
+  // --- step boundaries ---
+  // Returns true when the step ended in mid-plan: a departure (the caller dissolves the plan).
+  bool mark_step();
+
+  // --- placed ---
+  // The plan's next allocation for a request of `bytes`, or nullptr when the request departs
+  // from the plan (the learner has then already gone back to learning).
+  const PlannedAllocation* next_planned(std::size_t bytes);
+  // Leaves the plan (the allocator could not place an allocation where it said).
+  void depart();
+  // Forgets everything learned and starts learning again (empty_cache gives the arena back);
+  // departures so far still count.
+  void reset();
+
+  std::size_t plans_made() const noexcept { return plans_made_; }
+  int departures() const noexcept { return departures_; }
+  std::size_t events_held() const noexcept { return symbols_.size(); }
+
+ private:
+  struct Record {
+    std::size_t bytes = 0;
+    std::size_t event = 0;       // absolute index of its allocation event
+    std::size_t free_event = 0;  // absolute index of its free; kNotFreed until then
+  };
+  static constexpr std::size_t kNotFreed = SIZE_MAX;
+
+  void push_event(std::uint64_t symbol, std::uint64_t record);
+  void maybe_detect();
+  // The period of the step the recent events repeat (0: none).
+  std::size_t detect_period() const;
+  bool repeats(std::size_t period) const;
+  // Builds the plan from the last `period` events (which repeat the `period` before them).
+  void build_plan(std::size_t period);
+  void trim();
+  void clear_events();
+
+  Phase phase_ = Phase::kLearning;
+  // Events since learning (re)started, oldest first; event i has absolute index event_base_ + i.
+  std::vector<std::uint64_t> symbols_;   // alloc: bytes << 1; free: (allocations ago << 1) | 1
+  std::vector<std::int64_t> live_;       // bytes of recorded allocations live after each event
+  std::vector<std::uint64_t> event_record_;  // the record an alloc event made; kNoRecord: a free
+  std::size_t event_base_ = 0;
+  std::vector<Record> records_;  // record id r is records_[r - record_base_]
+  std::uint64_t record_base_ = 0;
+  std::uint64_t next_record_ = 0;
+  std::int64_t live_bytes_ = 0;
+  std::size_t next_check_ = 0;  // events held at which detection next runs
+  bool marked_ = false;         // mark_step() has been called: boundaries come from it
+  std::vector<std::size_t> marks_;  // absolute event indices of the last marks
+  std::vector<std::size_t> rejected_periods_;
+  std::optional<Plan> ready_;
+  Plan plan_;
+  std::size_t cursor_ = 0;  // the plan's next allocation
+  std::size_t plans_made_ = 0;
+  int departures_ = 0;
+};
+
+}  // namespace stowage
