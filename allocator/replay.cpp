@@ -64,6 +64,13 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const TraceEvent& event = events_[i];
       ++result.events;
+      if (event.kind == TraceEvent::Kind::kMarkStep) {
+        timed([&] {
+          allocator.mark_step();
+          return 0;
+        });
+        continue;
+      }
       if (event.kind == TraceEvent::Kind::kFree) {
         ++result.frees;
         if (event.address == 0) {
@@ -112,6 +119,10 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
     result.peak_mapped_pages = static_cast<std::size_t>(stats.mapped_pages.peak);
     result.maps = static_cast<std::size_t>(stats.num_maps);
     result.unmaps = static_cast<std::size_t>(stats.num_unmaps);
+    const CachingAllocator::PlacementStatus placement = allocator.placement_status();
+    result.plans_made = placement.plans_made;
+    result.departures = static_cast<std::size_t>(placement.departures);
+    result.planned_allocations = placement.planned_allocations;
     for (const auto& [address, block] : live) {
       if (block.ptr != nullptr) allocator.free(block.ptr);
     }

@@ -1,6 +1,6 @@
 // Replays a recorded allocation trace through a CachingAllocator on a simulated device.
 //
-// A trace is the alloc and free events of one device of a PyTorch memory snapshot (or of a
+// A trace is the alloc, free and mark_step events of one device of a PyTorch memory snapshot (or of a
 // stowage recording), in order. The replay drives a CachingAllocator over a synchronous
 // HostBackend of the given capacity, mapping the trace's addresses to its own blocks. Frees of
 // addresses the trace never allocated (allocated before recording began) are skipped and
@@ -23,7 +23,8 @@
 namespace stowage {
 
 struct TraceEvent {
-  enum class Kind : std::uint8_t { kAlloc = 0, kFree = 1 };
+  // kMarkStep: the program called mark_step() (Note [Learned placement]).
+  enum class Kind : std::uint8_t { kAlloc = 0, kFree = 1, kMarkStep = 2 };
   Kind kind = Kind::kAlloc;
   std::uint64_t address = 0;
   std::uint64_t size = 0;  // the caller's bytes (allocs); ignored for frees
@@ -43,6 +44,9 @@ struct ReplayResult {
   std::size_t peak_mapped_pages = 0;  // paged path: most pages mapped at once (live mappings)
   std::size_t maps = 0;            // paged path: pages mapped and unmapped over the replay
   std::size_t unmaps = 0;
+  std::size_t plans_made = 0;           // placement:learned: plans made, departures from them,
+  std::size_t departures = 0;           // and requests served at a planned address
+  std::size_t planned_allocations = 0;
   bool oom = false;
   std::size_t oom_event = 0;       // index of the event that failed
   std::string oom_message;

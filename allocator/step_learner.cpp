@@ -165,9 +165,15 @@ std::size_t StepLearner::detect_period() const {
   const std::size_t n = symbols_.size();
   std::vector<std::uint64_t> reversed(symbols_.rbegin(), symbols_.rend());
   const std::vector<std::size_t> z = z_function(reversed);
+  // A step holds the memory's high point; a loop inside one (an optimizer's loop over layers of
+  // one shape) repeats far below it.
+  const std::int64_t highest = *std::max_element(live_.begin(), live_.end());
+  std::vector<std::int64_t> highest_since(n);  // the most live from event i to the end
+  std::int64_t running = INT64_MIN;
+  for (std::size_t i = n; i-- > 0;) highest_since[i] = running = std::max(running, live_[i]);
   auto valid = [&](std::size_t period) {
     return period >= kMinPeriodEvents && 2 * period <= n && z[period] >= period &&
-           live_[n - 1] == live_[n - 1 - period] &&
+           live_[n - 1] == live_[n - 1 - period] && 2 * highest_since[n - period] >= highest &&
            std::find(rejected_periods_.begin(), rejected_periods_.end(), period) ==
                rejected_periods_.end();
   };

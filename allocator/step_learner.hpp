@@ -5,7 +5,9 @@
 // one; the learner keeps them as a sequence of events: "allocate n bytes" and "free the
 // allocation made k allocations ago". A step has repeated when the last P events equal the P
 // before them and the bytes live at both ends agree (a forward pass repeats its layers, but
-// with more live each time, so layers are not steps). Boundaries come from mark_step() when the
+// with more live each time, so layers are not steps; and a step reaches at least half the most
+// bytes live since learning began, which a loop inside a step, such as an optimizer's over its
+// layers, does not). Boundaries come from mark_step() when the
 // program calls it (then only whole marked steps count); otherwise the learner looks for the
 // longest such P every so often (a Z-function over the reversed sequence, O(events)), taking
 // the shortest P that divides it. The plan places every allocation of the step whose lifetime

@@ -77,6 +77,15 @@ def gpt2_varlen_4steps() -> Callable[[int], None]:
         torch.randint(0, 50257, (4, lengths[step]))))
 
 
+def gpt2_fixed_8steps() -> Callable[[int], None]:
+    """The same causal LM, batch 4, sequence length 384 in every one of 8 steps: a steady loop,
+    where learned placement has steps to place after it has seen two alike."""
+    model = _CausalLM()
+    optimizer = torch.optim.AdamW(model.parameters())
+    return lambda step: _training_step(model, optimizer, lambda: model(
+        torch.randint(0, 50257, (4, 384))))
+
+
 def lstm_varlen_3steps() -> Callable[[int], None]:
     """A 3-layer LSTM (input 512, hidden 1024), batch 64, sequence length 120, 200, 90."""
     model = torch.nn.LSTM(512, 1024, num_layers=3, batch_first=True)
@@ -91,6 +100,7 @@ WORKLOADS = {
     "vit_b16_varbatch_4steps": (vit_b16_varbatch_4steps, 4),
     "gpt2_varlen_4steps": (gpt2_varlen_4steps, 4),
     "lstm_varlen_3steps": (lstm_varlen_3steps, 3),
+    "gpt2_fixed_8steps": (gpt2_fixed_8steps, 8),
 }
 
 

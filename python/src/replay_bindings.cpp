@@ -32,7 +32,8 @@ Trace make_trace(const Kinds& kinds, const Bytes& addresses, const Bytes& sizes,
   const std::uint64_t* stream = streams.data();
   std::vector<TraceEvent> events(n);
   for (std::size_t i = 0; i < n; ++i) {
-    STOWAGE_CHECK(kind[i] <= 1, "event ", i, " has kind ", int{kind[i]}, " (0: alloc, 1: free)");
+    STOWAGE_CHECK(kind[i] <= 2, "event ", i, " has kind ", int{kind[i]},
+                  " (0: alloc, 1: free, 2: end of a step)");
     events[i] = {static_cast<TraceEvent::Kind>(kind[i]), address[i], size[i], stream[i]};
   }
   return Trace(std::move(events));
@@ -52,6 +53,9 @@ py::dict to_dict(const ReplayResult& result) {
   out["peak_mapped_pages"] = result.peak_mapped_pages;
   out["maps"] = result.maps;
   out["unmaps"] = result.unmaps;
+  out["plans_made"] = result.plans_made;
+  out["departures"] = result.departures;
+  out["planned_allocations"] = result.planned_allocations;
   out["oom"] = result.oom;
   out["oom_event"] = result.oom ? py::object(py::int_(result.oom_event)) : py::object(py::none());
   out["oom_message"] = result.oom ? py::object(py::str(result.oom_message)) : py::object(py::none());

@@ -208,6 +208,24 @@ def empty_cache() -> None:
         module.empty_cache(_CPU)
 
 
+def mark_step() -> None:
+    """Marks the end of a training step: put it once per iteration of the training loop.
+
+    With ``placement:learned`` the allocator uses the marks as step boundaries (otherwise it
+    finds the repeating step itself); every configuration records the mark in history, where
+    ``stowage replay`` finds it. Does nothing while stowage is not enabled, so the call can stay
+    in the loop."""
+    module = _torch_module()
+    if module.cuda_enabled() or module.was_enabled():
+        module.mark_step()
+
+
+def placement_status(device: Any = None) -> dict[str, Any]:
+    """Learned placement's state: enabled, phase ("learning", "placed" or "off"), plans_made,
+    departures, arena_bytes (of the plan in force) and planned_allocations."""
+    return dict(_module().placement_status(_index(device)))
+
+
 def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
     """Records alloc, free, segment and oom events with the Python stack ("python") or Python and
     C++ stacks ("all"), keeping the newest ``max_entries``. enabled=False stops and forgets.

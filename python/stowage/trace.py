@@ -21,12 +21,15 @@ from stowage import _core
 
 ALLOC = 0
 FREE = 1
+MARK_STEP = 2
+MARK_STEP_METADATA = "stowage.mark_step"  # a "snapshot" entry with this user_metadata
 _GROW = {"segment_alloc", "segment_map"}
 _SHRINK = {"segment_free", "segment_unmap"}
 
 
 def device_events(trace: list[dict[str, Any]]) -> _core.Trace:
-    """The alloc and free_completed events of one device, in order, as a replayable Trace."""
+    """The alloc and free_completed events of one device, and the ends of steps that
+    stowage.mark_step() recorded, in order, as a replayable Trace."""
     kinds: list[int] = []
     addresses: list[int] = []
     sizes: list[int] = []
@@ -37,6 +40,12 @@ def device_events(trace: list[dict[str, Any]]) -> _core.Trace:
             kinds.append(ALLOC)
         elif action == "free_completed":
             kinds.append(FREE)
+        elif action == "snapshot" and entry.get("user_metadata") == MARK_STEP_METADATA:
+            kinds.append(MARK_STEP)
+            addresses.append(0)
+            sizes.append(0)
+            streams.append(0)
+            continue
         else:
             continue
         addresses.append(entry["addr"])

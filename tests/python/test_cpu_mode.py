@@ -273,3 +273,55 @@ def test_the_profiler_sees_allocations_in_cpu_mode() -> None:
 
     trace = record(lambda step: torch.empty(1000), 2)["device_traces"][0]
     assert sum(1 for e in trace if e["action"] == "alloc" and e["size"] >= 4000) >= 2
+
+
+def test_learned_placement_trains_the_same_model_and_mark_step_reaches_history_and_replay(tmp_path) -> None:
+    snapshot = tmp_path / "steps.pickle"
+    result = run_python(f"""
+        import pickle, torch, stowage
+        from stowage.trace import device_events
+
+        def train(steps, mark):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                        torch.nn.Linear(2048, 2048), torch.nn.GELU(),
+                                        torch.nn.Linear(2048, 512))
+            optimizer = torch.optim.AdamW(model.parameters())
+            data = torch.randn(256, 512)
+            losses = []
+            for _ in range(steps):
+                loss = model(data).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                if mark:
+                    stowage.mark_step()
+            return losses
+
+        expected = train(8, mark=False)          # torch's own CPU allocator
+        stowage.mark_step()                      # not enabled: does nothing
+        stowage.enable("placement:learned", device="cpu", capacity="2GiB")
+        stowage.record_history(True)
+        losses = train(8, mark=True)
+        status = stowage.placement_status()
+        snap = stowage.snapshot()
+        stowage.record_history(False)
+        marks = [e for e in snap["device_traces"][0] if e.get("user_metadata") == "stowage.mark_step"]
+        pickle.dump(snap, open({str(snapshot)!r}, "wb"), protocol=4)
+        replayed = device_events(snap["device_traces"][0]).replay(1 << 32, "placement:learned", False)
+        print(losses == expected, status["phase"], status["plans_made"], status["planned_allocations"] > 0,
+              len(marks), marks[0]["action"], replayed["plans_made"], replayed["planned_allocations"] > 0)
+    """)
+    assert result.returncode == 0, result.stderr
+    same, phase, plans, placed, marks, action, replay_plans, replay_placed = result.stdout.split()
+    assert same == "True"  # placement changes addresses, never values
+    assert (phase, plans, placed) == ("placed", "1", "True")
+    assert (marks, action) == ("8", "snapshot")
+    assert int(replay_plans) >= 1 and replay_placed == "True"
+    # The command line replays it too, with the marks.
+    replayed = subprocess.run([sys.executable, "-m", "stowage", "replay", str(snapshot), "--json",
+                               "--config", "placement:learned"], capture_output=True, text=True,
+                              timeout=120)
+    assert replayed.returncode == 0, replayed.stderr
+    assert '"planned_allocations"' in replayed.stdout

@@ -102,6 +102,27 @@ PYBIND11_MODULE(_torch, module) {
              py::arg("device") = kCpu);
   module.def("empty_cache", [](int device) { allocator_for(device).empty_cache(); },
              py::arg("device") = kCpu);
+  // Every allocator stowage runs in this process: the CPU one and each CUDA device's.
+  module.def("mark_step", [] {
+    if (CachingAllocator* allocator = cpu::allocator(); allocator != nullptr) allocator->mark_step();
+#ifdef STOWAGE_TORCH_CUDA
+    stowage::cuda_allocators::for_each(
+        [](int, CachingAllocator& allocator) { allocator.mark_step(); });
+#endif
+  });
+  module.def("placement_status", [](int device) {
+    const CachingAllocator::PlacementStatus status = allocator_for(device).placement_status();
+    py::dict out;
+    out["enabled"] = status.enabled;
+    out["phase"] = status.phase == stowage::StepLearner::Phase::kLearning  ? "learning"
+                   : status.phase == stowage::StepLearner::Phase::kPlaced ? "placed"
+                                                                           : "off";
+    out["plans_made"] = status.plans_made;
+    out["departures"] = status.departures;
+    out["arena_bytes"] = status.arena_bytes;
+    out["planned_allocations"] = status.planned_allocations;
+    return out;
+  }, py::arg("device") = kCpu);
   module.def("capacity",
              [](int device) { return allocator_for(device).backend().properties().total_bytes; },
              py::arg("device") = kCpu);
