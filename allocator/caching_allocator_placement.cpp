@@ -87,6 +87,10 @@ bool CachingAllocator::open_arena_locked(const StepLearner::Plan& plan, Stream s
   arena_segment_ = hole->segment;
   plan_arena_.insert(*hole);
   stats_.segment.update(Pool::kLarge, 1);
+  // The arena's pages are better new than stitched from the dynamic cache, whose free pages are
+  // mostly shared with live blocks: give back every whole free page now (once per plan), so the
+  // arena grows within the headroom instead of beside a cache it cannot use.
+  release_paged_locked();
   return true;
 }
 

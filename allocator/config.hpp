@@ -35,11 +35,12 @@
 //                         step at an address planned from the recorded lifetimes, in an arena of
 //                         its own, and falls back to the dynamic path the moment the sequence
 //                         departs from the plan. Default: dynamic, because on the recorded traces
-//                         the plan never lowered the peak reserve (a step has to be seen twice
-//                         before a plan exists, and the dynamic path already holds within 2 per
-//                         cent of the live peak; bench/results); "learned" gives the steady steps
-//                         a packing planned from whole lifetimes. Needs virtual memory
-//                         (virtual_memory:off with placement:learned is refused).
+//                         learned placement does not beat it (a step must be seen twice before a
+//                         plan exists, so the peak is mostly set before; on a steady 8-step
+//                         trace the move to the arena reserves 1.036x the live peak against the
+//                         dynamic path's 1.011x, and finding the step costs 10-45% of replay
+//                         speed; bench/results/2026-11-22-cpu-learned-placement.md). Needs
+//                         virtual memory (virtual_memory:off with placement:learned is refused).
 //
 // An empty string gives the defaults. Unknown keys, repeated keys and bad values throw
 // LogicError naming the key and what was expected: a typo never passes silently.
