@@ -184,7 +184,7 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   }
   if (block == nullptr) return nullptr;
   Block* claimed = claim_locked(block, bytes, rounded, oversize, fresh, context);
-  if (learning) learn_malloc_locked(claimed, rounded, stream, context);
+  if (learning) learn_malloc_locked(claimed, rounded, stream);
   return claimed;
 }
 
@@ -514,7 +514,7 @@ void CachingAllocator::release_segment_locked(Segment& segment) {
 
 bool CachingAllocator::release_cached_locked() {
   // The plan's arena goes back like any cache; learning starts again.
-  if (arena_segment_ != nullptr) {
+  if (learner_.phase() == StepLearner::Phase::kPlaced) {
     dissolve_arena_locked();
     learner_.reset();
   }

@@ -61,12 +61,14 @@
 // StepLearner (step_learner.hpp) watches the large pool's requests on one stream until a step
 // has repeated (stowage.mark_step() marks steps; without marks the repetition is found in the
 // sequence), and plans an address for every allocation of the step that lives less than a step,
-// by packing their recorded lifetimes (placement_plan.hpp). The plan gets an arena: an address
-// reservation of its own whose free blocks are kept apart from the dynamic pools, in an index
-// by address. From then on the k-th request of the step is cut out of the arena at its planned
-// offset; pages under it are mapped on first use (new within the headroom, else stitched from
-// the dynamic cache, as on a miss), so after the first planned step no page moves, and the
-// arena never holds more than the plan's packing. Requests the plan leaves dynamic (long-lived
+// by packing their recorded lifetimes (placement_plan.hpp). The plan's step starts at the mark,
+// or (found without marks) after the point with the fewest bytes live, where a step boundary
+// lies; requests before it stay dynamic. There the plan gets an arena: an address reservation
+// of its own whose free blocks are kept apart from the dynamic pools, in an index by address.
+// The dynamic cache gives its whole free pages back and the arena is mapped whole (new pages
+// within the headroom, else stitched, as on a miss), so nothing is mapped twice over and no page
+// moves afterwards. From then on the k-th request of the step is cut out of the arena at its
+// planned offset. Requests the plan leaves dynamic (long-lived
 // ones) take the dynamic path. The moment a request differs from the plan (another size, a step
 // marked early) or its planned range is not free (a free came later than recorded, a
 // record_stream still pending), the plan is dropped: the arena's free blocks join the dynamic
@@ -189,6 +191,7 @@ class CachingAllocator {
     std::size_t plans_made = 0;
     int departures = 0;
     std::size_t arena_bytes = 0;    // the plan in force's arena (0: none)
+    std::size_t plan_live_bytes = 0;  // its allocations' most bytes live at once (packing bound)
     std::size_t planned_allocations = 0;  // requests served at a planned address, ever
   };
   PlacementStatus placement_status() const;
@@ -325,9 +328,9 @@ class CachingAllocator {
   bool map_pages_locked(std::uintptr_t start, std::vector<PhysicalHandle>& handles);
   // Learned placement (Note [Learned placement]; caching_allocator_placement.cpp).
   Block* place_planned_locked(std::size_t rounded, Stream stream, std::uint64_t context);
-  void learn_malloc_locked(Block* block, std::size_t rounded, Stream stream,
-                           std::uint64_t context);
-  bool open_arena_locked(const StepLearner::Plan& plan, Stream stream, std::uint64_t context);
+  void learn_malloc_locked(Block* block, std::size_t rounded, Stream stream);
+  // Opens the arena of the plan taken (pending_plan_); false (nothing kept) if it cannot.
+  bool open_arena_locked(Stream stream, std::uint64_t context);
   void dissolve_arena_locked();
   // Maps the unmapped pages of the arena in [first, last) (page-aligned); false if it could not.
   bool map_arena_range_locked(std::uintptr_t first, std::uintptr_t last, std::uint64_t context);
@@ -392,6 +395,8 @@ class CachingAllocator {
   Segment* arena_segment_ = nullptr;        // the plan's arena, while a plan is in force
   FreeBlockIndex plan_arena_{FreeBlockIndex::Order::kAddress};  // its free blocks, by address
   std::size_t planned_allocations_ = 0;
+  std::size_t plan_live_bytes_ = 0;
+  std::pair<std::size_t, std::size_t> pending_plan_;  // the plan taken: arena bytes, live bound
   // Mapped ranges that neither unmap nor become accessible after a failed map (address, bytes):
   // kept out of use, unmapped again by every release until that works.
   std::vector<std::pair<std::uintptr_t, std::size_t>> lost_ranges_;

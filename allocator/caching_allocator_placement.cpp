@@ -24,7 +24,7 @@ void CachingAllocator::mark_step() {
   if (learner_.mark_step()) {
     dissolve_arena_locked();
   } else if (std::optional<StepLearner::Plan> plan = learner_.take_plan()) {
-    if (!open_arena_locked(*plan, learned_stream_, context)) learner_.depart();
+    pending_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
   }
 }
 
@@ -36,12 +36,12 @@ CachingAllocator::PlacementStatus CachingAllocator::placement_status() const {
   status.plans_made = learner_.plans_made();
   status.departures = learner_.departures();
   status.arena_bytes = arena_segment_ != nullptr ? arena_segment_->size : 0;
+  status.plan_live_bytes = arena_segment_ != nullptr ? plan_live_bytes_ : 0;
   status.planned_allocations = planned_allocations_;
   return status;
 }
 
-void CachingAllocator::learn_malloc_locked(Block* block, std::size_t rounded, Stream stream,
-                                           std::uint64_t context) {
+void CachingAllocator::learn_malloc_locked(Block* block, std::size_t rounded, Stream stream) {
   if (learner_.phase() != StepLearner::Phase::kLearning) return;
   if (!learned_stream_known_) {
     learned_stream_ = stream;
@@ -50,13 +50,13 @@ void CachingAllocator::learn_malloc_locked(Block* block, std::size_t rounded, St
   if (stream != learned_stream_) return;
   block->learned_record = learner_.record_malloc(rounded);
   if (std::optional<StepLearner::Plan> plan = learner_.take_plan()) {
-    if (!open_arena_locked(*plan, stream, context)) learner_.depart();
+    // The arena opens where the plan's step starts (place_planned_locked).
+    pending_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
   }
 }
 
-bool CachingAllocator::open_arena_locked(const StepLearner::Plan& plan, Stream stream,
-                                         std::uint64_t context) {
-  const std::size_t size = round_up(std::max<std::size_t>(plan.arena_bytes, 1), page_);
+bool CachingAllocator::open_arena_locked(Stream stream, std::uint64_t context) {
+  const std::size_t size = round_up(std::max<std::size_t>(pending_plan_.first, 1), page_);
   void* base = nullptr;
   try {
     base = backend_.reserve_address_range(size, page_);
@@ -85,12 +85,17 @@ bool CachingAllocator::open_arena_locked(const StepLearner::Plan& plan, Stream s
   }
   hole->segment->planned = true;
   arena_segment_ = hole->segment;
+  plan_live_bytes_ = pending_plan_.second;
   plan_arena_.insert(*hole);
   stats_.segment.update(Pool::kLarge, 1);
   // The arena's pages are better new than stitched from the dynamic cache, whose free pages are
-  // mostly shared with live blocks: give back every whole free page now (once per plan), so the
-  // arena grows within the headroom instead of beside a cache it cannot use.
+  // mostly shared with live blocks: give back every whole free page now (once per plan), then
+  // map the whole arena, before the next step's requests compete for the headroom.
   release_paged_locked();
+  if (!map_arena_range_locked(start, start + size, context)) {
+    dissolve_arena_locked();
+    return false;
+  }
   return true;
 }
 
@@ -110,6 +115,11 @@ void CachingAllocator::dissolve_arena_locked() {
 Block* CachingAllocator::place_planned_locked(std::size_t rounded, Stream stream,
                                               std::uint64_t context) {
   if (learner_.phase() != StepLearner::Phase::kPlaced || stream != learned_stream_) return nullptr;
+  // The step starts here: the arena opens with the fewest bytes live.
+  if (arena_segment_ == nullptr && !learner_.waiting() && !open_arena_locked(stream, context)) {
+    learner_.depart();
+    return nullptr;
+  }
   const StepLearner::PlannedAllocation* next = learner_.next_planned(rounded);
   if (next == nullptr) {
     dissolve_arena_locked();  // a request the plan did not foresee
@@ -129,7 +139,9 @@ Block* CachingAllocator::place_planned_locked(std::size_t rounded, Stream stream
   for (const Block* block = first; block != nullptr && block->address < end; block = block->next) {
     if (block->state != BlockState::kFree) return depart();
   }
-  if (!map_arena_range_locked(round_down(target, page_), round_up(end, page_), context)) {
+  // (The arena is mapped whole when it opens; this maps only what a failed map left out.)
+  if (arena_segment_->mapped_pages * page_ < arena_segment_->size &&
+      !map_arena_range_locked(round_down(target, page_), round_up(end, page_), context)) {
     return depart();
   }
   // Mapped and free, the range now lies in one cached block (free neighbours coalesce).

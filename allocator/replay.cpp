@@ -123,6 +123,8 @@ ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& co
     result.plans_made = placement.plans_made;
     result.departures = static_cast<std::size_t>(placement.departures);
     result.planned_allocations = placement.planned_allocations;
+    result.arena_bytes = placement.arena_bytes;
+    result.plan_live_bytes = placement.plan_live_bytes;
     for (const auto& [address, block] : live) {
       if (block.ptr != nullptr) allocator.free(block.ptr);
     }

@@ -47,6 +47,8 @@ struct ReplayResult {
   std::size_t plans_made = 0;           // placement:learned: plans made, departures from them,
   std::size_t departures = 0;           // and requests served at a planned address
   std::size_t planned_allocations = 0;
+  std::size_t arena_bytes = 0;          // the plan in force at the end, and its packing bound
+  std::size_t plan_live_bytes = 0;
   bool oom = false;
   std::size_t oom_event = 0;       // index of the event that failed
   std::string oom_message;

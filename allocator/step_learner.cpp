@@ -9,12 +9,11 @@ namespace stowage {
 
 namespace {
 
-// z[i]: the length of the longest common prefix of s and s[i:] (z[0] = s.size()).
-template <typename Sequence>
-std::vector<std::size_t> z_function(const Sequence& s) {
+// z[i]: the length of the longest common prefix of s and s[i:] (z[0] = s.size()); O(n).
+void z_function(const std::vector<std::uint64_t>& s, std::vector<std::size_t>& z) {
   const std::size_t n = s.size();
-  std::vector<std::size_t> z(n, 0);
-  if (n == 0) return z;
+  z.assign(n, 0);
+  if (n == 0) return;
   z[0] = n;
   std::size_t left = 0;
   std::size_t right = 0;  // [left, right): the rightmost match found so far
@@ -26,18 +25,24 @@ std::vector<std::size_t> z_function(const Sequence& s) {
       right = i + z[i];
     }
   }
-  return z;
 }
 
 }  // namespace
 
 std::uint64_t StepLearner::record_malloc(std::size_t bytes) {
   if (phase_ != Phase::kLearning) return kNoRecord;
+  if (ready_) {
+    // A plan not taken yet: the program has moved one allocation further through it.
+    ready_->next = (ready_->next + 1) % ready_->allocations.size();
+    return kNoRecord;
+  }
   if (symbols_.size() >= kMaxEvents) trim();
   const std::uint64_t id = next_record_++;
   records_.push_back({bytes, event_base_ + symbols_.size(), kNotFreed});
   live_bytes_ += static_cast<std::int64_t>(bytes);
   push_event(static_cast<std::uint64_t>(bytes) << 1, id);
+  // Looked for after allocations only: a plan found here is taken before the next one.
+  if (!ready_ && !marked_) maybe_detect();
   return id;
 }
 
@@ -58,7 +63,6 @@ void StepLearner::push_event(std::uint64_t symbol, std::uint64_t record) {
   symbols_.push_back(symbol);
   live_.push_back(live_bytes_);
   event_record_.push_back(record);
-  if (!ready_ && !marked_) maybe_detect();
 }
 
 std::optional<StepLearner::Plan> StepLearner::take_plan() {
@@ -66,7 +70,8 @@ std::optional<StepLearner::Plan> StepLearner::take_plan() {
   std::optional<Plan> plan = std::move(ready_);
   ready_.reset();
   plan_ = *plan;
-  cursor_ = 0;
+  cursor_ = plan_.next;
+  waiting_ = cursor_ != 0;
   phase_ = Phase::kPlaced;
   ++plans_made_;
   clear_events();
@@ -86,7 +91,7 @@ bool StepLearner::mark_step() {
   if (marks_.size() < 3 || marks_[0] < event_base_) return false;
   const std::size_t period = marks_[2] - marks_[1];
   if (period == 0 || marks_[1] - marks_[0] != period) return false;
-  if (repeats(period)) build_plan(period);
+  if (repeats(period)) build_plan(period, /*from_fewest_live=*/false);
   return false;
 }
 
@@ -98,6 +103,11 @@ const StepLearner::PlannedAllocation* StepLearner::next_planned(std::size_t byte
     return nullptr;
   }
   cursor_ = cursor_ + 1 == plan_.allocations.size() ? 0 : cursor_ + 1;
+  if (waiting_) {
+    waiting_ = cursor_ != 0;
+    waiting_entry_ = {bytes, kDynamic};
+    return &waiting_entry_;
+  }
   return &next;
 }
 
@@ -107,6 +117,7 @@ void StepLearner::depart() {
   plan_ = Plan{};
   ready_.reset();
   cursor_ = 0;
+  waiting_ = false;
   clear_events();
   phase_ = departures_ >= kMaxDepartures ? Phase::kOff : Phase::kLearning;
 }
@@ -115,6 +126,7 @@ void StepLearner::reset() {
   plan_ = Plan{};
   ready_.reset();
   cursor_ = 0;
+  waiting_ = false;
   clear_events();
   if (phase_ != Phase::kOff) phase_ = Phase::kLearning;
 }
@@ -149,8 +161,10 @@ void StepLearner::trim() {
 void StepLearner::maybe_detect() {
   const std::size_t n = symbols_.size();
   if (n < next_check_ || n < 2 * kMinPeriodEvents) return;
-  next_check_ = n + std::max<std::size_t>(64, n / 8);
-  if (const std::size_t period = detect_period(); period != 0) build_plan(period);
+  next_check_ = n + std::max<std::size_t>(256, n / 4);
+  if (const std::size_t period = detect_period(); period != 0) {
+    build_plan(period, /*from_fewest_live=*/true);
+  }
 }
 
 bool StepLearner::repeats(std::size_t period) const {
@@ -161,16 +175,18 @@ bool StepLearner::repeats(std::size_t period) const {
                     symbols_.end() - static_cast<std::ptrdiff_t>(2 * period));
 }
 
-std::size_t StepLearner::detect_period() const {
+std::size_t StepLearner::detect_period() {
   const std::size_t n = symbols_.size();
-  std::vector<std::uint64_t> reversed(symbols_.rbegin(), symbols_.rend());
-  const std::vector<std::size_t> z = z_function(reversed);
+  reversed_.assign(symbols_.rbegin(), symbols_.rend());
+  z_function(reversed_, z_);
+  const std::vector<std::size_t>& z = z_;
   // A step holds the memory's high point; a loop inside one (an optimizer's loop over layers of
   // one shape) repeats far below it.
   const std::int64_t highest = *std::max_element(live_.begin(), live_.end());
-  std::vector<std::int64_t> highest_since(n);  // the most live from event i to the end
+  highest_since_.resize(n);  // the most live from event i to the end
   std::int64_t running = INT64_MIN;
-  for (std::size_t i = n; i-- > 0;) highest_since[i] = running = std::max(running, live_[i]);
+  for (std::size_t i = n; i-- > 0;) highest_since_[i] = running = std::max(running, live_[i]);
+  const std::vector<std::int64_t>& highest_since = highest_since_;
   auto valid = [&](std::size_t period) {
     return period >= kMinPeriodEvents && 2 * period <= n && z[period] >= period &&
            live_[n - 1] == live_[n - 1 - period] && 2 * highest_since[n - period] >= highest &&
@@ -192,35 +208,47 @@ std::size_t StepLearner::detect_period() const {
   return longest;
 }
 
-void StepLearner::build_plan(std::size_t period) {
+void StepLearner::build_plan(std::size_t period, bool from_fewest_live) {
   const std::size_t n = symbols_.size();
-  const std::size_t window = n - period;  // relative index of the step's first event
+  const std::size_t window = n - period;  // relative index of the window's first event
+  // The step starts `shift` events into the window: after its fewest-live event (the first of
+  // them), or at once for a marked step.
+  std::size_t shift = 0;
+  if (from_fewest_live) {
+    const auto fewest = std::min_element(live_.begin() + static_cast<std::ptrdiff_t>(window),
+                                         live_.end());
+    shift = (static_cast<std::size_t>(fewest - live_.begin()) + 1 - window) % period;
+  }
+  auto tick = [&](std::size_t event) {  // event: relative index in [window, window + period]
+    return (event - window + period - shift) % period;
+  };
   Plan plan;
   plan.period_events = period;
   std::vector<Lifetime> lifetimes;
-  std::vector<std::size_t> planned;  // index into plan.allocations of each lifetime
+  std::vector<std::size_t> planned;  // index into window_allocations of each lifetime
+  std::vector<PlannedAllocation> window_allocations;
+  std::size_t before_start = 0;  // window allocations made before the step's start
   for (std::size_t i = window; i < n; ++i) {
     const std::uint64_t id = event_record_[i];
     if (id == kNoRecord) continue;
+    if (i - window < shift) ++before_start;
     const Record& record = records_[id - record_base_];
-    PlannedAllocation allocation{record.bytes, kDynamic};
-    const std::size_t start = i - window;
-    std::size_t end = kNotFreed;
+    std::size_t freed = kNotFreed;  // relative event of the free
     if (record.free_event != kNotFreed) {
-      end = record.free_event - event_base_ - window;
+      freed = record.free_event - event_base_;
     } else if (const std::uint64_t previous = event_record_[i - period]; previous != kNoRecord) {
-      // Still live at the step's end: it is freed where the previous step's same allocation
-      // was freed in this step, if that came before this one was made.
-      const std::size_t freed = records_[previous - record_base_].free_event;
-      if (freed != kNotFreed && freed - event_base_ >= window && freed - event_base_ < i) {
-        end = freed - event_base_ - window;
+      // Still live at the window's end: it is freed where the previous step's same allocation
+      // was freed in this window, if that came before this one was made.
+      const std::size_t earlier = records_[previous - record_base_].free_event;
+      if (earlier != kNotFreed && earlier - event_base_ >= window && earlier - event_base_ < i) {
+        freed = earlier - event_base_;
       }
     }
-    if (end != kNotFreed) {
-      lifetimes.push_back({record.bytes, start, end});
-      planned.push_back(plan.allocations.size());
+    if (freed != kNotFreed) {
+      lifetimes.push_back({record.bytes, tick(i), tick(freed)});
+      planned.push_back(window_allocations.size());
     }
-    plan.allocations.push_back(allocation);
+    window_allocations.push_back({record.bytes, kDynamic});
   }
   if (lifetimes.empty() || lifetimes.size() > kMaxPlannedAllocations) {
     rejected_periods_.push_back(period);
@@ -228,8 +256,15 @@ void StepLearner::build_plan(std::size_t period) {
   }
   const PlacementPlan packed = plan_placement(lifetimes, period);
   for (std::size_t k = 0; k < lifetimes.size(); ++k) {
-    plan.allocations[planned[k]].offset = packed.offsets[k];
+    window_allocations[planned[k]].offset = packed.offsets[k];
   }
+  // From the step's start; the program is at the window's start now.
+  const std::size_t count = window_allocations.size();
+  plan.allocations.reserve(count);
+  for (std::size_t k = 0; k < count; ++k) {
+    plan.allocations.push_back(window_allocations[(k + before_start) % count]);
+  }
+  plan.next = (count - before_start) % count;
   plan.arena_bytes = packed.arena_bytes;
   plan.peak_live_bytes = packed.peak_live_bytes;
   ready_ = std::move(plan);

@@ -9,7 +9,8 @@
 // bytes live since learning began, which a loop inside a step, such as an optimizer's over its
 // layers, does not). Boundaries come from mark_step() when the
 // program calls it (then only whole marked steps count); otherwise the learner looks for the
-// longest such P every so often (a Z-function over the reversed sequence, O(events)), taking
+// longest such P each time the events held grow by a quarter (a Z-function over the reversed
+// sequence, O(events); so O(1) amortised per event), taking
 // the shortest P that divides it. The plan places every allocation of the step whose lifetime
 // is shorter than a step, with lifetimes read from the two repetitions (an allocation alive at
 // the end of the step is freed where the previous step's same allocation was freed in this one),
@@ -50,7 +51,10 @@ class StepLearner {
     std::size_t offset = kDynamic;  // in the arena; kDynamic: served by the dynamic path
   };
   struct Plan {
-    std::vector<PlannedAllocation> allocations;  // in the order the step makes them
+    // In the order the step makes them, from the step's start: its mark, or (found without
+    // marks) the point where the fewest bytes are live, where the step boundary must be.
+    std::vector<PlannedAllocation> allocations;
+    std::size_t next = 0;  // the allocation the program makes next, when the plan is taken
     std::size_t arena_bytes = 0;
     std::size_t peak_live_bytes = 0;  // of the planned allocations: the packing's lower bound
     std::size_t period_events = 0;
@@ -73,8 +77,11 @@ class StepLearner {
 
   // --- placed ---
   // The plan's next allocation for a request of `bytes`, or nullptr when the request departs
-  // from the plan (the learner has then already gone back to learning).
+  // from the plan (the learner has then already gone back to learning). Until the program
+  // reaches the step's start, requests are checked against the plan but left dynamic.
   const PlannedAllocation* next_planned(std::size_t bytes);
+  // True while the plan waits for the step's start (see next_planned).
+  bool waiting() const noexcept { return waiting_; }
   // Leaves the plan (the allocator could not place an allocation where it said).
   void depart();
   // Forgets everything learned and starts learning again (empty_cache gives the arena back);
@@ -96,10 +103,12 @@ class StepLearner {
   void push_event(std::uint64_t symbol, std::uint64_t record);
   void maybe_detect();
   // The period of the step the recent events repeat (0: none).
-  std::size_t detect_period() const;
+  std::size_t detect_period();
   bool repeats(std::size_t period) const;
   // Builds the plan from the last `period` events (which repeat the `period` before them).
-  void build_plan(std::size_t period);
+  // Without marks (`from_fewest_live`), the plan's step starts after the event with the fewest
+  // bytes live.
+  void build_plan(std::size_t period, bool from_fewest_live);
   void trim();
   void clear_events();
 
@@ -118,8 +127,14 @@ class StepLearner {
   std::vector<std::size_t> marks_;  // absolute event indices of the last marks
   std::vector<std::size_t> rejected_periods_;
   std::optional<Plan> ready_;
+  // detect_period's buffers, kept to spare allocations.
+  std::vector<std::uint64_t> reversed_;
+  std::vector<std::size_t> z_;
+  std::vector<std::int64_t> highest_since_;
   Plan plan_;
   std::size_t cursor_ = 0;  // the plan's next allocation
+  bool waiting_ = false;
+  PlannedAllocation waiting_entry_;  // what next_planned returns while waiting
   std::size_t plans_made_ = 0;
   int departures_ = 0;
 };

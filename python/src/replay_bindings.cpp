@@ -56,6 +56,8 @@ py::dict to_dict(const ReplayResult& result) {
   out["plans_made"] = result.plans_made;
   out["departures"] = result.departures;
   out["planned_allocations"] = result.planned_allocations;
+  out["arena_bytes"] = result.arena_bytes;
+  out["plan_live_bytes"] = result.plan_live_bytes;
   out["oom"] = result.oom;
   out["oom_event"] = result.oom ? py::object(py::int_(result.oom_event)) : py::object(py::none());
   out["oom_message"] = result.oom ? py::object(py::str(result.oom_message)) : py::object(py::none());

@@ -120,6 +120,7 @@ PYBIND11_MODULE(_torch, module) {
     out["plans_made"] = status.plans_made;
     out["departures"] = status.departures;
     out["arena_bytes"] = status.arena_bytes;
+    out["plan_live_bytes"] = status.plan_live_bytes;
     out["planned_allocations"] = status.planned_allocations;
     return out;
   }, py::arg("device") = kCpu);
