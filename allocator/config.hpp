@@ -35,11 +35,11 @@
 //                         step at an address planned from the recorded lifetimes, in an arena of
 //                         its own, and falls back to the dynamic path the moment the sequence
 //                         departs from the plan. Default: dynamic, because on the recorded traces
-//                         learned placement does not beat it (a step must be seen twice before a
-//                         plan exists, so the peak is mostly set before; on a steady 8-step
-//                         trace the move to the arena reserves 1.036x the live peak against the
-//                         dynamic path's 1.011x, and finding the step costs 10-45% of replay
-//                         speed; bench/results/2026-11-22-cpu-learned-placement.md). Needs
+//                         learned placement reserves the same as the dynamic path (a step must
+//                         repeat before a plan exists, so the peak is mostly set before) while
+//                         replays run 3-10% slower (36% on a short steady trace, where opening
+//                         the arena moves its pages once); bench/results/
+//                         2026-11-22-cpu-learned-placement.md. Needs
 //                         virtual memory (virtual_memory:off with placement:learned is refused).
 //
 // An empty string gives the defaults. Unknown keys, repeated keys and bad values throw

@@ -180,32 +180,51 @@ std::size_t StepLearner::detect_period() {
   reversed_.assign(symbols_.rbegin(), symbols_.rend());
   z_function(reversed_, z_);
   const std::vector<std::size_t>& z = z_;
-  // A step holds the memory's high point; a loop inside one (an optimizer's loop over layers of
-  // one shape) repeats far below it.
-  const std::int64_t highest = *std::max_element(live_.begin(), live_.end());
+  // A step climbs at least halfway from the fewest bytes live to the most; a loop inside one
+  // (an optimizer's loop over layers of one shape) repeats far below that.
+  const auto [lowest_at, highest_at] = std::minmax_element(live_.begin(), live_.end());
+  const std::int64_t lowest = *lowest_at;
+  const std::int64_t highest = *highest_at;
   highest_since_.resize(n);  // the most live from event i to the end
   std::int64_t running = INT64_MIN;
   for (std::size_t i = n; i-- > 0;) highest_since_[i] = running = std::max(running, live_[i]);
   const std::vector<std::int64_t>& highest_since = highest_since_;
-  auto valid = [&](std::size_t period) {
-    return period >= kMinPeriodEvents && 2 * period <= n && z[period] >= period &&
-           live_[n - 1] == live_[n - 1 - period] && 2 * highest_since[n - period] >= highest &&
-           std::find(rejected_periods_.begin(), rejected_periods_.end(), period) ==
-               rejected_periods_.end();
+  allocations_since_.resize(n + 1);  // allocation events from event i to the end
+  allocations_since_[n] = 0;
+  for (std::size_t i = n; i-- > 0;) {
+    allocations_since_[i] = allocations_since_[i + 1] + (event_record_[i] != kNoRecord ? 1 : 0);
+  }
+  // A repeat of `period` events that could be a step, whatever its size.
+  auto repeats_as_step = [&](std::size_t period) {
+    return 2 * period <= n && z[period] >= period && live_[n - 1] == live_[n - 1 - period] &&
+           2 * (highest_since[n - period] - lowest) >= highest - lowest;
+  };
+  auto rejected = [&](std::size_t period) {
+    return std::find(rejected_periods_.begin(), rejected_periods_.end(), period) !=
+           rejected_periods_.end();
   };
   std::size_t longest = 0;
-  for (std::size_t period = n / 2; period >= kMinPeriodEvents; --period) {
-    if (valid(period)) {
+  for (std::size_t period = n / 2; period >= 1; --period) {
+    if (repeats_as_step(period) && !rejected(period)) {
       longest = period;
       break;
     }
   }
   if (longest == 0) return 0;
-  // Several steps may repeat as one: the shortest period that divides the longest.
-  for (std::size_t parts = longest / kMinPeriodEvents; parts > 1; --parts) {
-    if (longest % parts == 0 && valid(longest / parts)) return longest / parts;
+  // Several steps may repeat as one: the shortest period that divides the longest. When that
+  // is a short loop, repeated, there is no step to plan.
+  std::size_t shortest = longest;
+  for (std::size_t parts = longest; parts > 1; --parts) {
+    if (longest % parts == 0 && repeats_as_step(longest / parts)) {
+      shortest = longest / parts;
+      break;
+    }
   }
-  return longest;
+  if (shortest < kMinPeriodEvents || allocations_since_[n - shortest] < kMinFoundAllocations ||
+      rejected(shortest)) {
+    return 0;
+  }
+  return shortest;
 }
 
 void StepLearner::build_plan(std::size_t period, bool from_fewest_live) {

@@ -5,9 +5,9 @@
 // one; the learner keeps them as a sequence of events: "allocate n bytes" and "free the
 // allocation made k allocations ago". A step has repeated when the last P events equal the P
 // before them and the bytes live at both ends agree (a forward pass repeats its layers, but
-// with more live each time, so layers are not steps; and a step reaches at least half the most
-// bytes live since learning began, which a loop inside a step, such as an optimizer's over its
-// layers, does not). Boundaries come from mark_step() when the
+// with more live each time, so layers are not steps; and a step climbs at least halfway from
+// the fewest bytes live since learning began to the most, which a loop inside a step, such as
+// an optimizer's over its layers, does not). Boundaries come from mark_step() when the
 // program calls it (then only whole marked steps count); otherwise the learner looks for the
 // longest such P each time the events held grow by a quarter (a Z-function over the reversed
 // sequence, O(events); so O(1) amortised per event), taking
@@ -42,6 +42,10 @@ class StepLearner {
   static constexpr std::size_t kMaxEvents = std::size_t{1} << 16;
   static constexpr std::size_t kMaxPlannedAllocations = 16384;
   static constexpr std::size_t kMinPeriodEvents = 8;
+  // A step found without marks makes at least this many allocations: a training step makes
+  // hundreds, and short loops inside one (over a batch's chunks, an optimizer's groups) repeat
+  // with few. A repeat whose shortest repeating unit makes fewer is such a loop, not a step.
+  static constexpr std::size_t kMinFoundAllocations = 32;
   static constexpr int kMaxDepartures = 16;
 
   enum class Phase : std::uint8_t { kLearning, kPlaced, kOff };
@@ -131,6 +135,7 @@ class StepLearner {
   std::vector<std::uint64_t> reversed_;
   std::vector<std::size_t> z_;
   std::vector<std::int64_t> highest_since_;
+  std::vector<std::size_t> allocations_since_;
   Plan plan_;
   std::size_t cursor_ = 0;  // the plan's next allocation
   bool waiting_ = false;

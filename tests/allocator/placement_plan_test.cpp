@@ -200,6 +200,36 @@ TEST(StepLearner, WithoutMarksTheStepIsFoundNotALayer) {
   // + 12 frees of the previous step's gradients.
   EXPECT_EQ(plan->period_events, 12u * 3 + 12u * 2 + 12u);
   EXPECT_EQ(plan->allocations.size(), 36u);
+  // The plan's step starts where the fewest bytes are live: after the gradients are freed, at
+  // the first layer's temporary, wherever in the step the repeat was noticed.
+  EXPECT_EQ(plan->allocations[0].bytes, 3 * kMiB);
+  EXPECT_EQ(plan->allocations[1].bytes, 4 * kMiB);
+  // The learner follows the program from where it is to that start, leaving those requests
+  // dynamic, then places.
+  std::size_t waited = 0;
+  const std::size_t ahead = (plan->allocations.size() - plan->next) % plan->allocations.size();
+  while (learner.waiting()) {
+    const StepLearner::PlannedAllocation* next =
+        learner.next_planned(plan->allocations[(plan->next + waited) % 36].bytes);
+    ASSERT_NE(next, nullptr);
+    EXPECT_EQ(next->offset, StepLearner::kDynamic);
+    ++waited;
+  }
+  EXPECT_EQ(waited, ahead);
+  const StepLearner::PlannedAllocation* placed = learner.next_planned(3 * kMiB);
+  ASSERT_NE(placed, nullptr);
+  EXPECT_NE(placed->offset, StepLearner::kDynamic);
+}
+
+TEST(StepLearner, ALoopOfAFewAllocationsIsNotTakenForAStep) {
+  StepLearner learner;
+  std::vector<std::uint64_t> live;
+  for (int i = 0; i < 2000; ++i) {  // 16 allocations made and freed, over and over
+    for (std::size_t k = 0; k < 16; ++k) live.push_back(learner.record_malloc((k + 2) * kMiB));
+    for (std::uint64_t id : live) learner.record_free(id);
+    live.clear();
+  }
+  EXPECT_FALSE(learner.take_plan().has_value());
 }
 
 TEST(StepLearner, ADifferentRequestIsADepartureAndTheSamePeriodIsNotLearnedAgain) {
