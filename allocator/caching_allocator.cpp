@@ -146,13 +146,24 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   };
   // Note [Learned placement]: the plan's address for this request, when a plan is in force.
   const bool learning = learned_placement_ && pool == Pool::kLarge && !capturing();
+  bool commit_when_served = false;
   if (learning) {
-    if (Block* placed = place_planned_locked(rounded, stream, context)) {
+    if (Block* placed = place_planned_locked(rounded, stream, context, commit_when_served)) {
       return claim_locked(placed, bytes, rounded, oversize, /*fresh=*/false, context);
     }
   }
   Block* block = find_cached_locked(pool, stream, rounded, oversize);
   if (block == nullptr) block = grow();
+  if (block == nullptr && arena_segment_ != nullptr && !capturing()) {
+    // The plan's arena holds free memory the dynamic path cannot reach: give the plan up rather
+    // than fail (Note [Learned placement]).
+    learner_.depart();
+    dissolve_arena_locked();
+    commit_when_served = false;
+    fresh = false;
+    block = find_cached_locked(pool, stream, rounded, oversize);
+    if (block == nullptr) block = grow();
+  }
   // (Under capture there is no waiting for pending frees nor giving memory back.)
   if (block == nullptr && !capturing()) {
     // Note [Miss path]: wait for pending frees (they may complete a fitting block), then give
@@ -184,6 +195,9 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   }
   if (block == nullptr) return nullptr;
   Block* claimed = claim_locked(block, bytes, rounded, oversize, fresh, context);
+  if (commit_when_served && learner_.phase() == StepLearner::Phase::kPlaced) {
+    learner_.commit_planned();
+  }
   if (learning) learn_malloc_locked(claimed, rounded, stream);
   return claimed;
 }
@@ -212,6 +226,7 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
   // the limit refuses it, the smallest segment that holds the block.
   const std::size_t preferred = SizePolicy::segment_size(rounded);
   const std::size_t smallest = SizePolicy::smallest_segment_size(rounded);
+  if (owner == nullptr && !capturing()) release_beyond_headroom_locked(preferred, rounded);
   auto try_size = [&](std::size_t size) -> void* {
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
     if (size > limit_locked() || reserved > limit_locked() - size) return nullptr;
@@ -237,6 +252,30 @@ Block* CachingAllocator::allocate_segment_locked(Pool pool, Stream stream, std::
   if (size >= config_.max_split_size) stats_.oversize_segments.update(1);
   record_locked(TraceAction::kSegmentAlloc, address, size, stream, context);
   return block;
+}
+
+void CachingAllocator::release_beyond_headroom_locked(std::size_t size, std::size_t rounded) {
+  if (config_.reserve_headroom >= 1) return;  // grow whenever the device has room
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  const double in_use = static_cast<double>(std::max(
+      active_high_water_, static_cast<std::size_t>(stats_.active_bytes.all().current) + rounded));
+  if (static_cast<double>(reserved + size) <=
+      (1.0 + config_.reserve_headroom) * in_use + static_cast<double>(learned_headroom_)) {
+    return;
+  }
+  // Note [Segment headroom]: cached segments no request has fitted go back before a new one
+  // comes, so reserved stays near the peak in use.
+  synchronize_pending_locked();
+  release_free_segments_locked([](const Segment& segment) { return segment.owner == nullptr; });
+  const auto released =
+      reserved - static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  released_bytes_ += released;
+  // A loop that keeps returning and asking again churns: allow it 1% more reserve each time it
+  // has returned an eighth of its peak, until its layout fits.
+  if (8 * released_bytes_ >= active_high_water_ && released > 0) {
+    learned_headroom_ += std::max(SizePolicy::kMediumSegmentSize, active_high_water_ / 100);
+    released_bytes_ = 0;
+  }
 }
 
 Block* CachingAllocator::add_segment_locked(std::uintptr_t base, std::size_t size, Stream stream,
@@ -316,6 +355,7 @@ void CachingAllocator::mark_allocated_locked(Block* block, std::size_t bytes, bo
       active > active_high_water_) {
     active_high_water_ = active;
     moved_pages_ = 0;
+    released_bytes_ = 0;
   }
   if (oversize) stats_.oversize_allocations.update(1);
   record_locked(TraceAction::kAlloc, block->address, bytes, block->stream, context);
@@ -904,7 +944,7 @@ void CachingAllocator::check_invariants() const {
     });
     holes_[p].for_each([&](const Block& block) {
       STOWAGE_INTERNAL_ASSERT(block.state == BlockState::kFree && !block.mapped &&
-                                  block.segment->pool == pool,
+                                  block.segment->pool == pool && !block.segment->planned,
                               "the hole index of a pool holds a block it should not");
     });
     const Sums& sum = sums[p];

@@ -113,19 +113,23 @@ void CachingAllocator::dissolve_arena_locked() {
 }
 
 Block* CachingAllocator::place_planned_locked(std::size_t rounded, Stream stream,
-                                              std::uint64_t context) {
+                                              std::uint64_t context, bool& commit_when_served) {
+  commit_when_served = false;
   if (learner_.phase() != StepLearner::Phase::kPlaced || stream != learned_stream_) return nullptr;
+  const StepLearner::PlannedAllocation* next = learner_.peek_planned(rounded);
+  if (next == nullptr) {
+    dissolve_arena_locked();  // a request the plan did not foresee
+    return nullptr;
+  }
   // The step starts here: the arena opens with the fewest bytes live.
   if (arena_segment_ == nullptr && !learner_.waiting() && !open_arena_locked(stream, context)) {
     learner_.depart();
     return nullptr;
   }
-  const StepLearner::PlannedAllocation* next = learner_.next_planned(rounded);
-  if (next == nullptr) {
-    dissolve_arena_locked();  // a request the plan did not foresee
+  if (next->offset == StepLearner::kDynamic) {
+    commit_when_served = true;  // served by the dynamic path; the plan moves on if it is
     return nullptr;
   }
-  if (next->offset == StepLearner::kDynamic) return nullptr;
   const std::uintptr_t target = arena_segment_->base + next->offset;
   const std::uintptr_t end = target + rounded;
   auto depart = [&]() -> Block* {
@@ -170,6 +174,7 @@ Block* CachingAllocator::place_planned_locked(std::size_t rounded, Stream stream
     plan_arena_.insert(*spares[1]);
     count_inactive_split_locked(*spares[1], 1);
   }
+  learner_.commit_planned();
   ++planned_allocations_;
   return block;
 }

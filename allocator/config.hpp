@@ -18,12 +18,14 @@
 //                         (cudaMalloc), as PyTorch does by default; "auto" takes the paged path
 //                         when the device supports virtual memory. "on" fails on a device without
 //                         it. Default: auto, because the paged path needs least memory.
-//   reserve_headroom:F    Paged path only (0 <= F <= 1). New physical pages are created while
+//   reserve_headroom:F    0 <= F <= 1. Paged path: new physical pages are created while
 //                         reserved bytes stay within (1 + F) x the most bytes ever in use;
 //                         beyond that, cached pages are moved (unmapped and mapped again where
 //                         needed) before new ones are made. Moving costs map/unmap calls (and
 //                         a wait for the stream that last used the page), creating costs
-//                         memory. Default: 0.02, the best of the values measured (0 to 1) on
+//                         memory. Segment path (Note [Segment headroom]): beyond that bound,
+//                         wholly free cached segments are returned before a new one is
+//                         allocated. Default: 0.02, the best of the values measured (0 to 1) on
 //                         the recorded traces: the reserve with room to spare stays within
 //                         2.1 per cent of the peak in use and the smallest device that fits
 //                         within 2 per cent (bench/results). 1 creates whenever the device has

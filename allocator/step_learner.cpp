@@ -91,35 +91,60 @@ bool StepLearner::mark_step() {
   if (marks_.size() < 3 || marks_[0] < event_base_) return false;
   const std::size_t period = marks_[2] - marks_[1];
   if (period == 0 || marks_[1] - marks_[0] != period) return false;
-  if (repeats(period)) build_plan(period, /*from_fewest_live=*/false);
+  // (Marks are the program's word: a step departed from may be learned again, but one with
+  // nothing to plan is not built again and again.)
+  if (!contains(unplannable_periods_, period) && repeats(period)) {
+    build_plan(period, /*from_fewest_live=*/false);
+  }
   return false;
 }
 
-const StepLearner::PlannedAllocation* StepLearner::next_planned(std::size_t bytes) {
-  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "next_planned without a plan");
+const StepLearner::PlannedAllocation* StepLearner::peek_planned(std::size_t bytes) {
+  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "peek_planned without a plan");
   const PlannedAllocation& next = plan_.allocations[cursor_];
   if (next.bytes != bytes) {
     depart();
     return nullptr;
   }
-  cursor_ = cursor_ + 1 == plan_.allocations.size() ? 0 : cursor_ + 1;
   if (waiting_) {
-    waiting_ = cursor_ != 0;
     waiting_entry_ = {bytes, kDynamic};
     return &waiting_entry_;
   }
   return &next;
 }
 
+void StepLearner::commit_planned() {
+  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "commit_planned without a plan");
+  cursor_ = cursor_ + 1 == plan_.allocations.size() ? 0 : cursor_ + 1;
+  if (waiting_) waiting_ = cursor_ != 0;
+}
+
+const StepLearner::PlannedAllocation* StepLearner::next_planned(std::size_t bytes) {
+  const PlannedAllocation* next = peek_planned(bytes);
+  if (next != nullptr) commit_planned();
+  return next;
+}
+
 void StepLearner::depart() {
   ++departures_;
-  if (plan_.period_events != 0) rejected_periods_.push_back(plan_.period_events);
+  if (plan_.period_events != 0) remember(rejected_periods_, plan_.period_events);
   plan_ = Plan{};
   ready_.reset();
   cursor_ = 0;
   waiting_ = false;
   clear_events();
   phase_ = departures_ >= kMaxDepartures ? Phase::kOff : Phase::kLearning;
+}
+
+bool StepLearner::contains(const std::vector<std::size_t>& periods, std::size_t period) {
+  return std::find(periods.begin(), periods.end(), period) != periods.end();
+}
+
+void StepLearner::remember(std::vector<std::size_t>& periods, std::size_t period) {
+  if (contains(periods, period)) return;
+  // Bounded: the oldest is forgotten first.
+  if (periods.size() >= kMaxRejectedPeriods) periods.erase(periods.begin());
+  periods.push_back(period);
 }
 
 void StepLearner::reset() {
@@ -200,8 +225,7 @@ std::size_t StepLearner::detect_period() {
            2 * (highest_since[n - period] - lowest) >= highest - lowest;
   };
   auto rejected = [&](std::size_t period) {
-    return std::find(rejected_periods_.begin(), rejected_periods_.end(), period) !=
-           rejected_periods_.end();
+    return contains(rejected_periods_, period) || contains(unplannable_periods_, period);
   };
   std::size_t longest = 0;
   for (std::size_t period = n / 2; period >= 1; --period) {
@@ -270,7 +294,7 @@ void StepLearner::build_plan(std::size_t period, bool from_fewest_live) {
     window_allocations.push_back({record.bytes, kDynamic});
   }
   if (lifetimes.empty() || lifetimes.size() > kMaxPlannedAllocations) {
-    rejected_periods_.push_back(period);
+    remember(unplannable_periods_, period);
     return;
   }
   const PlacementPlan packed = plan_placement(lifetimes, period);

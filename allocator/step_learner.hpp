@@ -40,7 +40,10 @@ class StepLearner {
   static constexpr std::uint64_t kNoRecord = UINT64_MAX;
   static constexpr std::size_t kDynamic = SIZE_MAX;  // an allocation the plan leaves dynamic
   static constexpr std::size_t kMaxEvents = std::size_t{1} << 16;
-  static constexpr std::size_t kMaxPlannedAllocations = 16384;
+  // Packing is O(n^2) and runs once per plan under the allocator's lock: 8,192 allocations
+  // take about half a second on the development machine.
+  static constexpr std::size_t kMaxPlannedAllocations = 8192;
+  static constexpr std::size_t kMaxRejectedPeriods = 64;
   static constexpr std::size_t kMinPeriodEvents = 8;
   // A step found without marks makes at least this many allocations: a training step makes
   // hundreds, and short loops inside one (over a batch's chunks, an optimizer's groups) repeat
@@ -83,6 +86,11 @@ class StepLearner {
   // The plan's next allocation for a request of `bytes`, or nullptr when the request departs
   // from the plan (the learner has then already gone back to learning). Until the program
   // reaches the step's start, requests are checked against the plan but left dynamic.
+  // peek_planned does not move on: commit_planned() does, once the request has been served (a
+  // request that fails, and is tried again, is the same request).
+  const PlannedAllocation* peek_planned(std::size_t bytes);
+  void commit_planned();
+  // peek_planned and, unless it departed, commit_planned.
   const PlannedAllocation* next_planned(std::size_t bytes);
   // True while the plan waits for the step's start (see next_planned).
   bool waiting() const noexcept { return waiting_; }
@@ -109,6 +117,8 @@ class StepLearner {
   // The period of the step the recent events repeat (0: none).
   std::size_t detect_period();
   bool repeats(std::size_t period) const;
+  static bool contains(const std::vector<std::size_t>& periods, std::size_t period);
+  static void remember(std::vector<std::size_t>& periods, std::size_t period);
   // Builds the plan from the last `period` events (which repeat the `period` before them).
   // Without marks (`from_fewest_live`), the plan's step starts after the event with the fewest
   // bytes live.
@@ -129,7 +139,8 @@ class StepLearner {
   std::size_t next_check_ = 0;  // events held at which detection next runs
   bool marked_ = false;         // mark_step() has been called: boundaries come from it
   std::vector<std::size_t> marks_;  // absolute event indices of the last marks
-  std::vector<std::size_t> rejected_periods_;
+  std::vector<std::size_t> rejected_periods_;     // departed from
+  std::vector<std::size_t> unplannable_periods_;  // repeated, but nothing (or too much) to plan
   std::optional<Plan> ready_;
   // detect_period's buffers, kept to spare allocations.
   std::vector<std::uint64_t> reversed_;

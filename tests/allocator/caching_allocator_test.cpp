@@ -38,7 +38,9 @@ using testing::Gate;
 
 // These tests pin down the segment path (virtual_memory:off); the paged path has its own
 // (caching_allocator_paged_test.cpp).
-const AllocatorConfig kSegmentPath = parse_allocator_config("virtual_memory:off");
+// With room to spare (reserve_headroom:1), so cached segments stay cached until a miss: these
+// tests pin the cache's mechanics; Note [Segment headroom] has tests of its own below.
+const AllocatorConfig kSegmentPath = parse_allocator_config("virtual_memory:off,reserve_headroom:1");
 
 class CachingAllocatorTest : public ::testing::Test {
  protected:
@@ -349,7 +351,7 @@ class OversizeTest : public CachingAllocatorTest {
  protected:
   OversizeTest() : CachingAllocatorTest(device_of(512 * MiB)) {}
   CachingAllocator oversize_{backend_,
-                             parse_allocator_config("max_split_size_mb:64,virtual_memory:off")};
+                             parse_allocator_config("max_split_size_mb:64,virtual_memory:off,reserve_headroom:1")};
   void TearDown() override {
     oversize_.check_invariants();
     CachingAllocatorTest::TearDown();
@@ -577,6 +579,62 @@ TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
   } catch (const LogicError& error) {
     EXPECT_NE(std::string(error.what()).find("unknown key 'expandable_segment'"), std::string::npos);
   }
+}
+
+}  // namespace
+}  // namespace stowage
+
+namespace stowage {
+namespace {
+
+// Note [Segment headroom]: the default configuration on the segment path.
+class SegmentHeadroomTest : public ::testing::Test {
+ protected:
+  SegmentHeadroomTest()
+      : backend_(device_of(1024 * MiB)),
+        allocator_(backend_, parse_allocator_config("virtual_memory:off")) {}
+  void TearDown() override { allocator_.check_invariants(); }
+
+  HostBackend backend_;
+  CachingAllocator allocator_;
+};
+
+TEST_F(SegmentHeadroomTest, ACachedSegmentNoRequestFitsGoesBackBeforeANewOneComes) {
+  void* first = allocator_.malloc(300 * MiB);
+  allocator_.free(first);
+  // 400 MiB fits no cached block: the 300 MiB segment is returned rather than kept beside it.
+  void* second = allocator_.malloc(400 * MiB);
+  const DeviceStats stats = allocator_.stats();
+  EXPECT_EQ(stats.reserved_bytes.all().current, static_cast<std::int64_t>(400 * MiB));
+  EXPECT_EQ(stats.reserved_bytes.all().peak, static_cast<std::int64_t>(400 * MiB));
+  allocator_.free(second);
+  // With reserve_headroom:1 both stay, as in PyTorch.
+  HostBackend backend(device_of(1024 * MiB));
+  CachingAllocator keeps(backend, parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  keeps.free(keeps.malloc(300 * MiB));
+  void* other = keeps.malloc(400 * MiB);
+  EXPECT_EQ(keeps.stats().reserved_bytes.all().current, static_cast<std::int64_t>(700 * MiB));
+  keeps.free(other);
+}
+
+TEST_F(SegmentHeadroomTest, ALoopWhoseLayoutChurnsEarnsHeadroomAndStopsCallingTheDevice) {
+  // Two phases with sizes that do not fit each other's segments, over and over.
+  auto step = [&] {
+    std::vector<void*> big;
+    for (int i = 0; i < 4; ++i) big.push_back(allocator_.malloc(60 * MiB));
+    for (void* block : big) allocator_.free(block);
+    std::vector<void*> other;
+    for (int i = 0; i < 3; ++i) other.push_back(allocator_.malloc(70 * MiB));
+    for (void* block : other) allocator_.free(block);
+  };
+  for (int i = 0; i < 100; ++i) step();
+  const DeviceStats warm = allocator_.stats();
+  for (int i = 0; i < 20; ++i) step();
+  const DeviceStats later = allocator_.stats();
+  EXPECT_EQ(later.num_device_alloc, warm.num_device_alloc);
+  EXPECT_EQ(later.num_device_free, warm.num_device_free);
+  // Both phases cached by then, and no more.
+  EXPECT_LE(later.reserved_bytes.all().peak, static_cast<std::int64_t>(450 * MiB));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "allocator/caching_allocator.hpp"
 #include "allocator/errors.hpp"
 #include "allocator/host_backend.hpp"
+#include "allocator/memory_pressure.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {
@@ -302,6 +303,124 @@ TEST(LearnedPlacementRandom, InvariantsHoldThroughRandomStepsAndPerturbations) {
   EXPECT_GE(allocator.placement_status().plans_made, 1u);
   EXPECT_GE(allocator.placement_status().departures, 1);
   EXPECT_GT(allocator.placement_status().planned_allocations, 0u);
+}
+
+// Marked steps of 40 blocks of about 3 MiB, made and freed.
+void run_small_steps(CachingAllocator& allocator, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 40; ++i) blocks.push_back(allocator.malloc(3 * MiB + 4096));
+    for (void* block : blocks) allocator.free(block);
+    allocator.mark_step();
+  }
+}
+
+TEST(LearnedPlacementMisses, TheArenasFreeMemoryServesARequestThePlanDoesNotCover) {
+  HostBackend backend(device_of(256 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on,placement:learned"));
+  run_small_steps(allocator, 6);
+  ASSERT_GT(allocator.placement_status().arena_bytes, 100 * MiB);
+  // Between steps the arena is free; a request on another stream needs most of the device.
+  const Stream side = backend.create_stream();
+  void* big = allocator.malloc(200 * MiB, side);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(allocator.placement_status().departures, 1);  // the plan was given up for it
+  allocator.check_invariants();
+  allocator.free(big);
+  backend.synchronize_device();
+  backend.destroy_stream(side);
+}
+
+// Frees what it holds when the allocator is short of memory.
+struct ReleaseOnPressure final : MemoryPressureHandler {
+  CachingAllocator* allocator = nullptr;
+  std::vector<void*> held;
+  std::size_t relieve_pressure(std::size_t, Stream) noexcept override {
+    std::size_t freed = 0;
+    for (void* block : held) {
+      freed += allocator->block_size(block);
+      allocator->free(block);
+    }
+    held.clear();
+    return freed;
+  }
+};
+
+TEST(LearnedPlacementMisses, UnderPressureThePlanIsGivenUpAndLearnedAgainLater) {
+  HostBackend backend(device_of(512 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on,placement:learned"));
+  const Stream side = backend.create_stream();
+  ReleaseOnPressure handler;
+  handler.allocator = &allocator;
+  std::vector<void*> older;  // freed two steps later: the plan leaves them dynamic
+  auto step = [&](bool squeeze) {
+    void* a = allocator.malloc(8 * MiB);
+    void* b = allocator.malloc(6 * MiB);
+    allocator.free(a);
+    void* c = allocator.malloc(4 * MiB);
+    for (std::size_t i = 0; i < 40; ++i) allocator.free(allocator.malloc(2 * MiB + 4096 * (i % 3)));
+    if (squeeze) {
+      // Fill the device up to a cap, so that the next request fails until the handler frees.
+      allocator.set_limit(static_cast<std::size_t>(allocator.stats().reserved_bytes.all().current));
+      testing::QuietLog quiet;
+      for (;;) {
+        try {
+          handler.held.push_back(allocator.malloc(2 * MiB, side));
+        } catch (const OutOfMemory&) {
+          break;
+        }
+      }
+      allocator.add_pressure_handler(&handler);
+    }
+    older.push_back(allocator.malloc(10 * MiB));
+    if (squeeze) {
+      allocator.remove_pressure_handler(&handler);
+      allocator.set_limit(AllocatorConfig::kUnlimited);
+    }
+    if (older.size() > 2) {
+      allocator.free(older.front());
+      older.erase(older.begin());
+    }
+    allocator.free(b);
+    allocator.free(c);
+    allocator.mark_step();
+  };
+  for (int i = 0; i < 6; ++i) step(false);
+  ASSERT_EQ(allocator.placement_status().phase, StepLearner::Phase::kPlaced);
+  ASSERT_EQ(allocator.placement_status().departures, 0);
+  step(true);
+  // Filling the device reached the arena's free memory: the plan went (once), and memory ran
+  // short only after that; the request the handler relieved succeeded.
+  EXPECT_EQ(allocator.placement_status().departures, 1);
+  allocator.check_invariants();
+  for (void* block : handler.held) allocator.free(block);
+  handler.held.clear();
+  for (int i = 0; i < 6; ++i) step(false);
+  EXPECT_EQ(allocator.placement_status().phase, StepLearner::Phase::kPlaced);
+  allocator.check_invariants();
+  for (void* block : older) allocator.free(block);
+  backend.synchronize_device();
+  backend.destroy_stream(side);
+}
+
+TEST(LearnedPlacementMisses, AStepThatBeginsDifferentlyOpensNoArena) {
+  HostBackend backend(device_of(1024 * MiB));
+  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on,placement:learned"));
+  auto step = [&](std::size_t first) {
+    std::vector<void*> blocks{allocator.malloc(first)};
+    for (int i = 0; i < 20; ++i) blocks.push_back(allocator.malloc(5 * MiB + 4096));
+    for (void* block : blocks) allocator.free(block);
+    allocator.mark_step();
+  };
+  for (int i = 0; i < 3; ++i) step(7 * MiB);
+  ASSERT_EQ(allocator.placement_status().phase, StepLearner::Phase::kPlaced);
+  const DeviceStats before = allocator.stats();
+  void* other = allocator.malloc(9 * MiB);  // not the plan's first request
+  const DeviceStats after = allocator.stats();
+  EXPECT_EQ(allocator.placement_status().departures, 1);
+  EXPECT_EQ(after.num_unmaps, before.num_unmaps);  // the cache was not given back for nothing
+  allocator.free(other);
+  allocator.check_invariants();
 }
 
 TEST(LearnedPlacementConfig, NeedsThePagedPool) {

@@ -251,6 +251,36 @@ TEST(StepLearner, ADifferentRequestIsADepartureAndTheSamePeriodIsNotLearnedAgain
   EXPECT_EQ(learner.departures(), 2);
 }
 
+TEST(StepLearner, PeekingDoesNotMoveThroughThePlanCommittingDoes) {
+  StepLearner learner;
+  std::vector<std::uint64_t> grads;
+  const LayeredStep step;
+  for (int i = 0; i < 3; ++i) step.run(learner, grads, true);
+  ASSERT_TRUE(learner.take_plan().has_value());
+  // A request that fails and is tried again is seen twice, and is one request of the plan.
+  ASSERT_NE(learner.peek_planned(3 * kMiB), nullptr);
+  ASSERT_NE(learner.peek_planned(3 * kMiB), nullptr);
+  learner.commit_planned();
+  ASSERT_NE(learner.peek_planned(4 * kMiB), nullptr);
+  EXPECT_EQ(learner.departures(), 0);
+}
+
+TEST(StepLearner, AMarkedStepWithNothingToPlanIsTriedOnce) {
+  StepLearner learner;
+  std::vector<std::uint64_t> ids;
+  for (int step = 0; step < 2000; ++step) {
+    ids.push_back(learner.record_malloc(4 * kMiB));  // lives two steps: nothing to plan
+    if (ids.size() > 2) {
+      learner.record_free(ids.front());
+      ids.erase(ids.begin());
+    }
+    learner.mark_step();
+    ASSERT_FALSE(learner.take_plan().has_value());
+  }
+  EXPECT_EQ(learner.plans_made(), 0u);
+  EXPECT_LE(learner.events_held(), StepLearner::kMaxEvents);
+}
+
 TEST(StepLearner, StopsAfterRepeatedDepartures) {
   StepLearner learner;
   for (int departure = 0; departure < StepLearner::kMaxDepartures; ++departure) {
