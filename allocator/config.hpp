@@ -39,7 +39,7 @@
 //                         departs from the plan. Default: dynamic, because on the recorded traces
 //                         learned placement reserves the same as the dynamic path (a step must
 //                         repeat before a plan exists, so the peak is mostly set before) while
-//                         replays run 3-10% slower (36% on a short steady trace, where opening
+//                         replays run 3-20% slower (a third on a short steady trace, where opening
 //                         the arena moves its pages once); bench/results/
 //                         2026-11-22-cpu-learned-placement.md. Needs
 //                         virtual memory (virtual_memory:off with placement:learned is refused).
