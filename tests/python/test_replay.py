@@ -168,3 +168,39 @@ def test_the_fragmentation_targets_hold_on_every_recorded_trace(trace: Path) -> 
     assert record["peak_mapped_pages"] * 2 * MiB == record["peak_reserved"]
     if record["native_comparable"]:
         assert record["peak_reserved"] <= record["native_peak_reserved"]
+
+
+def test_learned_placement_on_the_steady_trace_plans_and_says_so() -> None:
+    """The steady 8-step trace: the step is found without marks, planned, and placed; memory is
+    no more than the dynamic pool's; the table says what learned placement did."""
+    path = REPO / "bench" / "traces" / "gpt2_fixed_8steps.pickle.gz"
+    dynamic = json.loads(stowage("replay", str(path), "--json").stdout)
+    learned = json.loads(stowage("replay", str(path), "--json", "--config",
+                                 "placement:learned").stdout)
+    assert learned["plans_made"] == 1 and learned["departures"] == 0
+    assert learned["planned_allocations"] >= 5 * 300  # steps 4 to 8
+    assert learned["peak_reserved"] <= dynamic["peak_reserved"]
+    assert learned["plan_live_bytes"] <= learned["arena_bytes"] <= 1.01 * learned["plan_live_bytes"] + 2 * MiB
+    table = stowage("replay", str(path), "--config", "placement:learned")
+    assert "learned placement made 1 plan(s), left 0" in table.stdout
+
+
+def test_step_marks_in_a_trace_reach_the_allocator(write_snapshot) -> None:
+    """Marked steps (snapshot entries with user_metadata stowage.mark_step): two alike give a plan."""
+    entries = []
+    address = 0x100000
+    for _ in range(5):
+        live = []
+        for size in (3 * MiB, 5 * MiB, 7 * MiB):
+            entries.append(event("alloc", address, size))
+            live.append((address, size))
+            address += 16 * MiB
+        for addr, size in live:
+            entries.append(event("free_completed", addr, size))
+        entries.append({"action": "snapshot", "addr": 0, "size": 0, "stream": 0,
+                        "user_metadata": "stowage.mark_step"})
+    path = write_snapshot({"segments": [], "device_traces": [entries]})
+    learned = json.loads(stowage("replay", str(path), "--json", "--config",
+                                 "placement:learned").stdout)
+    assert learned["plans_made"] == 1
+    assert learned["planned_allocations"] == 2 * 3  # steps 4 and 5
