@@ -123,7 +123,7 @@ class LivePairs:
     memory that was live before the trace began (an "unknown" free). An allocation whose address
     is allocated again before any free is never ended."""
 
-    index: np.ndarray  # the events' indexes in the trace
+    index: np.ndarray  # the events' indexes in the trace (positions are int32 below 2**31 events)
     is_alloc: np.ndarray
     size: np.ndarray  # int64, or Python ints (object) where sums could overflow
     own: np.ndarray  # change of the trace's own live bytes: +size, or minus the ended allocation's
@@ -134,26 +134,29 @@ class LivePairs:
 
 def live_pairs(columns: TraceColumns) -> LivePairs:
     action = columns.action
-    index = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED))
+    positions = np.int32 if len(action) < 2**31 else np.int64
+    index = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED)).astype(positions)
     n = len(index)
     is_alloc = action[index] == _ALLOC
     address = columns.addr[index]
     size: np.ndarray = columns.size[index].astype(np.int64)
     if n and float(size.sum(dtype=np.float64)) >= 2.0**62:
         size = size.astype(object)  # running sums could pass int64: Python's integers
-    order = np.argsort(address, kind="stable")  # by address, in trace order within one
+    order = np.argsort(address, kind="stable").astype(positions)  # by address, in trace order within one
+    address = address[order]
+    same = np.zeros(n, dtype=bool)  # the previous event in `order` has the same address
+    same[1:] = address[1:] == address[:-1]
+    del address
     previous = np.roll(order, 1)
-    same = np.zeros(n, dtype=bool)
-    same[1:] = address[order[1:]] == address[order[:-1]]
     matched = same & ~is_alloc[order] & is_alloc[previous]
     frees, allocs = order[matched], previous[matched]
-    own = np.where(is_alloc, size, 0).astype(size.dtype)
+    own = np.where(is_alloc, size, 0).astype(size.dtype, copy=False)
     own[frees] = -size[allocs]
-    unknown = np.where(is_alloc, 0, size).astype(size.dtype)
+    unknown = np.where(is_alloc, 0, size).astype(size.dtype, copy=False)
     unknown[frees] = 0
-    alloc_of = np.full(n, -1, dtype=np.int64)
+    alloc_of = np.full(n, -1, dtype=positions)
     alloc_of[frees] = allocs
-    end = np.full(n, n, dtype=np.int64)
+    end = np.full(n, n, dtype=positions)
     end[allocs] = frees
     return LivePairs(index, is_alloc, size, own, unknown, alloc_of, end)
 
@@ -181,7 +184,7 @@ class TraceSites:
                                   for k in found.tolist()], dtype=np.int64)
             site[by_class] = class_ids[np.searchsorted(found, classes)]
         self.names: list[str] = list(ids)
-        self.of = np.full(len(pairs.index), -1, dtype=np.int64)
+        self.of = np.full(len(pairs.index), -1, dtype=pairs.index.dtype)
         self.of[allocs] = site
         self.first = np.full(len(self.names), len(pairs.index), dtype=np.int64)
         np.minimum.at(self.first, site, allocs)
@@ -355,6 +358,7 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
         at = int(np.argmax(running))
         if running[at] > 0:
             best, best_at = int(running[at]), at
+    del running
     own, unknown = int(pairs.own.sum()), int(pairs.unknown.sum())
     baseline = unknown if requested_at_end is None else requested_at_end - own + unknown
     baseline = max(baseline, unknown, 0)
@@ -364,11 +368,10 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
         peak.time_us = columns.time_at(best_index)
 
     sites = TraceSites(columns, pairs)
-    freed = np.cumsum(pairs.unknown)  # unknown frees so far
 
     def ranked_at(position: int) -> tuple[list[dict[str, Any]], int, int]:
         by_site, counts = _live_at(pairs, sites, position)
-        pre_trace = baseline - (int(freed[position]) if position >= 0 else 0)
+        pre_trace = baseline - int(pairs.unknown[:position + 1].sum())  # less the unknown frees so far
         return _ranked_sites(by_site, counts, pre_trace, top), pre_trace, sum(by_site.values())
 
     peak.sites = ranked_at(best_at)[0]

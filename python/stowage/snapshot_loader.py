@@ -112,18 +112,18 @@ def _read_bytes(path: Path) -> bytes:
     return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw
 
 
-_MAP_AT_LEAST = 16 << 20  # files this large are mapped, not read
+_MAP_AT_LEAST = 8 << 20  # files this large are mapped, not read
 
 
 def _map_bytes(path: Path) -> bytes | mmap.mmap:
-    """The pickle's bytes: a large uncompressed file is mapped read-only (its pages cost memory
-    only while they are read, and the reader gives them back behind itself), others are read."""
+    """The pickle's bytes: a large uncompressed regular file is mapped read-only (its pages cost
+    memory only while they are read, and the reader gives them back behind itself; as with any
+    mapped file, one truncated while it is read ends the process), others are read."""
     try:
-        with path.open("rb") as file:
-            head = file.read(2)
-            size = file.seek(0, io.SEEK_END)
-            if head != b"\x1f\x8b" and size >= _MAP_AT_LEAST:
-                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST:
+            with path.open("rb") as file:
+                if file.read(2) != b"\x1f\x8b":
+                    return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
     return _read_bytes(path)
@@ -635,7 +635,7 @@ _FAST_FIELDS = 10
 _PAIR = b"(" + _GET + b")(" + _VALUE + b")"
 _EVENT = re.compile(rb"\}\x94\(" + _PAIR + (b"(?:" + _PAIR + b")?") * (_FAST_FIELDS - 1) + b"u", re.DOTALL)
 _BINFLOAT = struct.Struct(">d")
-_RELEASE_EVERY = 64 << 20  # bytes of a mapped file given back at a time
+_RELEASE_EVERY = 8 << 20  # bytes of a mapped file given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _FIELDS = {name: slot for slot, name in enumerate(("action", "addr", "size", "stream", "time_us", "frames",
                                                    "device_free"))}
@@ -678,7 +678,10 @@ def _plain_row(values: list[Any]) -> _Row | None:
 
 
 def _number_error(value: int | float, position: int) -> SnapshotError:
-    shown = repr(value) if not isinstance(value, int) or value.bit_length() < 4000 else f"of {value.bit_length():,} bits"
+    if isinstance(value, int) and value.bit_length() >= 4000:  # too long to print
+        shown = f"of {value.bit_length():,} bits"
+    else:
+        shown = repr(value)
     return SnapshotError(f"number {shown} at byte {position} is out of any snapshot's range")
 
 

@@ -129,6 +129,16 @@ def test_hostile_and_malformed_inputs_end_in_a_message(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr, (name, result.stderr)
 
 
+def test_a_snapshot_from_a_pipe_is_read() -> None:
+    """Not a regular file: read, not mapped."""
+    result = subprocess.run([sys.executable, "-m", "stowage", "inspect", "/dev/stdin", "--json"],
+                            input=(REPO / "bench" / "traces" / "lstm_varlen_3steps.pickle.gz").read_bytes(),
+                            capture_output=True)
+    assert result.returncode == 0, result.stderr
+    expected = inspect_json(REPO / "bench" / "traces" / "lstm_varlen_3steps.pickle.gz")
+    assert json.loads(result.stdout) == {**expected, "path": "/dev/stdin"}
+
+
 def test_a_device_without_data_is_refused() -> None:
     result = stowage("inspect", str(TRACES[0]), "--device", "7")
     assert result.returncode == 2
