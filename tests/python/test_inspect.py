@@ -376,3 +376,10 @@ def test_live_bytes_past_int64_are_counted_exactly() -> None:
     assert analysed(columns, None, 3) == expected
     assert timeline(columns, 0, [])["series"]["other"][-1] == expected["live_bytes"]
 
+
+def test_the_memory_benchmark_runs_in_its_smoke_mode() -> None:
+    """bench/inspect/memory_ratio.py, on a small synthetic snapshot."""
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "inspect" / "memory_ratio.py"), "--smoke"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "resident / file" in result.stdout
