@@ -1,56 +1,97 @@
-"""Peak memory of `stowage inspect` against the snapshot's file size, on a synthetic snapshot.
+"""Peak memory and time of `stowage inspect` against the snapshot's size, on synthetic snapshots.
 
-    bench/inspect/memory_ratio.py [--events 1000000] [--frames 6]
+    bench/inspect/memory_ratio.py [--mib 40 250 1000] [--repeat 3] [--shared-lists]
+                                  [--dir /tmp] [--cap-gib 16] [--smoke]
 
-Writes a snapshot whose trace holds EVENTS alloc/free_completed pairs, each with FRAMES stack
-frames (PyTorch's snapshots share frame dicts between events with one stack; this one shares
-them among 64 stacks), then runs `stowage inspect --json` on it in a child process and prints
-the file size, the child's peak resident memory and their ratio.
+For each size, writes a snapshot of about that many MiB in the shape stock PyTorch writes
+(bench/inspect/synthetic_snapshot.py: trace events with 36-frame stacks whose frames are memo
+references, segments with blocks), runs `stowage inspect SNAPSHOT --json` on it REPEAT times,
+each in a fresh process under an address-space limit of CAP GiB, and prints the medians of the
+wall time and of the process's peak resident memory (Python, numpy and the mapped file
+included), its ratio to the file, and the ratio of what it takes beyond the first row to the
+file. The first row is a snapshot of one event: what the interpreter and the imports take. The
+snapshots are deleted afterwards. --smoke: one small snapshot, once (a check that the benchmark
+runs). --shared-lists: events share whole frames lists (four times as many events per MiB).
 """
 
 from __future__ import annotations
 
 import argparse
-import pickle
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_snapshot import write_snapshot  # noqa: E402
 
-def synthetic(events: int, frames: int) -> dict[str, object]:
-    stacks = [[{"filename": f"/home/user/train_{s}.py", "line": 10 + f, "name": f"layer_{f}"}
-               for f in range(frames)] for s in range(64)]
-    trace = []
-    for i in range(events):
-        address = 0x7F0000000000 + (i % 4096) * (1 << 20)
-        size = 512 * (1 + i % 2048)
-        stack = stacks[i % 64]
-        trace.append({"action": "alloc", "addr": address, "size": size, "stream": 0,
-                      "time_us": i * 10, "frames": stack})
-        trace.append({"action": "free_completed", "addr": address, "size": size, "stream": 0,
-                      "time_us": i * 10 + 5, "frames": stack})
-    return {"segments": [], "device_traces": [trace], "allocator_settings": {}}
+
+def measure(path: Path, cap: int) -> tuple[float, int]:
+    """One `stowage inspect --json` run: (seconds, peak resident bytes)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "stowage", "inspect", str(path), "--json"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limit)
+    assert child.stderr is not None
+    error = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise SystemExit(f"stowage inspect {path} failed ({child.returncode}): {error.decode(errors='replace')}")
+    return seconds, usage.ru_maxrss * 1024
+
+
+def events_for(mib: float, shared_lists: bool, folder: Path) -> int:
+    """Events that make a snapshot of about `mib` MiB (measured on a small one)."""
+    sizes = []
+    for events in (20_000, 40_000):
+        sample = folder / f"sample_{events}.pickle"
+        with sample.open("wb") as out:
+            write_snapshot(out, events, shared_lists=shared_lists)
+        sizes.append(sample.stat().st_size)
+        sample.unlink()
+    per_event = (sizes[1] - sizes[0]) / 20_000
+    return max(1, int((mib * 2**20 - (sizes[0] - 20_000 * per_event)) / per_event))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--frames", type=int, default=6)
+    parser.add_argument("--mib", type=float, nargs="+", default=[40, 250, 1000], help="snapshot sizes")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--shared-lists", action="store_true", help="events share whole frames lists")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where snapshots are written")
+    parser.add_argument("--cap-gib", type=float, default=16, help="address-space limit of each run")
+    parser.add_argument("--smoke", action="store_true", help="one 2 MiB snapshot, once")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "synthetic.pickle"
-        path.write_bytes(pickle.dumps(synthetic(args.events, args.frames), protocol=4))
-        size = path.stat().st_size
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "stowage", "inspect", str(path), "--json"], check=True,
-                       stdout=subprocess.DEVNULL)
-        seconds = time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(f"{2 * args.events:,} events, file {size / 2**20:.1f} MiB, inspect {seconds:.1f} s, "
-          f"peak resident {peak / 2**20:.0f} MiB, ratio {peak / size:.1f}")
+    if args.smoke:
+        args.mib, args.repeat = [2], 1
+    cap = int(args.cap_gib * 2**30)
+    print("| events | file | inspect (median) | peak resident (median) | resident / file | beyond one event / file |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = 0.0
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        for mib in [0.0, *args.mib]:
+            events = events_for(mib, args.shared_lists, Path(folder)) if mib else 1
+            path = Path(folder) / f"synthetic_{mib:g}.pickle"
+            with path.open("wb") as out:
+                write_snapshot(out, events, segments=200 if mib else 0, shared_lists=args.shared_lists)
+            size = path.stat().st_size
+            runs = [measure(path, cap) for _ in range(args.repeat)]
+            path.unlink()
+            seconds = statistics.median(run[0] for run in runs)
+            peak = statistics.median(run[1] for run in runs)
+            ratios = f"{peak / size:.2f} | {(peak - base) / size:.2f}" if mib else "- | -"
+            base = base or peak
+            print(f"| {events:,} | {size / 2**20:,.1f} MiB | {seconds:.1f} s | {peak / 2**20:,.0f} MiB | {ratios} |",
+                  flush=True)
     return 0
 
 

@@ -11,10 +11,14 @@ the largest traces here.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from stowage import _core
-from stowage.inspector import site_of
+from stowage.inspector import TraceSites, as_columns, live_pairs, site_of
+from stowage.snapshot_loader import TraceColumns
 
 MAX_POINTS = 1500      # timeline samples
 MAX_SITES = 8          # sites drawn by name in the timeline; the rest are "other"
@@ -34,58 +38,33 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def timeline(trace: list[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
+def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
     """Live bytes by site, sampled: at most MAX_POINTS samples, always including the peak. As in
     inspector.analyse_trace, bytes live before the trace began start at `baseline` and drop with
     each free of an address the trace never allocated."""
-    events = [(i, e) for i, e in enumerate(trace) if e.get("action") in ("alloc", "free_completed")]
-    if not events:
+    columns = as_columns(trace)
+    pairs = live_pairs(columns)
+    n = len(pairs.index)
+    if n == 0:
         return {"x": [], "series": {}, "peak_index": -1}
+    peak_at = int(np.argmax(np.cumsum(pairs.own - pairs.unknown)))
+    sites = TraceSites(columns, pairs)
     index_of_site = {site: k for k, site in enumerate(named)}
-    other, before = len(named), len(named) + 1
-    live: dict[int, tuple[int, int]] = {}  # address -> (series, size)
-    running = [0] * (len(named) + 2)
-    running[before] = baseline
-    totals = []
-    for _, entry in events:  # first pass: where the peak is
-        size = int(entry["size"])
-        address = int(entry["addr"])
-        if entry["action"] == "alloc":
-            live[address] = (0, size)
-            running[0] += size
-        elif address in live:
-            running[0] -= live.pop(address)[1]
-        else:
-            running[before] -= size
-        totals.append(running[0] + running[before])
-    peak_at = max(range(len(totals)), key=totals.__getitem__)
-    live.clear()
-    running = [0] * (len(named) + 2)
-    running[before] = baseline
-    stride = max(1, -(-len(events) // MAX_POINTS))
-    xs: list[int] = []
-    samples: list[list[int]] = []
-    for position, (index, entry) in enumerate(events):
-        size = int(entry["size"])
-        address = int(entry["addr"])
-        if entry["action"] == "alloc":
-            k = index_of_site.get(site_of(entry.get("frames"), size), other)
-            live[address] = (k, size)
-            running[k] += size
-        elif address in live:
-            k, allocated = live.pop(address)
-            running[k] -= allocated
-        else:
-            running[before] -= size
-        if position % stride == 0 or position == peak_at or position == len(events) - 1:
-            xs.append(index)
-            samples.append(list(running))
-    series: dict[str, list[int]] = {}
+    other = len(named)
+    series_of_site = np.array([index_of_site.get(site, other) for site in sites.names] + [-1], dtype=np.int64)
+    series = series_of_site[sites.of]  # allocations; frees are -1 (the last entry)
+    matched = pairs.alloc_of >= 0
+    series[matched] = series[pairs.alloc_of[matched]]  # a free leaves its allocation's series
+    stride = max(1, -(-n // MAX_POINTS))
+    positions = np.unique(np.concatenate([np.arange(0, n, stride), [peak_at, n - 1]]))
+    values: dict[str, list[int]] = {}
     if baseline:
-        series["(live before the trace began)"] = [max(s[before], 0) for s in samples]
-    series.update({site: [s[k] for s in samples] for site, k in index_of_site.items()})
-    series["other"] = [s[other] for s in samples]
-    return {"x": xs, "series": series, "peak_index": events[peak_at][0]}
+        before = baseline - np.cumsum(pairs.unknown)[positions]
+        values["(live before the trace began)"] = [max(int(v), 0) for v in before]
+    for site, k in [*index_of_site.items(), ("other", other)]:
+        running = np.cumsum(np.where(series == k, pairs.own, 0))[positions]
+        values[site] = [int(v) for v in running]
+    return {"x": pairs.index[positions].tolist(), "series": values, "peak_index": int(pairs.index[peak_at])}
 
 
 def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:

@@ -25,17 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot_loader import SnapshotError, load_snapshot
-from stowage.trace import device_events, native_figures
+from stowage.snapshot_loader import (ACTION_CODES, HAS_STREAM, SnapshotError, TraceColumns,
+                                     load_snapshot_columnar)
+from stowage.trace import ALLOC, FREE, native_figures
 
 _LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")
 _SMALL_SEGMENT = 0.25  # a segment whose one live block fills less than this share of it
@@ -65,9 +68,9 @@ def _is_user_frame(frame: dict[str, Any]) -> bool:
     return not any(part in filename for part in _LIBRARY_PARTS)
 
 
-def site_of(frames: list[dict[str, Any]] | None, size: int) -> str:
-    """Where an allocation came from: its innermost user frame (file:line in function), else its
-    innermost Python frame, else its size class."""
+def frame_site(frames: list[dict[str, Any]] | None) -> str | None:
+    """A stack's innermost user frame (file:line in function), else its innermost Python frame;
+    None when it has neither."""
     if frames:
         for frame in frames:
             if _is_user_frame(frame):
@@ -75,7 +78,13 @@ def site_of(frames: list[dict[str, Any]] | None, size: int) -> str:
         for frame in frames:
             if str(frame.get("filename", "")).endswith(".py"):
                 return f"{frame['filename']}:{frame.get('line', 0)} in {frame.get('name', '?')}"
-    return size_class(size)
+    return None
+
+
+def site_of(frames: list[dict[str, Any]] | None, size: int) -> str:
+    """Where an allocation came from: frame_site, else its size class."""
+    site = frame_site(frames)
+    return site if site is not None else size_class(size)
 
 
 def size_class(size: int) -> str:
@@ -86,6 +95,99 @@ def size_class(size: int) -> str:
     while low * 4 < size:
         low *= 4
     return f"size {_core.format_bytes(low)}-{_core.format_bytes(low * 4)}"
+
+
+def _size_classes(sizes: np.ndarray) -> np.ndarray:
+    """size_class for many sizes at once, as numbers: -1 for <= 512 B, else k for 512 * 4**k to
+    512 * 4**(k + 1) (the smallest k with 2**(11 + 2k) >= size)."""
+    _, bits = np.frexp((sizes.astype(np.int64) - 1).astype(np.float64))  # bit lengths (sizes < 2**50)
+    return np.where(sizes <= 512, -1, np.maximum(0, (bits.astype(np.int64) - 10) // 2))
+
+
+# --- the trace's live bytes ---
+
+_ALLOC = ACTION_CODES["alloc"]
+_FREE_COMPLETED = ACTION_CODES["free_completed"]
+_OOM = ACTION_CODES["oom"]
+
+
+def as_columns(trace: TraceColumns | Sequence[dict[str, Any]]) -> TraceColumns:
+    return trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace)
+
+
+@dataclass
+class LivePairs:
+    """A trace's alloc and free_completed events ("positions" 0..n-1, in order), each free
+    matched with the allocation it ends as a dict from address to size would match it: a free
+    ends the latest allocation of its address if no free came between them; otherwise it frees
+    memory that was live before the trace began (an "unknown" free). An allocation whose address
+    is allocated again before any free is never ended."""
+
+    index: np.ndarray  # the events' indexes in the trace (positions are int32 below 2**31 events)
+    is_alloc: np.ndarray
+    size: np.ndarray  # int64, or Python ints (object) where sums could overflow
+    own: np.ndarray  # change of the trace's own live bytes: +size, or minus the ended allocation's
+    unknown: np.ndarray  # the size of each unknown free, else 0
+    alloc_of: np.ndarray  # for a matched free, the position of the allocation it ends, else -1
+    end: np.ndarray  # for an allocation, the position of the free that ends it, else n
+
+
+def live_pairs(columns: TraceColumns) -> LivePairs:
+    action = columns.action
+    positions = np.int32 if len(action) < 2**31 else np.int64
+    index = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED)).astype(positions)
+    n = len(index)
+    is_alloc = action[index] == _ALLOC
+    address = columns.addr[index]
+    size: np.ndarray = columns.size[index].astype(np.int64)
+    if n and float(size.sum(dtype=np.float64)) >= 2.0**62:
+        size = size.astype(object)  # running sums could pass int64: Python's integers
+    order = np.argsort(address, kind="stable").astype(positions)  # by address, in trace order within one
+    address = address[order]
+    same = np.zeros(n, dtype=bool)  # the previous event in `order` has the same address
+    same[1:] = address[1:] == address[:-1]
+    del address
+    previous = np.roll(order, 1)
+    matched = same & ~is_alloc[order] & is_alloc[previous]
+    frees, allocs = order[matched], previous[matched]
+    own = np.where(is_alloc, size, 0).astype(size.dtype, copy=False)
+    own[frees] = -size[allocs]
+    unknown = np.where(is_alloc, 0, size).astype(size.dtype, copy=False)
+    unknown[frees] = 0
+    alloc_of = np.full(n, -1, dtype=positions)
+    alloc_of[frees] = allocs
+    end = np.full(n, n, dtype=positions)
+    end[allocs] = frees
+    return LivePairs(index, is_alloc, size, own, unknown, alloc_of, end)
+
+
+class TraceSites:
+    """The site of each allocation in LivePairs (site_of its frames and size), as small
+    integers: `of[position]` (-1 for frees), `names[id]`, and `first[id]`, the position of the
+    site's first allocation (the order a dict filled in trace order lists them)."""
+
+    def __init__(self, columns: TraceColumns, pairs: LivePairs) -> None:
+        allocs = np.flatnonzero(pairs.is_alloc)
+        stack = columns.stack[pairs.index[allocs]]
+        ids: dict[str, int] = {}
+        by_stack = np.full(len(columns.stacks) + 1, -1, dtype=np.int64)  # the last: no stack
+        for s in np.unique(stack[stack >= 0]).tolist():
+            name = frame_site(columns.stacks[s])
+            if name is not None:
+                by_stack[s] = ids.setdefault(name, len(ids))
+        site = by_stack[stack]
+        by_class = site < 0
+        classes = _size_classes(columns.size[pairs.index[allocs[by_class]]])
+        found = np.unique(classes)
+        if len(found):
+            class_ids = np.array([ids.setdefault(size_class(512 * 4**k + 1 if k >= 0 else 512), len(ids))
+                                  for k in found.tolist()], dtype=np.int64)
+            site[by_class] = class_ids[np.searchsorted(found, classes)]
+        self.names: list[str] = list(ids)
+        self.of = np.full(len(pairs.index), -1, dtype=pairs.index.dtype)
+        self.of[allocs] = site
+        self.first = np.full(len(self.names), len(pairs.index), dtype=np.int64)
+        np.minimum.at(self.first, site, allocs)
 
 
 # --- findings ---
@@ -218,9 +320,26 @@ def _ranked_sites(by_site: dict[str, int], counts: dict[str, int], pre_trace: in
     return sorted(rows, key=lambda row: row["bytes"], reverse=True)[:top]
 
 
-def analyse_trace(trace: list[dict[str, Any]], requested_at_end: int | None,
+def _live_at(pairs: LivePairs, sites: TraceSites, position: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Live bytes and allocations by site just after `position` (-1: before any event), in the
+    order the sites first allocated."""
+    if position < 0:
+        return {}, {}
+    head = slice(0, position + 1)
+    live = np.flatnonzero(pairs.is_alloc[head] & (pairs.end[head] > position))
+    ids = sites.of[live]
+    totals = np.zeros(len(sites.names), dtype=pairs.size.dtype)
+    np.add.at(totals, ids, pairs.size[live])
+    counts = np.bincount(ids, minlength=len(sites.names))
+    present = np.flatnonzero(counts)
+    present = present[np.argsort(sites.first[present], kind="stable")]
+    by_site = {sites.names[i]: int(totals[i]) for i in present.tolist()}
+    return by_site, {sites.names[i]: int(counts[i]) for i in present.tolist()}
+
+
+def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
                   top: int) -> tuple[Peak, list[OomExplanation], int]:
-    """The live-bytes peak and the OOM events of a trace, in two passes.
+    """The live-bytes peak and the OOM events of a trace.
 
     Live bytes at an event = the trace's own allocations still live (each counted at the size it
     was allocated with) + what was live before the trace began and is not yet freed. The latter
@@ -229,80 +348,64 @@ def analyse_trace(trace: list[dict[str, Any]], requested_at_end: int | None,
     (requested bytes of the live blocks, minus the trace's own still live, plus those unknown
     frees) when segments are known, else it is the unknown frees alone: never negative, and
     never less than what was freed of it. Returns the peak, the OOMs (at most _MAX_OOMS) and the
-    number of OOM events in all.
+    number of OOM events in all. (LivePairs says how frees are matched.)
     """
-    sizes: dict[int, int] = {}
-    own = unknown = 0
-    best, best_index = 0, -1  # own - unknown, highest so far; -1: before the first event
-    for index, entry in enumerate(trace):
-        action = entry.get("action")
-        if action == "alloc":
-            size = int(entry["size"])
-            sizes[int(entry["addr"])] = size
-            own += size
-        elif action == "free_completed":
-            size = sizes.pop(int(entry["addr"]), None)
-            if size is None:
-                unknown += int(entry["size"])
-            else:
-                own -= size
-        else:
-            continue
-        if own - unknown > best:
-            best, best_index = own - unknown, index
+    columns = as_columns(trace)
+    pairs = live_pairs(columns)
+    running = np.cumsum(pairs.own - pairs.unknown)
+    best, best_at = 0, -1  # own - unknown at its highest, first reached; -1: before any event
+    if len(running):
+        at = int(np.argmax(running))
+        if running[at] > 0:
+            best, best_at = int(running[at]), at
+    del running
+    own, unknown = int(pairs.own.sum()), int(pairs.unknown.sum())
     baseline = unknown if requested_at_end is None else requested_at_end - own + unknown
     baseline = max(baseline, unknown, 0)
+    best_index = int(pairs.index[best_at]) if best_at >= 0 else -1
     peak = Peak(live_bytes=baseline + best, event_index=best_index, baseline=baseline)
     if best_index >= 0:
-        peak.time_us = trace[best_index].get("time_us")
+        peak.time_us = columns.time_at(best_index)
 
-    live: dict[int, tuple[str, int]] = {}
-    by_site: dict[str, int] = defaultdict(int)
-    counts: dict[str, int] = defaultdict(int)
-    freed_before = 0
+    sites = TraceSites(columns, pairs)
+
+    def ranked_at(position: int) -> tuple[list[dict[str, Any]], int, int]:
+        by_site, counts = _live_at(pairs, sites, position)
+        pre_trace = baseline - int(pairs.unknown[:position + 1].sum())  # less the unknown frees so far
+        return _ranked_sites(by_site, counts, pre_trace, top), pre_trace, sum(by_site.values())
+
+    peak.sites = ranked_at(best_at)[0]
+    oom_at = np.flatnonzero(columns.action == _OOM)
     ooms: list[OomExplanation] = []
-    oom_events = 0
-    if best_index < 0:
-        peak.sites = _ranked_sites({}, counts, baseline, top)
-    for index, entry in enumerate(trace):
-        action = entry.get("action")
-        if action == "alloc":
-            size = int(entry["size"])
-            site = site_of(entry.get("frames"), size)
-            live[int(entry["addr"])] = (site, size)
-            by_site[site] += size
-            counts[site] += 1
-        elif action == "free_completed":
-            found = live.pop(int(entry["addr"]), None)
-            if found is None:
-                freed_before += int(entry["size"])
-            else:
-                by_site[found[0]] -= found[1]
-                counts[found[0]] -= 1
-        elif action == "oom":
-            oom_events += 1
-            if len(ooms) < _MAX_OOMS:
-                pre_trace = baseline - freed_before
-                ooms.append(OomExplanation(
-                    event_index=index, requested=int(entry.get("size", 0)),
-                    device_free=int(entry.get("device_free", entry.get("addr", 0))),
-                    live_bytes=pre_trace + sum(by_site.values()),
-                    sites=_ranked_sites(by_site, counts, pre_trace, top)))
-        if index == best_index:
-            peak.sites = _ranked_sites(by_site, counts, baseline - freed_before, top)
-    return peak, ooms, oom_events
+    for index in oom_at[:_MAX_OOMS].tolist():
+        ranked, pre_trace, own_live = ranked_at(int(np.searchsorted(pairs.index, index)) - 1)
+        ooms.append(OomExplanation(
+            event_index=index, requested=int(columns.size[index]),
+            device_free=columns.device_free.get(index, int(columns.addr[index])),
+            live_bytes=pre_trace + own_live, sites=ranked))
+    return peak, ooms, len(oom_at)
+
+
+def replay_events(columns: TraceColumns) -> _core.Trace:
+    """The alloc and free_completed events as a replayable Trace (trace.device_events, from
+    columns)."""
+    action = columns.action
+    index = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED))
+    kinds = np.where(action[index] == _ALLOC, ALLOC, FREE).astype(np.uint8)
+    streams = np.where(columns.flags[index] & HAS_STREAM, columns.stream[index], 0).astype(np.uint64)
+    return _core.Trace(kinds, columns.addr[index], columns.size[index], streams)
 
 
 def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str, Any]:
     segments = [s for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device]
     traces = snapshot.get("device_traces", [])
-    trace = traces[device] if device < len(traces) else []
+    trace = as_columns(traces[device] if device < len(traces) else [])
     totals = totals_of(segments)
     # Without segments the snapshot tells nothing about the end state; the trace's own balance
     # is then taken as the whole story.
     peak, ooms, oom_events = analyse_trace(trace, totals.requested if segments else None, top)
     if ooms:
-        events = device_events(trace)
+        events = replay_events(trace)
         if len(events) > 0:
             replayed = events.replay(1 << 40, "", measure_latency=False)
             native = native_figures(snapshot, device)
@@ -311,7 +414,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
                 oom.stowage_peak_requested = int(replayed["peak_requested"])
                 if native.comparable(int(replayed["peak_requested"])):
                     oom.native_peak_reserved = native.peak_reserved
-    first_time = next((e.get("time_us") for e in trace if e.get("time_us") is not None), None)
+    first_time = trace.first_time()
     return {
         "device": device,
         "totals": asdict(totals),
@@ -480,8 +583,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
-    """load_snapshot, with a progress bar per phase (checking the pickle, loading it) on a
-    terminal."""
+    """load_snapshot_columnar, with a progress bar per phase on a terminal."""
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         tasks: dict[str, Any] = {}
 
@@ -490,5 +592,4 @@ def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
                 tasks[phase] = progress.add_task(f"{phase} {path.name}", total=max(total, 1))
             progress.update(tasks[phase], completed=done)
 
-        # (Reporting costs time on unframed pickles: only when someone sees the bars.)
-        return load_snapshot(path, report if console.is_terminal else None)
+        return load_snapshot_columnar(path, report if console.is_terminal else None)

@@ -2,14 +2,17 @@
 
 A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory._snapshot()``
 returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. Pickles can run code,
-so ``load_snapshot`` never uses ``pickle.load`` as is:
+so neither loader here uses ``pickle.load`` as is.
+
+``load_snapshot`` returns the snapshot as plain Python data:
 
 1. before unpickling, every opcode is checked: only those that build plain data are allowed
    (no global, reduce, build, extension, persistent id, set or buffer: a payload that would call
    ``os.system`` fails before anything runs), memo indices must be within the file, and
    numbers must be plausible (below 2**60: larger ones could collide in hash tables on
    purpose); gzip data may expand at most 256 times, so a gzip bomb is refused too; the
-   unpickler itself also refuses every global;
+   unpickler itself also refuses every global. The check is one regular-expression pass over
+   the opcodes that need no decoding, with ``pickletools`` for the few that do;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
    stands for (64 values per byte of pickle, at least a million; real snapshots need under 3)
    and on depth (64), so a memo bomb, whose few bytes expand into a huge tree, or deep nesting
@@ -19,19 +22,31 @@ so ``load_snapshot`` never uses ``pickle.load`` as is:
    expected int, got str``). Optional fields (time_us, frames, allocator_settings, ...) may be
    missing.
 
+``load_snapshot_columnar`` returns the same dict with each device's trace as ``TraceColumns``
+(numpy arrays of action, address, size, stream and time, and an index into the distinct stacks),
+which is what ``stowage inspect`` and ``diff`` read. It reads the pickle in one pass and never
+holds a dict per trace event: see Note [Streaming traces] at ``_StreamReader``.
+
 Every failure raises ``SnapshotError`` with the file name and the reason.
 """
 
 from __future__ import annotations
 
+import array
 import io
 import math
+import mmap
 import pickle
 import pickletools
+import re
+import struct
 import zlib
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 MAX_DEPTH = 64
 MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte
@@ -52,17 +67,11 @@ MIN_NODE_BUDGET = 1_000_000
 NODES_PER_BYTE = 64
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
 
-TRACE_ACTIONS = {
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
-}
+# Trace actions in the order of their codes in TraceColumns.action.
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "snapshot", "oom")
+TRACE_ACTIONS = set(ACTIONS)
+ACTION_CODES = {action: code for code, action in enumerate(ACTIONS)}
 
 
 class SnapshotError(ValueError):
@@ -103,9 +112,26 @@ def _read_bytes(path: Path) -> bytes:
     return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw
 
 
+_MAP_AT_LEAST = 8 << 20  # files this large are mapped, not read
+
+
+def _map_bytes(path: Path) -> bytes | mmap.mmap:
+    """The pickle's bytes: a large uncompressed regular file is mapped read-only (its pages cost
+    memory only while they are read, and the reader gives them back behind itself; as with any
+    mapped file, one truncated while it is read ends the process), others are read."""
+    try:
+        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST:
+            with path.open("rb") as file:
+                if file.read(2) != b"\x1f\x8b":
+                    return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as error:
+        raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
+    return _read_bytes(path)
+
+
 # Reports a phase's progress: (phase, bytes done, bytes in all).
 Progress = Callable[[str, int, int], None]
-_REPORT_EVERY = 1 << 16  # opcodes between progress reports
+_REPORT_EVERY = 1 << 20  # bytes between progress reports
 
 
 class _ReportingReader(io.BytesIO):
@@ -119,7 +145,7 @@ class _ReportingReader(io.BytesIO):
 
     def _report(self) -> None:
         position = self.tell()
-        if position - self._reported >= 1 << 20 or position == self._total:
+        if position - self._reported >= _REPORT_EVERY or position == self._total:
             self._reported = position
             self._progress("loading", position, self._total)
 
@@ -134,25 +160,75 @@ class _ReportingReader(io.BytesIO):
         return count
 
 
+# --- the opcode check ---
+
+
+def _at_most(limit: int, width: int) -> bytes:
+    """A pattern for `width` little-endian bytes whose unsigned value is at most `limit`."""
+    if limit >= 1 << (8 * width):
+        return b".{%d}" % width
+    digits = limit.to_bytes(width, "big")
+    alternatives = []
+    for k, digit in enumerate(digits):  # the most significant byte that differs from `limit`
+        if digit:
+            equal = b"".join(re.escape(bytes([d])) for d in reversed(digits[:k]))
+            alternatives.append(b".{%d}[\\x00-%s]%s" % (width - 1 - k, re.escape(bytes([digit - 1])), equal))
+    alternatives.append(b"".join(re.escape(bytes([d])) for d in reversed(digits)))
+    return b"(?:" + b"|".join(alternatives) + b")"
+
+
+def _plain_run(size: int) -> re.Pattern[bytes]:
+    """A run of opcodes that build plain data and need no decoding to be checked, commonest
+    first: references and stores within a pickle of `size` bytes, small integers (LONG1 up to 7
+    bytes stays below 2**56), containers, constants and frames. Strings, floats, larger numbers
+    and everything else end the run and are checked one by one."""
+    one, four = _at_most(size, 1), _at_most(size, 4)
+    long1 = b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
+    ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", b"K.", b"J....",
+           b"M..", long1, b"q" + one, b"r" + four, b"a", b"s", b"N", rb"\x88", rb"\x89", rb"\)",
+           rb"\x85", rb"\x86", rb"\x87", b"t", b"l", b"d", b"0", b"1", b"2", rb"\x95.{8}"]
+    return re.compile(b"(?:" + b"|".join(ops) + b")*+", re.DOTALL)
+
+
+def _check_op(opcode: pickletools.OpcodeInfo, argument: Any, position: int, size: int) -> None:
+    name = opcode.name
+    if name not in PLAIN_OPCODES:
+        raise SnapshotError(f"opcode {name} at byte {position} would build objects beyond plain data; refused")
+    if name in MEMO_OPCODES and argument is not None and argument > size:
+        raise SnapshotError(f"memo index {argument} at byte {position} is beyond the file")
+    if name in NUMBER_OPCODES and isinstance(argument, (int, float)) and not (
+        -MAX_NUMBER < argument < MAX_NUMBER and not (isinstance(argument, float) and math.isnan(argument))
+    ):
+        raise SnapshotError(f"number {argument!r} at byte {position} is out of any snapshot's range")
+
+
 def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
     """Refuses, before anything is built, what a snapshot pickle never holds."""
+    run = _plain_run(len(data)).match
+    stream = io.BytesIO(data)
+    position = reported = 0
     try:
-        for count, (opcode, argument, position) in enumerate(pickletools.genops(data)):
-            if progress is not None and count % _REPORT_EVERY == 0:
+        while True:
+            # Runs end at least every _REPORT_EVERY bytes, so that progress is heard.
+            position = run(data, position, position + _REPORT_EVERY).end()
+            if progress is not None and position - reported >= _REPORT_EVERY:
                 progress("checking", position, len(data))
-            name = opcode.name
-            if name not in PLAIN_OPCODES:
-                raise SnapshotError(
-                    f"opcode {name} at byte {position} would build objects beyond plain data; refused"
-                )
-            if name in MEMO_OPCODES and argument is not None and argument > len(data):
-                raise SnapshotError(f"memo index {argument} at byte {position} is beyond the file")
-            if name in NUMBER_OPCODES and isinstance(argument, (int, float)) and not (
-                -MAX_NUMBER < argument < MAX_NUMBER and not (isinstance(argument, float) and math.isnan(argument))
-            ):
-                raise SnapshotError(f"number {argument!r} at byte {position} is out of any snapshot's range")
-    except (ValueError, EOFError) as error:
+                reported = position
+            if position >= len(data):
+                raise EOFError("pickle exhausted before seeing STOP")
+            stream.seek(position)
+            opcode, argument, at = next(pickletools.genops(stream))
+            _check_op(opcode, argument, at, len(data))
+            if opcode.name == "STOP":
+                return
+            position = stream.tell()
+    except (ValueError, EOFError, StopIteration) as error:
+        if isinstance(error, SnapshotError):
+            raise
         raise SnapshotError(f"not a readable pickle ({error}); is the file truncated?") from None
+
+
+# --- the plain-data and structural checks ---
 
 
 def _check_plain(value: Any, budget: int) -> None:
@@ -216,8 +292,86 @@ def _expect(value: Any, kinds: type | tuple[type, ...], where: str) -> None:
         raise SnapshotError(f"{where}: expected {expected}, got {type(value).__name__}")
 
 
+# TraceColumns.flags: which optional fields an event had, and the type of its time.
+HAS_ADDR, HAS_SIZE, HAS_STREAM, HAS_DEVICE_FREE = 1, 2, 4, 8
+TIME_INT, TIME_FLOAT, TIME_BOOL = 16, 32, 64
+HAS_FRAMES = 128  # a frames field (None, or a list: stack -1 when it is None or empty)
+_TIME_KINDS = TIME_INT | TIME_FLOAT | TIME_BOOL
+_RANGES = (("addr", 2**64, HAS_ADDR), ("size", MAX_SIZE, HAS_SIZE), ("stream", 2**64, HAS_STREAM),
+           ("device_free", 2**64, HAS_DEVICE_FREE))
+_FLOAT_BITS = struct.Struct("<d")
+_INT_BITS = struct.Struct("<q")
+# A row: (action code, flags, addr, size, stream, time bits, stack, device_free or None).
+_Row = tuple[int, int, int, int, int, int, int, "int | None"]
+
+
+def _where(device: int, index: int) -> str:
+    return f"device_traces[{device}][{index}]"
+
+
+def _event_row(entry: Any, device: int, index: int, stacks: _StackTable | None) -> _Row:
+    """Checks one trace event as check_structure does (the same messages, in the same order)
+    and returns it as a row; with `stacks`, its frames must be a list of dicts, stored once."""
+    if type(entry) is not dict:
+        _expect(entry, dict, _where(device, index))
+    action = entry.get("action")
+    if action is None:
+        raise SnapshotError(f"{_where(device, index)}: missing 'action'")
+    code = ACTION_CODES.get(action) if type(action) is str else None
+    if code is None:
+        _expect(action, str, f"{_where(device, index)}.action")
+        raise SnapshotError(f"{_where(device, index)}.action: unknown action {action!r}")
+    # torch's oom entries carry device_free (the device's free bytes) where others carry
+    # addr; stowage's older ones carry addr.
+    if action == "oom":
+        if "size" not in entry:
+            raise SnapshotError(f"{_where(device, index)}: missing 'size'")
+        if "addr" not in entry and "device_free" not in entry:
+            raise SnapshotError(f"{_where(device, index)}: missing 'device_free'")
+    elif action != "snapshot":
+        for field in ("addr", "size"):
+            if field not in entry:
+                raise SnapshotError(f"{_where(device, index)}: missing '{field}'")
+    flags = 0
+    values = [0, 0, 0, None]
+    for slot, (field, upper, flag) in enumerate(_RANGES):
+        if field in entry:
+            value = entry[field]
+            if type(value) is not int:
+                _expect(value, int, f"{_where(device, index)}.{field}")
+            if not 0 <= value < upper:
+                raise SnapshotError(f"{_where(device, index)}.{field}: {value} is out of range [0, {upper})")
+            values[slot] = value
+            flags |= flag
+    time_bits = 0
+    if "time_us" in entry:
+        time = entry["time_us"]
+        kind = type(time)
+        if kind is int:
+            flags |= TIME_INT
+            time_bits = time
+        elif kind is float:
+            flags |= TIME_FLOAT
+            time_bits = _INT_BITS.unpack(_FLOAT_BITS.pack(time))[0]
+        elif kind is bool:
+            flags |= TIME_BOOL
+            time_bits = int(time)
+        else:
+            _expect(time, (int, float), f"{_where(device, index)}.time_us")
+    stack = -1
+    if stacks is not None and "frames" in entry:
+        flags |= HAS_FRAMES
+        frames = entry["frames"]
+        if frames is not None:
+            if not isinstance(frames, list):
+                _expect(frames, list, f"{_where(device, index)}.frames")
+            stack = stacks.index_of(frames, device, index)
+    return (code, flags, values[0], values[1], values[2], time_bits, stack, values[3])
+
+
 def check_structure(snapshot: Any) -> None:
-    """Raises SnapshotError naming the first field that does not fit the snapshot format."""
+    """Raises SnapshotError naming the first field that does not fit the snapshot format.
+    A trace already read into TraceColumns was checked as it was read."""
     _expect(snapshot, dict, "snapshot")
     if "segments" not in snapshot and "device_traces" not in snapshot:
         raise SnapshotError("snapshot: has neither 'segments' nor 'device_traces'")
@@ -244,32 +398,722 @@ def check_structure(snapshot: Any) -> None:
     traces = snapshot.get("device_traces", [])
     _expect(traces, list, "device_traces")
     for d, trace in enumerate(traces):
+        if isinstance(trace, TraceColumns):
+            if trace.error is not None:
+                raise SnapshotError(trace.error)
+            continue
         _expect(trace, list, f"device_traces[{d}]")
         for k, entry in enumerate(trace):
-            where = f"device_traces[{d}][{k}]"
-            _expect(entry, dict, where)
-            action = entry.get("action")
-            if action is None:
-                raise SnapshotError(f"{where}: missing 'action'")
-            _expect(action, str, f"{where}.action")
-            if action not in TRACE_ACTIONS:
-                raise SnapshotError(f"{where}.action: unknown action {action!r}")
-            # torch's oom entries carry device_free (the device's free bytes) where others carry
-            # addr; stowage's older ones carry addr.
-            needed = ("size",) if action == "oom" else ("addr", "size")
-            for field in needed:
-                if field not in entry and action != "snapshot":
-                    raise SnapshotError(f"{where}: missing '{field}'")
-            if action == "oom" and "addr" not in entry and "device_free" not in entry:
-                raise SnapshotError(f"{where}: missing 'device_free'")
-            for field, upper in (("addr", 2**64), ("size", MAX_SIZE), ("stream", 2**64),
-                                 ("device_free", 2**64)):
-                if field in entry:
-                    _expect(entry[field], int, f"{where}.{field}")
-                    if not 0 <= entry[field] < upper:
-                        raise SnapshotError(f"{where}.{field}: {entry[field]} is out of range [0, {upper})")
-            if "time_us" in entry:
-                _expect(entry["time_us"], (int, float), f"{where}.time_us")
+            _event_row(entry, d, k, None)
+
+
+# --- trace columns ---
+
+
+class _Stack(list):  # type: ignore[type-arg]
+    """A stack stored once for every trace event that has it (a list of frame dicts), and its
+    index in the table (-1: the empty stack)."""
+
+    __slots__ = ("stack_id",)
+
+    def __init__(self, frames: list[Any] = [], stack_id: int = -1) -> None:  # noqa: B006 (copied)
+        super().__init__(frames)
+        self.stack_id = stack_id
+
+
+class _StackTable:
+    """The distinct stacks of a snapshot's trace events: a frames list is stored once, however
+    many events carry an equal one (equal: the same frame objects, as the pickle's memo shares
+    them)."""
+
+    def __init__(self) -> None:
+        self.stacks: list[_Stack] = []
+        self._by_id: dict[int, int] = {}  # id of a stored stack -> its index
+        self._by_frames: dict[tuple[int, ...], int] = {}
+
+    def index_of(self, frames: list[Any], device: int, index: int) -> int:
+        """The index of a frames list's stack, stored if new; -1 for an empty one."""
+        found = self._by_id.get(id(frames))
+        if found is not None:
+            return found
+        if not frames:
+            return -1
+        for j, frame in enumerate(frames):
+            if type(frame) is not dict:
+                _expect(frame, dict, f"{_where(device, index)}.frames[{j}]")
+        key = tuple(map(id, frames))
+        found = self._by_frames.get(key)
+        if found is None:
+            found = len(self.stacks)
+            stored = _Stack(frames, found)
+            self.stacks.append(stored)
+            self._by_frames[key] = found
+            self._by_id[id(stored)] = found
+        return found
+
+
+class TraceColumns(Sequence[dict[str, Any]]):
+    """One device's trace events as columns, in order; what inspect, diff and the HTML report
+    read of them, without a dict per event.
+
+    ``action`` (uint8): codes into ACTIONS; ``flags`` (uint8): the optional fields the event had
+    (HAS_ADDR, HAS_SIZE, HAS_STREAM, HAS_DEVICE_FREE, HAS_FRAMES) and the type of its time
+    (TIME_INT, TIME_FLOAT, TIME_BOOL); ``addr``, ``size``, ``stream`` (uint64, 0 where absent);
+    ``time_us`` (int64: the time, or a float time's bits); ``stack`` (int32): an index into
+    ``stacks``, -1 where the event has no frames or an empty list; ``device_free``: the
+    device_free field of the events that have one, by event index.
+
+    As a Sequence it gives each event back as a dict of those fields (frames as the stored
+    stack), for code that reads events one by one. Fields the inspector does not read are not
+    kept.
+    """
+
+    def __init__(self, action: np.ndarray, flags: np.ndarray, addr: np.ndarray, size: np.ndarray,
+                 stream: np.ndarray, time_us: np.ndarray, stack: np.ndarray, stacks: list[_Stack],
+                 device_free: dict[int, int], error: str | None = None) -> None:
+        self.action, self.flags, self.addr, self.size = action, flags, addr, size
+        self.stream, self.time_us, self.stack, self.stacks = stream, time_us, stack, stacks
+        self.device_free = device_free
+        self.error = error  # the first malformed event, when the trace has one
+
+    @classmethod
+    def from_events(cls, events: Sequence[Any], device: int = 0,
+                    stacks: _StackTable | None = None) -> TraceColumns:
+        """Columns from a list of event dicts; raises SnapshotError at the first malformed one."""
+        builder = _ColumnsBuilder(device)
+        table = stacks if stacks is not None else _StackTable()
+        rows = [_event_row(entry, device, k, table) for k, entry in enumerate(events)]
+        builder.add(rows)
+        return builder.finish(table.stacks)
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def time_at(self, index: int) -> int | float | bool | None:
+        """The event's time_us as the snapshot wrote it, None when it had none."""
+        return _time_of(int(self.flags[index]), int(self.time_us[index]))
+
+    def first_time(self) -> int | float | bool | None:
+        timed = np.flatnonzero(self.flags & _TIME_KINDS)
+        return self.time_at(int(timed[0])) if len(timed) else None
+
+    def _events(self, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        columns = (self.action, self.flags, self.addr, self.size, self.stream, self.time_us, self.stack)
+        for chunk in range(start, stop, 1 << 16):
+            end = min(stop, chunk + (1 << 16))
+            values = zip(*(column[chunk:end].tolist() for column in columns))
+            for index, (action, flags, addr, size, stream, time, stack) in enumerate(values, chunk):
+                entry: dict[str, Any] = {"action": ACTIONS[action]}
+                if flags & HAS_ADDR:
+                    entry["addr"] = addr
+                if flags & HAS_SIZE:
+                    entry["size"] = size
+                if flags & HAS_STREAM:
+                    entry["stream"] = stream
+                if flags & HAS_DEVICE_FREE:
+                    entry["device_free"] = self.device_free[index]
+                if flags & _TIME_KINDS:
+                    entry["time_us"] = _time_of(flags, time)
+                if flags & HAS_FRAMES:
+                    entry["frames"] = self.stacks[stack] if stack >= 0 else []
+                yield entry
+
+    def event(self, index: int) -> dict[str, Any]:
+        """The event as a dict of the fields kept (frames: the stored stack)."""
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("trace event index out of range")
+        return next(self._events(index, index + 1))
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self.event(i) for i in range(*index.indices(len(self)))]
+        return self.event(index)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._events(0, len(self))
+
+
+def _time_of(flags: int, bits: int) -> int | float | bool | None:
+    kind = flags & _TIME_KINDS
+    if kind == TIME_INT:
+        return bits
+    if kind == TIME_FLOAT:
+        return float(_FLOAT_BITS.unpack(_INT_BITS.pack(bits))[0])
+    return bool(bits) if kind == TIME_BOOL else None
+
+
+class _ColumnsBuilder:
+    """Rows gathered into growing arrays, then TraceColumns."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.count = 0  # events seen, including any after an error
+        self.error: tuple[int, str] | None = None  # (event index, message) of the first bad event
+        self.columns = (array.array("B"), array.array("B"), array.array("Q"), array.array("Q"),
+                        array.array("Q"), array.array("q"), array.array("i"))
+        self.free_at: dict[int, int] = {}
+
+    def add(self, rows: list[_Row]) -> None:
+        if self.error is None and rows:
+            for column, values in zip(self.columns, zip(*rows)):
+                column.extend(values)
+            for k, row in enumerate(rows):
+                if row[7] is not None:
+                    self.free_at[self.count + k] = row[7]
+        self.count += len(rows)
+
+    def fail(self, index: int, message: str) -> None:
+        if self.error is None or index < self.error[0]:
+            self.error = (index, message)
+
+    def finish(self, stacks: list[_Stack]) -> TraceColumns:
+        dtypes = (np.uint8, np.uint8, np.uint64, np.uint64, np.uint64, np.int64, np.int32)
+        arrays = [np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype)
+                  for column, dtype in zip(self.columns, dtypes)]
+        return TraceColumns(*arrays, stacks=stacks, device_free=self.free_at,
+                            error=None if self.error is None else self.error[1])
+
+
+# --- the streaming reader ---
+#
+# Note [Streaming traces]
+# A stock-PyTorch snapshot of 1 GB holds millions of trace events; unpickled, each is a dict
+# with its own frames list and integers, about four times the file, and the memo keeps them
+# all. _StreamReader is a pickle machine for plain data (the opcodes the check allows) that
+# builds everything as pickle does except the events of device_traces[d]: those become rows of
+# TraceColumns as they are read, their frames a stored stack, and their memo slots are cleared
+# (an event is never referred to again in the pickles torch and stowage write). Events written
+# as the C pickler writes them with protocol 4 or 5 (EMPTY_DICT MEMOIZE MARK, memo-referenced
+# keys, integers, a frames list of memo references, SETITEMS) are matched whole by one regular
+# expression (_EVENT), so most events cost one match; any other event goes through the general
+# path and becomes a row at the APPENDS that takes it. Opcodes are checked as they are met, with
+# the messages of _check_opcodes. Anything the reader does not follow (text opcodes of protocols
+# 0 and 1, an event referred to twice, a stored stack appended to, rows left outside a trace)
+# raises _LoadWhole, and the snapshot is loaded whole by load_snapshot instead.
+
+
+class _LoadWhole(Exception):
+    """The pickle is laid out unlike those torch and stowage write: load it whole instead."""
+
+
+class _EventDict(dict):  # type: ignore[type-arg]
+    """A trace event on the general path; its memo slot is cleared once it is a row."""
+
+    __slots__ = ("memo_index",)
+
+
+class _EventList(list):  # type: ignore[type-arg]
+    """A list made inside a trace event (its frames); its memo slot becomes the stored stack."""
+
+    __slots__ = ("memo_index",)
+
+
+class _DeviceTraces(list):  # type: ignore[type-arg]
+    """The snapshot's device_traces: the lists made in it are traces."""
+
+    __slots__ = ()
+
+
+class _TraceBuilder(_ColumnsBuilder):
+    """A trace being read: rows matched whole wait in `pending`, in order, for the APPENDS that
+    takes them (their places on the pickle's stack hold _QUEUED)."""
+
+    def __init__(self, device: int) -> None:
+        super().__init__(device)
+        self.pending: deque[_Row | None] = deque()
+
+
+_QUEUED = object()  # on the stack: the next pending row of the trace being filled
+_CONSUMED = object()  # in the memo: an event that became a row
+_MISSING = object()
+_GET = rb"j....|h."
+_VALUE = (_GET + rb"|\]\x94(?:\((?:j....|h.)++e|(?:j....|h.)a)?|\x8a(?:\x06.{6}|\x07.{7}|\x05.{5}|"
+          rb"\x08.{8}|\x04.{4}|\x03.{3}|\x02.{2}|\x01.|\x00)|K.|J....|M..|N|\x88|\x89|G.{8}")
+_FAST_FIELDS = 10
+_PAIR = b"(" + _GET + b")(" + _VALUE + b")"
+_EVENT = re.compile(rb"\}\x94\(" + _PAIR + (b"(?:" + _PAIR + b")?") * (_FAST_FIELDS - 1) + b"u", re.DOTALL)
+_BINFLOAT = struct.Struct(">d")
+_RELEASE_EVERY = 8 << 20  # bytes of a mapped file given back at a time
+_OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
+_FIELDS = {name: slot for slot, name in enumerate(("action", "addr", "size", "stream", "time_us", "frames",
+                                                   "device_free"))}
+_PLAIN_ACTIONS = {action: ACTION_CODES[action] for action in ACTIONS if action not in ("oom", "snapshot")}
+
+
+def _plain_row(values: list[Any]) -> _Row | None:
+    """The row of an event as torch writes most (an action other than oom and snapshot, addr and
+    size in range, an integer stream, an integer or float time, frames stored), from its values
+    in _FIELDS order; None for any other, which _event_row then checks."""
+    action, addr, size, stream, time, frames, device_free = values
+    code = _PLAIN_ACTIONS.get(action) if type(action) is str else None
+    if (code is None or type(addr) is not int or type(size) is not int or not 0 <= addr < 2**64
+            or not 0 <= size < MAX_SIZE or device_free is not _MISSING):
+        return None
+    flags = HAS_ADDR | HAS_SIZE
+    if stream is not _MISSING:
+        if type(stream) is not int or not 0 <= stream < 2**64:
+            return None
+        flags |= HAS_STREAM
+    else:
+        stream = 0
+    if type(time) is int:
+        flags |= TIME_INT
+    elif type(time) is float:
+        flags |= TIME_FLOAT
+        time = _INT_BITS.unpack(_FLOAT_BITS.pack(time))[0]
+    elif time is _MISSING:
+        time = 0
+    else:
+        return None
+    stack = -1
+    if frames is not _MISSING:
+        if type(frames) is not _Stack:
+            return None
+        flags |= HAS_FRAMES
+        if frames:
+            stack = frames.stack_id
+    return (code, flags, addr, size, stream, time, stack, None)
+
+
+def _number_error(value: int | float, position: int) -> SnapshotError:
+    if isinstance(value, int) and value.bit_length() >= 4000:  # too long to print
+        shown = f"of {value.bit_length():,} bits"
+    else:
+        shown = repr(value)
+    return SnapshotError(f"number {shown} at byte {position} is out of any snapshot's range")
+
+
+class _StreamReader:
+    """Reads a snapshot pickle into plain data with TraceColumns for its traces: Note
+    [Streaming traces]. One use: run(), then finish()."""
+
+    def __init__(self, data: bytes | mmap.mmap, progress: Progress | None) -> None:
+        self.data = data
+        self.size = len(data)
+        self.progress = progress
+        self.memo: list[Any] = []
+        self.table = _StackTable()
+        self.empty = _Stack()  # the memo's stand-in for every empty frames list
+        self.builders: list[_TraceBuilder] = []
+        self.fields: dict[bytes, int] = {}  # memo reference of a key -> its _FIELDS slot
+        self.by_refs: dict[bytes, _Stack] = {}  # a frames list's memo references -> its stack
+        self.next_report = 0
+        self.released = 0
+
+    def _report(self, position: int) -> None:
+        self.next_report = position + _REPORT_EVERY
+        if self.progress is not None:
+            self.progress("loading", min(position, self.size), self.size)
+        if isinstance(self.data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            done = position & ~(mmap.PAGESIZE - 1)
+            if done - self.released >= _RELEASE_EVERY:  # never read again (a fallback reads anew)
+                self.data.madvise(mmap.MADV_DONTNEED, self.released, done - self.released)
+                self.released = done
+
+    def _memo_at(self, reference: bytes) -> Any:
+        index = reference[1] if reference[0] == 0x68 else int.from_bytes(reference[1:5], "little")
+        return self.memo[index] if index < len(self.memo) else _MISSING
+
+    def _get(self, index: int, position: int) -> Any:
+        if index < len(self.memo):
+            value = self.memo[index]
+            if value is _CONSUMED:
+                raise _LoadWhole
+            return value
+        if index > self.size:
+            raise SnapshotError(f"memo index {index} at byte {position} is beyond the file")
+        raise SnapshotError(f"not a readable pickle (memo value not found at index {index}); "
+                            "is the file truncated?")
+
+    def _put(self, index: int, value: Any, position: int) -> None:
+        memo = self.memo
+        if index > self.size:
+            raise SnapshotError(f"memo index {index} at byte {position} is beyond the file")
+        if index == len(memo):
+            memo.append(value)
+        elif index < len(memo):
+            memo[index] = value
+            self.fields.clear()
+            self.by_refs.clear()
+        else:
+            raise _LoadWhole  # sparse memo indices: never written by Python's pickler
+        if type(value) is _EventDict or type(value) is _EventList:
+            value.memo_index = index
+
+    def _take(self, builder: _TraceBuilder, items: list[Any]) -> None:
+        """The APPENDS of `items` to a trace: each a pending row or an event to make one of."""
+        rows: list[_Row | None] = []
+        memo = self.memo
+        index = builder.count
+        for item in items:
+            if item is _QUEUED:
+                if not builder.pending:
+                    raise _LoadWhole
+                rows.append(builder.pending.popleft())
+            else:
+                row = None
+                try:
+                    row = _event_row(item, builder.device, index, self.table)
+                except SnapshotError as error:
+                    builder.fail(index, str(error))
+                rows.append(row)
+                if type(item) is _EventDict:
+                    slot = item.memo_index
+                    if 0 <= slot < len(memo) and memo[slot] is item:
+                        memo[slot] = _CONSUMED
+                    frames = item.get("frames")
+                    if type(frames) is _EventList and row is not None:
+                        slot = frames.memo_index
+                        if 0 <= slot < len(memo) and memo[slot] is frames:
+                            memo[slot] = self.table.stacks[row[6]] if row[6] >= 0 else self.empty
+            index += 1
+        builder.add(rows)  # type: ignore[arg-type]  (rows are None only after an error)
+
+    def _fast_stack(self, raw: bytes) -> _Stack | None:
+        """The stored stack of a frames list matched by _EVENT (b']\\x94' and its references)."""
+        references = raw[2:]
+        if not references:
+            return self.empty
+        found = self.by_refs.get(references)
+        if found is not None:
+            return found
+        body = references[1:-1] if references[0] == 0x28 else references[:-1]
+        memo = self.memo
+        frames = []
+        i = 0
+        while i < len(body):
+            if body[i] == 0x68:
+                index = body[i + 1]
+                i += 2
+            else:
+                index = int.from_bytes(body[i + 1:i + 5], "little")
+                i += 5
+            frame = memo[index] if index < len(memo) else None
+            if type(frame) is not dict:
+                return None  # the general path says what is wrong
+            frames.append(frame)
+        stored = self.table.stacks[self.table.index_of(frames, 0, 0)]
+        self.by_refs[references] = stored
+        return stored
+
+    def _field(self, reference: bytes) -> int | None:
+        """The _FIELDS slot of a key matched by _EVENT (-1: a key inspect does not read); None
+        when the key is not a string."""
+        key = self._memo_at(reference)
+        if type(key) is not str:
+            return None
+        slot = self.fields[reference] = _FIELDS.get(key, -1)
+        return slot
+
+    def _fast_event(self, found: re.Match[bytes], builder: _TraceBuilder, index: int) -> bool:
+        """One event matched by _EVENT, as a pending row; False (nothing done) when it needs the
+        general path."""
+        groups = iter(found.groups())
+        fields, memo = self.fields, self.memo
+        values: list[Any] = [_MISSING] * len(_FIELDS)
+        lists: list[_Stack] = []
+        for i, (reference, raw) in enumerate(zip(groups, groups)):
+            if reference is None:
+                break
+            slot = fields.get(reference)
+            if slot is None:
+                slot = self._field(reference)
+                if slot is None:
+                    return False
+            op = raw[0]
+            value: Any
+            if op == 0x8A:  # LONG1
+                value = int.from_bytes(raw[2:], "little", signed=True)
+                if len(raw) == 10 and not -MAX_NUMBER < value < MAX_NUMBER:
+                    raise _number_error(value, found.start(2 * i + 2))
+            elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
+                at = raw[1] if op == 0x68 else int.from_bytes(raw[1:], "little")
+                if at >= len(memo):
+                    return False
+                value = memo[at]
+                if value is _CONSUMED:
+                    return False
+            elif op == 0x4B:  # BININT1
+                value = raw[1]
+            elif op == 0x5D:  # EMPTY_LIST MEMOIZE, references, APPENDS
+                value = self._fast_stack(raw)
+                if value is None:
+                    return False
+                lists.append(value)
+            elif op == 0x4A:  # BININT
+                value = int.from_bytes(raw[1:], "little", signed=True)
+            elif op == 0x4D:  # BININT2
+                value = raw[1] | raw[2] << 8
+            elif op == 0x47:  # BINFLOAT
+                value = _BINFLOAT.unpack(raw[1:])[0]
+                if math.isnan(value) or not -MAX_NUMBER < value < MAX_NUMBER:
+                    raise _number_error(value, found.start(2 * i + 2))
+            else:  # NONE, NEWTRUE, NEWFALSE
+                value = None if op == 0x4E else op == 0x88
+            if slot >= 0:
+                values[slot] = value
+        row = _plain_row(values)
+        if row is None:  # anything unusual: the general check, which names what is wrong
+            entry = {name: value for name, value in zip(_FIELDS, values) if value is not _MISSING}
+            try:
+                row = _event_row(entry, builder.device, index, self.table)
+            except SnapshotError as error:
+                builder.fail(index, str(error))
+        memo.append(_CONSUMED)  # the event's slot, then its lists'
+        memo.extend(lists)
+        builder.pending.append(row)
+        return True
+
+    def _events(self, builder: _TraceBuilder, position: int, stack: list[Any]) -> int:
+        """Events matched whole from `position` on, in a batch of `builder`'s APPENDS; returns
+        where the general path goes on."""
+        match = _EVENT.match
+        data, size = self.data, self.size
+        while True:
+            found = match(data, position)  # type: ignore[call-overload]
+            if found is None or not self._fast_event(found, builder, builder.count + len(stack)):
+                break
+            stack.append(_QUEUED)
+            position = found.end()
+            if position >= size or data[position] != 0x7D:
+                break
+        if position >= self.next_report:
+            self._report(position)
+        return position
+
+    def _is_device_traces(self, stack: list[Any], metastack: list[list[Any]]) -> bool:
+        """Whether a list made now is the value of the snapshot's 'device_traces'."""
+        if metastack:
+            return (len(metastack) == 1 and len(metastack[0]) == 1 and type(metastack[0][0]) is dict
+                    and len(stack) % 2 == 1 and stack[-1] == "device_traces")
+        return len(stack) == 2 and type(stack[0]) is dict and stack[1] == "device_traces"
+
+    def run(self) -> Any:
+        """Runs the pickle to its STOP; returns what it built."""
+        data, size, memo = self.data, self.size, self.memo
+        stack: list[Any] = []
+        metastack: list[list[Any]] = []
+        position = 0
+        try:
+            while True:
+                op = data[position]
+                position += 1
+                if op == 0x6A:  # LONG_BINGET
+                    index = int.from_bytes(data[position:position + 4], "little")
+                    position += 4
+                    stack.append(self._get(index, position - 5))
+                elif op == 0x68:  # BINGET
+                    position += 1
+                    stack.append(self._get(data[position - 1], position - 2))
+                elif op == 0x94:  # MEMOIZE
+                    value = stack[-1]
+                    memo.append(value)
+                    if type(value) is _EventDict or type(value) is _EventList:
+                        value.memo_index = len(memo) - 1
+                elif op == 0x4B:  # BININT1
+                    stack.append(data[position])
+                    position += 1
+                elif op == 0x4A:  # BININT
+                    stack.append(int.from_bytes(data[position:position + 4], "little", signed=True))
+                    position += 4
+                elif op == 0x28:  # MARK
+                    metastack.append(stack)
+                    stack = []
+                elif op == 0x7D:  # EMPTY_DICT
+                    outer = metastack[-1][-1] if metastack and metastack[-1] else None
+                    if type(outer) is _TraceBuilder:
+                        after = self._events(outer, position - 1, stack)
+                        if after != position - 1:
+                            position = after
+                            continue
+                    if type(outer) is _TraceBuilder or (stack and type(stack[-1]) is _TraceBuilder):
+                        event = _EventDict()
+                        event.memo_index = -1
+                        stack.append(event)
+                    else:
+                        stack.append({})
+                elif op == 0x75 or op == 0x73:  # SETITEMS, SETITEM
+                    if op == 0x75:
+                        items = stack
+                        stack = metastack.pop()
+                    else:
+                        items = stack[-2:]
+                        del stack[-2:]
+                        if len(items) < 2:
+                            raise IndexError("unpickling stack underflow")
+                    target = stack[-1]
+                    if type(target) is _TraceBuilder or type(target) is _Stack:
+                        raise _LoadWhole
+                    if len(items) % 2:
+                        raise ValueError("odd number of items for SETITEMS")
+                    for i in range(0, len(items), 2):
+                        target[items[i]] = items[i + 1]
+                    if position >= self.next_report:
+                        self._report(position)
+                elif op == 0x65 or op == 0x61:  # APPENDS, APPEND
+                    if op == 0x65:
+                        items = stack
+                        stack = metastack.pop()
+                    else:
+                        items = [stack.pop()]
+                    target = stack[-1]
+                    kind = type(target)
+                    if kind is list or kind is _EventList or kind is _DeviceTraces:
+                        target.extend(items)
+                    elif kind is _TraceBuilder:
+                        self._take(target, items)
+                    elif kind is _Stack:
+                        raise _LoadWhole
+                    else:
+                        raise TypeError(f"APPENDS to a {kind.__name__}")
+                    if position >= self.next_report:
+                        self._report(position)
+                elif op == 0x5D:  # EMPTY_LIST
+                    outer = metastack[-1][-1] if metastack and metastack[-1] else None
+                    top = stack[-1] if stack else None
+                    made: list[Any]
+                    if type(outer) is _DeviceTraces or type(top) is _DeviceTraces:
+                        device = len(outer) + len(stack) if type(outer) is _DeviceTraces else len(top)
+                        self.builders.append(_TraceBuilder(device))
+                        stack.append(self.builders[-1])
+                        continue
+                    if ((type(outer) is _EventDict and len(stack) % 2 == 1 and stack[-1] == "frames")
+                            or (len(stack) >= 2 and type(stack[-2]) is _EventDict and stack[-1] == "frames")):
+                        made = _EventList()
+                        made.memo_index = -1  # type: ignore[attr-defined]
+                    elif self._is_device_traces(stack, metastack):
+                        made = _DeviceTraces()
+                    else:
+                        made = []
+                    stack.append(made)
+                elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
+                    width = 1 if op == 0x8A else 4
+                    count = int.from_bytes(data[position:position + width], "little", signed=op == 0x8B)
+                    if count < 0:
+                        raise ValueError("LONG pickle has negative byte count")
+                    start = position + width
+                    position = start + count
+                    if position > size:
+                        raise EOFError("pickle data was truncated")
+                    value = int.from_bytes(data[start:position], "little", signed=True)
+                    if count >= 8 and not -MAX_NUMBER < value < MAX_NUMBER:
+                        raise _number_error(value, start - width - 1)
+                    stack.append(value)
+                elif op == 0x4D:  # BININT2
+                    stack.append(data[position] | data[position + 1] << 8)
+                    position += 2
+                elif op in (0x8C, 0x58, 0x8D, 0x43, 0x42, 0x8E):  # strings and bytes
+                    width = 1 if op in (0x8C, 0x43) else 4 if op in (0x58, 0x42) else 8
+                    count = int.from_bytes(data[position:position + width], "little")
+                    start = position + width
+                    position = start + count
+                    if position > size:
+                        raise EOFError("pickle data was truncated")
+                    raw = data[start:position]
+                    stack.append(str(raw, "utf-8", "surrogatepass") if op in (0x8C, 0x58, 0x8D) else raw)
+                elif op == 0x4E:  # NONE
+                    stack.append(None)
+                elif op == 0x88 or op == 0x89:  # NEWTRUE, NEWFALSE
+                    stack.append(op == 0x88)
+                elif op == 0x29:  # EMPTY_TUPLE
+                    stack.append(())
+                elif op == 0x85:  # TUPLE1
+                    stack[-1] = (stack[-1],)
+                elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
+                    count = op - 0x84
+                    if len(stack) < count:
+                        raise IndexError("unpickling stack underflow")
+                    items = stack[-count:]
+                    del stack[-count:]
+                    stack.append(tuple(items))
+                elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE, LIST, DICT
+                    items = stack
+                    stack = metastack.pop()
+                    if op == 0x64:
+                        if len(items) % 2:
+                            raise ValueError("odd number of items for DICT")
+                        stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+                    else:
+                        stack.append(tuple(items) if op == 0x74 else items)
+                elif op == 0x47:  # BINFLOAT
+                    number = _BINFLOAT.unpack_from(data, position)[0]  # type: ignore[arg-type]
+                    if math.isnan(number) or not -MAX_NUMBER < number < MAX_NUMBER:
+                        raise _number_error(number, position - 1)
+                    stack.append(number)
+                    position += 8
+                elif op == 0x71 or op == 0x72:  # BINPUT, LONG_BINPUT
+                    width = 1 if op == 0x71 else 4
+                    index = int.from_bytes(data[position:position + width], "little")
+                    position += width
+                    self._put(index, stack[-1], position - width - 1)
+                elif op == 0x95:  # FRAME: a hint for buffered readers
+                    count = int.from_bytes(data[position:position + 8], "little")
+                    position += 8
+                    if position + count > size:
+                        raise EOFError("pickle data was truncated")
+                elif op == 0x80:  # PROTO
+                    if data[position] > pickle.HIGHEST_PROTOCOL:
+                        raise ValueError(f"unsupported pickle protocol: {data[position]}")
+                    position += 1
+                elif op == 0x2E:  # STOP
+                    if position >= self.next_report or self.progress is not None:
+                        self._report(self.size)
+                    return stack.pop()
+                elif op == 0x30:  # POP
+                    if stack:
+                        stack.pop()
+                    else:
+                        stack = metastack.pop()
+                elif op == 0x31:  # POP_MARK
+                    stack = metastack.pop()
+                elif op == 0x32:  # DUP
+                    stack.append(stack[-1])
+                else:
+                    name = _OPCODE_NAMES.get(op)
+                    if name is None:
+                        raise ValueError(f"unknown opcode {bytes([op])!r} at byte {position - 1}")
+                    if name in PLAIN_OPCODES:
+                        raise _LoadWhole  # the text opcodes of protocols 0 and 1
+                    raise SnapshotError(f"opcode {name} at byte {position - 1} would build objects "
+                                        "beyond plain data; refused")
+        except (SnapshotError, _LoadWhole):
+            raise
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError, EOFError,
+                MemoryError, RecursionError, struct.error) as error:
+            reason = "pickle data was truncated" if position >= size else str(error) or type(error).__name__
+            raise SnapshotError(f"not a readable pickle ({reason}); is the file truncated?") from None
+
+    def finish(self, root: Any) -> dict[str, Any]:
+        """The snapshot with its traces as TraceColumns, checked as load_snapshot checks it."""
+        traces = root.get("device_traces") if type(root) is dict else None
+        done: set[int] = set()
+        if isinstance(traces, list):
+            traces = root["device_traces"] = list(traces)
+            for d, trace in enumerate(traces):
+                if type(trace) is _TraceBuilder:
+                    if trace.pending or trace.device != d:
+                        raise _LoadWhole
+                    traces[d] = trace.finish(self.table.stacks)
+                    done.add(id(trace))
+        if any(id(builder) not in done for builder in self.builders):
+            raise _LoadWhole  # a trace list somewhere else than device_traces
+        budget = max(MIN_NODE_BUDGET, NODES_PER_BYTE * self.size)
+        probe = root
+        if isinstance(traces, list):
+            probe = {**root, "device_traces": [t for t in traces if not isinstance(t, TraceColumns)]}
+        _check_plain(probe, budget)
+        _check_plain(self.table.stacks, budget)
+        check_structure(root)
+        return columnar(root)
+
+
+def read_columnar(data: bytes | mmap.mmap, progress: Progress | None = None) -> dict[str, Any]:
+    reader = _StreamReader(data, progress)
+    return reader.finish(reader.run())
+
+# --- loading ---
 
 
 def loads_snapshot(data: bytes, name: str = "<bytes>", progress: Progress | None = None) -> dict[str, Any]:
@@ -299,3 +1143,42 @@ def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[st
     """Loads a snapshot file (plain or gzipped pickle) safely; raises SnapshotError."""
     path = Path(path)
     return loads_snapshot(_read_bytes(path), str(path), progress)
+
+
+def columnar(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot with each device's trace (a list of event dicts, already checked) as
+    TraceColumns; raises SnapshotError for frames that are not lists of dicts."""
+    traces = snapshot.get("device_traces", [])
+    stacks = _StackTable()
+    converted = [trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace, d, stacks)
+                 for d, trace in enumerate(traces)]
+    return {**snapshot, "device_traces": converted} if "device_traces" in snapshot else snapshot
+
+
+def loads_snapshot_columnar(data: bytes | mmap.mmap, name: str = "<bytes>",
+                            progress: Progress | None = None) -> dict[str, Any]:
+    """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict
+    per trace event (Note [Streaming traces]); as safe as loads_snapshot and refusing the same
+    inputs. A pickle laid out unlike those torch and stowage write is loaded whole instead."""
+    try:
+        return read_columnar(data, progress)
+    except SnapshotError as error:
+        raise SnapshotError(f"{name}: {error}") from None
+    except _LoadWhole:
+        pass
+    snapshot = loads_snapshot(bytes(data), name, progress)
+    try:
+        return columnar(snapshot)
+    except SnapshotError as error:
+        raise SnapshotError(f"{name}: {error}") from None
+
+
+def load_snapshot_columnar(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
+    """load_snapshot with its traces as TraceColumns: memory a fraction of the file's size."""
+    path = Path(path)
+    data = _map_bytes(path)
+    try:
+        return loads_snapshot_columnar(data, str(path), progress)
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import subprocess
 import sys
 import textwrap
+from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import REPO, SHARED_TRACES, stowage
-from stowage.snapshot_loader import load_snapshot
+from stowage.html_report import MAX_POINTS, timeline
+from stowage.inspector import _ranked_sites, analyse_trace, site_of
+from stowage.snapshot_loader import TraceColumns, load_snapshot, load_snapshot_columnar
 
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
 
@@ -124,6 +129,16 @@ def test_hostile_and_malformed_inputs_end_in_a_message(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr, (name, result.stderr)
 
 
+def test_a_snapshot_from_a_pipe_is_read() -> None:
+    """Not a regular file: read, not mapped."""
+    result = subprocess.run([sys.executable, "-m", "stowage", "inspect", "/dev/stdin", "--json"],
+                            input=(REPO / "bench" / "traces" / "lstm_varlen_3steps.pickle.gz").read_bytes(),
+                            capture_output=True)
+    assert result.returncode == 0, result.stderr
+    expected = inspect_json(REPO / "bench" / "traces" / "lstm_varlen_3steps.pickle.gz")
+    assert json.loads(result.stdout) == {**expected, "path": "/dev/stdin"}
+
+
 def test_a_device_without_data_is_refused() -> None:
     result = stowage("inspect", str(TRACES[0]), "--device", "7")
     assert result.returncode == 2
@@ -189,3 +204,182 @@ def test_the_timeline_keeps_its_sample_cap() -> None:
 
     trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(2 * MAX_POINTS - 1)]
     assert len(timeline(trace, 0, [])["x"]) <= MAX_POINTS + 2  # the peak and the last event may add one each
+
+
+# --- the columnar analysis against a count with a dict per event ---
+
+
+def counted_with_dicts(trace: list[dict[str, Any]], requested_at_end: int | None, top: int) -> dict[str, Any]:
+    """The peak, its sites and the OOMs as analyse_trace defines them, counted event by event
+    with dicts from address to size (as the inspector did before it read columns)."""
+    sizes: dict[int, int] = {}
+    own = unknown = best = 0
+    best_index = -1
+    for index, entry in enumerate(trace):
+        if entry["action"] == "alloc":
+            sizes[entry["addr"]] = entry["size"]
+            own += entry["size"]
+        elif entry["action"] == "free_completed":
+            if entry["addr"] in sizes:
+                own -= sizes.pop(entry["addr"])
+            else:
+                unknown += entry["size"]
+        else:
+            continue
+        if own - unknown > best:
+            best, best_index = own - unknown, index
+    baseline = max(unknown if requested_at_end is None else requested_at_end - own + unknown, unknown, 0)
+    live: dict[int, tuple[str, int]] = {}
+    by_site: dict[str, int] = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
+    freed = 0
+    peak_sites = _ranked_sites({}, counts, baseline, top)
+    ooms = []
+    for index, entry in enumerate(trace):
+        if entry["action"] == "alloc":
+            site = site_of(entry.get("frames"), entry["size"])
+            live[entry["addr"]] = (site, entry["size"])
+            by_site[site] += entry["size"]
+            counts[site] += 1
+        elif entry["action"] == "free_completed":
+            found = live.pop(entry["addr"], None)
+            if found is None:
+                freed += entry["size"]
+            else:
+                by_site[found[0]] -= found[1]
+                counts[found[0]] -= 1
+        elif entry["action"] == "oom":
+            ooms.append({"event_index": index, "requested": entry.get("size", 0),
+                         "device_free": entry.get("device_free", entry.get("addr", 0)),
+                         "live_bytes": baseline - freed + sum(by_site.values()),
+                         "sites": _ranked_sites(by_site, counts, baseline - freed, top)})
+        if index == best_index:
+            peak_sites = _ranked_sites(by_site, counts, baseline - freed, top)
+    return {"live_bytes": baseline + best, "event_index": best_index, "baseline": baseline,
+            "time_us": trace[best_index].get("time_us") if best_index >= 0 else None,
+            "sites": peak_sites, "ooms": ooms[:50], "oom_events": len(ooms)}
+
+
+def analysed(trace: TraceColumns, requested_at_end: int | None, top: int) -> dict[str, Any]:
+    peak, ooms, oom_events = analyse_trace(trace, requested_at_end, top)
+    fields = ("event_index", "requested", "device_free", "live_bytes", "sites")
+    return {**asdict(peak), "ooms": [{key: asdict(oom)[key] for key in fields} for oom in ooms],
+            "oom_events": oom_events}
+
+
+def timeline_with_dicts(trace: list[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
+    """html_report.timeline counted event by event."""
+    events = [(i, e) for i, e in enumerate(trace) if e["action"] in ("alloc", "free_completed")]
+    if not events:
+        return {"x": [], "series": {}, "peak_index": -1}
+    k_of = {site: k for k, site in enumerate(named)}
+    other, before = len(named), len(named) + 1
+    live: dict[int, tuple[int, int]] = {}
+    running = [0] * (len(named) + 2)
+    running[before] = baseline
+    rows = []
+    for _, entry in events:
+        if entry["action"] == "alloc":
+            k = k_of.get(site_of(entry.get("frames"), entry["size"]), other)
+            live[entry["addr"]] = (k, entry["size"])
+            running[k] += entry["size"]
+        elif entry["addr"] in live:
+            k, size = live.pop(entry["addr"])
+            running[k] -= size
+        else:
+            running[before] -= entry["size"]
+        rows.append(list(running))
+    totals = [sum(row[:before]) + row[before] for row in rows]
+    peak_at = max(range(len(totals)), key=totals.__getitem__)
+    stride = max(1, -(-len(events) // MAX_POINTS))
+    chosen = [p for p in range(len(events)) if p % stride == 0 or p in (peak_at, len(events) - 1)]
+    series: dict[str, list[int]] = {}
+    if baseline:
+        series["(live before the trace began)"] = [max(rows[p][before], 0) for p in chosen]
+    series.update({site: [rows[p][k] for p in chosen] for site, k in k_of.items()})
+    series["other"] = [rows[p][other] for p in chosen]
+    return {"x": [events[p][0] for p in chosen], "series": series, "peak_index": events[peak_at][0]}
+
+
+def requested_at_end(snapshot: dict[str, Any], device: int) -> int | None:
+    segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+    return sum(b.get("requested_size", b["size"]) for s in segments for b in s.get("blocks", [])
+               if b.get("state") == "active_allocated") if segments else None
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_the_columnar_analysis_counts_as_dicts_do_on_every_recorded_trace(path: Path) -> None:
+    whole, streamed = load_snapshot(path), load_snapshot_columnar(path)
+    for device, trace in enumerate(whole["device_traces"]):
+        columns = streamed["device_traces"][device]
+        requested = requested_at_end(whole, device)
+        expected = counted_with_dicts(trace, requested, 10)
+        assert analysed(columns, requested, 10) == expected
+        named = [s["site"] for s in expected["sites"] if not s["site"].startswith("(")][:8]
+        assert timeline(columns, expected["baseline"], named) == timeline_with_dicts(trace, expected["baseline"], named)
+
+
+def random_trace(seed: int) -> list[dict[str, Any]]:
+    """Addresses reused, allocated twice without a free, freed without an allocation; sizes of
+    0, at size-class edges and huge (sums past int64); frames absent, None, empty, without user
+    code or with it; OOM events with device_free or addr; events the analysis skips."""
+    rng = random.Random(seed)
+    frames = [{"filename": f"/home/u/train{i}.py", "line": i, "name": f"f{i}"} for i in range(5)]
+    frames += [{"filename": "/usr/lib/python3/site-packages/torch/x.py", "line": 3, "name": "lib"},
+               {"filename": "??", "line": 0, "name": "cpp"}]
+    stacks = [rng.sample(frames, rng.randint(1, 3)) for _ in range(6)] + [[frames[6]], [frames[6], frames[5]]]
+    huge = seed % 5 == 0
+    addresses = [4096 * rng.randint(1, 60) for _ in range(40)]
+    trace: list[dict[str, Any]] = []
+    for _ in range(rng.randint(0, 3000 if huge else 1500)):
+        r = rng.random()
+        action = ("alloc" if r < 0.45 else "free_completed" if r < 0.85 else "oom" if r < 0.88
+                  else rng.choice(["free_requested", "segment_alloc", "segment_free"]))
+        entry: dict[str, Any] = {"action": action, "stream": 0}
+        if action == "oom":
+            entry.update({"size": rng.randint(1, 1 << 34)}, **({"device_free": rng.randint(0, 1 << 30)}
+                                                              if rng.random() < 0.5 else {"addr": 77}))
+        else:
+            entry["addr"] = rng.choice(addresses) if rng.random() < 0.9 else 4096 * rng.randint(1, 1 << 30)
+            entry["size"] = ((1 << 50) - rng.randint(1, 9) if huge else
+                             rng.choice([0, 1, 512, 513, 2048, 2049, rng.randint(1, 1 << 30)]))
+        if rng.random() < 0.7:
+            entry["time_us"] = len(trace) * 3 if rng.random() < 0.9 else len(trace) / 2
+        choice = rng.random()
+        if choice < 0.6:
+            entry["frames"] = rng.choice(stacks)
+        elif choice < 0.7:
+            entry["frames"] = rng.choice([[], None])
+        trace.append(entry)
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_columnar_analysis_counts_as_dicts_do_on_random_traces(seed: int) -> None:
+    trace = random_trace(seed)
+    columns = TraceColumns.from_events(trace)
+    requested = None if seed % 3 else sum(e["size"] for e in trace if e["action"] == "alloc") // 3
+    expected = counted_with_dicts(trace, requested, 5 + seed % 7)
+    assert analysed(columns, requested, 5 + seed % 7) == expected
+    named = [s["site"] for s in expected["sites"] if not s["site"].startswith("(")][:3]
+    assert timeline(columns, expected["baseline"], named) == timeline_with_dicts(trace, expected["baseline"], named)
+
+
+def test_live_bytes_past_int64_are_counted_exactly() -> None:
+    """Sizes below 2**50 each, 10,000 of them live together: 2**63.3 bytes."""
+    trace = [{"action": "alloc", "addr": 4096 * i, "size": (1 << 50) - 1, "stream": 0,
+              "frames": [{"filename": "/home/u/train.py", "line": i % 3, "name": "f"}]} for i in range(10_000)]
+    trace.append({"action": "oom", "size": 1, "device_free": 0})
+    columns = TraceColumns.from_events(trace)
+    expected = counted_with_dicts(trace, None, 3)
+    assert expected["live_bytes"] == 10_000 * ((1 << 50) - 1) > 2**63
+    assert analysed(columns, None, 3) == expected
+    assert timeline(columns, 0, [])["series"]["other"][-1] == expected["live_bytes"]
+
+
+def test_the_memory_benchmark_runs_in_its_smoke_mode() -> None:
+    """bench/inspect/memory_ratio.py, on a small synthetic snapshot."""
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "inspect" / "memory_ratio.py"), "--smoke"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "resident / file" in result.stdout
