@@ -36,9 +36,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot_loader import (ACTION_CODES, HAS_STREAM, SnapshotError, TraceColumns,
-                                     load_snapshot_columnar)
-from stowage.trace import ALLOC, FREE, native_figures
+from stowage.snapshot_loader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
+from stowage.trace import device_events, native_figures
 
 _LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")
 _SMALL_SEGMENT = 0.25  # a segment whose one live block fills less than this share of it
@@ -175,7 +174,7 @@ class TraceSites:
             name = frame_site(columns.stacks[s])
             if name is not None:
                 by_stack[s] = ids.setdefault(name, len(ids))
-        site = by_stack[stack]
+        site = by_stack[np.where(stack >= 0, stack, len(columns.stacks))]
         by_class = site < 0
         classes = _size_classes(columns.size[pairs.index[allocs[by_class]]])
         found = np.unique(classes)
@@ -386,16 +385,6 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
     return peak, ooms, len(oom_at)
 
 
-def replay_events(columns: TraceColumns) -> _core.Trace:
-    """The alloc and free_completed events as a replayable Trace (trace.device_events, from
-    columns)."""
-    action = columns.action
-    index = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED))
-    kinds = np.where(action[index] == _ALLOC, ALLOC, FREE).astype(np.uint8)
-    streams = np.where(columns.flags[index] & HAS_STREAM, columns.stream[index], 0).astype(np.uint64)
-    return _core.Trace(kinds, columns.addr[index], columns.size[index], streams)
-
-
 def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str, Any]:
     segments = [s for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device]
     traces = snapshot.get("device_traces", [])
@@ -405,7 +394,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     # is then taken as the whole story.
     peak, ooms, oom_events = analyse_trace(trace, totals.requested if segments else None, top)
     if ooms:
-        events = replay_events(trace)
+        events = device_events(trace)  # (reading the columns event by event: only for OOMs)
         if len(events) > 0:
             replayed = events.replay(1 << 40, "", measure_latency=False)
             native = native_figures(snapshot, device)

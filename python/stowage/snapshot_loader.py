@@ -295,14 +295,16 @@ def _expect(value: Any, kinds: type | tuple[type, ...], where: str) -> None:
 # TraceColumns.flags: which optional fields an event had, and the type of its time.
 HAS_ADDR, HAS_SIZE, HAS_STREAM, HAS_DEVICE_FREE = 1, 2, 4, 8
 TIME_INT, TIME_FLOAT, TIME_BOOL = 16, 32, 64
-HAS_FRAMES = 128  # a frames field (None, or a list: stack -1 when it is None or empty)
+HAS_FRAMES = 128  # a frames field (a list: stack -1 when it is empty; None: stack -2)
 _TIME_KINDS = TIME_INT | TIME_FLOAT | TIME_BOOL
 _RANGES = (("addr", 2**64, HAS_ADDR), ("size", MAX_SIZE, HAS_SIZE), ("stream", 2**64, HAS_STREAM),
            ("device_free", 2**64, HAS_DEVICE_FREE))
 _FLOAT_BITS = struct.Struct("<d")
 _INT_BITS = struct.Struct("<q")
-# A row: (action code, flags, addr, size, stream, time bits, stack, device_free or None).
-_Row = tuple[int, int, int, int, int, int, int, "int | None"]
+_MISSING = object()  # a field an event does not have
+# A row: (action code, flags, addr, size, stream, time bits, stack, device_free or None,
+# user_metadata or _MISSING).
+_Row = tuple[int, int, int, int, int, int, int, "int | None", Any]
 
 
 def _where(device: int, index: int) -> str:
@@ -362,11 +364,14 @@ def _event_row(entry: Any, device: int, index: int, stacks: _StackTable | None) 
     if stacks is not None and "frames" in entry:
         flags |= HAS_FRAMES
         frames = entry["frames"]
-        if frames is not None:
+        if frames is None:
+            stack = -2
+        else:
             if not isinstance(frames, list):
                 _expect(frames, list, f"{_where(device, index)}.frames")
             stack = stacks.index_of(frames, device, index)
-    return (code, flags, values[0], values[1], values[2], time_bits, stack, values[3])
+    metadata = entry.get("user_metadata", _MISSING)  # stowage.mark_step's marks, among others
+    return (code, flags, values[0], values[1], values[2], time_bits, stack, values[3], metadata)
 
 
 def check_structure(snapshot: Any) -> None:
@@ -460,8 +465,8 @@ class TraceColumns(Sequence[dict[str, Any]]):
     (HAS_ADDR, HAS_SIZE, HAS_STREAM, HAS_DEVICE_FREE, HAS_FRAMES) and the type of its time
     (TIME_INT, TIME_FLOAT, TIME_BOOL); ``addr``, ``size``, ``stream`` (uint64, 0 where absent);
     ``time_us`` (int64: the time, or a float time's bits); ``stack`` (int32): an index into
-    ``stacks``, -1 where the event has no frames or an empty list; ``device_free``: the
-    device_free field of the events that have one, by event index.
+    ``stacks``, -1 where the event has no frames or an empty list, -2 where its frames are None; ``device_free`` and
+    ``user_metadata``: those fields of the events that have them, by event index.
 
     As a Sequence it gives each event back as a dict of those fields (frames as the stored
     stack), for code that reads events one by one. Fields the inspector does not read are not
@@ -470,10 +475,11 @@ class TraceColumns(Sequence[dict[str, Any]]):
 
     def __init__(self, action: np.ndarray, flags: np.ndarray, addr: np.ndarray, size: np.ndarray,
                  stream: np.ndarray, time_us: np.ndarray, stack: np.ndarray, stacks: list[_Stack],
-                 device_free: dict[int, int], error: str | None = None) -> None:
+                 device_free: dict[int, int], user_metadata: dict[int, Any],
+                 error: str | None = None) -> None:
         self.action, self.flags, self.addr, self.size = action, flags, addr, size
         self.stream, self.time_us, self.stack, self.stacks = stream, time_us, stack, stacks
-        self.device_free = device_free
+        self.device_free, self.user_metadata = device_free, user_metadata
         self.error = error  # the first malformed event, when the trace has one
 
     @classmethod
@@ -515,7 +521,9 @@ class TraceColumns(Sequence[dict[str, Any]]):
                 if flags & _TIME_KINDS:
                     entry["time_us"] = _time_of(flags, time)
                 if flags & HAS_FRAMES:
-                    entry["frames"] = self.stacks[stack] if stack >= 0 else []
+                    entry["frames"] = self.stacks[stack] if stack >= 0 else [] if stack == -1 else None
+                if self.user_metadata and index in self.user_metadata:
+                    entry["user_metadata"] = self.user_metadata[index]
                 yield entry
 
     def event(self, index: int) -> dict[str, Any]:
@@ -554,6 +562,7 @@ class _ColumnsBuilder:
         self.columns = (array.array("B"), array.array("B"), array.array("Q"), array.array("Q"),
                         array.array("Q"), array.array("q"), array.array("i"))
         self.free_at: dict[int, int] = {}
+        self.metadata_at: dict[int, Any] = {}
 
     def add(self, rows: list[_Row]) -> None:
         if self.error is None and rows:
@@ -562,6 +571,8 @@ class _ColumnsBuilder:
             for k, row in enumerate(rows):
                 if row[7] is not None:
                     self.free_at[self.count + k] = row[7]
+                if row[8] is not _MISSING:
+                    self.metadata_at[self.count + k] = row[8]
         self.count += len(rows)
 
     def fail(self, index: int, message: str) -> None:
@@ -572,7 +583,7 @@ class _ColumnsBuilder:
         dtypes = (np.uint8, np.uint8, np.uint64, np.uint64, np.uint64, np.int64, np.int32)
         arrays = [np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype)
                   for column, dtype in zip(self.columns, dtypes)]
-        return TraceColumns(*arrays, stacks=stacks, device_free=self.free_at,
+        return TraceColumns(*arrays, stacks=stacks, device_free=self.free_at, user_metadata=self.metadata_at,
                             error=None if self.error is None else self.error[1])
 
 
@@ -627,7 +638,6 @@ class _TraceBuilder(_ColumnsBuilder):
 
 _QUEUED = object()  # on the stack: the next pending row of the trace being filled
 _CONSUMED = object()  # in the memo: an event that became a row
-_MISSING = object()
 _GET = rb"j....|h."
 _VALUE = (_GET + rb"|\]\x94(?:\((?:j....|h.)++e|(?:j....|h.)a)?|\x8a(?:\x06.{6}|\x07.{7}|\x05.{5}|"
           rb"\x08.{8}|\x04.{4}|\x03.{3}|\x02.{2}|\x01.|\x00)|K.|J....|M..|N|\x88|\x89|G.{8}")
@@ -638,7 +648,7 @@ _BINFLOAT = struct.Struct(">d")
 _RELEASE_EVERY = 8 << 20  # bytes of a mapped file given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _FIELDS = {name: slot for slot, name in enumerate(("action", "addr", "size", "stream", "time_us", "frames",
-                                                   "device_free"))}
+                                                   "device_free", "user_metadata"))}
 _PLAIN_ACTIONS = {action: ACTION_CODES[action] for action in ACTIONS if action not in ("oom", "snapshot")}
 
 
@@ -646,10 +656,10 @@ def _plain_row(values: list[Any]) -> _Row | None:
     """The row of an event as torch writes most (an action other than oom and snapshot, addr and
     size in range, an integer stream, an integer or float time, frames stored), from its values
     in _FIELDS order; None for any other, which _event_row then checks."""
-    action, addr, size, stream, time, frames, device_free = values
+    action, addr, size, stream, time, frames, device_free, metadata = values
     code = _PLAIN_ACTIONS.get(action) if type(action) is str else None
     if (code is None or type(addr) is not int or type(size) is not int or not 0 <= addr < 2**64
-            or not 0 <= size < MAX_SIZE or device_free is not _MISSING):
+            or not 0 <= size < MAX_SIZE or device_free is not _MISSING or metadata is not _MISSING):
         return None
     flags = HAS_ADDR | HAS_SIZE
     if stream is not _MISSING:
@@ -674,7 +684,7 @@ def _plain_row(values: list[Any]) -> _Row | None:
         flags |= HAS_FRAMES
         if frames:
             stack = frames.stack_id
-    return (code, flags, addr, size, stream, time, stack, None)
+    return (code, flags, addr, size, stream, time, stack, None, _MISSING)
 
 
 def _number_error(value: int | float, position: int) -> SnapshotError:
@@ -1104,7 +1114,8 @@ class _StreamReader:
         if isinstance(traces, list):
             probe = {**root, "device_traces": [t for t in traces if not isinstance(t, TraceColumns)]}
         _check_plain(probe, budget)
-        _check_plain(self.table.stacks, budget)
+        _check_plain([self.table.stacks, [list(trace.user_metadata.values()) for trace in traces or []
+                                          if isinstance(trace, TraceColumns)]], budget)
         check_structure(root)
         return columnar(root)
 

@@ -213,7 +213,7 @@ def test_an_oom_event_needs_its_free_bytes_and_a_device_must_be_a_number(loads) 
 def same_columns(a: TraceColumns, b: TraceColumns) -> None:
     for name in ("action", "flags", "addr", "size", "stream", "time_us"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
-    assert a.device_free == b.device_free
+    assert a.device_free == b.device_free and a.user_metadata == b.user_metadata
     stacks_a = [a.stacks[s] if s >= 0 else None for s in a.stack.tolist()]
     stacks_b = [b.stacks[s] if s >= 0 else None for s in b.stack.tolist()]
     assert stacks_a == stacks_b
@@ -246,7 +246,8 @@ def test_the_columnar_loader_reads_every_recorded_trace_as_the_whole_loader_does
 def varied_snapshot(shared_event: bool = False) -> dict[str, Any]:
     """Two devices' traces with what snapshots vary in: shared frame dicts, frames None, empty or
     absent, float and missing times, oom events with device_free or addr, snapshot events
-    without addr, fields the inspector does not read, more than one APPENDS batch."""
+    without addr and with user_metadata (stowage.mark_step's marks), fields the inspector does
+    not read, more than one APPENDS batch."""
     frames = [{"filename": f"/home/u/train{i}.py", "line": i, "name": f"f{i}"} for i in range(5)]
     stacks = [frames[:2], frames[1:4], [frames[4]], frames]
     traces = []
@@ -264,6 +265,8 @@ def varied_snapshot(shared_event: bool = False) -> dict[str, Any]:
         trace.append({"action": "oom", "size": 1 << 30, "device_free": 5, "stream": 0, "frames": stacks[0]})
         trace.append({"action": "oom", "size": 1 << 30, "addr": 9})
         trace.append({"action": "snapshot"})
+        trace += [{"action": "snapshot", "user_metadata": "stowage.mark_step"} for _ in range(3)]
+        trace.append(dict(event("alloc", 8192, 512), user_metadata={"note": [1, 2]}))
         if shared_event:
             trace.append(trace[0])
         traces.append(trace)
@@ -293,8 +296,12 @@ def test_every_pickle_protocol_and_layout_reads_alike(write_snapshot, monkeypatc
     path = write_snapshot(pickle.dumps(varied_snapshot(shared_event), protocol=protocol))
     whole = load_snapshot(path)
     calls = loaded_whole(monkeypatch)
-    same_snapshots(whole, load_snapshot_columnar(path))
+    streamed = load_snapshot_columnar(path)
+    same_snapshots(whole, streamed)
     assert bool(calls) == (protocol < 2 or shared_event)
+    kept = ("action", "addr", "size", "stream", "time_us", "frames", "device_free", "user_metadata")
+    for events, trace in zip(whole["device_traces"], streamed["device_traces"]):
+        assert list(trace) == [{key: e[key] for key in kept if key in e} for e in events]
 
 
 def test_a_large_file_is_mapped_given_back_as_read_and_reads_alike(write_snapshot, monkeypatch) -> None:
