@@ -345,7 +345,7 @@ class CachingAllocator {
   Block* place_planned_locked(std::size_t rounded, Stream stream, std::uint64_t context,
                               bool& commit_when_served);
   void learn_malloc_locked(Block* block, std::size_t rounded, Stream stream);
-  // Opens the arena of the plan taken (pending_plan_); false (nothing kept) if it cannot.
+  // Opens the arena of the plan taken (taken_plan_); false (nothing kept) if it cannot.
   bool open_arena_locked(Stream stream, std::uint64_t context);
   void dissolve_arena_locked();
   // Maps the unmapped pages of the arena in [first, last) (page-aligned); false if it could not.
@@ -412,8 +412,11 @@ class CachingAllocator {
   Segment* arena_segment_ = nullptr;        // the plan's arena, while a plan is in force
   FreeBlockIndex plan_arena_{FreeBlockIndex::Order::kAddress};  // its free blocks, by address
   std::size_t planned_allocations_ = 0;
-  std::size_t plan_live_bytes_ = 0;
-  std::pair<std::size_t, std::size_t> pending_plan_;  // the plan taken: arena bytes, live bound
+  struct TakenPlan {
+    std::size_t arena_bytes = 0;
+    std::size_t live_bytes = 0;  // its allocations' most bytes live at once
+  };
+  TakenPlan taken_plan_;  // the plan the learner is following (its arena may not be open yet)
   // Mapped ranges that neither unmap nor become accessible after a failed map (address, bytes):
   // kept out of use, unmapped again by every release until that works.
   std::vector<std::pair<std::uintptr_t, std::size_t>> lost_ranges_;

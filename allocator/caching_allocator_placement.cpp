@@ -24,7 +24,7 @@ void CachingAllocator::mark_step() {
   if (learner_.mark_step()) {
     dissolve_arena_locked();
   } else if (std::optional<StepLearner::Plan> plan = learner_.take_plan()) {
-    pending_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
+    taken_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
   }
 }
 
@@ -36,7 +36,7 @@ CachingAllocator::PlacementStatus CachingAllocator::placement_status() const {
   status.plans_made = learner_.plans_made();
   status.departures = learner_.departures();
   status.arena_bytes = arena_segment_ != nullptr ? arena_segment_->size : 0;
-  status.plan_live_bytes = arena_segment_ != nullptr ? plan_live_bytes_ : 0;
+  status.plan_live_bytes = arena_segment_ != nullptr ? taken_plan_.live_bytes : 0;
   status.planned_allocations = planned_allocations_;
   return status;
 }
@@ -51,12 +51,12 @@ void CachingAllocator::learn_malloc_locked(Block* block, std::size_t rounded, St
   block->learned_record = learner_.record_malloc(rounded);
   if (std::optional<StepLearner::Plan> plan = learner_.take_plan()) {
     // The arena opens where the plan's step starts (place_planned_locked).
-    pending_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
+    taken_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
   }
 }
 
 bool CachingAllocator::open_arena_locked(Stream stream, std::uint64_t context) {
-  const std::size_t size = round_up(std::max<std::size_t>(pending_plan_.first, 1), page_);
+  const std::size_t size = round_up(std::max<std::size_t>(taken_plan_.arena_bytes, 1), page_);
   void* base = nullptr;
   try {
     base = backend_.reserve_address_range(size, page_);
@@ -85,7 +85,6 @@ bool CachingAllocator::open_arena_locked(Stream stream, std::uint64_t context) {
   }
   hole->segment->planned = true;
   arena_segment_ = hole->segment;
-  plan_live_bytes_ = pending_plan_.second;
   plan_arena_.insert(*hole);
   stats_.segment.update(Pool::kLarge, 1);
   // The arena's pages are better new than stitched from the dynamic cache, whose free pages are
