@@ -152,8 +152,12 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
       return claim_locked(placed, bytes, rounded, oversize, /*fresh=*/false, context);
     }
   }
-  Block* block = find_cached_locked(pool, stream, rounded, oversize);
+  // The segment path spares wholly free segments much larger than the request while the device
+  // can give a new one (Note [Splitting]); failing that, it carves them after all.
+  Block* block = find_cached_locked(pool, stream, rounded, oversize, nullptr,
+                                    /*spare_whole_segments=*/!paged_);
   if (block == nullptr) block = grow();
+  if (block == nullptr && !paged_) block = find_cached_locked(pool, stream, rounded, oversize);
   if (block == nullptr && arena_segment_ != nullptr && !capturing()) {
     // The plan's arena holds free memory the dynamic path cannot reach: give the plan up rather
     // than fail (Note [Learned placement]).
@@ -203,10 +207,15 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
 }
 
 Block* CachingAllocator::find_cached_locked(Pool pool, Stream stream, std::size_t rounded,
-                                            bool oversize, PrivatePool* owner) {
+                                            bool oversize, PrivatePool* owner,
+                                            bool spare_whole_segments) {
   FreeBlockIndex& index = index_of(pool, owner);
   Block* block = index.best_fit(stream, rounded);
   if (block == nullptr) return nullptr;
+  if (spare_whole_segments && !block->is_split() &&
+      SizePolicy::spares_whole_segment(block->size, rounded)) {
+    return nullptr;
+  }
   // Oversize blocks serve oversize requests only, and only when they waste at most one
   // medium segment's worth: carving them up is what strands huge holes.
   // (A block no bigger than the segment this request would get is fair game, oversize or not.)

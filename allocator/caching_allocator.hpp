@@ -282,7 +282,7 @@ class CachingAllocator {
   Block* try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                            std::uint64_t context);
   Block* find_cached_locked(Pool pool, Stream stream, std::size_t rounded, bool oversize,
-                            PrivatePool* owner = nullptr);
+                            PrivatePool* owner = nullptr, bool spare_whole_segments = false);
   // Segment path: before a new segment of `size` takes reserved beyond the headroom, returns the
   // wholly free cached segments (Note [Segment headroom]).
   void release_beyond_headroom_locked(std::size_t size, std::size_t rounded);

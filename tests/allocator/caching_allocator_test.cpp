@@ -581,6 +581,52 @@ TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
   }
 }
 
+TEST(SegmentSparingTest, AWholeFreeSegmentIsNotCarvedForASmallRequestWhileTheDeviceHasRoom) {
+  HostBackend backend(device_of(1024 * MiB));
+  CachingAllocator allocator(backend,
+                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  allocator.free(allocator.malloc(300 * MiB));
+  // 16 MiB gets its own segment: carving the 300 MiB one would leave its next 290 MiB request
+  // without a fit.
+  void* small = allocator.malloc(16 * MiB);
+  void* big = allocator.malloc(290 * MiB);
+  const DeviceStats stats = allocator.stats();
+  EXPECT_EQ(stats.num_device_alloc, 2);
+  EXPECT_EQ(stats.reserved_bytes.all().peak, static_cast<std::int64_t>(316 * MiB));
+  allocator.free(small);
+  allocator.free(big);
+  allocator.check_invariants();
+}
+
+TEST(SegmentSparingTest, WithoutRoomForANewSegmentTheWholeSegmentIsCarved) {
+  HostBackend backend(device_of(310 * MiB));
+  CachingAllocator allocator(backend,
+                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  allocator.free(allocator.malloc(300 * MiB));
+  void* small = allocator.malloc(16 * MiB);
+  const DeviceStats stats = allocator.stats();
+  EXPECT_EQ(stats.num_device_alloc, 1);
+  EXPECT_EQ(stats.reserved_bytes.all().current, static_cast<std::int64_t>(300 * MiB));
+  allocator.free(small);
+  allocator.check_invariants();
+}
+
+TEST(SegmentSparingTest, ASegmentCloseToTheRequestOrAlreadySplitIsUsed) {
+  HostBackend backend(device_of(1024 * MiB));
+  CachingAllocator allocator(backend,
+                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  // Less than five times the request: carved as before.
+  allocator.free(allocator.malloc(300 * MiB));
+  void* sixty_one = allocator.malloc(61 * MiB);
+  EXPECT_EQ(allocator.stats().num_device_alloc, 1);
+  // The rest of a segment already in use is carved too: the segment is pinned anyway.
+  void* sixteen = allocator.malloc(16 * MiB);
+  EXPECT_EQ(allocator.stats().num_device_alloc, 1);
+  allocator.free(sixty_one);
+  allocator.free(sixteen);
+  allocator.check_invariants();
+}
+
 }  // namespace
 }  // namespace stowage
 
