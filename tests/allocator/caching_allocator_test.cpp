@@ -120,14 +120,15 @@ TEST_F(CachingAllocatorTest, FreedBlocksCoalesceWithFreeNeighbours) {
   allocator_.free(b);
   EXPECT_EQ(allocator_.stats().inactive_split.all().current, 2) << "b's hole and the tail";
   allocator_.free(a);  // merges with b
+  const std::size_t segment = SizePolicy::segment_size(4 * MiB);
   EXPECT_EQ(allocator_.stats().inactive_split.all().current, 2);
   EXPECT_EQ(allocator_.stats().inactive_split_bytes.all().current,
-            static_cast<std::int64_t>(20 * MiB - 4 * MiB));
+            static_cast<std::int64_t>(segment - 4 * MiB));
   allocator_.free(c);  // merges with both sides: the segment is one free block again
   const AllocatorSnapshot snapshot = allocator_.snapshot();
   ASSERT_EQ(snapshot.segments.size(), 1u);
   ASSERT_EQ(snapshot.segments[0].blocks.size(), 1u);
-  EXPECT_EQ(snapshot.segments[0].blocks[0].size, 20 * MiB);
+  EXPECT_EQ(snapshot.segments[0].blocks[0].size, segment);
   EXPECT_EQ(allocator_.stats().inactive_split.all().current, 0);
   allocator_.empty_cache();
   EXPECT_EQ(allocator_.stats().reserved_bytes.all().current, 0);
@@ -304,10 +305,11 @@ TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
 }
 
 TEST_F(SmallDeviceTest, OutOfMemoryNamesFragmentation) {
-  // Fill the device with 4 MiB blocks in 20 MiB segments, then free every other one: plenty
+  // Fill the device with 5 MiB blocks in 20 MiB segments, then free every other one: plenty
   // of memory is free, none of it in one piece of 12 MiB.
+  ASSERT_EQ(SizePolicy::segment_size(5 * MiB), 20 * MiB);
   std::vector<void*> blocks;
-  for (int i = 0; i < 15; ++i) blocks.push_back(allocator_.malloc(4 * MiB));
+  for (int i = 0; i < 12; ++i) blocks.push_back(allocator_.malloc(5 * MiB));
   for (std::size_t i = 0; i < blocks.size(); i += 2) allocator_.free(blocks[i]);
   try {
     allocator_.malloc(12 * MiB);
@@ -398,7 +400,8 @@ TEST_F(CachingAllocatorTest, StatsUseTorchNamesAndMeanings) {
   EXPECT_EQ(stats.at("allocation.small_pool.peak"), 1);
   EXPECT_EQ(stats.at("allocated_bytes.large_pool.current"), static_cast<std::int64_t>(3 * MiB));
   EXPECT_EQ(stats.at("requested_bytes.small_pool.freed"), 1000);
-  EXPECT_EQ(stats.at("reserved_bytes.all.current"), static_cast<std::int64_t>(22 * MiB));
+  EXPECT_EQ(stats.at("reserved_bytes.all.current"),
+            static_cast<std::int64_t>(2 * MiB + SizePolicy::segment_size(3 * MiB)));
   EXPECT_EQ(stats.at("segment.all.current"), 2);
   EXPECT_EQ(stats.at("inactive_split.large_pool.current"), 1);
   EXPECT_EQ(stats.at("num_device_alloc"), 2);
@@ -464,7 +467,7 @@ TEST_F(CachingAllocatorTest, HistoryRecordsEventsWithContextsAndIsBounded) {
   const auto trace = allocator_.snapshot().trace;
   ASSERT_EQ(trace.size(), 5u);
   EXPECT_EQ(trace[0].action, TraceAction::kSegmentAlloc);
-  EXPECT_EQ(trace[0].size, 20 * MiB);
+  EXPECT_EQ(trace[0].size, SizePolicy::segment_size(3 * MiB));
   EXPECT_EQ(trace[1].action, TraceAction::kAlloc);
   EXPECT_EQ(trace[1].address, address(block));
   EXPECT_EQ(trace[1].size, 3 * MiB);
@@ -581,10 +584,32 @@ TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
   }
 }
 
+TEST(SizePolicyTest, AMediumSegmentHoldsAWholeNumberOfBlocksWithTheLeastWaste) {
+  EXPECT_EQ(SizePolicy::segment_size(5 * MiB), 20 * MiB);
+  EXPECT_EQ(SizePolicy::segment_size(3 * MiB), 24 * MiB) << "18 and 24 waste nothing: the larger";
+  EXPECT_EQ(SizePolicy::segment_size(9 * MiB + 900 * KiB), 20 * MiB);
+  EXPECT_EQ(SizePolicy::segment_size(7 * MiB), 22 * MiB) << "three in 22 MiB strand 1 MiB";
+  // Every medium size: a 2 MiB multiple in range, wasting no larger a share than a fixed
+  // 20 MiB segment would.
+  for (std::size_t block = SizePolicy::kSmallRequestMax + 512; block < SizePolicy::kMediumRequestMax;
+       block += 4096 + 512) {
+    const std::size_t size = SizePolicy::segment_size(block);
+    ASSERT_EQ(size % (2 * MiB), 0u) << block;
+    ASSERT_GE(size, 16 * MiB) << block;
+    ASSERT_LE(size, 24 * MiB) << block;
+    const double waste = static_cast<double>(size % block) / static_cast<double>(size);
+    const double fixed_waste = static_cast<double>((20 * MiB) % block) / (20.0 * MiB);
+    ASSERT_LE(waste, fixed_waste + 1e-12) << block;
+  }
+}
+
+// Sparing relies on the headroom rule to give the spared segment back when room is short, so
+// these use a wide headroom to watch it kept.
+constexpr const char* kSparingConfig = "virtual_memory:off,reserve_headroom:0.5";
+
 TEST(SegmentSparingTest, AWholeFreeSegmentIsNotCarvedForASmallRequestWhileTheDeviceHasRoom) {
   HostBackend backend(device_of(1024 * MiB));
-  CachingAllocator allocator(backend,
-                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  CachingAllocator allocator(backend, parse_allocator_config(kSparingConfig));
   allocator.free(allocator.malloc(300 * MiB));
   // 16 MiB gets its own segment: carving the 300 MiB one would leave its next 290 MiB request
   // without a fit.
@@ -600,8 +625,7 @@ TEST(SegmentSparingTest, AWholeFreeSegmentIsNotCarvedForASmallRequestWhileTheDev
 
 TEST(SegmentSparingTest, WithoutRoomForANewSegmentTheWholeSegmentIsCarved) {
   HostBackend backend(device_of(310 * MiB));
-  CachingAllocator allocator(backend,
-                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  CachingAllocator allocator(backend, parse_allocator_config(kSparingConfig));
   allocator.free(allocator.malloc(300 * MiB));
   void* small = allocator.malloc(16 * MiB);
   const DeviceStats stats = allocator.stats();
@@ -613,8 +637,7 @@ TEST(SegmentSparingTest, WithoutRoomForANewSegmentTheWholeSegmentIsCarved) {
 
 TEST(SegmentSparingTest, ASegmentCloseToTheRequestOrAlreadySplitIsUsed) {
   HostBackend backend(device_of(1024 * MiB));
-  CachingAllocator allocator(backend,
-                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  CachingAllocator allocator(backend, parse_allocator_config(kSparingConfig));
   // Less than five times the request: carved as before.
   allocator.free(allocator.malloc(300 * MiB));
   void* sixty_one = allocator.malloc(61 * MiB);
@@ -624,6 +647,17 @@ TEST(SegmentSparingTest, ASegmentCloseToTheRequestOrAlreadySplitIsUsed) {
   EXPECT_EQ(allocator.stats().num_device_alloc, 1);
   allocator.free(sixty_one);
   allocator.free(sixteen);
+  allocator.check_invariants();
+}
+
+TEST(SegmentSparingTest, WithReserveHeadroomOneSegmentsAreCarvedAsInPyTorch) {
+  HostBackend backend(device_of(1024 * MiB));
+  CachingAllocator allocator(backend,
+                             parse_allocator_config("virtual_memory:off,reserve_headroom:1"));
+  allocator.free(allocator.malloc(300 * MiB));
+  void* small = allocator.malloc(16 * MiB);
+  EXPECT_EQ(allocator.stats().num_device_alloc, 1);
+  allocator.free(small);
   allocator.check_invariants();
 }
 
