@@ -123,5 +123,59 @@ TEST_F(CudaPagedTest, RecordStreamOnTheDefaultStreamHoldsTheBlock) {
   }
 }
 
+// Learned placement (Note [Learned placement]) on real virtual memory: marked steps of a
+// training shape are placed by the plan, every block keeps its value until it is freed, and
+// once the arena is open no page is mapped or unmapped. The segment path, the other way to
+// run without the paged pool, serves the same steps with the same data checks.
+TEST_F(CudaPagedTest, LearnedPlacementPlacesMarkedStepsAndLiveDataSurvives) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t i = 0; i < 24; ++i) sizes.push_back((3 + (i * 7) % 11) * MiB + 4096 * i + 512);
+  auto value_of = [](std::size_t step, std::size_t i) {
+    return static_cast<int>(1 + (step * 31 + i) % 250);
+  };
+  for (const char* config : {"virtual_memory:on,placement:learned", "virtual_memory:off"}) {
+    CachingAllocator allocator(*backend_, parse_allocator_config(config));
+    std::int64_t maps_when_warm = -1;
+    std::int64_t unmaps_when_warm = -1;
+    for (std::size_t step = 0; step < 8; ++step) {
+      if (step == 4) {
+        maps_when_warm = allocator.stats().num_maps;
+        unmaps_when_warm = allocator.stats().num_unmaps;
+      }
+      std::vector<void*> saved;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        void* temporary = allocator.malloc(sizes[i] / 2 + MiB);
+        backend_->memset_async(temporary, 0xEE, sizes[i] / 2 + MiB, Stream{0});
+        saved.push_back(allocator.malloc(sizes[i]));
+        backend_->memset_async(saved.back(), value_of(step, i), sizes[i], Stream{0});
+        allocator.free(temporary);
+      }
+      for (std::size_t i = sizes.size(); i-- > 0;) {
+        unsigned char first = 0;
+        unsigned char last = 0;
+        auto* bytes = static_cast<unsigned char*>(saved[i]);
+        backend_->copy_async(&first, bytes, 1, Stream{0});
+        backend_->copy_async(&last, bytes + sizes[i] - 1, 1, Stream{0});
+        backend_->synchronize_stream(Stream{0});
+        ASSERT_EQ(first, value_of(step, i)) << config << " step " << step << " block " << i;
+        ASSERT_EQ(last, value_of(step, i)) << config << " step " << step << " block " << i;
+        allocator.free(saved[i]);
+      }
+      allocator.mark_step();
+      allocator.check_invariants();
+    }
+    if (std::string(config).find("learned") != std::string::npos) {
+      const CachingAllocator::PlacementStatus status = allocator.placement_status();
+      EXPECT_GE(status.plans_made, 1u);
+      EXPECT_EQ(status.departures, 0);
+      EXPECT_GE(status.planned_allocations, 4u * 2 * sizes.size()) << "steps 4 to 7 placed";
+      EXPECT_EQ(allocator.stats().num_maps, maps_when_warm);
+      EXPECT_EQ(allocator.stats().num_unmaps, unmaps_when_warm);
+    }
+    allocator.empty_cache();
+    EXPECT_EQ(allocator.stats().reserved_bytes.all().current, 0) << config;
+  }
+}
+
 }  // namespace
 }  // namespace stowage
