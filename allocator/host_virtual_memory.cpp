@@ -74,7 +74,7 @@ void* HostVirtualMemory::reserve(std::size_t bytes, std::size_t alignment) {
   if (base > start) ::munmap(raw, base - start);
   const std::uintptr_t end = base + bytes;
   if (start + span > end) ::munmap(to_pointer(end), start + span - end);
-  reservations_.emplace(base, Reservation{bytes, {}});
+  reservations_.emplace(base, Reservation{bytes, Mappings(&nodes_)});
   return to_pointer(base);
 }
 
@@ -103,7 +103,7 @@ std::optional<PhysicalHandle> HostVirtualMemory::try_create(std::size_t bytes) {
   return PhysicalHandle{id};
 }
 
-void HostVirtualMemory::free_if_unused(std::map<std::uint64_t, Handle>::iterator handle) {
+void HostVirtualMemory::free_if_unused(Handles::iterator handle) {
   if (!handle->second.released || handle->second.mappings > 0) return;
   physical_.free(handle->second.file_offset, handle->second.bytes);
   handles_.erase(handle);

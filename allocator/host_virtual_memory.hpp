@@ -26,7 +26,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory_resource>
 #include <optional>
+#include <unordered_map>
 
 #include "allocator/backend.hpp"
 #include "allocator/host_physical_memory.hpp"
@@ -83,11 +85,12 @@ class HostVirtualMemory {
     std::uint64_t handle = 0;
     bool accessible = false;
   };
+  using Mappings = std::pmr::map<std::uintptr_t, Mapping>;
   struct Reservation {
     std::size_t bytes = 0;
-    std::map<std::uintptr_t, Mapping> mappings;  // by address; disjoint
+    Mappings mappings;  // by address; disjoint; nodes from nodes_
   };
-  using Mappings = std::map<std::uintptr_t, Mapping>;
+  using Handles = std::unordered_map<std::uint64_t, Handle>;
 
   // The reservation holding [address, address + bytes), or throws LogicError naming `what`.
   Reservation& reservation_holding(std::uintptr_t address, std::size_t bytes, const char* what);
@@ -99,12 +102,14 @@ class HostVirtualMemory {
                                                                    const char* what);
   void check_granular(std::size_t value, const char* what) const;
   // Frees a handle's physical memory once it is released and unmapped everywhere.
-  void free_if_unused(std::map<std::uint64_t, Handle>::iterator handle);
+  void free_if_unused(Handles::iterator handle);
 
   std::size_t granularity_;
   bool back_mappings_;
   HostPhysicalMemory physical_;
-  std::map<std::uint64_t, Handle> handles_;
+  // Mapping nodes are made and dropped once per page moved: a pool keeps that off the heap.
+  std::pmr::unsynchronized_pool_resource nodes_;
+  Handles handles_;
   std::uint64_t next_handle_ = 1;
   std::map<std::uintptr_t, Reservation> reservations_;  // by base address
   std::size_t mapping_count_ = 0;
