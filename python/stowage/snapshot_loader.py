@@ -180,13 +180,13 @@ def _at_most(limit: int, width: int) -> bytes:
 def _plain_run(size: int) -> re.Pattern[bytes]:
     """A run of opcodes that build plain data and need no decoding to be checked, commonest
     first: references and stores within a pickle of `size` bytes, small integers (LONG1 up to 7
-    bytes stays below 2**56), containers, constants and frames. Strings, floats, larger numbers
+    bytes stays below 2**56), containers and constants. Strings, floats, larger numbers, frames
     and everything else end the run and are checked one by one."""
     one, four = _at_most(size, 1), _at_most(size, 4)
     long1 = b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
     ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", b"K.", b"J....",
            b"M..", long1, b"q" + one, b"r" + four, b"a", b"s", b"N", rb"\x88", rb"\x89", rb"\)",
-           rb"\x85", rb"\x86", rb"\x87", b"t", b"l", b"d", b"0", b"1", b"2", rb"\x95.{8}"]
+           rb"\x85", rb"\x86", rb"\x87", b"t", b"l", b"d", b"0", b"1", b"2"]
     return re.compile(b"(?:" + b"|".join(ops) + b")*+", re.DOTALL)
 
 
@@ -202,26 +202,50 @@ def _check_op(opcode: pickletools.OpcodeInfo, argument: Any, position: int, size
         raise SnapshotError(f"number {argument!r} at byte {position} is out of any snapshot's range")
 
 
+def _frame_error(frame_start: int) -> SnapshotError:
+    return SnapshotError(f"an opcode runs past the end of its frame (the frame at byte {frame_start}); "
+                         "refused, as the unpickler would read other opcodes than those checked")
+
+
 def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
-    """Refuses, before anything is built, what a snapshot pickle never holds."""
-    run = _plain_run(len(data)).match
+    """Refuses, before anything is built, what a snapshot pickle never holds.
+
+    Opcodes are checked in the order the bytes hold them, so they must be the opcodes the
+    unpickler runs: an opcode may not run past the end of its FRAME, nor a FRAME begin before
+    the last one ends (the rules of pickle's own Python unpickler). The C unpickler does not
+    check them: it reads an opcode that crosses its frame's end from after the frame, dropping
+    the frame's last bytes, so a pickle could hide opcodes from this check in what the check
+    reads as a string."""
+    size = len(data)
+    run = _plain_run(size).match
     stream = io.BytesIO(data)
     position = reported = 0
+    frame_start, frame_end = -1, size  # the current frame, if any: runs stop at its end
     try:
         while True:
             # Runs end at least every _REPORT_EVERY bytes, so that progress is heard.
-            position = run(data, position, position + _REPORT_EVERY).end()
+            position = run(data, position, min(frame_end, position + _REPORT_EVERY)).end()
             if progress is not None and position - reported >= _REPORT_EVERY:
-                progress("checking", position, len(data))
+                progress("checking", position, size)
                 reported = position
-            if position >= len(data):
+            if position == frame_end and frame_start >= 0:
+                frame_start, frame_end = -1, size  # the frame is read: on to what follows it
+            if position >= size:
                 raise EOFError("pickle exhausted before seeing STOP")
             stream.seek(position)
             opcode, argument, at = next(pickletools.genops(stream))
-            _check_op(opcode, argument, at, len(data))
+            _check_op(opcode, argument, at, size)
             if opcode.name == "STOP":
                 return
             position = stream.tell()
+            if position > frame_end and frame_start >= 0:
+                raise _frame_error(frame_start)
+            if opcode.name == "FRAME":
+                if frame_start >= 0:
+                    raise SnapshotError(f"a frame begins at byte {at} before the frame at byte {frame_start} ends")
+                if position + argument > size:
+                    raise EOFError("pickle data was truncated")
+                frame_start, frame_end = at, position + argument
     except (ValueError, EOFError, StopIteration) as error:
         if isinstance(error, SnapshotError):
             raise
@@ -876,18 +900,19 @@ class _StreamReader:
         builder.pending.append(row)
         return True
 
-    def _events(self, builder: _TraceBuilder, position: int, stack: list[Any]) -> int:
-        """Events matched whole from `position` on, in a batch of `builder`'s APPENDS; returns
-        where the general path goes on."""
+    def _events(self, builder: _TraceBuilder, position: int, stack: list[Any], end: int) -> int:
+        """Events matched whole from `position` on, in a batch of `builder`'s APPENDS, up to `end`
+        (the end of the current frame, or of the pickle); returns where the general path goes
+        on."""
         match = _EVENT.match
-        data, size = self.data, self.size
+        data = self.data
         while True:
-            found = match(data, position)  # type: ignore[call-overload]
+            found = match(data, position, end)  # type: ignore[call-overload]
             if found is None or not self._fast_event(found, builder, builder.count + len(stack)):
                 break
             stack.append(_QUEUED)
             position = found.end()
-            if position >= size or data[position] != 0x7D:
+            if position >= end or data[position] != 0x7D:
                 break
         if position >= self.next_report:
             self._report(position)
@@ -906,8 +931,16 @@ class _StreamReader:
         stack: list[Any] = []
         metastack: list[list[Any]] = []
         position = 0
+        # The current frame, if any: no opcode may run past its end (see _check_opcodes).
+        frame_start, frame_end = -1, size
         try:
             while True:
+                if position >= frame_end:
+                    if frame_start < 0:
+                        raise EOFError("pickle data was truncated")
+                    if position > frame_end:
+                        raise _frame_error(frame_start)
+                    frame_start, frame_end = -1, size  # the frame is read: on to what follows it
                 op = data[position]
                 position += 1
                 if op == 0x6A:  # LONG_BINGET
@@ -934,7 +967,7 @@ class _StreamReader:
                 elif op == 0x7D:  # EMPTY_DICT
                     outer = metastack[-1][-1] if metastack and metastack[-1] else None
                     if type(outer) is _TraceBuilder:
-                        after = self._events(outer, position - 1, stack)
+                        after = self._events(outer, position - 1, stack, frame_end)
                         if after != position - 1:
                             position = after
                             continue
@@ -1058,11 +1091,15 @@ class _StreamReader:
                     index = int.from_bytes(data[position:position + width], "little")
                     position += width
                     self._put(index, stack[-1], position - width - 1)
-                elif op == 0x95:  # FRAME: a hint for buffered readers
+                elif op == 0x95:  # FRAME: a hint for buffered readers, but one that must not lie
+                    if frame_start >= 0:
+                        raise SnapshotError(f"a frame begins at byte {position - 1} before the frame at "
+                                            f"byte {frame_start} ends")
                     count = int.from_bytes(data[position:position + 8], "little")
                     position += 8
                     if position + count > size:
                         raise EOFError("pickle data was truncated")
+                    frame_start, frame_end = position - 9, position + count
                 elif op == 0x80:  # PROTO
                     if data[position] > pickle.HIGHEST_PROTOCOL:
                         raise ValueError(f"unsupported pickle protocol: {data[position]}")

@@ -364,3 +364,40 @@ def test_columnar_loading_holds_a_fraction_of_the_file() -> None:
         tracemalloc.stop()
     assert len(snapshot["device_traces"][0]) == 40_000
     assert peak < 0.75 * len(data), f"{peak / len(data):.2f} times the pickle"
+
+
+# --- frames, tuples and what the streaming reader must not get wrong ---
+
+
+def framed(frame: bytes, after: bytes) -> bytes:
+    """PROTO 4, one FRAME holding `frame`, then `after` outside any frame."""
+    return b"\x80\x04\x95" + len(frame).to_bytes(8, "little") + frame + after
+
+
+def test_an_opcode_across_a_frame_end_is_refused_as_the_opcode_check_cannot_follow_it(loads) -> None:
+    """The C unpickler reads an opcode that runs past its frame's end from after the frame,
+    dropping the frame's last bytes, so it would run other opcodes than those checked: here the
+    check sees a float and a string, the unpickler a float read from beyond the frame and then
+    a GLOBAL hidden in the string."""
+    hidden = b"cos\nsystem\n.".ljust(19, b"\x00")
+    data = framed(b"G\x00\x00\x00", b"\x00" * 5 + b"\x8c\x14" + b"\x00" + hidden + b"00N.")
+    with pytest.raises(SnapshotError, match="past the end of its frame"):
+        loads(data)
+
+
+@pytest.mark.parametrize("data, message", [
+    (framed(b"N\x95\x01\x00\x00\x00\x00\x00\x00\x00N", b"0."), "before the frame at byte 2 ends"),
+    (framed(b"N", b"\x95\xff\xff\x00\x00\x00\x00\x00\x00N."), "truncated"),
+])
+def test_frames_that_lie_about_their_length_are_refused(loads, data: bytes, message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        loads(data)
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_large_strings_written_outside_frames_still_load(protocol: int) -> None:
+    snapshot = {"segments": [], "device_traces": [[event("alloc", 4096, 8)]], "note": "x" * 200_000,
+                "after": [{"a": 1}] * 3}
+    data = pickle.dumps(snapshot, protocol=protocol)
+    assert loads_snapshot(data) == snapshot
+    assert list(loads_snapshot_columnar(data)["device_traces"][0]) == snapshot["device_traces"][0]
