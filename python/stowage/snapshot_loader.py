@@ -10,9 +10,14 @@ so neither loader here uses ``pickle.load`` as is.
    (no global, reduce, build, extension, persistent id, set or buffer: a payload that would call
    ``os.system`` fails before anything runs), memo indices must be within the file, and
    numbers must be plausible (below 2**60: larger ones could collide in hash tables on
-   purpose); gzip data may expand at most 256 times, so a gzip bomb is refused too; the
-   unpickler itself also refuses every global. The check is one regular-expression pass over
-   the opcodes that need no decoding, with ``pickletools`` for the few that do;
+   purpose); no opcode may run past the end of its FRAME (the unpickler would then read other
+   opcodes than those checked); tuples may nest at most 64 deep and may not be dict keys
+   (hashing a deep one crashes the interpreter, and tuples of numbers can collide on purpose):
+   a pickle whose tuples are not all flat tuples of numbers, or that has more than
+   MAX_FLAT_TUPLES, has its stack followed to see that before it is unpickled; gzip data may
+   expand at most 256 times, so a gzip bomb is refused too; the unpickler itself also refuses
+   every global. The check is one regular-expression pass over the opcodes that need no
+   decoding, with ``pickletools`` for the few that do;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
    stands for (64 values per byte of pickle, at least a million; real snapshots need under 3)
    and on depth (64), so a memo bomb, whose few bytes expand into a huge tree, or deep nesting
@@ -63,6 +68,11 @@ PLAIN_OPCODES = frozenset(
 )
 MEMO_OPCODES = frozenset("GET BINGET LONG_BINGET PUT BINPUT LONG_BINPUT".split())
 NUMBER_OPCODES = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT".split())
+TUPLE_OPCODES = frozenset("TUPLE TUPLE1 TUPLE2 TUPLE3".split())
+# Flat tuples of numbers (torch's segment_pool_id, one a segment) the opcode check lets through
+# without following the stack: at most this many tuple keys colliding in one dict cost well
+# under a second.
+MAX_FLAT_TUPLES = 4096
 MIN_NODE_BUDGET = 1_000_000
 NODES_PER_BYTE = 64
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
@@ -183,11 +193,21 @@ def _plain_run(size: int) -> re.Pattern[bytes]:
     bytes stays below 2**56), containers and constants. Strings, floats, larger numbers, frames
     and everything else end the run and are checked one by one."""
     one, four = _at_most(size, 1), _at_most(size, 4)
-    long1 = b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
-    ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", b"K.", b"J....",
-           b"M..", long1, b"q" + one, b"r" + four, b"a", b"s", b"N", rb"\x88", rb"\x89", rb"\)",
-           rb"\x85", rb"\x86", rb"\x87", b"t", b"l", b"d", b"0", b"1", b"2"]
+    # Numbers and constants, except where they begin a flat tuple: the run stops there, so that
+    # _check_opcodes counts the tuple (_FLAT_TUPLE). Tuples made otherwise end the run.
+    scalars = b"(?!" + _FLAT_TUPLE.pattern + b")(?:" + _SCALAR + b")"
+    ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", scalars, b"q" + one,
+           b"r" + four, b"a", b"s", rb"\)", b"l", b"d", b"0", b"1", b"2"]
     return re.compile(b"(?:" + b"|".join(ops) + b")*+", re.DOTALL)
+
+
+# A number or constant the run takes (LONG1 up to 7 bytes), and a tuple of one to three of them
+# made at once by TUPLE1, TUPLE2 or TUPLE3, as the C pickler writes torch's segment_pool_id:
+# such a tuple holds no tuple, so it is nested nowhere deeper than 1 and hashes in constant time.
+_SCALAR = (b"K.|J....|M..|" + b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
+           + rb"|N|\x88|\x89")
+_FLAT_TUPLE = re.compile(b"(?:" + _SCALAR + rb")(?:\x85|(?:" + _SCALAR + rb")(?:\x86|(?:" + _SCALAR + rb")\x87))",
+                         re.DOTALL)
 
 
 def _check_op(opcode: pickletools.OpcodeInfo, argument: Any, position: int, size: int) -> None:
@@ -207,24 +227,30 @@ def _frame_error(frame_start: int) -> SnapshotError:
                          "refused, as the unpickler would read other opcodes than those checked")
 
 
-def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
-    """Refuses, before anything is built, what a snapshot pickle never holds.
+def _check_opcodes(data: bytes, progress: Progress | None = None) -> int:
+    """Refuses, before anything is built, what a snapshot pickle never holds; returns how many
+    tuples (other than empty ones) the pickle makes.
 
     Opcodes are checked in the order the bytes hold them, so they must be the opcodes the
     unpickler runs: an opcode may not run past the end of its FRAME, nor a FRAME begin before
     the last one ends (the rules of pickle's own Python unpickler). The C unpickler does not
     check them: it reads an opcode that crosses its frame's end from after the frame, dropping
     the frame's last bytes, so a pickle could hide opcodes from this check in what the check
-    reads as a string."""
+    reads as a string.
+
+    Tuples are checked as _check_tuples says, when the pickle makes more than MAX_FLAT_TUPLES
+    or any that this pass cannot see is flat."""
     size = len(data)
-    run = _plain_run(size).match
+    run, flat = _plain_run(size).match, _FLAT_TUPLE.match
     stream = io.BytesIO(data)
     position = reported = 0
     frame_start, frame_end = -1, size  # the current frame, if any: runs stop at its end
+    tuples = unseen = 0  # tuples made; of which, those not seen to be flat
     try:
         while True:
-            # Runs end at least every _REPORT_EVERY bytes, so that progress is heard.
-            position = run(data, position, min(frame_end, position + _REPORT_EVERY)).end()
+            # Runs end at least every _REPORT_EVERY bytes, so that progress is heard (a little
+            # after, so that a flat tuple across that mark is still seen as one).
+            position = run(data, position, min(frame_end, position + _REPORT_EVERY + 64)).end()
             if progress is not None and position - reported >= _REPORT_EVERY:
                 progress("checking", position, size)
                 reported = position
@@ -232,11 +258,21 @@ def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
                 frame_start, frame_end = -1, size  # the frame is read: on to what follows it
             if position >= size:
                 raise EOFError("pickle exhausted before seeing STOP")
+            found = flat(data, position, frame_end)
+            if found is not None:
+                tuples += 1
+                position = found.end()
+                continue
             stream.seek(position)
             opcode, argument, at = next(pickletools.genops(stream))
             _check_op(opcode, argument, at, size)
             if opcode.name == "STOP":
-                return
+                if unseen or tuples > MAX_FLAT_TUPLES:
+                    _check_tuples(data)
+                return tuples
+            if opcode.name in TUPLE_OPCODES:
+                tuples += 1
+                unseen += 1
             position = stream.tell()
             if position > frame_end and frame_start >= 0:
                 raise _frame_error(frame_start)
@@ -252,11 +288,138 @@ def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
         raise SnapshotError(f"not a readable pickle ({error}); is the file truncated?") from None
 
 
+_ARGUMENTS = {op.code.encode("latin-1")[0]: op.arg for op in pickletools.opcodes}
+_PUSHES = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes if op.name in (
+    "NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING "
+    "SHORT_BINSTRING UNICODE BINUNICODE SHORT_BINUNICODE BINUNICODE8 BINBYTES SHORT_BINBYTES BINBYTES8 "
+    "EMPTY_LIST EMPTY_DICT").split())
+_GETS = frozenset(b"ghj")
+_PUTS = frozenset(b"pqr")
+
+
+def _underflow() -> SnapshotError:
+    return SnapshotError("not a readable pickle (unpickling stack underflow); is the file truncated?")
+
+
+def _check_tuples(data: bytes) -> None:
+    """Follows the pickle's stack as the C unpickler will, knowing of each item only whether it
+    is a tuple and how deeply tuples nest in it, and refuses, before the unpickler builds them,
+    a tuple nested deeper than MAX_DEPTH (hashing one, as a dict key, recurses in C without
+    limit: a few hundred kilobytes of TUPLE1 crash the interpreter) and a dict key that is a
+    tuple other than () (tuples of numbers hash as the pickle's author likes, so that thousands
+    of them collide in one dict: quadratic time). Snapshots key their dicts by strings.
+
+    Run by _check_opcodes on a pickle it has checked, when it could not see every tuple to be
+    flat; the C unpickler refuses the same stack underflows, so raising on one refuses nothing
+    the unpickler would load."""
+    # An item: 0 not a tuple, -1 the empty tuple, d >= 1 a tuple d levels deep.
+    stack: list[int] = []
+    marks: list[int] = []
+    tuples_at: dict[int, int] = {}  # memo index -> depth of the tuple stored there
+    dense, sparse = 0, set()  # memo indices set: all below `dense`, and `sparse`
+    stream = io.BytesIO(data)
+    position = 0
+    while True:
+        op = data[position]
+        position += 1
+        argument = _ARGUMENTS.get(op)
+        if argument is not None:
+            if argument.n > 0:  # fixed width
+                value = data[position:position + argument.n]
+                position += argument.n
+            else:
+                stream.seek(position)
+                value = argument.reader(stream)
+                position = stream.tell()
+        fence = marks[-1] if marks else 0
+        if op in _PUSHES:
+            stack.append(0)
+        elif op in _GETS:
+            index = int(value) if op == 0x67 else int.from_bytes(value, "little")
+            stack.append(tuples_at.get(index, 0))
+        elif op in _PUTS or op == 0x94:  # PUT, BINPUT, LONG_BINPUT, MEMOIZE
+            if len(stack) <= fence:
+                raise _underflow()
+            if op == 0x94:
+                index = dense + len(sparse)
+            else:
+                index = int(value) if op == 0x70 else int.from_bytes(value, "little")
+            if index == dense:
+                dense += 1
+                while dense in sparse:
+                    sparse.discard(dense)
+                    dense += 1
+            elif index > dense:
+                sparse.add(index)
+            if stack[-1]:
+                tuples_at[index] = stack[-1]
+            else:
+                tuples_at.pop(index, None)
+        elif op == 0x28:  # MARK
+            marks.append(len(stack))
+        elif op in b"ue1ltd":  # SETITEMS, APPENDS, POP_MARK, LIST, TUPLE, DICT: to the mark
+            if not marks:
+                raise SnapshotError("not a readable pickle (could not find MARK); is the file truncated?")
+            start = marks.pop()
+            items = stack[start:]
+            del stack[start:]
+            if op in b"ue" and start <= (marks[-1] if marks else 0):
+                raise _underflow()
+            if op in b"ud" and max(items[::2], default=0) > 0:
+                raise SnapshotError(_TUPLE_KEY)
+            if op == 0x74:  # TUPLE
+                depth = 1 + max((1 if item < 0 else item for item in items), default=0)
+                if depth > MAX_DEPTH:
+                    raise SnapshotError(f"tuples nested deeper than {MAX_DEPTH} levels: not a snapshot")
+                stack.append(depth if items else -1)
+            elif op in b"ld":
+                stack.append(0)
+        elif op in b"\x85\x86\x87":  # TUPLE1, TUPLE2, TUPLE3
+            count = op - 0x84
+            if len(stack) - count < fence:
+                raise _underflow()
+            depth = 1 + max(1 if item < 0 else item for item in stack[-count:])
+            if depth > MAX_DEPTH:
+                raise SnapshotError(f"tuples nested deeper than {MAX_DEPTH} levels: not a snapshot")
+            del stack[-count:]
+            stack.append(depth)
+        elif op == 0x29:  # EMPTY_TUPLE
+            stack.append(-1)
+        elif op == 0x61:  # APPEND
+            if len(stack) - 1 <= fence:
+                raise _underflow()
+            stack.pop()
+        elif op == 0x73:  # SETITEM
+            if len(stack) - 2 <= fence:
+                raise _underflow()
+            if stack[-2] > 0:
+                raise SnapshotError(_TUPLE_KEY)
+            del stack[-2:]
+        elif op == 0x30:  # POP: an item, or the mark when the stack is empty above it
+            if marks and marks[-1] == len(stack):
+                marks.pop()
+            elif len(stack) <= fence:
+                raise _underflow()
+            else:
+                stack.pop()
+        elif op == 0x32:  # DUP
+            if len(stack) <= fence:
+                raise _underflow()
+            stack.append(stack[-1])
+        elif op == 0x2E:  # STOP
+            return
+        # PROTO and FRAME change nothing; _check_opcodes let no other opcode through.
+
+
 # --- the plain-data and structural checks ---
 
 
-def _check_plain(value: Any, budget: int) -> None:
-    """Checks the unpickled graph without recursion, in time linear in its distinct objects.
+_TUPLE_KEY = "a dict key is a tuple: snapshots key dicts by strings (tuples can be built to collide in hash tables)"
+
+
+def _check_plain(value: Any, budget: int, tuple_keys: bool = False) -> None:
+    """Checks the unpickled graph without recursion, in time linear in its distinct objects;
+    with `tuple_keys` (the pickle makes tuples), refuses dict keys that are tuples other than ().
 
     Shared objects (the memo) are visited once; for each container the size and depth of the
     tree it stands for are computed from its children's, so a memo bomb, whose tree is
@@ -294,6 +457,8 @@ def _check_plain(value: Any, budget: int) -> None:
             continue
         if key in in_progress:
             raise SnapshotError("contains itself: not a snapshot")
+        if tuple_keys and isinstance(item, dict) and any(type(k) is tuple and k for k in item):
+            raise SnapshotError(_TUPLE_KEY)
         in_progress.add(key)
         if len(in_progress) > MAX_DEPTH:
             raise SnapshotError(f"nested deeper than {MAX_DEPTH} levels: not a snapshot")
@@ -735,6 +900,31 @@ class _StreamReader:
         self.by_refs: dict[bytes, _Stack] = {}  # a frames list's memo references -> its stack
         self.next_report = 0
         self.released = 0
+        # Tuples nested two or more deep, by id (and kept, so that ids stay theirs) -> depth; and
+        # whether any tuple but () was made, after which dict keys are looked at (_check_tuples).
+        self.tuple_depths: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        self.tuples_made = False
+
+    def _tuple(self, items: list[Any]) -> tuple[Any, ...]:
+        """A tuple of `items`, refused as _check_tuples refuses it when nested too deep."""
+        made = tuple(items)
+        depth = 1
+        for item in made:
+            if type(item) is tuple:
+                depth = max(depth, 1 + self.tuple_depths.get(id(item), (1,))[0])
+        if depth > MAX_DEPTH:
+            raise SnapshotError(f"tuples nested deeper than {MAX_DEPTH} levels: not a snapshot")
+        if depth > 1:
+            self.tuple_depths[id(made)] = (depth, made)
+        if made:
+            self.tuples_made = True
+        return made
+
+    def _no_tuple_keys(self, keys: list[Any]) -> None:
+        """Tuple keys are refused, or not, by load_snapshot (_check_tuples, _check_plain), before
+        anything hashes them."""
+        if self.tuples_made and any(type(key) is tuple and key for key in keys):
+            raise _LoadWhole
 
     def _report(self, position: int) -> None:
         self.next_report = position + _REPORT_EVERY
@@ -991,6 +1181,7 @@ class _StreamReader:
                         raise _LoadWhole
                     if len(items) % 2:
                         raise ValueError("odd number of items for SETITEMS")
+                    self._no_tuple_keys(items[::2])
                     for i in range(0, len(items), 2):
                         target[items[i]] = items[i + 1]
                     if position >= self.next_report:
@@ -1063,23 +1254,24 @@ class _StreamReader:
                 elif op == 0x29:  # EMPTY_TUPLE
                     stack.append(())
                 elif op == 0x85:  # TUPLE1
-                    stack[-1] = (stack[-1],)
+                    stack[-1] = self._tuple([stack[-1]])
                 elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
                     count = op - 0x84
                     if len(stack) < count:
                         raise IndexError("unpickling stack underflow")
                     items = stack[-count:]
                     del stack[-count:]
-                    stack.append(tuple(items))
+                    stack.append(self._tuple(items))
                 elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE, LIST, DICT
                     items = stack
                     stack = metastack.pop()
                     if op == 0x64:
                         if len(items) % 2:
                             raise ValueError("odd number of items for DICT")
+                        self._no_tuple_keys(items[::2])
                         stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
                     else:
-                        stack.append(tuple(items) if op == 0x74 else items)
+                        stack.append(self._tuple(items) if op == 0x74 else items)
                 elif op == 0x47:  # BINFLOAT
                     number = _BINFLOAT.unpack_from(data, position)[0]  # type: ignore[arg-type]
                     if math.isnan(number) or not -MAX_NUMBER < number < MAX_NUMBER:
@@ -1168,7 +1360,7 @@ def loads_snapshot(data: bytes, name: str = "<bytes>", progress: Progress | None
     """Loads a snapshot from pickle bytes (not gzipped); see the module's description. `progress`,
     if given, hears how far the checking and the loading have come."""
     try:
-        _check_opcodes(data, progress)
+        tuples = _check_opcodes(data, progress)
         if progress is not None:
             progress("checking", len(data), len(data))
         reader = io.BytesIO(data) if progress is None else _ReportingReader(data, progress)
@@ -1180,7 +1372,7 @@ def loads_snapshot(data: bytes, name: str = "<bytes>", progress: Progress | None
         reason = str(error) or type(error).__name__
         raise SnapshotError(f"{name}: not a readable pickle ({reason}); is the file truncated?") from None
     try:
-        _check_plain(value, max(MIN_NODE_BUDGET, NODES_PER_BYTE * len(data)))
+        _check_plain(value, max(MIN_NODE_BUDGET, NODES_PER_BYTE * len(data)), tuple_keys=tuples > 0)
         check_structure(value)
     except SnapshotError as error:
         raise SnapshotError(f"{name}: {error}") from None

@@ -401,3 +401,55 @@ def test_large_strings_written_outside_frames_still_load(protocol: int) -> None:
     data = pickle.dumps(snapshot, protocol=protocol)
     assert loads_snapshot(data) == snapshot
     assert list(loads_snapshot_columnar(data)["device_traces"][0]) == snapshot["device_traces"][0]
+
+
+def test_deeply_nested_tuples_are_refused_without_crashing(write_snapshot) -> None:
+    """A dict key made of 200,000 nested tuples (200 KB) made the unpickler's hashing recurse in C
+    until the process died; both commands (replay loads whole, inspect streams) refuse it."""
+    path = write_snapshot(b"\x80\x04}" + b")" + b"\x85" * 200_000 + b"Ns.")
+    for command in ("replay", "inspect"):
+        result = stowage(command, str(path))
+        assert result.returncode == 2, (command, result.returncode, result.stderr[-500:])
+        assert "tuples nested deeper than 64 levels" in result.stderr
+
+
+def colliding_pairs(count: int, target: int = 0x123456789ABCDEF) -> list[tuple[int, int]]:
+    """Pairs of integers below 2**60 whose tuples all hash to `target` (CPython's tuple hash is
+    xxHash's round on each item's hash, which is the integer itself: invertible)."""
+    mask, prime1, prime2, prime5 = (1 << 64) - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
+    inverse1, inverse2 = pow(prime1, -1, 1 << 64), pow(prime2, -1, 1 << 64)
+    after_second = ((target - (2 ^ prime5 ^ 3527539)) * inverse1) & mask  # undo the length and last multiply
+    after_second = ((after_second >> 31) | (after_second << 33)) & mask  # undo the rotation
+    pairs, first = [], 0
+    while len(pairs) < count:
+        first += 1
+        accumulator = prime5 + first * prime2
+        accumulator = (((accumulator << 31) | ((accumulator & mask) >> 33)) * prime1) & mask
+        second = ((after_second - accumulator) * inverse2) & mask
+        if second < 2**60:
+            pairs.append((first, second))
+    return pairs
+
+
+@pytest.mark.parametrize("count", [10, 20_000])
+def test_tuple_keys_are_refused_before_they_can_collide(loads, count: int) -> None:
+    """20,000 tuple keys that hash alike would take minutes to put in one dict (quadratic)."""
+    pairs = colliding_pairs(count)
+    assert len({hash(pair) for pair in pairs}) == 1
+    body = b"".join(b"\x8a\x08" + a.to_bytes(8, "little") + b"\x8a\x08" + b.to_bytes(8, "little") + b"\x86N"
+                    for a, b in pairs)
+    data = b"\x80\x04}\x94(\x8c\x08segments]\x8c\x01x}(" + body + b"uu."
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="a dict key is a tuple"):
+        loads(data)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_tuples_as_torch_writes_them_load_alike(write_snapshot, monkeypatch) -> None:
+    """segment_pool_id is a tuple of two integers in every segment of a GPU snapshot."""
+    segments = [{"address": i << 21, "total_size": 2 << 20, "segment_pool_id": (0, i % 3), "blocks": []}
+                for i in range(50)]
+    snapshot = {"segments": segments, "device_traces": [[event("alloc", 4096, 8)]], "x": [(), ("a", (1, 2.5))]}
+    path = write_snapshot(pickle.dumps(snapshot, protocol=4))
+    assert load_snapshot(path) == snapshot
+    same_snapshots(load_snapshot(path), load_snapshot_columnar(path))
