@@ -789,9 +789,14 @@ class _ColumnsBuilder:
 # keys, integers, a frames list of memo references, SETITEMS) are matched whole by one regular
 # expression (_EVENT), so most events cost one match; any other event goes through the general
 # path and becomes a row at the APPENDS that takes it. Opcodes are checked as they are met, with
-# the messages of _check_opcodes. Anything the reader does not follow (text opcodes of protocols
-# 0 and 1, an event referred to twice, a stored stack appended to, rows left outside a trace)
-# raises _LoadWhole, and the snapshot is loaded whole by load_snapshot instead.
+# the messages of _check_opcodes. A row is a copy of its event made when the event is read, so
+# the reader must see that nothing changes the event after: an event or frames list a row was
+# made of is frozen (_FROZEN, _StreamReader.frozen), and a matched event's place on the stack
+# (_QUEUED) may only be taken by its trace's APPENDS. Anything the reader does not follow (text
+# opcodes of protocols 0 and 1, an event referred to twice or changed after it was read, a
+# matched event dropped, repeated or stored, a stored stack or frozen list appended to, rows
+# left outside a trace) raises _LoadWhole, and the snapshot is loaded whole by load_snapshot
+# instead.
 
 
 class _LoadWhole(Exception):
@@ -799,15 +804,20 @@ class _LoadWhole(Exception):
 
 
 class _EventDict(dict):  # type: ignore[type-arg]
-    """A trace event on the general path; its memo slot is cleared once it is a row."""
+    """A trace event on the general path; its memo slot is cleared once it is a row, and it is
+    frozen (memo_index _FROZEN): changing it after would leave the row stale."""
 
     __slots__ = ("memo_index",)
 
 
 class _EventList(list):  # type: ignore[type-arg]
-    """A list made inside a trace event (its frames); its memo slot becomes the stored stack."""
+    """A list made inside a trace event (its frames); its memo slot becomes the stored stack, a
+    copy, so once copied it is frozen as its event is."""
 
     __slots__ = ("memo_index",)
+
+
+_FROZEN = -2  # the memo_index of an _EventDict or _EventList that a row was made of
 
 
 class _DeviceTraces(list):  # type: ignore[type-arg]
@@ -825,7 +835,10 @@ class _TraceBuilder(_ColumnsBuilder):
         self.pending: deque[_Row | None] = deque()
 
 
-_QUEUED = object()  # on the stack: the next pending row of the trace being filled
+# On the stack: the next pending row of the trace being filled. It stands for an event the
+# trace's APPENDS has not taken yet, so it may not be dropped, repeated, stored or changed (the
+# event would then be lost, repeated or changed): any opcode that would raises _LoadWhole.
+_QUEUED = object()
 _CONSUMED = object()  # in the memo: an event that became a row
 _GET = rb"j....|h."
 _VALUE = (_GET + rb"|\]\x94(?:\((?:j....|h.)++e|(?:j....|h.)a)?|\x8a(?:\x06.{6}|\x07.{7}|\x05.{5}|"
@@ -900,6 +913,9 @@ class _StreamReader:
         self.by_refs: dict[bytes, _Stack] = {}  # a frames list's memo references -> its stack
         self.next_report = 0
         self.released = 0
+        # Plain lists copied into stored stacks (frames shared with a segment, say), by id: they
+        # may not change after (the stack would be stale); kept, so that ids stay theirs.
+        self.frozen: dict[int, list[Any]] = {}
         # Tuples nested two or more deep, by id (and kept, so that ids stay theirs) -> depth; and
         # whether any tuple but () was made, after which dict keys are looked at (_check_tuples).
         self.tuple_depths: dict[int, tuple[int, tuple[Any, ...]]] = {}
@@ -951,6 +967,24 @@ class _StreamReader:
         raise SnapshotError(f"not a readable pickle (memo value not found at index {index}); "
                             "is the file truncated?")
 
+    def _memoized(self, value: Any, index: int) -> None:
+        """Notes the memo slot of an event or frames list; one stored twice (never written by
+        Python's pickler) could be reached after its row was made through the slot not cleared."""
+        if value is _QUEUED:
+            raise _LoadWhole
+        if type(value) is _EventDict or type(value) is _EventList:
+            if value.memo_index != -1:
+                raise _LoadWhole
+            value.memo_index = index
+
+    def _freeze_frames(self, frames: Any) -> None:
+        """A frames list a row was made of (copied into a stored stack) may not change after."""
+        kind = type(frames)
+        if kind is _EventList:
+            frames.memo_index = _FROZEN
+        elif kind is list:
+            self.frozen[id(frames)] = frames
+
     def _put(self, index: int, value: Any, position: int) -> None:
         memo = self.memo
         if index > self.size:
@@ -963,8 +997,7 @@ class _StreamReader:
             self.by_refs.clear()
         else:
             raise _LoadWhole  # sparse memo indices: never written by Python's pickler
-        if type(value) is _EventDict or type(value) is _EventList:
-            value.memo_index = index
+        self._memoized(value, index)
 
     def _take(self, builder: _TraceBuilder, items: list[Any]) -> None:
         """The APPENDS of `items` to a trace: each a pending row or an event to make one of."""
@@ -977,6 +1010,8 @@ class _StreamReader:
                     raise _LoadWhole
                 rows.append(builder.pending.popleft())
             else:
+                if type(item) is dict:
+                    raise _LoadWhole  # an event made elsewhere (a memo reference): referred to twice
                 row = None
                 try:
                     row = _event_row(item, builder.device, index, self.table)
@@ -987,11 +1022,13 @@ class _StreamReader:
                     slot = item.memo_index
                     if 0 <= slot < len(memo) and memo[slot] is item:
                         memo[slot] = _CONSUMED
+                    item.memo_index = _FROZEN
                     frames = item.get("frames")
                     if type(frames) is _EventList and row is not None:
                         slot = frames.memo_index
                         if 0 <= slot < len(memo) and memo[slot] is frames:
                             memo[slot] = self.table.stacks[row[6]] if row[6] >= 0 else self.empty
+                    self._freeze_frames(frames)
             index += 1
         builder.add(rows)  # type: ignore[arg-type]  (rows are None only after an error)
 
@@ -1085,6 +1122,7 @@ class _StreamReader:
                 row = _event_row(entry, builder.device, index, self.table)
             except SnapshotError as error:
                 builder.fail(index, str(error))
+            self._freeze_frames(values[_FIELDS["frames"]])  # a memo reference to a list made before
         memo.append(_CONSUMED)  # the event's slot, then its lists'
         memo.extend(lists)
         builder.pending.append(row)
@@ -1117,7 +1155,7 @@ class _StreamReader:
 
     def run(self) -> Any:
         """Runs the pickle to its STOP; returns what it built."""
-        data, size, memo = self.data, self.size, self.memo
+        data, size, memo, frozen = self.data, self.size, self.memo, self.frozen
         stack: list[Any] = []
         metastack: list[list[Any]] = []
         position = 0
@@ -1143,8 +1181,8 @@ class _StreamReader:
                 elif op == 0x94:  # MEMOIZE
                     value = stack[-1]
                     memo.append(value)
-                    if type(value) is _EventDict or type(value) is _EventList:
-                        value.memo_index = len(memo) - 1
+                    if type(value) is _EventDict or type(value) is _EventList or value is _QUEUED:
+                        self._memoized(value, len(memo) - 1)
                 elif op == 0x4B:  # BININT1
                     stack.append(data[position])
                     position += 1
@@ -1176,8 +1214,13 @@ class _StreamReader:
                         del stack[-2:]
                         if len(items) < 2:
                             raise IndexError("unpickling stack underflow")
+                        if items[0] is _QUEUED or items[1] is _QUEUED:
+                            raise _LoadWhole
                     target = stack[-1]
-                    if type(target) is _TraceBuilder or type(target) is _Stack:
+                    kind = type(target)
+                    if (kind is _TraceBuilder or kind is _Stack or target is _QUEUED
+                            or ((kind is _EventDict or kind is _EventList) and target.memo_index == _FROZEN)
+                            or (kind is list and id(target) in frozen)):
                         raise _LoadWhole
                     if len(items) % 2:
                         raise ValueError("odd number of items for SETITEMS")
@@ -1192,9 +1235,19 @@ class _StreamReader:
                         stack = metastack.pop()
                     else:
                         items = [stack.pop()]
+                        if items[0] is _QUEUED:
+                            raise _LoadWhole
                     target = stack[-1]
                     kind = type(target)
-                    if kind is list or kind is _EventList or kind is _DeviceTraces:
+                    if kind is list:
+                        if id(target) in frozen:
+                            raise _LoadWhole
+                        target.extend(items)
+                    elif kind is _EventList:
+                        if target.memo_index == _FROZEN:
+                            raise _LoadWhole
+                        target.extend(items)
+                    elif kind is _DeviceTraces:
                         target.extend(items)
                     elif kind is _TraceBuilder:
                         self._take(target, items)
@@ -1254,17 +1307,23 @@ class _StreamReader:
                 elif op == 0x29:  # EMPTY_TUPLE
                     stack.append(())
                 elif op == 0x85:  # TUPLE1
+                    if stack[-1] is _QUEUED:
+                        raise _LoadWhole
                     stack[-1] = self._tuple([stack[-1]])
                 elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
                     count = op - 0x84
                     if len(stack) < count:
                         raise IndexError("unpickling stack underflow")
                     items = stack[-count:]
+                    if _QUEUED in items:
+                        raise _LoadWhole
                     del stack[-count:]
                     stack.append(self._tuple(items))
                 elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE, LIST, DICT
                     items = stack
                     stack = metastack.pop()
+                    if stack and type(stack[-1]) is _TraceBuilder:
+                        raise _LoadWhole  # a trace's MARK closed by other than APPENDS: it may hold _QUEUED
                     if op == 0x64:
                         if len(items) % 2:
                             raise ValueError("odd number of items for DICT")
@@ -1299,15 +1358,22 @@ class _StreamReader:
                 elif op == 0x2E:  # STOP
                     if position >= self.next_report or self.progress is not None:
                         self._report(self.size)
+                    if stack and stack[-1] is _QUEUED:
+                        raise _LoadWhole
                     return stack.pop()
                 elif op == 0x30:  # POP
                     if stack:
-                        stack.pop()
+                        if stack.pop() is _QUEUED:
+                            raise _LoadWhole
                     else:
                         stack = metastack.pop()
                 elif op == 0x31:  # POP_MARK
+                    if any(item is _QUEUED for item in stack):
+                        raise _LoadWhole
                     stack = metastack.pop()
                 elif op == 0x32:  # DUP
+                    if stack[-1] is _QUEUED:
+                        raise _LoadWhole
                     stack.append(stack[-1])
                 else:
                     name = _OPCODE_NAMES.get(op)

@@ -453,3 +453,49 @@ def test_tuples_as_torch_writes_them_load_alike(write_snapshot, monkeypatch) -> 
     path = write_snapshot(pickle.dumps(snapshot, protocol=4))
     assert load_snapshot(path) == snapshot
     same_snapshots(load_snapshot(path), load_snapshot_columnar(path))
+
+
+def short(text: str) -> bytes:
+    """SHORT_BINUNICODE `text`, MEMOIZE."""
+    return b"\x8c" + bytes([len(text)]) + text.encode() + b"\x94"
+
+
+# Hand-written pickles that the C pickler never writes but that unpickle to valid snapshots: in
+# each an event or its frames list changes after the reader has made it a row, or a matched
+# event is dropped, repeated or changed on the stack. Memo slots are noted as [n].
+_ROOT = b"\x80\x04}\x94(" + short("device_traces") + b"]\x94]\x94("  # root [0], key [1], traces [2], trace [3]
+_FIRST = (b"}\x94(" + short("action") + short("alloc") + short("addr") + b"K\x01" + short("size")
+          + b"K\x02u")  # event [4], keys and values [5] to [8]
+
+
+def _matched(addr: int, size: int) -> bytes:
+    """An event as the C pickler writes it once its keys are memoized: matched whole."""
+    return b"}\x94(h\x05h\x06h\x07K" + bytes([addr]) + b"h\x08K" + bytes([size]) + b"u"
+
+
+_FRAMES = (b"\x80\x04}\x94(" + short("segments") + b"]\x94}\x94(" + short("address") + b"K\x00"
+           + short("total_size") + b"K\x01" + short("frames") + b"]\x94}\x94" + short("name") + short("a")
+           + b"saua" + short("device_traces") + b"]\x94]\x94}\x94(" + short("action") + short("alloc")
+           + short("addr") + b"K\x01" + short("size") + b"K\x02h\x06h\x07uaa")  # a segment's frames [7] shared
+
+CHANGED_AFTER_READ = {
+    # The first event memoized twice ([4] and [5]): set its size through [4] once it is a row.
+    "event memoized twice": _ROOT + _FIRST.replace(b"}\x94(", b"}\x94\x94(", 1).replace(b"h\x05", b"h\x06")
+    + b"ea" + b"h\x04\x8c\x04size\x94K\x63s0u.",
+    # A matched event popped, the next one repeated: torch's reader of the trace sees [b, b].
+    "matched event popped and another repeated": _ROOT + _FIRST + _matched(10, 10) + b"0" + _matched(20, 20) + b"2eau.",
+    # A matched event's size set on the stack before the trace takes it.
+    "matched event changed on the stack": _ROOT + _FIRST + _matched(10, 10) + b"h\x08K\x63seau.",
+    # An event made outside the trace (root["e"], [2]) and appended to it; then changed.
+    "event made elsewhere, changed": b"\x80\x04}\x94(" + short("e") + b"}\x94(" + short("action") + short("alloc")
+    + short("addr") + b"K\x01" + short("size") + b"K\x02u" + short("device_traces") + b"]\x94]\x94h\x02aa"
+    + short("x") + b"h\x02h\x06K\x63su.",
+    # The trace's frames list is a segment's; a frame is appended to it after the event is read.
+    "frames list appended to": _FRAMES + short("x") + b"h\x07}\x94h\x09" + short("b") + b"sau.",
+}
+
+
+@pytest.mark.parametrize("name", CHANGED_AFTER_READ)
+def test_events_changed_after_they_are_read_read_alike(name: str) -> None:
+    data = CHANGED_AFTER_READ[name]
+    same_snapshots(loads_snapshot(data), loads_snapshot_columnar(data))
