@@ -414,6 +414,17 @@ def _check_tuples(data: bytes) -> None:
 # --- the plain-data and structural checks ---
 
 
+class _TraceShape:
+    """What _check_plain measures of a trace read into TraceColumns, whose events it never sees:
+    `nodes` values (each event, its keys and the values that are not containers), then each of
+    `children` (frames lists and user_metadata) `weights` times, one level below the events."""
+
+    __slots__ = ("nodes", "events", "children", "weights")
+
+    def __init__(self, nodes: int, events: int, children: list[Any], weights: list[int]) -> None:
+        self.nodes, self.events, self.children, self.weights = nodes, events, children, weights
+
+
 _TUPLE_KEY = "a dict key is a tuple: snapshots key dicts by strings (tuples can be built to collide in hash tables)"
 
 
@@ -423,7 +434,8 @@ def _check_plain(value: Any, budget: int, tuple_keys: bool = False) -> None:
 
     Shared objects (the memo) are visited once; for each container the size and depth of the
     tree it stands for are computed from its children's, so a memo bomb, whose tree is
-    exponentially larger than its graph, is measured without being expanded, and refused.
+    exponentially larger than its graph, is measured without being expanded, and refused. A
+    _TraceShape stands for a trace read into columns, measured as the list of event dicts it was.
     """
     tree_size: dict[int, int] = {}
     depth_of: dict[int, int] = {}
@@ -431,17 +443,28 @@ def _check_plain(value: Any, budget: int, tuple_keys: bool = False) -> None:
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
         item, children_done = stack.pop()
-        if not isinstance(item, ALLOWED_TYPES):
+        shape = item if type(item) is _TraceShape else None
+        if shape is not None:
+            children = shape.children
+        elif not isinstance(item, ALLOWED_TYPES):
             raise SnapshotError(f"holds a {type(item).__name__}; snapshots hold only plain data")
-        if not isinstance(item, (dict, list, tuple)):
+        elif not isinstance(item, (dict, list, tuple)):
             continue
+        else:
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
         key = id(item)
-        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
         if children_done:
             size, depth = 1, 0
-            for child in children:
-                size += tree_size.get(id(child), 1)
-                depth = max(depth, depth_of.get(id(child), 0))
+            if shape is None:
+                for child in children:
+                    size += tree_size.get(id(child), 1)
+                    depth = max(depth, depth_of.get(id(child), 0))
+            else:  # the trace, its events, then their frames lists and metadata
+                size += shape.nodes
+                for child, weight in zip(children, shape.weights):
+                    size += weight * tree_size.get(id(child), 1)
+                    depth = max(depth, depth_of.get(id(child), 0))
+                depth = depth + 1 if shape.events else 0
             tree_size[key] = size
             depth_of[key] = depth + 1
             in_progress.discard(key)
@@ -464,7 +487,7 @@ def _check_plain(value: Any, budget: int, tuple_keys: bool = False) -> None:
             raise SnapshotError(f"nested deeper than {MAX_DEPTH} levels: not a snapshot")
         stack.append((item, True))
         for child in children:
-            if isinstance(child, (dict, list, tuple)):
+            if isinstance(child, (dict, list, tuple)) or type(child) is _TraceShape:
                 if id(child) in in_progress:
                     raise SnapshotError("contains itself: not a snapshot")
                 if id(child) not in tree_size:
@@ -792,11 +815,15 @@ class _ColumnsBuilder:
 # the messages of _check_opcodes. A row is a copy of its event made when the event is read, so
 # the reader must see that nothing changes the event after: an event or frames list a row was
 # made of is frozen (_FROZEN, _StreamReader.frozen), and a matched event's place on the stack
-# (_QUEUED) may only be taken by its trace's APPENDS. Anything the reader does not follow (text
-# opcodes of protocols 0 and 1, an event referred to twice or changed after it was read, a
-# matched event dropped, repeated or stored, a stored stack or frozen list appended to, rows
-# left outside a trace) raises _LoadWhole, and the snapshot is loaded whole by load_snapshot
-# instead.
+# (_QUEUED) may only be taken by its trace's APPENDS. The plain-data walk must refuse what it
+# refuses in load_snapshot (a memo bomb, a cycle, nesting deeper than 64, anywhere in an event
+# too), so each trace counts what its events stood for (_TraceBuilder.nodes) and is walked as a
+# _TraceShape: those counts, then its stored stacks and user_metadata as often as events refer to
+# them. Anything the reader does not follow (text opcodes of protocols 0 and 1, an event
+# referred to twice or changed after it was read, a matched event dropped, repeated or stored, a
+# stored stack or frozen list appended to, an event holding a container the columns do not keep,
+# a trace or device_traces referred to twice, a tuple dict key, rows left outside a trace)
+# raises _LoadWhole, and the snapshot is loaded whole by load_snapshot instead.
 
 
 class _LoadWhole(Exception):
@@ -833,6 +860,27 @@ class _TraceBuilder(_ColumnsBuilder):
     def __init__(self, device: int) -> None:
         super().__init__(device)
         self.pending: deque[_Row | None] = deque()
+        # What _check_plain would count of the events but their frames lists and user_metadata
+        # containers, which the columns keep (_TraceShape).
+        self.nodes = 0
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None), bytes))
+
+
+def _event_nodes(entry: dict[Any, Any]) -> int:
+    """The values an event dict stands for in _check_plain's tree but for its frames list and its
+    user_metadata container, measured with the stacks and the metadata the columns keep. An event
+    holding any other container (which the columns would drop unmeasured) is loaded whole."""
+    nodes = 1 + 2 * len(entry)
+    for key, value in entry.items():
+        if type(key) not in _SCALARS:
+            raise _LoadWhole
+        if type(value) not in _SCALARS:
+            if not ((key == "frames" and isinstance(value, list)) or key == "user_metadata"):
+                raise _LoadWhole
+            nodes -= 1
+    return nodes
 
 
 # On the stack: the next pending row of the trace being filled. It stands for an event the
@@ -851,6 +899,7 @@ _RELEASE_EVERY = 8 << 20  # bytes of a mapped file given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _FIELDS = {name: slot for slot, name in enumerate(("action", "addr", "size", "stream", "time_us", "frames",
                                                    "device_free", "user_metadata"))}
+_FRAMES_SLOT, _METADATA_SLOT = _FIELDS["frames"], _FIELDS["user_metadata"]
 _PLAIN_ACTIONS = {action: ACTION_CODES[action] for action in ACTIONS if action not in ("oom", "snapshot")}
 
 
@@ -909,7 +958,8 @@ class _StreamReader:
         self.table = _StackTable()
         self.empty = _Stack()  # the memo's stand-in for every empty frames list
         self.builders: list[_TraceBuilder] = []
-        self.fields: dict[bytes, int] = {}  # memo reference of a key -> its _FIELDS slot
+        self.fields: dict[bytes, int] = {}  # memo reference of a key -> its _FIELDS slot (_field)
+        self.other_keys: dict[str, int] = {}  # keys of events inspect does not read -> their slot
         self.by_refs: dict[bytes, _Stack] = {}  # a frames list's memo references -> its stack
         self.next_report = 0
         self.released = 0
@@ -959,8 +1009,8 @@ class _StreamReader:
     def _get(self, index: int, position: int) -> Any:
         if index < len(self.memo):
             value = self.memo[index]
-            if value is _CONSUMED:
-                raise _LoadWhole
+            if value is _CONSUMED or type(value) is _TraceBuilder or type(value) is _DeviceTraces:
+                raise _LoadWhole  # an event read, or a trace or device_traces referred to twice
             return value
         if index > self.size:
             raise SnapshotError(f"memo index {index} at byte {position} is beyond the file")
@@ -1012,6 +1062,8 @@ class _StreamReader:
             else:
                 if type(item) is dict:
                     raise _LoadWhole  # an event made elsewhere (a memo reference): referred to twice
+                if type(item) is _EventDict:
+                    builder.nodes += _event_nodes(item)
                 row = None
                 try:
                     row = _event_row(item, builder.device, index, self.table)
@@ -1060,12 +1112,18 @@ class _StreamReader:
         return stored
 
     def _field(self, reference: bytes) -> int | None:
-        """The _FIELDS slot of a key matched by _EVENT (-1: a key inspect does not read); None
-        when the key is not a string."""
+        """The _FIELDS slot of a key matched by _EVENT, or for a key inspect does not read -1, -2,
+        ..., one for each such key (so that an event's duplicate keys are seen); None when the
+        key is not a string, or one of too many such keys."""
         key = self._memo_at(reference)
         if type(key) is not str:
             return None
-        slot = self.fields[reference] = _FIELDS.get(key, -1)
+        slot = _FIELDS.get(key)
+        if slot is None:
+            slot = self.other_keys.setdefault(key, -1 - len(self.other_keys))
+            if slot < -60:
+                return None
+        self.fields[reference] = slot
         return slot
 
     def _fast_event(self, found: re.Match[bytes], builder: _TraceBuilder, index: int) -> bool:
@@ -1075,6 +1133,7 @@ class _StreamReader:
         fields, memo = self.fields, self.memo
         values: list[Any] = [_MISSING] * len(_FIELDS)
         lists: list[_Stack] = []
+        others = pairs = 0  # the unread keys seen (bits), the pairs
         for i, (reference, raw) in enumerate(zip(groups, groups)):
             if reference is None:
                 break
@@ -1083,6 +1142,14 @@ class _StreamReader:
                 slot = self._field(reference)
                 if slot is None:
                     return False
+            if slot >= 0:
+                if values[slot] is not _MISSING:
+                    return False  # a duplicate key: the general path keeps the dict's count
+            else:
+                if others >> -slot & 1:
+                    return False
+                others |= 1 << -slot
+            pairs += 1
             op = raw[0]
             value: Any
             if op == 0x8A:  # LONG1
@@ -1096,9 +1163,13 @@ class _StreamReader:
                 value = memo[at]
                 if value is _CONSUMED:
                     return False
+                if type(value) not in _SCALARS and slot != _FRAMES_SLOT and slot != _METADATA_SLOT:
+                    return False  # a container where _event_nodes, on the general path, loads whole
             elif op == 0x4B:  # BININT1
                 value = raw[1]
             elif op == 0x5D:  # EMPTY_LIST MEMOIZE, references, APPENDS
+                if slot != _FRAMES_SLOT:
+                    return False
                 value = self._fast_stack(raw)
                 if value is None:
                     return False
@@ -1115,6 +1186,9 @@ class _StreamReader:
                 value = None if op == 0x4E else op == 0x88
             if slot >= 0:
                 values[slot] = value
+        frames, metadata = values[_FRAMES_SLOT], values[_METADATA_SLOT]
+        builder.nodes += (1 + 2 * pairs - isinstance(frames, list)
+                          - (metadata is not _MISSING and type(metadata) not in _SCALARS))
         row = _plain_row(values)
         if row is None:  # anything unusual: the general check, which names what is wrong
             entry = {name: value for name, value in zip(_FIELDS, values) if value is not _MISSING}
@@ -1122,7 +1196,7 @@ class _StreamReader:
                 row = _event_row(entry, builder.device, index, self.table)
             except SnapshotError as error:
                 builder.fail(index, str(error))
-            self._freeze_frames(values[_FIELDS["frames"]])  # a memo reference to a list made before
+            self._freeze_frames(frames)  # a memo reference to a list made before
         memo.append(_CONSUMED)  # the event's slot, then its lists'
         memo.extend(lists)
         builder.pending.append(row)
@@ -1239,7 +1313,9 @@ class _StreamReader:
                             raise _LoadWhole
                     target = stack[-1]
                     kind = type(target)
-                    if kind is list:
+                    if not items:
+                        pass  # as pickle: an APPENDS of nothing does not look at its target
+                    elif kind is list:
                         if id(target) in frozen:
                             raise _LoadWhole
                         target.extend(items)
@@ -1372,7 +1448,7 @@ class _StreamReader:
                         raise _LoadWhole
                     stack = metastack.pop()
                 elif op == 0x32:  # DUP
-                    if stack[-1] is _QUEUED:
+                    if stack[-1] is _QUEUED or type(stack[-1]) is _TraceBuilder or type(stack[-1]) is _DeviceTraces:
                         raise _LoadWhole
                     stack.append(stack[-1])
                 else:
@@ -1394,25 +1470,49 @@ class _StreamReader:
         """The snapshot with its traces as TraceColumns, checked as load_snapshot checks it."""
         traces = root.get("device_traces") if type(root) is dict else None
         done: set[int] = set()
+        budget = max(MIN_NODE_BUDGET, NODES_PER_BYTE * self.size)
         if isinstance(traces, list):
-            traces = root["device_traces"] = list(traces)
+            traces = list(traces)
+            shaped = list(traces)  # what _check_plain walks: each trace read into columns as its shape
             for d, trace in enumerate(traces):
                 if type(trace) is _TraceBuilder:
                     if trace.pending or trace.device != d:
                         raise _LoadWhole
                     traces[d] = trace.finish(self.table.stacks)
+                    shaped[d] = self._shape(trace, traces[d])
                     done.add(id(trace))
-        if any(id(builder) not in done for builder in self.builders):
-            raise _LoadWhole  # a trace list somewhere else than device_traces
-        budget = max(MIN_NODE_BUDGET, NODES_PER_BYTE * self.size)
-        probe = root
-        if isinstance(traces, list):
-            probe = {**root, "device_traces": [t for t in traces if not isinstance(t, TraceColumns)]}
-        _check_plain(probe, budget)
-        _check_plain([self.table.stacks, [list(trace.user_metadata.values()) for trace in traces or []
-                                          if isinstance(trace, TraceColumns)]], budget)
+            if any(id(builder) not in done for builder in self.builders):
+                raise _LoadWhole  # a trace list somewhere else than device_traces
+            root["device_traces"] = shaped  # in place, so that the walk sees a cycle through root
+            _check_plain(root, budget)
+            root["device_traces"] = traces
+        else:
+            if self.builders:
+                raise _LoadWhole  # a trace list somewhere else than device_traces
+            _check_plain(root, budget)
         check_structure(root)
         return columnar(root)
+
+    @staticmethod
+    def _shape(builder: _TraceBuilder, trace: TraceColumns) -> _TraceShape:
+        """The trace as _check_plain would measure its list of event dicts (_TraceShape)."""
+        framed = trace.stack[(trace.flags & HAS_FRAMES) != 0]
+        stored = framed[framed >= 0]
+        counts = np.bincount(stored) if len(stored) else np.zeros(0, np.int64)
+        children: list[Any] = [trace.stacks[s] for s in np.flatnonzero(counts).tolist()]
+        weights = [int(counts[s]) for s in np.flatnonzero(counts).tolist()]
+        empty = int(np.count_nonzero(framed == -1))
+        if empty:
+            children.append([])
+            weights.append(empty)
+        containers: dict[int, list[Any]] = {}  # user_metadata containers by id: [value, references]
+        for value in trace.user_metadata.values():
+            if type(value) not in _SCALARS:
+                containers.setdefault(id(value), [value, 0])[1] += 1
+        for value, references in containers.values():
+            children.append(value)
+            weights.append(references)
+        return _TraceShape(builder.nodes, builder.count, children, weights)
 
 
 def read_columnar(data: bytes | mmap.mmap, progress: Progress | None = None) -> dict[str, Any]:

@@ -499,3 +499,65 @@ CHANGED_AFTER_READ = {
 def test_events_changed_after_they_are_read_read_alike(name: str) -> None:
     data = CHANGED_AFTER_READ[name]
     same_snapshots(loads_snapshot(data), loads_snapshot_columnar(data))
+
+
+def _event_with(field: bytes) -> bytes:
+    """A snapshot of one event whose last field is `field` (key and value opcodes); the
+    event's slot is [4], its keys' and values' [5] to [8]."""
+    return (_ROOT + b"}\x94(" + short("action") + short("alloc") + short("addr") + b"K\x01" + short("size")
+            + b"K\x02" + field + b"ueau.")
+
+
+def _bomb(levels: int = 40) -> bytes:
+    """A list holding twice a list holding twice ... (2**levels leaves), from slot 10 on."""
+    ops = b"]r\x0a\x00\x00\x000"
+    for level in range(levels):
+        slot = (10 + level).to_bytes(4, "little")
+        ops += b"(j" + slot + b"j" + slot + b"lr" + (11 + level).to_bytes(4, "little") + b"0"
+    return ops + b"j" + (10 + levels).to_bytes(4, "little")
+
+
+def _shared_stack(events: int = 1000, width: int = 5000) -> dict[str, Any]:
+    """Events sharing one frames list whose frame holds `width` numbers: the tree the whole loader
+    measures holds the frame once an event, over the budget of 64 values a byte."""
+    frames = [{"name": "f", "line": 1, "locals": list(range(width))}]
+    return {"device_traces": [[dict(event("alloc", 4096 * i, 8), frames=frames) for i in range(events)]]}
+
+
+REFUSED_ALIKE = {
+    "a memo bomb in a field the columns do not keep": (_event_with(short("x") + _bomb()), "memo bomb"),
+    "a list holding itself in a field the columns do not keep":
+        (_event_with(short("x") + b"]\x94h\x0aa"), "contains itself"),
+    "user_metadata holding the snapshot": (_event_with(short("user_metadata") + b"h\x00"), "contains itself"),
+    "a frame nested 60 deep (64 with the event's own levels)":
+        (_event_with(short("frames") + b"]\x94}\x94" + short("name") + b"]" * 60 + b"a" * 59 + b"sa"),
+         "nested deeper than 64 levels"),
+    "a frames list shared by many events, over the budget as a tree": (pickle.dumps(_shared_stack(), protocol=4),
+                                                                       "memo bomb"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_ALIKE)
+def test_what_the_whole_loader_refuses_inside_events_the_columnar_loader_refuses(loads, name: str) -> None:
+    """The plain-data walk measures the events the columnar loader never holds as dicts: their
+    fields it does not keep, their frames once for each event, as load_snapshot does."""
+    data, message = REFUSED_ALIKE[name]
+    with pytest.raises(SnapshotError, match=message):
+        loads(data)
+
+
+LOADED_ALIKE = {
+    # A trace, and the device_traces list, referred to again after them: plain data.
+    "a trace referred to twice": _ROOT + b"ea" + short("x") + b"h\x03u.",
+    "device_traces referred to twice": _ROOT + b"ea" + short("x") + b"h\x02u.",
+    # An APPENDS of nothing, which pickle does without looking at its target (here a dict).
+    "an empty APPENDS on a dict": _ROOT + b"ea" + short("x") + b"}(eu.",
+    # The budget counts the whole snapshot: events and frames within it, segments without.
+    "a frames list shared by a few events": pickle.dumps(_shared_stack(events=50, width=100), protocol=4),
+}
+
+
+@pytest.mark.parametrize("name", LOADED_ALIKE)
+def test_what_the_whole_loader_loads_the_columnar_loader_loads(name: str) -> None:
+    data = LOADED_ALIKE[name]
+    same_snapshots(loads_snapshot(data), loads_snapshot_columnar(data))
