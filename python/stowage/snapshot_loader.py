@@ -41,6 +41,7 @@ import array
 import io
 import math
 import mmap
+import os
 import pickle
 import pickletools
 import re
@@ -49,7 +50,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -122,18 +123,76 @@ def _read_bytes(path: Path) -> bytes:
     return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw
 
 
-_MAP_AT_LEAST = 8 << 20  # files this large are mapped, not read
+_MAP_AT_LEAST = 8 << 20  # files this large are read as the streaming reader goes, not at once
+_FILL_AHEAD = 8 << 20  # bytes of such a file read ahead of the reader at a time
+# An anonymous mapping whose pages, once given back (MADV_DONTNEED), are freed: private, and
+# not counted against the machine's memory until written.
+_WINDOW_FLAGS = (getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+                 | getattr(mmap, "MAP_NORESERVE", 0))
 
 
-def _map_bytes(path: Path) -> bytes | mmap.mmap:
-    """The pickle's bytes: a large uncompressed regular file is mapped read-only (its pages cost
-    memory only while they are read, and the reader gives them back behind itself; as with any
-    mapped file, one truncated while it is read ends the process), others are read."""
+class _FileWindow:
+    """A large uncompressed file read as the streaming reader goes: an anonymous mapping of the
+    file's size, filled _FILL_AHEAD bytes ahead of the reader and given back behind it, so that
+    its pages cost memory only while they are read.
+
+    The file itself used to be mapped, which costs the same, but a page read after the file had
+    shrunk below it ended the process (SIGBUS), as when a snapshot is rewritten in place
+    (torch.cuda.memory._dump_snapshot truncates, then writes) while inspect reads it. Here such a
+    read comes up short, and a file whose size or time changed is refused: a SnapshotError."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self.file, self.size = file, size
+        self.buffer = mmap.mmap(-1, size, flags=_WINDOW_FLAGS)
+        self.filled = 0  # bytes read into the buffer, from the start
+        self.stat = self._stat()
+
+    def _stat(self) -> tuple[int, int, int]:
+        stat = os.fstat(self.file.fileno())
+        return stat.st_size, stat.st_mtime_ns, stat.st_ino
+
+    def _unchanged(self) -> None:
+        if self._stat() != self.stat:
+            raise SnapshotError("the file changed while it was read")
+
+    def fill(self, upto: int) -> None:
+        """Reads the file into the buffer up to `upto` at least, _FILL_AHEAD beyond what is read."""
+        end = min(self.size, max(upto, self.filled + _FILL_AHEAD))
+        with memoryview(self.buffer) as view:
+            while self.filled < end:
+                count = self.file.readinto(view[self.filled:end])
+                if not count:  # the file shrank
+                    raise SnapshotError("the file changed while it was read")
+                self.filled += count
+        self._unchanged()
+
+    def whole(self) -> bytes:
+        """The file's bytes, read again (the buffer gave back what was read)."""
+        self.file.seek(0)
+        data = self.file.read()
+        if len(data) != self.size:
+            raise SnapshotError("the file changed while it was read")
+        self._unchanged()
+        return data
+
+    def close(self) -> None:
+        self.buffer.close()
+        self.file.close()
+
+
+def _map_bytes(path: Path) -> bytes | _FileWindow:
+    """The pickle's bytes: a large uncompressed regular file as a _FileWindow, others read."""
     try:
-        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST:
-            with path.open("rb") as file:
+        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST and _WINDOW_FLAGS:
+            file = path.open("rb", buffering=0)
+            try:
                 if file.read(2) != b"\x1f\x8b":
-                    return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+                    file.seek(0)
+                    return _FileWindow(file, os.fstat(file.fileno()).st_size)  # type: ignore[arg-type]
+            except BaseException:
+                file.close()
+                raise
+            file.close()
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
     return _read_bytes(path)
@@ -895,7 +954,7 @@ _FAST_FIELDS = 10
 _PAIR = b"(" + _GET + b")(" + _VALUE + b")"
 _EVENT = re.compile(rb"\}\x94\(" + _PAIR + (b"(?:" + _PAIR + b")?") * (_FAST_FIELDS - 1) + b"u", re.DOTALL)
 _BINFLOAT = struct.Struct(">d")
-_RELEASE_EVERY = 8 << 20  # bytes of a mapped file given back at a time
+_RELEASE_EVERY = 8 << 20  # bytes of a large file's window (or of a mapped file) given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _FIELDS = {name: slot for slot, name in enumerate(("action", "addr", "size", "stream", "time_us", "frames",
                                                    "device_free", "user_metadata"))}
@@ -950,9 +1009,10 @@ class _StreamReader:
     """Reads a snapshot pickle into plain data with TraceColumns for its traces: Note
     [Streaming traces]. One use: run(), then finish()."""
 
-    def __init__(self, data: bytes | mmap.mmap, progress: Progress | None) -> None:
-        self.data = data
-        self.size = len(data)
+    def __init__(self, data: bytes | mmap.mmap | _FileWindow, progress: Progress | None) -> None:
+        self.window = data if isinstance(data, _FileWindow) else None  # read as the reader goes
+        self.data = data.buffer if isinstance(data, _FileWindow) else data
+        self.size = len(self.data)
         self.progress = progress
         self.memo: list[Any] = []
         self.table = _StackTable()
@@ -1229,20 +1289,29 @@ class _StreamReader:
 
     def run(self) -> Any:
         """Runs the pickle to its STOP; returns what it built."""
-        data, size, memo, frozen = self.data, self.size, self.memo, self.frozen
+        data, size, memo, frozen, window = self.data, self.size, self.memo, self.frozen, self.window
         stack: list[Any] = []
         metastack: list[list[Any]] = []
         position = 0
         # The current frame, if any: no opcode may run past its end (see _check_opcodes).
         frame_start, frame_end = -1, size
+        # Where an opcode and its fixed arguments (9 bytes at most) may begin and be read, and
+        # the first of that and the frame's end: one comparison an opcode sees to both.
+        safe = size if window is None else -1
+        limit = min(frame_end, safe)
         try:
             while True:
-                if position >= frame_end:
-                    if frame_start < 0:
-                        raise EOFError("pickle data was truncated")
-                    if position > frame_end:
-                        raise _frame_error(frame_start)
-                    frame_start, frame_end = -1, size  # the frame is read: on to what follows it
+                if position >= limit:
+                    if position >= safe and window is not None:
+                        window.fill(position + 16)
+                        safe = window.filled - 16 if window.filled < size else size
+                    if position >= frame_end:
+                        if frame_start < 0:
+                            raise EOFError("pickle data was truncated")
+                        if position > frame_end:
+                            raise _frame_error(frame_start)
+                        frame_start, frame_end = -1, size  # the frame is read: on to what follows it
+                    limit = min(frame_end, safe)
                 op = data[position]
                 position += 1
                 if op == 0x6A:  # LONG_BINGET
@@ -1360,6 +1429,10 @@ class _StreamReader:
                     position = start + count
                     if position > size:
                         raise EOFError("pickle data was truncated")
+                    if position > safe and window is not None:
+                        window.fill(position + 16)
+                        safe = window.filled - 16 if window.filled < size else size
+                        limit = min(frame_end, safe)
                     value = int.from_bytes(data[start:position], "little", signed=True)
                     if count >= 8 and not -MAX_NUMBER < value < MAX_NUMBER:
                         raise _number_error(value, start - width - 1)
@@ -1374,6 +1447,10 @@ class _StreamReader:
                     position = start + count
                     if position > size:
                         raise EOFError("pickle data was truncated")
+                    if position > safe and window is not None:
+                        window.fill(position + 16)
+                        safe = window.filled - 16 if window.filled < size else size
+                        limit = min(frame_end, safe)
                     raw = data[start:position]
                     stack.append(str(raw, "utf-8", "surrogatepass") if op in (0x8C, 0x58, 0x8D) else raw)
                 elif op == 0x4E:  # NONE
@@ -1427,6 +1504,7 @@ class _StreamReader:
                     if position + count > size:
                         raise EOFError("pickle data was truncated")
                     frame_start, frame_end = position - 9, position + count
+                    limit = min(frame_end, safe)
                 elif op == 0x80:  # PROTO
                     if data[position] > pickle.HIGHEST_PROTOCOL:
                         raise ValueError(f"unsupported pickle protocol: {data[position]}")
@@ -1515,7 +1593,7 @@ class _StreamReader:
         return _TraceShape(builder.nodes, builder.count, children, weights)
 
 
-def read_columnar(data: bytes | mmap.mmap, progress: Progress | None = None) -> dict[str, Any]:
+def read_columnar(data: bytes | mmap.mmap | _FileWindow, progress: Progress | None = None) -> dict[str, Any]:
     reader = _StreamReader(data, progress)
     return reader.finish(reader.run())
 
@@ -1561,7 +1639,7 @@ def columnar(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {**snapshot, "device_traces": converted} if "device_traces" in snapshot else snapshot
 
 
-def loads_snapshot_columnar(data: bytes | mmap.mmap, name: str = "<bytes>",
+def loads_snapshot_columnar(data: bytes | mmap.mmap | _FileWindow, name: str = "<bytes>",
                             progress: Progress | None = None) -> dict[str, Any]:
     """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict
     per trace event (Note [Streaming traces]); as safe as loads_snapshot and refusing the same
@@ -1572,7 +1650,13 @@ def loads_snapshot_columnar(data: bytes | mmap.mmap, name: str = "<bytes>",
         raise SnapshotError(f"{name}: {error}") from None
     except _LoadWhole:
         pass
-    snapshot = loads_snapshot(bytes(data), name, progress)
+    try:
+        whole = data.whole() if isinstance(data, _FileWindow) else bytes(data)
+    except SnapshotError as error:
+        raise SnapshotError(f"{name}: {error}") from None
+    except OSError as error:
+        raise SnapshotError(f"{name}: cannot read: {error.strerror or error}") from error
+    snapshot = loads_snapshot(whole, name, progress)
     try:
         return columnar(snapshot)
     except SnapshotError as error:
@@ -1586,5 +1670,5 @@ def load_snapshot_columnar(path: str | Path, progress: Progress | None = None) -
     try:
         return loads_snapshot_columnar(data, str(path), progress)
     finally:
-        if isinstance(data, mmap.mmap):
+        if isinstance(data, _FileWindow):
             data.close()

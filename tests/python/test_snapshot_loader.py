@@ -7,6 +7,7 @@ import gzip
 import io
 import os
 import pickle
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -561,3 +562,31 @@ LOADED_ALIKE = {
 def test_what_the_whole_loader_loads_the_columnar_loader_loads(name: str) -> None:
     data = LOADED_ALIKE[name]
     same_snapshots(loads_snapshot(data), loads_snapshot_columnar(data))
+
+
+_SHRINK = """
+import os, pickle, sys
+from stowage import snapshot_loader
+from stowage.snapshot_loader import SnapshotError, load_snapshot_columnar
+snapshot_loader._MAP_AT_LEAST = snapshot_loader._FILL_AHEAD = 1 << 16
+path = sys.argv[1]
+trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(200_000)]
+with open(path, "wb") as file:
+    pickle.dump({"segments": [], "device_traces": [trace]}, file, protocol=4)
+def cut(phase, done, total):  # as torch.cuda.memory._dump_snapshot rewriting the file would
+    if done < total:
+        os.truncate(path, (done + (1 << 20)) & ~4095)
+try:
+    load_snapshot_columnar(path, cut)
+except SnapshotError as error:
+    print(error)
+"""
+
+
+def test_a_file_that_shrinks_while_it_is_read_is_refused_not_a_crash(tmp_path: Path) -> None:
+    """A large file was mapped, and a page of it read after the file had shrunk below it ended the
+    process (SIGBUS), as when a snapshot is rewritten in place while inspect reads it."""
+    path = tmp_path / "rewritten.pickle"
+    result = subprocess.run([sys.executable, "-c", _SHRINK, str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, result.stderr[-500:])
+    assert f"{path}: the file changed while it was read" in result.stdout

@@ -136,12 +136,15 @@ def test_every_layout_loads_alike(tmp_path: Path, protocol: int, memo: bool, sha
     assert_same(load_snapshot(path), load_snapshot_columnar(path))
 
 
-def test_a_large_mapped_file_loads_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(snapshot_loader, "_MAP_AT_LEAST", 1 << 12)
-    monkeypatch.setattr(snapshot_loader, "_RELEASE_EVERY", 1 << 13)
-    monkeypatch.setattr(snapshot_loader, "_REPORT_EVERY", 1 << 12)
+@pytest.mark.parametrize("protocol", [1, 4], ids=["loaded-whole", "streamed"])
+def test_a_large_file_read_as_the_reader_goes_loads_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          protocol: int) -> None:
+    """Read a few KiB ahead and given back behind, or read again whole for protocol 1."""
+    for name, value in (("_MAP_AT_LEAST", 1 << 12), ("_FILL_AHEAD", 1 << 12), ("_RELEASE_EVERY", 1 << 13),
+                        ("_REPORT_EVERY", 1 << 12)):
+        monkeypatch.setattr(snapshot_loader, name, value)
     path = tmp_path / "snapshot.pickle"
-    path.write_bytes(pickle.dumps(snapshot(), protocol=4))
+    path.write_bytes(pickle.dumps(snapshot(), protocol=protocol))
     assert_same(load_snapshot(path), load_snapshot_columnar(path))
 
 
