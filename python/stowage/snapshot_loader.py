@@ -15,7 +15,7 @@ so neither loader here uses ``pickle.load`` as is.
    (hashing a deep one crashes the interpreter, and tuples of numbers can collide on purpose):
    a pickle whose tuples are not all flat tuples of numbers, or that has more than
    MAX_FLAT_TUPLES, has its stack followed to see that before it is unpickled; gzip data may
-   expand at most 256 times, so a gzip bomb is refused too; the unpickler itself also refuses
+   expand at most 256 times (8 MiB for small files), so a gzip bomb is refused too; the unpickler itself also refuses
    every global. The check is one regular-expression pass over the opcodes that need no
    decoding, with ``pickletools`` for the few that do;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
@@ -55,8 +55,11 @@ from typing import Any, BinaryIO
 import numpy as np
 
 MAX_DEPTH = 64
-MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte
-MIN_DECOMPRESSED_LIMIT = 64 << 20
+MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte (real snapshots: 6 to 25)
+# What any gzip file may expand to. Unpickling costs up to about 70 bytes of objects a byte of
+# pickle (an EMPTY_LIST is a list), so this bounds what a small file can make the loaders build:
+# at 64 MiB, 60 KiB of gzip became 4.5 GiB of lists.
+MIN_DECOMPRESSED_LIMIT = 8 << 20
 MAX_NUMBER = 2**60
 MAX_SIZE = 2**50  # bytes: far beyond any device
 MAX_DEVICES = 1 << 16  # device indexes a snapshot may name

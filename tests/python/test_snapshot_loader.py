@@ -163,6 +163,17 @@ def test_a_gzip_bomb_is_refused(write_snapshot, load) -> None:
     assert time.perf_counter() - start < 5.0
 
 
+def test_a_small_gzip_file_cannot_expand_into_gigabytes_of_objects(write_snapshot, load) -> None:
+    """Each EMPTY_LIST byte is a list of about 70 bytes: 16 MiB of them, gzipped into 16 KiB,
+    were a gigabyte of lists (60 KiB, 4.5 GiB and 15 s) before anything was refused."""
+    bomb = gzip.compress(b"\x80\x04" + b"]" * (16 << 20) + b".")
+    assert len(bomb) < 20_000
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="gzip bomb"):
+        load(write_snapshot(bomb, "lists.pickle.gz"))
+    assert time.perf_counter() - start < 2.0
+
+
 @pytest.mark.parametrize(
     "snapshot, message",
     [
