@@ -384,6 +384,48 @@ def _check_tuples(data: bytes) -> None:
     while True:
         op = data[position]
         position += 1
+        # The commonest opcodes first, as the general code below does them, without its argument
+        # readers (the pickle has passed _check_opcodes: every argument is there).
+        if op == 0x68:  # BINGET
+            stack.append(tuples_at.get(data[position], 0))
+            position += 1
+            continue
+        if op == 0x6A:  # LONG_BINGET
+            stack.append(tuples_at.get(int.from_bytes(data[position:position + 4], "little"), 0)
+                         if tuples_at else 0)
+            position += 4
+            continue
+        if op == 0x94 and not sparse:  # MEMOIZE, to a new index
+            if len(stack) <= (marks[-1] if marks else 0):
+                raise _underflow()
+            if stack[-1]:
+                tuples_at[dense] = stack[-1]
+            dense += 1
+            continue
+        if op == 0x28:  # MARK
+            marks.append(len(stack))
+            continue
+        if op == 0x75 or op == 0x65:  # SETITEMS, APPENDS
+            if not marks:
+                raise SnapshotError("not a readable pickle (could not find MARK); is the file truncated?")
+            start = marks.pop()
+            if start <= (marks[-1] if marks else 0):
+                raise _underflow()
+            if op == 0x75 and max(stack[start::2], default=0) > 0:
+                raise SnapshotError(_TUPLE_KEY)
+            del stack[start:]
+            continue
+        if op == 0x7D or op == 0x5D or op == 0x4E:  # EMPTY_DICT, EMPTY_LIST, NONE
+            stack.append(0)
+            continue
+        if op == 0x4B or op == 0x4A or op == 0x4D or op == 0x47:  # BININT1, BININT, BININT2, BINFLOAT
+            stack.append(0)
+            position += 1 if op == 0x4B else 4 if op == 0x4A else 2 if op == 0x4D else 8
+            continue
+        if op == 0x8A or op == 0x8C or op == 0x43:  # LONG1, SHORT_BINUNICODE, SHORT_BINBYTES
+            stack.append(0)
+            position += 1 + data[position]
+            continue
         argument = _ARGUMENTS.get(op)
         if argument is not None:
             if argument.n > 0:  # fixed width
