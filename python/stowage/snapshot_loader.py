@@ -161,13 +161,16 @@ class _FileWindow:
     def fill(self, upto: int) -> None:
         """Reads the file into the buffer up to `upto` at least, _FILL_AHEAD beyond what is read."""
         end = min(self.size, max(upto, self.filled + _FILL_AHEAD))
-        with memoryview(self.buffer) as view:
-            while self.filled < end:
-                count = self.file.readinto(view[self.filled:end])
-                if not count:  # the file shrank
-                    raise SnapshotError("the file changed while it was read")
-                self.filled += count
-        self._unchanged()
+        try:
+            with memoryview(self.buffer) as view:
+                while self.filled < end:
+                    count = self.file.readinto(view[self.filled:end])
+                    if not count:  # the file shrank
+                        raise SnapshotError("the file changed while it was read")
+                    self.filled += count
+            self._unchanged()
+        except OSError as error:
+            raise SnapshotError(f"cannot read: {error.strerror or error}") from error
 
     def whole(self) -> bytes:
         """The file's bytes, read again (the buffer gave back what was read)."""
@@ -191,7 +194,10 @@ def _map_bytes(path: Path) -> bytes | _FileWindow:
             try:
                 if file.read(2) != b"\x1f\x8b":
                     file.seek(0)
-                    return _FileWindow(file, os.fstat(file.fileno()).st_size)  # type: ignore[arg-type]
+                    try:
+                        return _FileWindow(file, os.fstat(file.fileno()).st_size)  # type: ignore[arg-type]
+                    except OSError:  # no room for the anonymous mapping: read it all
+                        pass
             except BaseException:
                 file.close()
                 raise
