@@ -15,9 +15,9 @@ so neither loader here uses ``pickle.load`` as is.
    (hashing a deep one crashes the interpreter, and tuples of numbers can collide on purpose):
    a pickle whose tuples are not all flat tuples of numbers, or that has more than
    MAX_FLAT_TUPLES, has its stack followed to see that before it is unpickled; gzip data may
-   expand at most 256 times (8 MiB for small files), so a gzip bomb is refused too; the unpickler itself also refuses
-   every global. The check is one regular-expression pass over the opcodes that need no
-   decoding, with ``pickletools`` for the few that do;
+   expand at most 256 times (to 8 MiB for small files), so a gzip bomb is refused too; the
+   unpickler itself also refuses every global. The check is one regular-expression pass over
+   the opcodes that need no decoding, with ``pickletools`` for the few that do;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
    stands for (64 values per byte of pickle, at least a million; real snapshots need under 3)
    and on depth (64), so a memo bomb, whose few bytes expand into a huge tree, or deep nesting
@@ -30,7 +30,10 @@ so neither loader here uses ``pickle.load`` as is.
 ``load_snapshot_columnar`` returns the same dict with each device's trace as ``TraceColumns``
 (numpy arrays of action, address, size, stream and time, and an index into the distinct stacks),
 which is what ``stowage inspect`` and ``diff`` read. It reads the pickle in one pass and never
-holds a dict per trace event: see Note [Streaming traces] at ``_StreamReader``.
+holds a dict per trace event: see Note [Streaming traces] at ``_StreamReader``. It loads what
+``load_snapshot`` loads and refuses what it refuses, but also refuses frames that are not lists
+of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at; a file of
+8 MiB or more is read as the reader goes (``_FileWindow``).
 
 Every failure raises ``SnapshotError`` with the file name and the reason.
 """
