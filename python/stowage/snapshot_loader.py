@@ -13,10 +13,9 @@ so neither loader here uses ``pickle.load`` as is.
    purpose); no opcode may run past the end of its FRAME (the unpickler would then read other
    opcodes than those checked); tuples may nest at most 64 deep and may not be dict keys
    (hashing a deep one crashes the interpreter, and tuples of numbers can collide on purpose):
-   a pickle whose tuples are not all flat tuples of numbers, or that has more than
-   MAX_FLAT_TUPLES, has its stack followed to see that before it is unpickled; gzip data may
-   expand at most 256 times (to 8 MiB for small files), so a gzip bomb is refused too; the
-   unpickler itself also refuses every global. The check is one regular-expression pass over
+   the stack of a pickle that makes tuples is followed to see that before it is unpickled; gzip
+   data may expand at most 256 times (to 8 MiB for small files), so a gzip bomb is refused
+   too; the unpickler itself also refuses every global. The check is one regular-expression pass over
    the opcodes that need no decoding, with ``pickletools`` for the few that do;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
    stands for (64 values per byte of pickle, at least a million; real snapshots need under 3)
@@ -76,10 +75,6 @@ PLAIN_OPCODES = frozenset(
 MEMO_OPCODES = frozenset("GET BINGET LONG_BINGET PUT BINPUT LONG_BINPUT".split())
 NUMBER_OPCODES = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT".split())
 TUPLE_OPCODES = frozenset("TUPLE TUPLE1 TUPLE2 TUPLE3".split())
-# Flat tuples of numbers (torch's segment_pool_id, one a segment) the opcode check lets through
-# without following the stack: at most this many tuple keys colliding in one dict cost well
-# under a second.
-MAX_FLAT_TUPLES = 4096
 MIN_NODE_BUDGET = 1_000_000
 NODES_PER_BYTE = 64
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
@@ -261,24 +256,14 @@ def _at_most(limit: int, width: int) -> bytes:
 def _plain_run(size: int) -> re.Pattern[bytes]:
     """A run of opcodes that build plain data and need no decoding to be checked, commonest
     first: references and stores within a pickle of `size` bytes, small integers (LONG1 up to 7
-    bytes stays below 2**56), containers and constants. Strings, floats, larger numbers, frames
-    and everything else end the run and are checked one by one."""
+    bytes stays below 2**56), containers and constants. Strings, floats, larger numbers, frames,
+    tuples and everything else end the run and are checked one by one."""
     one, four = _at_most(size, 1), _at_most(size, 4)
-    # Numbers and constants, except where they begin a flat tuple: the run stops there, so that
-    # _check_opcodes counts the tuple (_FLAT_TUPLE). Tuples made otherwise end the run.
-    scalars = b"(?!" + _FLAT_TUPLE.pattern + b")(?:" + _SCALAR + b")"
-    ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", scalars, b"q" + one,
-           b"r" + four, b"a", b"s", rb"\)", b"l", b"d", b"0", b"1", b"2"]
+    long1 = b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
+    ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", b"K.", b"J....",
+           b"M..", long1, b"q" + one, b"r" + four, b"a", b"s", b"N", rb"\x88", rb"\x89", rb"\)",
+           b"l", b"d", b"0", b"1", b"2"]
     return re.compile(b"(?:" + b"|".join(ops) + b")*+", re.DOTALL)
-
-
-# A number or constant the run takes (LONG1 up to 7 bytes), and a tuple of one to three of them
-# made at once by TUPLE1, TUPLE2 or TUPLE3, as the C pickler writes torch's segment_pool_id:
-# such a tuple holds no tuple, so it is nested nowhere deeper than 1 and hashes in constant time.
-_SCALAR = (b"K.|J....|M..|" + b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
-           + rb"|N|\x88|\x89")
-_FLAT_TUPLE = re.compile(b"(?:" + _SCALAR + rb")(?:\x85|(?:" + _SCALAR + rb")(?:\x86|(?:" + _SCALAR + rb")\x87))",
-                         re.DOTALL)
 
 
 def _check_op(opcode: pickletools.OpcodeInfo, argument: Any, position: int, size: int) -> None:
@@ -298,9 +283,8 @@ def _frame_error(frame_start: int) -> SnapshotError:
                          "refused, as the unpickler would read other opcodes than those checked")
 
 
-def _check_opcodes(data: bytes, progress: Progress | None = None) -> int:
-    """Refuses, before anything is built, what a snapshot pickle never holds; returns how many
-    tuples (other than empty ones) the pickle makes.
+def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
+    """Refuses, before anything is built, what a snapshot pickle never holds.
 
     Opcodes are checked in the order the bytes hold them, so they must be the opcodes the
     unpickler runs: an opcode may not run past the end of its FRAME, nor a FRAME begin before
@@ -309,19 +293,18 @@ def _check_opcodes(data: bytes, progress: Progress | None = None) -> int:
     the frame's last bytes, so a pickle could hide opcodes from this check in what the check
     reads as a string.
 
-    Tuples are checked as _check_tuples says, when the pickle makes more than MAX_FLAT_TUPLES
-    or any that this pass cannot see is flat."""
+    A pickle that makes tuples (torch's segment_pool_id, in each segment of a GPU snapshot) then
+    has its stack followed by _check_tuples."""
     size = len(data)
-    run, flat = _plain_run(size).match, _FLAT_TUPLE.match
+    run = _plain_run(size).match
     stream = io.BytesIO(data)
     position = reported = 0
     frame_start, frame_end = -1, size  # the current frame, if any: runs stop at its end
-    tuples = unseen = 0  # tuples made; of which, those not seen to be flat
+    tuples = False  # whether the pickle makes a tuple other than ()
     try:
         while True:
-            # Runs end at least every _REPORT_EVERY bytes, so that progress is heard (a little
-            # after, so that a flat tuple across that mark is still seen as one).
-            position = run(data, position, min(frame_end, position + _REPORT_EVERY + 64)).end()
+            # Runs end at least every _REPORT_EVERY bytes, so that progress is heard.
+            position = run(data, position, min(frame_end, position + _REPORT_EVERY)).end()
             if progress is not None and position - reported >= _REPORT_EVERY:
                 progress("checking", position, size)
                 reported = position
@@ -329,21 +312,14 @@ def _check_opcodes(data: bytes, progress: Progress | None = None) -> int:
                 frame_start, frame_end = -1, size  # the frame is read: on to what follows it
             if position >= size:
                 raise EOFError("pickle exhausted before seeing STOP")
-            found = flat(data, position, frame_end)
-            if found is not None:
-                tuples += 1
-                position = found.end()
-                continue
             stream.seek(position)
             opcode, argument, at = next(pickletools.genops(stream))
             _check_op(opcode, argument, at, size)
             if opcode.name == "STOP":
-                if unseen or tuples > MAX_FLAT_TUPLES:
+                if tuples:
                     _check_tuples(data)
-                return tuples
-            if opcode.name in TUPLE_OPCODES:
-                tuples += 1
-                unseen += 1
+                return
+            tuples = tuples or opcode.name in TUPLE_OPCODES
             position = stream.tell()
             if position > frame_end and frame_start >= 0:
                 raise _frame_error(frame_start)
@@ -368,6 +344,11 @@ _GETS = frozenset(b"ghj")
 _PUTS = frozenset(b"pqr")
 
 
+# A list of memo references as the C pickler writes a frames list: EMPTY_LIST MEMOIZE MARK
+# BINGET... APPENDS, to _check_tuples one new list stored in the memo.
+_REFERENCES_LIST = re.compile(rb"\]\x94\((?:h.|j....)*+e", re.DOTALL)
+
+
 def _underflow() -> SnapshotError:
     return SnapshotError("not a readable pickle (unpickling stack underflow); is the file truncated?")
 
@@ -380,21 +361,30 @@ def _check_tuples(data: bytes) -> None:
     tuple other than () (tuples of numbers hash as the pickle's author likes, so that thousands
     of them collide in one dict: quadratic time). Snapshots key their dicts by strings.
 
-    Run by _check_opcodes on a pickle it has checked, when it could not see every tuple to be
-    flat; the C unpickler refuses the same stack underflows, so raising on one refuses nothing
-    the unpickler would load."""
+    Run by _check_opcodes on a pickle it has checked that makes tuples, a few seconds for 100 MB;
+    the C unpickler refuses the same stack underflows, so raising on one refuses nothing the
+    unpickler would load. (Counting tuples would not do: a few thousand colliding tuples,
+    memoized, can be the keys of dict after dict.)"""
     # An item: 0 not a tuple, -1 the empty tuple, d >= 1 a tuple d levels deep.
     stack: list[int] = []
     marks: list[int] = []
     tuples_at: dict[int, int] = {}  # memo index -> depth of the tuple stored there
     dense, sparse = 0, set()  # memo indices set: all below `dense`, and `sparse`
     stream = io.BytesIO(data)
+    references_list = _REFERENCES_LIST.match
     position = 0
     while True:
         op = data[position]
         position += 1
         # The commonest opcodes first, as the general code below does them, without its argument
         # readers (the pickle has passed _check_opcodes: every argument is there).
+        if op == 0x5D and not sparse:  # a frames list, most often
+            found = references_list(data, position - 1)
+            if found is not None:
+                stack.append(0)
+                dense += 1
+                position = found.end()
+                continue
         if op == 0x68:  # BINGET
             stack.append(tuples_at.get(data[position], 0))
             position += 1
@@ -541,9 +531,8 @@ class _TraceShape:
 _TUPLE_KEY = "a dict key is a tuple: snapshots key dicts by strings (tuples can be built to collide in hash tables)"
 
 
-def _check_plain(value: Any, budget: int, tuple_keys: bool = False) -> None:
-    """Checks the unpickled graph without recursion, in time linear in its distinct objects;
-    with `tuple_keys` (the pickle makes tuples), refuses dict keys that are tuples other than ().
+def _check_plain(value: Any, budget: int) -> None:
+    """Checks the unpickled graph without recursion, in time linear in its distinct objects.
 
     Shared objects (the memo) are visited once; for each container the size and depth of the
     tree it stands for are computed from its children's, so a memo bomb, whose tree is
@@ -593,8 +582,6 @@ def _check_plain(value: Any, budget: int, tuple_keys: bool = False) -> None:
             continue
         if key in in_progress:
             raise SnapshotError("contains itself: not a snapshot")
-        if tuple_keys and isinstance(item, dict) and any(type(k) is tuple and k for k in item):
-            raise SnapshotError(_TUPLE_KEY)
         in_progress.add(key)
         if len(in_progress) > MAX_DEPTH:
             raise SnapshotError(f"nested deeper than {MAX_DEPTH} levels: not a snapshot")
@@ -935,7 +922,7 @@ class _ColumnsBuilder:
 # them. Anything the reader does not follow (text opcodes of protocols 0 and 1, an event
 # referred to twice or changed after it was read, a matched event dropped, repeated or stored, a
 # stored stack or frozen list appended to, an event holding a container the columns do not keep,
-# a trace or device_traces referred to twice, a tuple dict key, rows left outside a trace)
+# a trace or device_traces referred to twice, rows left outside a trace)
 # raises _LoadWhole, and the snapshot is loaded whole by load_snapshot instead.
 
 
@@ -1101,10 +1088,9 @@ class _StreamReader:
         return made
 
     def _no_tuple_keys(self, keys: list[Any]) -> None:
-        """Tuple keys are refused, or not, by load_snapshot (_check_tuples, _check_plain), before
-        anything hashes them."""
+        """Refuses tuple keys as _check_tuples does, before anything hashes them."""
         if self.tuples_made and any(type(key) is tuple and key for key in keys):
-            raise _LoadWhole
+            raise SnapshotError(_TUPLE_KEY)
 
     def _report(self, position: int) -> None:
         self.next_report = position + _REPORT_EVERY
@@ -1658,7 +1644,7 @@ def loads_snapshot(data: bytes, name: str = "<bytes>", progress: Progress | None
     """Loads a snapshot from pickle bytes (not gzipped); see the module's description. `progress`,
     if given, hears how far the checking and the loading have come."""
     try:
-        tuples = _check_opcodes(data, progress)
+        _check_opcodes(data, progress)
         if progress is not None:
             progress("checking", len(data), len(data))
         reader = io.BytesIO(data) if progress is None else _ReportingReader(data, progress)
@@ -1670,7 +1656,7 @@ def loads_snapshot(data: bytes, name: str = "<bytes>", progress: Progress | None
         reason = str(error) or type(error).__name__
         raise SnapshotError(f"{name}: not a readable pickle ({reason}); is the file truncated?") from None
     try:
-        _check_plain(value, max(MIN_NODE_BUDGET, NODES_PER_BYTE * len(data)), tuple_keys=tuples > 0)
+        _check_plain(value, max(MIN_NODE_BUDGET, NODES_PER_BYTE * len(data)))
         check_structure(value)
     except SnapshotError as error:
         raise SnapshotError(f"{name}: {error}") from None

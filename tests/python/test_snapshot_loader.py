@@ -425,8 +425,8 @@ def test_deeply_nested_tuples_are_refused_without_crashing(write_snapshot) -> No
         assert "tuples nested deeper than 64 levels" in result.stderr
 
 
-def colliding_pairs(count: int, target: int = 0x123456789ABCDEF) -> list[tuple[int, int]]:
-    """Pairs of integers below 2**60 whose tuples all hash to `target` (CPython's tuple hash is
+def colliding_pairs(count: int, bits: int = 60, target: int = 0x123456789ABCDEF) -> list[tuple[int, int]]:
+    """Pairs of integers below 2**bits whose tuples all hash to `target` (CPython's tuple hash is
     xxHash's round on each item's hash, which is the integer itself: invertible)."""
     mask, prime1, prime2, prime5 = (1 << 64) - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
     inverse1, inverse2 = pow(prime1, -1, 1 << 64), pow(prime2, -1, 1 << 64)
@@ -438,7 +438,7 @@ def colliding_pairs(count: int, target: int = 0x123456789ABCDEF) -> list[tuple[i
         accumulator = prime5 + first * prime2
         accumulator = (((accumulator << 31) | ((accumulator & mask) >> 33)) * prime1) & mask
         second = ((after_second - accumulator) * inverse2) & mask
-        if second < 2**60:
+        if second < 2**bits:
             pairs.append((first, second))
     return pairs
 
@@ -455,6 +455,20 @@ def test_tuple_keys_are_refused_before_they_can_collide(loads, count: int) -> No
     with pytest.raises(SnapshotError, match="a dict key is a tuple"):
         loads(data)
     assert time.perf_counter() - start < 2.0
+
+
+def test_memoized_tuple_keys_are_refused_before_dict_after_dict_collides(loads) -> None:
+    """1,000 colliding tuples, made as torch makes segment_pool_id (small integers, TUPLE2) and
+    memoized, then the keys of 400 dicts: counting tuples would not bound the time (seconds)."""
+    pairs = colliding_pairs(1000, bits=55)
+    made = b"".join(b"\x8a\x07" + a.to_bytes(7, "little") + b"\x8a\x07" + b.to_bytes(7, "little") + b"\x86r"
+                    + i.to_bytes(4, "little") + b"0" for i, (a, b) in enumerate(pairs))
+    keyed = b"}(" + b"".join(b"j" + i.to_bytes(4, "little") + b"N" for i in range(len(pairs))) + b"u"
+    data = b"\x80\x04" + made + b"}\x94(\x8c\x08segments]\x8c\x01x(" + keyed * 400 + b"lu."
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="a dict key is a tuple"):
+        loads(data)
+    assert time.perf_counter() - start < 1.0
 
 
 def test_tuples_as_torch_writes_them_load_alike(write_snapshot, monkeypatch) -> None:
