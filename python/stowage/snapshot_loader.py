@@ -10,8 +10,12 @@ so neither loader here uses ``pickle.load`` as is.
    (no global, reduce, build, extension, persistent id, set or buffer: a payload that would call
    ``os.system`` fails before anything runs), memo indices must be within the file, and
    numbers must be plausible (below 2**60: larger ones could collide in hash tables on
-   purpose); gzip data may expand at most 256 times, so a gzip bomb is refused too; the
-   unpickler itself also refuses every global. The check is one regular-expression pass over
+   purpose); no opcode may run past the end of its FRAME (the unpickler would then read other
+   opcodes than those checked); tuples may nest at most 64 deep and may not be dict keys
+   (hashing a deep one crashes the interpreter, and tuples of numbers can collide on purpose):
+   the stack of a pickle that makes tuples is followed to see that before it is unpickled; gzip
+   data may expand at most 256 times (to 8 MiB for small files), so a gzip bomb is refused
+   too; the unpickler itself also refuses every global. The check is one regular-expression pass over
    the opcodes that need no decoding, with ``pickletools`` for the few that do;
 2. the result is walked once, without recursion, with a budget on the size of the tree it
    stands for (64 values per byte of pickle, at least a million; real snapshots need under 3)
@@ -25,7 +29,10 @@ so neither loader here uses ``pickle.load`` as is.
 ``load_snapshot_columnar`` returns the same dict with each device's trace as ``TraceColumns``
 (numpy arrays of action, address, size, stream and time, and an index into the distinct stacks),
 which is what ``stowage inspect`` and ``diff`` read. It reads the pickle in one pass and never
-holds a dict per trace event: see Note [Streaming traces] at ``_StreamReader``.
+holds a dict per trace event: see Note [Streaming traces] at ``_StreamReader``. It loads what
+``load_snapshot`` loads and refuses what it refuses, but also refuses frames that are not lists
+of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at; a file of
+8 MiB or more is read as the reader goes (``_FileWindow``).
 
 Every failure raises ``SnapshotError`` with the file name and the reason.
 """
@@ -36,6 +43,7 @@ import array
 import io
 import math
 import mmap
+import os
 import pickle
 import pickletools
 import re
@@ -44,13 +52,16 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 MAX_DEPTH = 64
-MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte
-MIN_DECOMPRESSED_LIMIT = 64 << 20
+MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte (real snapshots: 6 to 25)
+# What any gzip file may expand to. Unpickling costs up to about 70 bytes of objects a byte of
+# pickle (an EMPTY_LIST is a list), so this bounds what a small file can make the loaders build:
+# at 64 MiB, 60 KiB of gzip became 4.5 GiB of lists.
+MIN_DECOMPRESSED_LIMIT = 8 << 20
 MAX_NUMBER = 2**60
 MAX_SIZE = 2**50  # bytes: far beyond any device
 MAX_DEVICES = 1 << 16  # device indexes a snapshot may name
@@ -63,6 +74,7 @@ PLAIN_OPCODES = frozenset(
 )
 MEMO_OPCODES = frozenset("GET BINGET LONG_BINGET PUT BINPUT LONG_BINPUT".split())
 NUMBER_OPCODES = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT".split())
+TUPLE_OPCODES = frozenset("TUPLE TUPLE1 TUPLE2 TUPLE3".split())
 MIN_NODE_BUDGET = 1_000_000
 NODES_PER_BYTE = 64
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
@@ -112,18 +124,82 @@ def _read_bytes(path: Path) -> bytes:
     return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw
 
 
-_MAP_AT_LEAST = 8 << 20  # files this large are mapped, not read
+_MAP_AT_LEAST = 8 << 20  # files this large are read as the streaming reader goes, not at once
+_FILL_AHEAD = 8 << 20  # bytes of such a file read ahead of the reader at a time
+# An anonymous mapping whose pages, once given back (MADV_DONTNEED), are freed: private, and
+# not counted against the machine's memory until written.
+_WINDOW_FLAGS = (getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+                 | getattr(mmap, "MAP_NORESERVE", 0))
 
 
-def _map_bytes(path: Path) -> bytes | mmap.mmap:
-    """The pickle's bytes: a large uncompressed regular file is mapped read-only (its pages cost
-    memory only while they are read, and the reader gives them back behind itself; as with any
-    mapped file, one truncated while it is read ends the process), others are read."""
+class _FileWindow:
+    """A large uncompressed file read as the streaming reader goes: an anonymous mapping of the
+    file's size, filled _FILL_AHEAD bytes ahead of the reader and given back behind it, so that
+    its pages cost memory only while they are read.
+
+    The file itself used to be mapped, which costs the same, but a page read after the file had
+    shrunk below it ended the process (SIGBUS), as when a snapshot is rewritten in place
+    (torch.cuda.memory._dump_snapshot truncates, then writes) while inspect reads it. Here such a
+    read comes up short, and a file whose size or time changed is refused: a SnapshotError."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self.file, self.size = file, size
+        self.buffer = mmap.mmap(-1, size, flags=_WINDOW_FLAGS)
+        self.filled = 0  # bytes read into the buffer, from the start
+        self.stat = self._stat()
+
+    def _stat(self) -> tuple[int, int, int]:
+        stat = os.fstat(self.file.fileno())
+        return stat.st_size, stat.st_mtime_ns, stat.st_ino
+
+    def _unchanged(self) -> None:
+        if self._stat() != self.stat:
+            raise SnapshotError("the file changed while it was read")
+
+    def fill(self, upto: int) -> None:
+        """Reads the file into the buffer up to `upto` at least, _FILL_AHEAD beyond what is read."""
+        end = min(self.size, max(upto, self.filled + _FILL_AHEAD))
+        try:
+            with memoryview(self.buffer) as view:
+                while self.filled < end:
+                    count = self.file.readinto(view[self.filled:end])
+                    if not count:  # the file shrank
+                        raise SnapshotError("the file changed while it was read")
+                    self.filled += count
+            self._unchanged()
+        except OSError as error:
+            raise SnapshotError(f"cannot read: {error.strerror or error}") from error
+
+    def whole(self) -> bytes:
+        """The file's bytes, read again (the buffer gave back what was read)."""
+        self.file.seek(0)
+        data = self.file.read()
+        if len(data) != self.size:
+            raise SnapshotError("the file changed while it was read")
+        self._unchanged()
+        return data
+
+    def close(self) -> None:
+        self.buffer.close()
+        self.file.close()
+
+
+def _map_bytes(path: Path) -> bytes | _FileWindow:
+    """The pickle's bytes: a large uncompressed regular file as a _FileWindow, others read."""
     try:
-        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST:
-            with path.open("rb") as file:
+        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST and _WINDOW_FLAGS:
+            file = path.open("rb", buffering=0)
+            try:
                 if file.read(2) != b"\x1f\x8b":
-                    return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+                    file.seek(0)
+                    try:
+                        return _FileWindow(file, os.fstat(file.fileno()).st_size)  # type: ignore[arg-type]
+                    except OSError:  # no room for the anonymous mapping: read it all
+                        pass
+            except BaseException:
+                file.close()
+                raise
+            file.close()
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
     return _read_bytes(path)
@@ -180,13 +256,13 @@ def _at_most(limit: int, width: int) -> bytes:
 def _plain_run(size: int) -> re.Pattern[bytes]:
     """A run of opcodes that build plain data and need no decoding to be checked, commonest
     first: references and stores within a pickle of `size` bytes, small integers (LONG1 up to 7
-    bytes stays below 2**56), containers, constants and frames. Strings, floats, larger numbers
-    and everything else end the run and are checked one by one."""
+    bytes stays below 2**56), containers and constants. Strings, floats, larger numbers, frames,
+    tuples and everything else end the run and are checked one by one."""
     one, four = _at_most(size, 1), _at_most(size, 4)
     long1 = b"|".join(b"\\x8a\\x%02x.{%d}" % (n, n) if n else b"\\x8a\\x00" for n in range(8))
     ops = [b"j" + four, b"h" + one, rb"\x94", rb"\(", rb"\}", rb"u", rb"e", rb"\]", b"K.", b"J....",
            b"M..", long1, b"q" + one, b"r" + four, b"a", b"s", b"N", rb"\x88", rb"\x89", rb"\)",
-           rb"\x85", rb"\x86", rb"\x87", b"t", b"l", b"d", b"0", b"1", b"2", rb"\x95.{8}"]
+           b"l", b"d", b"0", b"1", b"2"]
     return re.compile(b"(?:" + b"|".join(ops) + b")*+", re.DOTALL)
 
 
@@ -202,33 +278,257 @@ def _check_op(opcode: pickletools.OpcodeInfo, argument: Any, position: int, size
         raise SnapshotError(f"number {argument!r} at byte {position} is out of any snapshot's range")
 
 
+def _frame_error(frame_start: int) -> SnapshotError:
+    return SnapshotError(f"an opcode runs past the end of its frame (the frame at byte {frame_start}); "
+                         "refused, as the unpickler would read other opcodes than those checked")
+
+
 def _check_opcodes(data: bytes, progress: Progress | None = None) -> None:
-    """Refuses, before anything is built, what a snapshot pickle never holds."""
-    run = _plain_run(len(data)).match
+    """Refuses, before anything is built, what a snapshot pickle never holds.
+
+    Opcodes are checked in the order the bytes hold them, so they must be the opcodes the
+    unpickler runs: an opcode may not run past the end of its FRAME, nor a FRAME begin before
+    the last one ends (the rules of pickle's own Python unpickler). The C unpickler does not
+    check them: it reads an opcode that crosses its frame's end from after the frame, dropping
+    the frame's last bytes, so a pickle could hide opcodes from this check in what the check
+    reads as a string.
+
+    A pickle that makes tuples (torch's segment_pool_id, in each segment of a GPU snapshot) then
+    has its stack followed by _check_tuples."""
+    size = len(data)
+    run = _plain_run(size).match
     stream = io.BytesIO(data)
     position = reported = 0
+    frame_start, frame_end = -1, size  # the current frame, if any: runs stop at its end
+    tuples = False  # whether the pickle makes a tuple other than ()
     try:
         while True:
             # Runs end at least every _REPORT_EVERY bytes, so that progress is heard.
-            position = run(data, position, position + _REPORT_EVERY).end()
+            position = run(data, position, min(frame_end, position + _REPORT_EVERY)).end()
             if progress is not None and position - reported >= _REPORT_EVERY:
-                progress("checking", position, len(data))
+                progress("checking", position, size)
                 reported = position
-            if position >= len(data):
+            if position == frame_end and frame_start >= 0:
+                frame_start, frame_end = -1, size  # the frame is read: on to what follows it
+            if position >= size:
                 raise EOFError("pickle exhausted before seeing STOP")
             stream.seek(position)
             opcode, argument, at = next(pickletools.genops(stream))
-            _check_op(opcode, argument, at, len(data))
+            _check_op(opcode, argument, at, size)
             if opcode.name == "STOP":
+                if tuples:
+                    _check_tuples(data)
                 return
+            tuples = tuples or opcode.name in TUPLE_OPCODES
             position = stream.tell()
+            if position > frame_end and frame_start >= 0:
+                raise _frame_error(frame_start)
+            if opcode.name == "FRAME":
+                if frame_start >= 0:
+                    raise SnapshotError(f"a frame begins at byte {at} before the frame at byte {frame_start} ends")
+                if position + argument > size:
+                    raise EOFError("pickle data was truncated")
+                frame_start, frame_end = at, position + argument
     except (ValueError, EOFError, StopIteration) as error:
         if isinstance(error, SnapshotError):
             raise
         raise SnapshotError(f"not a readable pickle ({error}); is the file truncated?") from None
 
 
+_ARGUMENTS = {op.code.encode("latin-1")[0]: op.arg for op in pickletools.opcodes}
+_PUSHES = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes if op.name in (
+    "NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING "
+    "SHORT_BINSTRING UNICODE BINUNICODE SHORT_BINUNICODE BINUNICODE8 BINBYTES SHORT_BINBYTES BINBYTES8 "
+    "EMPTY_LIST EMPTY_DICT").split())
+_GETS = frozenset(b"ghj")
+_PUTS = frozenset(b"pqr")
+
+
+# A list of memo references as the C pickler writes a frames list: EMPTY_LIST MEMOIZE MARK
+# BINGET... APPENDS, to _check_tuples one new list stored in the memo.
+_REFERENCES_LIST = re.compile(rb"\]\x94\((?:h.|j....)*+e", re.DOTALL)
+
+
+def _underflow() -> SnapshotError:
+    return SnapshotError("not a readable pickle (unpickling stack underflow); is the file truncated?")
+
+
+def _check_tuples(data: bytes) -> None:
+    """Follows the pickle's stack as the C unpickler will, knowing of each item only whether it
+    is a tuple and how deeply tuples nest in it, and refuses, before the unpickler builds them,
+    a tuple nested deeper than MAX_DEPTH (hashing one, as a dict key, recurses in C without
+    limit: a few hundred kilobytes of TUPLE1 crash the interpreter) and a dict key that is a
+    tuple other than () (tuples of numbers hash as the pickle's author likes, so that thousands
+    of them collide in one dict: quadratic time). Snapshots key their dicts by strings.
+
+    Run by _check_opcodes on a pickle it has checked that makes tuples, a few seconds for 100 MB;
+    the C unpickler refuses the same stack underflows, so raising on one refuses nothing the
+    unpickler would load. (Counting tuples would not do: a few thousand colliding tuples,
+    memoized, can be the keys of dict after dict.)"""
+    # An item: 0 not a tuple, -1 the empty tuple, d >= 1 a tuple d levels deep.
+    stack: list[int] = []
+    marks: list[int] = []
+    tuples_at: dict[int, int] = {}  # memo index -> depth of the tuple stored there
+    dense, sparse = 0, set()  # memo indices set: all below `dense`, and `sparse`
+    stream = io.BytesIO(data)
+    references_list = _REFERENCES_LIST.match
+    position = 0
+    while True:
+        op = data[position]
+        position += 1
+        # The commonest opcodes first, as the general code below does them, without its argument
+        # readers (the pickle has passed _check_opcodes: every argument is there).
+        if op == 0x5D and not sparse:  # a frames list, most often
+            found = references_list(data, position - 1)
+            if found is not None:
+                stack.append(0)
+                dense += 1
+                position = found.end()
+                continue
+        if op == 0x68:  # BINGET
+            stack.append(tuples_at.get(data[position], 0))
+            position += 1
+            continue
+        if op == 0x6A:  # LONG_BINGET
+            stack.append(tuples_at.get(int.from_bytes(data[position:position + 4], "little"), 0)
+                         if tuples_at else 0)
+            position += 4
+            continue
+        if op == 0x94 and not sparse:  # MEMOIZE, to a new index
+            if len(stack) <= (marks[-1] if marks else 0):
+                raise _underflow()
+            if stack[-1]:
+                tuples_at[dense] = stack[-1]
+            dense += 1
+            continue
+        if op == 0x28:  # MARK
+            marks.append(len(stack))
+            continue
+        if op == 0x75 or op == 0x65:  # SETITEMS, APPENDS
+            if not marks:
+                raise SnapshotError("not a readable pickle (could not find MARK); is the file truncated?")
+            start = marks.pop()
+            if start <= (marks[-1] if marks else 0):
+                raise _underflow()
+            if op == 0x75 and max(stack[start::2], default=0) > 0:
+                raise SnapshotError(_TUPLE_KEY)
+            del stack[start:]
+            continue
+        if op == 0x7D or op == 0x5D or op == 0x4E:  # EMPTY_DICT, EMPTY_LIST, NONE
+            stack.append(0)
+            continue
+        if op == 0x4B or op == 0x4A or op == 0x4D or op == 0x47:  # BININT1, BININT, BININT2, BINFLOAT
+            stack.append(0)
+            position += 1 if op == 0x4B else 4 if op == 0x4A else 2 if op == 0x4D else 8
+            continue
+        if op == 0x8A or op == 0x8C or op == 0x43:  # LONG1, SHORT_BINUNICODE, SHORT_BINBYTES
+            stack.append(0)
+            position += 1 + data[position]
+            continue
+        argument = _ARGUMENTS.get(op)
+        if argument is not None:
+            if argument.n > 0:  # fixed width
+                value = data[position:position + argument.n]
+                position += argument.n
+            else:
+                stream.seek(position)
+                value = argument.reader(stream)
+                position = stream.tell()
+        fence = marks[-1] if marks else 0
+        if op in _PUSHES:
+            stack.append(0)
+        elif op in _GETS:
+            index = int(value) if op == 0x67 else int.from_bytes(value, "little")
+            stack.append(tuples_at.get(index, 0))
+        elif op in _PUTS or op == 0x94:  # PUT, BINPUT, LONG_BINPUT, MEMOIZE
+            if len(stack) <= fence:
+                raise _underflow()
+            if op == 0x94:
+                index = dense + len(sparse)
+            else:
+                index = int(value) if op == 0x70 else int.from_bytes(value, "little")
+            if index == dense:
+                dense += 1
+                while dense in sparse:
+                    sparse.discard(dense)
+                    dense += 1
+            elif index > dense:
+                sparse.add(index)
+            if stack[-1]:
+                tuples_at[index] = stack[-1]
+            else:
+                tuples_at.pop(index, None)
+        elif op == 0x28:  # MARK
+            marks.append(len(stack))
+        elif op in b"ue1ltd":  # SETITEMS, APPENDS, POP_MARK, LIST, TUPLE, DICT: to the mark
+            if not marks:
+                raise SnapshotError("not a readable pickle (could not find MARK); is the file truncated?")
+            start = marks.pop()
+            items = stack[start:]
+            del stack[start:]
+            if op in b"ue" and start <= (marks[-1] if marks else 0):
+                raise _underflow()
+            if op in b"ud" and max(items[::2], default=0) > 0:
+                raise SnapshotError(_TUPLE_KEY)
+            if op == 0x74:  # TUPLE
+                depth = 1 + max((1 if item < 0 else item for item in items), default=0)
+                if depth > MAX_DEPTH:
+                    raise SnapshotError(f"tuples nested deeper than {MAX_DEPTH} levels: not a snapshot")
+                stack.append(depth if items else -1)
+            elif op in b"ld":
+                stack.append(0)
+        elif op in b"\x85\x86\x87":  # TUPLE1, TUPLE2, TUPLE3
+            count = op - 0x84
+            if len(stack) - count < fence:
+                raise _underflow()
+            depth = 1 + max(1 if item < 0 else item for item in stack[-count:])
+            if depth > MAX_DEPTH:
+                raise SnapshotError(f"tuples nested deeper than {MAX_DEPTH} levels: not a snapshot")
+            del stack[-count:]
+            stack.append(depth)
+        elif op == 0x29:  # EMPTY_TUPLE
+            stack.append(-1)
+        elif op == 0x61:  # APPEND
+            if len(stack) - 1 <= fence:
+                raise _underflow()
+            stack.pop()
+        elif op == 0x73:  # SETITEM
+            if len(stack) - 2 <= fence:
+                raise _underflow()
+            if stack[-2] > 0:
+                raise SnapshotError(_TUPLE_KEY)
+            del stack[-2:]
+        elif op == 0x30:  # POP: an item, or the mark when the stack is empty above it
+            if marks and marks[-1] == len(stack):
+                marks.pop()
+            elif len(stack) <= fence:
+                raise _underflow()
+            else:
+                stack.pop()
+        elif op == 0x32:  # DUP
+            if len(stack) <= fence:
+                raise _underflow()
+            stack.append(stack[-1])
+        elif op == 0x2E:  # STOP
+            return
+        # PROTO and FRAME change nothing; _check_opcodes let no other opcode through.
+
+
 # --- the plain-data and structural checks ---
+
+
+class _TraceShape:
+    """What _check_plain measures of a trace read into TraceColumns, whose events it never sees:
+    `nodes` values (each event, its keys and the values that are not containers), then each of
+    `children` (frames lists and user_metadata) `weights` times, one level below the events."""
+
+    __slots__ = ("nodes", "events", "children", "weights")
+
+    def __init__(self, nodes: int, events: int, children: list[Any], weights: list[int]) -> None:
+        self.nodes, self.events, self.children, self.weights = nodes, events, children, weights
+
+
+_TUPLE_KEY = "a dict key is a tuple: snapshots key dicts by strings (tuples can be built to collide in hash tables)"
 
 
 def _check_plain(value: Any, budget: int) -> None:
@@ -236,7 +536,8 @@ def _check_plain(value: Any, budget: int) -> None:
 
     Shared objects (the memo) are visited once; for each container the size and depth of the
     tree it stands for are computed from its children's, so a memo bomb, whose tree is
-    exponentially larger than its graph, is measured without being expanded, and refused.
+    exponentially larger than its graph, is measured without being expanded, and refused. A
+    _TraceShape stands for a trace read into columns, measured as the list of event dicts it was.
     """
     tree_size: dict[int, int] = {}
     depth_of: dict[int, int] = {}
@@ -244,17 +545,28 @@ def _check_plain(value: Any, budget: int) -> None:
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
         item, children_done = stack.pop()
-        if not isinstance(item, ALLOWED_TYPES):
+        shape = item if type(item) is _TraceShape else None
+        if shape is not None:
+            children = shape.children
+        elif not isinstance(item, ALLOWED_TYPES):
             raise SnapshotError(f"holds a {type(item).__name__}; snapshots hold only plain data")
-        if not isinstance(item, (dict, list, tuple)):
+        elif not isinstance(item, (dict, list, tuple)):
             continue
+        else:
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
         key = id(item)
-        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
         if children_done:
             size, depth = 1, 0
-            for child in children:
-                size += tree_size.get(id(child), 1)
-                depth = max(depth, depth_of.get(id(child), 0))
+            if shape is None:
+                for child in children:
+                    size += tree_size.get(id(child), 1)
+                    depth = max(depth, depth_of.get(id(child), 0))
+            else:  # the trace, its events, then their frames lists and metadata
+                size += shape.nodes
+                for child, weight in zip(children, shape.weights):
+                    size += weight * tree_size.get(id(child), 1)
+                    depth = max(depth, depth_of.get(id(child), 0))
+                depth = depth + 1 if shape.events else 0
             tree_size[key] = size
             depth_of[key] = depth + 1
             in_progress.discard(key)
@@ -275,7 +587,7 @@ def _check_plain(value: Any, budget: int) -> None:
             raise SnapshotError(f"nested deeper than {MAX_DEPTH} levels: not a snapshot")
         stack.append((item, True))
         for child in children:
-            if isinstance(child, (dict, list, tuple)):
+            if isinstance(child, (dict, list, tuple)) or type(child) is _TraceShape:
                 if id(child) in in_progress:
                     raise SnapshotError("contains itself: not a snapshot")
                 if id(child) not in tree_size:
@@ -600,8 +912,17 @@ class _ColumnsBuilder:
 # keys, integers, a frames list of memo references, SETITEMS) are matched whole by one regular
 # expression (_EVENT), so most events cost one match; any other event goes through the general
 # path and becomes a row at the APPENDS that takes it. Opcodes are checked as they are met, with
-# the messages of _check_opcodes. Anything the reader does not follow (text opcodes of protocols
-# 0 and 1, an event referred to twice, a stored stack appended to, rows left outside a trace)
+# the messages of _check_opcodes. A row is a copy of its event made when the event is read, so
+# the reader must see that nothing changes the event after: an event or frames list a row was
+# made of is frozen (_FROZEN, _StreamReader.frozen), and a matched event's place on the stack
+# (_QUEUED) may only be taken by its trace's APPENDS. The plain-data walk must refuse what it
+# refuses in load_snapshot (a memo bomb, a cycle, nesting deeper than 64, anywhere in an event
+# too), so each trace counts what its events stood for (_TraceBuilder.nodes) and is walked as a
+# _TraceShape: those counts, then its stored stacks and user_metadata as often as events refer to
+# them. Anything the reader does not follow (text opcodes of protocols 0 and 1, an event
+# referred to twice or changed after it was read, a matched event dropped, repeated or stored, a
+# stored stack or frozen list appended to, an event holding a container the columns do not keep,
+# a trace or device_traces referred to twice, rows left outside a trace)
 # raises _LoadWhole, and the snapshot is loaded whole by load_snapshot instead.
 
 
@@ -610,15 +931,20 @@ class _LoadWhole(Exception):
 
 
 class _EventDict(dict):  # type: ignore[type-arg]
-    """A trace event on the general path; its memo slot is cleared once it is a row."""
+    """A trace event on the general path; its memo slot is cleared once it is a row, and it is
+    frozen (memo_index _FROZEN): changing it after would leave the row stale."""
 
     __slots__ = ("memo_index",)
 
 
 class _EventList(list):  # type: ignore[type-arg]
-    """A list made inside a trace event (its frames); its memo slot becomes the stored stack."""
+    """A list made inside a trace event (its frames); its memo slot becomes the stored stack, a
+    copy, so once copied it is frozen as its event is."""
 
     __slots__ = ("memo_index",)
+
+
+_FROZEN = -2  # the memo_index of an _EventDict or _EventList that a row was made of
 
 
 class _DeviceTraces(list):  # type: ignore[type-arg]
@@ -634,9 +960,33 @@ class _TraceBuilder(_ColumnsBuilder):
     def __init__(self, device: int) -> None:
         super().__init__(device)
         self.pending: deque[_Row | None] = deque()
+        # What _check_plain would count of the events but their frames lists and user_metadata
+        # containers, which the columns keep (_TraceShape).
+        self.nodes = 0
 
 
-_QUEUED = object()  # on the stack: the next pending row of the trace being filled
+_SCALARS = frozenset((str, int, float, bool, type(None), bytes))
+
+
+def _event_nodes(entry: dict[Any, Any]) -> int:
+    """The values an event dict stands for in _check_plain's tree but for its frames list and its
+    user_metadata container, measured with the stacks and the metadata the columns keep. An event
+    holding any other container (which the columns would drop unmeasured) is loaded whole."""
+    nodes = 1 + 2 * len(entry)
+    for key, value in entry.items():
+        if type(key) not in _SCALARS:
+            raise _LoadWhole
+        if type(value) not in _SCALARS:
+            if not ((key == "frames" and isinstance(value, list)) or key == "user_metadata"):
+                raise _LoadWhole
+            nodes -= 1
+    return nodes
+
+
+# On the stack: the next pending row of the trace being filled. It stands for an event the
+# trace's APPENDS has not taken yet, so it may not be dropped, repeated, stored or changed (the
+# event would then be lost, repeated or changed): any opcode that would raises _LoadWhole.
+_QUEUED = object()
 _CONSUMED = object()  # in the memo: an event that became a row
 _GET = rb"j....|h."
 _VALUE = (_GET + rb"|\]\x94(?:\((?:j....|h.)++e|(?:j....|h.)a)?|\x8a(?:\x06.{6}|\x07.{7}|\x05.{5}|"
@@ -645,10 +995,11 @@ _FAST_FIELDS = 10
 _PAIR = b"(" + _GET + b")(" + _VALUE + b")"
 _EVENT = re.compile(rb"\}\x94\(" + _PAIR + (b"(?:" + _PAIR + b")?") * (_FAST_FIELDS - 1) + b"u", re.DOTALL)
 _BINFLOAT = struct.Struct(">d")
-_RELEASE_EVERY = 8 << 20  # bytes of a mapped file given back at a time
+_RELEASE_EVERY = 8 << 20  # bytes of a large file's window (or of a mapped file) given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _FIELDS = {name: slot for slot, name in enumerate(("action", "addr", "size", "stream", "time_us", "frames",
                                                    "device_free", "user_metadata"))}
+_FRAMES_SLOT, _METADATA_SLOT = _FIELDS["frames"], _FIELDS["user_metadata"]
 _PLAIN_ACTIONS = {action: ACTION_CODES[action] for action in ACTIONS if action not in ("oom", "snapshot")}
 
 
@@ -699,18 +1050,47 @@ class _StreamReader:
     """Reads a snapshot pickle into plain data with TraceColumns for its traces: Note
     [Streaming traces]. One use: run(), then finish()."""
 
-    def __init__(self, data: bytes | mmap.mmap, progress: Progress | None) -> None:
-        self.data = data
-        self.size = len(data)
+    def __init__(self, data: bytes | mmap.mmap | _FileWindow, progress: Progress | None) -> None:
+        self.window = data if isinstance(data, _FileWindow) else None  # read as the reader goes
+        self.data = data.buffer if isinstance(data, _FileWindow) else data
+        self.size = len(self.data)
         self.progress = progress
         self.memo: list[Any] = []
         self.table = _StackTable()
         self.empty = _Stack()  # the memo's stand-in for every empty frames list
         self.builders: list[_TraceBuilder] = []
-        self.fields: dict[bytes, int] = {}  # memo reference of a key -> its _FIELDS slot
+        self.fields: dict[bytes, int] = {}  # memo reference of a key -> its _FIELDS slot (_field)
+        self.other_keys: dict[str, int] = {}  # keys of events inspect does not read -> their slot
         self.by_refs: dict[bytes, _Stack] = {}  # a frames list's memo references -> its stack
         self.next_report = 0
         self.released = 0
+        # Plain lists copied into stored stacks (frames shared with a segment, say), by id: they
+        # may not change after (the stack would be stale); kept, so that ids stay theirs.
+        self.frozen: dict[int, list[Any]] = {}
+        # Tuples nested two or more deep, by id (and kept, so that ids stay theirs) -> depth; and
+        # whether any tuple but () was made, after which dict keys are looked at (_check_tuples).
+        self.tuple_depths: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        self.tuples_made = False
+
+    def _tuple(self, items: list[Any]) -> tuple[Any, ...]:
+        """A tuple of `items`, refused as _check_tuples refuses it when nested too deep."""
+        made = tuple(items)
+        depth = 1
+        for item in made:
+            if type(item) is tuple:
+                depth = max(depth, 1 + self.tuple_depths.get(id(item), (1,))[0])
+        if depth > MAX_DEPTH:
+            raise SnapshotError(f"tuples nested deeper than {MAX_DEPTH} levels: not a snapshot")
+        if depth > 1:
+            self.tuple_depths[id(made)] = (depth, made)
+        if made:
+            self.tuples_made = True
+        return made
+
+    def _no_tuple_keys(self, keys: list[Any]) -> None:
+        """Refuses tuple keys as _check_tuples does, before anything hashes them."""
+        if self.tuples_made and any(type(key) is tuple and key for key in keys):
+            raise SnapshotError(_TUPLE_KEY)
 
     def _report(self, position: int) -> None:
         self.next_report = position + _REPORT_EVERY
@@ -729,13 +1109,31 @@ class _StreamReader:
     def _get(self, index: int, position: int) -> Any:
         if index < len(self.memo):
             value = self.memo[index]
-            if value is _CONSUMED:
-                raise _LoadWhole
+            if value is _CONSUMED or type(value) is _TraceBuilder or type(value) is _DeviceTraces:
+                raise _LoadWhole  # an event read, or a trace or device_traces referred to twice
             return value
         if index > self.size:
             raise SnapshotError(f"memo index {index} at byte {position} is beyond the file")
         raise SnapshotError(f"not a readable pickle (memo value not found at index {index}); "
                             "is the file truncated?")
+
+    def _memoized(self, value: Any, index: int) -> None:
+        """Notes the memo slot of an event or frames list; one stored twice (never written by
+        Python's pickler) could be reached after its row was made through the slot not cleared."""
+        if value is _QUEUED:
+            raise _LoadWhole
+        if type(value) is _EventDict or type(value) is _EventList:
+            if value.memo_index != -1:
+                raise _LoadWhole
+            value.memo_index = index
+
+    def _freeze_frames(self, frames: Any) -> None:
+        """A frames list a row was made of (copied into a stored stack) may not change after."""
+        kind = type(frames)
+        if kind is _EventList:
+            frames.memo_index = _FROZEN
+        elif kind is list:
+            self.frozen[id(frames)] = frames
 
     def _put(self, index: int, value: Any, position: int) -> None:
         memo = self.memo
@@ -749,8 +1147,7 @@ class _StreamReader:
             self.by_refs.clear()
         else:
             raise _LoadWhole  # sparse memo indices: never written by Python's pickler
-        if type(value) is _EventDict or type(value) is _EventList:
-            value.memo_index = index
+        self._memoized(value, index)
 
     def _take(self, builder: _TraceBuilder, items: list[Any]) -> None:
         """The APPENDS of `items` to a trace: each a pending row or an event to make one of."""
@@ -763,6 +1160,10 @@ class _StreamReader:
                     raise _LoadWhole
                 rows.append(builder.pending.popleft())
             else:
+                if type(item) is dict:
+                    raise _LoadWhole  # an event made elsewhere (a memo reference): referred to twice
+                if type(item) is _EventDict:
+                    builder.nodes += _event_nodes(item)
                 row = None
                 try:
                     row = _event_row(item, builder.device, index, self.table)
@@ -773,11 +1174,13 @@ class _StreamReader:
                     slot = item.memo_index
                     if 0 <= slot < len(memo) and memo[slot] is item:
                         memo[slot] = _CONSUMED
+                    item.memo_index = _FROZEN
                     frames = item.get("frames")
                     if type(frames) is _EventList and row is not None:
                         slot = frames.memo_index
                         if 0 <= slot < len(memo) and memo[slot] is frames:
                             memo[slot] = self.table.stacks[row[6]] if row[6] >= 0 else self.empty
+                    self._freeze_frames(frames)
             index += 1
         builder.add(rows)  # type: ignore[arg-type]  (rows are None only after an error)
 
@@ -809,12 +1212,18 @@ class _StreamReader:
         return stored
 
     def _field(self, reference: bytes) -> int | None:
-        """The _FIELDS slot of a key matched by _EVENT (-1: a key inspect does not read); None
-        when the key is not a string."""
+        """The _FIELDS slot of a key matched by _EVENT, or for a key inspect does not read -1, -2,
+        ..., one for each such key (so that an event's duplicate keys are seen); None when the
+        key is not a string, or one of too many such keys."""
         key = self._memo_at(reference)
         if type(key) is not str:
             return None
-        slot = self.fields[reference] = _FIELDS.get(key, -1)
+        slot = _FIELDS.get(key)
+        if slot is None:
+            slot = self.other_keys.setdefault(key, -1 - len(self.other_keys))
+            if slot < -60:
+                return None
+        self.fields[reference] = slot
         return slot
 
     def _fast_event(self, found: re.Match[bytes], builder: _TraceBuilder, index: int) -> bool:
@@ -824,6 +1233,7 @@ class _StreamReader:
         fields, memo = self.fields, self.memo
         values: list[Any] = [_MISSING] * len(_FIELDS)
         lists: list[_Stack] = []
+        others = pairs = 0  # the unread keys seen (bits), the pairs
         for i, (reference, raw) in enumerate(zip(groups, groups)):
             if reference is None:
                 break
@@ -832,6 +1242,14 @@ class _StreamReader:
                 slot = self._field(reference)
                 if slot is None:
                     return False
+            if slot >= 0:
+                if values[slot] is not _MISSING:
+                    return False  # a duplicate key: the general path keeps the dict's count
+            else:
+                if others >> -slot & 1:
+                    return False
+                others |= 1 << -slot
+            pairs += 1
             op = raw[0]
             value: Any
             if op == 0x8A:  # LONG1
@@ -845,9 +1263,13 @@ class _StreamReader:
                 value = memo[at]
                 if value is _CONSUMED:
                     return False
+                if type(value) not in _SCALARS and slot != _FRAMES_SLOT and slot != _METADATA_SLOT:
+                    return False  # a container where _event_nodes, on the general path, loads whole
             elif op == 0x4B:  # BININT1
                 value = raw[1]
             elif op == 0x5D:  # EMPTY_LIST MEMOIZE, references, APPENDS
+                if slot != _FRAMES_SLOT:
+                    return False
                 value = self._fast_stack(raw)
                 if value is None:
                     return False
@@ -864,6 +1286,9 @@ class _StreamReader:
                 value = None if op == 0x4E else op == 0x88
             if slot >= 0:
                 values[slot] = value
+        frames, metadata = values[_FRAMES_SLOT], values[_METADATA_SLOT]
+        builder.nodes += (1 + 2 * pairs - isinstance(frames, list)
+                          - (metadata is not _MISSING and type(metadata) not in _SCALARS))
         row = _plain_row(values)
         if row is None:  # anything unusual: the general check, which names what is wrong
             entry = {name: value for name, value in zip(_FIELDS, values) if value is not _MISSING}
@@ -871,23 +1296,25 @@ class _StreamReader:
                 row = _event_row(entry, builder.device, index, self.table)
             except SnapshotError as error:
                 builder.fail(index, str(error))
+            self._freeze_frames(frames)  # a memo reference to a list made before
         memo.append(_CONSUMED)  # the event's slot, then its lists'
         memo.extend(lists)
         builder.pending.append(row)
         return True
 
-    def _events(self, builder: _TraceBuilder, position: int, stack: list[Any]) -> int:
-        """Events matched whole from `position` on, in a batch of `builder`'s APPENDS; returns
-        where the general path goes on."""
+    def _events(self, builder: _TraceBuilder, position: int, stack: list[Any], end: int) -> int:
+        """Events matched whole from `position` on, in a batch of `builder`'s APPENDS, up to `end`
+        (the end of the current frame, or of the pickle); returns where the general path goes
+        on."""
         match = _EVENT.match
-        data, size = self.data, self.size
+        data = self.data
         while True:
-            found = match(data, position)  # type: ignore[call-overload]
+            found = match(data, position, end)  # type: ignore[call-overload]
             if found is None or not self._fast_event(found, builder, builder.count + len(stack)):
                 break
             stack.append(_QUEUED)
             position = found.end()
-            if position >= size or data[position] != 0x7D:
+            if position >= end or data[position] != 0x7D:
                 break
         if position >= self.next_report:
             self._report(position)
@@ -902,12 +1329,29 @@ class _StreamReader:
 
     def run(self) -> Any:
         """Runs the pickle to its STOP; returns what it built."""
-        data, size, memo = self.data, self.size, self.memo
+        data, size, memo, frozen, window = self.data, self.size, self.memo, self.frozen, self.window
         stack: list[Any] = []
         metastack: list[list[Any]] = []
         position = 0
+        # The current frame, if any: no opcode may run past its end (see _check_opcodes).
+        frame_start, frame_end = -1, size
+        # Where an opcode and its fixed arguments (9 bytes at most) may begin and be read, and
+        # the first of that and the frame's end: one comparison an opcode sees to both.
+        safe = size if window is None else -1
+        limit = min(frame_end, safe)
         try:
             while True:
+                if position >= limit:
+                    if position >= safe and window is not None:
+                        window.fill(position + 16)
+                        safe = window.filled - 16 if window.filled < size else size
+                    if position >= frame_end:
+                        if frame_start < 0:
+                            raise EOFError("pickle data was truncated")
+                        if position > frame_end:
+                            raise _frame_error(frame_start)
+                        frame_start, frame_end = -1, size  # the frame is read: on to what follows it
+                    limit = min(frame_end, safe)
                 op = data[position]
                 position += 1
                 if op == 0x6A:  # LONG_BINGET
@@ -920,8 +1364,8 @@ class _StreamReader:
                 elif op == 0x94:  # MEMOIZE
                     value = stack[-1]
                     memo.append(value)
-                    if type(value) is _EventDict or type(value) is _EventList:
-                        value.memo_index = len(memo) - 1
+                    if type(value) is _EventDict or type(value) is _EventList or value is _QUEUED:
+                        self._memoized(value, len(memo) - 1)
                 elif op == 0x4B:  # BININT1
                     stack.append(data[position])
                     position += 1
@@ -934,7 +1378,7 @@ class _StreamReader:
                 elif op == 0x7D:  # EMPTY_DICT
                     outer = metastack[-1][-1] if metastack and metastack[-1] else None
                     if type(outer) is _TraceBuilder:
-                        after = self._events(outer, position - 1, stack)
+                        after = self._events(outer, position - 1, stack, frame_end)
                         if after != position - 1:
                             position = after
                             continue
@@ -953,11 +1397,17 @@ class _StreamReader:
                         del stack[-2:]
                         if len(items) < 2:
                             raise IndexError("unpickling stack underflow")
+                        if items[0] is _QUEUED or items[1] is _QUEUED:
+                            raise _LoadWhole
                     target = stack[-1]
-                    if type(target) is _TraceBuilder or type(target) is _Stack:
+                    kind = type(target)
+                    if (kind is _TraceBuilder or kind is _Stack or target is _QUEUED
+                            or ((kind is _EventDict or kind is _EventList) and target.memo_index == _FROZEN)
+                            or (kind is list and id(target) in frozen)):
                         raise _LoadWhole
                     if len(items) % 2:
                         raise ValueError("odd number of items for SETITEMS")
+                    self._no_tuple_keys(items[::2])
                     for i in range(0, len(items), 2):
                         target[items[i]] = items[i + 1]
                     if position >= self.next_report:
@@ -968,9 +1418,21 @@ class _StreamReader:
                         stack = metastack.pop()
                     else:
                         items = [stack.pop()]
+                        if items[0] is _QUEUED:
+                            raise _LoadWhole
                     target = stack[-1]
                     kind = type(target)
-                    if kind is list or kind is _EventList or kind is _DeviceTraces:
+                    if not items:
+                        pass  # as pickle: an APPENDS of nothing does not look at its target
+                    elif kind is list:
+                        if id(target) in frozen:
+                            raise _LoadWhole
+                        target.extend(items)
+                    elif kind is _EventList:
+                        if target.memo_index == _FROZEN:
+                            raise _LoadWhole
+                        target.extend(items)
+                    elif kind is _DeviceTraces:
                         target.extend(items)
                     elif kind is _TraceBuilder:
                         self._take(target, items)
@@ -1007,6 +1469,10 @@ class _StreamReader:
                     position = start + count
                     if position > size:
                         raise EOFError("pickle data was truncated")
+                    if position > safe and window is not None:
+                        window.fill(position + 16)
+                        safe = window.filled - 16 if window.filled < size else size
+                        limit = min(frame_end, safe)
                     value = int.from_bytes(data[start:position], "little", signed=True)
                     if count >= 8 and not -MAX_NUMBER < value < MAX_NUMBER:
                         raise _number_error(value, start - width - 1)
@@ -1021,6 +1487,10 @@ class _StreamReader:
                     position = start + count
                     if position > size:
                         raise EOFError("pickle data was truncated")
+                    if position > safe and window is not None:
+                        window.fill(position + 16)
+                        safe = window.filled - 16 if window.filled < size else size
+                        limit = min(frame_end, safe)
                     raw = data[start:position]
                     stack.append(str(raw, "utf-8", "surrogatepass") if op in (0x8C, 0x58, 0x8D) else raw)
                 elif op == 0x4E:  # NONE
@@ -1030,23 +1500,30 @@ class _StreamReader:
                 elif op == 0x29:  # EMPTY_TUPLE
                     stack.append(())
                 elif op == 0x85:  # TUPLE1
-                    stack[-1] = (stack[-1],)
+                    if stack[-1] is _QUEUED:
+                        raise _LoadWhole
+                    stack[-1] = self._tuple([stack[-1]])
                 elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
                     count = op - 0x84
                     if len(stack) < count:
                         raise IndexError("unpickling stack underflow")
                     items = stack[-count:]
+                    if _QUEUED in items:
+                        raise _LoadWhole
                     del stack[-count:]
-                    stack.append(tuple(items))
+                    stack.append(self._tuple(items))
                 elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE, LIST, DICT
                     items = stack
                     stack = metastack.pop()
+                    if stack and type(stack[-1]) is _TraceBuilder:
+                        raise _LoadWhole  # a trace's MARK closed by other than APPENDS: it may hold _QUEUED
                     if op == 0x64:
                         if len(items) % 2:
                             raise ValueError("odd number of items for DICT")
+                        self._no_tuple_keys(items[::2])
                         stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
                     else:
-                        stack.append(tuple(items) if op == 0x74 else items)
+                        stack.append(self._tuple(items) if op == 0x74 else items)
                 elif op == 0x47:  # BINFLOAT
                     number = _BINFLOAT.unpack_from(data, position)[0]  # type: ignore[arg-type]
                     if math.isnan(number) or not -MAX_NUMBER < number < MAX_NUMBER:
@@ -1058,11 +1535,16 @@ class _StreamReader:
                     index = int.from_bytes(data[position:position + width], "little")
                     position += width
                     self._put(index, stack[-1], position - width - 1)
-                elif op == 0x95:  # FRAME: a hint for buffered readers
+                elif op == 0x95:  # FRAME: a hint for buffered readers, but one that must not lie
+                    if frame_start >= 0:
+                        raise SnapshotError(f"a frame begins at byte {position - 1} before the frame at "
+                                            f"byte {frame_start} ends")
                     count = int.from_bytes(data[position:position + 8], "little")
                     position += 8
                     if position + count > size:
                         raise EOFError("pickle data was truncated")
+                    frame_start, frame_end = position - 9, position + count
+                    limit = min(frame_end, safe)
                 elif op == 0x80:  # PROTO
                     if data[position] > pickle.HIGHEST_PROTOCOL:
                         raise ValueError(f"unsupported pickle protocol: {data[position]}")
@@ -1070,15 +1552,22 @@ class _StreamReader:
                 elif op == 0x2E:  # STOP
                     if position >= self.next_report or self.progress is not None:
                         self._report(self.size)
+                    if stack and stack[-1] is _QUEUED:
+                        raise _LoadWhole
                     return stack.pop()
                 elif op == 0x30:  # POP
                     if stack:
-                        stack.pop()
+                        if stack.pop() is _QUEUED:
+                            raise _LoadWhole
                     else:
                         stack = metastack.pop()
                 elif op == 0x31:  # POP_MARK
+                    if any(item is _QUEUED for item in stack):
+                        raise _LoadWhole
                     stack = metastack.pop()
                 elif op == 0x32:  # DUP
+                    if stack[-1] is _QUEUED or type(stack[-1]) is _TraceBuilder or type(stack[-1]) is _DeviceTraces:
+                        raise _LoadWhole
                     stack.append(stack[-1])
                 else:
                     name = _OPCODE_NAMES.get(op)
@@ -1099,28 +1588,52 @@ class _StreamReader:
         """The snapshot with its traces as TraceColumns, checked as load_snapshot checks it."""
         traces = root.get("device_traces") if type(root) is dict else None
         done: set[int] = set()
+        budget = max(MIN_NODE_BUDGET, NODES_PER_BYTE * self.size)
         if isinstance(traces, list):
-            traces = root["device_traces"] = list(traces)
+            traces = list(traces)
+            shaped = list(traces)  # what _check_plain walks: each trace read into columns as its shape
             for d, trace in enumerate(traces):
                 if type(trace) is _TraceBuilder:
                     if trace.pending or trace.device != d:
                         raise _LoadWhole
                     traces[d] = trace.finish(self.table.stacks)
+                    shaped[d] = self._shape(trace, traces[d])
                     done.add(id(trace))
-        if any(id(builder) not in done for builder in self.builders):
-            raise _LoadWhole  # a trace list somewhere else than device_traces
-        budget = max(MIN_NODE_BUDGET, NODES_PER_BYTE * self.size)
-        probe = root
-        if isinstance(traces, list):
-            probe = {**root, "device_traces": [t for t in traces if not isinstance(t, TraceColumns)]}
-        _check_plain(probe, budget)
-        _check_plain([self.table.stacks, [list(trace.user_metadata.values()) for trace in traces or []
-                                          if isinstance(trace, TraceColumns)]], budget)
+            if any(id(builder) not in done for builder in self.builders):
+                raise _LoadWhole  # a trace list somewhere else than device_traces
+            root["device_traces"] = shaped  # in place, so that the walk sees a cycle through root
+            _check_plain(root, budget)
+            root["device_traces"] = traces
+        else:
+            if self.builders:
+                raise _LoadWhole  # a trace list somewhere else than device_traces
+            _check_plain(root, budget)
         check_structure(root)
         return columnar(root)
 
+    @staticmethod
+    def _shape(builder: _TraceBuilder, trace: TraceColumns) -> _TraceShape:
+        """The trace as _check_plain would measure its list of event dicts (_TraceShape)."""
+        framed = trace.stack[(trace.flags & HAS_FRAMES) != 0]
+        stored = framed[framed >= 0]
+        counts = np.bincount(stored) if len(stored) else np.zeros(0, np.int64)
+        children: list[Any] = [trace.stacks[s] for s in np.flatnonzero(counts).tolist()]
+        weights = [int(counts[s]) for s in np.flatnonzero(counts).tolist()]
+        empty = int(np.count_nonzero(framed == -1))
+        if empty:
+            children.append([])
+            weights.append(empty)
+        containers: dict[int, list[Any]] = {}  # user_metadata containers by id: [value, references]
+        for value in trace.user_metadata.values():
+            if type(value) not in _SCALARS:
+                containers.setdefault(id(value), [value, 0])[1] += 1
+        for value, references in containers.values():
+            children.append(value)
+            weights.append(references)
+        return _TraceShape(builder.nodes, builder.count, children, weights)
 
-def read_columnar(data: bytes | mmap.mmap, progress: Progress | None = None) -> dict[str, Any]:
+
+def read_columnar(data: bytes | mmap.mmap | _FileWindow, progress: Progress | None = None) -> dict[str, Any]:
     reader = _StreamReader(data, progress)
     return reader.finish(reader.run())
 
@@ -1166,7 +1679,7 @@ def columnar(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {**snapshot, "device_traces": converted} if "device_traces" in snapshot else snapshot
 
 
-def loads_snapshot_columnar(data: bytes | mmap.mmap, name: str = "<bytes>",
+def loads_snapshot_columnar(data: bytes | mmap.mmap | _FileWindow, name: str = "<bytes>",
                             progress: Progress | None = None) -> dict[str, Any]:
     """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict
     per trace event (Note [Streaming traces]); as safe as loads_snapshot and refusing the same
@@ -1177,7 +1690,13 @@ def loads_snapshot_columnar(data: bytes | mmap.mmap, name: str = "<bytes>",
         raise SnapshotError(f"{name}: {error}") from None
     except _LoadWhole:
         pass
-    snapshot = loads_snapshot(bytes(data), name, progress)
+    try:
+        whole = data.whole() if isinstance(data, _FileWindow) else bytes(data)
+    except SnapshotError as error:
+        raise SnapshotError(f"{name}: {error}") from None
+    except OSError as error:
+        raise SnapshotError(f"{name}: cannot read: {error.strerror or error}") from error
+    snapshot = loads_snapshot(whole, name, progress)
     try:
         return columnar(snapshot)
     except SnapshotError as error:
@@ -1191,5 +1710,5 @@ def load_snapshot_columnar(path: str | Path, progress: Progress | None = None) -
     try:
         return loads_snapshot_columnar(data, str(path), progress)
     finally:
-        if isinstance(data, mmap.mmap):
+        if isinstance(data, _FileWindow):
             data.close()

@@ -7,6 +7,7 @@ import gzip
 import io
 import os
 import pickle
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -160,6 +161,17 @@ def test_a_gzip_bomb_is_refused(write_snapshot, load) -> None:
     with pytest.raises(SnapshotError, match="gzip bomb"):
         load(write_snapshot(bomb, "bomb.pickle.gz"))
     assert time.perf_counter() - start < 5.0
+
+
+def test_a_small_gzip_file_cannot_expand_into_gigabytes_of_objects(write_snapshot, load) -> None:
+    """Each EMPTY_LIST byte is a list of about 70 bytes: 16 MiB of them, gzipped into 16 KiB,
+    were a gigabyte of lists (60 KiB, 4.5 GiB and 15 s) before anything was refused."""
+    bomb = gzip.compress(b"\x80\x04" + b"]" * (16 << 20) + b".")
+    assert len(bomb) < 20_000
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="gzip bomb"):
+        load(write_snapshot(bomb, "lists.pickle.gz"))
+    assert time.perf_counter() - start < 2.0
 
 
 @pytest.mark.parametrize(
@@ -364,3 +376,242 @@ def test_columnar_loading_holds_a_fraction_of_the_file() -> None:
         tracemalloc.stop()
     assert len(snapshot["device_traces"][0]) == 40_000
     assert peak < 0.75 * len(data), f"{peak / len(data):.2f} times the pickle"
+
+
+# --- frames, tuples and what the streaming reader must not get wrong ---
+
+
+def framed(frame: bytes, after: bytes) -> bytes:
+    """PROTO 4, one FRAME holding `frame`, then `after` outside any frame."""
+    return b"\x80\x04\x95" + len(frame).to_bytes(8, "little") + frame + after
+
+
+def test_an_opcode_across_a_frame_end_is_refused_as_the_opcode_check_cannot_follow_it(loads) -> None:
+    """The C unpickler reads an opcode that runs past its frame's end from after the frame,
+    dropping the frame's last bytes, so it would run other opcodes than those checked: here the
+    check sees a float and a string, the unpickler a float read from beyond the frame and then
+    a GLOBAL hidden in the string."""
+    hidden = b"cos\nsystem\n.".ljust(19, b"\x00")
+    data = framed(b"G\x00\x00\x00", b"\x00" * 5 + b"\x8c\x14" + b"\x00" + hidden + b"00N.")
+    with pytest.raises(SnapshotError, match="past the end of its frame"):
+        loads(data)
+
+
+@pytest.mark.parametrize("data, message", [
+    (framed(b"N\x95\x01\x00\x00\x00\x00\x00\x00\x00N", b"0."), "before the frame at byte 2 ends"),
+    (framed(b"N", b"\x95\xff\xff\x00\x00\x00\x00\x00\x00N."), "truncated"),
+])
+def test_frames_that_lie_about_their_length_are_refused(loads, data: bytes, message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        loads(data)
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_large_strings_written_outside_frames_still_load(protocol: int) -> None:
+    snapshot = {"segments": [], "device_traces": [[event("alloc", 4096, 8)]], "note": "x" * 200_000,
+                "after": [{"a": 1}] * 3}
+    data = pickle.dumps(snapshot, protocol=protocol)
+    assert loads_snapshot(data) == snapshot
+    assert list(loads_snapshot_columnar(data)["device_traces"][0]) == snapshot["device_traces"][0]
+
+
+def test_deeply_nested_tuples_are_refused_without_crashing(write_snapshot) -> None:
+    """A dict key made of 200,000 nested tuples (200 KB) made the unpickler's hashing recurse in C
+    until the process died; both commands (replay loads whole, inspect streams) refuse it."""
+    path = write_snapshot(b"\x80\x04}" + b")" + b"\x85" * 200_000 + b"Ns.")
+    for command in ("replay", "inspect"):
+        result = stowage(command, str(path))
+        assert result.returncode == 2, (command, result.returncode, result.stderr[-500:])
+        assert "tuples nested deeper than 64 levels" in result.stderr
+
+
+def colliding_pairs(count: int, bits: int = 60, target: int = 0x123456789ABCDEF) -> list[tuple[int, int]]:
+    """Pairs of integers below 2**bits whose tuples all hash to `target` (CPython's tuple hash is
+    xxHash's round on each item's hash, which is the integer itself: invertible)."""
+    mask, prime1, prime2, prime5 = (1 << 64) - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
+    inverse1, inverse2 = pow(prime1, -1, 1 << 64), pow(prime2, -1, 1 << 64)
+    after_second = ((target - (2 ^ prime5 ^ 3527539)) * inverse1) & mask  # undo the length and last multiply
+    after_second = ((after_second >> 31) | (after_second << 33)) & mask  # undo the rotation
+    pairs, first = [], 0
+    while len(pairs) < count:
+        first += 1
+        accumulator = prime5 + first * prime2
+        accumulator = (((accumulator << 31) | ((accumulator & mask) >> 33)) * prime1) & mask
+        second = ((after_second - accumulator) * inverse2) & mask
+        if second < 2**bits:
+            pairs.append((first, second))
+    return pairs
+
+
+@pytest.mark.parametrize("count", [10, 20_000])
+def test_tuple_keys_are_refused_before_they_can_collide(loads, count: int) -> None:
+    """20,000 tuple keys that hash alike would take minutes to put in one dict (quadratic)."""
+    pairs = colliding_pairs(count)
+    assert len({hash(pair) for pair in pairs}) == 1
+    body = b"".join(b"\x8a\x08" + a.to_bytes(8, "little") + b"\x8a\x08" + b.to_bytes(8, "little") + b"\x86N"
+                    for a, b in pairs)
+    data = b"\x80\x04}\x94(\x8c\x08segments]\x8c\x01x}(" + body + b"uu."
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="a dict key is a tuple"):
+        loads(data)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_memoized_tuple_keys_are_refused_before_dict_after_dict_collides(loads) -> None:
+    """1,000 colliding tuples, made as torch makes segment_pool_id (small integers, TUPLE2) and
+    memoized, then the keys of 400 dicts: counting tuples would not bound the time (seconds)."""
+    pairs = colliding_pairs(1000, bits=55)
+    made = b"".join(b"\x8a\x07" + a.to_bytes(7, "little") + b"\x8a\x07" + b.to_bytes(7, "little") + b"\x86r"
+                    + i.to_bytes(4, "little") + b"0" for i, (a, b) in enumerate(pairs))
+    keyed = b"}(" + b"".join(b"j" + i.to_bytes(4, "little") + b"N" for i in range(len(pairs))) + b"u"
+    data = b"\x80\x04" + made + b"}\x94(\x8c\x08segments]\x8c\x01x(" + keyed * 400 + b"lu."
+    start = time.perf_counter()
+    with pytest.raises(SnapshotError, match="a dict key is a tuple"):
+        loads(data)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_tuples_as_torch_writes_them_load_alike(write_snapshot, monkeypatch) -> None:
+    """segment_pool_id is a tuple of two integers in every segment of a GPU snapshot."""
+    segments = [{"address": i << 21, "total_size": 2 << 20, "segment_pool_id": (0, i % 3), "blocks": []}
+                for i in range(50)]
+    snapshot = {"segments": segments, "device_traces": [[event("alloc", 4096, 8)]], "x": [(), ("a", (1, 2.5))]}
+    path = write_snapshot(pickle.dumps(snapshot, protocol=4))
+    assert load_snapshot(path) == snapshot
+    same_snapshots(load_snapshot(path), load_snapshot_columnar(path))
+
+
+def short(text: str) -> bytes:
+    """SHORT_BINUNICODE `text`, MEMOIZE."""
+    return b"\x8c" + bytes([len(text)]) + text.encode() + b"\x94"
+
+
+# Hand-written pickles that the C pickler never writes but that unpickle to valid snapshots: in
+# each an event or its frames list changes after the reader has made it a row, or a matched
+# event is dropped, repeated or changed on the stack. Memo slots are noted as [n].
+_ROOT = b"\x80\x04}\x94(" + short("device_traces") + b"]\x94]\x94("  # root [0], key [1], traces [2], trace [3]
+_FIRST = (b"}\x94(" + short("action") + short("alloc") + short("addr") + b"K\x01" + short("size")
+          + b"K\x02u")  # event [4], keys and values [5] to [8]
+
+
+def _matched(addr: int, size: int) -> bytes:
+    """An event as the C pickler writes it once its keys are memoized: matched whole."""
+    return b"}\x94(h\x05h\x06h\x07K" + bytes([addr]) + b"h\x08K" + bytes([size]) + b"u"
+
+
+_FRAMES = (b"\x80\x04}\x94(" + short("segments") + b"]\x94}\x94(" + short("address") + b"K\x00"
+           + short("total_size") + b"K\x01" + short("frames") + b"]\x94}\x94" + short("name") + short("a")
+           + b"saua" + short("device_traces") + b"]\x94]\x94}\x94(" + short("action") + short("alloc")
+           + short("addr") + b"K\x01" + short("size") + b"K\x02h\x06h\x07uaa")  # a segment's frames [7] shared
+
+CHANGED_AFTER_READ = {
+    # The first event memoized twice ([4] and [5]): set its size through [4] once it is a row.
+    "event memoized twice": _ROOT + _FIRST.replace(b"}\x94(", b"}\x94\x94(", 1).replace(b"h\x05", b"h\x06")
+    + b"ea" + b"h\x04\x8c\x04size\x94K\x63s0u.",
+    # A matched event popped, the next one repeated: torch's reader of the trace sees [b, b].
+    "matched event popped and another repeated": _ROOT + _FIRST + _matched(10, 10) + b"0" + _matched(20, 20) + b"2eau.",
+    # A matched event's size set on the stack before the trace takes it.
+    "matched event changed on the stack": _ROOT + _FIRST + _matched(10, 10) + b"h\x08K\x63seau.",
+    # An event made outside the trace (root["e"], [2]) and appended to it; then changed.
+    "event made elsewhere, changed": b"\x80\x04}\x94(" + short("e") + b"}\x94(" + short("action") + short("alloc")
+    + short("addr") + b"K\x01" + short("size") + b"K\x02u" + short("device_traces") + b"]\x94]\x94h\x02aa"
+    + short("x") + b"h\x02h\x06K\x63su.",
+    # The trace's frames list is a segment's; a frame is appended to it after the event is read.
+    "frames list appended to": _FRAMES + short("x") + b"h\x07}\x94h\x09" + short("b") + b"sau.",
+}
+
+
+@pytest.mark.parametrize("name", CHANGED_AFTER_READ)
+def test_events_changed_after_they_are_read_read_alike(name: str) -> None:
+    data = CHANGED_AFTER_READ[name]
+    same_snapshots(loads_snapshot(data), loads_snapshot_columnar(data))
+
+
+def _event_with(field: bytes) -> bytes:
+    """A snapshot of one event whose last field is `field` (key and value opcodes); the
+    event's slot is [4], its keys' and values' [5] to [8]."""
+    return (_ROOT + b"}\x94(" + short("action") + short("alloc") + short("addr") + b"K\x01" + short("size")
+            + b"K\x02" + field + b"ueau.")
+
+
+def _bomb(levels: int = 40) -> bytes:
+    """A list holding twice a list holding twice ... (2**levels leaves), from slot 10 on."""
+    ops = b"]r\x0a\x00\x00\x000"
+    for level in range(levels):
+        slot = (10 + level).to_bytes(4, "little")
+        ops += b"(j" + slot + b"j" + slot + b"lr" + (11 + level).to_bytes(4, "little") + b"0"
+    return ops + b"j" + (10 + levels).to_bytes(4, "little")
+
+
+def _shared_stack(events: int = 1000, width: int = 5000) -> dict[str, Any]:
+    """Events sharing one frames list whose frame holds `width` numbers: the tree the whole loader
+    measures holds the frame once an event, over the budget of 64 values a byte."""
+    frames = [{"name": "f", "line": 1, "locals": list(range(width))}]
+    return {"device_traces": [[dict(event("alloc", 4096 * i, 8), frames=frames) for i in range(events)]]}
+
+
+REFUSED_ALIKE = {
+    "a memo bomb in a field the columns do not keep": (_event_with(short("x") + _bomb()), "memo bomb"),
+    "a list holding itself in a field the columns do not keep":
+        (_event_with(short("x") + b"]\x94h\x0aa"), "contains itself"),
+    "user_metadata holding the snapshot": (_event_with(short("user_metadata") + b"h\x00"), "contains itself"),
+    "a frame nested 60 deep (64 with the event's own levels)":
+        (_event_with(short("frames") + b"]\x94}\x94" + short("name") + b"]" * 60 + b"a" * 59 + b"sa"),
+         "nested deeper than 64 levels"),
+    "a frames list shared by many events, over the budget as a tree": (pickle.dumps(_shared_stack(), protocol=4),
+                                                                       "memo bomb"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_ALIKE)
+def test_what_the_whole_loader_refuses_inside_events_the_columnar_loader_refuses(loads, name: str) -> None:
+    """The plain-data walk measures the events the columnar loader never holds as dicts: their
+    fields it does not keep, their frames once for each event, as load_snapshot does."""
+    data, message = REFUSED_ALIKE[name]
+    with pytest.raises(SnapshotError, match=message):
+        loads(data)
+
+
+LOADED_ALIKE = {
+    # A trace, and the device_traces list, referred to again after them: plain data.
+    "a trace referred to twice": _ROOT + b"ea" + short("x") + b"h\x03u.",
+    "device_traces referred to twice": _ROOT + b"ea" + short("x") + b"h\x02u.",
+    # An APPENDS of nothing, which pickle does without looking at its target (here a dict).
+    "an empty APPENDS on a dict": _ROOT + b"ea" + short("x") + b"}(eu.",
+    # The budget counts the whole snapshot: events and frames within it, segments without.
+    "a frames list shared by a few events": pickle.dumps(_shared_stack(events=50, width=100), protocol=4),
+}
+
+
+@pytest.mark.parametrize("name", LOADED_ALIKE)
+def test_what_the_whole_loader_loads_the_columnar_loader_loads(name: str) -> None:
+    data = LOADED_ALIKE[name]
+    same_snapshots(loads_snapshot(data), loads_snapshot_columnar(data))
+
+
+_SHRINK = """
+import os, pickle, sys
+from stowage import snapshot_loader
+from stowage.snapshot_loader import SnapshotError, load_snapshot_columnar
+snapshot_loader._MAP_AT_LEAST = snapshot_loader._FILL_AHEAD = 1 << 16
+path = sys.argv[1]
+trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(200_000)]
+with open(path, "wb") as file:
+    pickle.dump({"segments": [], "device_traces": [trace]}, file, protocol=4)
+def cut(phase, done, total):  # as torch.cuda.memory._dump_snapshot rewriting the file would
+    if done < total:
+        os.truncate(path, (done + (1 << 20)) & ~4095)
+try:
+    load_snapshot_columnar(path, cut)
+except SnapshotError as error:
+    print(error)
+"""
+
+
+def test_a_file_that_shrinks_while_it_is_read_is_refused_not_a_crash(tmp_path: Path) -> None:
+    """A large file was mapped, and a page of it read after the file had shrunk below it ended the
+    process (SIGBUS), as when a snapshot is rewritten in place while inspect reads it."""
+    path = tmp_path / "rewritten.pickle"
+    result = subprocess.run([sys.executable, "-c", _SHRINK, str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, result.stderr[-500:])
+    assert f"{path}: the file changed while it was read" in result.stdout
