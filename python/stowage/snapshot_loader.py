@@ -57,7 +57,11 @@ from typing import Any, BinaryIO
 import numpy as np
 
 MAX_DEPTH = 64
-MAX_EXPANSION = 256  # gzip: decompressed bytes per compressed byte (real snapshots: 6 to 25)
+# gzip: decompressed bytes per compressed byte. Real snapshots expand 6 to 25 times; at about 70
+# bytes of objects a byte of pickle, 64 bounds what a hostile file can make the loaders build to
+# about 4.5 KB a byte of gzip. A real file refused here can be gunzipped and read as a plain
+# pickle, whose budgets go by its own size.
+MAX_EXPANSION = 64
 # What any gzip file may expand to. Unpickling costs up to about 70 bytes of objects a byte of
 # pickle (an EMPTY_LIST is a list), so this bounds what a small file can make the loaders build:
 # at 64 MiB, 60 KiB of gzip became 4.5 GiB of lists.
@@ -109,8 +113,9 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
     except zlib.error as error:
         raise SnapshotError(f"{path}: broken gzip data: {error}") from error
     if len(data) > limit or inflater.unconsumed_tail:
-        raise SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times: "
-                            "not a snapshot (a gzip bomb)")
+        raise SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times, which no "
+                            "recorded snapshot does (a gzip bomb?); if this is a real snapshot, "
+                            "gunzip it and pass the .pickle")
     if not inflater.eof:
         raise SnapshotError(f"{path}: broken gzip data: truncated")
     return data

@@ -158,9 +158,21 @@ def test_numbers_built_to_collide_in_hash_tables_are_refused(loads) -> None:
 def test_a_gzip_bomb_is_refused(write_snapshot, load) -> None:
     bomb = gzip.compress(b"\x00" * (300 << 20))
     start = time.perf_counter()
-    with pytest.raises(SnapshotError, match="gzip bomb"):
+    with pytest.raises(SnapshotError, match=r"gzip bomb\?\); if this is a real snapshot, gunzip"):
         load(write_snapshot(bomb, "bomb.pickle.gz"))
     assert time.perf_counter() - start < 5.0
+
+
+def test_gzip_expanding_beyond_any_recorded_snapshot_is_refused(write_snapshot, load) -> None:
+    # About 100 times (random bytes between runs of zeros): more than any recorded snapshot
+    # (6 to 25), under the old limit of 256.
+    rng = np.random.default_rng(0)
+    chunks = [rng.bytes(100) + b"\x00" * 10_000 for _ in range(1_000)]
+    data = b"".join(chunks)
+    packed = gzip.compress(data)
+    assert 64 < len(data) / len(packed) < 256 and len(data) > (8 << 20)
+    with pytest.raises(SnapshotError, match="expands more than 64 times"):
+        load(write_snapshot(packed, "packed.pickle.gz"))
 
 
 def test_a_small_gzip_file_cannot_expand_into_gigabytes_of_objects(write_snapshot, load) -> None:
