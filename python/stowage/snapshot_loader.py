@@ -118,11 +118,21 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
                             "gunzip it and pass the .pickle")
     if not inflater.eof:
         raise SnapshotError(f"{path}: broken gzip data: truncated")
+    if inflater.unused_data.strip(b"\x00"):
+        # Concatenated gzip members (cat a.gz b.gz): reading only the first would silently drop
+        # the rest.
+        raise SnapshotError(f"{path}: data after the end of the gzip stream (several files "
+                            "joined?): a snapshot is one gzip stream")
     return data
 
 
 def _read_bytes(path: Path) -> bytes:
     try:
+        # A pipe or a device (/dev/zero) has no size to bound the read by: refused rather than
+        # read until memory runs out.
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise SnapshotError(f"{path}: not a regular file (a pipe or a device); save the "
+                                "snapshot to a file first")
         raw = path.read_bytes()
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error

@@ -627,3 +627,20 @@ def test_a_file_that_shrinks_while_it_is_read_is_refused_not_a_crash(tmp_path: P
     result = subprocess.run([sys.executable, "-c", _SHRINK, str(path)], capture_output=True, text=True)
     assert result.returncode == 0, (result.returncode, result.stderr[-500:])
     assert f"{path}: the file changed while it was read" in result.stdout
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_a_device_or_a_pipe_is_refused_not_read_forever(load, tmp_path: Path) -> None:
+    with pytest.raises(SnapshotError, match="not a regular file"):
+        load(Path("/dev/zero"))
+    fifo = tmp_path / "snapshot.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(SnapshotError, match="not a regular file"):
+        load(fifo)
+
+
+def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> None:
+    one = gzip.compress(pickle.dumps(VALID, protocol=4))
+    with pytest.raises(SnapshotError, match="after the end of the gzip stream"):
+        load(write_snapshot(one + one, "joined.pickle.gz"))
+    assert load(write_snapshot(one + b"\x00" * 16, "padded.pickle.gz"))["segments"] == []
