@@ -126,14 +126,33 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
     return data
 
 
+# A pipe or a device (`stowage inspect /dev/stdin < snapshot`) has no size to bound the read by:
+# it is read up to this much, and must start as a gzip file or a pickle does (/dev/zero does not).
+MAX_STREAM_BYTES = 2 << 30
+_STREAM_CHUNK = 8 << 20
+_SNAPSHOT_STARTS = (b"\x1f\x8b", b"\x80", b"}", b"(")  # gzip; PROTO; EMPTY_DICT, MARK (protocol 0/1)
+
+
+def _read_stream(path: Path) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    with path.open("rb", buffering=0) as stream:
+        while chunk := stream.read(_STREAM_CHUNK):
+            if not chunks and not chunk.startswith(_SNAPSHOT_STARTS):
+                raise SnapshotError(f"{path}: does not start as a gzip file or a pickle does: "
+                                    "not a snapshot")
+            total += len(chunk)
+            if total > MAX_STREAM_BYTES:
+                raise SnapshotError(f"{path}: more than {MAX_STREAM_BYTES >> 20:,} MiB from a "
+                                    "pipe or a device; save the snapshot to a file and pass that")
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
-        # A pipe or a device (/dev/zero) has no size to bound the read by: refused rather than
-        # read until memory runs out.
-        if path.exists() and not path.is_dir() and not path.is_file():
-            raise SnapshotError(f"{path}: not a regular file (a pipe or a device); save the "
-                                "snapshot to a file first")
-        raw = path.read_bytes()
+        regular = path.is_file() or not path.exists() or path.is_dir()
+        raw = path.read_bytes() if regular else _read_stream(path)
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
     return _gunzip(raw, path) if raw[:2] == b"\x1f\x8b" else raw

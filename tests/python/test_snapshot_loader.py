@@ -630,13 +630,26 @@ def test_a_file_that_shrinks_while_it_is_read_is_refused_not_a_crash(tmp_path: P
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
-def test_a_device_or_a_pipe_is_refused_not_read_forever(load, tmp_path: Path) -> None:
-    with pytest.raises(SnapshotError, match="not a regular file"):
+def test_a_device_or_an_endless_pipe_is_refused_not_read_forever(
+        load, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SnapshotError, match="does not start as a gzip file or a pickle"):
         load(Path("/dev/zero"))
+    # A pipe that starts like a pickle but does not end is read up to the bound, then refused.
+    monkeypatch.setattr(snapshot_loader, "MAX_STREAM_BYTES", 32 << 20)
     fifo = tmp_path / "snapshot.pickle"
     os.mkfifo(fifo)
-    with pytest.raises(SnapshotError, match="not a regular file"):
-        load(fifo)
+    # The writer opens the pipe itself: opening it blocks until the loader opens the other end.
+    writer = subprocess.Popen([sys.executable, "-c", "import sys\n"
+                               "out = open(sys.argv[1], 'wb')\n"
+                               "out.write(b'\\x80\\x04')\n"
+                               "while True: out.write(b'N' * (1 << 20))", str(fifo)],
+                              stderr=subprocess.DEVNULL)
+    try:
+        with pytest.raises(SnapshotError, match="more than 32 MiB from a pipe"):
+            load(fifo)
+    finally:
+        writer.kill()
+        writer.wait()
 
 
 def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> None:
