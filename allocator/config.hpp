@@ -29,7 +29,8 @@
 //                         the recorded traces: the reserve with room to spare stays within
 //                         2.1 per cent of the peak in use and the smallest device that fits
 //                         within 2 per cent (bench/results). 1 creates whenever the device has
-//                         room.
+//                         room, and on the segment path also carves wholly free segments for
+//                         much smaller requests (Note [Splitting]): PyTorch's policy.
 //   placement:MODE        dynamic | learned. Paged path only (Note [Learned placement] in
 //                         caching_allocator.hpp). "learned" watches for the training step to
 //                         repeat (stowage.mark_step() marks it; without marks the repetition is
