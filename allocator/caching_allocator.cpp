@@ -154,10 +154,10 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
   }
   // The segment path spares wholly free segments much larger than the request while the device
   // can give a new one (Note [Splitting]); failing that, it carves them after all.
-  Block* block = find_cached_locked(pool, stream, rounded, oversize, nullptr,
-                                    /*spare_whole_segments=*/!paged_ && config_.reserve_headroom < 1);
+  const bool spare = !paged_ && config_.reserve_headroom < 1;
+  Block* block = find_cached_locked(pool, stream, rounded, oversize, nullptr, spare);
   if (block == nullptr) block = grow();
-  if (block == nullptr && !paged_) block = find_cached_locked(pool, stream, rounded, oversize);
+  if (block == nullptr && spare) block = find_cached_locked(pool, stream, rounded, oversize);
   if (block == nullptr && arena_segment_ != nullptr && !capturing()) {
     // The plan's arena holds free memory the dynamic path cannot reach: give the plan up rather
     // than fail (Note [Learned placement]).

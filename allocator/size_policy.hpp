@@ -88,20 +88,19 @@ struct SizePolicy {
   // Note [Rounding]: the shared segment for a medium block (kSmallRequestMax < block_bytes <
   // kMediumRequestMax) that holds a whole number of such blocks with the least waste.
   static constexpr std::size_t medium_segment_size(std::size_t block_bytes) {
-    std::size_t best = kMediumSegmentSize;
-    std::size_t best_waste = kMediumSegmentSize;  // compared as waste/size, cross-multiplied
-    std::size_t best_size = 1;
+    std::size_t best = 0;  // none yet
+    std::size_t best_waste = 0;
     for (std::size_t used = block_bytes; used <= kMediumSegmentMax; used += block_bytes) {
       const std::size_t size = round_up(used, kLargeSegmentRounding);
       if (size < kMediumSegmentMin || size > kMediumSegmentMax) continue;
       const std::size_t waste = size - used;
-      if (waste * best_size <= best_waste * size) {
+      // waste / size <= best_waste / best, cross-multiplied
+      if (best == 0 || waste * best <= best_waste * size) {
         best = size;
         best_waste = waste;
-        best_size = size;
       }
     }
-    return best;
+    return best == 0 ? kMediumSegmentSize : best;
   }
 
   // The least a segment for `block_bytes` can be: what is asked for when the preferred size

@@ -160,6 +160,7 @@ def _read_bytes(path: Path) -> bytes:
 
 _MAP_AT_LEAST = 8 << 20  # files this large are read as the streaming reader goes, not at once
 _FILL_AHEAD = 8 << 20  # bytes of such a file read ahead of the reader at a time
+_OPCODE_READ_AHEAD = 16  # an opcode and its fixed arguments take at most 9 bytes
 # An anonymous mapping whose pages, once given back (MADV_DONTNEED), are freed: private, and
 # not counted against the machine's memory until written.
 _WINDOW_FLAGS = (getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -203,6 +204,12 @@ class _FileWindow:
             self._unchanged()
         except OSError as error:
             raise SnapshotError(f"cannot read: {error.strerror or error}") from error
+
+    def safe_through(self, position: int) -> int:
+        """Fills the buffer past `position`; returns where an opcode and its fixed arguments may
+        begin and still be read from the buffer (the file's end once it is all read)."""
+        self.fill(position + _OPCODE_READ_AHEAD)
+        return self.filled - _OPCODE_READ_AHEAD if self.filled < self.size else self.size
 
     def whole(self) -> bytes:
         """The file's bytes, read again (the buffer gave back what was read)."""
@@ -1377,8 +1384,7 @@ class _StreamReader:
             while True:
                 if position >= limit:
                     if position >= safe and window is not None:
-                        window.fill(position + 16)
-                        safe = window.filled - 16 if window.filled < size else size
+                        safe = window.safe_through(position)
                     if position >= frame_end:
                         if frame_start < 0:
                             raise EOFError("pickle data was truncated")
@@ -1504,8 +1510,7 @@ class _StreamReader:
                     if position > size:
                         raise EOFError("pickle data was truncated")
                     if position > safe and window is not None:
-                        window.fill(position + 16)
-                        safe = window.filled - 16 if window.filled < size else size
+                        safe = window.safe_through(position)
                         limit = min(frame_end, safe)
                     value = int.from_bytes(data[start:position], "little", signed=True)
                     if count >= 8 and not -MAX_NUMBER < value < MAX_NUMBER:
@@ -1522,8 +1527,7 @@ class _StreamReader:
                     if position > size:
                         raise EOFError("pickle data was truncated")
                     if position > safe and window is not None:
-                        window.fill(position + 16)
-                        safe = window.filled - 16 if window.filled < size else size
+                        safe = window.safe_through(position)
                         limit = min(frame_end, safe)
                     raw = data[start:position]
                     stack.append(str(raw, "utf-8", "surrogatepass") if op in (0x8C, 0x58, 0x8D) else raw)
