@@ -94,7 +94,7 @@ if wants bench; then
   "$python" bench/e2e/gpt2_step.py --compare --json "$out/gpt2_step.json" 2>&1 | tee "$out/gpt2_step.txt" || status=1
   "$python" bench/e2e/gpt2_step.py --compare --varlen --json "$out/gpt2_step_varlen.json" 2>&1 \
     | tee "$out/gpt2_step_varlen.txt" || status=1
-  "$python" bench/e2e/host_alloc_time.py --compare --processes 3 --repeats 11 --json "$out/host_alloc_time.json" 2>&1 \
+  "$python" bench/e2e/host_alloc_time.py --compare --processes 7 --repeats 11 --json "$out/host_alloc_time.json" 2>&1 \
     | tee "$out/host_alloc_time.txt" || status=1
   if [[ "${STOWAGE_GPU_MICRO:-1}" != 0 ]]; then
     build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
