@@ -55,13 +55,17 @@ void* stowage_malloc(size_t size, int device, void* stream) {
   return ptr;
 }
 
-void stowage_free(void* ptr, size_t /*size*/, int device, void* /*stream*/) {
+void stowage_free(void* ptr, size_t size, int device, void* /*stream*/) {
   guarded([&] {
     if (ptr == nullptr) return;
     stowage::CachingAllocator* allocator = stowage::cuda_allocators::find(device);
     STOWAGE_CHECK(allocator != nullptr, "stowage_free(", ptr, ") on device ", device,
                   ", where stowage allocated nothing");
-    allocator->free(ptr);
+    if (size == 0) {
+      allocator->free(ptr);
+    } else {
+      allocator->free(ptr, size);
+    }
   });
 }
 

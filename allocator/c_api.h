@@ -24,7 +24,10 @@ extern "C" {
 
 /* torch's alloc_fn: size bytes on `device`, ordered on `stream`; NULL on failure. */
 void* stowage_malloc(size_t size, int device, void* stream);
-/* torch's free_fn: torch passes back the size, device and stream of the allocation. */
+/* torch's free_fn: torch passes back the size, device and stream of the allocation. A size
+ * other than the one given to stowage_malloc (0: not known) leaves the memory allocated, and
+ * stowage counts it in num_invalid_frees and logs both sizes: the pointer is then not the
+ * allocation the caller thinks it is, and freeing it could hand a live tensor's memory out. */
 void stowage_free(void* ptr, size_t size, int device, void* stream);
 /* torch's init_fn: nothing to do before the first allocation; kept for the hook. */
 void stowage_init(int device_count);

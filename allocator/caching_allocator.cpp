@@ -372,7 +372,14 @@ void CachingAllocator::mark_allocated_locked(Block* block, std::size_t bytes, bo
 
 // --- free ---
 
-void CachingAllocator::free(void* ptr) noexcept {
+void CachingAllocator::free(void* ptr) noexcept { free_checked(ptr, std::nullopt); }
+
+void CachingAllocator::free(void* ptr, std::size_t requested_bytes) noexcept {
+  free_checked(ptr, requested_bytes);
+}
+
+void CachingAllocator::free_checked(void* ptr,
+                                    std::optional<std::size_t> requested_bytes) noexcept {
   if (ptr == nullptr) return;
   const std::uint64_t context = context_for_history();
   std::unique_lock lock(mutex_);
@@ -383,6 +390,15 @@ void CachingAllocator::free(void* ptr) noexcept {
     log_warning(detail::concat("free of ", ptr,
                                ", which this allocator did not allocate or has already freed; "
                                "ignored"));
+    return;
+  }
+  if (requested_bytes.has_value() && *requested_bytes != block->requested) {
+    ++stats_.num_invalid_frees;
+    const std::size_t allocated = block->requested;
+    lock.unlock();
+    log_warning(detail::concat("free of ", ptr, " as ", *requested_bytes,
+                               " bytes, but it was allocated as ", allocated,
+                               " bytes; the allocation is kept (not freed)"));
     return;
   }
   end_allocation_locked(block, context);

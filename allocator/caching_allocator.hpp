@@ -108,7 +108,8 @@
 // the GIL around most ops, so a thread holding the allocator's lock and waiting for the GIL
 // would deadlock with a thread holding the GIL and waiting for the lock. So the provider is
 // called first, and the lock taken after.
-// Misuse on the free path (an unknown pointer, a double free) changes nothing, is counted in
+// Misuse on the free path (an unknown pointer, a double free, a size that is not the one
+// requested) changes nothing, is counted in
 // num_invalid_frees and logged; free never throws (torch frees from destructors).
 //
 // Ownership: the backend must outlive the allocator. The allocator owns its segments and
@@ -128,6 +129,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -163,6 +165,11 @@ class CachingAllocator {
   void* malloc(std::size_t bytes, Stream stream = {});
   // Returns memory from malloc; nullptr is ignored. Never throws.
   void free(void* ptr) noexcept;
+  // As free(ptr), from a caller that also passes back the size it asked malloc for (torch's
+  // pluggable free hook). Another size means the pointer is not the allocation the caller
+  // thinks it is: the block stays allocated (leaked, never handed to another tensor), and the
+  // free is counted in num_invalid_frees and logged with both sizes.
+  void free(void* ptr, std::size_t requested_bytes) noexcept;
   // `stream` uses the block at ptr as well; its free waits for that stream's work so far.
   void record_stream(void* ptr, Stream stream);
   // Waits for pending frees, then returns every wholly free cached segment to the device.
@@ -293,6 +300,8 @@ class CachingAllocator {
                              std::uint64_t context);
   // Takes an allocated block out of the address map and the allocation counts (free's first
   // half; the block is then pending or freed by the caller).
+  // free(ptr) and free(ptr, size); `requested_bytes` is checked when it has a value.
+  void free_checked(void* ptr, std::optional<std::size_t> requested_bytes) noexcept;
   void end_allocation_locked(Block* block, std::uint64_t context);
   // Makes a freed block wait for events on the streams recorded with record_stream, or frees
   // it at once when it has none.

@@ -145,9 +145,15 @@ def is_enabled() -> bool:
 _CPU = -1
 
 
+def _on_cuda(module: Any) -> bool:
+    """Whether stowage serves CUDA memory: as torch's allocator, or through the C library
+    (torch's CUDAPluggableAllocator over libstowage.so)."""
+    return bool(module.cuda_enabled() or module.cuda_library_in_use())
+
+
 def _module() -> Any:
     module = _torch_module()
-    if not module.cuda_enabled() and not module.was_enabled():
+    if not _on_cuda(module) and not module.was_enabled():
         raise RuntimeError(
             "stowage is not enabled: call stowage.enable() (a GPU) or "
             "stowage.enable(device='cpu', capacity=...) first"
@@ -160,7 +166,7 @@ def _index(device: Any) -> int:
     module = _module()
     if device is not None and str(device) == "cpu":
         return _CPU
-    if not module.cuda_enabled():
+    if not _on_cuda(module):
         return _CPU
     import torch
 
@@ -200,7 +206,7 @@ def reset_accumulated_stats(device: Any = None) -> None:
 def empty_cache() -> None:
     """Returns cached memory to the device (on the paged path, every free page)."""
     module = _module()
-    if module.cuda_enabled():
+    if _on_cuda(module):
         import torch
 
         torch.cuda.empty_cache()  # every device, as torch does
@@ -216,7 +222,7 @@ def mark_step() -> None:
     ``stowage replay`` finds it. Does nothing while stowage is not enabled, so the call can stay
     in the loop."""
     module = _torch_module()
-    if module.cuda_enabled() or module.was_enabled():
+    if _on_cuda(module) or module.was_enabled():
         module.mark_step()
 
 
@@ -240,7 +246,9 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
             "all" if enabled else None, context="all", stacks=stacks, max_entries=max_entries
         )
         return
-    module.record_history(enabled, stacks, max_entries)
+    # CPU mode, or a GPU through the C library (torch's pluggable allocator records nothing
+    # itself): stowage records, with stacks in CPU mode only.
+    module.record_history(enabled, stacks, max_entries, _index(None))
 
 
 def snapshot() -> dict[str, Any]:
@@ -251,7 +259,7 @@ def snapshot() -> dict[str, Any]:
         import torch
 
         return dict(torch.cuda.memory._snapshot())
-    return module.snapshot()
+    return module.snapshot(_index(None))
 
 
 def dump_snapshot(path: str | Path) -> None:

@@ -342,6 +342,29 @@ TEST_F(CachingAllocatorTest, MisusedFreesAreCountedLoggedAndIgnored) {
   allocator_.free(block);
 }
 
+TEST_F(CachingAllocatorTest, AFreeWithTheWrongSizeKeepsTheAllocation) {
+  CapturedLog log;
+  void* block = allocator_.malloc(1000);
+  allocator_.free(block, 1024);  // the rounded size is not what was asked for
+  EXPECT_EQ(allocator_.stats().num_invalid_frees, 1);
+  ASSERT_EQ(log.lines().size(), 1u);
+  EXPECT_NE(log.lines()[0].find("as 1024 bytes, but it was allocated as 1000 bytes"),
+            std::string::npos)
+      << log.lines()[0];
+  EXPECT_EQ(allocator_.stats().allocated_bytes.all().current, 1024) << "still allocated";
+  void* other = allocator_.malloc(1000);
+  EXPECT_NE(other, block) << "the kept allocation is not handed out again";
+  allocator_.check_invariants();
+
+  allocator_.free(block, 1000);  // the size it was allocated as
+  allocator_.free(other);
+  EXPECT_EQ(allocator_.stats().num_invalid_frees, 1);
+  EXPECT_EQ(allocator_.stats().allocated_bytes.all().current, 0);
+  allocator_.free(block, 1000);  // now a double free
+  EXPECT_EQ(allocator_.stats().num_invalid_frees, 2);
+  allocator_.check_invariants();
+}
+
 TEST_F(CachingAllocatorTest, ZeroBytesGiveNullWhichFreeAccepts) {
   EXPECT_EQ(allocator_.malloc(0), nullptr);
   allocator_.free(nullptr);

@@ -38,9 +38,13 @@ CachingAllocator& allocator_for(int device) {
     return *allocator;
   }
 #ifdef STOWAGE_TORCH_CUDA
-  STOWAGE_CHECK(stowage::torch_cuda::is_enabled(), "stowage is not torch's CUDA allocator: call "
+  if (stowage::torch_cuda::is_enabled()) return stowage::cuda_allocators::get(device);
+  // Through the C library (torch's CUDAPluggableAllocator over libstowage.so) the allocators
+  // exist once a device has been used.
+  CachingAllocator* allocator = stowage::cuda_allocators::find(device);
+  STOWAGE_CHECK(allocator != nullptr, "stowage is not torch's CUDA allocator: call "
                 "stowage.enable() or set STOWAGE_ALLOC_CONF first");
-  return stowage::cuda_allocators::get(device);
+  return *allocator;
 #else
   STOWAGE_CHECK(false, "this build of stowage has no CUDA integration (device ", device, ")");
   return *cpu::allocator();
@@ -71,6 +75,13 @@ PYBIND11_MODULE(_torch, module) {
   module.attr("cuda_torch_versions") = stowage::torch_cuda::supported_torch_versions();
   module.def("enable_cuda", &stowage::torch_cuda::enable, py::arg("config") = "");
   module.def("cuda_enabled", &stowage::torch_cuda::is_enabled);
+  // Whether stowage serves CUDA memory through the C library instead (torch's
+  // CUDAPluggableAllocator over libstowage.so): allocators exist, torch's allocator is another.
+  module.def("cuda_library_in_use", [] {
+    bool any = false;
+    stowage::cuda_allocators::for_each([&](int, CachingAllocator&) { any = true; });
+    return any && !stowage::torch_cuda::is_enabled();
+  });
   module.def("cuda_configuration", &stowage::cuda_allocators::configuration);
   module.def("c_library_path", [] {
     Dl_info info{};
@@ -86,6 +97,7 @@ PYBIND11_MODULE(_torch, module) {
   module.attr("has_cuda") = false;
   module.attr("cuda_torch_versions") = "";
   module.def("cuda_enabled", [] { return false; });
+  module.def("cuda_library_in_use", [] { return false; });
 #endif
 
   module.def("memory_stats", [](int device) {
@@ -129,15 +141,19 @@ PYBIND11_MODULE(_torch, module) {
              py::arg("device") = kCpu);
   module.def(
       "record_history",
-      [](bool enabled, const std::string& stacks_kind, std::size_t max_entries) {
+      [](bool enabled, const std::string& stacks_kind, std::size_t max_entries, int device) {
         STOWAGE_CHECK(stacks_kind == "python" || stacks_kind == "all",
                       "stacks must be 'python' or 'all', not '", stacks_kind, "'");
-        stacks().configure(true, stacks_kind == "all");
-        allocator_for(kCpu).record_history(enabled, max_entries);
+        // Stacks are gathered for CPU mode; a CUDA device's allocator here is the C library's,
+        // which records its events without them.
+        if (device == kCpu) stacks().configure(true, stacks_kind == "all");
+        allocator_for(device).record_history(enabled, max_entries);
       },
-      py::arg("enabled"), py::arg("stacks") = "python", py::arg("max_entries") = 100000);
-  module.def("snapshot", [] {
-    return stowage::python::snapshot_dict(allocator_for(kCpu).snapshot(), stacks(),
-                                          allocator_for(kCpu).config().to_string());
-  });
+      py::arg("enabled"), py::arg("stacks") = "python", py::arg("max_entries") = 100000,
+      py::arg("device") = kCpu);
+  module.def("snapshot", [](int device) {
+    CachingAllocator& allocator = allocator_for(device);
+    return stowage::python::snapshot_dict(allocator.snapshot(), stacks(),
+                                          allocator.config().to_string());
+  }, py::arg("device") = kCpu);
 }

@@ -210,16 +210,45 @@ def test_c_library_works_as_a_cuda_pluggable_allocator() -> None:
         b = torch.randn(512, 512, device="cuda")
         product_ok = torch.allclose((a @ b).cpu().double(), a.cpu().double() @ b.cpu().double(),
                                     rtol=1e-3, atol=1e-3)
+        import ctypes, stowage
+        before = stowage.memory_allocated()       # stowage's API sees the C library's allocator
         tensors = [torch.full((1 + (i * 7919) % (1 << 22),), i % 251, dtype=torch.uint8, device="cuda")
                    for i in range(300)]
         contents_ok = all(bool((t == i % 251).all()) for i, t in enumerate(tensors))
         spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in tensors)
         disjoint = all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+        during = stowage.memory_stats()
         del tensors
         torch.cuda.synchronize()
-        print(json.dumps({{"product_ok": product_ok, "contents_ok": contents_ok, "disjoint": disjoint}}))
+        after = stowage.memory_stats()
+        stowage.record_history(True)
+        lib = ctypes.CDLL({path!r})
+        lib.stowage_malloc.restype = ctypes.c_void_p
+        lib.stowage_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.stowage_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        ptr = lib.stowage_malloc(1000, 0, None)
+        lib.stowage_free(ptr, 1024, 0, None)      # not the size it was allocated as: kept
+        kept = stowage.memory_allocated() - after["allocated_bytes.all.current"]
+        lib.stowage_free(ptr, 1000, 0, None)
+        snapshot = stowage.snapshot()
+        actions = [e["action"] for e in snapshot["device_traces"][0] if e["addr"] == ptr]
+        torch.cuda.empty_cache()                  # torch's reset_fn: stowage_reset
+        print(json.dumps({{"product_ok": product_ok, "contents_ok": contents_ok, "disjoint": disjoint,
+                          "before": before, "allocated_during": during["allocated_bytes.all.current"],
+                          "allocated_after": after["allocated_bytes.all.current"],
+                          "invalid_frees_after": after["num_invalid_frees"],
+                          "kept": kept, "invalid_frees_end": stowage.memory_stats()["num_invalid_frees"],
+                          "actions": actions, "reserved_end": stowage.memory_reserved()}}))
     """, env={"STOWAGE_ALLOC_CONF": None})
-    assert last_json_line(result) == {"product_ok": True, "contents_ok": True, "disjoint": True}
+    outcome = last_json_line(result)
+    assert outcome["product_ok"] and outcome["contents_ok"] and outcome["disjoint"], outcome
+    assert outcome["allocated_during"] >= outcome["before"] + 300 * 512, outcome
+    # torch passed every free the size it allocated: none was refused, all were freed.
+    assert outcome["invalid_frees_after"] == 0, outcome
+    assert outcome["allocated_after"] == outcome["before"], outcome
+    assert outcome["kept"] == 1024 and outcome["invalid_frees_end"] == 1, outcome
+    assert outcome["actions"] == ["alloc", "free_requested", "free_completed"], outcome
+    assert outcome["reserved_end"] < outcome["allocated_during"], outcome
 
 
 # ---------------------------------------------------------------------------------------------
