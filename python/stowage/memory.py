@@ -206,10 +206,12 @@ def reset_accumulated_stats(device: Any = None) -> None:
 def empty_cache() -> None:
     """Returns cached memory to the device (on the paged path, every free page)."""
     module = _module()
-    if _on_cuda(module):
+    if module.cuda_enabled():
         import torch
 
         torch.cuda.empty_cache()  # every device, as torch does
+    elif module.cuda_library_in_use():
+        module.empty_cuda_caches()  # every device; torch's pluggable allocator may not call in
     else:
         module.empty_cache(_CPU)
 

@@ -82,6 +82,12 @@ PYBIND11_MODULE(_torch, module) {
     stowage::cuda_allocators::for_each([&](int, CachingAllocator&) { any = true; });
     return any && !stowage::torch_cuda::is_enabled();
   });
+  // Every CUDA allocator's empty_cache (torch's pluggable allocator has no reset hook unless
+  // one is set, so torch.cuda.empty_cache() may not reach the C library's allocators).
+  module.def("empty_cuda_caches", [] {
+    stowage::cuda_allocators::for_each(
+        [](int, CachingAllocator& allocator) { allocator.empty_cache(); });
+  });
   module.def("cuda_configuration", &stowage::cuda_allocators::configuration);
   module.def("c_library_path", [] {
     Dl_info info{};
