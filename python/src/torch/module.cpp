@@ -42,8 +42,9 @@ CachingAllocator& allocator_for(int device) {
   // Through the C library (torch's CUDAPluggableAllocator over libstowage.so) the allocators
   // exist once a device has been used.
   CachingAllocator* allocator = stowage::cuda_allocators::find(device);
-  STOWAGE_CHECK(allocator != nullptr, "stowage is not torch's CUDA allocator: call "
-                "stowage.enable() or set STOWAGE_ALLOC_CONF first");
+  STOWAGE_CHECK(allocator != nullptr, "stowage is not torch's CUDA allocator (call "
+                "stowage.enable() or set STOWAGE_ALLOC_CONF first), and its C library has "
+                "allocated nothing on CUDA device ", device);
   return *allocator;
 #else
   STOWAGE_CHECK(false, "this build of stowage has no CUDA integration (device ", device, ")");
