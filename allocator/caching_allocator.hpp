@@ -109,8 +109,8 @@
 // would deadlock with a thread holding the GIL and waiting for the lock. So the provider is
 // called first, and the lock taken after.
 // Misuse on the free path (an unknown pointer, a double free, a size that is not the one
-// requested) changes nothing, is counted in
-// num_invalid_frees and logged; free never throws (torch frees from destructors).
+// requested) changes nothing, is counted in num_invalid_frees and logged; free never throws
+// (torch frees from destructors).
 //
 // Ownership: the backend must outlive the allocator. The allocator owns its segments and
 // returns the cached ones to the device when destroyed; blocks still allocated then are
@@ -298,10 +298,10 @@ class CachingAllocator {
   // Marks a free, unindexed block allocated for `bytes` and counts it.
   void mark_allocated_locked(Block* block, std::size_t bytes, bool oversize,
                              std::uint64_t context);
-  // Takes an allocated block out of the address map and the allocation counts (free's first
-  // half; the block is then pending or freed by the caller).
   // free(ptr) and free(ptr, size); `requested_bytes` is checked when it has a value.
   void free_checked(void* ptr, std::optional<std::size_t> requested_bytes) noexcept;
+  // Takes an allocated block out of the address map and the allocation counts (free's first
+  // half; the block is then pending or freed by the caller).
   void end_allocation_locked(Block* block, std::uint64_t context);
   // Makes a freed block wait for events on the streams recorded with record_stream, or frees
   // it at once when it has none.
