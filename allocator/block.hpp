@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "allocator/backend.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/size_policy.hpp"
 
 namespace stowage {

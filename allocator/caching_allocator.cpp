@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "allocator/byte_units.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/log.hpp"
+#include "allocator/base/byte_units.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/base/log.hpp"
 
 namespace stowage {
 

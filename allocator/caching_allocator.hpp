@@ -133,7 +133,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/backend.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/block.hpp"
 #include "allocator/block_arena.hpp"
 #include "allocator/block_map.hpp"

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <exception>
 
-#include "allocator/byte_units.hpp"
+#include "allocator/base/byte_units.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/log.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/base/log.hpp"
 
 namespace stowage {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/log.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/base/log.hpp"
 
 namespace stowage {
 

@@ -5,8 +5,8 @@
 #include <sstream>
 #include <string>
 
-#include "allocator/byte_units.hpp"
-#include "allocator/errors.hpp"
+#include "allocator/base/byte_units.hpp"
+#include "allocator/base/errors.hpp"
 
 namespace stowage {
 

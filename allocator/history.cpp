@@ -3,7 +3,7 @@
 #include <chrono>
 #include <utility>
 
-#include "allocator/errors.hpp"
+#include "allocator/base/errors.hpp"
 
 namespace stowage {
 

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "allocator/backend.hpp"
+#include "allocator/device/backend.hpp"
 
 namespace stowage {
 

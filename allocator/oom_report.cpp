@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "allocator/byte_units.hpp"
+#include "allocator/base/byte_units.hpp"
 
 namespace stowage {
 

@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <string>
 
-#include "allocator/backend.hpp"
+#include "allocator/device/backend.hpp"
 
 namespace stowage {
 

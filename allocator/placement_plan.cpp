@@ -5,7 +5,7 @@
 #include <numeric>
 #include <utility>
 
-#include "allocator/errors.hpp"
+#include "allocator/base/errors.hpp"
 
 namespace stowage {
 

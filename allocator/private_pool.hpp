@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/backend.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/free_block_index.hpp"
 #include "allocator/size_policy.hpp"
 

@@ -5,8 +5,8 @@
 #include <unordered_map>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/host_backend.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/device/host/host_backend.hpp"
 
 namespace stowage {
 

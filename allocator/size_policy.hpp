@@ -48,7 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/byte_units.hpp"
+#include "allocator/base/byte_units.hpp"
 
 namespace stowage {
 

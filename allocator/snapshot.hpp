@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "allocator/backend.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/block.hpp"
 #include "allocator/history.hpp"
 #include "allocator/private_pool.hpp"

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "allocator/errors.hpp"
+#include "allocator/base/errors.hpp"
 #include "allocator/placement_plan.hpp"
 
 namespace stowage {

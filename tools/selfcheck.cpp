@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "allocator/backend.hpp"
-#include "allocator/build_info.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/host_backend.hpp"
+#include "allocator/device/backend.hpp"
+#include "allocator/base/build_info.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/device/host/host_backend.hpp"
 #if STOWAGE_HAVE_CUDA
-#include "allocator/cuda_backend.hpp"
+#include "allocator/device/cuda/cuda_backend.hpp"
 #endif
 
 namespace {

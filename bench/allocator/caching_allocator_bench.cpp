@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/host_backend.hpp"
+#include "allocator/device/host/host_backend.hpp"
 
 namespace {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "allocator/build_info.hpp"
-#include "allocator/host_backend.hpp"
+#include "allocator/base/build_info.hpp"
+#include "allocator/device/host/host_backend.hpp"
 #if STOWAGE_HAVE_CUDA
-#include "allocator/cuda_backend.hpp"
+#include "allocator/device/cuda/cuda_backend.hpp"
 #endif
 
 namespace {

@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/host_backend.hpp"
-#include "allocator/log.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/device/host/host_backend.hpp"
+#include "allocator/base/log.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {

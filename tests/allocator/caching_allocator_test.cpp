@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/errors.hpp"
-#include "allocator/host_backend.hpp"
-#include "allocator/log.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/device/host/host_backend.hpp"
+#include "allocator/base/log.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"
 

@@ -1,6 +1,6 @@
 // What HostBackend does beyond the conformance suite: capacity, RAM cost, CUDA's VMM rules in
 // detail, fault injection, the kernel-mapping limit, bandwidth, synchronous mode.
-#include "allocator/host_backend.hpp"
+#include "allocator/device/host/host_backend.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/errors.hpp"
+#include "allocator/base/errors.hpp"
 #include "tests/conformance/pattern.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"

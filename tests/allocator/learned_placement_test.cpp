@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "allocator/byte_units.hpp"
+#include "allocator/base/byte_units.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/errors.hpp"
-#include "allocator/host_backend.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/device/host/host_backend.hpp"
 #include "allocator/memory_pressure.hpp"
 #include "tests/support/quiet_log.hpp"
 

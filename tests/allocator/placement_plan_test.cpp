@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/errors.hpp"
+#include "allocator/base/errors.hpp"
 #include "allocator/placement_plan.hpp"
 #include "allocator/step_learner.hpp"
 

@@ -6,8 +6,8 @@
 #include <future>
 #include <thread>
 
-#include "allocator/byte_units.hpp"
-#include "allocator/errors.hpp"
+#include "allocator/base/byte_units.hpp"
+#include "allocator/base/errors.hpp"
 #include "tests/support/gate.hpp"
 
 namespace stowage::testing {

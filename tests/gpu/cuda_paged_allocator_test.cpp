@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/byte_units.hpp"
+#include "allocator/base/byte_units.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/cuda_backend.hpp"
-#include "allocator/errors.hpp"
+#include "allocator/device/cuda/cuda_backend.hpp"
+#include "allocator/base/errors.hpp"
 
 namespace stowage {
 namespace {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/log.hpp"
+#include "allocator/base/log.hpp"
 
 namespace stowage::testing {
 

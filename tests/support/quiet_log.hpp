@@ -4,7 +4,7 @@
 #include <string_view>
 #include <utility>
 
-#include "allocator/log.hpp"
+#include "allocator/base/log.hpp"
 
 namespace stowage::testing {
 

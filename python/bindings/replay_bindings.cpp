@@ -1,0 +1,95 @@
+// stowage._core.Trace: a recorded trace, replayed in C++ with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "allocator/config.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/replay.hpp"
+#include "python/bindings/bindings.hpp"
+
+namespace py = pybind11;
+
+namespace stowage::python {
+
+namespace {
+
+using Bytes = py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>;
+using Kinds = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>;
+
+Trace make_trace(const Kinds& kinds, const Bytes& addresses, const Bytes& sizes,
+                 const Bytes& streams) {
+  const auto n = static_cast<std::size_t>(kinds.size());
+  STOWAGE_CHECK(static_cast<std::size_t>(addresses.size()) == n &&
+                    static_cast<std::size_t>(sizes.size()) == n &&
+                    static_cast<std::size_t>(streams.size()) == n,
+                "kinds, addresses, sizes and streams must have the same length");
+  const std::uint8_t* kind = kinds.data();
+  const std::uint64_t* address = addresses.data();
+  const std::uint64_t* size = sizes.data();
+  const std::uint64_t* stream = streams.data();
+  std::vector<TraceEvent> events(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    STOWAGE_CHECK(kind[i] <= 2, "event ", i, " has kind ", int{kind[i]},
+                  " (0: alloc, 1: free, 2: end of a step)");
+    events[i] = {static_cast<TraceEvent::Kind>(kind[i]), address[i], size[i], stream[i]};
+  }
+  return Trace(std::move(events));
+}
+
+py::dict to_dict(const ReplayResult& result) {
+  py::dict out;
+  out["events"] = result.events;
+  out["allocs"] = result.allocs;
+  out["frees"] = result.frees;
+  out["skipped_frees"] = result.skipped_frees;
+  out["zero_size"] = result.zero_size;
+  out["implicit_frees"] = result.implicit_frees;
+  out["peak_requested"] = result.peak_requested;
+  out["peak_allocated"] = result.peak_allocated;
+  out["peak_reserved"] = result.peak_reserved;
+  out["peak_mapped_pages"] = result.peak_mapped_pages;
+  out["maps"] = result.maps;
+  out["unmaps"] = result.unmaps;
+  out["plans_made"] = result.plans_made;
+  out["departures"] = result.departures;
+  out["planned_allocations"] = result.planned_allocations;
+  out["arena_bytes"] = result.arena_bytes;
+  out["plan_live_bytes"] = result.plan_live_bytes;
+  out["oom"] = result.oom;
+  out["oom_event"] = result.oom ? py::object(py::int_(result.oom_event)) : py::object(py::none());
+  out["oom_message"] = result.oom ? py::object(py::str(result.oom_message)) : py::object(py::none());
+  out["ns_per_call_p50"] = result.ns_per_call_p50;
+  out["ns_per_call_p99"] = result.ns_per_call_p99;
+  out["seconds"] = result.seconds;
+  return out;
+}
+
+}  // namespace
+
+void bind_replay(py::module_& module) {
+  py::class_<Trace>(module, "Trace",
+                    "The alloc (kind 0) and free (kind 1) events of one device, in order.")
+      .def(py::init(&make_trace), py::arg("kinds"), py::arg("addresses"), py::arg("sizes"),
+           py::arg("streams"))
+      .def("__len__", [](const Trace& trace) { return trace.events().size(); })
+      .def(
+          "replay",
+          [](const Trace& trace, std::size_t capacity, const std::string& config,
+             bool measure_latency) {
+            const AllocatorConfig parsed = parse_allocator_config(config);
+            ReplayResult result;
+            {
+              py::gil_scoped_release unlocked;
+              result = trace.replay(capacity, parsed, measure_latency);
+            }
+            return to_dict(result);
+          },
+          py::arg("capacity"), py::arg("config") = "", py::arg("measure_latency") = true,
+          "Replays the trace through a CachingAllocator on a simulated device of `capacity` "
+          "bytes; returns the figures as a dict.");
+}
+
+}  // namespace stowage::python
