@@ -1,13 +1,13 @@
 // How request sizes become block and segment sizes (Note [Rounding], Note [Splitting]).
 //
 // Note [Rounding]
-// Every request is rounded up to a multiple of 512 B, in both pools. PyTorch rounds large
+// Every request is rounded up to a multiple of 512 B, in both size classes. PyTorch rounds large
 // blocks to 2 MiB steps in effect (its segments are 2 MiB multiples and it splits only
 // remainders above 1 MiB); on real training traces that costs several per cent of memory, so
 // stowage keeps 512 B granularity everywhere and leaves coarseness to segment sizing.
 //
-// Requests of up to 1 MiB (after rounding) go to the small pool, which packs them into 2 MiB
-// segments; larger ones go to the large pool. A large request under 10 MiB gets a shared segment
+// Requests of up to 1 MiB (after rounding) are of the small class, packed into 2 MiB segments;
+// larger ones are of the large class. A large request under 10 MiB gets a shared segment
 // of 16 to 24 MiB, so that several medium blocks share one segment instead of each paying for
 // its own rounding. Of the sizes in that range that are a whole number of the request's blocks
 // rounded up to 2 MiB, the one that wastes the least is taken (the larger on a tie): a model's
@@ -21,9 +21,9 @@
 //
 // Note [Splitting]
 // A free block bigger than the request is split only when the remainder is worth keeping:
-//   - small pool: the remainder is at least 512 B, the smallest block there is; anything
+//   - small class: the remainder is at least 512 B, the smallest block there is; anything
 //     smaller could never be used and would only lengthen the free index;
-//   - large pool: the remainder is larger than 1 MiB, so it can hold a large request on its own.
+//   - large class: the remainder is larger than 1 MiB, so it can hold a large request on its own.
 //     A smaller remainder could only ever be used by merging with a neighbour once that is
 //     freed, and as a separate free block it would sit in the index as a sliver no request
 //     fits; keeping it inside the block costs at most 1 MiB while the block lives and returns
@@ -32,14 +32,14 @@
 //     blocks carved up by small requests are what leaves large holes unusable.
 //   - on the segment path, a segment that is wholly free is not carved for a request of less than
 //     a fifth of it when more than 64 MiB would be left over, while the device can give the
-//     request a segment of its own (the free one may go back to make room: Note [Segment
-//     headroom]; so with reserve_headroom:1, which never gives segments back, segments are
+//     request a segment of its own (the free one may go back to make room: Note [Reserve
+//     budget]; so with reserve_headroom:1, which never gives segments back, segments are
 //     carved as in PyTorch). The small block would pin the whole segment until it is freed, and the next
 //     request the segment was made for no longer fits: on the recorded GPT-2 trace that cost 9%
 //     of the peak (1.118 to 1.026 times the live peak; bench/results). When the device has no
 //     room the segment is carved after all.
-//   - on the paged path (Note [Paged pool]) any remainder of 512 B or more is split off in the
-//     large pool too. There a remainder kept inside a block wastes its bytes on a page that is
+//   - on the paged path (Note [Paged path]) any remainder of 512 B or more is split off in the
+//     large class too. There a remainder kept inside a block wastes its bytes on a page that is
 //     mapped anyway, while a free one joins its neighbour the moment that is freed, and its
 //     whole pages can be moved; on the recorded traces this lowers the memory needed by 0.5 to
 //     3.5 per cent (bench/results).
@@ -48,14 +48,21 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/base/byte_units.hpp"
+#include "allocator/base/numbers.hpp"
 
 namespace stowage {
 
-enum class Pool : std::uint8_t { kSmall = 0, kLarge = 1 };
+// Requests of up to kSmallRequestMax are of the small class, larger ones of the large class; the
+// two never share a segment (Note [Rounding]). torch's statistics call them the small and large
+// pools.
+enum class SizeClass : std::uint8_t { kSmall = 0, kLarge = 1 };
+inline constexpr std::size_t kSizeClasses = 2;
+constexpr std::size_t index_of(SizeClass size_class) noexcept {
+  return static_cast<std::size_t>(size_class);
+}
 
 struct SizePolicy {
-  static constexpr std::size_t kMinBlockSize = 512;             // rounding step, both pools
+  static constexpr std::size_t kMinBlockSize = 512;             // rounding step, both classes
   static constexpr std::size_t kSmallRequestMax = 1 << 20;      // 1 MiB: largest small request
   static constexpr std::size_t kSmallSegmentSize = 2 << 20;     // 2 MiB small segments
   static constexpr std::size_t kMediumRequestMax = 10 << 20;    // under 10 MiB: a shared segment
@@ -74,8 +81,8 @@ struct SizePolicy {
     return bytes < kMinBlockSize ? kMinBlockSize : round_up(bytes, kMinBlockSize);
   }
 
-  static constexpr Pool pool_for(std::size_t block_bytes) {
-    return block_bytes <= kSmallRequestMax ? Pool::kSmall : Pool::kLarge;
+  static constexpr SizeClass size_class_for(std::size_t block_bytes) {
+    return block_bytes <= kSmallRequestMax ? SizeClass::kSmall : SizeClass::kLarge;
   }
 
   // The size of a new segment for a block of `block_bytes`.
@@ -119,9 +126,10 @@ struct SizePolicy {
 
   // Note [Splitting]. `oversize`: the request is of the oversize class; `paged`: the block is
   // on the paged path.
-  static constexpr bool should_split(Pool pool, std::size_t remainder, bool oversize, bool paged) {
+  static constexpr bool should_split(SizeClass size_class, std::size_t remainder, bool oversize,
+                                     bool paged) {
     if (oversize) return false;
-    if (pool == Pool::kSmall || paged) return remainder >= kMinBlockSize;
+    if (size_class == SizeClass::kSmall || paged) return remainder >= kMinBlockSize;
     return remainder > kLargeSplitMinimum;
   }
 };

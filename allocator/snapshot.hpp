@@ -5,12 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
-#include "allocator/device/backend.hpp"
 #include "allocator/block.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/history.hpp"
-#include "allocator/private_pool.hpp"
+#include "allocator/pool.hpp"
 #include "allocator/size_policy.hpp"
 
 namespace stowage {
@@ -30,9 +31,9 @@ struct SegmentSnapshot {
   std::size_t active_size = 0;     // allocated and pending-free blocks
   std::size_t requested_size = 0;
   Stream stream;
-  Pool pool = Pool::kSmall;
+  SizeClass size_class = SizeClass::kSmall;
   bool is_expandable = false;
-  PoolId owner{0, 0};  // the private pool it belongs to; (0, 0): the shared pools
+  PoolId owner = kSharedPoolId;  // the private pool it belongs to; (0, 0): the shared pool
   std::uint64_t context = 0;
   std::vector<BlockSnapshot> blocks;  // address order, tiling the segment
 };
@@ -42,5 +43,15 @@ struct AllocatorSnapshot {
   std::vector<SegmentSnapshot> segments;  // address order
   std::vector<TraceEntry> trace;          // oldest first
 };
+
+// Appends what a snapshot shows of `segment`: a whole segment as one SegmentSnapshot; paged
+// memory as one expandable SegmentSnapshot per run of mapped pages, as torch reports an
+// expandable segment's mapped part (runs start and end at holes, which are page-aligned, so
+// blocks tile each run).
+void append_snapshot(const Segment& segment, AllocatorSnapshot& out);
+
+// The device memory range `block` (allocated) lies in: its run of mapped blocks, which for a
+// whole segment is the segment.
+std::pair<void*, std::size_t> mapped_range(const Block& block);
 
 }  // namespace stowage

@@ -7,12 +7,12 @@ namespace stowage {
 namespace {
 
 template <typename Fn>
-void for_each_pool_stats(DeviceStats& stats, Fn&& fn) {
-  for (PoolStats* pool_stats :
+void for_each_stat(DeviceStats& stats, Fn&& fn) {
+  for (SizeClassStats* by_class :
        {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
         &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
         &stats.inactive_split_bytes, &stats.requested_bytes}) {
-    for (Stat& stat : pool_stats->stats) fn(stat);
+    for (Stat& stat : by_class->stats) fn(stat);
   }
   fn(stats.oversize_allocations);
   fn(stats.oversize_segments);
@@ -30,11 +30,11 @@ void add_stat(std::vector<std::pair<std::string, std::int64_t>>& out, const std:
 }  // namespace
 
 void DeviceStats::reset_peak() noexcept {
-  for_each_pool_stats(*this, [](Stat& stat) { stat.reset_peak(); });
+  for_each_stat(*this, [](Stat& stat) { stat.reset_peak(); });
 }
 
 void DeviceStats::reset_accumulated() noexcept {
-  for_each_pool_stats(*this, [](Stat& stat) { stat.reset_accumulated(); });
+  for_each_stat(*this, [](Stat& stat) { stat.reset_accumulated(); });
   num_alloc_retries = 0;
   num_ooms = 0;
   num_sync_all_streams = 0;
@@ -47,7 +47,7 @@ void DeviceStats::reset_accumulated() noexcept {
 
 std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const DeviceStats& stats) {
   std::vector<std::pair<std::string, std::int64_t>> out;
-  const std::pair<const char*, const PoolStats*> pooled[] = {
+  const std::pair<const char*, const SizeClassStats*> classed[] = {
       {"allocation", &stats.allocation},
       {"segment", &stats.segment},
       {"active", &stats.active},
@@ -58,11 +58,11 @@ std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const Dev
       {"inactive_split_bytes", &stats.inactive_split_bytes},
       {"requested_bytes", &stats.requested_bytes},
   };
-  for (const auto& [name, pool_stats] : pooled) {
+  for (const auto& [name, by_class] : classed) {
     const std::string base(name);
-    add_stat(out, base + ".all", pool_stats->stats[0]);
-    add_stat(out, base + ".small_pool", pool_stats->stats[1]);
-    add_stat(out, base + ".large_pool", pool_stats->stats[2]);
+    add_stat(out, base + ".all", by_class->stats[0]);
+    add_stat(out, base + ".small_pool", by_class->stats[1]);
+    add_stat(out, base + ".large_pool", by_class->stats[2]);
   }
   add_stat(out, "oversize_allocations", stats.oversize_allocations);
   add_stat(out, "oversize_segments", stats.oversize_segments);

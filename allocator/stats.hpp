@@ -1,7 +1,8 @@
 // Allocator statistics, with PyTorch's memory_stats() names and meanings.
 //
 // Each Stat has current, peak, allocated (sum of increases) and freed (sum of decreases), kept
-// for all pools together and for the small and large pools apart. What is counted:
+// for all blocks together and for the small and large size classes apart (torch's "small_pool"
+// and "large_pool"). What is counted:
 //   allocation / allocated_bytes   blocks handed to callers and not yet freed by them
 //   requested_bytes                the bytes callers asked for (before rounding) of those blocks
 //   active / active_bytes          allocated blocks plus freed blocks still waiting for streams
@@ -11,12 +12,14 @@
 // plus counters: num_alloc_retries (cache released and allocation retried), num_ooms,
 // num_sync_all_streams, num_device_alloc, num_device_free, and stowage's num_invalid_frees
 // (frees of unknown pointers and double frees, which change nothing else).
-// On the paged path (Note [Paged pool]) reserved_bytes counts mapped physical pages,
+// On the paged path (Note [Paged path]) reserved_bytes counts mapped physical pages,
 // num_device_alloc / num_device_free count physical pages created and released, and a segment is
 // an address reservation. stowage adds mapped_pages (current, peak: the live mappings) and
 // the counters num_maps / num_unmaps (pages mapped and unmapped).
 //
-// Contract: plain values; the CachingAllocator updates them under its lock and returns copies.
+// Contract: plain values; the parts of one allocator update them under its lock (the block cache
+// the block counts, the memory sources the segment, reserved and page counts) and the allocator
+// returns copies.
 #pragma once
 
 #include <array>
@@ -45,31 +48,31 @@ struct Stat {
   void reset_accumulated() noexcept { allocated = freed = 0; }
 };
 
-// One Stat for all pools, then the small pool, then the large pool (torch's order).
-struct PoolStats {
+// One Stat for all size classes, then the small class, then the large class (torch's order).
+struct SizeClassStats {
   std::array<Stat, 3> stats;
 
   Stat& all() noexcept { return stats[0]; }
   const Stat& all() const noexcept { return stats[0]; }
-  Stat& of(Pool pool) noexcept { return stats[pool == Pool::kSmall ? 1 : 2]; }
-  const Stat& of(Pool pool) const noexcept { return stats[pool == Pool::kSmall ? 1 : 2]; }
-  // Updates the all-pools stat and the pool's.
-  void update(Pool pool, std::int64_t amount) noexcept {
+  Stat& of(SizeClass size_class) noexcept { return stats[1 + index_of(size_class)]; }
+  const Stat& of(SizeClass size_class) const noexcept { return stats[1 + index_of(size_class)]; }
+  // Updates the stat of all classes and the class's.
+  void update(SizeClass size_class, std::int64_t amount) noexcept {
     stats[0].update(amount);
-    of(pool).update(amount);
+    of(size_class).update(amount);
   }
 };
 
 struct DeviceStats {
-  PoolStats allocation;
-  PoolStats segment;
-  PoolStats active;
-  PoolStats inactive_split;
-  PoolStats allocated_bytes;
-  PoolStats reserved_bytes;
-  PoolStats active_bytes;
-  PoolStats inactive_split_bytes;
-  PoolStats requested_bytes;
+  SizeClassStats allocation;
+  SizeClassStats segment;
+  SizeClassStats active;
+  SizeClassStats inactive_split;
+  SizeClassStats allocated_bytes;
+  SizeClassStats reserved_bytes;
+  SizeClassStats active_bytes;
+  SizeClassStats inactive_split_bytes;
+  SizeClassStats requested_bytes;
   Stat oversize_allocations;
   Stat oversize_segments;
   Stat mapped_pages;

@@ -10,16 +10,13 @@
 #include <string>
 #include <string_view>
 
+#include "allocator/base/numbers.hpp"
+
 namespace stowage {
 
 inline constexpr std::size_t kKiB = std::size_t{1} << 10;
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kGiB = std::size_t{1} << 30;
-
-// `value` rounded up to a multiple of `multiple` (> 0); the caller keeps it from overflowing.
-constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 std::size_t parse_byte_size(std::string_view text);
 std::string format_bytes(std::size_t bytes);

@@ -110,7 +110,7 @@ cda::TraceEntry::Action to_torch(TraceAction action) {
   return cda::TraceEntry::ALLOC;
 }
 
-void copy_stats(const PoolStats& from, c10::CachingAllocator::StatArray& to) {
+void copy_stats(const SizeClassStats& from, c10::CachingAllocator::StatArray& to) {
   for (std::size_t i = 0; i < to.size(); ++i) {
     to[i].current = from.stats[i].current;
     to[i].peak = from.stats[i].peak;
@@ -217,7 +217,7 @@ class StowageCudaAllocator final : public PluggableBase {
     if (allocator == nullptr) return {};
     for (const SegmentSnapshot& segment : allocator->snapshot().segments) {
       if (!segment.is_expandable) continue;
-      sizes[{to_cuda_stream(segment.stream), segment.pool == Pool::kSmall}] += segment.total_size;
+      sizes[{to_cuda_stream(segment.stream), segment.size_class == SizeClass::kSmall}] += segment.total_size;
     }
     std::vector<cca::StreamSegmentSize> out;
     for (const auto& [key, bytes] : sizes) {
@@ -291,7 +291,7 @@ class StowageCudaAllocator final : public PluggableBase {
         info.allocated_size = segment.allocated_size;
         info.active_size = segment.active_size;
         info.stream = to_cuda_stream(segment.stream);
-        info.is_large = segment.pool == Pool::kLarge;
+        info.is_large = segment.size_class == SizeClass::kLarge;
         info.is_expandable = segment.is_expandable;
         info.owner_private_pool_id = segment.owner;
         info.context_when_allocated = contexts_.find(segment.context);

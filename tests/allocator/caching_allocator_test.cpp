@@ -71,11 +71,11 @@ TEST_F(CachingAllocatorTest, SmallRequestsArePackedIntoTwoMiBSegments) {
   std::vector<void*> blocks;
   for (int i = 0; i < 100; ++i) blocks.push_back(allocator_.malloc(20 * KiB));  // 2000 KiB
   DeviceStats stats = allocator_.stats();
-  EXPECT_EQ(stats.segment.of(Pool::kSmall).current, 1);
-  EXPECT_EQ(stats.reserved_bytes.of(Pool::kSmall).current, static_cast<std::int64_t>(2 * MiB));
-  EXPECT_EQ(stats.segment.of(Pool::kLarge).current, 0);
+  EXPECT_EQ(stats.segment.of(SizeClass::kSmall).current, 1);
+  EXPECT_EQ(stats.reserved_bytes.of(SizeClass::kSmall).current, static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(stats.segment.of(SizeClass::kLarge).current, 0);
   blocks.push_back(allocator_.malloc(100 * KiB));  // does not fit the 48 KiB left
-  EXPECT_EQ(allocator_.stats().segment.of(Pool::kSmall).current, 2);
+  EXPECT_EQ(allocator_.stats().segment.of(SizeClass::kSmall).current, 2);
   for (void* block : blocks) allocator_.free(block);
 }
 
@@ -83,8 +83,8 @@ TEST_F(CachingAllocatorTest, MediumRequestsShareTwentyMiBSegmentsAndLargeOnesGet
   void* a = allocator_.malloc(5 * MiB);
   void* b = allocator_.malloc(5 * MiB);
   void* c = allocator_.malloc(5 * MiB);
-  EXPECT_EQ(allocator_.stats().segment.of(Pool::kLarge).current, 1);
-  EXPECT_EQ(allocator_.stats().reserved_bytes.of(Pool::kLarge).current,
+  EXPECT_EQ(allocator_.stats().segment.of(SizeClass::kLarge).current, 1);
+  EXPECT_EQ(allocator_.stats().reserved_bytes.of(SizeClass::kLarge).current,
             static_cast<std::int64_t>(20 * MiB));
   // 11 MiB gets a 12 MiB segment; the 1 MiB left is not worth a block of its own.
   void* d = allocator_.malloc(11 * MiB);
@@ -92,7 +92,7 @@ TEST_F(CachingAllocatorTest, MediumRequestsShareTwentyMiBSegmentsAndLargeOnesGet
   // 10.5 MiB gets a 12 MiB segment too; 1.5 MiB is worth keeping, so it is split off.
   void* e = allocator_.malloc(10 * MiB + 512 * KiB);
   EXPECT_EQ(allocator_.block_size(e), 10 * MiB + 512 * KiB);
-  EXPECT_EQ(allocator_.stats().inactive_split.of(Pool::kLarge).current, 2)
+  EXPECT_EQ(allocator_.stats().inactive_split.of(SizeClass::kLarge).current, 2)
       << "the 5 MiB tail of the medium segment and the 1.5 MiB tail";
   for (void* block : {a, b, c, d, e}) allocator_.free(block);
 }
@@ -528,7 +528,7 @@ TEST_F(CachingAllocatorTest, SnapshotShowsSegmentsBlocksAndStates) {
   const AllocatorSnapshot snapshot = allocator_.snapshot();
   ASSERT_EQ(snapshot.segments.size(), 1u);
   const SegmentSnapshot& segment = snapshot.segments[0];
-  EXPECT_EQ(segment.pool, Pool::kSmall);
+  EXPECT_EQ(segment.size_class, SizeClass::kSmall);
   EXPECT_EQ(segment.total_size, 2 * MiB);
   EXPECT_EQ(segment.allocated_size, 2048u);
   EXPECT_EQ(segment.requested_size, 2000u);

@@ -57,7 +57,7 @@ py::dict snapshot_dict(const AllocatorSnapshot& snapshot, const torch_cpu::Stack
     out["active_size"] = segment.active_size;
     out["requested_size"] = segment.requested_size;
     out["stream"] = segment.stream.handle;
-    out["segment_type"] = segment.pool == Pool::kSmall ? "small" : "large";
+    out["segment_type"] = segment.size_class == SizeClass::kSmall ? "small" : "large";
     out["segment_pool_id"] = py::make_tuple(0, 0);
     out["is_expandable"] = segment.is_expandable;
     out["frames"] = frames(segment.context);

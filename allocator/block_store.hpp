@@ -2,7 +2,7 @@
 // split) takes one from the list instead of calling the heap.
 //
 // Contract: not thread-safe (the allocator's lock guards it). Owns every Block it hands out;
-// they stay valid until recycled or until the arena is destroyed. A recycled block comes back
+// they stay valid until recycled or until the store is destroyed. A recycled block comes back
 // value-initialised except for the capacity of its stream_uses vector.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 namespace stowage {
 
-class BlockArena {
+class BlockStore {
  public:
   Block* acquire() {
     if (free_ == nullptr) grow();

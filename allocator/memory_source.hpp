@@ -1,0 +1,54 @@
+// MemorySource: where a caching allocator's memory comes from when no cached block fits, and
+// where it goes when the cache is emptied.
+//
+// Two sources exist: SegmentSource (whole segments, like cudaMalloc: segment_source.hpp) and
+// PagedSource (pages mapped into reserved address space: paged_source.hpp). The allocator asks
+// its source in the order of Note [Miss path] (caching_allocator.hpp): grow(), then, after
+// pending frees have completed, grow_again(); release_cached() gives back what the cache holds.
+//
+// Contract: called under the allocator's lock. A source records the segments it makes in the
+// allocator's BlockCache, counts them in the statistics, and never throws for want of memory:
+// an empty result says the device or the limit refused.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/block.hpp"
+#include "allocator/device/backend.hpp"
+#include "allocator/size_policy.hpp"
+
+namespace stowage {
+
+// A request the cache could not serve.
+struct GrowRequest {
+  SizeClass size_class = SizeClass::kSmall;
+  Stream stream;
+  std::size_t rounded = 0;  // the block size needed (Note [Rounding])
+  std::uint64_t context = 0;
+  // A CUDA graph capture is under way: the source may neither wait for the device nor give
+  // memory back (Note [Private pools] in private_pools.hpp).
+  bool capturing = false;
+};
+
+class MemorySource {
+ public:
+  virtual ~MemorySource() = default;
+
+  // A free block of at least request.rounded bytes for the shared pool, made from memory new to
+  // the cache (or, on the paged path, moved within it), out of every index; nullptr when none
+  // can be had now.
+  virtual Block* grow(const GrowRequest& request) = 0;
+  // The second attempt, once pending frees have completed: what grow() could not do then.
+  virtual Block* grow_again(const GrowRequest& request) = 0;
+  // Gives the shared pool's cached memory back to the device; true if any went back.
+  virtual bool release_cached() = 0;
+  // Whether a block grow() made may have a remainder split off even for an oversize request
+  // (Note [Splitting] in size_policy.hpp).
+  virtual bool splits_fresh_blocks() const noexcept = 0;
+  // Whether a wholly free cached segment is spared from a much smaller request while the device
+  // can give that request memory of its own (Note [Splitting]).
+  virtual bool spares_whole_segments() const noexcept = 0;
+};
+
+}  // namespace stowage

@@ -1,0 +1,42 @@
+// Where an allocator's events go: its History (when recording) and its trace listeners.
+//
+// record() builds an event only when someone listens (active()), so an allocator that records
+// nothing pays one predictable branch per event. Listeners hear every event as it happens, under
+// the owner's lock: they must not call the allocator. A listener that throws is logged and kept.
+//
+// Contract: not thread-safe (the owner's lock guards it); owns the history and the listeners.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "allocator/device/backend.hpp"
+#include "allocator/history.hpp"
+
+namespace stowage {
+
+class TraceRecorder {
+ public:
+  using Listener = std::function<void(const TraceEntry&)>;
+
+  bool active() const noexcept { return history_.enabled() || !listeners_.empty(); }
+  void record(TraceAction action, std::uintptr_t address, std::size_t size, Stream stream,
+              std::uint64_t context) {
+    if (active()) dispatch({action, address, size, stream, History::now_us(), context});
+  }
+  // Throws LogicError for an empty function.
+  void add_listener(Listener listener);
+
+  History& history() noexcept { return history_; }
+  const History& history() const noexcept { return history_; }
+
+ private:
+  void dispatch(const TraceEntry& entry);
+
+  History history_;
+  std::vector<Listener> listeners_;
+};
+
+}  // namespace stowage
