@@ -35,14 +35,10 @@ const AllocatorConfig& checked(const AllocatorConfig& config) {
   return config;
 }
 
-std::unique_ptr<PagedSource> make_paged_source(DeviceBackend& backend,
-                                               const AllocatorConfig& config, BlockCache& cache,
-                                               DeviceStats& stats, TraceRecorder& trace,
-                                               const MemoryLimit& limit, ReserveBudget& budget,
-                                               Pool& shared) {
-  if (!use_paged_memory(backend, config)) return nullptr;
-  return std::make_unique<PagedSource>(backend, cache, stats, trace, limit, budget, shared,
-                                       config.max_split_size);
+std::unique_ptr<PagedSource> make_paged_source(const AllocatorConfig& config,
+                                               const SourceParts& parts) {
+  if (!use_paged_memory(parts.backend, config)) return nullptr;
+  return std::make_unique<PagedSource>(parts);
 }
 
 }  // namespace
@@ -55,9 +51,8 @@ CachingAllocator::CachingAllocator(DeviceBackend& backend, AllocatorConfig confi
       budget_(cache_, config.reserve_headroom,
               use_paged_memory(backend, config) ? backend.properties().granularity
                                                 : SizePolicy::kMediumSegmentSize),
-      segments_(backend, cache_, stats_, trace_, limit_, budget_, shared_, config.max_split_size),
-      paged_(make_paged_source(backend, config, cache_, stats_, trace_, limit_, budget_,
-                               shared_)),
+      segments_(parts()),
+      paged_(make_paged_source(config, parts())),
       source_(paged_ != nullptr ? static_cast<MemorySource&>(*paged_) : segments_),
       spare_whole_segments_(source_.spares_whole_segments()),
       splits_fresh_blocks_(source_.splits_fresh_blocks()),

@@ -214,6 +214,10 @@ class CachingAllocator final : private BlockCache::Listener {
   // Returns every wholly free segment (and, paged, every whole free page) to the device.
   bool release_cached_locked();
   OomReport oom_report_locked(std::size_t bytes, std::size_t rounded, Stream stream);
+  // What the memory sources work with.
+  SourceParts parts() noexcept {
+    return {backend_, cache_, stats_, trace_, limit_, budget_, shared_, config_.max_split_size};
+  }
   std::uint64_t context_for_history() const noexcept;
 
   DeviceBackend& backend_;

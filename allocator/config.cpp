@@ -1,9 +1,11 @@
 #include "allocator/config.hpp"
 
 #include <charconv>
+#include <initializer_list>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
@@ -27,6 +29,21 @@ double parse_number(std::string_view key, std::string_view value) {
   STOWAGE_CHECK(error == std::errc() && end == value.data() + value.size(),
                 "allocator config: ", key, " needs a number, not '", value, "'");
   return number;
+}
+
+// The choice `value` names, of those listed; throws LogicError listing them ("auto, on or off").
+template <typename Choice>
+Choice parse_choice(std::string_view key, std::string_view value,
+                    std::initializer_list<std::pair<std::string_view, Choice>> choices) {
+  std::ostringstream names;
+  std::size_t index = 0;
+  for (const auto& [name, choice] : choices) {
+    if (name == value) return choice;
+    names << (index == 0 ? "" : index + 1 == choices.size() ? " or " : ", ") << name;
+    ++index;
+  }
+  STOWAGE_THROW(LogicError, "allocator config: ", key, " must be ", names.str(), ", not '", value,
+                "'");
 }
 
 }  // namespace
@@ -59,29 +76,17 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
       STOWAGE_CHECK(config.memory_fraction > 0 && config.memory_fraction <= 1,
                     "allocator config: memory_fraction must be in (0, 1], not ", value);
     } else if (key == "virtual_memory") {
-      if (value == "auto") {
-        config.virtual_memory = VirtualMemoryMode::kAuto;
-      } else if (value == "on") {
-        config.virtual_memory = VirtualMemoryMode::kOn;
-      } else if (value == "off") {
-        config.virtual_memory = VirtualMemoryMode::kOff;
-      } else {
-        STOWAGE_THROW(LogicError, "allocator config: virtual_memory must be auto, on or off, not '",
-                      value, "'");
-      }
+      config.virtual_memory = parse_choice<VirtualMemoryMode>(
+          key, value,
+          {{"auto", VirtualMemoryMode::kAuto}, {"on", VirtualMemoryMode::kOn},
+           {"off", VirtualMemoryMode::kOff}});
     } else if (key == "reserve_headroom") {
       config.reserve_headroom = parse_number(key, value);
       STOWAGE_CHECK(config.reserve_headroom >= 0 && config.reserve_headroom <= 1,
                     "allocator config: reserve_headroom must be in [0, 1], not ", value);
     } else if (key == "placement") {
-      if (value == "dynamic") {
-        config.placement = PlacementMode::kDynamic;
-      } else if (value == "learned") {
-        config.placement = PlacementMode::kLearned;
-      } else {
-        STOWAGE_THROW(LogicError, "allocator config: placement must be dynamic or learned, not '",
-                      value, "'");
-      }
+      config.placement = parse_choice<PlacementMode>(
+          key, value, {{"dynamic", PlacementMode::kDynamic}, {"learned", PlacementMode::kLearned}});
     } else {
       STOWAGE_THROW(LogicError, "allocator config: unknown key '", key, "' (known: ", kKnownKeys,
                     ")");

@@ -15,8 +15,14 @@
 #include <cstdint>
 
 #include "allocator/block.hpp"
+#include "allocator/block_cache.hpp"
 #include "allocator/device/backend.hpp"
+#include "allocator/memory_limit.hpp"
+#include "allocator/pool.hpp"
+#include "allocator/reserve_budget.hpp"
 #include "allocator/size_policy.hpp"
+#include "allocator/stats.hpp"
+#include "allocator/trace_recorder.hpp"
 
 namespace stowage {
 
@@ -29,6 +35,19 @@ struct GrowRequest {
   // A CUDA graph capture is under way: the source may neither wait for the device nor give
   // memory back (Note [Private pools] in private_pools.hpp).
   bool capturing = false;
+};
+
+// What a memory source works with: the device, and the parts of its allocator it records into
+// (all owned by the allocator and guarded by its lock).
+struct SourceParts {
+  DeviceBackend& backend;
+  BlockCache& cache;
+  DeviceStats& stats;
+  TraceRecorder& trace;
+  const MemoryLimit& limit;
+  ReserveBudget& budget;
+  Pool& shared;                // the pool the source serves
+  std::size_t max_split_size;  // AllocatorConfig::max_split_size
 };
 
 class MemorySource {

@@ -19,16 +19,14 @@ constexpr std::size_t kMaxReservation = std::size_t{1} << 40;  // 1 TiB
 
 }  // namespace
 
-PagedSource::PagedSource(DeviceBackend& backend, BlockCache& cache, DeviceStats& stats,
-                         TraceRecorder& trace, const MemoryLimit& limit, ReserveBudget& budget,
-                         Pool& shared, std::size_t max_split_size)
-    : backend_(backend),
-      cache_(cache),
-      shared_(shared),
-      max_split_size_(max_split_size),
-      device_bytes_(backend.properties().total_bytes),
-      memory_(backend, cache, stats, trace),
-      stitcher_(backend, memory_, stats, limit, budget, shared) {}
+PagedSource::PagedSource(const SourceParts& parts)
+    : backend_(parts.backend),
+      cache_(parts.cache),
+      shared_(parts.shared),
+      max_split_size_(parts.max_split_size),
+      device_bytes_(parts.backend.properties().total_bytes),
+      memory_(parts.backend, parts.cache, parts.stats, parts.trace),
+      stitcher_(parts.backend, memory_, parts.stats, parts.limit, parts.budget, parts.shared) {}
 
 Block* PagedSource::grow(const GrowRequest& request) {
   Choice best = choose_hole(request);

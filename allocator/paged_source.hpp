@@ -31,9 +31,8 @@ namespace stowage {
 
 class PagedSource final : public MemorySource {
  public:
-  PagedSource(DeviceBackend& backend, BlockCache& cache, DeviceStats& stats,
-              TraceRecorder& trace, const MemoryLimit& limit, ReserveBudget& budget,
-              Pool& shared, std::size_t max_split_size);
+  // Throws LogicError when the device has no virtual memory.
+  explicit PagedSource(const SourceParts& parts);
 
   Block* grow(const GrowRequest& request) override;
   // Pages under blocks that just completed can be moved: the same steps as grow().

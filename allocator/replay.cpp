@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <unordered_map>
 
-#include "allocator/caching_allocator.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/caching_allocator.hpp"
 #include "allocator/device/host/host_backend.hpp"
 
 namespace stowage {
@@ -22,116 +23,151 @@ double percentile(std::vector<std::uint32_t>& samples, double fraction) {
   return samples[index];
 }
 
-struct LiveBlock {
-  void* ptr = nullptr;     // nullptr once the allocator is no longer called (after an OOM)
-  std::uint64_t size = 0;  // requested bytes
+HostBackendOptions replay_device(std::size_t capacity_bytes) {
+  HostBackendOptions options;
+  options.capacity_bytes = capacity_bytes;
+  options.synchronous = true;
+  options.back_mappings = false;  // a replay never touches the memory it allocates
+  return options;
+}
+
+// One replay: the trace's events applied to an allocator, with the figures kept as they go.
+class Replayer {
+ public:
+  Replayer(CachingAllocator& allocator, bool measure_latency, std::size_t events)
+      : allocator_(allocator), measure_latency_(measure_latency) {
+    if (measure_latency_) latencies_.reserve(events);
+    live_.reserve(events / 2 + 1);
+  }
+
+  void apply(const TraceEvent& event, std::size_t index) {
+    ++result_.events;
+    switch (event.kind) {
+      case TraceEvent::Kind::kMarkStep:
+        timed([&] {
+          allocator_.mark_step();
+          return 0;
+        });
+        return;
+      case TraceEvent::Kind::kFree:
+        free(event);
+        return;
+      case TraceEvent::Kind::kAlloc:
+        alloc(event, index);
+        return;
+    }
+  }
+
+  // The allocator's figures, and frees for every block still live.
+  ReplayResult finish(double seconds) {
+    result_.seconds = seconds;
+    const DeviceStats stats = allocator_.stats();
+    result_.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes.all().peak);
+    result_.peak_reserved = static_cast<std::size_t>(stats.reserved_bytes.all().peak);
+    result_.peak_mapped_pages = static_cast<std::size_t>(stats.mapped_pages.peak);
+    result_.maps = static_cast<std::size_t>(stats.num_maps);
+    result_.unmaps = static_cast<std::size_t>(stats.num_unmaps);
+    const CachingAllocator::PlacementStatus placement = allocator_.placement_status();
+    result_.plans_made = placement.plans_made;
+    result_.departures = static_cast<std::size_t>(placement.departures);
+    result_.planned_allocations = placement.planned_allocations;
+    result_.arena_bytes = placement.arena_bytes;
+    result_.plan_live_bytes = placement.plan_live_bytes;
+    for (const auto& [address, block] : live_) {
+      if (block.ptr != nullptr) allocator_.free(block.ptr);
+    }
+    result_.ns_per_call_p50 = percentile(latencies_, 0.50);
+    result_.ns_per_call_p99 = percentile(latencies_, 0.99);
+    return result_;
+  }
+
+ private:
+  struct LiveBlock {
+    void* ptr = nullptr;     // nullptr once the allocator is no longer called (after an OOM)
+    std::uint64_t size = 0;  // requested bytes
+  };
+
+  template <typename Call>
+  std::invoke_result_t<Call> timed(Call&& call) {
+    if (!measure_latency_) return call();
+    const auto before = Clock::now();
+    auto value = call();
+    const auto elapsed =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - before).count();
+    latencies_.push_back(static_cast<std::uint32_t>(std::min<std::int64_t>(elapsed, UINT32_MAX)));
+    return value;
+  }
+
+  void release(const LiveBlock& block) {
+    requested_ -= block.size;
+    if (block.ptr == nullptr) return;
+    timed([&] {
+      allocator_.free(block.ptr);
+      return 0;
+    });
+  }
+
+  void free(const TraceEvent& event) {
+    ++result_.frees;
+    if (event.address == 0) {
+      ++result_.zero_size;
+      return;
+    }
+    const auto it = live_.find(event.address);
+    if (it == live_.end()) {
+      ++result_.skipped_frees;
+      return;
+    }
+    release(it->second);
+    live_.erase(it);
+  }
+
+  void alloc(const TraceEvent& event, std::size_t index) {
+    ++result_.allocs;
+    if (event.size == 0) {
+      ++result_.zero_size;
+      return;
+    }
+    if (const auto it = live_.find(event.address); it != live_.end()) {
+      ++result_.implicit_frees;
+      release(it->second);
+      live_.erase(it);
+    }
+    LiveBlock block{nullptr, event.size};
+    if (!result_.oom) {
+      try {
+        block.ptr = timed([&] {
+          return allocator_.malloc(static_cast<std::size_t>(event.size), Stream{event.stream});
+        });
+      } catch (const OutOfMemory& error) {
+        result_.oom = true;
+        result_.oom_event = index;
+        result_.oom_message = error.message();
+      }
+    }
+    requested_ += event.size;
+    result_.peak_requested = std::max(result_.peak_requested, requested_);
+    live_.emplace(event.address, block);
+  }
+
+  CachingAllocator& allocator_;
+  const bool measure_latency_;
+  ReplayResult result_;
+  std::vector<std::uint32_t> latencies_;
+  std::unordered_map<std::uint64_t, LiveBlock> live_;
+  std::size_t requested_ = 0;
 };
 
 }  // namespace
 
 ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& config,
                            bool measure_latency) const {
-  HostBackendOptions options;
-  options.capacity_bytes = capacity_bytes;
-  options.synchronous = true;
-  options.back_mappings = false;  // a replay never touches the memory it allocates
-  HostBackend backend(options);
-  ReplayResult result;
-  std::vector<std::uint32_t> latencies;
-  if (measure_latency) latencies.reserve(events_.size());
-  std::unordered_map<std::uint64_t, LiveBlock> live;
-  live.reserve(events_.size() / 2 + 1);
-  std::size_t requested = 0;
-  {
-    CachingAllocator allocator(backend, config);
-    const auto start = Clock::now();
-    auto timed = [&](auto&& call) {
-      if (!measure_latency) return call();
-      const auto before = Clock::now();
-      auto value = call();
-      const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - before);
-      latencies.push_back(static_cast<std::uint32_t>(std::min<std::int64_t>(elapsed.count(), UINT32_MAX)));
-      return value;
-    };
-    auto release = [&](const LiveBlock& block) {
-      requested -= block.size;
-      if (block.ptr == nullptr) return;
-      timed([&] {
-        allocator.free(block.ptr);
-        return 0;
-      });
-    };
-    for (std::size_t i = 0; i < events_.size(); ++i) {
-      const TraceEvent& event = events_[i];
-      ++result.events;
-      if (event.kind == TraceEvent::Kind::kMarkStep) {
-        timed([&] {
-          allocator.mark_step();
-          return 0;
-        });
-        continue;
-      }
-      if (event.kind == TraceEvent::Kind::kFree) {
-        ++result.frees;
-        if (event.address == 0) {
-          ++result.zero_size;
-          continue;
-        }
-        const auto it = live.find(event.address);
-        if (it == live.end()) {
-          ++result.skipped_frees;
-          continue;
-        }
-        release(it->second);
-        live.erase(it);
-        continue;
-      }
-      ++result.allocs;
-      if (event.size == 0) {
-        ++result.zero_size;
-        continue;
-      }
-      if (const auto it = live.find(event.address); it != live.end()) {
-        ++result.implicit_frees;
-        release(it->second);
-        live.erase(it);
-      }
-      LiveBlock block{nullptr, event.size};
-      if (!result.oom) {
-        try {
-          block.ptr = timed([&] {
-            return allocator.malloc(static_cast<std::size_t>(event.size), Stream{event.stream});
-          });
-        } catch (const OutOfMemory& error) {
-          result.oom = true;
-          result.oom_event = i;
-          result.oom_message = error.message();
-        }
-      }
-      requested += event.size;
-      result.peak_requested = std::max(result.peak_requested, requested);
-      live.emplace(event.address, block);
-    }
-    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const DeviceStats stats = allocator.stats();
-    result.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes.all().peak);
-    result.peak_reserved = static_cast<std::size_t>(stats.reserved_bytes.all().peak);
-    result.peak_mapped_pages = static_cast<std::size_t>(stats.mapped_pages.peak);
-    result.maps = static_cast<std::size_t>(stats.num_maps);
-    result.unmaps = static_cast<std::size_t>(stats.num_unmaps);
-    const CachingAllocator::PlacementStatus placement = allocator.placement_status();
-    result.plans_made = placement.plans_made;
-    result.departures = static_cast<std::size_t>(placement.departures);
-    result.planned_allocations = placement.planned_allocations;
-    result.arena_bytes = placement.arena_bytes;
-    result.plan_live_bytes = placement.plan_live_bytes;
-    for (const auto& [address, block] : live) {
-      if (block.ptr != nullptr) allocator.free(block.ptr);
-    }
-  }
-  result.ns_per_call_p50 = percentile(latencies, 0.50);
-  result.ns_per_call_p99 = percentile(latencies, 0.99);
-  return result;
+  HostBackend backend(replay_device(capacity_bytes));
+  CachingAllocator allocator(backend, config);
+  Replayer replayer(allocator, measure_latency, events_.size());
+  const auto start = Clock::now();
+  for (std::size_t i = 0; i < events_.size(); ++i) replayer.apply(events_[i], i);
+  return replayer.finish(std::chrono::duration<double>(Clock::now() - start).count());
 }
 
 }  // namespace stowage

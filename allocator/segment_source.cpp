@@ -7,17 +7,15 @@
 
 namespace stowage {
 
-SegmentSource::SegmentSource(DeviceBackend& backend, BlockCache& cache, DeviceStats& stats,
-                             TraceRecorder& trace, const MemoryLimit& limit,
-                             ReserveBudget& budget, Pool& shared, std::size_t max_split_size)
-    : backend_(backend),
-      cache_(cache),
-      stats_(stats),
-      trace_(trace),
-      limit_(limit),
-      budget_(budget),
-      shared_(shared),
-      max_split_size_(max_split_size) {}
+SegmentSource::SegmentSource(const SourceParts& parts)
+    : backend_(parts.backend),
+      cache_(parts.cache),
+      stats_(parts.stats),
+      trace_(parts.trace),
+      limit_(parts.limit),
+      budget_(parts.budget),
+      shared_(parts.shared),
+      max_split_size_(parts.max_split_size) {}
 
 Block* SegmentSource::grow_again(const GrowRequest& request) {
   // Asked again even when nothing was released: the device's failure may have been transient,

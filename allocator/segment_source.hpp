@@ -13,20 +13,14 @@
 #include <cstddef>
 #include <functional>
 
-#include "allocator/block_cache.hpp"
-#include "allocator/memory_limit.hpp"
 #include "allocator/memory_source.hpp"
-#include "allocator/pool.hpp"
-#include "allocator/reserve_budget.hpp"
 
 namespace stowage {
 
 class SegmentSource final : public MemorySource {
  public:
-  // `max_split_size`: segments of this size or more count as oversize in the statistics.
-  SegmentSource(DeviceBackend& backend, BlockCache& cache, DeviceStats& stats,
-                TraceRecorder& trace, const MemoryLimit& limit, ReserveBudget& budget,
-                Pool& shared, std::size_t max_split_size);
+  // Segments of max_split_size or more count as oversize in the statistics.
+  explicit SegmentSource(const SourceParts& parts);
 
   Block* grow(const GrowRequest& request) override { return allocate(shared_, request); }
   Block* grow_again(const GrowRequest& request) override;

@@ -74,89 +74,95 @@ std::vector<char> filled(std::size_t bytes, char seed) {
   return out;
 }
 
+// Three physical chunks mapped into one contiguous range; a second view of one sees the same bytes.
+std::string check_stitching(DeviceBackend& backend) {
+  const std::size_t g = backend.properties().granularity;
+  // Three separate physical chunks, mapped in reverse order into one contiguous range.
+  char* range = static_cast<char*>(backend.reserve_address_range(3 * g));
+  std::vector<stowage::PhysicalHandle> chunks;
+  for (int i = 0; i < 3; ++i) {
+    const auto chunk = backend.try_create_physical(g);
+    require(chunk.has_value(), "out of memory creating a chunk");
+    chunks.push_back(*chunk);
+  }
+  for (int i = 2; i >= 0; --i) backend.map(range + static_cast<std::size_t>(i) * g, g, chunks[static_cast<std::size_t>(i)]);
+  backend.set_access(range, 3 * g);
+  // A second view of the middle chunk sees what was written through the stitched range.
+  char* view = static_cast<char*>(backend.reserve_address_range(g));
+  backend.map(view, g, chunks[1]);
+  backend.set_access(view, g);
+  const auto data = filled(3 * g, 7);
+  std::vector<char> back(g);
+  backend.copy_async(range, data.data(), 3 * g, stowage::Stream{0});
+  backend.copy_async(back.data(), view, g, stowage::Stream{0});
+  backend.synchronize_stream(stowage::Stream{0});
+  require(std::memcmp(back.data(), data.data() + g, g) == 0, "second view disagrees");
+  backend.unmap(view, g);
+  backend.unmap(range, 3 * g);
+  for (const auto chunk : chunks) backend.release_physical(chunk);
+  backend.release_address_range(view, g);
+  backend.release_address_range(range, 3 * g);
+  return "3 chunks of " + std::to_string(g / kMiB) + " MiB, mapped in reverse; 2 views agree";
+}
+
+// The VMM rule that a mapping is unmapped whole, never in part.
+std::string check_no_partial_unmap(DeviceBackend& backend) {
+  const std::size_t g = backend.properties().granularity;
+  char* range = static_cast<char*>(backend.reserve_address_range(2 * g));
+  const auto chunk = backend.try_create_physical(2 * g);
+  require(chunk.has_value(), "out of memory creating a chunk");
+  backend.map(range, 2 * g, *chunk);
+  std::string refusal = "accepted (rule not enforced)";
+  bool refused = false;
+  try {
+    backend.unmap(range, g);
+  } catch (const stowage::Error& error) {
+    refused = true;
+    refusal = error.message();
+  }
+  backend.unmap(range, 2 * g);
+  backend.release_physical(*chunk);
+  backend.release_address_range(range, 2 * g);
+  require(refused, refusal);
+  return "refused: " + refusal.substr(0, 60) + (refusal.size() > 60 ? "..." : "");
+}
+
+// A stream waits for an event of another before it reads what that one wrote.
+std::string check_streams(DeviceBackend& backend) {
+  const stowage::Stream producer = backend.create_stream();
+  const stowage::Stream consumer = backend.create_stream();
+  const stowage::Event ready = backend.create_event();
+  const std::size_t bytes = 64 * kMiB;
+  void* device = backend.try_allocate_segment(bytes);
+  require(device != nullptr, "out of memory");
+  const auto data = filled(bytes, 3);
+  std::vector<char> back(bytes, 0);
+  const auto start = std::chrono::steady_clock::now();
+  backend.copy_async(device, data.data(), bytes, producer);
+  backend.record_event(ready, producer);
+  backend.stream_wait_event(consumer, ready);
+  backend.copy_async(back.data(), device, bytes, consumer);
+  backend.synchronize_stream(consumer);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  require(backend.query_event(ready), "event not complete after the waiting stream finished");
+  require(back == data, "the consumer read before the producer's copy completed");
+  backend.free_segment(device);
+  backend.destroy_event(ready);
+  backend.destroy_stream(producer);
+  backend.destroy_stream(consumer);
+  std::ostringstream out;
+  out << "2 x 64 MiB copies across two streams, " << std::fixed << std::setprecision(1)
+      << 2.0 * static_cast<double>(bytes) / elapsed.count() / 1e9 << " GB/s (pageable host)";
+  return out.str();
+}
+
 // Checks that hold on every backend.
 void tour_common(DeviceBackend& backend) {
-  const auto& properties = backend.properties();
-  const std::size_t g = properties.granularity;
-
-  if (properties.virtual_memory) {
-    run_check("stitching: chunks into one range", [&] {
-      // Three separate physical chunks, mapped in reverse order into one contiguous range.
-      char* range = static_cast<char*>(backend.reserve_address_range(3 * g));
-      std::vector<stowage::PhysicalHandle> chunks;
-      for (int i = 0; i < 3; ++i) {
-        const auto chunk = backend.try_create_physical(g);
-        require(chunk.has_value(), "out of memory creating a chunk");
-        chunks.push_back(*chunk);
-      }
-      for (int i = 2; i >= 0; --i) backend.map(range + static_cast<std::size_t>(i) * g, g, chunks[static_cast<std::size_t>(i)]);
-      backend.set_access(range, 3 * g);
-      // A second view of the middle chunk sees what was written through the stitched range.
-      char* view = static_cast<char*>(backend.reserve_address_range(g));
-      backend.map(view, g, chunks[1]);
-      backend.set_access(view, g);
-      const auto data = filled(3 * g, 7);
-      std::vector<char> back(g);
-      backend.copy_async(range, data.data(), 3 * g, stowage::Stream{0});
-      backend.copy_async(back.data(), view, g, stowage::Stream{0});
-      backend.synchronize_stream(stowage::Stream{0});
-      require(std::memcmp(back.data(), data.data() + g, g) == 0, "second view disagrees");
-      backend.unmap(view, g);
-      backend.unmap(range, 3 * g);
-      for (const auto chunk : chunks) backend.release_physical(chunk);
-      backend.release_address_range(view, g);
-      backend.release_address_range(range, 3 * g);
-      return "3 chunks of " + std::to_string(g / kMiB) + " MiB, mapped in reverse; 2 views agree";
-    });
-
-    run_check("VMM rule: no partial unmap", [&] {
-      char* range = static_cast<char*>(backend.reserve_address_range(2 * g));
-      const auto chunk = backend.try_create_physical(2 * g);
-      require(chunk.has_value(), "out of memory creating a chunk");
-      backend.map(range, 2 * g, *chunk);
-      std::string refusal = "accepted (rule not enforced)";
-      bool refused = false;
-      try {
-        backend.unmap(range, g);
-      } catch (const stowage::Error& error) {
-        refused = true;
-        refusal = error.message();
-      }
-      backend.unmap(range, 2 * g);
-      backend.release_physical(*chunk);
-      backend.release_address_range(range, 2 * g);
-      require(refused, refusal);
-      return "refused: " + refusal.substr(0, 60) + (refusal.size() > 60 ? "..." : "");
-    });
+  if (backend.properties().virtual_memory) {
+    run_check("stitching: chunks into one range", [&] { return check_stitching(backend); });
+    run_check("VMM rule: no partial unmap", [&] { return check_no_partial_unmap(backend); });
   }
-
-  run_check("streams: events and ordering", [&] {
-    const stowage::Stream producer = backend.create_stream();
-    const stowage::Stream consumer = backend.create_stream();
-    const stowage::Event ready = backend.create_event();
-    const std::size_t bytes = 64 * kMiB;
-    void* device = backend.try_allocate_segment(bytes);
-    require(device != nullptr, "out of memory");
-    const auto data = filled(bytes, 3);
-    std::vector<char> back(bytes, 0);
-    const auto start = std::chrono::steady_clock::now();
-    backend.copy_async(device, data.data(), bytes, producer);
-    backend.record_event(ready, producer);
-    backend.stream_wait_event(consumer, ready);
-    backend.copy_async(back.data(), device, bytes, consumer);
-    backend.synchronize_stream(consumer);
-    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-    require(backend.query_event(ready), "event not complete after the waiting stream finished");
-    require(back == data, "the consumer read before the producer's copy completed");
-    backend.free_segment(device);
-    backend.destroy_event(ready);
-    backend.destroy_stream(producer);
-    backend.destroy_stream(consumer);
-    std::ostringstream out;
-    out << "2 x 64 MiB copies across two streams, " << std::fixed << std::setprecision(1)
-        << 2.0 * static_cast<double>(bytes) / elapsed.count() / 1e9 << " GB/s (pageable host)";
-    return out.str();
-  });
+  run_check("streams: events and ordering", [&] { return check_streams(backend); });
 }
 
 void tour_host(std::size_t capacity) {
@@ -213,13 +219,14 @@ void tour_host(std::size_t capacity) {
 
 #if STOWAGE_HAVE_CUDA
 void tour_cuda() {
-  const int devices = stowage::CudaBackend::device_count();
+  const int devices = stowage::cuda_device_count();
   if (devices == 0) {
     std::cout << "CudaBackend: built, but no GPU is visible here (skipped)\n";
     return;
   }
   for (int device = 0; device < devices; ++device) {
-    stowage::CudaBackend backend(device);
+    const std::unique_ptr<DeviceBackend> opened = stowage::open_cuda_device(device);
+    DeviceBackend& backend = *opened;
     const auto& properties = backend.properties();
     std::cout << "CudaBackend " << device << ": " << properties.name << ", "
               << gib(properties.total_bytes) << ", VMM "

@@ -72,13 +72,13 @@ CachingAllocator& get(int device) {
   if (CachingAllocator* found = find(device)) return *found;
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  const int count = CudaBackend::device_count();
+  const int count = cuda_device_count();
   STOWAGE_CHECK(device >= 0 && device < count && device < kMaxDevices, "CUDA device ", device,
                 " does not exist (this process sees ", count, ")");
   auto& slot = r.allocators[static_cast<std::size_t>(device)];
   if (CachingAllocator* made = slot.load(std::memory_order_acquire)) return *made;
   if (!r.config.has_value()) r.config = normalise("");
-  auto backend = std::make_unique<CudaBackend>(device);
+  auto backend = open_cuda_device(device);
   auto allocator = std::make_unique<CachingAllocator>(*backend, parse_allocator_config(*r.config));
   backend.release();  // owned by the allocator's lifetime, which is the process's
   CachingAllocator* made = allocator.release();

@@ -121,9 +121,9 @@ int main(int argc, char** argv) {
   stowage::HostBackend host(options);
   register_all("host", host);
 #if STOWAGE_HAVE_CUDA
-  std::vector<std::unique_ptr<stowage::CudaBackend>> gpus;
-  for (int device = 0; device < stowage::CudaBackend::device_count(); ++device) {
-    gpus.push_back(std::make_unique<stowage::CudaBackend>(device));
+  std::vector<std::unique_ptr<stowage::DeviceBackend>> gpus;
+  for (int device = 0; device < stowage::cuda_device_count(); ++device) {
+    gpus.push_back(stowage::open_cuda_device(device));
     register_all("cuda" + std::to_string(device), *gpus.back());
   }
 #endif

@@ -8,8 +8,8 @@ namespace stowage::testing {
 namespace {
 
 std::unique_ptr<DeviceBackend> make_cuda() {
-  if (!CudaBackend::available()) return nullptr;
-  return std::make_unique<CudaBackend>(0);
+  if (!cuda_available()) return nullptr;
+  return open_cuda_device(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaBackend, BackendConformance,
@@ -17,17 +17,18 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, BackendConformance,
                          backend_test_name);
 
 TEST(CudaBackend, DeviceCountNeverThrows) {
-  EXPECT_GE(CudaBackend::device_count(), 0);
+  EXPECT_GE(cuda_device_count(), 0);
 }
 
 TEST(CudaBackend, RefusesADeviceThatDoesNotExist) {
-  EXPECT_THROW(CudaBackend(-1), LogicError);
-  EXPECT_THROW(CudaBackend(CudaBackend::device_count() + 7), Error);
+  EXPECT_THROW(open_cuda_device(-1), LogicError);
+  EXPECT_THROW(open_cuda_device(cuda_device_count() + 7), Error);
 }
 
 TEST(CudaBackend, DescribesARealDevice) {
-  if (!CudaBackend::available()) GTEST_SKIP() << "no GPU";
-  CudaBackend backend(0);
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::unique_ptr<DeviceBackend> opened = open_cuda_device(0);
+  DeviceBackend& backend = *opened;
   const DeviceProperties& properties = backend.properties();
   EXPECT_FALSE(properties.pci_bus_id.empty());
   EXPECT_GT(properties.total_bytes, std::size_t{1} << 30);

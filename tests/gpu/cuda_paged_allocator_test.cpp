@@ -24,8 +24,8 @@ constexpr std::size_t MiB = kMiB;
 class CudaPagedTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaBackend::available()) GTEST_SKIP() << "no GPU";
-    backend_ = std::make_unique<CudaBackend>(0);
+    if (!cuda_available()) GTEST_SKIP() << "no GPU";
+    backend_ = open_cuda_device(0);
     if (!backend_->properties().virtual_memory) GTEST_SKIP() << "no virtual memory management";
   }
 
@@ -41,7 +41,7 @@ class CudaPagedTest : public ::testing::Test {
     return {first, last};
   }
 
-  std::unique_ptr<CudaBackend> backend_;
+  std::unique_ptr<DeviceBackend> backend_;
 };
 
 TEST_F(CudaPagedTest, BlocksSharePagesAndAreUsable) {

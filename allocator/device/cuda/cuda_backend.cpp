@@ -40,12 +40,12 @@
 
 // Throws BackendError when a driver call returned an error; the trailing arguments name the
 // call and its arguments.
-#define STOWAGE_CU_CHECK(impl, status, ...)                                                 \
+#define STOWAGE_CU_CHECK(backend, status, ...)                                                 \
   do {                                                                                     \
     const CUresult stowage_status = (status);                                              \
     if (stowage_status != CUDA_SUCCESS) {                                                  \
       STOWAGE_THROW(::stowage::BackendError, __VA_ARGS__, " failed on CUDA device ",        \
-                    (impl).device, ": ", (impl).driver.error_text(stowage_status));        \
+                    (backend).device_, ": ", (backend).driver_.error_text(stowage_status));        \
     }                                                                                      \
   } while (false)
 
@@ -211,153 +211,6 @@ void CUDART_CB run_host_function(void* data) noexcept {
   }
 }
 
-}  // namespace
-
-struct CudaBackend::Impl {
-  int device = 0;          // the runtime ordinal, for runtime calls
-  CUdevice cu_device = 0;  // the driver's device of that ordinal, for driver calls
-  DriverApi driver;
-  DeviceProperties properties;
-  std::string no_vmm_reason;          // why properties.virtual_memory is false; else empty
-  CUmemAllocationProp allocation{};   // pinned memory on `device`, for cuMemCreate
-
-  std::mutex mutex;  // guards the two tables below
-  std::unordered_set<std::uintptr_t> streams;  // created here and not destroyed yet
-  std::unordered_set<std::uintptr_t> events;   // likewise
-
-  DeviceGuard guard(bool needs_context = false) const {
-    return DeviceGuard(device, driver, needs_context);
-  }
-
-  // Throws BackendError unless the VMM calls are usable; returns a guard with a context.
-  DeviceGuard vmm_guard() const {
-    if (!properties.virtual_memory) {
-      STOWAGE_THROW(BackendError, "virtual memory is not available on CUDA device ", device, ": ",
-                    no_vmm_reason);
-    }
-    return guard(/*needs_context=*/true);
-  }
-
-  // Adds a new stream or event to its table; on failure destroys it with `destroy`.
-  template <typename Destroy>
-  void remember(std::unordered_set<std::uintptr_t>& table, std::uintptr_t handle,
-                Destroy destroy) {
-    try {
-      const std::lock_guard<std::mutex> lock(mutex);
-      table.insert(handle);
-    } catch (...) {
-      destroy();
-      throw;
-    }
-  }
-
-  // Throws LogicError unless `handle` is in the table (created here and not destroyed yet);
-  // with `erase`, also takes it out, so two racing destroys cannot both pass.
-  void check_known(std::unordered_set<std::uintptr_t>& table, std::uintptr_t handle,
-                   const char* what, bool erase = false) {
-    STOWAGE_CHECK(handle != 0, what, "{0} is not valid here");
-    const std::lock_guard<std::mutex> lock(mutex);
-    const bool known = erase ? table.erase(handle) != 0 : table.count(handle) != 0;
-    STOWAGE_CHECK(known, what, " 0x", std::hex, handle, std::dec,
-                  " was not created by this backend, or was destroyed");
-  }
-
-  // Fills cu_device, `allocation` and properties.granularity; returns why VMM is unusable, or
-  // "". Needs a current context.
-  std::string probe_virtual_memory() {
-    if (!driver.missing.empty()) {
-      return "the driver lacks " + driver.missing;
-    }
-    if (const CUresult got = driver.device_get(&cu_device, device); got != CUDA_SUCCESS) {
-      return "cuDeviceGet failed: " + driver.error_text(got);
-    }
-    int supported = 0;
-    const CUresult status = driver.device_get_attribute(
-        &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device);
-    if (status != CUDA_SUCCESS || supported == 0) {
-      return status != CUDA_SUCCESS ? "cuDeviceGetAttribute failed: " + driver.error_text(status)
-                                    : "the device does not support virtual memory management";
-    }
-    allocation.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    allocation.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    allocation.location.id = cu_device;
-    const CUresult queried = driver.mem_get_allocation_granularity(
-        &properties.granularity, &allocation, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (queried != CUDA_SUCCESS || properties.granularity == 0) {
-      properties.granularity = 0;
-      return "cuMemGetAllocationGranularity failed: " + driver.error_text(queried);
-    }
-    return "";
-  }
-};
-
-int CudaBackend::device_count() noexcept {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  clear_if_last(status);
-  return status == cudaSuccess ? count : 0;
-}
-
-CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
-  Impl& impl = *impl_;
-  STOWAGE_CHECK(device_index >= 0, "CUDA device ", device_index, " does not exist");
-  int count = 0;
-  STOWAGE_CUDART_CHECK(device_index, cudaGetDeviceCount(&count));
-  STOWAGE_CHECK(device_index < count, "CUDA device ", device_index,
-                " does not exist: CUDA reports ", count, " device(s)");
-  impl.device = device_index;
-  impl.driver = load_driver_api();
-
-  const DeviceGuard guard = impl.guard(/*needs_context=*/true);
-  STOWAGE_CUDART_CHECK(device_index, cudaFree(nullptr));  // the primary context exists from here
-  cudaDeviceProp device_properties{};
-  STOWAGE_CUDART_CHECK(device_index, cudaGetDeviceProperties(&device_properties, device_index));
-  char pci_bus_id[32] = {};  // "0000:17:00.0"
-  STOWAGE_CUDART_CHECK(device_index, cudaDeviceGetPCIBusId(pci_bus_id, 32, device_index));
-  impl.properties.name = device_properties.name;
-  impl.properties.device_index = device_index;
-  impl.properties.total_bytes = device_properties.totalGlobalMem;
-  impl.properties.pci_bus_id = pci_bus_id;
-  impl.no_vmm_reason = impl.probe_virtual_memory();
-  impl.properties.virtual_memory = impl.no_vmm_reason.empty();
-}
-
-CudaBackend::~CudaBackend() {
-  std::unordered_set<std::uintptr_t> streams;
-  std::unordered_set<std::uintptr_t> events;
-  {
-    const std::lock_guard<std::mutex> lock(impl_->mutex);
-    streams.swap(impl_->streams);
-    events.swap(impl_->events);
-  }
-  if (streams.empty() && events.empty()) {
-    return;
-  }
-  try {
-    const DeviceGuard guard = impl_->guard();
-    for (const std::uintptr_t stream : streams) {
-      clear_if_last(cudaStreamSynchronize(to_cuda(Stream{stream})));
-      clear_if_last(cudaStreamDestroy(to_cuda(Stream{stream})));
-    }
-    for (const std::uintptr_t event : events) {
-      clear_if_last(cudaEventDestroy(to_cuda(Event{event})));
-    }
-  } catch (...) {
-    // No device to switch to (the runtime is shutting down): nothing left to release.
-  }
-}
-
-// --- properties ---
-
-const DeviceProperties& CudaBackend::properties() const noexcept { return impl_->properties; }
-
-MemoryInfo CudaBackend::memory_info() {
-  const DeviceGuard guard = impl_->guard();
-  MemoryInfo info;
-  STOWAGE_CUDART_CHECK(impl_->device, cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
-  return info;
-}
-
 // Lets the calling thread make calls that a CUDA graph capture in the default (global) mode
 // forbids, such as cudaMalloc and the VMM calls, for the guard's lifetime; the thread's
 // previous mode comes back afterwards. A capture under way records none of these calls, so
@@ -373,221 +226,372 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
-// --- segments ---
+// The CUDA device behind open_cuda_device (contract in cuda_backend.hpp). The state that
+// CUDA calls need, besides CUDA's own: the device's ordinals, the driver's entry points, its
+// properties, and the table of the streams and events this backend created.
+class CudaBackend final : public DeviceBackend {
+ public:
+  explicit CudaBackend(int device_index) {
+    STOWAGE_CHECK(device_index >= 0, "CUDA device ", device_index, " does not exist");
+    int count = 0;
+    STOWAGE_CUDART_CHECK(device_index, cudaGetDeviceCount(&count));
+    STOWAGE_CHECK(device_index < count, "CUDA device ", device_index,
+                  " does not exist: CUDA reports ", count, " device(s)");
+    device_ = device_index;
+    driver_ = load_driver_api();
 
-void* CudaBackend::try_allocate_segment(std::size_t bytes) {
-  STOWAGE_CHECK(bytes > 0, "cannot allocate an empty segment");
-  const DeviceGuard guard = impl_->guard();
-  const RelaxedCaptureMode relaxed;
-  void* ptr = nullptr;
-  const cudaError_t status = cudaMalloc(&ptr, bytes);
-  if (status == cudaErrorMemoryAllocation) {
-    clear_if_last(status);
-    return nullptr;
+    const DeviceGuard guard = device_guard(/*needs_context=*/true);
+    STOWAGE_CUDART_CHECK(device_index, cudaFree(nullptr));  // the primary context exists from here
+    cudaDeviceProp device_properties{};
+    STOWAGE_CUDART_CHECK(device_index, cudaGetDeviceProperties(&device_properties, device_index));
+    char pci_bus_id[32] = {};  // "0000:17:00.0"
+    STOWAGE_CUDART_CHECK(device_index, cudaDeviceGetPCIBusId(pci_bus_id, 32, device_index));
+    properties_.name = device_properties.name;
+    properties_.device_index = device_index;
+    properties_.total_bytes = device_properties.totalGlobalMem;
+    properties_.pci_bus_id = pci_bus_id;
+    no_vmm_reason_ = probe_virtual_memory();
+    properties_.virtual_memory = no_vmm_reason_.empty();
   }
-  STOWAGE_CUDART_THROW_IF(impl_->device, status, detail::concat("cudaMalloc(", bytes, " bytes)"));
-  return ptr;
-}
 
-void CudaBackend::free_segment(void* ptr) {
-  STOWAGE_CHECK(ptr != nullptr, "free_segment(nullptr)");
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaFree(ptr));
-}
-
-// --- virtual memory ---
-
-void* CudaBackend::reserve_address_range(std::size_t bytes, std::size_t alignment) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  const RelaxedCaptureMode relaxed;
-  CUdeviceptr base = 0;
-  STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_address_reserve(&base, bytes, alignment, 0, 0),
-                   "cuMemAddressReserve(", bytes, " bytes, alignment ", alignment, ")");
-  return to_pointer(base);
-}
-
-void CudaBackend::release_address_range(void* base, std::size_t bytes) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_address_free(to_cu(base), bytes),
-                   "cuMemAddressFree(", base, ", ", bytes, " bytes)");
-}
-
-std::optional<PhysicalHandle> CudaBackend::try_create_physical(std::size_t bytes) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  const RelaxedCaptureMode relaxed;
-  CUmemGenericAllocationHandle handle = 0;
-  const CUresult status = impl_->driver.mem_create(&handle, bytes, &impl_->allocation, 0);
-  if (status == CUDA_ERROR_OUT_OF_MEMORY) {
-    return std::nullopt;
+  ~CudaBackend() override {
+    std::unordered_set<std::uintptr_t> streams;
+    std::unordered_set<std::uintptr_t> events;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      streams.swap(streams_);
+      events.swap(events_);
+    }
+    if (streams.empty() && events.empty()) {
+      return;
+    }
+    try {
+      const DeviceGuard guard = device_guard();
+      for (const std::uintptr_t stream : streams) {
+        clear_if_last(cudaStreamSynchronize(to_cuda(Stream{stream})));
+        clear_if_last(cudaStreamDestroy(to_cuda(Stream{stream})));
+      }
+      for (const std::uintptr_t event : events) {
+        clear_if_last(cudaEventDestroy(to_cuda(Event{event})));
+      }
+    } catch (...) {
+      // No device to switch to (the runtime is shutting down): nothing left to release.
+    }
   }
-  STOWAGE_CU_CHECK(*impl_, status, "cuMemCreate(", bytes, " bytes)");
-  return PhysicalHandle{handle};
-}
 
-void CudaBackend::release_physical(PhysicalHandle handle) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_release(handle.value), "cuMemRelease(handle 0x",
-                   std::hex, handle.value, std::dec, ")");
-}
+  // --- properties ---
+  const DeviceProperties& properties() const noexcept override { return properties_; }
 
-void CudaBackend::map(void* address, std::size_t bytes, PhysicalHandle handle,
-                      std::size_t handle_offset) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  const RelaxedCaptureMode relaxed;
-  STOWAGE_CU_CHECK(*impl_,
-                   impl_->driver.mem_map(to_cu(address), bytes, handle_offset, handle.value, 0),
-                   "cuMemMap(", address, ", ", bytes, " bytes, offset ", handle_offset,
-                   ", handle 0x", std::hex, handle.value, std::dec, ")");
-}
-
-void CudaBackend::set_access(void* address, std::size_t bytes) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  const RelaxedCaptureMode relaxed;
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = impl_->cu_device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_set_access(to_cu(address), bytes, &access, 1),
-                   "cuMemSetAccess(", address, ", ", bytes, " bytes, read-write)");
-}
-
-void CudaBackend::unmap(void* address, std::size_t bytes) {
-  const DeviceGuard guard = impl_->vmm_guard();
-  STOWAGE_CU_CHECK(*impl_, impl_->driver.mem_unmap(to_cu(address), bytes), "cuMemUnmap(",
-                   address, ", ", bytes, " bytes)");
-}
-
-// --- streams and events ---
-
-Stream CudaBackend::create_stream() {
-  const DeviceGuard guard = impl_->guard();
-  cudaStream_t stream = nullptr;
-  STOWAGE_CUDART_CHECK(impl_->device, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Stream result{reinterpret_cast<std::uintptr_t>(stream)};
-  impl_->remember(impl_->streams, result.handle, [&] { clear_if_last(cudaStreamDestroy(stream)); });
-  return result;
-}
-
-void CudaBackend::destroy_stream(Stream stream) {
-  STOWAGE_CHECK(stream.handle != 0, "the default stream cannot be destroyed");
-  impl_->check_known(impl_->streams, stream.handle, "Stream", /*erase=*/true);
-  const DeviceGuard guard = impl_->guard();
-  // Destroy even when the wait fails, so the stream never leaks; report the first failure.
-  const cudaError_t synchronized = cudaStreamSynchronize(to_cuda(stream));
-  const cudaError_t destroyed = cudaStreamDestroy(to_cuda(stream));
-  STOWAGE_CUDART_THROW_IF(impl_->device, synchronized, "cudaStreamSynchronize");
-  STOWAGE_CUDART_THROW_IF(impl_->device, destroyed, "cudaStreamDestroy");
-}
-
-void CudaBackend::synchronize_stream(Stream stream) {
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaStreamSynchronize(to_cuda(stream)));
-}
-
-void CudaBackend::synchronize_device() {
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaDeviceSynchronize());
-}
-
-Event CudaBackend::create_event() {
-  const DeviceGuard guard = impl_->guard();
-  cudaEvent_t event = nullptr;
-  STOWAGE_CUDART_CHECK(impl_->device, cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  const Event result{reinterpret_cast<std::uintptr_t>(event)};
-  impl_->remember(impl_->events, result.handle, [&] { clear_if_last(cudaEventDestroy(event)); });
-  return result;
-}
-
-void CudaBackend::destroy_event(Event event) {
-  impl_->check_known(impl_->events, event.handle, "Event", /*erase=*/true);
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaEventDestroy(to_cuda(event)));
-}
-
-void CudaBackend::record_event(Event event, Stream stream) {
-  impl_->check_known(impl_->events, event.handle, "Event");
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaEventRecord(to_cuda(event), to_cuda(stream)));
-}
-
-bool CudaBackend::query_event(Event event) {
-  impl_->check_known(impl_->events, event.handle, "Event");
-  const DeviceGuard guard = impl_->guard();
-  const cudaError_t status = cudaEventQuery(to_cuda(event));
-  if (status == cudaErrorNotReady) {
-    clear_if_last(status);  // not a failure: PyTorch's launch checks must not see it
-    return false;
+  MemoryInfo memory_info() override {
+    const DeviceGuard guard = device_guard();
+    MemoryInfo info;
+    STOWAGE_CUDART_CHECK(device_, cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+    return info;
   }
-  STOWAGE_CUDART_THROW_IF(impl_->device, status, "cudaEventQuery");
-  return true;
-}
 
-void CudaBackend::synchronize_event(Event event) {
-  impl_->check_known(impl_->events, event.handle, "Event");
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaEventSynchronize(to_cuda(event)));
-}
-
-void CudaBackend::stream_wait_event(Stream stream, Event event) {
-  impl_->check_known(impl_->events, event.handle, "Event");
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device,
-                       cudaStreamWaitEvent(to_cuda(stream), to_cuda(event), cudaEventWaitDefault));
-}
-
-// --- work on streams ---
-
-void CudaBackend::copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) {
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device,
-                       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_cuda(stream)));
-}
-
-void CudaBackend::memset_async(void* dst, int value, std::size_t bytes, Stream stream) {
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaMemsetAsync(dst, value, bytes, to_cuda(stream)));
-}
-
-void CudaBackend::enqueue_host_function(Stream stream, std::function<void()> fn) {
-  STOWAGE_CHECK(static_cast<bool>(fn), "enqueue_host_function needs a function");
-  auto owned = std::make_unique<std::function<void()>>(std::move(fn));
-  const DeviceGuard guard = impl_->guard();
-  // Under graph capture the function would become a graph node run at every replay, while
-  // run_host_function deletes it after the first: refuse. The legacy Stream{0} answers
-  // cudaErrorStreamCaptureImplicit while a blocking stream captures (the capture survives the
-  // query, not a launch): refuse too.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const cudaError_t status = capture_status(to_cuda(stream), capture);
-  STOWAGE_CHECK(status != cudaErrorStreamCaptureImplicit,
-                "enqueue_host_function on legacy Stream{0} during a blocking stream's capture");
-  STOWAGE_CUDART_THROW_IF(impl_->device, status, "cudaStreamIsCapturing");
-  STOWAGE_CHECK(capture == cudaStreamCaptureStatusNone,
-                "enqueue_host_function on a stream under CUDA graph capture");
-  STOWAGE_CUDART_CHECK(impl_->device,
-                       cudaLaunchHostFunc(to_cuda(stream), &run_host_function, owned.get()));
-  static_cast<void>(owned.release());  // run_host_function deletes it
-}
-
-// --- pinned host memory ---
-
-void* CudaBackend::try_allocate_pinned(std::size_t bytes) {
-  STOWAGE_CHECK(bytes > 0, "cannot allocate an empty pinned buffer");
-  const DeviceGuard guard = impl_->guard();
-  void* ptr = nullptr;
-  const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
-  if (status == cudaErrorMemoryAllocation) {
-    clear_if_last(status);
-    return nullptr;
+  // --- segments ---
+  void* try_allocate_segment(std::size_t bytes) override {
+    STOWAGE_CHECK(bytes > 0, "cannot allocate an empty segment");
+    const DeviceGuard guard = device_guard();
+    const RelaxedCaptureMode relaxed;
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      clear_if_last(status);
+      return nullptr;
+    }
+    STOWAGE_CUDART_THROW_IF(device_, status, detail::concat("cudaMalloc(", bytes, " bytes)"));
+    return ptr;
   }
-  STOWAGE_CUDART_THROW_IF(impl_->device, status,
-                          detail::concat("cudaHostAlloc(", bytes, " bytes)"));
-  return ptr;
+
+  void free_segment(void* ptr) override {
+    STOWAGE_CHECK(ptr != nullptr, "free_segment(nullptr)");
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaFree(ptr));
+  }
+
+  // --- virtual memory ---
+  void* reserve_address_range(std::size_t bytes, std::size_t alignment = 0) override {
+    const DeviceGuard guard = vmm_guard();
+    const RelaxedCaptureMode relaxed;
+    CUdeviceptr base = 0;
+    STOWAGE_CU_CHECK(*this, driver_.mem_address_reserve(&base, bytes, alignment, 0, 0),
+                     "cuMemAddressReserve(", bytes, " bytes, alignment ", alignment, ")");
+    return to_pointer(base);
+  }
+
+  void release_address_range(void* base, std::size_t bytes) override {
+    const DeviceGuard guard = vmm_guard();
+    STOWAGE_CU_CHECK(*this, driver_.mem_address_free(to_cu(base), bytes),
+                     "cuMemAddressFree(", base, ", ", bytes, " bytes)");
+  }
+
+  std::optional<PhysicalHandle> try_create_physical(std::size_t bytes) override {
+    const DeviceGuard guard = vmm_guard();
+    const RelaxedCaptureMode relaxed;
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult status = driver_.mem_create(&handle, bytes, &allocation_, 0);
+    if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+      return std::nullopt;
+    }
+    STOWAGE_CU_CHECK(*this, status, "cuMemCreate(", bytes, " bytes)");
+    return PhysicalHandle{handle};
+  }
+
+  void release_physical(PhysicalHandle handle) override {
+    const DeviceGuard guard = vmm_guard();
+    STOWAGE_CU_CHECK(*this, driver_.mem_release(handle.value), "cuMemRelease(handle 0x",
+                     std::hex, handle.value, std::dec, ")");
+  }
+
+  void map(void* address, std::size_t bytes, PhysicalHandle handle,
+                      std::size_t handle_offset = 0) override {
+    const DeviceGuard guard = vmm_guard();
+    const RelaxedCaptureMode relaxed;
+    STOWAGE_CU_CHECK(*this,
+                     driver_.mem_map(to_cu(address), bytes, handle_offset, handle.value, 0),
+                     "cuMemMap(", address, ", ", bytes, " bytes, offset ", handle_offset,
+                     ", handle 0x", std::hex, handle.value, std::dec, ")");
+  }
+
+  void set_access(void* address, std::size_t bytes) override {
+    const DeviceGuard guard = vmm_guard();
+    const RelaxedCaptureMode relaxed;
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = cu_device_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    STOWAGE_CU_CHECK(*this, driver_.mem_set_access(to_cu(address), bytes, &access, 1),
+                     "cuMemSetAccess(", address, ", ", bytes, " bytes, read-write)");
+  }
+
+  void unmap(void* address, std::size_t bytes) override {
+    const DeviceGuard guard = vmm_guard();
+    STOWAGE_CU_CHECK(*this, driver_.mem_unmap(to_cu(address), bytes), "cuMemUnmap(",
+                     address, ", ", bytes, " bytes)");
+  }
+
+  // --- streams and events ---
+  Stream create_stream() override {
+    return Stream{create_owned(streams_, &cudaStreamCreateWithFlags, cudaStreamNonBlocking,
+                               &cudaStreamDestroy, "cudaStreamCreateWithFlags")};
+  }
+
+  void destroy_stream(Stream stream) override {
+    STOWAGE_CHECK(stream.handle != 0, "the default stream cannot be destroyed");
+    check_known(streams_, stream.handle, "Stream", /*erase=*/true);
+    const DeviceGuard guard = device_guard();
+    // Destroy even when the wait fails, so the stream never leaks; report the first failure.
+    const cudaError_t synchronized = cudaStreamSynchronize(to_cuda(stream));
+    const cudaError_t destroyed = cudaStreamDestroy(to_cuda(stream));
+    STOWAGE_CUDART_THROW_IF(device_, synchronized, "cudaStreamSynchronize");
+    STOWAGE_CUDART_THROW_IF(device_, destroyed, "cudaStreamDestroy");
+  }
+
+  void synchronize_stream(Stream stream) override {
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaStreamSynchronize(to_cuda(stream)));
+  }
+
+  void synchronize_device() override {
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaDeviceSynchronize());
+  }
+
+  Event create_event() override {
+    return Event{create_owned(events_, &cudaEventCreateWithFlags, cudaEventDisableTiming,
+                              &cudaEventDestroy, "cudaEventCreateWithFlags")};
+  }
+
+  void destroy_event(Event event) override {
+    check_known(events_, event.handle, "Event", /*erase=*/true);
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaEventDestroy(to_cuda(event)));
+  }
+
+  void record_event(Event event, Stream stream) override {
+    check_known(events_, event.handle, "Event");
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaEventRecord(to_cuda(event), to_cuda(stream)));
+  }
+
+  bool query_event(Event event) override {
+    check_known(events_, event.handle, "Event");
+    const DeviceGuard guard = device_guard();
+    const cudaError_t status = cudaEventQuery(to_cuda(event));
+    if (status == cudaErrorNotReady) {
+      clear_if_last(status);  // not a failure: PyTorch's launch checks must not see it
+      return false;
+    }
+    STOWAGE_CUDART_THROW_IF(device_, status, "cudaEventQuery");
+    return true;
+  }
+
+  void synchronize_event(Event event) override {
+    check_known(events_, event.handle, "Event");
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaEventSynchronize(to_cuda(event)));
+  }
+
+  void stream_wait_event(Stream stream, Event event) override {
+    check_known(events_, event.handle, "Event");
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_,
+                         cudaStreamWaitEvent(to_cuda(stream), to_cuda(event), cudaEventWaitDefault));
+  }
+
+  // --- work on streams ---
+  void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override {
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_,
+                         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_cuda(stream)));
+  }
+
+  void memset_async(void* dst, int value, std::size_t bytes, Stream stream) override {
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaMemsetAsync(dst, value, bytes, to_cuda(stream)));
+  }
+
+  void enqueue_host_function(Stream stream, std::function<void()> fn) override {
+    STOWAGE_CHECK(static_cast<bool>(fn), "enqueue_host_function needs a function");
+    auto owned = std::make_unique<std::function<void()>>(std::move(fn));
+    const DeviceGuard guard = device_guard();
+    // Under graph capture the function would become a graph node run at every replay, while
+    // run_host_function deletes it after the first: refuse. The legacy Stream{0} answers
+    // cudaErrorStreamCaptureImplicit while a blocking stream captures (the capture survives the
+    // query, not a launch): refuse too.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const cudaError_t status = capture_status(to_cuda(stream), capture);
+    STOWAGE_CHECK(status != cudaErrorStreamCaptureImplicit,
+                  "enqueue_host_function on legacy Stream{0} during a blocking stream's capture");
+    STOWAGE_CUDART_THROW_IF(device_, status, "cudaStreamIsCapturing");
+    STOWAGE_CHECK(capture == cudaStreamCaptureStatusNone,
+                  "enqueue_host_function on a stream under CUDA graph capture");
+    STOWAGE_CUDART_CHECK(device_,
+                         cudaLaunchHostFunc(to_cuda(stream), &run_host_function, owned.get()));
+    static_cast<void>(owned.release());  // run_host_function deletes it
+  }
+
+  // --- pinned host memory ---
+  void* try_allocate_pinned(std::size_t bytes) override {
+    STOWAGE_CHECK(bytes > 0, "cannot allocate an empty pinned buffer");
+    const DeviceGuard guard = device_guard();
+    void* ptr = nullptr;
+    const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
+    if (status == cudaErrorMemoryAllocation) {
+      clear_if_last(status);
+      return nullptr;
+    }
+    STOWAGE_CUDART_THROW_IF(device_, status,
+                            detail::concat("cudaHostAlloc(", bytes, " bytes)"));
+    return ptr;
+  }
+
+  void free_pinned(void* ptr) override {
+    STOWAGE_CHECK(ptr != nullptr, "free_pinned(nullptr)");
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaFreeHost(ptr));
+  }
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+ private:
+  DeviceGuard device_guard(bool needs_context = false) const {
+    return DeviceGuard(device_, driver_, needs_context);
+  }
+
+  // Throws BackendError unless the VMM calls are usable; returns a guard with a context.
+  DeviceGuard vmm_guard() const {
+    if (!properties_.virtual_memory) {
+      STOWAGE_THROW(BackendError, "virtual memory is not available on CUDA device ", device_, ": ",
+                    no_vmm_reason_);
+    }
+    return device_guard(/*needs_context=*/true);
+  }
+
+  // Creates a stream or event with the runtime's `create` (named `what` in errors) and adds it to
+  // its table; if that fails, destroys it with `destroy`.
+  template <typename Native>
+  std::uintptr_t create_owned(std::unordered_set<std::uintptr_t>& table,
+                              cudaError_t (*create)(Native*, unsigned int), unsigned int flags,
+                              cudaError_t (*destroy)(Native), const char* what) {
+    const DeviceGuard guard = device_guard();
+    Native native = nullptr;
+    STOWAGE_CUDART_THROW_IF(device_, create(&native, flags), what);
+    const auto handle = reinterpret_cast<std::uintptr_t>(native);
+    try {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      table.insert(handle);
+    } catch (...) {
+      clear_if_last(destroy(native));
+      throw;
+    }
+    return handle;
+  }
+
+  // Throws LogicError unless `handle` is in the table (created here and not destroyed yet);
+  // with `erase`, also takes it out, so two racing destroys cannot both pass.
+  void check_known(std::unordered_set<std::uintptr_t>& table, std::uintptr_t handle,
+                   const char* what, bool erase = false) {
+    STOWAGE_CHECK(handle != 0, what, "{0} is not valid here");
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const bool known = erase ? table.erase(handle) != 0 : table.count(handle) != 0;
+    STOWAGE_CHECK(known, what, " 0x", std::hex, handle, std::dec,
+                  " was not created by this backend, or was destroyed");
+  }
+
+  // Fills cu_device_, `allocation_` and properties_.granularity; returns why VMM is unusable, or
+  // "". Needs a current context.
+  std::string probe_virtual_memory() {
+    if (!driver_.missing.empty()) {
+      return "the driver lacks " + driver_.missing;
+    }
+    if (const CUresult got = driver_.device_get(&cu_device_, device_); got != CUDA_SUCCESS) {
+      return "cuDeviceGet failed: " + driver_.error_text(got);
+    }
+    int supported = 0;
+    const CUresult status = driver_.device_get_attribute(
+        &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device_);
+    if (status != CUDA_SUCCESS || supported == 0) {
+      return status != CUDA_SUCCESS ? "cuDeviceGetAttribute failed: " + driver_.error_text(status)
+                                    : "the device does not support virtual memory management";
+    }
+    allocation_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    allocation_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    allocation_.location.id = cu_device_;
+    const CUresult queried = driver_.mem_get_allocation_granularity(
+        &properties_.granularity, &allocation_, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (queried != CUDA_SUCCESS || properties_.granularity == 0) {
+      properties_.granularity = 0;
+      return "cuMemGetAllocationGranularity failed: " + driver_.error_text(queried);
+    }
+    return "";
+  }
+
+  int device_ = 0;          // the runtime ordinal, for runtime calls
+  CUdevice cu_device_ = 0;  // the driver's device of that ordinal, for driver calls
+  DriverApi driver_;
+  DeviceProperties properties_;
+  std::string no_vmm_reason_;          // why properties_.virtual_memory is false; else empty
+  CUmemAllocationProp allocation_{};   // pinned memory on the device, for cuMemCreate
+
+  std::mutex mutex_;  // guards the two tables below
+  std::unordered_set<std::uintptr_t> streams_;  // created here and not destroyed yet
+  std::unordered_set<std::uintptr_t> events_;   // likewise
+};
+
+}  // namespace
+
+int cuda_device_count() noexcept {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  clear_if_last(status);
+  return status == cudaSuccess ? count : 0;
 }
 
-void CudaBackend::free_pinned(void* ptr) {
-  STOWAGE_CHECK(ptr != nullptr, "free_pinned(nullptr)");
-  const DeviceGuard guard = impl_->guard();
-  STOWAGE_CUDART_CHECK(impl_->device, cudaFreeHost(ptr));
+std::unique_ptr<DeviceBackend> open_cuda_device(int device_index) {
+  return std::make_unique<CudaBackend>(device_index);
 }
 
 }  // namespace stowage

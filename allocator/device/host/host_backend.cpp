@@ -140,16 +140,25 @@ void* HostBackend::try_allocate_segment(std::size_t bytes) {
 }
 
 void HostBackend::free_segment(void* ptr) {
-  fail_if_injected(BackendCall::kFreeSegment);
-  // cudaFree waits for the device: work still queued on the segment finishes first.
+  free_live(BackendCall::kFreeSegment, segments_, ptr, "segment of this device",
+            [&](std::size_t bytes) {
+              segment_memory_.free(ptr, bytes);
+              segment_bytes_ -= bytes;
+            });
+}
+
+template <typename Release>
+void HostBackend::free_live(BackendCall call, std::map<std::uintptr_t, std::size_t>& live,
+                            void* ptr, const char* what, Release release) {
+  fail_if_injected(call);
+  // cudaFree and cudaFreeHost wait for the device: work still queued on the memory finishes
+  // first.
   streams_.synchronize_all();
   std::lock_guard lock(memory_mutex_);
-  const auto it = segments_.find(to_address(ptr));
-  STOWAGE_CHECK(it != segments_.end(), "free of ", ptr,
-                ", which is not a live segment of this device");
-  segment_memory_.free(ptr, it->second);
-  segment_bytes_ -= it->second;
-  segments_.erase(it);
+  const auto it = live.find(to_address(ptr));
+  STOWAGE_CHECK(it != live.end(), "free of ", ptr, ", which is not a live ", what);
+  release(it->second);
+  live.erase(it);
 }
 
 // --- virtual memory ---
@@ -319,15 +328,10 @@ void* HostBackend::try_allocate_pinned(std::size_t bytes) {
 }
 
 void HostBackend::free_pinned(void* ptr) {
-  fail_if_injected(BackendCall::kFreePinned);
-  // cudaFreeHost waits for the device, as cudaFree does.
-  streams_.synchronize_all();
-  std::lock_guard lock(memory_mutex_);
-  const auto it = pinned_.find(to_address(ptr));
-  STOWAGE_CHECK(it != pinned_.end(), "free of ", ptr, ", which is not a live pinned buffer");
-  ::munmap(ptr, round_up(it->second, host_page_size()));
-  pinned_bytes_ -= it->second;
-  pinned_.erase(it);
+  free_live(BackendCall::kFreePinned, pinned_, ptr, "pinned buffer", [&](std::size_t bytes) {
+    ::munmap(ptr, round_up(bytes, host_page_size()));
+    pinned_bytes_ -= bytes;
+  });
 }
 
 void HostBackend::check_invariants() const {

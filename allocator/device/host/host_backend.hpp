@@ -109,6 +109,11 @@ class HostBackend final : public DeviceBackend {
   static HostBackendOptions validated(HostBackendOptions options);
   // Throws BackendError if a fault is armed for this call.
   void fail_if_injected(BackendCall call);
+  // Frees `ptr`, an entry of `live` (one of the tables below, `what` naming its kind in the
+  // refusal), after the device's work: release(bytes) gives its memory back, under the lock.
+  template <typename Release>
+  void free_live(BackendCall call, std::map<std::uintptr_t, std::size_t>& live, void* ptr,
+                 const char* what, Release release);
   std::size_t used_bytes_locked() const;
   std::size_t kernel_mappings_locked() const;
   // Throws BackendError if `added` more kernel mappings would pass max_mappings_.

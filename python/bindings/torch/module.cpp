@@ -52,15 +52,8 @@ CachingAllocator& allocator_for(int device) {
 #endif
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_torch, module) {
-  module.doc() = "stowage inside PyTorch: CPU mode, the CUDA allocator, and the memory API";
-  py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
-  // torch's allocator interfaces change between releases: the Python side refuses to use this
-  // module under any other torch than the one it was compiled against.
-  module.attr("built_for_torch") = STOWAGE_BUILT_FOR_TORCH;
-
+// CPU mode: stowage as torch's CPU allocator.
+void bind_cpu_mode(py::module_& module) {
   module.def(
       "enable_cpu",
       [](std::size_t capacity, const std::string& config) {
@@ -70,7 +63,10 @@ PYBIND11_MODULE(_torch, module) {
   module.def("disable_cpu", &cpu::disable);
   module.def("is_enabled", &cpu::is_enabled);
   module.def("was_enabled", [] { return cpu::allocator() != nullptr; });
+}
 
+// stowage as torch's CUDA allocator, and the C library beside it.
+void bind_cuda(py::module_& module) {
 #ifdef STOWAGE_TORCH_CUDA
   module.attr("has_cuda") = true;
   module.attr("cuda_torch_versions") = stowage::torch_cuda::supported_torch_versions();
@@ -106,7 +102,10 @@ PYBIND11_MODULE(_torch, module) {
   module.def("cuda_enabled", [] { return false; });
   module.def("cuda_library_in_use", [] { return false; });
 #endif
+}
 
+// torch's memory API over any of stowage's allocators (kCpu: CPU mode's; else a CUDA device's).
+void bind_memory_api(py::module_& module) {
   module.def("memory_stats", [](int device) {
     py::dict out;
     for (const auto& [key, value] : stowage::memory_stats_entries(allocator_for(device).stats())) {
@@ -163,4 +162,17 @@ PYBIND11_MODULE(_torch, module) {
     return stowage::python::snapshot_dict(allocator.snapshot(), stacks(),
                                           allocator.config().to_string());
   }, py::arg("device") = kCpu);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_torch, module) {
+  module.doc() = "stowage inside PyTorch: CPU mode, the CUDA allocator, and the memory API";
+  py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
+  // torch's allocator interfaces change between releases: the Python side refuses to use this
+  // module under any other torch than the one it was compiled against.
+  module.attr("built_for_torch") = STOWAGE_BUILT_FOR_TORCH;
+  bind_cpu_mode(module);
+  bind_cuda(module);
+  bind_memory_api(module);
 }
