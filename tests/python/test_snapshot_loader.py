@@ -1,5 +1,5 @@
 """The safe snapshot loaders refuse hostile and malformed files with clear errors, quickly; the
-columnar loader reads what the whole loader reads, in a fraction of the file's size."""
+columnar loader reads what the plain loader reads, in a fraction of the file's size."""
 
 from __future__ import annotations
 
@@ -243,7 +243,7 @@ def same_columns(a: TraceColumns, b: TraceColumns) -> None:
 
 
 def same_snapshots(whole: dict[str, Any], streamed: dict[str, Any]) -> None:
-    """The columnar loader's snapshot equals the whole loader's with its traces as columns."""
+    """The columnar loader's snapshot equals the plain loader's with its traces as columns."""
     expected = columnar(whole)
     assert expected.keys() == streamed.keys()
     for key in expected:
@@ -256,7 +256,7 @@ def same_snapshots(whole: dict[str, Any], streamed: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
-def test_the_columnar_loader_reads_every_recorded_trace_as_the_whole_loader_does(path: Path) -> None:
+def test_the_columnar_loader_reads_every_recorded_trace_as_the_plain_loader_does(path: Path) -> None:
     whole = load_snapshot(path)
     streamed = load_snapshot_columnar(path)
     same_snapshots(whole, streamed)
@@ -372,7 +372,7 @@ def test_columnar_progress_is_reported_while_loading(tmp_path: Path) -> None:
 def test_columnar_loading_holds_a_fraction_of_the_file() -> None:
     """A snapshot shaped as torch writes them (bench/inspect/synthetic_snapshot.py): the loaded
     snapshot and everything made on the way stay under three quarters of the pickle's size
-    (about half here, where segments and stacks weigh more than in a large one; the whole loader
+    (about half here, where segments and stacks weigh more than in a large one; the plain loader
     needs 4.4 times it)."""
     sys.path.insert(0, str(REPO / "bench" / "inspect"))
     from synthetic_snapshot import write_snapshot as write_synthetic
@@ -390,7 +390,7 @@ def test_columnar_loading_holds_a_fraction_of_the_file() -> None:
     assert peak < 0.75 * len(data), f"{peak / len(data):.2f} times the pickle"
 
 
-# --- frames, tuples and what the streaming reader must not get wrong ---
+# --- frames, tuples and what the machine must not get wrong ---
 
 
 def framed(frame: bytes, after: bytes) -> bytes:
@@ -556,7 +556,7 @@ def _bomb(levels: int = 40) -> bytes:
 
 
 def _shared_stack(events: int = 1000, width: int = 5000) -> dict[str, Any]:
-    """Events sharing one frames list whose frame holds `width` numbers: the tree the whole loader
+    """Events sharing one frames list whose frame holds `width` numbers: the tree the plain loader
     measures holds the frame once an event, over the budget of 64 values a byte."""
     frames = [{"name": "f", "line": 1, "locals": list(range(width))}]
     return {"device_traces": [[dict(event("alloc", 4096 * i, 8), frames=frames) for i in range(events)]]}
@@ -656,3 +656,13 @@ def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> No
     with pytest.raises(SnapshotError, match="after the end of the gzip stream"):
         load(write_snapshot(one + one, "joined.pickle.gz"))
     assert load(write_snapshot(one + b"\x00" * 16, "padded.pickle.gz"))["segments"] == []
+
+
+def test_the_old_module_names_the_package_objects() -> None:
+    """stowage.snapshot_loader re-exports stowage.snapshot's interface: one meaning per name."""
+    import stowage.snapshot as package
+    from stowage import snapshot_loader
+
+    assert set(snapshot_loader.__all__) == set(package.__all__)
+    for name in package.__all__:
+        assert getattr(snapshot_loader, name) is getattr(package, name), name

@@ -25,7 +25,7 @@ KEPT = ("action", "addr", "size", "stream", "time_us", "frames", "device_free", 
 
 
 def assert_same(whole: dict[str, Any], streamed: dict[str, Any]) -> None:
-    """The columnar loader's snapshot is the whole loader's with its traces as columns: the same
+    """The columnar loader's snapshot is the plain loader's with its traces as columns: the same
     other fields, and every event's kept fields (frames as the same frame dicts)."""
     expected = columnar(whole)
     assert streamed.keys() == expected.keys()
@@ -314,3 +314,49 @@ def test_mutated_snapshots_load_alike_or_are_refused_alike(protocol: int) -> Non
     for _ in range(1500):
         seen[assert_alike(mutate(data, rng))] += 1
     assert seen["ok"] > 20 and seen["refused"] > 500, seen
+
+
+# --- one machine: the same answer, for the same reason ---
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_both_loaders_refuse_for_the_same_reason(name: str) -> None:
+    """Both loaders are the one stack machine, so a refusal reads alike whichever loader met it:
+    the same reason, found at the same byte."""
+    whole, streamed = both(HOSTILE[name], "hostile.pickle")
+    assert whole[0] == streamed[0] == "refused"
+    assert whole[1] == streamed[1]
+
+
+# Python 2's pickles (protocols 0 to 2) write str as STRING, BINSTRING or SHORT_BINSTRING, and
+# numbers as INT, LONG and FLOAT lines: decoded as pickle.loads decodes them (ASCII).
+PYTHON2 = (b"(dp0\nS'device_traces'\np1\n(lp2\n(lp3\n(dp4\nS'action'\np5\nS'alloc'\np6\nsS'addr'\np7\nI4096\n"
+           b"sS'size'\np8\nL512L\nsS'time_us'\np9\nF1.5\nsS'stream'\nI7\nsaasS'segments'\n(lp10\nsS'flag'\nI01\nsS'note'\n"
+           b"p11\nS'a \\'quoted\\' \\x41'\nsT\x02\x00\x00\x00hiU\x02yos.")
+
+
+def test_python2_text_opcodes_load_as_pickle_loads_them() -> None:
+    expected = pickle.loads(PYTHON2)
+    assert expected["note"] == "a 'quoted' A" and expected["hi"] == "yo" and expected["flag"] is True
+    assert expected["device_traces"][0][0] == {"action": "alloc", "addr": 4096, "size": 512, "time_us": 1.5,
+                                               "stream": 7}
+    assert loads_snapshot(PYTHON2) == expected
+    assert assert_alike(PYTHON2) == "ok"
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"I1152921504606846976\n", "out of any snapshot's range"),  # 2**60
+    (b"L-1152921504606846976L\n", "out of any snapshot's range"),
+    (b"Fnan\n", "out of any snapshot's range"),
+    (b"Finf\n", "out of any snapshot's range"),
+    (b"Sunquoted\n", "must be quoted"),
+    (b"S'\xe9'\n", "not a readable pickle"),
+    (b"I12", "truncated"),
+    (b"g5\n", "memo value not found"),
+    (b"g999999\n", "memo index 999999 at byte"),
+])
+def test_text_opcodes_follow_the_policy(line: bytes, message: str) -> None:
+    data = b"(dp0\nS'segments'\np1\n" + line + b"s."
+    whole, streamed = both(data)
+    assert whole[0] == streamed[0] == "refused"
+    assert message in whole[1] and whole[1] == streamed[1]

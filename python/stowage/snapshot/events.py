@@ -29,10 +29,11 @@ again for plain data, then makes the columns of its traces (stowage.snapshot.loa
 from __future__ import annotations
 
 import math
+import mmap
 import re
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -44,12 +45,9 @@ from stowage.snapshot.schema import (ACTION_CODES, ACTIONS, FLOAT_BITS, HAS_ADDR
                                      HAS_STREAM, INT_BITS, MAX_SIZE, MISSING, TIME_FLOAT, TIME_INT, Row,
                                      check_structure, event_row)
 
-if TYPE_CHECKING:
-    from stowage.snapshot.machine import Machine
-
 
 class LoadWhole(Exception):
-    """The pickle is laid out unlike those torch and stowage write: load it whole instead."""
+    """The pickle is laid out unlike those torch and stowage write: read it again as plain data."""
 
 
 class EventDict(dict):  # type: ignore[type-arg]
@@ -90,7 +88,8 @@ class TraceBuilder(ColumnsBuilder):
 def event_nodes(entry: dict[Any, Any]) -> int:
     """The values an event dict stands for in check_plain's tree but for its frames list and its
     user_metadata container, measured with the stacks and the metadata the columns keep. An event
-    holding any other container (which the columns would drop unmeasured) is loaded whole."""
+    holding any other container (which the columns would drop unmeasured) is read again as
+    plain data (LoadWhole)."""
     nodes = 1 + 2 * len(entry)
     for key, value in entry.items():
         if type(key) not in SCALARS:
@@ -160,8 +159,10 @@ class TraceRows:
     """What the machine keeps to read trace events into columns (Note [Streaming traces]); with
     `streaming` False it never finds a trace, and the machine builds plain data only."""
 
-    def __init__(self, machine: Machine, streaming: bool) -> None:
-        self.machine = machine
+    def __init__(self, memo: list[Any], data: bytes | mmap.mmap, streaming: bool) -> None:
+        # The machine's memo (stored to, never replaced) and bytes; nothing that holds the
+        # machine, so that its memo goes with it when a reading ends.
+        self.memo, self.data = memo, data
         self.streaming = streaming
         self.table = StackTable()
         self.empty = Stack()  # the memo's stand-in for every empty frames list
@@ -232,14 +233,14 @@ class TraceRows:
         return len(stack) == 2 and type(stack[0]) is dict and stack[1] == "device_traces"
 
     def _memo_at(self, reference: bytes) -> Any:
-        memo = self.machine.memo
+        memo = self.memo
         index = reference[1] if reference[0] == 0x68 else int.from_bytes(reference[1:5], "little")
         return memo[index] if index < len(memo) else MISSING
 
     def take(self, builder: TraceBuilder, items: list[Any]) -> None:
         """The APPENDS of `items` to a trace: each a pending row or an event to make one of."""
         rows: list[Row | None] = []
-        memo = self.machine.memo
+        memo = self.memo
         index = builder.count
         for item in items:
             if item is QUEUED:
@@ -280,7 +281,7 @@ class TraceRows:
         if found is not None:
             return found
         body = references[1:-1] if references[0] == 0x28 else references[:-1]
-        memo = self.machine.memo
+        memo = self.memo
         frames = []
         i = 0
         while i < len(body):
@@ -317,7 +318,7 @@ class TraceRows:
         """One event matched by _EVENT, as a pending row; False (nothing done) when it needs the
         general path."""
         groups = iter(found.groups())
-        fields, memo = self.fields, self.machine.memo
+        fields, memo = self.fields, self.memo
         values: list[Any] = [MISSING] * len(_FIELDS)
         lists: list[Stack] = []
         others = pairs = 0  # the unread keys seen (bits), the pairs
@@ -351,7 +352,7 @@ class TraceRows:
                 if value is CONSUMED:
                     return False
                 if type(value) not in SCALARS and slot != _FRAMES_SLOT and slot != _METADATA_SLOT:
-                    return False  # a container where event_nodes, on the general path, loads whole
+                    return False  # a container, for which event_nodes raises LoadWhole
             elif op == 0x4B:  # BININT1
                 value = raw[1]
             elif op == 0x5D:  # EMPTY_LIST MEMOIZE, references, APPENDS
@@ -394,8 +395,7 @@ class TraceRows:
         (the end of the current frame, or of the pickle); returns where the general path goes
         on."""
         match = _EVENT.match
-        machine = self.machine
-        data = machine.data
+        data = self.data
         while True:
             found = match(data, position, end)  # type: ignore[call-overload]
             if found is None or not self._fast_event(found, builder, builder.count + len(stack)):
@@ -404,8 +404,6 @@ class TraceRows:
             position = found.end()
             if position >= end or data[position] != 0x7D:
                 break
-        if position >= machine.next_report:
-            machine.report(position)
         return position
 
     def finish(self, root: Any) -> dict[str, Any]:
@@ -413,7 +411,7 @@ class TraceRows:
         plain data is checked."""
         traces = root.get("device_traces") if type(root) is dict else None
         done: set[int] = set()
-        budget = node_budget(self.machine.size)
+        budget = node_budget(len(self.data))
         if isinstance(traces, list):
             traces = list(traces)
             shaped = list(traces)  # what check_plain walks: each trace read into columns as its shape

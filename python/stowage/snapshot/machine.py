@@ -17,9 +17,10 @@ opcode or value, or, for anything the bytes do not make sense as, "not a readabl
 is the file truncated?".
 
 The opcode loop is one function, as pickle's own unpickler is: the commonest opcodes come
-first, and state that each opcode touches (the stack, the mark stack, the frame, how far a large
-file has been read) stays in local variables; a method call an opcode would cost more than the
-opcode (bench/results/2026-11-24-cpu-snapshot-reader.md).
+first, and the state that each opcode touches (the stack, the mark stack, the frame, how far a
+large file has been read) stays in local variables, where a function an opcode would have to
+keep it in attributes and pay a call for each opcode. Only rare opcodes (those whose argument is
+a line of text) and what is particular to traces (stowage.snapshot.events) are called out.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ from stowage.snapshot.schema import check_structure
 _REPORT_EVERY = 1 << 20  # bytes between progress reports
 _RELEASE_EVERY = 8 << 20  # bytes of a large file's window given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
-# Strings and bytes whose length precedes them: SHORT_BINUNICODE, BINUNICODE, BINUNICODE8,
-# SHORT_BINBYTES, BINBYTES, BINBYTES8, BINSTRING, SHORT_BINSTRING.
-_COUNTED = frozenset(b"\x8cX\x8dCB\x8eTU")
+# Numbers, strings and bytes whose length precedes them -> the width of the length: LONG1,
+# LONG4, SHORT_BINUNICODE, BINUNICODE, BINUNICODE8, SHORT_BINBYTES, BINBYTES, BINBYTES8,
+# SHORT_BINSTRING, BINSTRING.
+_COUNTED = dict(zip(b"\x8a\x8b\x8cX\x8dCB\x8eUT", (1, 4, 1, 4, 8, 1, 4, 8, 1, 4)))
+_SIGNED_COUNTS = frozenset(b"\x8bT")  # LONG4, BINSTRING
 # The opcodes of protocols 0 and 1 whose argument is a line of text (Machine._text).
 _TEXT_OPCODES = frozenset("INT LONG FLOAT STRING UNICODE GET PUT".split())
 assert _TEXT_OPCODES <= PLAIN_OPCODES
@@ -67,7 +70,7 @@ class Machine:
         # only): a dict, so that an index near the file's size costs one slot, not a list that long.
         self.sparse: dict[int, Any] = {}
         self.tuples = TupleGuard()
-        self.rows = TraceRows(self, streaming)
+        self.rows = TraceRows(self.memo, self.data, streaming)
         self.next_report = 0
         self.released = 0
 
@@ -210,6 +213,8 @@ class Machine:
                         after = rows.events(outer, position - 1, stack, frame_end)
                         if after != position - 1:
                             position = after
+                            if position >= self.next_report:
+                                self.report(position)
                             continue
                     if type(outer) is TraceBuilder or (stack and type(stack[-1]) is TraceBuilder):
                         stack.append(rows.new_event())
@@ -271,30 +276,14 @@ class Machine:
                         self.report(position)
                 elif op == 0x5D:  # EMPTY_LIST
                     stack.append(rows.new_list(stack, metastack))
-                elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
-                    width = 1 if op == 0x8A else 4
-                    count = int.from_bytes(data[position:position + width], "little", signed=op == 0x8B)
-                    if count < 0:
-                        raise ValueError("LONG pickle has negative byte count")
-                    start = position + width
-                    position = start + count
-                    if position > size:
-                        raise EOFError("pickle data was truncated")
-                    if position > safe and window is not None:
-                        safe = window.safe_through(position)
-                        limit = min(frame_end, safe)
-                    value = int.from_bytes(data[start:position], "little", signed=True)
-                    if count >= 8 and not -MAX_NUMBER < value < MAX_NUMBER:
-                        raise number_error(value, start - width - 1)
-                    stack.append(value)
                 elif op == 0x4D:  # BININT2
                     stack.append(data[position] | data[position + 1] << 8)
                     position += 2
-                elif op in _COUNTED:  # strings and bytes
-                    width = 1 if op in (0x8C, 0x43, 0x55) else 4 if op in (0x58, 0x42, 0x54) else 8
-                    count = int.from_bytes(data[position:position + width], "little", signed=op == 0x54)
+                elif op in _COUNTED:  # numbers, strings and bytes whose length precedes them
+                    width = _COUNTED[op]
+                    count = int.from_bytes(data[position:position + width], "little", signed=op in _SIGNED_COUNTS)
                     if count < 0:
-                        raise ValueError("BINSTRING pickle has negative byte count")
+                        raise ValueError(f"{_OPCODE_NAMES[op]} pickle has negative byte count")
                     start = position + width
                     position = start + count
                     if position > size:
@@ -303,7 +292,12 @@ class Machine:
                         safe = window.safe_through(position)
                         limit = min(frame_end, safe)
                     raw = data[start:position]
-                    if op == 0x54 or op == 0x55:  # BINSTRING, SHORT_BINSTRING: Python 2's str
+                    if op == 0x8A or op == 0x8B:  # LONG1, LONG4
+                        value = int.from_bytes(raw, "little", signed=True)
+                        if count >= 8 and not -MAX_NUMBER < value < MAX_NUMBER:
+                            raise number_error(value, start - width - 1)
+                        stack.append(value)
+                    elif op == 0x54 or op == 0x55:  # BINSTRING, SHORT_BINSTRING: Python 2's str
                         stack.append(str(raw, "ascii"))
                     else:
                         stack.append(str(raw, "utf-8", "surrogatepass") if op in (0x8C, 0x58, 0x8D) else raw)
