@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stowage.replay import replay_snapshot
-from stowage.snapshot import load_snapshot_columnar
+from stowage.snapshot_reader import load_snapshot_columnar
 
 RESERVED_TARGET = 1.03
 CAPACITY_TARGET = 1.02

@@ -15,7 +15,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from stowage.snapshot import load_snapshot_columnar
+from stowage.snapshot_reader import load_snapshot_columnar
 from stowage.trace import device_events
 
 CAPACITY = 1 << 40

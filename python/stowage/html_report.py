@@ -18,7 +18,7 @@ import numpy as np
 
 from stowage import _core
 from stowage.inspector import TraceSites, live_pairs, site_of
-from stowage.snapshot import TraceColumns
+from stowage.snapshot_reader import TraceColumns
 from stowage.trace import as_columns
 
 MAX_POINTS = 1500      # timeline samples

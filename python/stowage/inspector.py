@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
+from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 
 _LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")

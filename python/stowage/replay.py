@@ -22,7 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot import SnapshotError, load_snapshot_columnar
+from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
 from stowage.trace import device_events, native_figures
 
 STEP = 2 << 20  # capacities are searched in 2 MiB steps

@@ -9,7 +9,7 @@ bytes minus segment_free and segment_unmap bytes), and the segments that held me
 trace began, which make that figure incomparable with a replay from empty when the trace's own
 allocations land in them.
 
-Both read a trace as TraceColumns (stowage.snapshot.columns), as load_snapshot_columnar gives
+Both read a trace as TraceColumns (stowage.snapshot_reader.columns), as load_snapshot_columnar gives
 it, with numpy over whole columns: no Python object per event. A list of event dicts (a live
 stowage.snapshot(), say) is made columns first.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from stowage import _core
-from stowage.snapshot import ACTION_CODES, TraceColumns
+from stowage.snapshot_reader import ACTION_CODES, TraceColumns
 
 ALLOC = 0
 FREE = 1
@@ -32,7 +32,7 @@ MARK_STEP = 2
 MARK_STEP_METADATA = "stowage.mark_step"  # a "snapshot" entry with this user_metadata
 _GROW = (ACTION_CODES["segment_alloc"], ACTION_CODES["segment_map"])
 _SHRINK = (ACTION_CODES["segment_free"], ACTION_CODES["segment_unmap"])
-_ADDRESSES = 2**64  # trace addresses are below this (stowage.snapshot.schema)
+_ADDRESSES = 2**64  # trace addresses are below this (stowage.snapshot_reader.schema)
 
 TraceLike = TraceColumns | Sequence[dict[str, Any]]
 

@@ -16,7 +16,7 @@ from conftest import REPO, MiB, SHARED_TRACES, event, stowage
 
 from stowage import _core
 from stowage.replay import STEP, min_capacity, replay_snapshot
-from stowage.snapshot import TraceColumns, load_snapshot, load_snapshot_columnar, loads_snapshot_columnar
+from stowage.snapshot_reader import TraceColumns, load_snapshot, load_snapshot_columnar, loads_snapshot_columnar
 from stowage.trace import device_events, native_figures
 
 

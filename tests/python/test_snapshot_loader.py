@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED_TRACES, event, stowage
 
-from stowage.snapshot import (SnapshotError, TraceColumns, columnar, load_snapshot, load_snapshot_columnar, loading,
-                              loads_snapshot, loads_snapshot_columnar, machine, reading)
+from stowage.snapshot_reader import (SnapshotError, TraceColumns, columnar, load_snapshot,
+                                     load_snapshot_columnar, loading, loads_snapshot, loads_snapshot_columnar,
+                                     machine, reading)
 
 VALID = {"segments": [], "device_traces": [[event("alloc", 4096, 100), event("free_completed", 4096, 100)]]}
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
@@ -603,7 +604,7 @@ def test_what_the_whole_loader_loads_the_columnar_loader_loads(name: str) -> Non
 
 _SHRINK = """
 import os, pickle, sys
-from stowage.snapshot import SnapshotError, load_snapshot_columnar, reading
+from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar, reading
 reading._MAP_AT_LEAST = reading._FILL_AHEAD = 1 << 16
 path = sys.argv[1]
 trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(200_000)]
@@ -659,10 +660,19 @@ def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> No
 
 
 def test_the_old_module_names_the_package_objects() -> None:
-    """stowage.snapshot_loader re-exports stowage.snapshot's interface: one meaning per name."""
-    import stowage.snapshot as package
+    """stowage.snapshot_loader re-exports stowage.snapshot_reader's interface: one meaning per name."""
+    import stowage.snapshot_reader as package
     from stowage import snapshot_loader
 
     assert set(snapshot_loader.__all__) == set(package.__all__)
     for name in package.__all__:
         assert getattr(snapshot_loader, name) is getattr(package, name), name
+
+
+def test_the_reader_leaves_stowage_snapshot_the_function() -> None:
+    """Importing a submodule sets it as an attribute of its package: a reader package named
+    stowage.snapshot would replace the function stowage.snapshot()."""
+    import stowage
+    import stowage.snapshot_reader  # noqa: F401
+
+    assert callable(stowage.snapshot) and stowage.snapshot is stowage.memory.snapshot

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from conftest import event
 
-from stowage.snapshot import (ACTIONS, SnapshotError, TraceColumns, columnar, load_snapshot, load_snapshot_columnar,
-                              loads_snapshot, loads_snapshot_columnar, machine, reading)
+from stowage.snapshot_reader import (ACTIONS, SnapshotError, TraceColumns, columnar, load_snapshot,
+                                     load_snapshot_columnar, loads_snapshot, loads_snapshot_columnar, machine,
+                                     reading)
 
 KEPT = ("action", "addr", "size", "stream", "time_us", "frames", "device_free", "user_metadata")
 

@@ -2,12 +2,12 @@
 
 ``Machine(data, progress, streaming).run()`` reads a pickle's opcodes in order and builds what
 they make, as pickle's unpickler does, for the opcodes that build plain data only, enforcing the
-safety policy of stowage.snapshot.guard as it meets each opcode (refused opcodes, memo bounds,
+safety policy of stowage.snapshot_reader.guard as it meets each opcode (refused opcodes, memo bounds,
 numbers, frames, tuple depth and tuple keys): nothing else reads a snapshot's pickle, so no
 other code can disagree with it on what the bytes mean. With ``streaming`` False it builds plain
 Python data (``read_plain``: what ``load_snapshot`` returns); with ``streaming`` True the events
 of device_traces become rows of TraceColumns as they are read (``read_columns``: what
-``load_snapshot_columnar`` returns; stowage.snapshot.events, Note [Streaming traces]), and a
+``load_snapshot_columnar`` returns; stowage.snapshot_reader.events, Note [Streaming traces]), and a
 pickle laid out unlike those torch and stowage write raises LoadWhole, after which the loader
 reads it again with ``streaming`` False. Either way the result is then walked by
 guard.check_plain and checked by schema.check_structure.
@@ -20,7 +20,7 @@ The opcode loop is one function, as pickle's own unpickler is: the commonest opc
 first, and the state that each opcode touches (the stack, the mark stack, the frame, how far a
 large file has been read) stays in local variables, where a function an opcode would have to
 keep it in attributes and pay a call for each opcode. Only rare opcodes (those whose argument is
-a line of text) and what is particular to traces (stowage.snapshot.events) are called out.
+a line of text) and what is particular to traces (stowage.snapshot_reader.events) are called out.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ import pickletools
 import struct
 from typing import Any
 
-from stowage.snapshot.columns import Stack
-from stowage.snapshot.errors import Progress, SnapshotError
-from stowage.snapshot.events import (_BINFLOAT, DeviceTraces, EventDict, EventList, FROZEN, QUEUED, CONSUMED,
-                                     LoadWhole, TraceBuilder, TraceRows)
-from stowage.snapshot.guard import (MAX_NUMBER, PLAIN_OPCODES, TupleGuard, check_plain, checked_number,
-                                    frame_error, memo_beyond_file, nested_frame_error, node_budget, number_error,
-                                    refused_opcode)
-from stowage.snapshot.reading import FileWindow
-from stowage.snapshot.schema import check_structure
+from stowage.snapshot_reader.columns import Stack
+from stowage.snapshot_reader.errors import Progress, SnapshotError
+from stowage.snapshot_reader.events import (BINFLOAT, DeviceTraces, EventDict, EventList, FROZEN, QUEUED,
+                                            CONSUMED, LoadWhole, TraceBuilder, TraceRows)
+from stowage.snapshot_reader.guard import (MAX_NUMBER, PLAIN_OPCODES, TupleGuard, check_plain, checked_number,
+                                           frame_error, memo_beyond_file, nested_frame_error, node_budget,
+                                           number_error, refused_opcode)
+from stowage.snapshot_reader.reading import FileWindow
+from stowage.snapshot_reader.schema import check_structure
 
 _REPORT_EVERY = 1 << 20  # bytes between progress reports
 _RELEASE_EVERY = 8 << 20  # bytes of a large file's window given back at a time
@@ -158,7 +158,8 @@ class Machine:
 
     def run(self) -> Any:
         """Runs the pickle to its STOP; returns what it built."""
-        data, size, memo, window, rows, tuples = self.data, self.size, self.memo, self.window, self.rows, self.tuples
+        data, size, memo, window = self.data, self.size, self.memo, self.window
+        rows, tuples = self.rows, self.tuples
         frozen = rows.frozen
         stack: list[Any] = []
         metastack: list[list[Any]] = []
@@ -281,7 +282,8 @@ class Machine:
                     position += 2
                 elif op in _COUNTED:  # numbers, strings and bytes whose length precedes them
                     width = _COUNTED[op]
-                    count = int.from_bytes(data[position:position + width], "little", signed=op in _SIGNED_COUNTS)
+                    signed = op in _SIGNED_COUNTS
+                    count = int.from_bytes(data[position:position + width], "little", signed=signed)
                     if count < 0:
                         raise ValueError(f"{_OPCODE_NAMES[op]} pickle has negative byte count")
                     start = position + width
@@ -333,7 +335,7 @@ class Machine:
                     else:
                         stack.append(tuples.make(items) if op == 0x74 else items)
                 elif op == 0x47:  # BINFLOAT
-                    number = _BINFLOAT.unpack_from(data, position)[0]  # type: ignore[arg-type]
+                    number = BINFLOAT.unpack_from(data, position)[0]  # type: ignore[arg-type]
                     if math.isnan(number) or not -MAX_NUMBER < number < MAX_NUMBER:
                         raise number_error(number, position - 1)
                     stack.append(number)

@@ -1,12 +1,12 @@
 """Loading memory snapshots safely: every loader runs the one stack machine
-(stowage.snapshot.machine) over the bytes stowage.snapshot.reading gives.
+(stowage.snapshot_reader.machine) over the bytes stowage.snapshot_reader.reading gives.
 
 A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory._snapshot()``
 returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. ``load_snapshot`` returns
 it as plain Python data. ``load_snapshot_columnar`` returns the same dict with each device's
-trace as TraceColumns (stowage.snapshot.columns), which is what ``stowage inspect``, ``diff`` and
+trace as TraceColumns (stowage.snapshot_reader.columns), which is what ``stowage inspect``, ``diff`` and
 ``replay`` read: it never holds a dict per trace event (Note [Streaming traces], in
-stowage.snapshot.events), so its memory is a fraction of the file's size. It loads what
+stowage.snapshot_reader.events), so its memory is a fraction of the file's size. It loads what
 ``load_snapshot`` loads and refuses what it refuses, and also refuses frames that are not lists
 of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
 
@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stowage.snapshot.columns import columnar
-from stowage.snapshot.errors import Progress, SnapshotError
-from stowage.snapshot.events import LoadWhole
-from stowage.snapshot.machine import read_columns, read_plain
-from stowage.snapshot.reading import FileWindow, open_snapshot, whole_bytes
+from stowage.snapshot_reader.columns import columnar
+from stowage.snapshot_reader.errors import Progress, SnapshotError
+from stowage.snapshot_reader.events import LoadWhole
+from stowage.snapshot_reader.machine import read_columns, read_plain
+from stowage.snapshot_reader.reading import FileWindow, open_snapshot, whole_bytes
 
 
 @contextmanager

@@ -3,7 +3,7 @@ a device's trace, without a Python object per event.
 
 A TraceColumns holds one device's events in order as numpy arrays (action code, flags, address,
 size, stream, time, an index into the distinct stacks) and, by event index, the few fields that
-are rarely there (device_free, user_metadata). Rows (stowage.snapshot.schema.event_row) are
+are rarely there (device_free, user_metadata). Rows (stowage.snapshot_reader.schema.event_row) are
 gathered by a ColumnsBuilder; a StackTable stores each distinct frames list once. ``columnar``
 turns a snapshot whose traces are lists of event dicts (already checked) into one whose traces
 are TraceColumns.
@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from stowage.snapshot.schema import (ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES, HAS_SIZE,
-                                     HAS_STREAM, INT_BITS, MISSING, TIME_BOOL, TIME_FLOAT, TIME_INT, TIME_KINDS,
-                                     CheckedTrace, Row, event_row, event_where, expect)
+from stowage.snapshot_reader.schema import (ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES,
+                                            HAS_SIZE, HAS_STREAM, INT_BITS, MISSING, TIME_BOOL, TIME_FLOAT,
+                                            TIME_INT, TIME_KINDS, CheckedTrace, Row, event_row, event_where,
+                                            expect)
 
 
 class Stack(list):  # type: ignore[type-arg]

@@ -1,5 +1,5 @@
 """The one safety policy of the snapshot reader, which its stack machine
-(stowage.snapshot.machine) enforces for both loaders. Pickles can run code, so no snapshot is
+(stowage.snapshot_reader.machine) enforces for both loaders. Pickles can run code, so no snapshot is
 given to ``pickle.load``; the machine builds plain data itself and refuses, as it meets them:
 
 - every opcode but those that build plain data (PLAIN_OPCODES: no global, reduce, build,
@@ -23,14 +23,14 @@ nesting are refused at once; only dicts, lists, tuples, str, bytes, int, float, 
 accepted. A trace read into columns is walked as the event dicts it was (TraceShape).
 
 What a file may expand to before the machine sees it (gzip, pipes) is bounded by
-stowage.snapshot.reading; the snapshot's own fields by stowage.snapshot.schema.
+stowage.snapshot_reader.reading; the snapshot's own fields by stowage.snapshot_reader.schema.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stowage.snapshot.errors import SnapshotError
+from stowage.snapshot_reader.errors import SnapshotError
 
 MAX_DEPTH = 64
 MAX_NUMBER = 2**60

@@ -4,7 +4,7 @@ as they are met, so that a snapshot's traces never exist as a Python object per 
 Note [Streaming traces]
 A stock-PyTorch snapshot of 1 GB holds millions of trace events; unpickled, each is a dict with
 its own frames list and integers, about four times the file, and the memo keeps them all. When
-the machine (stowage.snapshot.machine) reads for columns, it builds everything as pickle does
+the machine (stowage.snapshot_reader.machine) reads for columns, it builds everything as pickle does
 except the events of device_traces[d]: those become rows of TraceColumns as they are read, their
 frames a stored stack, and their memo slots are cleared (an event is never referred to again in
 the pickles torch and stowage write). Events written as the C pickler writes them with protocol
@@ -15,7 +15,7 @@ APPENDS that takes it. The matched events' opcodes are checked as the machine ch
 its messages. A row is a copy of its event made when the event is read, so the machine must see
 that nothing changes the event after: an event or frames list a row was made of is frozen
 (FROZEN, TraceRows.frozen), and a matched event's place on the stack (QUEUED) may only be taken
-by its trace's APPENDS. The plain-data walk (stowage.snapshot.guard.check_plain) must refuse
+by its trace's APPENDS. The plain-data walk (stowage.snapshot_reader.guard.check_plain) must refuse
 what it refuses in plain data (a memo bomb, a cycle, nesting deeper than 64, anywhere in an
 event too), so each trace counts what its events stood for (TraceBuilder.nodes) and is walked as
 a TraceShape: those counts, then its stored stacks and user_metadata as often as events refer to
@@ -23,7 +23,7 @@ them. Anything this does not follow (an event referred to twice or changed after
 matched event dropped, repeated or stored, a stored stack or frozen list appended to, an event
 holding a container the columns do not keep, a trace or device_traces referred to twice, sparse
 memo indices, rows left outside a trace) raises LoadWhole, and the loader runs the same machine
-again for plain data, then makes the columns of its traces (stowage.snapshot.loading).
+again for plain data, then makes the columns of its traces (stowage.snapshot_reader.loading).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from stowage.snapshot.columns import ColumnsBuilder, Stack, StackTable, TraceColumns, columnar
-from stowage.snapshot.errors import SnapshotError
-from stowage.snapshot.guard import (MAX_NUMBER, SCALARS, TraceShape, check_plain, node_budget,
-                                    number_error)
-from stowage.snapshot.schema import (ACTION_CODES, ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_FRAMES, HAS_SIZE,
-                                     HAS_STREAM, INT_BITS, MAX_SIZE, MISSING, TIME_FLOAT, TIME_INT, Row,
-                                     check_structure, event_row)
+from stowage.snapshot_reader.columns import ColumnsBuilder, Stack, StackTable, TraceColumns, columnar
+from stowage.snapshot_reader.errors import SnapshotError
+from stowage.snapshot_reader.guard import (MAX_NUMBER, SCALARS, TraceShape, check_plain, node_budget,
+                                           number_error)
+from stowage.snapshot_reader.schema import (ACTION_CODES, ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_FRAMES, HAS_SIZE,
+                                            HAS_STREAM, INT_BITS, MAX_SIZE, MISSING, TIME_FLOAT, TIME_INT,
+                                            Row, check_structure, event_row)
 
 
 class LoadWhole(Exception):
@@ -106,7 +106,7 @@ def event_nodes(entry: dict[Any, Any]) -> int:
 # event would then be lost, repeated or changed): any opcode that would raises LoadWhole.
 QUEUED = object()
 CONSUMED = object()  # in the memo: an event that became a row
-_BINFLOAT = struct.Struct(">d")
+BINFLOAT = struct.Struct(">d")
 _GET = rb"j....|h."
 _VALUE = (_GET + rb"|\]\x94(?:\((?:j....|h.)++e|(?:j....|h.)a)?|\x8a(?:\x06.{6}|\x07.{7}|\x05.{5}|"
           rb"\x08.{8}|\x04.{4}|\x03.{3}|\x02.{2}|\x01.|\x00)|K.|J....|M..|N|\x88|\x89|G.{8}")
@@ -367,7 +367,7 @@ class TraceRows:
             elif op == 0x4D:  # BININT2
                 value = raw[1] | raw[2] << 8
             elif op == 0x47:  # BINFLOAT
-                value = _BINFLOAT.unpack(raw[1:])[0]
+                value = BINFLOAT.unpack(raw[1:])[0]
                 if math.isnan(value) or not -MAX_NUMBER < value < MAX_NUMBER:
                     raise number_error(value, found.start(2 * i + 2))
             else:  # NONE, NEWTRUE, NEWFALSE

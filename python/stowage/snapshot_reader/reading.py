@@ -2,7 +2,7 @@
 read as the reader goes.
 
 ``open_snapshot(path)`` gives the pickle's bytes (gunzipped if the file is gzip), or for a large
-uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot.machine)
+uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot_reader.machine)
 reads as it goes. Every failure is a SnapshotError: a file that cannot be read, broken or
 concatenated gzip data, gzip data that expands more than a snapshot does (a gzip bomb), a pipe
 or device that does not start as a snapshot or does not end, a file that changes while it is
@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from stowage.snapshot.errors import SnapshotError
+from stowage.snapshot_reader.errors import SnapshotError
 
 # gzip: decompressed bytes per compressed byte. Real snapshots expand 6 to 25 times; at about 70
 # bytes of objects a byte of pickle, 64 bounds what a hostile file can make the loaders build to

@@ -1,7 +1,7 @@
 """What every part of the snapshot reader raises, and how it reports progress.
 
 A snapshot that cannot be loaded (unreadable, hostile, or not a snapshot) raises SnapshotError,
-whose message the loaders (stowage.snapshot.loading) prefix with the file's name; no other
+whose message the loaders (stowage.snapshot_reader.loading) prefix with the file's name; no other
 exception leaves them.
 """
 

@@ -4,7 +4,7 @@
 (``device_traces[0][12].size: expected int, got str``); optional fields (time_us, frames,
 allocator_settings, ...) may be missing. ``event_row`` checks one trace event as check_structure
 does, with the same messages in the same order, and returns it as a row of TraceColumns
-(stowage.snapshot.columns): its action's code in ACTIONS, flags saying which optional fields it
+(stowage.snapshot_reader.columns): its action's code in ACTIONS, flags saying which optional fields it
 had and the type of its time, and its values. A trace that was checked as it was read
 (a CheckedTrace) carries its first bad event's message instead.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Protocol
 
-from stowage.snapshot.errors import SnapshotError
+from stowage.snapshot_reader.errors import SnapshotError
 
 MAX_SIZE = 2**50  # bytes: far beyond any device
 MAX_DEVICES = 1 << 16  # device indexes a snapshot may name
@@ -50,7 +50,7 @@ Row = tuple[int, int, int, int, int, int, int, "int | None", Any]
 
 
 class StackIndex(Protocol):
-    """Where an event's frames list is stored (stowage.snapshot.columns.StackTable)."""
+    """Where an event's frames list is stored (stowage.snapshot_reader.columns.StackTable)."""
 
     def index_of(self, frames: list[Any], device: int, index: int) -> int: ...
 

@@ -13,14 +13,15 @@ The names below are the package's interface; stowage.snapshot_loader re-exports 
 
 from __future__ import annotations
 
-from stowage.snapshot.columns import TraceColumns, columnar
-from stowage.snapshot.errors import Progress, SnapshotError
-from stowage.snapshot.guard import MAX_DEPTH, MAX_NUMBER
-from stowage.snapshot.loading import load_snapshot, load_snapshot_columnar, loads_snapshot, loads_snapshot_columnar
-from stowage.snapshot.reading import MAX_EXPANSION, MAX_STREAM_BYTES, MIN_DECOMPRESSED_LIMIT
-from stowage.snapshot.schema import (ACTION_CODES, ACTIONS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES, HAS_SIZE,
-                                     HAS_STREAM, MAX_DEVICES, MAX_SIZE, TIME_BOOL, TIME_FLOAT, TIME_INT,
-                                     TRACE_ACTIONS, check_structure)
+from stowage.snapshot_reader.columns import TraceColumns, columnar
+from stowage.snapshot_reader.errors import Progress, SnapshotError
+from stowage.snapshot_reader.guard import MAX_DEPTH, MAX_NUMBER
+from stowage.snapshot_reader.loading import (load_snapshot, load_snapshot_columnar, loads_snapshot,
+                                             loads_snapshot_columnar)
+from stowage.snapshot_reader.reading import MAX_EXPANSION, MAX_STREAM_BYTES, MIN_DECOMPRESSED_LIMIT
+from stowage.snapshot_reader.schema import (ACTION_CODES, ACTIONS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES,
+                                            HAS_SIZE, HAS_STREAM, MAX_DEVICES, MAX_SIZE, TIME_BOOL,
+                                            TIME_FLOAT, TIME_INT, TRACE_ACTIONS, check_structure)
 
 __all__ = [
     "ACTIONS", "ACTION_CODES", "HAS_ADDR", "HAS_DEVICE_FREE", "HAS_FRAMES", "HAS_SIZE", "HAS_STREAM",
