@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stowage.replay import replay_snapshot
-from stowage.snapshot_loader import load_snapshot
+from stowage.snapshot_reader import load_snapshot_columnar
 
 RESERVED_TARGET = 1.03
 CAPACITY_TARGET = 1.02
@@ -44,7 +44,7 @@ def main() -> None:
           "(ratio) | PyTorch reserved MiB (ratio) | maps / unmaps | M events/s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.traces:
-        snapshot = load_snapshot(name)
+        snapshot = load_snapshot_columnar(name)
         for label, config in configs:
             results: list[dict[str, Any]] = replay_snapshot(Path(name), snapshot, 1 << 40, config,
                                                            search=True)

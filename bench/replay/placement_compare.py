@@ -15,7 +15,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from stowage.snapshot_loader import load_snapshot
+from stowage.snapshot_reader import load_snapshot_columnar
 from stowage.trace import device_events
 
 CAPACITY = 1 << 40
@@ -33,7 +33,7 @@ def main() -> None:
           "learned M events/s | speed ratio |")
     print("| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: |")
     for name in args.traces:
-        trace = device_events(load_snapshot(name)["device_traces"][0])
+        trace = device_events(load_snapshot_columnar(name)["device_traces"][0])
         seconds: dict[str, list[float]] = {"": [], LEARNED: []}
         last: dict[str, dict] = {}
         for _ in range(args.repeats):

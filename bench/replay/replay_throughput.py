@@ -2,7 +2,7 @@
 
     python bench/replay/replay_throughput.py [--repeat N] [--config CONFIG] TRACE...
 
-For each trace: the time to load it safely (stowage.snapshot_loader), and the replay of its
+For each trace: the time to load it safely (stowage.snapshot_reader, as replay does), and the replay of its
 alloc and free events through the CachingAllocator on a simulated device (C++, no latency
 probes), as the median of N replays. "events" are the replayed alloc and free events; the
 trace's other entries (segment events, free_requested) are also given, as "entries".
@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from stowage.snapshot_loader import load_snapshot
+from stowage.snapshot_reader import load_snapshot_columnar
 from stowage.trace import device_events
 
 
@@ -29,7 +29,7 @@ def main() -> None:
           f"{'M events/s':>10} {'M entries/s':>11}")
     for name in args.traces:
         start = time.perf_counter()
-        snapshot = load_snapshot(name)
+        snapshot = load_snapshot_columnar(name)
         load = time.perf_counter() - start
         for device, trace in enumerate(snapshot["device_traces"]):
             events = device_events(trace)

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from stowage import _core
 from stowage.inspector import analyse_trace, devices_with_data, load_with_progress, sites_at_end, totals_of
-from stowage.snapshot_loader import SnapshotError
+from stowage.snapshot_reader import SnapshotError
 
 _ALL_SITES = 1 << 30
 

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from stowage import _core
-from stowage.inspector import TraceSites, as_columns, live_pairs, site_of
-from stowage.snapshot_loader import TraceColumns
+from stowage.inspector import TraceSites, live_pairs, site_of
+from stowage.snapshot_reader import TraceColumns
+from stowage.trace import as_columns
 
 MAX_POINTS = 1500      # timeline samples
 MAX_SITES = 8          # sites drawn by name in the timeline; the rest are "other"

@@ -36,8 +36,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot_loader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
-from stowage.trace import device_events, native_figures
+from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
+from stowage.trace import as_columns, device_events, native_figures
 
 _LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")
 _SMALL_SEGMENT = 0.25  # a segment whose one live block fills less than this share of it
@@ -108,10 +108,6 @@ def _size_classes(sizes: np.ndarray) -> np.ndarray:
 _ALLOC = ACTION_CODES["alloc"]
 _FREE_COMPLETED = ACTION_CODES["free_completed"]
 _OOM = ACTION_CODES["oom"]
-
-
-def as_columns(trace: TraceColumns | Sequence[dict[str, Any]]) -> TraceColumns:
-    return trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace)
 
 
 @dataclass
@@ -394,7 +390,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     # is then taken as the whole story.
     peak, ooms, oom_events = analyse_trace(trace, totals.requested if segments else None, top)
     if ooms:
-        events = device_events(trace)  # (reading the columns event by event: only for OOMs)
+        events = device_events(trace)
         if len(events) > 0:
             replayed = events.replay(1 << 40, "", measure_latency=False)
             native = native_figures(snapshot, device)

@@ -1,10 +1,12 @@
 """``stowage replay``: how much memory a recorded training step needs under stowage.
 
 Each device trace of each snapshot is replayed (its alloc and free_completed events) through
-stowage's CachingAllocator on a simulated device, in C++; the figures are printed as a table,
-or as one JSON object per trace and device with ``--json``. With ``--min-capacity`` the
-smallest device, in 2 MiB steps, on which the replay completes is searched and then verified:
-the replay completes at that capacity and fails 2 MiB below it.
+stowage's CachingAllocator on a simulated device, in C++. The snapshot is read as inspect reads
+it (load_snapshot_columnar), and the replay's arrays and the native figures are made from the
+trace's columns (stowage.trace), so memory stays a fraction of the file's size. The figures are
+printed as a table, or as one JSON object per trace and device with ``--json``. With
+``--min-capacity`` the smallest device, in 2 MiB steps, on which the replay completes is
+searched and then verified: the replay completes at that capacity and fails 2 MiB below it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot_loader import SnapshotError, load_snapshot
+from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
 from stowage.trace import device_events, native_figures
 
 STEP = 2 << 20  # capacities are searched in 2 MiB steps
@@ -186,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             path = Path(name)
             progress.update(loading, description=f"replaying {path.name}")
             try:
-                snapshot = load_snapshot(path)
+                snapshot = load_snapshot_columnar(path)
             except SnapshotError as error:
                 err.print(f"stowage replay: {error}")
                 status = 2

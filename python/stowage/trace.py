@@ -1,61 +1,73 @@
-"""From a snapshot's device trace to what replay needs.
+"""From a snapshot's device trace to what replay needs, read from the trace's columns.
 
 ``device_events`` turns one device's trace into the arrays that ``stowage._core.Trace`` takes:
 its ``alloc`` events and its ``free_completed`` events (the moment memory really became free;
-``free_requested`` only says a free was asked for). ``native_figures`` reads what the allocator
-that recorded the trace did: the peak of its reserved memory (the running sum of segment_alloc
-and segment_map bytes minus segment_free and segment_unmap bytes), and the segments that held
-memory before the trace began, which make that figure incomparable with a replay from empty
-when the trace's own allocations land in them.
+``free_requested`` only says a free was asked for), and the ends of steps that
+stowage.mark_step() recorded. ``native_figures`` reads what the allocator that recorded the
+trace did: the peak of its reserved memory (the running sum of segment_alloc and segment_map
+bytes minus segment_free and segment_unmap bytes), and the segments that held memory before the
+trace began, which make that figure incomparable with a replay from empty when the trace's own
+allocations land in them.
+
+Both read a trace as TraceColumns (stowage.snapshot_reader.columns), as load_snapshot_columnar gives
+it, with numpy over whole columns: no Python object per event. A list of event dicts (a live
+stowage.snapshot(), say) is made columns first.
 """
 
 from __future__ import annotations
 
-import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
 from stowage import _core
+from stowage.snapshot_reader import ACTION_CODES, TraceColumns
 
 ALLOC = 0
 FREE = 1
 MARK_STEP = 2
 MARK_STEP_METADATA = "stowage.mark_step"  # a "snapshot" entry with this user_metadata
-_GROW = {"segment_alloc", "segment_map"}
-_SHRINK = {"segment_free", "segment_unmap"}
+_GROW = (ACTION_CODES["segment_alloc"], ACTION_CODES["segment_map"])
+_SHRINK = (ACTION_CODES["segment_free"], ACTION_CODES["segment_unmap"])
+_ADDRESSES = 2**64  # trace addresses are below this (stowage.snapshot_reader.schema)
+
+TraceLike = TraceColumns | Sequence[dict[str, Any]]
 
 
-def device_events(trace: list[dict[str, Any]]) -> _core.Trace:
+def as_columns(trace: TraceLike) -> TraceColumns:
+    """The trace as columns; a list of event dicts is checked and made columns."""
+    return trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace)
+
+
+def _mark_steps(columns: TraceColumns) -> np.ndarray:
+    """Whether each event is a "snapshot" entry that stowage.mark_step() recorded."""
+    marks = np.zeros(len(columns), dtype=bool)
+    if columns.user_metadata:
+        at = [index for index, value in columns.user_metadata.items() if value == MARK_STEP_METADATA]
+        marks[np.asarray(at, dtype=np.int64)] = True
+        marks &= columns.action == ACTION_CODES["snapshot"]
+    return marks
+
+
+def device_events(trace: TraceLike) -> _core.Trace:
     """The alloc and free_completed events of one device, and the ends of steps that
     stowage.mark_step() recorded, in order, as a replayable Trace."""
-    kinds: list[int] = []
-    addresses: list[int] = []
-    sizes: list[int] = []
-    streams: list[int] = []
-    for entry in trace:
-        action = entry["action"]
-        if action == "alloc":
-            kinds.append(ALLOC)
-        elif action == "free_completed":
-            kinds.append(FREE)
-        elif action == "snapshot" and entry.get("user_metadata") == MARK_STEP_METADATA:
-            kinds.append(MARK_STEP)
-            addresses.append(0)
-            sizes.append(0)
-            streams.append(0)
-            continue
-        else:
-            continue
-        addresses.append(entry["addr"])
-        sizes.append(entry["size"])
-        streams.append(entry.get("stream", 0))
+    columns = as_columns(trace)
+    action = columns.action
+    alloc = action == ACTION_CODES["alloc"]
+    free = action == ACTION_CODES["free_completed"]
+    mark = _mark_steps(columns)
+    kept = np.flatnonzero(alloc | free | mark)
+    kinds = np.where(mark[kept], MARK_STEP, np.where(free[kept], FREE, ALLOC)).astype(np.uint8)
+    real = ~mark[kept]  # a step's end has no address, size or stream
     return _core.Trace(
-        np.asarray(kinds, dtype=np.uint8),
-        np.asarray(addresses, dtype=np.uint64),
-        np.asarray(sizes, dtype=np.uint64),
-        np.asarray(streams, dtype=np.uint64),
+        kinds,
+        np.where(real, columns.addr[kept], 0).astype(np.uint64),
+        np.where(real, columns.size[kept], 0).astype(np.uint64),
+        np.where(real, columns.stream[kept], 0).astype(np.uint64),
     )
 
 
@@ -76,40 +88,53 @@ class NativeFigures:
         return self.peak_reserved is not None and self.bytes_in_preexisting * 1000 <= peak_requested
 
 
+def _peak_reserved(columns: TraceColumns) -> tuple[int | None, set[int]]:
+    """The peak of the running sum of segment growth (None without segment events), and the
+    addresses of the segments the trace created."""
+    grow = np.isin(columns.action, _GROW)
+    changes = np.flatnonzero(grow | np.isin(columns.action, _SHRINK))
+    if not len(changes):
+        return None, set()
+    sizes = columns.size[changes].astype(np.int64)  # sizes are below 2**50
+    signed = np.where(grow[changes], sizes, -sizes)
+    # Python integers: a hostile trace's running sum could pass 2**63.
+    peak = max(0, max(accumulate(signed.tolist())))
+    return peak, set(np.unique(columns.addr[grow]).tolist())
+
+
+def _landed(columns: TraceColumns, preexisting: list[tuple[int, int]]) -> tuple[int, int]:
+    """The trace's allocations whose address lies in a preexisting segment (the last one, in
+    (address, size) order, that begins at or below it): their count and requested bytes."""
+    alloc = np.flatnonzero(columns.action == ACTION_CODES["alloc"])
+    searched = [(address, size) for address, size in preexisting if address < _ADDRESSES]
+    if not len(alloc) or not searched:
+        return 0, 0
+    # Segment bounds clamped to trace addresses, which keeps every comparison's outcome:
+    # starts below 0 to 0, the last address in a segment to at most 2**64 - 1.
+    starts = np.asarray([max(address, 0) for address, _ in searched], dtype=np.uint64)
+    lasts = np.asarray([min(max(address + size - 1, 0), _ADDRESSES - 1) for address, size in searched],
+                       dtype=np.uint64)
+    ends_above_zero = np.asarray([address + size > 0 for address, size in searched], dtype=bool)
+    addresses = columns.addr[alloc]
+    index = np.searchsorted(starts, addresses, side="right") - 1
+    inside = index >= 0
+    at = np.where(inside, index, 0)
+    inside &= ends_above_zero[at] & (addresses <= lasts[at])
+    return int(np.count_nonzero(inside)), sum(columns.size[alloc[inside]].tolist())
+
+
 def native_figures(snapshot: dict[str, Any], device: int) -> NativeFigures:
     traces = snapshot.get("device_traces", [])
-    trace = traces[device] if device < len(traces) else []
-    reserved = 0
-    peak = 0
-    saw_segment_event = False
-    created: set[int] = set()
-    for entry in trace:
-        action = entry["action"]
-        if action in _GROW:
-            saw_segment_event = True
-            reserved += entry["size"]
-            peak = max(peak, reserved)
-            created.add(entry["addr"])
-        elif action in _SHRINK:
-            saw_segment_event = True
-            reserved -= entry["size"]
+    columns = as_columns(traces[device] if device < len(traces) else [])
+    peak, created = _peak_reserved(columns)
     preexisting = sorted(
         (segment["address"], segment["total_size"])
         for segment in snapshot.get("segments", [])
         if segment.get("device", device) == device and segment["address"] not in created
     )
-    starts = [address for address, _ in preexisting]
-    landed = 0
-    landed_bytes = 0
-    for entry in trace:
-        if entry["action"] != "alloc" or not preexisting:
-            continue
-        index = bisect.bisect_right(starts, entry["addr"]) - 1
-        if index >= 0 and entry["addr"] < preexisting[index][0] + preexisting[index][1]:
-            landed += 1
-            landed_bytes += entry["size"]
+    landed, landed_bytes = _landed(columns, preexisting)
     return NativeFigures(
-        peak_reserved=peak if saw_segment_event else None,
+        peak_reserved=peak,
         preexisting_segments=len(preexisting),
         preexisting_bytes=sum(size for _, size in preexisting),
         allocs_in_preexisting=landed,

@@ -201,7 +201,7 @@ def test_stowage_record_runs_a_script_and_writes_its_snapshot(tmp_path) -> None:
     result = subprocess.run([sys.executable, "-m", "stowage", "record", "--capacity", "1GiB", "-o", str(out),
                              "--", "python", str(script), "--steps", "3"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    from stowage.snapshot_loader import load_snapshot
+    from stowage.snapshot_reader import load_snapshot
 
     snapshot = load_snapshot(out)
     allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]

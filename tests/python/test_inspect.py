@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, SHARED_TRACES, stowage
 from stowage.html_report import MAX_POINTS, timeline
 from stowage.inspector import _ranked_sites, analyse_trace, site_of
-from stowage.snapshot_loader import TraceColumns, load_snapshot, load_snapshot_columnar
+from stowage.snapshot_reader import TraceColumns, load_snapshot, load_snapshot_columnar
 
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stowage.recorder import record, save_snapshot  # noqa: E402
-from stowage.snapshot_loader import load_snapshot  # noqa: E402
+from stowage.snapshot_reader import load_snapshot  # noqa: E402
 
 
 def test_allocation_count_and_peak_match_a_count_by_hand(tmp_path) -> None:

@@ -1,5 +1,5 @@
 """The safe snapshot loaders refuse hostile and malformed files with clear errors, quickly; the
-columnar loader reads what the whole loader reads, in a fraction of the file's size."""
+columnar loader reads what the plain loader reads, in a fraction of the file's size."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED_TRACES, event, stowage
 
-from stowage import snapshot_loader
-from stowage.snapshot_loader import (SnapshotError, TraceColumns, columnar, load_snapshot, load_snapshot_columnar,
-                                     loads_snapshot, loads_snapshot_columnar)
+from stowage.snapshot_reader import (SnapshotError, TraceColumns, columnar, load_snapshot,
+                                     load_snapshot_columnar, loading, loads_snapshot, loads_snapshot_columnar,
+                                     machine, reading)
 
 VALID = {"segments": [], "device_traces": [[event("alloc", 4096, 100), event("free_completed", 4096, 100)]]}
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
@@ -97,12 +97,13 @@ def test_truncated_files_say_so(write_snapshot, load) -> None:
     assert "truncated" in result.stderr
 
 
-def test_the_unpickler_refuses_globals_even_when_handed_a_pickle_directly() -> None:
-    from stowage.snapshot_loader import _RefusingUnpickler
-
-    data = pickle.dumps(Payload(Path("/nonexistent/marker")))
-    with pytest.raises(SnapshotError, match="refused"):
-        _RefusingUnpickler(io.BytesIO(data)).load()
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "columns"])
+def test_the_machine_refuses_globals_even_when_handed_a_pickle_directly(tmp_path: Path, streaming: bool) -> None:
+    marker = tmp_path / "pwned"
+    data = pickle.dumps(Payload(marker))
+    with pytest.raises(SnapshotError, match="opcode STACK_GLOBAL at byte [0-9]+ would build objects"):
+        machine.Machine(data, None, streaming).run()
+    assert not marker.exists()
 
 
 def test_foreign_types_are_refused(loads) -> None:
@@ -206,19 +207,18 @@ def test_a_trace_of_frees_only_replays_without_a_traceback(write_snapshot) -> No
     assert "Traceback" not in result.stderr
 
 
-def test_progress_is_reported_through_checking_and_loading(tmp_path: Path) -> None:
+def test_progress_is_reported_while_loading_plain_data(tmp_path: Path) -> None:
+    """The machine checks each opcode as it loads: one phase, reported as it goes."""
     trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(200_000)]
     path = tmp_path / "big.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
-    heard: dict[str, list[tuple[int, int]]] = {}
-    snapshot = load_snapshot(path, lambda phase, done, total: heard.setdefault(phase, []).append((done, total)))
+    heard: list[tuple[str, int, int]] = []
+    snapshot = load_snapshot(path, lambda *report: heard.append(report))
     assert len(snapshot["device_traces"][0]) == 200_000
     size = path.stat().st_size
-    for phase in ("checking", "loading"):
-        reports = heard[phase]
-        assert len(reports) >= 2, phase
-        assert [done for done, _ in reports] == sorted(done for done, _ in reports)
-        assert reports[-1] == (size, size)
+    assert len(heard) >= 3 and {phase for phase, _, _ in heard} == {"loading"}
+    assert [done for _, done, _ in heard] == sorted(done for _, done, _ in heard)
+    assert heard[-1] == ("loading", size, size)
 
 
 def test_an_oom_event_needs_its_free_bytes_and_a_device_must_be_a_number(loads) -> None:
@@ -244,7 +244,7 @@ def same_columns(a: TraceColumns, b: TraceColumns) -> None:
 
 
 def same_snapshots(whole: dict[str, Any], streamed: dict[str, Any]) -> None:
-    """The columnar loader's snapshot equals the whole loader's with its traces as columns."""
+    """The columnar loader's snapshot equals the plain loader's with its traces as columns."""
     expected = columnar(whole)
     assert expected.keys() == streamed.keys()
     for key in expected:
@@ -257,7 +257,7 @@ def same_snapshots(whole: dict[str, Any], streamed: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
-def test_the_columnar_loader_reads_every_recorded_trace_as_the_whole_loader_does(path: Path) -> None:
+def test_the_columnar_loader_reads_every_recorded_trace_as_the_plain_loader_does(path: Path) -> None:
     whole = load_snapshot(path)
     streamed = load_snapshot_columnar(path)
     same_snapshots(whole, streamed)
@@ -300,14 +300,14 @@ def varied_snapshot(shared_event: bool = False) -> dict[str, Any]:
 
 
 def loaded_whole(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Notes whether the columnar loader falls back on loading the snapshot whole."""
+    """Notes whether the columnar loader reads the snapshot again as plain data."""
     calls: list[bool] = []
 
     def whole(*args: Any) -> dict[str, Any]:
         calls.append(True)
         return loads_snapshot(*args)
 
-    monkeypatch.setattr(snapshot_loader, "loads_snapshot", whole)
+    monkeypatch.setattr(loading, "loads_snapshot", whole)
     return calls
 
 
@@ -315,22 +315,23 @@ def loaded_whole(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 @pytest.mark.parametrize("shared_event", [False, True], ids=["", "shared-event"])
 def test_every_pickle_protocol_and_layout_reads_alike(write_snapshot, monkeypatch, protocol: int,
                                                       shared_event: bool) -> None:
-    """Protocols 0 and 1 (text opcodes) and an event written twice are loaded whole; the others
-    stream."""
+    """An event written twice is read again as plain data; every protocol streams otherwise.
+    Protocol 0 makes its lists with MARK ... LIST, not EMPTY_LIST: its traces are read as plain
+    data in the one reading, then become columns."""
     path = write_snapshot(pickle.dumps(varied_snapshot(shared_event), protocol=protocol))
     whole = load_snapshot(path)
     calls = loaded_whole(monkeypatch)
     streamed = load_snapshot_columnar(path)
     same_snapshots(whole, streamed)
-    assert bool(calls) == (protocol < 2 or shared_event)
+    assert bool(calls) == (shared_event and protocol > 0)
     kept = ("action", "addr", "size", "stream", "time_us", "frames", "device_free", "user_metadata")
     for events, trace in zip(whole["device_traces"], streamed["device_traces"]):
         assert list(trace) == [{key: e[key] for key in kept if key in e} for e in events]
 
 
 def test_a_large_file_is_mapped_given_back_as_read_and_reads_alike(write_snapshot, monkeypatch) -> None:
-    monkeypatch.setattr(snapshot_loader, "_MAP_AT_LEAST", 1 << 12)
-    monkeypatch.setattr(snapshot_loader, "_RELEASE_EVERY", 1 << 16)
+    monkeypatch.setattr(reading, "_MAP_AT_LEAST", 1 << 12)
+    monkeypatch.setattr(machine, "_RELEASE_EVERY", 1 << 16)
     path = write_snapshot(pickle.dumps(varied_snapshot(), protocol=4))
     assert path.stat().st_size > 1 << 17
     same_snapshots(load_snapshot(path), load_snapshot_columnar(path))
@@ -372,7 +373,7 @@ def test_columnar_progress_is_reported_while_loading(tmp_path: Path) -> None:
 def test_columnar_loading_holds_a_fraction_of_the_file() -> None:
     """A snapshot shaped as torch writes them (bench/inspect/synthetic_snapshot.py): the loaded
     snapshot and everything made on the way stay under three quarters of the pickle's size
-    (about half here, where segments and stacks weigh more than in a large one; the whole loader
+    (about half here, where segments and stacks weigh more than in a large one; the plain loader
     needs 4.4 times it)."""
     sys.path.insert(0, str(REPO / "bench" / "inspect"))
     from synthetic_snapshot import write_snapshot as write_synthetic
@@ -390,7 +391,7 @@ def test_columnar_loading_holds_a_fraction_of_the_file() -> None:
     assert peak < 0.75 * len(data), f"{peak / len(data):.2f} times the pickle"
 
 
-# --- frames, tuples and what the streaming reader must not get wrong ---
+# --- frames, tuples and what the machine must not get wrong ---
 
 
 def framed(frame: bytes, after: bytes) -> bytes:
@@ -429,7 +430,7 @@ def test_large_strings_written_outside_frames_still_load(protocol: int) -> None:
 
 def test_deeply_nested_tuples_are_refused_without_crashing(write_snapshot) -> None:
     """A dict key made of 200,000 nested tuples (200 KB) made the unpickler's hashing recurse in C
-    until the process died; both commands (replay loads whole, inspect streams) refuse it."""
+    until the process died; both commands refuse it."""
     path = write_snapshot(b"\x80\x04}" + b")" + b"\x85" * 200_000 + b"Ns.")
     for command in ("replay", "inspect"):
         result = stowage(command, str(path))
@@ -556,7 +557,7 @@ def _bomb(levels: int = 40) -> bytes:
 
 
 def _shared_stack(events: int = 1000, width: int = 5000) -> dict[str, Any]:
-    """Events sharing one frames list whose frame holds `width` numbers: the tree the whole loader
+    """Events sharing one frames list whose frame holds `width` numbers: the tree the plain loader
     measures holds the frame once an event, over the budget of 64 values a byte."""
     frames = [{"name": "f", "line": 1, "locals": list(range(width))}]
     return {"device_traces": [[dict(event("alloc", 4096 * i, 8), frames=frames) for i in range(events)]]}
@@ -603,9 +604,8 @@ def test_what_the_whole_loader_loads_the_columnar_loader_loads(name: str) -> Non
 
 _SHRINK = """
 import os, pickle, sys
-from stowage import snapshot_loader
-from stowage.snapshot_loader import SnapshotError, load_snapshot_columnar
-snapshot_loader._MAP_AT_LEAST = snapshot_loader._FILL_AHEAD = 1 << 16
+from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar, reading
+reading._MAP_AT_LEAST = reading._FILL_AHEAD = 1 << 16
 path = sys.argv[1]
 trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(200_000)]
 with open(path, "wb") as file:
@@ -635,7 +635,7 @@ def test_a_device_or_an_endless_pipe_is_refused_not_read_forever(
     with pytest.raises(SnapshotError, match="does not start as a gzip file or a pickle"):
         load(Path("/dev/zero"))
     # A pipe that starts like a pickle but does not end is read up to the bound, then refused.
-    monkeypatch.setattr(snapshot_loader, "MAX_STREAM_BYTES", 32 << 20)
+    monkeypatch.setattr(reading, "MAX_STREAM_BYTES", 32 << 20)
     fifo = tmp_path / "snapshot.pickle"
     os.mkfifo(fifo)
     # The writer opens the pipe itself: opening it blocks until the loader opens the other end.
@@ -657,3 +657,22 @@ def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> No
     with pytest.raises(SnapshotError, match="after the end of the gzip stream"):
         load(write_snapshot(one + one, "joined.pickle.gz"))
     assert load(write_snapshot(one + b"\x00" * 16, "padded.pickle.gz"))["segments"] == []
+
+
+def test_the_old_module_names_the_package_objects() -> None:
+    """stowage.snapshot_loader re-exports stowage.snapshot_reader's interface: one meaning per name."""
+    import stowage.snapshot_reader as package
+    from stowage import snapshot_loader
+
+    assert set(snapshot_loader.__all__) == set(package.__all__)
+    for name in package.__all__:
+        assert getattr(snapshot_loader, name) is getattr(package, name), name
+
+
+def test_the_reader_leaves_stowage_snapshot_the_function() -> None:
+    """Importing a submodule sets it as an attribute of its package: a reader package named
+    stowage.snapshot would replace the function stowage.snapshot()."""
+    import stowage
+    import stowage.snapshot_reader  # noqa: F401
+
+    assert callable(stowage.snapshot) and stowage.snapshot is stowage.memory.snapshot

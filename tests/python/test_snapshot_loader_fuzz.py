@@ -1,7 +1,7 @@
-"""The columnar loader against the whole loader: on every layout a pickler writes, on hostile
-opcodes, on every truncation of a small snapshot and on thousands of seeded mutations of one,
-both load the same data or both refuse it with a SnapshotError naming the file, and nothing
-else ever escapes."""
+"""The columnar loader against the plain loader, both the one stack machine: on every layout a
+pickler writes, on hostile opcodes, on every truncation of a small snapshot and on thousands of
+seeded mutations of one, both load the same data, which is what pickle's own unpickler makes of
+it, or both refuse it with a SnapshotError naming the file, and nothing else ever escapes."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 from conftest import event
 
-from stowage import snapshot_loader
-from stowage.snapshot_loader import (ACTIONS, SnapshotError, TraceColumns, columnar, load_snapshot,
-                                     load_snapshot_columnar, loads_snapshot, loads_snapshot_columnar)
+from stowage.snapshot_reader import (ACTIONS, SnapshotError, TraceColumns, columnar, load_snapshot,
+                                     load_snapshot_columnar, loads_snapshot, loads_snapshot_columnar, machine,
+                                     reading)
 
 KEPT = ("action", "addr", "size", "stream", "time_us", "frames", "device_free", "user_metadata")
 
 
 def assert_same(whole: dict[str, Any], streamed: dict[str, Any]) -> None:
-    """The columnar loader's snapshot is the whole loader's with its traces as columns: the same
+    """The columnar loader's snapshot is the plain loader's with its traces as columns: the same
     other fields, and every event's kept fields (frames as the same frame dicts)."""
     expected = columnar(whole)
     assert streamed.keys() == expected.keys()
@@ -72,12 +72,16 @@ def both(data: bytes, name: str = "<bytes>") -> tuple[Outcome, Outcome]:
 
 
 def assert_alike(data: bytes) -> str:
-    """Both loaders load `data` alike or both refuse it; returns which."""
+    """Both loaders load `data` alike or both refuse it; returns which. What they load is what
+    pickle's own unpickler makes of it (safe to run there: the machine let only plain data
+    through), the reference that the one stack machine is held to."""
     whole, streamed = both(data)
     assert whole[0] == streamed[0], (whole[1] if whole[0] == "refused" else "loaded",
                                      streamed[1] if streamed[0] == "refused" else "loaded")
     if whole[0] == "ok":
-        assert_same(loads_snapshot(data), streamed[1])
+        plain = loads_snapshot(data)
+        assert plain == pickle.loads(data)
+        assert_same(plain, streamed[1])
     return whole[0]
 
 
@@ -136,15 +140,21 @@ def test_every_layout_loads_alike(tmp_path: Path, protocol: int, memo: bool, sha
     assert_same(load_snapshot(path), load_snapshot_columnar(path))
 
 
-@pytest.mark.parametrize("protocol", [1, 4], ids=["loaded-whole", "streamed"])
+@pytest.mark.parametrize("protocol, shared_event", [(0, False), (1, False), (4, False), (4, True)],
+                         ids=["text-lines", "protocol-1", "streamed", "read-again"])
 def test_a_large_file_read_as_the_reader_goes_loads_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          protocol: int) -> None:
-    """Read a few KiB ahead and given back behind, or read again whole for protocol 1."""
-    for name, value in (("_MAP_AT_LEAST", 1 << 12), ("_FILL_AHEAD", 1 << 12), ("_RELEASE_EVERY", 1 << 13),
-                        ("_REPORT_EVERY", 1 << 12)):
-        monkeypatch.setattr(snapshot_loader, name, value)
+                                                          protocol: int, shared_event: bool) -> None:
+    """Read a few KiB ahead and given back behind (protocol 0's opcodes whose argument is a line
+    too), or, with an event written twice, read once, then again whole as plain data."""
+    for module, name, value in ((reading, "_MAP_AT_LEAST", 1 << 12), (reading, "_FILL_AHEAD", 1 << 12),
+                                (machine, "_RELEASE_EVERY", 1 << 13), (machine, "_REPORT_EVERY", 1 << 12)):
+        monkeypatch.setattr(module, name, value)
+    value = snapshot()
+    if shared_event:
+        value["device_traces"][0].append(value["device_traces"][0][0])
     path = tmp_path / "snapshot.pickle"
-    path.write_bytes(pickle.dumps(snapshot(), protocol=protocol))
+    path.write_bytes(pickle.dumps(value, protocol=protocol))
+    assert path.stat().st_size > 2 << 12  # more than one window
     assert_same(load_snapshot(path), load_snapshot_columnar(path))
 
 
@@ -305,3 +315,49 @@ def test_mutated_snapshots_load_alike_or_are_refused_alike(protocol: int) -> Non
     for _ in range(1500):
         seen[assert_alike(mutate(data, rng))] += 1
     assert seen["ok"] > 20 and seen["refused"] > 500, seen
+
+
+# --- one machine: the same answer, for the same reason ---
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_both_loaders_refuse_for_the_same_reason(name: str) -> None:
+    """Both loaders are the one stack machine, so a refusal reads alike whichever loader met it:
+    the same reason, found at the same byte."""
+    whole, streamed = both(HOSTILE[name], "hostile.pickle")
+    assert whole[0] == streamed[0] == "refused"
+    assert whole[1] == streamed[1]
+
+
+# Python 2's pickles (protocols 0 to 2) write str as STRING, BINSTRING or SHORT_BINSTRING, and
+# numbers as INT, LONG and FLOAT lines: decoded as pickle.loads decodes them (ASCII).
+PYTHON2 = (b"(dp0\nS'device_traces'\np1\n(lp2\n(lp3\n(dp4\nS'action'\np5\nS'alloc'\np6\nsS'addr'\np7\nI4096\n"
+           b"sS'size'\np8\nL512L\nsS'time_us'\np9\nF1.5\nsS'stream'\nI7\nsaasS'segments'\n(lp10\nsS'flag'\nI01\nsS'note'\n"
+           b"p11\nS'a \\'quoted\\' \\x41'\nsT\x02\x00\x00\x00hiU\x02yos.")
+
+
+def test_python2_text_opcodes_load_as_pickle_loads_them() -> None:
+    expected = pickle.loads(PYTHON2)
+    assert expected["note"] == "a 'quoted' A" and expected["hi"] == "yo" and expected["flag"] is True
+    assert expected["device_traces"][0][0] == {"action": "alloc", "addr": 4096, "size": 512, "time_us": 1.5,
+                                               "stream": 7}
+    assert loads_snapshot(PYTHON2) == expected
+    assert assert_alike(PYTHON2) == "ok"
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"I1152921504606846976\n", "out of any snapshot's range"),  # 2**60
+    (b"L-1152921504606846976L\n", "out of any snapshot's range"),
+    (b"Fnan\n", "out of any snapshot's range"),
+    (b"Finf\n", "out of any snapshot's range"),
+    (b"Sunquoted\n", "must be quoted"),
+    (b"S'\xe9'\n", "not a readable pickle"),
+    (b"I12", "truncated"),
+    (b"g5\n", "memo value not found"),
+    (b"g999999\n", "memo index 999999 at byte"),
+])
+def test_text_opcodes_follow_the_policy(line: bytes, message: str) -> None:
+    data = b"(dp0\nS'segments'\np1\n" + line + b"s."
+    whole, streamed = both(data)
+    assert whole[0] == streamed[0] == "refused"
+    assert message in whole[1] and whole[1] == streamed[1]

@@ -1,0 +1,18 @@
+"""What every part of the snapshot reader raises, and how it reports progress.
+
+A snapshot that cannot be loaded (unreadable, hostile, or not a snapshot) raises SnapshotError,
+whose message the loaders (stowage.snapshot_reader.loading) prefix with the file's name; no other
+exception leaves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be loaded: unreadable, hostile, or not a snapshot."""
+
+
+# Reports a phase's progress: (phase, bytes done, bytes in all).
+Progress = Callable[[str, int, int], None]

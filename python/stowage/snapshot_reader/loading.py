@@ -1,0 +1,85 @@
+"""Loading memory snapshots safely: every loader runs the one stack machine
+(stowage.snapshot_reader.machine) over the bytes stowage.snapshot_reader.reading gives.
+
+A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory._snapshot()``
+returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. ``load_snapshot`` returns
+it as plain Python data. ``load_snapshot_columnar`` returns the same dict with each device's
+trace as TraceColumns (stowage.snapshot_reader.columns), which is what ``stowage inspect``, ``diff`` and
+``replay`` read: it never holds a dict per trace event (Note [Streaming traces], in
+stowage.snapshot_reader.events), so its memory is a fraction of the file's size. It loads what
+``load_snapshot`` loads and refuses what it refuses, and also refuses frames that are not lists
+of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
+
+Every failure raises SnapshotError naming the file (or ``name``) and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from stowage.snapshot_reader.columns import columnar
+from stowage.snapshot_reader.errors import Progress, SnapshotError
+from stowage.snapshot_reader.events import LoadWhole
+from stowage.snapshot_reader.machine import read_columns, read_plain
+from stowage.snapshot_reader.reading import FileWindow, open_snapshot, whole_bytes
+
+
+@contextmanager
+def _named(name: str) -> Iterator[None]:
+    """SnapshotErrors raised within, with `name` before their reason."""
+    try:
+        yield
+    except SnapshotError as error:
+        raise SnapshotError(f"{name}: {error}") from None
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[bytes | FileWindow]:
+    data = open_snapshot(path)
+    try:
+        yield data
+    finally:
+        if isinstance(data, FileWindow):
+            data.close()
+
+
+def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>",
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
+    given, hears how far the loading has come."""
+    with _named(name):
+        return read_plain(data, progress)  # type: ignore[no-any-return]
+
+
+def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
+    """Loads a snapshot file (plain or gzipped pickle) as plain Python data; raises SnapshotError."""
+    path = Path(path)
+    with _opened(path) as data:
+        return loads_snapshot(data, str(path), progress)
+
+
+def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
+                            progress: Progress | None = None) -> dict[str, Any]:
+    """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict per
+    trace event; a pickle laid out unlike those torch and stowage write is read again as plain
+    data, whose traces then become columns."""
+    try:
+        with _named(name):
+            return read_columns(data, progress)
+    except LoadWhole:
+        pass
+    with _named(name):
+        whole = whole_bytes(data)
+    snapshot = loads_snapshot(whole, name, progress)
+    with _named(name):
+        return columnar(snapshot)
+
+
+def load_snapshot_columnar(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
+    """load_snapshot with its traces as TraceColumns: memory a fraction of the file's size."""
+    path = Path(path)
+    with _opened(path) as data:
+        return loads_snapshot_columnar(data, str(path), progress)
