@@ -349,10 +349,14 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
 
 def advise(report: dict[str, Any]) -> list[str]:
     """One line per thing on this machine that limits stowage, stated as fact plus remedy."""
-    advice = []
-    build, gpus, torch = report["stowage"], report["gpus"], report["torch"]
+    return (_advise_cuda(report) + _advise_torch(report) + _advise_memlock(report)
+            + _advise_numa(report))
+
+
+def _advise_cuda(report: dict[str, Any]) -> list[str]:
+    advice: list[str] = []
+    build, gpus = report["stowage"], report["gpus"]
     driver, runtime = report["cuda"]["driver"], report["cuda"]["runtime"]
-    module = torch["stowage_module"] or {}
     if not gpus:
         reason = driver["error"] or "the driver reports no GPU"
         advice.append(f"No GPU ({reason}): stowage runs on the simulated device; CPU mode works "
@@ -378,6 +382,13 @@ def advise(report: dict[str, Any]) -> list[str]:
             advice.append(f"GPU {gpu['index']} ({gpu['name']}) has no virtual memory management: "
                           "the paged pool needs it; stowage falls back to segments "
                           "(virtual_memory:off).")
+    return advice
+
+
+def _advise_torch(report: dict[str, Any]) -> list[str]:
+    advice: list[str] = []
+    build, gpus, torch = report["stowage"], report["gpus"], report["torch"]
+    module = torch["stowage_module"] or {}
     if not torch["installed"]:
         advice.append("torch is not installed: stowage's torch allocator and CPU mode need it; "
                       "`stowage replay` and the C++ library work without.")
@@ -396,6 +407,11 @@ def advise(report: dict[str, Any]) -> list[str]:
                       "STOWAGE_TORCH_CUDA_VERSIONS): use the C library route, "
                       "torch.cuda.memory.CUDAPluggableAllocator(stowage.c_library_path(), "
                       "'stowage_malloc', 'stowage_free') (no torch.cuda.memory_stats).")
+    return advice
+
+
+def _advise_memlock(report: dict[str, Any]) -> list[str]:
+    advice: list[str] = []
     memory = report["host_memory"]
     soft = memory["memlock_soft"]
     if soft is not None and soft < memory["total"]:
@@ -414,6 +430,12 @@ def advise(report: dict[str, Any]) -> list[str]:
                       f"fails, raise it. Now: {now}; for good: a memlock line in "
                       "/etc/security/limits.conf ('* - memlock unlimited'); in Docker: "
                       "`docker run --ulimit memlock=-1`.")
+    return advice
+
+
+def _advise_numa(report: dict[str, Any]) -> list[str]:
+    advice: list[str] = []
+    gpus = report["gpus"]
     topology = report["numa"]
     if topology["error"]:
         advice.append(f"The NUMA topology is unknown ({topology['error']}), and with it each "

@@ -1,0 +1,74 @@
+"""The checks behind the layering and code-size rules catch a breach, and pass on the tree."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+LAYERING = REPO / "tools" / "check_layering.py"
+CODE_SIZE = REPO / "tools" / "check_code_size.py"
+
+
+def run(script: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True)
+
+
+def copy_layers(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    for folder in ("allocator", "offload", "planner", "python/bindings", "python/libtorch"):
+        shutil.copytree(REPO / folder, root / folder)
+    return root
+
+
+def test_the_tree_keeps_its_layers() -> None:
+    result = run(LAYERING, REPO)
+    assert result.returncode == 0, result.stdout
+
+
+def test_an_include_against_the_layers_is_named(tmp_path: Path) -> None:
+    root = copy_layers(tmp_path)
+    header = root / "allocator" / "device" / "backend.hpp"
+    header.write_text(header.read_text() + '\n#include "allocator/caching_allocator.hpp"\n')
+    result = run(LAYERING, root)
+    assert result.returncode == 1
+    assert "allocator/device/backend.hpp:" in result.stdout
+    assert "device includes allocator/caching_allocator.hpp of allocator" in result.stdout
+
+
+def test_the_two_devices_do_not_include_each_other(tmp_path: Path) -> None:
+    root = copy_layers(tmp_path)
+    source = root / "allocator" / "device" / "host" / "host_backend.cpp"
+    source.write_text('#include "allocator/device/cuda/cuda_backend.hpp"\n' + source.read_text())
+    result = run(LAYERING, root)
+    assert result.returncode == 1
+    assert "host device includes allocator/device/cuda/cuda_backend.hpp of cuda device" in result.stdout
+
+
+def test_a_link_against_the_layers_is_named(tmp_path: Path) -> None:
+    root = copy_layers(tmp_path)
+    cmake = root / "allocator" / "base" / "CMakeLists.txt"
+    cmake.write_text(cmake.read_text() + "\ntarget_link_libraries(stowage_base PUBLIC stowage_device)\n")
+    result = run(LAYERING, root)
+    assert result.returncode == 1
+    assert "stowage_base (base) links stowage_device (device)" in result.stdout
+
+
+def test_the_tree_keeps_the_size_rules() -> None:
+    result = run(CODE_SIZE, REPO)
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_long_function_and_a_long_file_are_named(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    (root / "allocator").mkdir(parents=True)
+    body = "".join(f"  total += {i};\n" for i in range(81))
+    (root / "allocator" / "long_function.cpp").write_text(f"int sum() {{\n  int total = 0;\n{body}  return total;\n}}\n")
+    (root / "allocator" / "long_file.hpp").write_text("// a line\n" * 801)
+    result = run(CODE_SIZE, root)
+    assert result.returncode == 1
+    assert "allocator/long_function.cpp:1: sum has 85 lines (at most 80)" in result.stdout
+    assert "allocator/long_file.hpp:1: 801 lines (at most 800)" in result.stdout
