@@ -94,7 +94,7 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
   }
   STOWAGE_CHECK(config.placement != PlacementMode::kLearned ||
                     config.virtual_memory != VirtualMemoryMode::kOff,
-                "allocator config: placement:learned places blocks in the paged pool, which "
+                "allocator config: placement:learned places blocks in the paged path, which "
                 "virtual_memory:off turns off; use one or the other");
   return config;
 }

@@ -11,28 +11,26 @@
 //                         none (the device's capacity is the limit).
 //   memory_fraction:F     Reserve at most F (0 < F <= 1) of the device's memory; with limit,
 //                         the smaller wins. Default: 1.
-//   virtual_memory:MODE   auto | on | off. Which path serves memory (Note [Paged pool] in
-//                         caching_allocator.hpp): "on" builds both pools from physical pages
-//                         mapped into reserved address ranges (expandable segments, stitching),
-//                         so free memory anywhere serves any request; "off" uses whole segments
-//                         (cudaMalloc), as PyTorch does by default; "auto" takes the paged path
-//                         when the device supports virtual memory. "on" fails on a device without
-//                         it. Default: auto, because the paged path needs least memory.
-//   reserve_headroom:F    0 <= F <= 1. Paged path: new physical pages are created while
-//                         reserved bytes stay within (1 + F) x the most bytes ever in use;
-//                         beyond that, cached pages are moved (unmapped and mapped again where
-//                         needed) before new ones are made. Moving costs map/unmap calls (and
-//                         a wait for the stream that last used the page), creating costs
-//                         memory. Segment path (Note [Segment headroom]): beyond that bound,
-//                         wholly free cached segments are returned before a new one is
-//                         allocated. Default: 0.02, the best of the values measured (0 to 1) on
-//                         the recorded traces: the reserve with room to spare stays within
-//                         2.1 per cent of the peak in use and the smallest device that fits
-//                         within 2 per cent (bench/results). 1 creates whenever the device has
-//                         room, and on the segment path also carves wholly free segments for
-//                         much smaller requests (Note [Splitting]): PyTorch's policy.
+//   virtual_memory:MODE   auto | on | off. Which memory source serves the shared pool: "on"
+//                         maps physical pages into reserved address ranges (Note [Paged path]
+//                         in paged_source.hpp: expandable segments, stitching), so free memory
+//                         anywhere serves any request; "off" uses whole segments (cudaMalloc,
+//                         segment_source.hpp), as PyTorch does by default; "auto" takes the
+//                         paged path when the device supports virtual memory. "on" fails on a
+//                         device without it. Default: auto, because the paged path needs least
+//                         memory (bench/results/2026-11-22-cpu-fragmentation.md).
+//   reserve_headroom:F    0 <= F <= 1: how far reserved memory may exceed the most bytes ever
+//                         in use before the sources make room instead of growing (Note [Reserve
+//                         budget] in reserve_budget.hpp): the paged path moves cached pages,
+//                         which costs map/unmap calls and a wait for the stream that last used
+//                         them; the segment path returns wholly free segments. Default: 0.02,
+//                         the best of the values measured on the recorded traces
+//                         (bench/results/2026-11-22-cpu-fragmentation.md). 1 turns the rule
+//                         off: new memory whenever the device has room, and on the segment path
+//                         wholly free segments carved for much smaller requests (Note
+//                         [Splitting]): PyTorch's policy.
 //   placement:MODE        dynamic | learned. Paged path only (Note [Learned placement] in
-//                         caching_allocator.hpp). "learned" watches for the training step to
+//                         learned_placement.hpp). "learned" watches for the training step to
 //                         repeat (stowage.mark_step() marks it; without marks the repetition is
 //                         found in the allocation sequence), then places each allocation of the
 //                         step at an address planned from the recorded lifetimes, in an arena of
@@ -40,10 +38,9 @@
 //                         departs from the plan. Default: dynamic, because on the recorded traces
 //                         learned placement reserves the same as the dynamic path (a step must
 //                         repeat before a plan exists, so the peak is mostly set before) while
-//                         replays run 3-20% slower (a third on a short steady trace, where opening
-//                         the arena moves its pages once); bench/results/
-//                         2026-11-22-cpu-learned-placement.md. Needs
-//                         virtual memory (virtual_memory:off with placement:learned is refused).
+//                         replays run slower (bench/results/2026-11-22-cpu-learned-placement.md).
+//                         Needs virtual memory (virtual_memory:off with placement:learned is
+//                         refused).
 //
 // An empty string gives the defaults. Unknown keys, repeated keys and bad values throw
 // LogicError naming the key and what was expected: a typo never passes silently.

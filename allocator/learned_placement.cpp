@@ -12,7 +12,9 @@
 namespace stowage {
 
 LearnedPlacement::LearnedPlacement(BlockCache& cache, PagedSource& paged, Pool& shared)
-    : cache_(cache), paged_(paged), shared_(shared) {}
+    : cache_(cache), paged_(paged), shared_(shared) {
+  records_.reserve(4096);  // a training step's live allocations, mostly: no rehash while learning
+}
 
 void LearnedPlacement::mark_step() {
   if (learner_.mark_step()) {

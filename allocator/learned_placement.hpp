@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory_resource>
 #include <unordered_map>
 
 #include "allocator/block_cache.hpp"
@@ -101,7 +102,10 @@ class LearnedPlacement {
   };
   TakenPlan taken_plan_;  // the plan the learner is following (its arena may not be open yet)
   std::size_t planned_allocations_ = 0;
-  std::unordered_map<const Block*, std::uint64_t> records_;  // the learner's record of a block
+  // The learner's record of each allocated block it follows; its nodes come from a pool, so
+  // recording a request does not call the heap.
+  std::pmr::unsynchronized_pool_resource record_nodes_;
+  std::pmr::unordered_map<const Block*, std::uint64_t> records_{&record_nodes_};
 };
 
 }  // namespace stowage

@@ -1,5 +1,5 @@
 // Placement plans: offsets in one arena for the allocations of a repeating training step, packed
-// from their recorded lifetimes (Note [Learned placement] in caching_allocator.hpp).
+// from their recorded lifetimes (Note [Learned placement] in learned_placement.hpp).
 //
 // A step is a cycle of `period` ticks. An allocation lives from tick `start` up to tick `end`
 // (exclusive); end <= start means it lives across the step boundary: from `start` to the end of

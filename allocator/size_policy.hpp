@@ -12,12 +12,12 @@
 // its own rounding. Of the sizes in that range that are a whole number of the request's blocks
 // rounded up to 2 MiB, the one that wastes the least is taken (the larger on a tie): a model's
 // medium tensors come in a few sizes, many of each, and a segment that holds a whole number of
-// them leaves no tail that none of them fits. (A fixed 20 MiB segment holds two 7.8 MiB blocks
-// and strands 4.4 MiB; 16 MiB holds two and strands 0.4. On the recorded 1.3B fine-tuning step
-// this took the segment path from 1.084 to 1.054 times the live peak: bench/results.)
-// From 10 MiB up a segment is the request rounded up to 2 MiB. When the device cannot
-// give the preferred size, the smallest segment that holds the block is asked for instead. Small and large blocks
-// never share a segment: small, short-lived blocks would otherwise pin large segments.
+// them leaves no tail that none of them fits (a fixed 20 MiB segment holds two 7.8 MiB blocks
+// and strands 4.4 MiB; 16 MiB holds two and strands 0.4; the effect on the recorded traces is in
+// bench/results/2026-11-22-cpu-segment-path.md). From 10 MiB up a segment is the request rounded
+// up to 2 MiB. When the device cannot give the preferred size, the smallest segment that holds
+// the block is asked for instead. Small and large blocks never share a segment: small,
+// short-lived blocks would otherwise pin large segments.
 //
 // Note [Splitting]
 // A free block bigger than the request is split only when the remainder is worth keeping:
@@ -34,15 +34,15 @@
 //     a fifth of it when more than 64 MiB would be left over, while the device can give the
 //     request a segment of its own (the free one may go back to make room: Note [Reserve
 //     budget]; so with reserve_headroom:1, which never gives segments back, segments are
-//     carved as in PyTorch). The small block would pin the whole segment until it is freed, and the next
-//     request the segment was made for no longer fits: on the recorded GPT-2 trace that cost 9%
-//     of the peak (1.118 to 1.026 times the live peak; bench/results). When the device has no
-//     room the segment is carved after all.
+//     carved as in PyTorch). The small block would pin the whole segment until it is freed,
+//     and the next request the segment was made for would no longer fit
+//     (bench/results/2026-11-22-cpu-segment-path.md). When the device has no room the segment
+//     is carved after all.
 //   - on the paged path (Note [Paged path]) any remainder of 512 B or more is split off in the
 //     large class too. There a remainder kept inside a block wastes its bytes on a page that is
 //     mapped anyway, while a free one joins its neighbour the moment that is freed, and its
-//     whole pages can be moved; on the recorded traces this lowers the memory needed by 0.5 to
-//     3.5 per cent (bench/results).
+//     whole pages can be moved, which lowers the memory the recorded traces need
+//     (bench/results/2026-11-22-cpu-fragmentation.md).
 #pragma once
 
 #include <cstddef>

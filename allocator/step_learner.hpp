@@ -1,5 +1,5 @@
 // StepLearner: learns the allocation sequence of a repeating training step, and hands the
-// caching allocator a placement plan for it (Note [Learned placement] in caching_allocator.hpp).
+// caching allocator a placement plan for it (Note [Learned placement] in learned_placement.hpp).
 //
 // Learning: the allocator reports each allocation it makes (its rounded size) and each free of
 // one; the learner keeps them as a sequence of events: "allocate n bytes" and "free the
@@ -40,8 +40,8 @@ class StepLearner {
   static constexpr std::uint64_t kNoRecord = UINT64_MAX;
   static constexpr std::size_t kDynamic = SIZE_MAX;  // an allocation the plan leaves dynamic
   static constexpr std::size_t kMaxEvents = std::size_t{1} << 16;
-  // Packing is O(n^2) and runs once per plan under the allocator's lock: 8,192 allocations
-  // take about half a second on the development machine.
+  // Packing is O(n^2) and runs once per plan under the allocator's lock: the cap keeps that
+  // pause bounded (a fraction of a second on a 2-core machine).
   static constexpr std::size_t kMaxPlannedAllocations = 8192;
   static constexpr std::size_t kMaxRejectedPeriods = 64;
   static constexpr std::size_t kMinPeriodEvents = 8;

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "allocator/device/backend.hpp"
 #include "allocator/base/build_info.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/device/host/host_backend.hpp"
 #if STOWAGE_HAVE_CUDA
 #include "allocator/device/cuda/cuda_backend.hpp"

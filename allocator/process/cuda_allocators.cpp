@@ -7,9 +7,9 @@
 #include <optional>
 #include <vector>
 
+#include "allocator/base/errors.hpp"
 #include "allocator/config.hpp"
 #include "allocator/device/cuda/cuda_backend.hpp"
-#include "allocator/base/errors.hpp"
 
 namespace stowage::cuda_allocators {
 

@@ -8,8 +8,8 @@
 
 #include "allocator/base/build_info.hpp"
 #include "allocator/base/byte_units.hpp"
-#include "allocator/config.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/config.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/config.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/config.hpp"
 #include "allocator/replay.hpp"
 #include "python/bindings/bindings.hpp"
 

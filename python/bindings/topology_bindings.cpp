@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "allocator/base/build_info.hpp"
-#include "python/bindings/bindings.hpp"
 #include "allocator/device/numa_topology.hpp"
+#include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
 

@@ -24,8 +24,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "allocator/process/cuda_allocators.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/process/cuda_allocators.hpp"
 #include "python/libtorch/gathered_contexts.hpp"
 
 #if !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11)

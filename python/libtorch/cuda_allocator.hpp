@@ -8,7 +8,7 @@
 // their resets, snapshots in torch's own structures (memory_viz reads them), history with
 // torch's stack contexts, OOM observers (OOM raises torch.OutOfMemoryError with stowage's
 // explanation), cacheInfo for cudnn.benchmark, and the private pools of CUDA graphs, MemPool and
-// cudagraph trees (Note [Private pools] in caching_allocator.hpp). CUDA IPC is not supported.
+// cudagraph trees (Note [Private pools] in allocator/private_pools.hpp). CUDA IPC is not supported.
 //
 // Contract: thread-safe; the allocator, once installed, stays for the life of the process.
 #pragma once

@@ -380,7 +380,7 @@ def _advise_cuda(report: dict[str, Any]) -> list[str]:
     for gpu in gpus:
         if gpu["virtual_memory_management"] is False:
             advice.append(f"GPU {gpu['index']} ({gpu['name']}) has no virtual memory management: "
-                          "the paged pool needs it; stowage falls back to segments "
+                          "the paged path needs it; stowage falls back to segments "
                           "(virtual_memory:off).")
     return advice
 

@@ -55,6 +55,12 @@ def _mark_steps(columns: TraceColumns) -> np.ndarray:
 def device_events(trace: TraceLike) -> _core.Trace:
     """The alloc and free_completed events of one device, and the ends of steps that
     stowage.mark_step() recorded, in order, as a replayable Trace."""
+    return _core.Trace(*device_event_arrays(trace))
+
+
+def device_event_arrays(trace: TraceLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """device_events' arrays: kinds (uint8: 0 alloc, 1 free, 2 a step's end), addresses, sizes
+    and streams (uint64), the arguments of stowage._core.Trace."""
     columns = as_columns(trace)
     action = columns.action
     alloc = action == ACTION_CODES["alloc"]
@@ -63,7 +69,7 @@ def device_events(trace: TraceLike) -> _core.Trace:
     kept = np.flatnonzero(alloc | free | mark)
     kinds = np.where(mark[kept], MARK_STEP, np.where(free[kept], FREE, ALLOC)).astype(np.uint8)
     real = ~mark[kept]  # a step's end has no address, size or stream
-    return _core.Trace(
+    return (
         kinds,
         np.where(real, columns.addr[kept], 0).astype(np.uint64),
         np.where(real, columns.size[kept], 0).astype(np.uint64),

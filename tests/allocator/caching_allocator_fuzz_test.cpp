@@ -31,10 +31,10 @@
 #include <tuple>
 #include <vector>
 
-#include "allocator/caching_allocator.hpp"
 #include "allocator/base/errors.hpp"
-#include "allocator/device/host/host_backend.hpp"
 #include "allocator/base/log.hpp"
+#include "allocator/caching_allocator.hpp"
+#include "allocator/device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {

@@ -1,4 +1,4 @@
-// The paged path of the CachingAllocator (Note [Paged pool]): pages shared by blocks, growth at
+// The paged path of the CachingAllocator (Note [Paged path]): pages shared by blocks, growth at
 // the end of a reservation, stitching of free pages into a new range, release, faults, steady
 // state.
 #include <gtest/gtest.h>
@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "allocator/base/byte_units.hpp"
-#include "allocator/caching_allocator.hpp"
 #include "allocator/base/errors.hpp"
-#include "allocator/device/host/host_backend.hpp"
 #include "allocator/base/log.hpp"
+#include "allocator/caching_allocator.hpp"
+#include "allocator/device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {

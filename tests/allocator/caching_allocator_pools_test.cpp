@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "allocator/base/byte_units.hpp"
-#include "allocator/caching_allocator.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/caching_allocator.hpp"
 #include "allocator/device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
 

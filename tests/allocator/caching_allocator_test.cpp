@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "allocator/base/errors.hpp"
-#include "allocator/device/host/host_backend.hpp"
 #include "allocator/base/log.hpp"
+#include "allocator/device/host/host_backend.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"
 
@@ -39,7 +39,7 @@ using testing::Gate;
 // These tests pin down the segment path (virtual_memory:off); the paged path has its own
 // (caching_allocator_paged_test.cpp).
 // With room to spare (reserve_headroom:1), so cached segments stay cached until a miss: these
-// tests pin the cache's mechanics; Note [Segment headroom] has tests of its own below.
+// tests pin the cache's mechanics; Note [Reserve budget] has tests of its own below.
 const AllocatorConfig kSegmentPath = parse_allocator_config("virtual_memory:off,reserve_headroom:1");
 
 class CachingAllocatorTest : public ::testing::Test {
@@ -690,7 +690,7 @@ TEST(SegmentSparingTest, WithReserveHeadroomOneSegmentsAreCarvedAsInPyTorch) {
 namespace stowage {
 namespace {
 
-// Note [Segment headroom]: the default configuration on the segment path.
+// Note [Reserve budget]: the default configuration on the segment path.
 class SegmentHeadroomTest : public ::testing::Test {
  protected:
   SegmentHeadroomTest()

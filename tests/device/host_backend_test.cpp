@@ -74,7 +74,7 @@ TEST(HostBackend, HugeDeviceCostsNoMemoryUntilTouched) {
 }
 
 TEST(HostBackend, BytesWrittenThroughOneMappingAreReadThroughAStitchedOne) {
-  // What the paged pool does when it stitches: pages written where they were first mapped are
+  // What the paged path does when it stitches: pages written where they were first mapped are
   // unmapped from there and mapped side by side into a new range, which reads the same bytes.
   HostBackend backend(small_device());
   const std::size_t g = backend.properties().granularity;

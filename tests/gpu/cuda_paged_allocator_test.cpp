@@ -1,4 +1,4 @@
-// The caching allocator's paged path (Note [Paged pool]) on a real GPU: pages mapped with the
+// The caching allocator's paged path (Note [Paged path]) on a real GPU: pages mapped with the
 // driver's virtual-memory calls, blocks sharing pages, stitching of free pages into one range,
 // data intact across moves, release. Skips without a GPU or without virtual memory support.
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "allocator/base/byte_units.hpp"
+#include "allocator/base/errors.hpp"
 #include "allocator/caching_allocator.hpp"
 #include "allocator/device/cuda/cuda_backend.hpp"
-#include "allocator/base/errors.hpp"
 
 namespace stowage {
 namespace {
@@ -126,7 +126,7 @@ TEST_F(CudaPagedTest, RecordStreamOnTheDefaultStreamHoldsTheBlock) {
 // Learned placement (Note [Learned placement]) on real virtual memory: marked steps of a
 // training shape are placed by the plan, every block keeps its value until it is freed, and
 // once the arena is open no page is mapped or unmapped. The segment path, the other way to
-// run without the paged pool, serves the same steps with the same data checks.
+// run without the paged path, serves the same steps with the same data checks.
 TEST_F(CudaPagedTest, LearnedPlacementPlacesMarkedStepsAndLiveDataSurvives) {
   std::vector<std::size_t> sizes;
   for (std::size_t i = 0; i < 24; ++i) sizes.push_back((3 + (i * 7) % 11) * MiB + 4096 * i + 512);

@@ -26,8 +26,8 @@
 #include <map>
 #include <mutex>
 
-#include "allocator/device/backend.hpp"
 #include "allocator/base/byte_units.hpp"
+#include "allocator/device/backend.hpp"
 #include "allocator/device/fault_injector.hpp"
 #include "allocator/device/host/host_segment_memory.hpp"
 #include "allocator/device/host/host_streams.hpp"

@@ -40,7 +40,7 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 TiB = 1 << 40
-PAGE = 2 * MiB  # one physical page of the paged pool: the slack allowed where pages are shared
+PAGE = 2 * MiB  # one physical page of the paged path: the slack allowed where pages are shared
 DEVICE = "cuda"
 THIS_FILE = os.path.basename(__file__)
 
