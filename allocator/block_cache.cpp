@@ -264,7 +264,7 @@ void BlockCache::synchronize_pending() {
   process_events();
 }
 
-Block* BlockCache::free_block(Block* block) {
+void BlockCache::free_block(Block* block) {
   const SizeClass size_class = block->segment->size_class;
   stats_.active.update(size_class, -1);
   stats_.active_bytes.update(size_class, -as_signed(block->size));
@@ -277,7 +277,6 @@ Block* BlockCache::free_block(Block* block) {
   block->stream_uses.clear();
   Block* freed = insert_free(block);
   if (listener_ != nullptr) listener_->block_freed(*freed);
-  return freed;
 }
 
 }  // namespace stowage

@@ -8,7 +8,8 @@
 // blocks (allocation, allocated, requested, active, inactive split; stats.hpp) and their trace
 // events (alloc, free_requested, free_completed). What it does not: decide which block serves a
 // request, where memory comes from, or when memory goes back (that is the memory sources' and
-// the allocator's); it never calls the device but for events.
+// the allocator's); it calls the device only for events (and, when recording one fails, to wait
+// for a stream instead).
 //
 // Note [Stream-ordered reuse]
 // A block is reusable on its own stream as soon as it is freed, because work on one stream runs
@@ -20,8 +21,8 @@
 // If recording an event fails, the block's streams are waited for instead; if that fails too,
 // the block stays pending for good rather than be handed out while a stream may use it.
 //
-// Serves the caching allocator (over device memory) and the offload engine's pinned host pool
-// (over host memory), each with its own cache.
+// Serves the caching allocator (over device memory), and is made to serve the offload engine's
+// pinned host pool (over host memory) the same way, each with its own cache.
 //
 // Contract: not thread-safe (the owner's lock guards every call). Owns its blocks and segments
 // (not the memory under them, which the memory sources own). The Listener hears of each block
@@ -34,7 +35,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <vector>
 
@@ -128,9 +128,10 @@ class BlockCache {
   void process_events();
   // Waits for every pending block's events, then frees them.
   void synchronize_pending();
-  bool has_pending() const noexcept { return !pending_events_.empty(); }
-  // Frees an allocated-then-ended or pending block now, whatever its streams.
-  Block* free_block(Block* block);
+  bool has_pending_events() const noexcept { return !pending_events_.empty(); }
+  // Frees an allocated-then-ended or pending block now, whatever its streams. The block may be
+  // coalesced away (and its segment released by the listener): do not use it afterwards.
+  void free_block(Block* block);
 
   // Throws InternalError if an invariant above is broken, for the blocks of `pools` (every pool
   // that holds segments). O(blocks).

@@ -41,11 +41,6 @@ class BlockMap {
 
   std::size_t size() const noexcept { return set_.size(); }
 
-  template <typename Fn>
-  void for_each(Fn&& fn) const {
-    for (const Block& block : set_) fn(block);
-  }
-
  private:
   static constexpr std::size_t kInitialBuckets = 1024;
 

@@ -104,7 +104,8 @@ void* CachingAllocator::malloc(std::size_t bytes, Stream stream) {
     std::vector<MemoryPressureHandler*> handlers;
     {
       std::lock_guard lock(mutex_);
-      handlers = pressure_handlers_;
+      // Eviction copies and waits, which a capture forbids (Note [Private pools]).
+      if (!private_pools_.capturing()) handlers = pressure_handlers_;
     }
     for (MemoryPressureHandler* handler : handlers) {
       if (handler->relieve_pressure(rounded, stream) == 0) continue;
@@ -395,9 +396,10 @@ void CachingAllocator::check_invariants() const {
     placement_->check_invariants();
   }
   cache_.check_invariants(pools);
+  const Pool* arena = placement_ != nullptr ? &placement_->arena_pool() : nullptr;
   for (const auto& [base, segment] : cache_.segments()) {
-    STOWAGE_INTERNAL_ASSERT((segment.pages != nullptr) ==
-                                (paged_ != nullptr && segment.pool->id() == kSharedPoolId),
+    const bool shared = segment.pool == &shared_ || segment.pool == arena;
+    STOWAGE_INTERNAL_ASSERT((segment.pages != nullptr) == (paged_ != nullptr && shared),
                             "segment ", base, " is of the wrong path");
   }
 }

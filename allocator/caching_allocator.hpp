@@ -17,14 +17,18 @@
 // [Splitting]).
 //
 // Note [Miss path]
-// When no cached block fits, malloc tries, in order: the learned plan's arena (a plan in force
-// is given up rather than fail); the memory source's grow(); after waiting for pending frees,
-// the cache again and the source's grow_again() (the segment source first returns wholly free
-// segments, the paged source moves pages); private pools that lend their free blocks
-// (use_on_oom); the registered MemoryPressureHandlers, called without the lock (eviction costs
-// copies, so it comes after the cheap steps); and then raises OutOfMemory with a message that
-// explains (Note [OOM message]), after recording an oom event and calling the OOM observers.
-// Under a capture nothing waits and nothing goes back. The allocator is intact afterwards.
+// A request of the large class first asks the learned plan for its planned block, when a plan
+// is in force; then the shared pool's cache is searched. When no cached block fits, malloc
+// tries, in order: the memory source's grow(); on the segment path, a wholly free segment it
+// spared (Note [Splitting]); the plan's arena, given up (its free memory joins the shared pool)
+// rather than fail; after waiting for pending frees, the cache again and, once unheld private
+// pools have returned their free segments, the source's grow_again() (the segment source first
+// returns wholly free segments, the paged source moves pages); private pools that lend their
+// free blocks (use_on_oom); the registered MemoryPressureHandlers, called without the lock
+// (eviction costs copies, so it comes after the cheap steps); and then raises OutOfMemory with a
+// message that explains (Note [OOM message]), after recording an oom event and calling the OOM
+// observers. Under a capture (Note [Private pools]) the steps after the spared segment are
+// skipped: nothing waits and nothing goes back. The allocator is intact afterwards.
 //
 // Thread safety: every public function may be called from any thread; one std::mutex guards
 // the state. The context provider, pressure handlers and OOM observers are called without it.
@@ -42,8 +46,9 @@
 // Ownership: the backend must outlive the allocator. The allocator owns its segments and
 // returns the cached ones to the device when destroyed; blocks still allocated then are
 // reported and their segments kept (freeing memory a caller still uses would be worse).
-// Invariants: those of the BlockCache over every pool, and check_invariants' own (paged memory
-// serves the shared pool alone, the arena's bookkeeping).
+// Invariants: those of the BlockCache over every pool, and check_invariants' own (private pools
+// never hold paged memory; the shared pool and the arena hold it exactly on the paged path; the
+// arena's bookkeeping).
 #pragma once
 
 #include <atomic>

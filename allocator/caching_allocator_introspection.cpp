@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <exception>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/caching_allocator.hpp"
 
 namespace stowage {

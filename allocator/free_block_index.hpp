@@ -1,4 +1,4 @@
-// The free blocks of one pool, ordered for best fit (Note [Best fit]).
+// One index of a pool's free blocks (pool.hpp), ordered for best fit (Note [Best fit]).
 //
 // Note [Best fit]
 // Free blocks are ordered by (stream, size, address). The best fit for a request on stream s of
@@ -51,16 +51,6 @@ class FreeBlockIndex {
     return it->stream.handle == stream.handle ? &*it : nullptr;
   }
 
-  // Calls fn(block) for the blocks of `stream` holding at least `bytes`, smallest first, while
-  // fn returns true. fn must not change the index.
-  template <typename Fn>
-  void for_each_fitting(Stream stream, std::size_t bytes, Fn&& fn) {
-    for (auto it = set_.lower_bound(Key{stream.handle, bytes, 0}, KeyCompare{order_});
-         it != set_.end() && it->stream.handle == stream.handle; ++it) {
-      if (!fn(*it)) return;
-    }
-  }
-
   // Calls fn(block) for the blocks of `stream` holding at least `bytes`, largest first, while
   // fn returns true. fn must not change the index.
   template <typename Fn>
@@ -80,7 +70,6 @@ class FreeBlockIndex {
     return &*--it;
   }
   std::size_t size() const noexcept { return set_.size(); }
-  bool empty() const noexcept { return set_.empty(); }
 
   template <typename Fn>
   void for_each(Fn&& fn) const {

@@ -29,7 +29,7 @@ enum class TraceAction : std::uint8_t {
   kSegmentFree,
   kSegmentMap,
   kSegmentUnmap,
-  kSnapshot,
+  kSnapshot,  // torch records it for snapshots taken in mid-trace; kept for its vocabulary
   kOom,
   // The end of a training step (CachingAllocator::mark_step). torch's snapshots have no such
   // action: it is written as a "snapshot" marker whose user_metadata is kMarkStepMetadata.
@@ -62,8 +62,6 @@ class History {
   void record(const TraceEntry& entry);
   // The events, oldest first.
   std::vector<TraceEntry> entries() const;
-  std::size_t size() const noexcept { return size_; }
-  std::size_t max_entries() const noexcept { return ring_.size(); }
 
   static std::int64_t now_us() noexcept;
 

@@ -6,8 +6,9 @@
 // without holding its lock, so a handler may call CachingAllocator::free. Handlers are called in
 // registration order until the request fits.
 //
-// Contract: relieve_pressure is called from the thread whose malloc missed; it must not throw
-// and must not allocate through the same allocator.
+// Contract: relieve_pressure is called from the thread whose malloc missed, never while requests
+// are routed to a private pool (Note [Private pools]); it must not throw and must not allocate
+// through the same allocator.
 #pragma once
 
 #include <cstddef>

@@ -32,8 +32,9 @@ struct GrowRequest {
   Stream stream;
   std::size_t rounded = 0;  // the block size needed (Note [Rounding])
   std::uint64_t context = 0;
-  // A CUDA graph capture is under way: the source may neither wait for the device nor give
-  // memory back (Note [Private pools] in private_pools.hpp).
+  // Requests are being routed to a private pool (a CUDA graph capture, or a MemPool): the
+  // source may neither wait for the device nor give memory back (Note [Private pools] in
+  // private_pools.hpp).
   bool capturing = false;
 };
 

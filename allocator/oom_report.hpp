@@ -2,10 +2,11 @@
 //
 // Note [OOM message]
 // "Out of memory" alone sends users guessing. The message gives every figure needed to tell the
-// three usual causes apart: the request is larger than the device (nothing helps but less
-// memory per step); stowage holds the memory in live blocks (free tensors, offload, recompute);
-// or the memory is free but in pieces (fragmentation: largest free block < request <=
-// reserved-but-unallocated). Fragmentation is defined in the message itself as
+// causes apart, and names the one that applies: the request is larger than the device (nothing
+// helps but less memory per step); the device reports room but refused (a driver, address-space
+// or mapping-limit failure, logged before); the memory is free but in pieces (fragmentation:
+// largest free block < request <= reserved-but-unallocated); or stowage holds the memory in
+// live blocks (free tensors, offload, recompute). Fragmentation is defined in the message itself as
 // 1 - largest free block / reserved-but-unallocated: 0% when all cached memory is one block.
 #pragma once
 

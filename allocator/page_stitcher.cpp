@@ -13,8 +13,8 @@ namespace {
 
 // Stitching takes a free block's pages all at once when they are at most this many times the
 // pages missing: free space then moves to the growth front in few pieces, while one request
-// moves at most this many times the pages it needs (bench/results/2026-11-22-cpu-fragmentation.md
-// compares the factors).
+// moves at most this many times the pages it needs (the stitching rules are measured in
+// bench/results/2026-11-22-cpu-fragmentation.md).
 constexpr std::size_t kWholeVictimFactor = 16;
 
 // The whole pages of a block (those it does not share with a neighbour).

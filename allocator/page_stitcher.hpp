@@ -15,7 +15,8 @@
 //   3. new physical memory up to the limit.
 // Under a CUDA graph capture nothing is moved (moving waits for a stream).
 //
-// Contract: not thread-safe (the allocator's lock guards it).
+// Contract: not thread-safe (the allocator's lock guards it). Owns nothing: the pages it moves
+// are the PagedMemory's, the blocks the BlockCache's.
 #pragma once
 
 #include <cstddef>

@@ -12,9 +12,9 @@
 // Packing (dynamic storage allocation) is NP-hard; the heuristic is greedy by size: the
 // largest allocations first (longer lifetimes first on ties), each placed in the smallest gap
 // between the conflicting allocations already placed that holds it (lowest offset on ties), or
-// on top of them. On training steps this lands within a few per cent of the largest sum of
-// bytes live at one tick, the lower bound (tests check both the absence of conflicts and the
-// bound on random and recorded steps).
+// on top of them. On training steps this lands close to the largest sum of bytes live at one
+// tick, the lower bound (bench/results/2026-11-22-cpu-learned-placement.md; tests check both the
+// absence of conflicts and the bound on random and recorded steps).
 //
 // Contract: a pure function. O(n^2) time in the number of allocations and O(n) memory; callers
 // bound n (StepLearner plans at most kMaxPlannedAllocations).

@@ -25,19 +25,21 @@
 
 namespace stowage {
 
-// torch's MempoolId_t: (0, 0) names the shared pool; any other pair a private pool.
+// torch's MempoolId_t: (0, 0) names the shared pool; any other pair a private pool. The learned
+// plan's arena also has the shared pool's id: to torch (snapshots, MemPool ids) its memory is the
+// shared pool's, set apart by stowage for the plan, with indexes of its own.
 using PoolId = std::pair<unsigned long long, unsigned long long>;  // NOLINT(google-runtime-int)
 inline constexpr PoolId kSharedPoolId{0, 0};
 
 class Pool {
  public:
-  enum class Order : std::uint8_t { kBestFit, kAddress };
+  using Order = FreeBlockIndex::Order;
 
   explicit Pool(PoolId id = kSharedPoolId, Order order = Order::kBestFit)
       : id_(id),
         order_(order),
-        indexes_{FreeBlockIndex(index_order(order)), FreeBlockIndex(index_order(order)),
-                 FreeBlockIndex(index_order(order)), FreeBlockIndex(index_order(order))} {
+        indexes_{FreeBlockIndex(order), FreeBlockIndex(order), FreeBlockIndex(order),
+                 FreeBlockIndex(order)} {
     for (std::size_t slot = 0; slot < kSlots; ++slot) {
       slots_[slot] = &indexes_[order == Order::kAddress ? 0 : slot];
     }
@@ -77,11 +79,6 @@ class Pool {
 
  private:
   static constexpr std::size_t kSlots = 2 * kSizeClasses;  // cached, then holes, per class
-
-  static FreeBlockIndex::Order index_order(Order order) noexcept {
-    return order == Order::kAddress ? FreeBlockIndex::Order::kAddress
-                                    : FreeBlockIndex::Order::kBestFit;
-  }
 
   PoolId id_;
   Order order_;

@@ -8,10 +8,12 @@
 // (private pools use the segment source, never paged memory, so their memory never moves). Their
 // blocks, once freed, go back to that pool's indexes only. Holders share a pool through its use
 // count (create_or_incref, release); when it reaches zero the pool's wholly free segments go
-// back to the device, and the rest follow as their blocks are freed. While any capture is under
-// way the allocator makes no call a capture forbids: it neither queries nor waits for events
-// (frees that need events wait until the capture ends), nor synchronises to move pages; a miss
-// it cannot serve without those is an OutOfMemory. A pool's layout can be saved and restored
+// back to the device, and the rest follow as their blocks are freed. While requests are routed
+// to any private pool (capturing(): a CUDA graph capture, or torch's use_mem_pool, which torch
+// routes the same way and its own allocator treats alike) the allocator makes no call a capture
+// forbids: it neither queries nor waits for events (frees that need events wait until the
+// routing ends), nor synchronises to move pages, nor calls the pressure handlers; a miss it
+// cannot serve without those is an OutOfMemory, and empty_cache is refused. A pool's layout can be saved and restored
 // (pool_checkpoint.hpp: torch's cudagraph trees).
 //
 // Contract: not thread-safe (the allocator's lock guards it); stream filters are called under
@@ -36,7 +38,8 @@ class PrivatePools {
 
   explicit PrivatePools(SegmentSource& segments) : segments_(segments) {}
 
-  // Whether requests are being routed to a private pool (a capture or a MemPool is under way).
+  // Whether requests are being routed to a private pool (a capture or a MemPool is under way);
+  // the allocator then behaves as under a capture (Note [Private pools]).
   bool capturing() const noexcept { return !captures_.empty(); }
   // The pool requests on `stream` go to now, or nullptr.
   PrivatePool* capture_pool(Stream stream) const;

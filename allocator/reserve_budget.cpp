@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "allocator/block_cache.hpp"
+
 namespace stowage {
 
 bool ReserveBudget::allows(std::size_t reserved, std::size_t request) const noexcept {

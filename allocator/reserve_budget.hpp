@@ -5,7 +5,8 @@
 // path a freed segment can serve only what fits in it, and on the paged path new pages could be
 // made where cached ones could be moved. Left alone, reserved memory drifts far above the peak
 // in use (bench/results/2026-11-22-cpu-segment-path.md). So new memory is taken freely only
-// while reserved bytes stay within the headroom:
+// while reserved bytes stay within the budget, the headroom over the peak in use plus an
+// allowance learned from churn:
 //   reserved <= (1 + reserve_headroom) x in use + allowance,
 // where "in use" is the most bytes ever active, or the bytes active now plus the request if
 // that is more. Beyond it the memory sources make room first: the segment source returns its
@@ -26,9 +27,9 @@
 
 #include <cstddef>
 
-#include "allocator/block_cache.hpp"
-
 namespace stowage {
+
+class BlockCache;
 
 class ReserveBudget {
  public:

@@ -3,8 +3,9 @@
 // Note [Rounding]
 // Every request is rounded up to a multiple of 512 B, in both size classes. PyTorch rounds large
 // blocks to 2 MiB steps in effect (its segments are 2 MiB multiples and it splits only
-// remainders above 1 MiB); on real training traces that costs several per cent of memory, so
-// stowage keeps 512 B granularity everywhere and leaves coarseness to segment sizing.
+// remainders above 1 MiB), which costs memory on real training traces
+// (bench/results/2026-11-22-cpu-fragmentation.md), so stowage keeps 512 B granularity everywhere
+// and leaves coarseness to segment sizing.
 //
 // Requests of up to 1 MiB (after rounding) are of the small class, packed into 2 MiB segments;
 // larger ones are of the large class. A large request under 10 MiB gets a shared segment
@@ -29,7 +30,9 @@
 //     fits; keeping it inside the block costs at most 1 MiB while the block lives and returns
 //     it the moment the block is freed.
 //   - blocks of the oversize class (requests of max_split_size or more) are never split: huge
-//     blocks carved up by small requests are what leaves large holes unusable.
+//     blocks carved up by small requests are what leaves large holes unusable. One exception:
+//     a block the paged path has just formed from new pages for an oversize request gives back
+//     the partial page at its end, which is no part of a huge cached block;
 //   - on the segment path, a segment that is wholly free is not carved for a request of less than
 //     a fifth of it when more than 64 MiB would be left over, while the device can give the
 //     request a segment of its own (the free one may go back to make room: Note [Reserve

@@ -16,8 +16,8 @@
 // the end of the step is freed where the previous step's same allocation was freed in this one),
 // by plan_placement; allocations that live longer are left to the dynamic path.
 //
-// Placed: each allocation asks next_planned(); a size other than the plan's, or a mark_step()
-// in mid-plan, is a departure: the allocator goes back to its dynamic path and the learner to
+// Placed: each allocation asks peek_planned() and, once served, commit_planned() (next_planned()
+// does both); a size other than the plan's, or a mark_step() in mid-plan, is a departure: the allocator goes back to its dynamic path and the learner to
 // learning, remembering the period so the same false step is not learned twice. After
 // kMaxDepartures the learner stops for good (off).
 //
@@ -40,8 +40,8 @@ class StepLearner {
   static constexpr std::uint64_t kNoRecord = UINT64_MAX;
   static constexpr std::size_t kDynamic = SIZE_MAX;  // an allocation the plan leaves dynamic
   static constexpr std::size_t kMaxEvents = std::size_t{1} << 16;
-  // Packing is O(n^2) and runs once per plan under the allocator's lock: the cap keeps that
-  // pause bounded (a fraction of a second on a 2-core machine).
+  // Packing is O(n^2) and runs once per plan under the allocator's lock: the cap bounds that
+  // pause.
   static constexpr std::size_t kMaxPlannedAllocations = 8192;
   static constexpr std::size_t kMaxRejectedPeriods = 64;
   static constexpr std::size_t kMinPeriodEvents = 8;

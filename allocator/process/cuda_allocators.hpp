@@ -3,7 +3,7 @@
 //
 // Every way into stowage on a GPU goes through here, so a process has one allocator per device
 // however it was installed: torch's allocator (stowage._torch, or a libtorch program through
-// stowage/torch_cuda.hpp) and the plain C library (stowage_malloc / stowage_free, for torch's
+// python/libtorch/cuda_allocator.hpp) and the plain C library (stowage_malloc / stowage_free, for torch's
 // CUDAPluggableAllocator) share them, because this file lives in one shared library,
 // libstowage.so, that all of them load.
 //

@@ -40,8 +40,6 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 namespace cda = c10::CachingDeviceAllocator;
 using PluggableBase = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
-constexpr PoolId kSharedPools{0, 0};
-
 Stream to_stream(cudaStream_t stream) { return Stream{reinterpret_cast<std::uintptr_t>(stream)}; }
 void* to_cuda_stream(Stream stream) { return reinterpret_cast<void*>(stream.handle); }
 
@@ -155,6 +153,10 @@ struct PoolState final : cca::AllocatorState {
   PoolCheckpoint checkpoint;
 };
 
+// torch's CUDAAllocator over the process's CachingAllocators (one per device, from
+// cuda_allocators.hpp). It owns nothing of the memory; it keeps torch's observers, trace trackers,
+// history settings and gathered contexts, guarded by mutex_ (the flags read on the hot path are
+// atomics). Thread-safe; one instance per process, installed once and never destroyed.
 class StowageCudaAllocator final : public PluggableBase {
  public:
   StowageCudaAllocator()
@@ -231,7 +233,7 @@ class StowageCudaAllocator final : public PluggableBase {
     // it). torch calls this from destructors (MemPool's): it warns rather than throws.
     cuda_allocators::for_each([mempool_id](int device, CachingAllocator& allocator) {
       try {
-        if (mempool_id == kSharedPools) {
+        if (mempool_id == kSharedPoolId) {
           allocator.empty_cache();
         } else {
           allocator.release_pool_cache(mempool_id);
@@ -282,7 +284,7 @@ class StowageCudaAllocator final : public PluggableBase {
     cuda_allocators::for_each([&](int device, CachingAllocator& allocator) {
       const AllocatorSnapshot shot = allocator.snapshot();
       for (const SegmentSnapshot& segment : shot.segments) {
-        if (mempool_id != kSharedPools && segment.owner != mempool_id) continue;
+        if (mempool_id != kSharedPoolId && segment.owner != mempool_id) continue;
         cda::SegmentInfo& info = out.segments.emplace_back();
         info.device = static_cast<c10::DeviceIndex>(device);
         info.address = segment.address;
@@ -341,6 +343,7 @@ class StowageCudaAllocator final : public PluggableBase {
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      std::size_t alloc_trace_max_entries, cca::RecordContext when,
                      bool clear_history, const std::vector<std::string>& skip_actions) override {
+    std::size_t entries = 0;
     {
       std::lock_guard lock(mutex_);
       context_recorder_ = when == cca::RecordContext::NEVER ? nullptr : context_recorder;
@@ -349,10 +352,10 @@ class StowageCudaAllocator final : public PluggableBase {
       for (const std::string& name : skip_actions) {
         skip_actions_.insert(cda::parseTraceEntryAction(name));  // names an unknown one
       }
+      entries = max_entries_;
     }
     history_enabled_.store(enabled);
     // History is kept by every device's allocator, made now or later.
-    const std::size_t entries = max_entries_;
     auto apply = [enabled, entries, clear_history](int, CachingAllocator& allocator) {
       if (clear_history) allocator.record_history(false);
       allocator.record_history(enabled, entries);

@@ -3,7 +3,7 @@
 // before the first CUDA tensor).
 //
 // The allocator is a subclass of torch's CUDAPluggableAllocator over the process's per-device
-// CachingAllocators (allocator/cuda_allocators.hpp). Besides malloc and free it implements what
+// CachingAllocators (allocator/process/cuda_allocators.hpp). Besides malloc and free it implements what
 // the stock pluggable allocator refuses, so torch's memory API keeps working: device stats and
 // their resets, snapshots in torch's own structures (memory_viz reads them), history with
 // torch's stack contexts, OOM observers (OOM raises torch.OutOfMemoryError with stowage's

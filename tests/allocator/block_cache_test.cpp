@@ -154,10 +154,10 @@ TEST_F(BlockCacheStreamsTest, ABlockUsedByAnotherStreamWaitsForIt) {
   for (int i = 0; i < 16; ++i) backend_.copy_async(block->pointer(), host.data(), host.size(), other);
   free(block);
   EXPECT_EQ(block->state, BlockState::kPendingFree);
-  EXPECT_TRUE(cache_.has_pending());
+  EXPECT_TRUE(cache_.has_pending_events());
   check();
   cache_.synchronize_pending();
-  EXPECT_FALSE(cache_.has_pending());
+  EXPECT_FALSE(cache_.has_pending_events());
   EXPECT_EQ(stats_.num_sync_all_streams, 1);
   check();
   EXPECT_EQ(listener_.freed.size(), 1u);
@@ -171,7 +171,7 @@ TEST_F(BlockCacheStreamsTest, DeferredFreesRecordTheirEventsWhenFlushed) {
   BlockCache::record_stream(*block, other);
   cache_.end_allocation(block, 0);
   cache_.defer_free(block);
-  EXPECT_FALSE(cache_.has_pending()) << "no event is recorded while deferred";
+  EXPECT_FALSE(cache_.has_pending_events()) << "no event is recorded while deferred";
   check();
   cache_.flush_deferred();
   cache_.synchronize_pending();

@@ -54,7 +54,7 @@ TEST_F(PagedTest, BlocksSharePagesAndReservedIsThePagesMapped) {
   EXPECT_EQ(stats().reserved_bytes.all().current, bytes(5 * kPage));
   EXPECT_EQ(stats().mapped_pages.current, 5);
   EXPECT_EQ(backend_.used_bytes(), 5 * kPage);
-  // Requests keep their 512 B rounding in the large pool.
+  // Requests keep their 512 B rounding in the large class.
   void* odd = allocator_.malloc(MiB + 1);
   EXPECT_EQ(allocator_.block_size(odd), MiB + 512);
   allocator_.free(odd);
@@ -282,7 +282,7 @@ TEST_F(PagedTest, EmptyCacheReturnsEveryFreePageAndReservation) {
   // Only the pages under the live block stay.
   EXPECT_EQ(stats().reserved_bytes.all().current, bytes(3 * kPage));
   EXPECT_EQ(backend_.used_bytes(), 3 * kPage);
-  EXPECT_EQ(stats().segment.all().current, 1) << "the small pool's reservation went back";
+  EXPECT_EQ(stats().segment.all().current, 1) << "the small class's reservation went back";
   allocator_.free(live);
   allocator_.empty_cache();
   EXPECT_EQ(stats().reserved_bytes.all().current, 0);

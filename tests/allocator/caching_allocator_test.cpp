@@ -58,7 +58,7 @@ TEST_F(CachingAllocatorTest, RoundsEveryRequestTo512Bytes) {
   void* large = allocator_.malloc(MiB + 1);
   EXPECT_EQ(allocator_.block_size(tiny), 512u);
   EXPECT_EQ(allocator_.block_size(small), 1024u);
-  EXPECT_EQ(allocator_.block_size(large), MiB + 512) << "no 2 MiB rounding in the large pool";
+  EXPECT_EQ(allocator_.block_size(large), MiB + 512) << "no 2 MiB rounding in the large class";
   const DeviceStats stats = allocator_.stats();
   EXPECT_EQ(stats.requested_bytes.all().current, static_cast<std::int64_t>(1 + 1000 + MiB + 1));
   EXPECT_EQ(stats.allocated_bytes.all().current, static_cast<std::int64_t>(512 + 1024 + MiB + 512));
@@ -273,8 +273,13 @@ TEST_F(SmallDeviceTest, PressureHandlersRunOnlyAfterTheCheapStepsFail) {
 TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
   void* held = allocator_.malloc(40 * MiB);
   std::vector<OomReport> observed;
-  allocator_.add_oom_observer([&](const OomReport& report) { observed.push_back(report); });
+  const std::size_t observer =
+      allocator_.add_oom_observer([&](const OomReport& report) { observed.push_back(report); });
+  std::size_t removed_calls = 0;
+  allocator_.remove_oom_observer(
+      allocator_.add_oom_observer([&](const OomReport&) { ++removed_calls; }));
   allocator_.record_history(true);
+  EXPECT_TRUE(allocator_.history_enabled());
   try {
     allocator_.malloc(30 * MiB);
     FAIL() << "30 MiB fitted beside 40 MiB on a 64 MiB device";
@@ -289,6 +294,8 @@ TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
     }
   }
   ASSERT_EQ(observed.size(), 1u);
+  EXPECT_EQ(removed_calls, 0u) << "a removed observer is not called";
+  allocator_.remove_oom_observer(observer);
   EXPECT_EQ(observed[0].requested, 30 * MiB);
   EXPECT_EQ(observed[0].device_free, 24 * MiB);
   EXPECT_EQ(allocator_.stats().num_ooms, 1);
@@ -626,7 +633,7 @@ TEST(SizePolicyTest, AMediumSegmentHoldsAWholeNumberOfBlocksWithTheLeastWaste) {
   }
 }
 
-// Sparing relies on the headroom rule to give the spared segment back when room is short, so
+// Sparing relies on the reserve budget to give the spared segment back when room is short, so
 // these use a wide headroom to watch it kept.
 constexpr const char* kSparingConfig = "virtual_memory:off,reserve_headroom:0.5";
 
@@ -691,9 +698,9 @@ namespace stowage {
 namespace {
 
 // Note [Reserve budget]: the default configuration on the segment path.
-class SegmentHeadroomTest : public ::testing::Test {
+class SegmentReserveBudgetTest : public ::testing::Test {
  protected:
-  SegmentHeadroomTest()
+  SegmentReserveBudgetTest()
       : backend_(device_of(1024 * MiB)),
         allocator_(backend_, parse_allocator_config("virtual_memory:off")) {}
   void TearDown() override { allocator_.check_invariants(); }
@@ -702,7 +709,7 @@ class SegmentHeadroomTest : public ::testing::Test {
   CachingAllocator allocator_;
 };
 
-TEST_F(SegmentHeadroomTest, ACachedSegmentNoRequestFitsGoesBackBeforeANewOneComes) {
+TEST_F(SegmentReserveBudgetTest, ACachedSegmentNoRequestFitsGoesBackBeforeANewOneComes) {
   void* first = allocator_.malloc(300 * MiB);
   allocator_.free(first);
   // 400 MiB fits no cached block: the 300 MiB segment is returned rather than kept beside it.
@@ -720,7 +727,7 @@ TEST_F(SegmentHeadroomTest, ACachedSegmentNoRequestFitsGoesBackBeforeANewOneCome
   keeps.free(other);
 }
 
-TEST_F(SegmentHeadroomTest, ALoopWhoseLayoutChurnsEarnsHeadroomAndStopsCallingTheDevice) {
+TEST_F(SegmentReserveBudgetTest, ALoopWhoseLayoutChurnsEarnsAllowanceAndStopsCallingTheDevice) {
   // Two phases with sizes that do not fit each other's segments, over and over.
   auto step = [&] {
     std::vector<void*> big;

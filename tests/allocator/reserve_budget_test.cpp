@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "allocator/base/numbers.hpp"
+#include "allocator/block_cache.hpp"
 #include "allocator/device/host/host_backend.hpp"
 
 namespace stowage {

@@ -41,7 +41,6 @@ class HostPhysicalMemory {
   void free(std::size_t offset, std::size_t bytes) noexcept;
 
   std::size_t allocated_bytes() const noexcept { return ranges_.allocated_bytes(); }
-  std::size_t file_bytes() const noexcept { return ranges_.total(); }
 
   void check_invariants() const { ranges_.check_invariants(); }
 

@@ -229,9 +229,4 @@ void HostStreamSet::stream_wait_event(Stream stream, Event event) {
   find_worker(stream)->enqueue([recording] { recording->wait(); });
 }
 
-std::size_t HostStreamSet::stream_count() const {
-  std::lock_guard lock(mutex_);
-  return workers_.size();
-}
-
 }  // namespace stowage

@@ -54,7 +54,6 @@ class HostStreamSet {
   void synchronize_event(Event event);
   void stream_wait_event(Stream stream, Event event);
 
-  std::size_t stream_count() const;
 
  private:
   class Worker;

@@ -62,7 +62,6 @@ class HostVirtualMemory {
   // Bytes of physical memory held: live handles plus released handles still mapped.
   std::size_t physical_bytes() const noexcept { return physical_.allocated_bytes(); }
   std::size_t reservation_count() const noexcept { return reservations_.size(); }
-  std::size_t mapping_count() const noexcept { return mapping_count_; }
   // Kernel mappings the handles' mappings take (none when mappings are not backed).
   std::size_t kernel_mapping_count() const noexcept { return back_mappings_ ? mapping_count_ : 0; }
 
