@@ -351,6 +351,12 @@ void CachingAllocator::mark_step() {
   const std::uint64_t context = context_for_history();
   std::lock_guard lock(mutex_);
   trace_.record(TraceAction::kMarkStep, 0, 0, Stream{}, context);
+  const StepCalls now = stats_.calls_so_far();
+  stats_.last_step = {now.maps - step_start_.maps, now.unmaps - step_start_.unmaps,
+                      now.device_calls - step_start_.device_calls,
+                      now.device_call_ns - step_start_.device_call_ns};
+  step_start_ = now;
+  ++stats_.num_steps;
   if (placement_ != nullptr) placement_->mark_step();
 }
 

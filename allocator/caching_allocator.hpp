@@ -221,7 +221,8 @@ class CachingAllocator final : private BlockCache::Listener {
   OomReport oom_report_locked(std::size_t bytes, std::size_t rounded, Stream stream);
   // What the memory sources work with.
   SourceParts parts() noexcept {
-    return {backend_, cache_, stats_, trace_, limit_, budget_, shared_, config_.max_split_size};
+    return {backend_, cache_,  stats_, trace_, limit_, budget_, shared_, config_.max_split_size,
+            config_.move_pages_above};
   }
   std::uint64_t context_for_history() const noexcept;
 
@@ -236,6 +237,7 @@ class CachingAllocator final : private BlockCache::Listener {
 
   mutable std::mutex mutex_;  // guards everything below
   DeviceStats stats_;
+  StepCalls step_start_;  // the device-call counters when the step began (last mark_step)
   TraceRecorder trace_;
   MemoryLimit limit_;
   BlockCache cache_;

@@ -20,6 +20,7 @@ void CachingAllocator::reset_peak_stats() {
 void CachingAllocator::reset_accumulated_stats() {
   std::lock_guard lock(mutex_);
   stats_.reset_accumulated();
+  step_start_ = {};  // the step's counts start again from the reset counters
 }
 
 void CachingAllocator::record_history(bool enabled, std::size_t max_entries) {

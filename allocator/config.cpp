@@ -15,7 +15,8 @@ namespace stowage {
 namespace {
 
 constexpr std::string_view kKnownKeys =
-    "max_split_size_mb, limit, memory_fraction, virtual_memory, reserve_headroom, placement";
+    "max_split_size_mb, limit, memory_fraction, virtual_memory, reserve_headroom, "
+    "move_pages_above, placement";
 
 std::string_view trim(std::string_view text) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
@@ -84,6 +85,10 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
       config.reserve_headroom = parse_number(key, value);
       STOWAGE_CHECK(config.reserve_headroom >= 0 && config.reserve_headroom <= 1,
                     "allocator config: reserve_headroom must be in [0, 1], not ", value);
+    } else if (key == "move_pages_above") {
+      config.move_pages_above = parse_number(key, value);
+      STOWAGE_CHECK(config.move_pages_above >= 0 && config.move_pages_above <= 1,
+                    "allocator config: move_pages_above must be in [0, 1], not ", value);
     } else if (key == "placement") {
       config.placement = parse_choice<PlacementMode>(
           key, value, {{"dynamic", PlacementMode::kDynamic}, {"learned", PlacementMode::kLearned}});
@@ -120,6 +125,10 @@ std::string AllocatorConfig::to_string() const {
   }
   if (reserve_headroom != kDefaultReserveHeadroom) {
     out << separator << "reserve_headroom:" << reserve_headroom;
+    separator = ",";
+  }
+  if (move_pages_above != kDefaultMovePagesAbove) {
+    out << separator << "move_pages_above:" << move_pages_above;
     separator = ",";
   }
   if (placement != kDefaultPlacement) {

@@ -21,14 +21,24 @@
 //                         memory (bench/results/2026-11-22-cpu-fragmentation.md).
 //   reserve_headroom:F    0 <= F <= 1: how far reserved memory may exceed the most bytes ever
 //                         in use before the sources make room instead of growing (Note [Reserve
-//                         budget] in reserve_budget.hpp): the paged path moves cached pages,
-//                         which costs map/unmap calls and a wait for the stream that last used
-//                         them; the segment path returns wholly free segments. Default: 0.02,
-//                         the best of the values measured on the recorded traces
-//                         (bench/results/2026-11-22-cpu-fragmentation.md). 1 turns the rule
-//                         off: new memory whenever the device has room, and on the segment path
-//                         wholly free segments carved for much smaller requests (Note
-//                         [Splitting]): PyTorch's policy.
+//                         budget] in reserve_budget.hpp): the paged path moves cached pages
+//                         (once past move_pages_above), which costs map/unmap calls and a wait
+//                         for the stream that last used them; the segment path returns wholly
+//                         free segments. Default: 0.05, with which the segment path reserves no
+//                         more than PyTorch's allocator on any recorded trace while the paged
+//                         path still fits a device within 2 per cent of the peak
+//                         (bench/results/2026-11-24-cpu-steady-state.md). 1 turns the rule off:
+//                         new memory whenever the device has room, and on the segment path wholly
+//                         free segments carved for much smaller requests (Note [Splitting]):
+//                         PyTorch's policy.
+//   move_pages_above:F    0 <= F <= 1. Paged path: new pages are made freely while reserved
+//                         memory stays within F x the memory limit; only beyond it does the
+//                         reserve budget make cached pages move instead (Note [Stitching] in
+//                         page_stitcher.hpp). So while the device has room a training loop,
+//                         whatever its shapes, keeps its pages mapped and stops calling the
+//                         device once warm; close to the cap memory comes first. Default: 0.9.
+//                         0 moves pages whenever the budget says so, whatever the room (the
+//                         policy before this knob); 1 spends the whole device first.
 //   placement:MODE        dynamic | learned. Paged path only (Note [Learned placement] in
 //                         learned_placement.hpp). "learned" watches for the training step to
 //                         repeat (stowage.mark_step() marks it; without marks the repetition is
@@ -59,7 +69,8 @@ enum class PlacementMode : std::uint8_t { kDynamic, kLearned };
 
 struct AllocatorConfig {
   static constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
-  static constexpr double kDefaultReserveHeadroom = 0.02;
+  static constexpr double kDefaultReserveHeadroom = 0.05;
+  static constexpr double kDefaultMovePagesAbove = 0.9;
   static constexpr PlacementMode kDefaultPlacement = PlacementMode::kDynamic;
 
   std::size_t max_split_size = kUnlimited;  // bytes
@@ -67,6 +78,7 @@ struct AllocatorConfig {
   double memory_fraction = 1.0;
   VirtualMemoryMode virtual_memory = VirtualMemoryMode::kAuto;
   double reserve_headroom = kDefaultReserveHeadroom;
+  double move_pages_above = kDefaultMovePagesAbove;
   PlacementMode placement = kDefaultPlacement;
 
   // The configuration as a string parse_allocator_config reads back (defaults omitted).

@@ -49,6 +49,7 @@ struct SourceParts {
   ReserveBudget& budget;
   Pool& shared;                // the pool the source serves
   std::size_t max_split_size;  // AllocatorConfig::max_split_size
+  double move_pages_above;     // AllocatorConfig::move_pages_above
 };
 
 class MemorySource {

@@ -6,6 +6,7 @@
 #include "allocator/base/errors.hpp"
 #include "allocator/base/log.hpp"
 #include "allocator/base/numbers.hpp"
+#include "allocator/device_call_timer.hpp"
 
 namespace stowage {
 
@@ -27,13 +28,15 @@ std::size_t whole_pages(const Block& block, std::size_t page) {
 }  // namespace
 
 PageStitcher::PageStitcher(DeviceBackend& backend, PagedMemory& memory, DeviceStats& stats,
-                           const MemoryLimit& limit, ReserveBudget& budget, Pool& shared)
+                           const MemoryLimit& limit, ReserveBudget& budget, Pool& shared,
+                           double move_above)
     : backend_(backend),
       memory_(memory),
       stats_(stats),
       limit_(limit),
       budget_(budget),
-      shared_(shared) {}
+      shared_(shared),
+      move_above_(move_above) {}
 
 bool PageStitcher::gather(std::size_t count, std::size_t rounded, const Block* keep,
                           bool capturing, std::vector<PhysicalHandle>& handles) {
@@ -43,7 +46,9 @@ bool PageStitcher::gather(std::size_t count, std::size_t rounded, const Block* k
     const std::size_t held =
         static_cast<std::size_t>(stats_.reserved_bytes.all().current) + handles.size() * page;
     const bool within_limit = limit_.allows(held, page);
-    const bool within_budget = budget_.allows(held + page, rounded);
+    const bool with_room = static_cast<double>(held + page) <=
+                           move_above_ * static_cast<double>(limit_.bytes());
+    const bool within_budget = with_room || budget_.allows(held + page, rounded);
     if (within_limit && within_budget && memory_.create_page(handles)) continue;
     if (!capturing && steal(target - handles.size(), keep, handles) > 0) continue;
     if (within_limit && !within_budget && memory_.create_page(handles)) continue;
@@ -91,11 +96,11 @@ std::size_t PageStitcher::steal(std::size_t count, const Block* keep,
     // Work queued on the victim's stream before its free may still touch these pages.
     if (std::find(synchronized.begin(), synchronized.end(), victim->stream) == synchronized.end()) {
       try {
-        backend_.synchronize_stream(victim->stream);
+        timed_call(stats_, [&] { backend_.synchronize_stream(victim->stream); });
       } catch (const std::exception&) {
         // A stream destroyed since the free (or failing): waiting for the device covers it.
         try {
-          backend_.synchronize_device();
+          timed_call(stats_, [&] { backend_.synchronize_device(); });
         } catch (const std::exception& error) {
           log_warning(detail::concat("cannot move cached pages: synchronising failed: ",
                                      error.what()));

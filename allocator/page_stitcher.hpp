@@ -1,10 +1,16 @@
 // PageStitcher: where the pages for a range of paged memory come from (the page-moving policy).
 //
 // Note [Stitching]
-// Pages for a request come, in order, from:
-//   1. new physical memory, while reserved bytes stay within the budget (Note [Reserve budget]
-//      in reserve_budget.hpp): so the forward pass grows the reserve at its tail, and later
-//      misses move pages rather than add them;
+// Moving a page costs an unmap, a map and a wait for the stream that last used it; making a new
+// one costs memory. While the device has room, memory is the cheaper of the two: a training loop
+// whose shapes change from step to step (variable sequence lengths, say) would otherwise move
+// pages every step, forever. So pages for a request come, in order, from:
+//   1. new physical memory, while reserved bytes stay within move_pages_above x the memory limit
+//      (the room the device has) or within the reserve budget (Note [Reserve budget] in
+//      reserve_budget.hpp): with room, every range a loop needs stays mapped after its first
+//      steps and no device call is made once warm; near the cap the budget rules, so the
+//      forward pass grows the reserve at its tail and later misses move pages rather than add
+//      them;
 //   2. stitching: the whole pages of the shared pool's free mapped blocks anywhere (any stream,
 //      either size class, largest blocks first, each block's pages all at once unless that is
 //      far more than missing) are unmapped and mapped where they are needed, the surplus after
@@ -30,8 +36,10 @@ namespace stowage {
 
 class PageStitcher {
  public:
+  // `move_above`: the share of the limit up to which new pages are made without moving cached
+  // ones (Note [Stitching]).
   PageStitcher(DeviceBackend& backend, PagedMemory& memory, DeviceStats& stats,
-               const MemoryLimit& limit, ReserveBudget& budget, Pool& shared);
+               const MemoryLimit& limit, ReserveBudget& budget, Pool& shared, double move_above);
 
   // Adds `count` pages to `handles` for a request of `rounded` bytes, from the sources of Note
   // [Stitching] in order, never unmapping `keep` (a free block the pages will join). False
@@ -52,6 +60,7 @@ class PageStitcher {
   const MemoryLimit& limit_;
   ReserveBudget& budget_;
   Pool& shared_;
+  const double move_above_;
 };
 
 }  // namespace stowage

@@ -6,6 +6,7 @@
 #include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
 #include "allocator/base/log.hpp"
+#include "allocator/device_call_timer.hpp"
 
 namespace stowage {
 
@@ -32,7 +33,7 @@ Block* PagedMemory::reserve(Pool& pool, SizeClass size_class, Stream stream, std
                             std::uint64_t context) {
   void* base = nullptr;
   try {
-    base = backend_.reserve_address_range(bytes, page_);
+    base = timed_call(stats_, [&] { return backend_.reserve_address_range(bytes, page_); });
   } catch (const std::exception& error) {
     log_warning(detail::concat("reserving ", format_bytes(bytes),
                                " of device address space failed: ", error.what()));
@@ -50,7 +51,7 @@ Block* PagedMemory::reserve(Pool& pool, SizeClass size_class, Stream stream, std
   } catch (...) {
     if (hole != nullptr) cache_.remove_segment(*hole->segment);
     tables_.erase(start);
-    backend_.release_address_range(base, bytes);
+    timed_call(stats_, [&] { backend_.release_address_range(base, bytes); });
     throw;
   }
   cache_.index(*hole);
@@ -70,7 +71,9 @@ bool PagedMemory::release_empty_reservations(const Pool& pool) {
     }
     cache_.unindex(*hole);
     try {
-      backend_.release_address_range(address(segment.base), segment.size);
+      timed_call(stats_, [&] {
+        backend_.release_address_range(address(segment.base), segment.size);
+      });
     } catch (const std::exception& error) {
       cache_.index(*hole);
       log_warning(detail::concat("releasing device address space failed: ", error.what()));
@@ -89,7 +92,7 @@ bool PagedMemory::release_empty_reservations(const Pool& pool) {
 bool PagedMemory::create_page(std::vector<PhysicalHandle>& out) {
   std::optional<PhysicalHandle> handle;
   try {
-    handle = backend_.try_create_physical(page_);
+    handle = timed_call(stats_, [&] { return backend_.try_create_physical(page_); });
   } catch (const std::exception& error) {
     log_warning(detail::concat("creating a page of device memory failed: ", error.what()));
     return false;
@@ -103,7 +106,7 @@ bool PagedMemory::create_page(std::vector<PhysicalHandle>& out) {
 void PagedMemory::release_pages(std::vector<PhysicalHandle>& handles) {
   for (const PhysicalHandle handle : handles) {
     try {
-      backend_.release_physical(handle);
+      timed_call(stats_, [&] { backend_.release_physical(handle); });
       ++stats_.num_device_free;
     } catch (const std::exception& error) {
       log_warning(detail::concat("releasing a page of device memory failed: ", error.what()));
@@ -116,9 +119,11 @@ bool PagedMemory::map(std::uintptr_t start, std::vector<PhysicalHandle>& handles
   std::size_t mapped = 0;
   try {
     for (; mapped < handles.size(); ++mapped) {
-      backend_.map(address(start + mapped * page_), page_, handles[mapped]);
+      timed_call(stats_, [&] {
+        backend_.map(address(start + mapped * page_), page_, handles[mapped]);
+      });
     }
-    backend_.set_access(address(start), handles.size() * page_);
+    timed_call(stats_, [&] { backend_.set_access(address(start), handles.size() * page_); });
     return true;
   } catch (const std::exception& error) {
     log_warning(detail::concat("mapping ", format_bytes(handles.size() * page_),
@@ -128,14 +133,14 @@ bool PagedMemory::map(std::uintptr_t start, std::vector<PhysicalHandle>& handles
   // refusing, keep the mapped pages as cache rather than lose track of them.
   for (int attempt = 0; mapped > 0 && attempt < 3; ++attempt) {
     try {
-      backend_.unmap(address(start), mapped * page_);
+      timed_call(stats_, [&] { backend_.unmap(address(start), mapped * page_); });
       mapped = 0;
     } catch (const std::exception&) {
     }
   }
   if (mapped > 0) {
     try {
-      backend_.set_access(address(start), mapped * page_);
+      timed_call(stats_, [&] { backend_.set_access(address(start), mapped * page_); });
     } catch (const std::exception& error) {
       log_warning(detail::concat("device memory at ", address(start),
                                  " can be neither unmapped nor made accessible (", error.what(),
@@ -191,7 +196,7 @@ bool PagedMemory::unmap(Block* block, std::uintptr_t first, std::uintptr_t last,
   try {
     if (has_tail) tail = cache_.acquire_block();
     out.reserve(out.size() + (last - first) / page_);
-    backend_.unmap(address(first), last - first);
+    timed_call(stats_, [&] { backend_.unmap(address(first), last - first); });
   } catch (const std::exception& error) {
     if (head != nullptr) cache_.recycle_block(head);
     if (tail != nullptr) cache_.recycle_block(tail);
@@ -248,7 +253,7 @@ std::size_t PagedMemory::pages_before_lost_range(const Block& hole) const noexce
 void PagedMemory::retry_lost_ranges() {
   std::erase_if(lost_ranges_, [&](const std::pair<std::uintptr_t, std::size_t>& range) {
     try {
-      backend_.unmap(address(range.first), range.second);
+      timed_call(stats_, [&] { backend_.unmap(address(range.first), range.second); });
       return true;
     } catch (const std::exception&) {
       return false;

@@ -7,6 +7,7 @@
 #include "allocator/base/log.hpp"
 #include "allocator/base/numbers.hpp"
 #include "allocator/config.hpp"
+#include "allocator/device_call_timer.hpp"
 
 namespace stowage {
 
@@ -22,11 +23,13 @@ constexpr std::size_t kMaxReservation = std::size_t{1} << 40;  // 1 TiB
 PagedSource::PagedSource(const SourceParts& parts)
     : backend_(parts.backend),
       cache_(parts.cache),
+      stats_(parts.stats),
       shared_(parts.shared),
       max_split_size_(parts.max_split_size),
       device_bytes_(parts.backend.properties().total_bytes),
       memory_(parts.backend, parts.cache, parts.stats, parts.trace),
-      stitcher_(parts.backend, memory_, parts.stats, parts.limit, parts.budget, parts.shared) {}
+      stitcher_(parts.backend, memory_, parts.stats, parts.limit, parts.budget, parts.shared,
+                parts.move_pages_above) {}
 
 Block* PagedSource::grow(const GrowRequest& request) {
   Choice best = choose_hole(request);
@@ -121,7 +124,7 @@ bool PagedSource::release_cached() {
   if (!victims.empty()) {
     // Work queued before the frees may still touch these pages.
     try {
-      backend_.synchronize_device();
+      timed_call(stats_, [&] { backend_.synchronize_device(); });
     } catch (const std::exception& error) {
       log_warning(detail::concat("cannot release cached pages: synchronising the device failed: ",
                                  error.what()));

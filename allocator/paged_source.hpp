@@ -61,6 +61,7 @@ class PagedSource final : public MemorySource {
 
   DeviceBackend& backend_;
   BlockCache& cache_;
+  DeviceStats& stats_;
   Pool& shared_;
   const std::size_t max_split_size_;
   const std::size_t device_bytes_;

@@ -23,19 +23,21 @@ double percentile(std::vector<std::uint32_t>& samples, double fraction) {
   return samples[index];
 }
 
-HostBackendOptions replay_device(std::size_t capacity_bytes) {
+HostBackendOptions replay_device(const ReplayOptions& replay) {
   HostBackendOptions options;
-  options.capacity_bytes = capacity_bytes;
+  options.capacity_bytes = replay.capacity_bytes;
   options.synchronous = true;
   options.back_mappings = false;  // a replay never touches the memory it allocates
+  options.call_costs = replay.costs;
   return options;
 }
 
 // One replay: the trace's events applied to an allocator, with the figures kept as they go.
 class Replayer {
  public:
-  Replayer(CachingAllocator& allocator, bool measure_latency, std::size_t events)
-      : allocator_(allocator), measure_latency_(measure_latency) {
+  Replayer(HostBackend& backend, CachingAllocator& allocator, bool measure_latency,
+           std::size_t events)
+      : backend_(backend), allocator_(allocator), measure_latency_(measure_latency) {
     if (measure_latency_) latencies_.reserve(events);
     live_.reserve(events / 2 + 1);
   }
@@ -48,6 +50,7 @@ class Replayer {
           allocator_.mark_step();
           return 0;
         });
+        end_step();
         return;
       case TraceEvent::Kind::kFree:
         free(event);
@@ -60,6 +63,7 @@ class Replayer {
 
   // The allocator's figures, and frees for every block still live.
   ReplayResult finish(double seconds) {
+    if (events_in_step_ > 0 || result_.steps.empty()) end_step();
     result_.seconds = seconds;
     const DeviceStats stats = allocator_.stats();
     result_.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes.all().peak);
@@ -107,7 +111,23 @@ class Replayer {
     });
   }
 
+  // What the device was asked since the last step ended.
+  void end_step() {
+    const DeviceStats stats = allocator_.stats();
+    const StepCalls now = stats.calls_so_far();
+    const std::uint64_t charged = backend_.charged_ns();
+    result_.steps.push_back({static_cast<std::size_t>(now.maps - step_start_.maps),
+                             static_cast<std::size_t>(now.unmaps - step_start_.unmaps),
+                             static_cast<std::size_t>(now.device_calls - step_start_.device_calls),
+                             charged - charged_start_,
+                             static_cast<std::size_t>(stats.reserved_bytes.all().current)});
+    step_start_ = now;
+    charged_start_ = charged;
+    events_in_step_ = 0;
+  }
+
   void free(const TraceEvent& event) {
+    ++events_in_step_;
     ++result_.frees;
     if (event.address == 0) {
       ++result_.zero_size;
@@ -123,6 +143,7 @@ class Replayer {
   }
 
   void alloc(const TraceEvent& event, std::size_t index) {
+    ++events_in_step_;
     ++result_.allocs;
     if (event.size == 0) {
       ++result_.zero_size;
@@ -150,8 +171,12 @@ class Replayer {
     live_.emplace(event.address, block);
   }
 
+  HostBackend& backend_;
   CachingAllocator& allocator_;
   const bool measure_latency_;
+  StepCalls step_start_;
+  std::uint64_t charged_start_ = 0;
+  std::size_t events_in_step_ = 0;
   ReplayResult result_;
   std::vector<std::uint32_t> latencies_;
   std::unordered_map<std::uint64_t, LiveBlock> live_;
@@ -160,11 +185,10 @@ class Replayer {
 
 }  // namespace
 
-ReplayResult Trace::replay(std::size_t capacity_bytes, const AllocatorConfig& config,
-                           bool measure_latency) const {
-  HostBackend backend(replay_device(capacity_bytes));
-  CachingAllocator allocator(backend, config);
-  Replayer replayer(allocator, measure_latency, events_.size());
+ReplayResult Trace::replay(const ReplayOptions& options) const {
+  HostBackend backend(replay_device(options));
+  CachingAllocator allocator(backend, options.config);
+  Replayer replayer(backend, allocator, options.measure_latency, events_.size());
   const auto start = Clock::now();
   for (std::size_t i = 0; i < events_.size(); ++i) replayer.apply(events_[i], i);
   return replayer.finish(std::chrono::duration<double>(Clock::now() - start).count());

@@ -8,6 +8,12 @@
 // was not recorded) frees the older block first and is counted. After an OOM the replay stops
 // calling the allocator but keeps counting, so peak_requested always covers the whole trace.
 //
+// Steps: the trace's mark_step events end steps (a trace without them is one step). For each
+// step the replay reports what the allocator asked of the device (pages mapped and unmapped,
+// device calls) and what those calls would cost a GPU under the simulated device's cost model
+// (host_call_costs.hpp), so that page moves once warm, and the milliseconds they add to a step,
+// can be read off a replay.
+//
 // Contract: a Trace is immutable after construction and may be replayed concurrently; each
 // replay builds its own device and allocator.
 #pragma once
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "allocator/config.hpp"
+#include "allocator/device/host/host_call_costs.hpp"
 
 namespace stowage {
 
@@ -29,6 +36,22 @@ struct TraceEvent {
   std::uint64_t address = 0;
   std::uint64_t size = 0;  // the caller's bytes (allocs); ignored for frees
   std::uint64_t stream = 0;
+};
+
+// What the allocator asked of the device over one step of a replay.
+struct ReplayStep {
+  std::size_t maps = 0;          // pages mapped
+  std::size_t unmaps = 0;        // pages unmapped
+  std::size_t device_calls = 0;  // memory-management calls (stats.hpp: num_device_calls)
+  std::uint64_t charged_ns = 0;  // their cost on a GPU, by the cost model
+  std::size_t reserved = 0;      // reserved bytes when the step ended
+};
+
+struct ReplayOptions {
+  std::size_t capacity_bytes = std::size_t{1} << 40;
+  AllocatorConfig config;
+  bool measure_latency = true;  // time every allocator call (the p50 and p99 below)
+  HostCallCosts costs = HostCallCosts::measured_h100();
 };
 
 struct ReplayResult {
@@ -55,6 +78,7 @@ struct ReplayResult {
   double ns_per_call_p50 = 0;      // host time of one allocator call (malloc or free)
   double ns_per_call_p99 = 0;
   double seconds = 0;              // wall time of the events (device setup and teardown excluded)
+  std::vector<ReplayStep> steps;   // one per step, in order
 };
 
 class Trace {
@@ -63,9 +87,7 @@ class Trace {
 
   const std::vector<TraceEvent>& events() const noexcept { return events_; }
 
-  // Replays on a device of `capacity_bytes`. With measure_latency, times every allocator call.
-  ReplayResult replay(std::size_t capacity_bytes, const AllocatorConfig& config,
-                      bool measure_latency = true) const;
+  ReplayResult replay(const ReplayOptions& options) const;
 
  private:
   std::vector<TraceEvent> events_;

@@ -11,8 +11,9 @@
 // where "in use" is the most bytes ever active, or the bytes active now plus the request if
 // that is more. Beyond it the memory sources make room first: the segment source returns its
 // wholly free cached segments (after waiting for pending frees; on a GPU cudaFree also waits for
-// the device) before asking the device for a new one; the paged source moves cached pages
-// (Note [Stitching] in page_stitcher.hpp) before it creates new ones.
+// the device) before asking the device for a new one; the paged source, once the device's room
+// is spent (move_pages_above), moves cached pages (Note [Stitching] in page_stitcher.hpp) before
+// it creates new ones.
 // Making room costs device calls, so a loop whose layout does not fit keeps paying them step
 // after step. That churn is counted: each time the memory returned or moved since the peak in
 // use last rose reaches an eighth of that peak, the allowance grows by 1% of the peak (at least

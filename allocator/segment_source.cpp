@@ -4,6 +4,7 @@
 
 #include "allocator/base/log.hpp"
 #include "allocator/base/numbers.hpp"
+#include "allocator/device_call_timer.hpp"
 
 namespace stowage {
 
@@ -37,7 +38,7 @@ Block* SegmentSource::allocate(Pool& pool, const GrowRequest& request) {
   auto try_size = [&](std::size_t size) -> void* {
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
     if (!limit_.allows(reserved, size)) return nullptr;
-    return backend_.try_allocate_segment(size);
+    return timed_call(stats_, [&] { return backend_.try_allocate_segment(size); });
   };
   std::size_t size = preferred;
   void* base = try_size(size);
@@ -49,7 +50,7 @@ Block* SegmentSource::allocate(Pool& pool, const GrowRequest& request) {
     block = cache_.add_segment(address, size, request.stream, request.size_class,
                                request.context, pool);
   } catch (...) {
-    backend_.free_segment(base);
+    timed_call(stats_, [&] { backend_.free_segment(base); });
     throw;
   }
   ++stats_.num_device_alloc;
@@ -92,7 +93,7 @@ bool SegmentSource::release_free(const std::function<bool(const Segment&)>& whic
 }
 
 void SegmentSource::release(Segment& segment) {
-  backend_.free_segment(reinterpret_cast<void*>(segment.base));
+  timed_call(stats_, [&] { backend_.free_segment(reinterpret_cast<void*>(segment.base)); });
   ++stats_.num_device_free;
   stats_.segment.update(segment.size_class, -1);
   stats_.reserved_bytes.update(segment.size_class, -as_signed(segment.size));

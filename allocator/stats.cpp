@@ -43,6 +43,8 @@ void DeviceStats::reset_accumulated() noexcept {
   num_invalid_frees = 0;
   num_maps = 0;
   num_unmaps = 0;
+  num_device_calls = 0;
+  device_call_ns = 0;
 }
 
 std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const DeviceStats& stats) {
@@ -75,6 +77,13 @@ std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const Dev
   out.emplace_back("num_device_alloc", stats.num_device_alloc);
   out.emplace_back("num_device_free", stats.num_device_free);
   out.emplace_back("num_invalid_frees", stats.num_invalid_frees);
+  out.emplace_back("num_device_calls", stats.num_device_calls);
+  out.emplace_back("device_call_ns", stats.device_call_ns);
+  out.emplace_back("num_steps", stats.num_steps);
+  out.emplace_back("last_step.num_maps", stats.last_step.maps);
+  out.emplace_back("last_step.num_unmaps", stats.last_step.unmaps);
+  out.emplace_back("last_step.num_device_calls", stats.last_step.device_calls);
+  out.emplace_back("last_step.device_call_ns", stats.last_step.device_call_ns);
   out.emplace_back("max_split_size", stats.max_split_size);
   std::sort(out.begin(), out.end());
   return out;

@@ -15,7 +15,11 @@
 // On the paged path (Note [Paged path]) reserved_bytes counts mapped physical pages,
 // num_device_alloc / num_device_free count physical pages created and released, and a segment is
 // an address reservation. stowage adds mapped_pages (current, peak: the live mappings) and
-// the counters num_maps / num_unmaps (pages mapped and unmapped).
+// the counters num_maps / num_unmaps (pages mapped and unmapped), num_device_calls and
+// device_call_ns (the memory-management calls the allocator made to the device: segments,
+// reservations, pages created and released, maps, set_access, unmaps, the synchronisations
+// before pages move; and the host time they took), num_steps (mark_step calls) and last_step
+// (those counters over the last step, between the last two mark_step calls).
 //
 // Contract: plain values; the parts of one allocator update them under its lock (the block cache
 // the block counts, the memory sources the segment, reserved and page counts) and the allocator
@@ -63,6 +67,14 @@ struct SizeClassStats {
   }
 };
 
+// What the allocator asked of the device over one step.
+struct StepCalls {
+  std::int64_t maps = 0;    // pages mapped
+  std::int64_t unmaps = 0;  // pages unmapped
+  std::int64_t device_calls = 0;
+  std::int64_t device_call_ns = 0;
+};
+
 struct DeviceStats {
   SizeClassStats allocation;
   SizeClassStats segment;
@@ -84,14 +96,24 @@ struct DeviceStats {
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
   std::int64_t num_invalid_frees = 0;
+  std::int64_t num_device_calls = 0;
+  std::int64_t device_call_ns = 0;
+  std::int64_t num_steps = 0;
+  StepCalls last_step;
   std::int64_t max_split_size = -1;  // bytes; -1 when unlimited
+
+  // The counters of StepCalls as they stand now (since the last reset).
+  StepCalls calls_so_far() const noexcept {
+    return {num_maps, num_unmaps, num_device_calls, device_call_ns};
+  }
 
   void reset_peak() noexcept;
   void reset_accumulated() noexcept;
 };
 
 // The stats as torch.cuda.memory_stats() flattens them: "allocated_bytes.all.current", ...,
-// "num_ooms", "max_split_size", plus "num_invalid_frees". Sorted by key.
+// "num_ooms", "max_split_size", plus stowage's own ("num_invalid_frees", "last_step.num_maps",
+// ...). Sorted by key.
 std::vector<std::pair<std::string, std::int64_t>> memory_stats_entries(const DeviceStats& stats);
 
 }  // namespace stowage

@@ -34,6 +34,7 @@ enum class BackendCall : std::uint8_t {
   kMemset,
   kAllocatePinned,
   kFreePinned,
+  kSynchronize,  // synchronize_stream, synchronize_device, synchronize_event
   kCount,  // the number of kinds, not a kind
 };
 inline constexpr std::size_t kBackendCallKinds = static_cast<std::size_t>(BackendCall::kCount);

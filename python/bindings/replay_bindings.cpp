@@ -64,7 +64,25 @@ py::dict to_dict(const ReplayResult& result) {
   out["ns_per_call_p50"] = result.ns_per_call_p50;
   out["ns_per_call_p99"] = result.ns_per_call_p99;
   out["seconds"] = result.seconds;
+  py::list steps;
+  for (const ReplayStep& step : result.steps) {
+    py::dict entry;
+    entry["maps"] = step.maps;
+    entry["unmaps"] = step.unmaps;
+    entry["device_calls"] = step.device_calls;
+    entry["charged_ns"] = step.charged_ns;
+    entry["reserved"] = step.reserved;
+    steps.append(entry);
+  }
+  out["steps"] = steps;
   return out;
+}
+
+HostCallCosts costs_named(const std::string& name) {
+  if (name == "h100") return HostCallCosts::measured_h100();
+  STOWAGE_CHECK(name == "none", "costs must be 'h100' (measured on an H100) or 'none', not '",
+                name, "'");
+  return {};
 }
 
 }  // namespace
@@ -78,18 +96,21 @@ void bind_replay(py::module_& module) {
       .def(
           "replay",
           [](const Trace& trace, std::size_t capacity, const std::string& config,
-             bool measure_latency) {
-            const AllocatorConfig parsed = parse_allocator_config(config);
+             bool measure_latency, const std::string& costs) {
+            const ReplayOptions options{capacity, parse_allocator_config(config), measure_latency,
+                                        costs_named(costs)};
             ReplayResult result;
             {
               py::gil_scoped_release unlocked;
-              result = trace.replay(capacity, parsed, measure_latency);
+              result = trace.replay(options);
             }
             return to_dict(result);
           },
           py::arg("capacity"), py::arg("config") = "", py::arg("measure_latency") = true,
+          py::arg("costs") = "h100",
           "Replays the trace through a CachingAllocator on a simulated device of `capacity` "
-          "bytes; returns the figures as a dict.");
+          "bytes; returns the figures as a dict, with what each step asked of the device and "
+          "what that would cost a GPU (costs: 'h100', measured on one, or 'none').");
 }
 
 }  // namespace stowage::python

@@ -7,6 +7,12 @@ trace's columns (stowage.trace), so memory stays a fraction of the file's size. 
 printed as a table, or as one JSON object per trace and device with ``--json``. With
 ``--min-capacity`` the smallest device, in 2 MiB steps, on which the replay completes is
 searched and then verified: the replay completes at that capacity and fails 2 MiB below it.
+
+A trace's steps end at its stowage.mark_step() marks. After the first ``--warmup`` steps
+(by default two, the first making the optimizer's state and the second the first to run with it
+in place; or, when the steps repeat in a cycle of shapes, two cycles) the replay reports what the remaining steps asked of the device (pages mapped and
+unmapped, device calls) and what the worst of them would spend in those calls on a GPU, by the
+simulated device's cost model (measured on an H100: allocator/device/host/host_call_costs.hpp).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from rich.table import Table
 
 from stowage import _core
 from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
-from stowage.trace import device_events, native_figures
+from stowage.trace import device_event_arrays, native_figures, step_period
 
 STEP = 2 << 20  # capacities are searched in 2 MiB steps
 MAX_CAPACITY = 16 << 40  # 16 TiB: the simulated device reserves twice its size in address space
@@ -41,6 +47,8 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("--min-capacity", action="store_true", help="search the smallest device that fits")
     parser.add_argument("--config", default="", help="allocator configuration, key:value,key:value")
     parser.add_argument("--json", action="store_true", help="one JSON object per trace and device")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="steps before the steady state is judged (default: 2, or two cycles)")
 
 
 def _fits(events: _core.Trace, capacity: int, config: str) -> bool:
@@ -92,12 +100,27 @@ def min_capacity(events: _core.Trace, peak_requested: int, config: str, known_fi
     }
 
 
+def after_warmup(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """What the steps after the first `warmup` asked of the device, and the worst step's cost."""
+    rest = steps[warmup:]
+    return {
+        "warmup_steps": min(warmup, len(steps)),
+        "steps": len(rest),
+        "maps": sum(step["maps"] for step in rest),
+        "unmaps": sum(step["unmaps"] for step in rest),
+        "device_calls": sum(step["device_calls"] for step in rest),
+        "worst_step_ms": max((step["charged_ns"] for step in rest), default=0) / 1e6,
+    }
+
+
 def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config: str,
-                    search: bool, progress: Progress | None = None) -> list[dict[str, Any]]:
+                    search: bool, progress: Progress | None = None,
+                    warmup: int | None = None) -> list[dict[str, Any]]:
     """One result per device trace of the snapshot."""
     results = []
     for device, trace in enumerate(snapshot.get("device_traces", [])):
-        events = device_events(trace)
+        arrays = device_event_arrays(trace)
+        events = _core.Trace(*arrays)
         if len(events) == 0:
             continue
         result: dict[str, Any] = {"trace": str(path), "device": device, "trace_entries": len(trace)}
@@ -106,6 +129,10 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
         result.update(replayed)
         result["capacity"] = capacity
         result["config"] = config
+        result["step_period"] = step_period(arrays[0], arrays[2])
+        default_warmup = 2 * (result["step_period"] or 1)
+        result["after_warmup"] = after_warmup(replayed["steps"],
+                                              default_warmup if warmup is None else warmup)
         result["events_per_second"] = len(events) / throughput["seconds"] if throughput["seconds"] else None
         native = native_figures(snapshot, device)
         result["native_peak_reserved"] = native.peak_reserved
@@ -126,6 +153,13 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:,.0f}"
 
 
+def _warm_calls(warm: dict[str, Any]) -> str:
+    if warm["steps"] == 0:
+        return "-"
+    calls = f"{warm['device_calls']:,}"
+    return calls if warm["device_calls"] == 0 else f"{calls} ({warm['worst_step_ms']:.1f} ms)"
+
+
 def _ratio(value: int | None, base: int) -> str:
     return "" if value is None or base == 0 else f" ({value / base:.3f}x)"
 
@@ -133,8 +167,8 @@ def _ratio(value: int | None, base: int) -> str:
 def print_table(results: list[dict[str, Any]], console: Console) -> None:
     table = Table(title="stowage replay (MiB; ratios to the peak of requested bytes)")
     for column in ("trace", "dev", "events", "skipped frees", "peak requested", "stowage reserved",
-                   "min capacity", "native reserved", "maps/unmaps", "p50/p99 ns", "M events/s",
-                   "oom"):
+                   "min capacity", "native reserved", "maps/unmaps", "steps", "calls once warm",
+                   "p50/p99 ns", "M events/s", "oom"):
         table.add_column(column, justify="left" if column == "trace" else "right")
     for r in results:
         base = r["peak_requested"]
@@ -143,7 +177,7 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
             native += " *"
         rate = r["events_per_second"]
         table.add_row(
-            Path(r["trace"]).name,
+            Path(r["trace"]).name.split(".pickle")[0],
             str(r["device"]),
             f"{r['events']:,}",
             f"{r['skipped_frees']:,}",
@@ -152,6 +186,8 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
             _mib(r["min_capacity"]) + _ratio(r["min_capacity"], base),
             native,
             f"{r['maps']:,}/{r['unmaps']:,}",
+            f"{len(r['steps'])}",
+            _warm_calls(r["after_warmup"]),
             f"{r['ns_per_call_p50']:.0f}/{r['ns_per_call_p99']:.0f}",
             "-" if rate is None else f"{rate / 1e6:.1f}",
             "yes" if r["oom"] else "no",
@@ -195,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
                 progress.advance(loading)
                 continue
             try:
-                found = replay_snapshot(path, snapshot, capacity, config, args.min_capacity, progress)
+                found = replay_snapshot(path, snapshot, capacity, config, args.min_capacity, progress,
+                                        args.warmup)
             except (ValueError, RuntimeError, MemoryError) as error:
                 err.print(f"stowage replay: {path}: {error}")
                 status = 2

@@ -146,3 +146,17 @@ def native_figures(snapshot: dict[str, Any], device: int) -> NativeFigures:
         allocs_in_preexisting=landed,
         bytes_in_preexisting=landed_bytes,
     )
+
+
+def step_period(kinds: np.ndarray, sizes: np.ndarray) -> int | None:
+    """The number of steps after which the trace's steps repeat (1: every step alike; 4: a cycle
+    of four shapes), judged by the sizes each step allocates in order, leaving out the first step
+    (it makes the optimizer's state); None when they never repeat. Steps end at the marks."""
+    marks = np.flatnonzero(kinds == MARK_STEP)
+    bounds = [0, *(marks + 1).tolist()]
+    steps = [sizes[start:stop][kinds[start:stop] == ALLOC].tobytes()
+             for start, stop in zip(bounds, bounds[1:])]
+    for period in range(1, (len(steps) - 1) // 2 + 1):
+        if all(steps[i] == steps[i + period] for i in range(1, len(steps) - period)):
+            return period
+    return None

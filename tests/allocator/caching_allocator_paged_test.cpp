@@ -237,8 +237,8 @@ TEST(PagedStitching, PagesMovedWithAnOversizeClassLeaveCacheTheCacheCanUse) {
 
 TEST(PagedStitching, ASmallRequestMovesAFewPagesNotAWholeHugeBlock) {
   HostBackend backend(device_of(2048 * MiB));
-  CachingAllocator allocator(backend,
-                             parse_allocator_config("virtual_memory:on,reserve_headroom:0"));
+  CachingAllocator allocator(
+      backend, parse_allocator_config("virtual_memory:on,reserve_headroom:0,move_pages_above:0"));
   const Stream other = backend.create_stream();
   allocator.free(allocator.malloc(1024 * MiB, other));
   const DeviceStats before = allocator.stats();
@@ -374,7 +374,9 @@ TEST_F(PagedTest, PagesMoveAcrossStreamsAfterTheOwnerStreamIsWaitedFor) {
   HostBackendOptions options = device_of(64 * MiB);
   options.synchronous = false;
   HostBackend backend(options);
-  CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on"));
+  // Pages move before new ones are made (no room spent, no headroom), to watch the move.
+  CachingAllocator allocator(
+      backend, parse_allocator_config("virtual_memory:on,move_pages_above:0,reserve_headroom:0"));
   const Stream other = backend.create_stream();
   void* on_other = allocator.malloc(48 * MiB, other);
   allocator.free(on_other);

@@ -423,7 +423,8 @@ TEST_F(CachingAllocatorTest, StatsUseTorchNamesAndMeanings) {
   allocator_.free(a);
   const auto entries = memory_stats_entries(allocator_.stats());
   std::map<std::string, std::int64_t> stats(entries.begin(), entries.end());
-  EXPECT_EQ(stats.size(), 9u * 3 * 4 + 3 * 4 + 9);
+  // 9 stats by size class, 3 plain stats, 9 of torch's counters and 7 of stowage's.
+  EXPECT_EQ(stats.size(), 9u * 3 * 4 + 3 * 4 + 9 + 7);
   EXPECT_EQ(stats.at("allocation.all.current"), 1);
   EXPECT_EQ(stats.at("allocation.all.allocated"), 2);
   EXPECT_EQ(stats.at("allocation.all.freed"), 1);
@@ -435,6 +436,8 @@ TEST_F(CachingAllocatorTest, StatsUseTorchNamesAndMeanings) {
   EXPECT_EQ(stats.at("segment.all.current"), 2);
   EXPECT_EQ(stats.at("inactive_split.large_pool.current"), 1);
   EXPECT_EQ(stats.at("num_device_alloc"), 2);
+  EXPECT_EQ(stats.at("num_device_calls"), 2) << "two segments from the device";
+  EXPECT_EQ(stats.at("num_steps"), 0);
   EXPECT_EQ(stats.at("max_split_size"), -1);
   EXPECT_TRUE(stats.count("num_invalid_frees"));
   EXPECT_TRUE(stats.count("oversize_segments.freed"));

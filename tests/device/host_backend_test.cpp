@@ -548,6 +548,7 @@ TEST(HostBackend, EveryInjectedFaultFailsOneCallAndChangesNothing) {
         case BackendCall::kMemset: backend.memset_async(segment, 0, 64, stream); return false;
         case BackendCall::kAllocatePinned: return backend.try_allocate_pinned(4096) == nullptr;
         case BackendCall::kFreePinned: backend.free_pinned(pinned); return false;
+        case BackendCall::kSynchronize: backend.synchronize_stream(stream); return false;
         case BackendCall::kCount: break;
       }
       return false;
@@ -627,6 +628,38 @@ TEST(HostBackend, SynchronousModeSynchronizeWaitsForAnotherThreadsInlineWork) {
   backend.synchronize_stream(Stream{0});
   EXPECT_TRUE(finished.load());
   worker.join();
+}
+
+}  // namespace
+}  // namespace stowage
+
+namespace stowage {
+namespace {
+
+TEST(HostBackendCosts, EachCallIsChargedTheCostOfItsKindAndNothingIsSpent) {
+  HostBackendOptions options;
+  options.capacity_bytes = 64 * kMiB;
+  options.synchronous = true;
+  options.call_costs.set(BackendCall::kMap, 1000).set(BackendCall::kSynchronize, 7);
+  HostBackend backend(options);
+  const std::size_t g = backend.properties().granularity;
+  void* range = backend.reserve_address_range(2 * g);
+  const auto first = backend.try_create_physical(g);
+  const auto second = backend.try_create_physical(g);
+  ASSERT_TRUE(first && second);
+  backend.map(range, g, *first);
+  backend.map(static_cast<char*>(range) + g, g, *second);
+  backend.synchronize_device();
+  EXPECT_EQ(backend.charged_ns(), 2 * 1000u + 7u) << "two maps and one synchronisation";
+  EXPECT_EQ(backend.faults().calls(BackendCall::kSynchronize), 1u);
+  backend.unmap(range, 2 * g);
+  backend.release_physical(*first);
+  backend.release_physical(*second);
+  backend.release_address_range(range, 2 * g);
+  EXPECT_EQ(backend.charged_ns(), 2007u) << "calls without a cost are free";
+  EXPECT_FALSE(HostCallCosts{}.any());
+  EXPECT_TRUE(HostCallCosts::measured_h100().any());
+  EXPECT_GT(HostCallCosts::measured_h100().of(BackendCall::kMap), 0u);
 }
 
 }  // namespace

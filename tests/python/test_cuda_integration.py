@@ -70,8 +70,8 @@ def test_the_c_library_reports_failures_instead_of_crashing() -> None:
         lib.stowage_configure.argtypes = [ctypes.c_char_p]
         assert lib.stowage_configure(b"bogus:1") != 0
         print(lib.stowage_last_error().decode())
-        assert lib.stowage_configure(b"reserve_headroom:0.05") == 0
-        assert lib.stowage_configure(b"reserve_headroom:0.05") == 0
+        assert lib.stowage_configure(b"reserve_headroom:0.1") == 0
+        assert lib.stowage_configure(b"reserve_headroom:0.1") == 0
         assert lib.stowage_configure(b"") != 0
         print(lib.stowage_last_error().decode())
         devices = torch.cuda.device_count()
@@ -106,9 +106,9 @@ def test_the_pth_hook_installs_stowage_when_torch_is_imported_and_not_before() -
         import torch
         from stowage import _torch
         print(_torch.cuda_enabled(), _torch.cuda_configuration())
-    """, conf="reserve_headroom:0.05")
+    """, conf="reserve_headroom:0.1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["False True", "True reserve_headroom:0.05"]
+    assert result.stdout.splitlines() == ["False True", "True reserve_headroom:0.1"]
 
 
 @needs_cuda_build
@@ -189,7 +189,7 @@ def test_the_c_library_takes_the_variable_only_without_a_configuration() -> None
         lib.stowage_malloc.restype = ctypes.c_void_p
         lib.stowage_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         lib.stowage_last_error.restype = ctypes.c_char_p
-        assert lib.stowage_configure(b"reserve_headroom:0.05") == 0
+        assert lib.stowage_configure(b"reserve_headroom:0.1") == 0
         lib.stowage_malloc(1024, 0, None)
         print(lib.stowage_last_error().decode())
     """, conf="reserve_headroom:0.5")

@@ -36,6 +36,13 @@ def test_allocation_count_and_peak_match_a_count_by_hand(tmp_path) -> None:
         peak = max(peak, live)
     assert peak == 20_000
     assert live == 0
+    # Each step ends with the mark stowage.mark_step() writes, after that step's frees.
+    marks = [index for index, e in enumerate(trace) if e["action"] == "snapshot"]
+    assert len(marks) == 3
+    assert all(trace[index]["user_metadata"] == "stowage.mark_step" for index in marks)
+    frees_before = [sum(1 for e in trace[:index] if e["action"] == "free_completed" and e["size"] == 4000)
+                    for index in marks]
+    assert frees_before == [5, 10, 15]
 
     path = tmp_path / "steps.pickle.gz"
     save_snapshot(snapshot, path)
@@ -46,6 +53,7 @@ def test_allocation_count_and_peak_match_a_count_by_hand(tmp_path) -> None:
     assert replayed["allocs"] == len([e for e in trace if e["action"] == "alloc"])
     assert replayed["peak_requested"] == 20_000
     assert replayed["skipped_frees"] == 0
+    assert len(replayed["steps"]) == 3
 
 
 def test_a_training_step_frees_what_it_allocates() -> None:

@@ -77,9 +77,16 @@ HostBackend::~HostBackend() {
   }
 }
 
+bool HostBackend::count_call(BackendCall call, std::uint64_t* call_number) {
+  if (const std::uint64_t cost = options_.call_costs.of(call); cost != 0) {
+    charged_ns_.fetch_add(cost, std::memory_order_relaxed);
+  }
+  return faults_.should_fail(call, call_number);
+}
+
 void HostBackend::fail_if_injected(BackendCall call) {
   std::uint64_t call_number = 0;
-  if (faults_.should_fail(call, &call_number)) {
+  if (count_call(call, &call_number)) {
     STOWAGE_THROW(BackendError, "injected fault in ", backend_call_name(call), " (call #",
                   call_number, ")");
   }
@@ -129,7 +136,7 @@ void HostBackend::check_mapping_room_locked(std::size_t added) const {
 
 void* HostBackend::try_allocate_segment(std::size_t bytes) {
   STOWAGE_CHECK(bytes > 0, "cannot allocate an empty segment");
-  if (faults_.should_fail(BackendCall::kAllocateSegment)) return nullptr;
+  if (count_call(BackendCall::kAllocateSegment)) return nullptr;
   std::lock_guard lock(memory_mutex_);
   if (bytes > options_.capacity_bytes - used_bytes_locked()) return nullptr;
   void* ptr = segment_memory_.try_allocate(bytes);
@@ -177,7 +184,7 @@ void HostBackend::release_address_range(void* base, std::size_t bytes) {
 }
 
 std::optional<PhysicalHandle> HostBackend::try_create_physical(std::size_t bytes) {
-  if (faults_.should_fail(BackendCall::kCreatePhysical)) return std::nullopt;
+  if (count_call(BackendCall::kCreatePhysical)) return std::nullopt;
   std::lock_guard lock(memory_mutex_);
   if (bytes > options_.capacity_bytes - used_bytes_locked()) return std::nullopt;
   return virtual_memory_.try_create(bytes);
@@ -217,8 +224,15 @@ Stream HostBackend::create_stream() {
 }
 
 void HostBackend::destroy_stream(Stream stream) { streams_.destroy_stream(stream); }
-void HostBackend::synchronize_stream(Stream stream) { streams_.synchronize_stream(stream); }
-void HostBackend::synchronize_device() { streams_.synchronize_all(); }
+void HostBackend::synchronize_stream(Stream stream) {
+  fail_if_injected(BackendCall::kSynchronize);
+  streams_.synchronize_stream(stream);
+}
+
+void HostBackend::synchronize_device() {
+  fail_if_injected(BackendCall::kSynchronize);
+  streams_.synchronize_all();
+}
 
 Event HostBackend::create_event() {
   fail_if_injected(BackendCall::kCreateEvent);
@@ -233,7 +247,10 @@ void HostBackend::record_event(Event event, Stream stream) {
 }
 
 bool HostBackend::query_event(Event event) { return streams_.query_event(event); }
-void HostBackend::synchronize_event(Event event) { streams_.synchronize_event(event); }
+void HostBackend::synchronize_event(Event event) {
+  fail_if_injected(BackendCall::kSynchronize);
+  streams_.synchronize_event(event);
+}
 
 void HostBackend::stream_wait_event(Stream stream, Event event) {
   streams_.stream_wait_event(stream, event);
@@ -313,7 +330,7 @@ void HostBackend::enqueue_host_function(Stream stream, std::function<void()> fn)
 
 void* HostBackend::try_allocate_pinned(std::size_t bytes) {
   STOWAGE_CHECK(bytes > 0, "cannot allocate an empty pinned buffer");
-  if (faults_.should_fail(BackendCall::kAllocatePinned)) return nullptr;
+  if (count_call(BackendCall::kAllocatePinned)) return nullptr;
   std::lock_guard lock(memory_mutex_);
   if (options_.pinned_capacity_bytes != 0 &&
       bytes > options_.pinned_capacity_bytes - pinned_bytes_) {

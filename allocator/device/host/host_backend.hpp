@@ -12,6 +12,9 @@
 //   kernel mappings it creates (the segment region and any segment that did not fit it, pinned
 //   buffers, reservations, and two per mapped handle, for the split reservation around it) and refuses, with a BackendError naming the limit, any call
 //   that would pass max_mappings.
+// - A cost model: every call counted is charged options().call_costs' time for its kind
+//   (host_call_costs.hpp), summed in charged_ns(), so replays can tell what the device calls
+//   would cost on a GPU.
 // - Fault injection: faults().fail_nth(BackendCall::kMap, 3) makes the third map from now fail.
 //   try_* calls then report out-of-memory; every other call throws BackendError and changes
 //   nothing.
@@ -21,6 +24,7 @@
 // Invariant (check_invariants): used_bytes() == segment bytes + physical handle bytes <= capacity.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -29,6 +33,7 @@
 #include "allocator/base/byte_units.hpp"
 #include "allocator/device/backend.hpp"
 #include "allocator/device/fault_injector.hpp"
+#include "allocator/device/host/host_call_costs.hpp"
 #include "allocator/device/host/host_segment_memory.hpp"
 #include "allocator/device/host/host_streams.hpp"
 #include "allocator/device/host/host_virtual_memory.hpp"
@@ -49,6 +54,8 @@ struct HostBackendOptions {
   // mmap.
   bool back_mappings = true;
   int device_index = 0;
+  // What each call would cost on a GPU, charged to charged_ns() (host_call_costs.hpp).
+  HostCallCosts call_costs;
 };
 
 class HostBackend final : public DeviceBackend {
@@ -96,6 +103,8 @@ class HostBackend final : public DeviceBackend {
   // --- simulator-only ---
   const HostBackendOptions& options() const noexcept { return options_; }
   FaultInjector& faults() noexcept { return faults_; }
+  // The host time the calls so far would have taken on a GPU, by options().call_costs.
+  std::uint64_t charged_ns() const noexcept { return charged_ns_.load(std::memory_order_relaxed); }
   // Device bytes in use: segments plus physical handles (released-but-mapped ones included).
   std::size_t used_bytes() const;
   std::size_t pinned_bytes() const;
@@ -107,7 +116,9 @@ class HostBackend final : public DeviceBackend {
 
  private:
   static HostBackendOptions validated(HostBackendOptions options);
-  // Throws BackendError if a fault is armed for this call.
+  // Counts the call (and charges its cost); true when a fault is armed for it.
+  bool count_call(BackendCall call, std::uint64_t* call_number = nullptr);
+  // Counts the call; throws BackendError if a fault is armed for it.
   void fail_if_injected(BackendCall call);
   // Frees `ptr`, an entry of `live` (one of the tables below, `what` naming its kind in the
   // refusal), after the device's work: release(bytes) gives its memory back, under the lock.
@@ -126,6 +137,7 @@ class HostBackend final : public DeviceBackend {
   DeviceProperties properties_;
   std::size_t max_mappings_ = 0;
   FaultInjector faults_;
+  std::atomic<std::uint64_t> charged_ns_{0};
 
   mutable std::mutex memory_mutex_;  // guards everything below but streams_
   HostSegmentMemory segment_memory_;
