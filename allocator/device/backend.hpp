@@ -131,6 +131,12 @@ class DeviceBackend {
   // Returns nullptr when the host cannot pin that much.
   virtual void* try_allocate_pinned(std::size_t bytes) = 0;
   virtual void free_pinned(void* ptr) = 0;
+  // Pins host memory the caller allocated (cudaHostRegister), so copies to and from it run at
+  // full speed: [ptr, ptr + bytes), page-aligned, not pinned already. False when the host will
+  // not pin that much (ulimit -l, no memory); the memory is then still usable, pageable.
+  virtual bool try_register_host(void* ptr, std::size_t bytes) = 0;
+  // Unpins memory pinned by try_register_host (cudaHostUnregister); ptr is the start it had.
+  virtual void unregister_host(void* ptr) = 0;
 };
 
 }  // namespace stowage

@@ -24,6 +24,8 @@ std::string_view backend_call_name(BackendCall call) noexcept {
     case BackendCall::kMemset: return "memset_async";
     case BackendCall::kAllocatePinned: return "allocate_pinned";
     case BackendCall::kFreePinned: return "free_pinned";
+    case BackendCall::kRegisterHost: return "register_host";
+    case BackendCall::kUnregisterHost: return "unregister_host";
     case BackendCall::kSynchronize: return "synchronize";
     case BackendCall::kCount: break;
   }

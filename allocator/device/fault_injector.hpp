@@ -34,6 +34,8 @@ enum class BackendCall : std::uint8_t {
   kMemset,
   kAllocatePinned,
   kFreePinned,
+  kRegisterHost,
+  kUnregisterHost,
   kSynchronize,  // synchronize_stream, synchronize_device, synchronize_event
   kCount,  // the number of kinds, not a kind
 };

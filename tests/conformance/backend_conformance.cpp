@@ -2,9 +2,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <thread>
+
+#include <unistd.h>
 
 #include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
@@ -394,6 +397,30 @@ TEST_P(BackendConformance, PinnedMemoryRoundTripsThroughTheDevice) {
   backend_->destroy_stream(stream);
   backend_->free_segment(segment);
   backend_->free_pinned(pinned);
+}
+
+TEST_P(BackendConformance, RegisteredHostMemoryRoundTripsThroughTheDevice) {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = 2 * kMiB;
+  void* host = std::aligned_alloc(page, bytes);
+  ASSERT_NE(host, nullptr);
+  ASSERT_TRUE(backend_->try_register_host(host, bytes));
+  EXPECT_THROW(backend_->try_register_host(host, bytes), LogicError);  // pinned already
+  const auto data = pattern(bytes, 47);
+  std::memcpy(host, data.data(), bytes);
+  void* segment = backend_->try_allocate_segment(bytes);
+  ASSERT_NE(segment, nullptr);
+  const Stream stream = backend_->create_stream();
+  backend_->copy_async(segment, host, bytes, stream);
+  backend_->synchronize_stream(stream);
+  std::memset(host, 0, bytes);
+  backend_->copy_async(host, segment, bytes, stream);
+  backend_->synchronize_stream(stream);
+  EXPECT_EQ(std::memcmp(host, data.data(), bytes), 0);
+  backend_->destroy_stream(stream);
+  backend_->free_segment(segment);
+  backend_->unregister_host(host);
+  std::free(host);
 }
 
 }  // namespace stowage::testing

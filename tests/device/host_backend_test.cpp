@@ -513,6 +513,11 @@ TEST(HostBackend, EveryInjectedFaultFailsOneCallAndChangesNothing) {
   HostBackend backend(small_device(256 * kMiB));  // room for what the retried calls leave
   const std::size_t g = backend.properties().granularity;
   std::vector<char> host(64);
+  // Host pages to pin: one pinned before each call, one for register_host itself.
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<char> pages(3 * page);
+  void* registered = reinterpret_cast<void*>(round_up(reinterpret_cast<std::uintptr_t>(pages.data()), page));
+  void* host_page = static_cast<char*>(registered) + page;
   for (std::size_t kind = 0; kind < kBackendCallKinds; ++kind) {
     const auto call = static_cast<BackendCall>(kind);
     SCOPED_TRACE(std::string(backend_call_name(call)));
@@ -526,6 +531,7 @@ TEST(HostBackend, EveryInjectedFaultFailsOneCallAndChangesNothing) {
     backend.map(range, g, *handle);
     const Stream stream = backend.create_stream();
     const Event event = backend.create_event();
+    ASSERT_TRUE(backend.try_register_host(registered, page));
     const std::size_t used = backend.used_bytes();
     const std::size_t mappings = backend.kernel_mappings();
 
@@ -548,6 +554,8 @@ TEST(HostBackend, EveryInjectedFaultFailsOneCallAndChangesNothing) {
         case BackendCall::kMemset: backend.memset_async(segment, 0, 64, stream); return false;
         case BackendCall::kAllocatePinned: return backend.try_allocate_pinned(4096) == nullptr;
         case BackendCall::kFreePinned: backend.free_pinned(pinned); return false;
+        case BackendCall::kRegisterHost: return !backend.try_register_host(host_page, page);
+        case BackendCall::kUnregisterHost: backend.unregister_host(registered); return false;
         case BackendCall::kSynchronize: backend.synchronize_stream(stream); return false;
         case BackendCall::kCount: break;
       }
@@ -576,6 +584,8 @@ TEST(HostBackend, EveryInjectedFaultFailsOneCallAndChangesNothing) {
     if (call != BackendCall::kReleasePhysical) backend.release_physical(*handle);
     backend.release_address_range(range, 2 * g);
     if (call != BackendCall::kReleaseReservation) backend.release_address_range(spare, g);
+    if (call == BackendCall::kRegisterHost) backend.unregister_host(host_page);
+    if (call != BackendCall::kUnregisterHost) backend.unregister_host(registered);
   }
   EXPECT_EQ(backend.faults().faults_fired(), kBackendCallKinds);
 }

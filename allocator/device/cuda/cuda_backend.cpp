@@ -493,6 +493,29 @@ class CudaBackend final : public DeviceBackend {
     STOWAGE_CUDART_CHECK(device_, cudaFreeHost(ptr));
   }
 
+  bool try_register_host(void* ptr, std::size_t bytes) override {
+    STOWAGE_CHECK(ptr != nullptr && bytes > 0, "register_host needs memory to pin");
+    const DeviceGuard guard = device_guard();
+    const cudaError_t status = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    if (status == cudaErrorMemoryAllocation) {
+      clear_if_last(status);
+      return false;
+    }
+    if (status == cudaErrorHostMemoryAlreadyRegistered) {
+      clear_if_last(status);
+      STOWAGE_THROW(LogicError, "host memory at ", ptr, " is pinned already");
+    }
+    STOWAGE_CUDART_THROW_IF(device_, status,
+                            detail::concat("cudaHostRegister(", ptr, ", ", bytes, " bytes)"));
+    return true;
+  }
+
+  void unregister_host(void* ptr) override {
+    STOWAGE_CHECK(ptr != nullptr, "unregister_host(nullptr)");
+    const DeviceGuard guard = device_guard();
+    STOWAGE_CUDART_CHECK(device_, cudaHostUnregister(ptr));
+  }
+
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 

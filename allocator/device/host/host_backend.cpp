@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <bit>
 #include <chrono>
@@ -333,7 +334,8 @@ void* HostBackend::try_allocate_pinned(std::size_t bytes) {
   if (count_call(BackendCall::kAllocatePinned)) return nullptr;
   std::lock_guard lock(memory_mutex_);
   if (options_.pinned_capacity_bytes != 0 &&
-      bytes > options_.pinned_capacity_bytes - pinned_bytes_) {
+      bytes > options_.pinned_capacity_bytes - std::min(options_.pinned_capacity_bytes,
+                                                        pinned_bytes_)) {
     return nullptr;
   }
   check_mapping_room_locked(1);
@@ -342,6 +344,38 @@ void* HostBackend::try_allocate_pinned(std::size_t bytes) {
   pinned_.emplace(to_address(ptr), bytes);
   pinned_bytes_ += bytes;
   return ptr;
+}
+
+bool HostBackend::try_register_host(void* ptr, std::size_t bytes) {
+  STOWAGE_CHECK(ptr != nullptr && bytes > 0, "register_host needs memory to pin");
+  STOWAGE_CHECK(to_address(ptr) % host_page_size() == 0 && bytes % host_page_size() == 0,
+                "register_host takes whole host pages, not ", bytes, " bytes at ", ptr);
+  if (count_call(BackendCall::kRegisterHost)) return false;
+  std::lock_guard lock(memory_mutex_);
+  const auto after = registered_.lower_bound(to_address(ptr));
+  const bool overlaps =
+      (after != registered_.end() && after->first < to_address(ptr) + bytes) ||
+      (after != registered_.begin() && std::prev(after)->first + std::prev(after)->second >
+                                           to_address(ptr));
+  STOWAGE_CHECK(!overlaps, "host memory at ", ptr, " is pinned already");
+  if (options_.pinned_capacity_bytes != 0 &&
+      bytes > options_.pinned_capacity_bytes - std::min(options_.pinned_capacity_bytes,
+                                                        pinned_bytes_)) {
+    return false;
+  }
+  registered_.emplace(to_address(ptr), bytes);
+  pinned_bytes_ += bytes;
+  return true;
+}
+
+void HostBackend::unregister_host(void* ptr) {
+  fail_if_injected(BackendCall::kUnregisterHost);
+  std::lock_guard lock(memory_mutex_);
+  const auto it = registered_.find(to_address(ptr));
+  STOWAGE_CHECK(it != registered_.end(), "unregister_host of ", ptr,
+                ", which register_host did not pin");
+  pinned_bytes_ -= it->second;
+  registered_.erase(it);
 }
 
 void HostBackend::free_pinned(void* ptr) {
@@ -365,6 +399,7 @@ void HostBackend::check_invariants() const {
   STOWAGE_INTERNAL_ASSERT(segment_bytes == segment_bytes_);
   std::size_t pinned_bytes = 0;
   for (const auto& [base, bytes] : pinned_) pinned_bytes += bytes;
+  for (const auto& [base, bytes] : registered_) pinned_bytes += bytes;
   STOWAGE_INTERNAL_ASSERT(pinned_bytes == pinned_bytes_);
   STOWAGE_INTERNAL_ASSERT(used_bytes_locked() <= options_.capacity_bytes, "device uses ",
                           used_bytes_locked(), " bytes of a capacity of ",

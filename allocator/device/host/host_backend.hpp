@@ -45,7 +45,8 @@ struct HostBackendOptions {
   std::size_t granularity = 2 * kMiB;      // VMM granularity, as on current NVIDIA GPUs
   bool synchronous = false;                // run stream work inline (replay, deterministic tests)
   double copy_bytes_per_second = 0;        // bandwidth limit of copies; 0 = memcpy speed
-  std::size_t pinned_capacity_bytes = 0;   // limit on pinned host memory; 0 = none
+  std::size_t pinned_capacity_bytes = 0;   // limit on pinned host memory (allocated or
+                                           // registered: ulimit -l); 0 = none
   std::size_t max_mappings = 0;            // kernel mappings allowed; 0 = from vm.max_map_count
   bool release_freed_memory = false;       // give freed segments' and handles' RAM back at once
   // Map handles' memory into reservations for real. Without it the virtual-memory calls keep
@@ -99,6 +100,8 @@ class HostBackend final : public DeviceBackend {
 
   void* try_allocate_pinned(std::size_t bytes) override;
   void free_pinned(void* ptr) override;
+  bool try_register_host(void* ptr, std::size_t bytes) override;
+  void unregister_host(void* ptr) override;
 
   // --- simulator-only ---
   const HostBackendOptions& options() const noexcept { return options_; }
@@ -143,8 +146,9 @@ class HostBackend final : public DeviceBackend {
   HostSegmentMemory segment_memory_;
   std::map<std::uintptr_t, std::size_t> segments_;  // base -> bytes
   std::size_t segment_bytes_ = 0;
-  std::map<std::uintptr_t, std::size_t> pinned_;    // base -> bytes
-  std::size_t pinned_bytes_ = 0;
+  std::map<std::uintptr_t, std::size_t> pinned_;      // base -> bytes
+  std::map<std::uintptr_t, std::size_t> registered_;  // base -> bytes
+  std::size_t pinned_bytes_ = 0;                      // both together
   HostVirtualMemory virtual_memory_;
 
   HostStreamSet streams_;  // last: destroyed (and drained) before the memory its work touches
