@@ -36,7 +36,12 @@ const AllocatorConfig& checked(const AllocatorConfig& config) {
 }
 
 std::unique_ptr<PagedSource> make_paged_source(const AllocatorConfig& config,
-                                               const SourceParts& parts) {
+                                               const SourceParts& parts, bool device_memory) {
+  if (!device_memory) {
+    STOWAGE_CHECK(config.virtual_memory != VirtualMemoryMode::kOn, "virtual_memory:on, but ",
+                  parts.segments.name(), " is not the device's memory");
+    return nullptr;
+  }
   if (!use_paged_memory(parts.backend, config)) return nullptr;
   return std::make_unique<PagedSource>(parts);
 }
@@ -44,29 +49,41 @@ std::unique_ptr<PagedSource> make_paged_source(const AllocatorConfig& config,
 }  // namespace
 
 CachingAllocator::CachingAllocator(DeviceBackend& backend, AllocatorConfig config)
+    : CachingAllocator(backend, std::make_unique<DeviceSegments>(backend), nullptr, config) {}
+
+CachingAllocator::CachingAllocator(DeviceBackend& backend, SegmentMemory& memory,
+                                   AllocatorConfig config)
+    : CachingAllocator(backend, nullptr, &memory, config) {}
+
+CachingAllocator::CachingAllocator(DeviceBackend& backend, std::unique_ptr<DeviceSegments> owned,
+                                   SegmentMemory* memory, AllocatorConfig config)
     : backend_(backend),
+      device_segments_(std::move(owned)),
+      segment_memory_(memory != nullptr ? *memory : *device_segments_),
       config_(checked(config)),
-      limit_(backend.properties().total_bytes, config.limit_bytes, config.memory_fraction),
+      limit_(segment_memory_.total_bytes(), config.limit_bytes, config.memory_fraction),
       cache_(backend, stats_, trace_, this),
       budget_(cache_, config.reserve_headroom,
-              use_paged_memory(backend, config) ? backend.properties().granularity
-                                                : SizePolicy::kMediumSegmentSize),
+              device_segments_ != nullptr && use_paged_memory(backend, config)
+                  ? backend.properties().granularity
+                  : SizePolicy::kMediumSegmentSize),
       segments_(parts()),
-      paged_(make_paged_source(config, parts())),
+      paged_(make_paged_source(config, parts(), device_segments_ != nullptr)),
       source_(paged_ != nullptr ? static_cast<MemorySource&>(*paged_) : segments_),
       spare_whole_segments_(source_.spares_whole_segments()),
       splits_fresh_blocks_(source_.splits_fresh_blocks()),
       private_pools_(segments_) {
   stats_.max_split_size =
       config.max_split_size == AllocatorConfig::kUnlimited ? -1 : as_signed(config.max_split_size);
-  if (config.placement == PlacementMode::kLearned) {
-    if (paged_ != nullptr) {
-      placement_ = std::make_unique<LearnedPlacement>(cache_, *paged_, shared_);
-    } else {
-      log_warning(detail::concat("placement:learned needs virtual memory, which ",
-                                 backend.properties().name,
-                                 " does not offer; allocations are placed dynamically"));
-    }
+  if (config.placement != PlacementMode::kLearned) return;
+  STOWAGE_CHECK(device_segments_ != nullptr, "placement:learned, but ", segment_memory_.name(),
+                " is not the device's memory");
+  if (paged_ != nullptr) {
+    placement_ = std::make_unique<LearnedPlacement>(cache_, *paged_, shared_);
+  } else {
+    log_warning(detail::concat("placement:learned needs virtual memory, which ",
+                               backend.properties().name,
+                               " does not offer; allocations are placed dynamically"));
   }
 }
 

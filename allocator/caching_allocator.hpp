@@ -75,6 +75,7 @@
 #include "allocator/pool_checkpoint.hpp"
 #include "allocator/private_pools.hpp"
 #include "allocator/reserve_budget.hpp"
+#include "allocator/segment_memory.hpp"
 #include "allocator/segment_source.hpp"
 #include "allocator/snapshot.hpp"
 #include "allocator/stats.hpp"
@@ -89,6 +90,10 @@ class CachingAllocator final : private BlockCache::Listener {
   using ContextProvider = std::function<std::uint64_t()>;
 
   explicit CachingAllocator(DeviceBackend& backend, AllocatorConfig config = {});
+  // Caches blocks of `memory` (not owned; it must outlive the allocator) instead of the
+  // device's, on the segment path; the backend gives the streams and events of stream-ordered
+  // reuse. virtual_memory:on and placement:learned are refused: they need device memory.
+  CachingAllocator(DeviceBackend& backend, SegmentMemory& memory, AllocatorConfig config);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -199,6 +204,10 @@ class CachingAllocator final : private BlockCache::Listener {
   // BlockCache::Listener: a block of a private pool nobody holds goes back with its segment.
   void block_freed(Block& block) override;
 
+  // Segments come from `memory`, or from `owned` (the device's) when memory is nullptr.
+  CachingAllocator(DeviceBackend& backend, std::unique_ptr<DeviceSegments> owned,
+                   SegmentMemory* memory, AllocatorConfig config);
+
   Block* try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                            std::uint64_t context);
   // Note [Miss path] for the shared pool, after the plan and the cache; `fresh` is set when the
@@ -221,12 +230,14 @@ class CachingAllocator final : private BlockCache::Listener {
   OomReport oom_report_locked(std::size_t bytes, std::size_t rounded, Stream stream);
   // What the memory sources work with.
   SourceParts parts() noexcept {
-    return {backend_, cache_,  stats_, trace_, limit_, budget_, shared_, config_.max_split_size,
-            config_.move_pages_above};
+    return {backend_, segment_memory_, cache_, stats_, trace_, limit_, budget_, shared_,
+            config_.max_split_size, config_.move_pages_above};
   }
   std::uint64_t context_for_history() const noexcept;
 
   DeviceBackend& backend_;
+  const std::unique_ptr<DeviceSegments> device_segments_;  // when segments are the device's
+  SegmentMemory& segment_memory_;                          // the segment path's memory
   const AllocatorConfig config_;
   // Read before the lock is taken (Note [Stacks before the lock]).
   std::atomic<bool> history_on_{false};

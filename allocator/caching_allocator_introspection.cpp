@@ -91,7 +91,7 @@ std::size_t CachingAllocator::largest_available_block() const {
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   std::size_t device_free = 0;
   try {
-    device_free = backend_.memory_info().free_bytes;
+    device_free = segment_memory_.free_bytes();
   } catch (const std::exception&) {
     device_free = 0;
   }
@@ -113,9 +113,10 @@ OomReport CachingAllocator::oom_report_locked(std::size_t bytes, std::size_t rou
       report.largest_free_block = std::max(report.largest_free_block, block.size);
     });
   }
-  report.device_total = backend_.properties().total_bytes;
+  report.memory = segment_memory_.name();
+  report.device_total = segment_memory_.total_bytes();
   try {
-    report.device_free = backend_.memory_info().free_bytes;
+    report.device_free = segment_memory_.free_bytes();
   } catch (const std::exception&) {
     report.device_free = 0;
   }

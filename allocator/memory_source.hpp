@@ -20,6 +20,7 @@
 #include "allocator/memory_limit.hpp"
 #include "allocator/pool.hpp"
 #include "allocator/reserve_budget.hpp"
+#include "allocator/segment_memory.hpp"
 #include "allocator/size_policy.hpp"
 #include "allocator/stats.hpp"
 #include "allocator/trace_recorder.hpp"
@@ -42,6 +43,7 @@ struct GrowRequest {
 // (all owned by the allocator and guarded by its lock).
 struct SourceParts {
   DeviceBackend& backend;
+  SegmentMemory& segments;  // what the segment path's segments are made of
   BlockCache& cache;
   DeviceStats& stats;
   TraceRecorder& trace;

@@ -1,5 +1,6 @@
 #include "allocator/oom_report.hpp"
 
+#include <cctype>
 #include <cstdio>
 #include <sstream>
 
@@ -16,10 +17,12 @@ void OomReport::describe() {
   std::snprintf(percent, sizeof(percent), "%.1f%%", fragmentation * 100.0);
 
   std::ostringstream out;
-  out << "stowage: out of memory on device " << device << ": tried to allocate "
+  std::string holder = memory;
+  if (!holder.empty()) holder[0] = static_cast<char>(std::toupper(holder[0]));
+  out << "stowage: out of memory on " << memory << ": tried to allocate "
       << format_bytes(requested) << " (a block of " << format_bytes(rounded) << ") on stream 0x"
-      << std::hex << stream.handle << std::dec << ". Device: " << format_bytes(device_total)
-      << " total, " << format_bytes(device_free) << " free";
+      << std::hex << stream.handle << std::dec << ". " << holder << ": "
+      << format_bytes(device_total) << " total, " << format_bytes(device_free) << " free";
   if (limit < device_total) out << "; stowage's limit " << format_bytes(limit);
   out << ". stowage: " << format_bytes(allocated) << " allocated, " << format_bytes(reserved)
       << " reserved, of which " << format_bytes(reserved_unallocated)
@@ -27,9 +30,9 @@ void OomReport::describe() {
       << "; fragmentation " << percent
       << " (1 - largest free block / reserved but unallocated).";
   if (rounded > device_total) {
-    out << " The request is larger than the whole device.";
+    out << " The request is larger than all of " << memory << ".";
   } else if (device_free >= rounded && reserved <= limit && rounded <= limit - reserved) {
-    out << " The device reports room for it but refused (see the warnings logged before): a"
+    out << " The memory reports room for it but refused (see the warnings logged before): a"
            " driver, address-space or mapping-limit failure, not a lack of memory.";
   } else if (largest_free_block < rounded && reserved_unallocated >= rounded) {
     out << " Enough memory is free but not in one piece: this is fragmentation.";

@@ -19,6 +19,7 @@ namespace stowage {
 
 struct OomReport {
   int device = 0;
+  std::string memory = "device 0";    // what ran out (SegmentMemory::name)
   std::size_t requested = 0;          // the caller's bytes
   std::size_t rounded = 0;            // the block size stowage needed
   Stream stream;
@@ -26,7 +27,7 @@ struct OomReport {
   std::size_t reserved = 0;           // segments held from the device
   std::size_t reserved_unallocated = 0;  // reserved - allocated (cached or waiting on streams)
   std::size_t largest_free_block = 0;
-  std::size_t device_total = 0;
+  std::size_t device_total = 0;       // of that memory
   std::size_t device_free = 0;
   std::size_t limit = 0;              // stowage's own limit, or the device total when none
   double fragmentation = 0;           // 1 - largest_free_block / reserved_unallocated

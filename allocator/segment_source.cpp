@@ -9,7 +9,7 @@
 namespace stowage {
 
 SegmentSource::SegmentSource(const SourceParts& parts)
-    : backend_(parts.backend),
+    : memory_(parts.segments),
       cache_(parts.cache),
       stats_(parts.stats),
       trace_(parts.trace),
@@ -32,13 +32,12 @@ bool SegmentSource::release_cached() {
 Block* SegmentSource::allocate(Pool& pool, const GrowRequest& request) {
   // The preferred size first (a medium request's shared segment); when the device or the limit
   // refuses it, the smallest segment that holds the block.
-  const std::size_t preferred = SizePolicy::segment_size(request.rounded);
-  const std::size_t smallest = SizePolicy::smallest_segment_size(request.rounded);
+  const auto [preferred, smallest] = memory_.sizes_for(request.rounded);
   if (&pool == &shared_ && !request.capturing) make_room(preferred, request.rounded);
   auto try_size = [&](std::size_t size) -> void* {
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
     if (!limit_.allows(reserved, size)) return nullptr;
-    return timed_call(stats_, [&] { return backend_.try_allocate_segment(size); });
+    return timed_call(stats_, [&] { return memory_.try_allocate(size); });
   };
   std::size_t size = preferred;
   void* base = try_size(size);
@@ -50,7 +49,7 @@ Block* SegmentSource::allocate(Pool& pool, const GrowRequest& request) {
     block = cache_.add_segment(address, size, request.stream, request.size_class,
                                request.context, pool);
   } catch (...) {
-    timed_call(stats_, [&] { backend_.free_segment(base); });
+    timed_call(stats_, [&] { memory_.free(base); });
     throw;
   }
   ++stats_.num_device_alloc;
@@ -93,7 +92,7 @@ bool SegmentSource::release_free(const std::function<bool(const Segment&)>& whic
 }
 
 void SegmentSource::release(Segment& segment) {
-  timed_call(stats_, [&] { backend_.free_segment(reinterpret_cast<void*>(segment.base)); });
+  timed_call(stats_, [&] { memory_.free(reinterpret_cast<void*>(segment.base)); });
   ++stats_.num_device_free;
   stats_.segment.update(segment.size_class, -1);
   stats_.reserved_bytes.update(segment.size_class, -as_signed(segment.size));

@@ -1,8 +1,9 @@
-// SegmentSource: memory in whole segments from the device (like cudaMalloc), PyTorch's design.
+// SegmentSource: memory in whole segments (from the device, like cudaMalloc: PyTorch's design;
+// or from another SegmentMemory, segment_memory.hpp).
 //
-// A request the cache cannot serve gets a segment of its own, sized by Note [Rounding]
-// (size_policy.hpp): the preferred size, else the smallest that holds the block when the device
-// or the limit refuses that. A segment goes back to the device only when wholly free: on
+// A request the cache cannot serve gets a segment of its own, sized by its SegmentMemory (for the
+// device, Note [Rounding] in size_policy.hpp): the preferred size, else the smallest that holds
+// the block when the memory or the limit refuses that. A segment goes back to the device only when wholly free: on
 // empty_cache, before a retry, and under Note [Reserve budget] before a new one would take
 // reserved memory beyond the budget. It serves the shared pool where the device has no virtual
 // memory (or virtual_memory:off), and private pools always (their memory must never move).
@@ -41,7 +42,7 @@ class SegmentSource final : public MemorySource {
   void make_room(std::size_t size, std::size_t rounded);
   void release(Segment& segment);
 
-  DeviceBackend& backend_;
+  SegmentMemory& memory_;
   BlockCache& cache_;
   DeviceStats& stats_;
   TraceRecorder& trace_;

@@ -118,6 +118,13 @@ class DeviceBackend {
   virtual void synchronize_event(Event event) = 0;
   // Work enqueued on `stream` after this call waits for the event's latest recording.
   virtual void stream_wait_event(Stream stream, Event event) = 0;
+  // An event whose recordings also keep when they completed (an event without
+  // cudaEventDisableTiming), for elapsed_seconds.
+  virtual Event create_timing_event() = 0;
+  // Seconds from the completion of start's latest recording to end's (negative when end's came
+  // first). Both must be timing events whose latest recordings have completed: LogicError
+  // otherwise. Never blocks.
+  virtual double elapsed_seconds(Event start, Event end) = 0;
 
   // --- work on streams ---
   // dst and src may each be device or host memory (like cudaMemcpyDefault under UVA).

@@ -368,6 +368,28 @@ TEST_P(BackendConformance, DefaultStreamCannotBeDestroyed) {
   EXPECT_THROW(backend_->destroy_stream(Stream{0}), LogicError);
 }
 
+TEST_P(BackendConformance, TimingEventsMeasureTheWorkBetweenThem) {
+  void* segment = backend_->try_allocate_segment(8 * kMiB);
+  ASSERT_NE(segment, nullptr);
+  const Stream stream = backend_->create_stream();
+  const Event start = backend_->create_timing_event();
+  const Event end = backend_->create_timing_event();
+  const Event plain = backend_->create_event();
+  backend_->record_event(start, stream);
+  backend_->memset_async(segment, 1, 8 * kMiB, stream);
+  backend_->record_event(end, stream);
+  backend_->record_event(plain, stream);
+  backend_->synchronize_event(plain);
+  EXPECT_GE(backend_->elapsed_seconds(start, end), 0.0);
+  EXPECT_LE(backend_->elapsed_seconds(end, start), 0.0);
+  EXPECT_THROW(backend_->elapsed_seconds(start, plain), LogicError);  // no timing kept
+  backend_->destroy_event(start);
+  backend_->destroy_event(end);
+  backend_->destroy_event(plain);
+  backend_->destroy_stream(stream);
+  backend_->free_segment(segment);
+}
+
 TEST_P(BackendConformance, MemsetAndDeviceToDeviceCopy) {
   void* source = backend_->try_allocate_segment(kMiB);
   void* target = backend_->try_allocate_segment(kMiB);

@@ -3,10 +3,12 @@
 #include "allocator/device/host/host_backend.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -404,6 +406,55 @@ TEST(HostBackend, PinnedMemoryHasItsOwnLimit) {
   void* b = backend.try_allocate_pinned(8 * kMiB);
   EXPECT_NE(b, nullptr);
   backend.free_pinned(b);
+}
+
+TEST(HostBackend, RegisteredHostMemorySharesThePinnedLimit) {
+  HostBackendOptions options = small_device();
+  options.pinned_capacity_bytes = 8 * kMiB;
+  HostBackend backend(options);
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  void* host = std::aligned_alloc(page, 6 * kMiB);
+  ASSERT_NE(host, nullptr);
+  void* pinned = backend.try_allocate_pinned(4 * kMiB);
+  ASSERT_NE(pinned, nullptr);
+  EXPECT_FALSE(backend.try_register_host(host, 6 * kMiB)) << "4 + 6 MiB passes the 8 MiB limit";
+  backend.free_pinned(pinned);
+  EXPECT_TRUE(backend.try_register_host(host, 6 * kMiB));
+  EXPECT_EQ(backend.pinned_bytes(), 6 * kMiB);
+  EXPECT_THROW(backend.try_register_host(static_cast<char*>(host) + page, page), LogicError)
+      << "overlaps the registered range";
+  EXPECT_THROW(backend.unregister_host(static_cast<char*>(host) + page), LogicError)
+      << "not the start of a registered range";
+  backend.unregister_host(host);
+  EXPECT_EQ(backend.pinned_bytes(), 0u);
+  backend.check_invariants();
+  std::free(host);
+}
+
+TEST(HostBackend, AForkedChildHasWorkingStreamsAndSoDoesTheParent) {
+  HostBackend backend(small_device());
+  void* segment = backend.try_allocate_segment(kMiB);
+  ASSERT_NE(segment, nullptr);
+  const Stream stream = backend.create_stream();
+  const auto data = pattern(kMiB, 5);
+  backend.copy_async(segment, data.data(), kMiB, stream);
+  backend.prepare_fork();
+  const pid_t child = ::fork();
+  backend.after_fork();
+  ASSERT_GE(child, 0);
+  const auto round_trip = [&] {
+    std::vector<std::uint8_t> out(kMiB);
+    backend.copy_async(out.data(), segment, kMiB, stream);
+    backend.synchronize_stream(stream);
+    return out == data;
+  };
+  if (child == 0) ::_exit(round_trip() ? 0 : 1);  // the child's streams run on its own threads
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(round_trip());
+  backend.destroy_stream(stream);
+  backend.free_segment(segment);
 }
 
 TEST(HostBackend, ConcurrentCallersKeepTheAccountsStraight) {

@@ -440,6 +440,26 @@ class CudaBackend final : public DeviceBackend {
                          cudaStreamWaitEvent(to_cuda(stream), to_cuda(event), cudaEventWaitDefault));
   }
 
+  Event create_timing_event() override {
+    return Event{create_owned(events_, &cudaEventCreateWithFlags, cudaEventDefault,
+                              &cudaEventDestroy, "cudaEventCreateWithFlags")};
+  }
+
+  double elapsed_seconds(Event start, Event end) override {
+    check_known(events_, start.handle, "Event");
+    check_known(events_, end.handle, "Event");
+    const DeviceGuard guard = device_guard();
+    float milliseconds = 0;
+    const cudaError_t status = cudaEventElapsedTime(&milliseconds, to_cuda(start), to_cuda(end));
+    if (status == cudaErrorNotReady || status == cudaErrorInvalidResourceHandle) {
+      clear_if_last(status);
+      STOWAGE_THROW(LogicError, "elapsed_seconds needs two timing events whose recordings "
+                    "have completed (", cudaGetErrorString(status), ")");
+    }
+    STOWAGE_CUDART_THROW_IF(device_, status, "cudaEventElapsedTime");
+    return static_cast<double>(milliseconds) / 1000.0;
+  }
+
   // --- work on streams ---
   void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override {
     const DeviceGuard guard = device_guard();

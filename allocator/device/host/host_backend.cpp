@@ -257,6 +257,25 @@ void HostBackend::stream_wait_event(Stream stream, Event event) {
   streams_.stream_wait_event(stream, event);
 }
 
+Event HostBackend::create_timing_event() {
+  fail_if_injected(BackendCall::kCreateEvent);
+  return streams_.create_event(/*timing=*/true);
+}
+
+double HostBackend::elapsed_seconds(Event start, Event end) {
+  return streams_.elapsed_seconds(start, end);
+}
+
+void HostBackend::prepare_fork() {
+  streams_.prepare_fork();
+  memory_mutex_.lock();
+}
+
+void HostBackend::after_fork() {
+  memory_mutex_.unlock();
+  streams_.after_fork();
+}
+
 // --- work on streams ---
 
 void HostBackend::check_range_locked(const void* ptr, std::size_t bytes, const char* what) const {

@@ -93,6 +93,8 @@ class HostBackend final : public DeviceBackend {
   bool query_event(Event event) override;
   void synchronize_event(Event event) override;
   void stream_wait_event(Stream stream, Event event) override;
+  Event create_timing_event() override;
+  double elapsed_seconds(Event start, Event end) override;
 
   void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override;
   void memset_async(void* dst, int value, std::size_t bytes, Stream stream) override;
@@ -116,6 +118,11 @@ class HostBackend final : public DeviceBackend {
   std::size_t max_mappings() const noexcept { return max_mappings_; }
   // Throws InternalError if any accounting identity is broken.
   void check_invariants() const;
+  // For pthread_atfork: prepare_fork() finishes the streams' work, stops their threads and takes
+  // the memory lock; after_fork() (in the parent and in the child) releases it and starts the
+  // threads again, so the child has working streams of its own.
+  void prepare_fork();
+  void after_fork();
 
  private:
   static HostBackendOptions validated(HostBackendOptions options);

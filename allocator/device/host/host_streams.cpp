@@ -1,5 +1,7 @@
 #include "allocator/device/host/host_streams.hpp"
 
+#include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -11,11 +13,20 @@ namespace stowage {
 // One stream: an in-order task queue and, unless synchronous, the thread that drains it.
 class HostStreamSet::Worker {
  public:
-  explicit Worker(bool synchronous) {
-    if (!synchronous) thread_ = std::thread([this] { run(); });
+  explicit Worker(bool synchronous) : synchronous_(synchronous) { start(); }
+
+  ~Worker() { stop(); }
+
+  // Starts the thread that drains the queue (none in synchronous mode).
+  void start() {
+    if (synchronous_) return;
+    std::lock_guard lock(mutex_);
+    stopping_ = false;
+    thread_ = std::thread([this] { run(); });
   }
 
-  ~Worker() {
+  // Drains the queue and joins the thread.
+  void stop() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
@@ -28,7 +39,7 @@ class HostStreamSet::Worker {
   Worker& operator=(const Worker&) = delete;
 
   void enqueue(std::function<void()> task) {
-    if (!thread_.joinable()) {
+    if (synchronous_) {
       // Synchronous mode: one caller at a time, so the stream stays in order.
       std::lock_guard inline_lock(inline_mutex_);
       run_task(task);
@@ -43,7 +54,7 @@ class HostStreamSet::Worker {
   }
 
   void synchronize() {
-    if (!thread_.joinable()) {
+    if (synchronous_) {
       // Synchronous mode: a task another thread is running inline finishes first.
       std::lock_guard inline_lock(inline_mutex_);
       return;
@@ -81,6 +92,7 @@ class HostStreamSet::Worker {
     }
   }
 
+  const bool synchronous_;
   std::mutex mutex_;  // guards everything below but thread_
   std::condition_variable wake_;
   std::condition_variable done_;
@@ -97,17 +109,25 @@ struct HostStreamSet::Recording {
   std::mutex mutex;
   std::condition_variable done_changed;
   bool done = false;
+  std::chrono::steady_clock::time_point completed_at;
 
   void complete() {
     {
       std::lock_guard lock(mutex);
       done = true;
+      completed_at = std::chrono::steady_clock::now();
     }
     done_changed.notify_all();
   }
   bool is_done() {
     std::lock_guard lock(mutex);
     return done;
+  }
+  // When it completed; nullopt while it has not.
+  std::optional<std::chrono::steady_clock::time_point> completion() {
+    std::lock_guard lock(mutex);
+    if (!done) return std::nullopt;
+    return completed_at;
   }
   void wait() {
     std::unique_lock lock(mutex);
@@ -117,6 +137,9 @@ struct HostStreamSet::Recording {
 
 // An event is its latest published recording (Note [Host streams]); none: never recorded.
 struct HostStreamSet::EventState {
+  explicit EventState(bool timing_event) : timing(timing_event) {}
+
+  const bool timing;
   std::mutex mutex;
   std::shared_ptr<Recording> latest;
 
@@ -189,10 +212,10 @@ void HostStreamSet::enqueue(Stream stream, std::function<void()> task) {
   find_worker(stream)->enqueue(std::move(task));
 }
 
-Event HostStreamSet::create_event() {
+Event HostStreamSet::create_event(bool timing) {
   std::lock_guard lock(mutex_);
   const std::uintptr_t id = next_event_++;
-  events_.emplace(id, std::make_shared<EventState>());
+  events_.emplace(id, std::make_shared<EventState>(timing));
   return Event{id};
 }
 
@@ -227,6 +250,34 @@ void HostStreamSet::stream_wait_event(Stream stream, Event event) {
   const auto recording = find_event(event)->current();
   if (recording == nullptr) return;  // never recorded: nothing to wait for
   find_worker(stream)->enqueue([recording] { recording->wait(); });
+}
+
+double HostStreamSet::elapsed_seconds(Event start, Event end) {
+  const auto completion = [&](Event event, const char* which) {
+    const auto state = find_event(event);
+    STOWAGE_CHECK(state->timing, "elapsed_seconds: the ", which,
+                  " event was not created as a timing event");
+    const auto recording = state->current();
+    STOWAGE_CHECK(recording != nullptr, "elapsed_seconds: the ", which,
+                  " event was never recorded");
+    const auto at = recording->completion();
+    STOWAGE_CHECK(at.has_value(), "elapsed_seconds: the ", which,
+                  " event's recording has not completed");
+    return *at;
+  };
+  const auto from = completion(start, "start");
+  const auto to = completion(end, "end");
+  return std::chrono::duration<double>(to - from).count();
+}
+
+void HostStreamSet::prepare_fork() {
+  mutex_.lock();
+  for (const auto& [id, worker] : workers_) worker->stop();
+}
+
+void HostStreamSet::after_fork() {
+  for (const auto& [id, worker] : workers_) worker->start();
+  mutex_.unlock();
 }
 
 }  // namespace stowage

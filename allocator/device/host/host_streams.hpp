@@ -11,7 +11,8 @@
 // is reported and dropped.
 //
 // Synchronous mode (for replay and deterministic tests) runs every task inline, on the caller's
-// thread, before enqueue returns; no threads are started.
+// thread, before enqueue returns; no threads are started. Timing events keep the time each
+// recording completed, as CUDA events without cudaEventDisableTiming do.
 //
 // Contract: thread-safe. Owns its worker threads; destroying a stream, or the set, first runs
 // every task already enqueued. Tasks must not throw and must not enqueue onto the stream that is
@@ -47,13 +48,20 @@ class HostStreamSet {
   // Enqueues `task` on `stream`; in synchronous mode runs it before returning.
   void enqueue(Stream stream, std::function<void()> task);
 
-  Event create_event();
+  // A timing event's recordings keep the time they completed (elapsed_seconds).
+  Event create_event(bool timing = false);
   void destroy_event(Event event);
   void record_event(Event event, Stream stream);
   bool query_event(Event event);
   void synchronize_event(Event event);
   void stream_wait_event(Stream stream, Event event);
+  double elapsed_seconds(Event start, Event end);
 
+  // For fork(): prepare_fork() runs every stream's work to the end, stops the worker threads
+  // and holds the set's lock; after_fork() releases it and starts the threads again (in the
+  // child, threads of its own: fork() copies only the calling thread).
+  void prepare_fork();
+  void after_fork();
 
  private:
   class Worker;
