@@ -340,6 +340,18 @@ void CachingAllocator::empty_cache() {
   release_cached_locked();
 }
 
+void CachingAllocator::release_free_segments(SizeClass size_class) {
+  std::lock_guard lock(mutex_);
+  STOWAGE_CHECK(!private_pools_.capturing(),
+                "release_free_segments during a CUDA graph capture: it needs a device "
+                "synchronisation, which would break the capture");
+  cache_.flush_deferred();
+  cache_.synchronize_pending();
+  segments_.release_free([&](const Segment& segment) {
+    return segment.pool == &shared_ && segment.size_class == size_class;
+  });
+}
+
 // --- limits ---
 
 void CachingAllocator::set_memory_fraction(double fraction) {

@@ -113,6 +113,9 @@ class CachingAllocator final : private BlockCache::Listener {
   // Waits for pending frees, then returns every wholly free cached segment (on the paged path,
   // every whole free page) to the device.
   void empty_cache();
+  // As empty_cache, for the shared pool's whole segments of one size class only (the segment
+  // path; pages of the paged path are left as they are).
+  void release_free_segments(SizeClass size_class);
 
   // Caps reserved memory at fraction * device total (0 <= fraction <= 1; 0 refuses every
   // request that needs new memory, as torch allows).

@@ -1,68 +1,22 @@
 #include "allocator/device/numa_topology.hpp"
 
-#include <hwloc.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cstdlib>
-#include <memory>
-#include <new>
 #include <string_view>
-#include <system_error>
 
 #include "allocator/base/errors.hpp"
+#include "allocator/device/hwloc_handles.hpp"
 
 namespace stowage {
 
 namespace {
 
-struct BitmapDeleter {
-  void operator()(hwloc_bitmap_s* set) const noexcept { hwloc_bitmap_free(set); }
-};
-using Bitmap = std::unique_ptr<hwloc_bitmap_s, BitmapDeleter>;
+using hwloc::Bitmap;
+using hwloc::make_bitmap;
 
 struct FreeDeleter {
   void operator()(char* text) const noexcept { std::free(text); }
-};
-
-Bitmap make_bitmap() {
-  Bitmap set(hwloc_bitmap_alloc());
-  if (!set) {
-    throw std::bad_alloc();
-  }
-  return set;
-}
-
-std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
-
-// One topology, loaded with every PCI device and every NUMA node (allowed or not); destroyed
-// with the object.
-class Topology {
- public:
-  Topology() {
-    if (hwloc_topology_init(&topology_) != 0) {
-      STOWAGE_THROW(BackendError, "hwloc_topology_init failed: ", errno_text());
-    }
-  }
-  ~Topology() { hwloc_topology_destroy(topology_); }
-  Topology(const Topology&) = delete;
-  Topology& operator=(const Topology&) = delete;
-
-  void load() {
-    if (hwloc_topology_set_flags(topology_, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED) != 0 ||
-        hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_ALL) != 0) {
-      STOWAGE_THROW(BackendError, "hwloc: cannot configure the topology: ", errno_text());
-    }
-    if (hwloc_topology_load(topology_) != 0) {
-      STOWAGE_THROW(BackendError, "hwloc_topology_load failed: ", errno_text());
-    }
-  }
-
-  hwloc_topology_t get() const noexcept { return topology_; }
-
- private:
-  hwloc_topology_t topology_ = nullptr;
 };
 
 std::string list_of(hwloc_const_bitmap_t set) {
@@ -172,8 +126,7 @@ NumaTopology read_numa_topology(const std::vector<std::string>& pci_bus_ids) {
   for (const std::string& bus_id : pci_bus_ids) {
     parse_pci_bus_id(bus_id);  // a bad id is the caller's error: report it before loading
   }
-  Topology topology;
-  topology.load();
+  const hwloc::Topology topology(/*with_io=*/true);
   const hwloc_topology_t t = topology.get();
 
   NumaTopology out;

@@ -1,9 +1,11 @@
 """stowage: train larger models on one GPU with PyTorch.
 
 The C++ core lives in ``stowage._core``; this package is the thin Python layer over it: the
-safe snapshot loader, the trace recorder, and the ``stowage`` command.
+memory API, activation offload (``stowage.offload``), the safe snapshot loader, the trace
+recorder, and the ``stowage`` command.
 """
 
+from stowage import offload
 from stowage._core import __version__, format_bytes, parse_byte_size
 from stowage.memory import (
     c_library_path,
@@ -42,6 +44,7 @@ __all__ = [
     "memory_reserved",
     "memory_stats",
     "memory_summary",
+    "offload",
     "parse_byte_size",
     "placement_status",
     "record_history",

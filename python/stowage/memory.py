@@ -57,7 +57,8 @@ def _bytes(value: int | str) -> int:
     return value if isinstance(value, int) else _core.parse_byte_size(value)
 
 
-def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str | None = None) -> None:
+def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str | None = None,
+           copy_bandwidth: int | str | None = None, pinned_limit: int | str | None = None) -> None:
     """Makes stowage the allocator of ``device``.
 
     ``conf`` is the ``key:value,key:value`` allocator configuration (as STOWAGE_ALLOC_CONF).
@@ -65,6 +66,10 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
     (the first CUDA tensor), as setting STOWAGE_ALLOC_CONF does by itself.
     device="cpu" installs stowage as torch's CPU allocator over a simulated device of
     ``capacity`` bytes ("4GiB" or an int); CPU tensors allocated afterwards count against it.
+    In CPU mode, ``copy_bandwidth`` (bytes per second, e.g. "25GB") is the speed of the simulated
+    link between the device and host memory that offloaded tensors cross (default: as fast as
+    memory copies), and ``pinned_limit`` the host memory the device will pin (as ``ulimit -l``;
+    default: any), beyond which offloaded tensors go to pageable memory.
     """
     config = _core.normalize_allocator_config(conf or "")
     if device == "cpu":
@@ -73,8 +78,15 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
         size = _bytes(capacity)
         if size <= 0:
             raise ValueError(f"capacity must be positive, not {capacity!r}")
-        _torch_module().enable_cpu(size, config)
+        bandwidth = 0 if copy_bandwidth is None else _bytes(copy_bandwidth)
+        pinned = 0 if pinned_limit is None else _bytes(pinned_limit)
+        if (copy_bandwidth is not None and bandwidth <= 0) or (pinned_limit is not None and pinned <= 0):
+            raise ValueError("copy_bandwidth and pinned_limit must be positive when given")
+        _torch_module().enable_cpu(size, config, float(bandwidth), pinned)
         return
+    if copy_bandwidth is not None or pinned_limit is not None:
+        raise ValueError("copy_bandwidth and pinned_limit describe CPU mode's simulated device: "
+                         "pass them with device='cpu'")
     if device == "cuda":
         _enable_cuda(config)
         return
@@ -174,9 +186,13 @@ def _index(device: Any) -> int:
 
 
 def memory_stats(device: Any = None) -> OrderedDict[str, int]:
-    """The allocator's statistics under torch.cuda.memory_stats()'s keys, sorted by key (the C++
-    side lists them in that order)."""
-    return OrderedDict(_module().memory_stats(_index(device)))
+    """The allocator's statistics under torch.cuda.memory_stats()'s keys, and the offload
+    engine's under "offload." keys once anything was offloaded from the device, sorted by key."""
+    module = _module()
+    index = _index(device)
+    stats = dict(module.memory_stats(index))
+    stats.update(module.offload_stats(index))
+    return OrderedDict(sorted(stats.items()))
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -221,11 +237,13 @@ def mark_step() -> None:
 
     With ``placement:learned`` the allocator uses the marks as step boundaries (otherwise it
     finds the repeating step itself); every configuration records the mark in history, where
-    ``stowage replay`` finds it. Does nothing while stowage is not enabled, so the call can stay
-    in the loop."""
+    ``stowage replay`` finds it. With activation offload it also ends the offload engines' step
+    (``stowage.offload.end_step()``). Does nothing while stowage is not enabled, so the call can
+    stay in the loop."""
     module = _torch_module()
     if _on_cuda(module) or module.was_enabled():
         module.mark_step()
+    module.offload_end_step()  # stowage.offload.end_step(): nothing to do without offload
 
 
 def placement_status(device: Any = None) -> dict[str, Any]:
@@ -260,8 +278,13 @@ def snapshot() -> dict[str, Any]:
     if module.cuda_enabled():
         import torch
 
-        return dict(torch.cuda.memory._snapshot())
-    return module.snapshot(_index(None))
+        out = dict(torch.cuda.memory._snapshot())
+    else:
+        out = module.snapshot(_index(None))
+    offload = dict(module.offload_stats(_index(None)))
+    if offload:
+        out["offload"] = offload  # memory_viz ignores keys it does not know
+    return out
 
 
 def dump_snapshot(path: str | Path) -> None:
@@ -330,4 +353,9 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         cells = " | ".join(_format_count(v, v) for v in values)
         lines.append(f" {name:<21} | {cells} ")
     lines.append("=" * 75)
+    from stowage.offload import summary_lines
+
+    offload = summary_lines(stats)
+    if offload:
+        lines += [f" {line:<73} " for line in offload] + ["=" * 75]
     return "".join(f"|{line}|\n" for line in lines)

@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "allocator/base/errors.hpp"
-#include "allocator/device/host/host_backend.hpp"
 
 namespace stowage::torch_cpu {
 
@@ -16,8 +15,7 @@ namespace {
 
 // The process-wide CPU-mode state; heap-allocated and never freed (see the header).
 struct State {
-  std::size_t capacity = 0;
-  std::string config;
+  CpuModeOptions options;
   HostBackend* backend = nullptr;
   CachingAllocator* allocator = nullptr;
   c10::Allocator* previous = nullptr;  // torch's allocator before enable()
@@ -90,12 +88,15 @@ void register_fork_handlers() {
       [] {
         stack_table().prepare_fork();
         state().allocator->prepare_fork();
+        state().backend->prepare_fork();
       },
       [] {
+        state().backend->after_fork();
         state().allocator->after_fork();
         stack_table().after_fork();
       },
       [] {
+        state().backend->after_fork();
         state().allocator->after_fork();
         stack_table().after_fork();
       });
@@ -108,25 +109,28 @@ StackTable& stack_table() {
   return *table;
 }
 
-void enable(std::size_t capacity_bytes, const std::string& config) {
+void enable(const CpuModeOptions& options) {
   std::lock_guard lock(state_mutex());
   State& s = state();
   if (s.allocator == nullptr) {
-    HostBackendOptions options;
-    options.capacity_bytes = capacity_bytes;
-    options.synchronous = true;  // no stream threads: fork() and interpreter exit stay simple
-    auto backend = std::make_unique<HostBackend>(options);
-    auto allocator = std::make_unique<CachingAllocator>(*backend, parse_allocator_config(config));
-    s.capacity = capacity_bytes;
-    s.config = config;
+    HostBackendOptions device;
+    device.capacity_bytes = options.capacity_bytes;
+    device.copy_bytes_per_second = options.copy_bytes_per_second;
+    device.pinned_capacity_bytes = options.pinned_bytes;
+    auto backend = std::make_unique<HostBackend>(device);
+    auto allocator =
+        std::make_unique<CachingAllocator>(*backend, parse_allocator_config(options.config));
+    s.options = options;
     s.backend = backend.release();
     s.allocator = allocator.release();
     s.allocator->set_context_provider([] { return stack_table().capture(); });
     register_fork_handlers();
   } else {
-    STOWAGE_CHECK(capacity_bytes == s.capacity && config == s.config,
-                  "CPU mode was enabled before with capacity ", s.capacity, " and config '",
-                  s.config, "'; tensors from then may still be alive, so it cannot change now");
+    STOWAGE_CHECK(options == s.options, "CPU mode was enabled before with capacity ",
+                  s.options.capacity_bytes, ", config '", s.options.config, "', copy bandwidth ",
+                  s.options.copy_bytes_per_second, " B/s and pinned limit ",
+                  s.options.pinned_bytes, "; tensors from then may still be alive, so it cannot "
+                  "change now");
   }
   if (s.enabled) return;
   s.previous = c10::GetCPUAllocator();
@@ -154,6 +158,11 @@ bool is_enabled() {
 CachingAllocator* allocator() {
   std::lock_guard lock(state_mutex());
   return state().allocator;
+}
+
+HostBackend* backend() {
+  std::lock_guard lock(state_mutex());
+  return state().backend;
 }
 
 }  // namespace stowage::torch_cpu

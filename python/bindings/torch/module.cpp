@@ -10,6 +10,7 @@
 #include "allocator/base/errors.hpp"
 #include "allocator/stats.hpp"
 #include "python/bindings/torch/cpu_allocator.hpp"
+#include "python/bindings/torch/module_parts.hpp"
 #include "python/bindings/torch/snapshot_dict.hpp"
 #include "python/bindings/torch/stack_table.hpp"
 
@@ -56,10 +57,12 @@ CachingAllocator& allocator_for(int device) {
 void bind_cpu_mode(py::module_& module) {
   module.def(
       "enable_cpu",
-      [](std::size_t capacity, const std::string& config) {
-        cpu::enable(capacity, config);
+      [](std::size_t capacity, const std::string& config, double copy_bytes_per_second,
+         std::size_t pinned_bytes) {
+        cpu::enable({capacity, config, copy_bytes_per_second, pinned_bytes});
       },
-      py::arg("capacity"), py::arg("config") = "");
+      py::arg("capacity"), py::arg("config") = "", py::arg("copy_bytes_per_second") = 0.0,
+      py::arg("pinned_bytes") = 0);
   module.def("disable_cpu", &cpu::disable);
   module.def("is_enabled", &cpu::is_enabled);
   module.def("was_enabled", [] { return cpu::allocator() != nullptr; });
@@ -175,4 +178,5 @@ PYBIND11_MODULE(_torch, module) {
   bind_cpu_mode(module);
   bind_cuda(module);
   bind_memory_api(module);
+  stowage::python::bind_offload(module);
 }

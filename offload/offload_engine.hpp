@@ -1,0 +1,73 @@
+// OffloadEngine: one device's offload machinery, composed: the pinned host pool, the transfer
+// engine and the pager over them, registered as its device allocator's pressure handler.
+//
+// The torch layer makes one per device it offloads from (python/bindings/torch/offload/) and
+// reads its statistics into stowage.memory_stats() under "offload." keys.
+//
+// Contract: thread-safe (its parts are). The backend and the allocator must outlive it; it
+// removes its pressure handler when destroyed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocator/caching_allocator.hpp"
+#include "offload/pager.hpp"
+#include "offload/pinned_host_pool.hpp"
+#include "offload/prefetch_policy.hpp"
+#include "offload/transfer_engine.hpp"
+
+namespace stowage {
+
+struct OffloadEngineOptions {
+  PinnedHostPoolOptions pool;
+  // Pages ahead of use: nullopt adapts (Note [Prefetch window]) up to max_prefetch_bytes.
+  std::optional<std::size_t> prefetch_pages;
+  std::size_t max_prefetch_bytes = std::size_t{1} << 30;
+};
+
+// The policy the options ask for (Note [Prefetch window]).
+std::unique_ptr<PrefetchPolicy> make_prefetch_policy(const OffloadEngineOptions& options);
+
+struct OffloadStats {
+  PagerStats pager;
+  TransferStats transfers;
+  PinnedHostPoolStats pool;
+};
+
+class OffloadEngine {
+ public:
+  // `allocator` (nullable) is the device's stowage allocator: the pager relieves its pressure.
+  OffloadEngine(DeviceBackend& backend, CachingAllocator* allocator, DeviceAllocate allocate,
+                DeviceRoom room, const OffloadEngineOptions& options);
+  ~OffloadEngine();
+  OffloadEngine(const OffloadEngine&) = delete;
+  OffloadEngine& operator=(const OffloadEngine&) = delete;
+
+  Pager& pager() noexcept { return *pager_; }
+  TransferEngine& transfers() noexcept { return transfers_; }
+  PinnedHostPool& pool() noexcept { return pool_; }
+  DeviceBackend& backend() noexcept { return backend_; }
+
+  // Between steps: waits for the copies, lets go of what they held, and settles the pinned pool
+  // (Note [One pinned arena]).
+  void end_step();
+  OffloadStats stats();
+
+ private:
+  DeviceBackend& backend_;
+  CachingAllocator* allocator_;
+  PinnedHostPool pool_;
+  TransferEngine transfers_;
+  std::unique_ptr<Pager> pager_;
+};
+
+// The statistics as stowage.memory_stats() lists them: "offload.offloaded_bytes.current", ...
+std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const OffloadStats& stats);
+
+}  // namespace stowage

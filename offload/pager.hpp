@@ -1,0 +1,186 @@
+// Pager: the table of paged device buffers, their copies to pinned host memory and back, the
+// prefetch queue, and the allocator's pressure handler.
+//
+// Note [Page states]
+// A page is one device buffer (in the torch layer: a tensor's storage) that the pager moved or
+// is moving to host memory. Its states:
+//   paging out  the copy to a host block runs; the pager holds the device buffer, so its memory
+//               cannot be reused while the copy reads it, and lets go when the copy completes
+//               (poll) or when the allocator runs short (relieve_pressure waits for the copy);
+//   offloaded   only the host block holds the bytes;
+//   paging in   a new device buffer was allocated on the compute stream and the copy back runs
+//               (the host block went back to the pool, to be reused once that copy completes);
+//   resident    back on the device: page_in returned it and keeps returning it until drop().
+// A page_in while the page is still paging out returns the device buffer it still holds: no
+// copy, no wait (forward's last pages are backward's first); the page keeps the copy, which
+// still reads the buffer, until it completes. Dropping a page whose copy runs
+// parks its device buffer until the copy completes, so a freed tensor never frees memory a
+// copy still uses, and its host block goes back stream-ordered.
+//
+// Ordering: a page-out's copy follows the compute that produced the buffer (an event on the
+// compute timeline); a page-in's copy follows the compute that allocated its destination, and
+// the compute that uses it waits for the copy (a stream wait on a GPU: the host never blocks).
+// Pages come back in the reverse of their page-out order, ahead of use as far as the prefetch
+// policy admits (Note [Prefetch window]) and only into memory free without eviction.
+//
+// Contract: thread-safe. Device memory is allocated and device buffers are let go without the
+// pager's lock, so allocating may call relieve_pressure on the same thread. The engine, the pool
+// and the backend must outlive the pager; pages still held when it is destroyed are dropped
+// after their copies complete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "allocator/memory_pressure.hpp"
+#include "allocator/stats.hpp"
+#include "offload/compute_timeline.hpp"
+#include "offload/pinned_host_pool.hpp"
+#include "offload/prefetch_policy.hpp"
+#include "offload/transfer_engine.hpp"
+
+namespace stowage {
+
+// Device memory and what keeps it alive: letting go of `owner` frees it (through whatever
+// allocator made it; in the torch layer, a storage).
+struct DeviceBuffer {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  std::shared_ptr<void> owner;
+};
+
+// Allocates device memory usable by the compute on `stream`. Throws when there is none (the
+// allocator's out-of-memory error reaches the caller of page_in).
+using DeviceAllocate = std::function<DeviceBuffer(std::size_t bytes, Stream stream)>;
+// The bytes that can be allocated now without eviction or failure (for prefetching).
+using DeviceRoom = std::function<std::size_t()>;
+
+enum class PageState : std::uint8_t { kPagingOut, kOffloaded, kPagingIn, kResident };
+
+struct PagerStats {
+  Stat offloaded_bytes;  // bytes whose copy is in host memory (paging out or offloaded)
+  std::int64_t pages = 0;
+  std::int64_t num_page_outs = 0;
+  std::int64_t bytes_paged_out = 0;
+  std::int64_t num_page_ins = 0;     // copies back to the device
+  std::int64_t bytes_paged_in = 0;
+  std::int64_t num_prefetched = 0;   // of those, started before the page was asked for
+  std::int64_t num_still_resident = 0;  // page_in found the page still on the device
+  std::int64_t num_host_full = 0;    // page_out refused: no host memory
+  std::int64_t num_stalls = 0;       // uses that waited for their copy
+  std::int64_t stall_ns = 0;         // how long they waited (measured on the device on a GPU)
+  std::int64_t num_pressure_waits = 0;  // copies waited for to free device memory
+  std::int64_t pressure_bytes = 0;      // device bytes let go to relieve pressure
+  std::int64_t window_bytes = 0;        // the prefetch policy's window now
+};
+
+class Pager final : public MemoryPressureHandler {
+ public:
+  using PageId = std::uint64_t;
+
+  Pager(DeviceBackend& backend, TransferEngine& engine, PinnedHostPool& pool,
+        DeviceAllocate allocate, DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy);
+  ~Pager() override;
+  Pager(const Pager&) = delete;
+  Pager& operator=(const Pager&) = delete;
+
+  // Starts copying `buffer` to host memory once the compute so far is done. nullopt when the
+  // host has no memory for it: the caller keeps the buffer (nothing is lost).
+  std::optional<PageId> page_out(DeviceBuffer buffer, ComputeTimeline& compute);
+  // The page's bytes on the device, usable by compute enqueued after this returns; starts
+  // bringing back the pages before it (Note [Prefetch window]). Throws the allocator's error
+  // when the device has no memory for it; the page stays offloaded then.
+  DeviceBuffer page_in(PageId id, ComputeTimeline& compute);
+  // The page is no longer needed (its tensor was freed). Unknown ids are ignored.
+  void drop(PageId id) noexcept;
+  PageState state(PageId id) const;
+
+  // Lets go of device buffers whose page-outs completed and of parked buffers whose copies
+  // completed; takes the stall measurements that completed. Never blocks.
+  void poll();
+  // Waits for every copy (the engine counts it), then polls.
+  void synchronize();
+  // MemoryPressureHandler: waits for the oldest page-outs until `bytes` of device memory are let
+  // go (or none is left), and for parked copies.
+  std::size_t relieve_pressure(std::size_t bytes, Stream stream) noexcept override;
+
+  // Replaces the prefetch policy (Note [Prefetch window]) for the page-ins from now on.
+  void set_prefetch_policy(std::unique_ptr<PrefetchPolicy> policy);
+
+  PagerStats stats() const;
+  // Throws InternalError if the table and the statistics disagree.
+  void check_invariants() const;
+
+ private:
+  struct Page {
+    PageState state = PageState::kPagingOut;
+    std::size_t bytes = 0;
+    void* host = nullptr;    // paging out, offloaded
+    DeviceBuffer device;     // paging out (the source), paging in, resident
+    // The copy of the current state (paging out, paging in); a resident page that was still
+    // paging out keeps that copy, which may still read its buffer.
+    TransferHandle transfer;
+    bool claimed = false;    // a page_in is allocating its device buffer
+  };
+  // A device buffer let go once its copy completes.
+  struct Parked {
+    TransferHandle transfer;
+    DeviceBuffer device;
+  };
+  // A use whose stall (or slack) is measured once its events complete.
+  struct PendingUse {
+    Event arrival;
+    TransferHandle transfer;
+  };
+  struct Claim {
+    PageId id = 0;
+    std::size_t bytes = 0;
+    DeviceBuffer device;
+  };
+
+  // The pages to bring back now, claimed: `id` when offloaded, then those before it the policy
+  // admits. Under the lock.
+  std::vector<Claim> claim_locked(PageId id);
+  // Allocates the claims' device buffers, the first (the page needed now, when `needed`) or
+  // not at all; stops at the first prefetch that does not fit. Without the lock.
+  void allocate_claims(std::vector<Claim>& claims, bool needed, Stream stream);
+  // Starts the copies back for the allocated claims and un-claims the rest; buffers of pages
+  // dropped meanwhile go to `released`. Under the lock.
+  void start_page_ins_locked(std::vector<Claim>& claims, PageId needed, ComputeTimeline& compute,
+                             std::vector<DeviceBuffer>& released);
+  // Un-claims every claim (an allocation failed) and releases what was allocated.
+  void unclaim(std::vector<Claim>& claims);
+  // Makes the compute wait for page `page`'s copy back and measures the stall.
+  void wait_for_locked(Page& page, ComputeTimeline& compute);
+  void poll_locked(std::vector<DeviceBuffer>& released);
+  void measure_uses_locked();
+  void observe_use_locked(double lateness);
+  void set_offloaded_locked(Page& page, std::vector<DeviceBuffer>& released);
+  void forget_locked(Page& page, std::vector<DeviceBuffer>& released);
+
+  DeviceBackend& backend_;
+  TransferEngine& engine_;
+  PinnedHostPool& pool_;
+  const DeviceAllocate allocate_;
+  const DeviceRoom room_;
+
+  mutable std::mutex mutex_;  // guards everything below
+  std::unique_ptr<PrefetchPolicy> policy_;
+  std::map<PageId, Page> pages_;
+  std::deque<PageId> paging_out_;  // in copy order; ids of pages no longer paging out are skipped
+  std::size_t ahead_pages_ = 0;    // pages paging in that no page_in has asked for yet
+  std::size_t ahead_bytes_ = 0;
+  std::vector<Parked> parked_;
+  std::deque<PendingUse> pending_uses_;
+  PageId next_id_ = 1;
+  PagerStats stats_;
+};
+
+}  // namespace stowage

@@ -1,0 +1,87 @@
+// PinnedHostPool: a caching allocator for page-locked host memory, the offload engine's staging
+// area for tensors paged out of the device.
+//
+// It is the device allocator's own block machinery (CachingAllocator) over PinnedSegments:
+// 512 B rounding, best fit, splitting and coalescing, and stream-ordered reuse, so a host block
+// returns to the pool only once the copies that used it have completed (record_stream(block,
+// copy stream) before free, as on the device). Pinning is costly (cudaHostRegister locks every
+// page), so segments are kept until the pool is destroyed and never given back to make room
+// (reserve_headroom:1).
+//
+// Note [One pinned arena]
+// Segments made during one step are as many as the first blocks that needed them; a later step
+// whose blocks are the same bytes in another order or other sizes may not fit in them and would
+// pin more. So at a step boundary (the pool idle: nothing allocated), settle() replaces the
+// large segments, when there are several, by one segment the size of the most the pool held
+// at once since it last settled. Offloaded tensors are allocated during forward and freed
+// during backward, so the next step allocates into one free range front to back and fits
+// whenever its peak is no larger: no new pinning once the longest step has run, and a
+// footprint of that peak (tests/offload/pinned_host_pool_test.cpp).
+//
+// Contract: thread-safe (the allocator's lock). Out of host memory, allocate() throws
+// OutOfMemory naming pinned host memory; try_allocate() returns nullptr instead.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "allocator/caching_allocator.hpp"
+#include "allocator/device/backend.hpp"
+#include "offload/pinned_segments.hpp"
+
+namespace stowage {
+
+struct PinnedHostPoolOptions {
+  std::size_t limit_bytes = 0;  // host memory the pool may hold; 0: the host's physical memory
+  std::string pci_bus_id;       // the GPU whose NUMA nodes the memory goes to; empty: anywhere
+};
+
+struct PinnedHostPoolStats {
+  std::int64_t allocated_bytes = 0;       // in blocks handed out
+  std::int64_t peak_allocated_bytes = 0;  // since the pool was made
+  std::int64_t reserved_bytes = 0;        // in segments (pinned or pageable)
+  std::int64_t peak_reserved_bytes = 0;
+  std::int64_t num_segments = 0;
+  std::int64_t num_syncs = 0;  // waits for copies still using freed blocks
+  std::int64_t num_settles = 0;  // times the large segments became one (Note [One pinned arena])
+  PinnedSegmentStats segments;
+};
+
+class PinnedHostPool {
+ public:
+  PinnedHostPool(DeviceBackend& backend, PinnedHostPoolOptions options);
+
+  // A host block of at least `bytes`, usable by copies on `stream`.
+  void* allocate(std::size_t bytes, Stream stream);
+  void* try_allocate(std::size_t bytes, Stream stream);
+  // `stream` uses the block too: its free waits for that stream's work so far.
+  void record_stream(void* ptr, Stream stream) { allocator_.record_stream(ptr, stream); }
+  void free(void* ptr) noexcept { allocator_.free(ptr); }
+
+  // Note [One pinned arena]: when nothing is allocated and the large blocks live in more than
+  // one segment, waits for the copies still using freed blocks and replaces those segments by
+  // one the size of the peak since the last settle, its free block on `stream` (where the pool's
+  // blocks are allocated). Returns whether it replaced them. Call it between steps: it may wait
+  // for the device.
+  bool settle(Stream stream);
+
+  PinnedHostPoolStats stats() const;
+  std::string placement() const { return segments_.placement(); }
+  void check_invariants() const { allocator_.check_invariants(); }
+
+ private:
+  static AllocatorConfig pool_config();
+  // Keeps the peaks of `stats` before settle() resets the allocator's.
+  void note_peaks(const DeviceStats& stats);
+
+  PinnedSegments segments_;
+  CachingAllocator allocator_;
+  mutable std::mutex settle_mutex_;  // guards the three below
+  std::int64_t peak_allocated_ = 0;  // the peaks before the allocator's last reset
+  std::int64_t peak_reserved_ = 0;
+  std::int64_t num_settles_ = 0;
+};
+
+}  // namespace stowage

@@ -1,0 +1,148 @@
+// stowage._torch's offload part: the saved-tensor pager of stowage.offload.activations() and
+// the offload engines' statistics and step boundaries. Tensors cross as torch.Tensor (torch's
+// own pybind11 casters: this module is compiled against torch's pybind11).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+
+#include "allocator/base/errors.hpp"
+#include "python/bindings/torch/module_parts.hpp"
+#include "python/bindings/torch/offload_engines.hpp"
+#include "python/bindings/torch/tensor_pager.hpp"
+
+namespace py = pybind11;
+
+namespace stowage::torch_offload {
+
+namespace {
+
+// The prefetch settings every engine follows (Note [Prefetch window]); set by each region.
+struct PrefetchSettings {
+  std::optional<std::size_t> pages;  // nullopt: adaptive
+  std::size_t max_bytes = std::size_t{1} << 30;
+  bool operator==(const PrefetchSettings&) const = default;
+};
+
+PrefetchSettings& prefetch_settings() {
+  static PrefetchSettings settings;
+  return settings;
+}
+
+void apply(const PrefetchSettings& settings, OffloadEngine& engine) {
+  OffloadEngineOptions options;
+  options.prefetch_pages = settings.pages;
+  options.max_prefetch_bytes = settings.max_bytes;
+  engine.pager().set_prefetch_policy(make_prefetch_policy(options));
+}
+
+py::dict counts_dict(const PackCounts& counts) {
+  py::dict out;
+  out["seen_bytes"] = counts.seen;
+  out["paged_bytes"] = counts.paged;
+  out["parameter_bytes"] = counts.parameters;
+  out["small_bytes"] = counts.small;
+  out["elsewhere_bytes"] = counts.elsewhere;
+  out["host_full_bytes"] = counts.host_full;
+  out["num_saved"] = counts.num_saved;
+  out["num_shared"] = counts.num_shared;
+  return out;
+}
+
+at::Tensor unpack_object(const py::object& packed) {
+  if (THPVariable_Check(packed.ptr())) return py::cast<at::Tensor>(packed);
+  const PackedTensor& tensor = py::cast<const PackedTensor&>(packed);
+  try {
+    const py::gil_scoped_release release;  // page_in may wait for its copy
+    return TensorPager::unpack(tensor);
+  } catch (const c10::OutOfMemoryError& error) {
+    // torch.OutOfMemoryError, as torch's own ops raise it (its C symbol is not exported).
+    const py::object kind = py::module_::import("torch").attr("OutOfMemoryError");
+    PyErr_SetString(kind.ptr(), error.what_without_backtrace());
+    throw py::error_already_set();
+  }
+}
+
+void bind_pager(py::module_& module) {
+  py::class_<PackedTensor>(module, "PackedTensor")
+      .def("__repr__", [](const PackedTensor& packed) {
+        return "<stowage paged tensor: page " + std::to_string(packed.page->id()) + ">";
+      });
+  py::class_<TensorPager>(module, "TensorPager")
+      .def(py::init<std::size_t>(), py::arg("min_bytes"))
+      .def("pack",
+           [](TensorPager& self, const at::Tensor& tensor) -> py::object {
+             auto packed = self.pack(tensor);
+             if (auto* kept = std::get_if<at::Tensor>(&packed)) return py::cast(*kept);
+             return py::cast(std::get<PackedTensor>(std::move(packed)));
+           })
+      .def_static("unpack", &unpack_object)
+      .def("add_parameters",
+           [](TensorPager& self, const std::vector<at::Tensor>& tensors) {
+             for (const at::Tensor& tensor : tensors) self.add_parameter(tensor);
+           })
+      .def("counts", [](const TensorPager& self) {
+        py::dict out = counts_dict(self.counts());
+        out["live_paged_bytes"] = self.live_paged_bytes();
+        return out;
+      });
+}
+
+void bind_engines(py::module_& module) {
+  module.def(
+      "offload_configure",
+      [](std::optional<std::size_t> pages, std::size_t max_bytes) {
+        const PrefetchSettings settings{pages, max_bytes};
+        if (settings == prefetch_settings()) return;
+        prefetch_settings() = settings;
+        for_each_engine([&](int, OffloadEngine& engine) { apply(settings, engine); });
+      },
+      py::arg("prefetch_pages"), py::arg("max_prefetch_bytes"));
+  module.def(
+      "offload_engine",
+      [](const std::string& device) {
+        OffloadEngine* engine = engine_for(c10::Device(device));
+        if (engine != nullptr) apply(prefetch_settings(), *engine);
+        return engine != nullptr;
+      },
+      py::arg("device"));
+  module.def(
+      "offload_stats",
+      [](int device) {
+        py::dict out;
+        for_each_engine([&](int index, OffloadEngine& engine) {
+          if (index != device) return;
+          for (const auto& [key, value] : offload_stats_entries(engine.stats())) {
+            out[py::str(key)] = value;
+          }
+        });
+        return out;
+      },
+      py::arg("device"));
+  module.def("offload_end_step", [] {
+    const py::gil_scoped_release release;
+    for_each_engine([](int, OffloadEngine& engine) { engine.end_step(); });
+  });
+  module.def("offload_placement", [](int device) {
+    std::string placement;
+    for_each_engine([&](int index, OffloadEngine& engine) {
+      if (index == device) placement = engine.pool().placement();
+    });
+    return placement;
+  }, py::arg("device"));
+}
+
+}  // namespace
+
+}  // namespace stowage::torch_offload
+
+namespace stowage::python {
+
+void bind_offload(py::module_& module) {
+  torch_offload::bind_pager(module);
+  torch_offload::bind_engines(module);
+}
+
+}  // namespace stowage::python

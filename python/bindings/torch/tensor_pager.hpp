@@ -1,0 +1,102 @@
+// TensorPager: saved tensors into the offload engine and back, for one offload region
+// (stowage.offload.activations()).
+//
+// pack() decides, per saved tensor, whether it is paged: not when its storage is smaller than
+// min_bytes, is a parameter's (Note [Parameters are not paged]), or is memory stowage does not
+// page (a CPU tensor outside CPU mode); not when the host has no memory for it (it stays, so
+// nothing is lost). Otherwise the whole storage is paged, once: a view's base and a tensor saved
+// twice share one page while the storage is unchanged (the version counter says so), and
+// unpack() rebuilds each saved view over the storage that comes back.
+//
+// Contract: one region on one thread packs; unpacks run on autograd's threads. A PackedTensor
+// holds its page; the last one to go drops it (a graph freed unused leaves nothing behind).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "offload/offload_engine.hpp"
+#include "python/bindings/torch/parameter_storages.hpp"
+
+namespace stowage::torch_offload {
+
+// A page and the engine holding it; dropped when the last saved tensor on it goes.
+class PageRef {
+ public:
+  PageRef(OffloadEngine& engine, Pager::PageId id) : engine_(engine), id_(id) {}
+  ~PageRef() { engine_.pager().drop(id_); }
+  PageRef(const PageRef&) = delete;
+  PageRef& operator=(const PageRef&) = delete;
+
+  OffloadEngine& engine() const noexcept { return engine_; }
+  Pager::PageId id() const noexcept { return id_; }
+
+ private:
+  OffloadEngine& engine_;
+  Pager::PageId id_;
+};
+
+// A saved tensor in the offload engine: its page and the view over the page's storage.
+struct PackedTensor {
+  std::shared_ptr<PageRef> page;
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;
+  std::int64_t storage_offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+};
+
+// What the region's pack calls saw, each storage counted once, in bytes.
+struct PackCounts {
+  std::int64_t seen = 0;        // every storage saved
+  std::int64_t paged = 0;       // paged out
+  std::int64_t parameters = 0;  // kept: a parameter's (Note [Parameters are not paged])
+  std::int64_t small = 0;       // kept: under min_bytes
+  std::int64_t elsewhere = 0;   // kept: memory stowage does not page
+  std::int64_t host_full = 0;   // kept: no host memory left
+  std::int64_t num_saved = 0;   // pack calls
+  std::int64_t num_shared = 0;  // of them, tensors whose storage was paged already
+};
+
+class TensorPager {
+ public:
+  explicit TensorPager(std::size_t min_bytes) : min_bytes_(min_bytes) {}
+
+  // The tensor itself when it stays on the device, else its page.
+  std::variant<at::Tensor, PackedTensor> pack(const at::Tensor& tensor);
+  // The saved tensor back on its device, usable by the compute that follows.
+  static at::Tensor unpack(const PackedTensor& packed);
+  // Never pages this storage (a parameter or a buffer).
+  void add_parameter(const at::Tensor& tensor) { parameters_.add(tensor); }
+  const PackCounts& counts() const noexcept { return counts_; }
+  // Bytes of the paged storages still alive: held by their copy, or by someone else too.
+  std::int64_t live_paged_bytes() const;
+
+ private:
+  enum class Kept : std::uint8_t { kParameter, kSmall, kElsewhere, kHostFull };
+  struct Paged {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    std::weak_ptr<PageRef> page;
+    std::uint32_t version = 0;
+  };
+
+  // Counts the storage once, under `kept` or as paged (nullopt).
+  void count(const c10::Storage& storage, std::optional<Kept> kept);
+  // The page already holding this storage at this version, if any.
+  std::shared_ptr<PageRef> shared_page(const at::Tensor& tensor);
+  static PackedTensor view_of(const at::Tensor& tensor, std::shared_ptr<PageRef> page);
+
+  const std::size_t min_bytes_;
+  ParameterStorages parameters_;
+  std::unordered_map<const c10::StorageImpl*, Paged> paged_;
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> counted_;
+  PackCounts counts_;
+};
+
+}  // namespace stowage::torch_offload

@@ -1,0 +1,237 @@
+"""Activation offload: tensors saved for backward go to pinned host memory during forward and
+come back ahead of backward, on copy streams of their own.
+
+    import stowage
+
+    with stowage.offload.activations() as report:
+        loss = model(batch)          # saved tensors are paged out as forward goes
+    loss.backward()                  # and brought back, in reverse order, ahead of use
+    stowage.offload.end_step()       # between steps (or stowage.mark_step(), which calls it)
+    print(report)
+
+On a GPU the copies overlap compute and nothing waits on the host: a page-out starts once its
+producer is done, its device memory is freed when the copy completes, and backward's compute
+waits on an event for each page it uses. In CPU mode (``stowage.enable(device="cpu", ...)``) the
+same engine runs on the simulated device, its link as fast as ``copy_bandwidth``.
+
+What is not paged (Note [Parameters are not paged] in the C++ sources): storages under
+``min_bytes``; parameters, buffers and their views and autocast casts (decided by storage and
+autograd history, so ``weight.t()`` and bf16 casts stay); tensors inside modules given in
+``exclude``. A storage saved several times, or through several views, is paged once. Used around
+a model whose blocks run under ``torch.utils.checkpoint``, only the checkpoints' inputs are saved,
+so only they are paged. A model compiled as a whole (``torch.compile(model)``) gets no benefit:
+torch hands a compiled region's saved tensors to the hooks only after its forward and takes them
+all back at the start of its backward; compile each block instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Iterable
+
+from stowage import _core
+from stowage.memory import _bytes, _torch_module
+
+DEFAULT_MIN_BYTES = 1 << 20
+DEFAULT_MAX_PREFETCH = 1 << 30
+
+_warned_compiled = False
+
+
+@dataclass
+class OffloadReport:
+    """What one offload region did, in bytes (each storage counted once).
+
+    ``forward_bytes`` is what the forward left allocated on the device, counting paged storages
+    as if they were still there; ``unseen_bytes`` the part of it no saved tensor held (tensors
+    an autograd Function keeps as ``ctx`` attributes, outputs, caches): the hooks cannot page it.
+    """
+
+    saved_bytes: int = 0
+    paged_bytes: int = 0
+    parameter_bytes: int = 0
+    small_bytes: int = 0
+    elsewhere_bytes: int = 0
+    host_full_bytes: int = 0
+    num_saved: int = 0
+    num_shared: int = 0
+    forward_bytes: int = 0
+    unseen_bytes: int = 0
+
+    def __str__(self) -> str:
+        f = _core.format_bytes
+        kept = self.saved_bytes - self.paged_bytes - self.parameter_bytes
+        lines = [
+            f"offload: {self.num_saved} saved tensors, {f(self.saved_bytes)} in distinct storages",
+            f"  paged out       {f(self.paged_bytes)}",
+            f"  parameters      {f(self.parameter_bytes)} (never paged)",
+            f"  kept            {f(kept)} (small {f(self.small_bytes)}, no host memory "
+            f"{f(self.host_full_bytes)}, not stowage's memory {f(self.elsewhere_bytes)})",
+            f"  forward left    {f(self.forward_bytes)} allocated, of which {f(self.unseen_bytes)} "
+            "held outside saved tensors",
+        ]
+        return "\n".join(lines)
+
+
+def _allocated() -> int:
+    """Bytes allocated on the device offload pages from: CPU mode's, else the current GPU's."""
+    module = _torch_module()
+    if module.is_enabled():
+        return int(module.memory_stats(-1)["allocated_bytes.all.current"])
+    import torch
+
+    return int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
+
+
+class activations:
+    """Pages the tensors autograd saves during the ``with`` block to host memory.
+
+    ``min_bytes``: storages smaller stay on the device (default 1 MiB). ``prefetch``: "auto"
+    (the look-ahead adapts to the link's measured bandwidth and the compute between uses, up to
+    ``max_prefetch`` bytes), or a number of tensors to bring back ahead of use (0: each when it is
+    used). ``exclude``: modules whose saved tensors stay on the device.
+    """
+
+    def __init__(self, min_bytes: int | str = DEFAULT_MIN_BYTES, prefetch: int | str = "auto",
+                 max_prefetch: int | str = DEFAULT_MAX_PREFETCH, exclude: Iterable[Any] = ()) -> None:
+        self._min_bytes = _bytes(min_bytes)
+        if self._min_bytes < 0:
+            raise ValueError(f"min_bytes must not be negative, not {min_bytes!r}")
+        if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
+        self._prefetch_pages = None if prefetch == "auto" else int(prefetch)
+        self._max_prefetch = _bytes(max_prefetch)
+        self._exclude = list(exclude)
+        self.report = OffloadReport()
+
+    def __enter__(self) -> OffloadReport:
+        import torch
+
+        module = _torch_module()
+        module.offload_configure(self._prefetch_pages, self._max_prefetch)
+        self._pager = module.TensorPager(self._min_bytes)
+        self._excluded = 0
+        self._registered: set[int] = set()
+        self._top_level: list[Any] = []
+        self._depth = 0
+        self._allocated_before = _allocated()
+        self._handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._module_entered),
+            torch.nn.modules.module.register_module_forward_hook(self._module_left, always_call=True),
+        ]
+        for excluded in self._exclude:
+            self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered))
+            self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
+        self._hooks.__enter__()
+        return self.report
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._hooks.__exit__(kind, error, traceback)
+        for handle in self._handles:
+            handle.remove()
+        self._fill_report()
+        self._warn_if_compiled_whole()
+        del self._pager  # the packed tensors keep their pages; the region's tables go
+
+    def _pack(self, tensor: Any) -> Any:
+        if self._excluded:
+            return tensor
+        return self._pager.pack(tensor)
+
+    def _module_entered(self, module: Any, args: Any) -> None:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        if self._depth == 0:
+            self._top_level.append(module)
+        self._depth += 1
+        if id(module) not in self._registered:
+            self._registered.add(id(module))
+            inner = getattr(module, "_orig_mod", None)  # a compiled module: its whole model
+            recurse = inner is not None
+            owner = inner if recurse else module
+            tensors = list(owner.parameters(recurse=recurse)) + list(owner.buffers(recurse=recurse))
+            self._pager.add_parameters([t for t in tensors if t is not None])
+
+    def _module_left(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if not torch.compiler.is_compiling():
+            self._depth = max(0, self._depth - 1)
+
+    def _exclusion_entered(self, module: Any, args: Any) -> None:
+        self._excluded += 1
+
+    def _exclusion_left(self, module: Any, args: Any, output: Any) -> None:
+        self._excluded = max(0, self._excluded - 1)
+
+    def _fill_report(self) -> None:
+        counts = self._pager.counts()
+        report = self.report
+        report.saved_bytes = counts["seen_bytes"]
+        report.paged_bytes = counts["paged_bytes"]
+        report.parameter_bytes = counts["parameter_bytes"]
+        report.small_bytes = counts["small_bytes"]
+        report.elsewhere_bytes = counts["elsewhere_bytes"]
+        report.host_full_bytes = counts["host_full_bytes"]
+        report.num_saved = counts["num_saved"]
+        report.num_shared = counts["num_shared"]
+        freed_by_paging = counts["paged_bytes"] - counts["live_paged_bytes"]
+        report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_paging)
+        activations_saved = report.saved_bytes - report.parameter_bytes - report.elsewhere_bytes
+        report.unseen_bytes = max(0, report.forward_bytes - activations_saved)
+
+    def _warn_if_compiled_whole(self) -> None:
+        global _warned_compiled
+        whole = len(self._top_level) == 1 and hasattr(self._top_level[0], "_orig_mod")
+        if whole and not _warned_compiled:
+            _warned_compiled = True
+            warnings.warn(
+                "stowage.offload.activations: the model is compiled as a whole (torch.compile), and "
+                "torch gives a compiled region's saved tensors to the hooks only after its forward "
+                "and takes them all back at the start of its backward, so offload frees nothing "
+                "inside it. Compile each block instead (block = torch.compile(block)): offload then "
+                "pages at block boundaries.", stacklevel=3)
+
+
+def end_step() -> None:
+    """Between steps: waits for the offload engines' copies (outside forward and backward) and
+    settles the pinned host pool into one arena, so later steps pin nothing new.
+    ``stowage.mark_step()`` calls it."""
+    _torch_module().offload_end_step()
+
+
+def stats(device: Any = None) -> dict[str, int]:
+    """The offload engine's statistics for ``device`` (as in ``stowage.memory_stats()``); empty
+    before anything was offloaded there."""
+    from stowage.memory import _index
+
+    return dict(_torch_module().offload_stats(_index(device)))
+
+
+def summary_lines(stats: dict[str, int]) -> list[str]:
+    """The offload part of ``stowage.memory_summary()``; nothing before anything was offloaded."""
+    if not stats.get("offload.num_page_outs"):
+        return []
+    f = _core.format_bytes
+
+    def rate(key: str) -> str:
+        return f"{f(stats[key])}/s" if stats[key] else "-"
+
+    return [
+        f"Offloaded: {f(stats['offload.offloaded_bytes.current'])} now, "
+        f"{f(stats['offload.offloaded_bytes.peak'])} at most",
+        f"Pinned host memory: {f(stats['offload.pinned.reserved_bytes.current'])} "
+        f"(peak {f(stats['offload.pinned.reserved_bytes.peak'])}, "
+        f"{stats['offload.pinned.num_pinnings']} pinnings, "
+        f"pageable {f(stats['offload.pinned.pageable_bytes'])})",
+        f"Paged out {f(stats['offload.bytes_paged_out'])} at {rate('offload.to_host.bytes_per_second')}, "
+        f"in {f(stats['offload.bytes_paged_in'])} at {rate('offload.to_device.bytes_per_second')}",
+        f"Stalls: {stats['offload.num_stalls']}, {stats['offload.stall_ns'] / 1e6:.1f} ms; "
+        f"prefetched {stats['offload.num_prefetched']}; syncs {stats['offload.num_syncs']}",
+    ]

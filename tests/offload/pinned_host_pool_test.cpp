@@ -1,0 +1,191 @@
+// The pinned host pool: the allocator's block machinery over page-locked host memory near the
+// GPU, its one pinned arena (Note [One pinned arena]) and its pageable fallback.
+#include "offload/pinned_host_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "allocator/base/byte_units.hpp"
+#include "allocator/base/errors.hpp"
+#include "allocator/base/numbers.hpp"
+#include "allocator/device/host/host_backend.hpp"
+#include "allocator/device/numa_host_memory.hpp"
+#include "tests/support/captured_log.hpp"
+#include "tests/support/gate.hpp"
+
+namespace stowage {
+namespace {
+
+using testing::CapturedLog;
+using testing::Gate;
+
+HostBackendOptions device_options(std::size_t pinned_capacity = 0) {
+  HostBackendOptions options;
+  options.capacity_bytes = 256 * kMiB;
+  options.pinned_capacity_bytes = pinned_capacity;
+  return options;
+}
+
+std::size_t host_rounded(std::size_t bytes) {
+  return round_up(round_up(bytes, 512), NumaHostMemory::page_size());
+}
+
+TEST(PinnedHostPool, BlocksAreExactAndTheirSegmentsArePinned) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  void* block = pool.allocate(3 * kMiB + 5, stream);
+  ASSERT_NE(block, nullptr);
+  const PinnedHostPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.reserved_bytes, as_signed(host_rounded(3 * kMiB + 5)))
+      << "a large block's segment is its size in host pages, not 2 MiB steps";
+  EXPECT_EQ(stats.segments.pinned_bytes, host_rounded(3 * kMiB + 5));
+  EXPECT_EQ(backend.pinned_bytes(), host_rounded(3 * kMiB + 5)) << "registered with the device";
+  EXPECT_EQ(stats.segments.num_pinnings, 1);
+  EXPECT_NE(pool.placement().find("anywhere"), std::string::npos) << "a simulated device has no bus";
+  pool.free(block);
+  pool.check_invariants();
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, AFreedBlockReturnsOnlyAfterTheCopiesThatUsedIt) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream out = backend.create_stream();
+  const Stream in = backend.create_stream();
+  void* first = pool.allocate(4 * kMiB, out);
+  Gate gate;
+  backend.enqueue_host_function(in, gate.blocker());  // a copy back still reading the block
+  pool.record_stream(first, in);
+  pool.free(first);
+  void* second = pool.allocate(4 * kMiB, out);
+  EXPECT_NE(second, first) << "reused while a copy on another stream still uses it";
+  pool.free(second);  // freed on its own stream: reusable at once
+  EXPECT_EQ(pool.allocate(4 * kMiB, out), second);
+  gate.open();
+  backend.synchronize_stream(in);
+  void* third = pool.allocate(4 * kMiB, out);
+  EXPECT_EQ(third, first) << "reused once the copy completed";
+  pool.free(second);
+  pool.free(third);
+  backend.destroy_stream(out);
+  backend.destroy_stream(in);
+}
+
+// One step: allocates `sizes` in order (forward), frees them in reverse (backward).
+void run_step(PinnedHostPool& pool, Stream stream, const std::vector<std::size_t>& sizes) {
+  std::vector<void*> blocks;
+  for (const std::size_t size : sizes) blocks.push_back(pool.allocate(size, stream));
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) pool.free(*it);
+}
+
+TEST(PinnedHostPool, AfterTheLongestStepSettlesNothingMoreIsPinned) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  std::mt19937 random(7);
+  std::uniform_int_distribution<std::size_t> size(kMiB + 1, 12 * kMiB);
+  std::vector<std::size_t> longest(24);
+  for (auto& s : longest) s = size(random);
+  run_step(pool, stream, longest);
+  const std::int64_t peak = pool.stats().peak_allocated_bytes;
+  EXPECT_TRUE(pool.settle(stream));
+  const PinnedHostPoolStats settled = pool.stats();
+  EXPECT_EQ(settled.num_segments, 1);
+  EXPECT_EQ(settled.reserved_bytes, as_signed(round_up(static_cast<std::size_t>(peak),
+                                                       NumaHostMemory::page_size())));
+  for (int step = 0; step < 20; ++step) {
+    // Later steps: the same tensors in another order, or fewer and smaller ones.
+    std::vector<std::size_t> sizes = longest;
+    std::shuffle(sizes.begin(), sizes.end(), random);
+    sizes.resize(sizes.size() - static_cast<std::size_t>(step % 5));
+    run_step(pool, stream, sizes);
+    EXPECT_FALSE(pool.settle(stream)) << "one arena already";
+  }
+  const PinnedHostPoolStats after = pool.stats();
+  EXPECT_EQ(after.segments.num_pinnings, settled.segments.num_pinnings) << "new pinning";
+  EXPECT_LE(static_cast<double>(after.peak_reserved_bytes), 1.05 * static_cast<double>(peak))
+      << "pinned footprint against the peak of live offloaded bytes";
+  pool.check_invariants();
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, ALongerStepGrowsTheArenaOnce) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  run_step(pool, stream, {4 * kMiB, 6 * kMiB});
+  EXPECT_TRUE(pool.settle(stream));
+  run_step(pool, stream, {4 * kMiB, 6 * kMiB, 8 * kMiB});  // longer: one more segment
+  EXPECT_TRUE(pool.settle(stream));
+  const std::int64_t pinnings = pool.stats().segments.num_pinnings;
+  run_step(pool, stream, {8 * kMiB, 4 * kMiB, 6 * kMiB});
+  run_step(pool, stream, {2 * kMiB, 16 * kMiB});
+  EXPECT_EQ(pool.stats().segments.num_pinnings, pinnings);
+  EXPECT_EQ(pool.stats().reserved_bytes, as_signed(18 * kMiB));
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, SettleLeavesAPoolInUseAlone) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  void* a = pool.allocate(4 * kMiB, stream);
+  void* b = pool.allocate(4 * kMiB, stream);
+  pool.free(b);
+  EXPECT_FALSE(pool.settle(stream)) << "a block is still allocated";
+  pool.free(a);
+  EXPECT_TRUE(pool.settle(stream));
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, RefusedPinningFallsBackToPageableMemoryWithOneWarning) {
+  HostBackend backend(device_options(/*pinned_capacity=*/4 * kMiB));
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  CapturedLog log;
+  void* pinned = pool.allocate(3 * kMiB, stream);
+  void* first = pool.allocate(3 * kMiB, stream);   // past the 4 MiB the host pins
+  void* second = pool.allocate(3 * kMiB, stream);
+  ASSERT_TRUE(pinned && first && second);
+  const PinnedHostPoolStats stats = pool.stats();
+  EXPECT_TRUE(stats.segments.pinning_refused);
+  EXPECT_EQ(stats.segments.pinned_bytes, host_rounded(3 * kMiB));
+  EXPECT_EQ(stats.segments.pageable_bytes, 2 * host_rounded(3 * kMiB));
+  ASSERT_EQ(log.lines().size(), 1u) << "one warning, not one per segment";
+  EXPECT_NE(log.lines()[0].find("ulimit -l"), std::string::npos) << log.lines()[0];
+  // Pageable blocks still carry copies.
+  const std::vector<char> data(3 * kMiB, 'x');
+  backend.copy_async(first, data.data(), data.size(), stream);
+  backend.synchronize_stream(stream);
+  EXPECT_EQ(static_cast<char*>(first)[3 * kMiB - 1], 'x');
+  for (void* block : {pinned, first, second}) pool.free(block);
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, PastItsLimitThePoolSaysWhatRanOut) {
+  HostBackend backend(device_options());
+  PinnedHostPoolOptions options;
+  options.limit_bytes = 8 * kMiB;
+  PinnedHostPool pool(backend, options);
+  const Stream stream = backend.create_stream();
+  EXPECT_EQ(pool.try_allocate(10 * kMiB, stream), nullptr);
+  try {
+    pool.allocate(10 * kMiB, stream);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& error) {
+    EXPECT_NE(std::string(error.what()).find("out of memory on pinned host memory"),
+              std::string::npos)
+        << error.what();
+  }
+  void* fits = pool.allocate(6 * kMiB, stream);
+  EXPECT_NE(fits, nullptr);
+  pool.free(fits);
+  backend.destroy_stream(stream);
+}
+
+}  // namespace
+}  // namespace stowage

@@ -1,0 +1,56 @@
+// How far ahead pages come back (Note [Prefetch window]).
+#include "offload/prefetch_policy.hpp"
+
+#include <gtest/gtest.h>
+
+#include "allocator/base/byte_units.hpp"
+
+namespace stowage {
+namespace {
+
+TEST(FixedPrefetch, KeepsTheSetNumberOfPagesAhead) {
+  FixedPrefetch none(0);
+  EXPECT_FALSE(none.admits(0, 0, kMiB));
+  FixedPrefetch two(2);
+  EXPECT_TRUE(two.admits(0, 0, kMiB));
+  EXPECT_TRUE(two.admits(1, kMiB, kMiB));
+  EXPECT_FALSE(two.admits(2, 2 * kMiB, kMiB));
+}
+
+TEST(AdaptivePrefetch, BeforeAnyMeasurementOnePageIsBroughtAhead) {
+  AdaptivePrefetch policy(64 * kMiB);
+  EXPECT_TRUE(policy.admits(0, 0, 8 * kMiB));
+  EXPECT_FALSE(policy.admits(1, 8 * kMiB, 8 * kMiB));
+  EXPECT_FALSE(policy.admits(0, 0, 65 * kMiB)) << "a page larger than the window's bound";
+}
+
+TEST(AdaptivePrefetch, LateCopiesWidenTheWindowAndEarlyOnesNarrowIt) {
+  AdaptivePrefetch policy(1024 * kMiB);
+  const double bandwidth = 1e9;  // 1 GB/s
+  policy.observe(0.010, bandwidth);  // a copy 10 ms late
+  EXPECT_NEAR(policy.lead_seconds(), 0.010, 1e-12);
+  EXPECT_NEAR(static_cast<double>(policy.window_bytes()), 10e6, 1.0);
+  EXPECT_TRUE(policy.admits(1, 5'000'000, 5'000'000));
+  EXPECT_FALSE(policy.admits(2, 10'000'000, 5'000'000));
+  policy.observe(0.002, bandwidth);
+  EXPECT_NEAR(policy.lead_seconds(), 0.012, 1e-12);
+  policy.observe(-0.008, bandwidth);  // 8 ms early: a quarter of it is given up
+  EXPECT_NEAR(policy.lead_seconds(), 0.010, 1e-12);
+  for (int i = 0; i < 100; ++i) policy.observe(-0.010, bandwidth);
+  EXPECT_EQ(policy.lead_seconds(), 0.0) << "copies always early: back to one page ahead";
+  EXPECT_EQ(policy.window_bytes(), 0u);
+}
+
+TEST(AdaptivePrefetch, TheWindowFollowsTheLinkAndStaysWithinItsBound) {
+  AdaptivePrefetch policy(16 * kMiB);
+  policy.observe(0.5, 1e9);
+  EXPECT_EQ(policy.window_bytes(), 16 * kMiB) << "bounded";
+  AdaptivePrefetch slow(1024 * kMiB);
+  slow.observe(0.010, 1e8);
+  AdaptivePrefetch fast(1024 * kMiB);
+  fast.observe(0.010, 1e10);
+  EXPECT_EQ(fast.window_bytes(), 100 * slow.window_bytes());
+}
+
+}  // namespace
+}  // namespace stowage
