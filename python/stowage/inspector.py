@@ -410,6 +410,8 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
         "peak": asdict(peak),
         "ooms": [asdict(oom) for oom in ooms],
         "oom_events": oom_events,
+        # stowage's snapshots of a device with activation offload carry its statistics.
+        "offload": {k: int(v) for k, v in snapshot.get("offload", {}).items()} or None,
     }
 
 
@@ -516,6 +518,11 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
             console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
     if report["oom_events"] > len(report["ooms"]):
         console.print(f"({report['oom_events'] - len(report['ooms']):,} more OOM events not shown)")
+    if report.get("offload"):
+        from stowage.offload import summary_lines
+
+        for line in summary_lines(report["offload"]):
+            console.print(f"offload: {line}")
 
 
 def run(args: argparse.Namespace) -> int:

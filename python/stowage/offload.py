@@ -47,6 +47,8 @@ class OffloadReport:
     ``forward_bytes`` is what the forward left allocated on the device, counting paged storages
     as if they were still there; ``unseen_bytes`` the part of it no saved tensor held (tensors
     an autograd Function keeps as ``ctx`` attributes, outputs, caches): the hooks cannot page it.
+    Both are read from the allocator's figures at the region's start and end, so they are the
+    region's own when the step before it has ended (``stowage.mark_step()``).
     """
 
     saved_bytes: int = 0
