@@ -441,6 +441,31 @@ def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
     return table
 
 
+def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold red]out of memory[/bold red] at event {oom['event_index']:,}: asked for "
+                  f"{_b(oom['requested'])}; the device had {_b(oom['device_free'])} free; "
+                  f"{_b(oom['live_bytes'])} were live.")
+    if totals["segments"]:
+        console.print(f"at the snapshot, stowage's or torch's cache held {_b(totals['reserved_unallocated'])} "
+                      f"reserved but unallocated, the largest free block {_b(totals['largest_free_block'])} "
+                      f"(a snapshot dumped at the OOM shows the cache as the request found it)")
+    console.print(_sites_table("live at the OOM, by site", oom["sites"], oom["live_bytes"]))
+    console.print("what would have helped:")
+    short = oom["requested"] - oom["device_free"]
+    if short > 0 and oom["sites"]:
+        largest = oom["sites"][0]
+        verdict = "would make room" if largest["bytes"] >= short else "would not be enough alone"
+        console.print(f"  - the request needed {_b(short)} more than the device had free; offloading or "
+                      f"recomputing the largest site ({_b(largest['bytes'])}, {largest['site']}) {verdict}")
+    if oom["stowage_peak_reserved"] is not None:
+        console.print(f"  - replayed through stowage, this trace reserves at most "
+                      f"{_b(oom['stowage_peak_reserved'])} for a live peak of "
+                      f"{_b(oom['stowage_peak_requested'])} (stowage replay --min-capacity "
+                      f"{report.get('path', 'SNAPSHOT')} finds the smallest device)")
+    if oom["native_peak_reserved"] is not None:
+        console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
+
+
 def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
     totals = report["totals"]
     console.print(f"[bold]{path.name}[/bold], device {report['device']}: {report['trace_events']:,} trace events, "
@@ -494,28 +519,7 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         console.print(f"peak: {_b(peak['live_bytes'])} live at {when}{baseline}")
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
     for oom in report["ooms"]:
-        console.print(f"[bold red]out of memory[/bold red] at event {oom['event_index']:,}: asked for "
-                      f"{_b(oom['requested'])}; the device had {_b(oom['device_free'])} free; "
-                      f"{_b(oom['live_bytes'])} were live.")
-        if totals["segments"]:
-            console.print(f"at the snapshot, stowage's or torch's cache held {_b(totals['reserved_unallocated'])} "
-                          f"reserved but unallocated, the largest free block {_b(totals['largest_free_block'])} "
-                          f"(a snapshot dumped at the OOM shows the cache as the request found it)")
-        console.print(_sites_table("live at the OOM, by site", oom["sites"], oom["live_bytes"]))
-        console.print("what would have helped:")
-        short = oom["requested"] - oom["device_free"]
-        if short > 0 and oom["sites"]:
-            largest = oom["sites"][0]
-            verdict = "would make room" if largest["bytes"] >= short else "would not be enough alone"
-            console.print(f"  - the request needed {_b(short)} more than the device had free; offloading or "
-                          f"recomputing the largest site ({_b(largest['bytes'])}, {largest['site']}) {verdict}")
-        if oom["stowage_peak_reserved"] is not None:
-            console.print(f"  - replayed through stowage, this trace reserves at most "
-                          f"{_b(oom['stowage_peak_reserved'])} for a live peak of "
-                          f"{_b(oom['stowage_peak_requested'])} (stowage replay --min-capacity "
-                          f"{report.get('path', 'SNAPSHOT')} finds the smallest device)")
-        if oom["native_peak_reserved"] is not None:
-            console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
+        _print_oom(oom, totals, report, console)
     if report["oom_events"] > len(report["ooms"]):
         console.print(f"({report['oom_events'] - len(report['ooms']):,} more OOM events not shown)")
     if report.get("offload"):
