@@ -5,7 +5,8 @@
 #   test    the CTest suite (the CUDA cases run instead of skipping), the self-check, and the
 #           torch suite tests/gpu/python (stowage as torch's CUDA allocator)
 #   bench   the end-to-end figures: a GPT-2-small training step and host time per allocation,
-#           stowage beside torch's native allocator in the same run; then the backend and
+#           stowage beside torch's native allocator in the same run; activation offload on
+#           GPT-2 medium (step time, peak, largest batch under 14 GiB); then the backend and
 #           allocator micro-benchmarks (skip them with STOWAGE_GPU_MICRO=0)
 # Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for bench/results/.
 #
@@ -96,6 +97,12 @@ if wants bench; then
     | tee "$out/gpt2_step_varlen.txt" || status=1
   "$python" bench/e2e/host_alloc_time.py --compare --processes 7 --repeats 11 --json "$out/host_alloc_time.json" 2>&1 \
     | tee "$out/host_alloc_time.txt" || status=1
+  # Activation offload, GPT-2 medium: every mode's step time and peak, then its largest batch
+  # at sequence 1024 under a 14 GiB cap.
+  "$python" bench/e2e/offload_step.py --device cuda --compare --json "$out/offload_step.json" 2>&1 \
+    | tee "$out/offload_step.txt" || status=1
+  "$python" bench/e2e/offload_step.py --device cuda --compare --max-batch --cap-gib 14 \
+    --json "$out/offload_max_batch.json" 2>&1 | tee "$out/offload_max_batch.txt" || status=1
   if [[ "${STOWAGE_GPU_MICRO:-1}" != 0 ]]; then
     build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
       --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_backend_ops.json" \
