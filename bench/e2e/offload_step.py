@@ -20,10 +20,12 @@ stowage.mark_step()), synchronised on the GPU; every step's time is reported, no
 Peak memory is the allocator's peak allocated bytes over the measured steps.
 
 On the CPU the simulated device's link runs at memcpy speed (--link memcpy), or at the speed that
-gives the link the same share of a step as on an H100 (--link gpu-ratio): the CPU's measured
-matmul rate divided by the H100's ratio of dense bf16 rate to PCIe gen5 x16 bandwidth (989 TFLOP/s
-/ 55 GB/s, about 18,000 FLOP per byte moved), so copies that an H100 hides behind compute are
-hidden, or not, here too.
+gives the link the share of a step it has for GPT-2 medium on an H100 (--link gpu-ratio). On the
+H100 a byte over PCIe gen5 x16 costs as much time as 989 TFLOP/s / 55 GB/s, about 18,000 FLOP of
+dense bf16; a model's FLOP per saved activation byte grows with its width, and the CPU saves fp32
+(twice bf16's bytes), so the CPU link is its measured matmul rate / 18,000 x (1024 / CPU model
+width) x 2. Copies that an H100 hides behind GPT-2 medium's compute are hidden here too, and ones
+it cannot hide are not.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ sys.path.insert(0, str(HERE))
 
 MODES = ("none", "checkpoint", "save_on_cpu", "offload", "checkpoint+offload")
 H100_FLOP_PER_LINK_BYTE = 989e12 / 55e9
+FP32_OVER_BF16 = 2
 MiB = float(1 << 20)
 
 
@@ -101,7 +104,8 @@ def set_up_device(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     bandwidth = args.bandwidth
     if not bandwidth and args.link == "gpu-ratio":
-        bandwidth = matmul_flops_per_second() / H100_FLOP_PER_LINK_BYTE
+        width_ratio = 1024 / model_config(args).n_embd  # GPT-2 medium's width over this model's
+        bandwidth = matmul_flops_per_second() / H100_FLOP_PER_LINK_BYTE * width_ratio * FP32_OVER_BF16
     stowage.enable(device="cpu", capacity="64GiB", copy_bandwidth=int(bandwidth) if bandwidth else None)
     return {"link": args.link, "copy_bytes_per_second": bandwidth or None}
 
