@@ -4,8 +4,9 @@
 #           machine's python3 (stowage as torch's CUDA allocator, its .pth hook, libstowage.so)
 #   test    the CTest suite (the CUDA cases run instead of skipping), the self-check, and the
 #           torch suite tests/gpu/python (stowage as torch's CUDA allocator)
-#   bench   the end-to-end figures: a GPT-2-small training step and host time per allocation,
-#           stowage beside torch's native allocator in the same run; activation offload on
+#   bench   the end-to-end figures: a GPT-2-small training step, a Llama 1.1B loop cycling four
+#           sequence lengths (every step) and host time per allocation, stowage beside torch's
+#           native allocator in the same run; activation offload on
 #           GPT-2 medium (step time, peak, largest batch under 14 GiB); then the backend and
 #           allocator micro-benchmarks (skip them with STOWAGE_GPU_MICRO=0)
 # Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for bench/results/.
@@ -95,6 +96,10 @@ if wants bench; then
   "$python" bench/e2e/gpt2_step.py --compare --json "$out/gpt2_step.json" 2>&1 | tee "$out/gpt2_step.txt" || status=1
   "$python" bench/e2e/gpt2_step.py --compare --varlen --json "$out/gpt2_step_varlen.json" 2>&1 \
     | tee "$out/gpt2_step_varlen.txt" || status=1
+  # A Llama 1.1B loop cycling four sequence lengths: every step's time, native, stowage and the
+  # segment path interleaved (the allocator steady-state issue's GPU target)
+  "$python" bench/e2e/llama_cycle_step.py --compare --json "$out/llama_cycle_step.json" 2>&1 \
+    | tee "$out/llama_cycle_step.txt" || status=1
   "$python" bench/e2e/host_alloc_time.py --compare --processes 7 --repeats 11 --json "$out/host_alloc_time.json" 2>&1 \
     | tee "$out/host_alloc_time.txt" || status=1
   # Activation offload, GPT-2 medium: every mode's step time and peak, then its largest batch

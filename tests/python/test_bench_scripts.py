@@ -1,0 +1,41 @@
+"""The end-to-end benchmarks that a GPU machine runs also run here, in CPU mode at a small size,
+so that a change that breaks them shows up before the rare GPU run does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+E2E = REPO / "bench" / "e2e"
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(E2E / script), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_llama_cycle_benchmark_reports_every_step_per_shape(tmp_path: Path) -> None:
+    output = tmp_path / "llama.json"
+    done = run_script("llama_cycle_step.py", "--allocator", "stowage", "--device", "cpu", "--tiny", "--cycles", "2",
+                      "--warmup-cycles", "1", "--json", str(output))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    assert [step["length"] for step in result["steps"]] == [128, 64, 96, 32] * 2
+    assert [step["warm"] for step in result["steps"]] == [False] * 4 + [True] * 4
+    assert result["max_reserved"] >= result["max_allocated"] > 0
+    assert "seq   128: median" in done.stdout
+
+
+def test_the_offload_benchmark_pages_activations_out_and_in(tmp_path: Path) -> None:
+    output = tmp_path / "offload.json"
+    done = run_script("offload_step.py", "--device", "cpu", "--mode", "offload", "--batch", "2", "--seq", "64",
+                      "--steps", "2", "--warmup", "1", "--json", str(output))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    result = result[0] if isinstance(result, list) else result
+    assert len(result["step_ms"]) == 2
+    assert result["offload"]["offload.bytes_paged_out"] > 0
+    assert result["offload"]["offload.bytes_paged_in"] > 0
