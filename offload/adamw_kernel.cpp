@@ -1,0 +1,200 @@
+#include "offload/adamw_kernel.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "allocator/base/errors.hpp"
+
+namespace stowage::offload {
+namespace {
+
+// Elements per pass of the inner loop: 2,048 x 28 bytes stay in L1/L2 between the update and
+// the output conversion.
+constexpr std::size_t kChunk = 2048;
+// Below this many elements a thread costs more to start than it saves.
+constexpr std::size_t kMinPerThread = 1 << 16;
+
+// The per-step scalars, computed once in double as torch does, then applied in float.
+struct StepScalars {
+  float keep;             // 1 - lr * weight_decay
+  float one_minus_beta1;  // the lerp weight of the first moment
+  float beta2;
+  float one_minus_beta2;
+  float step_size;        // lr / (1 - beta1^step)
+  float inv_bias2_sqrt;   // 1 / sqrt(1 - beta2^step)
+  float eps;
+};
+
+StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
+  const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+  return {static_cast<float>(1.0 - h.lr * h.weight_decay), static_cast<float>(1.0 - h.beta1),
+          static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2), static_cast<float>(h.lr / bias1),
+          static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(h.eps)};
+}
+
+template <ElementType T>
+[[gnu::always_inline]] inline float load(const void* base, std::size_t i) {
+  if constexpr (T == ElementType::kFloat32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (T == ElementType::kBFloat16) {
+    return std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(base)[i]) << 16);
+  } else {
+    return static_cast<float>(static_cast<const _Float16*>(base)[i]);
+  }
+}
+
+[[gnu::always_inline]] inline std::uint16_t to_bfloat16(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+  // NaN stays NaN (quiet): rounding must not carry it into infinity.
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  return static_cast<std::uint16_t>(nan ? ((bits >> 16) | 0x40u) : (rounded >> 16));
+}
+
+template <ElementType T>
+[[gnu::always_inline]] inline void store(void* base, std::size_t i, float value) {
+  if constexpr (T == ElementType::kFloat32) {
+    static_cast<float*>(base)[i] = value;
+  } else if constexpr (T == ElementType::kBFloat16) {
+    static_cast<std::uint16_t*>(base)[i] = to_bfloat16(value);
+  } else {
+    static_cast<_Float16*>(base)[i] = static_cast<_Float16>(value);
+  }
+}
+
+// One chunk: the update, then the output conversion while the masters are still in cache.
+// Restrict-qualified so that the compiler vectorises without alias checks (AdamWBuffers' rule).
+template <ElementType G, ElementType O, bool kOut>
+[[gnu::always_inline]] inline void update_range(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
+                                                std::size_t end) {
+  // Locals, not s's fields: a store through master could otherwise alias them.
+  const float keep = s.keep, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
+  const float step_size = s.step_size, inv_bias2_sqrt = s.inv_bias2_sqrt, eps = s.eps;
+  float* __restrict master = b.master;
+  float* __restrict m = b.exp_avg;
+  float* __restrict v = b.exp_avg_sq;
+  const void* grad = b.grad;
+  void* out = b.out;
+  for (std::size_t start = begin; start < end; start += kChunk) {
+    const std::size_t stop = std::min(end, start + kChunk);
+    for (std::size_t i = start; i < stop; ++i) {
+      const float g = load<G>(grad, i);
+      const float p = master[i] * keep;
+      const float m_new = m[i] + w1 * (g - m[i]);
+      const float v_new = v[i] * beta2 + w2 * g * g;
+      m[i] = m_new;
+      v[i] = v_new;
+      master[i] = p - step_size * m_new / (std::sqrt(v_new) * inv_bias2_sqrt + eps);
+    }
+    if constexpr (kOut) {
+      for (std::size_t i = start; i < stop; ++i) store<O>(out, i, master[i]);
+    }
+  }
+}
+
+using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::size_t, std::size_t);
+
+// One function per (gradient, output) pair, each compiled for AVX2/FMA/F16C and for the baseline;
+// the loader picks the best the CPU has.
+#define STOWAGE_ADAMW_RANGE(name, G, O, OUT)                                                          \
+  [[gnu::target_clones("arch=x86-64-v3", "default")]] void name(                                     \
+      const StepScalars& s, const AdamWBuffers& b, std::size_t begin, std::size_t end) {             \
+    update_range<ElementType::G, ElementType::O, OUT>(s, b, begin, end);                             \
+  }
+STOWAGE_ADAMW_RANGE(range_f32_none, kFloat32, kFloat32, false)
+STOWAGE_ADAMW_RANGE(range_bf16_none, kBFloat16, kFloat32, false)
+STOWAGE_ADAMW_RANGE(range_f16_none, kFloat16, kFloat32, false)
+STOWAGE_ADAMW_RANGE(range_f32_f32, kFloat32, kFloat32, true)
+STOWAGE_ADAMW_RANGE(range_f32_bf16, kFloat32, kBFloat16, true)
+STOWAGE_ADAMW_RANGE(range_f32_f16, kFloat32, kFloat16, true)
+STOWAGE_ADAMW_RANGE(range_bf16_f32, kBFloat16, kFloat32, true)
+STOWAGE_ADAMW_RANGE(range_bf16_bf16, kBFloat16, kBFloat16, true)
+STOWAGE_ADAMW_RANGE(range_bf16_f16, kBFloat16, kFloat16, true)
+STOWAGE_ADAMW_RANGE(range_f16_f32, kFloat16, kFloat32, true)
+STOWAGE_ADAMW_RANGE(range_f16_bf16, kFloat16, kBFloat16, true)
+STOWAGE_ADAMW_RANGE(range_f16_f16, kFloat16, kFloat16, true)
+#undef STOWAGE_ADAMW_RANGE
+
+RangeFunction range_function(const AdamWBuffers& b) {
+  static constexpr RangeFunction kNoOut[] = {range_f32_none, range_bf16_none, range_f16_none};
+  static constexpr RangeFunction kWithOut[3][3] = {{range_f32_f32, range_f32_bf16, range_f32_f16},
+                                                    {range_bf16_f32, range_bf16_bf16, range_bf16_f16},
+                                                    {range_f16_f32, range_f16_bf16, range_f16_f16}};
+  const auto grad = static_cast<std::size_t>(b.grad_type);
+  if (b.out == nullptr) return kNoOut[grad];
+  return kWithOut[grad][static_cast<std::size_t>(b.out_type)];
+}
+
+void check_buffers(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& b) {
+  STOWAGE_CHECK(step >= 1, "AdamW step must count from 1, not ", step);
+  STOWAGE_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1 && hyper.beta2 >= 0 && hyper.beta2 < 1,
+                "AdamW betas must lie in [0, 1), not (", hyper.beta1, ", ", hyper.beta2, ")");
+  STOWAGE_CHECK(b.count == 0 || (b.master && b.exp_avg && b.exp_avg_sq && b.grad),
+                "AdamW buffers of ", b.count, " elements need master, moments and gradient");
+  STOWAGE_CHECK(static_cast<std::size_t>(b.grad_type) < 3 && static_cast<std::size_t>(b.out_type) < 3,
+                "unknown element type");
+}
+
+}  // namespace
+
+std::size_t element_size(ElementType type) noexcept { return type == ElementType::kFloat32 ? 4 : 2; }
+
+float bfloat16_to_float(std::uint16_t bits) noexcept { return load<ElementType::kBFloat16>(&bits, 0); }
+
+std::uint16_t float_to_bfloat16(float value) noexcept { return to_bfloat16(value); }
+
+void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers, int threads) {
+  check_buffers(hyper, step, buffers);
+  const StepScalars s = scalars_of(hyper, step);
+  const RangeFunction run = range_function(buffers);
+  const std::size_t count = buffers.count;
+  const std::size_t useful = std::max<std::size_t>(1, count / kMinPerThread);
+  const std::size_t parts = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)), 1, useful);
+  if (parts == 1) {
+    run(s, buffers, 0, count);
+    return;
+  }
+  // Contiguous shares rounded to whole cache lines of fp32, so threads never share one.
+  const std::size_t share = (count / parts + 15) / 16 * 16;
+  std::vector<std::jthread> workers;
+  workers.reserve(parts - 1);
+  for (std::size_t part = 1; part < parts; ++part) {
+    const std::size_t begin = std::min(count, part * share);
+    const std::size_t end = part + 1 == parts ? count : std::min(count, begin + share);
+    workers.emplace_back([&s, &buffers, run, begin, end] { run(s, buffers, begin, end); });
+  }
+  run(s, buffers, 0, std::min(count, share));
+}
+
+void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& b) {
+  check_buffers(hyper, step, b);
+  const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+  for (std::size_t i = 0; i < b.count; ++i) {
+    double g = 0;
+    switch (b.grad_type) {
+      case ElementType::kFloat32: g = load<ElementType::kFloat32>(b.grad, i); break;
+      case ElementType::kBFloat16: g = load<ElementType::kBFloat16>(b.grad, i); break;
+      case ElementType::kFloat16: g = load<ElementType::kFloat16>(b.grad, i); break;
+    }
+    const double p = b.master[i] * (1.0 - hyper.lr * hyper.weight_decay);
+    const double m = hyper.beta1 * b.exp_avg[i] + (1.0 - hyper.beta1) * g;
+    const double v = hyper.beta2 * b.exp_avg_sq[i] + (1.0 - hyper.beta2) * g * g;
+    b.exp_avg[i] = static_cast<float>(m);
+    b.exp_avg_sq[i] = static_cast<float>(v);
+    b.master[i] = static_cast<float>(p - hyper.lr / bias1 * m / (std::sqrt(v) / std::sqrt(bias2) + hyper.eps));
+    if (b.out == nullptr) continue;
+    switch (b.out_type) {
+      case ElementType::kFloat32: store<ElementType::kFloat32>(b.out, i, b.master[i]); break;
+      case ElementType::kBFloat16: store<ElementType::kBFloat16>(b.out, i, b.master[i]); break;
+      case ElementType::kFloat16: store<ElementType::kFloat16>(b.out, i, b.master[i]); break;
+    }
+  }
+}
+
+}  // namespace stowage::offload

@@ -1,0 +1,52 @@
+// The host half of the offloaded optimizer: AdamW (decoupled weight decay, torch.optim.AdamW's
+// update) over fp32 master weights and moments in one pass, gradients read in bf16, fp16 or fp32,
+// and the updated parameters written in the device's precision for the copy back. One pass over
+// the 28 bytes a parameter the job must touch (master, two moments, gradient in, parameter out),
+// in chunks small enough that the update and the output conversion share the cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace stowage::offload {
+
+enum class ElementType : std::uint8_t { kFloat32, kBFloat16, kFloat16 };
+
+[[nodiscard]] std::size_t element_size(ElementType type) noexcept;
+
+struct AdamWHyperparameters {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// One tensor's (or one bucket's) buffers, all `count` elements long. The fp32 buffers are updated
+// in place; `out` (may be null: no output) receives the updated parameters converted to
+// `out_type`, rounded to nearest even. Buffers may be unaligned; `out` must not overlap the rest.
+struct AdamWBuffers {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const void* grad = nullptr;
+  ElementType grad_type = ElementType::kFloat32;
+  void* out = nullptr;
+  ElementType out_type = ElementType::kFloat32;
+  std::size_t count = 0;
+};
+
+// `step` counts from 1, as torch's state["step"] after its increment. Splits the buffers over
+// `threads` threads (the caller's included; at least one). Thread-safe for disjoint buffers.
+void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers,
+                int threads = 1);
+
+// The same update one element at a time, in double where torch computes scalars in double: the
+// reference the vectorised kernel is tested against.
+void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers);
+
+// Precision conversions the kernel uses, exposed for tests.
+[[nodiscard]] float bfloat16_to_float(std::uint16_t bits) noexcept;
+[[nodiscard]] std::uint16_t float_to_bfloat16(float value) noexcept;
+
+}  // namespace stowage::offload

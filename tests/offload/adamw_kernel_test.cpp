@@ -1,0 +1,164 @@
+// The offloaded optimizer's host kernel against its element-by-element reference, for every
+// gradient and output precision, on sizes with odd tails and unaligned starts, and split over
+// threads.
+#include "offload/adamw_kernel.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "allocator/base/errors.hpp"
+
+namespace stowage::offload {
+namespace {
+
+struct State {
+  std::vector<float> master, m, v;
+  std::vector<unsigned char> grad, out;
+};
+
+State random_state(std::size_t count, ElementType grad_type, ElementType out_type, std::mt19937& random) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  State s;
+  s.master.resize(count + 1);
+  s.m.resize(count + 1);
+  s.v.resize(count + 1);
+  for (std::size_t i = 0; i <= count; ++i) {
+    s.master[i] = normal(random);
+    s.m[i] = 0.1f * normal(random);
+    s.v[i] = 0.01f * std::abs(normal(random));
+  }
+  s.grad.resize((count + 1) * element_size(grad_type));
+  for (std::size_t i = 0; i <= count; ++i) {
+    const float g = normal(random);
+    if (grad_type == ElementType::kFloat32) std::memcpy(&s.grad[i * 4], &g, 4);
+    if (grad_type == ElementType::kBFloat16) {
+      const std::uint16_t bits = float_to_bfloat16(g);
+      std::memcpy(&s.grad[i * 2], &bits, 2);
+    }
+    if (grad_type == ElementType::kFloat16) {
+      const auto half = static_cast<_Float16>(g);
+      std::memcpy(&s.grad[i * 2], &half, 2);
+    }
+  }
+  s.out.assign((count + 1) * element_size(out_type), 0);
+  return s;
+}
+
+// Buffers over `state` starting at element `offset` (1: every pointer unaligned for SIMD).
+AdamWBuffers buffers_of(State& s, std::size_t offset, std::size_t count, ElementType grad_type,
+                        ElementType out_type, bool with_out) {
+  return {s.master.data() + offset, s.m.data() + offset, s.v.data() + offset,
+          s.grad.data() + offset * element_size(grad_type), grad_type,
+          with_out ? s.out.data() + offset * element_size(out_type) : nullptr, out_type, count};
+}
+
+float out_value(const State& s, std::size_t i, ElementType type) {
+  if (type == ElementType::kFloat32) {
+    float value;
+    std::memcpy(&value, &s.out[i * 4], 4);
+    return value;
+  }
+  std::uint16_t bits;
+  std::memcpy(&bits, &s.out[i * 2], 2);
+  if (type == ElementType::kBFloat16) return bfloat16_to_float(bits);
+  _Float16 half;
+  std::memcpy(&half, &bits, 2);
+  return static_cast<float>(half);
+}
+
+void expect_close(float actual, float expected, const char* what, std::size_t i) {
+  ASSERT_NEAR(actual, expected, 2e-6f * std::abs(expected) + 1e-7f) << what << " at " << i;
+}
+
+constexpr ElementType kTypes[] = {ElementType::kFloat32, ElementType::kBFloat16, ElementType::kFloat16};
+
+TEST(AdamWKernel, MatchesTheReferenceForEveryPrecisionSizeAndAlignment) {
+  std::mt19937 random(7);
+  const AdamWHyperparameters hyper{1e-3, 0.9, 0.999, 1e-8, 0.01};
+  for (const ElementType grad_type : kTypes) {
+    for (const ElementType out_type : kTypes) {
+      for (const bool with_out : {false, true}) {
+        for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{2047}, std::size_t{2049},
+                                        std::size_t{70001}}) {
+          for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+            State fast = random_state(count, grad_type, out_type, random);
+            State slow = fast;
+            for (std::int64_t step = 1; step <= 3; ++step) {
+              adamw_step(hyper, step, buffers_of(fast, offset, count, grad_type, out_type, with_out));
+              adamw_step_reference(hyper, step, buffers_of(slow, offset, count, grad_type, out_type, with_out));
+            }
+            for (std::size_t i = offset; i < offset + count; ++i) {
+              expect_close(fast.master[i], slow.master[i], "master", i);
+              expect_close(fast.m[i], slow.m[i], "exp_avg", i);
+              expect_close(fast.v[i], slow.v[i], "exp_avg_sq", i);
+              if (!with_out) continue;
+              // The outputs round the masters: at most one step of the output's precision apart.
+              const float ulp = out_type == ElementType::kFloat32 ? 0 : out_type == ElementType::kBFloat16 ? 0x1p-7f
+                                                                                                            : 0x1p-10f;
+              ASSERT_NEAR(out_value(fast, i, out_type), out_value(slow, i, out_type),
+                          ulp * std::abs(slow.master[i]) + 2e-6f * std::abs(slow.master[i]) + 1e-7f) << i;
+            }
+            // Nothing outside the range is touched.
+            const std::size_t outside = offset == 0 ? count : 0;
+            EXPECT_EQ(fast.master[outside], slow.master[outside]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AdamWKernel, ThreadsGiveTheSameBitsAsOne) {
+  std::mt19937 random(11);
+  const AdamWHyperparameters hyper{3e-4, 0.9, 0.95, 1e-8, 0.1};
+  const std::size_t count = 300007;
+  State one = random_state(count, ElementType::kBFloat16, ElementType::kBFloat16, random);
+  State many = one;
+  adamw_step(hyper, 5, buffers_of(one, 0, count, ElementType::kBFloat16, ElementType::kBFloat16, true), 1);
+  adamw_step(hyper, 5, buffers_of(many, 0, count, ElementType::kBFloat16, ElementType::kBFloat16, true), 4);
+  EXPECT_EQ(one.master, many.master);
+  EXPECT_EQ(one.m, many.m);
+  EXPECT_EQ(one.v, many.v);
+  EXPECT_EQ(one.out, many.out);
+}
+
+TEST(AdamWKernel, TheFirstStepMovesEachWeightByTheLearningRateAgainstItsGradient) {
+  float master[2] = {1.0f, -2.0f}, m[2] = {0, 0}, v[2] = {0, 0};
+  const float grad[2] = {0.5f, -3.0f};
+  const AdamWHyperparameters hyper{0.01, 0.9, 0.999, 1e-12, 0.1};
+  adamw_step(hyper, 1, {master, m, v, grad, ElementType::kFloat32, nullptr, ElementType::kFloat32, 2});
+  EXPECT_NEAR(master[0], 1.0f * (1 - 0.001f) - 0.01f, 1e-6f);
+  EXPECT_NEAR(master[1], -2.0f * (1 - 0.001f) + 0.01f, 1e-6f);
+  EXPECT_NEAR(m[1], -0.3f, 1e-6f);
+  EXPECT_NEAR(v[1], 0.009f, 1e-7f);
+}
+
+TEST(AdamWKernel, BFloat16RoundsToNearestEvenAndKeepsNaNAndInfinity) {
+  EXPECT_EQ(float_to_bfloat16(1.0f), 0x3F80);
+  EXPECT_EQ(float_to_bfloat16(std::bit_cast<float>(0x3F808000u)), 0x3F80);  // tie, even below
+  EXPECT_EQ(float_to_bfloat16(std::bit_cast<float>(0x3F818000u)), 0x3F82);  // tie, even above
+  EXPECT_EQ(float_to_bfloat16(std::bit_cast<float>(0x3F808001u)), 0x3F81);
+  EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::bit_cast<float>(0x7FFFFFFFu)))));
+  EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(INFINITY)), INFINITY);
+}
+
+TEST(AdamWKernel, BadArgumentsAreRefusedWithTheirReason) {
+  float x = 0;
+  const AdamWBuffers buffers{&x, &x, &x, &x, ElementType::kFloat32, nullptr, ElementType::kFloat32, 1};
+  EXPECT_THROW(adamw_step({}, 0, buffers), LogicError);
+  EXPECT_THROW(adamw_step({1e-3, 1.0, 0.999, 1e-8, 0}, 1, buffers), LogicError);
+  AdamWBuffers missing = buffers;
+  missing.exp_avg = nullptr;
+  EXPECT_THROW(adamw_step({}, 1, missing), LogicError);
+  missing.count = 0;
+  EXPECT_NO_THROW(adamw_step({}, 1, missing));
+}
+
+}  // namespace
+}  // namespace stowage::offload
