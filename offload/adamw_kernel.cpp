@@ -100,9 +100,15 @@ template <ElementType G, ElementType O, bool kOut>
 using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::size_t, std::size_t);
 
 // One function per (gradient, output) pair, each compiled for AVX2/FMA/F16C and for the baseline;
-// the loader picks the best the CPU has.
+// the loader picks the best the CPU has. Its resolver (an ifunc) runs before ThreadSanitizer's
+// runtime is up and crashes it, so a TSan build keeps the baseline alone.
+#if defined(__SANITIZE_THREAD__)
+#define STOWAGE_ADAMW_CLONES
+#else
+#define STOWAGE_ADAMW_CLONES [[gnu::target_clones("arch=x86-64-v3", "default")]]
+#endif
 #define STOWAGE_ADAMW_RANGE(name, G, O, OUT)                                                          \
-  [[gnu::target_clones("arch=x86-64-v3", "default")]] void name(                                     \
+  STOWAGE_ADAMW_CLONES void name(                                                                    \
       const StepScalars& s, const AdamWBuffers& b, std::size_t begin, std::size_t end) {             \
     update_range<ElementType::G, ElementType::O, OUT>(s, b, begin, end);                             \
   }
@@ -119,6 +125,7 @@ STOWAGE_ADAMW_RANGE(range_f16_f32, kFloat16, kFloat32, true)
 STOWAGE_ADAMW_RANGE(range_f16_bf16, kFloat16, kBFloat16, true)
 STOWAGE_ADAMW_RANGE(range_f16_f16, kFloat16, kFloat16, true)
 #undef STOWAGE_ADAMW_RANGE
+#undef STOWAGE_ADAMW_CLONES
 
 RangeFunction range_function(const AdamWBuffers& b) {
   static constexpr RangeFunction kNoOut[] = {range_f32_none, range_bf16_none, range_f16_none};
