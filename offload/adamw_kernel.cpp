@@ -27,6 +27,7 @@ struct StepScalars {
   float step_size;        // lr / (1 - beta1^step)
   float inv_bias2_sqrt;   // 1 / sqrt(1 - beta2^step)
   float eps;
+  float grad_scale;       // applied to each gradient as it is read
 };
 
 StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
@@ -34,7 +35,8 @@ StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
   const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
   return {static_cast<float>(1.0 - h.lr * h.weight_decay), static_cast<float>(1.0 - h.beta1),
           static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2), static_cast<float>(h.lr / bias1),
-          static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(h.eps)};
+          static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(h.eps),
+          static_cast<float>(h.grad_scale)};
 }
 
 template <ElementType T>
@@ -75,6 +77,7 @@ template <ElementType G, ElementType O, bool kOut>
   // Locals, not s's fields: a store through master could otherwise alias them.
   const float keep = s.keep, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
   const float step_size = s.step_size, inv_bias2_sqrt = s.inv_bias2_sqrt, eps = s.eps;
+  const float grad_scale = s.grad_scale;
   float* __restrict master = b.master;
   float* __restrict m = b.exp_avg;
   float* __restrict v = b.exp_avg_sq;
@@ -83,7 +86,7 @@ template <ElementType G, ElementType O, bool kOut>
   for (std::size_t start = begin; start < end; start += kChunk) {
     const std::size_t stop = std::min(end, start + kChunk);
     for (std::size_t i = start; i < stop; ++i) {
-      const float g = load<G>(grad, i);
+      const float g = load<G>(grad, i) * grad_scale;
       const float p = master[i] * keep;
       const float m_new = m[i] + w1 * (g - m[i]);
       const float v_new = v[i] * beta2 + w2 * g * g;
@@ -141,6 +144,7 @@ void check_buffers(const AdamWHyperparameters& hyper, std::int64_t step, const A
   STOWAGE_CHECK(step >= 1, "AdamW step must count from 1, not ", step);
   STOWAGE_CHECK(hyper.beta1 >= 0 && hyper.beta1 < 1 && hyper.beta2 >= 0 && hyper.beta2 < 1,
                 "AdamW betas must lie in [0, 1), not (", hyper.beta1, ", ", hyper.beta2, ")");
+  STOWAGE_CHECK(std::isfinite(hyper.grad_scale), "AdamW gradient scale must be finite, not ", hyper.grad_scale);
   STOWAGE_CHECK(b.count == 0 || (b.master && b.exp_avg && b.exp_avg_sq && b.grad),
                 "AdamW buffers of ", b.count, " elements need master, moments and gradient");
   STOWAGE_CHECK(static_cast<std::size_t>(b.grad_type) < 3 && static_cast<std::size_t>(b.out_type) < 3,
@@ -189,6 +193,7 @@ void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, 
       case ElementType::kBFloat16: g = load<ElementType::kBFloat16>(b.grad, i); break;
       case ElementType::kFloat16: g = load<ElementType::kFloat16>(b.grad, i); break;
     }
+    g *= static_cast<double>(static_cast<float>(hyper.grad_scale));
     const double p = b.master[i] * (1.0 - hyper.lr * hyper.weight_decay);
     const double m = hyper.beta1 * b.exp_avg[i] + (1.0 - hyper.beta1) * g;
     const double v = hyper.beta2 * b.exp_avg_sq[i] + (1.0 - hyper.beta2) * g * g;

@@ -20,6 +20,9 @@ struct AdamWHyperparameters {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  // Multiplies each gradient as it is read: 1 / the loss scale, times the clipping coefficient,
+  // so that neither needs a pass of its own over the gradients.
+  double grad_scale = 1.0;
 };
 
 // One tensor's (or one bucket's) buffers, all `count` elements long. The fp32 buffers are updated

@@ -79,7 +79,7 @@ constexpr ElementType kTypes[] = {ElementType::kFloat32, ElementType::kBFloat16,
 
 TEST(AdamWKernel, MatchesTheReferenceForEveryPrecisionSizeAndAlignment) {
   std::mt19937 random(7);
-  const AdamWHyperparameters hyper{1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const AdamWHyperparameters hyper{1e-3, 0.9, 0.999, 1e-8, 0.01, 0.37};
   for (const ElementType grad_type : kTypes) {
     for (const ElementType out_type : kTypes) {
       for (const bool with_out : {false, true}) {
@@ -136,6 +136,28 @@ TEST(AdamWKernel, TheFirstStepMovesEachWeightByTheLearningRateAgainstItsGradient
   EXPECT_NEAR(master[1], -2.0f * (1 - 0.001f) + 0.01f, 1e-6f);
   EXPECT_NEAR(m[1], -0.3f, 1e-6f);
   EXPECT_NEAR(v[1], 0.009f, 1e-7f);
+}
+
+TEST(AdamWKernel, TheGradientScaleActsAsIfTheGradientsWereScaledFirst) {
+  // Unscaling a loss-scaled fp16 gradient by 1/1024 inside the kernel gives the update of the
+  // unscaled gradient: the scale is exact in binary, so the bits agree.
+  float scaled_master[3] = {1.0f, -2.0f, 0.5f}, m1[3] = {}, v1[3] = {};
+  float plain_master[3] = {1.0f, -2.0f, 0.5f}, m2[3] = {}, v2[3] = {};
+  const float scaled[3] = {512.0f, -3072.0f, 0.25f};
+  const float plain[3] = {0.5f, -3.0f, 0.25f / 1024};
+  AdamWHyperparameters hyper{0.01, 0.9, 0.999, 1e-8, 0.1};
+  adamw_step(hyper, 1, {plain_master, m2, v2, plain, ElementType::kFloat32, nullptr, ElementType::kFloat32, 3});
+  hyper.grad_scale = 1.0 / 1024;
+  adamw_step(hyper, 1, {scaled_master, m1, v1, scaled, ElementType::kFloat32, nullptr, ElementType::kFloat32, 3});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(scaled_master[i], plain_master[i]) << i;
+    EXPECT_EQ(m1[i], m2[i]) << i;
+    EXPECT_EQ(v1[i], v2[i]) << i;
+  }
+  hyper.grad_scale = INFINITY;
+  EXPECT_THROW(adamw_step(hyper, 2, {scaled_master, m1, v1, scaled, ElementType::kFloat32, nullptr,
+                                     ElementType::kFloat32, 3}),
+               LogicError);
 }
 
 TEST(AdamWKernel, BFloat16RoundsToNearestEvenAndKeepsNaNAndInfinity) {

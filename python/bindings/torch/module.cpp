@@ -179,4 +179,5 @@ PYBIND11_MODULE(_torch, module) {
   bind_cuda(module);
   bind_memory_api(module);
   stowage::python::bind_offload(module);
+  stowage::python::bind_optimizer(module);
 }

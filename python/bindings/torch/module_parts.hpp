@@ -7,5 +7,7 @@ namespace stowage::python {
 
 // stowage.offload's C++ side: the saved-tensor pager and the offload engines.
 void bind_offload(pybind11::module_& module);
+// The offloaded optimizer's host update and host memory.
+void bind_optimizer(pybind11::module_& module);
 
 }  // namespace stowage::python

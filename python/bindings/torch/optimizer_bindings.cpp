@@ -1,0 +1,124 @@
+// stowage._torch's optimizer part: the host AdamW update over torch tensors (the GIL released
+// while it runs, so a Python thread can update while the main thread drives backward) and the
+// host memory the offloaded optimizer's states live in.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <string>
+
+#include "allocator/base/errors.hpp"
+#include "offload/adamw_kernel.hpp"
+#include "python/bindings/torch/host_state_store.hpp"
+#include "python/bindings/torch/module_parts.hpp"
+
+namespace py = pybind11;
+
+namespace stowage::torch_offload {
+
+namespace {
+
+using offload::ElementType;
+
+ElementType element_type(const at::Tensor& tensor, const char* what) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return ElementType::kFloat32;
+    case at::kBFloat16: return ElementType::kBFloat16;
+    case at::kHalf: return ElementType::kFloat16;
+    default:
+      STOWAGE_CHECK(false, "the AdamW update takes float32, bfloat16 or float16 ", what, ", not ",
+                    c10::toString(tensor.scalar_type()));
+      return ElementType::kFloat32;  // not reached
+  }
+}
+
+void check_host(const at::Tensor& tensor, const char* what, std::int64_t numel) {
+  STOWAGE_CHECK(tensor.device().is_cpu(), "the AdamW update's ", what, " must be a CPU tensor, not on ",
+                tensor.device().str());
+  STOWAGE_CHECK(tensor.is_contiguous(), "the AdamW update's ", what, " must be contiguous");
+  STOWAGE_CHECK(tensor.numel() == numel, "the AdamW update's ", what, " has ", tensor.numel(),
+                " elements where the master weights have ", numel);
+}
+
+float* fp32_data(const at::Tensor& tensor, const char* what, std::int64_t numel) {
+  check_host(tensor, what, numel);
+  STOWAGE_CHECK(tensor.scalar_type() == at::kFloat, "the AdamW update's ", what, " must be float32, not ",
+                c10::toString(tensor.scalar_type()));
+  return tensor.data_ptr<float>();
+}
+
+struct UpdateArguments {
+  at::Tensor master, exp_avg, exp_avg_sq, grad;
+  std::optional<at::Tensor> out;
+};
+
+offload::AdamWBuffers buffers_of(const UpdateArguments& a) {
+  const std::int64_t numel = a.master.numel();
+  offload::AdamWBuffers buffers;
+  buffers.master = fp32_data(a.master, "master weights", numel);
+  buffers.exp_avg = fp32_data(a.exp_avg, "exp_avg", numel);
+  buffers.exp_avg_sq = fp32_data(a.exp_avg_sq, "exp_avg_sq", numel);
+  check_host(a.grad, "gradient", numel);
+  buffers.grad = a.grad.const_data_ptr();
+  buffers.grad_type = element_type(a.grad, "gradients");
+  if (a.out) {
+    check_host(*a.out, "output", numel);
+    buffers.out = a.out->mutable_data_ptr();
+    buffers.out_type = element_type(*a.out, "outputs");
+  }
+  buffers.count = static_cast<std::size_t>(numel);
+  return buffers;
+}
+
+void bind_update(py::module_& module) {
+  module.def(
+      "adamw_update",
+      [](const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
+         const std::optional<at::Tensor>& out, std::int64_t step, double lr, double beta1, double beta2, double eps,
+         double weight_decay, double grad_scale, int threads) {
+        const offload::AdamWBuffers buffers = buffers_of({master, exp_avg, exp_avg_sq, grad, out});
+        const offload::AdamWHyperparameters hyper{lr, beta1, beta2, eps, weight_decay, grad_scale};
+        const py::gil_scoped_release release;
+        offload::adamw_step(hyper, step, buffers, threads);
+      },
+      py::arg("master"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("grad"), py::arg("out"),
+      py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+      py::arg("weight_decay"), py::arg("grad_scale") = 1.0, py::arg("threads") = 1,
+      "One AdamW step over fp32 master weights and moments (updated in place) from `grad`, the "
+      "updated weights written to `out` (or None) in its precision. Releases the GIL.");
+}
+
+void bind_store(py::module_& module) {
+  py::class_<HostStateStore>(module, "HostStateStore")
+      .def(py::init([](const std::string& device, std::size_t limit_bytes) {
+             return HostStateStore(c10::Device(device), limit_bytes);
+           }),
+           py::arg("device"), py::arg("limit_bytes") = 0)
+      .def("empty", &HostStateStore::empty, py::arg("numel"), py::arg("dtype"))
+      .def_property_readonly("pooled", &HostStateStore::pooled)
+      .def("placement", &HostStateStore::placement)
+      .def("stats", [](const HostStateStore& self) {
+        const PinnedHostPoolStats stats = self.stats();
+        py::dict out;
+        out["allocated_bytes"] = stats.allocated_bytes;
+        out["reserved_bytes"] = stats.reserved_bytes;
+        out["pinned_bytes"] = stats.segments.pinned_bytes;
+        out["pageable_bytes"] = stats.segments.pageable_bytes;
+        out["pinning_refused"] = stats.segments.pinning_refused;
+        return out;
+      });
+}
+
+}  // namespace
+
+}  // namespace stowage::torch_offload
+
+namespace stowage::python {
+
+void bind_optimizer(py::module_& module) {
+  torch_offload::bind_update(module);
+  torch_offload::bind_store(module);
+}
+
+}  // namespace stowage::python

@@ -1,0 +1,11 @@
+"""Offload: activations paged to host memory during forward and back ahead of backward
+(``stowage.offload.activations``), and AdamW with its states in host memory, updated on the CPU
+(``stowage.offload.AdamW``)."""
+
+from stowage.offload import activation_offload
+from stowage.offload.activation_offload import OffloadReport, activations, end_step, stats, summary_lines
+from stowage.offload.adamw import AdamW
+from stowage.offload.host_memory import HostMemoryError, host_room
+
+__all__ = ["AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
+           "host_room", "stats", "summary_lines"]

@@ -1,0 +1,153 @@
+"""The offloaded AdamW's host-side layout: parameters grouped in buckets, each bucket's fp32
+master weights, moments and staging buffers as flat host tensors, each parameter a view in them.
+
+A bucket holds parameters of one param group, one device and one dtype, in the order their
+gradients usually become final (reverse registration order, as DDP's buckets), up to
+``bucket_numel`` elements. Its gradients are copied into its staging buffer as they arrive; once
+all have, one update runs over the whole bucket (in runs of parameters with the same step count),
+and its parameters are written back from the output buffer (the masters themselves for fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stowage.offload.host_memory import check_host_room
+
+DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update
+
+
+@dataclass(eq=False)
+class Slot:
+    """One offloaded parameter: its views in the bucket and its step count.
+
+    ``final_version`` is ``p.grad._version`` when its gradient was copied out this step, updated
+    when backward ends (None: not copied this step); ``param_version`` is ``p._version`` after the
+    last write-back (a change means someone else wrote the parameter).
+    """
+
+    param: torch.Tensor
+    group: dict[str, Any]
+    offset: int
+    numel: int
+    master: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    step: torch.Tensor
+    bucket: "Bucket | None" = None
+    final_version: int | None = None
+    param_version: int = 0
+
+    def grad_view(self, buffer: torch.Tensor) -> torch.Tensor:
+        return buffer[self.offset:self.offset + self.numel]
+
+
+@dataclass(eq=False)
+class Bucket:
+    """Parameters updated together. ``grads`` has one staging buffer, two with delayed updates
+    (the next step's gradients arrive while the last step's are still being read)."""
+
+    slots: list[Slot]
+    master: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    grads: list[torch.Tensor]
+    out: torch.Tensor | None
+    arrived: int = 0
+    copied_event: Any = None  # torch.cuda.Event once the copies out were issued (CUDA only)
+    returned_event: Any = None  # the write-back's, which the next update waits for before `out`
+    updated: Any = None  # the Future of the update submitted for this step
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.slots[0].param.device
+
+    @property
+    def group(self) -> dict[str, Any]:
+        return self.slots[0].group
+
+
+def plan_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]],
+                 bucket_numel: int) -> list[list[tuple[torch.Tensor, dict[str, Any]]]]:
+    """Groups (param, group) pairs into buckets: reverse order, same group, device and dtype,
+    at most `bucket_numel` elements each (a larger parameter gets a bucket of its own)."""
+    buckets: list[list[tuple[torch.Tensor, dict[str, Any]]]] = []
+    current: list[tuple[torch.Tensor, dict[str, Any]]] = []
+    size = 0
+    for param, group in reversed(params):
+        if current:
+            first, first_group = current[0]
+            same = (first_group is group and first.device == param.device and first.dtype == param.dtype)
+            if not same or size + param.numel() > bucket_numel:
+                buckets.append(current)
+                current, size = [], 0
+        current.append((param, group))
+        size += param.numel()
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int) -> int:
+    """Host bytes one offloaded parameter takes: fp32 master and moments, the gradient staging
+    buffers, and an output buffer unless the parameters are fp32 (the masters are written back)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 12 + grad_buffers * element + (0 if dtype == torch.float32 else element)
+
+
+def host_bytes_needed(buckets: list[list[tuple[torch.Tensor, dict[str, Any]]]], grad_buffers: int) -> int:
+    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers) * sum(p.numel() for p, _ in b) for b in buckets)
+
+
+def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, grad_buffers: int) -> Bucket:
+    """Allocates a bucket's host buffers from `store` and fills the masters from the parameters."""
+    dtype = members[0][0].dtype
+    numel = sum(p.numel() for p, _ in members)
+    master = store.empty(numel, torch.float32)
+    exp_avg = store.empty(numel, torch.float32).zero_()
+    exp_avg_sq = store.empty(numel, torch.float32).zero_()
+    grads = [store.empty(numel, dtype) for _ in range(grad_buffers)]
+    out = None if dtype == torch.float32 else store.empty(numel, dtype)
+    slots = []
+    offset = 0
+    for param, group in members:
+        n = param.numel()
+        view = slice(offset, offset + n)
+        slot = Slot(param, group, offset, n, master[view].view(param.shape), exp_avg[view].view(param.shape),
+                    exp_avg_sq[view].view(param.shape), torch.zeros((), dtype=torch.float32))
+        slot.master.copy_(param.detach())
+        slot.param_version = param._version
+        slots.append(slot)
+        offset += n
+    bucket = Bucket(slots, master, exp_avg, exp_avg_sq, grads, out)
+    for slot in slots:
+        slot.bucket = bucket
+    return bucket
+
+
+def build_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, bucket_numel: int,
+                  grad_buffers: int, host_memory_limit: int | None) -> list[Bucket]:
+    """The buckets for `params`, after checking the host has room for all of them."""
+    planned = plan_buckets(params, bucket_numel)
+    check_host_room(host_bytes_needed(planned, grad_buffers), "stowage.offload.AdamW's host states",
+                    host_memory_limit)
+    return [make_bucket(members, store, grad_buffers) for members in planned]
+
+
+def update_runs(slots: list[Slot]) -> list[tuple[int, int, int]]:
+    """(first offset, end offset, step) of each run of consecutive slots that have a gradient
+    this step and share a step count: one kernel call each."""
+    runs: list[tuple[int, int, int]] = []
+    for slot in slots:
+        if slot.final_version is None:
+            continue
+        step = int(slot.step.item())
+        if runs and runs[-1][1] == slot.offset and runs[-1][2] == step:
+            runs[-1] = (runs[-1][0], slot.offset + slot.numel, step)
+        else:
+            runs.append((slot.offset, slot.offset + slot.numel, step))
+    return runs

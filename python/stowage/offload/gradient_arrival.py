@@ -1,0 +1,74 @@
+"""When a gradient is final, for the offloaded optimizer: per-parameter hooks, DDP's communication
+hook, and the end of backward.
+
+``register_post_accumulate_grad_hook`` fires once a parameter's gradient is accumulated for this
+backward, but before DDP has reduced it (ranks would update from different gradients and drift
+apart), so under DDP the gradients are taken from the reduced bucket in the communication hook's
+future instead. The end of backward is when the gradients' versions are recorded: anything that
+writes a gradient later (clipping or unscaling through torch, another micro-batch) changes its
+version, and step() copies that gradient again rather than update from a stale copy. DDP copies
+its buckets into ``.grad`` in a final callback of its own, queued when its last bucket is ready,
+after the first hook of ours; so ours queues itself once more from its own callback (the engine
+runs callbacks queued while it runs them) and runs after DDP's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+class BackwardEnd:
+    """Calls `on_end` once at the end of each backward during which arm() was called, after the
+    final callbacks already queued (DDP's included). Contract: arm() from the backward thread."""
+
+    def __init__(self, on_end: Callable[[], None]) -> None:
+        self._on_end = on_end
+        self._armed = False
+
+    def arm(self) -> None:
+        if self._armed:
+            return
+        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+        try:
+            engine.queue_callback(self._requeue)
+        except RuntimeError:
+            return  # not inside a backward (a gradient set by hand): step() records versions
+        self._armed = True
+
+    def _requeue(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)  # type: ignore[attr-defined]
+
+    def _end(self) -> None:
+        self._armed = False
+        self._on_end()
+
+
+def make_ddp_comm_hook(arrive: Callable[[torch.Tensor, torch.Tensor], None],
+                       backward_end: BackwardEnd, process_group: Any) -> Callable[[Any, Any], Any]:
+    """A DDP communication hook that averages the bucket like DDP's default (all-reduce, divide
+    by the world size) and, once the reduction is done, hands each parameter's reduced gradient
+    to `arrive(param, gradient)`."""
+    import torch.distributed as dist
+
+    def hook(state: Any, bucket: Any) -> Any:
+        backward_end.arm()
+        buffer = bucket.buffer()
+        buffer.div_(process_group.size() if process_group is not None else dist.get_world_size())
+        params = list(bucket.parameters())
+        grads = list(bucket.gradients())  # views of the buffer: reduced in place
+        future = dist.all_reduce(buffer, group=process_group, async_op=True).get_future()
+
+        def reduced(done: Any) -> torch.Tensor:
+            value = done.value()[0]
+            for param, grad in zip(params, grads):
+                arrive(param, grad)
+            return value
+
+        return future.then(reduced)
+
+    # DDP checks a hook's annotations as objects (this module's are strings).
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+    return hook

@@ -1,0 +1,363 @@
+"""stowage.offload.AdamW in CPU mode: its parameters against torch.optim.AdamW's, state_dicts
+both ways, loss scaling, clipping, accumulation, the update modes, DDP on two processes, and
+the host-memory refusal."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_mode():
+    stowage.enable(device="cpu", capacity="4GiB")  # as the other CPU-mode tests: one per process
+    yield
+    stowage.mark_step()
+    stowage.disable()
+
+
+def make_model(dtype: Any = torch.float32, seed: int = 0) -> Any:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                                torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    return model.to(dtype)
+
+
+def batch(step: int, dtype: Any = torch.float32, rows: int = 16) -> tuple[Any, Any]:
+    generator = torch.Generator().manual_seed(100 + step)
+    return (torch.randn(rows, 24, generator=generator).to(dtype), torch.randn(rows, 8, generator=generator))
+
+
+def loss_of(model: Any, data: tuple[Any, Any]) -> Any:
+    x, y = data
+    return torch.nn.functional.mse_loss(model(x).float(), y)
+
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def train(model: Any, optimizer: Any, steps: int, micro_batches: int = 1, clip: str | None = None,
+          accumulate: Callable[[Any], Any] | None = None) -> None:
+    for step in range(steps):
+        for micro in range(micro_batches):
+            last = micro == micro_batches - 1
+            context = accumulate(optimizer) if (accumulate and not last) else _null()
+            with context:
+                (loss_of(model, batch(step * micro_batches + micro)) / micro_batches).backward()
+        if clip == "torch":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        elif clip == "optimizer":
+            optimizer.clip_grad_norm_(0.05)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def assert_parameters_close(ours: Any, reference: Any) -> None:
+    for a, b in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(bucket_numel=1000),  # several buckets, one parameter larger than a bucket
+    dict(update="in_backward", bucket_numel=1000),
+    dict(device_fraction=0.5, bucket_numel=1000),
+])
+@pytest.mark.parametrize("clip", [None, "optimizer", "torch"])
+def test_fp32_parameters_match_torch_adamw(options: dict[str, Any], clip: str | None) -> None:
+    if clip and options.get("update") == "in_backward":
+        pytest.skip("in_backward refuses clipping (tested below)")
+    model, reference = make_model(), make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, **options)
+    train(model, optimizer, steps=6, clip=clip)
+    train(reference, torch.optim.AdamW(reference.parameters(), **HYPER), steps=6,
+          clip=None if clip is None else "torch")
+    assert_parameters_close(model, reference)
+
+
+def test_gradient_accumulation_copies_only_the_final_gradients() -> None:
+    model, reference = make_model(), make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update="in_backward", bucket_numel=1000)
+    train(model, optimizer, steps=4, micro_batches=3, accumulate=lambda o: o.accumulating())
+    train(reference, torch.optim.AdamW(reference.parameters(), **HYPER), steps=4, micro_batches=3)
+    assert_parameters_close(model, reference)
+
+
+def test_unmarked_accumulation_is_still_exact_by_default_and_refused_in_backward() -> None:
+    model, reference = make_model(), make_model()
+    train(model, stowage.offload.AdamW(model.parameters(), **HYPER), steps=3, micro_batches=2)
+    train(reference, torch.optim.AdamW(reference.parameters(), **HYPER), steps=3, micro_batches=2)
+    assert_parameters_close(model, reference)
+    eager = make_model()
+    optimizer = stowage.offload.AdamW(eager.parameters(), **HYPER, update="in_backward")
+    with pytest.raises(RuntimeError, match="arrived twice"):
+        train(eager, optimizer, steps=1, micro_batches=2)
+
+
+def test_bf16_parameters_follow_fp32_adamw_rounded_to_bf16() -> None:
+    model = make_model(torch.bfloat16)
+    reference = copy.deepcopy(model).float()  # the fp32 masters torch would keep
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
+    for step in range(5):
+        loss_of(model, batch(step, torch.bfloat16)).backward()
+        for p, r in zip(model.parameters(), reference.parameters()):
+            r.grad = p.grad.float()  # the same gradients: only the update is compared
+        optimizer.step()
+        ref_optimizer.step()
+        optimizer.zero_grad()
+        ref_optimizer.zero_grad()
+    for p, r in zip(model.parameters(), reference.parameters()):
+        expected = r.detach().to(torch.bfloat16).float()
+        ulp = expected.abs() * 2.0 ** -7 + 1e-30
+        assert ((p.detach().float() - expected).abs() <= ulp).all()
+        torch.testing.assert_close(optimizer.state[p]["master"], r.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_state_dict_moves_between_torch_adamw_and_ours_both_ways() -> None:
+    ours_model, torch_model = make_model(), make_model()
+    ours = stowage.offload.AdamW(ours_model.parameters(), **HYPER, bucket_numel=1000)
+    theirs = torch.optim.AdamW(torch_model.parameters(), **HYPER)
+    train(ours_model, ours, steps=3)
+    train(torch_model, theirs, steps=3)
+    # ours -> torch, torch -> ours, each continuing from the other's checkpoint
+    a_model, b_model = copy.deepcopy(ours_model), copy.deepcopy(torch_model)
+    into_torch = torch.optim.AdamW(a_model.parameters(), **HYPER)
+    into_torch.load_state_dict(ours.state_dict())
+    into_ours = stowage.offload.AdamW(b_model.parameters(), **HYPER)
+    into_ours.load_state_dict(theirs.state_dict())
+    for model, optimizer in ((a_model, into_torch), (b_model, into_ours), (torch_model, theirs)):
+        train(model, optimizer, steps=2)
+    assert_parameters_close(a_model, torch_model)
+    assert_parameters_close(b_model, torch_model)
+    assert int(into_ours.state_dict()["state"][0]["step"]) == 5
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_next_step(tmp_path: Path) -> None:
+    model = make_model(torch.bfloat16)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)
+    for step in range(3):
+        loss_of(model, batch(step, torch.bfloat16)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "ckpt.pt")
+    assert "master" in optimizer.state_dict()["state"][0]
+    resumed_model = make_model(torch.bfloat16, seed=1)
+    resumed = stowage.offload.AdamW(resumed_model.parameters(), **HYPER)
+    checkpoint = torch.load(tmp_path / "ckpt.pt")
+    resumed_model.load_state_dict(checkpoint["model"])
+    resumed.load_state_dict(checkpoint["optimizer"])
+    for m, o in ((model, optimizer), (resumed_model, resumed)):
+        loss_of(m, batch(3, torch.bfloat16)).backward()
+        o.step()
+    for a, b in zip(model.parameters(), resumed_model.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(optimizer.state.values(), resumed.state.values()):
+        assert torch.equal(a["master"], b["master"])
+
+
+def test_a_torch_checkpoint_without_masters_starts_them_from_the_parameters() -> None:
+    model = make_model(torch.bfloat16)
+    theirs = torch.optim.AdamW(model.parameters(), **HYPER)
+    loss_of(model, batch(0, torch.bfloat16)).backward()
+    theirs.step()
+    ours = stowage.offload.AdamW(model.parameters(), **HYPER)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # weights loaded after the optimizer was made
+    ours.load_state_dict(theirs.state_dict())
+    for p in model.parameters():
+        assert torch.equal(ours.state[p]["master"], p.detach().float())
+
+
+def test_a_grad_scaler_inf_skips_the_step_with_nothing_applied() -> None:
+    model = make_model(torch.float16)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(loss_of(model, batch(0, torch.float16))).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    states = copy.deepcopy({k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state_dict()["state"].items()})
+    scaler.scale(loss_of(model, batch(1, torch.float16))).backward()
+    first = next(model.parameters())
+    first.grad[0, 0] = float("inf")  # an overflow in one gradient
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    assert scaler.get_scale() == 512.0
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+    after = optimizer.state_dict()["state"]
+    for index, entry in states.items():
+        for name, value in entry.items():
+            assert torch.equal(after[index][name], value), (index, name)
+    # and the next finite step applies, unscaled: as torch's AdamW on the fp32 masters would
+    reference = copy.deepcopy(model).float()
+    with torch.no_grad():
+        for p, r in zip(model.parameters(), reference.parameters()):
+            r.copy_(optimizer.state[p]["master"])
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
+    ref_optimizer.load_state_dict({"state": {i: {k: v.clone() for k, v in e.items() if k != "master"}
+                                             for i, e in after.items()},
+                                   "param_groups": optimizer.state_dict()["param_groups"]})
+    scaler.scale(loss_of(model, batch(2, torch.float16))).backward()
+    for p, r in zip(model.parameters(), reference.parameters()):
+        r.grad = p.grad.float() / scaler.get_scale()
+    scaler.step(optimizer)
+    ref_optimizer.step()
+    for p, r in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(optimizer.state[p]["master"], r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_in_backward_refuses_a_grad_scaler_and_clipping_with_its_reason() -> None:
+    model = make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update="in_backward")
+    loss_of(model, batch(0)).backward()
+    with pytest.raises(RuntimeError, match="update='exact'"):
+        optimizer.clip_grad_norm_(1.0)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    with pytest.raises(RuntimeError, match="changed afterwards"):
+        optimizer.step()
+
+
+def test_delayed_updates_apply_each_update_one_step_late() -> None:
+    # Gradients that do not depend on the weights: the delayed run ends where the exact one does.
+    def run(update: str) -> list[Any]:
+        weight = torch.nn.Parameter(torch.ones(3000))
+        optimizer = stowage.offload.AdamW([weight], **HYPER, update=update, bucket_numel=1000)
+        seen = []
+        for step in range(4):
+            seen.append(weight.detach().clone())
+            (weight * torch.linspace(-1, 1 + step, 3000)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        optimizer.flush()
+        return seen + [weight.detach().clone()]
+
+    exact, delayed = run("exact"), run("delayed")
+    assert torch.equal(delayed[1], exact[0])  # after step 1: nothing applied yet
+    for step in range(2, 4):
+        assert torch.equal(delayed[step], exact[step - 1])
+    assert torch.equal(delayed[4], exact[4])  # flush() applies the last
+
+
+def test_states_live_in_the_pinned_host_pool_in_cpu_mode() -> None:
+    model = make_model(torch.bfloat16)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)
+    numel = sum(p.numel() for p in model.parameters())
+    stats = optimizer.host_stats()
+    assert stats["allocated_bytes"] >= numel * (12 + 2 + 2)
+    assert stats["pinned_bytes"] + stats["pageable_bytes"] >= stats["allocated_bytes"]
+
+
+def test_asking_for_more_host_memory_than_allowed_fails_at_construction() -> None:
+    model = make_model()
+    numel = sum(p.numel() for p in model.parameters())
+    with pytest.raises(stowage.offload.HostMemoryError) as caught:
+        stowage.offload.AdamW(model.parameters(), host_memory_limit=numel * 8)
+    message = str(caught.value)
+    assert f"({numel * 16} bytes)" in message and f"({numel * 8} bytes)" in message
+    assert "host_memory_limit" in message
+    stowage.offload.AdamW(model.parameters(), host_memory_limit=numel * 16)  # exactly enough
+
+
+def test_bad_arguments_are_refused_with_their_reason() -> None:
+    params = list(make_model().parameters())
+    with pytest.raises(ValueError, match="amsgrad"):
+        stowage.offload.AdamW(params, amsgrad=True)
+    with pytest.raises(ValueError, match="update must be"):
+        stowage.offload.AdamW(params, update="sometimes")
+    with pytest.raises(ValueError, match="device_fraction"):
+        stowage.offload.AdamW(params, device_fraction=1.5)
+    with pytest.raises(ValueError, match="Invalid beta"):
+        stowage.offload.AdamW(params, betas=(1.0, 0.9))
+    optimizer = stowage.offload.AdamW(params)
+    with pytest.raises(ValueError, match="at construction"):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    with pytest.raises(ValueError, match="groups do not match"):
+        optimizer.load_state_dict({"state": {}, "param_groups": []})
+
+
+def test_a_compiled_model_trains_as_the_eager_one() -> None:
+    model, reference = make_model(), make_model()
+    compiled = torch.compile(model, backend="aot_eager")
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update="in_backward", bucket_numel=1000)
+    train(compiled, optimizer, steps=3)
+    train(reference, torch.optim.AdamW(reference.parameters(), **HYPER), steps=3)
+    assert_parameters_close(model, reference)
+
+
+DDP_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+import stowage
+from test_offload_adamw import make_model, batch, loss_of, HYPER
+rank, world, port, out = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+stowage.enable(device="cpu", capacity="1GiB")
+dist.init_process_group("gloo", rank=rank, world_size=world)
+model = make_model()
+ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+optimizer = stowage.offload.AdamW(ddp.parameters(), **HYPER, update=sys.argv[4], bucket_numel=1000)
+optimizer.attach(ddp)
+for step in range(4):
+    x, y = batch(step, rows=16)
+    with ddp.no_sync():  # a first micro-batch, accumulated locally
+        torch.nn.functional.mse_loss(ddp(x[rank * 4:rank * 4 + 4]).float(), y[rank * 4:rank * 4 + 4]).mul(0.5).backward()
+    torch.nn.functional.mse_loss(ddp(x[8 + rank * 4:12 + rank * 4]).float(), y[8 + rank * 4:12 + rank * 4]).mul(0.5).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+torch.save([p.detach() for p in model.parameters()], out)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_ddp_on_two_gloo_ranks_matches_one_process_on_the_whole_batch(tmp_path: Path, update: str) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "ddp_rank.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    env = {**__import__("os").environ, "PYTHONPATH": str(HERE)}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp_path / f"rank{r}.pt"), update],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    for rank in ranks:
+        output, _ = rank.communicate(timeout=240)
+        assert rank.returncode == 0, output
+    first, second = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    reference = make_model()
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
+    for step in range(4):
+        x, y = batch(step, rows=16)
+        # each rank's two micro-batches of 4 rows, averaged over ranks: the mean over all 16
+        torch.nn.functional.mse_loss(reference(x).float(), y).backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+    for a, b in zip(first, reference.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
