@@ -102,13 +102,13 @@ template <ElementType G, ElementType O, bool kOut>
 
 using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::size_t, std::size_t);
 
-// One function per (gradient, output) pair, each compiled for AVX2/FMA/F16C and for the baseline;
+// One function per (gradient, output) pair, each compiled for AVX-512, AVX2/FMA/F16C and the baseline;
 // the loader picks the best the CPU has. Its resolver (an ifunc) runs before ThreadSanitizer's
 // runtime is up and crashes it, so a TSan build keeps the baseline alone.
 #if defined(__SANITIZE_THREAD__)
 #define STOWAGE_ADAMW_CLONES
 #else
-#define STOWAGE_ADAMW_CLONES [[gnu::target_clones("arch=x86-64-v3", "default")]]
+#define STOWAGE_ADAMW_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
 #endif
 #define STOWAGE_ADAMW_RANGE(name, G, O, OUT)                                                          \
   STOWAGE_ADAMW_CLONES void name(                                                                    \
@@ -154,6 +154,19 @@ void check_buffers(const AdamWHyperparameters& hyper, std::int64_t step, const A
 }  // namespace
 
 std::size_t element_size(ElementType type) noexcept { return type == ElementType::kFloat32 ? 4 : 2; }
+
+AdamWBuffers slice(const AdamWBuffers& b, std::size_t begin, std::size_t end) {
+  STOWAGE_CHECK(begin <= end && end <= b.count, "slice [", begin, ", ", end, ") of AdamW buffers of ", b.count,
+                " elements");
+  AdamWBuffers out = b;
+  out.master = b.master + begin;
+  out.exp_avg = b.exp_avg + begin;
+  out.exp_avg_sq = b.exp_avg_sq + begin;
+  out.grad = static_cast<const unsigned char*>(b.grad) + begin * element_size(b.grad_type);
+  if (b.out != nullptr) out.out = static_cast<unsigned char*>(b.out) + begin * element_size(b.out_type);
+  out.count = end - begin;
+  return out;
+}
 
 float bfloat16_to_float(std::uint16_t bits) noexcept { return load<ElementType::kBFloat16>(&bits, 0); }
 

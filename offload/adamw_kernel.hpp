@@ -39,6 +39,9 @@ struct AdamWBuffers {
   std::size_t count = 0;
 };
 
+// Elements [begin, end) of `buffers`, for callers that split the work themselves.
+[[nodiscard]] AdamWBuffers slice(const AdamWBuffers& buffers, std::size_t begin, std::size_t end);
+
 // `step` counts from 1, as torch's state["step"] after its increment. Splits the buffers over
 // `threads` threads (the caller's included; at least one). Thread-safe for disjoint buffers.
 void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers,

@@ -86,7 +86,8 @@ void bind_update(py::module_& module) {
       py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
       py::arg("weight_decay"), py::arg("grad_scale") = 1.0, py::arg("threads") = 1,
       "One AdamW step over fp32 master weights and moments (updated in place) from `grad`, the "
-      "updated weights written to `out` (or None) in its precision. Releases the GIL.");
+      "updated weights written to `out` (or None) in its precision, split over `threads` threads. "
+      "Releases the GIL.");
 }
 
 void bind_store(py::module_& module) {

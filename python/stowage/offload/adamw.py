@@ -82,7 +82,7 @@ class AdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, amsgrad: bool = False, maximize: bool = False,
                  update: str = "exact", device_fraction: float = 0.0, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 host_memory_limit: int | str | None = None, threads: int | None = None) -> None:
+                 host_memory_limit: int | str | None = None) -> None:
         _check_hyper(lr, betas, eps, weight_decay)
         if amsgrad or maximize:
             raise ValueError("stowage.offload.AdamW supports neither amsgrad nor maximize "
@@ -113,7 +113,7 @@ class AdamW(torch.optim.Optimizer):
             self.state[slot.param] = self._state_entry(slot)
         self._transfers = HostTransfers(self._device)
         pci_bus_id = self._store_bus_id()
-        self._worker = UpdateWorker(cpus_near(pci_bus_id), threads)
+        self._worker = UpdateWorker(cpus_near(pci_bus_id))
         self._backward_end = BackwardEnd(self._record_final_versions)
         self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_accumulated) for p in self._slots]
         self._accumulating = 0
@@ -485,7 +485,8 @@ class AdamW(torch.optim.Optimizer):
     def host_stats(self) -> dict[str, Any]:
         """The host memory the states take (bytes, pinned or pageable) and where it is placed."""
         return {**self._store.stats(), "placement": self._store.placement(),
-                "update_threads": self._worker.threads, "update_cpus": self._worker.cpus}
+                "update_cpus": self._worker.cpus,
+                "update_threads": self._worker.threads}
 
     def close(self) -> None:
         """Finishes pending updates and copies and lets go of the worker thread and hooks."""

@@ -3,8 +3,8 @@
 One worker thread takes the updates in the order they are submitted (a bucket's update needs the
 previous step's of the same bucket done, and submission order gives that). The C++ update
 releases the GIL, so the main thread goes on driving backward meanwhile; the kernel's own threads
-are made by the worker and inherit its CPU affinity (Linux gives a new thread its creator's mask),
-so one ``sched_setaffinity`` places them all on the GPU's NUMA node.
+(one per CPU given) are made by the worker and inherit its CPU affinity (Linux gives a new thread
+its creator's mask), so one ``sched_setaffinity`` places them all on the GPU's NUMA node.
 """
 
 from __future__ import annotations
@@ -40,16 +40,15 @@ def cpus_near(pci_bus_id: str | None) -> set[int]:
 
 
 class UpdateWorker:
-    """Runs submitted calls one after another on a thread bound to `cpus`; `threads` is how
-    many threads each update may split over (the CPUs given, by default).
+    """Runs submitted calls one after another on a thread bound to `cpus`.
 
     Contract: submit() and wait_all() from one thread (the optimizer's caller); close() waits for
     what was submitted.
     """
 
-    def __init__(self, cpus: set[int], threads: int | None = None) -> None:
+    def __init__(self, cpus: set[int]) -> None:
         self.cpus = sorted(cpus)
-        self.threads = max(1, threads if threads is not None else len(self.cpus))
+        self.threads = max(1, len(self.cpus))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stowage-adamw",
                                             initializer=self._place)
         self._pending: list[Future[Any]] = []

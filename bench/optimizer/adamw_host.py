@@ -1,0 +1,144 @@
+"""The offloaded optimizer's host update against torch's best on the same CPU, with the memory
+bandwidth measured in the same run.
+
+    python3 bench/optimizer/adamw_host.py [--numel 33554432] [--reps 15] [--json OUT]
+
+Contenders, all over the same N parameters, interleaved (each repetition runs every contender
+once, in rotated order), timed with the wall clock:
+  stream             x.mul_(1.0001) in place over fp32 tensors the size of the mixed job's state
+                     (16 B a parameter), counted as bytes read + written: the bandwidth bound
+  torch_fused_fp32   torch.optim.AdamW(fused=True) on fp32 parameters and gradients
+  stowage_fp32       stowage's kernel on the same fp32 job (gradients fp32, no output)
+  torch_mixed        torch's best composition for the offloaded job: bf16 gradient copied to an
+                     fp32 buffer, fused AdamW on the fp32 masters, masters copied to a bf16 output
+                     (all buffers preallocated)
+  stowage_mixed      stowage's kernel on that job in one pass: bf16 gradient in, fp32 master and
+                     moments updated, bf16 parameters out (28 B a parameter)
+Reports each contender's minimum and median, parameters per second and GB/s (28 B a parameter
+for the AdamW jobs), the ratios the targets name, and every repetition's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from typing import Any, Callable
+
+import torch
+
+from stowage import _torch as stowage_torch
+
+HYPER = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+ADAMW_BYTES = 28  # master, exp_avg, exp_avg_sq read and written (24) + gradient in + output (2 + 2)
+
+
+def contenders(n: int, threads: int) -> dict[str, tuple[Callable[[], None], int]]:
+    """name -> (one run, bytes it moves)."""
+    g = torch.Generator().manual_seed(0)
+    stream = torch.rand(4 * n, generator=g)
+    # torch fp32: a parameter with its gradient, fused AdamW
+    p32 = torch.nn.Parameter(torch.rand(n, generator=g))
+    p32.grad = torch.rand(n, generator=g) * 1e-3
+    fused = torch.optim.AdamW([p32], fused=True, **HYPER)  # type: ignore[arg-type]
+    # stowage fp32: the same shapes
+    master, m, v = torch.rand(n, generator=g), torch.zeros(n), torch.zeros(n)
+    grad32 = torch.rand(n, generator=g) * 1e-3
+    # mixed: bf16 gradient in, bf16 parameter out
+    grad16 = (torch.rand(n, generator=g) * 1e-3).to(torch.bfloat16)
+    out16 = torch.empty(n, dtype=torch.bfloat16)
+    mixed_master = torch.nn.Parameter(torch.rand(n, generator=g))
+    mixed_master.grad = torch.empty(n)
+    composed = torch.optim.AdamW([mixed_master], fused=True, **HYPER)  # type: ignore[arg-type]
+    ours_master, ours_m, ours_v = torch.rand(n, generator=g), torch.zeros(n), torch.zeros(n)
+    steps = {"fp32": 0, "mixed": 0}
+    beta1, beta2 = HYPER["betas"]  # type: ignore[misc]
+
+    def ours(key: str, mst: torch.Tensor, mm: torch.Tensor, vv: torch.Tensor, grad: torch.Tensor,
+             out: torch.Tensor | None) -> None:
+        steps[key] += 1
+        stowage_torch.adamw_update(mst, mm, vv, grad, out, steps[key], HYPER["lr"], beta1, beta2, HYPER["eps"],
+                                   HYPER["weight_decay"], 1.0, threads)
+
+    def torch_mixed() -> None:
+        mixed_master.grad.copy_(grad16)  # type: ignore[union-attr]
+        composed.step()
+        out16.copy_(mixed_master.detach())
+
+    return {
+        "stream": (lambda: stream.mul_(1.0001), 2 * stream.numel() * 4),
+        "torch_fused_fp32": (fused.step, ADAMW_BYTES * n + 4 * n),  # its gradient is fp32: 4 B, no output
+        "stowage_fp32": (lambda: ours("fp32", master, m, v, grad32, None), ADAMW_BYTES * n + 4 * n),
+        "torch_mixed": (torch_mixed, ADAMW_BYTES * n),
+        "stowage_mixed": (lambda: ours("mixed", ours_master, ours_m, ours_v, grad16, out16), ADAMW_BYTES * n),
+    }
+
+
+def measure(n: int, reps: int, threads: int) -> dict[str, Any]:
+    runs = contenders(n, threads)
+    names = list(runs)
+    for name in names:  # warm-up: first touches, page faults, clone resolution
+        runs[name][0]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            runs[name][0]()
+            times[name].append(time.perf_counter() - start)
+    results: dict[str, Any] = {}
+    for name in names:
+        best, median = min(times[name]), statistics.median(times[name])
+        moved = runs[name][1]
+        results[name] = {"min_s": best, "median_s": median, "gb_per_s_at_min": moved / best / 1e9,
+                         "gb_per_s_at_median": moved / median / 1e9, "params_per_s_at_min": n / best,
+                         "params_per_s_at_median": n / median, "bytes_moved": moved, "all_s": times[name]}
+    return results
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    def ratio(a: str, b: str, key: str) -> float:
+        return results[b][key] / results[a][key]  # time b / time a: how many times faster a is
+
+    out = {}
+    for key in ("min_s", "median_s"):
+        tag = key.removesuffix("_s")
+        out[f"mixed_vs_torch_composition_{tag}"] = ratio("stowage_mixed", "torch_mixed", key)
+        out[f"fp32_vs_torch_fused_{tag}"] = ratio("stowage_fp32", "torch_fused_fp32", key)
+        out[f"mixed_share_of_stream_bandwidth_{tag}"] = (
+            results["stowage_mixed"][f"gb_per_s_at_{tag}"] / results["stream"][f"gb_per_s_at_{tag}"])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--numel", type=int, default=1 << 25)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--json", type=str, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = measure(args.numel, args.reps, args.threads)
+    summary = ratios(results)
+    for name, r in results.items():
+        print(f"{name:18} min {r['min_s'] * 1e3:8.2f} ms  median {r['median_s'] * 1e3:8.2f} ms  "
+              f"{r['params_per_s_at_min'] / 1e9:6.3f} G param/s  {r['gb_per_s_at_min']:6.1f} GB/s (at min)")
+    for key, value in summary.items():
+        print(f"{key:42} {value:.3f}")
+    if args.json:
+        record = {"date": date.today().isoformat(), "machine": platform.node(), "cpu": platform.processor(),
+                  "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
+                  "numel": args.numel, "reps": args.reps, "command": " ".join(sys.argv),
+                  "results": results, "ratios": summary}
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
