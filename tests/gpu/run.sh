@@ -108,6 +108,9 @@ if wants bench; then
     | tee "$out/offload_step.txt" || status=1
   "$python" bench/e2e/offload_step.py --device cuda --compare --max-batch --cap-gib 14 \
     --json "$out/offload_max_batch.json" 2>&1 | tee "$out/offload_max_batch.txt" || status=1
+  # The offloaded optimizer's host kernel on the GPU machine's cores, against torch's.
+  "$python" bench/optimizer/adamw_host.py --reps 15 --json "$out/adamw_host.json" 2>&1 \
+    | tee "$out/adamw_host.txt" || status=1
   if [[ "${STOWAGE_GPU_MICRO:-1}" != 0 ]]; then
     build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
       --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_backend_ops.json" \

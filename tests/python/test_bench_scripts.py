@@ -39,3 +39,14 @@ def test_the_offload_benchmark_pages_activations_out_and_in(tmp_path: Path) -> N
     assert len(result["step_ms"]) == 2
     assert result["offload"]["offload.bytes_paged_out"] > 0
     assert result["offload"]["offload.bytes_paged_in"] > 0
+
+
+def test_the_host_adamw_benchmark_reports_every_contender(tmp_path: Path) -> None:
+    output = tmp_path / "adamw.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "optimizer" / "adamw_host.py"), "--numel", "300000",
+                           "--reps", "2", "--json", str(output)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    assert set(result["results"]) == {"stream", "torch_fused_fp32", "stowage_fp32", "torch_mixed", "stowage_mixed"}
+    assert all(len(r["all_s"]) == 2 for r in result["results"].values())
+    assert result["ratios"]["mixed_vs_torch_composition_min"] > 0

@@ -1,11 +1,24 @@
 """Offload: activations paged to host memory during forward and back ahead of backward
 (``stowage.offload.activations``), and AdamW with its states in host memory, updated on the CPU
-(``stowage.offload.AdamW``)."""
+(``stowage.offload.AdamW``).
+
+``import stowage`` must not import torch (the import hook installs stowage as torch's allocator
+before torch first loads), so AdamW, whose module needs torch, is imported on first use.
+"""
+
+from typing import Any
 
 from stowage.offload import activation_offload
 from stowage.offload.activation_offload import OffloadReport, activations, end_step, stats, summary_lines
-from stowage.offload.adamw import AdamW
 from stowage.offload.host_memory import HostMemoryError, host_room
 
 __all__ = ["AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
            "host_room", "stats", "summary_lines"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AdamW":
+        from stowage.offload.adamw import AdamW
+
+        return AdamW
+    raise AttributeError(f"module 'stowage.offload' has no attribute {name!r}")
