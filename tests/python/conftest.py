@@ -24,6 +24,18 @@ def event(action: str, addr: int, size: int, stream: int = 0) -> dict[str, Any]:
     return {"action": action, "addr": addr, "size": size, "stream": stream}
 
 
+@pytest.fixture(scope="module")
+def cpu_mode_module() -> Any:
+    """CPU mode for a whole test module, at the one capacity the CPU-mode modules share (CPU
+    mode's device is per process)."""
+    import stowage
+
+    stowage.enable(device="cpu", capacity="4GiB")
+    yield
+    stowage.mark_step()
+    stowage.disable()
+
+
 @pytest.fixture
 def write_snapshot(tmp_path: Path):
     """Writes a snapshot dict (or raw bytes) to a file and returns its path."""

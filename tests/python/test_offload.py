@@ -22,12 +22,7 @@ from offload_models import MlpStack, TinyGpt, lm_loss  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cpu_mode():
-    stowage.enable(device="cpu", capacity="4GiB")  # as the other CPU-mode tests: one per process
-    yield
-    stowage.mark_step()
-    stowage.disable()
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
 
 def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -20,12 +20,7 @@ import stowage  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cpu_mode():
-    stowage.enable(device="cpu", capacity="4GiB")  # as the other CPU-mode tests: one per process
-    yield
-    stowage.mark_step()
-    stowage.disable()
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
 
 def make_model(dtype: Any = torch.float32, seed: int = 0) -> Any:

@@ -35,8 +35,6 @@ class HostStateStore {
   // A contiguous 1-D tensor of `numel` elements, uninitialised.
   at::Tensor empty(std::int64_t numel, at::ScalarType dtype);
 
-  // Whether the memory comes from a pinned pool (false: ordinary CPU tensors).
-  bool pooled() const noexcept { return pool_ != nullptr; }
   PinnedHostPoolStats stats() const;
   std::string placement() const;
 

@@ -97,7 +97,6 @@ void bind_store(py::module_& module) {
            }),
            py::arg("device"), py::arg("limit_bytes") = 0)
       .def("empty", &HostStateStore::empty, py::arg("numel"), py::arg("dtype"))
-      .def_property_readonly("pooled", &HostStateStore::pooled)
       .def("placement", &HostStateStore::placement)
       .def("stats", [](const HostStateStore& self) {
         const PinnedHostPoolStats stats = self.stats();

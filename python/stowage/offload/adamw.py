@@ -227,14 +227,20 @@ class AdamW(torch.optim.Optimizer):
                 "stowage.offload.AdamW(update='in_backward'): a gradient arrived twice in one step, so "
                 "its bucket was updated from a partial gradient. Run the micro-batches before the last "
                 "inside optimizer.accumulating() (or DDP's no_sync()), or use update='exact'.")
-        self._transfers.copy_out(slot.grad_view(bucket.grads[self._grad_buffer]), gradient)
-        if slot.final_version is None:
-            bucket.arrived += 1
-        slot.final_version = gradient._version
+        self._copy_out(slot, gradient)
         if bucket.arrived == len(bucket.slots):
             bucket.copied_event = self._transfers.copies_out_issued()
             if self.update_mode == "in_backward":
                 self._submit(bucket, 1.0)
+
+    def _copy_out(self, slot: Slot, gradient: torch.Tensor) -> None:
+        """Starts copying `gradient` into `slot`'s staging view and counts it as arrived."""
+        bucket = slot.bucket
+        assert bucket is not None
+        self._transfers.copy_out(slot.grad_view(bucket.grads[self._grad_buffer]), gradient)
+        if slot.final_version is None:
+            bucket.arrived += 1
+        slot.final_version = gradient._version
 
     def _record_final_versions(self) -> None:
         for slot in self._slots.values():
@@ -364,13 +370,9 @@ class AdamW(torch.optim.Optimizer):
                 bucket.copied_event = self._transfers.copies_out_issued()
 
     def _arrive_late(self, slot: Slot, grad: torch.Tensor) -> None:
-        bucket = slot.bucket
-        assert bucket is not None
-        self._transfers.copy_out(slot.grad_view(bucket.grads[self._grad_buffer]), grad)
-        if slot.final_version is None:
-            bucket.arrived += 1
-        slot.final_version = grad._version
-        bucket.copied_event = None  # a new event covers this copy too
+        self._copy_out(slot, grad)
+        assert slot.bucket is not None
+        slot.bucket.copied_event = None  # a new event covers this copy too
 
     def _check_in_backward_exact(self, scale: float) -> None:
         changed = [s for s in self._slots.values()

@@ -63,10 +63,6 @@ class Bucket:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def device(self) -> torch.device:
-        return self.slots[0].param.device
-
-    @property
     def group(self) -> dict[str, Any]:
         return self.slots[0].group
 
