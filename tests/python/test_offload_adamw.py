@@ -278,6 +278,23 @@ def test_asking_for_more_host_memory_than_allowed_fails_at_construction() -> Non
     stowage.offload.AdamW(model.parameters(), host_memory_limit=numel * 16)  # exactly enough
 
 
+def test_a_dropped_optimizer_is_freed_while_the_model_lives_on() -> None:
+    import gc
+    import weakref
+    model = make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)
+    train(model, optimizer, 1)
+    gone = weakref.ref(optimizer)
+    del optimizer
+    gc.collect()
+    assert gone() is None  # the parameters' hooks hold it weakly
+    loss_of(model, batch(0)).backward()  # the hooks left behind do nothing
+    replacement = stowage.offload.AdamW(model.parameters(), **HYPER)
+    replacement.zero_grad(set_to_none=True)
+    train(model, replacement, 2)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_bad_arguments_are_refused_with_their_reason() -> None:
     params = list(make_model().parameters())
     with pytest.raises(ValueError, match="amsgrad"):

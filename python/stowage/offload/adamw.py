@@ -48,7 +48,7 @@ import torch
 from stowage.memory import _bytes, _torch_module
 from stowage.offload.adamw_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, update_runs
 from stowage.offload.adamw_state import load_offloaded_state, split_device_state
-from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook
+from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.host_transfers import HostTransfers
 from stowage.offload.update_worker import UpdateWorker, cpus_near
 
@@ -114,8 +114,8 @@ class AdamW(torch.optim.Optimizer):
         self._transfers = HostTransfers(self._device)
         pci_bus_id = self._store_bus_id()
         self._worker = UpdateWorker(cpus_near(pci_bus_id))
-        self._backward_end = BackwardEnd(self._record_final_versions)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_accumulated) for p in self._slots]
+        self._backward_end = BackwardEnd(weak_method(self._record_final_versions))
+        self._hooks = [p.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated)) for p in self._slots]
         self._accumulating = 0
         self._ddp_attached = False
         self._grad_buffer = 0  # which staging buffer this step's gradients go to
@@ -200,7 +200,7 @@ class AdamW(torch.optim.Optimizer):
 
     def attach(self, ddp_model: Any) -> None:
         """Takes the gradients after DDP's all-reduce (a communication hook), not before it."""
-        hook = make_ddp_comm_hook(self._arrive, self._backward_end, ddp_model.process_group)
+        hook = make_ddp_comm_hook(weak_method(self._arrive), self._backward_end, ddp_model.process_group)
         ddp_model.register_comm_hook(state=None, hook=hook)
         self._ddp_attached = True
 

@@ -14,9 +14,23 @@ runs callbacks queued while it runs them) and runs after DDP's.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
+
+
+def weak_method(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` (a bound method) called through a weak reference to its object: a hook that
+    holds it keeps nothing alive, and does nothing once the object is gone. Hooks registered on a
+    model's parameters live as long as the model; the optimizer must not."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return call
 
 
 class BackwardEnd:
