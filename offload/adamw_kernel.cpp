@@ -4,10 +4,9 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <thread>
-#include <vector>
 
 #include "allocator/base/errors.hpp"
+#include "offload/range_workers.hpp"
 
 namespace stowage::offload {
 namespace {
@@ -185,14 +184,11 @@ void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const Adam
   }
   // Contiguous shares rounded to whole cache lines of fp32, so threads never share one.
   const std::size_t share = (count / parts + 15) / 16 * 16;
-  std::vector<std::jthread> workers;
-  workers.reserve(parts - 1);
-  for (std::size_t part = 1; part < parts; ++part) {
+  RangeWorkers::shared().run(parts, [&](std::size_t part) {
     const std::size_t begin = std::min(count, part * share);
     const std::size_t end = part + 1 == parts ? count : std::min(count, begin + share);
-    workers.emplace_back([&s, &buffers, run, begin, end] { run(s, buffers, begin, end); });
-  }
-  run(s, buffers, 0, std::min(count, share));
+    run(s, buffers, begin, end);
+  });
 }
 
 void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& b) {

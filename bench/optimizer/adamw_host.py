@@ -1,7 +1,7 @@
 """The offloaded optimizer's host update against torch's best on the same CPU, with the memory
 bandwidth measured in the same run.
 
-    python3 bench/optimizer/adamw_host.py [--numel 33554432] [--reps 15] [--json OUT]
+    python3 bench/optimizer/adamw_host.py [--numel 33554432] [--reps 15] [--settle-ms 50] [--json OUT]
 
 Contenders, all over the same N parameters, interleaved (each repetition runs every contender
 once, in rotated order), timed with the wall clock:
@@ -14,6 +14,9 @@ once, in rotated order), timed with the wall clock:
                      (all buffers preallocated)
   stowage_mixed      stowage's kernel on that job in one pass: bf16 gradient in, fp32 master and
                      moments updated, bf16 parameters out (28 B a parameter)
+Between two contenders the benchmark pauses (--settle-ms): torch's OpenMP threads spin for a
+while after each parallel region, and on a small machine they take a core from whatever runs
+next, so without the pause each contender is timed against the previous one's idle spinning.
 Reports each contender's minimum and median, parameters per second and GB/s (28 B a parameter
 for the AdamW jobs), the ratios the targets name, and every repetition's time.
 """
@@ -79,7 +82,7 @@ def contenders(n: int, threads: int) -> dict[str, tuple[Callable[[], None], int]
     }
 
 
-def measure(n: int, reps: int, threads: int) -> dict[str, Any]:
+def measure(n: int, reps: int, threads: int, settle_s: float) -> dict[str, Any]:
     runs = contenders(n, threads)
     names = list(runs)
     for name in names:  # warm-up: first touches, page faults, clone resolution
@@ -88,6 +91,7 @@ def measure(n: int, reps: int, threads: int) -> dict[str, Any]:
     for rep in range(reps):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
+            time.sleep(settle_s)
             start = time.perf_counter()
             runs[name][0]()
             times[name].append(time.perf_counter() - start)
@@ -120,10 +124,12 @@ def main() -> int:
     parser.add_argument("--numel", type=int, default=1 << 25)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--settle-ms", type=float, default=50.0,
+                        help="pause before each timed run, for the previous contender's threads to go idle")
     parser.add_argument("--json", type=str, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = measure(args.numel, args.reps, args.threads)
+    results = measure(args.numel, args.reps, args.threads, args.settle_ms / 1e3)
     summary = ratios(results)
     for name, r in results.items():
         print(f"{name:18} min {r['min_s'] * 1e3:8.2f} ms  median {r['median_s'] * 1e3:8.2f} ms  "
@@ -133,7 +139,7 @@ def main() -> int:
     if args.json:
         record = {"date": date.today().isoformat(), "machine": platform.node(), "cpu": platform.processor(),
                   "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
-                  "numel": args.numel, "reps": args.reps, "command": " ".join(sys.argv),
+                  "numel": args.numel, "reps": args.reps, "settle_ms": args.settle_ms, "command": " ".join(sys.argv),
                   "results": results, "ratios": summary}
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
