@@ -373,3 +373,73 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_on_the_whole_batch(tmp_path: 
         ref_optimizer.zero_grad()
     for a, b in zip(first, reference.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
+
+FSDP2_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+import stowage
+from test_offload_adamw import make_model, batch, loss_of, HYPER
+rank, world, port, out = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+stowage.enable(device="cpu", capacity="1GiB")
+dist.init_process_group("gloo", rank=rank, world_size=world)
+model = make_model()
+for layer in model:
+    if isinstance(layer, torch.nn.Linear):
+        fully_shard(layer)
+fully_shard(model)
+optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000)
+for step in range(4):
+    x, y = batch(step, rows=16)
+    torch.nn.functional.mse_loss(model(x[rank * 8:rank * 8 + 8]).float(), y[rank * 8:rank * 8 + 8]).backward()
+    optimizer.clip_grad_norm_(0.05)
+    optimizer.step()
+    optimizer.zero_grad()
+state = optimizer.state_dict()["state"]
+assert all(isinstance(e["exp_avg"], DTensor) for e in state.values()), "states sharded like the parameters"
+optimizer.load_state_dict(optimizer.state_dict())  # sharded states load back into the shards
+assert all(torch.equal(state[i]["exp_avg"].to_local(), e["exp_avg"].to_local())
+           for i, e in optimizer.state_dict()["state"].items())
+full = [p.full_tensor().detach() for p in model.parameters()]
+host = optimizer.host_stats()["allocated_bytes"]
+torch.save({"params": full, "host_bytes": host,
+            "exp_avg": [state[i]["exp_avg"].full_tensor() for i in sorted(state)]}, out)
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_on_two_gloo_ranks_keeps_each_rank_s_shard_and_matches_one_process(tmp_path: Path) -> None:
+    import socket
+
+    from torch.distributed.fsdp import fully_shard  # noqa: F401  (skips nothing: torch has it)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "fsdp_rank.py"
+    script.write_text(textwrap.dedent(FSDP2_SCRIPT))
+    env = {**__import__("os").environ, "PYTHONPATH": str(HERE)}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp_path / f"rank{r}.pt")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    for rank in ranks:
+        output, _ = rank.communicate(timeout=240)
+        assert rank.returncode == 0, output
+    first, second = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    for a, b in zip(first["params"], second["params"]):
+        assert torch.equal(a, b)
+    reference = make_model()
+    numel = sum(p.numel() for p in reference.parameters())
+    # each rank holds about half the states (12 B a parameter for fp32), not all of them
+    assert first["host_bytes"] < 0.75 * 12 * numel and second["host_bytes"] < 0.75 * 12 * numel
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
+    for step in range(4):
+        x, y = batch(step, rows=16)
+        torch.nn.functional.mse_loss(reference(x).float(), y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+    for a, b in zip(first["params"], reference.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+    for a, p in zip(first["exp_avg"], reference.parameters()):
+        torch.testing.assert_close(a, ref_optimizer.state[p]["exp_avg"], rtol=1e-5, atol=1e-7)

@@ -25,7 +25,9 @@ When the update runs (``update=``):
 Gradient accumulation: run the micro-batches before the last inside ``optimizer.accumulating()``
 (gradients are not final there, so nothing is copied). Under DDP, call ``optimizer.attach(ddp)``:
 the gradients are then taken after DDP's all-reduce, and DDP's own ``no_sync()`` marks the
-micro-batches. Clipping: ``optimizer.clip_grad_norm_(max_norm)`` folds the coefficient into the
+micro-batches. Under FSDP2 (``fully_shard``) nothing is needed: FSDP2 calls the hooks after each
+reduce-scatter, and each rank holds and updates only its shards (states are DTensors in
+state_dict, sharded like the parameters). Clipping: ``optimizer.clip_grad_norm_(max_norm)`` folds the coefficient into the
 update; ``torch.nn.utils.clip_grad_norm_`` also works, at the cost of copying every gradient
 again in step(). A GradScaler's inf check skips the step with nothing applied.
 
@@ -50,6 +52,7 @@ from stowage.offload.adamw_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, bu
 from stowage.offload.adamw_state import load_offloaded_state, split_device_state
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.host_transfers import HostTransfers
+from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.offload.update_worker import UpdateWorker, cpus_near
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
@@ -237,6 +240,7 @@ class AdamW(torch.optim.Optimizer):
         """Starts copying `gradient` into `slot`'s staging view and counts it as arrived."""
         bucket = slot.bucket
         assert bucket is not None
+        gradient = local(gradient)
         self._transfers.copy_out(slot.grad_view(bucket.grads[self._grad_buffer]), gradient)
         if slot.final_version is None:
             bucket.arrived += 1
@@ -246,7 +250,7 @@ class AdamW(torch.optim.Optimizer):
         for slot in self._slots.values():
             grad = slot.param.grad
             if slot.final_version is not None and grad is not None:
-                slot.final_version = grad._version
+                slot.final_version = local(grad)._version
 
     # --- clipping and loss scaling ------------------------------------------------------------
 
@@ -259,8 +263,10 @@ class AdamW(torch.optim.Optimizer):
                                "before a norm over all gradients exists: use update='exact' to clip")
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
+        if is_sharded(total):
+            total = total.full_tensor()  # FSDP2: the norm over every rank's shards
         coefficient = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-        kept = [p.grad for p in self._device_parameters() if p.grad is not None]
+        kept = [local(p.grad) for p in self._device_parameters() if p.grad is not None]
         if kept:
             torch._foreach_mul_(kept, coefficient.to(kept[0].device))
         self._clip_coefficient = coefficient if self._clip_coefficient is None else self._clip_coefficient * coefficient
@@ -341,9 +347,10 @@ class AdamW(torch.optim.Optimizer):
         """Parameters written by someone else since the last write-back (a checkpoint loaded into
         the model, DDP's broadcast) become the masters again."""
         for slot in self._slots.values():
-            if slot.param._version != slot.param_version:
-                slot.master.copy_(slot.param.detach())
-                slot.param_version = slot.param._version
+            shard = local(slot.param)
+            if shard._version != slot.param_version:
+                slot.master.copy_(shard.detach())
+                slot.param_version = shard._version
 
     def _collect_late_gradients(self) -> None:
         """Copies the gradients that were not copied out during backward, or that changed after
@@ -357,7 +364,7 @@ class AdamW(torch.optim.Optimizer):
                 continue
             if grad.is_sparse:
                 raise RuntimeError("stowage.offload.AdamW does not support sparse gradients")
-            if slot.final_version == grad._version:
+            if slot.final_version == local(grad)._version:
                 continue
             if slot.final_version is not None and not self._warned_recopy:
                 self._warned_recopy = True
@@ -376,7 +383,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _check_in_backward_exact(self, scale: float) -> None:
         changed = [s for s in self._slots.values()
-                   if s.param.grad is not None and s.final_version not in (None, s.param.grad._version)]
+                   if s.param.grad is not None and s.final_version not in (None, local(s.param.grad)._version)]
         if scale != 1.0 or getattr(self, "found_inf", None) is not None or changed:
             self._worker.wait_all()
             self._discard_step()
@@ -423,10 +430,11 @@ class AdamW(torch.optim.Optimizer):
         bucket.updated.result()
         source = bucket.out if bucket.out is not None else bucket.master
         slots = bucket.extra.pop("updated_slots")
-        views = [slot.grad_view(source).view(slot.param.shape) for slot in slots]
-        bucket.returned_event = self._transfers.write_back([s.param for s in slots], views)
-        for slot in slots:
-            slot.param_version = slot.param._version
+        shards = [local(slot.param) for slot in slots]
+        views = [slot.grad_view(source).view(shard.shape) for slot, shard in zip(slots, shards)]
+        bucket.returned_event = self._transfers.write_back(shards, views)
+        for slot, shard in zip(slots, shards):
+            slot.param_version = shard._version
         bucket.updated = None
 
     def _write_back_pending(self) -> None:
@@ -461,7 +469,13 @@ class AdamW(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
-        return super().state_dict()
+        saved = super().state_dict()
+        params = [p for g in self.param_groups for p in g["params"]]
+        for index, entry in saved["state"].items():
+            param = params[index]
+            if param in self._slots and is_sharded(param):  # FSDP2: sharded like the parameter
+                saved["state"][index] = {k: (v if k == "step" else shaped_like(v, param)) for k, v in entry.items()}
+        return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.flush()

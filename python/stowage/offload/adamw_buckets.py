@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from stowage.offload.host_memory import check_host_room
+from stowage.offload.sharded import local
 
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update
 
@@ -24,9 +25,10 @@ DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update
 class Slot:
     """One offloaded parameter: its views in the bucket and its step count.
 
-    ``final_version`` is ``p.grad._version`` when its gradient was copied out this step, updated
-    when backward ends (None: not copied this step); ``param_version`` is ``p._version`` after the
-    last write-back (a change means someone else wrote the parameter).
+    ``final_version`` is the gradient's version when it was copied out this step, updated when
+    backward ends (None: not copied this step); ``param_version`` is the parameter's version after
+    the last write-back (a change means someone else wrote the parameter). Versions, shapes and
+    views are the local tensor's under FSDP2 (sharded.local).
     """
 
     param: torch.Tensor
@@ -78,11 +80,11 @@ def plan_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]],
         if current:
             first, first_group = current[0]
             same = (first_group is group and first.device == param.device and first.dtype == param.dtype)
-            if not same or size + param.numel() > bucket_numel:
+            if not same or size + local(param).numel() > bucket_numel:
                 buckets.append(current)
                 current, size = [], 0
         current.append((param, group))
-        size += param.numel()
+        size += local(param).numel()
     if current:
         buckets.append(current)
     return buckets
@@ -96,13 +98,14 @@ def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int) -> int:
 
 
 def host_bytes_needed(buckets: list[list[tuple[torch.Tensor, dict[str, Any]]]], grad_buffers: int) -> int:
-    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers) * sum(p.numel() for p, _ in b) for b in buckets)
+    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers) * sum(local(p).numel() for p, _ in b)
+               for b in buckets)
 
 
 def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, grad_buffers: int) -> Bucket:
     """Allocates a bucket's host buffers from `store` and fills the masters from the parameters."""
     dtype = members[0][0].dtype
-    numel = sum(p.numel() for p, _ in members)
+    numel = sum(local(p).numel() for p, _ in members)
     master = store.empty(numel, torch.float32)
     exp_avg = store.empty(numel, torch.float32).zero_()
     exp_avg_sq = store.empty(numel, torch.float32).zero_()
@@ -111,12 +114,13 @@ def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, 
     slots = []
     offset = 0
     for param, group in members:
-        n = param.numel()
+        shard = local(param)  # FSDP2: this rank's shard only
+        n = shard.numel()
         view = slice(offset, offset + n)
-        slot = Slot(param, group, offset, n, master[view].view(param.shape), exp_avg[view].view(param.shape),
-                    exp_avg_sq[view].view(param.shape), torch.zeros((), dtype=torch.float32))
-        slot.master.copy_(param.detach())
-        slot.param_version = param._version
+        slot = Slot(param, group, offset, n, master[view].view(shard.shape), exp_avg[view].view(shard.shape),
+                    exp_avg_sq[view].view(shard.shape), torch.zeros((), dtype=torch.float32))
+        slot.master.copy_(shard.detach())
+        slot.param_version = shard._version
         slots.append(slot)
         offset += n
     bucket = Bucket(slots, master, exp_avg, exp_avg_sq, grads, out)

@@ -14,23 +14,25 @@ from typing import Any
 import torch
 
 from stowage.offload.adamw_buckets import Slot
+from stowage.offload.sharded import local
 
 
 def _copy_checked(destination: torch.Tensor, value: Any, key: str, param: torch.Tensor) -> None:
-    if not isinstance(value, torch.Tensor) or value.numel() != destination.numel():
+    if not isinstance(value, torch.Tensor) or local(value).numel() != destination.numel():
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"loaded state's {key!r} for a parameter of shape {tuple(param.shape)} is {got}")
-    destination.copy_(value.detach().reshape(destination.shape))
+    destination.copy_(local(value.detach()).reshape(destination.shape))
 
 
 def load_offloaded_state(slot: Slot, saved: dict[str, Any] | None) -> None:
     """Fills `slot`'s host states from one parameter's saved entry (None: a fresh state)."""
     param = slot.param
+    shard = local(param)
     if not saved:
         slot.exp_avg.zero_()
         slot.exp_avg_sq.zero_()
         slot.step.zero_()
-        slot.master.copy_(param.detach())
+        slot.master.copy_(shard.detach())
     else:
         for key in ("exp_avg", "exp_avg_sq"):
             if key not in saved:
@@ -42,8 +44,8 @@ def load_offloaded_state(slot: Slot, saved: dict[str, Any] | None) -> None:
         if "master" in saved and param.dtype != torch.float32:
             _copy_checked(slot.master, saved["master"], "master", param)
         else:
-            slot.master.copy_(param.detach())
-    slot.param_version = param._version
+            slot.master.copy_(shard.detach())
+    slot.param_version = shard._version
 
 
 def split_device_state(inner: torch.optim.Optimizer, by_param: dict[torch.Tensor, Any]) -> dict[str, Any]:

@@ -1,0 +1,41 @@
+"""FSDP2's sharded parameters, for the offloaded optimizer: each rank keeps and updates only its
+shard.
+
+Under ``fully_shard`` the parameters and their gradients are DTensors whose local tensor is this
+rank's shard; FSDP2 calls the parameters' post-accumulate-grad hooks once a gradient's
+reduce-scatter is done, on the stream it ran on, so a gradient is final there (the copy out waits
+for that stream). The optimizer works on the local tensors and hands states out as DTensors
+sharded like their parameters, which is what torch's AdamW holds under FSDP2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _dtensor_type() -> Any:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+    return DTensor
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    dtensor = _dtensor_type()
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `tensor`: its local tensor for a DTensor (same storage), else itself."""
+    return tensor.to_local() if is_sharded(tensor) else tensor
+
+
+def shaped_like(state: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`state` (a host tensor of `param`'s local shape) as torch's AdamW would hold it for `param`:
+    a DTensor sharded like it under FSDP2, itself otherwise."""
+    if not is_sharded(param):
+        return state
+    return _dtensor_type().from_local(state, param.device_mesh, param.placements, run_check=False,
+                                      shape=param.shape, stride=param.stride())
