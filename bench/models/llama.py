@@ -5,6 +5,7 @@ shapes are what matter to memory, and they are those of the Llama family at any 
 
     model = Llama(LlamaShape(hidden=1024, layers=8, heads=16, kv_heads=4, vocab=32000))
     loss = model(tokens)          # next-token cross-entropy over the whole sequence
+    loss = model.chunked_loss(tokens, checkpoint_blocks=True)   # logits a chunk at a time
 
 The parameters are made on the device given, never in host fp32 first.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -91,13 +93,35 @@ class Llama(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, checkpoint_blocks: bool = False) -> torch.Tensor:
+        """The final norm's output; with `checkpoint_blocks`, each block's activations are
+        recomputed in backward (torch.utils.checkpoint, non-reentrant): only its input is kept."""
         length = tokens.shape[1]
         cos, sin = self.cos[:length], self.sin[:length]
         x = self.embed(tokens)
         for block in self.blocks:
-            x = block(x, cos, sin)
+            if checkpoint_blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
         return self.norm(x)
+
+    def chunked_loss(self, tokens: torch.Tensor, chunk_tokens: int = 8192,
+                     checkpoint_blocks: bool = False) -> torch.Tensor:
+        """The same loss as forward(), with the logits made `chunk_tokens` rows at a time and made
+        again in backward: whole logits (tokens x vocab, upcast to fp32 for the loss) would bound
+        the tokens a step long before anything else does."""
+        hidden = self.hidden_states(tokens, checkpoint_blocks)[:, :-1].reshape(-1, self.shape.hidden)
+        targets = tokens[:, 1:].reshape(-1)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, targets.numel(), chunk_tokens):
+            part = slice(start, start + chunk_tokens)
+            total = total + torch.utils.checkpoint.checkpoint(
+                self._loss_sum, hidden[part], targets[part], use_reentrant=False)
+        return total / targets.numel()
+
+    def _loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(hidden).float(), targets, reduction="sum")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.head(self.hidden_states(tokens))

@@ -8,7 +8,9 @@
 #           sequence lengths (every step) and host time per allocation, stowage beside torch's
 #           native allocator in the same run; activation offload on
 #           GPT-2 medium (step time, peak, largest batch under 14 GiB); then the backend and
-#           allocator micro-benchmarks (skip them with STOWAGE_GPU_MICRO=0)
+#           allocator micro-benchmarks (skip them with STOWAGE_GPU_MICRO=0); the offloaded
+#           optimizer's host kernel, its training step against torch's and torchao's, and the
+#           largest model it trains
 # Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for bench/results/.
 #
 #   tools/fetch-gpu-deps                        # here, once: C++ test libraries as .debs
@@ -77,6 +79,10 @@ if wants build; then
       --config-settings=cmake.define.Python3_EXECUTABLE="$python" . >"$out/install.txt" 2>&1; then
     echo "installing the Python package failed:"; tail -40 "$out/install.txt"; exit 1
   fi
+  if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then  # torchao, for the optimizer's comparison
+    "$python" -m pip install --no-deps --no-index --quiet .gpu-deps/wheels/*.whl >>"$out/install.txt" 2>&1 \
+      || echo "installing the carried wheels failed (see install.txt): torchao's comparison will be skipped"
+  fi
   "$python" -c "import stowage, stowage._torch as t; print('stowage', stowage.__version__, 'torch allocator', t.has_cuda)"
   library="$("$python" -c "import stowage; print(stowage.c_library_path())")"
   ldd "$library" | grep -q "libstdc++" || { echo "libstowage.so has libstdc++ linked in statically: build with the system compiler"; exit 1; }
@@ -111,6 +117,16 @@ if wants bench; then
   # The offloaded optimizer's host kernel on the GPU machine's cores, against torch's.
   "$python" bench/optimizer/adamw_host.py --reps 15 --json "$out/adamw_host.json" 2>&1 \
     | tee "$out/adamw_host.txt" || status=1
+  # The offloaded optimizer in a Llama-style training step (1.1B: hidden 2048, 16 layers, 32K
+  # tokens a step, above the T >= 7F/B bound it prints): every optimizer mode, then the largest
+  # model the device-only and the offloaded optimizer train (layers doubled, then bisected).
+  "$python" bench/optimizer/adamw_step.py --compare --batch 16 --json "$out/adamw_step.json" 2>&1 \
+    | tee "$out/adamw_step.txt" || status=1
+  for mode in device stowage; do
+    "$python" bench/optimizer/adamw_step.py --find-largest --mode "$mode" --hidden 4096 --heads 32 \
+      --kv-heads 8 --layers 16 --batch 4 --json "$out/adamw_largest_$mode.json" 2>&1 \
+      | tail -3 | tee "$out/adamw_largest_$mode.txt" || status=1
+  done
   if [[ "${STOWAGE_GPU_MICRO:-1}" != 0 ]]; then
     build/gpu/bench/backend/bench_backend_ops --benchmark_repetitions=5 \
       --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_backend_ops.json" \

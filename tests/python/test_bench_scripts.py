@@ -48,9 +48,23 @@ def test_the_offload_benchmark_pages_activations_out_and_in(tmp_path: Path) -> N
 def test_the_host_adamw_benchmark_reports_every_contender(tmp_path: Path) -> None:
     output = tmp_path / "adamw.json"
     done = subprocess.run([sys.executable, str(REPO / "bench" / "optimizer" / "adamw_host.py"), "--numel", "300000",
-                           "--reps", "2", "--json", str(output)], capture_output=True, text=True, timeout=300)
+                           "--reps", "2", "--settle-ms", "1", "--json", str(output)], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(output.read_text())
     assert set(result["results"]) == {"stream", "torch_fused_fp32", "stowage_fp32", "torch_mixed", "stowage_mixed"}
     assert all(len(r["all_s"]) == 2 for r in result["results"].values())
     assert result["ratios"]["mixed_vs_torch_composition_min"] > 0
+
+
+def test_the_optimizer_step_benchmark_times_each_step_and_the_host_update(tmp_path: Path) -> None:
+    output = tmp_path / "step.json"
+    tiny = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "256",
+            "--batch", "2", "--seq", "64", "--steps", "2", "--warmup", "1"]
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "optimizer" / "adamw_step.py"), *tiny,
+                           "--mode", "stowage", "--json", str(output)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    assert result["device"] == "cpu-mode" and len(result["steps"]) == 2
+    assert all(step["host_update_ms"] > 0 and step["forward_backward_ms"] > 0 for step in result["steps"])
+    assert result["host_bytes"] >= 12 * result["parameters"]

@@ -499,10 +499,12 @@ class AdamW(torch.optim.Optimizer):
                     self.state[param] = self._device_optimizer.state[param]
 
     def host_stats(self) -> dict[str, Any]:
-        """The host memory the states take (bytes, pinned or pageable) and where it is placed."""
+        """The host memory the states take (bytes, pinned or pageable), where it is placed, the
+        CPUs that update it, and the time spent in host updates so far (seconds)."""
         return {**self._store.stats(), "placement": self._store.placement(),
                 "update_cpus": self._worker.cpus,
-                "update_threads": self._worker.threads}
+                "update_threads": self._worker.threads,
+                "update_seconds": self._worker.busy_seconds}
 
     def close(self) -> None:
         """Finishes pending updates and copies and lets go of the worker thread and hooks."""

@@ -10,6 +10,7 @@ its creator's mask), so one ``sched_setaffinity`` places them all on the GPU's N
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -52,6 +53,7 @@ class UpdateWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stowage-adamw",
                                             initializer=self._place)
         self._pending: list[Future[Any]] = []
+        self.busy_seconds = 0.0  # time spent in submitted calls, written by the worker thread only
 
     def _place(self) -> None:
         try:
@@ -60,9 +62,16 @@ class UpdateWorker:
             pass  # a cpuset that changed since: run wherever the scheduler puts us
 
     def submit(self, call: Callable[[], Any]) -> Future[Any]:
-        future = self._executor.submit(call)
+        future = self._executor.submit(self._timed, call)
         self._pending.append(future)
         return future
+
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.busy_seconds += time.perf_counter() - start
 
     def wait_all(self) -> None:
         """Waits for everything submitted; raises the first error one of them raised."""
