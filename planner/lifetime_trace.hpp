@@ -1,0 +1,58 @@
+// One training step as the planner sees it: the ops in execution order with their measured
+// durations and the device memory that is not saved activations, and every tensor saved for
+// backward with when it lives (Note [Lifetime trace]).
+//
+// Note [Lifetime trace]
+// Ops are numbered in the order they ran: forward first, then backward (an optimizer step, when
+// profiled, after backward). A saved tensor is created by op `created` (its producer), used by
+// forward for the last time at op `last_forward_use`, needed by backward first at op
+// `first_backward_use` and last at `last_backward_use`; kept, it is live over all of that.
+// `recompute_ms` is the time its producer takes again, and `recompute_inputs` the saved tensors
+// that producer reads (each of a lower index: recorded before it), so recomputing it needs them
+// on the device too (kept, paged back in, or recomputed first: the chain). `other_bytes` at an op
+// is the device memory in use then that no decision changes (parameters, gradients, optimizer
+// states, the op's own temporaries). Times are milliseconds, sizes bytes.
+//
+// Contract: a value type; validate() checks every rule above and names the first one broken.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stowage::planner {
+
+enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer };
+
+struct TraceOp {
+  std::string name;    // e.g. "aten::mm"
+  std::string module;  // the module path that ran it, e.g. "blocks.3.mlp"
+  Phase phase = Phase::kForward;
+  double duration_ms = 0;
+  std::uint64_t other_bytes = 0;
+};
+
+struct SavedTensor {
+  std::string module;  // the producer's module path
+  std::uint64_t bytes = 0;
+  std::size_t created = 0;
+  std::size_t last_forward_use = 0;
+  std::size_t first_backward_use = 0;
+  std::size_t last_backward_use = 0;
+  double recompute_ms = 0;
+  bool recomputable = true;  // false for what cannot be made again (inputs, random ops' outputs)
+  bool offloadable = true;
+  std::vector<std::size_t> recompute_inputs;
+};
+
+struct LifetimeTrace {
+  std::vector<TraceOp> ops;
+  std::vector<SavedTensor> tensors;
+
+  // Throws LogicError naming the first broken rule of Note [Lifetime trace].
+  void validate() const;
+  double compute_ms() const;  // the ops' durations summed: the step with nothing changed
+};
+
+}  // namespace stowage::planner

@@ -1,0 +1,173 @@
+#include "planner/simulator.hpp"
+
+#include <algorithm>
+
+#include "allocator/base/errors.hpp"
+
+namespace stowage::planner {
+
+Simulator::Simulator(const LifetimeTrace& trace, const CostModel& cost) : trace_(trace), cost_(cost) {
+  trace_.validate();
+  cost_.validate();
+  const auto& ops = trace_.ops;
+  first_backward_ = ops.size();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].phase != Phase::kForward) {
+      first_backward_ = i;
+      break;
+    }
+  }
+  unstalled_end_.resize(ops.size());
+  double time = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    time += ops[i].duration_ms;
+    unstalled_end_[i] = time;
+  }
+  const std::size_t count = trace_.tensors.size();
+  need_at_.resize(count);
+  remade_at_.resize(count);
+  out_done_.resize(count);
+  in_done_.resize(count);
+}
+
+void Simulator::check(const Plan& plan) const {
+  const auto& tensors = trace_.tensors;
+  STOWAGE_CHECK(plan.size() == tensors.size(), "a plan needs one decision per saved tensor: ", plan.size(),
+                " for ", tensors.size());
+  for (std::size_t t = 0; t < plan.size(); ++t) {
+    STOWAGE_CHECK(plan[t] != Decision::kRecompute || tensors[t].recomputable, "saved tensor ", t, " (",
+                  tensors[t].module, ") cannot be recomputed");
+    STOWAGE_CHECK(plan[t] != Decision::kOffload || tensors[t].offloadable, "saved tensor ", t, " (",
+                  tensors[t].module, ") cannot be offloaded");
+  }
+}
+
+// need_at_: the first backward op that needs each tensor, earlier when a recomputed tensor made
+// from it is made before its own first use (inputs precede their consumers, so one pass from the
+// last tensor down carries each chain to its start).
+void Simulator::schedule_recompute(const Plan& plan) {
+  const auto& tensors = trace_.tensors;
+  for (std::size_t t = 0; t < tensors.size(); ++t) need_at_[t] = tensors[t].first_backward_use;
+  for (std::size_t t = tensors.size(); t-- > 0;) {
+    if (plan[t] != Decision::kRecompute) continue;
+    remade_at_[t] = need_at_[t];
+    for (const std::size_t input : tensors[t].recompute_inputs) {
+      need_at_[input] = std::min(need_at_[input], need_at_[t]);
+    }
+  }
+}
+
+void Simulator::schedule_page_outs(const Plan& plan) {
+  const auto& tensors = trace_.tensors;
+  double link_free = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {  // recorded order: the order they are made
+    if (plan[t] != Decision::kOffload) continue;
+    const double start = std::max(link_free, unstalled_end_[tensors[t].created]);
+    out_done_[t] = start + static_cast<double>(tensors[t].bytes) / cost_.to_host_bytes_per_ms;
+    link_free = out_done_[t];
+  }
+  by_first_need_.clear();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (plan[t] == Decision::kOffload) by_first_need_.push_back(t);
+  }
+  std::stable_sort(by_first_need_.begin(), by_first_need_.end(),
+                   [&](std::size_t a, std::size_t b) { return need_at_[a] < need_at_[b]; });
+}
+
+void Simulator::add_live(std::size_t first, std::size_t last, std::uint64_t bytes) {
+  live_delta_[first] += static_cast<std::int64_t>(bytes);
+  live_delta_[last + 1] -= static_cast<std::int64_t>(bytes);
+}
+
+// The first op in [from, until) whose end (as run so far) is at or after `time`; `until` if none.
+std::size_t Simulator::op_ending_after(double time, std::size_t from, std::size_t until) const {
+  const auto begin = op_end_.begin() + static_cast<std::ptrdiff_t>(from);
+  const auto end = op_end_.begin() + static_cast<std::ptrdiff_t>(until);
+  return static_cast<std::size_t>(std::lower_bound(begin, end, time) - op_end_.begin());
+}
+
+// Issues `tensor`'s page-in as the compute reaches `op` at `time`; records its live ranges.
+void Simulator::issue_page_in(std::size_t tensor, std::size_t op, double time, double& link_free) {
+  const SavedTensor& s = trace_.tensors[tensor];
+  if (out_done_[tensor] > time) {  // not out yet when asked back: resident throughout, no copy
+    in_done_[tensor] = 0;
+    add_live(s.created, s.last_backward_use, s.bytes);
+    return;
+  }
+  const double start = std::max(link_free, time);
+  in_done_[tensor] = start + static_cast<double>(s.bytes) / cost_.to_device_bytes_per_ms;
+  link_free = in_done_[tensor];
+  const std::size_t freed = std::max(s.last_forward_use, op_ending_after(out_done_[tensor], s.created, op));
+  if (freed >= op) {
+    add_live(s.created, s.last_backward_use, s.bytes);
+  } else {
+    add_live(s.created, freed, s.bytes);
+    add_live(op, s.last_backward_use, s.bytes);
+  }
+}
+
+// Backward (and the optimizer after it) op by op: page-ins issued `prefetch_ops` ahead of need,
+// waits for them, recomputation before the ops that need it.
+void Simulator::run_backward(Simulation& result) {
+  const auto& ops = trace_.ops;
+  double time = first_backward_ == 0 ? 0 : op_end_[first_backward_ - 1];
+  double link_free = time;
+  std::size_t issued = 0, waited = 0;
+  for (std::size_t i = first_backward_; i < ops.size(); ++i) {
+    while (issued < by_first_need_.size()) {
+      const std::size_t t = by_first_need_[issued];
+      const std::size_t due = need_at_[t];
+      const std::size_t issue_op = due > first_backward_ + cost_.prefetch_ops ? due - cost_.prefetch_ops
+                                                                              : first_backward_;
+      if (issue_op > i) break;
+      issue_page_in(t, i, time, link_free);
+      ++issued;
+    }
+    double start = time;
+    for (; waited < issued && need_at_[by_first_need_[waited]] <= i; ++waited) {
+      start = std::max(start, in_done_[by_first_need_[waited]]);
+    }
+    result.stall_ms += start - time;
+    start += recompute_before_[i];
+    result.recompute_ms += recompute_before_[i];
+    time = start + ops[i].duration_ms;
+    op_end_[i] = time;
+  }
+  result.step_ms = ops.empty() ? 0 : std::max(time, op_end_.back());
+}
+
+Simulation Simulator::simulate(const Plan& plan) {
+  check(plan);
+  const auto& ops = trace_.ops;
+  const auto& tensors = trace_.tensors;
+  live_delta_.assign(ops.size() + 1, 0);
+  recompute_before_.assign(ops.size(), 0.0);
+  op_end_ = unstalled_end_;
+  schedule_recompute(plan);
+  schedule_page_outs(plan);
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const SavedTensor& s = tensors[t];
+    if (plan[t] == Decision::kKeep) {
+      add_live(s.created, s.last_backward_use, s.bytes);
+    } else if (plan[t] == Decision::kRecompute) {
+      add_live(s.created, s.last_forward_use, s.bytes);
+      add_live(remade_at_[t], s.last_backward_use, s.bytes);
+      recompute_before_[remade_at_[t]] += s.recompute_ms;
+    }
+  }
+  Simulation result;
+  run_backward(result);
+  result.bytes_at_op.resize(ops.size());
+  std::int64_t live = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    live += live_delta_[i];
+    result.bytes_at_op[i] = ops[i].other_bytes + static_cast<std::uint64_t>(live);
+    if (result.bytes_at_op[i] > result.peak_bytes) {
+      result.peak_bytes = result.bytes_at_op[i];
+      result.peak_op = i;
+    }
+  }
+  return result;
+}
+
+}  // namespace stowage::planner

@@ -1,0 +1,80 @@
+// Replays a plan over a lifetime trace: the step's peak device memory and its time, with the
+// copies on their links and the recomputation in backward (Note [Simulating a plan]).
+//
+// Note [Simulating a plan]
+// Forward runs its ops back to back: nothing in a plan slows it. An offloaded tensor's page-out
+// starts when its producer ends, behind the page-outs before it on the device-to-host link, and
+// its device memory is freed at the end of the op during which both the copy and the tensor's
+// last forward use are done. Backward visits its ops in order. A page-in is issued when the
+// compute reaches the op `prefetch_ops` before the first that needs the tensor (the start of
+// backward at the earliest), behind the page-ins before it on the host-to-device link, and holds
+// its memory from the op where it is issued; the op that needs it waits for it (a stall). A
+// page-out still running when its page-in would be issued never freed the tensor: it stays
+// resident and comes back at no cost. A recomputed tensor is freed after its last forward use
+// and made again just before the first backward op that needs it, or that needs a recomputed
+// tensor made from it (the chain), each at most once: its recompute time is added before that op
+// and it is live from there to its last backward use. Its inputs must be on the device by then,
+// so an offloaded input's page-in is due at that op. Memory at an op is its `other_bytes` plus
+// every saved tensor live at any time during it; the peak is the largest. The step's time is the
+// end of its last op.
+//
+// Contract: the simulator keeps references to the trace and the cost model, which must outlive
+// it; simulate() reuses buffers of its own, so one simulator serves one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "planner/cost_model.hpp"
+#include "planner/lifetime_trace.hpp"
+#include "planner/plan.hpp"
+
+namespace stowage::planner {
+
+struct Simulation {
+  std::uint64_t peak_bytes = 0;
+  std::size_t peak_op = 0;  // the first op at the peak
+  double step_ms = 0;
+  double recompute_ms = 0;  // time spent making tensors again
+  double stall_ms = 0;      // time backward waited for page-ins
+  std::vector<std::uint64_t> bytes_at_op;
+};
+
+class Simulator {
+ public:
+  // Validates both (LogicError on a broken rule).
+  Simulator(const LifetimeTrace& trace, const CostModel& cost);
+
+  // Throws LogicError when `plan` does not have one decision per saved tensor, or offloads or
+  // recomputes a tensor that cannot be.
+  Simulation simulate(const Plan& plan);
+
+  const LifetimeTrace& trace() const noexcept { return trace_; }
+  const CostModel& cost() const noexcept { return cost_; }
+
+ private:
+  void check(const Plan& plan) const;
+  void schedule_recompute(const Plan& plan);
+  void schedule_page_outs(const Plan& plan);
+  void run_backward(Simulation& result);
+  void add_live(std::size_t first, std::size_t last, std::uint64_t bytes);
+  std::size_t op_ending_after(double time, std::size_t from, std::size_t until) const;
+  void issue_page_in(std::size_t tensor, std::size_t op, double time, double& link_free);
+
+  const LifetimeTrace& trace_;
+  const CostModel& cost_;
+  std::size_t first_backward_ = 0;
+  std::vector<double> unstalled_end_;  // each op's end if nothing stalls (forward's are exact)
+  std::vector<double> op_end_;         // each op's end as this simulation runs it
+  std::vector<std::size_t> by_first_need_;  // offload candidates' order of need, rebuilt per plan
+  // Per tensor, rebuilt by each simulate():
+  std::vector<std::size_t> need_at_;   // first op that needs it in backward (recompute chains included)
+  std::vector<std::size_t> remade_at_;  // recomputed: the op before which it is made again
+  std::vector<double> out_done_;        // offloaded: when its page-out completes
+  std::vector<double> in_done_;         // offloaded: when its page-in completes (0: stayed resident)
+  std::vector<double> recompute_before_;  // per op: the recomputation that runs just before it
+  std::vector<std::int64_t> live_delta_;  // a difference array of live bytes over the ops
+};
+
+}  // namespace stowage::planner
