@@ -97,23 +97,44 @@ Simulation reduce_peak(Simulator& simulator, Plan& plan, Simulation current, std
   return current;
 }
 
-// Tries each decision that is not keep as keep and as the other choice; keeps what simulates better.
+// Whether keeping tensor `t` again could fit: it adds its bytes over the ops it was absent from.
+bool keeping_could_fit(const SavedTensor& s, const Simulation& current, std::uint64_t budget) {
+  for (std::size_t op = s.last_forward_use + 1; op < s.first_backward_use; ++op) {
+    if (current.bytes_at_op[op] + s.bytes > budget) return false;
+  }
+  return true;
+}
+
+// The estimated time of each choice for tensor `t` (the same estimates as the candidates').
+double estimated_cost(const Simulator& simulator, const OpClock& clock, const SavedTensor& s, Decision d) {
+  if (d == Decision::kRecompute) return s.recompute_ms;
+  const std::size_t issue = prefetch_issue_op(simulator, s);
+  const double window = clock.start(s.first_backward_use) - clock.start(issue);
+  return std::max(0.0, static_cast<double>(s.bytes) / simulator.cost().to_device_bytes_per_ms - window);
+}
+
+// Tries each decision that is not keep as keep (where the memory could allow it) and as the
+// other choice (where the estimate says it is not dearer); keeps what simulates better.
 Simulation refine(Simulator& simulator, Plan& plan, Simulation current, std::uint64_t budget) {
   const auto& tensors = simulator.trace().tensors;
+  const OpClock clock(simulator.trace());
   const std::size_t passes = tensors.size() > 2000 ? 2 : 4;
   for (std::size_t pass = 0; pass < passes; ++pass) {
     bool improved = false;
     for (std::size_t t = 0; t < plan.size(); ++t) {
       if (plan[t] == Decision::kKeep) continue;
       const Decision original = plan[t];
-      const std::array<Decision, 2> alternatives = {
-          Decision::kKeep, original == Decision::kOffload ? Decision::kRecompute : Decision::kOffload};
-      for (const Decision alternative : alternatives) {
-        if ((alternative == Decision::kRecompute && !tensors[t].recomputable) ||
-            (alternative == Decision::kOffload && !tensors[t].offloadable)) {
-          continue;
-        }
-        plan[t] = alternative;
+      const Decision other = original == Decision::kOffload ? Decision::kRecompute : Decision::kOffload;
+      const bool fits_now = current.peak_bytes <= budget;
+      const std::array<bool, 2> worth = {
+          !fits_now || keeping_could_fit(tensors[t], current, budget),
+          (other == Decision::kRecompute ? tensors[t].recomputable : tensors[t].offloadable) &&
+              (!fits_now || estimated_cost(simulator, clock, tensors[t], other) <=
+                                estimated_cost(simulator, clock, tensors[t], original))};
+      const std::array<Decision, 2> alternatives = {Decision::kKeep, other};
+      for (std::size_t a = 0; a < alternatives.size(); ++a) {
+        if (!worth[a]) continue;
+        plan[t] = alternatives[a];
         Simulation trial = simulator.simulate(plan);
         if (better_outcome(trial, current, budget)) {
           current = std::move(trial);
