@@ -321,7 +321,26 @@ def test_a_compiled_model_trains_as_the_eager_one() -> None:
     assert_parameters_close(model, reference)
 
 
-DDP_SCRIPT = """
+def run_two_ranks(script_text: str, tmp_path: Path, *extra: str) -> tuple[Any, Any]:
+    """Runs `script_text` as ranks 0 and 1 of a gloo group; returns what each saved."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(script_text))
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp_path / f"rank{r}.pt"), *extra],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    for rank in ranks:
+        output, _ = rank.communicate(timeout=240)
+        assert rank.returncode == 0, output
+    return torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+
+
+RANK_PRELUDE = """
 import os, sys, torch, torch.distributed as dist
 import stowage
 from test_offload_adamw import make_model, batch, loss_of, HYPER
@@ -329,6 +348,9 @@ rank, world, port, out = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 stowage.enable(device="cpu", capacity="1GiB")
 dist.init_process_group("gloo", rank=rank, world_size=world)
+"""
+
+DDP_SCRIPT = RANK_PRELUDE + """
 model = make_model()
 ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
 optimizer = stowage.offload.AdamW(ddp.parameters(), **HYPER, update=sys.argv[4], bucket_numel=1000)
@@ -347,20 +369,7 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("update", ["exact", "in_backward"])
 def test_ddp_on_two_gloo_ranks_matches_one_process_on_the_whole_batch(tmp_path: Path, update: str) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    script = tmp_path / "ddp_rank.py"
-    script.write_text(textwrap.dedent(DDP_SCRIPT))
-    env = {**__import__("os").environ, "PYTHONPATH": str(HERE)}
-    ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp_path / f"rank{r}.pt"), update],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    for rank in ranks:
-        output, _ = rank.communicate(timeout=240)
-        assert rank.returncode == 0, output
-    first, second = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    first, second = run_two_ranks(DDP_SCRIPT, tmp_path, update)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     reference = make_model()
@@ -375,16 +384,9 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_on_the_whole_batch(tmp_path: 
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
 
 
-FSDP2_SCRIPT = """
-import os, sys, torch, torch.distributed as dist
+FSDP2_SCRIPT = RANK_PRELUDE + """
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
-import stowage
-from test_offload_adamw import make_model, batch, loss_of, HYPER
-rank, world, port, out = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-stowage.enable(device="cpu", capacity="1GiB")
-dist.init_process_group("gloo", rank=rank, world_size=world)
 model = make_model()
 for layer in model:
     if isinstance(layer, torch.nn.Linear):
@@ -411,21 +413,7 @@ dist.destroy_process_group()
 
 
 def test_fsdp2_on_two_gloo_ranks_keeps_each_rank_s_shard_and_matches_one_process(tmp_path: Path) -> None:
-    import socket
-
-    from torch.distributed.fsdp import fully_shard  # noqa: F401  (skips nothing: torch has it)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    script = tmp_path / "fsdp_rank.py"
-    script.write_text(textwrap.dedent(FSDP2_SCRIPT))
-    env = {**__import__("os").environ, "PYTHONPATH": str(HERE)}
-    ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp_path / f"rank{r}.pt")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    for rank in ranks:
-        output, _ = rank.communicate(timeout=240)
-        assert rank.returncode == 0, output
-    first, second = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    first, second = run_two_ranks(FSDP2_SCRIPT, tmp_path)
     for a, b in zip(first["params"], second["params"]):
         assert torch.equal(a, b)
     reference = make_model()
