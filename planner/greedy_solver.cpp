@@ -39,6 +39,14 @@ std::size_t prefetch_issue_op(const Simulator& simulator, const SavedTensor& s) 
   return s.first_backward_use > ahead ? s.first_backward_use - ahead : 0;
 }
 
+// The estimated time of each choice for tensor `t` (the same estimates as the candidates').
+double estimated_cost(const Simulator& simulator, const OpClock& clock, const SavedTensor& s, Decision d) {
+  if (d == Decision::kRecompute) return s.recompute_ms;
+  const std::size_t issue = prefetch_issue_op(simulator, s);
+  const double window = clock.start(s.first_backward_use) - clock.start(issue);
+  return std::max(0.0, static_cast<double>(s.bytes) / simulator.cost().to_device_bytes_per_ms - window);
+}
+
 // The kept tensors live at `op` that a decision would free there, each with its cheaper decision.
 std::vector<Candidate> candidates_at(const Simulator& simulator, const OpClock& clock, const Plan& plan,
                                      std::size_t op) {
@@ -60,10 +68,9 @@ std::vector<Candidate> candidates_at(const Simulator& simulator, const OpClock& 
     const std::size_t issue = prefetch_issue_op(simulator, s);
     const std::size_t out_op = clock.op_at(clock.end(s.created) + bytes / cost.to_host_bytes_per_ms);
     if (s.offloadable && op > std::max(out_op, s.last_forward_use) && op < issue) {
-      const double window = clock.start(s.first_backward_use) - clock.start(issue);
       // The exposed part of the page-in, and a little for the link's use so that a free offload
       // of a small tensor is preferred to one of a large tensor.
-      const double exposed = std::max(0.0, bytes / cost.to_device_bytes_per_ms - window) +
+      const double exposed = estimated_cost(simulator, clock, s, Decision::kOffload) +
                              1e-6 * bytes / cost.to_device_bytes_per_ms;
       if (exposed < best) {
         best = exposed;
@@ -103,14 +110,6 @@ bool keeping_could_fit(const SavedTensor& s, const Simulation& current, std::uin
     if (current.bytes_at_op[op] + s.bytes > budget) return false;
   }
   return true;
-}
-
-// The estimated time of each choice for tensor `t` (the same estimates as the candidates').
-double estimated_cost(const Simulator& simulator, const OpClock& clock, const SavedTensor& s, Decision d) {
-  if (d == Decision::kRecompute) return s.recompute_ms;
-  const std::size_t issue = prefetch_issue_op(simulator, s);
-  const double window = clock.start(s.first_backward_use) - clock.start(issue);
-  return std::max(0.0, static_cast<double>(s.bytes) / simulator.cost().to_device_bytes_per_ms - window);
 }
 
 // Tries each decision that is not keep as keep (where the memory could allow it) and as the

@@ -25,7 +25,6 @@ Simulator::Simulator(const LifetimeTrace& trace, const CostModel& cost) : trace_
   }
   const std::size_t count = trace_.tensors.size();
   need_at_.resize(count);
-  remade_at_.resize(count);
   out_done_.resize(count);
   in_done_.resize(count);
 }
@@ -50,7 +49,6 @@ void Simulator::schedule_recompute(const Plan& plan) {
   for (std::size_t t = 0; t < tensors.size(); ++t) need_at_[t] = tensors[t].first_backward_use;
   for (std::size_t t = tensors.size(); t-- > 0;) {
     if (plan[t] != Decision::kRecompute) continue;
-    remade_at_[t] = need_at_[t];
     for (const std::size_t input : tensors[t].recompute_inputs) {
       need_at_[input] = std::min(need_at_[input], need_at_[t]);
     }
@@ -151,8 +149,8 @@ Simulation Simulator::simulate(const Plan& plan) {
       add_live(s.created, s.last_backward_use, s.bytes);
     } else if (plan[t] == Decision::kRecompute) {
       add_live(s.created, s.last_forward_use, s.bytes);
-      add_live(remade_at_[t], s.last_backward_use, s.bytes);
-      recompute_before_[remade_at_[t]] += s.recompute_ms;
+      add_live(need_at_[t], s.last_backward_use, s.bytes);
+      recompute_before_[need_at_[t]] += s.recompute_ms;
     }
   }
   Simulation result;

@@ -69,8 +69,9 @@ class Simulator {
   std::vector<double> op_end_;         // each op's end as this simulation runs it
   std::vector<std::size_t> by_first_need_;  // offload candidates' order of need, rebuilt per plan
   // Per tensor, rebuilt by each simulate():
-  std::vector<std::size_t> need_at_;   // first op that needs it in backward (recompute chains included)
-  std::vector<std::size_t> remade_at_;  // recomputed: the op before which it is made again
+  // First op that needs it in backward (recompute chains included); a recomputed tensor is made
+  // again just before it.
+  std::vector<std::size_t> need_at_;
   std::vector<double> out_done_;        // offloaded: when its page-out completes
   std::vector<double> in_done_;         // offloaded: when its page-in completes (0: stayed resident)
   std::vector<double> recompute_before_;  // per op: the recomputation that runs just before it
