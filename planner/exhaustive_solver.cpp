@@ -1,7 +1,10 @@
 #include "planner/exhaustive_solver.hpp"
 
+#include <optional>
+
 #include "allocator/base/errors.hpp"
 #include "planner/greedy_solver.hpp"
+#include "planner/region_use.hpp"
 
 namespace stowage::planner {
 namespace {
@@ -15,6 +18,7 @@ class Search {
   Solution run() {
     best_ = solve_greedy(simulator_, budget_);  // a first bound to prune against
     plan_.assign(tensors_.size(), Decision::kKeep);
+    regions_.emplace(simulator_.trace(), plan_);
     visit(0, 0.0);
     best_.fits = best_.simulation.peak_bytes <= budget_;
     return best_;
@@ -34,17 +38,20 @@ class Search {
       return;
     }
     const SavedTensor& s = tensors_[index];
-    plan_[index] = Decision::kKeep;
+    visit(index + 1, recompute_ms);  // kept
+    if (s.offloadable) try_decision(index, Decision::kOffload, recompute_ms);
+    if (s.recomputable) try_decision(index, Decision::kRecompute, recompute_ms + s.recompute_ms);
+  }
+
+  // Visits the plans where tensor `index` takes `d` (when its region allows it), then keeps it.
+  void try_decision(std::size_t index, Decision d, double recompute_ms) {
+    const SavedTensor& s = tensors_[index];
+    if (!regions_->allows(s, d)) return;
+    regions_->change(s, Decision::kKeep, d);
+    plan_[index] = d;
     visit(index + 1, recompute_ms);
-    if (s.offloadable) {
-      plan_[index] = Decision::kOffload;
-      visit(index + 1, recompute_ms);
-    }
-    if (s.recomputable) {
-      plan_[index] = Decision::kRecompute;
-      visit(index + 1, recompute_ms + s.recompute_ms);
-    }
     plan_[index] = Decision::kKeep;
+    regions_->change(s, d, Decision::kKeep);
   }
 
   Simulator& simulator_;
@@ -52,6 +59,7 @@ class Search {
   std::uint64_t budget_;
   double compute_ms_;
   Plan plan_;
+  std::optional<RegionUse> regions_;
   Solution best_;
 };
 

@@ -1,5 +1,7 @@
 #include "planner/lifetime_trace.hpp"
 
+#include <algorithm>
+
 #include "allocator/base/errors.hpp"
 
 namespace stowage::planner {
@@ -19,6 +21,7 @@ void LifetimeTrace::validate() const {
                   s.first_backward_use, ", ", s.last_backward_use);
     STOWAGE_CHECK(ops[s.first_backward_use].phase != Phase::kForward, "saved tensor ", t, " (", s.module,
                   ") is first used by backward at op ", s.first_backward_use, ", a forward op");
+    STOWAGE_CHECK(s.region >= kNoRegion, "saved tensor ", t, " has region ", s.region, ", below ", kNoRegion);
     STOWAGE_CHECK(s.recompute_ms >= 0, "saved tensor ", t, " has a negative recompute time ", s.recompute_ms);
     for (const std::size_t input : s.recompute_inputs) {
       STOWAGE_CHECK(input < t, "saved tensor ", t, " (", s.module, ") is recomputed from tensor ", input,
@@ -27,6 +30,12 @@ void LifetimeTrace::validate() const {
                     ", created after it");
     }
   }
+}
+
+std::size_t LifetimeTrace::region_count() const {
+  std::int32_t highest = kNoRegion;
+  for (const SavedTensor& s : tensors) highest = std::max(highest, s.region);
+  return static_cast<std::size_t>(highest + 1);
 }
 
 double LifetimeTrace::compute_ms() const {

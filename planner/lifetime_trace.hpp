@@ -13,6 +13,13 @@
 // is the device memory in use then that no decision changes (parameters, gradients, optimizer
 // states, the op's own temporaries). Times are milliseconds, sizes bytes.
 //
+// A tensor of a checkpoint region (`region` >= 0: the runtime recomputes by running a module again
+// under selective checkpointing) is made again together with every other recomputed tensor of its
+// region, before the first backward op that needs any saved tensor of the region; and a region
+// either recomputes some of its tensors or offloads some, never both (a checkpoint keeps what it
+// saves in storage of its own, out of reach of the pager). A tensor of no region (kNoRegion) is
+// made again alone, before the first op that needs it.
+//
 // Contract: a value type; validate() checks every rule above and names the first one broken.
 #pragma once
 
@@ -33,6 +40,8 @@ struct TraceOp {
   std::uint64_t other_bytes = 0;
 };
 
+inline constexpr std::int32_t kNoRegion = -1;
+
 struct SavedTensor {
   std::string module;  // the producer's module path
   std::uint64_t bytes = 0;
@@ -44,6 +53,7 @@ struct SavedTensor {
   bool recomputable = true;  // false for what cannot be made again (inputs, random ops' outputs)
   bool offloadable = true;
   std::vector<std::size_t> recompute_inputs;
+  std::int32_t region = kNoRegion;
 };
 
 struct LifetimeTrace {
@@ -52,7 +62,8 @@ struct LifetimeTrace {
 
   // Throws LogicError naming the first broken rule of Note [Lifetime trace].
   void validate() const;
-  double compute_ms() const;  // the ops' durations summed: the step with nothing changed
+  double compute_ms() const;
+  std::size_t region_count() const;  // one past the highest region index  // the ops' durations summed: the step with nothing changed
 };
 
 }  // namespace stowage::planner

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "allocator/base/errors.hpp"
+#include "planner/region_use.hpp"
 
 namespace stowage::planner {
 
@@ -25,14 +26,29 @@ Simulator::Simulator(const LifetimeTrace& trace, const CostModel& cost) : trace_
   }
   const std::size_t count = trace_.tensors.size();
   need_at_.resize(count);
+  region_first_need_.assign(trace_.region_count(), ops.size());
+  for (const SavedTensor& s : trace_.tensors) {
+    if (s.region == kNoRegion) continue;
+    auto& first = region_first_need_[static_cast<std::size_t>(s.region)];
+    first = std::min(first, s.first_backward_use);
+  }
   out_done_.resize(count);
   in_done_.resize(count);
+}
+
+std::size_t Simulator::remade_before(const SavedTensor& s) const {
+  if (s.region == kNoRegion) return s.first_backward_use;
+  return std::min(s.first_backward_use, region_first_need_[static_cast<std::size_t>(s.region)]);
 }
 
 void Simulator::check(const Plan& plan) const {
   const auto& tensors = trace_.tensors;
   STOWAGE_CHECK(plan.size() == tensors.size(), "a plan needs one decision per saved tensor: ", plan.size(),
                 " for ", tensors.size());
+  const RegionUse use(trace_, plan);
+  for (std::size_t r = 0; r < use.regions(); ++r) {
+    STOWAGE_CHECK(!use.mixes(r), "region ", r, " both recomputes and offloads saved tensors");
+  }
   for (std::size_t t = 0; t < plan.size(); ++t) {
     STOWAGE_CHECK(plan[t] != Decision::kRecompute || tensors[t].recomputable, "saved tensor ", t, " (",
                   tensors[t].module, ") cannot be recomputed");
@@ -46,7 +62,9 @@ void Simulator::check(const Plan& plan) const {
 // last tensor down carries each chain to its start).
 void Simulator::schedule_recompute(const Plan& plan) {
   const auto& tensors = trace_.tensors;
-  for (std::size_t t = 0; t < tensors.size(); ++t) need_at_[t] = tensors[t].first_backward_use;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    need_at_[t] = plan[t] == Decision::kRecompute ? remade_before(tensors[t]) : tensors[t].first_backward_use;
+  }
   for (std::size_t t = tensors.size(); t-- > 0;) {
     if (plan[t] != Decision::kRecompute) continue;
     for (const std::size_t input : tensors[t].recompute_inputs) {
@@ -104,8 +122,8 @@ void Simulator::issue_page_in(std::size_t tensor, std::size_t op, double time, d
   }
 }
 
-// Backward (and the optimizer after it) op by op: page-ins issued `prefetch_ops` ahead of need,
-// waits for them, recomputation before the ops that need it.
+// Backward (and the optimizer after it) op by op: page-ins issued `prefetch_pages` ahead in order
+// of need, waits for them, recomputation before the ops that need it.
 void Simulator::run_backward(Simulation& result) {
   const auto& ops = trace_.ops;
   double time = first_backward_ == 0 ? 0 : op_end_[first_backward_ - 1];
@@ -114,9 +132,8 @@ void Simulator::run_backward(Simulation& result) {
   for (std::size_t i = first_backward_; i < ops.size(); ++i) {
     while (issued < by_first_need_.size()) {
       const std::size_t t = by_first_need_[issued];
-      const std::size_t due = need_at_[t];
-      const std::size_t issue_op = due > first_backward_ + cost_.prefetch_ops ? due - cost_.prefetch_ops
-                                                                              : first_backward_;
+      const std::size_t pages = cost_.prefetch_pages;
+      const std::size_t issue_op = issued < pages ? first_backward_ : need_at_[by_first_need_[issued - pages]];
       if (issue_op > i) break;
       issue_page_in(t, i, time, link_free);
       ++issued;

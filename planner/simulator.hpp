@@ -5,14 +5,17 @@
 // Forward runs its ops back to back: nothing in a plan slows it. An offloaded tensor's page-out
 // starts when its producer ends, behind the page-outs before it on the device-to-host link, and
 // its device memory is freed at the end of the op during which both the copy and the tensor's
-// last forward use are done. Backward visits its ops in order. A page-in is issued when the
-// compute reaches the op `prefetch_ops` before the first that needs the tensor (the start of
-// backward at the earliest), behind the page-ins before it on the host-to-device link, and holds
-// its memory from the op where it is issued; the op that needs it waits for it (a stall). A
+// last forward use are done. Backward visits its ops in order. Offloaded tensors come back in
+// order of need, `prefetch_pages` ahead: the k-th page-in is issued when the compute reaches the
+// op that first needs the (k - prefetch_pages)-th (the first ones when backward starts), behind
+// the page-ins before it on the host-to-device link, and holds its memory from the op where it is
+// issued; the op that needs it waits for it (a stall). A
 // page-out still running when its page-in would be issued never freed the tensor: it stays
 // resident and comes back at no cost. A recomputed tensor is freed after its last forward use
 // and made again just before the first backward op that needs it, or that needs a recomputed
-// tensor made from it (the chain), each at most once: its recompute time is added before that op
+// tensor made from it (the chain), each at most once (a tensor of a checkpoint region no later
+// than the first backward op that needs any tensor of the region: Note [Lifetime trace]): its
+// recompute time is added before that op
 // and it is live from there to its last backward use. Its inputs must be on the device by then,
 // so an offloaded input's page-in is due at that op. Memory at an op is its `other_bytes` plus
 // every saved tensor live at any time during it; the peak is the largest. The step's time is the
@@ -46,12 +49,15 @@ class Simulator {
   // Validates both (LogicError on a broken rule).
   Simulator(const LifetimeTrace& trace, const CostModel& cost);
 
-  // Throws LogicError when `plan` does not have one decision per saved tensor, or offloads or
-  // recomputes a tensor that cannot be.
+  // Throws LogicError when `plan` does not have one decision per saved tensor, offloads or
+  // recomputes a tensor that cannot be, or both recomputes and offloads in one region.
   Simulation simulate(const Plan& plan);
 
   const LifetimeTrace& trace() const noexcept { return trace_; }
   const CostModel& cost() const noexcept { return cost_; }
+  std::size_t first_backward_op() const noexcept { return first_backward_; }  // ops.size() if none
+  // The op before which `s`, recomputed, is made again (chains aside).
+  std::size_t remade_before(const SavedTensor& s) const;
 
  private:
   void check(const Plan& plan) const;
@@ -68,6 +74,7 @@ class Simulator {
   std::vector<double> unstalled_end_;  // each op's end if nothing stalls (forward's are exact)
   std::vector<double> op_end_;         // each op's end as this simulation runs it
   std::vector<std::size_t> by_first_need_;  // offload candidates' order of need, rebuilt per plan
+  std::vector<std::size_t> region_first_need_;  // per region: its first backward op needing a tensor
   // Per tensor, rebuilt by each simulate():
   // First op that needs it in backward (recompute chains included); a recomputed tensor is made
   // again just before it.

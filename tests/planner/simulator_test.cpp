@@ -152,6 +152,49 @@ TEST(PlannerSimulator, AnOffloadedInputOfARecomputationIsDueWhenTheRecomputation
   EXPECT_DOUBLE_EQ(s.step_ms, 8.0 + 4.0 + 0.5);
 }
 
+TEST(PlannerSimulator, PageInsComeBackInOrderOfNeedAFixedNumberOfPagesAhead) {
+  // a (need op 6) and b (made by F2, last used by F2, needed by B2 = op 5), both offloaded, links
+  // at 100 bytes/ms. Out: a 1-2 (freed after F1), b 3-4 (freed after F3). One page ahead: b's
+  // page-in is issued when backward starts (op 4), a's when b is first used (op 5).
+  LifetimeTrace trace = eight_ops();
+  SavedTensor b = trace.tensors[0];
+  b.created = 2;
+  b.last_forward_use = 2;
+  b.first_backward_use = 5;
+  b.last_backward_use = 5;
+  trace.tensors.push_back(b);
+  const CostModel one_ahead = link(100, 100, 1);
+  Simulator simulator(trace, one_ahead);
+  const Simulation s = simulator.simulate({O, O});
+  EXPECT_EQ(s.bytes_at_op, (std::vector<std::uint64_t>{110, 110, 110, 110, 110, 210, 110, 110}));
+  EXPECT_DOUBLE_EQ(s.stall_ms, 0.0);
+  // Two ahead: both come back when backward starts.
+  const CostModel two_ahead = link(100, 100, 2);
+  Simulator earlier(trace, two_ahead);
+  EXPECT_EQ(earlier.simulate({O, O}).bytes_at_op[4], 210u);
+}
+
+TEST(PlannerSimulator, ACheckpointRegionRemakesItsTensorsWhenItsBackwardBegins) {
+  // a and b in region 0; b (made by F2, needed by B2 = op 5) is kept, a recomputed: the region's
+  // backward begins at op 5, so a is made again there, not before its own first use (op 6).
+  LifetimeTrace trace = eight_ops();
+  trace.tensors[0].region = 0;
+  SavedTensor b = trace.tensors[0];
+  b.created = 2;
+  b.last_forward_use = 2;
+  b.first_backward_use = 5;
+  b.last_backward_use = 5;
+  trace.tensors.push_back(b);
+  const CostModel cost = link(100, 100);
+  Simulator simulator(trace, cost);
+  const Simulation s = simulator.simulate({R, K});
+  EXPECT_EQ(s.bytes_at_op, (std::vector<std::uint64_t>{110, 110, 210, 110, 110, 210, 110, 110}));
+  EXPECT_DOUBLE_EQ(s.recompute_ms, 0.5);
+  EXPECT_DOUBLE_EQ(s.step_ms, 8.5);
+  // A region recomputes or offloads, never both.
+  EXPECT_THROW(simulator.simulate({R, O}), LogicError);
+}
+
 TEST(PlannerSimulator, BadTracesAndPlansAreRefusedWithTheirReason) {
   LifetimeTrace trace = eight_ops();
   trace.tensors[0].first_backward_use = 1;
