@@ -30,6 +30,7 @@ PYBIND11_MODULE(_core, module) {
   module.def("parse_byte_size", &stowage::parse_byte_size, py::arg("text"),
              "'4GiB', '512 MiB', '1.5GB' or a plain number -> bytes.");
   module.def("format_bytes", &stowage::format_bytes, py::arg("bytes"), "bytes -> '1.50 GiB'.");
+  stowage::python::bind_planner(module);
   stowage::python::bind_replay(module);
   stowage::python::bind_topology(module);
 }

@@ -1,0 +1,31 @@
+"""stowage.plan: keep, offload or recompute each saved tensor, chosen from one recorded step
+under a memory budget.
+
+    import stowage.plan
+
+    profile = stowage.plan.profile(step)          # runs step() once and records its lifetimes
+    plan = stowage.plan.solve(profile, budget="6GiB")
+    print(plan)                                   # decisions by module, predicted peak and time
+    with plan:
+        step()                                    # recomputes and offloads as planned
+    plan.save("plan.json"); plan = stowage.plan.load("plan.json")
+
+Recomputation runs through selective activation checkpointing
+(``torch.utils.checkpoint.create_selective_checkpoint_contexts``) on the model's blocks (the
+items of its ``nn.ModuleList`` / ``nn.Sequential``): per op, save or recompute. Offload runs
+through the offload engine's pager (``stowage.offload``). A checkpoint keeps what it saves out
+of reach of the pager, so the planner offers only what the runtime can apply: in a block it
+recomputes, a tensor is kept or recomputed, and the block's inputs are kept or offloaded; in a
+block it does not, each tensor is kept or offloaded. A plan that does not match the step it runs
+on (other modules, other ops) keeps what it cannot place and says so once.
+
+A model compiled as a whole (``torch.compile(model)``) hides its saved tensors from both
+mechanisms until its forward ends: ``with plan:`` refuses it; compile each block instead, after
+profiling.
+"""
+
+from stowage.plan.applying import Plan, load, solve
+from stowage.plan.lifetimes import LifetimeProfile, load_profile
+from stowage.plan.recording import profile
+
+__all__ = ["LifetimeProfile", "Plan", "load", "load_profile", "profile", "solve"]

@@ -1,0 +1,203 @@
+"""A plan: one decision per recorded saved tensor, and ``with plan:`` applying it to a step.
+
+Contract: a Plan holds its profile (the keys it finds tensors by) and is applied on the thread
+running the step; ``with plan:`` may be entered once at a time, for one step each time.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from stowage import _core
+from stowage.memory import _bytes, _torch_module
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
+from stowage.plan.module_frames import Frame, ModuleFrames
+from stowage.plan.region_policy import RegionPolicy
+
+
+def comparison_plans(profile: LifetimeProfile) -> dict[str, list[str]]:
+    """The points a plan is judged against: nothing changed, every block fully recomputed (full
+    activation checkpointing), every tensor that can be offloaded offloaded."""
+    tensors = profile.tensors
+    return {"no change": ["keep"] * len(tensors),
+            "full checkpointing": ["recompute" if t.recomputable else "keep" for t in tensors],
+            "offload everything": ["offload" if t.offloadable else "keep" for t in tensors]}
+
+
+def solve(profile: LifetimeProfile, budget: int | str, *, exact: bool = False,
+          to_host_bytes_per_ms: float | None = None, to_device_bytes_per_ms: float | None = None,
+          prefetch_pages: int | None = None) -> Plan:
+    """The fastest plan found whose predicted peak (device memory the step adds to what was in
+    use when it began) fits ``budget``; the one with the lowest peak, and a warning, when none
+    does. The cost model's figures default to the profile's calibration."""
+    limit = _bytes(budget)
+    if limit <= 0:
+        raise ValueError(f"the budget must be positive, not {budget!r}")
+    for name, value in (("to_host_bytes_per_ms", to_host_bytes_per_ms),
+                        ("to_device_bytes_per_ms", to_device_bytes_per_ms), ("prefetch_pages", prefetch_pages)):
+        if value is not None:
+            profile.cost[name] = value
+    decisions, simulation, fits = _core.plan_solve(profile.native_trace(), profile.native_cost(), limit, exact)
+    plan = Plan(profile, decisions, limit)
+    if not fits:
+        warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
+                      f"{_core.format_bytes(simulation['peak_bytes'])}", stacklevel=2)
+    return plan
+
+
+class Plan:
+    """Keep / offload / recompute per saved tensor of a profile, with its predicted outcome."""
+
+    def __init__(self, profile: LifetimeProfile, decisions: list[str], budget: int) -> None:
+        if len(decisions) != len(profile.tensors):
+            raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for "
+                             f"{len(profile.tensors)}")
+        self.profile, self.decisions, self.budget = profile, list(decisions), budget
+        self.prediction = self.simulate(self.decisions)
+        self.mismatches: list[str] = []
+        self._active = False
+
+    def simulate(self, decisions: list[str]) -> dict[str, Any]:
+        return dict(_core.plan_simulate(self.profile.native_trace(), self.profile.native_cost(), decisions))
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return int(self.prediction["peak_bytes"])
+
+    @property
+    def predicted_step_ms(self) -> float:
+        return float(self.prediction["step_ms"])
+
+    @property
+    def fits(self) -> bool:
+        return self.predicted_peak_bytes <= self.budget
+
+    # Saving ------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        document = {"format": "stowage-plan", "version": VERSION, "budget": self.budget,
+                    "decisions": self.decisions, "profile": self.profile.document()}
+        Path(path).write_text(json.dumps(document))
+
+    # Applying ----------------------------------------------------------------------------
+    def __enter__(self) -> Plan:
+        import torch
+
+        if self._active:
+            raise RuntimeError("stowage.plan: this plan is already applied to a step")
+        self._active = True
+        self._index_decisions()
+        module = _torch_module()
+        module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
+        self._pager = module.TensorPager(0)
+        self._patched: list[tuple[Any, Any]] = []
+        self._frames = ModuleFrames(on_root=self._found_root)
+        self._frames.install()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._hooks.__exit__(kind, error, traceback)
+        self._frames.remove()
+        for module, original in self._patched:
+            if original is None:
+                del module.forward
+            else:
+                module.forward = original
+        del self._pager
+        self._active = False
+        if self.mismatches and kind is None:
+            warnings.warn("stowage.plan: the step does not match the profile the plan was made from; "
+                          f"kept what could not be placed ({len(self.mismatches)} places, first: "
+                          f"{self.mismatches[0]})", stacklevel=2)
+
+    def _index_decisions(self) -> None:
+        self._kept_saves = {tuple(save) for save in self.profile.kept_saves}
+        self._unit_of_save: dict[tuple[str, int, int], int] = {}
+        for index, tensor in enumerate(self.profile.tensors):
+            for save in tensor.packs:
+                self._unit_of_save[tuple(save)] = index  # type: ignore[index]
+        recomputed = {t.region for t, d in zip(self.profile.tensors, self.decisions) if d == "recompute"}
+        self._checkpointed: dict[tuple[str, int], tuple[int, set[int]]] = {}
+        for r in recomputed:
+            region = self.profile.regions[r]
+            kept = {self.profile.ops[t.created].region_op for t, d in zip(self.profile.tensors, self.decisions)
+                    if t.region == r and d != "recompute"}
+            self._checkpointed[(region.module, region.call)] = (r, kept)
+
+    def _found_root(self, root: Any) -> None:
+        if hasattr(root, "_orig_mod"):
+            raise RuntimeError("stowage.plan: the model is compiled as a whole (torch.compile); its saved "
+                               "tensors reach neither checkpointing nor offload until its forward ends. "
+                               "Compile each block instead (after profiling).")
+        by_path = {self._frames.path_of(m): m for m in root.modules()}
+        for path in {path for path, _ in self._checkpointed}:
+            module = by_path.get(path)
+            if module is None:
+                self.mismatches.append(f"no module {path!r}")
+                continue
+            self._patched.append((module, module.__dict__.get("forward")))
+            module.forward = self._checkpointing(module, module.forward)
+
+    def _checkpointing(self, module: Any, original: Any) -> Any:
+        import torch
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            frame = self._frames.top
+            found = self._checkpointed.get((frame.path, frame.call)) if frame is not None else None
+            if frame is None or frame.module is not module or found is None or not torch.is_grad_enabled():
+                return original(*args, **kwargs)
+            r, kept = found
+            region = self.profile.regions[r]
+            tensors = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+            frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
+                                    if i < len(region.inputs)}
+            policy = RegionPolicy(region.ops, kept, lambda where: self.mismatches.append(f"{frame.path}: {where}"))
+            return checkpoint(original, *args, use_reentrant=False,
+                              context_fn=lambda: create_selective_checkpoint_contexts(policy), **kwargs)
+
+        return forward
+
+    def _pack(self, tensor: Any) -> Any:
+        frame: Frame | None = self._frames.top
+        if frame is not None and "inputs" in frame.data:  # a checkpointed block's inputs
+            unit = frame.data["inputs"].get(id(tensor))
+            return self._place(tensor, unit)
+        if frame is None:
+            return tensor
+        save = (frame.path, frame.call, frame.saves)
+        frame.saves += 1
+        unit = self._unit_of_save.get(save)
+        if unit is None and save not in self._kept_saves:
+            self.mismatches.append(f"a save in {frame.path!r} the profile does not have")
+        return self._place(tensor, unit)
+
+    def _place(self, tensor: Any, unit: int | None) -> Any:
+        if unit is not None and self.decisions[unit] == "offload":
+            return self._pager.pack(tensor)
+        return tensor
+
+    # Reading -----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        from stowage.plan.plan_text import describe
+
+        return describe(self)
+
+
+def load(path: str | Path) -> Plan:
+    """A plan saved by ``Plan.save``; ValueError naming what is wrong with a file that is not one."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not a stowage plan (not JSON: {error})") from None
+    if not isinstance(document, dict) or document.get("format") != "stowage-plan":
+        raise ValueError(f"{path}: not a stowage plan")
+    profile = load_profile_document(document.get("profile"), str(path))
+    return Plan(profile, document.get("decisions", []), int(document.get("budget", 0)))
+

@@ -1,0 +1,56 @@
+"""The copy bandwidth each way between the device and pinned host memory, measured on this
+machine: a short calibration for the planner's cost model (``CostModel``), overridable in
+``stowage.plan.solve``.
+
+On a GPU: copies of a 64 MiB buffer between the device and pinned host memory, each way, the
+best of a few. In CPU mode: a round trip of a tensor through the offload engine's pager (out to
+host memory and back), which runs at the simulated link's speed, counted half each way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+CALIBRATION_BYTES = 64 << 20
+PREFETCH_PAGES = 2
+
+
+def _best_seconds(copy: Any, synchronize: Any, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        copy()
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_cost(device: Any) -> dict[str, float]:
+    """The cost model for `device` ("cpu" for CPU mode), in bytes per millisecond."""
+    import torch
+
+    count = CALIBRATION_BYTES // 4
+    if torch.device(device).type == "cuda":
+        on_device = torch.empty(count, dtype=torch.float32, device=device)
+        pinned = torch.empty(count, dtype=torch.float32, pin_memory=True)
+        sync = torch.cuda.synchronize
+        to_host = _best_seconds(lambda: pinned.copy_(on_device, non_blocking=True), sync)
+        to_device = _best_seconds(lambda: on_device.copy_(pinned, non_blocking=True), sync)
+    else:
+        from stowage.memory import _torch_module
+
+        module = _torch_module()
+        module.offload_configure(0, CALIBRATION_BYTES)
+        tensor = torch.ones(count, dtype=torch.float32)
+
+        def round_trip() -> None:
+            packed = module.TensorPager(0).pack(tensor)
+            module.TensorPager.unpack(packed)
+
+        to_host = to_device = _best_seconds(round_trip, lambda: None) / 2
+        module.offload_end_step()
+    return {"to_host_bytes_per_ms": CALIBRATION_BYTES / (to_host * 1e3),
+            "to_device_bytes_per_ms": CALIBRATION_BYTES / (to_device * 1e3),
+            "prefetch_pages": PREFETCH_PAGES}

@@ -1,0 +1,150 @@
+"""The lifetime trace of one training step, as ``stowage.plan.profile`` records it and
+``stowage plan`` reads it: a JSON file (format ``stowage-lifetimes``, version 1).
+
+    {"format": "stowage-lifetimes", "version": 1,
+     "ops":     [{"name": "aten::mm", "module": "blocks.0.mlp", "phase": "forward",
+                  "duration_ms": 0.41, "other_bytes": 1048576, "region": 0, "region_op": 3}, ...],
+     "tensors": [{"module": "blocks.0.mlp", "bytes": 4194304, "created": 12,
+                  "last_forward_use": 14, "first_backward_use": 80, "last_backward_use": 81,
+                  "recompute_ms": 0.45, "recomputable": true, "offloadable": true,
+                  "recompute_inputs": [3], "region": 0, "packs": [["blocks.0.mlp.fc1", 0, 0]]}, ...],
+     "regions": [{"module": "blocks.0", "call": 0, "checkpointable": true, "ops": ["aten::native_layer_norm", ...],
+                  "inputs": [3]}, ...],
+     "cost": {"to_host_bytes_per_ms": 1.2e7, "to_device_bytes_per_ms": 1.2e7, "prefetch_pages": 2},
+     "unconstrained_peak_bytes": 123456789, "kept_saves": [["tokens", 0, 0]]}
+
+Ops are in the order they ran (forward, backward, then an optimizer step if the step had one);
+``other_bytes`` is the device memory in use during the op (its peak, relative to the step's
+start) that is not a saved tensor. A tensor is a storage saved for backward, ``created`` by the op
+that produced it; ``packs`` are where autograd saved it: (module path, the module's call number,
+the save's number within that call), which is how a plan finds it again. A region is a module run
+under selective checkpointing when its plan recomputes; ``ops`` its ops (the checkpoint's policy
+sees the same ones), ``inputs`` the tensors it receives. ``kept_saves``: saves of what no decision
+moves (parameters, tensors made before the step).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stowage import _core
+
+FORMAT = "stowage-lifetimes"
+VERSION = 1
+
+
+@dataclass
+class OpRecord:
+    name: str
+    module: str
+    phase: str
+    duration_ms: float
+    other_bytes: int = 0
+    region: int = -1
+    region_op: int = -1
+
+
+@dataclass
+class TensorRecord:
+    module: str
+    bytes: int
+    created: int
+    last_forward_use: int
+    first_backward_use: int
+    last_backward_use: int
+    recompute_ms: float = 0.0
+    recomputable: bool = False
+    offloadable: bool = True
+    recompute_inputs: list[int] = field(default_factory=list)
+    region: int = -1
+    packs: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class RegionRecord:
+    module: str
+    call: int
+    checkpointable: bool
+    ops: list[str]
+    inputs: list[int]
+
+
+@dataclass
+class LifetimeProfile:
+    """One recorded step: ops, saved tensors, checkpoint regions, and the measured cost model."""
+
+    ops: list[OpRecord]
+    tensors: list[TensorRecord]
+    regions: list[RegionRecord]
+    cost: dict[str, float]
+    unconstrained_peak_bytes: int
+    kept_saves: list[tuple[str, int, int]] = field(default_factory=list)  # saves no decision moves
+
+    def native_trace(self) -> Any:
+        """The trace as the C++ planner takes it (stowage._core.LifetimeTrace)."""
+        trace = _core.LifetimeTrace()
+        phases = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
+                  "optimizer": _core.TracePhase.optimizer}
+        ops = []
+        for record in self.ops:
+            op = _core.TraceOp()
+            op.name, op.module, op.phase = record.name, record.module, phases[record.phase]
+            op.duration_ms, op.other_bytes = record.duration_ms, record.other_bytes
+            ops.append(op)
+        tensors = []
+        for record in self.tensors:
+            tensor = _core.SavedTensor()
+            for name in ("module", "bytes", "created", "last_forward_use", "first_backward_use",
+                         "last_backward_use", "recompute_ms", "recomputable", "offloadable",
+                         "recompute_inputs", "region"):
+                setattr(tensor, name, getattr(record, name))
+            tensors.append(tensor)
+        trace.ops, trace.tensors = ops, tensors
+        return trace
+
+    def native_cost(self) -> Any:
+        return _core.CostModel(float(self.cost["to_host_bytes_per_ms"]),
+                               float(self.cost["to_device_bytes_per_ms"]), int(self.cost["prefetch_pages"]))
+
+    def document(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "ops": [asdict(o) for o in self.ops],
+                "tensors": [asdict(t) for t in self.tensors], "regions": [asdict(r) for r in self.regions],
+                "cost": self.cost, "unconstrained_peak_bytes": self.unconstrained_peak_bytes,
+                "kept_saves": self.kept_saves}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.document()))
+
+
+def load_profile_document(document: Any, where: str) -> LifetimeProfile:
+    """A profile from its JSON document; ValueError naming what is wrong (``where``: the file)."""
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ValueError(f"{where}: not a stowage lifetime trace (format is not {FORMAT!r})")
+    if document.get("version") != VERSION:
+        raise ValueError(f"{where}: lifetime trace version {document.get('version')!r}; this stowage reads {VERSION}")
+    try:
+        profile = LifetimeProfile(
+            ops=[OpRecord(**o) for o in document["ops"]],
+            tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t["packs"]]}) for t in document["tensors"]],
+            regions=[RegionRecord(**r) for r in document["regions"]],
+            cost=dict(document["cost"]), unconstrained_peak_bytes=int(document["unconstrained_peak_bytes"]),
+            kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{where}: a malformed stowage lifetime trace ({error})") from None
+    try:
+        profile.native_trace().validate()
+    except Exception as error:  # the C++ rules' LogicError
+        raise ValueError(f"{where}: {error}") from None
+    return profile
+
+
+def load_profile(path: str | Path) -> LifetimeProfile:
+    """Reads a lifetime trace file; ValueError naming what is wrong with one that is not."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a stowage lifetime trace ({error})") from None
+    return load_profile_document(document, str(path))

@@ -1,0 +1,110 @@
+"""Which module is running, by path, and the call numbers a plan keys saved tensors by.
+
+Global module hooks push a frame as each module's forward begins and pop it as it ends. Paths
+come from the outermost module's ``named_modules()`` (``""`` is that module). A frame numbers
+the tensors autograd saves while it is the innermost (its ``saves``); a module's call number
+counts its forward calls in this step. Forwards run again inside backward (a checkpoint's
+recomputation) are not counted, so the numbers are those of the step's forward.
+
+Contract: one per step recorder or plan, used on the thread running the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Frame:
+    module: Any
+    path: str
+    call: int
+    saves: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def in_backward() -> bool:
+    import torch
+
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+class ModuleFrames:
+    """The running modules' frames; ``on_enter(frame, args)`` / ``on_leave(frame)`` see each."""
+
+    def __init__(self, on_enter: Callable[[Frame, tuple[Any, ...]], None] | None = None,
+                 on_leave: Callable[[Frame], None] | None = None, on_root: Callable[[Any], None] | None = None) -> None:
+        self.stack: list[Frame] = []
+        self.paths: dict[int, str] = {}
+        self.roots: list[Any] = []
+        self._calls: dict[str, int] = {}
+        self._on_enter, self._on_leave, self._on_root = on_enter, on_leave, on_root
+        self._handles: list[Any] = []
+
+    def install(self) -> None:
+        import torch
+
+        self._handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
+            torch.nn.modules.module.register_module_forward_hook(self._left, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def top(self) -> Frame | None:
+        return self.stack[-1] if self.stack else None
+
+    def path_of(self, module: Any) -> str:
+        return self.paths.get(id(module), "")
+
+    def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
+        if in_backward():
+            return
+        if not self.stack and id(module) not in self.paths:
+            prefix = "" if not self.roots else f"{len(self.roots)}:"
+            self.roots.append(module)
+            for name, inner in module.named_modules():
+                self.paths.setdefault(id(inner), prefix + name)
+            if self._on_root is not None:
+                self._on_root(module)
+        path = self.paths.get(id(module), f"<{type(module).__name__}>")
+        call = self._calls.get(path, 0)
+        self._calls[path] = call + 1
+        frame = Frame(module, path, call)
+        self.stack.append(frame)
+        if self._on_enter is not None:
+            self._on_enter(frame, args)
+
+    def _left(self, module: Any, args: Any, output: Any) -> None:
+        if in_backward() or not self.stack or self.stack[-1].module is not module:
+            return
+        frame = self.stack.pop()
+        if self._on_leave is not None:
+            self._on_leave(frame)
+
+
+def block_modules(root: Any) -> set[int]:
+    """The modules a plan may run under selective checkpointing: the outermost items of an
+    ``nn.ModuleList`` or ``nn.Sequential`` below the root (a model's repeated blocks); the root's
+    children when it has none."""
+    import torch
+
+    containers = (torch.nn.ModuleList, torch.nn.Sequential)
+    found: set[int] = set()
+
+    def visit(module: Any, inside_block: bool) -> None:
+        for child in module.children():
+            is_block = not inside_block and isinstance(module, containers) and not isinstance(child, containers)
+            if is_block:
+                found.add(id(child))
+            visit(child, inside_block or is_block)
+
+    visit(root, False)
+    if not found:
+        found = {id(child) for child in root.children()}
+    return found

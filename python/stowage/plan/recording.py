@@ -1,0 +1,238 @@
+"""``stowage.plan.profile``: runs one training step and records its lifetime trace
+(stowage.plan.lifetimes): every op with its duration and the device memory in use during it,
+every tensor saved for backward with the ops that make, save and use it, and the model's blocks
+a plan may run under selective checkpointing.
+
+A dispatch mode (below autograd, where selective checkpointing's policy also sees ops) times each
+op, reads the allocator's peak during it, and follows storages from op to op; saved-tensor hooks
+see what autograd saves and when backward takes it back; module hooks give each op and save its
+module path. The step runs as it would without stowage.plan: nothing is changed, so it must fit.
+A model that does not fit at the size you train is profiled at a size that does (a smaller batch
+or a shorter sequence): a plan is keyed to the step's ops and saves, not to their sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from stowage.plan.calibration import measure_cost
+from stowage.plan.lifetimes import LifetimeProfile, OpRecord, RegionRecord, TensorRecord
+from stowage.plan.module_frames import Frame, ModuleFrames, block_modules, in_backward
+
+
+@dataclass
+class _Saved:
+    """One storage autograd saved, as the step ran."""
+
+    bytes: int
+    saves: list[tuple[str, int, int]] = field(default_factory=list)
+    save_ops: list[int] = field(default_factory=list)
+    save_regions: set[int] = field(default_factory=set)
+    first_backward: int | None = None
+    last_backward: int | None = None
+
+
+class _DeviceMeter:
+    """The allocator's bytes in use, and their peak since the last reset, on the step's device."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        import stowage
+
+        self._cuda = device == "cuda"
+        if stowage.is_enabled() or not self._cuda:
+            self._reset = lambda: stowage.reset_peak_stats(device)
+            self._stats = lambda: stowage.memory_stats(device)
+        else:
+            self._reset = torch.cuda.reset_peak_memory_stats
+            self._stats = torch.cuda.memory_stats
+
+    def reset(self) -> None:
+        self._reset()
+
+    def now_and_peak(self) -> tuple[int, int]:
+        stats = self._stats()
+        return int(stats["allocated_bytes.all.current"]), int(stats["allocated_bytes.all.peak"])
+
+    def synchronize(self) -> None:
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def _storage_key(tensor: Any) -> int:
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, fakes)
+        return 0
+
+
+class StepRecorder:
+    """Records one step; ``profile()`` builds its LifetimeProfile. One step, one thread."""
+
+    def __init__(self, device: str) -> None:
+        self.meter = _DeviceMeter(device)
+        self.ops: list[OpRecord] = []
+        self.peaks: list[int] = []
+        self.frames = ModuleFrames(self._entered, self._left, self._found_root)
+        self.blocks: set[int] = set()
+        self.fixed: set[int] = set()  # parameters' and buffers' storages
+        self.producer: dict[int, int] = {}
+        self.last_forward: dict[int, int] = {}
+        self.saved: dict[int, _Saved] = {}
+        self.regions: list[RegionRecord] = []
+        self.region_inputs: list[list[int]] = []
+        self.active_region = -1
+        self.seen_backward = False
+        self.loose_saves = 0
+        self.elsewhere: list[tuple[str, int, int]] = []  # saves of parameters and buffers
+        self.start_bytes = 0
+
+    # Module frames ------------------------------------------------------------------------
+    def _found_root(self, root: Any) -> None:
+        self.blocks |= block_modules(root)
+        for tensor in list(root.parameters()) + list(root.buffers()):
+            self.fixed.add(_storage_key(tensor))
+
+    def _entered(self, frame: Frame, args: tuple[Any, ...]) -> None:
+        import torch
+
+        if self.active_region >= 0 or id(frame.module) not in self.blocks:
+            return
+        self.active_region = len(self.regions)
+        frame.data["region"] = self.active_region
+        self.regions.append(RegionRecord(frame.path, frame.call, True, [], []))
+        inputs = [_storage_key(a) for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+        self.region_inputs.append([key for key in inputs if key and key not in self.fixed])
+
+    def _left(self, frame: Frame) -> None:
+        if frame.data.get("region", -1) == self.active_region:
+            self.active_region = -1
+
+    # Ops ----------------------------------------------------------------------------------
+    def phase(self) -> str:
+        if in_backward():
+            self.seen_backward = True
+            return "backward"
+        return "optimizer" if self.seen_backward else "forward"
+
+    def run_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        phase = self.phase()
+        self.meter.synchronize()
+        self.meter.reset()
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        self.meter.synchronize()
+        duration_ms = (time.perf_counter() - start) * 1e3
+        index = len(self.ops)
+        top = self.frames.top
+        module = (top.path if top is not None else "(outside modules)") if phase == "forward" else phase
+        op = OpRecord(str(func), module, phase, duration_ms)
+        if phase == "forward" and self.active_region >= 0:
+            op.region = self.active_region
+            op.region_op = len(self.regions[op.region].ops)
+            self.regions[op.region].ops.append(op.name)
+        self.ops.append(op)
+        self.peaks.append(self.meter.now_and_peak()[1] - self.start_bytes)
+        leaves = torch.utils._pytree.tree_leaves
+        for tensor in leaves((args, kwargs)):
+            if isinstance(tensor, torch.Tensor):
+                self._used(_storage_key(tensor), index, phase)
+        schema = getattr(func, "_schema", None)
+        is_view = schema is not None and any(r.alias_info is not None for r in schema.returns)
+        if phase == "forward" and not is_view:
+            for tensor in leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    key = _storage_key(tensor)
+                    if key and key not in self.saved:
+                        self.producer[key] = index
+                        self.last_forward[key] = index
+        return out
+
+    def _used(self, key: int, index: int, phase: str) -> None:
+        if phase == "forward":
+            self.last_forward[key] = index
+        elif key in self.saved:
+            self.saved[key].last_backward = index
+
+    # Saved tensors ------------------------------------------------------------------------
+    def pack(self, tensor: Any) -> Any:
+        key = _storage_key(tensor)
+        if in_backward():
+            return tensor
+        top = self.frames.top
+        if not key or key in self.fixed:
+            if top is not None:
+                self.elsewhere.append((top.path, top.call, top.saves))
+                top.saves += 1
+            return tensor
+        saved = self.saved.setdefault(key, _Saved(int(tensor.untyped_storage().nbytes())))
+        if top is None:
+            saves = ("", -1, self.loose_saves)
+            self.loose_saves += 1
+        else:
+            saves = (top.path, top.call, top.saves)
+            top.saves += 1
+        saved.saves.append(saves)
+        saved.save_ops.append(len(self.ops) - 1)
+        saved.save_regions.add(self.active_region)
+        return (key, tensor)
+
+    def unpack(self, packed: Any) -> Any:
+        if not isinstance(packed, tuple):
+            return packed
+        key, tensor = packed
+        saved = self.saved[key]
+        if saved.first_backward is None:
+            saved.first_backward = len(self.ops)
+        return tensor
+
+    # The step ---------------------------------------------------------------------------
+    def record(self, step: Callable[[], Any]) -> Any:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+        recorder = self
+
+        class Recording(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                                   kwargs: dict[str, Any] | None = None) -> Any:
+                kwargs = kwargs or {}
+                if func in SAC_IGNORED_OPS:
+                    return func(*args, **kwargs)
+                return recorder.run_op(func, args, kwargs)
+
+        self.meter.synchronize()
+        self.start_bytes = self.meter.now_and_peak()[0]
+        self.frames.install()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), Recording():
+                return step()
+        finally:
+            self.frames.remove()
+
+
+def profile(step_fn: Callable[[], Any], *, device: str | None = None,
+            cost: dict[str, float] | None = None) -> LifetimeProfile:
+    """Runs ``step_fn`` (one training step: forward and backward, and the optimizer step if it
+    has one) once and records its lifetime trace. ``device``: "cuda" or "cpu" (default: cuda
+    when stowage or torch serves CUDA memory, else CPU mode). ``cost``: the cost model's figures
+    (``to_host_bytes_per_ms``, ``to_device_bytes_per_ms``, ``prefetch_pages``); measured when
+    not given."""
+    import torch
+
+    from stowage.plan.building import build_profile
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+    recorder = StepRecorder(device)
+    recorder.record(step_fn)
+    measured = dict(cost) if cost is not None else measure_cost(device)
+    return build_profile(recorder, measured)

@@ -1,0 +1,142 @@
+"""stowage.plan in CPU mode on real models (a GPT-shaped transformer and a residual CNN): a step
+profiled, plans solved at fractions of its unconstrained peak and applied: every save placed,
+gradients bitwise those of the unplanned step, the measured peak below the unplanned one; plans
+that survive saving and loading.
+
+Not asserted yet: the measured peak within the budget. With offload in CPU mode it depends on
+when the copy threads finish a page-out on a busy machine, which the simulation does not model
+(runs of the same plan measured from under the budget to 1.7x it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from offload_models import TinyGpt, lm_loss
+from torch import nn
+from torch.nn import functional as F
+
+import stowage
+import stowage.plan
+
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+
+
+class ResidualConv(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.norm2(self.conv2(F.relu(self.norm1(self.conv1(x))))))
+
+
+class SmallResNet(nn.Module):
+    def __init__(self, channels: int = 16, blocks: int = 4, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.blocks = nn.Sequential(*(ResidualConv(channels) for _ in range(blocks)))
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+def gpt_step() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    model = TinyGpt(vocab=512, width=128, heads=4, layers=4, length=256)
+    ids = torch.randint(0, 512, (8, 256))
+    return model, lambda: lm_loss(model(ids), ids).backward()
+
+
+def cnn_step() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    model = SmallResNet()
+    images, labels = torch.randn(16, 3, 48, 48), torch.randint(0, 10, (16,))
+    return model, lambda: F.cross_entropy(model(images), labels).backward()
+
+
+def measured(model: nn.Module, step: Callable[[], None], plan: Any = None) -> tuple[int, list[torch.Tensor]]:
+    """The step's peak over what was allocated when it began, and its gradients."""
+    model.zero_grad(set_to_none=True)
+    stowage.mark_step()
+    start = stowage.memory_allocated("cpu")
+    stowage.reset_peak_stats("cpu")
+    if plan is None:
+        step()
+    else:
+        with plan:
+            step()
+    peak = stowage.max_memory_allocated("cpu") - start
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    stowage.mark_step()
+    return peak, grads
+
+
+# The CNN's stem and head, outside its blocks, hold more than 30% of its peak.
+@pytest.mark.parametrize("make, fractions", [(gpt_step, (0.7, 0.5, 0.3)), (cnn_step, (0.7, 0.5))],
+                         ids=["transformer", "cnn"])
+def test_planned_steps_fit_their_budgets_and_compute_the_same_gradients(make: Any, fractions: Any) -> None:
+    model, step = make()
+    model.train()
+    profile = stowage.plan.profile(step, cost=COST)
+    reference_peak, reference = measured(model, step)
+    assert profile.unconstrained_peak_bytes == pytest.approx(reference_peak, rel=0.02)
+    assert any(region.checkpointable for region in profile.regions)
+    for fraction in fractions:
+        budget = int(profile.unconstrained_peak_bytes * fraction)
+        plan = stowage.plan.solve(profile, budget)
+        assert plan.fits
+        peak, grads = measured(model, step, plan)
+        assert not plan.mismatches
+        assert peak < reference_peak, f"{fraction:.0%}: measured {peak}, unplanned {reference_peak}"
+        assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+
+
+def test_a_plan_survives_saving_and_loading(tmp_path: Path) -> None:
+    model, step = gpt_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    model.zero_grad(set_to_none=True)
+    plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2)
+    plan.save(tmp_path / "plan.json")
+    loaded = stowage.plan.load(tmp_path / "plan.json")
+    assert loaded.decisions == plan.decisions
+    assert loaded.predicted_peak_bytes == plan.predicted_peak_bytes
+    profile.save(tmp_path / "profile.json")
+    assert len(stowage.plan.load_profile(tmp_path / "profile.json").tensors) == len(profile.tensors)
+    text = str(plan)
+    for point in ("no change", "full checkpointing", "offload everything", "blocks.*"):
+        assert point in text
+
+
+def test_bad_files_are_refused_with_their_reason(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        stowage.plan.load(path)
+    path.write_text(json.dumps({"format": "stowage-lifetimes", "version": 99}))
+    with pytest.raises(ValueError, match="version 99"):
+        stowage.plan.load_profile(path)
+    with pytest.raises(ValueError, match="budget must be positive"):
+        model, step = gpt_step()
+        stowage.plan.solve(stowage.plan.profile(step, cost=COST), 0)
+
+
+def test_a_plan_for_another_model_keeps_what_it_cannot_place_and_says_so() -> None:
+    model, step = gpt_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 3)
+    other, other_step = cnn_step()
+    _, reference = measured(other, other_step)
+    with pytest.warns(UserWarning, match="does not match the profile"):
+        _, grads = measured(other, other_step, plan)
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference))
