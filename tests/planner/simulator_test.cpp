@@ -32,6 +32,15 @@ LifetimeTrace eight_ops() {
   return trace;
 }
 
+// A copy of `a` made by F2, last used by F2, needed by B2 (op 5) only.
+SavedTensor made_by_f2(SavedTensor a) {
+  a.created = 2;
+  a.last_forward_use = 2;
+  a.first_backward_use = 5;
+  a.last_backward_use = 5;
+  return a;
+}
+
 CostModel link(double to_host, double to_device, std::size_t prefetch = 2) {
   return {to_host, to_device, prefetch};
 }
@@ -157,12 +166,7 @@ TEST(PlannerSimulator, PageInsComeBackInOrderOfNeedAFixedNumberOfPagesAhead) {
   // at 100 bytes/ms. Out: a 1-2 (freed after F1), b 3-4 (freed after F3). One page ahead: b's
   // page-in is issued when backward starts (op 4), a's when b is first used (op 5).
   LifetimeTrace trace = eight_ops();
-  SavedTensor b = trace.tensors[0];
-  b.created = 2;
-  b.last_forward_use = 2;
-  b.first_backward_use = 5;
-  b.last_backward_use = 5;
-  trace.tensors.push_back(b);
+  trace.tensors.push_back(made_by_f2(trace.tensors[0]));
   const CostModel one_ahead = link(100, 100, 1);
   Simulator simulator(trace, one_ahead);
   const Simulation s = simulator.simulate({O, O});
@@ -179,12 +183,7 @@ TEST(PlannerSimulator, ACheckpointRegionRemakesItsTensorsWhenItsBackwardBegins) 
   // backward begins at op 5, so a is made again there, not before its own first use (op 6).
   LifetimeTrace trace = eight_ops();
   trace.tensors[0].region = 0;
-  SavedTensor b = trace.tensors[0];
-  b.created = 2;
-  b.last_forward_use = 2;
-  b.first_backward_use = 5;
-  b.last_backward_use = 5;
-  trace.tensors.push_back(b);
+  trace.tensors.push_back(made_by_f2(trace.tensors[0]));
   const CostModel cost = link(100, 100);
   Simulator simulator(trace, cost);
   const Simulation s = simulator.simulate({R, K});
