@@ -1,7 +1,5 @@
 #include "planner/exhaustive_solver.hpp"
 
-#include <optional>
-
 #include "allocator/base/errors.hpp"
 #include "planner/greedy_solver.hpp"
 #include "planner/region_use.hpp"
@@ -13,12 +11,11 @@ class Search {
  public:
   Search(Simulator& simulator, std::uint64_t budget)
       : simulator_(simulator), tensors_(simulator.trace().tensors), budget_(budget),
-        compute_ms_(simulator.trace().compute_ms()) {}
+        compute_ms_(simulator.trace().compute_ms()), plan_(tensors_.size(), Decision::kKeep),
+        regions_(simulator.trace(), plan_) {}
 
   Solution run() {
     best_ = solve_greedy(simulator_, budget_);  // a first bound to prune against
-    plan_.assign(tensors_.size(), Decision::kKeep);
-    regions_.emplace(simulator_.trace(), plan_);
     visit(0, 0.0);
     best_.fits = best_.simulation.peak_bytes <= budget_;
     return best_;
@@ -46,12 +43,12 @@ class Search {
   // Visits the plans where tensor `index` takes `d` (when its region allows it), then keeps it.
   void try_decision(std::size_t index, Decision d, double recompute_ms) {
     const SavedTensor& s = tensors_[index];
-    if (!regions_->allows(s, d)) return;
-    regions_->change(s, Decision::kKeep, d);
+    if (!regions_.allows(s, d)) return;
+    regions_.change(s, Decision::kKeep, d);
     plan_[index] = d;
     visit(index + 1, recompute_ms);
     plan_[index] = Decision::kKeep;
-    regions_->change(s, d, Decision::kKeep);
+    regions_.change(s, d, Decision::kKeep);
   }
 
   Simulator& simulator_;
@@ -59,7 +56,7 @@ class Search {
   std::uint64_t budget_;
   double compute_ms_;
   Plan plan_;
-  std::optional<RegionUse> regions_;
+  RegionUse regions_;
   Solution best_;
 };
 

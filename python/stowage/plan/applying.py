@@ -6,6 +6,7 @@ running the step; ``with plan:`` may be entered once at a time, for one step eac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -37,10 +38,11 @@ def solve(profile: LifetimeProfile, budget: int | str, *, exact: bool = False,
     limit = _bytes(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
-    for name, value in (("to_host_bytes_per_ms", to_host_bytes_per_ms),
-                        ("to_device_bytes_per_ms", to_device_bytes_per_ms), ("prefetch_pages", prefetch_pages)):
-        if value is not None:
-            profile.cost[name] = value
+    overrides = {"to_host_bytes_per_ms": to_host_bytes_per_ms, "to_device_bytes_per_ms": to_device_bytes_per_ms,
+                 "prefetch_pages": prefetch_pages}
+    given = {name: value for name, value in overrides.items() if value is not None}
+    if given:  # the plan's own cost model; the profile keeps its calibration
+        profile = dataclasses.replace(profile, cost={**profile.cost, **given})
     decisions, simulation, fits = _core.plan_solve(profile.native_trace(), profile.native_cost(), limit, exact)
     plan = Plan(profile, decisions, limit)
     if not fits:
@@ -57,12 +59,13 @@ class Plan:
             raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for "
                              f"{len(profile.tensors)}")
         self.profile, self.decisions, self.budget = profile, list(decisions), budget
+        self._native = (profile.native_trace(), profile.native_cost())  # built once, simulated often
         self.prediction = self.simulate(self.decisions)
         self.mismatches: list[str] = []
         self._active = False
 
     def simulate(self, decisions: list[str]) -> dict[str, Any]:
-        return dict(_core.plan_simulate(self.profile.native_trace(), self.profile.native_cost(), decisions))
+        return dict(_core.plan_simulate(*self._native, decisions))
 
     @property
     def predicted_peak_bytes(self) -> int:

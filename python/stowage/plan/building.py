@@ -25,27 +25,24 @@ def _units(recorder: Any) -> dict[int, TensorRecord]:
     """Saved storages grouped by producing op (key: the op's index)."""
     units: dict[int, TensorRecord] = {}
     for key, saved in recorder.saved.items():
-        created = recorder.producer.get(key)
         if not _in_trace(recorder, key):
             continue
+        created = recorder.producer[key]
         last_forward = max([recorder.last_forward.get(key, created), *saved.save_ops])
         last_backward = max(saved.last_backward or saved.first_backward, saved.first_backward)
         region = recorder.ops[created].region
-        inner = region >= 0 and region in saved.save_regions
         unit = units.get(created)
         if unit is None:
             unit = units[created] = TensorRecord(recorder.ops[created].module, 0, created, last_forward,
-                                                 saved.first_backward, last_backward,
-                                                 region=region if inner else -1, recomputable=inner)
+                                                 saved.first_backward, last_backward, recomputable=True)
         unit.bytes += saved.bytes
         unit.last_forward_use = max(unit.last_forward_use, last_forward)
         unit.first_backward_use = min(unit.first_backward_use, saved.first_backward)
         unit.last_backward_use = max(unit.last_backward_use, last_backward)
         unit.packs.extend(saved.saves)
-        if inner:
+        if region >= 0 and region in saved.save_regions:
             unit.region = region
-            unit.recomputable = unit.recomputable and saved.save_regions == {region}
-        unit.recomputable = unit.recomputable and inner
+        unit.recomputable = unit.recomputable and region >= 0 and saved.save_regions == {region}
     return units
 
 
