@@ -68,3 +68,12 @@ def test_the_optimizer_step_benchmark_times_each_step_and_the_host_update(tmp_pa
     assert result["device"] == "cpu-mode" and len(result["steps"]) == 2
     assert all(step["host_update_ms"] > 0 and step["forward_backward_ms"] > 0 for step in result["steps"])
     assert result["host_bytes"] >= 12 * result["parameters"]
+
+
+def test_the_plan_budget_benchmark_reports_every_repeat_at_every_budget() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "planner" / "plan_budgets.py"), "--repeats", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip().endswith(("True", "False"))]
+    assert [(row[0], row[1]) for row in rows] == [(f, r) for f in ("70%", "50%", "30%") for r in ("0", "1")]
+    assert all(row[-1] == "True" for row in rows)
