@@ -113,6 +113,7 @@ void* CachingAllocator::malloc(std::size_t bytes, Stream stream) {
   const bool representable = bytes <= SizePolicy::kMaxRequest;
   const std::size_t rounded = representable ? SizePolicy::block_size(bytes) : bytes;
   if (representable) {
+    relieve_above_ceiling(rounded, stream);
     {
       std::lock_guard lock(mutex_);
       if (Block* block = try_malloc_locked(bytes, rounded, stream, context)) return block->pointer();
@@ -147,6 +148,26 @@ void* CachingAllocator::malloc(std::size_t bytes, Stream stream) {
     }
   }
   throw OutOfMemory(report.message, __FILE__, __LINE__);
+}
+
+void CachingAllocator::relieve_above_ceiling(std::size_t rounded, Stream stream) {
+  const std::size_t ceiling = allocated_ceiling_.load(std::memory_order_relaxed);
+  if (ceiling == kNoCeiling) return;
+  std::size_t excess = 0;
+  std::vector<MemoryPressureHandler*> handlers;
+  {
+    std::lock_guard lock(mutex_);
+    if (private_pools_.capturing()) return;
+    const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
+    if (allocated + rounded <= ceiling) return;
+    excess = allocated + rounded - std::max(ceiling, allocated);  // past the ceiling, at most rounded
+    handlers = pressure_handlers_;
+  }
+  for (MemoryPressureHandler* handler : handlers) {
+    const std::size_t freed = handler->relieve_pressure(excess, stream);
+    if (freed >= excess) return;
+    excess -= freed;
+  }
 }
 
 Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
@@ -395,6 +416,14 @@ CachingAllocator::PlacementStatus CachingAllocator::placement_status() const {
 }
 
 // --- handlers and observers ---
+
+void CachingAllocator::set_allocated_ceiling(std::size_t bytes) noexcept {
+  allocated_ceiling_.store(bytes, std::memory_order_relaxed);
+}
+
+std::size_t CachingAllocator::allocated_ceiling() const noexcept {
+  return allocated_ceiling_.load(std::memory_order_relaxed);
+}
 
 void CachingAllocator::add_pressure_handler(MemoryPressureHandler* handler) {
   STOWAGE_CHECK(handler != nullptr, "add_pressure_handler needs a handler");

@@ -8,7 +8,8 @@
 //   - a MemorySource for the shared pool (memory_source.hpp): whole segments (SegmentSource) or,
 //     where the device has virtual memory, pages (PagedSource, Note [Paged path]);
 //   - ReserveBudget (Note [Reserve budget]): how far reserved memory may exceed the peak in use;
-//   - MemoryLimit: the cap (memory fraction, limit);
+//   - MemoryLimit: the cap (memory fraction, limit); the allocated ceiling, a soft cap below it
+//     (Note [Allocated ceiling]);
 //   - LearnedPlacement (Note [Learned placement]), consulted before the dynamic path when on;
 //   - PrivatePools (Note [Private pools]): CUDA graphs and torch MemPools;
 //   - TraceRecorder: history and trace listeners; the statistics (stats.hpp).
@@ -38,6 +39,15 @@
 // the GIL around most ops, so a thread holding the allocator's lock and waiting for the GIL
 // would deadlock with a thread holding the GIL and waiting for the lock. So the provider is
 // called first, and the lock taken after.
+//
+// Note [Allocated ceiling]
+// A soft cap on allocated bytes, for a caller that plans memory (stowage.plan holds a step to its
+// budget with it). A request that would take allocated memory past the ceiling first asks the
+// pressure handlers to let go of the excess, the offload pager by waiting for its oldest
+// page-outs, which frees their device blocks; it is then served as usual, past the ceiling if
+// nothing could be let go: the ceiling slows a request down, never fails it (the limit does).
+// largest_available_block() counts only what fits under it, so prefetching stays under it too.
+// Requests routed to a private pool ignore it (nothing may wait under a capture).
 //
 // Misuse on the free path (an unknown pointer, a double free, a size that is not the one
 // requested) changes nothing, is counted in num_invalid_frees and logged; free never throws
@@ -125,6 +135,10 @@ class CachingAllocator final : private BlockCache::Listener {
   // The cap in force: the smaller of the two settings and the device's total.
   std::size_t limit() const;
   double memory_fraction() const;
+  static constexpr std::size_t kNoCeiling = static_cast<std::size_t>(-1);
+  // Note [Allocated ceiling]: `bytes` of allocated memory; kNoCeiling (the default) for none.
+  void set_allocated_ceiling(std::size_t bytes) noexcept;
+  std::size_t allocated_ceiling() const noexcept;
 
   DeviceStats stats() const;
   void reset_peak_stats();
@@ -189,7 +203,7 @@ class CachingAllocator final : private BlockCache::Listener {
   std::pair<void*, std::size_t> base_allocation(const void* ptr) const;
   // The largest request that can be served now without waiting: the largest cached block of the
   // shared pool's large class, or what the device and the limit would still give, whichever is
-  // larger.
+  // larger; no more than the allocated ceiling leaves, when one is set.
   std::size_t largest_available_block() const;
   DeviceBackend& backend() const noexcept { return backend_; }
   const AllocatorConfig& config() const noexcept { return config_; }
@@ -237,6 +251,9 @@ class CachingAllocator final : private BlockCache::Listener {
             config_.max_split_size, config_.move_pages_above};
   }
   std::uint64_t context_for_history() const noexcept;
+  // Note [Allocated ceiling]: asks the pressure handlers to let go of what a request of `rounded`
+  // bytes would take past the ceiling. Without the lock.
+  void relieve_above_ceiling(std::size_t rounded, Stream stream);
 
   DeviceBackend& backend_;
   const std::unique_ptr<DeviceSegments> device_segments_;  // when segments are the device's
@@ -248,6 +265,7 @@ class CachingAllocator final : private BlockCache::Listener {
   // destroyed. (std::atomic<std::shared_ptr> would take an internal spin lock, which fork()
   // can inherit held.)
   std::atomic<const ContextProvider*> context_provider_{nullptr};
+  std::atomic<std::size_t> allocated_ceiling_{kNoCeiling};  // read before the lock is taken
 
   mutable std::mutex mutex_;  // guards everything below
   DeviceStats stats_;

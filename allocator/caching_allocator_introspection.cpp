@@ -95,7 +95,11 @@ std::size_t CachingAllocator::largest_available_block() const {
   } catch (const std::exception&) {
     device_free = 0;
   }
-  return std::max(largest, std::min(device_free, limit_.room(reserved)));
+  const std::size_t servable = std::max(largest, std::min(device_free, limit_.room(reserved)));
+  const std::size_t ceiling = allocated_ceiling_.load(std::memory_order_relaxed);
+  if (ceiling == kNoCeiling) return servable;
+  const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
+  return std::min(servable, ceiling > allocated ? ceiling - allocated : 0);
 }
 
 OomReport CachingAllocator::oom_report_locked(std::size_t bytes, std::size_t rounded,

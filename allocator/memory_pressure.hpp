@@ -1,4 +1,5 @@
-// What the allocator asks, when the device is full, before it gives up (Note [Miss path]).
+// What the allocator asks, when the device is full, before it gives up (Note [Miss path]), and
+// before a request takes allocated memory past the allocated ceiling (Note [Allocated ceiling]).
 //
 // A MemoryPressureHandler can make room at a cost: the offload pager, for instance, copies
 // tensors to host memory and frees their device blocks. The allocator calls handlers only after

@@ -1,7 +1,7 @@
 // What moving and remaking activations costs on this machine: the copy bandwidth each way (the
 // host link, one copy at a time in each direction) and how many pages backward keeps coming back
-// ahead of use (the pager's fixed prefetch: the k-th page-in in order of need starts when the
-// compute first uses the page `prefetch_pages` before it; the first ones when backward starts).
+// ahead of use (the pager's fixed prefetch: each page asked for brings back the pages paged out
+// before it, until `prefetch_pages` are back or coming and unused).
 // Op durations are in the trace. Measured by a short calibration (python/stowage/plan), or given
 // by the user.
 #pragma once

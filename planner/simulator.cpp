@@ -82,12 +82,11 @@ void Simulator::schedule_page_outs(const Plan& plan) {
     out_done_[t] = start + static_cast<double>(tensors[t].bytes) / cost_.to_host_bytes_per_ms;
     link_free = out_done_[t];
   }
-  by_first_need_.clear();
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    if (plan[t] == Decision::kOffload) by_first_need_.push_back(t);
+  // The pager brings pages back in the reverse of their page-out order (made order here).
+  return_order_.clear();
+  for (std::size_t t = tensors.size(); t-- > 0;) {
+    if (plan[t] == Decision::kOffload) return_order_.push_back(t);
   }
-  std::stable_sort(by_first_need_.begin(), by_first_need_.end(),
-                   [&](std::size_t a, std::size_t b) { return need_at_[a] < need_at_[b]; });
 }
 
 void Simulator::add_live(std::size_t first, std::size_t last, std::uint64_t bytes) {
@@ -122,25 +121,39 @@ void Simulator::issue_page_in(std::size_t tensor, std::size_t op, double time, d
   }
 }
 
-// Backward (and the optimizer after it) op by op: page-ins issued `prefetch_pages` ahead in order
-// of need, waits for them, recomputation before the ops that need it.
+// Backward (and the optimizer after it) op by op, as the pager runs it (forward's last pages
+// asked for as backward starts, the last one often still on the device): each page an op needs is
+// asked for (its copy starts then unless it came back ahead), and each ask brings back ahead the
+// pages paged out before it that are still out, until `prefetch_pages` are back or coming and not
+// yet used; the op waits for its pages' copies, and for recomputation.
 void Simulator::run_backward(Simulation& result) {
   const auto& ops = trace_.ops;
   double time = first_backward_ == 0 ? 0 : op_end_[first_backward_ - 1];
   double link_free = time;
-  std::size_t issued = 0, waited = 0;
+  std::vector<std::vector<std::size_t>> needed_by(ops.size());
+  for (std::size_t k = 0; k < return_order_.size(); ++k) needed_by[need_at_[return_order_[k]]].push_back(k);
+  std::vector<bool> issued(return_order_.size(), false);
+  std::size_t ahead = 0;  // issued pages not needed yet
+  for (std::size_t k = 0; k < return_order_.size() && ahead < cost_.prefetch_pages; ++k, ++ahead) {
+    issue_page_in(return_order_[k], first_backward_, time, link_free);  // forward's last pages
+    issued[k] = true;
+  }
   for (std::size_t i = first_backward_; i < ops.size(); ++i) {
-    while (issued < by_first_need_.size()) {
-      const std::size_t t = by_first_need_[issued];
-      const std::size_t pages = cost_.prefetch_pages;
-      const std::size_t issue_op = issued < pages ? first_backward_ : need_at_[by_first_need_[issued - pages]];
-      if (issue_op > i) break;
-      issue_page_in(t, i, time, link_free);
-      ++issued;
-    }
     double start = time;
-    for (; waited < issued && need_at_[by_first_need_[waited]] <= i; ++waited) {
-      start = std::max(start, in_done_[by_first_need_[waited]]);
+    for (const std::size_t k : needed_by[i]) {
+      if (issued[k]) {
+        --ahead;
+      } else {
+        issue_page_in(return_order_[k], i, time, link_free);
+        issued[k] = true;
+      }
+      start = std::max(start, in_done_[return_order_[k]]);
+      for (std::size_t e = k + 1; e < return_order_.size() && ahead < cost_.prefetch_pages; ++e) {
+        if (issued[e]) continue;
+        issue_page_in(return_order_[e], i, time, link_free);
+        issued[e] = true;
+        ++ahead;
+      }
     }
     result.stall_ms += start - time;
     start += recompute_before_[i];

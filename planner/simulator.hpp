@@ -5,10 +5,12 @@
 // Forward runs its ops back to back: nothing in a plan slows it. An offloaded tensor's page-out
 // starts when its producer ends, behind the page-outs before it on the device-to-host link, and
 // its device memory is freed at the end of the op during which both the copy and the tensor's
-// last forward use are done. Backward visits its ops in order. Offloaded tensors come back in
-// order of need, `prefetch_pages` ahead: the k-th page-in is issued when the compute reaches the
-// op that first needs the (k - prefetch_pages)-th (the first ones when backward starts), behind
-// the page-ins before it on the host-to-device link, and holds its memory from the op where it is
+// last forward use are done. Backward visits its ops in order and brings offloaded tensors back
+// as the pager does: each page an op needs is asked for, its page-in starting then unless it came
+// back ahead, and each ask brings back ahead the pages paged out before it (made before it) that
+// are still out, until `prefetch_pages` are back or coming and not yet used; the last
+// `prefetch_pages` paged out are asked for when backward starts. A page-in runs
+// behind those before it on the host-to-device link and holds its memory from the op where it is
 // issued; the op that needs it waits for it (a stall). A
 // page-out still running when its page-in would be issued never freed the tensor: it stays
 // resident and comes back at no cost. A recomputed tensor is freed after its last forward use
@@ -73,7 +75,7 @@ class Simulator {
   std::size_t first_backward_ = 0;
   std::vector<double> unstalled_end_;  // each op's end if nothing stalls (forward's are exact)
   std::vector<double> op_end_;         // each op's end as this simulation runs it
-  std::vector<std::size_t> by_first_need_;  // offload candidates' order of need, rebuilt per plan
+  std::vector<std::size_t> return_order_;  // offloaded tensors, last made first, rebuilt per plan
   std::vector<std::size_t> region_first_need_;  // per region: its first backward op needing a tensor
   // Per tensor, rebuilt by each simulate():
   // First op that needs it in backward (recompute chains included); a recomputed tensor is made

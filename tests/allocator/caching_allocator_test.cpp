@@ -270,6 +270,28 @@ TEST_F(SmallDeviceTest, PressureHandlersRunOnlyAfterTheCheapStepsFail) {
   allocator_.free(needs_room);
 }
 
+TEST_F(SmallDeviceTest, AllocatedCeilingLetsGoOfTheExcessFirstAndNeverFailsARequest) {
+  HoldingHandler handler(allocator_, allocator_.malloc(10 * MiB), 10 * MiB);
+  allocator_.add_pressure_handler(&handler);
+  allocator_.set_allocated_ceiling(32 * MiB);
+  EXPECT_EQ(allocator_.largest_available_block(), 22 * MiB) << "what the ceiling leaves";
+  void* under = allocator_.malloc(20 * MiB);
+  EXPECT_EQ(handler.calls, 0) << "30 MiB allocated is under the ceiling";
+  void* over = allocator_.malloc(8 * MiB);
+  EXPECT_EQ(handler.calls, 1) << "38 MiB would pass the ceiling: the handler lets go first";
+  EXPECT_EQ(allocator_.stats().allocated_bytes.all().current, static_cast<std::int64_t>(28 * MiB));
+  void* past = allocator_.malloc(8 * MiB);
+  EXPECT_EQ(handler.calls, 2);
+  EXPECT_NE(past, nullptr) << "nothing left to let go: served past the ceiling, not refused";
+  EXPECT_EQ(allocator_.largest_available_block(), 0u);
+  EXPECT_EQ(allocator_.stats().num_ooms, 0);
+  allocator_.set_allocated_ceiling(CachingAllocator::kNoCeiling);
+  EXPECT_EQ(allocator_.allocated_ceiling(), CachingAllocator::kNoCeiling);
+  EXPECT_GT(allocator_.largest_available_block(), 0u);
+  allocator_.remove_pressure_handler(&handler);
+  for (void* block : {under, over, past}) allocator_.free(block);
+}
+
 TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
   void* held = allocator_.malloc(40 * MiB);
   std::vector<OomReport> observed;

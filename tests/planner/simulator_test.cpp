@@ -161,7 +161,7 @@ TEST(PlannerSimulator, AnOffloadedInputOfARecomputationIsDueWhenTheRecomputation
   EXPECT_DOUBLE_EQ(s.step_ms, 8.0 + 4.0 + 0.5);
 }
 
-TEST(PlannerSimulator, PageInsComeBackInOrderOfNeedAFixedNumberOfPagesAhead) {
+TEST(PlannerSimulator, PageInsComeBackAFixedNumberOfPagesAhead) {
   // a (need op 6) and b (made by F2, last used by F2, needed by B2 = op 5), both offloaded, links
   // at 100 bytes/ms. Out: a 1-2 (freed after F1), b 3-4 (freed after F3). One page ahead: b's
   // page-in is issued when backward starts (op 4), a's when b is first used (op 5).
@@ -176,6 +176,23 @@ TEST(PlannerSimulator, PageInsComeBackInOrderOfNeedAFixedNumberOfPagesAhead) {
   const CostModel two_ahead = link(100, 100, 2);
   Simulator earlier(trace, two_ahead);
   EXPECT_EQ(earlier.simulate({O, O}).bytes_at_op[4], 210u);
+}
+
+TEST(PlannerSimulator, PagesComeBackInThePagersOrderNotTheOrderOfNeed) {
+  // a (need op 6) and c (made by F2, last used by F2, needed by B0 = op 7 only), both offloaded,
+  // one page ahead. The pager returns the last paged out first: c is asked for when backward
+  // starts and held from op 4, a is fetched when B1 needs it (op 6), a 1 ms stall.
+  LifetimeTrace trace = eight_ops();
+  SavedTensor c = made_by_f2(trace.tensors[0]);
+  c.first_backward_use = 7;
+  c.last_backward_use = 7;
+  trace.tensors.push_back(c);
+  const CostModel one_ahead = link(100, 100, 1);
+  Simulator simulator(trace, one_ahead);
+  const Simulation s = simulator.simulate({O, O});
+  EXPECT_EQ(s.bytes_at_op, (std::vector<std::uint64_t>{110, 110, 110, 110, 110, 110, 210, 210}));
+  EXPECT_DOUBLE_EQ(s.stall_ms, 1.0);
+  EXPECT_DOUBLE_EQ(s.step_ms, 9.0);
 }
 
 TEST(PlannerSimulator, ACheckpointRegionRemakesItsTensorsWhenItsBackwardBegins) {

@@ -74,6 +74,9 @@ def test_the_plan_budget_benchmark_reports_every_repeat_at_every_budget() -> Non
     done = subprocess.run([sys.executable, str(REPO / "bench" / "planner" / "plan_budgets.py"), "--repeats", "2"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    rows = [line.split() for line in done.stdout.splitlines() if line.strip().endswith(("True", "False"))]
-    assert [(row[0], row[1]) for row in rows] == [(f, r) for f in ("70%", "50%", "30%") for r in ("0", "1")]
-    assert all(row[-1] == "True" for row in rows)
+    rows = [line.rsplit(maxsplit=6) for line in done.stdout.splitlines() if line.strip().endswith(("True", "False"))]
+    points = ["full checkpointing", "offload everything", "budget 70%", "budget 50%", "budget 30%"]
+    assert [(row[0], row[1]) for row in rows] == [(p, r) for p in points for r in ("0", "1")]
+    assert all(row[-1] == "True" for row in rows), "a plan changed the gradients"
+    summary = done.stdout.split("budget      plan")[1].splitlines()[1:]
+    assert len(summary) == 3 and all(line.count("MiB") >= 4 for line in summary), summary

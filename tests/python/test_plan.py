@@ -1,11 +1,12 @@
 """stowage.plan in CPU mode on real models (a GPT-shaped transformer and a residual CNN): a step
 profiled, plans solved at fractions of its unconstrained peak and applied: every save placed,
-gradients bitwise those of the unplanned step, the measured peak below the unplanned one; plans
-that survive saving and loading.
+gradients bitwise those of the unplanned step, the measured peak below the unplanned one and
+within 15% over the budget; plans that survive saving and loading.
 
-Not asserted yet: the measured peak within the budget. With offload in CPU mode it depends on
-when the copy threads finish a page-out on a busy machine, which the simulation does not model
-(runs of the same plan measured from under the budget to 1.7x it)."""
+The measured peak is asserted only within 15% of the budget: the allocator's ceiling holds a step
+to its budget where page-outs run late (Note [Allocated ceiling]), but a prefetch that comes back
+sooner than simulated on a busy 2-core machine is memory nothing can let go of, and runs of one
+plan measured up to 9% over (bench/results/2026-11-24-cpu-planner.md)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ def test_planned_steps_fit_their_budgets_and_compute_the_same_gradients(make: An
         peak, grads = measured(model, step, plan)
         assert not plan.mismatches
         assert peak < reference_peak, f"{fraction:.0%}: measured {peak}, unplanned {reference_peak}"
+        assert peak <= budget * 1.15, f"{fraction:.0%}: measured {peak}, budget {budget}"
         assert all(torch.equal(a, b) for a, b in zip(grads, reference))
 
 

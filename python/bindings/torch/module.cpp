@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
+#include <optional>
 #include <string>
 
 #include "allocator/base/errors.hpp"
@@ -144,6 +146,18 @@ void bind_memory_api(py::module_& module) {
     out["plan_live_bytes"] = status.plan_live_bytes;
     out["planned_allocations"] = status.planned_allocations;
     return out;
+  }, py::arg("device") = kCpu);
+  // Note [Allocated ceiling]; None: no ceiling.
+  module.def(
+      "set_allocated_ceiling",
+      [](std::optional<std::size_t> bytes, int device) {
+        allocator_for(device).set_allocated_ceiling(bytes.value_or(CachingAllocator::kNoCeiling));
+      },
+      py::arg("bytes"), py::arg("device") = kCpu);
+  module.def("allocated_ceiling", [](int device) -> std::optional<std::size_t> {
+    const std::size_t ceiling = allocator_for(device).allocated_ceiling();
+    if (ceiling == CachingAllocator::kNoCeiling) return std::nullopt;
+    return ceiling;
   }, py::arg("device") = kCpu);
   module.def("capacity",
              [](int device) { return allocator_for(device).backend().properties().total_bytes; },

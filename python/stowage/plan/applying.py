@@ -96,6 +96,7 @@ class Plan:
         module = _torch_module()
         module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
         self._pager = module.TensorPager(0)
+        self._hold_to_budget(module)
         self._patched: list[tuple[Any, Any]] = []
         self._frames = ModuleFrames(on_root=self._found_root)
         self._frames.install()
@@ -112,12 +113,30 @@ class Plan:
                 del module.forward
             else:
                 module.forward = original
+        if self._ceiling is not None:
+            module = _torch_module()
+            module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
         del self._pager
         self._active = False
         if self.mismatches and kind is None:
             warnings.warn("stowage.plan: the step does not match the profile the plan was made from; "
                           f"kept what could not be placed ({len(self.mismatches)} places, first: "
                           f"{self.mismatches[0]})", stacklevel=2)
+
+    def _hold_to_budget(self, module: Any) -> None:
+        """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
+        in allocator/caching_allocator.hpp): an allocation that would pass it first waits for the
+        page-outs the simulation counted as done, where the copies run late."""
+        import stowage
+        from stowage.memory import _index
+
+        self._ceiling: tuple[int, int | None] | None = None
+        if not stowage.is_enabled():
+            return
+        index = _index(None)
+        self._ceiling = (index, module.allocated_ceiling(index))
+        in_use = int(module.memory_stats(index)["allocated_bytes.all.current"])
+        module.set_allocated_ceiling(in_use + self.budget, index)
 
     def _index_decisions(self) -> None:
         self._kept_saves = {tuple(save) for save in self.profile.kept_saves}
