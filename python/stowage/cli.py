@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from stowage import __version__, demo, diff, doctor, inspector, record, replay
+from stowage.plan import command as plan_command
 
 SUBCOMMANDS = {
     "inspect": inspector,
@@ -14,6 +15,7 @@ SUBCOMMANDS = {
     "doctor": doctor,
     "replay": replay,
     "record": record,
+    "plan": plan_command,
     "demo": demo,
 }
 

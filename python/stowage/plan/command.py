@@ -1,0 +1,73 @@
+"""``stowage plan PROFILE --budget SIZE``: a plan for a recorded step, without running it.
+
+    stowage plan step.lifetimes.json --budget 6GiB          # decisions by module, predictions
+    stowage plan step.lifetimes.json --budget 50% --json    # the same as one JSON object
+    stowage plan step.lifetimes.json --budget 6GiB --save plan.json   # for stowage.plan.load
+
+PROFILE is a lifetime trace written by ``stowage.plan.profile(step).save(path)``. The budget is
+a size (``6GiB``, ``512MiB``, bytes) or a percentage of the step's unconstrained peak. Printed:
+the bytes each module group keeps, offloads and recomputes, and the predicted peak and step
+time of the plan beside no change, full activation checkpointing and offload everything. Exit
+status: 0 when the plan fits the budget, 1 when none does (the lowest peak found is printed), 2
+for a file or budget that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stowage.memory import _bytes
+
+
+def add_parser(commands: Any, name: str) -> None:
+    parser = commands.add_parser(name, help="keep, offload or recompute each saved tensor of a recorded step",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("profile", metavar="PROFILE", help="a lifetime trace (stowage.plan.profile(...).save)")
+    parser.add_argument("--budget", required=True,
+                        help="device memory the step may add: a size (6GiB) or a percentage of its peak (50%%)")
+    parser.add_argument("--exact", action="store_true", help="search exhaustively (small traces only)")
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    parser.add_argument("--save", metavar="PLAN", help="write the plan, for stowage.plan.load")
+
+
+def budget_bytes(text: str, unconstrained_peak: int) -> int:
+    """A size, or a percentage of the unconstrained peak; ValueError naming what is wrong."""
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1]) / 100
+        except ValueError:
+            raise ValueError(f"the budget {text!r} is not a percentage") from None
+        if not 0 < share:
+            raise ValueError(f"the budget {text!r} must be above 0%")
+        return int(unconstrained_peak * share)
+    return _bytes(int(text) if text.isdigit() else text)
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    from stowage.plan import load_profile, solve
+    from stowage.plan.plan_text import decisions_by_module, outcomes
+
+    try:
+        profile = load_profile(args.profile)
+        budget = budget_bytes(args.budget, profile.unconstrained_peak_bytes)
+        with warnings.catch_warnings(record=True):  # "does not fit" is in the output and exit status
+            warnings.simplefilter("always")
+            plan = solve(profile, budget, exact=args.exact)
+    except (OSError, ValueError) as error:
+        print(f"stowage plan: {error}", file=sys.stderr)
+        return 2
+    if args.save:
+        plan.save(args.save)
+    if args.json:
+        print(json.dumps({"budget_bytes": budget, "fits": plan.fits, "decisions": plan.decisions,
+                          "by_module": decisions_by_module(plan), "outcomes": outcomes(plan)}))
+    else:
+        print(plan)
+        if args.save:
+            print(f"\nsaved the plan to {args.save}")
+    return 0 if plan.fits else 1
