@@ -199,6 +199,34 @@ TEST(Pager, AMissWaitsForPageOutsAndGetsTheirMemory) {
   }
 }
 
+TEST(Pager, ARequestPastTheAllocatedCeilingWaitsForPageOutsThoughTheDeviceHasRoom) {
+  PagerHarness harness;  // 256 MiB: nothing misses
+  HostThreadTimeline compute(harness.backend());
+  Gate gate;  // the copies run late: opened by another thread while the request waits
+  harness.backend().enqueue_host_function(
+      harness.engine().transfers().stream(TransferDirection::kToHost), gate.blocker());
+  std::vector<Pager::PageId> ids;
+  for (std::uint32_t seed = 0; seed < 3; ++seed) {
+    ids.push_back(*harness.pager().page_out(harness.filled(16 * kMiB, seed), compute));
+  }
+  harness.allocator().set_allocated_ceiling(64 * kMiB);  // 48 MiB held by the page-outs
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.open();
+  });
+  void* block = harness.allocator().malloc(40 * kMiB);  // under the ceiling once two let go
+  opener.join();
+  EXPECT_LE(harness.device_allocated(), as_signed(64 * kMiB));
+  EXPECT_GE(harness.pager().stats().num_pressure_waits, 2);
+  harness.allocator().set_allocated_ceiling(CachingAllocator::kNoCeiling);
+  harness.allocator().free(block);
+  for (std::size_t i = 3; i-- > 0;) {
+    EXPECT_EQ(harness.read(harness.pager().page_in(ids[i], compute)),
+              pattern(16 * kMiB, static_cast<std::uint32_t>(i)));
+    harness.pager().drop(ids[i]);
+  }
+}
+
 TEST(Pager, ADeviceWithoutRoomForAPageLeavesItOffloaded) {
   PagerHarnessOptions options;
   options.capacity = 32 * kMiB;
