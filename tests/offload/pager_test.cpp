@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "allocator/base/errors.hpp"
@@ -169,12 +170,11 @@ TEST(Pager, OnAStreamTheComputeWaitsForThePageAndTheHostDoesNot) {
   harness.backend().destroy_stream(stream);
 }
 
-TEST(Pager, AMissWaitsForPageOutsAndGetsTheirMemory) {
-  PagerHarnessOptions options;
-  options.capacity = 64 * kMiB;
-  PagerHarness harness(options);
-  HostThreadTimeline compute(harness.backend());
-  Gate gate;  // the copies run late: opened by another thread while the miss waits
+// Three 16 MiB page-outs whose copies run late, then a request of `bytes` made while another
+// thread lets the copies run; returns the request's block and the pages (seeds 0 to 2).
+std::pair<void*, std::vector<Pager::PageId>> request_while_page_outs_run_late(
+    PagerHarness& harness, ComputeTimeline& compute, std::size_t bytes) {
+  Gate gate;
   harness.backend().enqueue_host_function(
       harness.engine().transfers().stream(TransferDirection::kToHost), gate.blocker());
   std::vector<Pager::PageId> ids;
@@ -185,46 +185,44 @@ TEST(Pager, AMissWaitsForPageOutsAndGetsTheirMemory) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     gate.open();
   });
-  void* big = harness.allocator().malloc(40 * kMiB);  // fits once two page-outs let go
+  void* block = harness.allocator().malloc(bytes);
   opener.join();
-  EXPECT_NE(big, nullptr);
-  const PagerStats stats = harness.pager().stats();
-  EXPECT_GE(stats.num_pressure_waits, 2);
-  EXPECT_GE(stats.pressure_bytes, as_signed(32 * kMiB));
-  harness.allocator().free(big);
-  for (std::size_t i = 3; i-- > 0;) {
+  return {block, ids};
+}
+
+// Each page comes back with its bytes, and goes.
+void expect_pages_back(PagerHarness& harness, ComputeTimeline& compute, const std::vector<Pager::PageId>& ids) {
+  for (std::size_t i = ids.size(); i-- > 0;) {
     EXPECT_EQ(harness.read(harness.pager().page_in(ids[i], compute)),
               pattern(16 * kMiB, static_cast<std::uint32_t>(i)));
     harness.pager().drop(ids[i]);
   }
 }
 
+TEST(Pager, AMissWaitsForPageOutsAndGetsTheirMemory) {
+  PagerHarnessOptions options;
+  options.capacity = 64 * kMiB;
+  PagerHarness harness(options);
+  HostThreadTimeline compute(harness.backend());
+  const auto [big, ids] = request_while_page_outs_run_late(harness, compute, 40 * kMiB);  // fits once two let go
+  EXPECT_NE(big, nullptr);
+  const PagerStats stats = harness.pager().stats();
+  EXPECT_GE(stats.num_pressure_waits, 2);
+  EXPECT_GE(stats.pressure_bytes, as_signed(32 * kMiB));
+  harness.allocator().free(big);
+  expect_pages_back(harness, compute, ids);
+}
+
 TEST(Pager, ARequestPastTheAllocatedCeilingWaitsForPageOutsThoughTheDeviceHasRoom) {
   PagerHarness harness;  // 256 MiB: nothing misses
   HostThreadTimeline compute(harness.backend());
-  Gate gate;  // the copies run late: opened by another thread while the request waits
-  harness.backend().enqueue_host_function(
-      harness.engine().transfers().stream(TransferDirection::kToHost), gate.blocker());
-  std::vector<Pager::PageId> ids;
-  for (std::uint32_t seed = 0; seed < 3; ++seed) {
-    ids.push_back(*harness.pager().page_out(harness.filled(16 * kMiB, seed), compute));
-  }
-  harness.allocator().set_allocated_ceiling(64 * kMiB);  // 48 MiB held by the page-outs
-  std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gate.open();
-  });
-  void* block = harness.allocator().malloc(40 * kMiB);  // under the ceiling once two let go
-  opener.join();
-  EXPECT_LE(harness.device_allocated(), as_signed(64 * kMiB));
+  harness.allocator().set_allocated_ceiling(64 * kMiB);  // the page-outs will hold 48 MiB
+  const auto [block, ids] = request_while_page_outs_run_late(harness, compute, 40 * kMiB);
+  EXPECT_LE(harness.device_allocated(), as_signed(64 * kMiB)) << "under the ceiling once two let go";
   EXPECT_GE(harness.pager().stats().num_pressure_waits, 2);
   harness.allocator().set_allocated_ceiling(CachingAllocator::kNoCeiling);
   harness.allocator().free(block);
-  for (std::size_t i = 3; i-- > 0;) {
-    EXPECT_EQ(harness.read(harness.pager().page_in(ids[i], compute)),
-              pattern(16 * kMiB, static_cast<std::uint32_t>(i)));
-    harness.pager().drop(ids[i]);
-  }
+  expect_pages_back(harness, compute, ids);
 }
 
 TEST(Pager, ADeviceWithoutRoomForAPageLeavesItOffloaded) {
