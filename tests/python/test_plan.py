@@ -142,3 +142,39 @@ def test_a_plan_for_another_model_keeps_what_it_cannot_place_and_says_so() -> No
     with pytest.warns(UserWarning, match="does not match the profile"):
         _, grads = measured(other, other_step, plan)
     assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+
+
+def test_a_step_that_fails_mid_forward_leaves_nothing_allocated() -> None:
+    """Saved-tensor hooks that kept an op's output whole would tie it to its own graph node in a
+    cycle no collector sees: a failed step's whole graph would stay allocated."""
+    import gc
+
+    import stowage.offload
+
+    model, step = gpt_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2)
+    model.zero_grad(set_to_none=True)
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("failed mid-forward")
+
+    handle = model.norm.register_forward_hook(fail)
+    try:
+        for context in (lambda: stowage.plan.profile(step, cost=COST), lambda: _run_under(plan, step),
+                        lambda: _run_under(stowage.offload.activations(), step)):
+            gc.collect()
+            stowage.mark_step()
+            before = stowage.memory_allocated("cpu")
+            with pytest.raises(RuntimeError, match="failed mid-forward"):
+                context()
+            gc.collect()
+            stowage.mark_step()
+            assert stowage.memory_allocated("cpu") == before
+    finally:
+        handle.remove()
+
+
+def _run_under(context: Any, step: Callable[[], None]) -> None:
+    with context:
+        step()

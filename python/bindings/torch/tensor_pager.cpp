@@ -16,11 +16,17 @@ std::uint32_t version_of(const at::Tensor& tensor) {
   return version.enabled() ? version.current_version() : 0;
 }
 
+// A saved tensor kept on the device, as a saved-tensor hook returns it: detached. Kept whole, an
+// op's saved output refers to the op's own node through its grad_fn, a cycle through autograd
+// that no collector sees: a step that fails before its backward would leave its graph allocated.
+// Unpacking gives autograd the same storage either way.
+at::Tensor kept(const at::Tensor& tensor) { return tensor.defined() ? tensor.detach() : tensor; }
+
 }  // namespace
 
 std::variant<at::Tensor, PackedTensor> TensorPager::pack(const at::Tensor& tensor) {
   ++counts_.num_saved;
-  if (!tensor.defined() || !tensor.has_storage()) return tensor;
+  if (!tensor.defined() || !tensor.has_storage()) return kept(tensor);
   const c10::Storage& storage = tensor.storage();
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
   if (std::shared_ptr<PageRef> page = shared_page(tensor)) {
@@ -29,17 +35,17 @@ std::variant<at::Tensor, PackedTensor> TensorPager::pack(const at::Tensor& tenso
   }
   if (storage.nbytes() < min_bytes_ || storage.nbytes() == 0) {
     count(storage, Kept::kSmall);
-    return tensor;
+    return kept(tensor);
   }
   if (parameters_.contains(tensor) || derived_from_parameter(tensor)) {
     count(storage, Kept::kParameter);
-    return tensor;
+    return kept(tensor);
   }
   OffloadEngine* engine = pageable(tensor.device(), storage.data()) ? engine_for(tensor.device())
                                                                      : nullptr;
   if (engine == nullptr) {
     count(storage, Kept::kElsewhere);
-    return tensor;
+    return kept(tensor);
   }
   const std::unique_ptr<ComputeTimeline> compute = current_timeline(tensor.device(), *engine);
   DeviceBuffer buffer{const_cast<void*>(storage.data()), storage.nbytes(),
@@ -47,7 +53,7 @@ std::variant<at::Tensor, PackedTensor> TensorPager::pack(const at::Tensor& tenso
   const std::optional<Pager::PageId> id = engine->pager().page_out(std::move(buffer), *compute);
   if (!id.has_value()) {
     count(storage, Kept::kHostFull);
-    return tensor;
+    return kept(tensor);
   }
   auto page = std::make_shared<PageRef>(*engine, *id);
   paged_.insert_or_assign(key, Paged{storage.getWeakStorageImpl(), page, version_of(tensor)});

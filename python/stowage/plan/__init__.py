@@ -10,6 +10,12 @@ under a memory budget.
         step()                                    # recomputes and offloads as planned
     plan.save("plan.json"); plan = stowage.plan.load("plan.json")
 
+A model that does not fit at the size it trains at is recorded at sizes that do, and planned for
+the size it trains at (byte counts and times are polynomials in the sizes, stowage.plan.sizes):
+
+    profile = stowage.plan.profile(step_at, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
+    plan = stowage.plan.solve(profile, budget="6GiB", at={"batch": 8, "seq": 4096})
+
 Recomputation runs through selective activation checkpointing
 (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) on the model's blocks (the
 items of its ``nn.ModuleList`` / ``nn.Sequential``): per op, save or recompute. Offload runs
@@ -27,5 +33,6 @@ profiling.
 from stowage.plan.applying import Plan, load, solve
 from stowage.plan.lifetimes import LifetimeProfile, load_profile
 from stowage.plan.recording import profile
+from stowage.plan.sizes import SizedProfile
 
-__all__ = ["LifetimeProfile", "Plan", "load", "load_profile", "profile", "solve"]
+__all__ = ["LifetimeProfile", "Plan", "SizedProfile", "load", "load_profile", "profile", "solve"]

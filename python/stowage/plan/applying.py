@@ -11,13 +11,14 @@ import json
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Mapping
 
 from stowage import _core
 from stowage.memory import _bytes, _torch_module
 from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.region_policy import RegionPolicy
+from stowage.plan.sizes import SizedProfile
 
 
 def comparison_plans(profile: LifetimeProfile) -> dict[str, list[str]]:
@@ -29,15 +30,24 @@ def comparison_plans(profile: LifetimeProfile) -> dict[str, list[str]]:
             "offload everything": ["offload" if t.offloadable else "keep" for t in tensors]}
 
 
-def solve(profile: LifetimeProfile, budget: int | str, *, exact: bool = False,
-          to_host_bytes_per_ms: float | None = None, to_device_bytes_per_ms: float | None = None,
-          prefetch_pages: int | None = None) -> Plan:
+def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Mapping[str, int] | None = None,
+          exact: bool = False, to_host_bytes_per_ms: float | None = None,
+          to_device_bytes_per_ms: float | None = None, prefetch_pages: int | None = None) -> Plan:
     """The fastest plan found whose predicted peak (device memory the step adds to what was in
     use when it began) fits ``budget``; the one with the lowest peak, and a warning, when none
-    does. The cost model's figures default to the profile's calibration."""
+    does. ``at``: the sizes to plan for, for a profile recorded at several (stowage.plan.sizes);
+    plan for the largest step a run takes and the plan serves the smaller ones. The cost model's
+    figures default to the profile's calibration."""
     limit = _bytes(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
+    if isinstance(profile, SizedProfile):
+        if at is None:
+            raise ValueError(f"the profile was recorded at sizes {sorted(profile.sizes)}: give the sizes to "
+                             f"plan for, e.g. at={{{', '.join(repr(n) + ': ...' for n in profile.sizes)}}}")
+        profile = profile.at(at)
+    elif at is not None:
+        raise ValueError("at= is for a profile recorded at several sizes (stowage.plan.profile(step, sizes=...))")
     overrides = {"to_host_bytes_per_ms": to_host_bytes_per_ms, "to_device_bytes_per_ms": to_device_bytes_per_ms,
                  "prefetch_pages": prefetch_pages}
     given = {name: value for name, value in overrides.items() if value is not None}
@@ -192,7 +202,7 @@ class Plan:
             unit = frame.data["inputs"].get(id(tensor))
             return self._place(tensor, unit)
         if frame is None:
-            return tensor
+            return _kept(tensor)
         save = (frame.path, frame.call, frame.saves)
         frame.saves += 1
         unit = self._unit_of_save.get(save)
@@ -203,13 +213,21 @@ class Plan:
     def _place(self, tensor: Any, unit: int | None) -> Any:
         if unit is not None and self.decisions[unit] == "offload":
             return self._pager.pack(tensor)
-        return tensor
+        return _kept(tensor)
 
     # Reading -----------------------------------------------------------------------------
     def __str__(self) -> str:
         from stowage.plan.plan_text import describe
 
         return describe(self)
+
+
+def _kept(tensor: Any) -> Any:
+    """A saved tensor as a saved-tensor hook keeps it: detached. Kept whole, an op's saved output
+    refers to the op's own node through its grad_fn, a cycle through autograd's C++ that Python's
+    collector cannot see: a step that fails before its backward (out of memory mid-forward) would
+    leave its whole graph allocated. Unpacking gives autograd the same storage either way."""
+    return tensor.detach()
 
 
 def load(path: str | Path) -> Plan:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stowage.plan.lifetimes import LifetimeProfile, TensorRecord
+from stowage.plan.lifetimes import LifetimeProfile, OpRecord, TensorRecord
 
 
 def _units(recorder: Any) -> dict[int, TensorRecord]:
@@ -43,6 +43,8 @@ def _units(recorder: Any) -> dict[int, TensorRecord]:
         if region >= 0 and region in saved.save_regions:
             unit.region = region
         unit.recomputable = unit.recomputable and region >= 0 and saved.save_regions == {region}
+    for unit in units.values():
+        unit.packs.sort()  # saves in one order, whatever the order of the storages' addresses
     return units
 
 
@@ -64,16 +66,7 @@ def _link_regions(recorder: Any, ordered: list[TensorRecord], index_of_op: dict[
             inputs.append(index_of_op[op])
         region.inputs = inputs  # per tensor argument, in order
         region.checkpointable = region.checkpointable and calls[region.module] == 1
-    since_last: dict[int, float] = {}
-    for i, op in enumerate(recorder.ops):
-        if op.phase != "forward" or op.region < 0:
-            continue
-        since_last[op.region] = since_last.get(op.region, 0.0) + op.duration_ms
-        if i in index_of_op:
-            unit = ordered[index_of_op[i]]
-            if unit.region == op.region:
-                unit.recompute_ms = since_last[op.region]
-                since_last[op.region] = 0.0
+    set_recompute_times(recorder.ops, ordered)
     for unit in ordered:
         if unit.region < 0:
             continue
@@ -83,6 +76,22 @@ def _link_regions(recorder: Any, ordered: list[TensorRecord], index_of_op: dict[
             unit.recompute_inputs = sorted({i for i in region.inputs if ordered[i].created < unit.created})
         else:
             unit.region = -1  # never checkpointed: its saves reach the pager
+
+
+def set_recompute_times(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
+    """Each tensor of a region: the time to rerun its op and those since the region's previous
+    saved tensor (what recomputing it costs beyond the tensors before it)."""
+    index_of_op = {tensor.created: i for i, tensor in enumerate(tensors)}
+    since_last: dict[int, float] = {}
+    for i, op in enumerate(ops):
+        if op.phase != "forward" or op.region < 0:
+            continue
+        since_last[op.region] = since_last.get(op.region, 0.0) + op.duration_ms
+        if i in index_of_op:
+            unit = tensors[index_of_op[i]]
+            if unit.region == op.region:
+                unit.recompute_ms = since_last[op.region]
+                since_last[op.region] = 0.0
 
 
 def _other_bytes(recorder: Any, ordered: list[TensorRecord]) -> list[int]:

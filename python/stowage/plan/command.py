@@ -3,13 +3,15 @@
     stowage plan step.lifetimes.json --budget 6GiB          # decisions by module, predictions
     stowage plan step.lifetimes.json --budget 50% --json    # the same as one JSON object
     stowage plan step.lifetimes.json --budget 6GiB --save plan.json   # for stowage.plan.load
+    stowage plan sized.lifetimes.json --budget 6GiB --at batch=8,seq=4096
 
 PROFILE is a lifetime trace written by ``stowage.plan.profile(step).save(path)``. The budget is
 a size (``6GiB``, ``512MiB``, bytes) or a percentage of the step's unconstrained peak. Printed:
 the bytes each module group keeps, offloads and recomputes, and the predicted peak and step
-time of the plan beside no change, full activation checkpointing and offload everything. Exit
-status: 0 when the plan fits the budget, 1 when none does (the lowest peak found is printed), 2
-for a file or budget that cannot be read.
+time of the plan beside no change, full activation checkpointing and offload everything.
+A profile recorded at several sizes (``stowage.plan.profile(step, sizes=...)``) is planned
+for the sizes ``--at`` names. Exit status: 0 when the plan fits the budget, 1 when none does
+(the lowest peak found is printed), 2 for a file, budget or size that cannot be read.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("profile", metavar="PROFILE", help="a lifetime trace (stowage.plan.profile(...).save)")
     parser.add_argument("--budget", required=True,
                         help="device memory the step may add: a size (6GiB) or a percentage of its peak (50%%)")
+    parser.add_argument("--at", metavar="NAME=N,...",
+                        help="the sizes to plan for, for a profile recorded at several (batch=8,seq=4096)")
     parser.add_argument("--exact", action="store_true", help="search exhaustively (small traces only)")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     parser.add_argument("--save", metavar="PLAN", help="write the plan, for stowage.plan.load")
@@ -46,14 +50,34 @@ def budget_bytes(text: str, unconstrained_peak: int) -> int:
     return _bytes(int(text) if text.isdigit() else text)
 
 
+def parse_sizes(text: str) -> dict[str, int]:
+    """``batch=8,seq=4096`` as a dict; ValueError naming what is wrong."""
+    sizes = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if not name.strip() or not value.strip().isdigit():
+            raise ValueError(f"--at {text!r}: give sizes as name=number, comma separated (batch=8,seq=4096)")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
 def run(args: argparse.Namespace) -> int:
     import warnings
 
     from stowage.plan import load_profile, solve
     from stowage.plan.plan_text import decisions_by_module, outcomes
+    from stowage.plan.sizes import SizedProfile
 
     try:
         profile = load_profile(args.profile)
+        if isinstance(profile, SizedProfile):
+            if args.at is None:
+                raise ValueError(f"{args.profile} was recorded at sizes {sorted(profile.sizes)}: "
+                                 "name the sizes to plan for with --at, e.g. --at "
+                                 + ",".join(f"{name}={max(points)}" for name, points in profile.sizes.items()))
+            profile = profile.at(parse_sizes(args.at))
+        elif args.at is not None:
+            raise ValueError(f"{args.profile} was recorded at one size; --at is for a profile recorded at several")
         budget = budget_bytes(args.budget, profile.unconstrained_peak_bytes)
         with warnings.catch_warnings(record=True):  # "does not fit" is in the output and exit status
             warnings.simplefilter("always")

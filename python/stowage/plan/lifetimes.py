@@ -3,7 +3,8 @@
 
     {"format": "stowage-lifetimes", "version": 1,
      "ops":     [{"name": "aten::mm", "module": "blocks.0.mlp", "phase": "forward",
-                  "duration_ms": 0.41, "other_bytes": 1048576, "region": 0, "region_op": 3}, ...],
+                  "duration_ms": 0.41, "other_bytes": 1048576, "region": 0, "region_op": 3,
+                  "io_bytes": 3145728}, ...],
      "tensors": [{"module": "blocks.0.mlp", "bytes": 4194304, "created": 12,
                   "last_forward_use": 14, "first_backward_use": 80, "last_backward_use": 81,
                   "recompute_ms": 0.45, "recomputable": true, "offloadable": true,
@@ -15,7 +16,8 @@
 
 Ops are in the order they ran (forward, backward, then an optimizer step if the step had one);
 ``other_bytes`` is the device memory in use during the op (its peak, relative to the step's
-start) that is not a saved tensor. A tensor is a storage saved for backward, ``created`` by the op
+start) that is not a saved tensor; ``io_bytes`` the bytes of its tensor arguments and results
+(the work an op's time follows as sizes change, stowage.plan.sizes). A tensor is a storage saved for backward, ``created`` by the op
 that produced it; ``packs`` are where autograd saved it: (module path, the module's call number,
 the save's number within that call), which is how a plan finds it again. A region is a module run
 under selective checkpointing when its plan recomputes; ``ops`` its ops (the checkpoint's policy
@@ -45,6 +47,7 @@ class OpRecord:
     other_bytes: int = 0
     region: int = -1
     region_op: int = -1
+    io_bytes: int = 0
 
 
 @dataclass
@@ -141,10 +144,17 @@ def load_profile_document(document: Any, where: str) -> LifetimeProfile:
     return profile
 
 
-def load_profile(path: str | Path) -> LifetimeProfile:
-    """Reads a lifetime trace file; ValueError naming what is wrong with one that is not."""
+def load_profile(path: str | Path) -> Any:
+    """Reads a lifetime trace file: a LifetimeProfile, or a SizedProfile (stowage.plan.sizes) for
+    a step recorded at several sizes; ValueError naming what is wrong with a file that is
+    neither."""
+    from stowage.plan.sizes import FORMAT as SIZED_FORMAT
+    from stowage.plan.sizes import load_sized_document
+
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: not a stowage lifetime trace ({error})") from None
+    if isinstance(document, dict) and document.get("format") == SIZED_FORMAT:
+        return load_sized_document(document, str(path))
     return load_profile_document(document, str(path))

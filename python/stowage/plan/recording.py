@@ -7,15 +7,16 @@ A dispatch mode (below autograd, where selective checkpointing's policy also see
 op, reads the allocator's peak during it, and follows storages from op to op; saved-tensor hooks
 see what autograd saves and when backward takes it back; module hooks give each op and save its
 module path. The step runs as it would without stowage.plan: nothing is changed, so it must fit.
-A model that does not fit at the size you train is profiled at a size that does (a smaller batch
-or a shorter sequence): a plan is keyed to the step's ops and saves, not to their sizes.
+A model that does not fit at the size it trains at is recorded at sizes that do, a grid of them
+(stowage.plan.sizes), and planned for the size it trains at: a plan is keyed to the step's ops
+and saves, not to their sizes.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from stowage.plan.calibration import measure_cost
 from stowage.plan.lifetimes import LifetimeProfile, OpRecord, RegionRecord, TensorRecord
@@ -91,6 +92,7 @@ class StepRecorder:
         self.loose_saves = 0
         self.elsewhere: list[tuple[str, int, int]] = []  # saves of parameters and buffers
         self.start_bytes = 0
+        self.retired = 0
 
     # Module frames ------------------------------------------------------------------------
     def _found_root(self, root: Any) -> None:
@@ -144,16 +146,37 @@ class StepRecorder:
         for tensor in leaves((args, kwargs)):
             if isinstance(tensor, torch.Tensor):
                 self._used(_storage_key(tensor), index, phase)
+        op.io_bytes = sum(t.numel() * t.element_size() for t in leaves((args, kwargs, out))
+                          if isinstance(t, torch.Tensor))
         schema = getattr(func, "_schema", None)
         is_view = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        if phase == "forward" and not is_view:
+        if not is_view:
             for tensor in leaves(out):
                 if isinstance(tensor, torch.Tensor):
-                    key = _storage_key(tensor)
-                    if key and key not in self.saved:
-                        self.producer[key] = index
-                        self.last_forward[key] = index
+                    self._made(_storage_key(tensor), index, phase)
         return out
+
+    def _made(self, key: int, index: int, phase: str) -> None:
+        if not key:
+            return
+        if phase != "forward":
+            if key in self.saved:  # the saved storage was freed and its address given to this one
+                self._retire(key)
+        elif key not in self.saved:
+            self.producer[key] = index
+            self.last_forward[key] = index
+
+    def _retire(self, key: int) -> None:
+        """Moves a freed saved storage from its address to a key of its own (negative, never an
+        address), so the uses of what is allocated there next are not counted as its uses."""
+        self.retired += 1
+        own = -self.retired
+        self.saved[own] = self.saved.pop(key)
+        for table in (self.producer, self.last_forward):
+            if key in table:
+                table[own] = table.pop(key)
+        for inputs in self.region_inputs:
+            inputs[:] = [own if k == key else k for k in inputs]
 
     def _used(self, key: int, index: int, phase: str) -> None:
         if phase == "forward":
@@ -182,13 +205,12 @@ class StepRecorder:
         saved.saves.append(saves)
         saved.save_ops.append(len(self.ops) - 1)
         saved.save_regions.add(self.active_region)
-        return (key, tensor)
+        return (saved, tensor.detach())  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
         if not isinstance(packed, tuple):
             return packed
-        key, tensor = packed
-        saved = self.saved[key]
+        saved, tensor = packed
         if saved.first_backward is None:
             saved.first_backward = len(self.ops)
         return tensor
@@ -219,20 +241,52 @@ class StepRecorder:
             self.frames.remove()
 
 
-def profile(step_fn: Callable[[], Any], *, device: str | None = None,
-            cost: dict[str, float] | None = None) -> LifetimeProfile:
+def _record_one(step: Callable[[], Any], device: str) -> StepRecorder:
+    import torch
+
+    recorder = StepRecorder(device)
+    try:
+        recorder.record(step)
+    except torch.OutOfMemoryError as error:
+        raise torch.OutOfMemoryError(
+            f"{error}\nstowage.plan.profile: the step does not fit as it is, so it cannot be recorded as it is. "
+            "Record it at sizes that fit and plan for the size you train at: "
+            "stowage.plan.profile(step, sizes={'batch': (2, 4), 'seq': (128, 256, 384)}) runs "
+            "step(batch=..., seq=...) at each point, and stowage.plan.solve(profile, budget, "
+            "at={'batch': 8, 'seq': 4096}) plans for the size you give.") from None
+    return recorder
+
+
+def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] | None = None,
+            device: str | None = None, cost: dict[str, float] | None = None) -> Any:
     """Runs ``step_fn`` (one training step: forward and backward, and the optimizer step if it
-    has one) once and records its lifetime trace. ``device``: "cuda" or "cpu" (default: cuda
-    when stowage or torch serves CUDA memory, else CPU mode). ``cost``: the cost model's figures
-    (``to_host_bytes_per_ms``, ``to_device_bytes_per_ms``, ``prefetch_pages``); measured when
-    not given."""
+    has one) once and records its lifetime trace (a LifetimeProfile).
+
+    ``sizes``: record the step at a grid of sizes instead, e.g. ``{"batch": (1, 2), "seq":
+    (128, 256, 384)}``: ``step_fn(batch=2, seq=128)`` runs at each point of the grid (after one
+    unrecorded run at the first, so every point starts from the same state: gradients allocated,
+    caches warm), and the result is a SizedProfile (stowage.plan.sizes) whose byte counts and
+    times are polynomials in the sizes. That is how a model that does not fit at the size it
+    trains at is profiled, and how one profile serves steps of changing length.
+
+    ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
+    mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
+    ``to_device_bytes_per_ms``, ``prefetch_pages``); measured when not given. A step that runs
+    out of memory raises torch's OutOfMemoryError saying how to record it at smaller sizes."""
     import torch
 
     from stowage.plan.building import build_profile
+    from stowage.plan.sizes import SizedProfile, grid_points
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
-    recorder = StepRecorder(device)
-    recorder.record(step_fn)
-    measured = dict(cost) if cost is not None else measure_cost(device)
-    return build_profile(recorder, measured)
+    measured = dict(cost) if cost is not None else None
+    if sizes is None:
+        recorder = _record_one(step_fn, device)
+        return build_profile(recorder, measured if measured is not None else measure_cost(device))
+    points = grid_points(sizes)
+    step_fn(**points[0])  # unrecorded: every recorded point starts from the state a step leaves
+    recorders = [_record_one(lambda: step_fn(**point), device) for point in points]
+    measured = measured if measured is not None else measure_cost(device)
+    return SizedProfile({name: [int(v) for v in values] for name, values in sizes.items()},
+                        [build_profile(recorder, measured) for recorder in recorders])

@@ -1,0 +1,185 @@
+"""A step recorded at a grid of sizes (batch, sequence length, ...): every byte count and time of
+its lifetime trace as a polynomial in the sizes, so one recording serves steps of any size, and a
+model that does not fit at the size it trains at is profiled at sizes that do.
+
+    profile = stowage.plan.profile(step, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
+    plan = stowage.plan.solve(profile, budget="6GiB", at={"batch": 8, "seq": 4096})
+
+``step(batch=2, seq=128)`` runs once per point of the grid (the product of the sizes' points).
+Each byte count (a saved tensor's, the memory an op has in use beside the saved tensors, the
+bytes an op reads and writes) is interpolated through the grid, one polynomial per size of degree
+one less than its points: two points give a straight line (activations grow with the batch),
+three a parabola (unfused attention's scores grow with the square of the sequence); floored at
+the least the grid measured. Byte counts follow from shapes, so they come out exact. Times are
+noisy: an op's time is a fixed cost plus a cost per byte it reads and writes, fitted over the
+grid; a tensor's recompute time is then summed from its ops', and the unconstrained peak
+simulated from the byte counts.
+
+The ops, saved tensors and checkpoint regions must be the same at every point (a step whose ops
+do not depend on its sizes); a grid whose steps differ is refused, naming the first difference.
+A plan is keyed to the step's ops and saves, not to their sizes: solved at the largest size a
+training run takes, it serves every smaller step (every quantity grows with the sizes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from stowage import _core
+from stowage.plan.building import set_recompute_times
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, OpRecord, load_profile_document
+
+FORMAT = "stowage-sized-lifetimes"
+
+
+def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
+    """The grid's points in the order a SizedProfile keeps its profiles; ValueError for sizes
+    that cannot make one."""
+    if not sizes:
+        raise ValueError("sizes needs at least one size, e.g. {'batch': (2, 4)}")
+    for name, points in sizes.items():
+        values = list(points)
+        if len(values) < 2 or len(set(values)) != len(values) or any(int(v) <= 0 for v in values):
+            raise ValueError(f"size {name!r}: give two or more distinct positive points, not {values!r}")
+    names = list(sizes)
+    return [dict(zip(names, (int(v) for v in point))) for point in itertools.product(*sizes.values())]
+
+
+def _lagrange(points: Sequence[int], at: float) -> list[float]:
+    weights = []
+    for i, xi in enumerate(points):
+        weight = 1.0
+        for j, xj in enumerate(points):
+            if j != i:
+                weight *= (at - xj) / (xi - xj)
+        weights.append(weight)
+    return weights
+
+
+def _same_structure(first: LifetimeProfile, other: LifetimeProfile, where: str) -> None:
+    """ValueError naming the first way `other` is a different step from `first`."""
+    if len(first.ops) != len(other.ops):
+        raise ValueError(f"the step ran {len(first.ops)} ops at the first size and {len(other.ops)} at {where}: "
+                         "profiling at several sizes needs a step whose ops do not depend on its sizes (a size of 1 often "
+                         "changes them: broadcasting over it needs no reduction in backward)")
+    for i, (a, b) in enumerate(zip(first.ops, other.ops)):
+        if (a.name, a.phase, a.region, a.region_op) != (b.name, b.phase, b.region, b.region_op):
+            raise ValueError(f"op {i} is {a.name} ({a.module}) at the first size and {b.name} ({b.module}) at {where}")
+    keys = ("created", "last_forward_use", "first_backward_use", "last_backward_use", "recomputable",
+            "offloadable", "recompute_inputs", "region", "packs")
+    if len(first.tensors) != len(other.tensors):
+        raise ValueError(f"the step saved {len(first.tensors)} tensors at the first size and "
+                         f"{len(other.tensors)} at {where}")
+    for i, (a, b) in enumerate(zip(first.tensors, other.tensors)):
+        for key in keys:
+            if getattr(a, key) != getattr(b, key):
+                raise ValueError(f"saved tensor {i} ({a.module}) differs in {key} between the first size and {where}")
+    if [(r.module, r.checkpointable, r.inputs) for r in first.regions] != \
+            [(r.module, r.checkpointable, r.inputs) for r in other.regions]:
+        raise ValueError(f"the step's checkpoint regions differ between the first size and {where}")
+
+
+@dataclass
+class SizedProfile:
+    """One step's lifetime traces at each point of a grid of sizes (``profiles[i]`` recorded at
+    ``grid_points(sizes)[i]``), all of one structure (checked on construction); ``at`` evaluates
+    them at any sizes. Immutable once built."""
+
+    sizes: dict[str, list[int]]
+    profiles: list[LifetimeProfile]
+
+    def __post_init__(self) -> None:
+        points = grid_points(self.sizes)
+        if len(points) != len(self.profiles):
+            raise ValueError(f"a grid of {len(points)} points needs as many profiles, not {len(self.profiles)}")
+        for point, profile in zip(points[1:], self.profiles[1:]):
+            _same_structure(self.profiles[0], profile, _describe(point))
+
+    def at(self, sizes: Mapping[str, int]) -> LifetimeProfile:
+        """The step's lifetime trace at `sizes` (every size of the grid, by name)."""
+        missing = set(self.sizes) - set(sizes)
+        unknown = set(sizes) - set(self.sizes)
+        if missing or unknown:
+            raise ValueError(f"the profile was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
+        if any(int(value) <= 0 for value in sizes.values()):
+            raise ValueError(f"sizes must be positive: {dict(sizes)}")
+        weights = [1.0]
+        for name, points in self.sizes.items():
+            along = _lagrange(points, float(sizes[name]))
+            weights = [w * a for w in weights for a in along]
+        evaluate = _Evaluator(weights)
+        first = self.profiles[0]
+        ops = []
+        for i, op in enumerate(first.ops):
+            at_grid = [p.ops[i] for p in self.profiles]
+            io_bytes = evaluate.size([o.io_bytes for o in at_grid])
+            ops.append(dataclasses.replace(op, io_bytes=io_bytes, other_bytes=evaluate.size([o.other_bytes for o in at_grid]),
+                                           duration_ms=_time_at(io_bytes, at_grid)))
+        tensors = [dataclasses.replace(t, bytes=evaluate.size([p.tensors[i].bytes for p in self.profiles]))
+                   for i, t in enumerate(first.tensors)]
+        set_recompute_times(ops, tensors)
+        profile = dataclasses.replace(first, ops=ops, tensors=tensors)
+        unchanged = _core.plan_simulate(profile.native_trace(), profile.native_cost(), ["keep"] * len(tensors))
+        return dataclasses.replace(profile, unconstrained_peak_bytes=int(unchanged["peak_bytes"]))
+
+    def document(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "sizes": self.sizes,
+                "profiles": [profile.document() for profile in self.profiles]}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.document()))
+
+
+def _time_at(io_bytes: int, at_grid: Sequence[OpRecord]) -> float:
+    """An op's time at `io_bytes` of arguments and results: a line through its times at the grid's
+    points by least squares (a fixed cost plus a cost per byte, neither negative), which small
+    ops' noisy times cannot bend the way an interpolating polynomial would."""
+    xs = [float(o.io_bytes) for o in at_grid]
+    ts = [o.duration_ms for o in at_grid]
+    mean_x, mean_t = sum(xs) / len(xs), sum(ts) / len(ts)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    per_byte = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts)) / spread if spread else 0.0
+    if per_byte <= 0:
+        return mean_t
+    fixed = mean_t - per_byte * mean_x
+    if fixed < 0:  # through the origin instead
+        fixed, per_byte = 0.0, sum(x * t for x, t in zip(xs, ts)) / sum(x * x for x in xs)
+    return fixed + per_byte * io_bytes
+
+
+class _Evaluator:
+    """One point's interpolation weights over the grid, applied to a quantity's grid values."""
+
+    def __init__(self, weights: list[float]) -> None:
+        self.weights = weights
+
+    def _value(self, values: Sequence[int]) -> float:
+        return max(min(values), sum(w * v for w, v in zip(self.weights, values)))
+
+    def size(self, values: Sequence[int]) -> int:
+        return int(round(self._value(values)))
+
+
+def _describe(point: Mapping[str, int]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in point.items())
+
+
+def load_sized_document(document: dict[str, Any], where: str) -> SizedProfile:
+    """A SizedProfile from its JSON document; ValueError naming what is wrong."""
+    if document.get("version") != VERSION:
+        raise ValueError(f"{where}: sized lifetime trace version {document.get('version')!r}; "
+                         f"this stowage reads {VERSION}")
+    sizes = document.get("sizes")
+    profiles = document.get("profiles")
+    if not isinstance(sizes, dict) or not isinstance(profiles, list):
+        raise ValueError(f"{where}: a malformed sized lifetime trace (no sizes or profiles)")
+    try:
+        return SizedProfile({str(k): [int(v) for v in points] for k, points in sizes.items()},
+                            [load_profile_document(p, where) for p in profiles])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
