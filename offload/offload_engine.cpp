@@ -59,6 +59,7 @@ std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const Of
       {"offload.stall_ns", p.stall_ns},
       {"offload.num_pressure_waits", p.num_pressure_waits},
       {"offload.pressure_bytes", p.pressure_bytes},
+      {"offload.num_prefetches_let_go", p.num_prefetches_let_go},
       {"offload.prefetch_window_bytes", p.window_bytes},
       {"offload.to_host.busy_ns", t.busy_ns_to_host},
       {"offload.to_host.bytes_per_second", rate(TransferDirection::kToHost)},

@@ -198,10 +198,7 @@ void Pager::start_page_ins_locked(std::vector<Claim>& claims, PageId needed,
     page.claimed = false;
     if (claim.device.data == nullptr) continue;  // not allocated: stays offloaded
     page.transfer = engine_.copy(kToDevice, claim.device.data, page.host, page.bytes, after);
-    pool_.record_stream(page.host, engine_.stream(kToDevice));
-    pool_.free(page.host);  // reused once the copy back has completed
-    page.host = nullptr;
-    stats_.offloaded_bytes.update(-as_signed(page.bytes));
+    pool_.record_stream(page.host, engine_.stream(kToDevice));  // its host block: freed once used
     page.device = std::move(claim.device);
     page.state = PageState::kPagingIn;
     ++ahead_pages_;
@@ -218,6 +215,7 @@ void Pager::wait_for_locked(Page& page, ComputeTimeline& compute) {
   compute.wait(page.transfer->finished(), arrival);
   pending_uses_.push_back({arrival, page.transfer});
   page.transfer.reset();
+  release_host_locked(page);  // reused once the copy back has completed (stream-ordered)
   page.state = PageState::kResident;
   --ahead_pages_;
   ahead_bytes_ -= page.bytes;
@@ -296,6 +294,7 @@ std::size_t Pager::relieve_pressure(std::size_t bytes, Stream) noexcept {
       released.push_back(std::move(parked.device));
     }
     parked_.clear();
+    if (freed < bytes) freed += let_go_of_prefetches_locked(bytes - freed, released);
     stats_.pressure_bytes += as_signed(freed);
   } catch (const std::exception& error) {
     log_warning(detail::concat("the pager could not relieve memory pressure: ", error.what()));
@@ -320,6 +319,30 @@ void Pager::set_offloaded_locked(Page& page, std::vector<DeviceBuffer>& released
   page.state = PageState::kOffloaded;
 }
 
+void Pager::release_host_locked(Page& page) {
+  pool_.free(page.host);
+  page.host = nullptr;
+  stats_.offloaded_bytes.update(-as_signed(page.bytes));
+}
+
+// The pages coming back ahead of use, furthest from use first (the lowest ids: pages come back
+// in the reverse of their page-out order), until `bytes` are let go: each waits for its copy,
+// gives its device buffer back and is offloaded again, its host block still holding the bytes.
+std::size_t Pager::let_go_of_prefetches_locked(std::size_t bytes, std::vector<DeviceBuffer>& released) {
+  std::size_t freed = 0;
+  for (auto it = pages_.begin(); it != pages_.end() && freed < bytes && ahead_pages_ > 0; ++it) {
+    Page& page = it->second;
+    if (page.state != PageState::kPagingIn) continue;
+    engine_.wait(page.transfer);
+    ++stats_.num_prefetches_let_go;
+    freed += page.bytes;
+    --ahead_pages_;
+    ahead_bytes_ -= page.bytes;
+    set_offloaded_locked(page, released);
+  }
+  return freed;
+}
+
 void Pager::forget_locked(Page& page, std::vector<DeviceBuffer>& released) {
   switch (page.state) {
     case PageState::kPagingOut:
@@ -332,6 +355,7 @@ void Pager::forget_locked(Page& page, std::vector<DeviceBuffer>& released) {
       stats_.offloaded_bytes.update(-as_signed(page.bytes));
       break;
     case PageState::kPagingIn:
+      release_host_locked(page);
       parked_.push_back({std::move(page.transfer), std::move(page.device)});
       --ahead_pages_;
       ahead_bytes_ -= page.bytes;
@@ -374,7 +398,7 @@ void Pager::check_invariants() const {
   std::size_t ahead = 0;
   std::size_t ahead_bytes = 0;
   for (const auto& [id, page] : pages_) {
-    const bool on_host = page.state == PageState::kPagingOut || page.state == PageState::kOffloaded;
+    const bool on_host = page.state != PageState::kResident;
     const bool copying = page.state == PageState::kPagingOut || page.state == PageState::kPagingIn;
     // A resident page may keep the page-out that still reads it (Note [Page states]).
     STOWAGE_INTERNAL_ASSERT(on_host == (page.host != nullptr), "page ", id, ": host block");

@@ -9,8 +9,12 @@
 //               (poll) or when the allocator runs short (relieve_pressure waits for the copy);
 //   offloaded   only the host block holds the bytes;
 //   paging in   a new device buffer was allocated on the compute stream and the copy back runs
-//               (the host block went back to the pool, to be reused once that copy completes);
-//   resident    back on the device: page_in returned it and keeps returning it until drop().
+//               or ran, and no page_in has asked for the page yet (it came back ahead of use);
+//               the host block still holds the bytes, so under pressure the pager can let go
+//               of the device buffer (once the copy completes) and the page is offloaded again:
+//               what comes back ahead of use never holds memory a request needs;
+//   resident    back on the device: page_in returned it and keeps returning it until drop();
+//               its host block went back to the pool, to be reused once the copy back completes.
 // A page_in while the page is still paging out returns the device buffer it still holds: no
 // copy, no wait (forward's last pages are backward's first); the page keeps the copy, which
 // still reads the buffer, until it completes. Dropping a page whose copy runs
@@ -65,7 +69,7 @@ using DeviceRoom = std::function<std::size_t()>;
 enum class PageState : std::uint8_t { kPagingOut, kOffloaded, kPagingIn, kResident };
 
 struct PagerStats {
-  Stat offloaded_bytes;  // bytes whose copy is in host memory (paging out or offloaded)
+  Stat offloaded_bytes;  // bytes whose copy is in host memory (all but resident pages)
   std::int64_t pages = 0;
   std::int64_t num_page_outs = 0;
   std::int64_t bytes_paged_out = 0;
@@ -78,6 +82,7 @@ struct PagerStats {
   std::int64_t stall_ns = 0;         // how long they waited (measured on the device on a GPU)
   std::int64_t num_pressure_waits = 0;  // copies waited for to free device memory
   std::int64_t pressure_bytes = 0;      // device bytes let go to relieve pressure
+  std::int64_t num_prefetches_let_go = 0;  // pages back ahead of use offloaded again under pressure
   std::int64_t window_bytes = 0;        // the prefetch policy's window now
 };
 
@@ -108,7 +113,8 @@ class Pager final : public MemoryPressureHandler {
   // Waits for every copy (the engine counts it), then polls.
   void synchronize();
   // MemoryPressureHandler: waits for the oldest page-outs until `bytes` of device memory are let
-  // go (or none is left), and for parked copies.
+  // go (or none is left), and for parked copies; then, short of `bytes`, lets go of pages that
+  // came back ahead of use (furthest from use first), which are offloaded again.
   std::size_t relieve_pressure(std::size_t bytes, Stream stream) noexcept override;
 
   // Replaces the prefetch policy (Note [Prefetch window]) for the page-ins from now on.
@@ -122,7 +128,7 @@ class Pager final : public MemoryPressureHandler {
   struct Page {
     PageState state = PageState::kPagingOut;
     std::size_t bytes = 0;
-    void* host = nullptr;    // paging out, offloaded
+    void* host = nullptr;    // all but resident
     DeviceBuffer device;     // paging out (the source), paging in, resident
     // The copy of the current state (paging out, paging in); a resident page that was still
     // paging out keeps that copy, which may still read its buffer.
@@ -164,6 +170,8 @@ class Pager final : public MemoryPressureHandler {
   void observe_use_locked(double lateness);
   void set_offloaded_locked(Page& page, std::vector<DeviceBuffer>& released);
   void forget_locked(Page& page, std::vector<DeviceBuffer>& released);
+  void release_host_locked(Page& page);
+  std::size_t let_go_of_prefetches_locked(std::size_t bytes, std::vector<DeviceBuffer>& released);
 
   DeviceBackend& backend_;
   TransferEngine& engine_;

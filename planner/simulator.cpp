@@ -7,7 +7,8 @@
 
 namespace stowage::planner {
 
-Simulator::Simulator(const LifetimeTrace& trace, const CostModel& cost) : trace_(trace), cost_(cost) {
+Simulator::Simulator(const LifetimeTrace& trace, const CostModel& cost, std::uint64_t ceiling)
+    : trace_(trace), cost_(cost), ceiling_(ceiling) {
   trace_.validate();
   cost_.validate();
   const auto& ops = trace_.ops;
@@ -92,6 +93,20 @@ void Simulator::schedule_page_outs(const Plan& plan) {
 void Simulator::add_live(std::size_t first, std::size_t last, std::uint64_t bytes) {
   live_delta_[first] += static_cast<std::int64_t>(bytes);
   live_delta_[last + 1] -= static_cast<std::int64_t>(bytes);
+  if (first <= live_op_ && live_op_ <= last) live_at_op_ += static_cast<std::int64_t>(bytes);
+}
+
+void Simulator::advance_live_to(std::size_t op) {
+  std::size_t next = live_op_ == SIZE_MAX ? 0 : live_op_ + 1;
+  for (; next <= op; ++next) live_at_op_ += live_delta_[next];
+  live_op_ = op;
+}
+
+// Whether `tensor` coming back ahead at `op` keeps the memory there within the ceiling.
+bool Simulator::fits_ahead(std::size_t tensor, std::size_t op) const {
+  if (ceiling_ == kNoCeiling) return true;
+  const std::uint64_t at_op = trace_.ops[op].other_bytes + static_cast<std::uint64_t>(std::max<std::int64_t>(live_at_op_, 0));
+  return at_op + trace_.tensors[tensor].bytes <= ceiling_;
 }
 
 // The first op in [from, until) whose end (as run so far) is at or after `time`; `until` if none.
@@ -134,11 +149,16 @@ void Simulator::run_backward(Simulation& result) {
   for (std::size_t k = 0; k < return_order_.size(); ++k) needed_by[need_at_[return_order_[k]]].push_back(k);
   std::vector<bool> issued(return_order_.size(), false);
   std::size_t ahead = 0;  // issued pages not needed yet
+  live_op_ = SIZE_MAX;
+  live_at_op_ = 0;
+  if (first_backward_ < ops.size()) advance_live_to(first_backward_);
   for (std::size_t k = 0; k < return_order_.size() && ahead < cost_.prefetch_pages; ++k, ++ahead) {
+    if (!fits_ahead(return_order_[k], first_backward_)) break;
     issue_page_in(return_order_[k], first_backward_, time, link_free);  // forward's last pages
     issued[k] = true;
   }
   for (std::size_t i = first_backward_; i < ops.size(); ++i) {
+    advance_live_to(i);
     double start = time;
     for (const std::size_t k : needed_by[i]) {
       if (issued[k]) {
@@ -150,6 +170,7 @@ void Simulator::run_backward(Simulation& result) {
       start = std::max(start, in_done_[return_order_[k]]);
       for (std::size_t e = k + 1; e < return_order_.size() && ahead < cost_.prefetch_pages; ++e) {
         if (issued[e]) continue;
+        if (!fits_ahead(return_order_[e], i)) break;
         issue_page_in(return_order_[e], i, time, link_free);
         issued[e] = true;
         ++ahead;
@@ -162,6 +183,7 @@ void Simulator::run_backward(Simulation& result) {
     op_end_[i] = time;
   }
   result.step_ms = ops.empty() ? 0 : std::max(time, op_end_.back());
+  live_op_ = SIZE_MAX;
 }
 
 Simulation Simulator::simulate(const Plan& plan) {

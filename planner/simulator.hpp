@@ -9,7 +9,10 @@
 // as the pager does: each page an op needs is asked for, its page-in starting then unless it came
 // back ahead, and each ask brings back ahead the pages paged out before it (made before it) that
 // are still out, until `prefetch_pages` are back or coming and not yet used; the last
-// `prefetch_pages` paged out are asked for when backward starts. A page-in runs
+// `prefetch_pages` paged out are asked for when backward starts. Under a ceiling (the allocated
+// ceiling a plan's step runs under: its budget) a page comes back ahead only when the memory at
+// the op, with it, stays within the ceiling; the first that does not ends the prefetch, as the
+// pager's does (it prefetches only into room under the ceiling). A page-in runs
 // behind those before it on the host-to-device link and holds its memory from the op where it is
 // issued; the op that needs it waits for it (a stall). A
 // page-out still running when its page-in would be issued never freed the tensor: it stays
@@ -48,8 +51,11 @@ struct Simulation {
 
 class Simulator {
  public:
-  // Validates both (LogicError on a broken rule).
-  Simulator(const LifetimeTrace& trace, const CostModel& cost);
+  static constexpr std::uint64_t kNoCeiling = UINT64_MAX;
+
+  // Validates both (LogicError on a broken rule). `ceiling`: the allocated ceiling the step runs
+  // under, which bounds what comes back ahead of use.
+  Simulator(const LifetimeTrace& trace, const CostModel& cost, std::uint64_t ceiling = kNoCeiling);
 
   // Throws LogicError when `plan` does not have one decision per saved tensor, offloads or
   // recomputes a tensor that cannot be, or both recomputes and offloads in one region.
@@ -57,6 +63,7 @@ class Simulator {
 
   const LifetimeTrace& trace() const noexcept { return trace_; }
   const CostModel& cost() const noexcept { return cost_; }
+  std::uint64_t ceiling() const noexcept { return ceiling_; }
   std::size_t first_backward_op() const noexcept { return first_backward_; }  // ops.size() if none
   // The op before which `s`, recomputed, is made again (chains aside).
   std::size_t remade_before(const SavedTensor& s) const;
@@ -67,11 +74,14 @@ class Simulator {
   void schedule_page_outs(const Plan& plan);
   void run_backward(Simulation& result);
   void add_live(std::size_t first, std::size_t last, std::uint64_t bytes);
+  void advance_live_to(std::size_t op);
+  bool fits_ahead(std::size_t tensor, std::size_t op) const;
   std::size_t op_ending_after(double time, std::size_t from, std::size_t until) const;
   void issue_page_in(std::size_t tensor, std::size_t op, double time, double& link_free);
 
   const LifetimeTrace& trace_;
   const CostModel& cost_;
+  std::uint64_t ceiling_;
   std::size_t first_backward_ = 0;
   std::vector<double> unstalled_end_;  // each op's end if nothing stalls (forward's are exact)
   std::vector<double> op_end_;         // each op's end as this simulation runs it
@@ -85,6 +95,9 @@ class Simulator {
   std::vector<double> in_done_;         // offloaded: when its page-in completes (0: stayed resident)
   std::vector<double> recompute_before_;  // per op: the recomputation that runs just before it
   std::vector<std::int64_t> live_delta_;  // a difference array of live bytes over the ops
+  // While backward runs: the op it is at, and the live bytes there (live_delta_ summed to it).
+  std::size_t live_op_ = SIZE_MAX;
+  std::int64_t live_at_op_ = 0;
 };
 
 }  // namespace stowage::planner

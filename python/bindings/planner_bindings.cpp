@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,19 +92,21 @@ void bind_planner(py::module_& module) {
   bind_values(module);
   module.def(
       "plan_simulate",
-      [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names) {
+      [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,
+         std::optional<std::uint64_t> ceiling) {
         planner::Plan plan;
         plan.reserve(names.size());
         for (const auto& name : names) plan.push_back(decision_named(name));
-        planner::Simulator simulator(trace, cost);
+        planner::Simulator simulator(trace, cost, ceiling.value_or(planner::Simulator::kNoCeiling));
         return simulation_dict(simulator.simulate(plan));
       },
-      py::arg("trace"), py::arg("cost"), py::arg("decisions"),
-      "The peak device memory and step time of a plan (one decision name per saved tensor).");
+      py::arg("trace"), py::arg("cost"), py::arg("decisions"), py::arg("ceiling") = py::none(),
+      "The peak device memory and step time of a plan (one decision name per saved tensor), run "
+      "under an allocated ceiling of `ceiling` bytes when given.");
   module.def(
       "plan_solve",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, std::uint64_t budget, bool exact) {
-        planner::Simulator simulator(trace, cost);
+        planner::Simulator simulator(trace, cost, budget);  // a plan's step runs with its ceiling at its budget
         planner::Solution solution;
         {
           const py::gil_scoped_release release;

@@ -1,6 +1,7 @@
 // The pager (Note [Page states]): bytes survive the round trip; device memory is let go only
 // after the copy that reads it; pages come back in reverse order ahead of use, only into free
-// memory; the allocator's misses wait for page-outs; failures lose nothing.
+// memory, and go again under pressure; the allocator's misses wait for page-outs; failures lose
+// nothing.
 #include "offload/pager.hpp"
 
 #include <gtest/gtest.h>
@@ -223,6 +224,31 @@ TEST(Pager, ARequestPastTheAllocatedCeilingWaitsForPageOutsThoughTheDeviceHasRoo
   harness.allocator().set_allocated_ceiling(CachingAllocator::kNoCeiling);
   harness.allocator().free(block);
   expect_pages_back(harness, compute, ids);
+}
+
+TEST(Pager, PagesBackAheadOfUseAreLetGoUnderPressureAndComeBackIntact) {
+  PagerHarnessOptions options;
+  options.prefetch = 2;
+  PagerHarness harness(options);
+  HostThreadTimeline compute(harness.backend());
+  std::vector<Pager::PageId> ids;
+  for (std::uint32_t seed = 0; seed < 3; ++seed) {
+    ids.push_back(*harness.pager().page_out(harness.filled(16 * kMiB, seed), compute));
+  }
+  harness.pager().synchronize();
+  harness.pager().page_in(ids[2], compute);  // brings ids[1] and ids[0] back ahead: 48 MiB held
+  ASSERT_EQ(harness.pager().state(ids[0]), PageState::kPagingIn);
+  harness.allocator().set_allocated_ceiling(56 * kMiB);
+  void* block = harness.allocator().malloc(32 * kMiB);  // 24 MiB past the ceiling: both go
+  EXPECT_LE(harness.device_allocated(), as_signed(56 * kMiB));
+  EXPECT_EQ(harness.pager().state(ids[0]), PageState::kOffloaded);
+  EXPECT_EQ(harness.pager().state(ids[1]), PageState::kOffloaded);
+  EXPECT_EQ(harness.pager().stats().num_prefetches_let_go, 2);
+  harness.pager().check_invariants();
+  harness.allocator().set_allocated_ceiling(CachingAllocator::kNoCeiling);
+  harness.allocator().free(block);
+  expect_pages_back(harness, compute, ids);
+  harness.pager().check_invariants();
 }
 
 TEST(Pager, ADeviceWithoutRoomForAPageLeavesItOffloaded) {

@@ -178,6 +178,24 @@ TEST(PlannerSimulator, PageInsComeBackAFixedNumberOfPagesAhead) {
   EXPECT_EQ(earlier.simulate({O, O}).bytes_at_op[4], 210u);
 }
 
+TEST(PlannerSimulator, UnderACeilingPagesComeBackAheadOnlyIntoRoomBelowIt) {
+  // As above, two pages ahead, under a ceiling of 150 bytes. When backward starts (op 4, 10 bytes
+  // in use) b fits (110) and comes back; a would make 210 and ends the prefetch. At op 5 a still
+  // does not fit beside b, so B1 (op 6) asks for it and waits 1 ms for its copy.
+  LifetimeTrace trace = eight_ops();
+  trace.tensors.push_back(made_by_f2(trace.tensors[0]));
+  const CostModel two_ahead = link(100, 100, 2);
+  Simulator unbounded(trace, two_ahead);
+  const Simulation free_to_prefetch = unbounded.simulate({O, O});
+  EXPECT_EQ(free_to_prefetch.peak_bytes, 210u);
+  EXPECT_DOUBLE_EQ(free_to_prefetch.stall_ms, 0.0);
+  Simulator bounded(trace, two_ahead, 150);
+  const Simulation s = bounded.simulate({O, O});
+  EXPECT_EQ(s.bytes_at_op, (std::vector<std::uint64_t>(8, 110)));
+  EXPECT_DOUBLE_EQ(s.stall_ms, 1.0);
+  EXPECT_DOUBLE_EQ(s.step_ms, 9.0);
+}
+
 TEST(PlannerSimulator, PagesComeBackInThePagersOrderNotTheOrderOfNeed) {
   // a (need op 6) and c (made by F2, last used by F2, needed by B0 = op 7 only), both offloaded,
   // one page ahead. The pager returns the last paged out first: c is asked for when backward

@@ -1,12 +1,16 @@
 """stowage.plan in CPU mode on real models (a GPT-shaped transformer and a residual CNN): a step
 profiled, plans solved at fractions of its unconstrained peak and applied: every save placed,
-gradients bitwise those of the unplanned step, the measured peak below the unplanned one and
-within 15% over the budget; plans that survive saving and loading.
+gradients bitwise those of the unplanned step, the measured peak below the unplanned one, within
+the budget and within the predicted peak; plans that survive saving and loading.
 
-The measured peak is asserted only within 15% of the budget: the allocator's ceiling holds a step
-to its budget where page-outs run late (Note [Allocated ceiling]), but a prefetch that comes back
-sooner than simulated on a busy 2-core machine is memory nothing can let go of, and runs of one
-plan measured up to 9% over (bench/results/2026-11-24-cpu-planner.md)."""
+The allocator's ceiling holds a step to its budget (Note [Allocated ceiling]): page-outs running
+late are waited for and pages back ahead of use are let go. Two allowances remain. CPU mode counts
+every CPU allocation of the process against its simulated device, torch's first-use buffers
+included, so the measured peak is asserted within 5% over the budget. The prediction counts pages
+back ahead of use as early as the ceiling allows and page-outs at the cost model's link speed; at
+run time both depend on when each copy of the simulated link (a thread on a busy 2-core machine)
+completes: the measured peak is asserted at most 15% above the predicted one (it is often lower;
+bench/results/2026-11-24-cpu-planner.md has the figures per run)."""
 
 from __future__ import annotations
 
@@ -100,7 +104,9 @@ def test_planned_steps_fit_their_budgets_and_compute_the_same_gradients(make: An
         peak, grads = measured(model, step, plan)
         assert not plan.mismatches
         assert peak < reference_peak, f"{fraction:.0%}: measured {peak}, unplanned {reference_peak}"
-        assert peak <= budget * 1.15, f"{fraction:.0%}: measured {peak}, budget {budget}"
+        assert peak <= budget * 1.05, f"{fraction:.0%}: measured {peak}, budget {budget}"
+        assert peak <= plan.predicted_peak_bytes * 1.15, f"{fraction:.0%}: measured {peak}, predicted " \
+            f"{plan.predicted_peak_bytes}"
         assert all(torch.equal(a, b) for a, b in zip(grads, reference))
 
 

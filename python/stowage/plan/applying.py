@@ -70,12 +70,14 @@ class Plan:
                              f"{len(profile.tensors)}")
         self.profile, self.decisions, self.budget = profile, list(decisions), budget
         self._native = (profile.native_trace(), profile.native_cost())  # built once, simulated often
-        self.prediction = self.simulate(self.decisions)
+        self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.mismatches: list[str] = []
         self._active = False
 
-    def simulate(self, decisions: list[str]) -> dict[str, Any]:
-        return dict(_core.plan_simulate(*self._native, decisions))
+    def simulate(self, decisions: list[str], ceiling: int | None = None) -> dict[str, Any]:
+        """The simulated outcome of `decisions` on this plan's profile, run under an allocated
+        ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
+        return dict(_core.plan_simulate(*self._native, decisions, ceiling))
 
     @property
     def predicted_peak_bytes(self) -> int:
