@@ -94,17 +94,17 @@ def set_recompute_times(ops: list[OpRecord], tensors: list[TensorRecord]) -> Non
                 since_last[op.region] = 0.0
 
 
-def _other_bytes(recorder: Any, ordered: list[TensorRecord]) -> list[int]:
-    count = len(recorder.ops)
-    delta = [0] * (count + 1)
-    for unit in ordered:
+def set_other_bytes(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
+    """Each op's memory besides the saved tensors live during it: its measured peak
+    (``in_use_bytes``) less those tensors, none when they account for all of it."""
+    delta = [0] * (len(ops) + 1)
+    for unit in tensors:
         delta[unit.created] += unit.bytes
         delta[unit.last_backward_use + 1] -= unit.bytes
-    live, other = 0, []
-    for i in range(count):
+    live = 0
+    for i, op in enumerate(ops):
         live += delta[i]
-        other.append(max(0, recorder.peaks[i] - live))
-    return other
+        op.other_bytes = max(0, op.in_use_bytes - live)
 
 
 def _in_trace(recorder: Any, key: int) -> bool:
@@ -118,8 +118,9 @@ def build_profile(recorder: Any, cost: dict[str, float]) -> LifetimeProfile:
     ordered = [units[op] for op in sorted(units)]
     index_of_op = {unit.created: i for i, unit in enumerate(ordered)}
     _link_regions(recorder, ordered, index_of_op)
-    for i, other in enumerate(_other_bytes(recorder, ordered)):
-        recorder.ops[i].other_bytes = other
+    for op, in_use in zip(recorder.ops, recorder.peaks):
+        op.in_use_bytes = in_use  # below 0 where the step freed what it began with (last step's gradients)
+    set_other_bytes(recorder.ops, ordered)
     peak = max(recorder.peaks, default=0)
     elsewhere = recorder.elsewhere + [save for key, saved in recorder.saved.items()
                                       if not _in_trace(recorder, key) for save in saved.saves]

@@ -4,7 +4,7 @@
     {"format": "stowage-lifetimes", "version": 1,
      "ops":     [{"name": "aten::mm", "module": "blocks.0.mlp", "phase": "forward",
                   "duration_ms": 0.41, "other_bytes": 1048576, "region": 0, "region_op": 3,
-                  "io_bytes": 3145728}, ...],
+                  "io_bytes": 3145728, "in_use_bytes": 5242880}, ...],
      "tensors": [{"module": "blocks.0.mlp", "bytes": 4194304, "created": 12,
                   "last_forward_use": 14, "first_backward_use": 80, "last_backward_use": 81,
                   "recompute_ms": 0.45, "recomputable": true, "offloadable": true,
@@ -15,8 +15,8 @@
      "unconstrained_peak_bytes": 123456789, "kept_saves": [["tokens", 0, 0]]}
 
 Ops are in the order they ran (forward, backward, then an optimizer step if the step had one);
-``other_bytes`` is the device memory in use during the op (its peak, relative to the step's
-start) that is not a saved tensor; ``io_bytes`` the bytes of its tensor arguments and results
+``in_use_bytes`` is the device memory in use during the op (its peak, relative to the step's
+start: below 0 where the step freed what it began with, such as the last step's gradients) and ``other_bytes`` the part of it that is not a saved tensor; ``io_bytes`` the bytes of its tensor arguments and results
 (the work an op's time follows as sizes change, stowage.plan.sizes). A tensor is a storage saved for backward, ``created`` by the op
 that produced it; ``packs`` are where autograd saved it: (module path, the module's call number,
 the save's number within that call), which is how a plan finds it again. A region is a module run
@@ -48,6 +48,7 @@ class OpRecord:
     region: int = -1
     region_op: int = -1
     io_bytes: int = 0
+    in_use_bytes: int = 0
 
 
 @dataclass

@@ -14,6 +14,7 @@ and saves, not to their sizes.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -231,6 +232,9 @@ class StepRecorder:
                     return func(*args, **kwargs)
                 return recorder.run_op(func, args, kwargs)
 
+        # Garbage from before the step collected first: freed during it, it would move the memory
+        # of the ops around the collection.
+        gc.collect()
         self.meter.synchronize()
         self.start_bytes = self.meter.now_and_peak()[0]
         self.frames.install()

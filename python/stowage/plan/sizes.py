@@ -6,14 +6,15 @@ model that does not fit at the size it trains at is profiled at sizes that do.
     plan = stowage.plan.solve(profile, budget="6GiB", at={"batch": 8, "seq": 4096})
 
 ``step(batch=2, seq=128)`` runs once per point of the grid (the product of the sizes' points).
-Each byte count (a saved tensor's, the memory an op has in use beside the saved tensors, the
-bytes an op reads and writes) is interpolated through the grid, one polynomial per size of degree
+Each byte count (a saved tensor's, the memory in use during an op, the bytes an op reads and
+writes) is interpolated through the grid, one polynomial per size of degree
 one less than its points: two points give a straight line (activations grow with the batch),
 three a parabola (unfused attention's scores grow with the square of the sequence); floored at
 the least the grid measured. Byte counts follow from shapes, so they come out exact. Times are
-noisy: an op's time is a fixed cost plus a cost per byte it reads and writes, fitted over the
-grid; a tensor's recompute time is then summed from its ops', and the unconstrained peak
-simulated from the byte counts.
+noisy: an op's time is a fixed cost plus a cost per byte it reads and writes, one line per kind
+of op fitted over all its runs at all the grid's points. What follows from those is derived again
+at the sizes asked for: each op's memory besides the saved tensors, each tensor's recompute time
+(summed from its ops') and the unconstrained peak (simulated).
 
 The ops, saved tensors and checkpoint regions must be the same at every point (a step whose ops
 do not depend on its sizes); a grid whose steps differ is refused, naming the first difference.
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stowage import _core
-from stowage.plan.building import set_recompute_times
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, OpRecord, load_profile_document
+from stowage.plan.building import set_other_bytes, set_recompute_times
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
 
 FORMAT = "stowage-sized-lifetimes"
 
@@ -114,14 +115,17 @@ class SizedProfile:
             weights = [w * a for w in weights for a in along]
         evaluate = _Evaluator(weights)
         first = self.profiles[0]
+        times = _op_times(self.profiles)
         ops = []
         for i, op in enumerate(first.ops):
             at_grid = [p.ops[i] for p in self.profiles]
             io_bytes = evaluate.size([o.io_bytes for o in at_grid])
-            ops.append(dataclasses.replace(op, io_bytes=io_bytes, other_bytes=evaluate.size([o.other_bytes for o in at_grid]),
-                                           duration_ms=_time_at(io_bytes, at_grid)))
+            fixed, per_byte = times[op.name]
+            ops.append(dataclasses.replace(op, io_bytes=io_bytes, in_use_bytes=evaluate.size([o.in_use_bytes for o in at_grid]),
+                                           duration_ms=fixed + per_byte * io_bytes))
         tensors = [dataclasses.replace(t, bytes=evaluate.size([p.tensors[i].bytes for p in self.profiles]))
                    for i, t in enumerate(first.tensors)]
+        set_other_bytes(ops, tensors)
         set_recompute_times(ops, tensors)
         profile = dataclasses.replace(first, ops=ops, tensors=tensors)
         unchanged = _core.plan_simulate(profile.native_trace(), profile.native_cost(), ["keep"] * len(tensors))
@@ -135,21 +139,29 @@ class SizedProfile:
         Path(path).write_text(json.dumps(self.document()))
 
 
-def _time_at(io_bytes: int, at_grid: Sequence[OpRecord]) -> float:
-    """An op's time at `io_bytes` of arguments and results: a line through its times at the grid's
-    points by least squares (a fixed cost plus a cost per byte, neither negative), which small
-    ops' noisy times cannot bend the way an interpolating polynomial would."""
-    xs = [float(o.io_bytes) for o in at_grid]
-    ts = [o.duration_ms for o in at_grid]
+def _op_times(profiles: Sequence[LifetimeProfile]) -> dict[str, tuple[float, float]]:
+    """Per op name (aten::mm, ...): a fixed time and a time per byte read and written, fitted by
+    least squares over every run of that op at every point of the grid, neither negative. One
+    line per kind of op, not per op: small ops' times at small sizes are mostly noise, which a
+    line through a few points of one op would carry far beyond the grid."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for profile in profiles:
+        for op in profile.ops:
+            points.setdefault(op.name, []).append((float(op.io_bytes), op.duration_ms))
+    return {name: _line(pairs) for name, pairs in points.items()}
+
+
+def _line(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    xs, ts = [x for x, _ in pairs], [t for _, t in pairs]
     mean_x, mean_t = sum(xs) / len(xs), sum(ts) / len(ts)
     spread = sum((x - mean_x) ** 2 for x in xs)
     per_byte = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts)) / spread if spread else 0.0
     if per_byte <= 0:
-        return mean_t
+        return mean_t, 0.0
     fixed = mean_t - per_byte * mean_x
     if fixed < 0:  # through the origin instead
-        fixed, per_byte = 0.0, sum(x * t for x, t in zip(xs, ts)) / sum(x * x for x in xs)
-    return fixed + per_byte * io_bytes
+        return 0.0, sum(x * t for x, t in zip(xs, ts)) / sum(x * x for x in xs)
+    return fixed, per_byte
 
 
 class _Evaluator:
