@@ -15,7 +15,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
 
-GRID = {"batch": (2, 3), "seq": (32, 64, 96)}
 TARGETS = ((4, 128), (8, 256), (16, 256))
 
 
@@ -23,20 +22,12 @@ def main() -> int:
     import stowage
 
     stowage.enable(device="cpu", capacity="4GiB")
-    import torch
-    from offload_models import TinyGpt, lm_loss
     from test_plan import COST
+    from test_plan_sizes import GRID, gpt_at
 
     import stowage.plan
 
-    torch.manual_seed(0)
-    model = TinyGpt(vocab=512, width=128, heads=4, layers=4, length=256)
-
-    def step(batch: int, seq: int) -> None:
-        ids = torch.randint(0, 512, (batch, seq), generator=torch.Generator().manual_seed(batch * seq))
-        model.zero_grad(set_to_none=True)
-        lm_loss(model(ids), ids).backward()
-
+    step = gpt_at()
     began = time.perf_counter()
     sized = stowage.plan.profile(step, sizes=GRID, cost=COST)
     print(f"grid {GRID}: {len(sized.profiles)} steps recorded in {time.perf_counter() - began:.1f} s")
