@@ -113,17 +113,16 @@ class SizedProfile:
         for name, points in self.sizes.items():
             along = _lagrange(points, float(sizes[name]))
             weights = [w * a for w in weights for a in along]
-        evaluate = _Evaluator(weights)
         first = self.profiles[0]
         times = _op_times(self.profiles)
         ops = []
         for i, op in enumerate(first.ops):
             at_grid = [p.ops[i] for p in self.profiles]
-            io_bytes = evaluate.size([o.io_bytes for o in at_grid])
+            io_bytes = _interpolate(weights, [o.io_bytes for o in at_grid])
             fixed, per_byte = times[op.name]
-            ops.append(dataclasses.replace(op, io_bytes=io_bytes, in_use_bytes=evaluate.size([o.in_use_bytes for o in at_grid]),
+            ops.append(dataclasses.replace(op, io_bytes=io_bytes, in_use_bytes=_interpolate(weights, [o.in_use_bytes for o in at_grid]),
                                            duration_ms=fixed + per_byte * io_bytes))
-        tensors = [dataclasses.replace(t, bytes=evaluate.size([p.tensors[i].bytes for p in self.profiles]))
+        tensors = [dataclasses.replace(t, bytes=_interpolate(weights, [p.tensors[i].bytes for p in self.profiles]))
                    for i, t in enumerate(first.tensors)]
         set_other_bytes(ops, tensors)
         set_recompute_times(ops, tensors)
@@ -164,17 +163,10 @@ def _line(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return fixed, per_byte
 
 
-class _Evaluator:
-    """One point's interpolation weights over the grid, applied to a quantity's grid values."""
-
-    def __init__(self, weights: list[float]) -> None:
-        self.weights = weights
-
-    def _value(self, values: Sequence[int]) -> float:
-        return max(min(values), sum(w * v for w, v in zip(self.weights, values)))
-
-    def size(self, values: Sequence[int]) -> int:
-        return int(round(self._value(values)))
+def _interpolate(weights: Sequence[float], values: Sequence[int]) -> int:
+    """A byte count at one point from its values at the grid's points (`weights`: the point's
+    interpolation weights), floored at the least of them."""
+    return int(round(max(min(values), sum(w * v for w, v in zip(weights, values)))))
 
 
 def _describe(point: Mapping[str, int]) -> str:
