@@ -5,7 +5,7 @@ default and stowage's segment path, in fresh processes, interleaved.
     python3 bench/e2e/llama_cycle_step.py --allocator native|stowage [--conf K:V,...] [--json OUT]
     python3 bench/e2e/llama_cycle_step.py --compare --device cpu --tiny   # a smoke run, CPU mode
 
-The model is bench/models/llama.py at TinyLlama-1.1B's shapes (hidden 2048, 22 layers, 32 query
+The model is stowage.models.llama at TinyLlama-1.1B's shapes (hidden 2048, 22 layers, 32 query
 and 4 key/value heads, SwiGLU 5632, vocabulary 32,000), random weights made on the device, AdamW,
 bf16 autocast, batch 4, the sequence cycling 2048, 1024, 1536, 512. Each step (forward, loss,
 backward, AdamW, zero_grad) is timed between synchronisations. Rounds interleave the allocators
@@ -27,7 +27,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "models"))
 
 from gpt2_step import counters  # noqa: E402
 from run_context import install_allocator, machine_info, spawn  # noqa: E402
@@ -56,7 +55,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def shape(args: argparse.Namespace) -> Any:
-    from llama import LlamaShape
+    from stowage.models.llama import LlamaShape
 
     if args.tiny:
         return LlamaShape(hidden=256, layers=2, heads=8, kv_heads=2, vocab=4096, max_sequence=512)
@@ -99,7 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """One allocator's loop in this process."""
     machine = set_up(args)
     import torch
-    from llama import Llama
+    from stowage.models.llama import Llama
 
     lengths = [int(n) for n in args.lengths.split(",")]
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ Modes, one per fresh process:
   stowage_delayed   stowage.offload.AdamW(update="delayed") (ZeRO-Offload's DPU: one step late)
   torchao           torchao.optim.CPUOffloadOptimizer over torch's fused AdamW (when installed)
 
-The model is bench/models/llama.py's Llama-style decoder, parameters made on the device (fp32 with
+The model is stowage.models.llama's Llama-style decoder, parameters made on the device (fp32 with
 bf16 autocast for the device-only optimizer, torch's mixed precision; bf16 for the offloaded ones,
 whose fp32 masters live on the host), every block checkpointed, the loss over logits made a chunk at a time, random tokens. On a GPU the
 optimizer's GPU idle time is the compute stream's time from the end of backward to the end of
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "models"))
 sys.path.insert(0, str(HERE.parent / "e2e"))
 
 MODES = ("device", "stowage", "stowage_delayed", "torchao")
@@ -90,7 +89,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import torch
 
     import stowage
-    from llama import Llama, LlamaShape
+    from stowage.models.llama import Llama, LlamaShape
 
     if cuda():
         stowage.enable(device="cuda")

@@ -164,10 +164,9 @@ def bert_varlen_4steps() -> Callable[[int], None]:
 
 def llama_gqa_cycle_6x4() -> Callable[[int], None]:
     """A Llama-style decoder with grouped-query attention (hidden 1024, 8 layers, 16 query and 4
-    key/value heads, 32,000-token vocabulary; bench/models/llama.py), batch 2, the sequence length
+    key/value heads, 32,000-token vocabulary; stowage.models.llama), batch 2, the sequence length
     cycling 512, 256, 384, 128 for six cycles: the variable-length loop of LLM fine-tuning."""
-    sys.path.insert(0, str(HERE.parent / "models"))
-    from llama import Llama, LlamaShape
+    from stowage.models.llama import Llama, LlamaShape
 
     model = Llama(LlamaShape(hidden=1024, layers=8, heads=16, kv_heads=4, vocab=32000))
     optimizer = torch.optim.AdamW(model.parameters())

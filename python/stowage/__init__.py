@@ -2,8 +2,10 @@
 
 The C++ core lives in ``stowage._core``; this package is the thin Python layer over it: the
 memory API, activation offload (``stowage.offload``), the safe snapshot loader, the trace
-recorder, and the ``stowage`` command.
+recorder, ``stowage.fit`` (stowage.fitting) and the ``stowage`` command.
 """
+
+from typing import Any
 
 from stowage import offload
 from stowage._core import __version__, format_bytes, parse_byte_size
@@ -35,6 +37,7 @@ __all__ = [
     "dump_snapshot",
     "empty_cache",
     "enable",
+    "fit",
     "format_bytes",
     "is_enabled",
     "mark_step",
@@ -52,3 +55,12 @@ __all__ = [
     "reset_peak_stats",
     "snapshot",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # stowage.fit needs torch; importing it here would import torch with stowage.
+    if name == "fit":
+        from stowage.fitting import fit
+
+        return fit
+    raise AttributeError(f"module 'stowage' has no attribute {name!r}")

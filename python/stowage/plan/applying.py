@@ -72,6 +72,7 @@ class Plan:
         self._native = (profile.native_trace(), profile.native_cost())  # built once, simulated often
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.mismatches: list[str] = []
+        self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
 
     def simulate(self, decisions: list[str], ceiling: int | None = None) -> dict[str, Any]:
@@ -110,7 +111,7 @@ class Plan:
         self._pager = module.TensorPager(0)
         self._hold_to_budget(module)
         self._patched: list[tuple[Any, Any]] = []
-        self._frames = ModuleFrames(on_root=self._found_root)
+        self._frames = ModuleFrames(on_root=self._found_root, root=self.model)
         self._frames.install()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
         self._hooks.__enter__()

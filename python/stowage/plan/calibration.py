@@ -2,7 +2,7 @@
 machine: a short calibration for the planner's cost model (``CostModel``), overridable in
 ``stowage.plan.solve``.
 
-On a GPU: copies of a 64 MiB buffer between the device and pinned host memory, each way, the
+On a GPU: copies of a 64 MiB buffer (smaller on a device too full for it, down to 1 MiB) between the device and pinned host memory, each way, the
 best of a few. In CPU mode: a round trip of a tensor through the offload engine's pager (out to
 host memory and back), which runs at the simulated link's speed, counted half each way.
 """
@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 CALIBRATION_BYTES = 64 << 20
+SMALLEST_CALIBRATION_BYTES = 1 << 20
 PREFETCH_PAGES = 2
 
 
@@ -28,10 +29,24 @@ def _best_seconds(copy: Any, synchronize: Any, repeats: int = 3) -> float:
 
 
 def measure_cost(device: Any) -> dict[str, float]:
-    """The cost model for `device` ("cpu" for CPU mode), in bytes per millisecond."""
+    """The cost model for `device` ("cpu" for CPU mode), in bytes per millisecond: measured on
+    the largest buffer up to CALIBRATION_BYTES the device has room for."""
     import torch
 
-    count = CALIBRATION_BYTES // 4
+    size = CALIBRATION_BYTES
+    while True:
+        try:
+            return _measure_at(device, size)
+        except torch.OutOfMemoryError:
+            if size <= SMALLEST_CALIBRATION_BYTES:
+                raise
+            size //= 4
+
+
+def _measure_at(device: Any, size: int) -> dict[str, float]:
+    import torch
+
+    count = size // 4
     if torch.device(device).type == "cuda":
         on_device = torch.empty(count, dtype=torch.float32, device=device)
         pinned = torch.empty(count, dtype=torch.float32, pin_memory=True)
@@ -42,7 +57,7 @@ def measure_cost(device: Any) -> dict[str, float]:
         from stowage.memory import _torch_module
 
         module = _torch_module()
-        module.offload_configure(0, CALIBRATION_BYTES)
+        module.offload_configure(0, size)
         tensor = torch.ones(count, dtype=torch.float32)
 
         def round_trip() -> None:
@@ -51,6 +66,6 @@ def measure_cost(device: Any) -> dict[str, float]:
 
         to_host = to_device = _best_seconds(round_trip, lambda: None) / 2
         module.offload_end_step()
-    return {"to_host_bytes_per_ms": CALIBRATION_BYTES / (to_host * 1e3),
-            "to_device_bytes_per_ms": CALIBRATION_BYTES / (to_device * 1e3),
+    return {"to_host_bytes_per_ms": size / (to_host * 1e3),
+            "to_device_bytes_per_ms": size / (to_device * 1e3),
             "prefetch_pages": PREFETCH_PAGES}

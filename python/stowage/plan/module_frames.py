@@ -1,7 +1,10 @@
 """Which module is running, by path, and the call numbers a plan keys saved tensors by.
 
 Global module hooks push a frame as each module's forward begins and pop it as it ends. Paths
-come from the outermost module's ``named_modules()`` (``""`` is that module). A frame numbers
+come from the outermost module's ``named_modules()`` (``""`` is that module): the model, when it
+is given (``root``), as it must be for a step that does not call the model's forward (a loss
+method that calls its blocks); else the first module whose forward runs with none running, and
+each later such module not already named, numbered (``"1:"``, ...). A frame numbers
 the tensors autograd saves while it is the innermost (its ``saves``); a module's call number
 counts its forward calls in this step. Forwards run again inside backward (a checkpoint's
 recomputation) are not counted, so the numbers are those of the step's forward.
@@ -34,17 +37,21 @@ class ModuleFrames:
     """The running modules' frames; ``on_enter(frame, args)`` / ``on_leave(frame)`` see each."""
 
     def __init__(self, on_enter: Callable[[Frame, tuple[Any, ...]], None] | None = None,
-                 on_leave: Callable[[Frame], None] | None = None, on_root: Callable[[Any], None] | None = None) -> None:
+                 on_leave: Callable[[Frame], None] | None = None, on_root: Callable[[Any], None] | None = None,
+                 root: Any = None) -> None:
         self.stack: list[Frame] = []
         self.paths: dict[int, str] = {}
         self.roots: list[Any] = []
         self._calls: dict[str, int] = {}
         self._on_enter, self._on_leave, self._on_root = on_enter, on_leave, on_root
         self._handles: list[Any] = []
+        self._given_root = root
 
     def install(self) -> None:
         import torch
 
+        if self._given_root is not None and id(self._given_root) not in self.paths:
+            self._add_root(self._given_root)
         self._handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
             torch.nn.modules.module.register_module_forward_hook(self._left, always_call=True),
@@ -66,12 +73,7 @@ class ModuleFrames:
         if in_backward():
             return
         if not self.stack and id(module) not in self.paths:
-            prefix = "" if not self.roots else f"{len(self.roots)}:"
-            self.roots.append(module)
-            for name, inner in module.named_modules():
-                self.paths.setdefault(id(inner), prefix + name)
-            if self._on_root is not None:
-                self._on_root(module)
+            self._add_root(module)
         path = self.paths.get(id(module), f"<{type(module).__name__}>")
         call = self._calls.get(path, 0)
         self._calls[path] = call + 1
@@ -79,6 +81,14 @@ class ModuleFrames:
         self.stack.append(frame)
         if self._on_enter is not None:
             self._on_enter(frame, args)
+
+    def _add_root(self, module: Any) -> None:
+        prefix = "" if not self.roots else f"{len(self.roots)}:"
+        self.roots.append(module)
+        for name, inner in module.named_modules():
+            self.paths.setdefault(id(inner), prefix + name)
+        if self._on_root is not None:
+            self._on_root(module)
 
     def _left(self, module: Any, args: Any, output: Any) -> None:
         if in_backward() or not self.stack or self.stack[-1].module is not module:

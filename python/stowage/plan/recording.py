@@ -76,11 +76,11 @@ def _storage_key(tensor: Any) -> int:
 class StepRecorder:
     """Records one step; ``profile()`` builds its LifetimeProfile. One step, one thread."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, model: Any = None) -> None:
         self.meter = _DeviceMeter(device)
         self.ops: list[OpRecord] = []
         self.peaks: list[int] = []
-        self.frames = ModuleFrames(self._entered, self._left, self._found_root)
+        self.frames = ModuleFrames(self._entered, self._left, self._found_root, root=model)
         self.blocks: set[int] = set()
         self.fixed: set[int] = set()  # parameters' and buffers' storages
         self.producer: dict[int, int] = {}
@@ -245,10 +245,10 @@ class StepRecorder:
             self.frames.remove()
 
 
-def _record_one(step: Callable[[], Any], device: str) -> StepRecorder:
+def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorder:
     import torch
 
-    recorder = StepRecorder(device)
+    recorder = StepRecorder(device, model)
     try:
         recorder.record(step)
     except torch.OutOfMemoryError as error:
@@ -262,7 +262,7 @@ def _record_one(step: Callable[[], Any], device: str) -> StepRecorder:
 
 
 def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] | None = None,
-            device: str | None = None, cost: dict[str, float] | None = None) -> Any:
+            device: str | None = None, cost: dict[str, float] | None = None, model: Any = None) -> Any:
     """Runs ``step_fn`` (one training step: forward and backward, and the optimizer step if it
     has one) once and records its lifetime trace (a LifetimeProfile).
 
@@ -276,7 +276,10 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
     mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
     ``to_device_bytes_per_ms``, ``prefetch_pages``); measured when not given. A step that runs
-    out of memory raises torch's OutOfMemoryError saying how to record it at smaller sizes."""
+    out of memory raises torch's OutOfMemoryError saying how to record it at smaller sizes.
+    ``model``: the model the step trains, needed when the step calls something other than its
+    forward (a loss method calling its blocks): module paths and blocks are then the model's (set
+    the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
     import torch
 
     from stowage.plan.building import build_profile
@@ -286,11 +289,11 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
     measured = dict(cost) if cost is not None else None
     if sizes is None:
-        recorder = _record_one(step_fn, device)
+        recorder = _record_one(step_fn, device, model)
         return build_profile(recorder, measured if measured is not None else measure_cost(device))
     points = grid_points(sizes)
     step_fn(**points[0])  # unrecorded: every recorded point starts from the state a step leaves
-    recorders = [_record_one(lambda: step_fn(**point), device) for point in points]
+    recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     measured = measured if measured is not None else measure_cost(device)
     return SizedProfile({name: [int(v) for v in values] for name, values in sizes.items()},
                         [build_profile(recorder, measured) for recorder in recorders])

@@ -1,4 +1,4 @@
-"""A Llama-style decoder for benchmarks and recorded traces: RMSNorm, rotary positions,
+"""A Llama-style decoder for the demo, benchmarks and recorded traces: RMSNorm, rotary positions,
 grouped-query attention (fewer key/value heads than query heads) through
 ``scaled_dot_product_attention``, a SwiGLU MLP, untied embedding and head. Random weights; the
 shapes are what matter to memory, and they are those of the Llama family at any size.
@@ -107,12 +107,16 @@ class Llama(nn.Module):
         return self.norm(x)
 
     def chunked_loss(self, tokens: torch.Tensor, chunk_tokens: int = 8192,
-                     checkpoint_blocks: bool = False) -> torch.Tensor:
+                     checkpoint_blocks: bool = False, chunks: int | None = None) -> torch.Tensor:
         """The same loss as forward(), with the logits made `chunk_tokens` rows at a time and made
         again in backward: whole logits (tokens x vocab, upcast to fp32 for the loss) would bound
-        the tokens a step long before anything else does."""
+        the tokens a step long before anything else does. `chunks`: instead, that many chunks
+        whatever the tokens, so the step runs the same ops at every size (what profiling a step
+        at several sizes needs, stowage.plan.sizes)."""
         hidden = self.hidden_states(tokens, checkpoint_blocks)[:, :-1].reshape(-1, self.shape.hidden)
         targets = tokens[:, 1:].reshape(-1)
+        if chunks is not None:
+            chunk_tokens = max(-(-targets.numel() // chunks), 1)
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, targets.numel(), chunk_tokens):
             part = slice(start, start + chunk_tokens)

@@ -1,0 +1,89 @@
+"""What `fit` needs to know about a batch: the loss a step computes from it, and the same batch
+cut to smaller sizes (fewer rows, shorter sequences) to profile a step that does not fit whole.
+
+A batch is a tensor, or a tuple / list / dict of them (other leaves pass through unchanged). Its
+batch size is the first dimension of its first tensor; its sequence length, when it has one, the
+second dimension of its first tensor of two or more dimensions. Cutting a batch cuts every tensor
+whose first dimension is the batch size, and the second dimension of those whose second is the
+sequence length: input ids, attention masks and labels alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def default_loss(model: Any, batch: Any) -> torch.Tensor:
+    """The loss of ``model`` on ``batch`` as most training code computes it: ``model(**batch)``
+    for a dict, ``model(*batch)`` for a tuple or list, ``model(batch)`` for a tensor; the output
+    itself when it is one number, else its ``loss`` (Hugging Face models given labels)."""
+    if isinstance(batch, Mapping):
+        output = model(**batch)
+    elif isinstance(batch, (tuple, list)):
+        output = model(*batch)
+    else:
+        output = model(batch)
+    loss = output if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
+    if isinstance(output, Mapping) and loss is None:
+        loss = output.get("loss")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError("stowage.fit: the model's output is not a loss (one number, or an output with .loss); "
+                        "pass loss_fn=lambda model, batch: ... returning the step's loss")
+    return loss
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    leaves = torch.utils._pytree.tree_leaves(batch)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def batch_sizes(batch: Any) -> dict[str, int]:
+    """{"batch": rows} and, when the batch has a sequence dimension, {"seq": length}."""
+    tensors = _tensors(batch)
+    if not tensors or tensors[0].dim() == 0:
+        raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
+    sizes = {"batch": int(tensors[0].shape[0])}
+    sequences = [t for t in tensors if t.dim() >= 2]
+    if sequences:
+        sizes["seq"] = int(sequences[0].shape[1])
+    return sizes
+
+
+def cut(batch: Any, sizes: Mapping[str, int]) -> Any:
+    """``batch`` with ``sizes["batch"]`` rows and sequences of ``sizes["seq"]`` (each at most the
+    batch's own); the example's rows are reused, so the cut batch holds real inputs."""
+    full = batch_sizes(batch)
+
+    def cut_one(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+            return leaf
+        if leaf.shape[0] == full["batch"] and "batch" in sizes:
+            leaf = leaf[:sizes["batch"]]
+        if leaf.dim() >= 2 and "seq" in full and leaf.shape[1] == full["seq"] and "seq" in sizes:
+            leaf = leaf[:, :sizes["seq"]]
+        return leaf.contiguous()
+
+    return torch.utils._pytree.tree_map(cut_one, batch)
+
+
+def profiling_grid(full: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """Sizes to record a step at when it does not fit whole: two small batch sizes (from 2: one
+    row broadcasts where more do not, so its ops differ), and three sequence lengths (attention
+    is quadratic in it) from an eighth of the example's up. A size the example cannot vary is
+    left out (its value is the example's at every point)."""
+    grid: dict[str, tuple[int, ...]] = {}
+    if full["batch"] >= 3:
+        grid["batch"] = (2, 3)
+    seq = full.get("seq", 0)
+    if seq >= 24:
+        step = max(seq // 8, 1)
+        grid["seq"] = (step, 2 * step, 3 * step)
+    if not grid:
+        raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {dict(full)}, and they are "
+                         "too small to record it smaller (a batch of 3 or more rows, or sequences of 24 or "
+                         "more); give a larger example batch")
+    return grid

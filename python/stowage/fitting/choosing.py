@@ -1,0 +1,83 @@
+"""`fit`'s choice: the share of optimizer states kept on the device, and the plan for the step's
+activations under what that share leaves, taken together as the fastest predicted step that fits.
+
+For each share of states kept on the device (all of them, torch's optimizer unchanged; then less,
+down to none: stowage.offload.AdamW with that ``device_fraction``) the planner solves the step
+under the memory the share leaves. A share is feasible when a plan fits and the optimizer's own
+step fits beside the gradients. Its predicted time is the plan's step plus the update of the
+states kept on the device, the host update of the rest (measured rates, stowage.fitting
+.update_rates; in the default "exact" mode the host update is not hidden behind backward) and
+the rest's parameters crossing back. Predictions within 3% of the fastest count as a tie, won by
+the most states on the device (the least changed). More
+states on the device leave less room for activations (more recompute and offload); fewer add host
+time: the choice weighs the two on this model rather than by a fixed rule.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from stowage._core import format_bytes
+from stowage.fitting.accounting import DeviceMemory
+from stowage.fitting.update_rates import UpdateRates
+from stowage.plan import LifetimeProfile, Plan, solve
+
+FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
+TIE = 0.03
+
+
+@dataclass(frozen=True)
+class Option:
+    """One share of states on the device and what it leads to."""
+
+    fraction: float
+    activation_budget: int
+    plan: Plan | None       # None where no plan fits
+    optimizer_peak: int     # device bytes during the optimizer's step
+    update_ms: float        # the optimizer's update: device share and host share
+    reason: str             # why it does not fit, or ""
+
+    @property
+    def feasible(self) -> bool:
+        return not self.reason
+
+    @property
+    def step_ms(self) -> float:
+        assert self.plan is not None
+        return self.plan.predicted_step_ms + self.update_ms
+
+
+def _option(profile: LifetimeProfile, memory: DeviceMemory, rates: UpdateRates, fraction: float,
+            foreach: bool) -> Option:
+    budget = memory.activation_budget(fraction)
+    peak = memory.optimizer_step_peak(fraction, foreach=foreach and fraction == 1.0)
+    count = memory.parameter_count
+    write_back_ms = (1 - fraction) * memory.gradients / float(profile.cost["to_device_bytes_per_ms"])
+    update_ms = count * (fraction * rates.device_ms_per_parameter + (1 - fraction) * rates.host_ms_per_parameter)
+    update_ms += write_back_ms  # the updated parameters cross back after the update
+    if budget <= 0:
+        return Option(fraction, budget, None, peak, update_ms, "the states alone fill the device")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a plan that does not fit is reported as an option's reason
+        plan = solve(profile, budget)
+    if not plan.fits:
+        return Option(fraction, budget, plan, peak, update_ms,
+                      f"no plan fits: the lowest step peak found is {format_bytes(plan.predicted_peak_bytes)}")
+    if peak > memory.usable:
+        return Option(fraction, budget, plan, peak, update_ms, "the optimizer's step does not fit")
+    return Option(fraction, budget, plan, peak, update_ms, "")
+
+
+def choose(profile: LifetimeProfile, memory: DeviceMemory, rates: UpdateRates, *, can_offload: bool,
+           foreach: bool) -> tuple[Option | None, list[Option]]:
+    """(the fastest feasible option or None, every option weighed)."""
+    fractions = FRACTIONS if can_offload else (1.0,)
+    options = [_option(profile, memory, rates, f, foreach) for f in fractions]
+    feasible = [o for o in options if o.feasible]
+    if not feasible:
+        return None, options
+    fastest = min(o.step_ms for o in feasible)
+    # Predictions within TIE of the fastest are not told apart: the most states on the device wins.
+    best = max((o for o in feasible if o.step_ms <= fastest * (1 + TIE)), key=lambda o: o.fraction)
+    return best, options

@@ -1,0 +1,143 @@
+"""``stowage.fit``: profile one step, choose where optimizer states live and plan the activations
+under what is left, and hand back the step as fitted (stowage.fitting.fitted)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+import stowage
+from stowage.fitting.accounting import DeviceMemory, measure, state_copies, uses_foreach
+from stowage.fitting.batches import LossFn, batch_sizes, cut, default_loss, profiling_grid
+from stowage.fitting.choosing import Option, choose
+from stowage.fitting.fitted import Fitted
+from stowage.fitting.update_rates import measure_rates
+from stowage.memory import _bytes, _torch_module
+from stowage.plan import LifetimeProfile
+
+
+def _device_of(parameters: list[torch.nn.Parameter]) -> torch.device:
+    devices = {p.device for p in parameters}
+    if len(devices) != 1:
+        raise ValueError(f"stowage.fit takes a model on one device, not {sorted(map(str, devices))}")
+    return devices.pop()
+
+
+def check_allocator(device: torch.device) -> None:
+    """Raises, saying how to fix it, unless stowage serves `device`'s memory."""
+    module = _torch_module()
+    if device.type == "cuda" and not module.cuda_enabled():
+        raise RuntimeError(
+            "stowage.fit: torch's own allocator serves CUDA memory in this process, so stowage cannot hold "
+            "the step to a budget or page its tensors. Make stowage the allocator before CUDA is first "
+            "touched: start the program with STOWAGE_ALLOC_CONF set (empty for the defaults), or call "
+            "stowage.enable() right after importing torch, before the first CUDA tensor.")
+    if device.type == "cpu" and not module.is_enabled():
+        raise RuntimeError(
+            "stowage.fit: a model on the CPU trains on stowage's CPU mode (a simulated device): call "
+            "stowage.enable(device='cpu', capacity='4GiB') before building the model, or move it to a GPU.")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"stowage.fit trains on a CUDA device or in CPU mode, not on {device.type!r}")
+
+
+def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device,
+             cost: dict[str, float] | None) -> tuple[LifetimeProfile, str]:
+    """The step's lifetime profile at the example's sizes: recorded whole when it fits, else at a
+    grid of smaller sizes cut from the example and evaluated at the example's (stowage.plan.sizes)."""
+    import stowage.plan
+
+    def step(at: Any) -> None:  # gradients made and let go, as a step then the optimizer's zero_grad do
+        loss_fn(model, at).backward()
+        model.zero_grad(set_to_none=True)
+
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    full = batch_sizes(batch)
+    try:
+        profile = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
+        return profile, f"step recorded at {_describe(full)}"
+    except torch.OutOfMemoryError:
+        model.zero_grad(set_to_none=True)
+    grid = profiling_grid(full)
+    sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind, cost=cost,
+                                 model=model)
+    at = {name: full[name] for name in grid}
+    shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
+    return sized.at(at), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+
+
+def _describe(sizes: dict[str, int]) -> str:
+    return " x ".join(f"{name} {value}" for name, value in sizes.items())
+
+
+def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any) -> torch.optim.Optimizer:
+    """stowage.offload.AdamW with `optimizer`'s groups and hyper-parameters, `fraction` of the
+    states on the device; attached to DDP's all-reduce when the model is wrapped in DDP."""
+    from stowage.offload import AdamW
+
+    keys = ("lr", "betas", "eps", "weight_decay")
+    groups = [{"params": group["params"], **{k: group[k] for k in keys}} for group in optimizer.param_groups]
+    offloaded = AdamW(groups, device_fraction=fraction)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        offloaded.attach(model)
+    return offloaded
+
+
+def _agreed_fraction(best: Option | None) -> float | None:
+    """Under torch.distributed, rank 0's choice on every rank: where the update runs changes its
+    rounding, and parameters must stay identical across ranks."""
+    fraction = None if best is None else best.fraction
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        shared = [fraction]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        fraction = shared[0]
+    return fraction
+
+
+def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int) -> torch.OutOfMemoryError:
+    lines = [f"  {o.fraction:.0%} of the states on the device: {o.reason}" for o in options]
+    return torch.OutOfMemoryError(
+        f"stowage.fit: the step does not fit in {stowage.format_bytes(memory.usable)} usable "
+        f"({stowage.format_bytes(memory.in_use)} in use before it, states "
+        f"{stowage.format_bytes(memory.states)}, gradients {stowage.format_bytes(memory.gradients)}, "
+        f"the step adding {stowage.format_bytes(unplanned)} unplanned) with any share of optimizer "
+        "states on the device:\n" + "\n".join(lines) +
+        "\nTrain on a smaller batch or sequence, or on a larger device.")
+
+
+def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+        example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
+        verbose: bool = True, cost: dict[str, float] | None = None) -> Fitted:
+    """Fits ``model``'s training step to its device; see stowage.fitting. ``example_batch``: the
+    largest batch the loop trains on. ``budget``: the device memory training may use (default:
+    all of it). ``cost``: the planner's cost model (measured when not given)."""
+    loss_fn = loss_fn or default_loss
+    parameters = list(model.parameters())
+    device = _device_of(parameters)
+    check_allocator(device)
+    capacity = int(_torch_module().capacity(-1 if device.type == "cpu" else device.index or 0))
+    if budget is not None:
+        capacity = min(capacity, _bytes(budget))
+    optimizer = optimizer_factory(parameters)
+    if any(optimizer.state.values()):
+        raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
+    profile, recorded = _profile(model, loss_fn, example_batch, device, cost)
+    model.zero_grad(set_to_none=True)
+    memory = measure(parameters, stowage.memory_allocated(device), capacity, state_copies(optimizer))
+    rates = measure_rates(device, parameters[0].dtype)
+    can_offload = type(optimizer) is torch.optim.AdamW
+    best, options = choose(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
+    fraction = _agreed_fraction(best)
+    if fraction is None:
+        raise _no_fit(options, memory, profile.unconstrained_peak_bytes)
+    chosen = next(o for o in options if o.fraction == fraction)
+    if fraction < 1.0:
+        optimizer = _offloaded(optimizer, fraction, model)
+    name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
+    facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
+             "capacity": capacity, "recorded": recorded, "memory": memory, "optimizer": name,
+             "unplanned_peak": profile.unconstrained_peak_bytes}
+    fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
+    if verbose:
+        print(fitted)
+    return fitted

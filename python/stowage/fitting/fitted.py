@@ -1,0 +1,75 @@
+"""What `fit` returns: the model's training step as fitted (the optimizer it chose, the plan for
+its activations), for a loop to use unchanged.
+
+    fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, lr=3e-4), batch)
+    for batch in data:
+        loss = fitted.step(batch)            # forward, backward, optimizer step, zero_grad
+
+or, for a loop that runs its own backward (gradient clipping, a GradScaler, a Trainer):
+
+    optimizer = fitted.optimizer
+    with fitted:                             # the plan applies to this forward and backward
+        loss = loss_fn(model, batch)
+        loss.backward()
+    optimizer.step(); optimizer.zero_grad(set_to_none=True)
+
+Contract: used from the thread that trains, one step at a time (``with fitted:`` is not
+re-entrant). It owns the optimizer it returns; the model stays the caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from stowage.fitting.batches import LossFn
+from stowage.fitting.choosing import Option
+from stowage.fitting.table import decision_table
+from stowage.plan import Plan
+
+
+class Fitted:
+    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, loss_fn: LossFn, chosen: Option,
+                 options: list[Option], facts: dict[str, Any]) -> None:
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.chosen, self.options, self.facts = chosen, options, facts
+        plan = chosen.plan
+        # A plan that keeps every tensor changes nothing: the step then runs without hooks.
+        self.plan: Plan | None = plan if plan is not None and any(d != "keep" for d in plan.decisions) else None
+        if self.plan is not None:
+            self.plan.model = model  # the step may call the model's blocks without its forward
+        self._applied: contextlib.AbstractContextManager[Any] | None = None
+
+    @property
+    def device_fraction(self) -> float:
+        """The share of optimizer states on the device (1.0: the optimizer the factory made)."""
+        return self.chosen.fraction
+
+    def step(self, batch: Any) -> torch.Tensor:
+        """One training step on ``batch``: the loss, its backward under the plan, the optimizer's
+        step, gradients released. Returns the loss, detached."""
+        with self:
+            loss = self.loss_fn(self.model, batch)
+            loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def __enter__(self) -> Fitted:
+        if self._applied is not None:
+            raise RuntimeError("stowage.fit: a step is already running under this fit")
+        self._applied = self.plan if self.plan is not None else contextlib.nullcontext()
+        self._applied.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        applied, self._applied = self._applied, None
+        assert applied is not None
+        applied.__exit__(kind, error, traceback)
+
+    def __str__(self) -> str:
+        return decision_table(self.chosen, self.options, self.facts)

@@ -1,0 +1,50 @@
+"""The table `fit` prints: where the parameters, gradients, optimizer states and activations live,
+what the step is predicted to take, and every share of states on the device it weighed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stowage._core import format_bytes
+from stowage.fitting.choosing import Option
+
+
+def _share(option: Option) -> str:
+    return "all (the factory's optimizer)" if option.fraction == 1.0 else f"{option.fraction:.0%}"
+
+
+def _activations(option: Option, unplanned: int) -> str:
+    plan = option.plan
+    assert plan is not None
+    by_decision = {"keep": 0, "recompute": 0, "offload": 0}
+    for tensor, decision in zip(plan.profile.tensors, plan.decisions):
+        by_decision[decision] += tensor.bytes
+    saved = sum(by_decision.values()) or 1
+    split = ", ".join(f"{name} {value / saved:.0%}" for name, value in by_decision.items())
+    return (f"step adds {format_bytes(unplanned)} unplanned -> {format_bytes(plan.predicted_peak_bytes)} "
+            f"planned (saved bytes: {split})")
+
+
+def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any]) -> str:
+    memory = facts["memory"]
+    on_device = memory.states_on_device(chosen.fraction)
+    rows = [
+        f"stowage.fit on {facts['device']}: {format_bytes(facts['capacity'])}, "
+        f"{format_bytes(memory.usable)} usable; {facts['recorded']}",
+        f"  {'in use before the step':<24}{format_bytes(memory.in_use):>12}  "
+        f"parameters ({memory.parameter_count:,}), buffers, the batch",
+        f"  {'gradients':<24}{format_bytes(memory.gradients):>12}  made in backward, freed after the optimizer",
+        f"  {'optimizer states':<24}{format_bytes(on_device):>12}  on the device; "
+        f"{format_bytes(memory.states - on_device)} in host memory ({facts['optimizer']})",
+        f"  {'activations':<24}{format_bytes(chosen.activation_budget):>12}  budget; "
+        + _activations(chosen, facts["unplanned_peak"]),
+        f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
+        f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)",
+        "",
+        f"  {'states on the device':<30}{'activation budget':>18}{'predicted step':>16}",
+    ]
+    for option in options:
+        outcome = f"{option.step_ms:>13.0f} ms" if option.feasible else f"  {option.reason}"
+        mark = "  <- chosen" if option is chosen else ""
+        rows.append(f"  {_share(option):<30}{format_bytes(max(option.activation_budget, 0)):>18}{outcome}{mark}")
+    return "\n".join(rows)

@@ -1,0 +1,76 @@
+"""How long AdamW's update takes a parameter on the host (stowage's kernel, as the offloaded
+optimizer runs it) and on the device (torch's fused AdamW, as the share kept there runs), measured
+on a small buffer when `fit` runs: the trade between the states kept on the device and the
+activations they displace is in these times."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from stowage.memory import _torch_module
+from stowage.offload.update_worker import cpus_near
+
+HOST_PROBE_NUMEL = 1 << 22  # beyond the caches, as the states are
+DEVICE_PROBE_NUMEL = 1 << 18
+HYPER = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+@dataclass(frozen=True)
+class UpdateRates:
+    host_ms_per_parameter: float
+    device_ms_per_parameter: float
+
+
+def _best_ms(run: Callable[[], None], synchronize: Callable[[], None], repeats: int = 3) -> float:
+    run()  # first touches
+    synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize()
+        best = min(best, (time.perf_counter() - start) * 1e3)
+    return best
+
+
+def _host_ms(device: torch.device, dtype: torch.dtype) -> float:
+    store = _torch_module().HostStateStore(str(device))  # pinned host memory, not the device's
+    master, grad = store.empty(HOST_PROBE_NUMEL, torch.float32), store.empty(HOST_PROBE_NUMEL, dtype)
+    moments = [store.empty(HOST_PROBE_NUMEL, torch.float32).zero_() for _ in range(2)]
+    out = store.empty(HOST_PROBE_NUMEL, dtype) if dtype != torch.float32 else None
+    master.fill_(1.0), grad.fill_(1e-3)
+    threads = len(cpus_near(None))
+    steps = iter(range(1, 1 << 30))
+    beta1, beta2 = HYPER["betas"]
+
+    def run() -> None:
+        _torch_module().adamw_update(master, *moments, grad, out, next(steps), HYPER["lr"], beta1, beta2,
+                                     HYPER["eps"], HYPER["weight_decay"], 1.0, threads)
+
+    return _best_ms(run, lambda: None)
+
+
+def _device_ms(device: torch.device, dtype: torch.dtype) -> float:
+    parameter = torch.nn.Parameter(torch.ones(DEVICE_PROBE_NUMEL, device=device, dtype=dtype))
+    parameter.grad = torch.full_like(parameter, 1e-3)
+    try:
+        optimizer = torch.optim.AdamW([parameter], fused=True, **HYPER)  # type: ignore[arg-type]
+    except RuntimeError:  # no fused AdamW for this device or dtype
+        optimizer = torch.optim.AdamW([parameter], **HYPER)  # type: ignore[arg-type]
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return _best_ms(optimizer.step, synchronize)
+
+
+def measure_rates(device: torch.device, dtype: torch.dtype) -> UpdateRates:
+    """Both rates for parameters of `dtype` on `device`. A device too full for the probe (4 of
+    its buffers) is taken to update as fast as the host."""
+    host = _host_ms(device, dtype) / HOST_PROBE_NUMEL
+    try:
+        on_device = _device_ms(device, dtype) / DEVICE_PROBE_NUMEL
+    except torch.OutOfMemoryError:
+        on_device = host
+    return UpdateRates(host, on_device)

@@ -1,0 +1,140 @@
+"""stowage.fit: a step that does not fit its budget trains under it, with the states the table says
+where it says and the numerics of torch's AdamW; a roomy budget changes nothing; what cannot fit,
+and a model stowage does not serve, are refused with their reason; the demo fails without fit and
+trains with it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+from stowage.fitting import check_allocator  # noqa: E402
+from stowage.models.llama import Llama, LlamaShape  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+SHAPE = LlamaShape(hidden=128, layers=3, heads=4, kv_heads=2, vocab=1024, max_sequence=128)
+HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def loss_fn(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    return model.chunked_loss(tokens, chunks=4)
+
+
+def model_and_batch() -> tuple[Any, torch.Tensor]:
+    torch.manual_seed(0)
+    return Llama(SHAPE), torch.randint(0, SHAPE.vocab, (4, 128), generator=torch.Generator().manual_seed(1))
+
+
+def reference_parameters(steps: int) -> list[torch.Tensor]:
+    model, tokens = model_and_batch()
+    optimizer = torch.optim.AdamW(model.parameters(), **HYPER)  # type: ignore[arg-type]
+    for _ in range(steps):
+        loss_fn(model, tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def unplanned_step_bytes() -> tuple[int, int]:
+    """(in use before a step, what the step adds) for the test model, measured."""
+    model, tokens = model_and_batch()
+    before = stowage.memory_allocated()
+    stowage.reset_peak_stats()
+    loss_fn(model, tokens).backward()
+    return before, stowage.max_memory_allocated() - before
+
+
+def fitted_for(budget: int, capsys: Any) -> tuple[Any, Any, torch.Tensor, str]:
+    model, tokens = model_and_batch()
+    fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
+                         loss_fn=loss_fn, budget=budget, cost=COST)
+    return fitted, model, tokens, capsys.readouterr().out
+
+
+def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: Any) -> None:
+    in_use, step_bytes = unplanned_step_bytes()
+    parameters = sum(p.numel() * 4 for p in model_and_batch()[0].parameters())
+    # Room for parameters, gradients and half the step: torch's AdamW (2 x parameters) cannot fit.
+    budget = in_use + parameters + step_bytes // 2 + (16 << 20)
+    fitted, model, tokens, table = fitted_for(budget, capsys)
+    assert fitted.device_fraction < 1.0 and isinstance(fitted.optimizer, stowage.offload.AdamW)
+    assert fitted.plan is not None and "<- chosen" in table and "optimizer states" in table
+    assert fitted.optimizer.device_fraction == fitted.device_fraction
+    start = stowage.memory_allocated()
+    for _ in range(3):
+        stowage.reset_peak_stats()
+        fitted.step(tokens)
+        assert stowage.max_memory_allocated() <= budget * 1.05  # CPU mode counts torch's first-use buffers
+    kept_states = fitted.facts["memory"].states_on_device(fitted.device_fraction)
+    assert stowage.memory_allocated() <= start + kept_states + (1 << 20)  # nothing else left behind
+    for ours, theirs in zip(model.parameters(), reference_parameters(3)):
+        torch.testing.assert_close(ours.detach(), theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_roomy_budget_changes_nothing(capsys: Any) -> None:
+    fitted, model, tokens, table = fitted_for(1 << 30, capsys)
+    assert fitted.device_fraction == 1.0 and fitted.plan is None
+    assert type(fitted.optimizer) is torch.optim.AdamW and "step recorded at batch 4 x seq 128" in table
+    for _ in range(2):
+        fitted.step(tokens)
+    for ours, theirs in zip(model.parameters(), reference_parameters(2)):
+        assert torch.equal(ours.detach(), theirs)
+
+
+def test_a_loop_of_its_own_runs_its_backward_under_the_fit(capsys: Any) -> None:
+    in_use, step_bytes = unplanned_step_bytes()
+    fitted, model, tokens, _ = fitted_for(in_use + step_bytes // 2 + (40 << 20), capsys)
+    for _ in range(2):
+        with fitted:
+            loss_fn(model, tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)  # a loop's own step between
+        fitted.optimizer.step()
+        fitted.optimizer.zero_grad(set_to_none=True)
+    with pytest.raises(RuntimeError, match="already running"):
+        with fitted, fitted:
+            pass
+
+
+def test_what_cannot_fit_is_refused_with_every_share_weighed(capsys: Any) -> None:
+    in_use, _ = unplanned_step_bytes()
+    with pytest.raises(torch.OutOfMemoryError, match=r"does not fit in .* usable(.|\n)*0% of the states"):
+        fitted_for(in_use + (20 << 20), capsys)  # the margin leaves room for the gradients alone
+    with pytest.raises(TypeError, match="loss_fn"):  # its forward gives no loss
+        stowage.fit(torch.nn.Linear(8, 8), torch.optim.AdamW, torch.zeros(4, 8))
+    model, tokens = model_and_batch()
+    with pytest.raises(ValueError, match="already holds states"):
+        def used(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+            optimizer = torch.optim.AdamW(params)
+            loss_fn(model, tokens).backward()
+            optimizer.step()
+            return optimizer
+
+        stowage.fit(model, used, tokens, loss_fn=loss_fn)
+
+
+def test_a_device_stowage_does_not_serve_is_refused_with_the_fix() -> None:
+    with pytest.raises(RuntimeError, match="STOWAGE_ALLOC_CONF(.|\n)*stowage.enable"):
+        check_allocator(torch.device("cuda"))
+    script = ("import torch, stowage\nfrom stowage.models.llama import Llama, LlamaShape\n"
+              "model = Llama(LlamaShape(64, 1, 2, 2, 64))\n"
+              "stowage.fit(model, torch.optim.AdamW, torch.zeros(2, 8, dtype=torch.long))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "stowage.enable(device='cpu'" in result.stderr
+
+
+def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any) -> None:
+    snapshot = tmp_path / "demo.pickle"
+    result = subprocess.run([sys.executable, "-m", "stowage", "demo", "--steps", "2", "--snapshot", str(snapshot)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "As it is (torch's AdamW, no plan): out of memory" in result.stdout
+    assert "step does not fit whole: recorded at batch" in result.stdout
+    assert "With stowage.fit: 2 steps trained" in result.stdout and snapshot.stat().st_size > 0
