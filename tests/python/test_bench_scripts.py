@@ -80,3 +80,22 @@ def test_the_plan_budget_benchmark_reports_every_repeat_at_every_budget() -> Non
     assert all(row[-1] == "True" for row in rows), "a plan changed the gradients"
     summary = done.stdout.split("budget      plan")[1].splitlines()[1:]
     assert len(summary) == 3 and all(line.count("MiB") >= 4 for line in summary), summary
+
+
+def test_the_fit_search_finds_more_tokens_with_stowage_than_without(tmp_path: Path) -> None:
+    output = tmp_path / "search.json"
+    tiny = ["--capacity", "64MiB", "--hidden", "128", "--vocab", "1024", "--seq", "64", "--layers", "4",
+            "--max-batch", "64", "--steps", "2", "--searches", "tokens"]
+    done = subprocess.run([sys.executable, str(E2E / "fit_search.py"), *tiny, "--configs", "torch",
+                           "stowage+plan+optimizer", "--json", str(output)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    stock, fitted = json.loads(output.read_text())["results"]
+    assert stock["most_tokens"] is not None and fitted["most_tokens"] is not None
+    assert fitted["most_tokens"]["batch"] > stock["most_tokens"]["batch"]
+    # bracketing then bisecting: every point probed once, the answer fits and the next does not
+    for result in (stock, fitted):
+        batches = [p["batch"] for p in result["probes"]["tokens"]]
+        assert len(batches) == len(set(batches))
+        answer = result["most_tokens"]["batch"]
+        assert any(p["batch"] == answer + 1 and not p["fits"] for p in result["probes"]["tokens"]) or answer == 64
+    assert "| stowage+plan+optimizer |" in done.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,3 +139,10 @@ def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any)
     assert "As it is (torch's AdamW, no plan): out of memory" in result.stdout
     assert "step does not fit whole: recorded at batch" in result.stdout
     assert "With stowage.fit: 2 steps trained" in result.stdout and snapshot.stat().st_size > 0
+
+
+def test_the_plain_loop_example_trains_where_torch_s_adamw_cannot() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "plain_loop.py"
+    result = subprocess.run([sys.executable, str(example), "--steps", "2"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "<- chosen" in result.stdout and "step 1: loss" in result.stdout

@@ -14,6 +14,7 @@ from stowage.fitting.choosing import Option, choose
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _torch_module
+from stowage.offload.sharded import local
 from stowage.plan import LifetimeProfile
 
 
@@ -41,7 +42,7 @@ def check_allocator(device: torch.device) -> None:
         raise ValueError(f"stowage.fit trains on a CUDA device or in CPU mode, not on {device.type!r}")
 
 
-def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device,
+def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capacity: int,
              cost: dict[str, float] | None) -> tuple[LifetimeProfile, str]:
     """The step's lifetime profile at the example's sizes: recorded whole when it fits, else at a
     grid of smaller sizes cut from the example and evaluated at the example's (stowage.plan.sizes)."""
@@ -59,11 +60,29 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device,
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
     grid = profiling_grid(full)
-    sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind, cost=cost,
-                                 model=model)
+    failure = ""
+    try:
+        sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind, cost=cost,
+                                     model=model)
+    except torch.OutOfMemoryError as error:
+        failure = str(error).splitlines()[0]  # (the error's frames hold the failed step's tensors)
+    if failure:
+        model.zero_grad(set_to_none=True)
+        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()}, failure)
     at = {name: full[name] for name in grid}
     shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
     return sized.at(at), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+
+
+def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[str, int],
+               failure: str) -> torch.OutOfMemoryError:
+    trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return torch.OutOfMemoryError(
+        f"stowage.fit: the step does not fit even cut to {_describe(smallest)}, the smallest size it is recorded "
+        f"at. In use before it: {stowage.format_bytes(stowage.memory_allocated(device))} of "
+        f"{stowage.format_bytes(capacity)}; its gradients add {stowage.format_bytes(trainable)}. The model is too "
+        "large for this device whatever the plan: shard it over more devices (FSDP2) or train it in lower "
+        f"precision.\n({failure})")
 
 
 def _describe(sizes: dict[str, int]) -> str:
@@ -107,10 +126,12 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int) -> torc
 
 def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
         example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
-        verbose: bool = True, cost: dict[str, float] | None = None) -> Fitted:
+        verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True) -> Fitted:
     """Fits ``model``'s training step to its device; see stowage.fitting. ``example_batch``: the
     largest batch the loop trains on. ``budget``: the device memory training may use (default:
-    all of it). ``cost``: the planner's cost model (measured when not given)."""
+    all of it). ``cost``: the planner's cost model (measured when not given).
+    ``offload_optimizer=False`` keeps the factory's optimizer with all its states on the device
+    (the plan alone makes room)."""
     loss_fn = loss_fn or default_loss
     parameters = list(model.parameters())
     device = _device_of(parameters)
@@ -121,11 +142,11 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
-    profile, recorded = _profile(model, loss_fn, example_batch, device, cost)
+    profile, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost)
     model.zero_grad(set_to_none=True)
     memory = measure(parameters, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     rates = measure_rates(device, parameters[0].dtype)
-    can_offload = type(optimizer) is torch.optim.AdamW
+    can_offload = offload_optimizer and type(optimizer) is torch.optim.AdamW
     best, options = choose(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
     fraction = _agreed_fraction(best)
     if fraction is None:
