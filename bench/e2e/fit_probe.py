@@ -15,7 +15,7 @@ Configurations (the LM loss is chunked in every one, stowage.models.llama's chun
   stowage+offload         stowage.offload.activations() around forward and backward
   stowage+plan            stowage.fit with the optimizer's states kept on the device
   stowage+plan+optimizer  stowage.fit: states where it chooses, activations planned
-Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
+FIT_VERBOSE=1 in the environment prints fit's decision table. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
 tokens a second over the steps after the first two (median), peak memory.
 """
 

@@ -136,7 +136,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     parameters = list(model.parameters())
     device = _device_of(parameters)
     check_allocator(device)
-    capacity = int(_torch_module().capacity(-1 if device.type == "cpu" else device.index or 0))
+    index = -1 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
+    capacity = int(_torch_module().capacity(index))
     if budget is not None:
         capacity = min(capacity, _bytes(budget))
     optimizer = optimizer_factory(parameters)
@@ -152,6 +153,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     if fraction is None:
         raise _no_fit(options, memory, profile.unconstrained_peak_bytes)
     chosen = next(o for o in options if o.fraction == fraction)
+    if not chosen.feasible:  # rank 0's share does not fit this rank's device
+        raise _no_fit([chosen], memory, profile.unconstrained_peak_bytes)
     if fraction < 1.0:
         optimizer = _offloaded(optimizer, fraction, model)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
