@@ -5,7 +5,6 @@ activations they displace is in these times."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,6 +12,7 @@ import torch
 
 from stowage.memory import _torch_module
 from stowage.offload.update_worker import cpus_near
+from stowage.plan.calibration import best_seconds
 
 HOST_PROBE_NUMEL = 1 << 22  # beyond the caches, as the states are
 DEVICE_PROBE_NUMEL = 1 << 18
@@ -25,16 +25,10 @@ class UpdateRates:
     device_ms_per_parameter: float
 
 
-def _best_ms(run: Callable[[], None], synchronize: Callable[[], None], repeats: int = 3) -> float:
+def _best_ms(run: Callable[[], None], synchronize: Callable[[], None]) -> float:
     run()  # first touches
     synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize()
-        best = min(best, (time.perf_counter() - start) * 1e3)
-    return best
+    return best_seconds(run, synchronize) * 1e3
 
 
 def _host_ms(device: torch.device, dtype: torch.dtype) -> float:

@@ -17,7 +17,8 @@ SMALLEST_CALIBRATION_BYTES = 1 << 20
 PREFETCH_PAGES = 2
 
 
-def _best_seconds(copy: Any, synchronize: Any, repeats: int = 3) -> float:
+def best_seconds(copy: Any, synchronize: Any, repeats: int = 3) -> float:
+    """The shortest of `repeats` runs of `copy`, each timed between two `synchronize` calls."""
     best = float("inf")
     for _ in range(repeats):
         synchronize()
@@ -51,8 +52,8 @@ def _measure_at(device: Any, size: int) -> dict[str, float]:
         on_device = torch.empty(count, dtype=torch.float32, device=device)
         pinned = torch.empty(count, dtype=torch.float32, pin_memory=True)
         sync = torch.cuda.synchronize
-        to_host = _best_seconds(lambda: pinned.copy_(on_device, non_blocking=True), sync)
-        to_device = _best_seconds(lambda: on_device.copy_(pinned, non_blocking=True), sync)
+        to_host = best_seconds(lambda: pinned.copy_(on_device, non_blocking=True), sync)
+        to_device = best_seconds(lambda: on_device.copy_(pinned, non_blocking=True), sync)
     else:
         from stowage.memory import _torch_module
 
@@ -64,7 +65,7 @@ def _measure_at(device: Any, size: int) -> dict[str, float]:
             packed = module.TensorPager(0).pack(tensor)
             module.TensorPager.unpack(packed)
 
-        to_host = to_device = _best_seconds(round_trip, lambda: None) / 2
+        to_host = to_device = best_seconds(round_trip, lambda: None) / 2
         module.offload_end_step()
     return {"to_host_bytes_per_ms": size / (to_host * 1e3),
             "to_device_bytes_per_ms": size / (to_device * 1e3),
