@@ -121,6 +121,19 @@ def test_what_cannot_fit_is_refused_with_every_share_weighed(capsys: Any) -> Non
         stowage.fit(model, used, tokens, loss_fn=loss_fn)
 
 
+def test_ranks_agree_on_a_share_every_rank_fits_timed_by_the_slowest() -> None:
+    from stowage.fitting.choosing import agree, pick
+
+    assert pick({1.0: 100.0, 0.5: 99.0, 0.0: 90.0}) == 0.0  # the fastest, beyond the tie
+    assert pick({1.0: 102.0, 0.5: 100.0}) == 1.0  # within 3%: the most states on the device
+    assert pick({}) is None
+    # rank 0 alone would keep half the states; rank 1's device cannot, so both keep a quarter
+    assert agree([{0.5: 100.0, 0.25: 100.0, 0.0: 100.0}, {0.25: 100.0, 0.0: 100.0}]) == 0.25
+    # the slowest rank's time decides: a quarter is 10% slower on rank 1
+    assert agree([{0.25: 100.0, 0.0: 100.0}, {0.25: 110.0, 0.0: 100.0}]) == 0.0
+    assert agree([{0.5: 100.0}, {0.25: 100.0}]) is None
+
+
 def test_a_device_stowage_does_not_serve_is_refused_with_the_fix() -> None:
     with pytest.raises(RuntimeError, match="STOWAGE_ALLOC_CONF(.|\n)*stowage.enable"):
         check_allocator(torch.device("cuda"))

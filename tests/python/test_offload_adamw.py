@@ -334,9 +334,10 @@ def run_two_ranks(script_text: str, tmp_path: Path, *extra: str) -> tuple[Any, A
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp_path / f"rank{r}.pt"), *extra],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    for rank in ranks:
-        output, _ = rank.communicate(timeout=240)
-        assert rank.returncode == 0, output
+    outputs = [rank.communicate(timeout=240)[0] for rank in ranks]
+    # both ranks' outputs: when one rank fails, the other usually reports only the closed connection
+    assert all(rank.returncode == 0 for rank in ranks), "\n".join(
+        f"rank {r} exited {rank.returncode}:\n{output}" for r, (rank, output) in enumerate(zip(ranks, outputs)))
     return torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
 
 

@@ -14,7 +14,8 @@ under that room), takes the fastest predicted step that fits, and prints its dec
 States that do not all fit move to host memory (stowage.offload.AdamW with the share chosen as
 ``device_fraction``). The returned ``Fitted`` runs steps (``fitted.step(batch)``) or wraps a
 loop's own forward and backward (``with fitted:``), with ``fitted.optimizer`` in place of the
-factory's. Under torch.distributed each rank fits its own step and all take rank 0's share.
+factory's. Under torch.distributed each rank fits its own step and all take one share: the one
+that fits every rank's device, weighed by the slowest rank's predicted step.
 """
 
 from stowage.fitting.fit import check_allocator, fit

@@ -69,15 +69,30 @@ def _option(profile: LifetimeProfile, memory: DeviceMemory, rates: UpdateRates, 
     return Option(fraction, budget, plan, peak, update_ms, "")
 
 
+def pick(step_ms: dict[float, float]) -> float | None:
+    """The share to take, from the feasible shares' predicted step times: the fastest, where
+    predictions within TIE of it are not told apart and the most states on the device wins."""
+    if not step_ms:
+        return None
+    fastest = min(step_ms.values())
+    return max(fraction for fraction, ms in step_ms.items() if ms <= fastest * (1 + TIE))
+
+
+def agree(per_rank: list[dict[float, float]]) -> float | None:
+    """One share for ranks that train in step, from each rank's feasible shares and predicted
+    times: a share feasible on every rank, timed by its slowest rank (the step waits for it)."""
+    common = set.intersection(*(set(times) for times in per_rank)) if per_rank else set()
+    return pick({fraction: max(times[fraction] for times in per_rank) for fraction in common})
+
+
+def feasible_times(options: list[Option]) -> dict[float, float]:
+    return {o.fraction: o.step_ms for o in options if o.feasible}
+
+
 def choose(profile: LifetimeProfile, memory: DeviceMemory, rates: UpdateRates, *, can_offload: bool,
            foreach: bool) -> tuple[Option | None, list[Option]]:
     """(the fastest feasible option or None, every option weighed)."""
     fractions = FRACTIONS if can_offload else (1.0,)
     options = [_option(profile, memory, rates, f, foreach) for f in fractions]
-    feasible = [o for o in options if o.feasible]
-    if not feasible:
-        return None, options
-    fastest = min(o.step_ms for o in feasible)
-    # Predictions within TIE of the fastest are not told apart: the most states on the device wins.
-    best = max((o for o in feasible if o.step_ms <= fastest * (1 + TIE)), key=lambda o: o.fraction)
-    return best, options
+    fraction = pick(feasible_times(options))
+    return next((o for o in options if o.fraction == fraction), None), options

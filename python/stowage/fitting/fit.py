@@ -10,7 +10,7 @@ import torch
 import stowage
 from stowage.fitting.accounting import DeviceMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, batch_sizes, cut, default_loss, profiling_grid
-from stowage.fitting.choosing import Option, choose
+from stowage.fitting.choosing import Option, agree, choose, feasible_times, pick
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _torch_module
@@ -102,19 +102,21 @@ def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any) ->
     return offloaded
 
 
-def _agreed_fraction(best: Option | None) -> float | None:
-    """Under torch.distributed, rank 0's choice on every rank: where the update runs changes its
-    rounding, and parameters must stay identical across ranks."""
-    fraction = None if best is None else best.fraction
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        shared = [fraction]
-        torch.distributed.broadcast_object_list(shared, src=0)
-        fraction = shared[0]
-    return fraction
+def _agreed_fraction(options: list[Option]) -> float | None:
+    """The share this process takes. Under torch.distributed every rank takes the same one (where
+    the update runs changes its rounding, and parameters must stay identical across ranks): one
+    that fits every rank's device, weighed by the slowest rank's prediction."""
+    mine = feasible_times(options)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return pick(mine)
+    every: list[dict[float, float]] = [{} for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather_object(every, mine)
+    return agree(every)
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int) -> torch.OutOfMemoryError:
-    lines = [f"  {o.fraction:.0%} of the states on the device: {o.reason}" for o in options]
+    lines = [f"  {o.fraction:.0%} of the states on the device: {o.reason or 'fits here, not on every rank'}"
+             for o in options]
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit in {stowage.format_bytes(memory.usable)} usable "
         f"({stowage.format_bytes(memory.in_use)} in use before it, states "
@@ -148,13 +150,11 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     memory = measure(parameters, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     rates = measure_rates(device, parameters[0].dtype)
     can_offload = offload_optimizer and type(optimizer) is torch.optim.AdamW
-    best, options = choose(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
-    fraction = _agreed_fraction(best)
+    _, options = choose(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
+    fraction = _agreed_fraction(options)
     if fraction is None:
         raise _no_fit(options, memory, profile.unconstrained_peak_bytes)
     chosen = next(o for o in options if o.fraction == fraction)
-    if not chosen.feasible:  # rank 0's share does not fit this rank's device
-        raise _no_fit([chosen], memory, profile.unconstrained_peak_bytes)
     if fraction < 1.0:
         optimizer = _offloaded(optimizer, fraction, model)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
