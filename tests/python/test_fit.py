@@ -159,3 +159,35 @@ def test_the_plain_loop_example_trains_where_torch_s_adamw_cannot() -> None:
     result = subprocess.run([sys.executable, str(example), "--steps", "2"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "<- chosen" in result.stdout and "step 1: loss" in result.stdout
+
+
+FEATURE_ROWS_SCRIPT = """
+import torch, stowage
+from stowage.fitting.batches import batch_sizes
+stowage.enable(device="cpu", capacity="96MiB")
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(1024, 1024), torch.nn.GELU())],
+                            torch.nn.Linear(1024, 10))
+rows = (torch.randn(3072, 1024), torch.randint(0, 10, (3072,)))
+assert batch_sizes(rows) == {"batch": 3072}  # a feature row's width is not a sequence
+loss = lambda m, batch: torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
+try:  # a step that takes only the example's rows cannot be recorded at fewer
+    stowage.fit(model, torch.optim.AdamW, rows, loss_fn=lambda m, batch: m(batch[0]).view(3072, 10).sum())
+except ValueError as error:
+    print("refused:", error)
+fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, lr=1e-3), rows, loss_fn=loss)
+for step in range(2):
+    stowage.reset_peak_stats()
+    fitted.step(rows)
+    print("peak", stowage.max_memory_allocated())
+"""
+
+
+def test_feature_rows_are_cut_by_rows_only_and_a_step_that_cannot_be_cut_is_refused() -> None:
+    result = subprocess.run([sys.executable, "-c", FEATURE_ROWS_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "refused: stowage.fit: the step does not fit whole at batch 3072" in result.stdout
+    assert "fails on the cut batch (RuntimeError: shape" in result.stdout
+    assert "step does not fit whole: recorded at batch {2, 3}, planned at batch 3072" in result.stdout
+    peaks = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("peak ")]
+    assert len(peaks) == 2 and max(peaks) <= 96 << 20

@@ -3,8 +3,10 @@ cut to smaller sizes (fewer rows, shorter sequences) to profile a step that does
 
 A batch is a tensor, or a tuple / list / dict of them (other leaves pass through unchanged). Its
 batch size is the first dimension of its first tensor; its sequence length, when it has one, the
-second dimension of its first tensor of two or more dimensions. Cutting a batch cuts every tensor
-whose first dimension is the batch size, and the second dimension of those whose second is the
+second dimension of its first integer tensor of two or more dimensions (token ids). A floating
+point input's second dimension is features or channels, which a model cannot take fewer of, so a
+batch of images or feature rows has no sequence length. Cutting a batch cuts every tensor whose
+first dimension is the batch size, and the second dimension of those whose second is the
 sequence length: input ids, attention masks and labels alike.
 """
 
@@ -47,7 +49,7 @@ def batch_sizes(batch: Any) -> dict[str, int]:
     if not tensors or tensors[0].dim() == 0:
         raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
     sizes = {"batch": int(tensors[0].shape[0])}
-    sequences = [t for t in tensors if t.dim() >= 2]
+    sequences = [t for t in tensors if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex())]
     if sequences:
         sizes["seq"] = int(sequences[0].shape[1])
     return sizes

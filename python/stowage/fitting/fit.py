@@ -60,17 +60,21 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
     grid = profiling_grid(full)
-    failure = ""
+    shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
+    failure, cut_fails = "", False
     try:
         sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind, cost=cost,
                                      model=model)
     except torch.OutOfMemoryError as error:
         failure = str(error).splitlines()[0]  # (the error's frames hold the failed step's tensors)
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        failure, cut_fails = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", True
     if failure:
         model.zero_grad(set_to_none=True)
+        if cut_fails:
+            raise _cut_fails(full, shown, failure)
         raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()}, failure)
     at = {name: full[name] for name in grid}
-    shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
     return sized.at(at), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
 
 
@@ -83,6 +87,14 @@ def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[s
         f"{stowage.format_bytes(capacity)}; its gradients add {stowage.format_bytes(trainable)}. The model is too "
         "large for this device whatever the plan: shard it over more devices (FSDP2) or train it in lower "
         f"precision.\n({failure})")
+
+
+def _cut_fails(full: dict[str, int], shown: str, failure: str) -> ValueError:
+    return ValueError(
+        f"stowage.fit: the step does not fit whole at {_describe(full)}, so fit records it on the example cut "
+        f"to {shown}, and the step fails on the cut batch ({failure}). fit cuts rows (the first dimension of "
+        "every tensor with the example's rows) and sequences (the second dimension of integer tensors with the "
+        "example's length): give a step that takes fewer of them, or a budget the example's step fits in whole")
 
 
 def _describe(sizes: dict[str, int]) -> str:

@@ -37,7 +37,8 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
     use when it began) fits ``budget``; the one with the lowest peak, and a warning, when none
     does. ``at``: the sizes to plan for, for a profile recorded at several (stowage.plan.sizes);
     plan for the largest step a run takes and the plan serves the smaller ones. The cost model's
-    figures default to the profile's calibration."""
+    figures default to the profile's calibration; without ``prefetch_pages`` a plan that fits
+    only with fewer pages brought back ahead of use takes that depth."""
     limit = _bytes(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
@@ -53,23 +54,50 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
     given = {name: value for name, value in overrides.items() if value is not None}
     if given:  # the plan's own cost model; the profile keeps its calibration
         profile = dataclasses.replace(profile, cost={**profile.cost, **given})
-    decisions, simulation, fits = _core.plan_solve(profile.native_trace(), profile.native_cost(), limit, exact)
-    plan = Plan(profile, decisions, limit)
+    trace = profile.native_trace()
+    if prefetch_pages is None:
+        profile, cost, (decisions, simulation, fits) = _solve_prefetching(profile, trace, limit, exact)
+    else:
+        cost = profile.native_cost()
+        decisions, simulation, fits = _core.plan_solve(trace, cost, limit, exact)
+    plan = Plan(profile, decisions, limit, native=(trace, cost))
     if not fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
                       f"{_core.format_bytes(simulation['peak_bytes'])}", stacklevel=2)
     return plan
 
 
+def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int,
+                       exact: bool) -> tuple[LifetimeProfile, Any, tuple[list[str], dict[str, Any], bool]]:
+    """Solves at the profile's prefetch depth, then, while no plan fits, at shallower ones (the plan
+    carries its depth to the pager). A page brought back ahead holds its memory from where it is
+    asked for until its use, and the ops between may need more than was free when it came: under
+    a tight budget that overshoots where each page coming back at its use would not. When none
+    fits at any depth, the one with the lowest peak."""
+    tried = []
+    own = int(profile.cost["prefetch_pages"])
+    for depth in range(own, -1, -1):
+        at_depth = profile if depth == own else dataclasses.replace(profile, cost={**profile.cost, "prefetch_pages": depth})
+        cost = at_depth.native_cost()
+        found = _core.plan_solve(trace, cost, limit, exact)
+        if found[2]:
+            return at_depth, cost, found
+        tried.append((at_depth, cost, found))
+    return min(tried, key=lambda attempt: attempt[2][1]["peak_bytes"])
+
+
 class Plan:
     """Keep / offload / recompute per saved tensor of a profile, with its predicted outcome."""
 
-    def __init__(self, profile: LifetimeProfile, decisions: list[str], budget: int) -> None:
+    def __init__(self, profile: LifetimeProfile, decisions: list[str], budget: int, *,
+                 native: tuple[Any, Any] | None = None) -> None:
+        """``native``: the profile's trace and cost model as the C++ planner takes them, where the
+        caller has converted them already (they are built once and simulated often)."""
         if len(decisions) != len(profile.tensors):
             raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for "
                              f"{len(profile.tensors)}")
         self.profile, self.decisions, self.budget = profile, list(decisions), budget
-        self._native = (profile.native_trace(), profile.native_cost())  # built once, simulated often
+        self._native = native or (profile.native_trace(), profile.native_cost())
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.mismatches: list[str] = []
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
