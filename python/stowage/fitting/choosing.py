@@ -89,10 +89,9 @@ def feasible_times(options: list[Option]) -> dict[float, float]:
     return {o.fraction: o.step_ms for o in options if o.feasible}
 
 
-def choose(profile: LifetimeProfile, memory: DeviceMemory, rates: UpdateRates, *, can_offload: bool,
-           foreach: bool) -> tuple[Option | None, list[Option]]:
-    """(the fastest feasible option or None, every option weighed)."""
+def weigh(profile: LifetimeProfile, memory: DeviceMemory, rates: UpdateRates, *, can_offload: bool,
+          foreach: bool) -> list[Option]:
+    """Every share weighed (all of them on the device only, when states cannot move); `pick`, or
+    `agree` across ranks, takes one."""
     fractions = FRACTIONS if can_offload else (1.0,)
-    options = [_option(profile, memory, rates, f, foreach) for f in fractions]
-    fraction = pick(feasible_times(options))
-    return next((o for o in options if o.fraction == fraction), None), options
+    return [_option(profile, memory, rates, f, foreach) for f in fractions]

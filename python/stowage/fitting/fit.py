@@ -10,7 +10,7 @@ import torch
 import stowage
 from stowage.fitting.accounting import DeviceMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, batch_sizes, cut, default_loss, profiling_grid
-from stowage.fitting.choosing import Option, agree, choose, feasible_times, pick
+from stowage.fitting.choosing import Option, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _torch_module
@@ -162,7 +162,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     memory = measure(parameters, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     rates = measure_rates(device, parameters[0].dtype)
     can_offload = offload_optimizer and type(optimizer) is torch.optim.AdamW
-    _, options = choose(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
+    options = weigh(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
     fraction = _agreed_fraction(options)
     if fraction is None:
         raise _no_fit(options, memory, profile.unconstrained_peak_bytes)

@@ -55,11 +55,8 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
     if given:  # the plan's own cost model; the profile keeps its calibration
         profile = dataclasses.replace(profile, cost={**profile.cost, **given})
     trace = profile.native_trace()
-    if prefetch_pages is None:
-        profile, cost, (decisions, simulation, fits) = _solve_prefetching(profile, trace, limit, exact)
-    else:
-        cost = profile.native_cost()
-        decisions, simulation, fits = _core.plan_solve(trace, cost, limit, exact)
+    shallowest = int(profile.cost["prefetch_pages"]) if prefetch_pages is not None else 0
+    profile, cost, (decisions, simulation, fits) = _solve_prefetching(profile, trace, limit, exact, shallowest)
     plan = Plan(profile, decisions, limit, native=(trace, cost))
     if not fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
@@ -67,16 +64,16 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
     return plan
 
 
-def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int,
-                       exact: bool) -> tuple[LifetimeProfile, Any, tuple[list[str], dict[str, Any], bool]]:
-    """Solves at the profile's prefetch depth, then, while no plan fits, at shallower ones (the plan
-    carries its depth to the pager). A page brought back ahead holds its memory from where it is
+def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int, exact: bool,
+                       shallowest: int) -> tuple[LifetimeProfile, Any, tuple[list[str], dict[str, Any], bool]]:
+    """Solves at the profile's prefetch depth, then, while no plan fits, at shallower ones down to
+    `shallowest` (the plan carries its depth to the pager). A page brought back ahead holds its memory from where it is
     asked for until its use, and the ops between may need more than was free when it came: under
     a tight budget that overshoots where each page coming back at its use would not. When none
     fits at any depth, the one with the lowest peak."""
     tried = []
     own = int(profile.cost["prefetch_pages"])
-    for depth in range(own, -1, -1):
+    for depth in range(own, shallowest - 1, -1):
         at_depth = profile if depth == own else dataclasses.replace(profile, cost={**profile.cost, "prefetch_pages": depth})
         cost = at_depth.native_cost()
         found = _core.plan_solve(trace, cost, limit, exact)
