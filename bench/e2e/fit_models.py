@@ -20,7 +20,6 @@ import datetime
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,15 +90,11 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_point(args: argparse.Namespace, model: str, config: str, rows: int) -> dict[str, Any]:
+    from fit_search import probe_in_process
+
     command = [sys.executable, __file__, "--probe", "--model", model, "--config", config, "--rows", str(rows),
                "--capacity", args.capacity, "--steps", str(args.steps)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=args.probe_timeout)
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"model": model, "config": config, "rows": rows, "fits": False,
-                "why": f"exit status {completed.returncode}: {tail[0][:300]}"}
-    return dict(json.loads(lines[-1]))
+    return probe_in_process(command, args.probe_timeout, {"model": model, "config": config, "rows": rows})
 
 
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:

@@ -31,18 +31,23 @@ GPU_CONFIGS = ("torch", "torch+checkpoint", "torch+expandable", "stowage", "stow
                "stowage+plan+optimizer")
 
 
+def probe_in_process(command: list[str], timeout: float, point: dict[str, Any]) -> dict[str, Any]:
+    """Runs one probe command in a fresh process: the JSON line it prints last, or `point` marked
+    as not fitting with why (the exit status and the output's last line)."""
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {**point, "fits": False, "why": f"exit status {completed.returncode}: {tail[0][:300]}"}
+    return dict(json.loads(lines[-1]))
+
+
 def run_probe(args: argparse.Namespace, config: str, layers: int, batch: int) -> dict[str, Any]:
     command = [sys.executable, str(HERE / "fit_probe.py"), "--config", config, "--device", args.device,
                "--capacity", args.capacity, "--hidden", str(args.hidden), "--heads", str(args.heads),
                "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--layers", str(layers),
                "--batch", str(batch), "--seq", str(args.seq), "--steps", str(args.steps)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=args.probe_timeout)
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"config": config, "layers": layers, "batch": batch, "fits": False,
-                "why": f"exit status {completed.returncode}: {tail[0][:300]}"}
-    return dict(json.loads(lines[-1]))
+    return probe_in_process(command, args.probe_timeout, {"config": config, "layers": layers, "batch": batch})
 
 
 def search(probe: Callable[[int], dict[str, Any]], start: int, limit: int) -> tuple[dict[str, Any] | None, list[dict]]:

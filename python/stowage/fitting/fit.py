@@ -13,7 +13,7 @@ from stowage.fitting.batches import LossFn, batch_sizes, cut, default_loss, prof
 from stowage.fitting.choosing import Option, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.update_rates import measure_rates
-from stowage.memory import _bytes, _torch_module
+from stowage.memory import _bytes, _index, _torch_module
 from stowage.offload.sharded import local
 from stowage.plan import LifetimeProfile
 
@@ -150,8 +150,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     parameters = list(model.parameters())
     device = _device_of(parameters)
     check_allocator(device)
-    index = -1 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
-    capacity = int(_torch_module().capacity(index))
+    capacity = int(_torch_module().capacity(_index(device)))
     if budget is not None:
         capacity = min(capacity, _bytes(budget))
     optimizer = optimizer_factory(parameters)

@@ -67,10 +67,10 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
 def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int, exact: bool,
                        shallowest: int) -> tuple[LifetimeProfile, Any, tuple[list[str], dict[str, Any], bool]]:
     """Solves at the profile's prefetch depth, then, while no plan fits, at shallower ones down to
-    `shallowest` (the plan carries its depth to the pager). A page brought back ahead holds its memory from where it is
-    asked for until its use, and the ops between may need more than was free when it came: under
-    a tight budget that overshoots where each page coming back at its use would not. When none
-    fits at any depth, the one with the lowest peak."""
+    `shallowest` (the plan carries its depth to the pager). A page brought back ahead holds its
+    memory from where it is asked for until its use, and the ops between may need more than was
+    free when it came: under a tight budget that overshoots where each page coming back at its use
+    would not. When none fits at any depth, the one with the lowest peak."""
     tried = []
     own = int(profile.cost["prefetch_pages"])
     for depth in range(own, shallowest - 1, -1):
