@@ -19,23 +19,30 @@ constexpr std::size_t kMinPerThread = 1 << 16;
 
 // The per-step scalars, computed once in double as torch does, then applied in float.
 struct StepScalars {
-  float keep;             // 1 - lr * weight_decay
+  float keep;             // AdamW: 1 - lr * weight_decay (1 for Adam)
+  float l2;               // Adam: weight_decay, the penalty added to the gradient (0 for AdamW)
   float one_minus_beta1;  // the lerp weight of the first moment
   float beta2;
   float one_minus_beta2;
   float step_size;        // lr / (1 - beta1^step)
   float inv_bias2_sqrt;   // 1 / sqrt(1 - beta2^step)
   float eps;
-  float grad_scale;       // applied to each gradient as it is read
+  float grad_scale;       // applied to each gradient as it is read; negative to maximize
 };
 
 StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
   const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
-  return {static_cast<float>(1.0 - h.lr * h.weight_decay), static_cast<float>(1.0 - h.beta1),
-          static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2), static_cast<float>(h.lr / bias1),
-          static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(h.eps),
-          static_cast<float>(h.grad_scale)};
+  const double decay = h.decoupled_weight_decay ? h.weight_decay : 0.0;
+  return {static_cast<float>(1.0 - h.lr * decay),
+          static_cast<float>(h.decoupled_weight_decay ? 0.0 : h.weight_decay),
+          static_cast<float>(1.0 - h.beta1),
+          static_cast<float>(h.beta2),
+          static_cast<float>(1.0 - h.beta2),
+          static_cast<float>(h.lr / bias1),
+          static_cast<float>(1.0 / std::sqrt(bias2)),
+          static_cast<float>(h.eps),
+          static_cast<float>(h.maximize ? -h.grad_scale : h.grad_scale)};
 }
 
 template <ElementType T>
@@ -68,35 +75,67 @@ template <ElementType T>
   }
 }
 
+// torch's lerp(m, g, w): the form it takes depends on the weight, and so do the roundings.
+[[gnu::always_inline]] inline float lerp(float m, float g, float w) {
+  return w < 0.5f ? m + w * (g - m) : g - (g - m) * (1.0f - w);
+}
+
+// The larger of the running maximum and the new second moment; NaN in either stays NaN, as
+// torch.maximum keeps it.
+[[gnu::always_inline]] inline float running_max(float seen, float now) {
+  return (seen > now || seen != seen) ? seen : now;
+}
+
 // One chunk: the update, then the output conversion while the masters are still in cache.
 // Restrict-qualified so that the compiler vectorises without alias checks (AdamWBuffers' rule).
-template <ElementType G, ElementType O, bool kOut>
+// kL2: Adam's penalty (a weight_decay of 0 takes the branch without it, so an infinite weight
+// cannot turn a gradient into NaN through 0 * inf); kAmsgrad: the running maximum of v.
+template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
 [[gnu::always_inline]] inline void update_range(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
                                                 std::size_t end) {
   // Locals, not s's fields: a store through master could otherwise alias them.
-  const float keep = s.keep, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
+  const float keep = s.keep, l2 = s.l2, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
   const float step_size = s.step_size, inv_bias2_sqrt = s.inv_bias2_sqrt, eps = s.eps;
   const float grad_scale = s.grad_scale;
   float* __restrict master = b.master;
   float* __restrict m = b.exp_avg;
   float* __restrict v = b.exp_avg_sq;
+  float* __restrict v_max = b.max_exp_avg_sq;
   const void* grad = b.grad;
   void* out = b.out;
   for (std::size_t start = begin; start < end; start += kChunk) {
     const std::size_t stop = std::min(end, start + kChunk);
     for (std::size_t i = start; i < stop; ++i) {
-      const float g = load<G>(grad, i) * grad_scale;
+      float g = load<G>(grad, i) * grad_scale;
+      if constexpr (kL2) g = g + l2 * master[i];
       const float p = master[i] * keep;
-      const float m_new = m[i] + w1 * (g - m[i]);
+      const float m_new = lerp(m[i], g, w1);
       const float v_new = v[i] * beta2 + w2 * g * g;
       m[i] = m_new;
       v[i] = v_new;
-      master[i] = p - step_size * m_new / (std::sqrt(v_new) * inv_bias2_sqrt + eps);
+      float v_hat = v_new;
+      if constexpr (kAmsgrad) {
+        v_hat = running_max(v_max[i], v_new);
+        v_max[i] = v_hat;
+      }
+      master[i] = p - step_size * m_new / (std::sqrt(v_hat) * inv_bias2_sqrt + eps);
     }
     if constexpr (kOut) {
       for (std::size_t i = start; i < stop; ++i) store<O>(out, i, master[i]);
     }
   }
+}
+
+// The variant for the step's penalty and amsgrad, chosen once per range.
+template <ElementType G, ElementType O, bool kOut>
+[[gnu::always_inline]] inline void update_variant(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
+                                                  std::size_t end) {
+  const bool l2 = s.l2 != 0.0f;
+  const bool amsgrad = b.max_exp_avg_sq != nullptr;
+  if (l2 && amsgrad) return update_range<G, O, kOut, true, true>(s, b, begin, end);
+  if (l2) return update_range<G, O, kOut, true, false>(s, b, begin, end);
+  if (amsgrad) return update_range<G, O, kOut, false, true>(s, b, begin, end);
+  update_range<G, O, kOut, false, false>(s, b, begin, end);
 }
 
 using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::size_t, std::size_t);
@@ -112,7 +151,7 @@ using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::siz
 #define STOWAGE_ADAMW_RANGE(name, G, O, OUT)                                                          \
   STOWAGE_ADAMW_CLONES void name(                                                                    \
       const StepScalars& s, const AdamWBuffers& b, std::size_t begin, std::size_t end) {             \
-    update_range<ElementType::G, ElementType::O, OUT>(s, b, begin, end);                             \
+    update_variant<ElementType::G, ElementType::O, OUT>(s, b, begin, end);                             \
   }
 STOWAGE_ADAMW_RANGE(range_f32_none, kFloat32, kFloat32, false)
 STOWAGE_ADAMW_RANGE(range_bf16_none, kBFloat16, kFloat32, false)
@@ -163,6 +202,7 @@ AdamWBuffers slice(const AdamWBuffers& b, std::size_t begin, std::size_t end) {
   out.exp_avg_sq = b.exp_avg_sq + begin;
   out.grad = static_cast<const unsigned char*>(b.grad) + begin * element_size(b.grad_type);
   if (b.out != nullptr) out.out = static_cast<unsigned char*>(b.out) + begin * element_size(b.out_type);
+  if (b.max_exp_avg_sq != nullptr) out.max_exp_avg_sq = b.max_exp_avg_sq + begin;
   out.count = end - begin;
   return out;
 }
@@ -202,13 +242,20 @@ void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, 
       case ElementType::kBFloat16: g = load<ElementType::kBFloat16>(b.grad, i); break;
       case ElementType::kFloat16: g = load<ElementType::kFloat16>(b.grad, i); break;
     }
-    g *= static_cast<double>(static_cast<float>(hyper.grad_scale));
-    const double p = b.master[i] * (1.0 - hyper.lr * hyper.weight_decay);
+    g *= static_cast<double>(static_cast<float>(hyper.maximize ? -hyper.grad_scale : hyper.grad_scale));
+    const double decay = hyper.decoupled_weight_decay ? hyper.weight_decay : 0.0;
+    if (!hyper.decoupled_weight_decay) g += hyper.weight_decay * b.master[i];
+    const double p = b.master[i] * (1.0 - hyper.lr * decay);
     const double m = hyper.beta1 * b.exp_avg[i] + (1.0 - hyper.beta1) * g;
     const double v = hyper.beta2 * b.exp_avg_sq[i] + (1.0 - hyper.beta2) * g * g;
     b.exp_avg[i] = static_cast<float>(m);
     b.exp_avg_sq[i] = static_cast<float>(v);
-    b.master[i] = static_cast<float>(p - hyper.lr / bias1 * m / (std::sqrt(v) / std::sqrt(bias2) + hyper.eps));
+    double v_hat = v;
+    if (b.max_exp_avg_sq != nullptr) {
+      b.max_exp_avg_sq[i] = std::max(b.max_exp_avg_sq[i], static_cast<float>(v));
+      v_hat = b.max_exp_avg_sq[i];
+    }
+    b.master[i] = static_cast<float>(p - hyper.lr / bias1 * m / (std::sqrt(v_hat) / std::sqrt(bias2) + hyper.eps));
     if (b.out == nullptr) continue;
     switch (b.out_type) {
       case ElementType::kFloat32: store<ElementType::kFloat32>(b.out, i, b.master[i]); break;

@@ -1,8 +1,9 @@
-// The host half of the offloaded optimizer: AdamW (decoupled weight decay, torch.optim.AdamW's
-// update) over fp32 master weights and moments in one pass, gradients read in bf16, fp16 or fp32,
-// and the updated parameters written in the device's precision for the copy back. One pass over
-// the 28 bytes a parameter the job must touch (master, two moments, gradient in, parameter out),
-// in chunks small enough that the update and the output conversion share the cache.
+// The host half of the offloaded optimizer: torch.optim.Adam's update (AdamW's decoupled weight
+// decay or Adam's L2 penalty, maximize, amsgrad) over fp32 master weights and moments in one pass,
+// gradients read in bf16, fp16 or fp32, and the updated parameters written in the device's
+// precision for the copy back. One pass over the 28 bytes a parameter the job must touch (master,
+// two moments, gradient in, parameter out; amsgrad adds its maximum), in chunks small enough that
+// the update and the output conversion share the cache.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +24,12 @@ struct AdamWHyperparameters {
   // Multiplies each gradient as it is read: 1 / the loss scale, times the clipping coefficient,
   // so that neither needs a pass of its own over the gradients.
   double grad_scale = 1.0;
+  // true: AdamW's decay, the weights shrunk by lr * weight_decay; false: Adam's L2 penalty,
+  // weight_decay * weight added to the gradient before the moments take it (torch's order:
+  // unscaled, negated for maximize, then the penalty).
+  bool decoupled_weight_decay = true;
+  // Ascends the objective: the gradient is negated as it is read (torch's maximize).
+  bool maximize = false;
 };
 
 // One tensor's (or one bucket's) buffers, all `count` elements long. The fp32 buffers are updated
@@ -37,6 +44,8 @@ struct AdamWBuffers {
   void* out = nullptr;
   ElementType out_type = ElementType::kFloat32;
   std::size_t count = 0;
+  // amsgrad: the largest second moment seen, updated in place; null without amsgrad.
+  float* max_exp_avg_sq = nullptr;
 };
 
 // Elements [begin, end) of `buffers`, for callers that split the work themselves.

@@ -113,6 +113,99 @@ TEST(AdamWKernel, MatchesTheReferenceForEveryPrecisionSizeAndAlignment) {
   }
 }
 
+// Adam's L2 penalty, maximize and amsgrad against the reference, on sizes with tails, unaligned.
+TEST(AdamWKernel, EveryVariantOfTheUpdateMatchesTheReference) {
+  std::mt19937 random(13);
+  for (const bool decoupled : {true, false}) {
+    for (const bool maximize : {false, true}) {
+      for (const bool amsgrad : {false, true}) {
+        AdamWHyperparameters hyper{1e-3, 0.9, 0.999, 1e-8, 0.05, 0.5};
+        hyper.decoupled_weight_decay = decoupled;
+        hyper.maximize = maximize;
+        for (const std::size_t count : {std::size_t{5}, std::size_t{2049}, std::size_t{70001}}) {
+          State fast = random_state(count, ElementType::kBFloat16, ElementType::kBFloat16, random);
+          State slow = fast;
+          std::vector<float> fast_max(count + 1, 0.0f), slow_max(count + 1, 0.0f);
+          for (std::int64_t step = 1; step <= 4; ++step) {
+            AdamWBuffers a = buffers_of(fast, 1, count, ElementType::kBFloat16, ElementType::kBFloat16, true);
+            AdamWBuffers b = buffers_of(slow, 1, count, ElementType::kBFloat16, ElementType::kBFloat16, true);
+            if (amsgrad) {
+              a.max_exp_avg_sq = fast_max.data() + 1;
+              b.max_exp_avg_sq = slow_max.data() + 1;
+            }
+            adamw_step(hyper, step, a, step % 2 == 0 ? 3 : 1);
+            adamw_step_reference(hyper, step, b);
+          }
+          for (std::size_t i = 1; i <= count; ++i) {
+            expect_close(fast.master[i], slow.master[i], "master", i);
+            expect_close(fast.m[i], slow.m[i], "exp_avg", i);
+            expect_close(fast.v[i], slow.v[i], "exp_avg_sq", i);
+            expect_close(fast_max[i], slow_max[i], "max_exp_avg_sq", i);
+          }
+          EXPECT_EQ(fast_max[0], 0.0f);  // nothing before the range is touched
+        }
+      }
+    }
+  }
+}
+
+TEST(AdamWKernel, MaximizeIsTheUpdateOfTheNegatedGradientBitForBit) {
+  float up[3] = {1.0f, -2.0f, 0.5f}, m1[3] = {}, v1[3] = {};
+  float down[3] = {1.0f, -2.0f, 0.5f}, m2[3] = {}, v2[3] = {};
+  const float grad[3] = {0.5f, -3.0f, 0.25f};
+  const float negated[3] = {-0.5f, 3.0f, -0.25f};
+  for (const bool decoupled : {true, false}) {
+    AdamWHyperparameters hyper{0.01, 0.9, 0.999, 1e-8, 0.1, 0.5};
+    hyper.decoupled_weight_decay = decoupled;
+    adamw_step(hyper, 1, {down, m2, v2, negated, ElementType::kFloat32, nullptr, ElementType::kFloat32, 3});
+    hyper.maximize = true;
+    adamw_step(hyper, 1, {up, m1, v1, grad, ElementType::kFloat32, nullptr, ElementType::kFloat32, 3});
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(up[i], down[i]) << i;
+      EXPECT_EQ(m1[i], m2[i]) << i;
+      EXPECT_EQ(v1[i], v2[i]) << i;
+    }
+  }
+}
+
+TEST(AdamWKernel, AmsgradDividesByTheLargestSecondMomentSeen) {
+  // A large gradient, then a small one: v falls, its maximum stays, and the step is smaller
+  // than without amsgrad.
+  float with[1] = {1.0f}, m1[1] = {}, v1[1] = {}, v_max[1] = {};
+  float without[1] = {1.0f}, m2[1] = {}, v2[1] = {};
+  const AdamWHyperparameters hyper{0.1, 0.9, 0.5, 1e-8, 0.0};
+  const float large[1] = {10.0f}, small[1] = {0.01f};
+  AdamWBuffers a{with, m1, v1, large, ElementType::kFloat32, nullptr, ElementType::kFloat32, 1, v_max};
+  const AdamWBuffers b{without, m2, v2, large, ElementType::kFloat32, nullptr, ElementType::kFloat32, 1};
+  adamw_step(hyper, 1, a);
+  adamw_step(hyper, 1, b);
+  const float peak = v_max[0];
+  EXPECT_EQ(peak, v1[0]);
+  a.grad = small;
+  AdamWBuffers b2 = b;
+  b2.grad = small;
+  const float before_with = with[0], before_without = without[0];
+  adamw_step(hyper, 2, a);
+  adamw_step(hyper, 2, b2);
+  EXPECT_LT(v1[0], peak);
+  EXPECT_EQ(v_max[0], peak);
+  EXPECT_LT(std::abs(with[0] - before_with), std::abs(without[0] - before_without));
+}
+
+TEST(AdamWKernel, AdamsPenaltyEntersTheMomentsAndAdamWsDecayDoesNot) {
+  float adam[1] = {2.0f}, m1[1] = {}, v1[1] = {};
+  float adamw[1] = {2.0f}, m2[1] = {}, v2[1] = {};
+  const float grad[1] = {0.0f};
+  AdamWHyperparameters hyper{0.01, 0.9, 0.999, 1e-8, 0.5};
+  adamw_step(hyper, 1, {adamw, m2, v2, grad, ElementType::kFloat32, nullptr, ElementType::kFloat32, 1});
+  hyper.decoupled_weight_decay = false;
+  adamw_step(hyper, 1, {adam, m1, v1, grad, ElementType::kFloat32, nullptr, ElementType::kFloat32, 1});
+  EXPECT_EQ(m2[0], 0.0f);
+  EXPECT_FLOAT_EQ(adamw[0], 2.0f * (1 - 0.01f * 0.5f));
+  EXPECT_FLOAT_EQ(m1[0], 0.1f * 0.5f * 2.0f);  // (1 - beta1) * weight_decay * weight
+  EXPECT_NEAR(adam[0], 2.0f - 0.01f, 1e-6f);   // the first step moves by lr against the penalty
+}
+
 TEST(AdamWKernel, ThreadsGiveTheSameBitsAsOne) {
   std::mt19937 random(11);
   const AdamWHyperparameters hyper{3e-4, 0.9, 0.95, 1e-8, 0.1};

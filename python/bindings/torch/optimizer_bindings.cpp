@@ -51,6 +51,7 @@ float* fp32_data(const at::Tensor& tensor, const char* what, std::int64_t numel)
 struct UpdateArguments {
   at::Tensor master, exp_avg, exp_avg_sq, grad;
   std::optional<at::Tensor> out;
+  std::optional<at::Tensor> max_exp_avg_sq;
 };
 
 offload::AdamWBuffers buffers_of(const UpdateArguments& a) {
@@ -67,6 +68,7 @@ offload::AdamWBuffers buffers_of(const UpdateArguments& a) {
     buffers.out = a.out->mutable_data_ptr();
     buffers.out_type = element_type(*a.out, "outputs");
   }
+  if (a.max_exp_avg_sq) buffers.max_exp_avg_sq = fp32_data(*a.max_exp_avg_sq, "max_exp_avg_sq", numel);
   buffers.count = static_cast<std::size_t>(numel);
   return buffers;
 }
@@ -76,18 +78,25 @@ void bind_update(py::module_& module) {
       "adamw_update",
       [](const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
          const std::optional<at::Tensor>& out, std::int64_t step, double lr, double beta1, double beta2, double eps,
-         double weight_decay, double grad_scale, int threads) {
-        const offload::AdamWBuffers buffers = buffers_of({master, exp_avg, exp_avg_sq, grad, out});
-        const offload::AdamWHyperparameters hyper{lr, beta1, beta2, eps, weight_decay, grad_scale};
+         double weight_decay, double grad_scale, int threads, bool decoupled_weight_decay, bool maximize,
+         const std::optional<at::Tensor>& max_exp_avg_sq) {
+        const offload::AdamWBuffers buffers =
+            buffers_of({master, exp_avg, exp_avg_sq, grad, out, max_exp_avg_sq});
+        offload::AdamWHyperparameters hyper{lr, beta1, beta2, eps, weight_decay, grad_scale};
+        hyper.decoupled_weight_decay = decoupled_weight_decay;
+        hyper.maximize = maximize;
         const py::gil_scoped_release release;
         offload::adamw_step(hyper, step, buffers, threads);
       },
       py::arg("master"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("grad"), py::arg("out"),
       py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
       py::arg("weight_decay"), py::arg("grad_scale") = 1.0, py::arg("threads") = 1,
-      "One AdamW step over fp32 master weights and moments (updated in place) from `grad`, the "
-      "updated weights written to `out` (or None) in its precision, split over `threads` threads. "
-      "Releases the GIL.");
+      py::arg("decoupled_weight_decay") = true, py::arg("maximize") = false,
+      py::arg("max_exp_avg_sq") = py::none(),
+      "One Adam step (torch.optim.Adam's update; AdamW's with decoupled_weight_decay) over fp32 "
+      "master weights and moments (updated in place) from `grad`, the updated weights written to "
+      "`out` (or None) in its precision, split over `threads` threads; `max_exp_avg_sq` for "
+      "amsgrad. Releases the GIL.");
 }
 
 void bind_store(py::module_& module) {
