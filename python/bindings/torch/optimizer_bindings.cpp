@@ -10,6 +10,7 @@
 
 #include "allocator/base/errors.hpp"
 #include "offload/adamw_kernel.hpp"
+#include "python/bindings/torch/content_checksum.hpp"
 #include "python/bindings/torch/host_state_store.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 
@@ -126,6 +127,9 @@ void bind_store(py::module_& module) {
 namespace stowage::python {
 
 void bind_optimizer(py::module_& module) {
+  module.def("content_checksums", &torch_offload::content_checksums, py::arg("tensors"),
+             "[len(tensors), 3] int64 checksums of the tensors' bytes, on their device "
+             "(python/bindings/torch/content_checksum.hpp): equal bytes give equal rows.");
   torch_offload::bind_update(module);
   torch_offload::bind_store(module);
 }

@@ -1,9 +1,9 @@
 """Offload: activations paged to host memory during forward and back ahead of backward
-(``stowage.offload.activations``), and AdamW with its states in host memory, updated on the CPU
-(``stowage.offload.AdamW``).
+(``stowage.offload.activations``), and Adam / AdamW with their states in host memory, updated on
+the CPU (``stowage.offload.Adam``, ``stowage.offload.AdamW``).
 
 ``import stowage`` must not import torch (the import hook installs stowage as torch's allocator
-before torch first loads), so AdamW, whose module needs torch, is imported on first use.
+before torch first loads), so the optimizers, whose module needs torch, are imported on first use.
 """
 
 from typing import Any
@@ -12,13 +12,13 @@ from stowage.offload import activation_offload
 from stowage.offload.activation_offload import OffloadReport, activations, end_step, stats, summary_lines
 from stowage.offload.host_memory import HostMemoryError, host_room
 
-__all__ = ["AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
+__all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
            "host_room", "stats", "summary_lines"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "AdamW":
-        from stowage.offload.adamw import AdamW
+    if name in ("Adam", "AdamW"):
+        from stowage.offload import adam
 
-        return AdamW
+        return getattr(adam, name)
     raise AttributeError(f"module 'stowage.offload' has no attribute {name!r}")

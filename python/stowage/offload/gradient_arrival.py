@@ -35,27 +35,47 @@ def weak_method(method: Callable[..., None]) -> Callable[..., None]:
 
 class BackwardEnd:
     """Calls `on_end` once at the end of each backward during which arm() was called, after the
-    final callbacks already queued (DDP's included). Contract: arm() from the backward thread."""
+    final callbacks already queued (DDP's included); calls `on_abandoned` when a backward that
+    armed it never reached its end (it raised) and another begins, or when abandon() is asked.
+    Contract: arm() from the backward thread; disarm() and abandon() between backwards."""
 
-    def __init__(self, on_end: Callable[[], None]) -> None:
+    def __init__(self, on_end: Callable[[], None], on_abandoned: Callable[[], None]) -> None:
         self._on_end = on_end
-        self._armed = False
+        self._on_abandoned = on_abandoned
+        self._armed_task: int | None = None  # the graph task armed for, while it runs
+
+    @property
+    def armed(self) -> bool:
+        return self._armed_task is not None
 
     def arm(self) -> None:
-        if self._armed:
-            return
+        task = int(torch._C._current_graph_task_id())
+        if self._armed_task is not None:
+            if self._armed_task == task:
+                return
+            self.abandon()  # the backward armed for raised before its end: this is a new one
         engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
         try:
             engine.queue_callback(self._requeue)
         except RuntimeError:
             return  # not inside a backward (a gradient set by hand): step() records versions
-        self._armed = True
+        self._armed_task = task
+
+    def disarm(self) -> None:
+        """The step took what this backward gave (step() ran): nothing is pending."""
+        self._armed_task = None
+
+    def abandon(self) -> None:
+        """The armed backward will not end (it raised): tells `on_abandoned` once."""
+        if self._armed_task is not None:
+            self._armed_task = None
+            self._on_abandoned()
 
     def _requeue(self) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(self._end)  # type: ignore[attr-defined]
 
     def _end(self) -> None:
-        self._armed = False
+        self._armed_task = None
         self._on_end()
 
 

@@ -9,7 +9,8 @@ simulated device) the copies are memcpy, done when the call returns.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, ContextManager
 
 import torch
 
@@ -56,6 +57,10 @@ class HostTransfers:
             event = torch.cuda.Event()
             event.record(self.to_device)
             return event
+
+    def on_write_back_stream(self) -> ContextManager[Any]:
+        """Work issued inside runs after the write-backs issued so far (on their stream)."""
+        return torch.cuda.stream(self.to_device) if self.cuda else contextlib.nullcontext()
 
     def written_back(self) -> None:
         """Makes the compute stream wait for the write-backs issued so far."""

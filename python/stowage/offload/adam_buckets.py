@@ -1,5 +1,6 @@
-"""The offloaded AdamW's host-side layout: parameters grouped in buckets, each bucket's fp32
-master weights, moments and staging buffers as flat host tensors, each parameter a view in them.
+"""The offloaded Adam's host-side layout: parameters grouped in buckets, each bucket's fp32
+master weights, moments (and amsgrad's maximum) and staging buffers as flat host tensors, each
+parameter a view in them.
 
 A bucket holds parameters of one param group, one device and one dtype, in the order their
 gradients usually become final (reverse registration order, as DDP's buckets), up to
@@ -25,10 +26,11 @@ DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update
 class Slot:
     """One offloaded parameter: its views in the bucket and its step count.
 
-    ``final_version`` is the gradient's version when it was copied out this step, updated when
-    backward ends (None: not copied this step); ``param_version`` is the parameter's version after
-    the last write-back (a change means someone else wrote the parameter). Versions, shapes and
-    views are the local tensor's under FSDP2 (sharded.local).
+    ``index`` is its row in the optimizer's content watches (stowage.offload.content_watch).
+    ``copied`` is the gradient copied out this step (a weak reference: the optimizer never keeps a
+    gradient alive) and ``final_version`` its version then, updated when backward ends (None:
+    nothing copied this step). Versions, shapes and views are the local tensor's under FSDP2
+    (sharded.local).
     """
 
     param: torch.Tensor
@@ -38,10 +40,12 @@ class Slot:
     master: torch.Tensor
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
+    max_exp_avg_sq: torch.Tensor | None
     step: torch.Tensor
+    index: int = 0
     bucket: "Bucket | None" = None
     final_version: int | None = None
-    param_version: int = 0
+    copied: Any = None  # weakref.ref to the gradient copied out this step
 
     def grad_view(self, buffer: torch.Tensor) -> torch.Tensor:
         return buffer[self.offset:self.offset + self.numel]
@@ -56,6 +60,7 @@ class Bucket:
     master: torch.Tensor
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
+    max_exp_avg_sq: torch.Tensor | None  # amsgrad's running maximum (None without amsgrad)
     grads: list[torch.Tensor]
     out: torch.Tensor | None
     arrived: int = 0
@@ -90,16 +95,17 @@ def plan_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]],
     return buckets
 
 
-def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int) -> int:
-    """Host bytes one offloaded parameter takes: fp32 master and moments, the gradient staging
-    buffers, and an output buffer unless the parameters are fp32 (the masters are written back)."""
+def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int, amsgrad: bool = False) -> int:
+    """Host bytes one offloaded parameter takes: fp32 master and moments (and amsgrad's maximum),
+    the gradient staging buffers, and an output buffer unless the parameters are fp32 (the masters
+    are written back)."""
     element = torch.empty((), dtype=dtype).element_size()
-    return 12 + grad_buffers * element + (0 if dtype == torch.float32 else element)
+    return 12 + (4 if amsgrad else 0) + grad_buffers * element + (0 if dtype == torch.float32 else element)
 
 
 def host_bytes_needed(buckets: list[list[tuple[torch.Tensor, dict[str, Any]]]], grad_buffers: int) -> int:
-    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers) * sum(local(p).numel() for p, _ in b)
-               for b in buckets)
+    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers, bool(b[0][1].get("amsgrad")))
+               * sum(local(p).numel() for p, _ in b) for b in buckets)
 
 
 def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, grad_buffers: int) -> Bucket:
@@ -109,6 +115,7 @@ def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, 
     master = store.empty(numel, torch.float32)
     exp_avg = store.empty(numel, torch.float32).zero_()
     exp_avg_sq = store.empty(numel, torch.float32).zero_()
+    maximum = store.empty(numel, torch.float32).zero_() if members[0][1].get("amsgrad") else None
     grads = [store.empty(numel, dtype) for _ in range(grad_buffers)]
     out = None if dtype == torch.float32 else store.empty(numel, dtype)
     slots = []
@@ -118,12 +125,13 @@ def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, 
         n = shard.numel()
         view = slice(offset, offset + n)
         slot = Slot(param, group, offset, n, master[view].view(shard.shape), exp_avg[view].view(shard.shape),
-                    exp_avg_sq[view].view(shard.shape), torch.zeros((), dtype=torch.float32))
+                    exp_avg_sq[view].view(shard.shape),
+                    None if maximum is None else maximum[view].view(shard.shape),
+                    torch.zeros((), dtype=torch.float32))
         slot.master.copy_(shard.detach())
-        slot.param_version = shard._version
         slots.append(slot)
         offset += n
-    bucket = Bucket(slots, master, exp_avg, exp_avg_sq, grads, out)
+    bucket = Bucket(slots, master, exp_avg, exp_avg_sq, maximum, grads, out)
     for slot in slots:
         slot.bucket = bucket
     return bucket

@@ -1,0 +1,258 @@
+"""stowage.offload.Adam / AdamW do what torch's would in the loops people write: every option
+of torch's update, writes through ``.data``, replaced and dropped gradients, frozen and unfrozen
+parameters, a backward that raises, sparse gradients and bad state_dicts (CPU mode)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+from test_offload_adamw import batch, loss_of, make_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+MODES = ["exact", "in_backward", "delayed"]
+
+
+def pair(torch_class: Any = torch.optim.AdamW, ours: Any = None, update: str = "exact",
+         **options: Any) -> tuple[Any, Any, Any, Any]:
+    """(model, offloaded optimizer, reference model, torch's optimizer) from one seed."""
+    ours = ours or getattr(stowage.offload, torch_class.__name__)
+    model, reference = make_model(), make_model()
+    hyper = {**HYPER, **options}
+    return (model, ours(model.parameters(), **hyper, update=update, bucket_numel=1000),
+            reference, torch_class(reference.parameters(), **hyper))
+
+
+def one_step(model: Any, optimizer: Any, step: int, before_step: Callable[[Any], None] | None = None) -> None:
+    loss_of(model, batch(step)).backward()
+    if before_step is not None:
+        before_step(model)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def assert_same(model: Any, reference: Any, optimizer: Any = None, ref_optimizer: Any = None) -> None:
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=2e-6, atol=2e-7)
+    if optimizer is None:
+        return
+    ours, theirs = optimizer.state_dict()["state"], ref_optimizer.state_dict()["state"]
+    assert sorted(ours) == sorted(theirs)
+    for index in theirs:
+        for key, value in theirs[index].items():
+            torch.testing.assert_close(ours[index][key].float(), value.float(), rtol=2e-6, atol=2e-7)
+
+
+@pytest.mark.parametrize("options", [dict(maximize=True), dict(amsgrad=True), dict(maximize=True, amsgrad=True)])
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_maximize_and_amsgrad_follow_torch(options: dict[str, Any], update: str) -> None:
+    model, optimizer, reference, ref_optimizer = pair(update=update, **options)
+    for step in range(5):
+        one_step(model, optimizer, step)
+        one_step(reference, ref_optimizer, step)
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(decoupled_weight_decay=True), dict(amsgrad=True)])
+def test_adam_with_its_l2_penalty_follows_torch_adam(options: dict[str, Any]) -> None:
+    model, optimizer, reference, ref_optimizer = pair(torch.optim.Adam, **options)
+    for step in range(5):
+        one_step(model, optimizer, step)
+        one_step(reference, ref_optimizer, step)
+    assert_same(model, reference, optimizer, ref_optimizer)
+    into_torch = torch.optim.Adam(copy.deepcopy(model).parameters(), **HYPER, **options)
+    into_torch.load_state_dict(optimizer.state_dict())  # the same format both ways
+
+
+WRITES: dict[str, Callable[[Any], None]] = {
+    "fill_": lambda p: p.data.fill_(0.01),
+    "clamp_": lambda p: p.data.clamp_(-0.02, 0.02),
+    "assigned": lambda p: setattr(p, "data", p.data * 0.5),
+    "copy_": lambda p: p.data.copy_(torch.full_like(p, 0.003)),
+    "one ulp": lambda p: p.data.view(-1)[:1].copy_(torch.nextafter(p.data.view(-1)[:1], torch.ones(1))),
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_a_write_through_data_between_steps_wins(write: str, update: str) -> None:
+    model, optimizer, reference, ref_optimizer = pair(update=update)
+    for step in range(4):
+        for m, o in ((model, optimizer), (reference, ref_optimizer)):
+            one_step(m, o, step)
+            if step % 2 == 0:
+                for p in m.parameters():
+                    WRITES[write](p)
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+def test_delayed_updates_drop_the_pending_update_of_a_written_parameter() -> None:
+    weight = torch.nn.Parameter(torch.ones(3000))
+    optimizer = stowage.offload.AdamW([weight], **HYPER, update="delayed", bucket_numel=1000)
+    (weight * 2).sum().backward()
+    optimizer.step()  # update 1 pending, the weight still ones
+    optimizer.zero_grad()
+    weight.data.fill_(0.25)  # the write wins over the pending update
+    (weight * 2).sum().backward()
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.full_like(weight, 0.25))
+    optimizer.flush()  # update 2, from the written value
+    assert (weight.detach() < 0.25).all() and (weight.detach() > 0.2).all()
+    assert int(optimizer.state[weight]["step"]) == 2
+
+
+GRADIENT_EDITS: dict[str, Callable[[Any], None]] = {
+    "replaced": lambda m: [setattr(p, "grad", p.grad * 0.5) for p in m.parameters()],
+    "zeroed in place": lambda m: [p.grad.zero_() for p in list(m.parameters())[:2]],
+    "written through .data": lambda m: [p.grad.data.clamp_(-1e-3, 1e-3) for p in m.parameters()],
+    "dropped": lambda m: [setattr(p, "grad", None) for p in list(m.parameters())[:3]],
+}
+
+
+@pytest.mark.parametrize("edit", sorted(GRADIENT_EDITS))
+def test_the_gradient_present_at_step_is_the_one_used(edit: str) -> None:
+    model, optimizer, reference, ref_optimizer = pair()
+    for step in range(3):
+        one_step(model, optimizer, step, GRADIENT_EDITS[edit])
+        one_step(reference, ref_optimizer, step, GRADIENT_EDITS[edit])
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+@pytest.mark.parametrize("edit", sorted(GRADIENT_EDITS))
+def test_in_backward_refuses_a_gradient_edited_after_backward_and_applies_nothing(edit: str) -> None:
+    model, optimizer, reference, ref_optimizer = pair(update="in_backward")
+    one_step(model, optimizer, 0)
+    one_step(reference, ref_optimizer, 0)
+    with pytest.raises(RuntimeError, match="in_backward"):
+        one_step(model, optimizer, 1, GRADIENT_EDITS[edit])
+    optimizer.zero_grad()
+    assert_same(model, reference, optimizer, ref_optimizer)  # the refused step changed nothing
+    one_step(model, optimizer, 2)
+    one_step(reference, ref_optimizer, 2)
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+def test_frozen_parameters_take_no_hook_no_state_and_join_when_unfrozen() -> None:
+    model, reference = make_model(), make_model()
+    for m in (model, reference):
+        for p in m[0].parameters():
+            p.requires_grad_(False)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
+    frozen_numel = sum(p.numel() for p in model[0].parameters())
+    trainable_numel = sum(p.numel() for p in model.parameters()) - frozen_numel
+    assert optimizer.host_stats()["allocated_bytes"] < (trainable_numel + frozen_numel // 2) * 16
+    for step in range(4):
+        if step == 2:
+            for m in (model, reference):
+                m[0].weight.requires_grad_(True)
+        one_step(model, optimizer, step)
+        one_step(reference, ref_optimizer, step)
+        assert_same(model, reference, optimizer, ref_optimizer)
+    assert model[0].bias not in optimizer.state
+
+
+@pytest.mark.parametrize("update", MODES)
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_step_that_raises_leaves_every_mode_ready_for_the_next(update: str, where: str) -> None:
+    model, optimizer, reference, ref_optimizer = pair(update=update)
+    if update == "delayed":
+        ref_optimizer = None  # compared with the same run without the failure
+
+    def failing_run(m: Any, o: Any) -> None:
+        for step in range(4):
+            if step == 1:
+                handle = _raise_once(m, where)
+                with pytest.raises(RuntimeError, match="planned failure"):
+                    loss_of(m, batch(step)).backward()
+                handle.remove()
+                o.zero_grad()
+                continue
+            one_step(m, o, step)
+
+    failing_run(model, optimizer)
+    if ref_optimizer is None:
+        reference_optimizer = stowage.offload.AdamW(reference.parameters(), **HYPER, update=update, bucket_numel=1000)
+        for step in (0, 2, 3):
+            one_step(reference, reference_optimizer, step)
+        optimizer.flush()
+        reference_optimizer.flush()
+        assert_same(model, reference)
+        return
+    failing_run(reference, ref_optimizer)
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+def _raise_once(model: Any, where: str) -> Any:
+    """A hook on the model's middle layer that raises in forward or in backward."""
+    layer = model[3]
+
+    def fail(*args: Any) -> None:
+        raise RuntimeError("planned failure")
+
+    if where == "forward":
+        return layer.register_forward_hook(fail)
+    return layer.register_full_backward_hook(fail)
+
+
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_zero_grad_without_step_skips_the_step_as_torch_does(update: str) -> None:
+    model, optimizer, reference, ref_optimizer = pair(update=update)
+    for m, o in ((model, optimizer), (reference, ref_optimizer)):
+        one_step(m, o, 0)
+        loss_of(m, batch(1)).backward()  # a step thrown away (a NaN loss, say)
+        o.zero_grad()
+        one_step(m, o, 2)
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+def test_a_sparse_gradient_is_refused_naming_the_parameter() -> None:
+    embedding = torch.nn.Embedding(100, 8, sparse=True)
+    optimizer = stowage.offload.AdamW(embedding.parameters())
+    with pytest.raises(RuntimeError, match=r"parameter 0 \(group 0, shape \[100, 8\]\) has a sparse gradient"):
+        embedding(torch.tensor([1, 2, 3])).sum().backward()
+    embedding.weight.grad = None
+    dense = torch.nn.Embedding(100, 8)
+    dense_optimizer = stowage.offload.AdamW(dense.parameters())
+    dense(torch.tensor([1, 2])).sum().backward()
+    dense_optimizer.step()
+    assert int(dense_optimizer.state[dense.weight]["step"]) == 1
+
+
+BAD_ENTRIES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "nan step": (lambda e: e.update(step=torch.tensor(float("nan"))), "'step' is nan"),
+    "huge step": (lambda e: e.update(step=torch.tensor(1e30)), "'step' is 1.0000000150474662e\\+30"),
+    "2**63 step": (lambda e: e.update(step=2 ** 63), "'step' is 9223372036854775808"),
+    "negative step": (lambda e: e.update(step=-1), "'step' is -1"),
+    "fractional step": (lambda e: e.update(step=1.5), "'step' is 1.5"),
+    "negative second moment": (lambda e: e["exp_avg_sq"].fill_(-1.0), "'exp_avg_sq' holds negative values"),
+    "wrong shape": (lambda e: e.update(exp_avg=torch.zeros(3)), "'exp_avg' has 3 elements"),
+    "not a tensor": (lambda e: e.update(exp_avg_sq="zeros"), "no tensor 'exp_avg_sq'"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ENTRIES))
+def test_a_bad_state_dict_is_refused_whole_naming_the_field(bad: str) -> None:
+    model, optimizer, _, _ = pair()
+    one_step(model, optimizer, 0)
+    saved = copy.deepcopy(optimizer.state_dict())
+    before = copy.deepcopy(optimizer.state_dict())
+    damage, message = BAD_ENTRIES[bad]
+    damage(saved["state"][2])
+    saved["state"][0]["step"] = torch.tensor(7.0)  # an earlier entry, good: must not be taken either
+    with pytest.raises(ValueError, match=r"parameter 2 \(group 0, shape \[64\]\): " + message):
+        optimizer.load_state_dict(saved)
+    after = optimizer.state_dict()
+    for index, entry in before["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(after["state"][index][key], value), (index, key)
+    one_step(model, optimizer, 1)  # and it trains on
+    assert all(math.isfinite(float(p.detach().abs().max())) for p in model.parameters())
