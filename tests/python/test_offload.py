@@ -175,7 +175,7 @@ def test_parameters_and_their_autocast_casts_are_never_paged() -> None:
     class Spy(stowage.offload.activations):
         def _pack(self, tensor: Any) -> Any:
             packed = super()._pack(tensor)
-            if not isinstance(packed, torch.Tensor):  # kept tensors come back detached
+            if isinstance(packed, stowage._torch.PackedTensor):  # not a tensor kept on the device
                 paged.append(tensor)
             return packed
 

@@ -51,17 +51,26 @@ py::dict counts_dict(const PackCounts& counts) {
   return out;
 }
 
+// A c10 error as torch's own ops raise it: RuntimeError with torch's message, without the C++
+// backtrace; out of memory as torch.OutOfMemoryError (its C symbol is not exported).
+[[noreturn]] void raise_as_torch(const c10::Error& error, bool out_of_memory) {
+  const py::object kind = out_of_memory ? py::module_::import("torch").attr("OutOfMemoryError")
+                                        : py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  PyErr_SetString(kind.ptr(), error.what_without_backtrace());
+  throw py::error_already_set();
+}
+
 at::Tensor unpack_object(const py::object& packed) {
   if (THPVariable_Check(packed.ptr())) return py::cast<at::Tensor>(packed);
-  const PackedTensor& tensor = py::cast<const PackedTensor&>(packed);
   try {
+    if (py::isinstance<KeptTensor>(packed)) return py::cast<const KeptTensor&>(packed).unpack();
+    const PackedTensor& tensor = py::cast<const PackedTensor&>(packed);
     const py::gil_scoped_release release;  // page_in may wait for its copy
     return TensorPager::unpack(tensor);
-  } catch (const c10::OutOfMemoryError& error) {
-    // torch.OutOfMemoryError, as torch's own ops raise it (its C symbol is not exported).
-    const py::object kind = py::module_::import("torch").attr("OutOfMemoryError");
-    PyErr_SetString(kind.ptr(), error.what_without_backtrace());
-    throw py::error_already_set();
+  } catch (const c10::OutOfMemoryError& error) {  // (before c10::Error, which it derives from)
+    raise_as_torch(error, true);
+  } catch (const c10::Error& error) {
+    raise_as_torch(error, false);
   }
 }
 
@@ -70,14 +79,18 @@ void bind_pager(py::module_& module) {
       .def("__repr__", [](const PackedTensor& packed) {
         return "<stowage paged tensor: page " + std::to_string(packed.page->id()) + ">";
       });
+  py::class_<KeptTensor>(module, "KeptTensor")
+      .def("__repr__", [](const KeptTensor&) { return std::string("<stowage saved tensor, kept on its device>"); });
   py::class_<TensorPager>(module, "TensorPager")
       .def(py::init<std::size_t>(), py::arg("min_bytes"))
       .def("pack",
            [](TensorPager& self, const at::Tensor& tensor) -> py::object {
              auto packed = self.pack(tensor);
-             if (auto* kept = std::get_if<at::Tensor>(&packed)) return py::cast(*kept);
+             if (auto* kept = std::get_if<KeptTensor>(&packed)) return py::cast(std::move(*kept));
              return py::cast(std::get<PackedTensor>(std::move(packed)));
            })
+      .def_static("keep", &KeptTensor::of, py::arg("tensor"),
+                  "A saved tensor kept on its device, detached, with its version checked at unpack")
       .def_static("unpack", &unpack_object)
       .def("add_parameters",
            [](TensorPager& self, const std::vector<at::Tensor>& tensors) {

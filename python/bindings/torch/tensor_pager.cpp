@@ -20,11 +20,20 @@ std::uint32_t version_of(const at::Tensor& tensor) {
 // op's saved output refers to the op's own node through its grad_fn, a cycle through autograd
 // that no collector sees: a step that fails before its backward would leave its graph allocated.
 // Unpacking gives autograd the same storage either way.
-at::Tensor kept(const at::Tensor& tensor) { return tensor.defined() ? tensor.detach() : tensor; }
+KeptTensor kept(const at::Tensor& tensor) { return KeptTensor::of(tensor); }
 
 }  // namespace
 
-std::variant<at::Tensor, PackedTensor> TensorPager::pack(const at::Tensor& tensor) {
+KeptTensor KeptTensor::of(const at::Tensor& tensor) {
+  return {tensor.defined() ? tensor.detach() : tensor, SavedVersion(tensor)};
+}
+
+at::Tensor KeptTensor::unpack() const {
+  version.check();
+  return tensor;
+}
+
+std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tensor) {
   ++counts_.num_saved;
   if (!tensor.defined() || !tensor.has_storage()) return kept(tensor);
   const c10::Storage& storage = tensor.storage();
@@ -105,6 +114,7 @@ std::int64_t TensorPager::live_paged_bytes() const {
 
 PackedTensor TensorPager::view_of(const at::Tensor& tensor, std::shared_ptr<PageRef> page) {
   PackedTensor packed;
+  packed.version = SavedVersion(tensor);
   packed.page = std::move(page);
   packed.sizes = tensor.sizes().vec();
   packed.strides = tensor.strides().vec();
@@ -115,6 +125,7 @@ PackedTensor TensorPager::view_of(const at::Tensor& tensor, std::shared_ptr<Page
 }
 
 at::Tensor TensorPager::unpack(const PackedTensor& packed) {
+  packed.version.check();
   OffloadEngine& engine = packed.page->engine();
   const std::unique_ptr<ComputeTimeline> compute = current_timeline(packed.device, engine);
   const DeviceBuffer buffer = engine.pager().page_in(packed.page->id(), *compute);

@@ -8,6 +8,9 @@
 // twice share one page while the storage is unchanged (the version counter says so), and
 // unpack() rebuilds each saved view over the storage that comes back.
 //
+// Every saved tensor, paged or kept, carries its SavedVersion: unpacking one changed in place
+// since it was saved raises torch's own error, as torch would without the hooks.
+//
 // Contract: one region on one thread packs; unpacks run on autograd's threads. A PackedTensor
 // holds its page; the last one to go drops it (a graph freed unused leaves nothing behind).
 #pragma once
@@ -23,6 +26,7 @@
 
 #include "offload/offload_engine.hpp"
 #include "python/bindings/torch/parameter_storages.hpp"
+#include "python/bindings/torch/saved_version.hpp"
 
 namespace stowage::torch_offload {
 
@@ -42,8 +46,22 @@ class PageRef {
   Pager::PageId id_;
 };
 
+// A saved tensor that stays on the device: detached (see tensor_pager.cpp, kept()), with the
+// version it was saved at.
+struct KeptTensor {
+  at::Tensor tensor;
+  SavedVersion version;
+
+  // The saved tensor (detached, a view of the original's storage) for autograd; raises torch's
+  // error when it was changed in place since it was saved.
+  at::Tensor unpack() const;
+  // `tensor` as a saved-tensor hook keeps it.
+  static KeptTensor of(const at::Tensor& tensor);
+};
+
 // A saved tensor in the offload engine: its page and the view over the page's storage.
 struct PackedTensor {
+  SavedVersion version;
   std::shared_ptr<PageRef> page;
   std::vector<std::int64_t> sizes;
   std::vector<std::int64_t> strides;
@@ -69,8 +87,9 @@ class TensorPager {
   explicit TensorPager(std::size_t min_bytes) : min_bytes_(min_bytes) {}
 
   // The tensor itself when it stays on the device, else its page.
-  std::variant<at::Tensor, PackedTensor> pack(const at::Tensor& tensor);
-  // The saved tensor back on its device, usable by the compute that follows.
+  std::variant<KeptTensor, PackedTensor> pack(const at::Tensor& tensor);
+  // The saved tensor back on its device, usable by the compute that follows; raises torch's
+  // error (before any copy) when it was changed in place since it was saved.
   static at::Tensor unpack(const PackedTensor& packed);
   // Never pages this storage (a parameter or a buffer).
   void add_parameter(const at::Tensor& tensor) { parameters_.add(tensor); }

@@ -141,7 +141,7 @@ class activations:
 
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
-            return tensor.detach()  # as the pager keeps one (tensor_pager.cpp, kept)
+            return _torch_module().TensorPager.keep(tensor)  # as the pager keeps one (tensor_pager.cpp)
         return self._pager.pack(tensor)
 
     def _module_entered(self, module: Any, args: Any) -> None:

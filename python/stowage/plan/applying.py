@@ -251,11 +251,12 @@ class Plan:
 
 
 def _kept(tensor: Any) -> Any:
-    """A saved tensor as a saved-tensor hook keeps it: detached. Kept whole, an op's saved output
-    refers to the op's own node through its grad_fn, a cycle through autograd's C++ that Python's
-    collector cannot see: a step that fails before its backward (out of memory mid-forward) would
-    leave its whole graph allocated. Unpacking gives autograd the same storage either way."""
-    return tensor.detach()
+    """A saved tensor as a saved-tensor hook keeps it: detached, with its version checked at
+    unpack as torch checks the tensors it saves itself. Kept whole, an op's saved output refers to
+    the op's own node through its grad_fn, a cycle through autograd's C++ that Python's collector
+    cannot see: a step that fails before its backward (out of memory mid-forward) would leave its
+    whole graph allocated. Unpacking gives autograd the same storage either way."""
+    return _torch_module().TensorPager.keep(tensor)
 
 
 def load(path: str | Path) -> Plan:

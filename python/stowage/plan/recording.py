@@ -187,15 +187,18 @@ class StepRecorder:
 
     # Saved tensors ------------------------------------------------------------------------
     def pack(self, tensor: Any) -> Any:
+        from stowage.memory import _torch_module
+
+        keep = _torch_module().TensorPager.keep  # detached, its version checked at unpack as torch does
         key = _storage_key(tensor)
         if in_backward():
-            return tensor
+            return keep(tensor)
         top = self.frames.top
         if not key or key in self.fixed:
             if top is not None:
                 self.elsewhere.append((top.path, top.call, top.saves))
                 top.saves += 1
-            return tensor
+            return keep(tensor)
         saved = self.saved.setdefault(key, _Saved(int(tensor.untyped_storage().nbytes())))
         if top is None:
             saves = ("", -1, self.loose_saves)
@@ -206,15 +209,18 @@ class StepRecorder:
         saved.saves.append(saves)
         saved.save_ops.append(len(self.ops) - 1)
         saved.save_regions.add(self.active_region)
-        return (saved, tensor.detach())  # see _kept in plan/applying.py: no cycle through autograd
+        return (saved, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
+        from stowage.memory import _torch_module
+
+        unpack = _torch_module().TensorPager.unpack
         if not isinstance(packed, tuple):
-            return packed
+            return unpack(packed)
         saved, tensor = packed
         if saved.first_backward is None:
             saved.first_backward = len(self.ops)
-        return tensor
+        return unpack(tensor)
 
     # The step ---------------------------------------------------------------------------
     def record(self, step: Callable[[], Any]) -> Any:
