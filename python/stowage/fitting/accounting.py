@@ -54,10 +54,13 @@ PAGE_BYTES = 2 << 20
 
 def state_copies(optimizer: Any) -> int:
     """Copies of each parameter the optimizer keeps as state: two for Adam and AdamW (their
-    moments), one for SGD with momentum, none for plain SGD; two for any other (a guess on the
-    side of room: give such an optimizer's factory a budget with room to spare)."""
+    moments; three with amsgrad's maximum), one for SGD with momentum, none for plain SGD; two for
+    any other (a guess on the side of room: give such an optimizer's factory a budget with room to
+    spare)."""
     if isinstance(optimizer, torch.optim.SGD):
         return 1 if any(g.get("momentum", 0) for g in optimizer.param_groups) else 0
+    if isinstance(optimizer, torch.optim.Adam) and any(g.get("amsgrad") for g in optimizer.param_groups):
+        return 3
     return 2
 
 

@@ -12,6 +12,7 @@ from stowage.fitting.accounting import DeviceMemory, measure, state_copies, uses
 from stowage.fitting.batches import LossFn, batch_sizes, cut, default_loss, profiling_grid
 from stowage.fitting.choosing import Option, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
+from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _index, _torch_module
 from stowage.offload.sharded import local
@@ -101,14 +102,28 @@ def _describe(sizes: dict[str, int]) -> str:
     return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
-def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any) -> torch.optim.Optimizer:
-    """stowage.offload.AdamW with `optimizer`'s groups and hyper-parameters, `fraction` of the
-    states on the device; attached to DDP's all-reduce when the model is wrapped in DDP."""
-    from stowage.offload import AdamW
+def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
+    """Why `optimizer` cannot move its states to the host as it is ("" when it can): the offloaded
+    optimizers are torch's Adam and AdamW, with every option but differentiable=True."""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return f"{type(optimizer).__name__} has no offloaded twin (Adam and AdamW have)"
+    if any(group.get("differentiable") for group in optimizer.param_groups):
+        return "differentiable=True needs the update in autograd, on the device"
+    dtypes = {p.dtype for g in optimizer.param_groups for p in g["params"]}
+    if not dtypes <= {torch.float32, torch.bfloat16, torch.float16}:
+        return f"parameters of {sorted(map(str, dtypes))} (the host update takes float32, bfloat16 and float16)"
+    return ""
 
-    keys = ("lr", "betas", "eps", "weight_decay")
-    groups = [{"params": group["params"], **{k: group[k] for k in keys}} for group in optimizer.param_groups]
-    offloaded = AdamW(groups, device_fraction=fraction)
+
+def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any) -> torch.optim.Optimizer:
+    """stowage.offload.Adam or AdamW with `optimizer`'s groups and every option they carry,
+    `fraction` of the states on the device; attached to DDP's all-reduce when the model is wrapped
+    in DDP."""
+    from stowage.offload import Adam, AdamW
+
+    twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
+    groups = [dict(group) for group in optimizer.param_groups]
+    offloaded = twin(groups, device_fraction=fraction)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         offloaded.attach(model)
     return offloaded
@@ -126,9 +141,11 @@ def _agreed_fraction(options: list[Option]) -> float | None:
     return agree(every)
 
 
-def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int) -> torch.OutOfMemoryError:
+def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str) -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device: {o.reason or 'fits here, not on every rank'}"
              for o in options]
+    if refusal:
+        lines.append(f"  (the states cannot move to host memory: {refusal})")
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit in {stowage.format_bytes(memory.usable)} usable "
         f"({stowage.format_bytes(memory.in_use)} in use before it, states "
@@ -156,22 +173,22 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
-    profile, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost)
-    model.zero_grad(set_to_none=True)
+    with untouched(model, device):  # the recorded step leaves no trace in what training computes
+        profile, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost)
     memory = measure(parameters, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     rates = measure_rates(device, parameters[0].dtype)
-    can_offload = offload_optimizer and type(optimizer) is torch.optim.AdamW
-    options = weigh(profile, memory, rates, can_offload=can_offload, foreach=uses_foreach(optimizer))
+    refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
+    options = weigh(profile, memory, rates, can_offload=not refusal, foreach=uses_foreach(optimizer))
     fraction = _agreed_fraction(options)
     if fraction is None:
-        raise _no_fit(options, memory, profile.unconstrained_peak_bytes)
+        raise _no_fit(options, memory, profile.unconstrained_peak_bytes, refusal)
     chosen = next(o for o in options if o.fraction == fraction)
     if fraction < 1.0:
         optimizer = _offloaded(optimizer, fraction, model)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "recorded": recorded, "memory": memory, "optimizer": name,
-             "unplanned_peak": profile.unconstrained_peak_bytes}
+             "unplanned_peak": profile.unconstrained_peak_bytes, "states_kept_because": refusal}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:
         print(fitted)

@@ -35,7 +35,8 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         f"parameters ({memory.parameter_count:,}), buffers, the batch",
         f"  {'gradients':<24}{format_bytes(memory.gradients):>12}  made in backward, freed after the optimizer",
         f"  {'optimizer states':<24}{format_bytes(on_device):>12}  on the device; "
-        f"{format_bytes(memory.states - on_device)} in host memory ({facts['optimizer']})",
+        f"{format_bytes(memory.states - on_device)} in host memory ({facts['optimizer']})"
+        + (f"; kept on the device: {facts['states_kept_because']}" if facts.get("states_kept_because") else ""),
         f"  {'activations':<24}{format_bytes(chosen.activation_budget):>12}  budget; "
         + _activations(chosen, facts["unplanned_peak"]),
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "

@@ -1,0 +1,40 @@
+"""What recording a step must not leave behind: `fit` runs the model's step to record it, and
+that step updates the model's buffers (BatchNorm's running statistics and counters, anything a
+forward writes into a buffer), draws from the random number generators (dropout) and leaves
+gradients; training after `fit` must start from exactly where it would have started without it.
+
+Contract: ``untouched(model, device)`` wraps the recording; on leaving (raised or not) every
+buffer holds its bytes from before, the CPU and the device's generators their states, each
+parameter its gradient as it was and each module its train/eval mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def untouched(model: Any, device: torch.device) -> Iterator[None]:
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    gradients = [(param, param.grad) for param in model.parameters()]
+    for param in model.parameters():
+        param.grad = None  # put aside: the recorded step's own gradients go to fresh tensors
+    modes = [(module, module.training) for module in model.modules()]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+        for param, grad in gradients:
+            param.grad = grad
+        for module, training in modes:
+            module.training = training
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
