@@ -80,6 +80,10 @@ void bind_pager(py::module_& module) {
         return "<stowage paged tensor: page " + std::to_string(packed.page->id()) + ">";
       });
   py::class_<KeptTensor>(module, "KeptTensor")
+      .def_property_readonly("tensor", [](const KeptTensor& self) { return self.tensor; },
+                             "The saved tensor, detached (no version check)")
+      .def("intact", [](const KeptTensor& self) { return self.version.intact(); },
+           "Whether the tensor it was made from is at the version it had then (not changed in place)")
       .def("__repr__", [](const KeptTensor&) { return std::string("<stowage saved tensor, kept on its device>"); });
   py::class_<TensorPager>(module, "TensorPager")
       .def(py::init<std::size_t>(), py::arg("min_bytes"))

@@ -30,6 +30,10 @@ SavedVersion::SavedVersion(const at::Tensor& tensor) {
   description_ = describe(tensor);
 }
 
+bool SavedVersion::intact() const noexcept {
+  return !counter_.enabled() || counter_.current_version() == saved_;
+}
+
 void SavedVersion::check() const {
   if (!counter_.enabled()) return;
   const std::uint32_t now = counter_.current_version();

@@ -27,6 +27,8 @@ class SavedVersion {
 
   // Throws c10::Error with torch's message when the tensor was changed in place since.
   void check() const;
+  // Whether the tensor is at the version it was saved at.
+  bool intact() const noexcept;
 
  private:
   c10::VariableVersion counter_;

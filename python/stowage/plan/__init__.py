@@ -16,9 +16,11 @@ the size it trains at (byte counts and times are polynomials in the sizes, stowa
     profile = stowage.plan.profile(step_at, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
     plan = stowage.plan.solve(profile, budget="6GiB", at={"batch": 8, "seq": 4096})
 
-Recomputation runs through selective activation checkpointing
-(``torch.utils.checkpoint.create_selective_checkpoint_contexts``) on the model's blocks (the
-items of its ``nn.ModuleList`` / ``nn.Sequential``): per op, save or recompute. Offload runs
+Recomputation runs through torch's non-reentrant checkpoint on the model's blocks (the items of
+its ``nn.ModuleList`` / ``nn.Sequential``) with stowage's own selective contexts (Note [Selective
+recompute] in recompute_modes.py): per op, keep or recompute; state a block's forward writes
+(BatchNorm's statistics) is written once, and a block can be recomputed in each of several
+backwards (``retain_graph=True``). Offload runs
 through the offload engine's pager (``stowage.offload``). A checkpoint keeps what it saves out
 of reach of the pager, so the planner offers only what the runtime can apply: in a block it
 recomputes, a tensor is kept or recomputed, and the block's inputs are kept or offloaded; in a

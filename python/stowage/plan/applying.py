@@ -206,7 +206,9 @@ class Plan:
 
     def _checkpointing(self, module: Any, original: Any) -> Any:
         import torch
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        from torch.utils.checkpoint import checkpoint
+
+        from stowage.plan.recompute_modes import recompute_contexts
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             frame = self._frames.top
@@ -219,8 +221,16 @@ class Plan:
             frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
                                     if i < len(region.inputs)}
             policy = RegionPolicy(region.ops, kept, lambda where: self.mismatches.append(f"{frame.path}: {where}"))
-            return checkpoint(original, *args, use_reentrant=False,
-                              context_fn=lambda: create_selective_checkpoint_contexts(policy), **kwargs)
+            where = f"block {frame.path!r}"
+            versions = [t._version for t in tensors]
+            out = checkpoint(original, *args, use_reentrant=False,
+                             context_fn=lambda: recompute_contexts(policy.keep, where), **kwargs)
+            if any(t._version != v for t, v in zip(tensors, versions)):
+                raise RuntimeError(
+                    f"stowage.plan: {where} wrote its input in place, which the step the plan was made from did "
+                    "not: recomputed in backward, it would start from the written input. Profile the step as it "
+                    "runs now (stowage.plan.profile leaves such a block out of recomputation).")
+            return out
 
         return forward
 

@@ -141,6 +141,7 @@ class StepRecorder:
             op.region = self.active_region
             op.region_op = len(self.regions[op.region].ops)
             self.regions[op.region].ops.append(op.name)
+            self._note_input_writes(func, args, kwargs)
         self.ops.append(op)
         self.peaks.append(self.meter.now_and_peak()[1] - self.start_bytes)
         leaves = torch.utils._pytree.tree_leaves
@@ -156,6 +157,15 @@ class StepRecorder:
                 if isinstance(tensor, torch.Tensor):
                     self._made(_storage_key(tensor), index, phase)
         return out
+
+    def _note_input_writes(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A block that writes its own input in place cannot be recomputed: the checkpoint would
+        hold the input as it was before the write and replay from it as it is after."""
+        from stowage.plan.recompute_modes import written_tensors
+
+        inputs = self.region_inputs[self.active_region]
+        if any(_storage_key(t) in inputs for t in written_tensors(func, args, kwargs)):
+            self.regions[self.active_region].checkpointable = False
 
     def _made(self, key: int, index: int, phase: str) -> None:
         if not key:

@@ -1,0 +1,215 @@
+"""Selective recomputation for a plan's checkpointed blocks, computing exactly what the step
+computes without it.
+
+Note [Selective recompute]
+A checkpointed block's forward runs under ForwardMode: each op runs, and the ones the plan keeps
+have their outputs cached (detached, with their versions); backward re-runs the block's forward
+under ReplayMode, which hands back each kept op's cached outputs and runs the others again.
+torch's own selective checkpointing does the same, with three departures that keep a step exact:
+- State outside the block that its forward writes (BatchNorm's running statistics and counter, a
+  buffer a forward updates, an input the block adds to in place) is written again when the block
+  is recomputed. ForwardMode copies each such tensor before its first write; ReplayMode puts that
+  copy in as the replay begins (so the replay reads what the forward read) and the tensor's
+  value after the forward back as it ends (so each update happens once, as without the plan),
+  each time leaving its version as it was (the swap is invisible to torch's own checks).
+- Tensors from outside the block that its forward read (its inputs, parameters, buffers) and that
+  were changed in place between the forward and the replay would make the replay compute
+  something else: ReplayMode raises torch's "modified by an inplace operation" error instead, as
+  torch does for the tensors it saves itself.
+- A cached output changed in place after it was cached (a later op, or code after the block,
+  writing into it) is not an error: that op is run again instead, on the replay's own inputs.
+The cache is read by position, not consumed, so a block can be replayed once per backward
+(``retain_graph=True``). A replay that meets a different op than the forward ran at a position
+raises, naming both (the block's forward is not deterministic in its ops).
+
+Contract: one ForwardMode / ReplayMode pair per checkpointed call (torch calls ``context_fn`` per
+call), on the thread running the step; the pair shares a RecomputeRecord.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, fakes): never outside state
+        return 0
+
+
+# Batch normalisation's kernels update the running statistics they are given without their schemas
+# saying so (native_batch_norm, cudnn_batch_norm, miopen_batch_norm, SyncBatchNorm's
+# batch_norm_gather_stats*): an argument of these names is written when the op normalises with
+# the batch's statistics, unless the op says it does not update them.
+_RUNNING_STATISTICS = ("running_mean", "running_var")
+_NOT_UPDATING = ("_backward", "no_update", "no_training", "_functional")
+
+
+def _argument(schema: Any, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    argument = schema.arguments[index]
+    return args[index] if index < len(args) else kwargs.get(argument.name, argument.default_value)
+
+
+def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors `func` writes into: its schema's mutable arguments, and the running statistics
+    batch normalisation updates without declaring them."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    names = [a.name for a in schema.arguments]
+    updates_statistics = not any(part in schema.name for part in _NOT_UPDATING) and \
+        ("training" not in names or bool(_argument(schema, names.index("training"), args, kwargs)))
+    written = []
+    for index, argument in enumerate(schema.arguments):
+        declared = argument.alias_info is not None and argument.alias_info.is_write
+        if declared or (updates_statistics and argument.name in _RUNNING_STATISTICS):
+            value = _argument(schema, index, args, kwargs)
+            written.extend(t for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    return written
+
+
+def _overwrite(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """Copies `value` into `tensor` leaving its version as it was."""
+    version = tensor._version
+    with torch.no_grad():
+        tensor.copy_(value)
+    torch._C._autograd._unsafe_set_version_counter((tensor,), (version,))
+
+
+@dataclass
+class _Cached:
+    """One kept op's outputs, detached as torch's selective checkpointing detaches them, each with
+    the version counter of the tensor it came from (a detached alias made below autograd does not
+    share it: stowage's KeptTensor holds the original's)."""
+
+    outputs: Any
+    kept: list[Any]
+
+    @staticmethod
+    def of(func: Any, out: Any) -> "_Cached":
+        from stowage.memory import _torch_module
+
+        schema = getattr(func, "_schema", None)
+        aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
+        keep = _torch_module().TensorPager.keep
+        kept: list[Any] = []
+
+        def detach(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return x
+            kept.append(keep(x))
+            return kept[-1].tensor if (x.is_floating_point() or x.is_complex() or aliases) else x
+
+        outputs = tree_map(detach, out)
+        return _Cached(outputs, kept)
+
+    def intact(self) -> bool:
+        return all(k.intact() for k in self.kept)
+
+
+@dataclass
+class RecomputeRecord:
+    """What a checkpointed call's forward did, for its replays."""
+
+    ops: list[Any] = field(default_factory=list)
+    cached: list[_Cached | None] = field(default_factory=list)
+    read: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)  # id -> (tensor, version)
+    written: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # id -> (tensor, before)
+
+
+class ForwardMode(TorchDispatchMode):
+    """The block's forward: runs every op, caches what `keep(func)` says to keep, and notes the
+    tensors from outside the block that it reads and writes."""
+
+    def __init__(self, record: RecomputeRecord, keep: Callable[[Any], bool]) -> None:
+        super().__init__()
+        self._record, self._keep = record, keep
+        self._made: set[int] = set()  # storages the block's ops made
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in SAC_IGNORED_OPS:
+            return func(*args, **kwargs)
+        keep = self._keep(func)
+        for tensor in tree_leaves((args, kwargs)):
+            if isinstance(tensor, torch.Tensor) and _storage_key(tensor) not in self._made:
+                self._record.read.setdefault(id(tensor), (tensor, 0))
+        for tensor in written_tensors(func, args, kwargs):
+            if _storage_key(tensor) not in self._made and id(tensor) not in self._record.written:
+                self._record.written[id(tensor)] = (tensor, tensor.detach().clone())
+        out = func(*args, **kwargs)
+        self._made.update(_storage_key(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        self._made.discard(0)
+        self._record.ops.append(func)
+        self._record.cached.append(_Cached.of(func, out) if keep else None)
+        return out
+
+    def __exit__(self, *exc: Any) -> Any:
+        record = self._record
+        written = {_storage_key(t) for t, _ in record.written.values()}
+        record.read = {key: (t, t._version) for key, (t, _) in record.read.items() if _storage_key(t) not in written}
+        return super().__exit__(*exc)
+
+
+class ReplayMode(TorchDispatchMode):
+    """The block's forward again, in backward: cached outputs where kept and intact, every other
+    op run; outside state the forward wrote restored at the end (Note [Selective recompute])."""
+
+    def __init__(self, record: RecomputeRecord, where: str) -> None:
+        super().__init__()
+        self._record, self._where = record, where
+        self._position = 0
+        self._after: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # (tensor, after forward, version)
+
+    def __enter__(self) -> Any:
+        for tensor, version in self._record.read.values():
+            if tensor._version != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: [{tensor.type()} {list(tensor.shape)}], is at version {tensor._version}; expected "
+                    f"version {version} instead. ({self._where} reads it and is recomputed in backward under "
+                    "stowage's plan.)")
+        self._after = [(t, t.detach().clone(), t._version) for t, _ in self._record.written.values()]
+        for tensor, before in self._record.written.values():
+            _overwrite(tensor, before)
+        self._position = 0
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        result = super().__exit__(*exc)  # first: the restoring copies are not the block's ops
+        for tensor, after, _ in self._after:
+            _overwrite(tensor, after)
+        self._after = []
+        return result
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in SAC_IGNORED_OPS:
+            return func(*args, **kwargs)
+        position = self._position
+        self._position += 1
+        if position >= len(self._record.ops) or self._record.ops[position] is not func:
+            recorded = self._record.ops[position] if position < len(self._record.ops) else "nothing"
+            raise RuntimeError(f"stowage.plan: {self._where} ran {func} at op {position} when recomputed in "
+                               f"backward where its forward ran {recorded}: a block whose ops change between "
+                               "runs cannot be recomputed; leave it out of the plan (or make its forward "
+                               "deterministic)")
+        cached = self._record.cached[position]
+        if cached is not None and cached.intact():
+            return cached.outputs
+        return func(*args, **kwargs)
+
+
+def recompute_contexts(keep: Callable[[Any], bool], where: str) -> tuple[ForwardMode, ReplayMode]:
+    """The (forward, recompute) context pair for torch.utils.checkpoint's ``context_fn``."""
+    record = RecomputeRecord()
+    return ForwardMode(record, keep), ReplayMode(record, where)
