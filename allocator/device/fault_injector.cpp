@@ -38,9 +38,26 @@ void FaultInjector::fail_nth(BackendCall call, std::uint64_t n) {
   armed_.push_back({call, calls_[static_cast<std::size_t>(call)] + n});
 }
 
+void FaultInjector::corrupt_nth(BackendCall call, std::uint64_t n) {
+  STOWAGE_CHECK(n >= 1, "corrupt_nth counts from 1 (the next call), got ", n);
+  std::lock_guard lock(mutex_);
+  corruptions_.push_back({call, calls_[static_cast<std::size_t>(call)] + n});
+}
+
+bool FaultInjector::should_corrupt(BackendCall call, std::uint64_t call_number) {
+  std::lock_guard lock(mutex_);
+  const auto hits = std::erase_if(corruptions_, [&](const Armed& armed) {
+    return armed.call == call && armed.at_call == call_number;
+  });
+  if (hits == 0) return false;
+  ++fired_;
+  return true;
+}
+
 void FaultInjector::clear() {
   std::lock_guard lock(mutex_);
   armed_.clear();
+  corruptions_.clear();
 }
 
 bool FaultInjector::should_fail(BackendCall call, std::uint64_t* call_number) {

@@ -2,6 +2,8 @@
 //
 // Contract: thread-safe. fail_nth(call, n) arms one fault: the n-th call of that kind from now
 // (n = 1: the next one) fails. Several faults may be armed at once, for one kind or several.
+// corrupt_nth(call, n) arms a silent fault instead: the n-th copy from now completes with one
+// byte of its destination flipped, for tests of the checks that must catch corrupted data.
 // Every call is also counted, armed or not, so tests can assert how often a path reached the
 // device (calls(kind)). The injector only decides; the backend decides what failing means:
 // try_* calls report out-of-memory (an empty result), every other call throws BackendError.
@@ -48,6 +50,12 @@ class FaultInjector {
  public:
   // Arms a fault on the n-th call of `call` from now; n >= 1.
   void fail_nth(BackendCall call, std::uint64_t n);
+  // Arms a corruption of the n-th call of `call` from now (the backend flips a byte of what that
+  // call wrote); n >= 1.
+  void corrupt_nth(BackendCall call, std::uint64_t n);
+  // Whether a corruption is armed for call number `call_number` of `call` (as should_fail
+  // numbered it); disarms it.
+  bool should_corrupt(BackendCall call, std::uint64_t call_number);
   // Disarms every fault.
   void clear();
   // Counts one call of `call`; true when an armed fault fires on it (every fault armed for that
@@ -65,6 +73,7 @@ class FaultInjector {
   mutable std::mutex mutex_;
   std::array<std::uint64_t, kBackendCallKinds> calls_{};
   std::vector<Armed> armed_;
+  std::vector<Armed> corruptions_;
   std::uint64_t fired_ = 0;
 };
 

@@ -58,7 +58,8 @@ def _bytes(value: int | str) -> int:
 
 
 def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str | None = None,
-           copy_bandwidth: int | str | None = None, pinned_limit: int | str | None = None) -> None:
+           copy_bandwidth: int | str | None = None, pinned_limit: int | str | None = None,
+           check: bool | None = None) -> None:
     """Makes stowage the allocator of ``device``.
 
     ``conf`` is the ``key:value,key:value`` allocator configuration (as STOWAGE_ALLOC_CONF).
@@ -70,7 +71,13 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
     link between the device and host memory that offloaded tensors cross (default: as fast as
     memory copies), and ``pinned_limit`` the host memory the device will pin (as ``ulimit -l``;
     default: any), beyond which offloaded tensors go to pageable memory.
+    ``check=True`` turns on check mode (stowage.checking, as STOWAGE_CHECK=1): every paged tensor
+    and every host-updated parameter verified when it comes back.
     """
+    if check is not None:
+        from stowage import checking
+
+        checking.set_enabled(check)
     config = _core.normalize_allocator_config(conf or "")
     if device == "cpu":
         if capacity is None:

@@ -298,6 +298,27 @@ TEST(HostBackend, UnknownPointersAreRefused) {
   EXPECT_THROW(backend.record_event(Event{999}, Stream{0}), LogicError);
 }
 
+TEST(HostBackend, AnInjectedCorruptionFlipsOneByteOfTheChosenCopyOnly) {
+  HostBackend backend(small_device());
+  void* device = backend.try_allocate_segment(4096);
+  ASSERT_NE(device, nullptr);
+  std::vector<unsigned char> source(4096, 0xAB), back(4096, 0);
+  const Stream stream = backend.create_stream();
+  backend.faults().corrupt_nth(BackendCall::kCopy, 2);
+  backend.copy_async(device, source.data(), 4096, stream);  // the first: faithful
+  backend.copy_async(back.data(), device, 4096, stream);    // the second: one byte flipped
+  backend.synchronize_stream(stream);
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < back.size(); ++i) differing += back[i] != source[i] ? 1u : 0u;
+  EXPECT_EQ(differing, 1u);
+  backend.copy_async(back.data(), device, 4096, stream);  // disarmed once fired
+  backend.synchronize_stream(stream);
+  EXPECT_EQ(back, source);
+  EXPECT_EQ(backend.faults().faults_fired(), 1u);
+  backend.destroy_stream(stream);
+  backend.free_segment(device);
+}
+
 TEST(HostBackend, InjectedFaultsFailTheChosenCallOnly) {
   HostBackend backend(small_device());
   const std::size_t g = backend.properties().granularity;

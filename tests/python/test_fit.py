@@ -22,6 +22,9 @@ pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
 COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
 SHAPE = LlamaShape(hidden=128, layers=3, heads=4, kv_heads=2, vocab=1024, max_sequence=128)
+# Embeddings and head large beside the activations: AdamW's two moments cannot stay on the device
+# beside half the step, whatever the plan recomputes.
+LARGE_STATES = LlamaShape(hidden=128, layers=2, heads=4, kv_heads=2, vocab=8192, max_sequence=128)
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
@@ -29,13 +32,13 @@ def loss_fn(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     return model.chunked_loss(tokens, chunks=4)
 
 
-def model_and_batch() -> tuple[Any, torch.Tensor]:
+def model_and_batch(shape: LlamaShape = SHAPE) -> tuple[Any, torch.Tensor]:
     torch.manual_seed(0)
-    return Llama(SHAPE), torch.randint(0, SHAPE.vocab, (4, 128), generator=torch.Generator().manual_seed(1))
+    return Llama(shape), torch.randint(0, shape.vocab, (4, 128), generator=torch.Generator().manual_seed(1))
 
 
-def reference_parameters(steps: int) -> list[torch.Tensor]:
-    model, tokens = model_and_batch()
+def reference_parameters(steps: int, shape: LlamaShape = SHAPE) -> list[torch.Tensor]:
+    model, tokens = model_and_batch(shape)
     optimizer = torch.optim.AdamW(model.parameters(), **HYPER)  # type: ignore[arg-type]
     for _ in range(steps):
         loss_fn(model, tokens).backward()
@@ -44,28 +47,29 @@ def reference_parameters(steps: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def unplanned_step_bytes() -> tuple[int, int]:
+def unplanned_step_bytes(shape: LlamaShape = SHAPE) -> tuple[int, int]:
     """(in use before a step, what the step adds) for the test model, measured."""
-    model, tokens = model_and_batch()
+    model, tokens = model_and_batch(shape)
     before = stowage.memory_allocated()
     stowage.reset_peak_stats()
     loss_fn(model, tokens).backward()
     return before, stowage.max_memory_allocated() - before
 
 
-def fitted_for(budget: int, capsys: Any) -> tuple[Any, Any, torch.Tensor, str]:
-    model, tokens = model_and_batch()
+def fitted_for(budget: int, capsys: Any, shape: LlamaShape = SHAPE) -> tuple[Any, Any, torch.Tensor, str]:
+    model, tokens = model_and_batch(shape)
     fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
                          loss_fn=loss_fn, budget=budget, cost=COST)
     return fitted, model, tokens, capsys.readouterr().out
 
 
 def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: Any) -> None:
-    in_use, step_bytes = unplanned_step_bytes()
-    parameters = sum(p.numel() * 4 for p in model_and_batch()[0].parameters())
-    # Room for parameters, gradients and half the step: torch's AdamW (2 x parameters) cannot fit.
+    in_use, step_bytes = unplanned_step_bytes(LARGE_STATES)
+    parameters = sum(p.numel() * 4 for p in model_and_batch(LARGE_STATES)[0].parameters())
+    # Room for parameters, gradients, half the step and fit's margin (8 pages): torch's AdamW (2 x
+    # parameters) cannot fit.
     budget = in_use + parameters + step_bytes // 2 + (16 << 20)
-    fitted, model, tokens, table = fitted_for(budget, capsys)
+    fitted, model, tokens, table = fitted_for(budget, capsys, LARGE_STATES)
     assert fitted.device_fraction < 1.0 and isinstance(fitted.optimizer, stowage.offload.AdamW)
     assert fitted.plan is not None and "<- chosen" in table and "optimizer states" in table
     assert fitted.optimizer.device_fraction == fitted.device_fraction
@@ -76,7 +80,7 @@ def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: An
         assert stowage.max_memory_allocated() <= budget * 1.05  # CPU mode counts torch's first-use buffers
     kept_states = fitted.facts["memory"].states_on_device(fitted.device_fraction)
     assert stowage.memory_allocated() <= start + kept_states + (1 << 20)  # nothing else left behind
-    for ours, theirs in zip(model.parameters(), reference_parameters(3)):
+    for ours, theirs in zip(model.parameters(), reference_parameters(3, LARGE_STATES)):
         torch.testing.assert_close(ours.detach(), theirs, rtol=1e-5, atol=1e-6)
 
 

@@ -11,19 +11,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.models.llama import Llama, LlamaShape  # noqa: E402
-from test_fit import COST, HYPER, loss_fn  # noqa: E402
+import test_fit  # noqa: E402
+from test_fit import COST, HYPER, LARGE_STATES, loss_fn  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
-# Embeddings and head large beside the activations: AdamW's two moments cannot stay beside the
-# step under tight_budget() whatever the plan recomputes.
-SHAPE = LlamaShape(hidden=128, layers=2, heads=4, kv_heads=2, vocab=8192, max_sequence=128)
-
 
 def model_and_batch() -> tuple[Any, torch.Tensor]:
-    torch.manual_seed(0)
-    return Llama(SHAPE), torch.randint(0, SHAPE.vocab, (4, 128), generator=torch.Generator().manual_seed(1))
+    """A model whose AdamW states cannot stay on the device under tight_budget()."""
+    return test_fit.model_and_batch(LARGE_STATES)
 
 
 def tight_budget() -> int:

@@ -312,7 +312,11 @@ void HostBackend::check_range_locked(const void* ptr, std::size_t bytes, const c
 }
 
 void HostBackend::copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) {
-  fail_if_injected(BackendCall::kCopy);
+  std::uint64_t call_number = 0;
+  if (count_call(BackendCall::kCopy, &call_number)) {
+    STOWAGE_THROW(BackendError, "injected fault in copy_async (call #", call_number, ")");
+  }
+  const bool corrupt = faults_.should_corrupt(BackendCall::kCopy, call_number);
   if (bytes == 0) return;
   {
     std::lock_guard lock(memory_mutex_);
@@ -320,9 +324,10 @@ void HostBackend::copy_async(void* dst, const void* src, std::size_t bytes, Stre
     check_range_locked(src, bytes, "copy source");
   }
   const double bandwidth = options_.copy_bytes_per_second;
-  streams_.enqueue(stream, [dst, src, bytes, bandwidth] {
+  streams_.enqueue(stream, [dst, src, bytes, bandwidth, corrupt] {
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(dst, src, bytes);
+    if (corrupt) static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x10;  // an injected silent fault
     if (bandwidth > 0) {
       const std::chrono::duration<double> duration(static_cast<double>(bytes) / bandwidth);
       std::this_thread::sleep_until(start + std::chrono::duration_cast<

@@ -15,7 +15,8 @@
 // - A cost model: every call counted is charged options().call_costs' time for its kind
 //   (host_call_costs.hpp), summed in charged_ns(), so replays can tell what the device calls
 //   would cost on a GPU.
-// - Fault injection: faults().fail_nth(BackendCall::kMap, 3) makes the third map from now fail.
+// - Fault injection: faults().fail_nth(BackendCall::kMap, 3) makes the third map from now fail;
+//   faults().corrupt_nth(BackendCall::kCopy, 1) makes the next copy flip one byte it writes.
 //   try_* calls then report out-of-memory; every other call throws BackendError and changes
 //   nothing.
 //

@@ -9,6 +9,8 @@
 #include <optional>
 
 #include "allocator/base/errors.hpp"
+#include "python/bindings/torch/check_mode.hpp"
+#include "python/bindings/torch/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 #include "python/bindings/torch/tensor_pager.hpp"
@@ -88,11 +90,12 @@ void bind_pager(py::module_& module) {
   py::class_<TensorPager>(module, "TensorPager")
       .def(py::init<std::size_t>(), py::arg("min_bytes"))
       .def("pack",
-           [](TensorPager& self, const at::Tensor& tensor) -> py::object {
-             auto packed = self.pack(tensor);
+           [](TensorPager& self, const at::Tensor& tensor, const std::string& where) -> py::object {
+             auto packed = self.pack(tensor, where);
              if (auto* kept = std::get_if<KeptTensor>(&packed)) return py::cast(std::move(*kept));
              return py::cast(std::get<PackedTensor>(std::move(packed)));
-           })
+           },
+           py::arg("tensor"), py::arg("where") = "")
       .def_static("keep", &KeptTensor::of, py::arg("tensor"),
                   "A saved tensor kept on its device, detached, with its version checked at unpack")
       .def_static("unpack", &unpack_object)
@@ -107,7 +110,29 @@ void bind_pager(py::module_& module) {
       });
 }
 
+// CPU mode: copies between the simulated device's memory and host memory go over the device's
+// link (its offload engine, at copy_bandwidth, counted in its statistics and subject to its
+// injected faults), as they would over PCIe on a GPU; false when neither side is the device's.
+bool copy_over_link(const at::Tensor& destination, const at::Tensor& source) {
+  STOWAGE_CHECK(destination.is_contiguous() && source.is_contiguous() && destination.nbytes() == source.nbytes(),
+                "a copy over the link takes two contiguous tensors of the same size");
+  const c10::Device device(c10::DeviceType::CPU);
+  const bool to_device = pageable(device, destination.const_data_ptr());
+  if (!to_device && !pageable(device, source.const_data_ptr())) return false;
+  OffloadEngine* engine = engine_for(device);
+  if (engine == nullptr) return false;
+  const py::gil_scoped_release release;
+  const TransferHandle transfer =
+      engine->transfers().copy(to_device ? TransferDirection::kToDevice : TransferDirection::kToHost,
+                               destination.data_ptr(), source.const_data_ptr(), destination.nbytes(), std::nullopt);
+  engine->transfers().wait(transfer);
+  return true;
+}
+
 void bind_engines(py::module_& module) {
+  module.def("copy_over_link", &copy_over_link, py::arg("destination"), py::arg("source"),
+             "CPU mode: copies `source` into `destination` over the simulated device's link when one "
+             "of them is device memory (True), else does nothing (False)");
   module.def(
       "offload_configure",
       [](std::optional<std::size_t> pages, std::size_t max_bytes) {
@@ -141,7 +166,20 @@ void bind_engines(py::module_& module) {
   module.def("offload_end_step", [] {
     const py::gil_scoped_release release;
     for_each_engine([](int, OffloadEngine& engine) { engine.end_step(); });
+    note_step_ended();
   });
+  module.def("set_check_mode", &set_check_mode, py::arg("on"));
+  module.def(
+      "cpu_corrupt_copy",
+      [](std::uint64_t nth) {
+        HostBackend* backend = torch_cpu::backend();
+        STOWAGE_CHECK(backend != nullptr, "CPU mode is not on: stowage.enable(device='cpu', capacity=...)");
+        backend->faults().corrupt_nth(BackendCall::kCopy, nth);
+      },
+      py::arg("nth"),
+      "Tests of check mode: the nth copy from now on CPU mode's simulated device flips one byte it writes");
+  module.def("check_mode", &check_mode);
+  module.def("offload_steps_ended", &steps_ended);
   module.def("offload_placement", [](int device) {
     std::string placement;
     for_each_engine([&](int index, OffloadEngine& engine) {

@@ -3,8 +3,11 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/Storage.h>
 
+#include <sstream>
 #include <utility>
 
+#include "python/bindings/torch/check_mode.hpp"
+#include "python/bindings/torch/content_checksum.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 
 namespace stowage::torch_offload {
@@ -14,6 +17,19 @@ namespace {
 std::uint32_t version_of(const at::Tensor& tensor) {
   const c10::VariableVersion& version = tensor.unsafeGetTensorImpl()->version_counter();
   return version.enabled() ? version.current_version() : 0;
+}
+
+// The storage's bytes, as one flat tensor of bytes on its device.
+at::Tensor storage_bytes(const c10::Storage& storage, const c10::Device& device) {
+  at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device));
+  bytes.set_(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1});
+  return bytes;
+}
+
+std::shared_ptr<PagedCheck> check_of(const c10::Storage& storage, const c10::Device& device, const std::string& where) {
+  if (!check_mode()) return nullptr;
+  return std::make_shared<PagedCheck>(
+      PagedCheck{content_checksums({storage_bytes(storage, device)}), where, steps_ended()});
 }
 
 // A saved tensor kept on the device, as a saved-tensor hook returns it: detached. Kept whole, an
@@ -33,14 +49,16 @@ at::Tensor KeptTensor::unpack() const {
   return tensor;
 }
 
-std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tensor) {
+std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tensor, const std::string& where) {
   ++counts_.num_saved;
   if (!tensor.defined() || !tensor.has_storage()) return kept(tensor);
   const c10::Storage& storage = tensor.storage();
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
   if (std::shared_ptr<PageRef> page = shared_page(tensor)) {
     ++counts_.num_shared;
-    return view_of(tensor, std::move(page));
+    PackedTensor packed = view_of(tensor, std::move(page));
+    packed.check = check_of(storage, tensor.device(), where);
+    return packed;
   }
   if (storage.nbytes() < min_bytes_ || storage.nbytes() == 0) {
     count(storage, Kept::kSmall);
@@ -56,6 +74,7 @@ std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tenso
     count(storage, Kept::kElsewhere);
     return kept(tensor);
   }
+  std::shared_ptr<PagedCheck> check = check_of(storage, tensor.device(), where);  // before the copy out
   const std::unique_ptr<ComputeTimeline> compute = current_timeline(tensor.device(), *engine);
   DeviceBuffer buffer{const_cast<void*>(storage.data()), storage.nbytes(),
                       std::make_shared<c10::Storage>(storage)};
@@ -67,7 +86,9 @@ std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tenso
   auto page = std::make_shared<PageRef>(*engine, *id);
   paged_.insert_or_assign(key, Paged{storage.getWeakStorageImpl(), page, version_of(tensor)});
   count(storage, std::nullopt);
-  return view_of(tensor, std::move(page));
+  PackedTensor packed = view_of(tensor, std::move(page));
+  packed.check = std::move(check);
+  return packed;
 }
 
 std::shared_ptr<PageRef> TensorPager::shared_page(const at::Tensor& tensor) {
@@ -132,7 +153,28 @@ at::Tensor TensorPager::unpack(const PackedTensor& packed) {
   const auto storage = std::static_pointer_cast<c10::Storage>(buffer.owner);
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(packed.dtype).device(packed.device));
   out.set_(*storage, packed.storage_offset, packed.sizes, packed.strides);
+  if (packed.check != nullptr) verify(packed, *storage);
   return out;
+}
+
+void TensorPager::verify(const PackedTensor& packed, const c10::Storage& storage) {
+  const at::Tensor now = content_checksums({storage_bytes(storage, packed.device)});
+  if (now.equal(packed.check->checksum)) return;
+  const auto hex = [](const at::Tensor& sums) {
+    std::ostringstream text;
+    const at::Tensor values = sums.cpu().reshape(-1);
+    for (std::int64_t i = 0; i < values.numel(); ++i) {
+      text << (i ? " " : "") << std::hex << static_cast<std::uint64_t>(values[i].item<std::int64_t>());
+    }
+    return text.str();
+  };
+  const std::string& where = packed.check->where;
+  TORCH_CHECK(false, "stowage check: a paged tensor came back changed: [torch.", c10::toString(packed.dtype),
+              "Tensor ", c10::IntArrayRef(packed.sizes), "] saved ",
+              where.empty() ? std::string("outside any module") : "in module '" + where + "'", " at step ",
+              packed.check->step, " (", storage.nbytes(), " bytes; checksum ", hex(packed.check->checksum),
+              " as it left, ", hex(now), " as it came back). Its copy through host memory was corrupted (the "
+              "host memory, the link or the copy engine); stowage stopped before backward used it.");
 }
 
 }  // namespace stowage::torch_offload

@@ -9,7 +9,9 @@
 // unpack() rebuilds each saved view over the storage that comes back.
 //
 // Every saved tensor, paged or kept, carries its SavedVersion: unpacking one changed in place
-// since it was saved raises torch's own error, as torch would without the hooks.
+// since it was saved raises torch's own error, as torch would without the hooks. In check mode
+// (check_mode.hpp) a paged tensor also carries a checksum of its storage's bytes taken on the
+// device as it leaves; the bytes that come back are compared before backward uses them.
 //
 // Contract: one region on one thread packs; unpacks run on autograd's threads. A PackedTensor
 // holds its page; the last one to go drops it (a graph freed unused leaves nothing behind).
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -59,9 +62,17 @@ struct KeptTensor {
   static KeptTensor of(const at::Tensor& tensor);
 };
 
+// Check mode's record of a paged storage: its checksum as it left, and what to name it by.
+struct PagedCheck {
+  at::Tensor checksum;  // content_checksums() of the storage's bytes, on the device
+  std::string where;    // the module that saved it
+  std::int64_t step = 0;
+};
+
 // A saved tensor in the offload engine: its page and the view over the page's storage.
 struct PackedTensor {
   SavedVersion version;
+  std::shared_ptr<PagedCheck> check;  // check mode only
   std::shared_ptr<PageRef> page;
   std::vector<std::int64_t> sizes;
   std::vector<std::int64_t> strides;
@@ -86,8 +97,9 @@ class TensorPager {
  public:
   explicit TensorPager(std::size_t min_bytes) : min_bytes_(min_bytes) {}
 
-  // The tensor itself when it stays on the device, else its page.
-  std::variant<KeptTensor, PackedTensor> pack(const at::Tensor& tensor);
+  // The tensor itself when it stays on the device, else its page. `where` names the module that
+  // saved it, for check mode's message.
+  std::variant<KeptTensor, PackedTensor> pack(const at::Tensor& tensor, const std::string& where = "");
   // The saved tensor back on its device, usable by the compute that follows; raises torch's
   // error (before any copy) when it was changed in place since it was saved.
   static at::Tensor unpack(const PackedTensor& packed);
@@ -110,6 +122,8 @@ class TensorPager {
   // The page already holding this storage at this version, if any.
   std::shared_ptr<PageRef> shared_page(const at::Tensor& tensor);
   static PackedTensor view_of(const at::Tensor& tensor, std::shared_ptr<PageRef> page);
+  // Check mode: raises when the storage that came back is not the one that left.
+  static void verify(const PackedTensor& packed, const c10::Storage& storage);
 
   const std::size_t min_bytes_;
   ParameterStorages parameters_;

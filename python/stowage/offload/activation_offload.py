@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Iterable
 
-from stowage import _core
+from stowage import _core, checking
 from stowage.memory import _bytes, _torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
@@ -112,12 +112,15 @@ class activations:
         import torch
 
         module = _torch_module()
+        checking.apply()
         module.offload_configure(self._prefetch_pages, self._max_prefetch)
         self._pager = module.TensorPager(self._min_bytes)
         self._excluded = 0
         self._registered: set[int] = set()
         self._top_level: list[Any] = []
         self._depth = 0
+        self._names: dict[int, str] = {}  # check mode: module paths, for its messages
+        self._running: list[str] = []
         self._allocated_before = _allocated()
         self._handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._module_entered),
@@ -142,7 +145,7 @@ class activations:
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
             return _torch_module().TensorPager.keep(tensor)  # as the pager keeps one (tensor_pager.cpp)
-        return self._pager.pack(tensor)
+        return self._pager.pack(tensor, self._running[-1] if self._running else "")
 
     def _module_entered(self, module: Any, args: Any) -> None:
         import torch
@@ -151,7 +154,11 @@ class activations:
             return
         if self._depth == 0:
             self._top_level.append(module)
+            if checking.enabled():
+                self._names.update({id(m): n or type(module).__name__ for n, m in module.named_modules()})
         self._depth += 1
+        if checking.enabled():
+            self._running.append(self._names.get(id(module), type(module).__name__))
         if id(module) not in self._registered:
             self._registered.add(id(module))
             inner = getattr(module, "_orig_mod", None)  # a compiled module: its whole model
@@ -165,6 +172,8 @@ class activations:
 
         if not torch.compiler.is_compiling():
             self._depth = max(0, self._depth - 1)
+            if self._running:
+                self._running.pop()
 
     def _exclusion_entered(self, module: Any, args: Any) -> None:
         self._excluded += 1

@@ -66,6 +66,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from stowage import checking
 from stowage.memory import _bytes, _torch_module
 from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, update_runs
 from stowage.offload.adam_state import (check_loadable, describe_parameter, load_offloaded_state,
@@ -130,6 +131,7 @@ class Adam(torch.optim.Optimizer):
         self._worker = UpdateWorker(cpus_near(self._store_bus_id()))
         self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
         self._undo = UpdateUndo()
+        checking.apply()
         self._lock = threading.Lock()  # DDP's hook callbacks may run on the process group's threads
         self._accumulating = 0
         self._ddp_attached = False
@@ -577,6 +579,20 @@ class Adam(torch.optim.Optimizer):
         with self._transfers.on_write_back_stream():
             self._param_watch.remember([s.index for s in slots], shards)
         bucket.updated = None
+        if checking.enabled():
+            self._check_arrivals(slots, shards, views)
+
+    def _check_arrivals(self, slots: list[Slot], shards: list[torch.Tensor], views: list[torch.Tensor]) -> None:
+        """Check mode: each parameter written back is, bit for bit, what the host update made."""
+        self._transfers.synchronize()
+        for slot, shard, view in zip(slots, shards, views):
+            if torch.equal(_bits(shard.detach().to("cpu")), _bits(view)):
+                continue
+            name = checking.parameter_name(slot.param)
+            raise RuntimeError(
+                f"stowage check: {f'parameter {name!r}, ' if name else ''}{self._name(slot.param)}, arrived changed "
+                f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
+                "(the link, or host memory) corrupted it; stowage stopped the step there.")
 
     def _write_back_pending(self) -> None:
         for bucket in self._pending:
@@ -707,6 +723,11 @@ class Adam(torch.optim.Optimizer):
             with contextlib.suppress(Exception):
                 self._transfers.synchronize()
                 worker._executor.shutdown(wait=True)
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers of its element size, so that equal bits compare equal (NaN too)."""
+    return tensor.reshape(-1).view({8: torch.int64, 4: torch.int32, 2: torch.int16}[tensor.element_size()])
 
 
 class AdamW(Adam):

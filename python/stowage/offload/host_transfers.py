@@ -3,8 +3,9 @@
 On a GPU, gradients go out on a device-to-host stream and parameters come back on a host-to-device
 stream, both of their own, so they overlap compute; each waits for the compute stream's work
 issued so far (a gradient is final there; a parameter is no longer read by backward there), and
-the compute stream waits for the write-backs at the end of step(). On a CPU (plain, or CPU mode's
-simulated device) the copies are memcpy, done when the call returns.
+the compute stream waits for the write-backs at the end of step(). In CPU mode the copies cross the
+simulated device's link (its offload engine: copy_bandwidth, statistics, injected faults) and are
+done when the call returns; on a plain CPU they are memcpy.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class HostTransfers:
         """Starts copying `gradient` into the host buffer `destination` (1-D, same numel)."""
         source = gradient.reshape(-1)
         if not self.cuda:
-            destination.copy_(source)
+            _copy_on_cpu(destination, source)
             return
         self.to_host.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.to_host):
@@ -49,7 +50,8 @@ class HostTransfers:
         host buffers may be written again (None on a CPU, where that is at once)."""
         with torch.no_grad():
             if not self.cuda:
-                torch._foreach_copy_(params, sources)
+                for param, source in zip(params, sources):
+                    _copy_on_cpu(param, source)
                 return None
             self.to_device.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.to_device):
@@ -71,3 +73,16 @@ class HostTransfers:
         if self.cuda:
             self.to_host.synchronize()
             self.to_device.synchronize()
+
+
+def _copy_on_cpu(destination: torch.Tensor, source: torch.Tensor) -> None:
+    """Over CPU mode's link where one side is its device's memory, else memcpy."""
+    from stowage.memory import _torch_module
+
+    module = _torch_module()
+    if module.is_enabled() and destination.is_contiguous() and source.is_contiguous() and \
+            destination.dtype == source.dtype and module.copy_over_link(destination, source):
+        # As copy_ would: a graph that saved the destination must see it was written.
+        torch._C._autograd._unsafe_set_version_counter((destination,), (destination._version + 1,))
+        return
+    destination.copy_(source)

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping
 
-from stowage import _core
+from stowage import _core, checking
 from stowage.memory import _bytes, _torch_module
 from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
 from stowage.plan.module_frames import Frame, ModuleFrames
@@ -132,6 +132,7 @@ class Plan:
         self._active = True
         self._index_decisions()
         module = _torch_module()
+        checking.apply()
         module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
         self._pager = module.TensorPager(0)
         self._hold_to_budget(module)
@@ -250,7 +251,8 @@ class Plan:
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
         if unit is not None and self.decisions[unit] == "offload":
-            return self._pager.pack(tensor)
+            frame = self._frames.top
+            return self._pager.pack(tensor, frame.path if frame is not None else "")
         return _kept(tensor)
 
     # Reading -----------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""Check mode (stowage.checking): a paged tensor and a parameter written back, corrupted on
+purpose by the simulated device's link, are caught with the tensor, its module and the step
+named; with nothing corrupted, training is unchanged (CPU mode, in a fresh process each: the
+device and the switch are per process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+
+PRELUDE = """
+import os, torch, stowage
+stowage.enable(device="cpu", capacity="1GiB", check=True)
+from stowage import _torch
+class Square(torch.nn.Module):
+    def forward(self, x):
+        return x.square()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256), Square())
+batch = torch.randn(64, 256)
+def step(optimizer):
+    with stowage.offload.activations(min_bytes=0):
+        loss = model(batch).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    stowage.mark_step()
+"""
+
+
+def run(body: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
+                          timeout=240, cwd=HERE, env={**os.environ, **(env or {})})
+
+
+def test_a_paged_tensor_corrupted_on_the_link_is_caught_naming_it_its_module_and_step() -> None:
+    result = run("""
+        optimizer = torch.optim.AdamW(model.parameters())
+        step(optimizer)
+        step(optimizer)
+        with stowage.offload.activations(min_bytes=0):
+            loss = model(batch).mean()
+        stowage.offload.end_step()          # the page-outs done; the next copy is a page-in
+        _torch.cpu_corrupt_copy(1)
+        loss.backward()
+    """)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "stowage check: a paged tensor came back changed" in message, result.stderr
+    assert "saved in module '3' at step 2" in message, message  # Square's input, the first back
+
+
+def test_a_parameter_corrupted_on_its_way_back_is_caught_naming_it_and_the_step() -> None:
+    result = run("""
+        optimizer = stowage.offload.AdamW(model.parameters())
+        step(optimizer)
+        model(batch).mean().backward()  # the gradients' copies out
+        _torch.cpu_corrupt_copy(1)  # the next copy: a parameter's way back
+        optimizer.step()
+    """)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "stowage check: parameter '" in message and "arrived changed at step 1" in message, result.stderr
+
+
+def test_with_nothing_corrupted_check_mode_changes_nothing() -> None:
+    result = run("""
+        reference = [p.detach().clone() for p in model.parameters()]
+        optimizer = stowage.offload.AdamW(model.parameters())
+        for _ in range(3):
+            step(optimizer)
+        checked = [p.detach().clone() for p in model.parameters()]
+        stowage.checking.set_enabled(False)
+        with torch.no_grad():
+            for p, r in zip(model.parameters(), reference):
+                p.copy_(r)
+        optimizer = stowage.offload.AdamW(model.parameters())
+        for _ in range(3):
+            step(optimizer)
+        assert all(torch.equal(a, b) for a, b in zip(checked, model.parameters()))
+        print("same")
+    """)
+    assert result.returncode == 0 and "same" in result.stdout, result.stderr
+
+
+def test_the_environment_variable_turns_it_on() -> None:
+    result = subprocess.run([sys.executable, "-c", "import stowage.checking as c; print(c.enabled())"],
+                            capture_output=True, text=True, env={**__import__("os").environ, "STOWAGE_CHECK": "1"})
+    assert result.stdout.strip() == "True", result.stderr
