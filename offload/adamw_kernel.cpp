@@ -138,6 +138,44 @@ template <ElementType G, ElementType O, bool kOut>
   update_range<G, O, kOut, false, false>(s, b, begin, end);
 }
 
+// One range of a parameter kept in its own precision T: every state read as fp32, updated, and
+// rounded to T as it is stored (torch's fused Adam on bf16 / fp16 parameters).
+template <ElementType T, bool kL2, bool kAmsgrad>
+[[gnu::always_inline]] inline void narrow_range(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
+                                                std::size_t end) {
+  const float keep = s.keep, l2 = s.l2, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
+  const float step_size = s.step_size, inv_bias2_sqrt = s.inv_bias2_sqrt, eps = s.eps;
+  const float grad_scale = s.grad_scale;
+  for (std::size_t i = begin; i < end; ++i) {
+    float g = load<T>(b.grad, i) * grad_scale;
+    const float p0 = load<T>(b.param, i);
+    if constexpr (kL2) g = g + l2 * p0;
+    const float m_new = lerp(load<T>(b.exp_avg, i), g, w1);
+    const float v_new = load<T>(b.exp_avg_sq, i) * beta2 + w2 * g * g;
+    store<T>(b.exp_avg, i, m_new);
+    store<T>(b.exp_avg_sq, i, v_new);
+    float v_hat = v_new;
+    if constexpr (kAmsgrad) {
+      v_hat = running_max(load<T>(b.max_exp_avg_sq, i), v_new);
+      store<T>(b.max_exp_avg_sq, i, v_hat);
+    }
+    store<T>(b.param, i, p0 * keep - step_size * m_new / (std::sqrt(v_hat) * inv_bias2_sqrt + eps));
+  }
+}
+
+template <ElementType T>
+[[gnu::always_inline]] inline void narrow_variant(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
+                                                  std::size_t end) {
+  const bool l2 = s.l2 != 0.0f;
+  const bool amsgrad = b.max_exp_avg_sq != nullptr;
+  if (l2 && amsgrad) return narrow_range<T, true, true>(s, b, begin, end);
+  if (l2) return narrow_range<T, true, false>(s, b, begin, end);
+  if (amsgrad) return narrow_range<T, false, true>(s, b, begin, end);
+  narrow_range<T, false, false>(s, b, begin, end);
+}
+
+using NarrowFunction = void (*)(const StepScalars&, const NarrowAdamBuffers&, std::size_t, std::size_t);
+
 using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::size_t, std::size_t);
 
 // One function per (gradient, output) pair, each compiled for AVX-512, AVX2/FMA/F16C and the baseline;
@@ -166,6 +204,14 @@ STOWAGE_ADAMW_RANGE(range_f16_f32, kFloat16, kFloat32, true)
 STOWAGE_ADAMW_RANGE(range_f16_bf16, kFloat16, kBFloat16, true)
 STOWAGE_ADAMW_RANGE(range_f16_f16, kFloat16, kFloat16, true)
 #undef STOWAGE_ADAMW_RANGE
+STOWAGE_ADAMW_CLONES void narrow_bf16(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
+                                      std::size_t end) {
+  narrow_variant<ElementType::kBFloat16>(s, b, begin, end);
+}
+STOWAGE_ADAMW_CLONES void narrow_f16(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
+                                     std::size_t end) {
+  narrow_variant<ElementType::kFloat16>(s, b, begin, end);
+}
 #undef STOWAGE_ADAMW_CLONES
 
 RangeFunction range_function(const AdamWBuffers& b) {
@@ -187,6 +233,13 @@ void check_buffers(const AdamWHyperparameters& hyper, std::int64_t step, const A
                 "AdamW buffers of ", b.count, " elements need master, moments and gradient");
   STOWAGE_CHECK(static_cast<std::size_t>(b.grad_type) < 3 && static_cast<std::size_t>(b.out_type) < 3,
                 "unknown element type");
+}
+
+void check_narrow(const AdamWHyperparameters& hyper, std::int64_t step, const NarrowAdamBuffers& b) {
+  check_buffers(hyper, step, {static_cast<float*>(b.param), static_cast<float*>(b.exp_avg),
+                              static_cast<float*>(b.exp_avg_sq), b.grad, b.type, nullptr, b.type, b.count});
+  STOWAGE_CHECK(b.type == ElementType::kBFloat16 || b.type == ElementType::kFloat16,
+                "parameters kept in their own precision are bfloat16 or float16");
 }
 
 }  // namespace
@@ -211,15 +264,15 @@ float bfloat16_to_float(std::uint16_t bits) noexcept { return load<ElementType::
 
 std::uint16_t float_to_bfloat16(float value) noexcept { return to_bfloat16(value); }
 
-void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers, int threads) {
-  check_buffers(hyper, step, buffers);
-  const StepScalars s = scalars_of(hyper, step);
-  const RangeFunction run = range_function(buffers);
-  const std::size_t count = buffers.count;
+namespace {
+
+// Runs `run` over [0, count) split into `threads` contiguous shares (the caller's thread one of them).
+template <typename Run>
+void split_over_threads(std::size_t count, int threads, const Run& run) {
   const std::size_t useful = std::max<std::size_t>(1, count / kMinPerThread);
   const std::size_t parts = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)), 1, useful);
   if (parts == 1) {
-    run(s, buffers, 0, count);
+    run(0, count);
     return;
   }
   // Contiguous shares rounded to whole cache lines of fp32, so threads never share one.
@@ -227,8 +280,56 @@ void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const Adam
   RangeWorkers::shared().run(parts, [&](std::size_t part) {
     const std::size_t begin = std::min(count, part * share);
     const std::size_t end = part + 1 == parts ? count : std::min(count, begin + share);
-    run(s, buffers, begin, end);
+    run(begin, end);
   });
+}
+
+}  // namespace
+
+void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers, int threads) {
+  check_buffers(hyper, step, buffers);
+  const StepScalars s = scalars_of(hyper, step);
+  const RangeFunction run = range_function(buffers);
+  split_over_threads(buffers.count, threads, [&](std::size_t begin, std::size_t end) { run(s, buffers, begin, end); });
+}
+
+void adam_step_narrow(const AdamWHyperparameters& hyper, std::int64_t step, const NarrowAdamBuffers& buffers,
+                      int threads) {
+  check_narrow(hyper, step, buffers);
+  const StepScalars s = scalars_of(hyper, step);
+  const NarrowFunction run = buffers.type == ElementType::kBFloat16 ? narrow_bf16 : narrow_f16;
+  split_over_threads(buffers.count, threads, [&](std::size_t begin, std::size_t end) { run(s, buffers, begin, end); });
+}
+
+void adam_step_narrow_reference(const AdamWHyperparameters& hyper, std::int64_t step, const NarrowAdamBuffers& b) {
+  check_narrow(hyper, step, b);
+  const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+  const bool bf16 = b.type == ElementType::kBFloat16;
+  const auto get = [&](const void* base, std::size_t i) -> double {
+    return bf16 ? load<ElementType::kBFloat16>(base, i) : load<ElementType::kFloat16>(base, i);
+  };
+  const auto put = [&](void* base, std::size_t i, double value) {
+    if (bf16) store<ElementType::kBFloat16>(base, i, static_cast<float>(value));
+    else store<ElementType::kFloat16>(base, i, static_cast<float>(value));
+  };
+  for (std::size_t i = 0; i < b.count; ++i) {
+    double g = get(b.grad, i) * static_cast<double>(static_cast<float>(hyper.maximize ? -hyper.grad_scale
+                                                                                        : hyper.grad_scale));
+    const double p0 = get(b.param, i);
+    if (!hyper.decoupled_weight_decay) g += hyper.weight_decay * p0;
+    const double decay = hyper.decoupled_weight_decay ? hyper.weight_decay : 0.0;
+    const double m = hyper.beta1 * get(b.exp_avg, i) + (1.0 - hyper.beta1) * g;
+    const double v = hyper.beta2 * get(b.exp_avg_sq, i) + (1.0 - hyper.beta2) * g * g;
+    put(b.exp_avg, i, m);
+    put(b.exp_avg_sq, i, v);
+    double v_hat = v;
+    if (b.max_exp_avg_sq != nullptr) {
+      v_hat = std::max(get(b.max_exp_avg_sq, i), v);
+      put(b.max_exp_avg_sq, i, v_hat);
+    }
+    put(b.param, i, p0 * (1.0 - hyper.lr * decay) - hyper.lr / bias1 * m / (std::sqrt(v_hat) / std::sqrt(bias2) + hyper.eps));
+  }
 }
 
 void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& b) {

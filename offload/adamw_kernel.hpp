@@ -60,6 +60,27 @@ void adamw_step(const AdamWHyperparameters& hyper, std::int64_t step, const Adam
 // reference the vectorised kernel is tested against.
 void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, const AdamWBuffers& buffers);
 
+// A parameter kept in its own precision, bf16 or fp16, with its moments in that precision too:
+// what torch's Adam holds for such a parameter (no fp32 master). The update runs in fp32 and
+// rounds each state as it is stored, as torch's fused Adam does; the parameter is updated in
+// place, and is what is written back.
+struct NarrowAdamBuffers {
+  void* param = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  const void* grad = nullptr;       // in the parameter's precision
+  void* max_exp_avg_sq = nullptr;   // amsgrad; null without
+  ElementType type = ElementType::kBFloat16;  // kBFloat16 or kFloat16
+  std::size_t count = 0;
+};
+
+// As adamw_step, for parameters kept in their own precision.
+void adam_step_narrow(const AdamWHyperparameters& hyper, std::int64_t step, const NarrowAdamBuffers& buffers,
+                      int threads = 1);
+// Element by element, in double, each state rounded as it is stored: the reference.
+void adam_step_narrow_reference(const AdamWHyperparameters& hyper, std::int64_t step,
+                                const NarrowAdamBuffers& buffers);
+
 // Precision conversions the kernel uses, exposed for tests.
 [[nodiscard]] float bfloat16_to_float(std::uint16_t bits) noexcept;
 [[nodiscard]] std::uint16_t float_to_bfloat16(float value) noexcept;

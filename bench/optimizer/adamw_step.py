@@ -75,9 +75,9 @@ def make_optimizer(mode: str, params: list[Any]) -> Any:
     if mode == "device":
         return torch.optim.AdamW(params, fused=True, **HYPER)
     if mode == "stowage":
-        return stowage.offload.AdamW(params, **HYPER)
+        return stowage.offload.AdamW(params, master_weights=True, **HYPER)
     if mode == "stowage_delayed":
-        return stowage.offload.AdamW(params, update="delayed", **HYPER)
+        return stowage.offload.AdamW(params, update="delayed", master_weights=True, **HYPER)
     if not cuda():
         raise SystemExit("torchao's CPUOffloadOptimizer offloads from a GPU: skipped in CPU mode")
     from torchao.optim import CPUOffloadOptimizer

@@ -206,6 +206,55 @@ TEST(AdamWKernel, AdamsPenaltyEntersTheMomentsAndAdamWsDecayDoesNot) {
   EXPECT_NEAR(adam[0], 2.0f - 0.01f, 1e-6f);   // the first step moves by lr against the penalty
 }
 
+// States in the parameter's own precision: within one step of that precision of the reference
+// (each rounds as it stores; the fast path computes in float, the reference in double).
+TEST(AdamWKernel, ParametersKeptInTheirOwnPrecisionFollowTheReference) {
+  std::mt19937 random(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const ElementType type : {ElementType::kBFloat16, ElementType::kFloat16}) {
+    for (const bool decoupled : {true, false}) {
+      for (const bool amsgrad : {false, true}) {
+        const std::size_t count = 70001;
+        std::vector<std::uint16_t> param(count), m(count, 0), v(count, 0), vmax(count, 0), grad(count);
+        const auto narrow = [&](float x) {
+          if (type == ElementType::kBFloat16) return float_to_bfloat16(x);
+          const auto half = static_cast<_Float16>(x);
+          std::uint16_t bits;
+          std::memcpy(&bits, &half, 2);
+          return bits;
+        };
+        const auto wide = [&](std::uint16_t bits) {
+          if (type == ElementType::kBFloat16) return bfloat16_to_float(bits);
+          _Float16 half;
+          std::memcpy(&half, &bits, 2);
+          return static_cast<float>(half);
+        };
+        for (std::size_t i = 0; i < count; ++i) {
+          param[i] = narrow(normal(random));
+          grad[i] = narrow(0.1f * normal(random));
+        }
+        auto p2 = param, m2 = m, v2 = v, vmax2 = vmax;
+        AdamWHyperparameters hyper{1e-3, 0.9, 0.999, 1e-6, 0.1};
+        hyper.decoupled_weight_decay = decoupled;
+        for (std::int64_t step = 1; step <= 3; ++step) {
+          adam_step_narrow(hyper, step, {param.data(), m.data(), v.data(), grad.data(),
+                                         amsgrad ? vmax.data() : nullptr, type, count}, 2);
+          adam_step_narrow_reference(hyper, step, {p2.data(), m2.data(), v2.data(), grad.data(),
+                                                   amsgrad ? vmax2.data() : nullptr, type, count});
+        }
+        const float ulp = type == ElementType::kBFloat16 ? 0x1p-7f : 0x1p-10f;
+        // fp16's subnormals are 2^-24 apart: small second moments live there.
+        const float floor = type == ElementType::kBFloat16 ? 1e-9f : 0x1p-23f;
+        for (std::size_t i = 0; i < count; ++i) {
+          ASSERT_NEAR(wide(param[i]), wide(p2[i]), 2 * ulp * std::abs(wide(p2[i])) + 1e-6f) << i;
+          ASSERT_NEAR(wide(m[i]), wide(m2[i]), 2 * ulp * std::abs(wide(m2[i])) + floor) << i;
+          ASSERT_NEAR(wide(v[i]), wide(v2[i]), 2 * ulp * std::abs(wide(v2[i])) + floor) << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(AdamWKernel, ThreadsGiveTheSameBitsAsOne) {
   std::mt19937 random(11);
   const AdamWHyperparameters hyper{3e-4, 0.9, 0.95, 1e-8, 0.1};

@@ -100,6 +100,46 @@ void bind_update(py::module_& module) {
       "amsgrad. Releases the GIL.");
 }
 
+void* narrow_data(const at::Tensor& tensor, const char* what, std::int64_t numel, at::ScalarType type) {
+  check_host(tensor, what, numel);
+  STOWAGE_CHECK(tensor.scalar_type() == type, "the Adam update's ", what, " must be ",
+                c10::toString(type), " like the parameter, not ", c10::toString(tensor.scalar_type()));
+  return tensor.data_ptr();
+}
+
+void bind_narrow_update(py::module_& module) {
+  module.def(
+      "adam_update_narrow",
+      [](const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
+         std::int64_t step, double lr, double beta1, double beta2, double eps, double weight_decay,
+         double grad_scale, int threads, bool decoupled_weight_decay, bool maximize,
+         const std::optional<at::Tensor>& max_exp_avg_sq) {
+        const std::int64_t numel = param.numel();
+        const at::ScalarType type = param.scalar_type();
+        STOWAGE_CHECK(type == at::kBFloat16 || type == at::kHalf,
+                      "parameters kept in their own precision are bfloat16 or float16, not ", c10::toString(type));
+        offload::NarrowAdamBuffers buffers;
+        buffers.param = narrow_data(param, "parameter", numel, type);
+        buffers.exp_avg = narrow_data(exp_avg, "exp_avg", numel, type);
+        buffers.exp_avg_sq = narrow_data(exp_avg_sq, "exp_avg_sq", numel, type);
+        buffers.grad = narrow_data(grad, "gradient", numel, type);
+        if (max_exp_avg_sq) buffers.max_exp_avg_sq = narrow_data(*max_exp_avg_sq, "max_exp_avg_sq", numel, type);
+        buffers.type = type == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
+        buffers.count = static_cast<std::size_t>(numel);
+        offload::AdamWHyperparameters hyper{lr, beta1, beta2, eps, weight_decay, grad_scale};
+        hyper.decoupled_weight_decay = decoupled_weight_decay;
+        hyper.maximize = maximize;
+        const py::gil_scoped_release release;
+        offload::adam_step_narrow(hyper, step, buffers, threads);
+      },
+      py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("grad"), py::arg("step"), py::arg("lr"),
+      py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("grad_scale") = 1.0,
+      py::arg("threads") = 1, py::arg("decoupled_weight_decay") = true, py::arg("maximize") = false,
+      py::arg("max_exp_avg_sq") = py::none(),
+      "One Adam step for bfloat16 or float16 parameters whose states stay in that precision (torch's Adam on "
+      "such parameters): updated in place in fp32 arithmetic, each state rounded as it is stored. Releases the GIL.");
+}
+
 void bind_store(py::module_& module) {
   py::class_<HostStateStore>(module, "HostStateStore")
       .def(py::init([](const std::string& device, std::size_t limit_bytes) {
@@ -131,6 +171,7 @@ void bind_optimizer(py::module_& module) {
              "[len(tensors), 3] int64 checksums of the tensors' bytes, on their device "
              "(python/bindings/torch/content_checksum.hpp): equal bytes give equal rows.");
   torch_offload::bind_update(module);
+  torch_offload::bind_narrow_update(module);
   torch_offload::bind_store(module);
 }
 

@@ -1,5 +1,5 @@
 """How long AdamW's update takes a parameter on the host (stowage's kernel, as the offloaded
-optimizer runs it) and on the device (torch's fused AdamW, as the share kept there runs), measured
+optimizer runs it for the parameters' dtype) and on the device (torch's fused AdamW, as the share kept there runs), measured
 on a small buffer when `fit` runs: the trade between the states kept on the device and the
 activations they displace is in these times."""
 
@@ -32,18 +32,26 @@ def _best_ms(run: Callable[[], None], synchronize: Callable[[], None]) -> float:
 
 
 def _host_ms(device: torch.device, dtype: torch.dtype) -> float:
+    """The host update as the offloaded optimizer runs it for `dtype`: fp32 states for fp32
+    parameters, the parameter's own precision for bf16 and fp16 ones (as torch's Adam keeps)."""
     store = _torch_module().HostStateStore(str(device))  # pinned host memory, not the device's
-    master, grad = store.empty(HOST_PROBE_NUMEL, torch.float32), store.empty(HOST_PROBE_NUMEL, dtype)
-    moments = [store.empty(HOST_PROBE_NUMEL, torch.float32).zero_() for _ in range(2)]
-    out = store.empty(HOST_PROBE_NUMEL, dtype) if dtype != torch.float32 else None
+    narrow = dtype in (torch.bfloat16, torch.float16)
+    state = dtype if narrow else torch.float32
+    master, grad = store.empty(HOST_PROBE_NUMEL, state), store.empty(HOST_PROBE_NUMEL, dtype)
+    moments = [store.empty(HOST_PROBE_NUMEL, state).zero_() for _ in range(2)]
     master.fill_(1.0), grad.fill_(1e-3)
     threads = len(cpus_near(None))
     steps = iter(range(1, 1 << 30))
     beta1, beta2 = HYPER["betas"]
+    hyper = dict(lr=HYPER["lr"], beta1=beta1, beta2=beta2, eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
+                 threads=threads)
+    module = _torch_module()
 
     def run() -> None:
-        _torch_module().adamw_update(master, *moments, grad, out, next(steps), HYPER["lr"], beta1, beta2,
-                                     HYPER["eps"], HYPER["weight_decay"], 1.0, threads)
+        if narrow:
+            module.adam_update_narrow(master, *moments, grad, next(steps), **hyper)
+        else:
+            module.adamw_update(master, *moments, grad, None, next(steps), **hyper)
 
     return _best_ms(run, lambda: None)
 

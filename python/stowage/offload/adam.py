@@ -8,9 +8,13 @@ their fp32 master weights and moments in host memory, updated on the CPU while t
         optimizer.zero_grad()
 
 Each gradient is copied to pinned host memory as soon as it is final (grouped in buckets); the
-update runs in one pass over fp32 masters and moments, gradients in the device's precision in and
-parameters out (the C++ kernel, torch's update with every option: Adam's L2 penalty or AdamW's
-decoupled decay, ``maximize``, ``amsgrad``); updated parameters stream back on a copy stream.
+update runs in one pass over the host states (the C++ kernel, torch's update with every option:
+Adam's L2 penalty or AdamW's decoupled decay, ``maximize``, ``amsgrad``); updated parameters
+stream back on a copy stream. The states are those torch's optimizer would keep: fp32 for fp32
+parameters, the parameter's own precision for bf16 and fp16 ones (torch's Adam keeps bf16
+moments for a bf16 parameter). ``master_weights=True`` keeps fp32 masters and moments for bf16 /
+fp16 parameters instead (the mixed-precision recipe, 16 host bytes a parameter instead of 8):
+more exact than torch's optimizer on those parameters, so not what it computes.
 
 What torch's optimizer would do, this one does (Note [Offloaded optimizer semantics]):
 - a parameter is updated if and only if its ``.grad`` is not None at step(); frozen parameters
@@ -51,9 +55,9 @@ step(). A GradScaler's inf check skips the step with nothing applied.
 
 ``device_fraction``: the share of parameters (by count; the first ones, whose gradients arrive
 last in backward) whose states stay on the device, updated there by torch's own optimizer with
-the options given (bitwise torch's). ``state_dict()`` is torch's format; parameters that are not
-fp32 add their fp32 masters under ``"master"``. Not supported: ``differentiable=True``,
-parameters on several devices.
+the options given (bitwise torch's). ``state_dict()`` is torch's format; with master_weights,
+parameters that are not fp32 add their fp32 masters under ``"master"``. Not supported:
+``differentiable=True``, parameters on several devices.
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ class Adam(torch.optim.Optimizer):
                  amsgrad: bool = False, *, foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
                  decoupled_weight_decay: bool = False, update: str = "exact", device_fraction: float = 0.0,
-                 bucket_numel: int = DEFAULT_BUCKET_NUMEL, host_memory_limit: int | str | None = None) -> None:
+                 bucket_numel: int = DEFAULT_BUCKET_NUMEL, host_memory_limit: int | str | None = None,
+                 master_weights: bool = False) -> None:
         if differentiable:
             raise ValueError(f"stowage.offload.{type(self).__name__}: differentiable=True (gradients through the "
                              "update) needs the update in autograd: use torch's optimizer")
@@ -114,6 +119,7 @@ class Adam(torch.optim.Optimizer):
         self._constructing = False
         self.update_mode = update
         self.device_fraction = device_fraction
+        self.master_weights = bool(master_weights)
         self._limit = None if host_memory_limit is None else _bytes(host_memory_limit)
         self._bucket_numel = bucket_numel
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
@@ -204,7 +210,7 @@ class Adam(torch.optim.Optimizer):
             return
         limit = None if self._limit is None else self._limit - self._store.stats()["allocated_bytes"]
         grad_buffers = 2 if self.update_mode == "delayed" else 1
-        buckets = build_buckets(pairs, self._store, self._bucket_numel, grad_buffers, limit)
+        buckets = build_buckets(pairs, self._store, self._bucket_numel, grad_buffers, limit, self.master_weights)
         slots = [slot for bucket in buckets for slot in bucket.slots]
         first = len(self._slots)
         for offset, slot in enumerate(slots):
@@ -230,8 +236,8 @@ class Adam(torch.optim.Optimizer):
         entry = {"step": slot.step, "exp_avg": slot.exp_avg, "exp_avg_sq": slot.exp_avg_sq}
         if slot.max_exp_avg_sq is not None:
             entry["max_exp_avg_sq"] = slot.max_exp_avg_sq
-        if slot.param.dtype != torch.float32:
-            entry["master"] = slot.master
+        if slot.master.dtype != slot.param.dtype:
+            entry["master"] = slot.master  # fp32 masters of a bf16 / fp16 parameter (master_weights)
         return entry
 
     def _name(self, param: torch.Tensor) -> str:
@@ -546,7 +552,7 @@ class Adam(torch.optim.Optimizer):
                      decoupled_weight_decay=bool(group.get("decoupled_weight_decay", False)),
                      maximize=bool(group["maximize"]))
         grads = bucket.grads[self._grad_buffer]
-        kernel = _torch_module().adamw_update
+        module = _torch_module()
         threads = self._worker.threads
         copied, returned = bucket.copied_event, bucket.returned_event
         undo = self._undo
@@ -559,10 +565,14 @@ class Adam(torch.optim.Optimizer):
             if provisional:
                 undo.save(bucket)
             for begin, end, step in runs:
-                out = None if bucket.out is None else bucket.out[begin:end]
                 maximum = None if bucket.max_exp_avg_sq is None else bucket.max_exp_avg_sq[begin:end]
-                kernel(bucket.master[begin:end], bucket.exp_avg[begin:end], bucket.exp_avg_sq[begin:end],
-                       grads[begin:end], out, step, threads=threads, max_exp_avg_sq=maximum, **hyper)
+                states = (bucket.master[begin:end], bucket.exp_avg[begin:end], bucket.exp_avg_sq[begin:end],
+                          grads[begin:end])
+                if bucket.narrow:
+                    module.adam_update_narrow(*states, step, threads=threads, max_exp_avg_sq=maximum, **hyper)
+                    continue
+                out = None if bucket.out is None else bucket.out[begin:end]
+                module.adamw_update(*states, out, step, threads=threads, max_exp_avg_sq=maximum, **hyper)
 
         return update
 
@@ -740,8 +750,9 @@ class AdamW(Adam):
                  amsgrad: bool = False, *, foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
                  update: str = "exact", device_fraction: float = 0.0, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 host_memory_limit: int | str | None = None) -> None:
+                 host_memory_limit: int | str | None = None, master_weights: bool = False) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
                          capturable=capturable, differentiable=differentiable, fused=fused,
                          decoupled_weight_decay=True, update=update, device_fraction=device_fraction,
-                         bucket_numel=bucket_numel, host_memory_limit=host_memory_limit)
+                         bucket_numel=bucket_numel, host_memory_limit=host_memory_limit,
+                         master_weights=master_weights)

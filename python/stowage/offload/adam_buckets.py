@@ -1,6 +1,12 @@
-"""The offloaded Adam's host-side layout: parameters grouped in buckets, each bucket's fp32
-master weights, moments (and amsgrad's maximum) and staging buffers as flat host tensors, each
-parameter a view in them.
+"""The offloaded Adam's host-side layout: parameters grouped in buckets, each bucket's master
+weights, moments (and amsgrad's maximum) and staging buffers as flat host tensors, each parameter
+a view in them.
+
+States are fp32 for fp32 parameters. For bf16 and fp16 parameters they are what torch's Adam
+keeps: the parameter and its moments in its own precision (a "narrow" bucket, whose masters are
+the parameters themselves, written back as they are); with ``master_weights`` they are fp32
+masters and moments instead (the mixed-precision recipe), rounded to an output buffer for the
+copy back.
 
 A bucket holds parameters of one param group, one device and one dtype, in the order their
 gradients usually become final (reverse registration order, as DDP's buckets), up to
@@ -63,6 +69,7 @@ class Bucket:
     max_exp_avg_sq: torch.Tensor | None  # amsgrad's running maximum (None without amsgrad)
     grads: list[torch.Tensor]
     out: torch.Tensor | None
+    narrow: bool = False  # states in the parameters' own precision (bf16 / fp16), as torch's
     arrived: int = 0
     copied_event: Any = None  # torch.cuda.Event once the copies out were issued (CUDA only)
     returned_event: Any = None  # the write-back's, which the next update waits for before `out`
@@ -95,29 +102,42 @@ def plan_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]],
     return buckets
 
 
-def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int, amsgrad: bool = False) -> int:
-    """Host bytes one offloaded parameter takes: fp32 master and moments (and amsgrad's maximum),
-    the gradient staging buffers, and an output buffer unless the parameters are fp32 (the masters
-    are written back)."""
+def is_narrow(dtype: torch.dtype, master_weights: bool) -> bool:
+    """Whether parameters of `dtype` keep their states in their own precision."""
+    return dtype in (torch.bfloat16, torch.float16) and not master_weights
+
+
+def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int, amsgrad: bool = False,
+                        master_weights: bool = False) -> int:
+    """Host bytes one offloaded parameter takes: its master and moments (and amsgrad's maximum),
+    the gradient staging buffers, and, with fp32 masters of a parameter that is not fp32, an
+    output buffer (otherwise the masters are written back as they are)."""
     element = torch.empty((), dtype=dtype).element_size()
-    return 12 + (4 if amsgrad else 0) + grad_buffers * element + (0 if dtype == torch.float32 else element)
+    states = 3 + (1 if amsgrad else 0)
+    if is_narrow(dtype, master_weights):
+        return (states + grad_buffers) * element
+    return 4 * states + grad_buffers * element + (0 if dtype == torch.float32 else element)
 
 
-def host_bytes_needed(buckets: list[list[tuple[torch.Tensor, dict[str, Any]]]], grad_buffers: int) -> int:
-    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers, bool(b[0][1].get("amsgrad")))
+def host_bytes_needed(buckets: list[list[tuple[torch.Tensor, dict[str, Any]]]], grad_buffers: int,
+                      master_weights: bool = False) -> int:
+    return sum(bytes_per_parameter(b[0][0].dtype, grad_buffers, bool(b[0][1].get("amsgrad")), master_weights)
                * sum(local(p).numel() for p, _ in b) for b in buckets)
 
 
-def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, grad_buffers: int) -> Bucket:
+def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, grad_buffers: int,
+                master_weights: bool = False) -> Bucket:
     """Allocates a bucket's host buffers from `store` and fills the masters from the parameters."""
     dtype = members[0][0].dtype
+    narrow = is_narrow(dtype, master_weights)
+    state = dtype if narrow else torch.float32
     numel = sum(local(p).numel() for p, _ in members)
-    master = store.empty(numel, torch.float32)
-    exp_avg = store.empty(numel, torch.float32).zero_()
-    exp_avg_sq = store.empty(numel, torch.float32).zero_()
-    maximum = store.empty(numel, torch.float32).zero_() if members[0][1].get("amsgrad") else None
+    master = store.empty(numel, state)
+    exp_avg = store.empty(numel, state).zero_()
+    exp_avg_sq = store.empty(numel, state).zero_()
+    maximum = store.empty(numel, state).zero_() if members[0][1].get("amsgrad") else None
     grads = [store.empty(numel, dtype) for _ in range(grad_buffers)]
-    out = None if dtype == torch.float32 else store.empty(numel, dtype)
+    out = None if state == dtype else store.empty(numel, dtype)
     slots = []
     offset = 0
     for param, group in members:
@@ -131,19 +151,19 @@ def make_bucket(members: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, 
         slot.master.copy_(shard.detach())
         slots.append(slot)
         offset += n
-    bucket = Bucket(slots, master, exp_avg, exp_avg_sq, maximum, grads, out)
+    bucket = Bucket(slots, master, exp_avg, exp_avg_sq, maximum, grads, out, narrow)
     for slot in slots:
         slot.bucket = bucket
     return bucket
 
 
 def build_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]], store: Any, bucket_numel: int,
-                  grad_buffers: int, host_memory_limit: int | None) -> list[Bucket]:
+                  grad_buffers: int, host_memory_limit: int | None, master_weights: bool = False) -> list[Bucket]:
     """The buckets for `params`, after checking the host has room for all of them."""
     planned = plan_buckets(params, bucket_numel)
-    check_host_room(host_bytes_needed(planned, grad_buffers), "stowage.offload.AdamW's host states",
+    check_host_room(host_bytes_needed(planned, grad_buffers, master_weights), "stowage.offload.AdamW's host states",
                     host_memory_limit)
-    return [make_bucket(members, store, grad_buffers) for members in planned]
+    return [make_bucket(members, store, grad_buffers, master_weights) for members in planned]
 
 
 def update_runs(slots: list[Slot]) -> list[tuple[int, int, int]]:

@@ -2,10 +2,11 @@
 checking a state_dict whole before any of it is taken.
 
 A parameter's entry is torch's: ``step`` (a float32 scalar tensor), ``exp_avg`` and
-``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) in the parameter's shape; fp32 here, whatever
-the parameter's dtype. A parameter that is not fp32 adds its fp32 master weights under
-``master``; a checkpoint without them (one torch's optimizer wrote) starts the masters from the
-parameters as they are when it is loaded, so load the model's weights first.
+``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) in the parameter's shape and in the states'
+precision (the parameter's, or fp32 with master_weights). With master_weights a parameter that is
+not fp32 adds its fp32 master weights under ``master``; a checkpoint without them (one torch's
+optimizer wrote) starts the masters from the parameters as they are when it is loaded, so load
+the model's weights first.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def load_offloaded_state(slot: Slot, saved: dict[str, Any] | None) -> None:
         _copy_into(moment, saved[key])
     step = saved.get("step", 0)
     slot.step.fill_(float(step.item() if isinstance(step, torch.Tensor) else step))
-    if saved.get("master") is not None and slot.param.dtype != torch.float32:
+    if saved.get("master") is not None and slot.master.dtype != slot.param.dtype:
         _copy_into(slot.master, saved["master"])
     else:
         slot.master.copy_(shard.detach())
