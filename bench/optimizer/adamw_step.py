@@ -146,9 +146,9 @@ def autocast() -> Any:
     return torch.autocast("cuda", dtype=torch.bfloat16) if cuda() else contextlib.nullcontext()
 
 
-def update_seconds(optimizer: Any) -> float | None:
+def update_seconds(optimizer: Any, key: str = "update_seconds") -> float | None:
     stats = getattr(optimizer, "host_stats", None)
-    return None if stats is None else float(stats()["update_seconds"])
+    return None if stats is None else float(stats()[key])
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,6 +160,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     steps: list[dict[str, float | None]] = []
     for index in range(args.warmup + args.steps):
         before = update_seconds(optimizer)
+        watched = update_seconds(optimizer, "content_watch_seconds")
         clock = StepClock()
         wall = time.perf_counter()
         clock.mark()
@@ -174,10 +175,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         wall_ms = (time.perf_counter() - wall) * 1e3
         after = update_seconds(optimizer)
         update = None if before is None or after is None else (after - before) * 1e3
+        # The writes-through-.data and replaced-gradient checks (content checksums on the device).
+        watch = None if watched is None else (update_seconds(optimizer, "content_watch_seconds") - watched) * 1e3
         if index >= args.warmup:
             steps.append({"step_ms": wall_ms, "forward_backward_ms": forward_backward,
                           "optimizer_idle_ms": idle, "host_update_ms": update,
-                          "hidden_share": None if not update else max(0.0, 1 - idle / update)})
+                          "hidden_share": None if not update else max(0.0, 1 - idle / update),
+                          "content_watch_ms": watch,
+                          "content_watch_share": None if watch is None else watch / wall_ms})
     tokens_per_step = args.batch * args.seq
     walls = [s["step_ms"] for s in steps]
     return {

@@ -12,7 +12,8 @@
 // about one in 2^32 for the changes training code makes.
 //
 // Temporary memory: one word per row and one per column (1/1024 of the tensor), besides a
-// contiguous copy for a tensor that is not contiguous.
+// contiguous copy for a tensor that is not contiguous. In host memory (CPU tensors, CPU mode's
+// device) one loop computes the same sums in one pass.
 #pragma once
 
 #include <ATen/core/Tensor.h>

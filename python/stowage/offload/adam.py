@@ -713,11 +713,13 @@ class Adam(torch.optim.Optimizer):
 
     def host_stats(self) -> dict[str, Any]:
         """The host memory the states take (bytes, pinned or pageable), where it is placed, the
-        CPUs that update it, and the time spent in host updates so far (seconds)."""
+        CPUs that update it, the time spent in host updates so far and the time spent comparing
+        parameters' and gradients' bytes (seconds)."""
         return {**self._store.stats(), "placement": self._store.placement(),
                 "update_cpus": self._worker.cpus,
                 "update_threads": self._worker.threads,
-                "update_seconds": self._worker.busy_seconds}
+                "update_seconds": self._worker.busy_seconds,
+                "content_watch_seconds": self._param_watch.seconds + self._grad_watch.seconds}
 
     def close(self) -> None:
         """Finishes pending updates and copies and lets go of the worker thread and hooks."""

@@ -13,6 +13,7 @@ Contract: a ContentWatch has a fixed number of rows (one per watched tensor, by 
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -31,6 +32,7 @@ class ContentWatch:
     def __init__(self, device: torch.device) -> None:
         self._device = device
         self._sums = torch.zeros((0, 3), dtype=torch.int64, device=device)
+        self.seconds = 0.0  # host time spent here (on a GPU: issuing, and the verdicts' waits)
 
     def extend(self, count: int) -> None:
         """Adds `count` rows (remembering nothing yet: compare only after remember)."""
@@ -42,13 +44,18 @@ class ContentWatch:
         """Takes the tensors' bytes now as the ones rows `indices` stand for."""
         if not indices:
             return
+        start = time.perf_counter()
         rows = torch.tensor(list(indices), dtype=torch.int64, device=self._device)
         self._sums.index_copy_(0, rows, checksums(tensors))
+        self.seconds += time.perf_counter() - start
 
     def changed(self, indices: Sequence[int], tensors: Sequence[torch.Tensor]) -> list[bool]:
         """Whether each tensor's bytes differ from what its row remembers (one sync)."""
         if not indices:
             return []
+        start = time.perf_counter()
         rows = torch.tensor(list(indices), dtype=torch.int64, device=self._device)
         differ = (checksums(tensors) != self._sums.index_select(0, rows)).any(dim=1)
-        return [bool(flag) for flag in differ.tolist()]
+        flags = [bool(flag) for flag in differ.tolist()]
+        self.seconds += time.perf_counter() - start
+        return flags
