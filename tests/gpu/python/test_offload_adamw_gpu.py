@@ -24,10 +24,10 @@ def tokens(step: int) -> torch.Tensor:
     return torch.randint(0, 8192, (4, 256), generator=torch.Generator().manual_seed(step)).to(DEVICE)
 
 
-def test_bf16_parameters_follow_fp32_adamw_rounded() -> None:
+def test_bf16_parameters_with_master_weights_follow_fp32_adamw_rounded() -> None:
     model = small_gpt().to(torch.bfloat16)
     reference = copy.deepcopy(model).float()
-    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1 << 20)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1 << 20, master_weights=True)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
     for step in range(3):
         ids = tokens(step)
@@ -47,7 +47,7 @@ def test_bf16_parameters_follow_fp32_adamw_rounded() -> None:
 def test_states_take_no_device_memory_and_live_pinned() -> None:
     model = small_gpt().to(torch.bfloat16)
     before = torch.cuda.memory_allocated()
-    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, master_weights=True)
     ids = tokens(0)
     model(ids, ids).backward()
     optimizer.step()
@@ -73,3 +73,24 @@ def test_in_backward_updates_match_exact() -> None:
         results.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_parameters_keep_torch_s_bf16_states_within_fused_and_foreach_spread() -> None:
+    def run(make: object) -> list[torch.Tensor]:
+        model = small_gpt().to(torch.bfloat16)
+        optimizer = make(model.parameters())  # type: ignore[operator]
+        for step in range(3):
+            ids = tokens(step)
+            model(ids, ids).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        torch.cuda.synchronize()
+        return [p.detach().float() for p in model.parameters()]
+
+    ours = run(lambda ps: stowage.offload.AdamW(ps, **HYPER, bucket_numel=1 << 20))
+    foreach = run(lambda ps: torch.optim.AdamW(ps, **HYPER, foreach=True))
+    fused = run(lambda ps: torch.optim.AdamW(ps, **HYPER, fused=True))
+    for a, b, c in zip(ours, foreach, fused):
+        spread = (b - c).abs().max()
+        ulp = c.abs().max() * 2.0 ** -7
+        assert (a - c).abs().max() <= 2 * max(spread, ulp)
