@@ -75,10 +75,10 @@ from stowage.memory import _bytes, _torch_module
 from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, update_runs
 from stowage.offload.adam_state import (check_loadable, describe_parameter, load_offloaded_state,
                                         split_device_state)
-from stowage.offload.content_watch import ContentWatch
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.host_transfers import HostTransfers
 from stowage.offload.sharded import is_sharded, local, shaped_like
+from stowage.offload.slot_watch import SlotWatch
 from stowage.offload.update_undo import UpdateUndo
 from stowage.offload.update_worker import UpdateWorker, cpus_near
 
@@ -130,8 +130,7 @@ class Adam(torch.optim.Optimizer):
         self._buckets: list[Bucket] = []
         self._slots: dict[torch.Tensor, Slot] = {}
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
-        self._param_watch = ContentWatch(self._device)  # the parameters as last written back
-        self._grad_watch = ContentWatch(self._device)  # the gradients as copied out
+        self._watch = SlotWatch(self._device)  # parameters and gradients changed behind our back
         self._hooks: list[Any] = []
         self._transfers = HostTransfers(self._device)
         self._worker = UpdateWorker(cpus_near(self._store_bus_id()))
@@ -217,9 +216,7 @@ class Adam(torch.optim.Optimizer):
             slot.index = first + offset
             self._slots[slot.param] = slot
         self._buckets.extend(buckets)
-        self._param_watch.extend(len(slots))
-        self._grad_watch.extend(len(slots))
-        self._param_watch.remember([s.index for s in slots], [local(s.param) for s in slots])
+        self._watch.add(slots)
         joined = {id(p) for p, _ in pairs}
         self._waiting = [(p, g) for p, g in self._waiting if id(p) not in joined]
         for slot in slots:
@@ -315,12 +312,7 @@ class Adam(torch.optim.Optimizer):
     def _backward_ended(self) -> None:
         """The gradients copied in this backward, as they are at its end: what step() compares."""
         with self._lock:
-            copied = [s for s in self._slots.values() if s.final_version is not None and s.param.grad is not None]
-            for slot in copied:
-                grad = slot.param.grad
-                slot.final_version = local(grad)._version
-                slot.copied = weakref.ref(grad)
-            self._grad_watch.remember([s.index for s in copied], [local(s.param.grad) for s in copied])
+            self._watch.gradients_final(list(self._slots.values()))
 
     def _backward_abandoned(self) -> None:
         """A backward that copied gradients (and, in_backward, updated buckets) raised: nothing of
@@ -330,21 +322,7 @@ class Adam(torch.optim.Optimizer):
             self._reset_arrivals()
 
     def _changed_gradients(self) -> set[int]:
-        """Indices of the slots whose gradient, copied out during backward, is not the one present
-        now: dropped (None), replaced, or written since (by version or by bytes)."""
-        copied = [s for s in self._slots.values() if s.final_version is not None]
-        changed: set[int] = set()
-        unsure = []
-        for slot in copied:
-            grad = slot.param.grad
-            if grad is None or slot.copied is None or slot.copied() is not grad or \
-                    local(grad)._version != slot.final_version:
-                changed.add(slot.index)
-            else:
-                unsure.append(slot)
-        flags = self._grad_watch.changed([s.index for s in unsure], [local(s.param.grad) for s in unsure])
-        changed.update(s.index for s, flag in zip(unsure, flags) if flag)
-        return changed
+        return self._watch.changed_gradients(list(self._slots.values()))
 
     # --- parameters written by someone else ---------------------------------------------------
 
@@ -358,15 +336,14 @@ class Adam(torch.optim.Optimizer):
                 raise ValueError(f"stowage.offload.{type(self).__name__}: {self._name(slot.param)} was replaced "
                                  f"by a tensor of {shard.numel()} elements where it had {slot.numel}; make a new "
                                  "optimizer for parameters of a new shape")
-        flags = self._param_watch.changed([s.index for s in slots], shards)
-        written = [s for s, flag in zip(slots, flags) if flag]
+        written = self._watch.written(slots)
         for slot in written:
             shard = local(slot.param).detach()
             slot.master.copy_(shard)
             bucket = slot.bucket
             if bucket is not None and bucket.out is not None:
                 slot.grad_view(bucket.out).copy_(shard.reshape(-1))
-        self._param_watch.remember([s.index for s in written], [local(s.param) for s in written])
+        self._watch.parameters_are(written)
         return written
 
     # --- clipping and loss scaling ------------------------------------------------------------
@@ -454,8 +431,7 @@ class Adam(torch.optim.Optimizer):
         slots = list(self._slots.values())
         if self.update_mode == "in_backward":
             updated = [s for s in slots if s.bucket is not None and s.bucket.updated is not None]
-            flags = self._param_watch.changed([s.index for s in updated], [local(s.param) for s in updated])
-            late = [s for s, flag in zip(updated, flags) if flag]
+            late = self._watch.written(updated)
             if late:
                 self._roll_back()
                 self._discard_step()
@@ -587,7 +563,7 @@ class Adam(torch.optim.Optimizer):
         views = [slot.grad_view(source).view(shard.shape) for slot, shard in zip(slots, shards)]
         bucket.returned_event = self._transfers.write_back(shards, views)
         with self._transfers.on_write_back_stream():
-            self._param_watch.remember([s.index for s in slots], shards)
+            self._watch.parameters_are(slots, shards)
         bucket.updated = None
         if checking.enabled():
             self._check_arrivals(slots, shards, views)
@@ -702,8 +678,7 @@ class Adam(torch.optim.Optimizer):
                 self.state[param] = self._state_entry(slot)
             else:
                 self.state.pop(param, None)
-        self._param_watch.remember([s.index for s in self._slots.values()],
-                                   [local(s.param) for s in self._slots.values()])
+        self._watch.parameters_are(list(self._slots.values()))
         if self._device_optimizer is not None:
             inner_state = split_device_state(self._device_optimizer, by_param)
             self._device_optimizer.load_state_dict(inner_state)
@@ -719,7 +694,7 @@ class Adam(torch.optim.Optimizer):
                 "update_cpus": self._worker.cpus,
                 "update_threads": self._worker.threads,
                 "update_seconds": self._worker.busy_seconds,
-                "content_watch_seconds": self._param_watch.seconds + self._grad_watch.seconds}
+                "content_watch_seconds": self._watch.seconds}
 
     def close(self) -> None:
         """Finishes pending updates and copies and lets go of the worker thread and hooks."""
