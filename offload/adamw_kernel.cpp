@@ -25,7 +25,7 @@ struct StepScalars {
   float beta2;
   float one_minus_beta2;
   float step_size;        // lr / (1 - beta1^step)
-  float inv_bias2_sqrt;   // 1 / sqrt(1 - beta2^step)
+  float bias2_sqrt;       // sqrt(1 - beta2^step)
   float eps;
   float grad_scale;       // applied to each gradient as it is read; negative to maximize
 };
@@ -40,7 +40,7 @@ StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
           static_cast<float>(h.beta2),
           static_cast<float>(1.0 - h.beta2),
           static_cast<float>(h.lr / bias1),
-          static_cast<float>(1.0 / std::sqrt(bias2)),
+          static_cast<float>(std::sqrt(bias2)),
           static_cast<float>(h.eps),
           static_cast<float>(h.maximize ? -h.grad_scale : h.grad_scale)};
 }
@@ -75,9 +75,18 @@ template <ElementType T>
   }
 }
 
-// torch's lerp(m, g, w): the form it takes depends on the weight, and so do the roundings.
+// Note [torch's roundings]
+// The update rounds where torch's AdamW on a CPU rounds (its foreach path; the single-tensor path
+// gives the same bits): each op of torch's formula one rounding, in its order, a fused
+// multiply-add where torch's vectorised kernels use one (lerp; addcmul; add with alpha), a
+// division where torch divides. Measured on 200,000 values over every option: bit for bit the
+// same parameters and moments (its fused path differs from it in about 1% of elements by an
+// ulp). The file is compiled with -ffp-contract=off so that no other operations fuse.
+
+// torch's lerp(m, g, w) as its vectorised kernel computes it: fma(w, g - m, m) for a small
+// weight, fma(w - 1, g - m, g) otherwise.
 [[gnu::always_inline]] inline float lerp(float m, float g, float w) {
-  return w < 0.5f ? m + w * (g - m) : g - (g - m) * (1.0f - w);
+  return w < 0.5f ? std::fma(w, g - m, m) : std::fma(w - 1.0f, g - m, g);
 }
 
 // The larger of the running maximum and the new second moment; NaN in either stays NaN, as
@@ -95,7 +104,7 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
                                                 std::size_t end) {
   // Locals, not s's fields: a store through master could otherwise alias them.
   const float keep = s.keep, l2 = s.l2, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
-  const float step_size = s.step_size, inv_bias2_sqrt = s.inv_bias2_sqrt, eps = s.eps;
+  const float step_size = s.step_size, bias2_sqrt = s.bias2_sqrt, eps = s.eps;
   const float grad_scale = s.grad_scale;
   float* __restrict master = b.master;
   float* __restrict m = b.exp_avg;
@@ -106,11 +115,12 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
   for (std::size_t start = begin; start < end; start += kChunk) {
     const std::size_t stop = std::min(end, start + kChunk);
     for (std::size_t i = start; i < stop; ++i) {
+      // Note [torch's roundings]: each line one op of torch's, rounded where it rounds.
       float g = load<G>(grad, i) * grad_scale;
-      if constexpr (kL2) g = g + l2 * master[i];
+      if constexpr (kL2) g = std::fma(l2, master[i], g);
       const float p = master[i] * keep;
       const float m_new = lerp(m[i], g, w1);
-      const float v_new = v[i] * beta2 + w2 * g * g;
+      const float v_new = std::fma(w2 * g, g, v[i] * beta2);
       m[i] = m_new;
       v[i] = v_new;
       float v_hat = v_new;
@@ -118,7 +128,7 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
         v_hat = running_max(v_max[i], v_new);
         v_max[i] = v_hat;
       }
-      master[i] = p - step_size * m_new / (std::sqrt(v_hat) * inv_bias2_sqrt + eps);
+      master[i] = p - (step_size * m_new) / (std::sqrt(v_hat) / bias2_sqrt + eps);
     }
     if constexpr (kOut) {
       for (std::size_t i = start; i < stop; ++i) store<O>(out, i, master[i]);
@@ -144,14 +154,14 @@ template <ElementType T, bool kL2, bool kAmsgrad>
 [[gnu::always_inline]] inline void narrow_range(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
                                                 std::size_t end) {
   const float keep = s.keep, l2 = s.l2, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
-  const float step_size = s.step_size, inv_bias2_sqrt = s.inv_bias2_sqrt, eps = s.eps;
+  const float step_size = s.step_size, bias2_sqrt = s.bias2_sqrt, eps = s.eps;
   const float grad_scale = s.grad_scale;
   for (std::size_t i = begin; i < end; ++i) {
     float g = load<T>(b.grad, i) * grad_scale;
     const float p0 = load<T>(b.param, i);
-    if constexpr (kL2) g = g + l2 * p0;
+    if constexpr (kL2) g = std::fma(l2, p0, g);
     const float m_new = lerp(load<T>(b.exp_avg, i), g, w1);
-    const float v_new = load<T>(b.exp_avg_sq, i) * beta2 + w2 * g * g;
+    const float v_new = std::fma(w2 * g, g, load<T>(b.exp_avg_sq, i) * beta2);
     store<T>(b.exp_avg, i, m_new);
     store<T>(b.exp_avg_sq, i, v_new);
     float v_hat = v_new;
@@ -159,7 +169,7 @@ template <ElementType T, bool kL2, bool kAmsgrad>
       v_hat = running_max(load<T>(b.max_exp_avg_sq, i), v_new);
       store<T>(b.max_exp_avg_sq, i, v_hat);
     }
-    store<T>(b.param, i, p0 * keep - step_size * m_new / (std::sqrt(v_hat) * inv_bias2_sqrt + eps));
+    store<T>(b.param, i, p0 * keep - (step_size * m_new) / (std::sqrt(v_hat) / bias2_sqrt + eps));
   }
 }
 
