@@ -45,3 +45,54 @@ def test_exactness(cell: Cell, caches: Caches) -> None:
         pytest.skip(f"n/a: {outcome.reason}")
     if outcome.status == "FAIL":
         pytest.fail(outcome.reason, pytrace=False)
+
+
+# --- the suite's own checks: it sees a small difference, and judges refusals as it says ----------
+
+def test_a_weight_decay_ten_percent_off_fails_bitwise_and_within_the_host_tolerance(caches: Caches) -> None:
+    """A subtle optimizer bug (weight decay 0.09 for 0.1: 1e-7 of a parameter a step) is told
+    apart from torch in both modes, so a passing cell is not a blind one."""
+    from exactness.cells import _reference, _tolerance, execute
+    from exactness.compare import difference
+    from exactness.features import VARIANTS, Env, Setup
+    from exactness.models import spec
+    from exactness.patterns import PATTERNS
+
+    class Nudged(Setup):
+        def optimizer(self, groups: Any) -> Any:
+            return super().optimizer([{**g, "weight_decay": g["weight_decay"] * 0.9} for g in groups])
+
+    model, plain = spec("gpt"), PATTERNS["plain"]
+    reference = _reference(caches, model, plain, "adamw", "cpu_mode")
+    tolerance = _tolerance(caches, model, plain, "adamw", "cpu_mode")
+    assert tolerance["state"] > 0.0  # torch's fused and foreach AdamW do differ
+    ours = execute(model, plain, lambda env, m, g: Nudged(VARIANTS["adamw"]), Env(model, caches, 1),
+                   caches.config.steps)
+    assert ours.failure is None
+    assert "param" in (difference(ours, reference, None) or "")
+    assert "param" in (difference(ours, reference, tolerance) or "")
+
+
+def test_a_refusal_passes_only_naming_in_backward_at_the_first_point_with_torch_s_parameters(caches: Caches) -> None:
+    from exactness.cells import _reference, judge_refusal
+    from exactness.compare import Failure, parameters_at
+    from exactness.features import FEATURES
+    from exactness.models import spec
+    from exactness.patterns import PATTERNS
+
+    feature, pattern = FEATURES["adamw.in_backward"], PATTERNS["clip_torch"]
+    reference = _reference(caches, spec("gpt"), pattern, "adamw", "cpu_mode")
+    start = parameters_at(reference, 0)
+    named = RuntimeError("stowage.offload.AdamW(update='in_backward') already updated ...")
+    steps = caches.config.steps
+
+    def judged(error: BaseException, step: int, phase: str, params: dict[str, Any]) -> str:
+        return judge_refusal(feature, pattern, Failure(error, step, phase, params), reference, {}, steps).status
+
+    assert judged(named, 0, "step", start) == "REFUSED"
+    assert judged(named, 0, "clip", start) == "FAIL"  # not where the pattern shows
+    assert judged(RuntimeError("cannot step"), 0, "step", start) == "FAIL"  # does not name in_backward
+    moved = {name: value + 1e-3 for name, value in start.items()}
+    assert judged(named, 0, "step", moved) == "FAIL"  # the parameters already differ
+    assert judge_refusal(FEATURES["adamw.exact"], pattern, Failure(named, 0, "step", start), reference, {},
+                         steps).status == "FAIL"  # only update="in_backward" may refuse

@@ -172,10 +172,22 @@ class Caches:
 
 # --- runs ----------------------------------------------------------------------------------------
 
+def _capacity() -> int | str:
+    """The simulated device's capacity (CPU mode's device is per process: it is enabled again at
+    the same one), CAPACITY where it cannot be read."""
+    try:
+        from stowage.memory import _index, _torch_module
+
+        return int(_torch_module().capacity(_index(torch.device("cpu"))))
+    except Exception:  # (a private reading: the suite's own capacity is the fallback)
+        return CAPACITY
+
+
 @contextlib.contextmanager
 def torch_allocator() -> Iterator[None]:
     """torch's own CPU allocator for the block (stowage off), CPU mode back on after it."""
     was = stowage.is_enabled()
+    capacity = _capacity() if was else CAPACITY
     if was:
         stowage.mark_step()
         stowage.disable()
@@ -183,7 +195,7 @@ def torch_allocator() -> Iterator[None]:
         yield
     finally:
         if was:
-            stowage.enable(device="cpu", capacity=CAPACITY)
+            stowage.enable(device="cpu", capacity=capacity)
 
 
 def _record_final(run: Run) -> None:
