@@ -55,8 +55,8 @@ def _max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     shape, dtype or where NaN is."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return float("inf")
-    if not a.is_floating_point():
-        return 0.0 if torch.equal(a, b) else float("inf")
+    if not a.is_floating_point():  # counters (num_batches_tracked): their difference
+        return float((a.long() - b.long()).abs().max()) if a.numel() else 0.0
     a64, b64 = a.double(), b.double()
     nan_a, nan_b = a64.isnan(), b64.isnan()
     if not torch.equal(nan_a, nan_b):
