@@ -46,3 +46,8 @@ def write_snapshot(tmp_path: Path):
         return path
 
     return write
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption("--full", action="store_true", default=False,
+                     help="exactness suite: the whole matrix (every model x pattern x feature), more steps and sizes")

@@ -1,0 +1,339 @@
+"""One cell of the matrix (feature x pattern x model): the feature's run against its plain-torch
+reference, judged PASS, REFUSED (an allowed refusal, checked), N/A or FAIL with the reason; the
+matrices (the default and --full); the session's caches.
+
+Contract: a session enables CPU mode once (``CAPACITY``) before the first cell and keeps it on;
+the "torch_allocator" reference turns stowage off for its run and on again. Every run starts
+from ``torch.manual_seed(SEED)``: the model's weights, then the steps' dropout, come from the
+global generator; batches come from generators of their own. Caches are computed before a run
+seeds, so they never move a run's RNG stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+import stowage
+import stowage.plan
+from exactness.compare import (FINAL, Failure, Tolerance, Trace, difference, measure_tolerance, parameters_at,
+                               parameters_differ)
+from exactness.features import (COST, FEATURES, VARIANTS, WEIGHT_DECAY, Env, Feature, Setup, recompute_plan,
+                                reference_setup)
+from exactness.models import MODELS, ModelSpec, param_groups, spec
+from exactness.patterns import PATTERNS, Pattern, Run
+
+SEED = 0
+CAPACITY = "4GiB"
+PATTERN_MODEL = "gpt"
+MAIN_FEATURES = ("allocator", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
+                 "adamw.delayed", "fit")
+VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")
+VARIANT_PATTERNS = ("plain", "accumulate_marked", "clip_optimizer", "state_dict_swap")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The default matrix (3 steps, the smallest sizes) or the full one (6 steps, twice the sizes)."""
+
+    full: bool = False
+
+    @property
+    def steps(self) -> int:
+        return 6 if self.full else 3
+
+    @property
+    def scale(self) -> int:
+        return 2 if self.full else 1
+
+
+@dataclass(frozen=True)
+class Cell:
+    feature: str
+    pattern: str
+    model: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.feature}-{self.pattern}-{self.model}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "PASS", "REFUSED", "N/A", "FAIL"
+    reason: str = ""
+
+
+def cells(config: Config) -> list[Cell]:
+    """The matrix, grouped by model and pattern (references are computed once per group).
+    Default: every main feature x pattern on PATTERN_MODEL, every feature of the default x model
+    on the plain loop, the optimizer variants (exact and under fit) on VARIANT_PATTERNS on
+    PATTERN_MODEL. Full: every feature x pattern x model."""
+    if config.full:
+        chosen = [Cell(f, p, m) for m in MODELS for p in PATTERNS for f in FEATURES]
+    else:
+        chosen = [Cell(f, p, PATTERN_MODEL) for p in PATTERNS for f in MAIN_FEATURES]
+        chosen += [Cell(f, p, PATTERN_MODEL) for p in VARIANT_PATTERNS for f in VARIANT_FEATURES]
+        chosen += [Cell(f, "plain", m) for m in MODELS if m != PATTERN_MODEL for f in MAIN_FEATURES + VARIANT_FEATURES]
+    return sorted(chosen, key=lambda c: (list(MODELS).index(c.model), list(PATTERNS).index(c.pattern)))
+
+
+# --- caches --------------------------------------------------------------------------------------
+
+class Caches:
+    """Per session: each model's stowage.plan profile (recorded once, on a scratch copy), its
+    plan at half the step's added peak and its lowest planned peak; fit's update rates; the
+    reference runs (the last few groups') and the measured tolerances."""
+
+    def __init__(self, config: Config, kept_references: int = 24) -> None:
+        self.config = config
+        self._profiles: dict[str, Any] = {}
+        self._plans: dict[Any, Any] = {}
+        self._lowest: dict[str, int] = {}
+        self._rates: dict[Any, Any] = {}
+        self._references: OrderedDict[Any, Trace] = OrderedDict()
+        self._tolerances: dict[Any, Tolerance] = {}
+        self._kept = kept_references
+
+    def profile(self, model: ModelSpec, scale: int) -> Any:
+        if model.name not in self._profiles:
+            torch.manual_seed(SEED)
+            scratch = model.build(scale)
+            batch = model.batch(0, scale)
+
+            def step() -> None:
+                model.loss(scratch, batch).backward()
+                scratch.zero_grad(set_to_none=True)
+
+            self._profiles[model.name] = stowage.plan.profile(step, cost=COST, model=scratch)
+            stowage.mark_step()
+        return self._profiles[model.name]
+
+    def lowest_peak(self, model: ModelSpec, scale: int) -> int:
+        if model.name not in self._lowest:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._lowest[model.name] = stowage.plan.solve(self.profile(model, scale), 1).predicted_peak_bytes
+        return self._lowest[model.name]
+
+    def plan(self, model: ModelSpec, scale: int) -> Any:
+        if model.name not in self._plans:
+            profile = self.profile(model, scale)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
+                if not plan.fits:  # half is below what any plan reaches: the lowest found, with room
+                    plan = stowage.plan.solve(profile, int(plan.predicted_peak_bytes * 1.1))
+            self._plans[model.name] = plan
+        return self._plans[model.name]
+
+    def recompute_plan(self, model: ModelSpec, scale: int) -> Any:
+        key = ("recompute", model.name)
+        if key not in self._plans:
+            self._plans[key] = recompute_plan(self.profile(model, scale))
+        return self._plans[key]
+
+    def rates(self, device: Any, dtype: Any) -> Any:
+        from stowage.fitting.update_rates import measure_rates
+
+        if (str(device), dtype) not in self._rates:
+            self._rates[(str(device), dtype)] = measure_rates(device, dtype)
+        return self._rates[(str(device), dtype)]
+
+    def warm(self, feature: Feature, model: ModelSpec, scale: int) -> None:
+        """Computes what the feature's setup will ask for, before the run seeds."""
+        if feature.name.startswith("plan") or feature.name.startswith("fit"):
+            self.plan(model, scale)
+            self.recompute_plan(model, scale)
+            self.lowest_peak(model, scale)
+        if feature.name.startswith("fit"):
+            self.rates(torch.device("cpu"), torch.float32)
+
+    def reference(self, key: Any, make: Callable[[], Trace]) -> Trace:
+        if key in self._references:
+            self._references.move_to_end(key)
+            return self._references[key]
+        trace = make()
+        self._references[key] = trace
+        while len(self._references) > self._kept:
+            self._references.popitem(last=False)
+        return trace
+
+    def tolerance(self, key: Any, make: Callable[[], Tolerance]) -> Tolerance:
+        if key not in self._tolerances:
+            self._tolerances[key] = make()
+        return self._tolerances[key]
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+def _capacity() -> int | str:
+    """The simulated device's capacity (CPU mode's device is per process: it is enabled again at
+    the same one), CAPACITY where it cannot be read."""
+    try:
+        from stowage.memory import _index, _torch_module
+
+        return int(_torch_module().capacity(_index(torch.device("cpu"))))
+    except Exception:  # (a private reading: the suite's own capacity is the fallback)
+        return CAPACITY
+
+
+@contextlib.contextmanager
+def torch_allocator() -> Iterator[None]:
+    """torch's own CPU allocator for the block (stowage off), CPU mode back on after it."""
+    was = stowage.is_enabled()
+    capacity = _capacity() if was else CAPACITY
+    if was:
+        stowage.mark_step()
+        stowage.disable()
+    try:
+        yield
+    finally:
+        if was:
+            stowage.enable(device="cpu", capacity=capacity)
+
+
+def _record_final(run: Run) -> None:
+    """The end of the run: optimizer states and groups through state_dict (which writes a delayed
+    update back), then parameters, buffers and the RNG stream. A state never stepped (step 0)
+    counts as no state, as torch keeps none."""
+    state = run.optimizer.state_dict()
+    trace = run.trace
+    for index, entry in state["state"].items():
+        name = run.names[run.params[index]]
+        if float(entry.get("step", 0)) == 0:
+            continue
+        for key, value in entry.items():
+            if key == "step":
+                trace.record(FINAL, "step_count", name, float(value))
+            elif key != "master" or run.params[index].dtype != torch.float32:
+                trace.record(FINAL, key, name, value)
+    for index, group in enumerate(state["param_groups"]):
+        for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"):
+            if key in group:
+                trace.record(FINAL, "group", f"{index}.{key}", group[key])
+    run.record_parameters(FINAL)
+    for name, buffer in run.model.named_buffers():
+        trace.record(FINAL, "buffer", name, buffer)
+    trace.record(FINAL, "rng", "torch.get_rng_state()", torch.get_rng_state())
+
+
+def _close(*optimizers: Any) -> None:
+    for optimizer in optimizers:
+        close = getattr(optimizer, "close", None)
+        if close is not None:
+            close()
+
+
+def execute(model_spec: ModelSpec, pattern: Pattern, make_setup: Callable[[Env, Any, Any], Setup],
+            env: Env, steps: int) -> Trace:
+    """One run of `pattern` on a fresh model from SEED under the Setup `make_setup` gives."""
+    trace = Trace()
+    torch.manual_seed(SEED)
+    model = model_spec.build(env.scale)
+    model.train()
+    groups = param_groups(model, WEIGHT_DECAY)
+    names = {p: n for n, p in model.named_parameters()}
+    for p in (p for g in groups for p in g["params"]):
+        trace.record(-1, "param", names[p], p)
+    if pattern.prepare is not None:
+        pattern.prepare(model, groups)
+    run: Run | None = None
+    setup: Setup | None = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            setup = make_setup(env, model, groups)
+            run = Run(model_spec, model, groups, setup, trace, steps, env.scale)
+            pattern.run(run)
+            _record_final(run)
+    except Exception as error:  # the feature's refusal or failure, judged by the cell
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        trace.failure = Failure(error, run.step if run else -1, run.phase if run else "setup", params)
+    finally:
+        trace.info["vacuous"] = setup.vacuous() if setup is not None and trace.failure is None else None
+        trace.info["findings"] = setup.findings() if setup is not None else []
+        _close(run.optimizer if run else None, getattr(getattr(setup, "fitted", None), "optimizer", None))
+        if stowage.is_enabled():
+            stowage.mark_step()
+    return trace
+
+
+def _reference(caches: Caches, model: ModelSpec, pattern: Pattern, variant: str, kind: str,
+               implementation: str | None = None) -> Trace:
+    config = caches.config
+    key = (model.name, pattern.same_reference_as or pattern.name, variant, kind, implementation)
+    options = {implementation: True} if implementation else None  # (the reference itself: foreach)
+
+    def make() -> Trace:
+        setup = reference_setup(kind, VARIANTS[variant], options)
+        env = Env(model, caches, config.scale)
+        context = torch_allocator() if kind == "torch_allocator" else contextlib.nullcontext()
+        with context:
+            return execute(model, pattern, lambda e, m, g: setup, env, config.steps)
+
+    return caches.reference(key, make)
+
+
+def _tolerance(caches: Caches, model: ModelSpec, pattern: Pattern, variant: str, kind: str) -> Tolerance:
+    kind = "delayed" if kind == "delayed" else "cpu_mode"
+    key = (model.name, pattern.same_reference_as or pattern.name, variant, kind)
+    return caches.tolerance(key, lambda: measure_tolerance(_reference(caches, model, pattern, variant, kind, "fused"),
+                                                           _reference(caches, model, pattern, variant, kind)))
+
+
+def _error_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def judge_refusal(feature: Feature, pattern: Pattern, failure: Failure, reference: Trace,
+                  tolerance: Tolerance | None, steps: int) -> Outcome:
+    """An exception in the feature's run: an allowed refusal when update="in_backward" refuses a
+    pattern it may refuse, naming in_backward, at the pattern's first visible point, with the
+    parameters still the reference's there; anything else fails."""
+    said = f"{_error_line(failure.error)} (step {failure.step}, {failure.phase})"
+    point = pattern.refusal_point(steps) if feature.name.endswith("in_backward") else None
+    if point is None or failure.phase == "setup":
+        return Outcome("FAIL", f"raised {said}")
+    if "in_backward" not in str(failure.error):
+        return Outcome("FAIL", f"refused without naming in_backward: {said}")
+    if (failure.step, failure.phase) != point:
+        return Outcome("FAIL", f"refused at step {failure.step}, {failure.phase}; the pattern is first visible "
+                               f"at step {point[0]}, {point[1]}: {said}")
+    differs = parameters_differ(failure.params, parameters_at(reference, failure.step), tolerance)
+    if differs:
+        return Outcome("FAIL", f"refused, but the parameters already differ from torch's: {differs}: {said}")
+    return Outcome("REFUSED", _error_line(failure.error))
+
+
+def run_cell(cell: Cell, caches: Caches) -> Outcome:
+    """Runs and judges one cell."""
+    config = caches.config
+    feature, pattern, model = FEATURES[cell.feature], PATTERNS[cell.pattern], spec(cell.model)
+    if pattern.needs is not None and feature.own == "torch":
+        return Outcome("N/A", f"torch's optimizer has no {pattern.needs}(): the cell is {pattern.same_reference_as}")
+    reference = _reference(caches, model, pattern, feature.variant, feature.reference)
+    if reference.failure is not None:
+        return Outcome("FAIL", f"the reference run raised {_error_line(reference.failure.error)} (a suite error)")
+    host = feature.host or pattern.swaps
+    tolerance = _tolerance(caches, model, pattern, feature.variant, feature.reference) if host else None
+    caches.warm(feature, model, config.scale)
+    ours = execute(model, pattern, feature.setup, Env(model, caches, config.scale), config.steps)
+    findings = list(ours.info.get("findings", []))
+    if ours.failure is not None:
+        outcome = judge_refusal(feature, pattern, ours.failure, reference, tolerance, config.steps)
+    elif ours.info.get("vacuous"):
+        outcome = Outcome("FAIL", ours.info["vacuous"])
+    else:
+        differs = difference(ours, reference, tolerance)
+        outcome = Outcome("PASS") if differs is None else Outcome("FAIL", differs)
+    if not findings:
+        return outcome
+    then = f"; then: {outcome.status} {outcome.reason}".rstrip() if outcome.status != "PASS" else "; otherwise PASS"
+    return Outcome("FAIL", "; ".join(findings) + then)

@@ -1,0 +1,356 @@
+"""The features under test, each an adapter of a few lines (a Setup: the loop's optimizer and
+the contexts a step runs under), the optimizers they use, and the references they are held to.
+
+Contract: a Feature's ``setup(env, model, groups)`` is called once per run, after the model is
+built and the pattern has prepared it, and returns a Setup the pattern's loop drives: its
+optimizer for ``groups``, a fresh one of the same kind and one of the other kind (torch <->
+stowage, for a state_dict moved between them), the context around each forward and backward
+(``step_context``) and around each forward (``forward_context``), what ends a step, and after
+the run whether the feature did anything at all (``vacuous``). New features add a Setup and one
+line in FEATURES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+import stowage
+import stowage.plan
+from exactness.fitting import fit_model
+
+HYPER: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+WEIGHT_DECAY = 0.1
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+Groups = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An optimizer of torch (``torch.optim.<kind>`` with ``options``) and its offloaded twin
+    (``stowage.offload.<kind>``, the same constructor plus ``update=``)."""
+
+    name: str
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def torch(self, groups: Groups, **implementation: Any) -> torch.optim.Optimizer:
+        """torch's optimizer, foreach=True unless told otherwise (fused=True measures the tolerance)."""
+        implementation = implementation or {"foreach": True}
+        return getattr(torch.optim, self.kind)(copy_groups(groups), **HYPER, **self.options, **implementation)
+
+    def stowage(self, groups: Groups, update: str = "exact") -> torch.optim.Optimizer:
+        return getattr(stowage.offload, self.kind)(copy_groups(groups), **HYPER, **self.options, update=update)
+
+
+VARIANTS = {v.name: v for v in (Variant("adamw", "AdamW"), Variant("maximize", "AdamW", {"maximize": True}),
+                                Variant("amsgrad", "AdamW", {"amsgrad": True}), Variant("adam_l2", "Adam"))}
+
+
+def copy_groups(groups: Groups) -> Groups:
+    return [{**g, "params": list(g["params"])} for g in groups]
+
+
+def saved_and_loaded(state: dict[str, Any]) -> dict[str, Any]:
+    """A state_dict as a checkpoint gives it back: through torch.save and torch.load."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+class DelayedReference(torch.optim.Optimizer):
+    """torch's optimizer with the parameters one update behind, the meaning of
+    ``update="delayed"``: masters W (copies of the model's parameters M) take the steps; each
+    step() first writes the previous update back (M <- W), then hands this step's gradients to W
+    and steps it (pending until the next step, a state_dict or ``flush``). ``data_written``: a
+    ``.data`` write to M between steps wins (W takes it, the pending update for it is dropped;
+    the moments keep it)."""
+
+    def __init__(self, make: Callable[[Groups], torch.optim.Optimizer], groups: Groups) -> None:
+        self.visible = [p for g in groups for p in g["params"]]
+        self.masters = {p: torch.nn.Parameter(p.detach().clone()) for p in self.visible}
+        self.inner = make([{**g, "params": [self.masters[p] for p in g["params"]]} for g in groups])
+        self.param_groups, self.defaults, self.state = self.inner.param_groups, self.inner.defaults, self.inner.state
+        self._pending = False
+
+    def flush(self) -> None:
+        if self._pending:
+            with torch.no_grad():
+                for p in self.visible:
+                    p.copy_(self.masters[p])
+        self._pending = False
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        self.flush()
+        for p in self.visible:
+            self.masters[p].grad = p.grad
+        self.inner.step()
+        self._pending = True
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.visible:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_().requires_grad_(False)
+                p.grad.zero_()
+        for w in self.masters.values():
+            w.grad = None
+
+    def data_written(self, params: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p in params:
+                self.masters[p].copy_(p)
+
+    def state_dict(self) -> dict[str, Any]:
+        self.flush()
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state_dict)
+
+
+# --- the setups ---------------------------------------------------------------------------------
+
+@dataclass
+class Env:
+    """What a run's Setup may use: the model's spec, the session's caches (profiles, plans, fit's
+    update rates; cells.Caches) and the size scale."""
+
+    spec: Any
+    caches: Any
+    scale: int
+
+
+class Setup:
+    """A run with plain torch: torch's optimizer, no contexts (also the base of the others)."""
+
+    def __init__(self, variant: Variant, implementation: dict[str, Any] | None = None,
+                 other_is_stowage: bool = False) -> None:
+        self.variant, self.implementation, self.other_is_stowage = variant, implementation or {}, other_is_stowage
+
+    def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
+        return self.variant.torch(groups, **self.implementation)
+
+    def fresh(self, groups: Groups, current: Any) -> torch.optim.Optimizer:
+        return self.optimizer(groups)
+
+    def other(self, groups: Groups) -> torch.optim.Optimizer:
+        if self.other_is_stowage:
+            return self.variant.stowage(groups)
+        return self.variant.torch(groups, **self.implementation)
+
+    def step_context(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def end_step(self) -> None:
+        if stowage.is_enabled():
+            stowage.mark_step()
+
+    def vacuous(self) -> str | None:
+        return None
+
+    def findings(self) -> list[str]:
+        """Differences the feature made outside the loop (the run goes on without them)."""
+        return []
+
+
+class DelayedSetup(Setup):
+    def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
+        return DelayedReference(lambda g: self.variant.torch(g, **self.implementation), groups)
+
+
+class StowageSetup(Setup):
+    """stowage's offloaded optimizer (``update``); the other kind is torch's."""
+
+    def __init__(self, variant: Variant, update: str) -> None:
+        super().__init__(variant)
+        self.update = update
+
+    def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
+        return self.variant.stowage(groups, self.update)
+
+
+class ActivationsSetup(Setup):
+    """``stowage.offload.activations(min_bytes=0)`` around each forward."""
+
+    def __init__(self, variant: Variant) -> None:
+        super().__init__(variant, other_is_stowage=True)
+        self.paged = 0
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        with stowage.offload.activations(min_bytes=0) as report:
+            yield
+        self.paged += report.paged_bytes
+
+    def vacuous(self) -> str | None:
+        return None if self.paged else "nothing was paged"
+
+
+class Recomputations:
+    """Counts module forwards run inside backward (a checkpoint's recomputation) while open."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._handle: Any = None
+
+    def _entered(self, module: Any, args: Any) -> None:
+        if torch._C._current_graph_task_id() != -1:
+            self.count += 1
+
+    def __enter__(self) -> Recomputations:
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._entered)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+
+
+def _page_outs() -> int:
+    return int(stowage.offload.stats().get("offload.num_page_outs", 0))
+
+
+class PlanSetup(Setup):
+    """``with plan:`` around each forward and backward, the plan solved for this model at half
+    of its step's added peak (cached)."""
+
+    def __init__(self, variant: Variant, plan: stowage.plan.Plan, model: Any) -> None:
+        super().__init__(variant, other_is_stowage=True)
+        self.plan = plan
+        self.plan.model = model
+        self.recomputed, self.page_outs = 0, 0
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        before = _page_outs()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a step that differs from the profiled one is said once
+            with Recomputations() as recomputations, self.plan:
+                try:
+                    yield
+                finally:
+                    self.recomputed += recomputations.count
+        self.page_outs += _page_outs() - before
+
+    def vacuous(self) -> str | None:
+        return None if self.recomputed or self.page_outs else "the plan neither recomputed nor offloaded anything"
+
+
+def plan_setup(env: Env, model: Any, groups: Groups, variant: Variant, recompute: bool = False) -> Setup:
+    plan = env.caches.recompute_plan(env.spec, env.scale) if recompute else env.caches.plan(env.spec, env.scale)
+    return PlanSetup(variant, plan, model)
+
+
+def recompute_plan(profile: Any) -> stowage.plan.Plan:
+    """Every tensor that can be recomputed recomputed (the blocks under selective checkpointing),
+    every other one outside those blocks that can be offloaded offloaded: both of the plan's
+    mechanisms at once (a recomputed block keeps what it does not recompute)."""
+    recomputed = {t.region for t in profile.tensors if t.recomputable}
+    decisions = ["recompute" if t.recomputable else "keep" if t.region in recomputed and t.region >= 0
+                 else "offload" if t.offloadable else "keep" for t in profile.tensors]
+    return stowage.plan.Plan(profile, decisions, profile.unconstrained_peak_bytes)
+
+
+class FitSetup(Setup):
+    """The loop under ``stowage.fit``: its optimizer, ``with fitted:`` around forward and backward."""
+
+    def __init__(self, variant: Variant, fitted: Any, changed: str | None) -> None:
+        super().__init__(variant)
+        self.fitted, self.changed = fitted, changed
+
+    def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
+        return self.fitted.optimizer
+
+    def fresh(self, groups: Groups, current: Any) -> torch.optim.Optimizer:
+        """A fresh optimizer of the kind fit chose (for a state_dict loaded back)."""
+        chosen = self.fitted.optimizer
+        if type(chosen).__module__.startswith("stowage"):
+            return type(chosen)(copy_groups(chosen.param_groups), update=chosen.update_mode,
+                                device_fraction=chosen.device_fraction)
+        return type(chosen)(copy_groups(chosen.param_groups))
+
+    def step_context(self) -> contextlib.AbstractContextManager[Any]:
+        return self.fitted
+
+    def findings(self) -> list[str]:
+        return [self.changed] if self.changed else []
+
+    def vacuous(self) -> str | None:
+        if self.fitted.device_fraction >= 1.0 or self.fitted.plan is None:
+            return (f"fit kept {self.fitted.device_fraction:.0%} of the states on the device and "
+                    f"{'no' if self.fitted.plan is None else 'a'} plan: the budget did not make it offload and plan")
+        return None
+
+
+def fit_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
+    """stowage.fit with the variant's torch optimizer as the factory, the model's first batch as
+    the example and its loss."""
+    example = env.spec.batch(0, env.scale)  # (made before the budget: in CPU mode it is on the device)
+    fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
+                                env.spec, env.scale, COST)
+    return FitSetup(variant, fitted, changed)
+
+
+FeatureSetup = Callable[[Env, Any, Groups], Setup]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A cell's feature. ``reference``: the run it is held to ("torch_allocator": stowage off;
+    "cpu_mode": CPU mode on, plain torch; "delayed": DelayedReference). ``own``: whose optimizer
+    the loop steps ("torch" or "stowage"; patterns that need a method of stowage's are n/a where
+    it is torch's). ``host``: compared within the measured tolerance, not bitwise."""
+
+    name: str
+    variant: str
+    reference: str
+    own: str
+    host: bool
+    setup: FeatureSetup
+
+
+def _features() -> dict[str, Feature]:
+    out: list[Feature] = []
+    adamw = VARIANTS["adamw"]
+    out.append(Feature("allocator", "adamw", "torch_allocator", "torch", False,
+                       lambda env, model, groups: Setup(adamw, other_is_stowage=True)))
+    out.append(Feature("activations", "adamw", "cpu_mode", "torch", False,
+                       lambda env, model, groups: ActivationsSetup(adamw)))
+    out.append(Feature("plan", "adamw", "cpu_mode", "torch", False,
+                       lambda env, model, groups: plan_setup(env, model, groups, adamw)))
+    out.append(Feature("plan.recompute", "adamw", "cpu_mode", "torch", False,
+                       lambda env, model, groups: plan_setup(env, model, groups, adamw, recompute=True)))
+    for variant in VARIANTS.values():
+        prefix = variant.name
+        for update in ("exact", "in_backward", "delayed"):
+            out.append(Feature(f"{prefix}.{update}", variant.name, "delayed" if update == "delayed" else "cpu_mode",
+                               "stowage", True, lambda env, model, groups, v=variant, u=update: StowageSetup(v, u)))
+        name = "fit" if variant.name == "adamw" else f"fit.{variant.name}"
+        out.append(Feature(name, variant.name, "cpu_mode", "stowage", True,
+                           lambda env, model, groups, v=variant: fit_setup(env, model, groups, v)))
+    return {f.name: f for f in out}
+
+
+FEATURES = _features()
+
+
+def reference_setup(kind: str, variant: Variant, implementation: dict[str, Any] | None = None) -> Setup:
+    """The plain-torch run a feature is held to (or, with ``fused``/``foreach``, one of the two
+    that measure the tolerance)."""
+    if kind == "delayed":
+        return DelayedSetup(variant, implementation)
+    return Setup(variant, implementation)

@@ -1,0 +1,110 @@
+"""How the ``fit`` feature calls ``stowage.fit``: on the cell's model, at a budget that makes it
+offload optimizer states and plan the activations (the loop then uses ``fitted.optimizer`` and
+``with fitted:``, features.FitSetup).
+
+fit records a step and measures the host and device update rates each time it runs; the suite
+computes both once per model (``stowage.plan.profile`` on a scratch copy, the rates once per
+session) and serves them to fit while it runs. Served, the profile still runs the cell's step
+once, as fit's own recording does, so whatever fit's recording does to the model (BatchNorm's
+statistics, the RNG stream) happens as it would.
+
+Contract: fit is held to torch from the model's state before fit was called: a fit that leaves
+the model's buffers or the global RNG changed fails the cell, naming which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+
+import stowage
+import stowage.plan
+MiB = 1 << 20
+
+
+def fit_budget(profile: Any, lowest: int, trainable_bytes: int) -> int:
+    """A budget (device bytes) where torch's optimizer with all its states cannot fit any plan
+    but the states offloaded leave room for a plan that must offload or recompute: the step's
+    room is at least the lowest planned peak, at most halfway to the unplanned peak and less
+    than that lowest peak plus the states."""
+    unplanned = profile.unconstrained_peak_bytes
+    states = 2 * trainable_bytes
+    room = min(lowest + states // 2, (lowest + unplanned) // 2)
+    total = stowage.memory_allocated() + room
+    if (total + 16 * MiB) * 0.05 <= 16 * MiB:  # fit keeps max(5%, 16 MiB) free for rounding
+        return total + 16 * MiB
+    return int(total / 0.95) + 1
+
+
+@contextlib.contextmanager
+def served(caches: Any, spec: Any, scale: int) -> Iterator[None]:
+    """While open, stowage.plan.profile (one size) runs the step once and returns this model's
+    cached profile, and fit's update rates are measured once per session."""
+    import stowage.fitting.fit as fit_module
+
+    real_profile = stowage.plan.profile
+    profile = caches.profile(spec, scale)
+
+    def serve(step_fn: Any, *, sizes: Any = None, **options: Any) -> Any:
+        if sizes is not None:
+            return real_profile(step_fn, sizes=sizes, **options)
+        step_fn()
+        return profile
+
+    patches = [(stowage.plan, "profile", serve)]
+    if hasattr(fit_module, "measure_rates"):
+        patches.append((fit_module, "measure_rates", caches.rates))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def _buffers_and_rng(model: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    return {n: b.detach().clone() for n, b in model.named_buffers()}, torch.get_rng_state()
+
+
+def _changed(model: Any, before: tuple[dict[str, torch.Tensor], torch.Tensor]) -> str | None:
+    """What fit changed of the model's buffers and the RNG stream (named), put back as it was."""
+    buffers, rng = before
+    changed = [n for n, b in model.named_buffers() if n in buffers and not torch.equal(b, buffers[n])]
+    said = []
+    if changed:
+        said.append(f"buffers {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}")
+    if not torch.equal(torch.get_rng_state(), rng):
+        said.append("the global RNG stream")
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in buffers:
+                buffer.copy_(buffers[name])
+    torch.set_rng_state(rng)
+    if not said:
+        return None
+    return (f"stowage.fit changed {' and '.join(said)} before training began (its recording step; put back "
+            "for the rest of the cell)")
+
+
+def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, loss_fn: Any, caches: Any,
+              spec: Any, scale: int, cost: dict[str, float]) -> tuple[Any, str | None]:
+    """``stowage.fit`` on `model` at `fit_budget`, its profile and rates served from `caches`;
+    returns what fit returned and what it changed of the model's buffers and the RNG stream
+    (put back as it was), if anything."""
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    before = _buffers_and_rng(model)
+    gc.disable()  # a collection between here and fit's own count of memory in use would move the window
+    try:
+        budget = fit_budget(caches.profile(spec, scale), caches.lowest_peak(spec, scale), trainable)
+        with served(caches, spec, scale), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fitted = stowage.fit(model, factory, example, loss_fn=loss_fn, budget=budget, verbose=False, cost=cost)
+    finally:
+        gc.enable()
+    return fitted, _changed(model, before)

@@ -1,0 +1,100 @@
+"""Runs the exactness matrix outside pytest and prints it as markdown: features x patterns (on the
+pattern model), features x models (on the plain loop), then every cell that is not PASS with its
+reason.
+
+    python tests/python/exactness/matrix.py [--full] [--only FEATURE[,FEATURE]] [--model MODEL]
+
+Contract: runs in a process of its own (it enables CPU mode at the suite's capacity); the
+table's cells: PASS, refused (an allowed refusal), n/a, FAIL (the numbered reason below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import stowage  # noqa: E402
+import torch  # noqa: E402
+from exactness.cells import CAPACITY, PATTERN_MODEL, Caches, Cell, Config, Outcome, cells, run_cell  # noqa: E402
+
+
+def _shape(reason: str) -> str:
+    """A reason with its figures and names of sizes left out: cells failing the same way share one."""
+    return re.sub(r"\d[\d.,]*(e[-+]\d+)?( ?[KMG]iB)?", "#", reason)
+
+
+def _mark(outcome: Outcome, reasons: list[str], shapes: list[str]) -> str:
+    if outcome.status == "PASS":
+        return "PASS"
+    if outcome.status == "N/A":
+        return "n/a"
+    shape = _shape(outcome.reason)
+    if shape not in shapes:
+        shapes.append(shape)
+        reasons.append(outcome.reason)
+    index = shapes.index(shape) + 1
+    return f"refused ({index})" if outcome.status == "REFUSED" else f"FAIL ({index})"
+
+
+def table(rows: list[str], columns: list[str], marks: dict[tuple[str, str], str], corner: str) -> str:
+    lines = [f"| {corner} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(marks.get((row, c), "") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def report(results: dict[Cell, Outcome]) -> str:
+    reasons: list[str] = []
+    shapes: list[str] = []
+    by_pattern: dict[tuple[str, str], str] = {}
+    by_model: dict[tuple[str, str], str] = {}
+    for cell, outcome in results.items():
+        mark = _mark(outcome, reasons, shapes)
+        if cell.model == PATTERN_MODEL:
+            by_pattern[(cell.feature, cell.pattern)] = mark
+        if cell.pattern == "plain":
+            by_model[(cell.feature, cell.model)] = mark
+    features = list(dict.fromkeys(c.feature for c in results))
+    patterns = list(dict.fromkeys(c.pattern for c in results if c.model == PATTERN_MODEL))
+    models = list(dict.fromkeys(c.model for c in results if c.pattern == "plain"))
+    parts = [f"Patterns on `{PATTERN_MODEL}`:", "", table(features, patterns, by_pattern, "feature \\ pattern"), "",
+             "Models on the plain loop:", "", table(features, models, by_model, "feature \\ model"), "",
+             "Reasons (one cell's words for each; cells marked alike failed alike, with their own figures):", ""]
+    parts += [f"{i}. {reason}" for i, reason in enumerate(reasons, 1)]
+    if any(c.model != PATTERN_MODEL and c.pattern != "plain" for c in results):
+        parts += ["", "Other cells not passing:", ""]
+        parts += [f"- `{c.id}`: {o.status} {o.reason}" for c, o in results.items()
+                  if c.model != PATTERN_MODEL and c.pattern != "plain" and o.status not in ("PASS", "N/A")]
+    return "\n".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="every model x pattern x feature, more steps and sizes")
+    parser.add_argument("--only", default="", help="comma-separated features to run")
+    parser.add_argument("--model", default="", help="only this model's cells")
+    options = parser.parse_args()
+    config = Config(full=options.full)
+    chosen = [c for c in cells(config) if (not options.only or c.feature in options.only.split(","))
+              and (not options.model or c.model == options.model)]
+    stowage.enable(device="cpu", capacity=CAPACITY)
+    torch.set_num_threads(1)  # as test_exactness runs it: small ops, a shared 2-core machine
+    caches = Caches(config)
+    started = time.monotonic()
+    results = {cell: run_cell(cell, caches) for cell in chosen}
+    print(report(results))
+    counts = {s: sum(o.status == s for o in results.values()) for s in ("PASS", "REFUSED", "N/A", "FAIL")}
+    print(f"\n{len(results)} cells in {time.monotonic() - started:.0f} s: " +
+          ", ".join(f"{n} {s}" for s, n in counts.items()))
+    stowage.mark_step()
+    stowage.disable()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
