@@ -145,6 +145,7 @@ class Adam(torch.optim.Optimizer):
         self._clip_coefficient: torch.Tensor | None = None
         self._parameters_checked = False  # in_backward: written parameters taken this step
         self._warned_recopy = False
+        self._warned_clip = False
         self._offer(offloaded)
 
     # --- construction -------------------------------------------------------------------------
@@ -353,8 +354,7 @@ class Adam(torch.optim.Optimizer):
         offloaded ones: their coefficient is applied as the host update reads them. Returns the
         total norm."""
         if self.update_mode == "in_backward":
-            raise RuntimeError(f"stowage.offload.{type(self).__name__}(update='in_backward') updates during "
-                               "backward, before a norm over all gradients exists: use update='exact' to clip")
+            self._clip_in_backward()
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
         if is_sharded(total):
@@ -367,6 +367,19 @@ class Adam(torch.optim.Optimizer):
             torch._foreach_mul_(kept, coefficient.to(kept[0].device))
         self._clip_coefficient = coefficient if self._clip_coefficient is None else self._clip_coefficient * coefficient
         return total
+
+    def _clip_in_backward(self) -> None:
+        """in_backward updated buckets before the norm over all gradients existed: those updates
+        are undone, and step() updates every bucket with the clipping coefficient, exactly, as
+        "exact" would (the work backward did is done again: use update='exact' to clip)."""
+        with self._lock:
+            if any(b.updated is not None for b in self._buckets):
+                self._roll_back()
+        if not self._warned_clip:
+            self._warned_clip = True
+            warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): clip_grad_norm_ undoes the "
+                          "updates made during backward and step() makes them again with the clipping "
+                          "coefficient; update='exact' clips without that work.", stacklevel=3)
 
     def _device_parameters(self) -> list[torch.Tensor]:
         if self._device_optimizer is None:
@@ -489,16 +502,22 @@ class Adam(torch.optim.Optimizer):
                 bucket.copied_event = self._transfers.copies_out_issued()
 
     def _check_in_backward_exact(self, scale: float) -> None:
+        """Buckets updated during backward took the gradients as backward left them, unscaled:
+        refused (nothing applied) when the step needs something else of them."""
+        updated = {id(b) for b in self._buckets if b.updated is not None}
+        if not updated:
+            return  # nothing ran ahead: step() updates every bucket as "exact" would
         changed = self._changed_gradients()
-        if scale != 1.0 or getattr(self, "found_inf", None) is not None or changed:
+        stale = [s for s in self._slots.values() if s.index in changed and id(s.bucket) in updated]
+        if scale != 1.0 or getattr(self, "found_inf", None) is not None or stale:
             self._roll_back()
             self._discard_step()
             raise RuntimeError(
                 f"stowage.offload.{type(self).__name__}(update='in_backward') already updated from the gradients as "
-                "backward left them, but they were changed afterwards (a GradScaler, clipping, or "
-                f"{len(changed)} gradients replaced, dropped or written after backward): that update does not match "
-                "them. Use update='exact' (the default) with loss scaling, clipping or gradient edits. "
-                "Nothing was applied.")
+                "backward left them, but they were changed afterwards (a GradScaler, clipping through torch, or "
+                f"{len(stale)} gradients replaced, dropped or written after backward): that update does not match "
+                "them. Use update='exact' (the default) with loss scaling or gradient edits, or clip with "
+                "optimizer.clip_grad_norm_(). Nothing was applied.")
 
     def _submit(self, bucket: Bucket, scale: float) -> bool:
         """Hands `bucket`'s update to the worker; False when none of its parameters has a gradient."""

@@ -102,11 +102,12 @@ def measure_tolerance(fused: Trace, foreach: Trace) -> Tolerance:
 
 def allowed(key: Key, expected: torch.Tensor, tolerance: Tolerance | None) -> float:
     """What a value may differ by: nothing without a tolerance (or for an exact kind); else the
-    measured tolerance, or 2 ulps of the value's largest magnitude where torch's two runs agree."""
+    measured tolerance, and at least 2 ulps of the value's largest magnitude. (The host kernel
+    rounds where torch's CPU AdamW rounds, but torch's vectorised sqrt is not correctly rounded,
+    so a parameter may land an ulp away where torch's fused and foreach runs happened to agree.)"""
     if tolerance is None or key[1] in EXACT:
         return 0.0
-    measured = tolerance.get(family(key[1]), 0.0)
-    return measured if measured > 0.0 else _ulp_floor(expected)
+    return max(tolerance.get(family(key[1]), 0.0), _ulp_floor(expected))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -64,13 +64,18 @@ def saved_and_loaded(state: dict[str, Any]) -> dict[str, Any]:
     return torch.load(buffer, weights_only=False)
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    kind = {8: torch.int64, 4: torch.int32, 2: torch.int16}[a.element_size()]
+    return torch.equal(a.detach().reshape(-1).view(kind), b.detach().reshape(-1).view(kind))
+
+
 class DelayedReference(torch.optim.Optimizer):
     """torch's optimizer with the parameters one update behind, the meaning of
     ``update="delayed"``: masters W (copies of the model's parameters M) take the steps; each
     step() first writes the previous update back (M <- W), then hands this step's gradients to W
     and steps it (pending until the next step, a state_dict or ``flush``). ``data_written``: a
-    ``.data`` write to M between steps wins (W takes it, the pending update for it is dropped;
-    the moments keep it)."""
+    ``.data`` write to M between steps that changes its bytes wins (W takes it, the pending update
+    for it is dropped; the moments keep it); one that leaves its bytes as they were is no write."""
 
     def __init__(self, make: Callable[[Groups], torch.optim.Optimizer], groups: Groups) -> None:
         self.visible = [p for g in groups for p in g["params"]]
@@ -78,12 +83,14 @@ class DelayedReference(torch.optim.Optimizer):
         self.inner = make([{**g, "params": [self.masters[p] for p in g["params"]]} for g in groups])
         self.param_groups, self.defaults, self.state = self.inner.param_groups, self.inner.defaults, self.inner.state
         self._pending = False
+        self._shown = {p: p.detach().clone() for p in self.visible}  # M as the last write-back left it
 
     def flush(self) -> None:
         if self._pending:
             with torch.no_grad():
                 for p in self.visible:
                     p.copy_(self.masters[p])
+                    self._shown[p] = p.detach().clone()
         self._pending = False
 
     @torch.no_grad()
@@ -110,7 +117,8 @@ class DelayedReference(torch.optim.Optimizer):
     def data_written(self, params: list[torch.Tensor]) -> None:
         with torch.no_grad():
             for p in params:
-                self.masters[p].copy_(p)
+                if not _same_bits(p, self._shown[p]):
+                    self.masters[p].copy_(p)
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
