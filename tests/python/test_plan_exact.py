@@ -90,15 +90,21 @@ def test_recomputed_blocks_update_batchnorm_once_and_give_torch_s_gradients(in_p
     assert int(model.blocks[1].bn.num_batches_tracked) == 3
 
 
+def planned_loss(model: Any, plan: Plan) -> tuple[torch.Tensor, Callable[[Any], torch.Tensor]]:
+    """A loss whose forward ran under `plan`, and the same loss for another model."""
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    loss_of = lambda m: nn.functional.cross_entropy(m(images), labels)  # noqa: E731
+    with plan:
+        loss = loss_of(model)
+    return loss, loss_of
+
+
 def test_each_of_several_backwards_through_one_graph_recomputes() -> None:
     model, reference, step = make()
-    plan = recomputing_plan(model, step)
-    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
-    with plan:
-        loss = nn.functional.cross_entropy(model(images), labels)
+    loss, loss_of = planned_loss(model, recomputing_plan(model, step))
     loss.backward(retain_graph=True)
     loss.backward()
-    expected = nn.functional.cross_entropy(reference(images), labels)
+    expected = loss_of(reference)
     expected.backward(retain_graph=True)
     expected.backward()
     assert_equal(model, reference)
@@ -106,10 +112,7 @@ def test_each_of_several_backwards_through_one_graph_recomputes() -> None:
 
 def test_a_parameter_changed_in_place_before_the_recompute_raises_torch_s_error() -> None:
     model, _, step = make()
-    plan = recomputing_plan(model, step)
-    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
-    with plan:
-        loss = nn.functional.cross_entropy(model(images), labels)
+    loss, _ = planned_loss(model, recomputing_plan(model, step))
     with torch.no_grad():
         model.blocks[2].conv.weight.mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation.*block 'blocks.2'"):

@@ -5,6 +5,7 @@ and the device memory it saves."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -59,37 +60,31 @@ def test_states_take_no_device_memory_and_live_pinned() -> None:
     optimizer.close()
 
 
+def trained(make_optimizer: Any, dtype: torch.dtype = torch.float32, steps: int = 3) -> list[torch.Tensor]:
+    """small_gpt's parameters after `steps` steps with the optimizer make_optimizer(parameters)."""
+    model = small_gpt().to(dtype)
+    optimizer = make_optimizer(model.parameters())
+    for step in range(steps):
+        ids = tokens(step)
+        model(ids, ids).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.cuda.synchronize()
+    return [p.detach().float() for p in model.parameters()]
+
+
 def test_in_backward_updates_match_exact() -> None:
-    results = []
-    for update in ("exact", "in_backward"):
-        model = small_gpt()
-        optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update=update, bucket_numel=1 << 20)
-        for step in range(3):
-            ids = tokens(step)
-            model(ids, ids).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        torch.cuda.synchronize()
-        results.append([p.detach().clone() for p in model.parameters()])
-    for a, b in zip(*results):
+    exact, in_backward = (trained(lambda ps, u=update: stowage.offload.AdamW(ps, **HYPER, update=u,
+                                                                            bucket_numel=1 << 20))
+                          for update in ("exact", "in_backward"))
+    for a, b in zip(exact, in_backward):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_bf16_parameters_keep_torch_s_bf16_states_within_fused_and_foreach_spread() -> None:
-    def run(make: object) -> list[torch.Tensor]:
-        model = small_gpt().to(torch.bfloat16)
-        optimizer = make(model.parameters())  # type: ignore[operator]
-        for step in range(3):
-            ids = tokens(step)
-            model(ids, ids).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        torch.cuda.synchronize()
-        return [p.detach().float() for p in model.parameters()]
-
-    ours = run(lambda ps: stowage.offload.AdamW(ps, **HYPER, bucket_numel=1 << 20))
-    foreach = run(lambda ps: torch.optim.AdamW(ps, **HYPER, foreach=True))
-    fused = run(lambda ps: torch.optim.AdamW(ps, **HYPER, fused=True))
+    ours = trained(lambda ps: stowage.offload.AdamW(ps, **HYPER, bucket_numel=1 << 20), torch.bfloat16)
+    foreach = trained(lambda ps: torch.optim.AdamW(ps, **HYPER, foreach=True), torch.bfloat16)
+    fused = trained(lambda ps: torch.optim.AdamW(ps, **HYPER, fused=True), torch.bfloat16)
     for a, b, c in zip(ours, foreach, fused):
         spread = (b - c).abs().max()
         ulp = c.abs().max() * 2.0 ** -7
