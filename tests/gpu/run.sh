@@ -3,7 +3,8 @@
 #   build   configure and build the C++ tree (CUDA on), and install the Python package into the
 #           machine's python3 (stowage as torch's CUDA allocator, its .pth hook, libstowage.so)
 #   test    the CTest suite (the CUDA cases run instead of skipping), the self-check, and the
-#           torch suite tests/gpu/python (stowage as torch's CUDA allocator)
+#           torch suite tests/gpu/python (stowage as torch's CUDA allocator; the exactness matrix
+#           on the GPU, tests/gpu/python/test_exactness_gpu.py)
 #   bench   the end-to-end figures: a GPT-2-small training step, a Llama 1.1B loop cycling four
 #           sequence lengths (every step) and host time per allocation, stowage beside torch's
 #           native allocator in the same run; activation offload on
@@ -93,8 +94,11 @@ if wants test; then
   ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -25
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   # Its own process: the tests enable stowage before CUDA starts (tests/gpu/python/conftest.py).
-  (cd "$root" && "$python" -m pytest tests/gpu/python -q -p no:cacheprovider --durations=10 --timeout=240 \
-    --junitxml="$out/pytest-gpu.xml" 2>&1 | tee "$out/pytest-gpu.txt" | tail -40)
+  # The exactness suite (test_exactness_gpu.py) needs cuBLAS deterministic: a fixed workspace per
+  # stream, read when cuBLAS first runs.
+  (cd "$root" && CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}" "$python" -m pytest tests/gpu/python \
+    -q -p no:cacheprovider --durations=10 --timeout=240 --junitxml="$out/pytest-gpu.xml" 2>&1 \
+    | tee "$out/pytest-gpu.txt" | tail -40)
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 

@@ -2,11 +2,15 @@
 reference, judged PASS, REFUSED (an allowed refusal, checked), N/A or FAIL with the reason; the
 matrices (the default and --full); the session's caches.
 
-Contract: a session enables CPU mode once (``CAPACITY``) before the first cell and keeps it on;
-the "torch_allocator" reference turns stowage off for its run and on again. Every run starts
-from ``torch.manual_seed(SEED)``: the model's weights, then the steps' dropout, come from the
-global generator; batches come from generators of their own. Caches are computed before a run
-seeds, so they never move a run's RNG stream.
+Contract: a session runs on one device (``Config.device``) under ``devices.session``. In CPU
+mode it enables CPU mode once (``CAPACITY``) before the first cell and keeps it on; the
+"torch_allocator" reference turns stowage off for its run and on again. On a GPU stowage is
+torch's CUDA allocator for the whole process (tests/gpu/python/conftest.py): the allocator cell
+is n/a there, and every other cell's reference is plain torch in the same process, on the same
+allocator, as in CPU mode. Every run starts from ``torch.manual_seed(SEED)`` (which seeds the
+GPU's generator too): the model's weights come from the CPU's global generator, then the steps'
+dropout from the device's; batches come from generators of their own. Caches are computed
+before a run seeds, so they never move a run's RNG stream.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import stowage
 import stowage.plan
 from exactness.compare import (FINAL, Failure, Tolerance, Trace, difference, measure_tolerance, parameters_at,
                                parameters_differ)
+from exactness.devices import placed, rng_states
 from exactness.features import (COST, FEATURES, VARIANTS, WEIGHT_DECAY, Env, Feature, Setup, recompute_plan,
                                 reference_setup)
 from exactness.models import MODELS, ModelSpec, param_groups, spec
@@ -35,13 +40,18 @@ MAIN_FEATURES = ("allocator", "activations", "plan", "plan.recompute", "adamw.ex
                  "adamw.delayed", "fit")
 VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")
 VARIANT_PATTERNS = ("plain", "accumulate_marked", "clip_optimizer", "state_dict_swap")
+ON_GPU_ALLOCATOR = ("on a GPU stowage is torch's CUDA allocator for the whole process, so there is no run on torch's "
+                    "own to hold it to (every other cell's reference runs on it; its GPU behaviour: "
+                    "tests/gpu/python/test_torch_cuda.py)")
 
 
 @dataclass(frozen=True)
 class Config:
-    """The default matrix (3 steps, the smallest sizes) or the full one (6 steps, twice the sizes)."""
+    """The default matrix (3 steps, the smallest sizes) or the full one (6 steps, twice the sizes),
+    on `device` ("cpu": CPU mode; "cuda": a GPU)."""
 
     full: bool = False
+    device: str = "cpu"
 
     @property
     def steps(self) -> int:
@@ -110,7 +120,8 @@ class Caches:
                 model.loss(scratch, batch).backward()
                 scratch.zero_grad(set_to_none=True)
 
-            self._profiles[model.name] = stowage.plan.profile(step, cost=COST, model=scratch)
+            self._profiles[model.name] = stowage.plan.profile(step, cost=COST, model=scratch,
+                                                              device=self.config.device)
             stowage.mark_step()
         return self._profiles[model.name]
 
@@ -152,7 +163,7 @@ class Caches:
             self.recompute_plan(model, scale)
             self.lowest_peak(model, scale)
         if feature.name.startswith("fit"):
-            self.rates(torch.device("cpu"), torch.float32)
+            self.rates(placed(self.config.device), torch.float32)
 
     def reference(self, key: Any, make: Callable[[], Trace]) -> Trace:
         if key in self._references:
@@ -200,19 +211,22 @@ def torch_allocator() -> Iterator[None]:
 
 def _record_final(run: Run) -> None:
     """The end of the run: optimizer states and groups through state_dict (which writes a delayed
-    update back), then parameters, buffers and the RNG stream. A state never stepped (step 0)
-    counts as no state, as torch keeps none."""
+    update back), then parameters, buffers and the RNG streams (the CPU's; on a GPU the GPU's
+    too). A state never stepped (step 0) counts as no state, as torch keeps none. States are
+    compared on their parameter's device: where the optimizer keeps them (stowage's in host
+    memory, torch's on a GPU) is no part of what it computes."""
     state = run.optimizer.state_dict()
     trace = run.trace
     for index, entry in state["state"].items():
-        name = run.names[run.params[index]]
+        param = run.params[index]
         if float(entry.get("step", 0)) == 0:
             continue
         for key, value in entry.items():
             if key == "step":
-                trace.record(FINAL, "step_count", name, float(value))
-            elif key != "master" or run.params[index].dtype != torch.float32:
-                trace.record(FINAL, key, name, value)
+                trace.record(FINAL, "step_count", run.names[param], float(value))
+            elif key != "master" or param.dtype != torch.float32:
+                on_device = value.to(param.device) if isinstance(value, torch.Tensor) else value
+                trace.record(FINAL, key, run.names[param], on_device)
     for index, group in enumerate(state["param_groups"]):
         for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"):
             if key in group:
@@ -220,7 +234,8 @@ def _record_final(run: Run) -> None:
     run.record_parameters(FINAL)
     for name, buffer in run.model.named_buffers():
         trace.record(FINAL, "buffer", name, buffer)
-    trace.record(FINAL, "rng", "torch.get_rng_state()", torch.get_rng_state())
+    for name, state in rng_states(run.spec.device).items():
+        trace.record(FINAL, "rng", name, state)
 
 
 def _close(*optimizers: Any) -> None:
@@ -281,7 +296,7 @@ def _reference(caches: Caches, model: ModelSpec, pattern: Pattern, variant: str,
 
 
 def _tolerance(caches: Caches, model: ModelSpec, pattern: Pattern, variant: str, kind: str) -> Tolerance:
-    kind = "delayed" if kind == "delayed" else "cpu_mode"
+    kind = "delayed" if kind == "delayed" else "stowage_allocator"
     key = (model.name, pattern.same_reference_as or pattern.name, variant, kind)
     return caches.tolerance(key, lambda: measure_tolerance(_reference(caches, model, pattern, variant, kind, "fused"),
                                                            _reference(caches, model, pattern, variant, kind)))
@@ -315,7 +330,9 @@ def judge_refusal(feature: Feature, pattern: Pattern, failure: Failure, referenc
 def run_cell(cell: Cell, caches: Caches) -> Outcome:
     """Runs and judges one cell."""
     config = caches.config
-    feature, pattern, model = FEATURES[cell.feature], PATTERNS[cell.pattern], spec(cell.model)
+    feature, pattern, model = FEATURES[cell.feature], PATTERNS[cell.pattern], spec(cell.model, config.device)
+    if feature.reference == "torch_allocator" and config.device != "cpu":
+        return Outcome("N/A", ON_GPU_ALLOCATOR)
     if pattern.needs is not None and feature.own == "torch":
         return Outcome("N/A", f"torch's optimizer has no {pattern.needs}(): the cell is {pattern.same_reference_as}")
     reference = _reference(caches, model, pattern, feature.variant, feature.reference)

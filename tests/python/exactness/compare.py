@@ -4,7 +4,8 @@ from torch's own fused and foreach optimizers over the same steps and data.
 Contract: a Trace maps (step, kind, name) to a value in the order the run recorded it (the
 first difference found is the earliest); step -1 is the initial state, FINAL the end of the
 run. Values are tensors (cloned), strings (events) or None (a gradient that is not there).
-Kinds in EXACT are compared exactly whatever the mode, as are integer tensors.
+Kinds in EXACT are compared exactly whatever the mode, as are integer tensors. Both traces'
+tensors are on one device (the runs'), and are compared there; RNG states are CPU tensors.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ def where(key: Key) -> str:
 
 def _max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest |a - b| (NaN in both at the same place counts as equal); inf when they differ in
-    shape, dtype or where NaN is."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+    shape, dtype, device or where NaN is."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
         return float("inf")
+    if torch.equal(a, b):  # the common case, in one reduction (NaN never equals: it takes the long way)
+        return 0.0
     if not a.is_floating_point():  # counters (num_batches_tracked): their difference
         return float((a.long() - b.long()).abs().max()) if a.numel() else 0.0
     a64, b64 = a.double(), b.double()
@@ -135,6 +138,9 @@ def difference(ours: Trace, reference: Trace, tolerance: Tolerance | None) -> st
         if not isinstance(expected, torch.Tensor) or not isinstance(got, torch.Tensor):
             if not _same(got, expected):
                 found.append((float("inf"), f"{where(key)}: {_describe(got)}, torch: {_describe(expected)}"))
+            continue
+        if got.device != expected.device:
+            found.append((float("inf"), f"{where(key)}: on {got.device}, torch's on {expected.device}"))
             continue
         size, limit = _max_difference(got, expected), allowed(key, expected, tolerance)
         if size > limit:

@@ -307,7 +307,7 @@ class FitSetup(Setup):
 def fit_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
     """stowage.fit with the variant's torch optimizer as the factory, the model's first batch as
     the example and its loss."""
-    example = env.spec.batch(0, env.scale)  # (made before the budget: in CPU mode it is on the device)
+    example = env.spec.batch(0, env.scale)  # (made before the budget: it is on the device)
     fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
                                 env.spec, env.scale, COST)
     return FitSetup(variant, fitted, changed)
@@ -318,8 +318,10 @@ FeatureSetup = Callable[[Env, Any, Groups], Setup]
 
 @dataclass(frozen=True)
 class Feature:
-    """A cell's feature. ``reference``: the run it is held to ("torch_allocator": stowage off;
-    "cpu_mode": CPU mode on, plain torch; "delayed": DelayedReference). ``own``: whose optimizer
+    """A cell's feature. ``reference``: the run it is held to ("torch_allocator": stowage off,
+    only in CPU mode; "stowage_allocator": plain torch in the same process, stowage the device's
+    allocator (CPU mode's simulated device, or torch's CUDA allocator on a GPU, where it is for the
+    whole process); "delayed": DelayedReference, on stowage's allocator). ``own``: whose optimizer
     the loop steps ("torch" or "stowage"; patterns that need a method of stowage's are n/a where
     it is torch's). ``host``: compared within the measured tolerance, not bitwise."""
 
@@ -336,19 +338,20 @@ def _features() -> dict[str, Feature]:
     adamw = VARIANTS["adamw"]
     out.append(Feature("allocator", "adamw", "torch_allocator", "torch", False,
                        lambda env, model, groups: Setup(adamw, other_is_stowage=True)))
-    out.append(Feature("activations", "adamw", "cpu_mode", "torch", False,
+    out.append(Feature("activations", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: ActivationsSetup(adamw)))
-    out.append(Feature("plan", "adamw", "cpu_mode", "torch", False,
+    out.append(Feature("plan", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: plan_setup(env, model, groups, adamw)))
-    out.append(Feature("plan.recompute", "adamw", "cpu_mode", "torch", False,
+    out.append(Feature("plan.recompute", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: plan_setup(env, model, groups, adamw, recompute=True)))
     for variant in VARIANTS.values():
         prefix = variant.name
         for update in ("exact", "in_backward", "delayed"):
-            out.append(Feature(f"{prefix}.{update}", variant.name, "delayed" if update == "delayed" else "cpu_mode",
-                               "stowage", True, lambda env, model, groups, v=variant, u=update: StowageSetup(v, u)))
+            reference = "delayed" if update == "delayed" else "stowage_allocator"
+            out.append(Feature(f"{prefix}.{update}", variant.name, reference, "stowage", True,
+                               lambda env, model, groups, v=variant, u=update: StowageSetup(v, u)))
         name = "fit" if variant.name == "adamw" else f"fit.{variant.name}"
-        out.append(Feature(name, variant.name, "cpu_mode", "stowage", True,
+        out.append(Feature(name, variant.name, "stowage_allocator", "stowage", True,
                            lambda env, model, groups, v=variant: fit_setup(env, model, groups, v)))
     return {f.name: f for f in out}
 

@@ -9,7 +9,10 @@ once, as fit's own recording does, so whatever fit's recording does to the model
 statistics, the RNG stream) happens as it would.
 
 Contract: fit is held to torch from the model's state before fit was called: a fit that leaves
-the model's buffers or the global RNG changed fails the cell, naming which.
+the model's buffers or a global RNG (the CPU's; on a GPU the GPU's too) changed fails the cell,
+naming which. The budget is relative to what the device holds when fit runs
+(``stowage.memory_allocated()``: the simulated device's, or the GPU's) and to the step's
+recorded peaks on that device.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 
 import stowage
 import stowage.plan
+from exactness.devices import rng_states, set_rng_states
+
 MiB = 1 << 20
 
 
@@ -68,24 +73,29 @@ def served(caches: Any, spec: Any, scale: int) -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def _buffers_and_rng(model: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    return {n: b.detach().clone() for n, b in model.named_buffers()}, torch.get_rng_state()
+Saved = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 
-def _changed(model: Any, before: tuple[dict[str, torch.Tensor], torch.Tensor]) -> str | None:
-    """What fit changed of the model's buffers and the RNG stream (named), put back as it was."""
+def _buffers_and_rng(model: Any, device: str) -> Saved:
+    return {n: b.detach().clone() for n, b in model.named_buffers()}, rng_states(device)
+
+
+def _changed(model: Any, before: Saved, device: str) -> str | None:
+    """What fit changed of the model's buffers and the RNG streams (named), put back as it was."""
     buffers, rng = before
     changed = [n for n, b in model.named_buffers() if n in buffers and not torch.equal(b, buffers[n])]
     said = []
     if changed:
         said.append(f"buffers {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}")
-    if not torch.equal(torch.get_rng_state(), rng):
-        said.append("the global RNG stream")
+    now = rng_states(device)
+    moved = [name for name, state in rng.items() if not torch.equal(now[name], state)]
+    if moved:
+        said.append(f"the global RNG stream ({', '.join(moved)})" if device != "cpu" else "the global RNG stream")
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name in buffers:
                 buffer.copy_(buffers[name])
-    torch.set_rng_state(rng)
+    set_rng_states(rng)
     if not said:
         return None
     return (f"stowage.fit changed {' and '.join(said)} before training began (its recording step; put back "
@@ -98,7 +108,7 @@ def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, los
     returns what fit returned and what it changed of the model's buffers and the RNG stream
     (put back as it was), if anything."""
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    before = _buffers_and_rng(model)
+    before = _buffers_and_rng(model, spec.device)
     gc.disable()  # a collection between here and fit's own count of memory in use would move the window
     try:
         budget = fit_budget(caches.profile(spec, scale), caches.lowest_peak(spec, scale), trainable)
@@ -107,4 +117,4 @@ def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, los
             fitted = stowage.fit(model, factory, example, loss_fn=loss_fn, budget=budget, verbose=False, cost=cost)
     finally:
         gc.enable()
-    return fitted, _changed(model, before)
+    return fitted, _changed(model, before, spec.device)

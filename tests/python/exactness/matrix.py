@@ -3,14 +3,18 @@ pattern model), features x models (on the plain loop), then every cell that is n
 reason.
 
     python tests/python/exactness/matrix.py [--full] [--only FEATURE[,FEATURE]] [--model MODEL]
+                                            [--device cpu|cuda]
 
-Contract: runs in a process of its own (it enables CPU mode at the suite's capacity); the
-table's cells: PASS, refused (an allowed refusal), n/a, FAIL (the numbered reason below).
+Contract: runs in a process of its own (it enables CPU mode at the suite's capacity, or with
+``--device cuda`` makes stowage torch's CUDA allocator before CUDA starts), under the device's
+session settings (exactness.devices); the table's cells: PASS, refused (an allowed refusal),
+n/a, FAIL (the numbered reason below).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -19,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import stowage  # noqa: E402
-import torch  # noqa: E402
 from exactness.cells import CAPACITY, PATTERN_MODEL, Caches, Cell, Config, Outcome, cells, run_cell  # noqa: E402
+from exactness.devices import CUBLAS_VARIABLE, CUBLAS_WORKSPACE, session  # noqa: E402
 
 
 def _shape(reason: str) -> str:
@@ -78,21 +82,28 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="every model x pattern x feature, more steps and sizes")
     parser.add_argument("--only", default="", help="comma-separated features to run")
     parser.add_argument("--model", default="", help="only this model's cells")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="CPU mode (default) or a GPU")
     options = parser.parse_args()
-    config = Config(full=options.full)
+    config = Config(full=options.full, device=options.device)
     chosen = [c for c in cells(config) if (not options.only or c.feature in options.only.split(","))
               and (not options.model or c.model == options.model)]
-    stowage.enable(device="cpu", capacity=CAPACITY)
-    torch.set_num_threads(1)  # as test_exactness runs it: small ops, a shared 2-core machine
-    caches = Caches(config)
+    if options.device == "cuda":
+        os.environ.setdefault(CUBLAS_VARIABLE, CUBLAS_WORKSPACE)
+        if not stowage.is_enabled():
+            stowage.enable(device="cuda")
+    else:
+        stowage.enable(device="cpu", capacity=CAPACITY)
     started = time.monotonic()
-    results = {cell: run_cell(cell, caches) for cell in chosen}
+    with session(options.device):  # as the test modules run it
+        caches = Caches(config)
+        results = {cell: run_cell(cell, caches) for cell in chosen}
     print(report(results))
     counts = {s: sum(o.status == s for o in results.values()) for s in ("PASS", "REFUSED", "N/A", "FAIL")}
     print(f"\n{len(results)} cells in {time.monotonic() - started:.0f} s: " +
           ", ".join(f"{n} {s}" for s, n in counts.items()))
     stowage.mark_step()
-    stowage.disable()
+    if options.device == "cpu":
+        stowage.disable()
     return 0
 
 

@@ -1,9 +1,14 @@
 """The exactness suite's models: small, built in the test code (the Llama-style decoder is the
 package's), each with its batches, its loss and the one module whose output a later op saves.
 
-Contract: ``ModelSpec.build(scale)`` draws its weights from torch's global generator (the caller
-seeds it); ``ModelSpec.batch(step, scale)`` is the same tensors for the same step, from a
-generator of its own (the global one is left alone, so dropout's stream is the training's own).
+Contract: ``ModelSpec.build(scale)`` draws its weights from torch's global CPU generator (the
+caller seeds it) and returns the model on ``ModelSpec.device``; ``ModelSpec.batch(step, scale)``
+is the same tensors for the same step on that device, drawn on the CPU from a generator of its
+own (the global ones are left alone, so dropout's stream is the training's own). A model on a
+GPU (``spec(name, "cuda")``) is the CPU model moved there: the same weights and batches on every
+device. Every op has a deterministic CUDA kernel under torch.use_deterministic_algorithms (a
+mean for adaptive average pooling, a per-pixel loss over flattened pixels: their usual kernels
+have none and raise there).
 Blocks sit in ``nn.ModuleList`` / ``nn.Sequential`` so a plan can recompute them; no parameter
 is mathematically without gradient (a bias before a normalisation), whose rounding noise Adam
 would blow up to whole steps and make the measured tolerance meaningless.
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -35,6 +40,23 @@ class ModelSpec:
     batch: Callable[[int, int], Any]
     loss: Callable[[nn.Module, Any], torch.Tensor]
     probe: str
+    device: str = "cpu"
+
+    def on(self, device: str) -> ModelSpec:
+        """This model on `device` ("cpu": itself): built on the CPU and moved there, its batches
+        made on the CPU and moved there."""
+        if device == self.device:
+            return self
+        build, batch = self.build, self.batch
+        return replace(self, build=lambda scale: build(scale).to(device),
+                       batch=lambda step, scale: moved(batch(step, scale), device), device=device)
+
+
+def moved(batch: Any, device: str) -> Any:
+    """A batch (a tensor or a tuple of tensors) on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    return tuple(moved(part, device) for part in batch)
 
 
 def _generator(step: int) -> torch.Generator:
@@ -85,7 +107,7 @@ class Gpt(nn.Module):
                 nn.init.normal_(parameter, std=1 / math.sqrt(width))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1]))
+        x = self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
             x = block(x)
         return self.norm(x) @ self.tokens.weight.t()  # the head is the embedding
@@ -152,7 +174,7 @@ class EncoderDecoder(nn.Module):
         self.head = nn.Linear(width, VOCAB)
 
     def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        mask = nn.Transformer.generate_square_subsequent_mask(target.shape[1])
+        mask = nn.Transformer.generate_square_subsequent_mask(target.shape[1], device=target.device)
         src = self.source(source) + self.positions[: source.shape[1]]
         tgt = self.target(target) + self.positions[: target.shape[1]]
         return self.head(self.transformer(src, tgt, tgt_mask=mask, tgt_is_causal=True))
@@ -189,6 +211,14 @@ class BasicBlock(nn.Module):
         return self.relu(out)
 
 
+class GlobalAveragePool(nn.Module):
+    """``nn.AdaptiveAvgPool2d(1)`` as a mean over the pixels: adaptive pooling's CUDA backward has
+    no deterministic kernel (it raises under torch.use_deterministic_algorithms), a mean's has."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(-2, -1), keepdim=True)
+
+
 class ResNet(nn.Module):
     def __init__(self, width: int = 16) -> None:
         super().__init__()
@@ -196,7 +226,7 @@ class ResNet(nn.Module):
                                   nn.ReLU(inplace=True))
         self.layers = nn.Sequential(BasicBlock(width, width, 1), BasicBlock(width, 2 * width, 2),
                                     BasicBlock(2 * width, 2 * width, 1))
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.pool = GlobalAveragePool()
         self.fc = nn.Linear(2 * width, 10)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -279,13 +309,19 @@ class UNet(nn.Module):
         return self.out(x)
 
 
+def _pixel_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per pixel, the pixels flattened into rows: over (N, C, H, W) torch's CUDA
+    loss sums with atomics (no deterministic kernel; it raises under
+    torch.use_deterministic_algorithms), over rows it does not."""
+    return F.cross_entropy(logits.movedim(1, -1).reshape(-1, logits.shape[1]), labels.reshape(-1))
+
+
 def unet_spec() -> ModelSpec:
     def batch(step: int, scale: int) -> tuple[torch.Tensor, torch.Tensor]:
         images, _ = _images(step, 4, 16 * scale)
         return images, torch.randint(0, 4, (4, 16 * scale, 16 * scale), generator=_generator(step + 700))
 
-    return ModelSpec("unet", lambda s: UNet(8 * s), batch, lambda model, b: F.cross_entropy(model(b[0]), b[1]),
-                     "up.1")
+    return ModelSpec("unet", lambda s: UNet(8 * s), batch, lambda model, b: _pixel_loss(model(b[0]), b[1]), "up.1")
 
 
 # --- an LSTM language model -------------------------------------------------------------------
@@ -386,8 +422,9 @@ MODELS: dict[str, Callable[[], ModelSpec]] = {
 }
 
 
-def spec(name: str) -> ModelSpec:
-    return MODELS[name]()
+def spec(name: str, device: str = "cpu") -> ModelSpec:
+    """The model `name` on `device` ("cpu" or "cuda")."""
+    return MODELS[name]().on(device)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

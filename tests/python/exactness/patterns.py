@@ -4,9 +4,11 @@ they drive (the model, the optimizer, the feature's contexts, what is recorded a
 Contract: a pattern is a function of a Run; it trains ``run.steps`` steps through the Run's
 helpers, which record the loss of every forward, the gradients once per step before anything
 changes them, the parameters and buffers after each optimizer step, and each event (an expected
-exception). ``run.phase`` says where the run is (for a refusal's "first point": "forward 2",
-"backward 1", "clip", "step", "between"). ``Pattern.refusal``: where ``update="in_backward"``
-may refuse it (the step, as a function of the run's steps, and the phase), None where it may not.
+exception), all on the model's device (``run.spec.device``, whose bf16 autocast the autocast
+pattern runs under). ``run.phase`` says where the run is (for a refusal's "first point":
+"forward 2", "backward 1", "clip", "step", "between"). ``Pattern.refusal``: where
+``update="in_backward"`` may refuse it (the step, as a function of the run's steps, and the
+phase), None where it may not.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class Run:
     def forward(self, micro: int = 0, *, autocast: bool = False) -> torch.Tensor:
         self.phase = f"forward {micro + 1}"
         batch = self.spec.batch(self.step * 4 + micro, self.scale)
-        cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        cast = torch.autocast(self.spec.device, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
         with self.setup.forward_context(), cast:
             loss = self.spec.loss(self.model, batch)
         self.trace.record(self.step, "loss", f"forward {micro + 1}", loss)
