@@ -224,8 +224,17 @@ def check_decisions(decisions: list[str], tensors: list[Any], where: str) -> Non
     to its tensor (TensorRecords)."""
     if len(decisions) != len(tensors):
         raise refuse(where, ["decisions"], f"{len(decisions):,} decisions for {len(tensors):,} saved tensors")
+    recomputed: dict[int, int] = {}
+    offloaded: dict[int, int] = {}
     for t, (decision, tensor) in enumerate(zip(decisions, tensors)):
         problem = decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
+        if problem is None and tensor.region >= 0 and decision != "keep":
+            mine, other = (recomputed, offloaded) if decision == "recompute" else (offloaded, recomputed)
+            mine.setdefault(tensor.region, t)
+            if tensor.region in other:
+                problem = (f"{decision!r} in region {tensor.region}, where saved tensor {other[tensor.region]} is "
+                           f"{'offloaded' if decision == 'recompute' else 'recomputed'}: a region recomputes or "
+                           "offloads, never both (a checkpoint keeps what it saves out of the pager's reach)")
         if problem is not None:
             raise refuse(where, ["decisions", t], problem)
 
