@@ -55,15 +55,15 @@ SCALARS = frozenset((str, int, float, bool, type(None), bytes))
 TUPLE_KEY = "a dict key is a tuple: snapshots key dicts by strings (tuples can be built to collide in hash tables)"
 
 
-# The memory a reading may add to the process: a floor, and bytes per byte of pickle. The
-# commands (inspect, diff, replay) read traces into columns (0.35-0.42 bytes a byte of real
-# snapshots, 2.9 for the densest events a pickle can hold): 3 a byte, with the pickle's own bytes
-# held while read, keeps a reading within 4 times the file beyond the interpreter. Read as plain
-# Python data (load_snapshot), a real snapshot takes 5.6 to 7 times its size (a dict per event):
-# 12 a byte.
+# The memory a reading may add to the process: a floor, and bytes per byte of pickle. Traces read
+# into columns (inspect, diff, replay) take 0.35-0.42 bytes a byte of real snapshots and 2.9 for
+# the densest events a pickle can hold: 3 a byte, with the pickle's own bytes held while read,
+# keeps a reading within 4 times the file beyond the interpreter. Read as plain Python data
+# (load_snapshot) a real snapshot takes 5.6 to 7 times its size (a dict per event), so beyond the
+# floor (files of about 30 MB) only the columnar loader reads one: the bound holds for both.
 MEMORY_FLOOR = 96 << 20
 COLUMNS_MEMORY_PER_BYTE = 3
-PLAIN_MEMORY_PER_BYTE = 12
+PLAIN_MEMORY_PER_BYTE = 3
 RESIDENT_CHECK_EVERY = 256 << 10  # bytes of pickle between measurements: at most 18 MiB built unseen
 _STATM = "/proc/self/statm"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -97,7 +97,8 @@ class MemoryGuard:
             raise SnapshotError(
                 f"reading it grew memory by more than {self.budget >> 20:,} MiB by byte {position:,} "
                 f"({MEMORY_FLOOR >> 20} MiB and {self.per_byte} bytes a byte of pickle): refused, as no "
-                "snapshot builds that much (a file of one repeated opcode does)")
+                "snapshot read into columns builds that much (a file of one repeated opcode does; read as "
+                "plain data, a large snapshot does too: read it with load_snapshot_columnar)")
 
 
 def node_budget(size: int) -> int:

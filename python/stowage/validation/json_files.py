@@ -9,8 +9,8 @@ the bound it breaks:
   speed): json.loads makes a Python object for every value, and a file of tiny ones (``[[],[],
   ...]``, 3 bytes a list of 56) would cost 24 times its size. The bounds below admit every file
   stowage writes, whose values are sparser (a recorded profile: a container every 110-160
-  bytes, a field or item every 11-12, a quote every 9), and hold json.loads to about 8 times
-  the file (bench/results/2026-11-26-cpu-hostile-input.md);
+  bytes, a field or item every 11-12 (10.9 written without spaces), a quote every 8.4-9), and
+  hold a reading to about 10 times the file (bench/results/2026-11-26-cpu-hostile-input.md);
 - nesting, through json's own limit (RecursionError, refused as such: no stowage file nests
   more than 6 deep, and the schema refuses a container where a value belongs);
 - NaN and Infinity, which JSON does not have and json.loads accepts; integers longer than
@@ -30,8 +30,8 @@ MAX_JSON_BYTES = 256 << 20  # a profile of a real step is 0.1-3 MB; a sized one,
 # Bytes of file a value may take at least, on average over the file (see the module docstring);
 # small files are not held to them (a floor of values), as their cost is small whatever it is.
 BYTES_PER_CONTAINER = 32  # '[' and '{'
-BYTES_PER_ITEM = 7  # ',' and ':' (a list's items and an object's fields)
-BYTES_PER_QUOTE = 4  # '"' (two a string)
+BYTES_PER_ITEM = 8  # ',' and ':' (a list's items and an object's fields)
+BYTES_PER_QUOTE = 5  # '"' (two a string)
 FREE_VALUES = 4096
 
 
