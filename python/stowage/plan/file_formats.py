@@ -153,8 +153,9 @@ _SIZE_NAME = Text(64)
 
 
 def check_sized(document: Any, where: str) -> None:
-    """InputError for the first part of a sized profile document outside its schema and bounds;
-    the grid's size is checked from the sizes alone, before any grid is built."""
+    """InputError for the first part of a sized profile document outside its schema and bounds,
+    but for its profiles (load_profile_document checks each); the grid's size is checked from the
+    sizes alone, before any grid is built."""
     _header(document, where, SIZED, "a stowage sized lifetime trace")
     check(document, Record({"format": Choice(SIZED), "version": Int(VERSION, VERSION),
                             "sizes": _SizesSpec(), "profiles": ListOf(_AnyObject(), MAX_GRID_POINTS)}),
@@ -167,8 +168,6 @@ def check_sized(document: Any, where: str) -> None:
         raise refuse(where, ["sizes"], f"a grid of {points:,} points is above {MAX_GRID_POINTS}")
     if points != len(document["profiles"]):
         raise refuse(where, ["profiles"], f"{len(document['profiles'])} profiles for a grid of {points} points")
-    for i, profile in enumerate(document["profiles"]):
-        check_profile(profile, where, f"profiles[{i}]")
 
 
 class _AnyObject(Record):
