@@ -317,9 +317,14 @@ class Machine:
                 elif op == 0x29:  # EMPTY_TUPLE
                     stack.append(())
                 elif op == 0x85:  # TUPLE1
-                    if stack[-1] is QUEUED:
+                    item = stack[-1]
+                    if item is QUEUED:
                         raise LoadWhole
-                    stack[-1] = tuples.make([stack[-1]])
+                    if type(item) is tuple:
+                        stack[-1] = tuples.make([item])
+                    else:  # one level deep: what TupleGuard.make would note of it, without a call
+                        stack[-1] = (item,)
+                        tuples.made = True
                 elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
                     count = op - 0x84
                     if len(stack) < count:

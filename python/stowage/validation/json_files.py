@@ -4,7 +4,7 @@ before anything is built.
 ``read_json(path, kind)`` returns the parsed document, or raises InputError naming the file and
 the bound it breaks:
 
-- its size, MAX_JSON_BYTES, checked before it is read;
+- its size, MAX_JSON_BYTES (64 MiB), checked before it is read;
 - how densely it packs values, checked on its bytes before it is parsed (bytes.count, at memory
   speed): json.loads makes a Python object for every value, and a file of tiny ones (``[[],[],
   ...]``, 3 bytes a list of 56) would cost 24 times its size. The bounds below admit every file
@@ -26,7 +26,10 @@ from typing import Any
 
 from stowage.validation.errors import InputError
 
-MAX_JSON_BYTES = 256 << 20  # a profile of a real step is 0.1-3 MB; a sized one, a few times that
+# A profile of a real step is 0.1-3 MB, a sized one a few times that. The densest file the bounds
+# below admit (an object of distinct 11-character keys) costs json.loads 12.5 times its size and
+# 8 s for 64 MiB: beyond that, a file could pass 200 MB and 10 times its size, or 10 s.
+MAX_JSON_BYTES = 64 << 20
 # Bytes of file a value may take at least, on average over the file (see the module docstring);
 # small files are not held to them (a floor of values), as their cost is small whatever it is.
 BYTES_PER_CONTAINER = 32  # '[' and '{'
@@ -60,13 +63,14 @@ def read_json(path: str | Path, kind: str) -> Any:
         with open(path, "rb") as file:
             stat = os.fstat(file.fileno())
             if stat.st_size > MAX_JSON_BYTES:
-                raise InputError(where, "", f"{stat.st_size:,} bytes is above {MAX_JSON_BYTES:,}, the largest "
-                                            f"{kind} stowage reads")
+                raise InputError(where, "", f"{stat.st_size:,} bytes is above {MAX_JSON_BYTES:,} (64 MiB), the "
+                                            f"largest file stowage reads as {kind}")
             raw = file.read(MAX_JSON_BYTES + 1)
     except OSError as error:
         raise InputError(where, "", f"cannot read: {error.strerror or error}") from None
     if len(raw) > MAX_JSON_BYTES:  # a pipe or a device: no size to check first
-        raise InputError(where, "", f"more than {MAX_JSON_BYTES:,} bytes, the largest {kind} stowage reads")
+        raise InputError(where, "", f"more than {MAX_JSON_BYTES:,} bytes (64 MiB), the largest file stowage "
+                                    f"reads as {kind}")
     return parse_json(raw, where, kind)
 
 
