@@ -231,7 +231,14 @@ def fuzz(kind: str, seed: int, cases: int) -> dict[str, Any]:
             slowest = max(slowest, time.perf_counter() - start)
             seen[outcome] = seen.get(outcome, 0) + 1
     return {"kind": kind, "seed": seed, "cases": cases, "outcomes": seen, "slowest_s": slowest,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "failures": failures}
+            "peak_rss_mib": peak_resident() / (1 << 20), "failures": failures}
+
+
+def peak_resident() -> int:
+    """This process's peak resident memory in bytes: VmHWM (ru_maxrss keeps the parent's across
+    fork and exec, so a run started by a large test process would report that one's)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
 
 
 def main() -> None:
