@@ -14,6 +14,8 @@ namespace stowage {
 
 namespace {
 
+constexpr double kMaxSplitSizeMb = 1073741824.0;  // 2**30 MiB: 1 PiB
+
 constexpr std::string_view kKnownKeys =
     "max_split_size_mb, limit, memory_fraction, virtual_memory, reserve_headroom, "
     "move_pages_above, placement";
@@ -65,9 +67,11 @@ AllocatorConfig parse_allocator_config(std::string_view text) {
     STOWAGE_CHECK(seen.emplace(key).second, "allocator config: ", key, " is given twice");
     if (key == "max_split_size_mb") {
       const double mib = parse_number(key, value);
-      // Up to 20 MiB every medium segment would count as oversize and never be shared.
-      STOWAGE_CHECK(mib > 20, "allocator config: max_split_size_mb must be more than 20, not ",
-                    value);
+      // Up to 20 MiB every medium segment would count as oversize and never be shared; above
+      // 1 PiB (2**30 MiB) the size in bytes would overflow (and no device is that large).
+      STOWAGE_CHECK(mib > 20 && mib <= kMaxSplitSizeMb,
+                    "allocator config: max_split_size_mb must be more than 20 and at most 1073741824 "
+                    "(1 PiB), not ", value);
       config.max_split_size = static_cast<std::size_t>(mib * 1024 * 1024);
     } else if (key == "limit") {
       config.limit_bytes = parse_byte_size(value);

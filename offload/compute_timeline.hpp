@@ -14,6 +14,7 @@
 // between calls, as torch's current stream does); the backend must outlive it.
 #pragma once
 
+#include "allocator/base/bounded_wait.hpp"
 #include "allocator/device/backend.hpp"
 
 namespace stowage {
@@ -28,8 +29,9 @@ class ComputeTimeline {
   virtual bool record(Event event) = 0;
   // Records on `arrival` (a timing event) the moment the compute reaches this point, then makes
   // the compute after it wait for `finished`; the time from one to the other is the stall (or,
-  // negative, the slack).
-  virtual void wait(Event finished, Event arrival) = 0;
+  // negative, the slack). Where the host itself waits (CPU mode), it waits as Note [Bounded
+  // waits] says, `what` naming the work and its bytes: it may throw WaitTimeout or Interrupted.
+  virtual void wait(Event finished, Event arrival, const WaitFor& what) = 0;
 };
 
 class DeviceStreamTimeline final : public ComputeTimeline {
@@ -41,7 +43,7 @@ class DeviceStreamTimeline final : public ComputeTimeline {
     backend_.record_event(event, stream_);
     return true;
   }
-  void wait(Event finished, Event arrival) override {
+  void wait(Event finished, Event arrival, const WaitFor&) override {
     backend_.record_event(arrival, stream_);
     backend_.stream_wait_event(stream_, finished);
   }
@@ -53,19 +55,21 @@ class DeviceStreamTimeline final : public ComputeTimeline {
 
 class HostThreadTimeline final : public ComputeTimeline {
  public:
-  explicit HostThreadTimeline(DeviceBackend& backend) : backend_(backend) {}
+  explicit HostThreadTimeline(DeviceBackend& backend, const WaitLimits& waits = {})
+      : backend_(backend), waits_(waits) {}
 
   Stream stream() const noexcept override { return Stream{}; }
   bool record(Event) override { return false; }
   // The arrival is recorded on the default stream, which CPU mode leaves idle: it completes
   // at once, stamped with the time the thread got here.
-  void wait(Event finished, Event arrival) override {
+  void wait(Event finished, Event arrival, const WaitFor& what) override {
     backend_.record_event(arrival, Stream{});
-    if (!backend_.query_event(finished)) backend_.synchronize_event(finished);
+    wait_until([&] { return backend_.query_event(finished); }, what, waits_);
   }
 
  private:
   DeviceBackend& backend_;
+  WaitLimits waits_;
 };
 
 }  // namespace stowage

@@ -36,7 +36,7 @@ Pager::Pager(DeviceBackend& backend, TransferEngine& engine, PinnedHostPool& poo
 
 Pager::~Pager() {
   try {
-    engine_.synchronize();
+    engine_.synchronize("the pager's copies at shutdown");
   } catch (const std::exception& error) {
     log_warning(detail::concat("waiting for the pager's copies at shutdown failed: ", error.what()));
   }
@@ -212,7 +212,14 @@ void Pager::start_page_ins_locked(std::vector<Claim>& claims, PageId needed,
 
 void Pager::wait_for_locked(Page& page, ComputeTimeline& compute) {
   const Event arrival = engine_.borrow_event();
-  compute.wait(page.transfer->finished(), arrival);
+  try {
+    compute.wait(page.transfer->finished(), arrival,
+                 {"a saved tensor's copy back to the device",
+                  engine_.bytes_in_flight(TransferDirection::kToDevice, page.transfer.get())});
+  } catch (...) {  // interrupted or past its deadline: the page stays paging in, as it was
+    engine_.recycle_event(arrival);
+    throw;
+  }
   pending_uses_.push_back({arrival, page.transfer});
   page.transfer.reset();
   release_host_locked(page);  // reused once the copy back has completed (stream-ordered)
@@ -266,7 +273,7 @@ void Pager::poll_locked(std::vector<DeviceBuffer>& released) {
 }
 
 void Pager::synchronize() {
-  engine_.synchronize();
+  engine_.synchronize("the pager's copies at the end of the step");
   poll();
 }
 
@@ -280,7 +287,7 @@ std::size_t Pager::relieve_pressure(std::size_t bytes, Stream) noexcept {
     while (freed < bytes && !paging_out_.empty()) {
       const auto it = pages_.find(paging_out_.front());
       if (it != pages_.end() && it->second.state == PageState::kPagingOut) {
-        engine_.wait(it->second.transfer);
+        engine_.wait(it->second.transfer, "a tensor's copy to host memory, to free its device memory");
         ++stats_.num_pressure_waits;
         freed += it->second.bytes;
         set_offloaded_locked(it->second, released);
@@ -288,7 +295,7 @@ std::size_t Pager::relieve_pressure(std::size_t bytes, Stream) noexcept {
       paging_out_.pop_front();
     }
     for (Parked& parked : parked_) {
-      engine_.wait(parked.transfer);
+      engine_.wait(parked.transfer, "a copy that still reads freed device memory");
       ++stats_.num_pressure_waits;
       freed += parked.device.bytes;
       released.push_back(std::move(parked.device));
@@ -296,6 +303,9 @@ std::size_t Pager::relieve_pressure(std::size_t bytes, Stream) noexcept {
     parked_.clear();
     if (freed < bytes) freed += let_go_of_prefetches_locked(bytes - freed, released);
     stats_.pressure_bytes += as_signed(freed);
+  } catch (const Interrupted&) {
+    // Ctrl-C: give up making room (the request then fails as out of memory, and Python raises
+    // the KeyboardInterrupt its handler noted); the copies go on and are let go when complete.
   } catch (const std::exception& error) {
     log_warning(detail::concat("the pager could not relieve memory pressure: ", error.what()));
   }
@@ -333,7 +343,7 @@ std::size_t Pager::let_go_of_prefetches_locked(std::size_t bytes, std::vector<De
   for (auto it = pages_.begin(); it != pages_.end() && freed < bytes && ahead_pages_ > 0; ++it) {
     Page& page = it->second;
     if (page.state != PageState::kPagingIn) continue;
-    engine_.wait(page.transfer);
+    engine_.wait(page.transfer, "a tensor's copy back to the device, to let go of it");
     ++stats_.num_prefetches_let_go;
     freed += page.bytes;
     --ahead_pages_;

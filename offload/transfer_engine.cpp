@@ -9,6 +9,14 @@
 
 namespace stowage {
 
+namespace {
+
+const char* direction_name(TransferDirection direction) {
+  return direction == TransferDirection::kToHost ? "device to host" : "host to device";
+}
+
+}  // namespace
+
 double TransferStats::bandwidth(TransferDirection direction) const noexcept {
   const bool to_host = direction == TransferDirection::kToHost;
   const std::int64_t bytes = to_host ? completed_bytes_to_host : completed_bytes_to_device;
@@ -16,8 +24,8 @@ double TransferStats::bandwidth(TransferDirection direction) const noexcept {
   return ns > 0 ? static_cast<double>(bytes) * 1e9 / static_cast<double>(ns) : 0.0;
 }
 
-TransferEngine::TransferEngine(DeviceBackend& backend)
-    : backend_(backend), to_host_(backend.create_stream()) {
+TransferEngine::TransferEngine(DeviceBackend& backend, const WaitLimits& waits)
+    : backend_(backend), waits_(waits), to_host_(backend.create_stream()) {
   try {
     to_device_ = backend.create_stream();
   } catch (...) {
@@ -115,9 +123,13 @@ bool TransferEngine::done(const TransferHandle& transfer) {
   return result;  // `completed` lets go of its transfers after the lock
 }
 
-void TransferEngine::wait(const TransferHandle& transfer) {
+void TransferEngine::wait(const TransferHandle& transfer, std::string_view what) {
   if (done(transfer)) return;
-  backend_.synchronize_event(transfer->finished_);
+  const Event finished = transfer->finished_;
+  wait_until([&] { return backend_.query_event(finished); },
+             {detail::concat(what, " (", direction_name(transfer->direction_), ")"),
+              bytes_in_flight(transfer->direction_, transfer.get())},
+             waits_);
   std::vector<TransferHandle> completed;
   std::lock_guard lock(mutex_);
   ++stats_.num_syncs;
@@ -139,23 +151,37 @@ void TransferEngine::poll() {
   poll_locked(to_device_in_flight_, completed);
 }
 
-void TransferEngine::synchronize() {
+void TransferEngine::synchronize(std::string_view what) {
   bool waited = false;
-  for (const Stream on : {to_host_, to_device_}) {
-    std::lock_guard lock(mutex_);
-    auto& in_flight = on == to_host_ ? to_host_in_flight_ : to_device_in_flight_;
-    if (in_flight.empty() || backend_.query_event(in_flight.back()->finished_)) continue;
+  for (const TransferDirection direction : {TransferDirection::kToHost, TransferDirection::kToDevice}) {
+    std::optional<Event> last;
+    {
+      std::lock_guard lock(mutex_);
+      auto& in_flight = direction == TransferDirection::kToHost ? to_host_in_flight_ : to_device_in_flight_;
+      if (in_flight.empty() || backend_.query_event(in_flight.back()->finished_)) continue;
+      last = in_flight.back()->finished_;  // copies complete in stream order
+    }
     waited = true;
-  }
-  if (waited) {
-    backend_.synchronize_stream(to_host_);
-    backend_.synchronize_stream(to_device_);
+    wait_until([&] { return backend_.query_event(*last); },
+               {detail::concat(what, " (", direction_name(direction), ")"), bytes_in_flight(direction, nullptr)},
+               waits_);
   }
   std::vector<TransferHandle> completed;
   std::lock_guard lock(mutex_);
   if (waited) ++stats_.num_syncs;
   poll_locked(to_host_in_flight_, completed);
   poll_locked(to_device_in_flight_, completed);
+}
+
+std::size_t TransferEngine::bytes_in_flight(TransferDirection direction, const Transfer* through) {
+  std::lock_guard lock(mutex_);
+  const auto& in_flight = direction == TransferDirection::kToHost ? to_host_in_flight_ : to_device_in_flight_;
+  std::size_t bytes = 0;
+  for (const TransferHandle& transfer : in_flight) {
+    bytes += transfer->bytes_;
+    if (transfer.get() == through) break;
+  }
+  return bytes;
 }
 
 TransferStats TransferEngine::stats() {

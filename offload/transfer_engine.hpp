@@ -20,8 +20,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <vector>
 
+#include "allocator/base/bounded_wait.hpp"
 #include "allocator/device/backend.hpp"
 
 namespace stowage {
@@ -69,7 +71,8 @@ using TransferHandle = std::shared_ptr<Transfer>;
 
 class TransferEngine {
  public:
-  explicit TransferEngine(DeviceBackend& backend);
+  // `waits`: the deadlines of wait and synchronize (Note [Bounded waits]).
+  explicit TransferEngine(DeviceBackend& backend, const WaitLimits& waits = {});
   ~TransferEngine();
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
@@ -89,16 +92,23 @@ class TransferEngine {
                       std::optional<Event> after);
   // Whether the copy has completed. Never blocks.
   bool done(const TransferHandle& transfer);
-  // Blocks the host until the copy has completed (counted in num_syncs when it had not).
-  void wait(const TransferHandle& transfer);
+  // Blocks the host until the copy has completed (counted in num_syncs when it had not); `what`
+  // names it in a WaitTimeout. Bounded and interruptible (Note [Bounded waits]): throws
+  // WaitTimeout or Interrupted, after which the copy still runs and its transfer stays valid.
+  void wait(const TransferHandle& transfer, std::string_view what = "a copy");
   // Seconds from `event`'s latest recording (a timing event) to the transfer's completion, once
   // both have completed; nullopt before.
   std::optional<double> seconds_after(Event event, const TransferHandle& transfer);
 
+  // Bytes of the direction's copies in flight, up to and including `through` (all of them:
+  // nullptr): what a wait for it waits for, copies completing in stream order.
+  std::size_t bytes_in_flight(TransferDirection direction, const Transfer* through);
+
   // Looks at the oldest transfers and accounts for those that completed. Cheap; never blocks.
   void poll();
-  // Blocks until every copy has completed (counted once in num_syncs when any had not).
-  void synchronize();
+  // Blocks until every copy has completed (counted once in num_syncs when any had not); bounded
+  // and interruptible as wait, `what` naming the copies.
+  void synchronize(std::string_view what = "the offload engine's copies");
   TransferStats stats();
 
  private:
@@ -110,6 +120,7 @@ class TransferEngine {
   Event take_event_locked();
 
   DeviceBackend& backend_;
+  const WaitLimits waits_;
   Stream to_host_;
   Stream to_device_;
   std::mutex mutex_;  // guards everything below

@@ -10,7 +10,8 @@
 //     backend are not exceptions: try_* calls return an empty value instead, and the layer that
 //     owns the policy (the allocator) decides whether running out is an error.
 // InternalError marks a broken invariant of stowage itself (STOWAGE_INTERNAL_ASSERT): a bug,
-// never the caller's fault.
+// never the caller's fault. A wait for the device's work ends in WaitTimeout (a BackendError)
+// at its deadline, or in Interrupted when the user interrupts it (Note [Bounded waits]).
 //
 // Every error records the file and line that raised it. Inside stowage, the device seam
 // (DeviceBackend) throws on every failure, free paths included, so the layer above sees each one
@@ -66,6 +67,20 @@ class OutOfMemory : public Error {
 
 // A stowage invariant is broken: a bug in stowage.
 class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A wait for the device's work passed its deadline (Note [Bounded waits] in
+// allocator/base/bounded_wait.hpp): the device is stuck or far slower than any real one.
+class WaitTimeout : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+// A wait for the device's work was given up because the user interrupted the process (Ctrl-C,
+// Note [Bounded waits]); the work itself goes on.
+class Interrupted : public Error {
  public:
   using Error::Error;
 };

@@ -4,8 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <string>
 
+#include "allocator/base/bounded_wait.hpp"
 #include "allocator/base/build_info.hpp"
 #include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
@@ -20,6 +22,9 @@ PYBIND11_MODULE(_core, module) {
   py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
   py::register_exception<stowage::OutOfMemory>(module, "OutOfMemory", PyExc_MemoryError);
   py::register_exception<stowage::BackendError>(module, "BackendError", PyExc_RuntimeError);
+  // Note [Bounded waits]: the deadline's parts, for the Python side's waits (stowage.waiting).
+  module.attr("wait_floor_bytes_per_second") = stowage::kFloorBytesPerSecond;
+  module.attr("wait_slack_seconds") = std::chrono::duration<double>(stowage::kWaitSlack).count();
 
   module.def(
       "normalize_allocator_config",

@@ -566,8 +566,16 @@ State& state() {
 void enable(const std::string& config) {
   State& s = state();
   std::lock_guard lock(s.mutex);
+  if (s.allocator != nullptr && cca::get() == s.allocator.get()) {
+    cuda_allocators::configure(config);
+    return;
+  }
+  // Before anything is installed or configured: without a device there is nothing to serve, and
+  // an allocator installed anyway would leave torch's memory API half answered.
+  STOWAGE_CHECK(c10::cuda::device_count() > 0,
+                "this machine has no CUDA device, so there is no CUDA allocator to replace; nothing "
+                "was installed (without a GPU, CPU mode: stowage.enable(device='cpu', capacity=...))");
   cuda_allocators::configure(config);
-  if (s.allocator != nullptr && cca::get() == s.allocator.get()) return;
   STOWAGE_CHECK(s.allocator == nullptr,
                 "stowage was torch's CUDA allocator and was replaced; it cannot come back");
   cca::CUDAAllocator* current = cca::get();

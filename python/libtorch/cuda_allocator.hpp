@@ -20,7 +20,8 @@ namespace stowage::torch_cuda {
 // Installs stowage as torch's CUDA allocator with `config` (STOWAGE_ALLOC_CONF's syntax).
 // Must come before CUDA is initialised in the process: afterwards torch keeps the allocator it
 // has and this throws LogicError saying how to enable stowage earlier. Calling it again with the
-// same configuration does nothing.
+// same configuration does nothing. On a machine with no CUDA device it throws LogicError and
+// installs nothing.
 void enable(const std::string& config);
 // Whether stowage is torch's CUDA allocator now.
 bool is_enabled();

@@ -4,7 +4,8 @@
 and only when the variable is set. It does not import torch: it waits for the program to import
 torch, then enables stowage with the variable's configuration (empty: the defaults) right after
 torch's own initialisation, before any CUDA tensor can exist. A configuration stowage cannot
-use makes ``import torch`` fail with stowage's message.
+use makes ``import torch`` fail with stowage's message; on a machine without a CUDA device
+nothing is installed and a RuntimeWarning says so.
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ _VARIABLE = "STOWAGE_ALLOC_CONF"
 
 
 def _enable_now() -> None:
-    from stowage.memory import enable
+    from stowage.memory import NoCudaDevice, enable
 
-    enable(os.environ.get(_VARIABLE, ""), device="cuda")
+    try:
+        enable(os.environ.get(_VARIABLE, ""), device="cuda")
+    except NoCudaDevice as error:  # a launcher's environment on a machine without a GPU
+        import warnings
+
+        warnings.warn(f"{_VARIABLE} is set, but {error}", RuntimeWarning, stacklevel=2)
 
 
 class _EnableAfterExec(importlib.abc.Loader):

@@ -34,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stowage: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # the readers bound what a file may cost; this is the machine's own limit
+        print(f"stowage {args.command}: ran out of memory", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

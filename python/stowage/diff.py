@@ -16,10 +16,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from stowage import _core
 from stowage.inspector import analyse_trace, devices_with_data, load_with_progress, sites_at_end, totals_of
 from stowage.snapshot_reader import SnapshotError
+from stowage.terminal import console, literal
 
 _ALL_SITES = 1 << 30
 
@@ -112,7 +114,8 @@ def _signed(value: int) -> str:
 
 
 def print_report(a: Path, b: Path, report: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold]{a.name}[/bold] -> [bold]{b.name}[/bold], device {report['device']}")
+    console.print(Text.assemble((literal(a.name), "bold"), " -> ", (literal(b.name), "bold"),
+                                f", device {report['device']}"))
     totals = Table(title="totals", title_justify="left")
     for column in ("", "before", "after", "change"):
         totals.add_column(column, justify="right" if column else "left")
@@ -140,7 +143,7 @@ def print_report(a: Path, b: Path, report: dict[str, Any], console: Console) -> 
         table.add_column("site")
         for row in rows:
             table.add_row(_signed(row["change"]), _core.format_bytes(row["before"]),
-                          _core.format_bytes(row["after"]), row["site"])
+                          _core.format_bytes(row["after"]), literal(row["site"]))
         console.print(table)
     seg = report["segments"]
     console.print(f"segments: {seg['only_before']['count']:,} given back ({_core.format_bytes(seg['only_before']['bytes'])}), "
@@ -160,7 +163,7 @@ def print_report(a: Path, b: Path, report: dict[str, Any], console: Console) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, soft_wrap=True)
+    err = console(stderr=True, soft_wrap=True)
     if args.top < 1:
         err.print("stowage diff: --top must be at least 1")
         return 2
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             snapshots.append(load_with_progress(Path(name), err))
         except SnapshotError as error:
-            err.print(f"stowage diff: {error}")
+            err.print(f"stowage diff: {literal(str(error))}")
             return 2
     common = sorted(set(devices_with_data(snapshots[0])) & set(devices_with_data(snapshots[1])))
     if args.device is not None:
@@ -184,11 +187,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = compare(snapshots[0], snapshots[1], common[0], args.top)
     except (KeyError, TypeError, ValueError) as error:
-        err.print(f"stowage diff: malformed snapshot ({type(error).__name__}: {error})")
+        err.print(f"stowage diff: malformed snapshot ({type(error).__name__}: {literal(str(error))})")
         return 2
     if args.json:
         print(json.dumps(report))
     else:
-        out = Console()
-        print_report(Path(args.before), Path(args.after), report, out if out.is_terminal else Console(width=160))
+        out = console()
+        print_report(Path(args.before), Path(args.after), report, out if out.is_terminal else console(width=160))
     return 0

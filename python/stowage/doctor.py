@@ -36,6 +36,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from stowage import _core
+from stowage.terminal import console, literal
 
 # CUdevice_attribute values (cuda.h); fixed by the driver ABI.
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
@@ -464,7 +465,7 @@ def _facts_table(title: str, rows: list[tuple[str, str]]) -> Table:
     table.add_column("fact", style="cyan", no_wrap=True)
     table.add_column("value")
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, literal(str(value)))  # driver, library and error texts from the system
     return table
 
 
@@ -516,7 +517,7 @@ def _print_gpus(gpus: list[dict[str, Any]], driver: dict[str, Any], console: Con
     for column in ("#", "name", "memory", "PCI bus id", "compute capability", "VMM", "NUMA node"):
         table.add_column(column)
     for gpu in gpus:
-        table.add_row(str(gpu["index"]), gpu["name"] or "?",
+        table.add_row(str(gpu["index"]), literal(gpu["name"] or "?"),
                       "?" if gpu["total_memory"] is None else _bytes(gpu["total_memory"]),
                       gpu["pci_bus_id"] or "?", gpu["compute_capability"] or "?",
                       _yes(gpu["virtual_memory_management"]),
@@ -584,7 +585,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     console.print(_facts_table("torch", _torch_rows(report["torch"])))
     console.print(_facts_table("host memory", _memory_rows(report["host_memory"])))
     _print_numa(report["numa"], console)
-    text = "\n".join(f"- {line}" for line in report["advice"]) or "Nothing here limits stowage."
+    text = "\n".join(f"- {literal(line)}" for line in report["advice"]) or "Nothing here limits stowage."
     console.print(Panel(text, title="advice", title_align="left"))
 
 
@@ -597,8 +598,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    out = Console()
-    print_report(report, out if out.is_terminal else Console(width=120))
+    out = console()
+    print_report(report, out if out.is_terminal else console(width=120))
     return 0
 
 

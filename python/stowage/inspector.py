@@ -34,10 +34,12 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from stowage import _core
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
+from stowage.terminal import console, literal
 
 _LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")
 _SMALL_SEGMENT = 0.25  # a segment whose one live block fills less than this share of it
@@ -437,14 +439,14 @@ def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
     table.add_column("site")
     for site in sites:
         share = f"{100 * site['bytes'] / total:.1f}%" if total else "-"
-        table.add_row(_b(site["bytes"]), share, f"{site['allocations']:,}", site["site"])
+        table.add_row(_b(site["bytes"]), share, f"{site['allocations']:,}", literal(site["site"]))
     return table
 
 
 def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold red]out of memory[/bold red] at event {oom['event_index']:,}: asked for "
-                  f"{_b(oom['requested'])}; the device had {_b(oom['device_free'])} free; "
-                  f"{_b(oom['live_bytes'])} were live.")
+    console.print(Text.assemble(("out of memory", "bold red"),
+                                f" at event {oom['event_index']:,}: asked for {_b(oom['requested'])}; the device had "
+                                f"{_b(oom['device_free'])} free; {_b(oom['live_bytes'])} were live."))
     if totals["segments"]:
         console.print(f"at the snapshot, stowage's or torch's cache held {_b(totals['reserved_unallocated'])} "
                       f"reserved but unallocated, the largest free block {_b(totals['largest_free_block'])} "
@@ -456,20 +458,20 @@ def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, An
         largest = oom["sites"][0]
         verdict = "would make room" if largest["bytes"] >= short else "would not be enough alone"
         console.print(f"  - the request needed {_b(short)} more than the device had free; offloading or "
-                      f"recomputing the largest site ({_b(largest['bytes'])}, {largest['site']}) {verdict}")
+                      f"recomputing the largest site ({_b(largest['bytes'])}, {literal(largest['site'])}) {verdict}")
     if oom["stowage_peak_reserved"] is not None:
         console.print(f"  - replayed through stowage, this trace reserves at most "
                       f"{_b(oom['stowage_peak_reserved'])} for a live peak of "
                       f"{_b(oom['stowage_peak_requested'])} (stowage replay --min-capacity "
-                      f"{report.get('path', 'SNAPSHOT')} finds the smallest device)")
+                      f"{literal(report.get('path', 'SNAPSHOT'))} finds the smallest device)")
     if oom["native_peak_reserved"] is not None:
         console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
 
 
 def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
     totals = report["totals"]
-    console.print(f"[bold]{path.name}[/bold], device {report['device']}: {report['trace_events']:,} trace events, "
-                  f"{totals['segments']:,} segments")
+    console.print(Text.assemble((literal(path.name), "bold"), f", device {report['device']}: "
+                                f"{report['trace_events']:,} trace events, {totals['segments']:,} segments"))
     table = Table(title="totals", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("bytes", justify="right")
@@ -501,7 +503,7 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
             kept.add_column("held back", justify="right")
             kept.add_column("site")
             for row in held:
-                kept.add_row(_b(row["segment_bytes"]), _b(row["live_bytes"]), _b(row["held_back"]), row["site"])
+                kept.add_row(_b(row["segment_bytes"]), _b(row["live_bytes"]), _b(row["held_back"]), literal(row["site"]))
             console.print(kept)
     if report["sites_at_end"]:
         console.print(_sites_table("live at the end, by site", report["sites_at_end"], totals["allocated"]))
@@ -526,11 +528,11 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         from stowage.offload import summary_lines
 
         for line in summary_lines(report["offload"]):
-            console.print(f"offload: {line}")
+            console.print(f"offload: {literal(line)}")
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, soft_wrap=True)
+    err = console(stderr=True, soft_wrap=True)
     path = Path(args.snapshot)
     if args.top < 1:
         err.print("stowage inspect: --top must be at least 1")
@@ -538,22 +540,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         snapshot = load_with_progress(path, err)
     except SnapshotError as error:
-        err.print(f"stowage inspect: {error}")
+        err.print(f"stowage inspect: {literal(str(error))}")
         return 2
     devices = devices_with_data(snapshot)
     if args.device is not None:
         if args.device not in devices:
-            err.print(f"stowage inspect: {path}: device {args.device} has no data "
+            err.print(f"stowage inspect: {literal(str(path))}: device {args.device} has no data "
                       f"(devices with data: {', '.join(map(str, devices)) or 'none'})")
             return 2
         devices = [args.device]
     if not devices:
-        err.print(f"stowage inspect: {path}: the snapshot holds no segments and no trace events")
+        err.print(f"stowage inspect: {literal(str(path))}: the snapshot holds no segments and no trace events")
         return 2
     try:
         report = inspect_device(snapshot, devices[0], args.top)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-        err.print(f"stowage inspect: {path}: malformed snapshot ({type(error).__name__}: {error})")
+        err.print(f"stowage inspect: {literal(str(path))}: malformed snapshot ({type(error).__name__}: "
+                  f"{literal(str(error))})")
         return 2
     report["path"] = str(path)
     if args.html:
@@ -562,19 +565,20 @@ def run(args: argparse.Namespace) -> int:
         try:
             page = render(path.name, report, snapshot)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-            err.print(f"stowage inspect: {path}: cannot draw the report ({type(error).__name__}: {error})")
+            err.print(f"stowage inspect: {literal(str(path))}: cannot draw the report ({type(error).__name__}: "
+                      f"{literal(str(error))})")
             return 2
         try:
             Path(args.html).write_text(page, encoding="utf-8")
         except OSError as error:
-            err.print(f"stowage inspect: cannot write {args.html}: {error}")
+            err.print(f"stowage inspect: cannot write {literal(args.html)}: {literal(str(error))}")
             return 2
-        err.print(f"stowage inspect: wrote {args.html} ({_b(Path(args.html).stat().st_size)})")
+        err.print(f"stowage inspect: wrote {literal(args.html)} ({_b(Path(args.html).stat().st_size)})")
     if args.json:
         print(json.dumps(report))
     else:
-        out = Console()
-        print_report(path, report, out if out.is_terminal else Console(width=160))
+        out = console()
+        print_report(path, report, out if out.is_terminal else console(width=160))
     return 0
 
 
@@ -585,7 +589,7 @@ def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
 
         def report(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
-                tasks[phase] = progress.add_task(f"{phase} {path.name}", total=max(total, 1))
+                tasks[phase] = progress.add_task(f"{phase} {literal(path.name)}", total=max(total, 1))
             progress.update(tasks[phase], completed=done)
 
         return load_snapshot_columnar(path, report if console.is_terminal else None)

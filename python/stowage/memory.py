@@ -25,6 +25,7 @@ stowage stay valid after disable().
 
 from __future__ import annotations
 
+import operator
 import pickle
 from collections import OrderedDict
 from pathlib import Path
@@ -53,8 +54,37 @@ def _torch_module() -> Any:
     return _torch
 
 
-def _bytes(value: int | str) -> int:
-    return value if isinstance(value, int) else _core.parse_byte_size(value)
+MAX_BYTE_COUNT = 2**60  # 1 EiB: beyond any memory, and sums of such stay within C++'s 64-bit sizes
+MIN_CAPACITY = 2 << 20  # one page of the simulated device (its granularity): no device is smaller
+MAX_CAPACITY = 2**50  # the simulated device's largest (HostBackend::kMaxCapacity)
+MIN_COPY_BANDWIDTH = 10_000_000  # 10 MB/s: the floor of stowage's waits (Note [Bounded waits])
+MAX_COPY_BANDWIDTH = 10**15
+
+
+def _parsed(value: int | str, name: str) -> int:
+    """An int, or a size such as "4GiB" parsed; TypeError naming `name` for anything else."""
+    if isinstance(value, str):
+        return int(_core.parse_byte_size(value))
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int or a size such as '4GiB', not {type(value).__name__}")
+    return operator.index(value)
+
+
+def _bytes(value: int | str, name: str = "a size in bytes") -> int:
+    """A byte count from an int or a size such as "4GiB"; TypeError or ValueError naming `name`
+    for anything else, or for a count outside 0 to MAX_BYTE_COUNT."""
+    size = _parsed(value, name)
+    if not 0 <= size <= MAX_BYTE_COUNT:
+        raise ValueError(f"{name} must be from 0 to 2**60 bytes, not {value!r}")
+    return size
+
+
+def _in_range(value: int | str, name: str, low: int, high: int, bounds: str) -> int:
+    """`value` parsed, within [low, high] (`bounds` says them), or ValueError naming `name`."""
+    size = _parsed(value, name)
+    if not low <= size <= high:
+        raise ValueError(f"{name} must be {bounds}, not {value!r}")
+    return size
 
 
 def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str | None = None,
@@ -73,22 +103,35 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
     default: any), beyond which offloaded tensors go to pageable memory.
     ``check=True`` turns on check mode (stowage.checking, as STOWAGE_CHECK=1): every paged tensor
     and every host-updated parameter verified when it comes back.
+
+    Bounds: ``capacity`` from one page (2 MiB) to 1 PiB; ``copy_bandwidth`` from 10 MB/s (the
+    floor stowage's waits assume: slower, a wait for copies could pass its deadline) to 1 PB/s;
+    ``pinned_limit`` positive. device="cuda" on a machine without a CUDA device raises
+    NoCudaDevice and installs nothing.
     """
-    if check is not None:
+    if conf is not None and not isinstance(conf, str):
+        raise TypeError(f"conf must be a 'key:value,...' string, not {type(conf).__name__}")
+    _install(_core.normalize_allocator_config(conf or ""), device, capacity, copy_bandwidth, pinned_limit)
+    if check is not None:  # once installed: a refused enable() changes nothing
         from stowage import checking
 
         checking.set_enabled(check)
-    config = _core.normalize_allocator_config(conf or "")
+
+
+def _install(config: str, device: str, capacity: int | str | None, copy_bandwidth: int | str | None,
+             pinned_limit: int | str | None) -> None:
+    """enable()'s work: stowage as `device`'s allocator, or a refusal with nothing installed."""
     if device == "cpu":
         if capacity is None:
             raise ValueError("stowage.enable(device='cpu') needs a capacity, e.g. capacity='4GiB'")
-        size = _bytes(capacity)
-        if size <= 0:
-            raise ValueError(f"capacity must be positive, not {capacity!r}")
-        bandwidth = 0 if copy_bandwidth is None else _bytes(copy_bandwidth)
-        pinned = 0 if pinned_limit is None else _bytes(pinned_limit)
-        if (copy_bandwidth is not None and bandwidth <= 0) or (pinned_limit is not None and pinned <= 0):
-            raise ValueError("copy_bandwidth and pinned_limit must be positive when given")
+        size = _in_range(capacity, "capacity", MIN_CAPACITY, MAX_CAPACITY,
+                         "from one page of the simulated device (2 MiB) to 1 PiB")
+        bandwidth = 0 if copy_bandwidth is None else _in_range(
+            copy_bandwidth, "copy_bandwidth", MIN_COPY_BANDWIDTH, MAX_COPY_BANDWIDTH,
+            "from 10 MB/s (the floor stowage's waits assume: slower, a wait for copies would pass its "
+            "deadline) to 1 PB/s, in bytes per second")
+        pinned = 0 if pinned_limit is None else _in_range(pinned_limit, "pinned_limit", 1, MAX_BYTE_COUNT,
+                                                          "from 1 byte to 2**60")
         _torch_module().enable_cpu(size, config, float(bandwidth), pinned)
         return
     if copy_bandwidth is not None or pinned_limit is not None:
@@ -98,6 +141,10 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
         _enable_cuda(config)
         return
     raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+
+
+class NoCudaDevice(RuntimeError):
+    """stowage.enable(device="cuda") where torch sees no CUDA device: nothing was installed."""
 
 
 def _enable_cuda(config: str) -> None:
@@ -112,6 +159,11 @@ def _enable_cuda(config: str) -> None:
             "torch.cuda.memory.CUDAPluggableAllocator(stowage.c_library_path(), "
             "'stowage_malloc', 'stowage_free')"
         )
+    if not module.cuda_enabled() and torch.cuda.device_count() == 0:  # (does not initialise CUDA)
+        raise NoCudaDevice(
+            "stowage.enable(): this machine has no CUDA device (torch.cuda.device_count() is 0), so "
+            "there is no CUDA allocator to replace; nothing was installed. Without a GPU, use CPU "
+            "mode: stowage.enable(device='cpu', capacity='4GiB')")
     if module.cuda_enabled():
         if module.cuda_configuration() != config:
             raise RuntimeError(

@@ -29,6 +29,7 @@ from rich.table import Table
 
 from stowage import _core
 from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+from stowage.terminal import console, literal
 from stowage.trace import device_event_arrays, native_figures, step_period
 
 STEP = 2 << 20  # capacities are searched in 2 MiB steps
@@ -177,7 +178,7 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
             native += " *"
         rate = r["events_per_second"]
         table.add_row(
-            Path(r["trace"]).name.split(".pickle")[0],
+            literal(Path(r["trace"]).name.split(".pickle")[0]),
             str(r["device"]),
             f"{r['events']:,}",
             f"{r['skipped_frees']:,}",
@@ -197,7 +198,7 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
         if r.get("plans_made") or r.get("departures"):
             arena = (f"; the plan in force packs {_mib(r['plan_live_bytes'])} MiB live into "
                      f"{_mib(r['arena_bytes'])} MiB" if r.get("arena_bytes") else "")
-            console.print(f"{Path(r['trace']).name}: learned placement made {r['plans_made']} "
+            console.print(f"{literal(Path(r['trace']).name)}: learned placement made {r['plans_made']} "
                           f"plan(s), left {r['departures']}, placed "
                           f"{r['planned_allocations']:,} request(s){arena}.")
     if any(r["native_peak_reserved"] is not None and not r["native_comparable"] for r in results):
@@ -206,12 +207,12 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True)
+    err = console(stderr=True)
     try:
         config = _core.normalize_allocator_config(args.config)
         capacity = _core.parse_byte_size(args.capacity)
     except ValueError as error:
-        err.print(f"stowage replay: {error}")
+        err.print(f"stowage replay: {literal(str(error))}")
         return 2
     if not 0 < capacity <= MAX_CAPACITY:
         err.print(f"stowage replay: --capacity must be between 1 byte and {_core.format_bytes(MAX_CAPACITY)}")
@@ -222,11 +223,11 @@ def run(args: argparse.Namespace) -> int:
         loading = progress.add_task("traces", total=len(args.traces))
         for name in args.traces:
             path = Path(name)
-            progress.update(loading, description=f"replaying {path.name}")
+            progress.update(loading, description=f"replaying {literal(path.name)}")
             try:
                 snapshot = load_snapshot_columnar(path)
             except SnapshotError as error:
-                err.print(f"stowage replay: {error}")
+                err.print(f"stowage replay: {literal(str(error))}")
                 status = 2
                 progress.advance(loading)
                 continue
@@ -234,18 +235,18 @@ def run(args: argparse.Namespace) -> int:
                 found = replay_snapshot(path, snapshot, capacity, config, args.min_capacity, progress,
                                         args.warmup)
             except (ValueError, RuntimeError, MemoryError) as error:
-                err.print(f"stowage replay: {path}: {error}")
+                err.print(f"stowage replay: {literal(str(path))}: {literal(str(error))}")
                 status = 2
                 progress.advance(loading)
                 continue
             if not found:
-                err.print(f"stowage replay: {path}: no alloc or free events to replay")
+                err.print(f"stowage replay: {literal(str(path))}: no alloc or free events to replay")
             if args.json:
                 for result in found:
                     print(json.dumps(result), flush=True)
             results.extend(found)
             progress.advance(loading)
     if not args.json and results:
-        out = Console()
-        print_table(results, out if out.is_terminal else Console(width=200))
+        out = console()
+        print_table(results, out if out.is_terminal else console(width=200))
     return status

@@ -629,7 +629,10 @@ TEST(AllocatorConfig, RefusesWhatItDoesNotUnderstand) {
   for (const char* bad : {"max_split_size:128", "limit", "limit:12 parsecs", "memory_fraction:2",
                           "limit:1GiB,limit:2GiB", "max_split_size_mb:0",
                           "max_split_size_mb:20", "virtual_memory:yes", "reserve_headroom:-1",
-                          "reserve_headroom:2"}) {
+                          "reserve_headroom:2",
+                          // 2**44 MiB is 2**64 bytes: it once normalised to 0, then refused as 0
+                          "max_split_size_mb:17592186044416", "max_split_size_mb:inf",
+                          "max_split_size_mb:nan", "memory_fraction:nan", "move_pages_above:nan"}) {
     EXPECT_THROW(parse_allocator_config(bad), LogicError) << bad;
   }
   try {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -557,6 +558,10 @@ TEST(HostBackend, BadOptionsAreRefusedWithTheirName) {
   refused(options, "capacity");
   options = {};
   options.copy_bytes_per_second = -1;
+  refused(options, "bandwidth");
+  options.copy_bytes_per_second = 1e3;  // 1 KB/s: below the floor waits assume (Note [Bounded waits])
+  refused(options, "bandwidth");
+  options.copy_bytes_per_second = std::numeric_limits<double>::quiet_NaN();
   refused(options, "bandwidth");
 }
 

@@ -13,6 +13,7 @@
 #include <limits>
 #include <thread>
 
+#include "allocator/base/bounded_wait.hpp"
 #include "allocator/base/errors.hpp"
 #include "allocator/device/host/host_pages.hpp"
 
@@ -53,7 +54,14 @@ HostBackendOptions HostBackend::validated(HostBackendOptions options) {
   STOWAGE_CHECK(std::has_single_bit(options.granularity) && options.granularity % host_page_size() == 0,
                 "the granularity must be a power of two and a multiple of the host page size (",
                 host_page_size(), "), not ", options.granularity);
-  STOWAGE_CHECK(options.copy_bytes_per_second >= 0, "copy bandwidth must not be negative");
+  // NaN fails both comparisons. Below the floor, a wait for a copy could pass its deadline on a
+  // device that is not stuck (Note [Bounded waits]).
+  STOWAGE_CHECK(options.copy_bytes_per_second == 0 ||
+                    (options.copy_bytes_per_second >= kFloorBytesPerSecond &&
+                     options.copy_bytes_per_second <= kMaxCopyBytesPerSecond),
+                "a simulated link's bandwidth must be 0 (as fast as memory copies) or from ",
+                kFloorBytesPerSecond / 1e6, " MB/s to ", kMaxCopyBytesPerSecond / 1e12, " TB/s, not ",
+                options.copy_bytes_per_second, " bytes/s");
   return options;
 }
 

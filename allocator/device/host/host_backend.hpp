@@ -45,7 +45,8 @@ struct HostBackendOptions {
   std::size_t capacity_bytes = 16 * kGiB;  // the simulated device's memory
   std::size_t granularity = 2 * kMiB;      // VMM granularity, as on current NVIDIA GPUs
   bool synchronous = false;                // run stream work inline (replay, deterministic tests)
-  double copy_bytes_per_second = 0;        // bandwidth limit of copies; 0 = memcpy speed
+  double copy_bytes_per_second = 0;        // bandwidth limit of copies; 0 = memcpy speed; else
+                                           // kFloorBytesPerSecond (10 MB/s) to kMaxCopyBytesPerSecond
   std::size_t pinned_capacity_bytes = 0;   // limit on pinned host memory (allocated or
                                            // registered: ulimit -l); 0 = none
   std::size_t max_mappings = 0;            // kernel mappings allowed; 0 = from vm.max_map_count
@@ -64,6 +65,7 @@ class HostBackend final : public DeviceBackend {
  public:
   // 1 PiB: far beyond any GPU, and small enough that no size computation can overflow.
   static constexpr std::size_t kMaxCapacity = std::size_t{1} << 50;
+  static constexpr double kMaxCopyBytesPerSecond = 1e15;  // 1 PB/s: beyond any link
 
   // Throws LogicError naming the first bad option.
   explicit HostBackend(HostBackendOptions options = {});

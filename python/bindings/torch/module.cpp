@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <string>
 
@@ -186,6 +187,18 @@ void bind_memory_api(py::module_& module) {
 PYBIND11_MODULE(_torch, module) {
   module.doc() = "stowage inside PyTorch: CPU mode, the CUDA allocator, and the memory API";
   py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
+  // Note [Bounded waits]: a wait past its deadline is a TimeoutError naming what it waited for;
+  // one the user interrupted is the KeyboardInterrupt Python's own handler noted (raised here, so
+  // that it is not raised a second time at the next bytecode).
+  py::register_exception<stowage::WaitTimeout>(module, "WaitTimeout", PyExc_TimeoutError);
+  py::register_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised) std::rethrow_exception(raised);
+    } catch (const stowage::Interrupted& error) {
+      if (PyErr_CheckSignals() != 0) return;  // Python's handler raised KeyboardInterrupt
+      PyErr_SetString(PyExc_KeyboardInterrupt, error.message().c_str());
+    }
+  });
   // torch's allocator interfaces change between releases: the Python side refuses to use this
   // module under any other torch than the one it was compiled against.
   module.attr("built_for_torch") = STOWAGE_BUILT_FOR_TORCH;

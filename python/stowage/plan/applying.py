@@ -127,36 +127,59 @@ class Plan:
     def __enter__(self) -> Plan:
         import torch
 
+        from stowage.plan.file_formats import decision_problem
+
         if self._active:
             raise RuntimeError("stowage.plan: this plan is already applied to a step")
-        self._active = True
-        self._index_decisions()
-        module = _torch_module()
-        checking.apply()
-        module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
-        self._pager = module.TensorPager(0)
-        self._hold_to_budget(module)
+        for t, (tensor, decision) in enumerate(zip(self.profile.tensors, self.decisions)):
+            problem = decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
+            if problem is None and not -1 <= tensor.region < len(self.profile.regions):
+                problem = f"region {tensor.region} is not one of the profile's {len(self.profile.regions)} regions"
+            if problem is not None:
+                raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
+        # What __exit__ takes down, set as each part is put in place: an error on the way in
+        # takes down what was put in place and leaves the plan inactive.
+        self._hooks: Any = None
+        self._frames: ModuleFrames | None = None
         self._patched: list[tuple[Any, Any]] = []
-        self._frames = ModuleFrames(on_root=self._found_root, root=self.model)
-        self._frames.install()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
-        self._hooks.__enter__()
+        self._ceiling = None
+        self._active = True
+        try:
+            self._index_decisions()
+            module = _torch_module()
+            checking.apply()
+            module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
+            self._pager = module.TensorPager(0)
+            self._hold_to_budget(module)
+            self._frames = ModuleFrames(on_root=self._found_root, root=self.model)
+            self._frames.install()
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
+            hooks.__enter__()
+            self._hooks = hooks
+        except BaseException as error:
+            self.__exit__(type(error), error, error.__traceback__)
+            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        self._hooks.__exit__(kind, error, traceback)
-        self._frames.remove()
-        for module, original in self._patched:
-            if original is None:
-                del module.forward
-            else:
-                module.forward = original
-        if self._ceiling is not None:
-            module = _torch_module()
-            module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
-        del self._pager
-        self._active = False
+        try:
+            if self._hooks is not None:
+                self._hooks.__exit__(kind, error, traceback)
+            if self._frames is not None:
+                self._frames.remove()
+            for module, original in self._patched:
+                if original is None:
+                    del module.forward
+                else:
+                    module.forward = original
+            if self._ceiling is not None:
+                module = _torch_module()
+                module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
+        finally:
+            self._hooks, self._frames, self._patched, self._ceiling = None, None, [], None
+            self.__dict__.pop("_pager", None)
+            self._active = False
         if self.mismatches and kind is None:
             warnings.warn("stowage.plan: the step does not match the profile the plan was made from; "
                           f"kept what could not be placed ({len(self.mismatches)} places, first: "
@@ -272,13 +295,14 @@ def _kept(tensor: Any) -> Any:
 
 
 def load(path: str | Path) -> Plan:
-    """A plan saved by ``Plan.save``; ValueError naming what is wrong with a file that is not one."""
-    try:
-        document = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not a stowage plan (not JSON: {error})") from None
-    if not isinstance(document, dict) or document.get("format") != "stowage-plan":
-        raise ValueError(f"{path}: not a stowage plan")
-    profile = load_profile_document(document.get("profile"), str(path))
-    return Plan(profile, document.get("decisions", []), int(document.get("budget", 0)))
+    """A plan saved by ``Plan.save``; InputError (a ValueError) naming the file, the field, the
+    value and the bound for a file that is not one (stowage.plan.file_formats), checked whole
+    before anything is built from it."""
+    from stowage.plan.file_formats import check_decisions, check_plan
+    from stowage.validation import read_json
 
+    document = read_json(path, "a stowage plan")
+    check_plan(document, str(path))
+    profile = load_profile_document(document["profile"], str(path), "profile")
+    check_decisions(document["decisions"], profile.tensors, str(path))
+    return Plan(profile, document["decisions"], document["budget"])

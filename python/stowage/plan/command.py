@@ -11,17 +11,23 @@ the bytes each module group keeps, offloads and recomputes, and the predicted pe
 time of the plan beside no change, full activation checkpointing and offload everything.
 A profile recorded at several sizes (``stowage.plan.profile(step, sizes=...)``) is planned
 for the sizes ``--at`` names. Exit status: 0 when the plan fits the budget, 1 when none does
-(the lowest peak found is printed), 2 for a file, budget or size that cannot be read.
+(the lowest peak found is printed), 2 for a file, budget or size that cannot be read: a file is
+checked against its schema and bounds (stowage.plan.file_formats) before anything is built from
+it, and a refusal names the file, the field, the value and the bound. Names from the file are
+printed literally (stowage.terminal).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
 from stowage.memory import _bytes
+from stowage.plan.file_formats import MAX_TOTAL_BYTES
+from stowage.terminal import literal
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -38,16 +44,24 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def budget_bytes(text: str, unconstrained_peak: int) -> int:
-    """A size, or a percentage of the unconstrained peak; ValueError naming what is wrong."""
+    """A size, or a percentage of the unconstrained peak, from 1 byte to MAX_TOTAL_BYTES;
+    ValueError naming what is wrong."""
     if text.endswith("%"):
         try:
             share = float(text[:-1]) / 100
         except ValueError:
             raise ValueError(f"the budget {text!r} is not a percentage") from None
+        if not math.isfinite(share):
+            raise ValueError(f"the budget {text!r} is not a finite percentage")
         if not 0 < share:
             raise ValueError(f"the budget {text!r} must be above 0%")
-        return int(unconstrained_peak * share)
-    return _bytes(int(text) if text.isdigit() else text)
+        budget = int(unconstrained_peak * share)
+    else:
+        budget = _bytes(int(text) if text.isdigit() else text, "--budget")
+    if not 0 < budget <= MAX_TOTAL_BYTES:
+        raise ValueError(f"the budget {text!r} is {budget:,} bytes; it must be positive and at most "
+                         f"{MAX_TOTAL_BYTES:,} (64 PiB)")
+    return budget
 
 
 def parse_sizes(text: str) -> dict[str, int]:
@@ -55,7 +69,7 @@ def parse_sizes(text: str) -> dict[str, int]:
     sizes = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
-        if not name.strip() or not value.strip().isdigit():
+        if not name.strip() or not value.strip().isdigit() or len(value.strip()) > 10:
             raise ValueError(f"--at {text!r}: give sizes as name=number, comma separated (batch=8,seq=4096)")
         sizes[name.strip()] = int(value)
     return sizes
@@ -82,16 +96,28 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True):  # "does not fit" is in the output and exit status
             warnings.simplefilter("always")
             plan = solve(profile, budget, exact=args.exact)
-    except (OSError, ValueError) as error:
-        print(f"stowage plan: {error}", file=sys.stderr)
+    except (OSError, ValueError) as error:  # InputError among them: the file, the field, the bound
+        print(f"stowage plan: {literal(str(error))}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"stowage plan: {literal(args.profile)}: ran out of memory reading or planning it", file=sys.stderr)
         return 2
     if args.save:
-        plan.save(args.save)
+        try:
+            plan.save(args.save)
+        except OSError as error:
+            print(f"stowage plan: cannot write {literal(args.save)}: {error.strerror or error}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps({"budget_bytes": budget, "fits": plan.fits, "decisions": plan.decisions,
                           "by_module": decisions_by_module(plan), "outcomes": outcomes(plan)}))
     else:
-        print(plan)
+        print(literal_lines(str(plan)))
         if args.save:
             print(f"\nsaved the plan to {args.save}")
     return 0 if plan.fits else 1
+
+
+def literal_lines(text: str) -> str:
+    """`text`'s lines, each with what a file put in it shown literally (stowage.terminal)."""
+    return "\n".join(literal(line) for line in text.split("\n"))

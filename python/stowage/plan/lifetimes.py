@@ -28,14 +28,16 @@ moves (parameters, tensors made before the step).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stowage import _core
+from stowage.plan.file_formats import LIFETIMES, SIZED, VERSION, check_profile
+from stowage.validation import InputError, read_json
 
-FORMAT = "stowage-lifetimes"
-VERSION = 1
+FORMAT = LIFETIMES
 
 
 @dataclass
@@ -123,39 +125,31 @@ class LifetimeProfile:
         Path(path).write_text(json.dumps(self.document()))
 
 
-def load_profile_document(document: Any, where: str) -> LifetimeProfile:
-    """A profile from its JSON document; ValueError naming what is wrong (``where``: the file)."""
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise ValueError(f"{where}: not a stowage lifetime trace (format is not {FORMAT!r})")
-    if document.get("version") != VERSION:
-        raise ValueError(f"{where}: lifetime trace version {document.get('version')!r}; this stowage reads {VERSION}")
-    try:
-        profile = LifetimeProfile(
-            ops=[OpRecord(**o) for o in document["ops"]],
-            tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t["packs"]]}) for t in document["tensors"]],
-            regions=[RegionRecord(**r) for r in document["regions"]],
-            cost=dict(document["cost"]), unconstrained_peak_bytes=int(document["unconstrained_peak_bytes"]),
-            kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"{where}: a malformed stowage lifetime trace ({error})") from None
+def load_profile_document(document: Any, where: str, field: str = "") -> LifetimeProfile:
+    """A profile from its JSON document; InputError (a ValueError) naming the file (``where``),
+    the field, the value and the bound for a document outside stowage.plan.file_formats' schema
+    or the trace's rules. ``field``: where the document sits in a larger one."""
+    check_profile(document, where, field)
+    profile = LifetimeProfile(
+        ops=[OpRecord(**o) for o in document["ops"]],
+        tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t.get("packs", ())]}) for t in document["tensors"]],
+        regions=[RegionRecord(**r) for r in document["regions"]],
+        cost=dict(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
+        kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
     try:
         profile.native_trace().validate()
-    except Exception as error:  # the C++ rules' LogicError
-        raise ValueError(f"{where}: {error}") from None
+    except ValueError as error:  # the C++ rules' LogicError, which names the tensor and its values
+        raise InputError(where, field, re.sub(r" \(at [^()]*:\d+\)$", "", str(error))) from None
     return profile
 
 
 def load_profile(path: str | Path) -> Any:
     """Reads a lifetime trace file: a LifetimeProfile, or a SizedProfile (stowage.plan.sizes) for
-    a step recorded at several sizes; ValueError naming what is wrong with a file that is
-    neither."""
-    from stowage.plan.sizes import FORMAT as SIZED_FORMAT
+    a step recorded at several sizes; InputError (a ValueError) naming what is wrong with a file
+    that is neither, within the bounds of stowage.validation."""
     from stowage.plan.sizes import load_sized_document
 
-    try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not a stowage lifetime trace ({error})") from None
-    if isinstance(document, dict) and document.get("format") == SIZED_FORMAT:
+    document = read_json(path, "a stowage lifetime trace")
+    if isinstance(document, dict) and document.get("format") == SIZED:
         return load_sized_document(document, str(path))
     return load_profile_document(document, str(path))

@@ -27,26 +27,38 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.building import set_other_bytes, set_recompute_times
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
+from stowage.plan.file_formats import (MAX_BYTES, MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES,
+                                       MAX_TOTAL_BYTES, SIZED, check_sized)
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, OpRecord, TensorRecord, load_profile_document
+from stowage.validation import InputError
 
-FORMAT = "stowage-sized-lifetimes"
+FORMAT = SIZED
 
 
 def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
     """The grid's points in the order a SizedProfile keeps its profiles; ValueError for sizes
-    that cannot make one."""
+    that cannot make one, or a grid larger than MAX_GRID_POINTS (counted before it is built)."""
     if not sizes:
         raise ValueError("sizes needs at least one size, e.g. {'batch': (2, 4)}")
+    if len(sizes) > MAX_SIZES:
+        raise ValueError(f"{len(sizes)} sizes is above {MAX_SIZES}")
+    count = 1
     for name, points in sizes.items():
-        values = list(points)
+        values = list(points)[:MAX_POINTS + 1]
         if len(values) < 2 or len(set(values)) != len(values) or any(int(v) <= 0 for v in values):
             raise ValueError(f"size {name!r}: give two or more distinct positive points, not {values!r}")
+        if len(values) > MAX_POINTS or any(int(v) > MAX_SIZE_VALUE for v in values):
+            raise ValueError(f"size {name!r}: at most {MAX_POINTS} points, each at most {MAX_SIZE_VALUE:,}")
+        count *= len(values)
+    if count > MAX_GRID_POINTS:
+        raise ValueError(f"a grid of {count:,} points is above {MAX_GRID_POINTS}")
     names = list(sizes)
     return [dict(zip(names, (int(v) for v in point))) for point in itertools.product(*sizes.values())]
 
@@ -107,8 +119,8 @@ class SizedProfile:
         unknown = set(sizes) - set(self.sizes)
         if missing or unknown:
             raise ValueError(f"the profile was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
-        if any(int(value) <= 0 for value in sizes.values()):
-            raise ValueError(f"sizes must be positive: {dict(sizes)}")
+        if any(type(value) is not int or not 0 < value <= MAX_SIZE_VALUE for value in sizes.values()):
+            raise ValueError(f"sizes must be integers from 1 to {MAX_SIZE_VALUE:,}: {dict(sizes)}")
         weights = [1.0]
         for name, points in self.sizes.items():
             along = _lagrange(points, float(sizes[name]))
@@ -124,6 +136,7 @@ class SizedProfile:
                                            duration_ms=fixed + per_byte * io_bytes))
         tensors = [dataclasses.replace(t, bytes=_interpolate(weights, [p.tensors[i].bytes for p in self.profiles]))
                    for i, t in enumerate(first.tensors)]
+        _within_bounds(ops, tensors, sizes)
         set_other_bytes(ops, tensors)
         set_recompute_times(ops, tensors)
         profile = dataclasses.replace(first, ops=ops, tensors=tensors)
@@ -166,7 +179,24 @@ def _line(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
 def _interpolate(weights: Sequence[float], values: Sequence[int]) -> int:
     """A byte count at one point from its values at the grid's points (`weights`: the point's
     interpolation weights), floored at the least of them."""
-    return int(round(max(min(values), sum(w * v for w, v in zip(weights, values)))))
+    total = sum(w * v for w, v in zip(weights, values))
+    if not math.isfinite(total) or total > MAX_TOTAL_BYTES:
+        raise ValueError("a byte count interpolates beyond any device's: sizes far beyond those recorded")
+    return int(round(max(min(values), total)))
+
+
+def _within_bounds(ops: Sequence[OpRecord], tensors: Sequence[TensorRecord], sizes: Mapping[str, int]) -> None:
+    """ValueError when the byte counts interpolated at `sizes` leave the bounds a profile file is
+    held to (stowage.plan.file_formats): a size far beyond the grid."""
+    where = f"at {_describe(sizes)}"
+    for i, tensor in enumerate(tensors):
+        if tensor.bytes > MAX_BYTES:
+            raise ValueError(f"{where}, saved tensor {i} ({tensor.module}) would hold {tensor.bytes:,} bytes, above "
+                             f"{MAX_BYTES:,}: sizes far beyond those recorded")
+    if sum(tensor.bytes for tensor in tensors) > MAX_TOTAL_BYTES or any(
+            abs(op.in_use_bytes) > MAX_TOTAL_BYTES or op.io_bytes > MAX_TOTAL_BYTES for op in ops):
+        raise ValueError(f"{where}, the step would use more than {MAX_TOTAL_BYTES:,} bytes: sizes far beyond "
+                         "those recorded")
 
 
 def _describe(point: Mapping[str, int]) -> str:
@@ -174,16 +204,12 @@ def _describe(point: Mapping[str, int]) -> str:
 
 
 def load_sized_document(document: dict[str, Any], where: str) -> SizedProfile:
-    """A SizedProfile from its JSON document; ValueError naming what is wrong."""
-    if document.get("version") != VERSION:
-        raise ValueError(f"{where}: sized lifetime trace version {document.get('version')!r}; "
-                         f"this stowage reads {VERSION}")
-    sizes = document.get("sizes")
-    profiles = document.get("profiles")
-    if not isinstance(sizes, dict) or not isinstance(profiles, list):
-        raise ValueError(f"{where}: a malformed sized lifetime trace (no sizes or profiles)")
+    """A SizedProfile from its JSON document; InputError (a ValueError) naming the file, the
+    field, the value and the bound (stowage.plan.file_formats), or the first way its grid's
+    steps differ."""
+    check_sized(document, where)
+    profiles = [load_profile_document(p, where, f"profiles[{i}]") for i, p in enumerate(document["profiles"])]
     try:
-        return SizedProfile({str(k): [int(v) for v in points] for k, points in sizes.items()},
-                            [load_profile_document(p, where) for p in profiles])
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: {error}") from None
+        return SizedProfile({name: list(points) for name, points in document["sizes"].items()}, profiles)
+    except ValueError as error:
+        raise InputError(where, "profiles", str(error)) from None

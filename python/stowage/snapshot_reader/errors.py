@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stowage.validation.errors import InputError
 
-class SnapshotError(ValueError):
-    """A snapshot file that cannot be loaded: unreadable, hostile, or not a snapshot."""
+
+class SnapshotError(InputError):
+    """A snapshot file that cannot be loaded: unreadable, hostile, or not a snapshot. One of
+    stowage.validation's InputErrors: its message (control characters escaped) names the file,
+    once the loaders have prefixed it, and the reason."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("", "", message)
 
 
 # Reports a phase's progress: (phase, bytes done, bytes in all).

@@ -22,12 +22,19 @@ and on depth (MAX_DEPTH), so that a memo bomb, whose few bytes expand into a hug
 nesting are refused at once; only dicts, lists, tuples, str, bytes, int, float, bool and None are
 accepted. A trace read into columns is walked as the event dicts it was (TraceShape).
 
+While it builds, the machine keeps the process's memory within a budget sized by the pickle
+(MemoryGuard): memory grows with what a pickle makes, up to 70 bytes a byte of pickle for a file
+of one repeated opcode (an EMPTY_LIST is a list), which the walk afterwards would refuse only
+once it was built. Every RESIDENT_CHECK_EVERY bytes read, the machine measures the process's
+resident memory, and a reading that grew it by more than the budget is refused there.
+
 What a file may expand to before the machine sees it (gzip, pipes) is bounded by
 stowage.snapshot_reader.reading; the snapshot's own fields by stowage.snapshot_reader.schema.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from stowage.snapshot_reader.errors import SnapshotError
@@ -46,6 +53,52 @@ NODES_PER_BYTE = 64
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
 SCALARS = frozenset((str, int, float, bool, type(None), bytes))
 TUPLE_KEY = "a dict key is a tuple: snapshots key dicts by strings (tuples can be built to collide in hash tables)"
+
+
+# The memory a reading may add to the process: a floor, and bytes per byte of pickle. Traces read
+# into columns (inspect, diff, replay) take 0.35-0.42 bytes a byte of real snapshots and 2.9 for
+# the densest events a pickle can hold: 3 a byte, with the pickle's own bytes held while read,
+# keeps a reading within 4 times the file beyond the interpreter. Read as plain Python data
+# (load_snapshot) a real snapshot takes 5.6 to 7 times its size (a dict per event), so beyond the
+# floor (files of about 30 MB) only the columnar loader reads one: the bound holds for both.
+MEMORY_FLOOR = 96 << 20
+COLUMNS_MEMORY_PER_BYTE = 3
+PLAIN_MEMORY_PER_BYTE = 3
+RESIDENT_CHECK_EVERY = 256 << 10  # bytes of pickle between measurements: at most 18 MiB built unseen
+_STATM = "/proc/self/statm"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory now (Linux), or None where it cannot be read."""
+    try:
+        with open(_STATM, "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryGuard:
+    """The budget of one reading: how far the process's resident memory may grow while the machine
+    builds, MEMORY_FLOOR plus `per_byte` bytes a byte of pickle. check() raises SnapshotError
+    once the growth passes it. Where resident memory cannot be read (not Linux) it checks
+    nothing, and check_plain's node budget still bounds what is returned."""
+
+    def __init__(self, size: int, per_byte: int) -> None:
+        self.start = resident_bytes()
+        self.per_byte = per_byte
+        self.budget = MEMORY_FLOOR + per_byte * size
+
+    def check(self, position: int) -> None:
+        if self.start is None:
+            return
+        now = resident_bytes()
+        if now is not None and now - self.start > self.budget:
+            raise SnapshotError(
+                f"reading it grew memory by more than {self.budget >> 20:,} MiB by byte {position:,} "
+                f"({MEMORY_FLOOR >> 20} MiB and {self.per_byte} bytes a byte of pickle): refused, as no "
+                "snapshot read into columns builds that much (a file of one repeated opcode does; read as "
+                "plain data, a large snapshot does too: read it with load_snapshot_columnar)")
 
 
 def node_budget(size: int) -> int:

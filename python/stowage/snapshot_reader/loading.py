@@ -10,7 +10,10 @@ stowage.snapshot_reader.events), so its memory is a fraction of the file's size.
 ``load_snapshot`` loads and refuses what it refuses, and also refuses frames that are not lists
 of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
 
-Every failure raises SnapshotError naming the file (or ``name``) and the reason.
+Every failure raises SnapshotError naming the file (or ``name``) and the reason. A reading's
+memory is bounded by the pickle's size (stowage.snapshot_reader.guard.MemoryGuard): the columnar
+loader, what the commands use, within 3 bytes a byte of pickle beyond a floor, whatever its
+layout; load_snapshot within 12.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from stowage.snapshot_reader.columns import columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
 from stowage.snapshot_reader.events import LoadWhole
+from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE
 from stowage.snapshot_reader.machine import read_columns, read_plain
 from stowage.snapshot_reader.reading import FileWindow, open_snapshot, whole_bytes
 
@@ -46,12 +50,13 @@ def _opened(path: Path) -> Iterator[bytes | FileWindow]:
             data.close()
 
 
-def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>",
-                   progress: Progress | None = None) -> dict[str, Any]:
+def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
+                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE) -> dict[str, Any]:
     """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
-    given, hears how far the loading has come."""
+    given, hears how far the loading has come; the reading may grow the process's memory by
+    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (stowage.snapshot_reader.guard)."""
     with _named(name):
-        return read_plain(data, progress)  # type: ignore[no-any-return]
+        return read_plain(data, progress, memory_per_byte)  # type: ignore[no-any-return]
 
 
 def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
@@ -73,7 +78,9 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
         pass
     with _named(name):
         whole = whole_bytes(data)
-    snapshot = loads_snapshot(whole, name, progress)
+    # Read whole within the commands' memory budget, not load_snapshot's: torch and stowage never
+    # write such a pickle, and a hostile one must not buy a larger budget by its layout.
+    snapshot = loads_snapshot(whole, name, progress, COLUMNS_MEMORY_PER_BYTE)
     with _named(name):
         return columnar(snapshot)
 

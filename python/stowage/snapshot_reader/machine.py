@@ -37,13 +37,14 @@ from stowage.snapshot_reader.columns import Stack
 from stowage.snapshot_reader.errors import Progress, SnapshotError
 from stowage.snapshot_reader.events import (BINFLOAT, DeviceTraces, EventDict, EventList, FROZEN, QUEUED,
                                             CONSUMED, LoadWhole, TraceBuilder, TraceRows)
-from stowage.snapshot_reader.guard import (MAX_NUMBER, PLAIN_OPCODES, TupleGuard, check_plain, checked_number,
-                                           frame_error, memo_beyond_file, nested_frame_error, node_budget,
-                                           number_error, refused_opcode)
+from stowage.snapshot_reader.guard import (COLUMNS_MEMORY_PER_BYTE, MAX_NUMBER, PLAIN_MEMORY_PER_BYTE,
+                                           PLAIN_OPCODES, RESIDENT_CHECK_EVERY, MemoryGuard, TupleGuard, check_plain,
+                                           checked_number, frame_error, memo_beyond_file, nested_frame_error,
+                                           node_budget, number_error, refused_opcode)
 from stowage.snapshot_reader.reading import FileWindow
 from stowage.snapshot_reader.schema import check_structure
 
-_REPORT_EVERY = 1 << 20  # bytes between progress reports
+_REPORT_EVERY = RESIDENT_CHECK_EVERY  # bytes between progress reports and memory checks
 _RELEASE_EVERY = 8 << 20  # bytes of a large file's window given back at a time
 _OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 # Numbers, strings and bytes whose length precedes them -> the width of the length: LONG1,
@@ -60,7 +61,8 @@ class Machine:
     """A pickle's stack machine for plain data. One use: run(), then read_plain's or
     TraceRows.finish's checks of what it built."""
 
-    def __init__(self, data: bytes | FileWindow, progress: Progress | None, streaming: bool) -> None:
+    def __init__(self, data: bytes | FileWindow, progress: Progress | None, streaming: bool,
+                 memory_per_byte: int = PLAIN_MEMORY_PER_BYTE) -> None:
         self.window = data if isinstance(data, FileWindow) else None  # read as the machine goes
         self.data: bytes | mmap.mmap = data.buffer if isinstance(data, FileWindow) else data
         self.size = len(self.data)
@@ -73,10 +75,13 @@ class Machine:
         self.rows = TraceRows(self.memo, self.data, streaming)
         self.next_report = 0
         self.released = 0
+        self.memory = MemoryGuard(self.size, memory_per_byte)
 
     def report(self, position: int) -> None:
-        """Tells `progress` how far the machine has read; gives back a large file's pages behind."""
+        """Tells `progress` how far the machine has read, checks the memory the reading has taken
+        (MemoryGuard), and gives back a large file's pages behind."""
         self.next_report = position + _REPORT_EVERY
+        self.memory.check(position)
         if self.progress is not None:
             self.progress("loading", min(position, self.size), self.size)
         if isinstance(self.data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
@@ -169,10 +174,12 @@ class Machine:
         # Where an opcode and its fixed arguments (9 bytes at most) may begin and be read, and
         # the first of that and the frame's end: one comparison an opcode sees to both.
         safe = size if window is None else -1
-        limit = min(frame_end, safe)
+        limit = min(frame_end, safe, self.next_report)
         try:
             while True:
                 if position >= limit:
+                    if position >= self.next_report:  # whatever opcodes a file repeats
+                        self.report(position)
                     if position >= safe and window is not None:
                         safe = window.safe_through(position)
                     if position >= frame_end:
@@ -181,7 +188,7 @@ class Machine:
                         if position > frame_end:
                             raise frame_error(frame_start)
                         frame_start, frame_end = -1, size  # the frame is read: on to what follows it
-                    limit = min(frame_end, safe)
+                    limit = min(frame_end, safe, self.next_report)
                 op = data[position]
                 position += 1
                 if op == 0x6A:  # LONG_BINGET
@@ -310,9 +317,14 @@ class Machine:
                 elif op == 0x29:  # EMPTY_TUPLE
                     stack.append(())
                 elif op == 0x85:  # TUPLE1
-                    if stack[-1] is QUEUED:
+                    item = stack[-1]
+                    if item is QUEUED:
                         raise LoadWhole
-                    stack[-1] = tuples.make([stack[-1]])
+                    if type(item) is tuple:
+                        stack[-1] = tuples.make([item])
+                    else:  # one level deep: what TupleGuard.make would note of it, without a call
+                        stack[-1] = (item,)
+                        tuples.made = True
                 elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
                     count = op - 0x84
                     if len(stack) < count:
@@ -363,6 +375,9 @@ class Machine:
                         self.report(self.size)
                     if stack and stack[-1] is QUEUED:
                         raise LoadWhole
+                    if position < size:
+                        raise SnapshotError(f"{size - position:,} bytes after the pickle's end at byte {position - 1:,} "
+                                            "(several files joined?): a snapshot is one pickle")
                     return stack.pop()
                 elif op == 0x30:  # POP
                     if stack:
@@ -393,9 +408,11 @@ class Machine:
             raise SnapshotError(f"not a readable pickle ({reason}); is the file truncated?") from None
 
 
-def read_plain(data: bytes | FileWindow, progress: Progress | None = None) -> Any:
-    """The snapshot the pickle holds, as plain Python data, checked."""
-    machine = Machine(data, progress, streaming=False)
+def read_plain(data: bytes | FileWindow, progress: Progress | None = None,
+               memory_per_byte: int = PLAIN_MEMORY_PER_BYTE) -> Any:
+    """The snapshot the pickle holds, as plain Python data, checked; the reading's memory within
+    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (MemoryGuard)."""
+    machine = Machine(data, progress, streaming=False, memory_per_byte=memory_per_byte)
     value = machine.run()
     check_plain(value, node_budget(machine.size))
     check_structure(value)
@@ -405,5 +422,5 @@ def read_plain(data: bytes | FileWindow, progress: Progress | None = None) -> An
 def read_columns(data: bytes | FileWindow, progress: Progress | None = None) -> dict[str, Any]:
     """The snapshot with its traces as TraceColumns, checked; raises LoadWhole for a pickle laid
     out unlike those torch and stowage write (Note [Streaming traces])."""
-    machine = Machine(data, progress, streaming=True)
+    machine = Machine(data, progress, streaming=True, memory_per_byte=COLUMNS_MEMORY_PER_BYTE)
     return machine.rows.finish(machine.run())

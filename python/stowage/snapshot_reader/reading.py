@@ -30,8 +30,29 @@ MAX_EXPANSION = 64
 MIN_DECOMPRESSED_LIMIT = 8 << 20
 
 
+_MEASURE_CHUNK = 16 << 20  # bytes of gzip output measured, then dropped, at a time
+
+
+def _expanded_size(raw: bytes, path: Path, limit: int) -> None:
+    """Decompresses `raw` once, keeping nothing, to refuse a gzip bomb before its expansion is
+    held in memory (reading it whole first took up to 64 times the file's size to refuse it)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    total, pending = 0, raw
+    try:
+        while pending:
+            total += len(inflater.decompress(pending, _MEASURE_CHUNK))
+            pending = inflater.unconsumed_tail
+            if total > limit:
+                raise SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times, which no "
+                                    "recorded snapshot does (a gzip bomb?); if this is a real snapshot, "
+                                    "gunzip it and pass the .pickle")
+    except zlib.error as error:
+        raise SnapshotError(f"{path}: broken gzip data: {error}") from error
+
+
 def _gunzip(raw: bytes, path: Path) -> bytes:
     limit = max(MIN_DECOMPRESSED_LIMIT, MAX_EXPANSION * len(raw))
+    _expanded_size(raw, path, limit)
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         data = inflater.decompress(raw, limit + 1)

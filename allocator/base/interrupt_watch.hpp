@@ -1,0 +1,34 @@
+// InterruptWatch: whether the user interrupted the process (SIGINT, Ctrl-C) while a wait was
+// in progress (Note [Bounded waits] in allocator/base/bounded_wait.hpp).
+//
+// While at least one watch is alive, SIGINT first counts the interrupt, then runs the handler
+// that was installed before (Python's, which makes the interpreter raise KeyboardInterrupt), so
+// nothing else changes: a wait polls interrupted() and gives up, and Python raises
+// KeyboardInterrupt as it would have. Where SIGINT has no handler (its default ends the process,
+// as in a plain C++ program, or it is ignored) nothing is installed and interrupted() stays
+// false: the signal does what it did. The last watch to go puts the previous handler back,
+// unless something else replaced ours meanwhile.
+//
+// Contract: thread-safe; watches may overlap on any threads. Cheap to make when another watch
+// is alive (a counter under a mutex); the first costs two sigaction calls.
+#pragma once
+
+#include <cstdint>
+
+namespace stowage {
+
+class InterruptWatch {
+ public:
+  InterruptWatch();
+  ~InterruptWatch();
+  InterruptWatch(const InterruptWatch&) = delete;
+  InterruptWatch& operator=(const InterruptWatch&) = delete;
+
+  // Whether SIGINT arrived since this watch was made.
+  bool interrupted() const noexcept;
+
+ private:
+  std::uint64_t seen_;  // the interrupt count when the watch was made
+};
+
+}  // namespace stowage

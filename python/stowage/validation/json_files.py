@@ -1,0 +1,90 @@
+"""Reading a JSON file stowage did not write in this process, with what it may cost bounded
+before anything is built.
+
+``read_json(path, kind)`` returns the parsed document, or raises InputError naming the file and
+the bound it breaks:
+
+- its size, MAX_JSON_BYTES (64 MiB), checked before it is read;
+- how densely it packs values, checked on its bytes before it is parsed (bytes.count, at memory
+  speed): json.loads makes a Python object for every value, and a file of tiny ones (``[[],[],
+  ...]``, 3 bytes a list of 56) would cost 24 times its size. The bounds below admit every file
+  stowage writes, whose values are sparser (a recorded profile: a container every 110-160
+  bytes, a field or item every 11-12 (10.9 written without spaces), a quote every 8.4-9), and
+  hold a reading to about 10 times the file (bench/results/2026-11-26-cpu-hostile-input.md);
+- nesting, through json's own limit (RecursionError, refused as such: no stowage file nests
+  more than 6 deep, and the schema refuses a container where a value belongs);
+- NaN and Infinity, which JSON does not have and json.loads accepts; integers longer than
+  Python converts (4,300 digits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stowage.validation.errors import InputError
+
+# A profile of a real step is 0.1-3 MB, a sized one a few times that. The densest file the bounds
+# below admit (an object of distinct 11-character keys) costs json.loads 12.5 times its size and
+# 8 s for 64 MiB: beyond that, a file could pass 200 MB and 10 times its size, or 10 s.
+MAX_JSON_BYTES = 64 << 20
+# Bytes of file a value may take at least, on average over the file (see the module docstring);
+# small files are not held to them (a floor of values), as their cost is small whatever it is.
+BYTES_PER_CONTAINER = 32  # '[' and '{'
+BYTES_PER_ITEM = 8  # ',' and ':' (a list's items and an object's fields)
+BYTES_PER_QUOTE = 5  # '"' (two a string)
+FREE_VALUES = 4096
+
+
+def _density_problem(raw: bytes) -> str | None:
+    """What makes `raw` pack its values more densely than a stowage file does, if anything."""
+    size = len(raw)
+    for what, count, least in (
+            ("lists and objects", raw.count(b"[") + raw.count(b"{"), BYTES_PER_CONTAINER),
+            ("items and fields", raw.count(b",") + raw.count(b":"), BYTES_PER_ITEM),
+            ("quotes", raw.count(b'"'), BYTES_PER_QUOTE)):
+        if count > FREE_VALUES + size // least:
+            return (f"{count:,} {what} in {size:,} bytes, more than one every {least} bytes (the most a "
+                    f"stowage file has): refused before parsing, as each would cost a Python object")
+    return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json(path: str | Path, kind: str) -> Any:
+    """The JSON document in `path` (`kind` names what it should be, for refusals: "a stowage
+    lifetime trace"); InputError naming the file and the bound it breaks."""
+    where = str(path)
+    try:
+        with open(path, "rb") as file:
+            stat = os.fstat(file.fileno())
+            if stat.st_size > MAX_JSON_BYTES:
+                raise InputError(where, "", f"{stat.st_size:,} bytes is above {MAX_JSON_BYTES:,} (64 MiB), the "
+                                            f"largest file stowage reads as {kind}")
+            raw = file.read(MAX_JSON_BYTES + 1)
+    except OSError as error:
+        raise InputError(where, "", f"cannot read: {error.strerror or error}") from None
+    if len(raw) > MAX_JSON_BYTES:  # a pipe or a device: no size to check first
+        raise InputError(where, "", f"more than {MAX_JSON_BYTES:,} bytes (64 MiB), the largest file stowage "
+                                    f"reads as {kind}")
+    return parse_json(raw, where, kind)
+
+
+def parse_json(raw: bytes, where: str, kind: str) -> Any:
+    """`raw` parsed, within the bounds of read_json."""
+    problem = _density_problem(raw)
+    if problem is not None:
+        raise InputError(where, "", f"not {kind}: {problem}")
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise InputError(where, "", f"not {kind}: nested deeper than JSON is read (no stowage file nests "
+                                    "more than 6 levels)") from None
+    except MemoryError:
+        raise InputError(where, "", f"not {kind}: ran out of memory parsing it") from None
+    except (UnicodeDecodeError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+        raise InputError(where, "", f"not {kind} (not JSON: {str(error)[:200]})") from None

@@ -1,0 +1,209 @@
+"""The rest of the issue "Hostile input, bounded resources, and no stuck states", one test a
+reproduction: snapshots that flood memory or hide a second pickle, strings from a snapshot that
+would act on a terminal, a wait for copies the user interrupts, enable() for a device that is
+not there, and knobs out of their bounds."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import event, stowage
+
+from stowage.snapshot_reader import SnapshotError, load_snapshot, load_snapshot_columnar
+
+MiB = 1 << 20
+HAS_GPU = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(torch.cuda.device_count() == 0)"],
+                         capture_output=True).returncode == 0
+
+
+def peak_resident_of(code: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Runs `code` in a fresh interpreter; its result and its peak resident memory in bytes (VmHWM:
+    ru_maxrss keeps the parent's across fork and exec, which in the suite is pytest's)."""
+    wrapped = code + ("\nprint('peak', next(int(line.split()[1]) for line in open('/proc/self/status') "
+                      "if line.startswith('VmHWM')))")
+    done = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=300)
+    peak = [line for line in done.stdout.splitlines() if line.startswith("peak ")]
+    return done, int(peak[-1].split()[1]) * 1024 if peak else 0
+
+
+def test_a_file_of_one_repeated_opcode_is_refused_within_its_memory_bound(tmp_path: Path) -> None:
+    """20 MiB of EMPTY_LIST reached 1.5 GB (75 times the file) before it was refused; now the
+    reading stops once it grew memory by its budget, within 200 MB and 4 times the file (a MARK
+    makes a list too)."""
+    paths = []
+    for name, opcode in (("EMPTY_LIST", b"]"), ("MARK", b"(")):
+        paths.append(tmp_path / f"{name}.pickle")
+        paths[-1].write_bytes(b"\x80\x04" + opcode * ((20 * MiB) // len(opcode)) + b".")
+    done, peak = peak_resident_of(textwrap.dedent(f"""
+        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+        for path in {[str(path) for path in paths]!r}:
+            try:
+                load_snapshot_columnar(path)
+            except SnapshotError as error:
+                print("refused:", error)
+    """))
+    assert done.stdout.count("refused:") == len(paths), done.stdout + done.stderr
+    assert done.stdout.count("grew memory by more than") == len(paths), done.stdout
+    assert peak < 200 * MiB + 4 * 20 * MiB, peak
+
+
+def test_concatenated_pickles_are_refused_like_concatenated_gzip(write_snapshot) -> None:
+    one = pickle.dumps({"segments": [], "device_traces": [[event("alloc", 1, 2)]]}, protocol=4)
+    path = write_snapshot(one + one)
+    for load in (load_snapshot, load_snapshot_columnar):
+        with pytest.raises(SnapshotError, match=r"bytes after the pickle's end .* a snapshot is one pickle"):
+            load(path)
+    done = stowage("inspect", str(path))
+    assert done.returncode == 2 and "several files joined" in done.stderr and "Traceback" not in done.stderr
+
+
+HOSTILE_FRAMES = [
+    {"filename": "exp[v2]/train.py", "line": 3, "name": "step"},
+    {"filename": "bold.py", "line": 4, "name": "[/bold]"},
+    {"filename": "screen.py", "line": 5, "name": "\x1b[2J\x1b]0;pwned\x07"},
+    {"filename": "link.py", "line": 6, "name": "[link=https://example.com]click[/link]"},
+    {"filename": "rtl.py", "line": 7, "name": "\u202eevil"},
+]
+
+
+@pytest.mark.parametrize("command", ["inspect", "diff"])
+def test_strings_from_a_snapshot_are_printed_literally(write_snapshot, command: str) -> None:
+    """A frame holding [/bold] crashed inspect (rich's MarkupError); exp[v2]/train.py printed as
+    exp/train.py; escapes reached the terminal; [link=...] made a hyperlink."""
+    trace = [dict(event("alloc", 4096 * i, MiB * (i + 1)), frames=[frame]) for i, frame in enumerate(HOSTILE_FRAMES)]
+    blocks = [{"address": 4096 * i, "size": MiB * (i + 1), "requested_size": MiB * (i + 1),
+               "state": "active_allocated", "frames": [frame]} for i, frame in enumerate(HOSTILE_FRAMES)]
+    segment = {"device": 0, "address": 0, "total_size": 64 * MiB, "stream": 0, "segment_type": "large",
+               "blocks": blocks}
+    path = write_snapshot({"segments": [segment], "device_traces": [trace]})
+    before = write_snapshot({"segments": [], "device_traces": [trace[:1]]}, "before.pickle")
+    done = stowage(*(["inspect", str(path)] if command == "inspect" else ["diff", str(before), str(path)]))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for literal in ("exp[v2]/train.py", "[/bold]", "[link=https://example.com]click[/link]", "\\x1b[2J\\x1b]0;pwned\\x07",
+                    "\\u202eevil"):
+        assert literal in out, (literal, out)
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+
+
+def test_a_wait_for_copies_answers_ctrl_c_within_a_second() -> None:
+    """copy_bandwidth="1KB" was accepted, and mark_step then waited about 35 minutes for the
+    page-outs, deaf to Ctrl-C. The link's floor is now 10 MB/s, and a wait answers SIGINT."""
+    code = textwrap.dedent("""
+        import sys, time, torch, stowage
+        from stowage.memory import _torch_module
+        try:
+            stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="1KB")
+        except ValueError as error:
+            print("refused:", error, flush=True)
+        stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="10MB")
+        module = _torch_module()
+        module.offload_configure(0, 1 << 40)
+        packed = module.TensorPager(0).pack(torch.ones(100 << 20, dtype=torch.uint8))  # 10 s at 10 MB/s
+        print("waiting", flush=True)
+        start = time.monotonic()
+        try:
+            stowage.mark_step()
+            print("returned", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted after", time.monotonic() - start, flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not lines or lines[-1] != "waiting":
+            line = child.stdout.readline()
+            assert line, child.stderr.read()
+            lines.append(line.strip())
+        time.sleep(0.5)
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        rest = child.stdout.readline().strip()
+        answered = time.monotonic() - sent
+    finally:
+        child.kill()
+        child.wait()
+    assert any(line.startswith("refused: copy_bandwidth must be from 10 MB/s") for line in lines), lines
+    assert rest.startswith("interrupted after"), rest
+    assert answered < 1.0, answered
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the machine has a GPU")
+def test_enable_for_a_device_that_is_not_there_refuses_and_installs_nothing() -> None:
+    """enable() and STOWAGE_ALLOC_CONF= were accepted without a GPU; memory_stats, memory_summary
+    and snapshot then raised TypeErrors, disable() refused, and CPU mode stayed unreachable."""
+    code = textwrap.dedent("""
+        import torch, stowage
+        from stowage.memory import NoCudaDevice
+        print("enabled", stowage.is_enabled(), torch.ones(4).sum().item())
+        try:
+            stowage.enable()
+        except NoCudaDevice as error:
+            print("refused:", error)
+        for call in (stowage.memory_stats, stowage.memory_summary, stowage.snapshot):
+            try:
+                call()
+            except RuntimeError as error:
+                print(call.__name__, "not enabled" in str(error))
+        stowage.disable()
+        stowage.enable(device="cpu", capacity="64MiB")
+        print("cpu", stowage.memory_stats()["allocated_bytes.all.current"] >= 0, stowage.is_enabled())
+    """)
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "STOWAGE_ALLOC_CONF": ""})
+    assert done.returncode == 0, done.stderr
+    assert "STOWAGE_ALLOC_CONF is set, but stowage.enable(): this machine has no CUDA device" in done.stderr
+    assert "enabled False 4.0" in done.stdout
+    assert "refused: stowage.enable(): this machine has no CUDA device" in done.stdout
+    assert done.stdout.count(" True") == 3 + 2, done.stdout
+
+
+@pytest.mark.parametrize("keywords, said", [
+    ({"capacity": "1"}, "capacity must be from one page of the simulated device (2 MiB)"),
+    ({"capacity": 2**70}, "capacity must be from one page"),
+    ({"capacity": 1.5}, "capacity must be an int or a size"),
+    ({"capacity": "1GiB", "copy_bandwidth": "1KB"}, "copy_bandwidth must be from 10 MB/s"),
+    ({"capacity": "1GiB", "pinned_limit": -1}, "pinned_limit must be from 1 byte"),
+    ({"capacity": "1GiB", "conf": {"limit": 1}}, "conf must be a 'key:value,...' string"),
+    ({"capacity": "1GiB", "conf": "max_split_size_mb:17592186044416"}, "at most 1073741824 (1 PiB)"),
+])
+def test_knobs_out_of_their_bounds_are_refused_naming_the_bound(keywords: dict[str, object], said: str) -> None:
+    import stowage as package
+
+    conf = keywords.pop("conf", None)
+    with pytest.raises((ValueError, TypeError), match=said.replace("(", r"\(").replace(")", r"\)")):
+        package.enable(conf, device="cpu", **keywords)  # type: ignore[arg-type]
+
+
+def test_byte_counts_from_other_modules_are_held_to_their_bounds_too() -> None:
+    """host_memory_limit=-1 and min_bytes=2**70 raised internal TypeErrors."""
+    import torch
+
+    import stowage as package
+
+    with pytest.raises(ValueError, match="must be from 0 to 2\\*\\*60 bytes, not -1"):
+        package.offload.AdamW([torch.nn.Parameter(torch.zeros(4))], host_memory_limit=-1)
+    with pytest.raises(ValueError, match="must be from 0 to 2\\*\\*60 bytes"):
+        package.offload.activations(min_bytes=2**70)
+
+
+def test_the_python_side_waits_by_the_same_rules() -> None:
+    """stowage.waiting: for waits on torch's CUDA events (the offloaded optimizer's write-back)."""
+    from stowage.waiting import FLOOR_BYTES_PER_SECOND, WAIT_SLACK_SECONDS, deadline_seconds, wait_until
+
+    assert (FLOOR_BYTES_PER_SECOND, WAIT_SLACK_SECONDS) == (10e6, 10.0)
+    assert deadline_seconds(100_000_000) == 20.0
+    calls = iter([False, False, True])
+    wait_until(lambda: next(calls), "three polls")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"gave up waiting for a stuck copy \(1.00 MiB\)"):
+        wait_until(lambda: False, "a stuck copy", MiB, floor_bytes_per_second=1e9, slack_seconds=0.05)
+    assert time.monotonic() - start < 1
