@@ -199,3 +199,11 @@ def test_names_from_a_profile_are_printed_literally(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
     assert "exp[v2]\\x1b]0;title\\x07" in done.stdout
+
+
+@pytest.mark.parametrize(("depth", "said"), [(10 ** 5, "is above 38, the trace's saved tensors"),
+                                             (-1, "is below 0")])
+def test_solve_checks_the_cost_it_is_given_as_it_checks_a_file(depth: int, said: str) -> None:
+    profile = stowage.plan.load_profile(RECORDED)
+    with pytest.raises(InputError, match=f"stowage.plan.solve: cost.prefetch_pages: {depth} {said}"):
+        stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2, prefetch_pages=depth)

@@ -98,13 +98,13 @@ class activations:
 
     def __init__(self, min_bytes: int | str = DEFAULT_MIN_BYTES, prefetch: int | str = "auto",
                  max_prefetch: int | str = DEFAULT_MAX_PREFETCH, exclude: Iterable[Any] = ()) -> None:
-        self._min_bytes = _bytes(min_bytes)
+        self._min_bytes = _bytes(min_bytes, "min_bytes")
         if self._min_bytes < 0:
             raise ValueError(f"min_bytes must not be negative, not {min_bytes!r}")
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
         self._prefetch_pages = None if prefetch == "auto" else int(prefetch)
-        self._max_prefetch = _bytes(max_prefetch)
+        self._max_prefetch = _bytes(max_prefetch, "max_prefetch")
         self._exclude = list(exclude)
         self.report = OffloadReport()
 

@@ -80,7 +80,8 @@ from stowage.offload.host_transfers import HostTransfers
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.offload.slot_watch import SlotWatch
 from stowage.offload.update_undo import UpdateUndo
-from stowage.offload.update_worker import UpdateWorker, cpus_near
+from stowage.offload.update_worker import UpdateWorker, cpus_near, finished
+from stowage.waiting import wait_until
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 
@@ -120,7 +121,7 @@ class Adam(torch.optim.Optimizer):
         self.update_mode = update
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
-        self._limit = None if host_memory_limit is None else _bytes(host_memory_limit)
+        self._limit = None if host_memory_limit is None else _bytes(host_memory_limit, "host_memory_limit")
         self._bucket_numel = bucket_numel
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
         offloaded, kept = self._split_by_fraction(device_fraction)
@@ -412,7 +413,7 @@ class Adam(torch.optim.Optimizer):
         if self.update_mode == "delayed":
             for bucket in self._pending:
                 if bucket.updated is not None:
-                    bucket.updated.result()
+                    finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
         self._take_parameters_for_step()
         if self.update_mode == "in_backward":
             self._check_in_backward_exact(scale)
@@ -552,11 +553,13 @@ class Adam(torch.optim.Optimizer):
         copied, returned = bucket.copied_event, bucket.returned_event
         undo = self._undo
 
+        number, size = self._buckets.index(bucket), _bytes_of(bucket)
+
         def update() -> None:
             if copied is not None:
-                copied.synchronize()
-            if returned is not None:
-                returned.synchronize()  # the last write-back has left `out`
+                wait_until(copied.query, f"the gradients of bucket {number} copied out", size)
+            if returned is not None:  # the last write-back has left `out`
+                wait_until(returned.query, f"the write-back of bucket {number}", size)
             if provisional:
                 undo.save(bucket)
             for begin, end, step in runs:
@@ -575,7 +578,7 @@ class Adam(torch.optim.Optimizer):
         """Waits for `bucket`'s update and starts writing its parameters back."""
         if bucket.updated is None:
             return
-        bucket.updated.result()
+        finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
         source = bucket.out if bucket.out is not None else bucket.master
         slots = bucket.extra.pop("updated_slots")
         shards = [local(slot.param) for slot in slots]
@@ -589,7 +592,7 @@ class Adam(torch.optim.Optimizer):
 
     def _check_arrivals(self, slots: list[Slot], shards: list[torch.Tensor], views: list[torch.Tensor]) -> None:
         """Check mode: each parameter written back is, bit for bit, what the host update made."""
-        self._transfers.synchronize()
+        self._transfers.synchronize(sum(v.numel() * v.element_size() for v in views))
         for slot, shard, view in zip(slots, shards, views):
             if torch.equal(_bits(shard.detach().to("cpu")), _bits(view)):
                 continue
@@ -610,7 +613,7 @@ class Adam(torch.optim.Optimizer):
         the states and step counts they changed."""
         provisional = [b for b in self._buckets if b.updated is not None and b not in self._pending]
         for bucket in provisional:
-            bucket.updated.result()
+            finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
         for bucket in self._undo.restore():
             for slot in bucket.slots:
                 if float(slot.step) == 0:
@@ -667,10 +670,10 @@ class Adam(torch.optim.Optimizer):
         """Delayed updates: writes the pending update's parameters back now."""
         for bucket in self._pending:
             if bucket.updated is not None:
-                bucket.updated.result()
+                finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
         self._take_written_parameters([s for b in self._pending for s in b.slots])
         self._write_back_pending()
-        self._transfers.synchronize()
+        self._transfers.synchronize(sum(_bytes_of(b) for b in self._buckets))
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
@@ -729,6 +732,11 @@ class Adam(torch.optim.Optimizer):
             with contextlib.suppress(Exception):
                 self._transfers.synchronize()
                 worker._executor.shutdown(wait=True)
+
+
+def _bytes_of(bucket: Bucket) -> int:
+    """What a bucket's update and copies move: its states, gradients and parameters."""
+    return sum(t.numel() * t.element_size() for t in (bucket.master, bucket.exp_avg, bucket.exp_avg_sq, *bucket.grads))
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:

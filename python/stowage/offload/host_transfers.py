@@ -69,10 +69,15 @@ class HostTransfers:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_stream(self.to_device)
 
-    def synchronize(self) -> None:
+    def synchronize(self, bytes: int = 0) -> None:
+        """Waits for every copy issued so far, by Note [Bounded waits] (`bytes`: what they move)."""
         if self.cuda:
-            self.to_host.synchronize()
-            self.to_device.synchronize()
+            from stowage.waiting import wait_until
+
+            for name, stream in (("to host", self.to_host), ("to the device", self.to_device)):
+                event = torch.cuda.Event()
+                event.record(stream)
+                wait_until(event.query, f"the optimizer's copies {name}", bytes)
 
 
 def _copy_on_cpu(destination: torch.Tensor, source: torch.Tensor) -> None:

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from stowage import _core
+from stowage.waiting import wait_until
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -77,7 +78,14 @@ class UpdateWorker:
         """Waits for everything submitted; raises the first error one of them raised."""
         pending, self._pending = self._pending, []
         for future in pending:
-            future.result()
+            finished(future, "the host optimizer's updates")
+
+
+def finished(future: Future[Any], what: str, bytes: int = 0) -> Any:
+    """`future`'s result, waited for by Note [Bounded waits] (Ctrl-C answers; a deadline from
+    `bytes` names `what`)."""
+    wait_until(future.done, what, bytes)
+    return future.result()
 
     def close(self) -> None:
         try:

@@ -53,7 +53,11 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
                  "prefetch_pages": prefetch_pages}
     given = {name: value for name, value in overrides.items() if value is not None}
     if given:  # the plan's own cost model; the profile keeps its calibration
-        profile = dataclasses.replace(profile, cost={**profile.cost, **given})
+        from stowage.plan.file_formats import check_cost
+
+        cost_model = {**profile.cost, **given}
+        check_cost(cost_model, "stowage.plan.solve", len(profile.tensors))
+        profile = dataclasses.replace(profile, cost=cost_model)
     trace = profile.native_trace()
     shallowest = int(profile.cost["prefetch_pages"]) if prefetch_pages is not None else 0
     profile, cost, (decisions, simulation, fits) = _solve_prefetching(profile, trace, limit, exact, shallowest)
@@ -71,7 +75,7 @@ def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int, exact: 
     memory from where it is asked for until its use, and the ops between may need more than was
     free when it came: under a tight budget that overshoots where each page coming back at its use
     would not. When none fits at any depth, the one with the lowest peak."""
-    tried = []
+    lowest = None  # the attempt with the lowest peak so far (only it is kept)
     own = int(profile.cost["prefetch_pages"])
     for depth in range(own, shallowest - 1, -1):
         at_depth = profile if depth == own else dataclasses.replace(profile, cost={**profile.cost, "prefetch_pages": depth})
@@ -79,8 +83,10 @@ def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int, exact: 
         found = _core.plan_solve(trace, cost, limit, exact)
         if found[2]:
             return at_depth, cost, found
-        tried.append((at_depth, cost, found))
-    return min(tried, key=lambda attempt: attempt[2][1]["peak_bytes"])
+        if lowest is None or found[1]["peak_bytes"] < lowest[2][1]["peak_bytes"]:
+            lowest = (at_depth, cost, found)
+    assert lowest is not None  # the loop runs at least once: shallowest <= own
+    return lowest
 
 
 class Plan:
