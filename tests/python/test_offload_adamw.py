@@ -469,3 +469,14 @@ def test_fsdp2_on_two_gloo_ranks_keeps_each_rank_s_shard_and_matches_one_process
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
     for a, p in zip(first["exp_avg"], reference.parameters()):
         torch.testing.assert_close(a, ref_optimizer.state[p]["exp_avg"], rtol=1e-5, atol=1e-7)
+
+
+def test_close_writes_back_what_is_pending_and_lets_go_of_the_hooks() -> None:
+    model = make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update="delayed", bucket_numel=1000)
+    train(model, optimizer, steps=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.close()
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before))  # the pending update landed
+    loss_of(model, batch(0)).backward()  # no hook copies anything any more
+    assert all(slot.final_version is None for slot in optimizer._slots.values())

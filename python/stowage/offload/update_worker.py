@@ -80,15 +80,15 @@ class UpdateWorker:
         for future in pending:
             finished(future, "the host optimizer's updates")
 
+    def close(self) -> None:
+        try:
+            self.wait_all()
+        finally:
+            self._executor.shutdown(wait=True)
+
 
 def finished(future: Future[Any], what: str, bytes: int = 0) -> Any:
     """`future`'s result, waited for by Note [Bounded waits] (Ctrl-C answers; a deadline from
     `bytes` names `what`)."""
     wait_until(future.done, what, bytes)
     return future.result()
-
-    def close(self) -> None:
-        try:
-            self.wait_all()
-        finally:
-            self._executor.shutdown(wait=True)
