@@ -28,6 +28,7 @@ struct StepScalars {
   float bias2_sqrt;       // sqrt(1 - beta2^step)
   float eps;
   float grad_scale;       // applied to each gradient as it is read; negative to maximize
+  VectorSqrt vector_sqrt; // the reference's square root, or null
 };
 
 StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
@@ -42,7 +43,8 @@ StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
           static_cast<float>(h.lr / bias1),
           static_cast<float>(std::sqrt(bias2)),
           static_cast<float>(h.eps),
-          static_cast<float>(h.maximize ? -h.grad_scale : h.grad_scale)};
+          static_cast<float>(h.maximize ? -h.grad_scale : h.grad_scale),
+          h.vector_sqrt};
 }
 
 template <ElementType T>
@@ -79,14 +81,27 @@ template <ElementType T>
 // The update rounds where torch's AdamW on a CPU rounds (its foreach path; the single-tensor path
 // gives the same bits): each op of torch's formula one rounding, in its order, a fused
 // multiply-add where torch's vectorised kernels use one (lerp; addcmul; add with alpha), a
-// division where torch divides. Measured on 200,000 values over every option: bit for bit the
-// same parameters and moments (its fused path differs from it in about 1% of elements by an
-// ulp). The file is compiled with -ffp-contract=off so that no other operations fuse.
+// division where torch divides, and the square root torch takes: torch's CPU sqrt is MKL's
+// vsSqrt, which is not always correctly rounded, so the caller may hand that function in
+// (AdamWHyperparameters::vector_sqrt; stowage's torch layer does); without it, std::sqrt. With
+// it, measured on 200,000 values over every option: bit for bit the same parameters and moments
+// as torch's (its fused path differs from its foreach path in about 1% of elements by an ulp).
+// The file is compiled with -ffp-contract=off so that no other operations fuse.
 
 // torch's lerp(m, g, w) as its vectorised kernel computes it: fma(w, g - m, m) for a small
 // weight, fma(w - 1, g - m, g) otherwise.
 [[gnu::always_inline]] inline float lerp(float m, float g, float w) {
   return w < 0.5f ? std::fma(w, g - m, m) : std::fma(w - 1.0f, g - m, g);
+}
+
+// Square roots of `count` values in place: the reference's own (Note [torch's roundings]) when
+// given, else std::sqrt.
+[[gnu::always_inline]] inline void square_roots(VectorSqrt vector_sqrt, float* values, std::size_t count) {
+  if (vector_sqrt != nullptr) {
+    vector_sqrt(static_cast<int>(count), values, values);
+    return;
+  }
+  for (std::size_t i = 0; i < count; ++i) values[i] = std::sqrt(values[i]);
 }
 
 // The larger of the running maximum and the new second moment; NaN in either stays NaN, as
@@ -112,13 +127,13 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
   float* __restrict v_max = b.max_exp_avg_sq;
   const void* grad = b.grad;
   void* out = b.out;
+  alignas(64) float roots[kChunk];  // the chunk's sqrt(v_hat), taken as the reference takes them
   for (std::size_t start = begin; start < end; start += kChunk) {
     const std::size_t stop = std::min(end, start + kChunk);
     for (std::size_t i = start; i < stop; ++i) {
       // Note [torch's roundings]: each line one op of torch's, rounded where it rounds.
       float g = load<G>(grad, i) * grad_scale;
       if constexpr (kL2) g = std::fma(l2, master[i], g);
-      const float p = master[i] * keep;
       const float m_new = lerp(m[i], g, w1);
       const float v_new = std::fma(w2 * g, g, v[i] * beta2);
       m[i] = m_new;
@@ -128,7 +143,11 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
         v_hat = running_max(v_max[i], v_new);
         v_max[i] = v_hat;
       }
-      master[i] = p - (step_size * m_new) / (std::sqrt(v_hat) / bias2_sqrt + eps);
+      roots[i - start] = v_hat;
+    }
+    square_roots(s.vector_sqrt, roots, stop - start);
+    for (std::size_t i = start; i < stop; ++i) {
+      master[i] = master[i] * keep - (step_size * m[i]) / (roots[i - start] / bias2_sqrt + eps);
     }
     if constexpr (kOut) {
       for (std::size_t i = start; i < stop; ++i) store<O>(out, i, master[i]);

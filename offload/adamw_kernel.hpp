@@ -15,6 +15,10 @@ enum class ElementType : std::uint8_t { kFloat32, kBFloat16, kFloat16 };
 
 [[nodiscard]] std::size_t element_size(ElementType type) noexcept;
 
+// Square roots of `count` floats, `in` to `out` (may be the same): the reference optimizer's own
+// (Note [torch's roundings] in adamw_kernel.cpp).
+using VectorSqrt = void (*)(int count, const float* in, float* out);
+
 struct AdamWHyperparameters {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -30,6 +34,8 @@ struct AdamWHyperparameters {
   bool decoupled_weight_decay = true;
   // Ascends the objective: the gradient is negated as it is read (torch's maximize).
   bool maximize = false;
+  // The square root to take, as the optimizer matched rounds it; null: std::sqrt.
+  VectorSqrt vector_sqrt = nullptr;
 };
 
 // One tensor's (or one bucket's) buffers, all `count` elements long. The fp32 buffers are updated

@@ -256,3 +256,21 @@ def test_a_bad_state_dict_is_refused_whole_naming_the_field(bad: str) -> None:
             assert torch.equal(after["state"][index][key], value), (index, key)
     one_step(model, optimizer, 1)  # and it trains on
     assert all(math.isfinite(float(p.detach().abs().max())) for p in model.parameters())
+
+
+@pytest.mark.parametrize("options", [dict(), dict(amsgrad=True, maximize=True)])
+@pytest.mark.parametrize("torch_class", [torch.optim.AdamW, torch.optim.Adam])
+def test_the_host_update_is_bit_for_bit_torch_s_on_this_cpu(torch_class: Any, options: dict[str, Any]) -> None:
+    # Note [torch's roundings]: every op rounded where torch's CPU AdamW rounds, its own sqrt too.
+    if not stowage._torch.adamw_takes_torch_sqrt():
+        pytest.skip("torch here has no MKL: its sqrt is std::sqrt's, and so is the kernel's")
+    model, optimizer, reference, ref_optimizer = pair(torch_class, **options)
+    for step in range(5):
+        one_step(model, optimizer, step)
+        one_step(reference, ref_optimizer, step)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+    ours, theirs = optimizer.state_dict()["state"], ref_optimizer.state_dict()["state"]
+    for index in theirs:
+        for key in theirs[index]:
+            assert torch.equal(ours[index][key], theirs[index][key]), (index, key)

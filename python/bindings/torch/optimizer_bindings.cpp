@@ -1,6 +1,7 @@
 // stowage._torch's optimizer part: the host AdamW update over torch tensors (the GIL released
 // while it runs, so a Python thread can update while the main thread drives backward) and the
 // host memory the offloaded optimizer's states live in.
+#include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -21,6 +22,19 @@ namespace stowage::torch_offload {
 namespace {
 
 using offload::ElementType;
+
+// torch's own float square root on this CPU: torch takes it from MKL's vector math (vsSqrt)
+// where it was built with MKL, which is not always correctly rounded; the host update takes the
+// same one so that it rounds where torch's AdamW rounds (Note [torch's roundings]). Null where
+// torch has no MKL (its sqrt is then the correctly rounded one, as std::sqrt).
+offload::VectorSqrt torch_vector_sqrt() {
+  static const offload::VectorSqrt found = [] {
+    void* library = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    void* symbol = library != nullptr ? dlsym(library, "vsSqrt") : nullptr;
+    return reinterpret_cast<offload::VectorSqrt>(symbol);
+  }();
+  return found;
+}
 
 ElementType element_type(const at::Tensor& tensor, const char* what) {
   switch (tensor.scalar_type()) {
@@ -86,6 +100,7 @@ void bind_update(py::module_& module) {
         offload::AdamWHyperparameters hyper{lr, beta1, beta2, eps, weight_decay, grad_scale};
         hyper.decoupled_weight_decay = decoupled_weight_decay;
         hyper.maximize = maximize;
+        hyper.vector_sqrt = torch_vector_sqrt();
         const py::gil_scoped_release release;
         offload::adamw_step(hyper, step, buffers, threads);
       },
@@ -167,6 +182,8 @@ void bind_store(py::module_& module) {
 namespace stowage::python {
 
 void bind_optimizer(py::module_& module) {
+  module.def("adamw_takes_torch_sqrt", [] { return torch_offload::torch_vector_sqrt() != nullptr; },
+             "Whether the host update takes torch's own (MKL's) square root");
   module.def("content_checksums", &torch_offload::content_checksums, py::arg("tensors"),
              "[len(tensors), 3] int64 checksums of the tensors' bytes, on their device "
              "(python/bindings/torch/content_checksum.hpp): equal bytes give equal rows.");
