@@ -126,3 +126,18 @@ def test_a_block_that_writes_its_input_only_when_planned_is_refused_as_it_leaves
         with plan:
             step(model)
     assert not plan._active
+
+
+def test_a_tensor_a_recomputed_block_made_and_took_changed_after_it_raises_torch_s_error() -> None:
+    model, reference, step = make()
+    plan = recomputing_plan(model, step)
+    for m in (reference, model):  # the conv's output, which the block's BatchNorm took (and saved)
+        captured: list[torch.Tensor] = []
+        handle = m.blocks[1].conv.register_forward_hook(lambda mod, args, out: captured.append(out))
+        loss, _ = planned_loss(m, plan) if m is model else (
+            nn.functional.cross_entropy(m(torch.randn(8, 3, 32, 32)), torch.randint(0, 10, (8,))), None)
+        handle.remove()
+        with torch.no_grad():
+            captured[0].add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()

@@ -81,6 +81,17 @@ void bind_pager(py::module_& module) {
       .def("__repr__", [](const PackedTensor& packed) {
         return "<stowage paged tensor: page " + std::to_string(packed.page->id()) + ">";
       });
+  py::class_<SavedVersion>(module, "SavedVersion")
+      .def(py::init<const at::Tensor&>(), py::arg("tensor"),
+           "The tensor's version now, holding its version counter and not its storage")
+      .def("intact", &SavedVersion::intact, "Whether the tensor is still at that version")
+      .def("check", [](const SavedVersion& self) {
+        try {
+          self.check();
+        } catch (const c10::Error& error) {
+          raise_as_torch(error, false);
+        }
+      }, "Raises torch's 'modified by an inplace operation' RuntimeError when it is not");
   py::class_<KeptTensor>(module, "KeptTensor")
       .def_property_readonly("tensor", [](const KeptTensor& self) { return self.tensor; },
                              "The saved tensor, detached (no version check)")

@@ -15,7 +15,11 @@ torch's own selective checkpointing does the same, with three departures that ke
 - Tensors from outside the block that its forward read (its inputs, parameters, buffers) and that
   were changed in place between the forward and the replay would make the replay compute
   something else: ReplayMode raises torch's "modified by an inplace operation" error instead, as
-  torch does for the tensors it saves itself.
+  torch does for the tensors it saves itself. So it does for a tensor the block made and one of
+  its later ops took (one torch would have saved) that is still alive after the block and was
+  changed in place before the replay: without the plan, torch would raise at that save; the
+  replay would recompute it as it was and say nothing. (A tensor no later op of the block took,
+  such as the block's output, is torch's own business after the block.)
 - A cached output changed in place after it was cached (a later op, or code after the block,
   writing into it) is not an error: that op is run again instead, on the replay's own inputs.
 The cache is read by position, not consumed, so a block can be replayed once per backward
@@ -28,6 +32,7 @@ call), on the thread running the step; the pair shares a RecomputeRecord.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -75,9 +80,9 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return written
 
 
-def _overwrite(tensor: torch.Tensor, value: torch.Tensor) -> None:
-    """Copies `value` into `tensor` leaving its version as it was."""
-    version = tensor._version
+def _overwrite(tensor: torch.Tensor, value: torch.Tensor, version: int | None = None) -> None:
+    """Copies `value` into `tensor`, its version then `version` (default: as it was before)."""
+    version = tensor._version if version is None else version
     with torch.no_grad():
         tensor.copy_(value)
     torch._C._autograd._unsafe_set_version_counter((tensor,), (version,))
@@ -121,6 +126,7 @@ class RecomputeRecord:
     ops: list[Any] = field(default_factory=list)
     cached: list[_Cached | None] = field(default_factory=list)
     read: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)  # id -> (tensor, version)
+    taken: list[Any] = field(default_factory=list)  # SavedVersion of each made-and-taken tensor alive at the end
     written: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # id -> (tensor, before)
 
 
@@ -132,6 +138,7 @@ class ForwardMode(TorchDispatchMode):
         super().__init__()
         self._record, self._keep = record, keep
         self._made: set[int] = set()  # storages the block's ops made
+        self._taken: dict[int, Any] = {}  # weak references to made tensors a later op took
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -140,22 +147,35 @@ class ForwardMode(TorchDispatchMode):
             return func(*args, **kwargs)
         keep = self._keep(func)
         for tensor in tree_leaves((args, kwargs)):
-            if isinstance(tensor, torch.Tensor) and _storage_key(tensor) not in self._made:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if _storage_key(tensor) not in self._made:
                 self._record.read.setdefault(id(tensor), (tensor, 0))
+            else:
+                self._taken.setdefault(id(tensor), weakref.ref(tensor))
         for tensor in written_tensors(func, args, kwargs):
             if _storage_key(tensor) not in self._made and id(tensor) not in self._record.written:
                 self._record.written[id(tensor)] = (tensor, tensor.detach().clone())
         out = func(*args, **kwargs)
-        self._made.update(_storage_key(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        # New storages only: an op writing in place into a tensor from outside (BatchNorm's
+        # counter) returns that tensor, which stays outside.
+        given = {_storage_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        made = {_storage_key(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
+        self._made.update(key for key in made if key not in given)
         self._made.discard(0)
         self._record.ops.append(func)
         self._record.cached.append(_Cached.of(func, out) if keep else None)
         return out
 
     def __exit__(self, *exc: Any) -> Any:
+        from stowage.memory import _torch_module
+
         record = self._record
         written = {_storage_key(t) for t, _ in record.written.values()}
         record.read = {key: (t, t._version) for key, (t, _) in record.read.items() if _storage_key(t) not in written}
+        alive = [t for t in (ref() for ref in self._taken.values()) if t is not None]
+        record.taken = [_torch_module().SavedVersion(t) for t in alive]
+        self._taken = {}
         return super().__exit__(*exc)
 
 
@@ -170,6 +190,8 @@ class ReplayMode(TorchDispatchMode):
         self._after: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # (tensor, after forward, version)
 
     def __enter__(self) -> Any:
+        for taken in self._record.taken:
+            taken.check()
         for tensor, version in self._record.read.values():
             if tensor._version != version:
                 raise RuntimeError(
@@ -185,8 +207,8 @@ class ReplayMode(TorchDispatchMode):
 
     def __exit__(self, *exc: Any) -> Any:
         result = super().__exit__(*exc)  # first: the restoring copies are not the block's ops
-        for tensor, after, _ in self._after:
-            _overwrite(tensor, after)
+        for tensor, after, version in self._after:
+            _overwrite(tensor, after, version)
         self._after = []
         return result
 
