@@ -11,7 +11,7 @@ comes back. Turn it on first when a loss curve differs from the one without stow
 A mismatch raises RuntimeError naming the tensor, the module it belongs to and the step
 (``stowage.mark_step()`` / ``stowage.offload.end_step()`` count steps). Off by default: it reads
 every paged and updated byte once more and waits for the comparisons
-(bench/results/2026-11-26-cpu-check-mode.md has its cost).
+(bench/results/2026-11-26-cpu-exactness.md has its cost).
 
 Contract: one process-wide switch; set it between steps.
 """
