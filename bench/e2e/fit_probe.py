@@ -16,7 +16,8 @@ Configurations (the LM loss is chunked in every one, stowage.models.llama's chun
   stowage+plan            stowage.fit with the optimizer's states kept on the device
   stowage+plan+optimizer  stowage.fit: states where it chooses, activations planned
 FIT_VERBOSE=1 in the environment prints fit's decision table. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
-tokens a second over the steps after the first two (median), peak memory.
+tokens a second over the steps after the first two (median), peak memory, the device's memory,
+the process's resident host memory before fit (or the optimizer) and after the steps.
 """
 
 from __future__ import annotations
@@ -92,6 +93,24 @@ def peak_bytes(device: str) -> int:
     return int(torch.cuda.max_memory_reserved())
 
 
+def device_total_bytes(device: str) -> int:
+    import torch
+
+    import stowage
+
+    if device == "cpu":
+        return int(stowage._torch.capacity(-1))
+    return int(torch.cuda.mem_get_info()[1])
+
+
+def resident_bytes() -> int:
+    """This process's resident host memory (pinned buffers count once touched)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     choose_allocator(args.config, args.device, args.capacity)
     import torch
@@ -107,6 +126,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         model = Llama(shape, device=args.device)
         result["parameters"] = sum(p.numel() for p in model.parameters())
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+        result["host_rss_before_bytes"] = resident_bytes()
         step = step_function(args.config, model, tokens, args.device)
         for _ in range(args.steps):
             start = time.perf_counter()
@@ -122,6 +142,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     if result["fits"] and steady:
         result["tokens_per_s"] = args.batch * args.seq / statistics.median(steady)
     result["peak_reserved_bytes"] = peak_bytes(args.device)
+    result["device_total_bytes"] = device_total_bytes(args.device)
+    result["host_rss_bytes"] = resident_bytes()
     return result
 
 

@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
-# Builds stowage on the GPU test machine and runs everything that needs a GPU there, in stages:
-#   build   configure and build the C++ tree (CUDA on), and install the Python package into the
-#           machine's python3 (stowage as torch's CUDA allocator, its .pth hook, libstowage.so)
-#   test    the CTest suite (the CUDA cases run instead of skipping), the self-check, and the
-#           torch suite tests/gpu/python (stowage as torch's CUDA allocator; the exactness matrix
-#           on the GPU, tests/gpu/python/test_exactness_gpu.py)
-#   bench   the end-to-end figures: a GPT-2-small training step, a Llama 1.1B loop cycling four
-#           sequence lengths (every step) and host time per allocation, stowage beside torch's
-#           native allocator in the same run; activation offload on
-#           GPT-2 medium (step time, peak, largest batch under 14 GiB); then the backend and
-#           allocator micro-benchmarks (skip them with STOWAGE_GPU_MICRO=0); the offloaded
-#           optimizer's host kernel, its training step against torch's and torchao's, and the
-#           largest model it trains
-# Results go to OUTDIR (default: $OUT when set, else build/gpu-results) for bench/results/.
+# Builds stowage on the GPU test machine and runs what needs a GPU there, in stages ordered by
+# value, each inside its own time limit so that one command of the device's 10 minutes runs them
+# all and a stage that overruns costs only itself:
+#   build     configure and build the C++ tree (CUDA on; no micro-benchmarks unless the bench
+#             stage is asked for) and install the Python package into the machine's python3, the
+#             two builds side by side                                              (~2 min)
+#   test      stage 1: the CTest suite (the CUDA cases run instead of skipping) and the self-check
+#             beside the torch suite tests/gpu/python (allocator, activation offload, the offloaded
+#             optimizer, fit, the exactness matrix on the GPU); STOWAGE_GPU_TEST_S bounds it (150)
+#   headline  stage 2: bench/e2e/gpu_headline.py, the largest model (stock against fit) and the
+#             1.1B model's tokens a step (stock with checkpointing against fit), at bracketing
+#             points; STOWAGE_GPU_HEADLINE_S bounds it (270)
+#   rest      stage 3, whatever time is left: activation offload's overhead (against save_on_cpu
+#             and checkpointing), the offloaded optimizer's step (against torch's and torchao's),
+#             the allocator's Llama cycle
+#   bench     the earlier end-to-end and micro-benchmarks (GPT-2 steps, host time per allocation,
+#             the backend and allocator micro-benchmarks), for a command of their own
+# STOWAGE_GPU_DEADLINE_S (default 570) is the whole command's limit: each stage gets at most what
+# is left of it. Results go to a work folder, packed after every stage into OUTDIR/results.tgz
+# (the device tool brings back at most 8 files) beside OUTDIR/console.txt.
 #
-#   tools/fetch-gpu-deps                        # here, once: C++ test libraries as .debs
-#   tests/gpu/run.sh [OUTDIR] [build test bench]  # there, from the repository root, with
-#                                               # .gpu-deps carried; no stages given: all three
+#   tools/fetch-gpu-deps                                 # here, once: .debs and torchao's wheel
+#   tests/gpu/run.sh [OUTDIR] [build test headline rest bench]   # there, from the repository
+#                                                        # root, .gpu-deps carried; default: the
+#                                                        # first four
 #
 # The machine has CUDA 13, CMake, a C++ compiler and python3 with torch 2.11, pybind11 and
 # scikit-build-core, but no package registry: GoogleTest, Google Benchmark and hwloc come from
 # the carried .debs, unpacked into a private prefix (never into /).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-out="${1:-${OUT:-$root/build/gpu-results}}"
+packed="${1:-${OUT:-$root/build/gpu-results}}"
 shift || true
 stages=("$@")
-[[ ${#stages[@]} -eq 0 ]] && stages=(build test bench)
+[[ ${#stages[@]} -eq 0 ]] && stages=(build test headline rest)
 wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
-mkdir -p "$out"
+started=$SECONDS
+deadline=$((started + ${STOWAGE_GPU_DEADLINE_S:-570}))
+left() { echo $((deadline - SECONDS)); }
+# The smaller of a stage's own bound and what is left of the command's
+bound() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }
+out=/tmp/stowage-gpu-results
+rm -rf "$out"; mkdir -p "$out" "$packed"
+exec > >(tee "$packed/console.txt") 2>&1
+pack() { tar -czf "$packed/results.tgz.part" -C "$out" . && mv "$packed/results.tgz.part" "$packed/results.tgz"; }
+stage_done() { echo "== $1 done at $((SECONDS - started)) s"; pack; }
 cd "$root"
 
 prefix=/tmp/stowage-deps
@@ -67,19 +83,22 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 python="$(command -v python3)"
 status=0
 if wants build; then
+  benchmarks=OFF
+  wants bench && benchmarks=ON
   if ! cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTOWAGE_WITH_CUDA=ON \
-      -DPython3_EXECUTABLE="$python" >"$out/configure.txt" 2>&1; then
-    echo "configure failed:"; tail -40 "$out/configure.txt"; exit 1
+      -DSTOWAGE_BUILD_BENCHMARKS="$benchmarks" -DPython3_EXECUTABLE="$python" >"$out/configure.txt" 2>&1; then
+    echo "configure failed:"; tail -40 "$out/configure.txt"; pack; exit 1
   fi
   grep -E "^-- stowage:" "$out/configure.txt"
-  if ! cmake --build build/gpu --parallel "$(nproc)" >"$out/build.txt" 2>&1; then
-    echo "build failed:"; tail -40 "$out/build.txt"; exit 1
-  fi
-  if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install --no-build-isolation \
+  # The C++ tree and the Python package build side by side: together they keep the cores busy
+  cmake --build build/gpu --parallel "$(nproc)" >"$out/build.txt" 2>&1 &
+  cxx_build=$!
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install --no-build-isolation \
       --no-deps --no-index --quiet --config-settings=build-dir=build/gpu-python \
-      --config-settings=cmake.define.Python3_EXECUTABLE="$python" . >"$out/install.txt" 2>&1; then
-    echo "installing the Python package failed:"; tail -40 "$out/install.txt"; exit 1
-  fi
+      --config-settings=cmake.define.Python3_EXECUTABLE="$python" . >"$out/install.txt" 2>&1
+  installed=$?
+  wait "$cxx_build" || { echo "build failed:"; tail -40 "$out/build.txt"; pack; exit 1; }
+  [[ $installed -eq 0 ]] || { echo "installing the Python package failed:"; tail -40 "$out/install.txt"; pack; exit 1; }
   if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then  # torchao, for the optimizer's comparison
     "$python" -m pip install --no-deps --no-index --quiet .gpu-deps/wheels/*.whl >>"$out/install.txt" 2>&1 \
       || echo "installing the carried wheels failed (see install.txt): torchao's comparison will be skipped"
@@ -87,19 +106,54 @@ if wants build; then
   "$python" -c "import stowage, stowage._torch as t; print('stowage', stowage.__version__, 'torch allocator', t.has_cuda)"
   library="$("$python" -c "import stowage; print(stowage.c_library_path())")"
   ldd "$library" | grep -q "libstdc++" || { echo "libstowage.so has libstdc++ linked in statically: build with the system compiler"; exit 1; }
+  stage_done build
 fi
 
 if wants test; then
-  build/gpu/tools/stowage_selfcheck --capacity 80 2>&1 | tee "$out/selfcheck.txt" || status=1
-  ctest --test-dir build/gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -25
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  limit=$(bound "${STOWAGE_GPU_TEST_S:-150}")
+  ( build/gpu/tools/stowage_selfcheck --capacity 80 >"$out/selfcheck.txt" 2>&1 || echo "self-check FAILED" >>"$out/selfcheck.txt"
+    timeout "$limit" ctest --test-dir build/gpu --output-on-failure -j 6 >"$out/ctest.txt" 2>&1 ) &
+  cxx_tests=$!
   # Its own process: the tests enable stowage before CUDA starts (tests/gpu/python/conftest.py).
   # The exactness suite (test_exactness_gpu.py) needs cuBLAS deterministic: a fixed workspace per
-  # stream, read when cuBLAS first runs.
-  (cd "$root" && CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}" "$python" -m pytest tests/gpu/python \
-    -q -p no:cacheprovider --durations=10 --timeout=240 --junitxml="$out/pytest-gpu.xml" 2>&1 \
-    | tee "$out/pytest-gpu.txt" | tail -40)
+  # stream, read when cuBLAS first runs. Cheapest files first, so a run cut short still says most.
+  CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}" timeout "$limit" "$python" -m pytest \
+    tests/gpu/python/test_torch_cuda.py tests/gpu/python/test_offload_gpu.py \
+    tests/gpu/python/test_offload_adamw_gpu.py tests/gpu/python/test_fit_gpu.py \
+    tests/gpu/python/test_exactness_gpu.py -v -p no:cacheprovider --durations=15 --timeout=120 \
+    --junitxml="$out/pytest-gpu.xml" >"$out/pytest-gpu.txt" 2>&1
+  [[ $? -eq 0 ]] || status=1
+  wait "$cxx_tests"
+  tail -4 "$out/selfcheck.txt"; grep -E "tests passed|tests failed|Failed|Timeout|\*\*\*" "$out/ctest.txt" | tail -15
+  grep -qE "100% tests passed" "$out/ctest.txt" || status=1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest-gpu.txt" | tail -25
+  stage_done test
+fi
+
+if wants headline; then
+  limit=$(bound "${STOWAGE_GPU_HEADLINE_S:-270}")
+  PYTHONUNBUFFERED=1 timeout $((limit + 10)) "$python" bench/e2e/gpu_headline.py --device cuda --budget-s "$limit" \
+    --json "$out/gpu_headline.json" 2>&1 | tee "$out/gpu_headline.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  stage_done headline
+fi
+
+if wants rest; then
+  # Each in turn while time is left: activation offload at block boundaries against save_on_cpu
+  # and checkpointing; the offloaded optimizer against torch's fused AdamW and torchao's
+  # CPUOffloadOptimizer; the allocator's Llama cycle.
+  for job in "offload_step bench/e2e/offload_step.py --device cuda --compare" \
+             "adamw_step bench/optimizer/adamw_step.py --compare --batch 16" \
+             "llama_cycle_step bench/e2e/llama_cycle_step.py --compare"; do
+    name=${job%% *}; command=${job#* }
+    limit=$(left)
+    (( limit > 30 )) || { echo "$name: not run, $limit s left"; continue; }
+    PYTHONUNBUFFERED=1 timeout "$limit" "$python" $command --json "$out/$name.json" >"$out/$name.txt" 2>&1 \
+      || echo "$name: exit status $? (see $name.txt)"
+    tail -12 "$out/$name.txt"
+    pack
+  done
+  stage_done rest
 fi
 
 if wants bench; then
@@ -140,5 +194,6 @@ if wants bench; then
       --benchmark_out_format=json >"$out/bench_caching_allocator.txt" 2>&1 || status=1
   fi
 fi
-echo "gpu run (${stages[*]}): $([[ $status -eq 0 ]] && echo passed || echo FAILED); results in $out"
+echo "gpu run (${stages[*]}): $([[ $status -eq 0 ]] && echo passed || echo FAILED) in $((SECONDS - started)) s; results in $packed/results.tgz"
+pack
 exit $status

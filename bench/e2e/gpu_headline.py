@@ -1,0 +1,241 @@
+"""The headline on one device, checked at bracketing points instead of searched: the largest
+Llama-style model that trains with AdamW in bf16 autocast (stock PyTorch against stowage.fit), and
+at a fixed 1.1B model (hidden 2048, 16 layers, GQA 16/4, sequence 2048) the most tokens a step of
+stock PyTorch with every block checkpointed against stowage.fit, with tokens a second.
+
+    python3 bench/e2e/gpu_headline.py --device cuda --budget-s 270 --json OUT.json
+    python3 bench/e2e/gpu_headline.py --device cpu --capacity 2GiB --small     # a dry run
+
+A search probes about 2 log2(answer) points, minutes each at these sizes. Instead:
+  1. stock's peak reserved at two small points (two batches of the 1.1B model with checkpointing,
+     two depths of the large model), each a fresh process, and the straight line through them
+     extrapolated to the device's memory: the predicted answer;
+  2. fresh processes (bench/e2e/fit_probe.py) train at the prediction and one step past it
+     (10% more tokens, one more layer): the first should fit and the second not; where the
+     prediction fails, the point below it is tried instead;
+  3. stowage.fit trains at twice stock's verified tokens, and at the largest model the host
+     allows (12 bytes a parameter of fp32 masters and moments, within 85% of the host memory
+     available) or at twice stock's layers where that is less; its host bytes a parameter are
+     measured there and reported.
+Every point is printed as it finishes and kept in --json, with each step's time. The whole run
+stays inside --budget-s: a probe gets what is left, and what did not run is marked so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FIXED = dict(hidden=2048, heads=16, kv_heads=4, layers=16, vocab=32000, seq=2048)  # the 1.1B model
+LARGE = dict(hidden=4096, heads=32, kv_heads=8, vocab=32000, seq=2048, batch=2)    # the largest-model search
+SMALL_FIXED = dict(hidden=128, heads=4, kv_heads=2, layers=4, vocab=1024, seq=128)  # the dry run's sizes
+SMALL_LARGE = dict(hidden=256, heads=4, kv_heads=2, vocab=1024, seq=128, batch=2)
+HOST_BYTES_PER_PARAMETER = 12  # fp32 masters, exp_avg and exp_avg_sq on the host
+HOST_SHARE = 0.85
+
+
+class Clock:
+    """The run's remaining time; probes are refused once less than `floor` seconds remain."""
+
+    def __init__(self, budget_s: float, floor: float = 15.0) -> None:
+        self.deadline = time.monotonic() + budget_s
+        self.floor = floor
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def parameters_of(shape: dict[str, int], layers: int) -> int:
+    """The parameter count of stowage.models.llama's decoder (untied head)."""
+    hidden, head = shape["hidden"], shape["hidden"] // shape["heads"]
+    mlp = -(-8 * hidden // 3 // 256) * 256
+    attention = 2 * hidden * hidden + 2 * hidden * head * shape["kv_heads"]
+    block = attention + 3 * hidden * mlp + 2 * hidden
+    return layers * block + 2 * shape["vocab"] * hidden + hidden
+
+
+def host_available_bytes() -> int:
+    """MemAvailable, or the cgroup's limit less its usage where that is lower."""
+    available = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        usage = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            available = min(available, int(limit) - usage)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def probe(args: argparse.Namespace, clock: Clock, config: str, shape: dict[str, int], layers: int, batch: int,
+          steps: int) -> dict[str, Any]:
+    """One fresh-process point of fit_probe.py, under what is left of the run's budget."""
+    point: dict[str, Any] = {"config": config, "layers": layers, "batch": batch, "seq": shape["seq"],
+                             "tokens_per_step": batch * shape["seq"], "parameters": parameters_of(shape, layers)}
+    timeout = clock.left() - 5
+    if timeout < clock.floor:
+        return {**point, "fits": None, "why": "not run: the run's time budget was spent"}
+    command = [sys.executable, str(HERE / "fit_probe.py"), "--config", config, "--device", args.device,
+               "--capacity", args.capacity, "--hidden", str(shape["hidden"]), "--heads", str(shape["heads"]),
+               "--kv-heads", str(shape["kv_heads"]), "--vocab", str(shape["vocab"]), "--layers", str(layers),
+               "--batch", str(batch), "--seq", str(shape["seq"]), "--steps", str(steps)]
+    started = time.monotonic()
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**point, "fits": None, "why": f"not finished within the {timeout:.0f} s left of the run's budget"}
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
+        result = {**point, "fits": False, "why": f"exit status {completed.returncode}: {tail[0][:300]}"}
+    else:
+        result = {**point, **json.loads(lines[-1])}
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    print(describe(result), flush=True)
+    return result
+
+
+def describe(result: dict[str, Any]) -> str:
+    head = (f"{result['config']:<24} layers {result['layers']:>3} batch {result['batch']:>4} "
+            f"({result['parameters'] / 1e9:.2f}B parameters, {result['tokens_per_step']} tokens): ")
+    if result.get("fits"):
+        steps = ", ".join(f"{s:.2f}" for s in result.get("step_s", []))
+        return (head + f"fits, {result.get('tokens_per_s', 0):,.0f} tokens/s, peak reserved "
+                f"{result.get('peak_reserved_bytes', 0) / 2**30:.1f} GiB, steps [{steps}] s, {result['wall_s']} s")
+    return head + f"does not fit: {result.get('why', '')}"
+
+
+def extrapolate(peaks: list[dict[str, Any]], key: str, total: int) -> int:
+    """The largest `key` whose peak, on the line through the two measured points, stays within
+    `total` bytes."""
+    (x0, y0), (x1, y1) = ((p[key], p["peak_reserved_bytes"]) for p in peaks)
+    slope = (y1 - y0) / (x1 - x0)
+    return max(int(x1 + (total - y1) // max(slope, 1)), 1)
+
+
+def bracket(args: argparse.Namespace, clock: Clock, config: str, shape: dict[str, int], predicted: int,
+            step_up: int, make: Any) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Probes `predicted`, then the point `step_up` past it (or, where it failed, points below it
+    until one fits): (the largest point that fitted, every probe)."""
+    probes = [probe(args, clock, config, shape, *make(predicted), steps=3)]
+    if probes[0]["fits"]:
+        probes.append(probe(args, clock, config, shape, *make(predicted + step_up), steps=3))
+        best = probes[-1] if probes[-1]["fits"] else probes[0]
+        return best, probes
+    n = predicted
+    while probes[-1]["fits"] is False and n > step_up:
+        n = max(n - step_up, 1)
+        probes.append(probe(args, clock, config, shape, *make(n), steps=3))
+    return (probes[-1] if probes[-1]["fits"] else None), probes
+
+
+def tokens_part(args: argparse.Namespace, clock: Clock, fixed: dict[str, int]) -> dict[str, Any]:
+    """At the fixed model: stock with checkpointing's most tokens a step, then fit at twice them."""
+    layers = fixed["layers"]
+    calibration = [probe(args, clock, "torch+checkpoint", fixed, layers, b, steps=2) for b in (2, 4)]
+    part: dict[str, Any] = {"calibration": calibration}
+    if not all(p.get("fits") for p in calibration):
+        return {**part, "why": "stock with checkpointing did not train at the calibration's batches"}
+    total = int(calibration[-1]["device_total_bytes"])
+    predicted = extrapolate(calibration, "batch", total)
+    step_up = max(predicted // 10, 1)
+    best, probes = bracket(args, clock, "torch+checkpoint", fixed, predicted, step_up, lambda b: (layers, b))
+    part.update(predicted_batch=predicted, stock_checkpoint_probes=probes, stock_checkpoint_best=best)
+    if best is None:
+        return {**part, "why": "no batch of stock with checkpointing trained near the prediction"}
+    part["fit"] = probe(args, clock, "stowage+plan+optimizer", fixed, layers, 2 * best["batch"], steps=3)
+    return part
+
+
+def model_part(args: argparse.Namespace, clock: Clock, large: dict[str, int]) -> dict[str, Any]:
+    """Stock's largest model (layers of the large shape), then fit's at the host's limit or twice
+    stock's, whichever is less."""
+    batch = large["batch"]
+    calibration = [probe(args, clock, "torch", large, layers, batch, steps=2) for layers in (2, 4)]
+    part: dict[str, Any] = {"calibration": calibration}
+    if not all(p.get("fits") for p in calibration):
+        return {**part, "why": "stock did not train at the calibration's depths"}
+    total = int(calibration[-1]["device_total_bytes"])
+    predicted = extrapolate(calibration, "layers", total)
+    best, probes = bracket(args, clock, "torch", large, predicted, 1, lambda n: (n, batch))
+    part.update(predicted_layers=predicted, stock_probes=probes, stock_best=best)
+    if best is None:
+        return {**part, "why": "no depth of stock trained near the prediction"}
+    per_layer = parameters_of(large, 2) - parameters_of(large, 1)
+    host = host_available_bytes()
+    host_limited = int((HOST_SHARE * host / HOST_BYTES_PER_PARAMETER - parameters_of(large, 0)) // per_layer)
+    layers = min(2 * best["layers"], host_limited)
+    part.update(host_available_bytes=host, host_limited_layers=host_limited,
+                host_limited_parameters=parameters_of(large, host_limited), twice_stock_layers=2 * best["layers"])
+    fitted = probe(args, clock, "stowage+plan+optimizer", large, layers, batch, steps=2)
+    if fitted.get("fits") and fitted.get("host_rss_bytes"):
+        grown = fitted["host_rss_bytes"] - fitted.get("host_rss_before_bytes", 0)
+        fitted["host_bytes_per_parameter"] = round(grown / fitted["parameters"], 2)
+    part["fit"] = fitted
+    return part
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--capacity", default="2GiB", help="CPU mode's simulated device (the dry run)")
+    parser.add_argument("--small", action="store_true", help="the dry run's small shapes")
+    parser.add_argument("--parts", nargs="+", choices=("tokens", "model"), default=("tokens", "model"))
+    parser.add_argument("--budget-s", type=float, default=270.0)
+    parser.add_argument("--json", help="write every probe here")
+    args = parser.parse_args()
+    clock = Clock(args.budget_s)
+    fixed, large = (SMALL_FIXED, SMALL_LARGE) if args.small else (FIXED, LARGE)
+    result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              "machine": platform.node(), "command": " ".join(sys.argv), "fixed_model": fixed,
+                              "large_model": large}
+    for name in args.parts:
+        print(f"-- {name}", flush=True)
+        result[name] = tokens_part(args, clock, fixed) if name == "tokens" else model_part(args, clock, large)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+    print(summary(result))
+    return 0
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = []
+    tokens = result.get("tokens", {})
+    stock, fitted = tokens.get("stock_checkpoint_best"), tokens.get("fit")
+    if stock:
+        lines.append(f"tokens a step, stock + checkpointing: {stock['tokens_per_step']} at "
+                     f"{stock.get('tokens_per_s', 0):,.0f} tokens/s")
+    if stock and fitted and fitted.get("fits"):
+        lines.append(f"tokens a step, fit: {fitted['tokens_per_step']} ({fitted['tokens_per_step'] / stock['tokens_per_step']:.2f}x) "
+                     f"at {fitted.get('tokens_per_s', 0):,.0f} tokens/s "
+                     f"({fitted.get('tokens_per_s', 0) / max(stock.get('tokens_per_s', 1), 1):.0%} of stock's)")
+    model = result.get("model", {})
+    stock, fitted = model.get("stock_best"), model.get("fit")
+    if stock:
+        lines.append(f"largest model, stock: {stock['parameters'] / 1e9:.2f}B ({stock['layers']} layers)")
+    if "host_limited_parameters" in model:
+        lines.append(f"host-limited largest at {HOST_BYTES_PER_PARAMETER} B a parameter: "
+                     f"{model['host_limited_parameters'] / 1e9:.2f}B ({model['host_limited_layers']} layers, "
+                     f"{model['host_available_bytes'] / 2**30:.0f} GiB available)")
+    if fitted:
+        state = "trains" if fitted.get("fits") else f"does not train ({fitted.get('why')})"
+        lines.append(f"largest model, fit: {fitted['parameters'] / 1e9:.2f}B ({fitted['layers']} layers) {state}"
+                     + (f", {fitted['host_bytes_per_parameter']} host bytes a parameter"
+                        if "host_bytes_per_parameter" in fitted else ""))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
