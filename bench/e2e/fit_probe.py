@@ -16,7 +16,8 @@ Configurations (the LM loss is chunked in every one, stowage.models.llama's chun
   stowage+plan            stowage.fit with the optimizer's states kept on the device
   stowage+plan+optimizer  stowage.fit: states where it chooses, activations planned
 FIT_VERBOSE=1 in the environment prints fit's decision table. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
-tokens a second over the steps after the first two (median), peak memory, the device's memory,
+tokens a second over the steps after the first two (median), peak memory (and, but for fit,
+the peak of the last step's forward and backward), the device's memory,
 the process's resident host memory before fit (or the optimizer) and after the steps.
 """
 
@@ -50,7 +51,29 @@ def choose_allocator(config: str, device: str, capacity: str) -> None:
         stowage.enable()
 
 
-def step_function(config: str, model: Any, tokens: Any, device: str) -> Callable[[], float]:
+def reset_peak(device: str) -> None:
+    import torch
+
+    import stowage
+
+    if device == "cpu" or stowage.is_enabled():
+        stowage.reset_peak_stats(device)
+    else:
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_allocated(device: str) -> int:
+    import torch
+
+    import stowage
+
+    if device == "cpu" or stowage.is_enabled():
+        return int(stowage.max_memory_allocated(device))
+    return int(torch.cuda.max_memory_allocated())
+
+
+def step_function(config: str, model: Any, tokens: Any, device: str,
+                  backward_peaks: list[int]) -> Callable[[], float]:
     import torch
 
     import stowage
@@ -69,6 +92,7 @@ def step_function(config: str, model: Any, tokens: Any, device: str) -> Callable
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> float:
+        reset_peak(device)  # forward and backward's own peak: what grows with the batch
         if config == "stowage+offload":
             with stowage.offload.activations():
                 loss = loss_fn(model, tokens)
@@ -76,6 +100,7 @@ def step_function(config: str, model: Any, tokens: Any, device: str) -> Callable
         else:
             loss = loss_fn(model, tokens)
             loss.backward()
+        backward_peaks.append(peak_allocated(device))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
@@ -127,7 +152,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         result["parameters"] = sum(p.numel() for p in model.parameters())
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
         result["host_rss_before_bytes"] = resident_bytes()
-        step = step_function(args.config, model, tokens, args.device)
+        backward_peaks: list[int] = []
+        step = step_function(args.config, model, tokens, args.device, backward_peaks)
         for _ in range(args.steps):
             start = time.perf_counter()
             step()
@@ -142,6 +168,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     if result["fits"] and steady:
         result["tokens_per_s"] = args.batch * args.seq / statistics.median(steady)
     result["peak_reserved_bytes"] = peak_bytes(args.device)
+    if backward_peaks:  # the last step's, the optimizer's states in place
+        result["backward_peak_bytes"] = backward_peaks[-1]
     result["device_total_bytes"] = device_total_bytes(args.device)
     result["host_rss_bytes"] = resident_bytes()
     return result

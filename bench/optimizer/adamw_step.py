@@ -8,6 +8,8 @@ optimizer, how much of the host update backward hides, and the largest model tha
 Modes, one per fresh process:
   device            torch.optim.AdamW(fused=True), states on the device
   stowage           stowage.offload.AdamW (exact: the update runs in step())
+  stowage_in_backward  stowage.offload.AdamW(update="in_backward") (exact: each bucket updated as
+                    its gradients arrive in backward)
   stowage_delayed   stowage.offload.AdamW(update="delayed") (ZeRO-Offload's DPU: one step late)
   torchao           torchao.optim.CPUOffloadOptimizer over torch's fused AdamW (when installed)
 
@@ -39,7 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2e"))
 
-MODES = ("device", "stowage", "stowage_delayed", "torchao")
+MODES = ("device", "stowage", "stowage_in_backward", "stowage_delayed", "torchao")
 HYPER = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
@@ -76,6 +78,8 @@ def make_optimizer(mode: str, params: list[Any]) -> Any:
         return torch.optim.AdamW(params, fused=True, **HYPER)
     if mode == "stowage":
         return stowage.offload.AdamW(params, master_weights=True, **HYPER)
+    if mode == "stowage_in_backward":
+        return stowage.offload.AdamW(params, update="in_backward", master_weights=True, **HYPER)
     if mode == "stowage_delayed":
         return stowage.offload.AdamW(params, update="delayed", master_weights=True, **HYPER)
     if not cuda():

@@ -103,6 +103,7 @@ TEST_F(BlockCacheTest, SplitsOnClaimAndCoalescesOnFree) {
 TEST_F(BlockCacheTest, AllocatedBlocksAreFoundByAddressUntilTheyEnd) {
   add_segment();
   Block* block = allocate(4096);
+  ASSERT_NE(block, nullptr);  // GCC 13 warns of a possible null dereference otherwise
   EXPECT_EQ(cache_.find_allocated(block->address), block);
   EXPECT_EQ(cache_.allocated_blocks(), 1u);
   cache_.end_allocation(block, 0);

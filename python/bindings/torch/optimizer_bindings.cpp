@@ -94,13 +94,14 @@ void bind_update(py::module_& module) {
       [](const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
          const std::optional<at::Tensor>& out, std::int64_t step, double lr, double beta1, double beta2, double eps,
          double weight_decay, double grad_scale, int threads, bool decoupled_weight_decay, bool maximize,
-         const std::optional<at::Tensor>& max_exp_avg_sq) {
+         const std::optional<at::Tensor>& max_exp_avg_sq, bool cpu_sqrt) {
         const offload::AdamWBuffers buffers =
             buffers_of({master, exp_avg, exp_avg_sq, grad, out, max_exp_avg_sq});
         offload::AdamWHyperparameters hyper{lr, beta1, beta2, eps, weight_decay, grad_scale};
         hyper.decoupled_weight_decay = decoupled_weight_decay;
         hyper.maximize = maximize;
-        hyper.vector_sqrt = torch_vector_sqrt();
+        // torch's AdamW on a CPU takes its CPU's square root; on a GPU, the correctly rounded one
+        hyper.vector_sqrt = cpu_sqrt ? torch_vector_sqrt() : nullptr;
         const py::gil_scoped_release release;
         offload::adamw_step(hyper, step, buffers, threads);
       },
@@ -108,11 +109,12 @@ void bind_update(py::module_& module) {
       py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
       py::arg("weight_decay"), py::arg("grad_scale") = 1.0, py::arg("threads") = 1,
       py::arg("decoupled_weight_decay") = true, py::arg("maximize") = false,
-      py::arg("max_exp_avg_sq") = py::none(),
+      py::arg("max_exp_avg_sq") = py::none(), py::arg("cpu_sqrt") = true,
       "One Adam step (torch.optim.Adam's update; AdamW's with decoupled_weight_decay) over fp32 "
       "master weights and moments (updated in place) from `grad`, the updated weights written to "
       "`out` (or None) in its precision, split over `threads` threads; `max_exp_avg_sq` for "
-      "amsgrad. Releases the GIL.");
+      "amsgrad. `cpu_sqrt`: the square root torch's CPU AdamW takes (for parameters on a CPU), "
+      "else the correctly rounded one (torch's CUDA AdamW's). Releases the GIL.");
 }
 
 void* narrow_data(const at::Tensor& tensor, const char* what, std::int64_t numel, at::ScalarType type) {

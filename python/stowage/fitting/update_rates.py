@@ -1,7 +1,13 @@
 """How long AdamW's update takes a parameter on the host (stowage's kernel, as the offloaded
-optimizer runs it for the parameters' dtype) and on the device (torch's fused AdamW, as the share kept there runs), measured
-on a small buffer when `fit` runs: the trade between the states kept on the device and the
-activations they displace is in these times."""
+optimizer runs it for the parameters' dtype) and on the device (torch's fused AdamW, as the share
+kept there runs), measured when `fit` runs: the trade between the states kept on the device and
+the activations they displace is in these times.
+
+The device's rate is the slope between two sizes of probe, not one probe's time over its size:
+a fused step's fixed cost (Python, the launch: about 0.1 ms on a GPU) would otherwise be spread
+over the probe's parameters and make a GPU's update look several times slower than the host's
+(measured on an H200: bench/results/2026-11-26-h200-gpu.md), which is the step's real rate
+there only for a model as small as the probe."""
 
 from __future__ import annotations
 
@@ -10,12 +16,13 @@ from typing import Callable
 
 import torch
 
-from stowage.memory import _torch_module
+from stowage.memory import _index, _torch_module, memory_allocated
 from stowage.offload.update_worker import cpus_near
 from stowage.plan.calibration import best_seconds
 
 HOST_PROBE_NUMEL = 1 << 22  # beyond the caches, as the states are
-DEVICE_PROBE_NUMEL = 1 << 18
+DEVICE_PROBE_NUMEL = (1 << 18, 1 << 24)  # the smallest and largest of the device's larger probe
+DEVICE_PROBE_SHARE = 16  # the larger probe's four buffers take at most this share of free memory
 HYPER = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
@@ -56,8 +63,8 @@ def _host_ms(device: torch.device, dtype: torch.dtype) -> float:
     return _best_ms(run, lambda: None)
 
 
-def _device_ms(device: torch.device, dtype: torch.dtype) -> float:
-    parameter = torch.nn.Parameter(torch.ones(DEVICE_PROBE_NUMEL, device=device, dtype=dtype))
+def _device_ms(device: torch.device, dtype: torch.dtype, numel: int) -> float:
+    parameter = torch.nn.Parameter(torch.ones(numel, device=device, dtype=dtype))
     parameter.grad = torch.full_like(parameter, 1e-3)
     try:
         optimizer = torch.optim.AdamW([parameter], fused=True, **HYPER)  # type: ignore[arg-type]
@@ -67,12 +74,31 @@ def _device_ms(device: torch.device, dtype: torch.dtype) -> float:
     return _best_ms(optimizer.step, synchronize)
 
 
+def _device_probe_numel(device: torch.device, dtype: torch.dtype) -> int:
+    """The larger probe: as large as DEVICE_PROBE_NUMEL allows within a share of free memory."""
+    free = int(_torch_module().capacity(_index(device))) - int(memory_allocated(device))
+    per_parameter = 2 * dtype.itemsize + 2 * 4  # parameter and gradient, fp32 moments
+    smallest, largest = DEVICE_PROBE_NUMEL
+    return max(smallest * 4, min(largest, free // DEVICE_PROBE_SHARE // per_parameter))
+
+
+def _device_ms_per_parameter(device: torch.device, dtype: torch.dtype) -> float:
+    """The time a parameter adds to the device's step: the slope between a probe and one four
+    times its size (never below what the larger probe's time over its size says, where noise
+    makes the slope smaller than that)."""
+    large = _device_probe_numel(device, dtype)
+    small = large // 4
+    large_ms = _device_ms(device, dtype, large)
+    slope = (large_ms - _device_ms(device, dtype, small)) / (large - small)
+    return slope if slope > 0 else large_ms / large
+
+
 def measure_rates(device: torch.device, dtype: torch.dtype) -> UpdateRates:
-    """Both rates for parameters of `dtype` on `device`. A device too full for the probe (4 of
-    its buffers) is taken to update as fast as the host."""
+    """Both rates for parameters of `dtype` on `device`. A device too full for the probes is
+    taken to update as fast as the host."""
     host = _host_ms(device, dtype) / HOST_PROBE_NUMEL
     try:
-        on_device = _device_ms(device, dtype) / DEVICE_PROBE_NUMEL
+        on_device = _device_ms_per_parameter(device, dtype)
     except torch.OutOfMemoryError:
         on_device = host
     return UpdateRates(host, on_device)

@@ -550,6 +550,7 @@ class Adam(torch.optim.Optimizer):
         grads = bucket.grads[self._grad_buffer]
         module = _torch_module()
         threads = self._worker.threads
+        cpu_sqrt = self._device.type == "cpu"  # the square root torch's AdamW takes on this device
         copied, returned = bucket.copied_event, bucket.returned_event
         undo = self._undo
 
@@ -570,7 +571,8 @@ class Adam(torch.optim.Optimizer):
                     module.adam_update_narrow(*states, step, threads=threads, max_exp_avg_sq=maximum, **hyper)
                     continue
                 out = None if bucket.out is None else bucket.out[begin:end]
-                module.adamw_update(*states, out, step, threads=threads, max_exp_avg_sq=maximum, **hyper)
+                module.adamw_update(*states, out, step, threads=threads, max_exp_avg_sq=maximum, cpu_sqrt=cpu_sqrt,
+                                    **hyper)
 
         return update
 

@@ -73,6 +73,14 @@ def _storage_key(tensor: Any) -> int:
         return 0
 
 
+# Ops a replay does not reproduce: cuDNN's and MIOpen's fused RNNs keep state of their own for
+# backward (the reserve) and draw their dropout from a random state of their own, not torch's
+# generator, which is all a replay puts back. A block that runs one is not recomputed (on an
+# H200, replaying cuDNN's LSTM left backward a reserve of 0 elements where it needs 58,368:
+# bench/results/2026-11-26-h200-gpu.md); its saved tensors can still be offloaded.
+NOT_REPLAYABLE = ("aten::_cudnn_rnn", "aten::miopen_rnn", "aten::_cudnn_init_dropout_state")
+
+
 class StepRecorder:
     """Records one step; ``profile()`` builds its LifetimeProfile. One step, one thread."""
 
@@ -142,6 +150,8 @@ class StepRecorder:
             op.region_op = len(self.regions[op.region].ops)
             self.regions[op.region].ops.append(op.name)
             self._note_input_writes(func, args, kwargs)
+            if getattr(getattr(func, "_schema", None), "name", "") in NOT_REPLAYABLE:
+                self.regions[op.region].checkpointable = False
         self.ops.append(op)
         self.peaks.append(self.meter.now_and_peak()[1] - self.start_bytes)
         leaves = torch.utils._pytree.tree_leaves

@@ -86,15 +86,22 @@ def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics() -> None:
                          loss_fn=loss_fn, budget=budget, verbose=False)
     assert fitted.device_fraction < 1.0 and isinstance(fitted.optimizer, stowage.offload.AdamW), str(fitted)
     start = stowage.memory_allocated(DEVICE)
-    for _ in range(3):
+    for step in range(3):
         stowage.reset_peak_stats(DEVICE)
         fitted.step(tokens)
         torch.cuda.synchronize()
         assert stowage.max_memory_allocated(DEVICE) <= budget, str(fitted)
+        if step == 0:
+            # One step: the same gradients (deterministic session), then the host's AdamW against
+            # torch's CUDA AdamW, a few fp32 roundings apart. Later steps are not compared here:
+            # those roundings change the next gradients' last bits, and Adam turns a near-zero
+            # gradient's sign into a whole lr (the exactness suite holds them to the spread
+            # between torch's own fused and foreach AdamW).
+            for ours, theirs in zip(model.parameters(), reference_parameters(1)):
+                torch.testing.assert_close(ours.detach(), theirs, rtol=2e-6, atol=1e-9)
+            del ours, theirs
     kept_states = fitted.facts["memory"].states_on_device(fitted.device_fraction)
     assert stowage.memory_allocated(DEVICE) <= start + kept_states + (4 << 20)  # nothing else left behind
-    for ours, theirs in zip(model.parameters(), reference_parameters(3)):
-        torch.testing.assert_close(ours.detach(), theirs, rtol=1e-4, atol=1e-5)
 
 
 def test_a_roomy_budget_changes_nothing() -> None:

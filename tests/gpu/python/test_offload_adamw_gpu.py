@@ -42,7 +42,10 @@ def test_bf16_parameters_with_master_weights_follow_fp32_adamw_rounded() -> None
     torch.cuda.synchronize()
     for p, r in zip(model.parameters(), reference.parameters()):
         expected = r.detach().to(torch.bfloat16).float()
-        assert ((p.detach().float() - expected).abs() <= expected.abs() * 2.0 ** -7 + 1e-30).all()
+        # One bf16 rounding (2^-8 of the value) apart, plus the few fp32 ulps of the update by
+        # which the host's arithmetic and the GPU's differ: where a parameter crosses zero, those
+        # are all of its value (lr 1e-3: ulps of 1e-10)
+        assert ((p.detach().float() - expected).abs() <= expected.abs() * 2.0 ** -7 + 1e-8).all()
 
 
 def test_states_take_no_device_memory_and_live_pinned() -> None:
