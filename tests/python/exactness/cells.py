@@ -327,6 +327,20 @@ def judge_refusal(feature: Feature, pattern: Pattern, failure: Failure, referenc
     return Outcome("REFUSED", _error_line(failure.error))
 
 
+def _nothing_to_plan(caches: Caches, feature: Feature, model: ModelSpec, scale: int) -> str | None:
+    """Why the budget-driven cells (plan, fit) cannot be exercised on this model and device: no
+    plan lowers its step's peak (on a GPU, cuDNN's fused LSTM keeps what a plan could move live
+    through the step's peak), so no budget makes a plan act. None where one does."""
+    if feature.name != "plan" and not feature.name.startswith("fit"):
+        return None
+    unplanned = caches.profile(model, scale).unconstrained_peak_bytes
+    lowest = caches.lowest_peak(model, scale)
+    if lowest < unplanned:
+        return None
+    return (f"no plan lowers this step's peak on this device (lowest planned {lowest:,} B, unplanned "
+            f"{unplanned:,} B): no budget makes a plan act")
+
+
 def run_cell(cell: Cell, caches: Caches) -> Outcome:
     """Runs and judges one cell."""
     config = caches.config
@@ -341,6 +355,9 @@ def run_cell(cell: Cell, caches: Caches) -> Outcome:
     host = feature.host or pattern.swaps
     tolerance = _tolerance(caches, model, pattern, feature.variant, feature.reference) if host else None
     caches.warm(feature, model, config.scale)
+    unplannable = _nothing_to_plan(caches, feature, model, config.scale)
+    if unplannable is not None:
+        return Outcome("N/A", unplannable)
     ours = execute(model, pattern, feature.setup, Env(model, caches, config.scale), config.steps)
     findings = list(ours.info.get("findings", []))
     if ours.failure is not None:
