@@ -5,6 +5,7 @@ trains with it."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,49 @@ def test_a_roomy_budget_changes_nothing(capsys: Any) -> None:
         fitted.step(tokens)
     for ours, theirs in zip(model.parameters(), reference_parameters(2)):
         assert torch.equal(ours.detach(), theirs)
+
+
+def accumulate_and_clip(model: Any, optimizer: Any, tokens: torch.Tensor, steps: int, fitted: Any = None) -> None:
+    """Two micro-batches a step, the loss a mean over both, gradients clipped to a norm that
+    clips: torch's loop, or the same loop through ``fitted``'s methods."""
+    micro = tokens.chunk(2)
+    for _ in range(steps):
+        for index, part in enumerate(micro):
+            last = index == len(micro) - 1
+            if fitted is None:
+                (loss_fn(model, part) / len(micro)).backward()
+                continue
+            with fitted, (contextlib.nullcontext() if last else fitted.accumulating()):
+                (loss_fn(model, part) / len(micro)).backward()
+        if fitted is None:
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 0.05)
+        else:
+            fitted.clip_grad_norm_(0.05)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("room", ["roomy", "tight"])
+def test_one_loop_accumulates_and_clips_as_torch_s_whatever_fit_chose(room: str, capsys: Any) -> None:
+    """The same loop (``fitted.accumulating()``, ``fitted.clip_grad_norm_``) whether fit kept
+    torch's AdamW or chose the offloaded one, and either way what torch's loop computes."""
+    if room == "roomy":
+        budget = 1 << 30
+    else:
+        in_use, step_bytes = unplanned_step_bytes(LARGE_STATES)
+        parameters = sum(p.numel() * 4 for p in model_and_batch(LARGE_STATES)[0].parameters())
+        budget = in_use + parameters + step_bytes // 2 + (16 << 20)
+    fitted, model, tokens, _ = fitted_for(budget, capsys, LARGE_STATES)
+    offloaded = isinstance(fitted.optimizer, stowage.offload.AdamW)
+    assert offloaded == (room == "tight")
+    accumulate_and_clip(model, fitted.optimizer, tokens, 2, fitted)
+    reference, reference_tokens = model_and_batch(LARGE_STATES)
+    accumulate_and_clip(reference, torch.optim.AdamW(reference.parameters(), **HYPER), reference_tokens, 2)
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        if offloaded:  # the clipping coefficient applied in the host update: one rounding apart
+            torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(ours.detach(), theirs.detach())
 
 
 def test_a_loop_of_its_own_runs_its_backward_under_the_fit(capsys: Any) -> None:

@@ -5,12 +5,15 @@ its activations), for a loop to use unchanged.
     for batch in data:
         loss = fitted.step(batch)            # forward, backward, optimizer step, zero_grad
 
-or, for a loop that runs its own backward (gradient clipping, a GradScaler, a Trainer):
+or, for a loop that runs its own backward (gradient clipping, accumulation, a GradScaler, a
+Trainer), the same loop whatever fit chose:
 
-    optimizer = fitted.optimizer
-    with fitted:                             # the plan applies to this forward and backward
-        loss = loss_fn(model, batch)
-        loss.backward()
+    optimizer = fitted.optimizer             # a torch.optim.Optimizer: schedulers, state_dict
+    for index, micro in enumerate(micro_batches):
+        with fitted, (fitted.accumulating() if index < len(micro_batches) - 1 else nullcontext()):
+            loss = loss_fn(model, micro) / len(micro_batches)
+            loss.backward()
+    fitted.clip_grad_norm_(1.0)
     optimizer.step(); optimizer.zero_grad(set_to_none=True)
 
 Contract: used from the thread that trains, one step at a time (``with fitted:`` is not
@@ -57,6 +60,25 @@ class Fitted:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ over the optimizer's parameters, whichever optimizer fit
+        chose: torch's clips them where they are; the offloaded one scales the offloaded gradients
+        as its host update reads them (stowage.offload.AdamW.clip_grad_norm_). Returns the total
+        norm."""
+        clip = getattr(self.optimizer, "clip_grad_norm_", None)
+        if clip is not None:
+            return clip(max_norm, norm_type, error_if_nonfinite)  # type: ignore[no-any-return]
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)
+
+    def accumulating(self) -> contextlib.AbstractContextManager[Any]:
+        """Marks the micro-batches that are not a step's last, whichever optimizer fit chose: the
+        offloaded one then copies no gradient out until the last (its ``accumulating()``);
+        torch's needs no mark. Unmarked accumulation computes the same, with more copies."""
+        marker = getattr(self.optimizer, "accumulating", None)
+        return marker() if marker is not None else contextlib.nullcontext()
 
     def __enter__(self) -> Fitted:
         if self._applied is not None:

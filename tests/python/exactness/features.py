@@ -161,6 +161,10 @@ class Setup:
     def step_context(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
+    def loop_methods(self, optimizer: Any) -> Any:
+        """What the loop calls ``accumulating()`` and ``clip_grad_norm_`` on: the optimizer."""
+        return optimizer
+
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
@@ -292,6 +296,10 @@ class FitSetup(Setup):
         return type(chosen)(copy_groups(chosen.param_groups))
 
     def step_context(self) -> contextlib.AbstractContextManager[Any]:
+        return self.fitted
+
+    def loop_methods(self, optimizer: Any) -> Any:
+        """fit's own: the same loop whichever optimizer it chose."""
         return self.fitted
 
     def findings(self) -> list[str]:

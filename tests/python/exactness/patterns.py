@@ -90,7 +90,7 @@ class Run:
         loss.backward(**options)
 
     def accumulating(self) -> contextlib.AbstractContextManager[Any]:
-        marker = getattr(self.optimizer, "accumulating", None)
+        marker = getattr(self.setup.loop_methods(self.optimizer), "accumulating", None)
         return marker() if marker is not None else contextlib.nullcontext()
 
     def optimizer_step(self) -> None:
@@ -166,7 +166,7 @@ def _clip_torch(run: Run) -> None:
 def _clip_optimizer(run: Run) -> None:
     run.record_grads()
     run.phase = "clip"
-    clip = getattr(run.optimizer, "clip_grad_norm_", None)
+    clip = getattr(run.setup.loop_methods(run.optimizer), "clip_grad_norm_", None)
     if clip is not None:
         clip(MAX_NORM)
     else:
