@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -190,6 +191,36 @@ def test_a_device_stowage_does_not_serve_is_refused_with_the_fix() -> None:
               "stowage.fit(model, torch.optim.AdamW, torch.zeros(2, 8, dtype=torch.long))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "stowage.enable(device='cpu'" in result.stderr
+
+
+def test_a_model_built_before_cpu_mode_is_refused_with_the_fix() -> None:
+    """A parameter whose memory CPU mode did not allocate (built before enable(); here, numpy's)
+    would be left out of every figure fit plans with: refused, naming the fix; copied in, it fits."""
+    model = torch.nn.Linear(64, 64)
+    model.weight = torch.nn.Parameter(torch.from_numpy(numpy.zeros((64, 64), dtype=numpy.float32)))
+    batch = torch.randn(4, 64)
+    with pytest.raises(RuntimeError, match=r"1 of the model's 2 parameters \(16.00 KiB\)(.|\n)*after enable\(\)"):
+        stowage.fit(model, torch.optim.AdamW, batch, loss_fn=lambda m, b: m(b).square().mean(), verbose=False)
+    for p in model.parameters():
+        p.data = p.data.clone()
+    stowage.fit(model, torch.optim.AdamW, batch, loss_fn=lambda m, b: m(b).square().mean(), verbose=False)
+
+
+def test_a_batch_the_model_cannot_take_names_loss_fn_before_anything_runs() -> None:
+    """An (images, labels) batch for a classifier that takes images: model(*batch) cannot bind."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
+    batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
+    with pytest.raises(TypeError, match=r"calls model\(\*batch\)(.|\n)*Sequential.forward does not take(.|\n)*loss_fn="):
+        stowage.fit(model, torch.optim.AdamW, batch, verbose=False)
+    fitted = stowage.fit(model, torch.optim.AdamW, batch, verbose=False,
+                         loss_fn=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
+    assert torch.isfinite(fitted.step(batch))
+
+
+def test_an_output_that_is_not_a_loss_names_loss_fn_and_what_it_is() -> None:
+    model = torch.nn.Linear(16, 10)
+    with pytest.raises(TypeError, match=r"not a loss(.|\n)*a tensor of shape \(4, 10\)(.|\n)*loss_fn="):
+        stowage.fit(model, torch.optim.AdamW, torch.randn(4, 16), verbose=False)
 
 
 def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any) -> None:

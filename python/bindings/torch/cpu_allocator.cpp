@@ -155,6 +155,10 @@ bool is_enabled() {
   return state().enabled;
 }
 
+bool owns(const c10::Storage& storage) {
+  return storage.data_ptr().get_deleter() == &free_block;
+}
+
 CachingAllocator* allocator() {
   std::lock_guard lock(state_mutex());
   return state().allocator;

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <string>
 
+#include <c10/core/Storage.h>
+
 #include "allocator/caching_allocator.hpp"
 #include "allocator/device/host/host_backend.hpp"
 #include "python/bindings/torch/stack_table.hpp"
@@ -38,6 +40,8 @@ void enable(const CpuModeOptions& options);
 // Gives torch back the allocator it had before enable(). No-op when not enabled.
 void disable();
 bool is_enabled();
+// Whether CPU mode allocated `storage` (a tensor made before enable(), or from numpy, was not).
+bool owns(const c10::Storage& storage);
 // The instance, or nullptr before the first enable().
 CachingAllocator* allocator();
 // The simulated device under it, or nullptr before the first enable().

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstddef>
 #include <exception>
@@ -69,6 +70,8 @@ void bind_cpu_mode(py::module_& module) {
   module.def("disable_cpu", &cpu::disable);
   module.def("is_enabled", &cpu::is_enabled);
   module.def("was_enabled", [] { return cpu::allocator() != nullptr; });
+  module.def("cpu_owns", [](const at::Tensor& tensor) { return tensor.has_storage() && cpu::owns(tensor.storage()); },
+             py::arg("tensor"), "Whether CPU mode's allocator made the tensor's storage.");
 }
 
 // stowage as torch's CUDA allocator, and the C library beside it.

@@ -12,6 +12,7 @@ sequence length: input ids, attention masks and labels alike.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
 import torch
@@ -19,23 +20,59 @@ import torch
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+class LossFnNeeded(TypeError):
+    """The default loss cannot train on this model and batch: the model does not take the batch
+    as it comes, or its output is not a loss. fit passes it on as it is, wherever it arises (not
+    as a failure of a batch it cut)."""
+
+
+def _call_arguments(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], str]:
+    if isinstance(batch, Mapping):
+        return (), dict(batch), "model(**batch)"
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}, "model(*batch)"
+    return (batch,), {}, "model(batch)"
+
+
+def _check_callable_on(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], call: str) -> None:
+    """Raises LossFnNeeded when the model's forward does not take these arguments (binding its
+    signature: nothing runs), e.g. an (images, labels) batch for a model that takes images."""
+    forward = getattr(model, "forward", model)
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call will tell
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise LossFnNeeded(
+            f"stowage.fit: without loss_fn, fit calls {call}, and {type(model).__name__}.forward does not take "
+            f"that batch ({error}). Pass loss_fn=lambda model, batch: ... returning the step's loss, e.g. for "
+            "(images, labels): loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])") from None
+
+
 def default_loss(model: Any, batch: Any) -> torch.Tensor:
     """The loss of ``model`` on ``batch`` as most training code computes it: ``model(**batch)``
     for a dict, ``model(*batch)`` for a tuple or list, ``model(batch)`` for a tensor; the output
     itself when it is one number, else its ``loss`` (Hugging Face models given labels)."""
-    if isinstance(batch, Mapping):
-        output = model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        output = model(*batch)
-    else:
-        output = model(batch)
+    args, kwargs, call = _call_arguments(batch)
+    _check_callable_on(model, args, kwargs, call)
+    output = model(*args, **kwargs)
     loss = output if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
     if isinstance(output, Mapping) and loss is None:
         loss = output.get("loss")
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError("stowage.fit: the model's output is not a loss (one number, or an output with .loss); "
-                        "pass loss_fn=lambda model, batch: ... returning the step's loss")
+        raise LossFnNeeded(f"stowage.fit: without loss_fn, fit calls {call} and takes its output as the loss, but "
+                           f"the output is not a loss (one number, or an output with .loss: it is "
+                           f"{_describe_output(output)}); pass loss_fn=lambda model, batch: ... returning the "
+                           "step's loss")
     return loss
+
+
+def _describe_output(output: Any) -> str:
+    if isinstance(output, torch.Tensor):
+        return f"a tensor of shape {tuple(output.shape)}"
+    return f"a {type(output).__name__}"
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 
 import stowage
 from stowage.fitting.accounting import DeviceMemory, measure, state_copies, uses_foreach
-from stowage.fitting.batches import LossFn, batch_sizes, cut, default_loss, profiling_grid
+from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grid
 from stowage.fitting.choosing import Option, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.side_effects import untouched
@@ -43,6 +43,25 @@ def check_allocator(device: torch.device) -> None:
         raise ValueError(f"stowage.fit trains on a CUDA device or in CPU mode, not on {device.type!r}")
 
 
+def check_parameters_counted(parameters: list[torch.nn.Parameter], device: torch.device) -> None:
+    """Raises, saying how to fix it, when parameters lie outside the memory stowage serves (in
+    CPU mode, a model built before stowage.enable(): the simulated device does not hold them, so
+    the budget would leave them out). On a GPU every CUDA tensor is stowage's: enable() must come
+    before CUDA starts."""
+    if device.type != "cpu":
+        return
+    module = _torch_module()
+    outside = [p for p in parameters if not module.cpu_owns(local(p))]
+    if not outside:
+        return
+    size = sum(local(p).numel() * p.element_size() for p in outside)
+    raise RuntimeError(
+        f"stowage.fit: {len(outside)} of the model's {len(parameters)} parameters "
+        f"({stowage.format_bytes(size)}) are not in CPU mode's simulated device: the model was built (or "
+        "loaded) before stowage.enable(device='cpu', ...), so fit would plan without them. Build the model "
+        "after enable(), or copy it in once enabled: for p in model.parameters(): p.data = p.data.clone()")
+
+
 def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capacity: int,
              cost: dict[str, float] | None) -> tuple[LifetimeProfile, str]:
     """The step's lifetime profile at the example's sizes: recorded whole when it fits, else at a
@@ -68,6 +87,9 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
                                      model=model)
     except torch.OutOfMemoryError as error:
         failure = str(error).splitlines()[0]  # (the error's frames hold the failed step's tensors)
+    except LossFnNeeded:
+        model.zero_grad(set_to_none=True)
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError) as error:
         failure, cut_fails = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", True
     if failure:
@@ -167,6 +189,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     parameters = list(model.parameters())
     device = _device_of(parameters)
     check_allocator(device)
+    check_parameters_counted(parameters, device)
     capacity = int(_torch_module().capacity(_index(device)))
     if budget is not None:
         capacity = min(capacity, _bytes(budget))
