@@ -36,9 +36,15 @@ void OomReport::describe() {
            " driver, address-space or mapping-limit failure, not a lack of memory.";
   } else if (largest_free_block < rounded && reserved_unallocated >= rounded) {
     out << " Enough memory is free but not in one piece: this is fragmentation.";
+  } else if (const std::size_t free_anywhere = device_free + reserved_unallocated; free_anywhere >= rounded) {
+    out << " The free bytes would hold it, split between " << memory << " (" << format_bytes(device_free)
+        << ") and stowage's cache (" << format_bytes(reserved_unallocated)
+        << "), neither enough alone: fragmentation across segments.";
   } else {
-    out << " Live blocks hold the memory: free tensors that are no longer needed, or offload or"
-           " recompute activations.";
+    // Not fragmentation: no arrangement of the free bytes holds the request
+    out << " Live blocks hold the memory: the request is " << format_bytes(rounded - free_anywhere)
+        << " more than every free byte together. Free tensors that are no longer needed, or offload"
+           " or recompute activations.";
   }
   message = out.str();
 }

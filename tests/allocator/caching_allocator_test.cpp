@@ -310,7 +310,8 @@ TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
     for (const char* part : {"tried to allocate 30.00 MiB", "64.00 MiB total",
                              "40.00 MiB allocated", "40.00 MiB reserved",
                              "0 B reserved but unallocated", "largest free block",
-                             "fragmentation 0.0%", "Live blocks hold the memory"}) {
+                             "fragmentation 0.0%", "Live blocks hold the memory",
+                             "the request is 6.00 MiB more than every free byte together"}) {
       EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in\n"
                                                        << message;
     }
