@@ -6,6 +6,7 @@ trains with it."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,33 @@ def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: An
     assert stowage.memory_allocated() <= start + kept_states + (1 << 20)  # nothing else left behind
     for ours, theirs in zip(model.parameters(), reference_parameters(3, LARGE_STATES)):
         torch.testing.assert_close(ours.detach(), theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_host_s_room_bounds_the_states_fit_offloads(capsys: Any) -> None:
+    """Each share's host bytes (16 a parameter: fp32 master, moments and one gradient buffer, for
+    the parameters the share does not keep) are in the table, and the states the table says are
+    on the device are those the optimizer keeps there; a share the host cannot hold is refused
+    before training, and with no share left fit says the host is short."""
+    in_use, step_bytes = unplanned_step_bytes(LARGE_STATES)
+    count = sum(p.numel() for p in model_and_batch(LARGE_STATES)[0].parameters())
+    budget = in_use + 4 * count + step_bytes // 2 + (16 << 20)
+    model, tokens = model_and_batch(LARGE_STATES)
+    fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
+                         loss_fn=loss_fn, budget=budget, cost=COST, host_budget=16 * count)
+    table = capsys.readouterr().out
+    assert "host memory" in table and "(host_budget)" in table
+    kept = [p for g in fitted.optimizer._device_optimizer.param_groups for p in g["params"]] \
+        if fitted.optimizer._device_optimizer is not None else []
+    assert fitted.chosen.host_bytes == 16 * (count - sum(p.numel() for p in kept))
+    assert fitted.facts["memory"].states_on_device(fitted.device_fraction) == sum(8 * p.numel() for p in kept)
+    shares = [o.fraction for o in fitted.options]
+    assert len(set(o.host_bytes for o in fitted.options)) == len(shares)  # no two shares place the same
+    del fitted, model, kept
+    gc.collect()
+    model, tokens = model_and_batch(LARGE_STATES)
+    with pytest.raises(torch.OutOfMemoryError, match="the host cannot hold(.|\n)*more host memory"):
+        stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
+                    loss_fn=loss_fn, budget=budget, cost=COST, host_budget=1 << 20, verbose=False)
 
 
 def test_a_roomy_budget_changes_nothing(capsys: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from stowage.offload.adam_buckets import kept_on_device
 from stowage.offload.sharded import local
 
 
@@ -31,9 +32,15 @@ class DeviceMemory:
     states: int           # the optimizer's states of every parameter, in the parameters' dtypes
     foreach_temporary: int
     largest_parameter: int
+    numels: tuple[int, ...] = ()       # every parameter, in the optimizer's order
+    state_bytes: tuple[int, ...] = ()  # each one's states (none for a frozen one)
 
     def states_on_device(self, fraction: float) -> int:
-        return int(self.states * fraction)
+        """The states a share keeps on the device: those of the leading parameters that fit in it
+        by count (adam_buckets.kept_on_device), as the offloaded optimizer splits them."""
+        if not self.numels:
+            return int(self.states * fraction)
+        return sum(self.state_bytes[:kept_on_device(self.numels, fraction)])
 
     def optimizer_step_peak(self, fraction: float, foreach: bool) -> int:
         """Device bytes in use during the optimizer's step with `fraction` of the states kept."""
@@ -43,6 +50,28 @@ class DeviceMemory:
     def activation_budget(self, fraction: float) -> int:
         """What a step may add to the device (the plan's budget) with `fraction` of the states kept."""
         return self.usable - self.in_use - self.states_on_device(fraction)
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The host side of the choice, fixed for one fit: the host bytes an offloaded parameter
+    takes (stowage.offload.adam_buckets.bytes_per_parameter: master, moments, gradient staging),
+    the parameters in the optimizer's order (which of them a share keeps on the device:
+    adam_buckets.kept_on_device; frozen ones take no host memory), and what the process may take
+    (stowage.offload.host_memory.host_room: MemAvailable, the cgroup's limit, or fit's
+    ``host_budget``), and which limit that is."""
+
+    bytes_per_parameter: int
+    numels: tuple[int, ...]
+    trainable: tuple[bool, ...]
+    available: int
+    limited_by: str
+
+    def states(self, fraction: float) -> int:
+        """Host bytes the offloaded optimizer takes with `fraction` of the states on the device."""
+        first_offloaded = kept_on_device(self.numels, fraction)
+        offloaded = sum(n for n, t in zip(self.numels[first_offloaded:], self.trainable[first_offloaded:]) if t)
+        return offloaded * self.bytes_per_parameter
 
 
 # Kept free of the device: the allocator's rounding (pages shared by blocks of different lives
@@ -65,11 +94,14 @@ def state_copies(optimizer: Any) -> int:
 
 
 def measure(parameters: list[torch.nn.Parameter], in_use: int, capacity: int, copies: int = 2) -> DeviceMemory:
+    """`parameters` in the optimizer's order (its groups'), which decides what a share keeps."""
     trainable = [local(p) for p in parameters if p.requires_grad]  # under FSDP2, this rank's shards
     sizes = [p.numel() * p.element_size() for p in trainable]
+    state_bytes = tuple(copies * local(p).numel() * p.element_size() if p.requires_grad else 0 for p in parameters)
     return DeviceMemory(usable=max(capacity - max(int(capacity * MARGIN_SHARE), MARGIN_PAGES * PAGE_BYTES), 0), in_use=in_use,
                         parameter_count=sum(p.numel() for p in trainable), gradients=sum(sizes),
-                        states=copies * sum(sizes), foreach_temporary=sum(sizes), largest_parameter=max(sizes, default=0))
+                        states=copies * sum(sizes), foreach_temporary=sum(sizes), largest_parameter=max(sizes, default=0),
+                        numels=tuple(local(p).numel() for p in parameters), state_bytes=state_bytes)
 
 
 def uses_foreach(optimizer: Any) -> bool:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 import stowage
-from stowage.fitting.accounting import DeviceMemory, measure, state_copies, uses_foreach
+from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grid
 from stowage.fitting.choosing import Option, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
@@ -137,7 +137,23 @@ def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
     return ""
 
 
-def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any) -> torch.optim.Optimizer:
+def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> HostMemory:
+    """What an offloaded parameter of `optimizer`'s takes on the host (in the default exact mode:
+    one gradient staging buffer), and the room the process has there."""
+    from stowage.offload.adam_buckets import bytes_per_parameter
+    from stowage.offload.host_memory import host_room
+
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
+    per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
+    room = host_room(None if host_budget is None else _bytes(host_budget))
+    limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
+    return HostMemory(per_parameter, tuple(local(p).numel() for p in parameters),
+                      tuple(p.requires_grad for p in parameters), room.available_bytes, limited_by)
+
+
+def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
+               host_budget: int | str | None = None) -> torch.optim.Optimizer:
     """stowage.offload.Adam or AdamW with `optimizer`'s groups and every option they carry,
     `fraction` of the states on the device; attached to DDP's all-reduce when the model is wrapped
     in DDP."""
@@ -145,7 +161,7 @@ def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any) ->
 
     twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
     groups = [dict(group) for group in optimizer.param_groups]
-    offloaded = twin(groups, device_fraction=fraction)
+    offloaded = twin(groups, device_fraction=fraction, host_memory_limit=host_budget)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         offloaded.attach(model)
     return offloaded
@@ -174,15 +190,20 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal
         f"{stowage.format_bytes(memory.states)}, gradients {stowage.format_bytes(memory.gradients)}, "
         f"the step adding {stowage.format_bytes(unplanned)} unplanned) with any share of optimizer "
         "states on the device:\n" + "\n".join(lines) +
-        "\nTrain on a smaller batch or sequence, or on a larger device.")
+        "\nTrain on a smaller batch or sequence, or on a larger device"
+        + (", or give the offloaded states more host memory." if any("the host cannot" in o.reason for o in options)
+           else "."))
 
 
 def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
         example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
-        verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True) -> Fitted:
+        verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True,
+        host_budget: int | str | None = None) -> Fitted:
     """Fits ``model``'s training step to its device; see stowage.fitting. ``example_batch``: the
     largest batch the loop trains on. ``budget``: the device memory training may use (default:
-    all of it). ``cost``: the planner's cost model (measured when not given).
+    all of it). ``host_budget``: the host memory the offloaded states may take (default: what the
+    process may take, cgroup limits included). ``cost``: the planner's cost model (measured when
+    not given).
     ``offload_optimizer=False`` keeps the factory's optimizer with all its states on the device
     (the plan alone makes room)."""
     loss_fn = loss_fn or default_loss
@@ -198,20 +219,22 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
     with untouched(model, device):  # the recorded step leaves no trace in what training computes
         profile, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost)
-    memory = measure(parameters, stowage.memory_allocated(device), capacity, state_copies(optimizer))
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
+    memory = measure(ordered, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     rates = measure_rates(device, parameters[0].dtype)
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
-    options = weigh(profile, memory, rates, can_offload=not refusal, foreach=uses_foreach(optimizer))
+    host = _host_memory(optimizer, host_budget)
+    options = weigh(profile, memory, host, rates, can_offload=not refusal, foreach=uses_foreach(optimizer))
     fraction = _agreed_fraction(options)
     if fraction is None:
         raise _no_fit(options, memory, profile.unconstrained_peak_bytes, refusal)
     chosen = next(o for o in options if o.fraction == fraction)
     if fraction < 1.0:
-        optimizer = _offloaded(optimizer, fraction, model)
+        optimizer = _offloaded(optimizer, fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "recorded": recorded, "memory": memory, "optimizer": name,
-             "unplanned_peak": profile.unconstrained_peak_bytes, "states_kept_because": refusal}
+             "unplanned_peak": profile.unconstrained_peak_bytes, "states_kept_because": refusal, "host": host}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:
         print(fitted)

@@ -39,13 +39,16 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         + (f"; kept on the device: {facts['states_kept_because']}" if facts.get("states_kept_because") else ""),
         f"  {'activations':<24}{format_bytes(chosen.activation_budget):>12}  budget; "
         + _activations(chosen, facts["unplanned_peak"]),
+        f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states, of "
+        f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
         f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)",
         "",
-        f"  {'states on the device':<30}{'activation budget':>18}{'predicted step':>16}",
+        f"  {'states on the device':<30}{'activation budget':>18}{'host memory':>14}{'predicted step':>16}",
     ]
     for option in options:
         outcome = f"{option.step_ms:>13.0f} ms" if option.feasible else f"  {option.reason}"
         mark = "  <- chosen" if option is chosen else ""
-        rows.append(f"  {_share(option):<30}{format_bytes(max(option.activation_budget, 0)):>18}{outcome}{mark}")
+        rows.append(f"  {_share(option):<30}{format_bytes(max(option.activation_budget, 0)):>18}"
+                    f"{format_bytes(option.host_bytes):>14}{outcome}{mark}")
     return "\n".join(rows)

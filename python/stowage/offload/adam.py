@@ -72,7 +72,8 @@ import torch
 
 from stowage import checking
 from stowage.memory import _bytes, _torch_module
-from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, update_runs
+from stowage.offload.adam_buckets import (DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, kept_on_device,
+                                          update_runs)
 from stowage.offload.adam_state import (check_loadable, describe_parameter, load_offloaded_state,
                                         split_device_state)
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
@@ -173,17 +174,11 @@ class Adam(torch.optim.Optimizer):
 
     def _split_by_fraction(self, fraction: float) -> tuple[list[tuple[torch.Tensor, dict[str, Any]]],
                                                            list[tuple[torch.Tensor, dict[str, Any]]]]:
-        """(offloaded, kept on the device): the first parameters up to `fraction` of the count stay."""
+        """(offloaded, kept on the device): the first parameters up to `fraction` of the count stay
+        (adam_buckets.kept_on_device, which fit's accounting uses too)."""
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
-        budget = fraction * sum(p.numel() for p, _ in pairs)
-        kept, offloaded, taken = [], [], 0
-        for param, group in pairs:
-            if not offloaded and taken + param.numel() <= budget:
-                kept.append((param, group))
-                taken += param.numel()
-            else:
-                offloaded.append((param, group))
-        return offloaded, kept
+        kept = kept_on_device([p.numel() for p, _ in pairs], fraction)
+        return pairs[kept:], pairs[:kept]
 
     def _make_device_optimizer(self, kept: list[tuple[torch.Tensor, dict[str, Any]]]) -> torch.optim.Optimizer | None:
         """torch's own optimizer, with the options given, for the parameters kept on the device."""

@@ -18,7 +18,7 @@ and its parameters are written back from the output buffer (the masters themselv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -105,6 +105,20 @@ def plan_buckets(params: list[tuple[torch.Tensor, dict[str, Any]]],
 def is_narrow(dtype: torch.dtype, master_weights: bool) -> bool:
     """Whether parameters of `dtype` keep their states in their own precision."""
     return dtype in (torch.bfloat16, torch.float16) and not master_weights
+
+
+def kept_on_device(numels: Sequence[int], fraction: float) -> int:
+    """How many of the first parameters (in the optimizer's order) keep their states on the
+    device for `fraction` of the parameters by count: the leading ones that fit in that share.
+    A first parameter larger than the share keeps none there (the share is by whole parameters)."""
+    budget = fraction * sum(numels)
+    taken = count = 0
+    for numel in numels:
+        if taken + numel > budget:
+            break
+        taken += numel
+        count += 1
+    return count
 
 
 def bytes_per_parameter(dtype: torch.dtype, grad_buffers: int, amsgrad: bool = False,
