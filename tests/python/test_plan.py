@@ -15,6 +15,7 @@ bench/results/2026-11-24-cpu-planner.md has the figures per run)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -172,6 +173,34 @@ def test_a_plan_for_another_model_keeps_what_it_cannot_place_and_says_so() -> No
     with pytest.warns(UserWarning, match="does not match the profile"):
         _, grads = measured(other, other_step, plan)
     assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+
+
+def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budget_and_says_so_once() -> None:
+    """A dropout added to one block after profiling: its saves are not in the profile. Each step
+    still computes torch's gradients (the same dropout masks), within the budget (the unknown
+    saves are offloaded, not kept), one warning says so for all the steps, and the plan counts
+    the steps that departed."""
+    model, step = gpt_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    budget = int(profile.unconstrained_peak_bytes * 0.5)
+    plan = stowage.plan.solve(profile, budget)
+    block = model.blocks[1]
+    dropout = nn.Dropout(0.2)
+    original = block.forward
+    block.forward = lambda *args, **kwargs: dropout(original(*args, **kwargs))  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in range(3):
+            torch.manual_seed(seed)
+            _, reference = measured(model, step)
+            torch.manual_seed(seed)
+            peak, grads = measured(model, step, plan)
+            assert all(torch.equal(a, b) for a, b in zip(grads, reference)), f"step {seed}"
+            assert peak <= budget * 1.05, f"step {seed}: measured {peak}, budget {budget}"
+            assert plan.mismatches == ["a save in '<Dropout>' the profile does not have"]
+    said = [str(w.message) for w in caught if "stowage.plan" in str(w.message)]
+    assert len(said) == 1 and "step 1 does not match the profile" in said[0] and "offloaded" in said[0], said
+    assert plan.departed_steps == 3 and plan.departures.steps == 3
 
 
 def test_a_step_that_fails_mid_forward_leaves_nothing_allocated() -> None:

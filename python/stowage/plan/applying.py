@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from stowage import _core, checking
 from stowage.memory import _bytes, _torch_module
+from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.region_policy import RegionPolicy
@@ -102,7 +103,7 @@ class Plan:
         self.profile, self.decisions, self.budget = profile, list(decisions), budget
         self._native = native or (profile.native_trace(), profile.native_cost())
         self.prediction = self.simulate(self.decisions, ceiling=budget)
-        self.mismatches: list[str] = []
+        self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
 
@@ -110,6 +111,16 @@ class Plan:
         """The simulated outcome of `decisions` on this plan's profile, run under an allocated
         ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
         return dict(_core.plan_simulate(*self._native, decisions, ceiling))
+
+    @property
+    def mismatches(self) -> list[str]:
+        """Where the current (or last) step departed from the profile, each place once."""
+        return self.departures.this_step
+
+    @property
+    def departed_steps(self) -> int:
+        """Steps under this plan that departed from its profile (stowage.plan.departures)."""
+        return self.departures.departed_steps
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -150,6 +161,7 @@ class Plan:
         self._patched: list[tuple[Any, Any]] = []
         self._ceiling = None
         self._active = True
+        self.departures.begin_step()
         try:
             self._index_decisions()
             module = _torch_module()
@@ -186,10 +198,10 @@ class Plan:
             self._hooks, self._frames, self._patched, self._ceiling = None, None, [], None
             self.__dict__.pop("_pager", None)
             self._active = False
-        if self.mismatches and kind is None:
-            warnings.warn("stowage.plan: the step does not match the profile the plan was made from; "
-                          f"kept what could not be placed ({len(self.mismatches)} places, first: "
-                          f"{self.mismatches[0]})", stacklevel=2)
+        if kind is None:
+            warning = self.departures.end_step()
+            if warning is not None:
+                warnings.warn(warning, stacklevel=2)
 
     def _hold_to_budget(self, module: Any) -> None:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
@@ -229,7 +241,7 @@ class Plan:
         for path in {path for path, _ in self._checkpointed}:
             module = by_path.get(path)
             if module is None:
-                self.mismatches.append(f"no module {path!r}")
+                self.departures.note(f"no module {path!r}")
                 continue
             self._patched.append((module, module.__dict__.get("forward")))
             module.forward = self._checkpointing(module, module.forward)
@@ -250,7 +262,7 @@ class Plan:
             tensors = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
             frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
                                     if i < len(region.inputs)}
-            policy = RegionPolicy(region.ops, kept, lambda where: self.mismatches.append(f"{frame.path}: {where}"))
+            policy = RegionPolicy(region.ops, kept, lambda where: self.departures.note(f"{frame.path}: {where}"))
             where = f"block {frame.path!r}"
             versions = [t._version for t in tensors]
             out = checkpoint(original, *args, use_reentrant=False,
@@ -274,8 +286,9 @@ class Plan:
         save = (frame.path, frame.call, frame.saves)
         frame.saves += 1
         unit = self._unit_of_save.get(save)
-        if unit is None and save not in self._kept_saves:
-            self.mismatches.append(f"a save in {frame.path!r} the profile does not have")
+        if unit is None and save not in self._kept_saves:  # a departure: offloaded, so the budget holds
+            self.departures.note(f"a save in {frame.path!r} the profile does not have")
+            return self._pager.pack(tensor, frame.path)
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
