@@ -203,6 +203,29 @@ def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budge
     assert plan.departed_steps == 3 and plan.departures.steps == 3
 
 
+def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> None:
+    """Gradient accumulation with one ``with plan:`` around the micro-batches: each forward pass
+    is placed as the profiled one, so no step departs, the gradients are torch's accumulated ones
+    and the peak stays within the budget."""
+    model, step = gpt_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    budget = int(profile.unconstrained_peak_bytes * 0.5)
+    plan = stowage.plan.solve(profile, budget)
+    assert "recompute" in plan.decisions or "offload" in plan.decisions
+
+    def accumulated() -> None:
+        for _ in range(3):
+            step()
+
+    _, reference = measured(model, accumulated)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a departure would warn
+        peak, grads = measured(model, accumulated, plan)
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+    assert peak <= budget * 1.05, f"measured {peak}, budget {budget}"
+    assert plan.departed_steps == 0 and plan.mismatches == []
+
+
 def test_a_step_that_fails_mid_forward_leaves_nothing_allocated() -> None:
     """Saved-tensor hooks that kept an op's output whole would tie it to its own graph node in a
     cycle no collector sees: a failed step's whole graph would stay allocated."""

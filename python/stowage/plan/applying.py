@@ -169,7 +169,7 @@ class Plan:
             module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
             self._pager = module.TensorPager(0)
             self._hold_to_budget(module)
-            self._frames = ModuleFrames(on_root=self._found_root, root=self.model)
+            self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
             self._frames.install()
             hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
             hooks.__enter__()
@@ -231,6 +231,11 @@ class Plan:
             kept = {self.profile.ops[t.created].region_op for t, d in zip(self.profile.tensors, self.decisions)
                     if t.region == r and d != "recompute"}
             self._checkpointed[(region.module, region.call)] = (r, kept)
+        self._recorded_calls: dict[str, int] = {}  # each module's forward calls in the profiled step
+        keys = [(path, call) for path, call, _ in self._unit_of_save] + [(path, call) for path, call, _ in self._kept_saves]
+        keys += [(region.module, region.call) for region in self.profile.regions]
+        for path, call in keys:
+            self._recorded_calls[path] = max(self._recorded_calls.get(path, 0), call + 1)
 
     def _found_root(self, root: Any) -> None:
         if hasattr(root, "_orig_mod"):

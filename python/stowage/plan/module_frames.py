@@ -7,7 +7,10 @@ method that calls its blocks); else the first module whose forward runs with non
 each later such module not already named, numbered (``"1:"``, ...). A frame numbers
 the tensors autograd saves while it is the innermost (its ``saves``); a module's call number
 counts its forward calls in this step. Forwards run again inside backward (a checkpoint's
-recomputation) are not counted, so the numbers are those of the step's forward.
+recomputation) are not counted, so the numbers are those of the step's forward. Given the calls
+each path had in a recorded step (``calls``), a module called more often than that (the
+micro-batches of an accumulation under one plan) numbers its later calls as the recorded ones
+again, cyclically: each forward pass is placed as the recorded one was.
 
 Contract: one per step recorder or plan, used on the thread running the step.
 """
@@ -38,11 +41,12 @@ class ModuleFrames:
 
     def __init__(self, on_enter: Callable[[Frame, tuple[Any, ...]], None] | None = None,
                  on_leave: Callable[[Frame], None] | None = None, on_root: Callable[[Any], None] | None = None,
-                 root: Any = None) -> None:
+                 root: Any = None, calls: dict[str, int] | None = None) -> None:
         self.stack: list[Frame] = []
         self.paths: dict[int, str] = {}
         self.roots: list[Any] = []
         self._calls: dict[str, int] = {}
+        self._recorded_calls = calls or {}
         self._on_enter, self._on_leave, self._on_root = on_enter, on_leave, on_root
         self._handles: list[Any] = []
         self._given_root = root
@@ -77,7 +81,8 @@ class ModuleFrames:
         path = self.paths.get(id(module), f"<{type(module).__name__}>")
         call = self._calls.get(path, 0)
         self._calls[path] = call + 1
-        frame = Frame(module, path, call)
+        recorded = self._recorded_calls.get(path)
+        frame = Frame(module, path, call % recorded if recorded else call)
         self.stack.append(frame)
         if self._on_enter is not None:
             self._on_enter(frame, args)
