@@ -22,7 +22,7 @@ except ImportError:  # tools/requirements.txt installs it; a bare GPU machine ma
 
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 800
-FOLDERS = ("allocator", "offload", "planner", "python/bindings", "python/libtorch", "python/stowage")
+FOLDERS = ("allocator", "offload", "planner", "snapshot", "python/bindings", "python/libtorch", "python/stowage")
 SUFFIXES = (".cpp", ".hpp", ".h", ".cu", ".py")
 
 # (file, function) -> why it is longer than MAX_FUNCTION_LINES.

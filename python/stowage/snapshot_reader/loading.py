@@ -1,19 +1,21 @@
 """Loading memory snapshots safely: every loader runs the one stack machine
-(stowage.snapshot_reader.machine) over the bytes stowage.snapshot_reader.reading gives.
+(stowage.snapshot_reader.machine, in C++) over the bytes stowage.snapshot_reader.reading gives.
 
 A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory._snapshot()``
 returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. ``load_snapshot`` returns
 it as plain Python data. ``load_snapshot_columnar`` returns the same dict with each device's
 trace as TraceColumns (stowage.snapshot_reader.columns), which is what ``stowage inspect``, ``diff`` and
 ``replay`` read: it never holds a dict per trace event (Note [Streaming traces], in
-stowage.snapshot_reader.events), so its memory is a fraction of the file's size. It loads what
+snapshot/trace_stream.hpp), so its memory is a fraction of the file's size. It loads what
 ``load_snapshot`` loads and refuses what it refuses, and also refuses frames that are not lists
 of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
 
 Every failure raises SnapshotError naming the file (or ``name``) and the reason. A reading's
-memory is bounded by the pickle's size (stowage.snapshot_reader.guard.MemoryGuard): the columnar
-loader, what the commands use, within 3 bytes a byte of pickle beyond a floor, whatever its
-layout; load_snapshot within 12.
+memory is bounded by the pickle's size (stowage.snapshot_reader.guard): within 96 MiB and 3 bytes
+a byte of pickle, for either loader and whatever the layout. A snapshot shaped as torch writes
+it takes about 3.4 times its size as plain data (a dict per event), so load_snapshot reads those
+up to about 100 MB (in about a second a 25 MB); denser ones it refuses by that budget, at once,
+naming load_snapshot_columnar, which reads any of them in a fraction of their size.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ from typing import Any
 
 from stowage.snapshot_reader.columns import columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
-from stowage.snapshot_reader.events import LoadWhole
 from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE
-from stowage.snapshot_reader.machine import read_columns, read_plain
+from stowage.snapshot_reader.machine import LoadWhole, read_columns, read_plain
 from stowage.snapshot_reader.reading import FileWindow, open_snapshot, whole_bytes
 
 

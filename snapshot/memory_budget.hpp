@@ -1,0 +1,30 @@
+// MemoryBudget: how far one reading may grow the process's memory (Note [Reading snapshots],
+// "Memory", in snapshot/reader.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace stowage::snapshot {
+
+// The process's resident memory now, in bytes (Linux: /proc/self/statm), or nullopt where it
+// cannot be read.
+std::optional<std::uint64_t> resident_bytes();
+
+// The budget of one reading: its resident memory may grow by kMemoryFloor and `per_byte` bytes a
+// byte of pickle. check() measures it and throws Refused once the growth passes the budget.
+// Where resident memory cannot be read it checks nothing (the plain-data walk still bounds what
+// a reading returns). Not thread-safe: one per reading.
+class MemoryBudget {
+ public:
+  MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte);
+  void check(std::uint64_t position) const;
+  std::uint64_t budget() const { return budget_; }
+
+ private:
+  std::optional<std::uint64_t> start_;
+  std::uint64_t per_byte_;
+  std::uint64_t budget_;
+};
+
+}  // namespace stowage::snapshot
