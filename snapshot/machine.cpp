@@ -103,7 +103,7 @@ void Machine::boundary() {
 // gives back a large file's bytes behind.
 void Machine::report(std::size_t position) {
   next_report_ = position + options_.report_every;
-  budget_.check(position);
+  budget_.check(position, stream_ != nullptr ? stream_->planned_bytes() : 0);
   if (options_.progress) options_.progress(std::min(position, size_), size_);
   const std::size_t done = position & ~(page_size() - 1);
   if (done > released_ && done - released_ >= options_.release_every) {

@@ -29,10 +29,12 @@ std::optional<std::uint64_t> resident_bytes() {
 MemoryBudget::MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte)
     : start_(resident_bytes()), per_byte_(per_byte), budget_(kMemoryFloor + per_byte * pickle_size) {}
 
-void MemoryBudget::check(std::uint64_t position) const {
+void MemoryBudget::check(std::uint64_t position, std::uint64_t planned) const {
   if (!start_) return;
   const std::optional<std::uint64_t> now = resident_bytes();
-  if (!now || *now <= *start_ || *now - *start_ <= budget_) return;
+  if (!now) return;
+  const std::uint64_t grown = *now > *start_ ? *now - *start_ : 0;
+  if (grown <= budget_ && planned <= budget_ - grown) return;
   SNAPSHOT_REFUSE("reading it grew memory by more than ", with_commas(budget_ >> 20), " MiB by byte ",
                   with_commas(position), " (", kMemoryFloor >> 20, " MiB and ", per_byte_,
                   " bytes a byte of pickle): refused, as no snapshot read into columns builds that "

@@ -12,13 +12,15 @@ namespace stowage::snapshot {
 std::optional<std::uint64_t> resident_bytes();
 
 // The budget of one reading: its resident memory may grow by kMemoryFloor and `per_byte` bytes a
-// byte of pickle. check() measures it and throws Refused once the growth passes the budget.
+// byte of pickle. check() measures it, with what the reading will still make of what it holds
+// (`planned`: Python's dicts of a trace's rare fields, its stacks as lists), and throws Refused
+// once the two pass the budget.
 // Where resident memory cannot be read it checks nothing (the plain-data walk still bounds what
 // a reading returns). Not thread-safe: one per reading.
 class MemoryBudget {
  public:
   MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte);
-  void check(std::uint64_t position) const;
+  void check(std::uint64_t position, std::uint64_t planned = 0) const;
   std::uint64_t budget() const { return budget_; }
 
  private:

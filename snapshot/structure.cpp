@@ -1,6 +1,7 @@
 #include "snapshot/structure.hpp"
 
 #include <string>
+#include <unordered_map>
 
 #include "snapshot/event_row.hpp"
 #include "snapshot/limits.hpp"
@@ -94,6 +95,7 @@ void trace_columns_of(Handle events, Objects& objects, StackTable& stacks, Trace
   expect(events, Kind::kList, "device_traces[" + std::to_string(device) + "]", objects);
   const std::size_t count = objects.length(events);
   std::vector<Handle> frames;
+  std::unordered_map<Handle, std::int32_t> seen;  // a frames list many events share, looked at once
   for (std::size_t k = 0; k < count; ++k) {
     const Handle entry = objects.item(events, k);
     expect(entry, Kind::kDict, event_where(device, k), objects);
@@ -102,7 +104,10 @@ void trace_columns_of(Handle events, Objects& objects, StackTable& stacks, Trace
     std::string error;
     if (!event_row(fields, device, k, objects, row, error)) SNAPSHOT_REFUSE(error);
     const Field& listed = fields[static_cast<std::size_t>(*field_slot(Name::kFrames))];
-    if (listed.present && listed.kind == Kind::kList) {
+    const auto known = listed.present && listed.kind == Kind::kList ? seen.find(listed.handle) : seen.end();
+    if (known != seen.end()) {
+      row.stack = known->second;
+    } else if (listed.present && listed.kind == Kind::kList) {
       frames.clear();
       const std::size_t depth = objects.length(listed.handle);
       for (std::size_t j = 0; j < depth; ++j) {
@@ -112,6 +117,7 @@ void trace_columns_of(Handle events, Objects& objects, StackTable& stacks, Trace
         frames.push_back(frame);
       }
       row.stack = stacks.index_of(frames, objects);
+      seen.emplace(listed.handle, row.stack);
     }
     if (row.has_metadata) row.metadata = fields[static_cast<std::size_t>(*field_slot(Name::kUserMetadata))].handle;
     out.add(row, objects);

@@ -28,6 +28,7 @@ std::int32_t StackTable::index_of(std::span<const Handle> frames, Objects& objec
   }
   const auto index = static_cast<std::int32_t>(stacks_.size());
   stacks_.emplace_back(frames.begin(), frames.end());
+  frames_ += frames.size();
   for (const Handle frame : frames) objects.retain(frame);
   by_hash_.emplace(hash, index);
   return index;
@@ -39,6 +40,7 @@ void StackTable::clear(Objects& objects) {
   }
   stacks_.clear();
   by_hash_.clear();
+  frames_ = 0;
 }
 
 void TraceColumnsBuilder::add(const Row& row, Objects& objects) {

@@ -21,6 +21,7 @@ inline constexpr std::uint8_t kTimeInt = 16, kTimeFloat = 32, kTimeBool = 64, kH
 // TraceColumns.stack: an index into the stacks, or one of these.
 inline constexpr std::int32_t kNoStack = -1;      // no frames, or an empty list
 inline constexpr std::int32_t kFramesNone = -2;   // frames None
+inline constexpr std::int32_t kUnstored = -3;     // (a frames list's stack, not made yet)
 
 // One trace event as a row. `metadata` (when `has_metadata`) is the event's user_metadata,
 // borrowed until the row is added.
@@ -45,11 +46,14 @@ class StackTable {
   // The index of the stack of these frames (dicts), stored if new; kNoStack for none.
   std::int32_t index_of(std::span<const Handle> frames, Objects& objects);
   const std::vector<std::vector<Handle>>& stacks() const { return stacks_; }
+  // What the stacks take as Python lists, once made: 72 bytes and 8 a frame each.
+  std::uint64_t planned_bytes() const { return 72 * stacks_.size() + 8 * frames_; }
   void clear(Objects& objects);
 
  private:
   std::vector<std::vector<Handle>> stacks_;
   std::unordered_multimap<std::uint64_t, std::int32_t> by_hash_;
+  std::uint64_t frames_ = 0;
 };
 
 // The rows of one device's trace as they are read, and what the plain-data walk would count of

@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "snapshot/event_row.hpp"
+#include "snapshot/limits.hpp"
 #include "snapshot/refusal.hpp"
 
 namespace stowage::snapshot {
@@ -15,6 +16,10 @@ bool is_scalar(Kind kind) {
 }
 
 bool is_stand_in(Kind kind) { return kind >= Kind::kEvent; }
+
+// Fields of one event that the columns do not keep (compile_context, ...): torch writes one or
+// two; an event with more is read as a dict, whose keys are found by hashing, not one by one.
+constexpr std::size_t kMaxOtherFields = 32;
 
 // Whether a trace, device_traces or any open MARK lies at a dict made now: what makes it an event.
 bool in_trace(const StackView& stack) {
@@ -82,11 +87,12 @@ std::optional<Value> TraceStream::new_list(const StackView& stack) {
   if ((outer != nullptr && outer->kind == Kind::kDeviceTraces) ||
       (top != nullptr && top->kind == Kind::kDeviceTraces)) {
     const std::size_t waiting = outer != nullptr && outer->kind == Kind::kDeviceTraces ? stack.region().size() : 0;
+    if (traces_.size() >= static_cast<std::size_t>(kMaxDevices)) throw ReadWhole();  // more than any machine has
     traces_.push_back(Trace{TraceColumnsBuilder(static_cast<std::int64_t>(in_device_traces_ + waiting)), -1});
     return Value::of_index(Kind::kTrace, static_cast<std::uint32_t>(traces_.size() - 1));
   }
   if (is_event_frames(stack)) {
-    lists_.emplace_back();
+    lists_.push_back(EventList{});
     return Value::of_index(Kind::kEventList, static_cast<std::uint32_t>(lists_.size() - 1));
   }
   if (is_device_traces(stack)) {
@@ -107,6 +113,7 @@ void TraceStream::set_items(const Value& target, std::span<const Value> items) {
   OpenEvent& event = open_event(target);
   // Every pair is looked at before any is taken, so that a ReadWhole leaves the items the
   // machine's alone to give back.
+  std::size_t others = event.others.size();
   for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
     const Value& key = items[i];
     const Value& value = items[i + 1];
@@ -117,6 +124,7 @@ void TraceStream::set_items(const Value& target, std::span<const Value> items) {
                           (value.kind == Kind::kList || value.kind == Kind::kEventList)) ||
                          (slot == field_slot(Name::kUserMetadata) && !is_stand_in(value.kind));
     if (!allowed) throw ReadWhole();  // a container the columns would drop, or a stand-in
+    if (!slot && ++others > kMaxOtherFields) throw ReadWhole();  // no event has that many: a dict says
   }
   for (std::size_t i = 0; i + 1 < items.size(); i += 2) set_field(event, items[i], items[i + 1]);
 }
@@ -159,7 +167,7 @@ void TraceStream::append(const Value& target, std::span<const Value> items) {
     for (const Value& item : items) {
       if (is_stand_in(item.kind)) throw ReadWhole();
     }
-    std::vector<Value>& frames = lists_[target.index].frames;
+    std::vector<Value>& frames = open_frames_[target.index];
     frames.insert(frames.end(), items.begin(), items.end());
     return;
   }
@@ -209,7 +217,7 @@ void TraceStream::make_row(Trace& trace, OpenEvent& event) {
   const std::uint64_t fields = static_cast<std::uint64_t>(std::popcount(event.present)) + event.others.size();
   const std::uint64_t nodes = 1 + 2 * fields - (frames_list ? 1 : 0) - (container ? 1 : 0);
   TraceColumnsBuilder& columns = trace.columns;
-  if (has(Name::kFrames) && frames.kind == Kind::kList && frozen_.insert(frames.handle).second) {
+  if (has(Name::kFrames) && frames.kind == Kind::kList && frozen_.try_emplace(frames.handle, kUnstored).second) {
     objects_.retain(frames.handle);  // its stack is a copy: it may not change after
   }
   Row row;
@@ -239,6 +247,12 @@ bool TraceStream::frames_stack(const Value& frames, std::int64_t device, std::ui
                                bool& empty, std::string& error) {
   std::vector<Handle> handles;
   if (frames.kind == Kind::kList) {
+    std::int32_t& known = frozen_.at(frames.handle);
+    if (known != kUnstored) {
+      row.stack = known;
+      empty = known == kNoStack;
+      return true;
+    }
     const std::size_t count = objects_.length(frames.handle);
     for (std::size_t j = 0; j < count; ++j) {
       const Handle frame = objects_.item(frames.handle, j);
@@ -248,13 +262,17 @@ bool TraceStream::frames_stack(const Value& frames, std::int64_t device, std::ui
     }
     row.stack = stacks_.index_of(handles, objects_);
     empty = handles.empty();
+    known = row.stack;
     return true;
   }
   EventList& list = lists_[frames.index];
   list.frozen = true;
   if (!list.stored) {
-    for (std::size_t j = 0; j < list.frames.size(); ++j) {
-      const Value& frame = list.frames[j];
+    const auto open = open_frames_.find(frames.index);
+    const std::vector<Value> none;
+    const std::vector<Value>& listed = open != open_frames_.end() ? open->second : none;
+    for (std::size_t j = 0; j < listed.size(); ++j) {
+      const Value& frame = listed[j];
       if (is_stand_in(frame.kind)) throw ReadWhole();
       error = check_frame(frame.kind, device, index, j);
       if (!error.empty()) return false;
@@ -262,8 +280,8 @@ bool TraceStream::frames_stack(const Value& frames, std::int64_t device, std::ui
     }
     list.stack = stacks_.index_of(handles, objects_);
     list.stored = true;
-    for (const Value& frame : list.frames) release(frame);
-    list.frames = std::vector<Value>();
+    for (const Value& frame : listed) release(frame);
+    if (open != open_frames_.end()) open_frames_.erase(open);
   }
   row.stack = list.stack;
   empty = list.stack == kNoStack;
@@ -299,6 +317,15 @@ void TraceStream::dropped(const Value& value) const {
 
 void TraceStream::duplicated(const Value& value) const { got(value); }
 
+std::uint64_t TraceStream::planned_bytes() const {
+  constexpr std::uint64_t kEntry = 112;  // a dict entry, its int key and (device_free) value
+  std::uint64_t planned = stacks_.planned_bytes();
+  for (const Trace& trace : traces_) {
+    planned += kEntry * (trace.columns.device_free.size() + trace.columns.metadata.size());
+  }
+  return planned;
+}
+
 std::vector<TraceColumnsBuilder*> TraceStream::traces_in_order() {
   std::vector<TraceColumnsBuilder*> ordered(traces_.size(), nullptr);
   for (Trace& trace : traces_) {
@@ -317,12 +344,12 @@ void TraceStream::clear() {
   for (std::size_t slot = 0; slot < events_.size(); ++slot) {
     if (events_[slot].open) discard_event(static_cast<std::uint32_t>(slot));
   }
-  for (EventList& list : lists_) {
-    for (const Value& frame : list.frames) release(frame);
-    list.frames.clear();
+  for (const auto& [list, frames] : open_frames_) {
+    for (const Value& frame : frames) release(frame);
   }
+  open_frames_.clear();
   for (Trace& trace : traces_) trace.columns.clear(objects_);
-  for (const Handle list : frozen_) objects_.release(list);
+  for (const auto& [list, stack] : frozen_) objects_.release(list);
   frozen_.clear();
   if (placeholder_ != nullptr) objects_.release(placeholder_);
   placeholder_ = nullptr;

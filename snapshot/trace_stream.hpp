@@ -26,11 +26,12 @@
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "snapshot/memo.hpp"
 #include "snapshot/objects.hpp"
+#include "snapshot/pod_column.hpp"
 #include "snapshot/trace_columns.hpp"
 #include "snapshot/value.hpp"
 
@@ -77,6 +78,9 @@ class TraceStream {
   void duplicated(const Value& value) const;
   // A list the reader must not see changed (a plain list used as frames).
   bool frozen(Handle list) const { return frozen_.count(list) != 0; }
+  // The memory the result will still take beyond what the reading holds: a Python dict entry
+  // for each event's device_free and user_metadata, a list for each stack.
+  std::uint64_t planned_bytes() const;
 
   // --- once the pickle is read (snapshot/columns_reading.cpp)
   bool streamed() const { return device_traces_ || !traces_.empty(); }
@@ -95,11 +99,10 @@ class TraceStream {
     std::uint16_t generation = 0;
     bool open = false;
   };
-  struct EventList {
+  struct EventList {  // its frames, until it is stored, in open_frames_
     std::int32_t stack = kNoStack;
     bool stored = false;  // in the stack table, as `stack`
     bool frozen = false;  // an event's row was made of it (stored, or named as bad)
-    std::vector<Value> frames;  // until stored
   };
   struct Trace {
     TraceColumnsBuilder columns;
@@ -120,12 +123,15 @@ class TraceStream {
   Memo& memo_;
   std::vector<OpenEvent> events_;
   std::vector<std::uint32_t> free_events_;
-  std::vector<EventList> lists_;
+  PodColumn<EventList> lists_;  // one an event's frames list: millions, so small
+  std::unordered_map<std::uint32_t, std::vector<Value>> open_frames_;
   std::vector<Trace> traces_;
   bool device_traces_ = false;
   std::uint32_t in_device_traces_ = 0;
   Handle placeholder_ = nullptr;
-  std::unordered_set<Handle> frozen_;
+  // Plain lists used as frames -> their stack (kUnstored until one is made of them): they may not
+  // change after, and a list used by many events is looked at once.
+  std::unordered_map<Handle, std::int32_t> frozen_;
   StackTable stacks_;
 };
 

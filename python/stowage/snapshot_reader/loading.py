@@ -29,7 +29,7 @@ from stowage.snapshot_reader.columns import columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
 from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE
 from stowage.snapshot_reader.machine import LoadWhole, read_columns, read_plain
-from stowage.snapshot_reader.reading import FileWindow, open_snapshot, whole_bytes
+from stowage.snapshot_reader.reading import FileWindow, open_snapshot, read_again
 
 
 @contextmanager
@@ -78,10 +78,10 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
     except LoadWhole:
         pass
     with _named(name):
-        whole = whole_bytes(data)
+        again = read_again(data)
     # Read whole within the commands' memory budget, not load_snapshot's: torch and stowage never
     # write such a pickle, and a hostile one must not buy a larger budget by its layout.
-    snapshot = loads_snapshot(whole, name, progress, COLUMNS_MEMORY_PER_BYTE)
+    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE)
     with _named(name):
         return columnar(snapshot)
 

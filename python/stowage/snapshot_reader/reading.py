@@ -156,14 +156,12 @@ class FileWindow:
         self.fill(upto)
         return self.filled
 
-    def whole(self) -> bytes:
-        """The file's bytes, read again (the buffer gave back what was read)."""
-        self.file.seek(0)
-        data = self.file.read()
-        if len(data) != self.size:
-            raise SnapshotError("the file changed while it was read")
+    def rewind(self) -> FileWindow:
+        """The window, to be read again from the start (its pages behind were given back)."""
         self._unchanged()
-        return data
+        self.file.seek(0)
+        self.filled = 0
+        return self
 
     def close(self) -> None:
         self.buffer.close()
@@ -191,12 +189,13 @@ def open_snapshot(path: Path) -> bytes | FileWindow:
     return read_bytes(path)
 
 
-def whole_bytes(data: bytes | FileWindow) -> bytes:
-    """All the pickle's bytes, for a second reading: a FileWindow's file is read again (the
-    window gave back what was read)."""
+def read_again(data: bytes | FileWindow) -> bytes | FileWindow:
+    """The pickle's bytes for a second reading: a FileWindow's file is read again as the machine
+    goes (the window gave back what was read), so that a second reading takes no more memory
+    than the first."""
     if not isinstance(data, FileWindow):
         return data
     try:
-        return data.whole()
+        return data.rewind()
     except OSError as error:
         raise SnapshotError(f"cannot read: {error.strerror or error}") from error
