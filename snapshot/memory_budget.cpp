@@ -38,8 +38,9 @@ void MemoryBudget::check(std::uint64_t position, std::uint64_t planned) const {
   SNAPSHOT_REFUSE("reading it grew memory by more than ", with_commas(budget_ >> 20), " MiB by byte ",
                   with_commas(position), " (", kMemoryFloor >> 20, " MiB and ", per_byte_,
                   " bytes a byte of pickle): refused, as no snapshot read into columns builds that "
-                  "much (a file of one repeated opcode does; read as plain data, a large snapshot "
-                  "does too: read it with load_snapshot_columnar)");
+                  "much (a file of one repeated opcode does; read as plain data, a dict per trace "
+                  "event, a large snapshot does too: load_snapshot_columnar reads it, as stowage "
+                  "inspect does)");
 }
 
 }  // namespace stowage::snapshot

@@ -2,7 +2,7 @@
 // readings make the same snapshot or both refuse it, nothing else escapes, and every reference
 // is given back (under the sanitizers: no read or write out of bounds).
 //
-// STOWAGE_SNAPSHOT_FUZZ_CASES (default 1500) mutations a seed pickle; STOWAGE_SNAPSHOT_FUZZ_SEED
+// STOWAGE_SNAPSHOT_FUZZ_CASES (default 800) mutations a seed pickle; STOWAGE_SNAPSHOT_FUZZ_SEED
 // (default 20261126) seeds them.
 #include <gtest/gtest.h>
 
@@ -68,7 +68,7 @@ std::string mutate(const std::string& pickle, std::mt19937_64& random) {
 }
 
 TEST(SnapshotReaderFuzz, MutatedPicklesReadAlikeOrAreRefusedAlikeAndLeakNothing) {
-  const std::uint64_t cases = from_environment("STOWAGE_SNAPSHOT_FUZZ_CASES", 1500);
+  const std::uint64_t cases = from_environment("STOWAGE_SNAPSHOT_FUZZ_CASES", 800);
   std::mt19937_64 random(from_environment("STOWAGE_SNAPSHOT_FUZZ_SEED", 20261126));
   std::size_t read = 0;
   std::size_t refused = 0;
