@@ -24,6 +24,9 @@ namespace stowage::snapshot {
 // called every report_every bytes and once at the end; it may throw to end the reading).
 struct ReadOptions {
   std::uint64_t memory_per_byte = 3;
+  // The resident memory the budget counts from: 0 for the process's when the reading begins; a
+  // second reading of one file gives the first's, so that the two together keep within one budget.
+  std::uint64_t memory_start = 0;
   std::uint64_t report_every = std::uint64_t{256} << 10;
   std::uint64_t release_every = std::uint64_t{8} << 20;
   std::function<void(std::uint64_t, std::uint64_t)> progress;

@@ -26,8 +26,8 @@ std::optional<std::uint64_t> resident_bytes() {
   return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size);
 }
 
-MemoryBudget::MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte)
-    : start_(resident_bytes()), per_byte_(per_byte), budget_(kMemoryFloor + per_byte * pickle_size) {}
+MemoryBudget::MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte, std::optional<std::uint64_t> start)
+    : start_(start ? start : resident_bytes()), per_byte_(per_byte), budget_(kMemoryFloor + per_byte * pickle_size) {}
 
 void MemoryBudget::check(std::uint64_t position, std::uint64_t planned) const {
   if (!start_) return;

@@ -19,7 +19,8 @@ std::optional<std::uint64_t> resident_bytes();
 // a reading returns). Not thread-safe: one per reading.
 class MemoryBudget {
  public:
-  MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte);
+  // `start`: the resident memory growth is measured from (nullopt: now).
+  MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte, std::optional<std::uint64_t> start = std::nullopt);
   void check(std::uint64_t position, std::uint64_t planned = 0) const;
   std::uint64_t budget() const { return budget_; }
 

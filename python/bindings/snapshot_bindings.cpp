@@ -12,6 +12,7 @@
 #include "python/bindings/bindings.hpp"
 #include "python/bindings/python_objects.hpp"
 #include "snapshot/limits.hpp"
+#include "snapshot/memory_budget.hpp"
 #include "snapshot/reader.hpp"
 #include "snapshot/refusal.hpp"
 #include "snapshot/structure.hpp"
@@ -56,10 +57,12 @@ class PythonBytes final : public snapshot::ByteSource {
   bool window_ = false;
 };
 
-snapshot::ReadOptions options_of(std::uint64_t memory_per_byte, std::uint64_t report_every,
-                                 std::uint64_t release_every, const py::object& progress) {
+snapshot::ReadOptions options_of(std::uint64_t memory_per_byte, std::uint64_t memory_start,
+                                 std::uint64_t report_every, std::uint64_t release_every,
+                                 const py::object& progress) {
   snapshot::ReadOptions options;
   options.memory_per_byte = memory_per_byte;
+  options.memory_start = memory_start;
   options.report_every = report_every;
   options.release_every = release_every;
   const bool heard = !progress.is_none();
@@ -112,13 +115,13 @@ py::object columns_result(snapshot::Reading& reading, const py::object& make_tra
   return copied;
 }
 
-py::object read(const py::buffer& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t report_every,
-                std::uint64_t release_every, const py::object& fill, const py::object& progress,
-                const py::object& make_trace, const py::object& make_stack) {
+py::object read(const py::buffer& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t memory_start,
+                std::uint64_t report_every, std::uint64_t release_every, const py::object& fill,
+                const py::object& progress, const py::object& make_trace, const py::object& make_stack) {
   PythonBytes source(data, fill);
   PythonObjects objects;
   snapshot::Reading reading(objects);
-  const snapshot::ReadOptions options = options_of(memory_per_byte, report_every, release_every, progress);
+  const snapshot::ReadOptions options = options_of(memory_per_byte, memory_start, report_every, release_every, progress);
   if (!columns) return py::reinterpret_steal<py::object>(object(reading.plain(source, options)));
   reading.columns(source, options);
   return columns_result(reading, make_trace, make_stack);
@@ -164,12 +167,16 @@ void bind_snapshot(py::module_& module) {
   limits["max_devices"] = snapshot::kMaxDevices;
   module.attr("snapshot_limits") = limits;
   module.def("read_snapshot", &read, py::arg("data"), py::arg("columns"), py::arg("memory_per_byte"),
-             py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
+             py::arg("memory_start"), py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
              py::arg("make_trace"), py::arg("make_stack"),
              "Reads a snapshot's pickle (a buffer; `fill(upto) -> filled` for a window read as it "
-             "goes) as plain data, or with its traces as make_trace(...) of columns; raises "
+             "goes) as plain data, or with its traces as make_trace(...) of columns, its memory "
+             "growth from memory_start (resident bytes; 0: now) within the budget; raises "
              "SnapshotRefused naming the reason, or SnapshotReadWhole (columns only) for a pickle "
              "to read again as plain data.");
+  module.def(
+      "resident_bytes", [] { return snapshot::resident_bytes().value_or(0); },
+      "The process's resident memory in bytes (0 where it cannot be read).");
   module.def("snapshot_columns", &columns_of, py::arg("snapshot"), py::arg("make_trace"), py::arg("make_stack"),
              "A snapshot read as plain data with its traces as make_trace(...) of columns.");
   module.def("check_snapshot_structure", &check_structure, py::arg("snapshot"),

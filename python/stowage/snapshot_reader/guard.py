@@ -35,7 +35,9 @@ stowage.snapshot_reader.reading; the snapshot's own fields by stowage.snapshot_r
 
 from __future__ import annotations
 
-from stowage._core import snapshot_limits as _LIMITS
+from stowage import _core
+
+_LIMITS = _core.snapshot_limits
 
 MAX_DEPTH: int = _LIMITS["max_depth"]
 MAX_NUMBER: int = _LIMITS["max_number"]
@@ -51,6 +53,11 @@ MEMORY_FLOOR: int = _LIMITS["memory_floor"]
 COLUMNS_MEMORY_PER_BYTE: int = _LIMITS["columns_memory_per_byte"]
 PLAIN_MEMORY_PER_BYTE: int = _LIMITS["plain_memory_per_byte"]
 RESIDENT_CHECK_EVERY: int = _LIMITS["report_every"]  # bytes of pickle between measurements
+
+
+def resident_bytes() -> int:
+    """The process's resident memory now, in bytes (0 where it cannot be read)."""
+    return _core.resident_bytes()  # type: ignore[no-any-return]
 
 
 def node_budget(size: int) -> int:

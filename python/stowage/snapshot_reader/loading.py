@@ -27,7 +27,7 @@ from typing import Any
 
 from stowage.snapshot_reader.columns import columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
-from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE
+from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE, resident_bytes
 from stowage.snapshot_reader.machine import LoadWhole, read_columns, read_plain
 from stowage.snapshot_reader.reading import FileWindow, open_snapshot, read_again
 
@@ -52,12 +52,13 @@ def _opened(path: Path) -> Iterator[bytes | FileWindow]:
 
 
 def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
-                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE) -> dict[str, Any]:
+                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0) -> dict[str, Any]:
     """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
     given, hears how far the loading has come; the reading may grow the process's memory by
-    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (stowage.snapshot_reader.guard)."""
+    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (stowage.snapshot_reader.guard), over
+    what it was at the start, or at `since` (resident bytes) for a second reading."""
     with _named(name):
-        return read_plain(data, progress, memory_per_byte)  # type: ignore[no-any-return]
+        return read_plain(data, progress, memory_per_byte, since)  # type: ignore[no-any-return]
 
 
 def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
@@ -72,6 +73,7 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
     """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict per
     trace event; a pickle laid out unlike those torch and stowage write is read again as plain
     data, whose traces then become columns."""
+    start = resident_bytes()
     try:
         with _named(name):
             return read_columns(data, progress)
@@ -79,9 +81,10 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
         pass
     with _named(name):
         again = read_again(data)
-    # Read whole within the commands' memory budget, not load_snapshot's: torch and stowage never
+    # Read whole within the commands' memory budget, not load_snapshot's, and counted from where
+    # the first reading began (what it left in the process counts): torch and stowage never
     # write such a pickle, and a hostile one must not buy a larger budget by its layout.
-    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE)
+    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE, start)
     with _named(name):
         return columnar(snapshot)
 

@@ -34,10 +34,11 @@ class LoadWhole(Exception):
     """The pickle is laid out unlike those torch and stowage write: read it again as plain data."""
 
 
-def _read(data: bytes | FileWindow, columns: bool, progress: Progress | None, memory_per_byte: int) -> Any:
+def _read(data: bytes | FileWindow, columns: bool, progress: Progress | None, memory_per_byte: int,
+          since: int = 0) -> Any:
     buffer, fill = (data.buffer, data.fill_to) if isinstance(data, FileWindow) else (data, None)
     try:
-        return _core.read_snapshot(buffer, columns, memory_per_byte, _REPORT_EVERY, _RELEASE_EVERY, fill,
+        return _core.read_snapshot(buffer, columns, memory_per_byte, since, _REPORT_EVERY, _RELEASE_EVERY, fill,
                                    progress, TraceColumns, Stack)
     except _core.SnapshotRefused as error:
         raise SnapshotError(str(error)) from None
@@ -46,10 +47,11 @@ def _read(data: bytes | FileWindow, columns: bool, progress: Progress | None, me
 
 
 def read_plain(data: bytes | FileWindow, progress: Progress | None = None,
-               memory_per_byte: int = PLAIN_MEMORY_PER_BYTE) -> Any:
-    """The snapshot the pickle holds, as plain Python data, checked; the reading's memory within
-    MEMORY_FLOOR and `memory_per_byte` a byte of pickle."""
-    return _read(data, False, progress, memory_per_byte)
+               memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0) -> Any:
+    """The snapshot the pickle holds, as plain Python data, checked; the process's memory within
+    MEMORY_FLOOR and `memory_per_byte` a byte of pickle over what it was when the reading began,
+    or at `since` (resident bytes: a second reading's, counted from the first's)."""
+    return _read(data, False, progress, memory_per_byte, since)
 
 
 def read_columns(data: bytes | FileWindow, progress: Progress | None = None) -> dict[str, Any]:
