@@ -53,6 +53,7 @@ Machine::Machine(ByteSource& source, Objects& objects, const ReadOptions& option
 Machine::~Machine() { clear(); }
 
 void Machine::clear() {
+  release_scratch();
   for (const Value& value : stack_) release(value);
   stack_.clear();
   marks_.clear();

@@ -108,6 +108,13 @@ class Machine {
   void put(std::uint64_t index, std::size_t at);
   void memoize();
   void no_tuple_keys(std::span<const Value> items, std::size_t stride) const;
+  // scratch_: new references to the objects of `items`, given back when a ScratchHeld goes.
+  void objects_of(std::span<const Value> items);
+  void release_scratch();
+  struct ScratchHeld {
+    Machine& machine;
+    ~ScratchHeld() { machine.release_scratch(); }
+  };
 
   ByteSource& source_;
   Objects& objects_;

@@ -160,17 +160,11 @@ void Machine::appends(bool many) {
     throw BadPickle(std::string("APPENDS to a ") + type_name(target.kind));
   }
   if (stream_ != nullptr && stream_->frozen(target.handle)) throw ReadWhole();
-  scratch_.clear();
-  try {
-    for (const Value& item : items) scratch_.push_back(object_of(item));
+  {
+    objects_of(items);
+    const ScratchHeld held{*this};
     objects_.extend(target.handle, scratch_);
-  } catch (...) {
-    for (const Handle made : scratch_) objects_.release(made);
-    scratch_.clear();
-    throw;
   }
-  for (const Handle made : scratch_) objects_.release(made);
-  scratch_.clear();
   drop(items);
   stack_.resize(start);
 }
@@ -181,17 +175,12 @@ void Machine::make_tuple(std::span<const Value> items) {
     if (item.kind == Kind::kTuple) depth = std::max(depth, 1 + item.aux);
   }
   if (depth > kMaxDepth) SNAPSHOT_REFUSE("tuples nested deeper than ", kMaxDepth, " levels: not a snapshot");
-  scratch_.clear();
-  try {
-    for (const Value& item : items) scratch_.push_back(object_of(item));
-  } catch (...) {
-    for (const Handle made : scratch_) objects_.release(made);
-    scratch_.clear();
-    throw;
+  Handle tuple = nullptr;
+  {
+    objects_of(items);
+    const ScratchHeld held{*this};
+    tuple = objects_.make_tuple(scratch_);
   }
-  const Handle tuple = objects_.make_tuple(scratch_);
-  for (const Handle made : scratch_) objects_.release(made);
-  scratch_.clear();
   Value made = Value::of_handle(Kind::kTuple, tuple);
   made.aux = static_cast<std::uint16_t>(depth);
   made.filled = items.empty() ? 0 : 1;
@@ -218,22 +207,15 @@ void Machine::close_mark(std::uint8_t opcode) {
     return;
   }
   if (opcode == op::kList) {
-    const Owned list(objects_, objects_.make_list({}));
-    scratch_.clear();
-    try {
-      for (const Value& item : items) scratch_.push_back(object_of(item));
-      objects_.extend(list.get(), scratch_);
-    } catch (...) {
-      for (const Handle made : scratch_) objects_.release(made);
-      scratch_.clear();
-      throw;
+    Handle list = nullptr;
+    {
+      objects_of(items);
+      const ScratchHeld held{*this};
+      list = objects_.make_list(scratch_);
     }
-    for (const Handle made : scratch_) objects_.release(made);
-    scratch_.clear();
     drop(items);
     stack_.resize(start);
-    objects_.retain(list.get());
-    push(Value::of_handle(Kind::kList, list.get()));
+    push(Value::of_handle(Kind::kList, list));
     return;
   }
   if (items.size() % 2 != 0) throw BadPickle("odd number of items for DICT");
@@ -248,6 +230,21 @@ void Machine::close_mark(std::uint8_t opcode) {
   stack_.resize(start);
   objects_.retain(dict.get());
   push(Value::of_handle(Kind::kDict, dict.get()));
+}
+
+void Machine::objects_of(std::span<const Value> items) {
+  release_scratch();
+  try {
+    for (const Value& item : items) scratch_.push_back(object_of(item));
+  } catch (...) {
+    release_scratch();
+    throw;
+  }
+}
+
+void Machine::release_scratch() {
+  for (const Handle made : scratch_) objects_.release(made);
+  scratch_.clear();
 }
 
 void Machine::get(std::uint64_t index, std::size_t at) {
