@@ -103,9 +103,11 @@ class Objects {
   virtual Kind kind_of(Handle object) = 0;
   // Whether more than one reference holds the object (only then can it be reached twice).
   virtual bool shared(Handle object) = 0;
-  // A container's children, borrowed, appended to `out`: a list's or tuple's items, a dict's
-  // keys then its values.
-  virtual void children(Handle container, std::vector<Handle>& out) = 0;
+  // A container's children, borrowed, appended to `out`, at most `most` (2 or more) a call: a
+  // list's or tuple's items, a dict's keys then its values. `cursor` (0 for the first call) says
+  // where the call begins and is moved past what it gave; returns whether any may remain (a call
+  // may then give none). A container of millions is so walked without a copy of its children.
+  virtual bool children(Handle container, std::size_t& cursor, std::size_t most, std::vector<Handle>& out) = 0;
   virtual std::size_t length(Handle container) = 0;
   virtual Handle item(Handle list_or_tuple, std::size_t index) = 0;  // borrowed
   virtual Handle find(Handle dict, Name key) = 0;                   // borrowed; nullptr: absent

@@ -71,7 +71,7 @@ bool PlainWalk::is_leaf(std::uint64_t key) {
   return kind != Kind::kList && kind != Kind::kDict && kind != Kind::kTuple;
 }
 
-void PlainWalk::add_children(std::uint64_t key) {
+bool PlainWalk::add_children(std::uint64_t key, std::size_t& cursor) {
   const std::uint64_t tag = key & 7;
   if (tag == kShapeTag) {
     const TraceColumnsBuilder& trace = *traces_[key >> 3];
@@ -80,21 +80,22 @@ void PlainWalk::add_children(std::uint64_t key) {
     }
     if (trace.empty_frames != 0) children_.push_back({kEmptyTag, trace.empty_frames});
     for (const auto& [container, uses] : trace.container_uses) children_.push_back({key_of(container), uses});
-    return;
+    return false;
   }
   if (tag == kStackTag) {
     for (const Handle frame : stacks_->stacks()[static_cast<std::size_t>(key >> 3)]) children_.push_back({key_of(frame), 1});
-    return;
+    return false;
   }
-  if (tag == kEmptyTag) return;
+  if (tag == kEmptyTag) return false;
   const Handle object = reinterpret_cast<Handle>(static_cast<std::uintptr_t>(key));
   if (object == device_traces_ && device_traces_ != nullptr) {
     for (std::size_t i = 0; i < traces_.size(); ++i) children_.push_back({(i << 3) | kShapeTag, 1});
-    return;
+    return false;
   }
   scratch_.clear();
-  objects_.children(object, scratch_);
+  const bool more = objects_.children(object, cursor, kChunk, scratch_);
   for (const Handle child : scratch_) children_.push_back({key_of(child), 1});
+  return more;
 }
 
 void PlainWalk::push(std::uint64_t key, std::uint64_t weight) {
@@ -104,8 +105,9 @@ void PlainWalk::push(std::uint64_t key, std::uint64_t weight) {
   const bool memoized = (key & 7) != 0 || objects_.shared(reinterpret_cast<Handle>(static_cast<std::uintptr_t>(key)));
   if (memoized) remember(key, kOnPath);
   const std::size_t begin = children_.size();
-  add_children(key);
-  path_.push_back(Frame{key, begin, children_.size(), begin, weight, 0, 0, memoized});
+  std::size_t cursor = 0;
+  const bool more = add_children(key, cursor);
+  path_.push_back(Frame{key, begin, children_.size(), begin, weight, 0, 0, memoized, more, cursor});
 }
 
 void PlainWalk::finish() {
@@ -137,6 +139,13 @@ void PlainWalk::check(Handle root) {
   push(key_of(root), 1);
   while (!path_.empty()) {
     Frame& frame = path_.back();
+    if (frame.next == frame.end && frame.more) {  // the next of an object's children, in place of those walked
+      children_.resize(frame.begin);
+      frame.more = add_children(frame.key, frame.cursor);
+      frame.end = children_.size();
+      frame.next = frame.begin;
+      continue;
+    }
     if (frame.next == frame.end) {
       finish();
       continue;

@@ -17,7 +17,9 @@ namespace stowage::snapshot {
 // graph without being expanded, and refused. Traces read into columns are walked as the lists
 // of event dicts they were (TraceShape: what each trace's events counted, then its stacks, empty
 // frames lists and metadata containers as often as events held them), so that both readings
-// refuse alike. Throws Refused. Not thread-safe; one use.
+// refuse alike. Its memory is a table of the shared containers and, for each level of the path,
+// at most kChunk of a container's children (Objects::children). Throws Refused. Not thread-safe;
+// one use.
 class PlainWalk {
  public:
   PlainWalk(Objects& objects, std::uint64_t budget);
@@ -34,19 +36,26 @@ class PlainWalk {
   };
   struct Frame {
     std::uint64_t key;
-    std::size_t begin;  // its children: children_[begin, end)
+    std::size_t begin;  // its children at hand: children_[begin, end)
     std::size_t end;
     std::size_t next;
     std::uint64_t weight;  // how often its parent holds it
     std::uint64_t size = 0;
     int depth = 0;
     bool memoized;
+    bool more = false;    // an object's children beyond those at hand, from `cursor` on
+    std::size_t cursor = 0;
   };
   static constexpr std::uint64_t kShapeTag = 1, kStackTag = 2, kEmptyTag = 3;
+  // An object's children are taken this many at a time (Objects::children), so that the walk
+  // holds at most this many a level, not a copy of a list of millions.
+  static constexpr std::size_t kChunk = 4096;
 
   bool is_leaf(std::uint64_t key);
   void push(std::uint64_t key, std::uint64_t weight);
-  void add_children(std::uint64_t key);
+  // Appends a node's children to children_ (an object's: kChunk from `cursor`, which moves past
+  // them); returns whether the node has more.
+  bool add_children(std::uint64_t key, std::size_t& cursor);
   void finish();
   std::uint64_t* find(std::uint64_t key);
   void remember(std::uint64_t key, std::uint64_t packed);

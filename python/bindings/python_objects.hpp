@@ -52,7 +52,8 @@ class PythonObjects final : public snapshot::Objects {
 
   snapshot::Kind kind_of(snapshot::Handle object) override;
   bool shared(snapshot::Handle object) override;
-  void children(snapshot::Handle container, std::vector<snapshot::Handle>& out) override;
+  bool children(snapshot::Handle container, std::size_t& cursor, std::size_t most,
+                std::vector<snapshot::Handle>& out) override;
   std::size_t length(snapshot::Handle container) override;
   snapshot::Handle item(snapshot::Handle list_or_tuple, std::size_t index) override;
   snapshot::Handle find(snapshot::Handle dict, snapshot::Name key) override;

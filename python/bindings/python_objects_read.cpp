@@ -1,6 +1,8 @@
 // PythonObjects reading back what a reading made: the walk, the format checks, traces as columns.
 #include "python/bindings/python_objects.hpp"
 
+#include <algorithm>
+
 namespace stowage::python {
 
 using snapshot::Handle;
@@ -27,20 +29,33 @@ Kind PythonObjects::kind_of(Handle handle) {
 
 bool PythonObjects::shared(Handle handle) { return Py_REFCNT(object(handle)) > 1; }
 
-void PythonObjects::children(Handle container, std::vector<Handle>& out) {
+// A list's or tuple's cursor is the index of its next item; a dict's is PyDict_Next's position,
+// doubled, plus 1 once its keys are given and its values are being.
+bool PythonObjects::children(Handle container, std::size_t& cursor, std::size_t most, std::vector<Handle>& out) {
   PyObject* value = object(container);
   if (PyDict_Check(value)) {
-    Py_ssize_t position = 0;
+    bool values = (cursor & 1) != 0;
+    auto position = static_cast<Py_ssize_t>(cursor >> 1);
     PyObject* key = nullptr;
     PyObject* item = nullptr;
-    while (PyDict_Next(value, &position, &key, &item) != 0) out.push_back(key);
-    position = 0;
-    while (PyDict_Next(value, &position, &key, &item) != 0) out.push_back(item);
-  } else if (PyList_Check(value)) {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); ++i) out.push_back(PyList_GET_ITEM(value, i));
-  } else if (PyTuple_Check(value)) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(value); ++i) out.push_back(PyTuple_GET_ITEM(value, i));
+    for (std::size_t given = 0; given < most;) {
+      if (PyDict_Next(value, &position, &key, &item) == 0) {
+        if (values) return false;
+        values = true;
+        position = 0;
+        continue;
+      }
+      out.push_back(values ? item : key);
+      ++given;
+    }
+    cursor = (static_cast<std::size_t>(position) << 1) | (values ? 1 : 0);
+    return true;
   }
+  const std::size_t count = length(container);  // a list's or tuple's items
+  const std::size_t end = std::min(count, cursor + most);
+  for (std::size_t i = cursor; i < end; ++i) out.push_back(item(container, i));
+  cursor = end;
+  return end < count;
 }
 
 std::size_t PythonObjects::length(Handle container) {

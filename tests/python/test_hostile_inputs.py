@@ -56,6 +56,29 @@ def test_a_file_of_one_repeated_opcode_is_refused_within_its_memory_bound(tmp_pa
     assert peak < 200 * MiB + 4 * 20 * MiB, peak
 
 
+def test_a_long_list_is_walked_within_the_memory_bound(tmp_path: Path) -> None:
+    """A list of 16 million Nones (and one of 9 million references to one list) keeps the reading
+    within its budget, 8 bytes an item; the walk of what it built once copied the list's children
+    twice over (24 bytes an item), and 20 MiB reached 536 MiB. It takes them a few at a time."""
+    paths = []
+    for name, items, item, first in (("none", 16_000_000, b"N", b""), ("shared", 9_000_000, b"h\x00", b"]\x94a")):
+        batch = b"(" + item * 1000 + b"e"
+        pad = 20 * MiB - 15 - len(first) - items // 1000 * len(batch)
+        paths.append(tmp_path / f"{name}.pickle")
+        paths[-1].write_bytes(b"\x80\x04]" + first + b"\x8d" + pad.to_bytes(8, "little") + b"x" * pad + b"a"
+                              + batch * (items // 1000) + b".")
+    done, peak = peak_resident_of(textwrap.dedent(f"""
+        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+        for path in {[str(path) for path in paths]!r}:
+            try:
+                load_snapshot_columnar(path)
+            except SnapshotError as error:
+                print("refused:", error)
+    """))
+    assert done.stdout.count("snapshot: expected dict, got list") == len(paths), done.stdout + done.stderr
+    assert peak < 200 * MiB + 4 * 20 * MiB, peak / MiB
+
+
 def test_a_pickle_read_twice_keeps_both_readings_within_one_budget(tmp_path: Path) -> None:
     """Events laid out unlike torch's writer (one written twice) are read into columns, then again
     as plain data: what the first reading left in the process counts against the second's budget,

@@ -76,6 +76,19 @@ TEST(SnapshotReader, WhatTheGraphStandsForIsMeasuredWithoutExpandingIt) {
   EXPECT_EQ(refusal("\x80\x04}(\x8c\x08segments"s + std::string(100, ']') + std::string(99, 'a') + "u."),
             "refused: nested deeper than 64 levels: not a snapshot");
   EXPECT_EQ(refusal("\x80\x04}(\x8c\x08segments]\x94h\x00\x61u."s), "refused: contains itself: not a snapshot");
+  // Past the first of the children the walk takes at a time (PlainWalk::kChunk): a list of 10,000
+  // and a dict of 3,001 entries that hold themselves last, and a memo bomb after 5,000 Nones.
+  EXPECT_EQ(refusal("\x80\x04}(\x8c\x08segments]\x94("s + std::string(10000, 'N') + "h\x00\x65u."s),
+            "refused: contains itself: not a snapshot");
+  std::string keys;
+  for (int i = 0; i < 3000; ++i) keys += "\x8c\x06k"s + std::to_string(10000 + i) + "N";
+  EXPECT_EQ(refusal("\x80\x04}\x94("s + keys + "\x8c\x08segmentsh\x00u."s), "refused: contains itself: not a snapshot");
+  std::string late_bomb = memo_bomb(40);
+  late_bomb.replace(late_bomb.rfind("}("), std::string::npos,
+                    "}(\x8c\x08segments("s + std::string(5000, 'N') + "h" + static_cast<char>(40) + "lu.");
+  EXPECT_EQ(refusal(late_bomb),
+            "refused: expands to more than 1,000,000 values: not a snapshot (a memo bomb expands a few bytes into a "
+            "huge graph)");
   // In an event read into columns: its user_metadata is the snapshot itself.
   EXPECT_EQ(refusal("\x80\x04}\x94(\x8c\rdevice_traces]]}(\x8c\x06\x61\x63tion\x8c\x08snapshot"
                     "\x8c\ruser_metadatah\x00u\x61\x61u."s),

@@ -1,5 +1,6 @@
 #include "tests/snapshot/tree_objects.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -153,14 +154,18 @@ std::string TreeObjects::long_repr(std::span<const std::uint8_t> little_endian) 
 Kind TreeObjects::kind_of(Handle object) { return held(object).kind; }
 bool TreeObjects::shared(Handle object) { return held(object).references > 1; }
 
-void TreeObjects::children(Handle container, std::vector<Handle>& out) {
+// The cursor counts children given: a dict's i-th child is its i-th key, then its (i - n)-th value.
+bool TreeObjects::children(Handle container, std::size_t& cursor, std::size_t most, std::vector<Handle>& out) {
   const Node& node = held(container);
-  if (node.kind != Kind::kDict) {
-    out.insert(out.end(), node.items.begin(), node.items.end());
-    return;
+  const std::size_t count = node.items.size();
+  const std::size_t end = std::min(count, cursor + most);
+  const std::size_t keys = count / 2;
+  for (std::size_t i = cursor; i < end; ++i) {
+    if (node.kind != Kind::kDict) out.push_back(node.items[i]);
+    else out.push_back(i < keys ? node.items[2 * i] : node.items[2 * (i - keys) + 1]);
   }
-  for (std::size_t i = 0; i < node.items.size(); i += 2) out.push_back(node.items[i]);
-  for (std::size_t i = 1; i < node.items.size(); i += 2) out.push_back(node.items[i]);
+  cursor = end;
+  return end < count;
 }
 
 std::size_t TreeObjects::length(Handle container) {

@@ -60,7 +60,7 @@ class TreeObjects final : public Objects {
 
   Kind kind_of(Handle object) override;
   bool shared(Handle object) override;
-  void children(Handle container, std::vector<Handle>& out) override;
+  bool children(Handle container, std::size_t& cursor, std::size_t most, std::vector<Handle>& out) override;
   std::size_t length(Handle container) override;
   Handle item(Handle list_or_tuple, std::size_t index) override;
   Handle find(Handle dict, Name key) override;
