@@ -82,7 +82,7 @@ class TraceStream {
   // for each event's device_free and user_metadata, a list for each stack.
   std::uint64_t planned_bytes() const;
 
-  // --- once the pickle is read (snapshot/columns_reading.cpp)
+  // --- once the pickle is read
   bool streamed() const { return device_traces_ || !traces_.empty(); }
   Handle placeholder() const { return placeholder_; }
   // The traces in device_traces order; ReadWhole where any is not where torch puts it.

@@ -228,7 +228,8 @@ def main() -> int:
                     result = measure(reader, path, package, args.limit)
                     peak = int(result["peak"])  # type: ignore[call-overload]
                     seconds = float(result["seconds"])  # type: ignore[arg-type]
-                    mark = "" if peak <= bound and seconds <= 10 else " **over**"
+                    ended = not str(result["outcome"]).startswith(("stopped", "crashed"))
+                    mark = "" if ended and peak <= bound and seconds <= 10 else " **over**"
                     print(f"| {reader}{label} | {name} | {shown} | {result['outcome']} | {seconds:.2f} s | "
                           f"{peak / MiB:,.0f} MiB | {bound / MiB:,.0f} MiB | {peak / stored:.2f}{mark} |", flush=True)
                 path.unlink()

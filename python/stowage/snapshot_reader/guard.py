@@ -58,8 +58,3 @@ RESIDENT_CHECK_EVERY: int = _LIMITS["report_every"]  # bytes of pickle between m
 def resident_bytes() -> int:
     """The process's resident memory now, in bytes (0 where it cannot be read)."""
     return _core.resident_bytes()  # type: ignore[no-any-return]
-
-
-def node_budget(size: int) -> int:
-    """The values a pickle of `size` bytes may stand for, as a tree."""
-    return max(MIN_NODE_BUDGET, NODES_PER_BYTE * size)
