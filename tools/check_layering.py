@@ -4,8 +4,9 @@
 Each C++ source folder is a layer; a layer may include and link only the layers below it:
 
     base  <-  device  <-  allocator  <-  process  <-  libtorch  <-  torch bindings
-                               ^  <-  offload  <-  planner              ^ (offload too)
-                               ^  <-  core bindings (planner too)
+      ^                        ^  <-  offload  <-  planner              ^ (offload too)
+      ^                        ^  <-  core bindings (planner and snapshot too)
+      ^  <-  snapshot (the snapshot reader: nothing of the allocator's)
 
 (device/host and device/cuda are the two devices inside the device layer and never include each
 other.) Two things are checked: every ``#include "..."`` of a file in a layer names a file of its
@@ -34,6 +35,7 @@ LAYERS: dict[str, str] = {
     "allocator": "allocator",
     "offload": "offload",
     "planner": "planner",
+    "snapshot": "snapshot",
     "python/libtorch": "libtorch",
     "python/bindings/torch": "torch bindings",
     "python/bindings": "core bindings",
@@ -51,7 +53,8 @@ DIRECT: dict[str, set[str]] = {
     "planner": {"offload"},
     "libtorch": {"process"},
     "torch bindings": {"libtorch", "offload", "host device"},  # CPU mode
-    "core bindings": {"allocator", "planner"},
+    "snapshot": {"base"},
+    "core bindings": {"allocator", "planner", "snapshot"},
 }
 
 # CMake target -> its layer.
@@ -63,6 +66,7 @@ TARGETS: dict[str, str] = {
     "stowage_offload": "offload",
     "stowage_offload_objects": "offload",
     "stowage_planner": "planner",
+    "stowage_snapshot": "snapshot",
     "stowage_torch": "libtorch",
     "_torch": "torch bindings",
     "_core": "core bindings",

@@ -3,12 +3,16 @@ takes to read and validate (or refuse) a file, and the largest resident memory o
 over the file's size, against the bounds of the issue "Hostile input, bounded resources, and no
 stuck states": 10 s, and 200 MB plus 4 times the file for snapshots, 10 times for JSON.
 
-    python3 bench/hostile/reader_bounds.py [--mib 20 100] [--repeat 1]
+    python3 bench/hostile/reader_bounds.py [--mib 20 100] [--only NAME] [--reader NAME] [--before DIR]
+                                           [--limit SECONDS]
 
 Each case runs in a fresh interpreter that imports the reader, then reads the file once: the
 time is the reading's (a valid plan's solve is not counted: the readers are load_profile and
 stowage.plan.load, not the solver), the memory the process's peak resident set (the interpreter
-and its imports included). Prints a markdown table.
+and its imports included). Prints a markdown table. --only keeps the cases whose file name holds
+NAME, --reader those whose reader does; --before DIR also runs each case with the stowage package
+found in DIR (a copy of an earlier install, say), on the same file, in a row after it; --limit
+stops a reading after that many seconds (its peak is then not measured).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -41,7 +46,7 @@ READERS = {
 }
 
 
-def measure(reader: str, path: Path) -> dict[str, object]:
+def measure(reader: str, path: Path, before: str | None = None, limit: float = 3600) -> dict[str, object]:
     code = textwrap.dedent(f"""
         import json, sys, time
         {READERS[reader][0]}
@@ -57,7 +62,12 @@ def measure(reader: str, path: Path) -> dict[str, object]:
         peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) * 1024
         print(json.dumps({{"outcome": outcome, "seconds": seconds, "peak": peak}}))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
+    environment = dict(os.environ, PYTHONPATH=before + os.pathsep + os.environ.get("PYTHONPATH", "")) if before else None
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit,
+                              env=environment, cwd=before or None)
+    except subprocess.TimeoutExpired:
+        return {"outcome": f"stopped after {limit:g} s", "seconds": limit, "peak": 0}
     if done.returncode != 0:
         return {"outcome": "crashed: " + done.stderr.strip().splitlines()[-1][:90], "seconds": 0.0, "peak": 0}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -66,9 +76,9 @@ def measure(reader: str, path: Path) -> dict[str, object]:
 # --- files ---
 
 
-def flood(opcode: bytes) -> Callable[[Path, int], None]:
+def flood(opcode: bytes, first: bytes = b"") -> Callable[[Path, int], None]:
     def write(path: Path, size: int) -> None:
-        path.write_bytes(b"\x80\x04" + opcode * (size // len(opcode)) + b".")
+        path.write_bytes(b"\x80\x04" + first + opcode * (size // len(opcode)) + b".")
     return write
 
 
@@ -90,6 +100,40 @@ def read_whole_layout(path: Path, size: int) -> None:
                "frames": [{"filename": "/src/train.py", "line": i % 50, "name": "step"}]} for i in range(size // 90)]
     events.append(events[0])
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4))
+
+
+def fitted(snapshot: Callable[[int], dict[str, object]]) -> Callable[[Path, int], None]:
+    """A file of `snapshot(n)` pickled, n chosen so that it comes to about `size` bytes."""
+    def write(path: Path, size: int) -> None:
+        small, large = (len(pickle.dumps(snapshot(n), protocol=4)) for n in (2000, 4000))
+        each = (large - small) / 2000
+        path.write_bytes(pickle.dumps(snapshot(max(1, int((size - (small - 2000 * each)) / each))), protocol=4))
+    return write
+
+
+_FRAMES = [{"filename": f"/src/f{i}.py", "line": i, "name": "step"} for i in range(2000)]
+# One frames list of 2,000 frames, a segment's, that every event holds: a memo bomb through the
+# events (each stands for its frames) that the columns store once.
+shared_frames = fitted(lambda n: {"segments": [{"address": 0, "total_size": 1, "frames": _FRAMES}],
+                                  "device_traces": [[{"action": "alloc", "addr": i % 256, "size": 1, "frames": _FRAMES}
+                                                     for i in range(n)]]})
+# Events of 40 fields the columns do not keep: read again as dicts.
+many_fields = fitted(lambda n: {"device_traces": [[dict({f"k{j}": j for j in range(40)}, action="alloc", addr=i % 256,
+                                                        size=1) for i in range(n)]]})
+# device_free on every event: the columns' dict of rare fields as large as it gets.
+device_free_each = fitted(lambda n: {"device_traces": [[{"action": "oom", "size": 1, "device_free": i % 256}
+                                                        for i in range(n)]]})
+
+
+def traces_flood(path: Path, size: int) -> None:
+    """device_traces of empty traces, one a byte."""
+    path.write_bytes(b"\x80\x04}\x94(\x8c\rdevice_traces\x94]\x94(" + b"]" * (size - 40) + b"eu.")
+
+
+def text_lines(path: Path, size: int) -> None:
+    """Protocol 0's INT lines of 4,000 digits, each parsed as Python's int() parses them."""
+    line = b"I" + b"0" * 4000 + b"1\n"
+    path.write_bytes(b"(" + line * (size // len(line)) + b"l.")
 
 
 def gzip_bomb(path: Path, size: int) -> None:
@@ -136,8 +180,17 @@ CASES: list[tuple[str, str, Callable[[Path, int], None]]] = [
     ("inspect (columns)", "TUPLE1 flood", flood(b")N\x85")),
     ("inspect (columns)", "a pickle, then a flood", concatenated),
     ("inspect (columns)", "gzip bomb (size: its expansion)", gzip_bomb),
+    ("inspect (columns)", "a frames list every event holds", shared_frames),
+    ("inspect (columns)", "events of 40 fields", many_fields),
+    ("inspect (columns)", "device_free on every event", device_free_each),
+    ("inspect (columns)", "device_traces of empty traces", traces_flood),
+    ("inspect (columns)", "GET flood (one value, memoized)", flood(b"h\x00", b"N\x94")),
+    ("inspect (columns)", "text lines of 4,000 digits", text_lines),
     ("load_snapshot", "torch-shaped snapshot (valid)", torch_shaped),
+    ("load_snapshot", "densest valid events (16 B each)", dense_events),
+    ("load_snapshot", "one event twice: read whole", read_whole_layout),
     ("load_snapshot", "EMPTY_LIST flood", flood(b"]")),
+    ("load_snapshot", "a frames list every event holds", shared_frames),
     ("profile", "valid profile", big_profile),
     ("profile", "strings at the density bounds", json_filler('"abcdefgh"')),
     ("profile", "integers at the density bounds", json_filler("10000000")),
@@ -152,26 +205,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=float, nargs="+", default=[20, 100])
     parser.add_argument("--only", help="run only the cases whose file name holds this")
+    parser.add_argument("--reader", help="run only the cases whose reader holds this")
+    parser.add_argument("--before", help="also run each case with the stowage package in this folder")
+    parser.add_argument("--limit", type=float, default=3600, help="stop a reading after this many seconds")
     args = parser.parse_args()
     print("| reader | file | size | outcome | time | peak resident | bound | peak / size |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as folder:
         for mib in args.mib:
             for reader, name, write in CASES:
-                if args.only and args.only not in name:
+                if (args.only and args.only not in name) or (args.reader and args.reader not in reader):
                     continue
                 path = Path(folder) / "input"
                 write(path, int(mib * MiB))
                 stored = path.stat().st_size
                 held_to = 64 * stored if name.startswith("gzip") else stored  # gzip: the most it may expand to
-                result = measure(reader, path)
                 bound = 200 * MB + READERS[reader][1] * held_to
-                peak = int(result["peak"])  # type: ignore[call-overload]
-                seconds = float(result["seconds"])  # type: ignore[arg-type]
-                mark = "" if peak <= bound and seconds <= 10 else " **over**"
                 shown = f"{stored / MiB:,.1f} MiB" + (f" ({mib:g} MiB expanded)" if held_to != stored else "")
-                print(f"| {reader} | {name} | {shown} | {result['outcome']} | {seconds:.2f} s | {peak / MiB:,.0f} MiB | "
-                      f"{bound / MiB:,.0f} MiB | {peak / stored:.2f}{mark} |", flush=True)
+                for label, package in (("", None), (" (before)", args.before)):
+                    if label and not package:
+                        continue
+                    result = measure(reader, path, package, args.limit)
+                    peak = int(result["peak"])  # type: ignore[call-overload]
+                    seconds = float(result["seconds"])  # type: ignore[arg-type]
+                    ended = not str(result["outcome"]).startswith(("stopped", "crashed"))
+                    mark = "" if ended and peak <= bound and seconds <= 10 else " **over**"
+                    print(f"| {reader}{label} | {name} | {shown} | {result['outcome']} | {seconds:.2f} s | "
+                          f"{peak / MiB:,.0f} MiB | {bound / MiB:,.0f} MiB | {peak / stored:.2f}{mark} |", flush=True)
                 path.unlink()
     return 0
 

@@ -17,7 +17,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_core, module) {
-  module.doc() = "stowage's C++ core: configuration, byte units and trace replay";
+  module.doc() = "stowage's C++ core: configuration, byte units, trace replay, the planner and the snapshot reader";
   module.attr("__version__") = std::string(stowage::build_info::kVersion);
   py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
   py::register_exception<stowage::OutOfMemory>(module, "OutOfMemory", PyExc_MemoryError);
@@ -37,5 +37,6 @@ PYBIND11_MODULE(_core, module) {
   module.def("format_bytes", &stowage::format_bytes, py::arg("bytes"), "bytes -> '1.50 GiB'.");
   stowage::python::bind_planner(module);
   stowage::python::bind_replay(module);
+  stowage::python::bind_snapshot(module);
   stowage::python::bind_topology(module);
 }

@@ -18,6 +18,7 @@ import pytest
 from conftest import event, stowage
 
 from stowage.snapshot_reader import SnapshotError, load_snapshot, load_snapshot_columnar
+from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, MEMORY_FLOOR
 
 MiB = 1 << 20
 HAS_GPU = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(torch.cuda.device_count() == 0)"],
@@ -53,6 +54,54 @@ def test_a_file_of_one_repeated_opcode_is_refused_within_its_memory_bound(tmp_pa
     assert done.stdout.count("refused:") == len(paths), done.stdout + done.stderr
     assert done.stdout.count("grew memory by more than") == len(paths), done.stdout
     assert peak < 200 * MiB + 4 * 20 * MiB, peak
+
+
+def test_a_long_list_is_walked_within_the_memory_bound(tmp_path: Path) -> None:
+    """A list of 16 million Nones (and one of 9 million references to one list) keeps the reading
+    within its budget, 8 bytes an item; the walk of what it built once copied the list's children
+    twice over (24 bytes an item), and 20 MiB reached 536 MiB. It takes them a few at a time."""
+    paths = []
+    for name, items, item, first in (("none", 16_000_000, b"N", b""), ("shared", 9_000_000, b"h\x00", b"]\x94a")):
+        batch = b"(" + item * 1000 + b"e"
+        pad = 20 * MiB - 15 - len(first) - items // 1000 * len(batch)
+        paths.append(tmp_path / f"{name}.pickle")
+        paths[-1].write_bytes(b"\x80\x04]" + first + b"\x8d" + pad.to_bytes(8, "little") + b"x" * pad + b"a"
+                              + batch * (items // 1000) + b".")
+    done, peak = peak_resident_of(textwrap.dedent(f"""
+        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+        for path in {[str(path) for path in paths]!r}:
+            try:
+                load_snapshot_columnar(path)
+            except SnapshotError as error:
+                print("refused:", error)
+    """))
+    assert done.stdout.count("snapshot: expected dict, got list") == len(paths), done.stdout + done.stderr
+    assert peak < 200 * MiB + 4 * 20 * MiB, peak / MiB
+
+
+def test_a_pickle_read_twice_keeps_both_readings_within_one_budget(tmp_path: Path) -> None:
+    """Events laid out unlike torch's writer (one written twice) are read into columns, then again
+    as plain data: what the first reading left in the process counts against the second's budget,
+    so that the two together stay within one (the second alone reached 170 MiB over the start at
+    11 MiB, where the budget is 130)."""
+    path = tmp_path / "twice.pickle"
+    events = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0, "time_us": i,
+               "frames": [{"filename": "/src/train.py", "line": i % 50, "name": "step"}]} for i in range(233_000)]
+    events.append(events[0])
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4))
+    done, peak = peak_resident_of(textwrap.dedent(f"""
+        import os
+        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+        print("start", int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+        try:
+            load_snapshot_columnar({str(path)!r})
+        except SnapshotError as error:
+            print("refused:", error)
+    """))
+    assert "grew memory by more than" in done.stdout, done.stdout + done.stderr
+    start = int(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("start ")))
+    budget = MEMORY_FLOOR + COLUMNS_MEMORY_PER_BYTE * path.stat().st_size
+    assert peak - start < budget + 24 * MiB, (peak - start) / MiB  # a check every 256 KiB of pickle
 
 
 def test_concatenated_pickles_are_refused_like_concatenated_gzip(write_snapshot) -> None:

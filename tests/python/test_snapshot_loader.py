@@ -7,6 +7,7 @@ import gzip
 import io
 import os
 import pickle
+import struct
 import subprocess
 import sys
 import time
@@ -19,9 +20,10 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED_TRACES, event, stowage
 
-from stowage.snapshot_reader import (SnapshotError, TraceColumns, columnar, load_snapshot,
-                                     load_snapshot_columnar, loading, loads_snapshot, loads_snapshot_columnar,
-                                     machine, reading)
+from stowage.snapshot_reader import (ACTION_CODES, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES, HAS_SIZE, HAS_STREAM,
+                                     TIME_BOOL, TIME_FLOAT, TIME_INT, SnapshotError, TraceColumns, columnar,
+                                     load_snapshot, load_snapshot_columnar, loading, loads_snapshot,
+                                     loads_snapshot_columnar, machine, reading)
 
 VALID = {"segments": [], "device_traces": [[event("alloc", 4096, 100), event("free_completed", 4096, 100)]]}
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
@@ -102,7 +104,7 @@ def test_the_machine_refuses_globals_even_when_handed_a_pickle_directly(tmp_path
     marker = tmp_path / "pwned"
     data = pickle.dumps(Payload(marker))
     with pytest.raises(SnapshotError, match="opcode STACK_GLOBAL at byte [0-9]+ would build objects"):
-        machine.Machine(data, None, streaming).run()
+        (machine.read_columns if streaming else machine.read_plain)(data)
     assert not marker.exists()
 
 
@@ -265,6 +267,49 @@ def test_the_columnar_loader_reads_every_recorded_trace_as_the_plain_loader_does
         assert list(trace) == events  # these traces hold only the fields the columns keep
         if events:
             assert trace[-1] == events[-1] and trace[len(events) // 2] == events[len(events) // 2]
+
+
+def reference_columns(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What TraceColumns must hold of a list of event dicts, written out here from the format
+    (stowage.snapshot_reader.schema) rather than taken from the reader."""
+    columns: dict[str, Any] = {name: [] for name in ("action", "flags", "addr", "size", "stream", "time_us")}
+    columns.update(frames=[], device_free={}, user_metadata={})
+    for k, entry in enumerate(events):
+        flags = sum(flag for name, flag in (("addr", HAS_ADDR), ("size", HAS_SIZE), ("stream", HAS_STREAM),
+                                            ("device_free", HAS_DEVICE_FREE), ("frames", HAS_FRAMES)) if name in entry)
+        time = entry.get("time_us")
+        if "time_us" in entry:
+            flags |= TIME_BOOL if isinstance(time, bool) else TIME_FLOAT if isinstance(time, float) else TIME_INT
+        columns["action"].append(ACTION_CODES[entry["action"]])
+        columns["flags"].append(flags)
+        for name in ("addr", "size", "stream"):
+            columns[name].append(entry.get(name, 0))
+        columns["time_us"].append(struct.unpack("<q", struct.pack("<d", time))[0] if isinstance(time, float)
+                                  else int(time or 0))
+        columns["frames"].append(entry.get("frames", []))
+        for name in ("device_free", "user_metadata"):
+            if name in entry:
+                columns[name][k] = entry[name]
+    return columns
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_every_recorded_trace_reads_as_pickle_reads_it(path: Path) -> None:
+    """The recorded traces (files this project trusts) as pickle's own unpickler reads them: the
+    plain loader gives its very data, and the columnar loader its events as the format says."""
+    raw = path.read_bytes()
+    expected = pickle.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    assert load_snapshot(path) == expected
+    streamed = load_snapshot_columnar(path)
+    assert {key: value for key, value in streamed.items() if key != "device_traces"} == \
+        {key: value for key, value in expected.items() if key != "device_traces"}
+    for events, trace in zip(expected["device_traces"], streamed["device_traces"], strict=True):
+        reference = reference_columns(events)
+        for name in ("action", "flags", "addr", "size", "stream", "time_us"):
+            assert getattr(trace, name).tolist() == reference[name], name
+        frames = [trace.stacks[s] if s >= 0 else [] if s == -1 else None for s in trace.stack.tolist()]
+        assert frames == reference["frames"]
+        assert trace.device_free == reference["device_free"] and trace.user_metadata == reference["user_metadata"]
 
 
 def varied_snapshot(shared_event: bool = False) -> dict[str, Any]:

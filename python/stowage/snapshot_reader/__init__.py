@@ -1,11 +1,13 @@
 """Reading memory snapshots safely, by concern:
 
 - ``reading``: a file's pickle bytes (gzip, pipes and devices, large files read as the reader goes);
-- ``guard``: the safety policy (opcodes, memo, numbers, frames, tuples, the plain-data walk);
+- ``guard``: the safety policy's numbers (opcodes, memo, numbers, frames, tuples, the plain-data
+  walk, memory);
 - ``schema``: the snapshot format (structural checks naming the first bad field, action codes);
 - ``columns``: trace events as numpy columns (TraceColumns);
-- ``machine``: the one pickle stack machine both loaders run, enforcing the guard;
-- ``events``: the machine's reading of trace events into columns as they are met;
+- ``machine``: the one pickle stack machine both loaders run, enforcing the guard, and reading
+  trace events into columns as they are met: in C++ (snapshot/, Note [Reading snapshots] in
+  snapshot/reader.hpp), through stowage._core;
 - ``loading``: the loaders.
 
 The names below are the package's interface; stowage.snapshot_loader re-exports them.

@@ -3,24 +3,24 @@ a device's trace, without a Python object per event.
 
 A TraceColumns holds one device's events in order as numpy arrays (action code, flags, address,
 size, stream, time, an index into the distinct stacks) and, by event index, the few fields that
-are rarely there (device_free, user_metadata). Rows (stowage.snapshot_reader.schema.event_row) are
-gathered by a ColumnsBuilder; a StackTable stores each distinct frames list once. ``columnar``
+are rarely there (device_free, user_metadata). The C++ reader makes them (snapshot/trace_columns
+.hpp, through stowage._core), storing each distinct frames list once as a Stack; ``columnar``
 turns a snapshot whose traces are lists of event dicts (already checked) into one whose traces
-are TraceColumns.
+are TraceColumns, with the same checks.
 """
 
 from __future__ import annotations
 
-import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from stowage.snapshot_reader.schema import (ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES,
-                                            HAS_SIZE, HAS_STREAM, INT_BITS, MISSING, TIME_BOOL, TIME_FLOAT,
-                                            TIME_INT, TIME_KINDS, CheckedTrace, Row, event_row, event_where,
-                                            expect)
+from stowage import _core
+from stowage.snapshot_reader.errors import SnapshotError
+from stowage.snapshot_reader.schema import (ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES, HAS_SIZE,
+                                            HAS_STREAM, INT_BITS, TIME_BOOL, TIME_FLOAT, TIME_INT, TIME_KINDS,
+                                            CheckedTrace)
 
 
 class Stack(list):  # type: ignore[type-arg]
@@ -32,37 +32,6 @@ class Stack(list):  # type: ignore[type-arg]
     def __init__(self, frames: list[Any] = [], stack_id: int = -1) -> None:  # noqa: B006 (copied)
         super().__init__(frames)
         self.stack_id = stack_id
-
-
-class StackTable:
-    """The distinct stacks of a snapshot's trace events: a frames list is stored once, however
-    many events carry an equal one (equal: the same frame objects, as the pickle's memo shares
-    them)."""
-
-    def __init__(self) -> None:
-        self.stacks: list[Stack] = []
-        self._by_id: dict[int, int] = {}  # id of a stored stack -> its index
-        self._by_frames: dict[tuple[int, ...], int] = {}
-
-    def index_of(self, frames: list[Any], device: int, index: int) -> int:
-        """The index of a frames list's stack, stored if new; -1 for an empty one."""
-        found = self._by_id.get(id(frames))
-        if found is not None:
-            return found
-        if not frames:
-            return -1
-        for j, frame in enumerate(frames):
-            if type(frame) is not dict:
-                expect(frame, dict, f"{event_where(device, index)}.frames[{j}]")
-        key = tuple(map(id, frames))
-        found = self._by_frames.get(key)
-        if found is None:
-            found = len(self.stacks)
-            stored = Stack(frames, found)
-            self.stacks.append(stored)
-            self._by_frames[key] = found
-            self._by_id[id(stored)] = found
-        return found
 
 
 class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
@@ -91,14 +60,11 @@ class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
         self.error = error  # the first malformed event, when the trace has one
 
     @classmethod
-    def from_events(cls, events: Sequence[Any], device: int = 0,
-                    stacks: StackTable | None = None) -> TraceColumns:
-        """Columns from a list of event dicts; raises SnapshotError at the first malformed one."""
-        builder = ColumnsBuilder(device)
-        table = stacks if stacks is not None else StackTable()
-        rows = [event_row(entry, device, k, table) for k, entry in enumerate(events)]
-        builder.add(rows)
-        return builder.finish(table.stacks)
+    def from_events(cls, events: Sequence[Any], device: int = 0) -> TraceColumns:
+        """Columns from a list of event dicts (device `device`'s, for messages); raises
+        SnapshotError at the first malformed one."""
+        traces = [[] for _ in range(device)] + [events if isinstance(events, list) else list(events)]
+        return columnar({"device_traces": traces})["device_traces"][device]  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         return len(self.action)
@@ -160,47 +126,18 @@ def time_of(flags: int, bits: int) -> int | float | bool | None:
     return bool(bits) if kind == TIME_BOOL else None
 
 
-class ColumnsBuilder:
-    """Rows gathered into growing arrays, then TraceColumns."""
-
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.count = 0  # events seen, including any after an error
-        self.error: tuple[int, str] | None = None  # (event index, message) of the first bad event
-        self.columns = (array.array("B"), array.array("B"), array.array("Q"), array.array("Q"),
-                        array.array("Q"), array.array("q"), array.array("i"))
-        self.free_at: dict[int, int] = {}
-        self.metadata_at: dict[int, Any] = {}
-
-    def add(self, rows: list[Row]) -> None:
-        if self.error is None and rows:
-            for column, values in zip(self.columns, zip(*rows)):
-                column.extend(values)
-            for k, row in enumerate(rows):
-                if row[7] is not None:
-                    self.free_at[self.count + k] = row[7]
-                if row[8] is not MISSING:
-                    self.metadata_at[self.count + k] = row[8]
-        self.count += len(rows)
-
-    def fail(self, index: int, message: str) -> None:
-        if self.error is None or index < self.error[0]:
-            self.error = (index, message)
-
-    def finish(self, stacks: list[Stack]) -> TraceColumns:
-        dtypes = (np.uint8, np.uint8, np.uint64, np.uint64, np.uint64, np.int64, np.int32)
-        arrays = [np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype)
-                  for column, dtype in zip(self.columns, dtypes)]
-        return TraceColumns(*arrays, stacks=stacks, device_free=self.free_at, user_metadata=self.metadata_at,
-                            error=None if self.error is None else self.error[1])
-
-
-
 def columnar(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The snapshot with each device's trace (a list of event dicts, already checked) as
-    TraceColumns; raises SnapshotError for frames that are not lists of dicts."""
-    traces = snapshot.get("device_traces", [])
-    stacks = StackTable()
-    converted = [trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace, d, stacks)
-                 for d, trace in enumerate(traces)]
-    return {**snapshot, "device_traces": converted} if "device_traces" in snapshot else snapshot
+    TraceColumns, the traces' stacks stored once across them; raises SnapshotError for frames
+    that are not lists of dicts."""
+    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+    if not isinstance(traces, list):
+        return snapshot
+    if any(isinstance(trace, TraceColumns) for trace in traces):  # some read into columns already
+        converted = [trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace, d)
+                     for d, trace in enumerate(traces)]
+        return {**snapshot, "device_traces": converted}
+    try:
+        return _core.snapshot_columns(snapshot, TraceColumns, Stack)  # type: ignore[no-any-return]
+    except _core.SnapshotRefused as error:
+        raise SnapshotError(str(error)) from None

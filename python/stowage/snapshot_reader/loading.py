@@ -1,19 +1,21 @@
 """Loading memory snapshots safely: every loader runs the one stack machine
-(stowage.snapshot_reader.machine) over the bytes stowage.snapshot_reader.reading gives.
+(stowage.snapshot_reader.machine, in C++) over the bytes stowage.snapshot_reader.reading gives.
 
 A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory._snapshot()``
 returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. ``load_snapshot`` returns
 it as plain Python data. ``load_snapshot_columnar`` returns the same dict with each device's
 trace as TraceColumns (stowage.snapshot_reader.columns), which is what ``stowage inspect``, ``diff`` and
 ``replay`` read: it never holds a dict per trace event (Note [Streaming traces], in
-stowage.snapshot_reader.events), so its memory is a fraction of the file's size. It loads what
+snapshot/trace_stream.hpp), so its memory is a fraction of the file's size. It loads what
 ``load_snapshot`` loads and refuses what it refuses, and also refuses frames that are not lists
 of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
 
 Every failure raises SnapshotError naming the file (or ``name``) and the reason. A reading's
-memory is bounded by the pickle's size (stowage.snapshot_reader.guard.MemoryGuard): the columnar
-loader, what the commands use, within 3 bytes a byte of pickle beyond a floor, whatever its
-layout; load_snapshot within 12.
+memory is bounded by the pickle's size (stowage.snapshot_reader.guard): within 96 MiB and 3 bytes
+a byte of pickle, for either loader and whatever the layout. A snapshot shaped as torch writes
+it takes about 3.4 times its size as plain data (a dict per event), so load_snapshot reads those
+up to about 100 MB (in about a second a 25 MB); denser ones it refuses by that budget, at once,
+naming load_snapshot_columnar, which reads any of them in a fraction of their size.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ from typing import Any
 
 from stowage.snapshot_reader.columns import columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
-from stowage.snapshot_reader.events import LoadWhole
-from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE
-from stowage.snapshot_reader.machine import read_columns, read_plain
-from stowage.snapshot_reader.reading import FileWindow, open_snapshot, whole_bytes
+from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE, resident_bytes
+from stowage.snapshot_reader.machine import LoadWhole, read_columns, read_plain
+from stowage.snapshot_reader.reading import FileWindow, open_snapshot, read_again
 
 
 @contextmanager
@@ -51,12 +52,13 @@ def _opened(path: Path) -> Iterator[bytes | FileWindow]:
 
 
 def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
-                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE) -> dict[str, Any]:
+                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0) -> dict[str, Any]:
     """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
     given, hears how far the loading has come; the reading may grow the process's memory by
-    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (stowage.snapshot_reader.guard)."""
+    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (stowage.snapshot_reader.guard), over
+    what it was at the start, or at `since` (resident bytes) for a second reading."""
     with _named(name):
-        return read_plain(data, progress, memory_per_byte)  # type: ignore[no-any-return]
+        return read_plain(data, progress, memory_per_byte, since)  # type: ignore[no-any-return]
 
 
 def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
@@ -71,16 +73,18 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
     """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict per
     trace event; a pickle laid out unlike those torch and stowage write is read again as plain
     data, whose traces then become columns."""
+    start = resident_bytes()
     try:
         with _named(name):
             return read_columns(data, progress)
     except LoadWhole:
         pass
     with _named(name):
-        whole = whole_bytes(data)
-    # Read whole within the commands' memory budget, not load_snapshot's: torch and stowage never
+        again = read_again(data)
+    # Read whole within the commands' memory budget, not load_snapshot's, and counted from where
+    # the first reading began (what it left in the process counts): torch and stowage never
     # write such a pickle, and a hostile one must not buy a larger budget by its layout.
-    snapshot = loads_snapshot(whole, name, progress, COLUMNS_MEMORY_PER_BYTE)
+    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE, start)
     with _named(name):
         return columnar(snapshot)
 

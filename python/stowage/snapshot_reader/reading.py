@@ -3,7 +3,7 @@ read as the reader goes.
 
 ``open_snapshot(path)`` gives the pickle's bytes (gunzipped if the file is gzip), or for a large
 uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot_reader.machine)
-reads as it goes. Every failure is a SnapshotError: a file that cannot be read, broken or
+reads as it goes, filling it through ``fill_to`` and giving its pages back behind it. Every failure is a SnapshotError: a file that cannot be read, broken or
 concatenated gzip data, gzip data that expands more than a snapshot does (a gzip bomb), a pipe
 or device that does not start as a snapshot or does not end, a file that changes while it is
 read. The messages name the file, except FileWindow's, which the loaders prefix with it.
@@ -106,7 +106,6 @@ def read_bytes(path: Path) -> bytes:
 
 _MAP_AT_LEAST = 8 << 20  # files this large are read as the stack machine goes, not at once
 _FILL_AHEAD = 8 << 20  # bytes of such a file read ahead of the reader at a time
-_OPCODE_READ_AHEAD = 16  # an opcode and its fixed arguments take at most 9 bytes
 # An anonymous mapping whose pages, once given back (MADV_DONTNEED), are freed: private, and
 # not counted against the machine's memory until written.
 _WINDOW_FLAGS = (getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -151,20 +150,18 @@ class FileWindow:
         except OSError as error:
             raise SnapshotError(f"cannot read: {error.strerror or error}") from error
 
-    def safe_through(self, position: int) -> int:
-        """Fills the buffer past `position`; returns where an opcode and its fixed arguments may
-        begin and still be read from the buffer (the file's end once it is all read)."""
-        self.fill(position + _OPCODE_READ_AHEAD)
-        return self.filled - _OPCODE_READ_AHEAD if self.filled < self.size else self.size
+    def fill_to(self, upto: int) -> int:
+        """Fills the buffer up to `upto` at least; returns how far it is filled (the machine reads
+        no further)."""
+        self.fill(upto)
+        return self.filled
 
-    def whole(self) -> bytes:
-        """The file's bytes, read again (the buffer gave back what was read)."""
-        self.file.seek(0)
-        data = self.file.read()
-        if len(data) != self.size:
-            raise SnapshotError("the file changed while it was read")
+    def rewind(self) -> FileWindow:
+        """The window, to be read again from the start (its pages behind were given back)."""
         self._unchanged()
-        return data
+        self.file.seek(0)
+        self.filled = 0
+        return self
 
     def close(self) -> None:
         self.buffer.close()
@@ -192,12 +189,13 @@ def open_snapshot(path: Path) -> bytes | FileWindow:
     return read_bytes(path)
 
 
-def whole_bytes(data: bytes | FileWindow) -> bytes:
-    """All the pickle's bytes, for a second reading: a FileWindow's file is read again (the
-    window gave back what was read)."""
+def read_again(data: bytes | FileWindow) -> bytes | FileWindow:
+    """The pickle's bytes for a second reading: a FileWindow's file is read again as the machine
+    goes (the window gave back what was read), so that a second reading takes no more memory
+    than the first."""
     if not isinstance(data, FileWindow):
         return data
     try:
-        return data.whole()
+        return data.rewind()
     except OSError as error:
         raise SnapshotError(f"cannot read: {error.strerror or error}") from error

@@ -1,0 +1,186 @@
+// stowage._core's snapshot reader (snapshot/): a snapshot's pickle bytes read as Python's plain
+// data, or with its traces as columns; conversions only. stowage.snapshot_reader wraps them.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "python/bindings/bindings.hpp"
+#include "python/bindings/python_objects.hpp"
+#include "snapshot/limits.hpp"
+#include "snapshot/memory_budget.hpp"
+#include "snapshot/reader.hpp"
+#include "snapshot/refusal.hpp"
+#include "snapshot/structure.hpp"
+
+namespace py = pybind11;
+
+namespace stowage::python {
+
+namespace {
+
+using snapshot::Handle;
+
+// The pickle's bytes: a buffer (bytes, or a large file's window, which `fill` fills as the
+// reader goes and whose pages behind it are given back).
+class PythonBytes final : public snapshot::ByteSource {
+ public:
+  PythonBytes(const py::buffer& data, py::object fill) : fill_(std::move(fill)), view_(data.request()) {
+    data_ = static_cast<const std::uint8_t*>(view_.ptr);
+    size_ = static_cast<std::size_t>(view_.size * view_.itemsize);
+    window_ = !fill_.is_none();
+  }
+  const std::uint8_t* data() const override { return data_; }
+  std::size_t size() const override { return size_; }
+  std::size_t fill(std::size_t upto) override {
+    if (!window_) return size_;
+    return fill_(upto).cast<std::size_t>();
+  }
+  void release(std::size_t upto) override {
+    if (!window_ || upto <= released_) return;
+    // The window is an anonymous private mapping: its pages, once given back, read as zeros
+    // and cost nothing (the reader never reads them again).
+    ::madvise(const_cast<std::uint8_t*>(data_) + released_, upto - released_, MADV_DONTNEED);
+    released_ = upto;
+  }
+
+ private:
+  py::object fill_;
+  py::buffer_info view_;  // held for the reading: the buffer stays where it is
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t released_ = 0;
+  bool window_ = false;
+};
+
+snapshot::ReadOptions options_of(std::uint64_t memory_per_byte, std::uint64_t memory_start,
+                                 std::uint64_t report_every, std::uint64_t release_every,
+                                 const py::object& progress) {
+  snapshot::ReadOptions options;
+  options.memory_per_byte = memory_per_byte;
+  options.memory_start = memory_start;
+  options.report_every = report_every;
+  options.release_every = release_every;
+  const bool heard = !progress.is_none();
+  options.progress = [progress, heard](std::uint64_t done, std::uint64_t total) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C ends a long reading
+    if (heard) progress("loading", done, total);
+  };
+  return options;
+}
+
+// A column handed to numpy without a copy: numpy frees the block.
+template <typename T>
+py::array column(snapshot::PodColumn<T>& values) {
+  const std::size_t count = values.size();
+  T* block = values.release();
+  if (block == nullptr) return py::array_t<T>(0);
+  py::capsule owner(block, [](void* freed) { std::free(freed); });
+  return py::array_t<T>({static_cast<py::ssize_t>(count)}, block, owner);
+}
+
+// The snapshot of a reading for columns, its device_traces the traces as TraceColumns (made by
+// make_trace from the columns, the stacks Stack objects made by make_stack).
+py::object columns_result(snapshot::Reading& reading, const py::object& make_trace, const py::object& make_stack) {
+  py::object root = py::reinterpret_borrow<py::object>(object(reading.root()));
+  if (reading.device_traces() == nullptr) return root;
+  py::list stacks;
+  const auto& stored = reading.stacks().stacks();
+  for (std::size_t s = 0; s < stored.size(); ++s) {
+    py::list frames(stored[s].size());
+    for (std::size_t j = 0; j < stored[s].size(); ++j) {
+      frames[j] = py::reinterpret_borrow<py::object>(object(stored[s][j]));
+    }
+    stacks.append(make_stack(frames, s));
+  }
+  py::list traces;
+  for (snapshot::TraceColumnsBuilder* trace : reading.traces()) {
+    py::dict device_free;
+    for (const auto& [index, value] : trace->device_free) device_free[py::int_(index)] = py::int_(value);
+    py::dict metadata;
+    for (const auto& [index, value] : trace->metadata) {
+      metadata[py::int_(index)] = py::reinterpret_borrow<py::object>(object(value));
+    }
+    traces.append(make_trace(column(trace->action), column(trace->flags), column(trace->addr), column(trace->size),
+                             column(trace->stream), column(trace->time), column(trace->stack), stacks,
+                             device_free, metadata));
+  }
+  py::dict copied = py::reinterpret_steal<py::dict>(PyDict_Copy(root.ptr()));
+  if (!copied) throw py::error_already_set();
+  copied["device_traces"] = traces;
+  return copied;
+}
+
+py::object read(const py::buffer& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t memory_start,
+                std::uint64_t report_every, std::uint64_t release_every, const py::object& fill,
+                const py::object& progress, const py::object& make_trace, const py::object& make_stack) {
+  PythonBytes source(data, fill);
+  PythonObjects objects;
+  snapshot::Reading reading(objects);
+  const snapshot::ReadOptions options = options_of(memory_per_byte, memory_start, report_every, release_every, progress);
+  if (!columns) return py::reinterpret_steal<py::object>(object(reading.plain(source, options)));
+  reading.columns(source, options);
+  return columns_result(reading, make_trace, make_stack);
+}
+
+py::object columns_of(const py::object& snapshot, const py::object& make_trace, const py::object& make_stack) {
+  PythonObjects objects;
+  snapshot::Reading reading(objects);
+  reading.columns_of(snapshot.ptr());
+  return columns_result(reading, make_trace, make_stack);
+}
+
+void check_structure(const py::object& snapshot) {
+  PythonObjects objects;
+  snapshot::check_structure(snapshot.ptr(), objects, nullptr);
+}
+
+}  // namespace
+
+void bind_snapshot(py::module_& module) {
+  static py::exception<snapshot::Refused> refused(module, "SnapshotRefused", PyExc_ValueError);
+  static py::exception<snapshot::ReadWhole> read_whole(module, "SnapshotReadWhole", PyExc_Exception);
+  py::register_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised) std::rethrow_exception(raised);
+    } catch (const snapshot::Refused& error) {
+      PyErr_SetString(refused.ptr(), error.message().c_str());
+    } catch (const snapshot::ReadWhole& error) {
+      PyErr_SetString(read_whole.ptr(), error.what());
+    }
+  });
+  py::dict limits;
+  limits["max_depth"] = snapshot::kMaxDepth;
+  limits["max_number"] = snapshot::kMaxNumber;
+  limits["nodes_per_byte"] = snapshot::kNodesPerByte;
+  limits["min_node_budget"] = snapshot::kMinNodeBudget;
+  limits["memory_floor"] = snapshot::kMemoryFloor;
+  limits["columns_memory_per_byte"] = snapshot::kColumnsMemoryPerByte;
+  limits["plain_memory_per_byte"] = snapshot::kPlainMemoryPerByte;
+  limits["report_every"] = snapshot::kReportEvery;
+  limits["release_every"] = snapshot::kReleaseEvery;
+  limits["max_size"] = snapshot::kMaxSize;
+  limits["max_devices"] = snapshot::kMaxDevices;
+  module.attr("snapshot_limits") = limits;
+  module.def("read_snapshot", &read, py::arg("data"), py::arg("columns"), py::arg("memory_per_byte"),
+             py::arg("memory_start"), py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
+             py::arg("make_trace"), py::arg("make_stack"),
+             "Reads a snapshot's pickle (a buffer; `fill(upto) -> filled` for a window read as it "
+             "goes) as plain data, or with its traces as make_trace(...) of columns, its memory "
+             "growth from memory_start (resident bytes; 0: now) within the budget; raises "
+             "SnapshotRefused naming the reason, or SnapshotReadWhole (columns only) for a pickle "
+             "to read again as plain data.");
+  module.def(
+      "resident_bytes", [] { return snapshot::resident_bytes().value_or(0); },
+      "The process's resident memory in bytes (0 where it cannot be read).");
+  module.def("snapshot_columns", &columns_of, py::arg("snapshot"), py::arg("make_trace"), py::arg("make_stack"),
+             "A snapshot read as plain data with its traces as make_trace(...) of columns.");
+  module.def("check_snapshot_structure", &check_structure, py::arg("snapshot"),
+             "Raises SnapshotRefused naming the first field that does not fit the snapshot format.");
+}
+
+}  // namespace stowage::python
