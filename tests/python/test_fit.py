@@ -251,6 +251,31 @@ def test_an_output_that_is_not_a_loss_names_loss_fn_and_what_it_is() -> None:
         stowage.fit(model, torch.optim.AdamW, torch.randn(4, 16), verbose=False)
 
 
+class RowsHungry(torch.nn.Module):
+    """A step whose memory grows with the batch's rows: 96 MiB a row, held through backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        held = torch.ones(rows.shape[0], 24 << 20) * self.scale
+        return held.mean()
+
+
+def test_out_of_memory_under_fit_names_the_sizes_it_planned_for_and_the_batch_that_came() -> None:
+    model = RowsHungry()
+    fitted = stowage.fit(model, torch.optim.AdamW, torch.zeros(4, 8), verbose=False)
+    fitted.step(torch.zeros(4, 8))
+    with pytest.raises(torch.OutOfMemoryError, match=r"planned this step for batch 4 \(its example batch\); "
+                                                     r"this batch is batch 64, larger"):
+        fitted.step(torch.zeros(64, 8))
+    with pytest.raises(torch.OutOfMemoryError, match=r"planned this step for batch 4(.|\n)*stowage.fit again"):
+        with fitted:
+            model(torch.zeros(64, 8)).backward()
+    fitted.step(torch.zeros(4, 8))  # and it trains on after
+
+
 def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any) -> None:
     snapshot = tmp_path / "demo.pickle"
     result = subprocess.run([sys.executable, "-m", "stowage", "demo", "--steps", "2", "--snapshot", str(snapshot)],

@@ -233,7 +233,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         optimizer = _offloaded(optimizer, fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
-             "capacity": capacity, "recorded": recorded, "memory": memory, "optimizer": name,
+             "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
+             "optimizer": name,
              "unplanned_peak": profile.unconstrained_peak_bytes, "states_kept_because": refusal, "host": host}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from stowage.fitting.batches import LossFn
+from stowage.fitting.batches import LossFn, batch_sizes
 from stowage.fitting.choosing import Option
 from stowage.fitting.table import decision_table
 from stowage.plan import Plan
@@ -45,6 +45,7 @@ class Fitted:
         if self.plan is not None:
             self.plan.model = model  # the step may call the model's blocks without its forward
         self._applied: contextlib.AbstractContextManager[Any] | None = None
+        self._in_step = False  # step() says what came; __exit__ leaves that to it
 
     @property
     def device_fraction(self) -> float:
@@ -53,10 +54,17 @@ class Fitted:
 
     def step(self, batch: Any) -> torch.Tensor:
         """One training step on ``batch``: the loss, its backward under the plan, the optimizer's
-        step, gradients released. Returns the loss, detached."""
-        with self:
-            loss = self.loss_fn(self.model, batch)
-            loss.backward()
+        step, gradients released. Returns the loss, detached. Out of memory, the error says the
+        sizes fit planned for beside this batch's."""
+        self._in_step = True
+        try:
+            with self:
+                loss = self.loss_fn(self.model, batch)
+                loss.backward()
+        except torch.OutOfMemoryError as error:
+            raise torch.OutOfMemoryError(self._out_of_memory(error, batch)) from None
+        finally:
+            self._in_step = False
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -80,6 +88,22 @@ class Fitted:
         marker = getattr(self.optimizer, "accumulating", None)
         return marker() if marker is not None else contextlib.nullcontext()
 
+    def _out_of_memory(self, error: BaseException, batch: Any = None) -> str:
+        """`error`'s message, then what fit planned for and what came."""
+        fitted = " x ".join(f"{name} {value}" for name, value in self.facts["sizes"].items())
+        said = f"{error}\nstowage.fit planned this step for {fitted} (its example batch)"
+        if batch is None:
+            return said + ": a larger batch needs stowage.fit again with it as the example."
+        came = batch_sizes(batch)
+        shown = " x ".join(f"{name} {value}" for name, value in came.items())
+        if any(came.get(name, 0) > value for name, value in self.facts["sizes"].items()):
+            return (said + f"; this batch is {shown}, larger. Give fit the largest batch the loop trains on as its "
+                    "example (stowage.fit(model, factory, largest_batch)), or cut this one.")
+        departed = self.plan.departed_steps if self.plan is not None else 0
+        return (said + f"; this batch is {shown}, no larger: the step needed more than planned ("
+                f"{departed} steps departed from the plan's profile). Fit again with a budget below the device's "
+                "(stowage.fit(..., budget=...)) to leave more room.")
+
     def __enter__(self) -> Fitted:
         if self._applied is not None:
             raise RuntimeError("stowage.fit: a step is already running under this fit")
@@ -92,6 +116,9 @@ class Fitted:
         applied, self._applied = self._applied, None
         assert applied is not None
         applied.__exit__(kind, error, traceback)
+        if isinstance(error, torch.OutOfMemoryError) and "stowage.fit planned this step" not in str(error) \
+                and not self._in_step:
+            raise torch.OutOfMemoryError(self._out_of_memory(error)) from None
 
     def __str__(self) -> str:
         return decision_table(self.chosen, self.options, self.facts)
