@@ -293,6 +293,18 @@ def test_the_plain_loop_example_trains_where_torch_s_adamw_cannot() -> None:
     assert "<- chosen" in result.stdout and "step 1: loss" in result.stdout
 
 
+def test_the_hugging_face_trainer_example_trains_under_fit() -> None:
+    """examples/hf_trainer.py at a small size: the Trainer's own loop, each step under the fit,
+    its optimizer fit's; the plain step does not fit the device, the fitted one trains."""
+    pytest.importorskip("transformers", reason="tools/bootstrap installs transformers for this test")
+    example = Path(__file__).resolve().parents[2] / "examples" / "hf_trainer.py"
+    result = subprocess.run([sys.executable, str(example), "--steps", "2", "--layers", "2", "--seq", "128",
+                             "--capacity", "640MiB"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "<- chosen" in result.stdout and "'train_loss'" in result.stdout + result.stderr
+    assert "no plan fits" in result.stdout  # torch's AdamW with every state on the device does not fit
+
+
 FEATURE_ROWS_SCRIPT = """
 import torch, stowage
 from stowage.fitting.batches import batch_sizes

@@ -198,8 +198,10 @@ def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budge
             assert all(torch.equal(a, b) for a, b in zip(grads, reference)), f"step {seed}"
             assert peak <= budget * 1.05, f"step {seed}: measured {peak}, budget {budget}"
             assert plan.mismatches == ["a save in '<Dropout>' the profile does not have"]
-    said = [str(w.message) for w in caught if "stowage.plan" in str(w.message)]
-    assert len(said) == 1 and "step 1 does not match the profile" in said[0] and "offloaded" in said[0], said
+    said = [w for w in caught if "stowage.plan" in str(w.message)]
+    assert len(said) == 1 and "step 1 does not match the profile" in str(said[0].message), [str(w.message) for w in said]
+    assert "offloaded" in str(said[0].message)
+    assert said[0].filename == __file__, f"the warning points at {said[0].filename}, not at the loop"
     assert plan.departed_steps == 3 and plan.departures.steps == 3
 
 

@@ -80,6 +80,7 @@ from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, we
 from stowage.offload.host_transfers import HostTransfers
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.offload.slot_watch import SlotWatch
+from stowage.warning_site import outside_stowage
 from stowage.offload.update_undo import UpdateUndo
 from stowage.offload.update_worker import UpdateWorker, cpus_near, finished
 from stowage.waiting import wait_until
@@ -375,7 +376,7 @@ class Adam(torch.optim.Optimizer):
             self._warned_clip = True
             warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): clip_grad_norm_ undoes the "
                           "updates made during backward and step() makes them again with the clipping "
-                          "coefficient; update='exact' clips without that work.", stacklevel=3)
+                          "coefficient; update='exact' clips without that work.", stacklevel=outside_stowage())
 
     def _device_parameters(self) -> list[torch.Tensor]:
         if self._device_optimizer is None:
@@ -490,7 +491,7 @@ class Adam(torch.optim.Optimizer):
                 self._warned_recopy = True
                 warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
                               "or unscaling through torch?), so step() copies them out again. "
-                              "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=3)
+                              "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
             self._copy_out(slot, grad)
             slot.bucket.copied_event = None  # type: ignore[union-attr]  # a new event covers this copy too
         for bucket in self._buckets:

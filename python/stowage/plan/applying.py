@@ -20,6 +20,7 @@ from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_docume
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.region_policy import RegionPolicy
 from stowage.plan.sizes import SizedProfile
+from stowage.warning_site import outside_stowage
 
 
 def comparison_plans(profile: LifetimeProfile) -> dict[str, list[str]]:
@@ -201,7 +202,7 @@ class Plan:
         if kind is None:
             warning = self.departures.end_step()
             if warning is not None:
-                warnings.warn(warning, stacklevel=2)
+                warnings.warn(warning, stacklevel=outside_stowage())
 
     def _hold_to_budget(self, module: Any) -> None:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
