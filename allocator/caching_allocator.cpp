@@ -397,6 +397,12 @@ double CachingAllocator::memory_fraction() const {
 
 // --- placement ---
 
+void CachingAllocator::mark_fit_trial(bool begin) {
+  const std::uint64_t context = context_for_history();
+  std::lock_guard lock(mutex_);
+  trace_.record(begin ? TraceAction::kFitTrialBegin : TraceAction::kFitTrialEnd, 0, 0, Stream{}, context);
+}
+
 void CachingAllocator::mark_step() {
   const std::uint64_t context = context_for_history();
   std::lock_guard lock(mutex_);

@@ -158,6 +158,9 @@ class CachingAllocator final : private BlockCache::Listener {
   // Marks the end of a training step (Note [Learned placement]); recorded in history. Cheap: call
   // it once per step whatever the configuration.
   void mark_step();
+  // Records where stowage.fit's trial steps begin (`begin`) and end in the history (kFitTrialBegin,
+  // kFitTrialEnd); nothing else changes.
+  void mark_fit_trial(bool begin);
   using PlacementStatus = LearnedPlacement::Status;
   PlacementStatus placement_status() const;
 

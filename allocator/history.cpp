@@ -19,8 +19,19 @@ std::string_view trace_action_name(TraceAction action) noexcept {
     case TraceAction::kSnapshot: return "snapshot";
     case TraceAction::kOom: return "oom";
     case TraceAction::kMarkStep: return "snapshot";
+    case TraceAction::kFitTrialBegin: return "snapshot";
+    case TraceAction::kFitTrialEnd: return "snapshot";
   }
   return "unknown";
+}
+
+std::string_view marker_metadata(TraceAction action) noexcept {
+  switch (action) {
+    case TraceAction::kMarkStep: return kMarkStepMetadata;
+    case TraceAction::kFitTrialBegin: return kFitTrialBeginMetadata;
+    case TraceAction::kFitTrialEnd: return kFitTrialEndMetadata;
+    default: return {};
+  }
 }
 
 void History::enable(std::size_t max_entries) {

@@ -34,11 +34,20 @@ enum class TraceAction : std::uint8_t {
   // The end of a training step (CachingAllocator::mark_step). torch's snapshots have no such
   // action: it is written as a "snapshot" marker whose user_metadata is kMarkStepMetadata.
   kMarkStep,
+  // Where stowage.fit's own trial steps (its recording of the step, its rate probes) begin and
+  // end, so that a run's inspection can set them apart; written as "snapshot" markers too.
+  kFitTrialBegin,
+  kFitTrialEnd,
 };
 
 inline constexpr std::string_view kMarkStepMetadata = "stowage.mark_step";
+inline constexpr std::string_view kFitTrialBeginMetadata = "stowage.fit.trial_begin";
+inline constexpr std::string_view kFitTrialEndMetadata = "stowage.fit.trial_end";
 
-// "alloc", "free_requested", ...: the names torch's snapshots use (kMarkStep: "snapshot").
+// The user_metadata a marker action is written with ("" for the other actions).
+std::string_view marker_metadata(TraceAction action) noexcept;
+
+// "alloc", "free_requested", ...: the names torch's snapshots use (the markers: "snapshot").
 std::string_view trace_action_name(TraceAction action) noexcept;
 
 struct TraceEntry {

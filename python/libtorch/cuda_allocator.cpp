@@ -104,6 +104,8 @@ cda::TraceEntry::Action to_torch(TraceAction action) {
     case TraceAction::kSnapshot: return cda::TraceEntry::SNAPSHOT;
     case TraceAction::kOom: return cda::TraceEntry::OOM;
     case TraceAction::kMarkStep: return cda::TraceEntry::SNAPSHOT;
+    case TraceAction::kFitTrialBegin: return cda::TraceEntry::SNAPSHOT;
+    case TraceAction::kFitTrialEnd: return cda::TraceEntry::SNAPSHOT;
   }
   return cda::TraceEntry::ALLOC;
 }
@@ -316,9 +318,7 @@ class StowageCudaAllocator final : public PluggableBase {
                            entry.address, entry.size, to_cuda_stream(entry.stream),
                            c10::MempoolId_t{0, 0}, approx_time_of(entry.time_us),
                            contexts_.find(entry.context), "",
-                           entry.action == TraceAction::kMarkStep
-                               ? std::string(kMarkStepMetadata)
-                               : std::string());
+                           std::string(marker_metadata(entry.action)));
       }
     });
     out.config_metadata.garbage_collection_threshold = 0;

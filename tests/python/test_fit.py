@@ -276,6 +276,26 @@ def test_out_of_memory_under_fit_names_the_sizes_it_planned_for_and_the_batch_th
     fitted.step(torch.zeros(4, 8))  # and it trains on after
 
 
+def test_fit_s_own_steps_are_marked_in_the_history() -> None:
+    """Its recording of the step and its rate probes lie between "snapshot" markers
+    stowage.fit.trial_begin / trial_end (two pairs); training's steps after them."""
+    stowage.record_history(True)
+    try:
+        model, tokens = model_and_batch()
+        fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
+                             loss_fn=loss_fn, cost=COST, verbose=False)
+        fitted.step(tokens)
+        trace = stowage.snapshot()["device_traces"][0]
+    finally:
+        stowage.record_history(False)
+    marks = [(i, e["user_metadata"]) for i, e in enumerate(trace) if e.get("user_metadata", "").startswith("stowage.fit")]
+    assert [m for _, m in marks] == ["stowage.fit.trial_begin", "stowage.fit.trial_end"] * 2
+    assert all(trace[i]["action"] == "snapshot" for i, _ in marks)
+    first, last = marks[0][0], marks[-1][0]
+    assert any(e["action"] == "alloc" for e in trace[first:marks[1][0]])  # the recorded step's
+    assert any(e["action"] == "alloc" for e in trace[last:])  # training's, after fit
+
+
 def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any) -> None:
     snapshot = tmp_path / "demo.pickle"
     result = subprocess.run([sys.executable, "-m", "stowage", "demo", "--steps", "2", "--snapshot", str(snapshot)],

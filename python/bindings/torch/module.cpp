@@ -129,6 +129,9 @@ void bind_memory_api(py::module_& module) {
              py::arg("device") = kCpu);
   module.def("empty_cache", [](int device) { allocator_for(device).empty_cache(); },
              py::arg("device") = kCpu);
+  module.def("mark_fit_trial", [](bool begin, int device) { allocator_for(device).mark_fit_trial(begin); },
+             py::arg("begin"), py::arg("device") = kCpu,
+             "Marks in the device's history where stowage.fit's trial steps begin or end.");
   // Every allocator stowage runs in this process: the CPU one and each CUDA device's.
   module.def("mark_step", [] {
     if (CachingAllocator* allocator = cpu::allocator(); allocator != nullptr) allocator->mark_step();

@@ -84,7 +84,9 @@ py::dict snapshot_dict(const AllocatorSnapshot& snapshot, const torch_cpu::Stack
     entry["stream"] = event.stream.handle;
     entry["time_us"] = event.time_us;
     entry["frames"] = frames(event.context);
-    if (event.action == TraceAction::kMarkStep) entry["user_metadata"] = std::string(kMarkStepMetadata);
+    if (const std::string_view marker = marker_metadata(event.action); !marker.empty()) {
+      entry["user_metadata"] = std::string(marker);
+    }
     trace.append(entry);
   }
   py::list device_traces;

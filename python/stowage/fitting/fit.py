@@ -3,7 +3,8 @@ under what is left, and hand back the step as fitted (stowage.fitting.fitted).""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -17,6 +18,19 @@ from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _index, _torch_module
 from stowage.offload.sharded import local
 from stowage.plan import LifetimeProfile
+
+
+@contextlib.contextmanager
+def _trial(device: torch.device) -> Iterator[None]:
+    """fit's own steps (its recording of the step, its rate probes), marked in the device's
+    history ("snapshot" markers stowage.fit.trial_begin / trial_end) so that an inspection of the
+    run can tell them from training (an out-of-memory while recording is fit's, not the run's)."""
+    module, index = _torch_module(), _index(device)
+    module.mark_fit_trial(True, index)
+    try:
+        yield
+    finally:
+        module.mark_fit_trial(False, index)
 
 
 def _device_of(parameters: list[torch.nn.Parameter]) -> torch.device:
@@ -217,11 +231,12 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
-    with untouched(model, device):  # the recorded step leaves no trace in what training computes
+    with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
         profile, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
     memory = measure(ordered, stowage.memory_allocated(device), capacity, state_copies(optimizer))
-    rates = measure_rates(device, parameters[0].dtype)
+    with _trial(device):
+        rates = measure_rates(device, parameters[0].dtype)
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
     options = weigh(profile, memory, host, rates, can_offload=not refusal, foreach=uses_foreach(optimizer))
