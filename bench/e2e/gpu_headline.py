@@ -14,9 +14,10 @@ A search probes about 2 log2(answer) points, minutes each at these sizes. Instea
      (10% more tokens, one more layer): the first should fit and the second not; where the
      prediction fails, the point below it is tried instead;
   3. stowage.fit trains at twice stock's verified tokens, and at the largest model the host
-     allows (12 bytes a parameter of fp32 masters and moments, within 85% of the host memory
-     available) or at twice stock's layers where that is less; its host bytes a parameter are
-     measured there and reported.
+     allows (stowage's offloaded optimizer's host bytes a parameter, 16 for fp32: masters,
+     moments and a gradient buffer, within 85% of the host memory available; the issue's 12 B
+     figure reported beside) or at twice stock's layers where that is less; its host bytes a
+     parameter are measured there and reported.
 Every point is printed as it finishes and kept in --json, with each step's time. The whole run
 stays inside --budget-s: a probe gets what is left, and what did not run is marked so.
 """
@@ -39,7 +40,10 @@ FIXED = dict(hidden=2048, heads=16, kv_heads=4, layers=16, vocab=32000, seq=2048
 LARGE = dict(hidden=4096, heads=32, kv_heads=8, vocab=32000, seq=2048, batch=2)    # the largest-model search
 SMALL_FIXED = dict(hidden=128, heads=4, kv_heads=2, layers=4, vocab=1024, seq=128)  # the dry run's sizes
 SMALL_LARGE = dict(hidden=256, heads=4, kv_heads=2, vocab=1024, seq=128, batch=2)
-HOST_BYTES_PER_PARAMETER = 12  # fp32 masters, exp_avg and exp_avg_sq on the host
+# The issue's host figure: fp32 masters, exp_avg and exp_avg_sq (12 B a parameter). stowage's
+# offloaded optimizer also stages each gradient on the host (16 B for fp32 parameters: measured on
+# an H200, bench/results/2026-11-26-h200-gpu.md); the fit probe is placed by stowage's own figure.
+ISSUE_HOST_BYTES_PER_PARAMETER = 12
 HOST_SHARE = 0.85
 DEVICE_SHARE = 0.95  # allocated bytes the caching allocator can place before its reserve is full
 
@@ -62,6 +66,15 @@ def parameters_of(shape: dict[str, int], layers: int) -> int:
     attention = 2 * hidden * hidden + 2 * hidden * head * shape["kv_heads"]
     block = attention + 3 * hidden * mlp + 2 * hidden
     return layers * block + 2 * shape["vocab"] * hidden + hidden
+
+
+def host_bytes_per_parameter() -> int:
+    """What stowage's offloaded optimizer takes on the host for an fp32 parameter."""
+    import torch
+
+    from stowage.offload.adam_buckets import bytes_per_parameter
+
+    return bytes_per_parameter(torch.float32, 1)
 
 
 def host_available_bytes() -> int:
@@ -128,12 +141,18 @@ def extrapolate(peaks: list[dict[str, Any]], key: str, total: int, measure: str)
 
 def bracket(args: argparse.Namespace, clock: Clock, config: str, shape: dict[str, int], predicted: int,
             step_up: int, make: Any) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Probes `predicted`, then the point `step_up` past it (or, where it failed, points below it
-    until one fits): (the largest point that fitted, every probe)."""
+    """Probes `predicted`, then points past it (`step_up`, then twice as far each time) until one
+    does not fit, or, where the prediction failed, points below it until one fits: (the largest
+    point that fitted, every probe)."""
     probes = [probe(args, clock, config, shape, *make(predicted), steps=3)]
     if probes[0]["fits"]:
-        probes.append(probe(args, clock, config, shape, *make(predicted + step_up), steps=3))
-        best = probes[-1] if probes[-1]["fits"] else probes[0]
+        best, n, step = probes[0], predicted, step_up
+        for _ in range(4):  # up until a point does not fit (the prediction was low), at most 4 more
+            n += step
+            probes.append(probe(args, clock, config, shape, *make(n), steps=3))
+            if not probes[-1]["fits"]:
+                break
+            best, step = probes[-1], 2 * step
         return best, probes
     n = predicted
     while probes[-1]["fits"] is False and n > step_up:
@@ -179,7 +198,9 @@ def model_part(args: argparse.Namespace, clock: Clock, large: dict[str, int]) ->
         return {**part, "why": "no depth of stock trained near the prediction"}
     per_layer = parameters_of(large, 2) - parameters_of(large, 1)
     host = host_available_bytes()
-    host_limited = int((HOST_SHARE * host / HOST_BYTES_PER_PARAMETER - parameters_of(large, 0)) // per_layer)
+    host_limited = int((HOST_SHARE * host / host_bytes_per_parameter() - parameters_of(large, 0)) // per_layer)
+    part["issue_host_limited_parameters"] = parameters_of(
+        large, int((host / ISSUE_HOST_BYTES_PER_PARAMETER - parameters_of(large, 0)) // per_layer))
     layers = min(2 * best["layers"], host_limited)
     part.update(host_available_bytes=host, host_limited_layers=host_limited,
                 host_limited_parameters=parameters_of(large, host_limited), twice_stock_layers=2 * best["layers"])
@@ -230,7 +251,8 @@ def summary(result: dict[str, Any]) -> str:
     if stock:
         lines.append(f"largest model, stock: {stock['parameters'] / 1e9:.2f}B ({stock['layers']} layers)")
     if "host_limited_parameters" in model:
-        lines.append(f"host-limited largest at {HOST_BYTES_PER_PARAMETER} B a parameter: "
+        lines.append(f"host-limited largest at {host_bytes_per_parameter()} B a parameter (the issue's "
+                     f"{ISSUE_HOST_BYTES_PER_PARAMETER} B: {model['issue_host_limited_parameters'] / 1e9:.2f}B): "
                      f"{model['host_limited_parameters'] / 1e9:.2f}B ({model['host_limited_layers']} layers, "
                      f"{model['host_available_bytes'] / 2**30:.0f} GiB available)")
     if fitted:
