@@ -355,3 +355,11 @@ def test_feature_rows_are_cut_by_rows_only_and_a_step_that_cannot_be_cut_is_refu
     assert "step does not fit whole: recorded at batch {2, 3}, planned at batch 3072" in result.stdout
     peaks = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("peak ")]
     assert len(peaks) == 2 and max(peaks) <= 96 << 20
+
+
+def test_a_busy_host_is_named_beside_the_predicted_times() -> None:
+    from stowage.fitting.table import busy_host_note
+
+    assert busy_host_note((1.5, 2)) == "" and busy_host_note(None) == ""
+    note = busy_host_note((6.0, 2))
+    assert "busy host (load 6.0 on 2 cores)" in note and "up to 3.0x long" in note

@@ -4,6 +4,7 @@ under what is left, and hand back the step as fitted (stowage.fitting.fitted).""
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable, Iterator
 
 import torch
@@ -237,6 +238,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     memory = measure(ordered, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
         rates = measure_rates(device, parameters[0].dtype)
+    load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
     options = weigh(profile, memory, host, rates, can_offload=not refusal, foreach=uses_foreach(optimizer))
@@ -249,7 +251,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
-             "optimizer": name,
+             "optimizer": name, "load": load,
              "unplanned_peak": profile.unconstrained_peak_bytes, "states_kept_because": refusal, "host": host}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:

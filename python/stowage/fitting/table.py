@@ -25,6 +25,15 @@ def _activations(option: Option, unplanned: int) -> str:
             f"planned (saved bytes: {split})")
 
 
+def busy_host_note(load: tuple[float, int] | None) -> str:
+    """What the predicted times are worth when the host was busy while fit measured them: the
+    load average (runnable threads, this process's included) over the cores it may use."""
+    if load is None or load[0] <= load[1]:
+        return ""
+    return (f"; measured on a busy host (load {load[0]:.1f} on {load[1]} cores): the times may be up to "
+            f"{load[0] / load[1]:.1f}x long, every share's alike, so the choice between them holds")
+
+
 def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any]) -> str:
     memory = facts["memory"]
     on_device = memory.states_on_device(chosen.fraction)
@@ -42,7 +51,8 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states, of "
         f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
-        f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)",
+        f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)"
+        + busy_host_note(facts.get("load")),
         "",
         f"  {'states on the device':<30}{'activation budget':>18}{'host memory':>14}{'predicted step':>16}",
     ]
