@@ -195,7 +195,8 @@ def _agreed_fraction(options: list[Option]) -> float | None:
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str) -> torch.OutOfMemoryError:
-    lines = [f"  {o.fraction:.0%} of the states on the device: {o.reason or 'fits here, not on every rank'}"
+    lines = [f"  {o.fraction:.0%} of the states on the device (room for the step "
+             f"{stowage.format_bytes(max(o.activation_budget, 0))}): {o.reason or 'fits here, not on every rank'}"
              for o in options]
     if refusal:
         lines.append(f"  (the states cannot move to host memory: {refusal})")
