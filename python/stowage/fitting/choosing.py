@@ -37,7 +37,7 @@ class Option:
     optimizer_peak: int     # device bytes during the optimizer's step
     update_ms: float        # the optimizer's update: device share and host share
     reason: str             # why it does not fit, or ""
-    host_bytes: int = 0     # host memory the offloaded states take
+    host_bytes: int = 0     # host memory the offloaded states and the plan's paged activations take
 
     @property
     def feasible(self) -> bool:
@@ -71,9 +71,20 @@ def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, ra
         return Option(fraction, budget, plan, peak, update_ms,
                       f"no plan fits: the lowest step peak found is {format_bytes(plan.predicted_peak_bytes)}",
                       host_bytes)
+    host_bytes += paged_bytes(plan)
+    if host_bytes > host.available:
+        return Option(fraction, budget, plan, peak, update_ms,
+                      f"the host cannot hold the offloaded states and paged activations: {format_bytes(host_bytes)} "
+                      f"needed, {format_bytes(host.available)} available ({host.limited_by})", host_bytes)
     if peak > memory.usable:
         return Option(fraction, budget, plan, peak, update_ms, "the optimizer's step does not fit", host_bytes)
     return Option(fraction, budget, plan, peak, update_ms, "", host_bytes)
+
+
+def paged_bytes(plan: Plan) -> int:
+    """Pinned host bytes the plan's offloaded activations take: every offloaded tensor's (they are
+    all on the host at once between forward and backward, where the step turns)."""
+    return sum(t.bytes for t, d in zip(plan.profile.tensors, plan.decisions) if d == "offload")
 
 
 def pick(step_ms: dict[float, float]) -> float | None:

@@ -48,7 +48,7 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         + (f"; kept on the device: {facts['states_kept_because']}" if facts.get("states_kept_because") else ""),
         f"  {'activations':<24}{format_bytes(chosen.activation_budget):>12}  budget; "
         + _activations(chosen, facts["unplanned_peak"]),
-        f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states, of "
+        f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states and paged activations, of "
         f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
         f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)"
