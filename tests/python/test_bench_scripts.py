@@ -99,3 +99,18 @@ def test_the_fit_search_finds_more_tokens_with_stowage_than_without(tmp_path: Pa
         answer = result["most_tokens"]["batch"]
         assert any(p["batch"] == answer + 1 and not p["fits"] for p in result["probes"]["tokens"]) or answer == 64
     assert "| stowage+plan+optimizer |" in done.stdout
+
+
+def test_the_gpu_headline_brackets_stock_at_its_prediction_and_fit_past_it(tmp_path: Path) -> None:
+    """bench/e2e/gpu_headline.py's tokens part at the dry run's sizes: a calibration on forward and
+    backward's own peak predicts stock-with-checkpointing's largest batch, the bracket holds a
+    point that fits and the next that does not, and fit is tried at twice the point that fitted."""
+    output = tmp_path / "headline.json"
+    done = run_script("gpu_headline.py", "--device", "cpu", "--capacity", "48MiB", "--small", "--budget-s", "200",
+                      "--parts", "tokens", "--json", str(output))
+    assert done.returncode == 0, done.stderr
+    tokens = json.loads(output.read_text())["tokens"]
+    assert all(p["fits"] and p["backward_peak_bytes"] > 0 for p in tokens["calibration"])
+    best = tokens["stock_checkpoint_best"]
+    assert best["fits"] and any(not p["fits"] and p["batch"] > best["batch"] for p in tokens["stock_checkpoint_probes"])
+    assert tokens["fit"]["batch"] == 2 * best["batch"]
