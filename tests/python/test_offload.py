@@ -164,6 +164,30 @@ def test_after_the_longest_step_nothing_more_is_pinned_and_the_footprint_is_the_
     assert stats["offload.pinned.reserved_bytes.peak"] <= 1.05 * stats["offload.offloaded_bytes.peak"]
 
 
+def test_a_shorter_step_of_small_blocks_pins_its_small_segments_once() -> None:
+    """Width 512, 8 rows: the longest step's activations are large blocks (8 MiB at 512 tokens),
+    a 64-token step's are 1 MiB, the allocator's small class, which never uses the settled arena
+    (Note [One pinned arena]). That step pins a few small segments the first time it runs; once
+    each length has run, nothing more is pinned."""
+    torch.manual_seed(0)
+    model = TinyGpt(vocab=256, width=512, heads=8, layers=2, length=512)
+    lengths = [256, 512, 64, 384, 512, 64, 384, 256]
+    pinned: list[tuple[int, int]] = []
+    for length in lengths:
+        ids = torch.randint(0, 256, (8, length))
+        with stowage.offload.activations(min_bytes="64KiB"):
+            loss = lm_loss(model(ids), ids)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        stowage.mark_step()
+        stats = stowage.memory_stats()
+        pinned.append((stats["offload.pinned.num_pinnings"], stats["offload.pinned.reserved_bytes.current"]))
+    after_longest, every_length = lengths.index(512), lengths.index(384)
+    assert len(set(pinned[every_length:])) == 1, f"pinned again once every length had run: {pinned}"
+    grown = pinned[every_length][1] - pinned[after_longest][1]
+    assert grown <= 16 << 20, f"after the longest step the small class took {grown} bytes more: {pinned}"
+
+
 def test_parameters_and_their_autocast_casts_are_never_paged() -> None:
     """A Linear-heavy model under autocast: weights, weight.t() and the cached bf16 casts stay,
     judged by storage and history, independently of stowage's own test."""

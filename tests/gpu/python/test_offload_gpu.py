@@ -126,11 +126,14 @@ def test_forward_and_backward_never_synchronise_the_device() -> None:
     stowage.mark_step()
 
 
-def test_after_the_longest_step_nothing_more_is_pinned() -> None:
+def test_once_each_shape_has_run_nothing_more_is_pinned() -> None:
+    """Large blocks settle into one arena the size of the longest step's peak; a shorter step
+    whose bf16 activations fall to 1 MiB (128 tokens) takes small segments the first time it runs
+    (Note [One pinned arena]). After each length has run once, nothing more is pinned."""
     model = small_gpt()
     optimizer = torch.optim.AdamW(model.parameters())
     pinnings = []
-    lengths = [256, 512, 128, 512, 384]
+    lengths = [256, 512, 128, 384, 512, 128, 384, 256]
     for length in lengths:
         tokens = torch.randint(0, 8192, (8, length), device=DEVICE)
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
@@ -141,7 +144,7 @@ def test_after_the_longest_step_nothing_more_is_pinned() -> None:
         optimizer.zero_grad(set_to_none=True)
         stowage.mark_step()
         pinnings.append(stowage.memory_stats()["offload.pinned.num_pinnings"])
-    assert len(set(pinnings[lengths.index(512):])) == 1, pinnings
+    assert len(set(pinnings[lengths.index(384):])) == 1, pinnings  # every length has run by then
     stats = stowage.memory_stats()
     assert stats["offload.pinned.reserved_bytes.peak"] <= 1.05 * stats["offload.offloaded_bytes.peak"]
 
