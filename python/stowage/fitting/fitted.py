@@ -94,7 +94,10 @@ class Fitted:
         said = f"{error}\nstowage.fit planned this step for {fitted} (its example batch)"
         if batch is None:
             return said + ": a larger batch needs stowage.fit again with it as the example."
-        came = batch_sizes(batch)
+        try:
+            came = batch_sizes(batch)
+        except ValueError:  # no tensor with rows in it: nothing to compare
+            return said + "."
         shown = " x ".join(f"{name} {value}" for name, value in came.items())
         if any(came.get(name, 0) > value for name, value in self.facts["sizes"].items()):
             return (said + f"; this batch is {shown}, larger. Give fit the largest batch the loop trains on as its "
