@@ -35,6 +35,19 @@ def peak_resident_of(code: str) -> tuple[subprocess.CompletedProcess[str], int]:
     return done, int(peak[-1].split()[1]) * 1024 if peak else 0
 
 
+def read_columnar_in_a_process(paths: list[Path]) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Each file read into columns in one fresh process, each refusal printed ("refused: ...");
+    (the finished process, its peak resident bytes)."""
+    return peak_resident_of(textwrap.dedent(f"""
+        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+        for path in {[str(path) for path in paths]!r}:
+            try:
+                load_snapshot_columnar(path)
+            except SnapshotError as error:
+                print("refused:", error)
+    """))
+
+
 def test_a_file_of_one_repeated_opcode_is_refused_within_its_memory_bound(tmp_path: Path) -> None:
     """20 MiB of EMPTY_LIST reached 1.5 GB (75 times the file) before it was refused; now the
     reading stops once it grew memory by its budget, within 200 MB and 4 times the file (a MARK
@@ -43,14 +56,7 @@ def test_a_file_of_one_repeated_opcode_is_refused_within_its_memory_bound(tmp_pa
     for name, opcode in (("EMPTY_LIST", b"]"), ("MARK", b"(")):
         paths.append(tmp_path / f"{name}.pickle")
         paths[-1].write_bytes(b"\x80\x04" + opcode * ((20 * MiB) // len(opcode)) + b".")
-    done, peak = peak_resident_of(textwrap.dedent(f"""
-        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
-        for path in {[str(path) for path in paths]!r}:
-            try:
-                load_snapshot_columnar(path)
-            except SnapshotError as error:
-                print("refused:", error)
-    """))
+    done, peak = read_columnar_in_a_process(paths)
     assert done.stdout.count("refused:") == len(paths), done.stdout + done.stderr
     assert done.stdout.count("grew memory by more than") == len(paths), done.stdout
     assert peak < 200 * MiB + 4 * 20 * MiB, peak
@@ -67,14 +73,7 @@ def test_a_long_list_is_walked_within_the_memory_bound(tmp_path: Path) -> None:
         paths.append(tmp_path / f"{name}.pickle")
         paths[-1].write_bytes(b"\x80\x04]" + first + b"\x8d" + pad.to_bytes(8, "little") + b"x" * pad + b"a"
                               + batch * (items // 1000) + b".")
-    done, peak = peak_resident_of(textwrap.dedent(f"""
-        from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
-        for path in {[str(path) for path in paths]!r}:
-            try:
-                load_snapshot_columnar(path)
-            except SnapshotError as error:
-                print("refused:", error)
-    """))
+    done, peak = read_columnar_in_a_process(paths)
     assert done.stdout.count("snapshot: expected dict, got list") == len(paths), done.stdout + done.stderr
     assert peak < 200 * MiB + 4 * 20 * MiB, peak / MiB
 

@@ -145,19 +145,26 @@ def test_forward_and_backward_make_no_synchronisation() -> None:
         model.zero_grad(set_to_none=True)
 
 
-def test_after_the_longest_step_nothing_more_is_pinned_and_the_footprint_is_the_peak() -> None:
-    torch.manual_seed(0)
-    model = TinyGpt(vocab=256, width=64, heads=4, layers=3, length=256)
-    lengths = [96, 256, 64, 256, 128, 32, 256, 200]
-    pinnings = []
+def pinned_after_each_step(model: Any, lengths: list[int], rows: int, min_bytes: str) -> list[tuple[int, int]]:
+    """Offloaded steps of the given lengths: after each, the pinned pool's (pinnings, reserved bytes)."""
+    pinned = []
     for length in lengths:
-        ids = torch.randint(0, 256, (4, length))
-        with stowage.offload.activations(min_bytes="16KiB"):
+        ids = torch.randint(0, 256, (rows, length))
+        with stowage.offload.activations(min_bytes=min_bytes):
             loss = lm_loss(model(ids), ids)
         loss.backward()
         model.zero_grad(set_to_none=True)
         stowage.mark_step()
-        pinnings.append(stowage.memory_stats()["offload.pinned.num_pinnings"])
+        stats = stowage.memory_stats()
+        pinned.append((stats["offload.pinned.num_pinnings"], stats["offload.pinned.reserved_bytes.current"]))
+    return pinned
+
+
+def test_after_the_longest_step_nothing_more_is_pinned_and_the_footprint_is_the_peak() -> None:
+    torch.manual_seed(0)
+    model = TinyGpt(vocab=256, width=64, heads=4, layers=3, length=256)
+    lengths = [96, 256, 64, 256, 128, 32, 256, 200]
+    pinnings = [count for count, _ in pinned_after_each_step(model, lengths, 4, "16KiB")]
     longest = lengths.index(256)
     assert len(set(pinnings[longest:])) == 1, f"pinned again after the longest step: {pinnings}"
     stats = stowage.memory_stats()
@@ -172,16 +179,7 @@ def test_a_shorter_step_of_small_blocks_pins_its_small_segments_once() -> None:
     torch.manual_seed(0)
     model = TinyGpt(vocab=256, width=512, heads=8, layers=2, length=512)
     lengths = [256, 512, 64, 384, 512, 64, 384, 256]
-    pinned: list[tuple[int, int]] = []
-    for length in lengths:
-        ids = torch.randint(0, 256, (8, length))
-        with stowage.offload.activations(min_bytes="64KiB"):
-            loss = lm_loss(model(ids), ids)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        stowage.mark_step()
-        stats = stowage.memory_stats()
-        pinned.append((stats["offload.pinned.num_pinnings"], stats["offload.pinned.reserved_bytes.current"]))
+    pinned = pinned_after_each_step(model, lengths, 8, "64KiB")
     after_longest, every_length = lengths.index(512), lengths.index(384)
     assert len(set(pinned[every_length:])) == 1, f"pinned again once every length had run: {pinned}"
     grown = pinned[every_length][1] - pinned[after_longest][1]
