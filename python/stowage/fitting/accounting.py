@@ -32,14 +32,12 @@ class DeviceMemory:
     states: int           # the optimizer's states of every parameter, in the parameters' dtypes
     foreach_temporary: int
     largest_parameter: int
-    numels: tuple[int, ...] = ()       # every parameter, in the optimizer's order
-    state_bytes: tuple[int, ...] = ()  # each one's states (none for a frozen one)
+    numels: tuple[int, ...]       # every parameter, in the optimizer's order
+    state_bytes: tuple[int, ...]  # each one's states (none for a frozen one)
 
     def states_on_device(self, fraction: float) -> int:
         """The states a share keeps on the device: those of the leading parameters that fit in it
         by count (adam_buckets.kept_on_device), as the offloaded optimizer splits them."""
-        if not self.numels:
-            return int(self.states * fraction)
         return sum(self.state_bytes[:kept_on_device(self.numels, fraction)])
 
     def optimizer_step_peak(self, fraction: float, foreach: bool) -> int:
@@ -55,22 +53,20 @@ class DeviceMemory:
 @dataclass(frozen=True)
 class HostMemory:
     """The host side of the choice, fixed for one fit: the host bytes an offloaded parameter
-    takes (stowage.offload.adam_buckets.bytes_per_parameter: master, moments, gradient staging),
-    the parameters in the optimizer's order (which of them a share keeps on the device:
-    adam_buckets.kept_on_device; frozen ones take no host memory), and what the process may take
-    (stowage.offload.host_memory.host_room: MemAvailable, the cgroup's limit, or fit's
-    ``host_budget``), and which limit that is."""
+    takes (stowage.offload.adam_buckets.bytes_per_parameter: master, moments, gradient staging)
+    and what the process may take (stowage.offload.host_memory.host_room: MemAvailable, the
+    cgroup's limit, or fit's ``host_budget``), and which limit that is."""
 
     bytes_per_parameter: int
-    numels: tuple[int, ...]
-    trainable: tuple[bool, ...]
     available: int
     limited_by: str
 
-    def states(self, fraction: float) -> int:
-        """Host bytes the offloaded optimizer takes with `fraction` of the states on the device."""
-        first_offloaded = kept_on_device(self.numels, fraction)
-        offloaded = sum(n for n, t in zip(self.numels[first_offloaded:], self.trainable[first_offloaded:]) if t)
+    def states(self, memory: DeviceMemory, fraction: float) -> int:
+        """Host bytes the offloaded optimizer takes with `fraction` of the states on the device:
+        the trainable parameters past those the share keeps (frozen ones take none)."""
+        first_offloaded = kept_on_device(memory.numels, fraction)
+        offloaded = sum(n for n, states in zip(memory.numels[first_offloaded:], memory.state_bytes[first_offloaded:])
+                        if states)
         return offloaded * self.bytes_per_parameter
 
 

@@ -52,7 +52,7 @@ class Option:
 def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, fraction: float,
             foreach: bool) -> Option:
     budget = memory.activation_budget(fraction)
-    host_bytes = host.states(fraction)
+    host_bytes = host.states(memory, fraction)
     peak = memory.optimizer_step_peak(fraction, foreach=foreach and fraction == 1.0)
     count = memory.parameter_count
     write_back_ms = (1 - fraction) * memory.gradients / float(profile.cost["to_device_bytes_per_ms"])

@@ -163,8 +163,7 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
     room = host_room(None if host_budget is None else _bytes(host_budget))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
-    return HostMemory(per_parameter, tuple(local(p).numel() for p in parameters),
-                      tuple(p.requires_grad for p in parameters), room.available_bytes, limited_by)
+    return HostMemory(per_parameter, room.available_bytes, limited_by)
 
 
 def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
