@@ -64,7 +64,10 @@ MAX_COPY_BANDWIDTH = 10**15
 def _parsed(value: int | str, name: str) -> int:
     """An int, or a size such as "4GiB" parsed; TypeError naming `name` for anything else."""
     if isinstance(value, str):
-        return int(_core.parse_byte_size(value))
+        try:
+            return int(_core.parse_byte_size(value))
+        except ValueError as error:  # the parser's message, with the knob's name
+            raise type(error)(f"{name}: {str(error).split(' (at ')[0]}") from None
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int or a size such as '4GiB', not {type(value).__name__}")
     return operator.index(value)

@@ -366,3 +366,11 @@ def test_a_busy_host_is_named_beside_the_predicted_times() -> None:
     assert busy_host_note((1.5, 2)) == "" and busy_host_note(None) == ""
     note = busy_host_note((6.0, 2))
     assert "busy host (load 6.0 on 2 cores)" in note and "up to 3.0x long" in note
+
+
+@pytest.mark.parametrize("knob, value", [("budget", "lots"), ("budget", -1), ("host_budget", "2 parsecs"),
+                                         ("host_budget", 2**70)])
+def test_a_bad_budget_is_refused_naming_it(knob: str, value: Any) -> None:
+    model, tokens = model_and_batch()
+    with pytest.raises((TypeError, ValueError), match=f"stowage.fit: {knob}"):
+        stowage.fit(model, torch.optim.AdamW, tokens, loss_fn=loss_fn, cost=COST, verbose=False, **{knob: value})

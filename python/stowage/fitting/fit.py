@@ -161,7 +161,7 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
     per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
-    room = host_room(None if host_budget is None else _bytes(host_budget))
+    room = host_room(None if host_budget is None else _bytes(host_budget, "stowage.fit: host_budget"))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
     return HostMemory(per_parameter, room.available_bytes, limited_by)
 
@@ -228,7 +228,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     check_parameters_counted(parameters, device)
     capacity = int(_torch_module().capacity(_index(device)))
     if budget is not None:
-        capacity = min(capacity, _bytes(budget))
+        capacity = min(capacity, _bytes(budget, "stowage.fit: budget"))
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
