@@ -204,14 +204,20 @@ def test_what_cannot_fit_is_refused_with_every_share_weighed(capsys: Any) -> Non
 def test_ranks_agree_on_a_share_every_rank_fits_timed_by_the_slowest() -> None:
     from stowage.fitting.choosing import agree, pick
 
-    assert pick({1.0: 100.0, 0.5: 99.0, 0.0: 90.0}) == 0.0  # the fastest, beyond the tie
-    assert pick({1.0: 102.0, 0.5: 100.0}) == 1.0  # within 3%: the most states on the device
+    # choices are (share of states on the device, rows of a micro-batch)
+    assert pick({(1.0, 8): 100.0, (0.5, 8): 99.0, (0.0, 8): 90.0}) == (0.0, 8)  # the fastest, beyond the tie
+    assert pick({(1.0, 8): 102.0, (0.5, 8): 100.0}) == (1.0, 8)  # within 3%: the most states on the device
+    # within 3%: the fewest micro-batches first, then the most states on the device
+    assert pick({(1.0, 4): 100.0, (0.5, 8): 102.0, (0.25, 8): 101.0}) == (0.5, 8)
     assert pick({}) is None
     # rank 0 alone would keep half the states; rank 1's device cannot, so both keep a quarter
-    assert agree([{0.5: 100.0, 0.25: 100.0, 0.0: 100.0}, {0.25: 100.0, 0.0: 100.0}]) == 0.25
+    assert agree([{(0.5, 8): 100.0, (0.25, 8): 100.0, (0.0, 8): 100.0}, {(0.25, 8): 100.0, (0.0, 8): 100.0}]) \
+        == (0.25, 8)
     # the slowest rank's time decides: a quarter is 10% slower on rank 1
-    assert agree([{0.25: 100.0, 0.0: 100.0}, {0.25: 110.0, 0.0: 100.0}]) == 0.0
-    assert agree([{0.5: 100.0}, {0.25: 100.0}]) is None
+    assert agree([{(0.25, 8): 100.0, (0.0, 8): 100.0}, {(0.25, 8): 110.0, (0.0, 8): 100.0}]) == (0.0, 8)
+    assert agree([{(0.5, 8): 100.0}, {(0.25, 8): 100.0}]) is None
+    # micro-batches too: rank 1 cannot run 8 rows at once, so both run 4 x 2
+    assert agree([{(1.0, 8): 100.0, (1.0, 2): 120.0}, {(1.0, 2): 125.0}]) == (1.0, 2)
 
 
 def test_a_device_stowage_does_not_serve_is_refused_with_the_fix() -> None:

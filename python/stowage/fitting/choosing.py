@@ -1,22 +1,29 @@
-"""`fit`'s choice: the share of optimizer states kept on the device, and the plan for the step's
-activations under what that share leaves, taken together as the fastest predicted step that fits.
+"""`fit`'s choice: the share of optimizer states kept on the device, the micro-batches the global
+batch runs as, and the plan for the step's activations under what those leave, taken together as
+the fastest predicted step that fits.
 
 For each share of states kept on the device (all of them, torch's optimizer unchanged; then less,
-down to none: stowage.offload.AdamW with that ``device_fraction``) the planner solves the step
-under the memory the share leaves. A share is feasible when a plan fits and the optimizer's own
-step fits beside the gradients, and the host holds the offloaded states. Its predicted time is the plan's step plus the update of the
-states kept on the device, the host update of the rest (measured rates, stowage.fitting
-.update_rates; in the default "exact" mode the host update is not hidden behind backward) and
-the rest's parameters crossing back. Predictions within 3% of the fastest count as a tie, won by
-the most states on the device (the least changed). More
-states on the device leave less room for activations (more recompute and offload); fewer add host
-time: the choice weighs the two on this model rather than by a fixed rule.
+down to none: stowage.offload.AdamW with that ``device_fraction``) and each micro-batch size (the
+whole batch; with ``micro_batches="auto"`` cuts into 2, 4, 8 ... micro-batches,
+stowage.fitting.micro_batches) the planner solves one micro-batch's step under the memory the
+share leaves; past the first micro-batch the gradients are on the device from the step's start,
+so a cut step's plan has the gradients' bytes less. A choice is feasible when a plan fits, the
+optimizer's own step fits beside the gradients, and the host holds the offloaded states. Its
+predicted time is the micro-batches' planned steps plus the update of the states kept on the
+device, the host update of the rest (measured rates, stowage.fitting.update_rates; in the default
+"exact" mode the host update is not hidden behind backward) and the rest's parameters crossing
+back. Predictions within 3% of the fastest count as a tie, won by the fewest micro-batches, then
+the most states on the device (the least changed). More states on the device or larger
+micro-batches leave less room for activations (more recompute and offload); fewer add host time
+or steps: the choice weighs them on this model rather than by a fixed rule.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory
@@ -38,20 +45,37 @@ class Option:
     update_ms: float        # the optimizer's update: device share and host share
     reason: str             # why it does not fit, or ""
     host_bytes: int = 0     # host memory the offloaded states and the plan's paged activations take
+    micro_rows: int = 0     # rows of one micro-batch (the plan's), the example's rows when not cut
+    micro_batches: int = 1  # micro-batches the example runs as
 
     @property
     def feasible(self) -> bool:
         return not self.reason
 
     @property
+    def key(self) -> Choice:
+        return (self.fraction, self.micro_rows)
+
+    @property
+    def keeps_everything(self) -> bool:
+        """Whether the plan neither recomputes nor offloads (a smaller micro-batch only adds steps)."""
+        return self.plan is not None and all(d == "keep" for d in self.plan.decisions)
+
+    @property
     def step_ms(self) -> float:
         assert self.plan is not None
-        return self.plan.predicted_step_ms + self.update_ms
+        return self.micro_batches * self.plan.predicted_step_ms + self.update_ms
+
+
+Choice = tuple[float, int]  # (share of states on the device, rows of a micro-batch)
 
 
 def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, fraction: float,
-            foreach: bool) -> Option:
+            foreach: bool, micro_rows: int, micro_batches: int) -> Option:
     budget = memory.activation_budget(fraction)
+    if micro_batches > 1:  # the gradients are there from the second micro-batch's start
+        budget -= memory.gradients
+    cut = {"micro_rows": micro_rows, "micro_batches": micro_batches}
     host_bytes = host.states(memory, fraction)
     peak = memory.optimizer_step_peak(fraction, foreach=foreach and fraction == 1.0)
     count = memory.parameter_count
@@ -61,24 +85,24 @@ def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, ra
     if host_bytes > host.available:
         return Option(fraction, budget, None, peak, update_ms,
                       f"the host cannot hold the offloaded states: {format_bytes(host_bytes)} needed, "
-                      f"{format_bytes(host.available)} available ({host.limited_by})", host_bytes)
+                      f"{format_bytes(host.available)} available ({host.limited_by})", host_bytes, **cut)
     if budget <= 0:
-        return Option(fraction, budget, None, peak, update_ms, "the states alone fill the device", host_bytes)
+        return Option(fraction, budget, None, peak, update_ms, "the states alone fill the device", host_bytes, **cut)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a plan that does not fit is reported as an option's reason
         plan = solve(profile, budget)
     if not plan.fits:
         return Option(fraction, budget, plan, peak, update_ms,
                       f"no plan fits: the lowest step peak found is {format_bytes(plan.predicted_peak_bytes)}",
-                      host_bytes)
+                      host_bytes, **cut)
     host_bytes += paged_bytes(plan)
     if host_bytes > host.available:
         return Option(fraction, budget, plan, peak, update_ms,
                       f"the host cannot hold the offloaded states and paged activations: {format_bytes(host_bytes)} "
-                      f"needed, {format_bytes(host.available)} available ({host.limited_by})", host_bytes)
+                      f"needed, {format_bytes(host.available)} available ({host.limited_by})", host_bytes, **cut)
     if peak > memory.usable:
-        return Option(fraction, budget, plan, peak, update_ms, "the optimizer's step does not fit", host_bytes)
-    return Option(fraction, budget, plan, peak, update_ms, "", host_bytes)
+        return Option(fraction, budget, plan, peak, update_ms, "the optimizer's step does not fit", host_bytes, **cut)
+    return Option(fraction, budget, plan, peak, update_ms, "", host_bytes, **cut)
 
 
 def paged_bytes(plan: Plan) -> int:
@@ -87,33 +111,51 @@ def paged_bytes(plan: Plan) -> int:
     return sum(t.bytes for t, d in zip(plan.profile.tensors, plan.decisions) if d == "offload")
 
 
-def pick(step_ms: dict[float, float]) -> float | None:
-    """The share to take, from the feasible shares' predicted step times: the fastest, where
-    predictions within TIE of it are not told apart and the most states on the device wins."""
+def pick(step_ms: dict[Choice, float]) -> Choice | None:
+    """The choice to take, from the feasible choices' predicted step times: the fastest, where
+    predictions within TIE of it are not told apart and the fewest micro-batches (the largest),
+    then the most states on the device, win."""
     if not step_ms:
         return None
     fastest = min(step_ms.values())
-    return max(fraction for fraction, ms in step_ms.items() if ms <= fastest * (1 + TIE))
+    tied = [choice for choice, ms in step_ms.items() if ms <= fastest * (1 + TIE)]
+    return max(tied, key=lambda choice: (choice[1], choice[0]))
 
 
-def agree(per_rank: list[dict[float, float]]) -> float | None:
-    """One share for ranks that train in step, from each rank's feasible shares and predicted
-    times: a share feasible on every rank, timed by its slowest rank (the step waits for it)."""
+def agree(per_rank: list[dict[Choice, float]]) -> Choice | None:
+    """One choice for ranks that train in step, from each rank's feasible choices and predicted
+    times: a choice feasible on every rank, timed by its slowest rank (the step waits for it)."""
     common = set.intersection(*(set(times) for times in per_rank)) if per_rank else set()
-    return pick({fraction: max(times[fraction] for times in per_rank) for fraction in common})
+    return pick({choice: max(times[choice] for times in per_rank) for choice in common})
 
 
-def feasible_times(options: list[Option]) -> dict[float, float]:
-    return {o.fraction: o.step_ms for o in options if o.feasible}
+def feasible_times(options: list[Option]) -> dict[Choice, float]:
+    return {o.key: o.step_ms for o in options if o.feasible}
 
 
-def weigh(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *,
-          can_offload: bool, foreach: bool) -> list[Option]:
-    """Every share weighed (all of them on the device only, when states cannot move); `pick`, or
-    `agree` across ranks, takes one. A share whose offloaded states the host cannot hold is not
-    feasible, whatever the device."""
+ProfileAt = Callable[[int], LifetimeProfile]  # one micro-batch's profile, by its rows
+
+
+def weigh(profile_at: ProfileAt, micro_sizes: list[int], memory: DeviceMemory, host: HostMemory,
+          rates: UpdateRates, *, rows: int, can_offload: bool, foreach: bool) -> list[Option]:
+    """Every share weighed (all of them on the device only, when states cannot move) at every
+    micro-batch size of `micro_sizes` (largest first; `rows` is the example's), down to the first
+    size whose plan keeps everything (a smaller one only adds steps); `pick`, or `agree` across
+    ranks, takes one. A share whose offloaded states the host cannot hold is not feasible,
+    whatever the device."""
     fractions = FRACTIONS if can_offload else (1.0,)
-    return [_option(profile, memory, host, rates, f, foreach) for f in _distinct(fractions, memory)]
+    profiles: dict[int, LifetimeProfile] = {}
+    options = []
+    for fraction in _distinct(fractions, memory):
+        for micro_rows in micro_sizes:
+            if micro_rows not in profiles:
+                profiles[micro_rows] = profile_at(micro_rows)
+            count = math.ceil(rows / micro_rows)
+            option = _option(profiles[micro_rows], memory, host, rates, fraction, foreach, micro_rows, count)
+            options.append(option)
+            if option.feasible and option.keeps_everything:
+                break
+    return options
 
 
 def _distinct(fractions: tuple[float, ...], memory: DeviceMemory) -> list[float]:

@@ -12,8 +12,9 @@ import torch
 import stowage
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grid
-from stowage.fitting.choosing import Option, agree, feasible_times, pick, weigh
+from stowage.fitting.choosing import Choice, Option, ProfileAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
+from stowage.fitting.micro_batches import MIN_ROWS, LossUnits, batch_dependent, given_units, mean_over, micro_candidates
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _index, _torch_module
@@ -32,6 +33,9 @@ def _trial(device: torch.device) -> Iterator[None]:
         yield
     finally:
         module.mark_fit_trial(False, index)
+
+
+MICRO_GRID = (MIN_ROWS, MIN_ROWS + 1)  # rows a step that may be cut is recorded at
 
 
 def _device_of(parameters: list[torch.nn.Parameter]) -> torch.device:
@@ -77,10 +81,19 @@ def check_parameters_counted(parameters: list[torch.nn.Parameter], device: torch
         "after enable(), or copy it in once enabled: for p in model.parameters(): p.data = p.data.clone()")
 
 
+class CannotCut(Exception):
+    """The step cannot be planned per micro-batch (the reason); fit keeps the batch whole."""
+
+
+Profiled = tuple[ProfileAt, str]  # a micro-batch's profile by its rows, and how it was recorded
+
+
 def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capacity: int,
-             cost: dict[str, float] | None) -> tuple[LifetimeProfile, str]:
-    """The step's lifetime profile at the example's sizes: recorded whole when it fits, else at a
-    grid of smaller sizes cut from the example and evaluated at the example's (stowage.plan.sizes)."""
+             cost: dict[str, float] | None, cuts: bool) -> Profiled:
+    """The step's lifetime profile: recorded whole at the example when it fits and is not to be
+    cut; recorded at 2 and 3 rows of the example's sequences when it may be cut (every cut's
+    profile is then read off the rows' line); else at a grid of smaller sizes cut from the example
+    and evaluated at the example's (stowage.plan.sizes)."""
     import stowage.plan
 
     def step(at: Any) -> None:  # gradients made and let go, as a step then the optimizer's zero_grad do
@@ -90,8 +103,17 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     kind = "cuda" if device.type == "cuda" else "cpu"
     full = batch_sizes(batch)
     try:
-        profile = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
-        return profile, f"step recorded at {_describe(full)}"
+        if not cuts:
+            profile = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
+            return (lambda rows: profile), f"step recorded at {_describe(full)}"
+        try:
+            sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes={"batch": MICRO_GRID},
+                                         device=kind, cost=cost, model=model)
+        except ValueError as error:  # the step's ops differ between 2 and 3 rows
+            model.zero_grad(set_to_none=True)
+            raise CannotCut(f"its ops differ with the rows ({str(error).splitlines()[0]})") from None
+        return (lambda rows: sized.at({"batch": rows})), (
+            f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{_rest(full)}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
     grid = profiling_grid(full)
@@ -112,8 +134,17 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
         if cut_fails:
             raise _cut_fails(full, shown, failure)
         raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()}, failure)
+    if cuts:
+        return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
+            f"step does not fit at 2 rows: recorded at {shown}, planned per micro-batch")
     at = {name: full[name] for name in grid}
-    return sized.at(at), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+    profile = sized.at(at)
+    return (lambda rows: profile), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+
+
+def _rest(full: dict[str, int]) -> str:
+    rest = {name: value for name, value in full.items() if name != "batch"}
+    return f" x {_describe(rest)}" if rest else ""
 
 
 def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[str, int],
@@ -181,22 +212,48 @@ def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
     return offloaded
 
 
-def _agreed_fraction(options: list[Option]) -> float | None:
-    """The share this process takes. Under torch.distributed every rank takes the same one (where
-    the update runs changes its rounding, and parameters must stay identical across ranks): one
-    that fits every rank's device, weighed by the slowest rank's prediction."""
+def _agreed(options: list[Option]) -> Choice | None:
+    """The choice this process takes. Under torch.distributed every rank takes the same one (where
+    the update runs changes its rounding, parameters must stay identical across ranks, and the
+    ranks' micro-batches meet in one all-reduce): one that fits every rank's device, weighed by
+    the slowest rank's prediction."""
     mine = feasible_times(options)
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return pick(mine)
-    every: list[dict[float, float]] = [{} for _ in range(torch.distributed.get_world_size())]
+    every: list[dict[Choice, float]] = [{} for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather_object(every, mine)
     return agree(every)
 
 
+def _units(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, micro_batches: int | str,
+           loss_units: str | Callable[[Any], int] | None, split_batchnorm: bool) -> tuple[LossUnits | None, str]:
+    """What the loss is a mean over, so micro-batches can be weighted to the global batch's loss;
+    (None, why) where the batch is not to be cut: layers that see the rows together, or a loss
+    that is a mean over no units fit knows (micro_batches="auto" then keeps the batch whole; a
+    count asked for is refused)."""
+    dependent = [] if split_batchnorm else batch_dependent(model)
+    if dependent:
+        reason = (f"{', '.join(dependent[:3])}{' ...' if len(dependent) > 3 else ''} compute statistics over the rows "
+                  "they see together (BatchNorm); split_batchnorm=True cuts the batch anyway")
+    elif loss_units is not None:
+        return given_units(loss_units), ""
+    else:
+        with _trial(device), untouched(model, device):
+            units, reason = mean_over(model, loss_fn, batch)
+        if units is not None:
+            return units, ""
+        reason += "; pass loss_units= to say what it is a mean over"
+    if micro_batches != "auto":
+        raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be kept to the global batch's step: "
+                         f"{reason}")
+    return None, reason
+
+
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str) -> torch.OutOfMemoryError:
-    lines = [f"  {o.fraction:.0%} of the states on the device (room for the step "
-             f"{stowage.format_bytes(max(o.activation_budget, 0))}): {o.reason or 'fits here, not on every rank'}"
-             for o in options]
+    lines = [f"  {o.fraction:.0%} of the states on the device"
+             + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
+             + f" (room for the step {stowage.format_bytes(max(o.activation_budget, 0))}): "
+             f"{o.reason or 'fits here, not on every rank'}" for o in options]
     if refusal:
         lines.append(f"  (the states cannot move to host memory: {refusal})")
     return torch.OutOfMemoryError(
@@ -213,14 +270,19 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal
 def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
         example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
         verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True,
-        host_budget: int | str | None = None) -> Fitted:
+        host_budget: int | str | None = None, micro_batches: int | str = 1,
+        loss_units: str | Callable[[Any], int] | None = None, split_batchnorm: bool = False) -> Fitted:
     """Fits ``model``'s training step to its device; see stowage.fitting. ``example_batch``: the
-    largest batch the loop trains on. ``budget``: the device memory training may use (default:
-    all of it). ``host_budget``: the host memory the offloaded states may take (default: what the
-    process may take, cgroup limits included). ``cost``: the planner's cost model (measured when
-    not given).
+    largest batch the loop trains on (with ``micro_batches``, its global batch). ``budget``: the
+    device memory training may use (default: all of it). ``host_budget``: the host memory the
+    offloaded states may take (default: what the process may take, cgroup limits included).
+    ``cost``: the planner's cost model (measured when not given).
     ``offload_optimizer=False`` keeps the factory's optimizer with all its states on the device
-    (the plan alone makes room)."""
+    (the plan alone makes room). ``micro_batches``: 1 runs the batch whole; "auto" lets fit cut it
+    into the micro-batches that make the fastest step that fits, a count cuts it into that many;
+    ``fitted.step(batch)`` then runs them (stowage.fitting.micro_batches: the loss weighted to the
+    global batch's, by ``loss_units`` when given, else as read from the loss; BatchNorm refuses
+    a cut unless ``split_batchnorm=True``)."""
     loss_fn = loss_fn or default_loss
     parameters = list(model.parameters())
     device = _device_of(parameters)
@@ -232,8 +294,21 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
-    with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
-        profile, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost)
+    rows = batch_sizes(example_batch)["batch"]
+    micro_sizes = micro_candidates(rows, micro_batches)
+    units, not_cut = (None, "") if micro_sizes == [rows] else _units(
+        model, loss_fn, example_batch, device, micro_batches, loss_units, split_batchnorm)
+    if units is None:
+        micro_sizes = [rows]
+    try:
+        with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
+            profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, units is not None)
+    except CannotCut as error:
+        if micro_batches != "auto":
+            raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
+        units, not_cut, micro_sizes = None, str(error), [rows]
+        with _trial(device), untouched(model, device):
+            profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
     memory = measure(ordered, stowage.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
@@ -241,18 +316,20 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    options = weigh(profile, memory, host, rates, can_offload=not refusal, foreach=uses_foreach(optimizer))
-    fraction = _agreed_fraction(options)
-    if fraction is None:
-        raise _no_fit(options, memory, profile.unconstrained_peak_bytes, refusal)
-    chosen = next(o for o in options if o.fraction == fraction)
-    if fraction < 1.0:
-        optimizer = _offloaded(optimizer, fraction, model, host_budget)
+    options = weigh(profile_at, micro_sizes, memory, host, rates, rows=rows, can_offload=not refusal,
+                    foreach=uses_foreach(optimizer))
+    choice = _agreed(options)
+    if choice is None:
+        raise _no_fit(options, memory, profile_at(micro_sizes[-1]).unconstrained_peak_bytes, refusal)
+    chosen = next(o for o in options if o.key == choice)
+    if chosen.fraction < 1.0:
+        optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
-             "optimizer": name, "load": load,
-             "unplanned_peak": profile.unconstrained_peak_bytes, "states_kept_because": refusal, "host": host}
+             "optimizer": name, "load": load, "units": units, "not_cut": not_cut,
+             "unplanned_peak": profile_at(chosen.micro_rows).unconstrained_peak_bytes,
+             "states_kept_because": refusal, "host": host}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:
         print(fitted)

@@ -5,6 +5,11 @@ its activations), for a loop to use unchanged.
     for batch in data:
         loss = fitted.step(batch)            # forward, backward, optimizer step, zero_grad
 
+With ``micro_batches="auto"`` fit may run each batch as micro-batches (stowage.fitting.micro_batches):
+``fitted.step(batch)`` and ``fitted.backward(batch)`` cut and weight them; a loop of its own takes
+``fitted.micro_batches(batch)`` (pairs of micro-batch and loss weight), and a forward of more rows
+than fit planned for under ``with fitted:`` is refused before it runs.
+
 or, for a loop that runs its own backward (gradient clipping, accumulation, a GradScaler, a
 Trainer), the same loop whatever fit chose:
 
@@ -30,6 +35,7 @@ import torch
 
 from stowage.fitting.batches import LossFn, batch_sizes
 from stowage.fitting.choosing import Option
+from stowage.fitting.micro_batches import LossUnits, weighted
 from stowage.fitting.table import decision_table
 from stowage.plan import Plan
 
@@ -46,28 +52,52 @@ class Fitted:
             self.plan.model = model  # the step may call the model's blocks without its forward
         self._applied: contextlib.AbstractContextManager[Any] | None = None
         self._in_step = False  # step() says what came; __exit__ leaves that to it
+        self.units: LossUnits | None = facts.get("units")  # None: batches run whole
+        self.micro_rows = chosen.micro_rows or facts["sizes"]["batch"]
+        self._rows_guard: Any = None
 
     @property
     def device_fraction(self) -> float:
         """The share of optimizer states on the device (1.0: the optimizer the factory made)."""
         return self.chosen.fraction
 
-    def step(self, batch: Any) -> torch.Tensor:
-        """One training step on ``batch``: the loss, its backward under the plan, the optimizer's
-        step, gradients released. Returns the loss, detached. Out of memory, the error says the
-        sizes fit planned for beside this batch's."""
+    def micro_batches(self, batch: Any) -> list[tuple[Any, float]]:
+        """`batch` as the micro-batches fit chose, each with the weight its loss takes (its share
+        of the batch's loss units): [(batch, 1.0)] where fit runs batches whole."""
+        if self.units is None:
+            return [(batch, 1.0)]
+        return weighted(batch, self.micro_rows, self.units)
+
+    def backward(self, batch: Any) -> torch.Tensor:
+        """Forward and backward of ``batch`` under the plan, as the micro-batches fit chose (all
+        but the last under ``accumulating()``), each loss weighted by its share: the gradients of
+        the batch's loss, accumulated into ``.grad``. Returns the batch's loss, detached. Out of
+        memory, the error says the sizes fit planned for beside this batch's."""
+        pieces = self.micro_batches(batch)
+        total: torch.Tensor | None = None
         self._in_step = True
         try:
-            with self:
-                loss = self.loss_fn(self.model, batch)
-                loss.backward()
+            for index, (piece, weight) in enumerate(pieces):
+                last = index == len(pieces) - 1
+                with self, (contextlib.nullcontext() if last else self.accumulating()):
+                    loss = self.loss_fn(self.model, piece)
+                    (loss * weight if len(pieces) > 1 else loss).backward()
+                share = loss.detach() * weight if len(pieces) > 1 else loss.detach()
+                total = share if total is None else total + share
         except torch.OutOfMemoryError as error:
             raise torch.OutOfMemoryError(self._out_of_memory(error, batch)) from None
         finally:
             self._in_step = False
+        assert total is not None
+        return total
+
+    def step(self, batch: Any) -> torch.Tensor:
+        """One training step on ``batch``: ``backward(batch)``, the optimizer's step, gradients
+        released. Returns the batch's loss, detached."""
+        loss = self.backward(batch)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -112,12 +142,31 @@ class Fitted:
             raise RuntimeError("stowage.fit: a step is already running under this fit")
         self._applied = self.plan if self.plan is not None else contextlib.nullcontext()
         self._applied.__enter__()
+        if self.micro_rows < self.facts["sizes"]["batch"] and not self._in_step:
+            self._rows_guard = self.model.register_forward_pre_hook(self._refuse_more_rows, with_kwargs=True)
         return self
+
+    def _refuse_more_rows(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A forward under ``with fitted:`` (a loop of its own) of more rows than fit planned a
+        micro-batch for: refused before it runs, as the plan would not hold it."""
+        try:
+            rows = batch_sizes((args, kwargs))["batch"]
+        except ValueError:
+            return
+        if rows > self.micro_rows:
+            raise RuntimeError(
+                f"stowage.fit: this forward has {rows} rows; fit planned micro-batches of {self.micro_rows} rows "
+                f"(micro_batches={self.chosen.micro_batches} for the example's {self.facts['sizes']['batch']}). Run "
+                "the batch through fitted.step(batch) or fitted.backward(batch), or loop over "
+                "fitted.micro_batches(batch) (each micro-batch's loss times its weight), or fit with micro_batches=1")
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         applied, self._applied = self._applied, None
         assert applied is not None
+        if self._rows_guard is not None:
+            self._rows_guard.remove()
+            self._rows_guard = None
         applied.__exit__(kind, error, traceback)
         if isinstance(error, torch.OutOfMemoryError) and "stowage.fit planned this step" not in str(error) \
                 and not self._in_step:

@@ -25,6 +25,28 @@ def _activations(option: Option, unplanned: int) -> str:
             f"planned (saved bytes: {split})")
 
 
+def _micro(option: Option, facts: dict[str, Any]) -> str:
+    rows = facts["sizes"]["batch"]
+    if option.micro_batches <= 1:
+        return f"whole ({rows})"
+    return f"{option.micro_batches} x {option.micro_rows}"
+
+
+def _batch_row(chosen: Option, facts: dict[str, Any]) -> str:
+    rows = facts["sizes"]["batch"]
+    units = facts.get("units")
+    if chosen.micro_batches > 1:
+        said = (f"{chosen.micro_batches} micro-batches of up to {chosen.micro_rows} rows, gradients accumulated, "
+                f"each loss weighted by its share of the batch's {units.name}")
+    else:
+        said = f"run whole ({rows} rows)"
+        if units is not None:
+            said += f"; cut into micro-batches where that is faster (the loss a mean over {units.name})"
+    if facts.get("not_cut"):
+        said += f"; not cut: {facts['not_cut']}"
+    return f"  {'batch':<24}{rows:>12}  {said}"
+
+
 def busy_host_note(load: tuple[float, int] | None) -> str:
     """What the predicted times are worth when the host was busy while fit measured them: the
     load average (runnable threads, this process's included) over the cores it may use."""
@@ -50,15 +72,17 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         + _activations(chosen, facts["unplanned_peak"]),
         f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states and paged activations, of "
         f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
+        _batch_row(chosen, facts),
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
         f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)"
         + busy_host_note(facts.get("load")),
         "",
-        f"  {'states on the device':<30}{'activation budget':>18}{'host memory':>14}{'predicted step':>16}",
+        f"  {'states on the device':<30}{'micro-batches':>14}{'activation budget':>18}{'host memory':>14}"
+        f"{'predicted step':>16}",
     ]
     for option in options:
         outcome = f"{option.step_ms:>13.0f} ms" if option.feasible else f"  {option.reason}"
         mark = "  <- chosen" if option is chosen else ""
-        rows.append(f"  {_share(option):<30}{format_bytes(max(option.activation_budget, 0)):>18}"
+        rows.append(f"  {_share(option):<30}{_micro(option, facts):>14}{format_bytes(max(option.activation_budget, 0)):>18}"
                     f"{format_bytes(option.host_bytes):>14}{outcome}{mark}")
     return "\n".join(rows)

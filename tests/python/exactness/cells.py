@@ -28,8 +28,8 @@ import stowage.plan
 from exactness.compare import (FINAL, Failure, Tolerance, Trace, difference, measure_tolerance, parameters_at,
                                parameters_differ)
 from exactness.devices import placed, rng_states
-from exactness.features import (COST, FEATURES, VARIANTS, WEIGHT_DECAY, Env, Feature, Setup, recompute_plan,
-                                reference_setup)
+from exactness.features import (COST, FEATURES, VARIANTS, WEIGHT_DECAY, Env, Feature, Setup, global_batch,
+                                recompute_plan, reference_setup)
 from exactness.models import MODELS, ModelSpec, param_groups, spec
 from exactness.patterns import PATTERNS, Pattern, Run
 
@@ -38,6 +38,7 @@ CAPACITY = "4GiB"
 PATTERN_MODEL = "gpt"
 MAIN_FEATURES = ("allocator", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
                  "adamw.delayed", "fit")
+OWN_PATTERN_FEATURES = ("fit.micro_batches",)  # each on its one pattern, on every model
 VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")
 VARIANT_PATTERNS = ("plain", "accumulate_marked", "clip_optimizer", "state_dict_swap")
 ON_GPU_ALLOCATOR = ("on a GPU stowage is torch's CUDA allocator for the whole process, so there is no run on torch's "
@@ -90,7 +91,11 @@ def cells(config: Config) -> list[Cell]:
         chosen = [Cell(f, p, PATTERN_MODEL) for p in PATTERNS for f in MAIN_FEATURES]
         chosen += [Cell(f, p, PATTERN_MODEL) for p in VARIANT_PATTERNS for f in VARIANT_FEATURES]
         chosen += [Cell(f, "plain", m) for m in MODELS if m != PATTERN_MODEL for f in MAIN_FEATURES + VARIANT_FEATURES]
+        chosen += [Cell(f, FEATURES[f].only_pattern or "plain", m) for m in MODELS for f in OWN_PATTERN_FEATURES]
     return sorted(chosen, key=lambda c: (list(MODELS).index(c.model), list(PATTERNS).index(c.pattern)))
+
+
+OWN_PATTERNS = {FEATURES[f].only_pattern: f for f in OWN_PATTERN_FEATURES}
 
 
 # --- caches --------------------------------------------------------------------------------------
@@ -132,6 +137,31 @@ class Caches:
                 self._lowest[model.name] = stowage.plan.solve(self.profile(model, scale), 1).predicted_peak_bytes
         return self._lowest[model.name]
 
+    def micro_profile(self, model: ModelSpec, scale: int) -> tuple[Any, int]:
+        """One micro-batch's profile and lowest planned peak as fit makes them for the fitted_step
+        pattern (its global batch recorded at 2 and 3 rows, read at half its rows)."""
+        from stowage.fitting.batches import batch_sizes, cut
+        from stowage.fitting.fit import MICRO_GRID
+
+        key = ("micro", model.name)
+        if key not in self._profiles:
+            torch.manual_seed(SEED)
+            scratch = model.build(scale)
+            batch = global_batch(model, 0, scale)
+
+            def step(**sizes: int) -> None:
+                model.loss(scratch, cut(batch, sizes)).backward()
+                scratch.zero_grad(set_to_none=True)
+
+            sized = stowage.plan.profile(step, sizes={"batch": MICRO_GRID}, cost=COST, model=scratch,
+                                         device=self.config.device)
+            profile = sized.at({"batch": batch_sizes(batch)["batch"] // 2})
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._profiles[key] = (profile, stowage.plan.solve(profile, 1).predicted_peak_bytes)
+            stowage.mark_step()
+        return self._profiles[key]
+
     def plan(self, model: ModelSpec, scale: int) -> Any:
         if model.name not in self._plans:
             profile = self.profile(model, scale)
@@ -164,6 +194,8 @@ class Caches:
             self.lowest_peak(model, scale)
         if feature.name.startswith("fit"):
             self.rates(placed(self.config.device), torch.float32)
+        if feature.only_pattern == "fitted_step":
+            self.micro_profile(model, scale)
 
     def reference(self, key: Any, make: Callable[[], Trace]) -> Trace:
         if key in self._references:
@@ -347,6 +379,10 @@ def run_cell(cell: Cell, caches: Caches) -> Outcome:
     feature, pattern, model = FEATURES[cell.feature], PATTERNS[cell.pattern], spec(cell.model, config.device)
     if feature.reference == "torch_allocator" and config.device != "cpu":
         return Outcome("N/A", ON_GPU_ALLOCATOR)
+    if feature.only_pattern is not None and pattern.name != feature.only_pattern:
+        return Outcome("N/A", f"{feature.name} is a loop of its own (the {feature.only_pattern} pattern)")
+    if pattern.name in OWN_PATTERNS and feature.name != OWN_PATTERNS[pattern.name]:
+        return Outcome("N/A", f"the {pattern.name} pattern is {OWN_PATTERNS[pattern.name]}'s loop")
     if pattern.needs is not None and feature.own == "torch":
         return Outcome("N/A", f"torch's optimizer has no {pattern.needs}(): the cell is {pattern.same_reference_as}")
     reference = _reference(caches, model, pattern, feature.variant, feature.reference)

@@ -280,9 +280,9 @@ def recompute_plan(profile: Any) -> stowage.plan.Plan:
 class FitSetup(Setup):
     """The loop under ``stowage.fit``: its optimizer, ``with fitted:`` around forward and backward."""
 
-    def __init__(self, variant: Variant, fitted: Any, changed: str | None) -> None:
+    def __init__(self, variant: Variant, fitted: Any, changed: str | None, micro_batches: int = 1) -> None:
         super().__init__(variant)
-        self.fitted, self.changed = fitted, changed
+        self.fitted, self.changed, self.micro_batches = fitted, changed, micro_batches
 
     def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
         return self.fitted.optimizer
@@ -306,6 +306,8 @@ class FitSetup(Setup):
         return [self.changed] if self.changed else []
 
     def vacuous(self) -> str | None:
+        if self.fitted.chosen.micro_batches != self.micro_batches:
+            return f"fit ran {self.fitted.chosen.micro_batches} micro-batches a step, not {self.micro_batches}"
         if self.fitted.device_fraction >= 1.0 or self.fitted.plan is None:
             return (f"fit kept {self.fitted.device_fraction:.0%} of the states on the device and "
                     f"{'no' if self.fitted.plan is None else 'a'} plan: the budget did not make it offload and plan")
@@ -319,6 +321,25 @@ def fit_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
     fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
                                 env.spec, env.scale, COST)
     return FitSetup(variant, fitted, changed)
+
+
+def global_batch(spec: Any, step: int, scale: int) -> Any:
+    """The batch of the accumulate pattern's two micro-batches of `step`, rows of the first then
+    the second's (fitted.step cuts it back into the same two)."""
+    parts = [spec.batch(step * 4 + micro, scale) for micro in range(2)]
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    return tuple(torch.cat(pieces) for pieces in zip(*parts))
+
+
+def fit_micro_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
+    """stowage.fit told to run the global batch as 2 micro-batches (each the accumulate pattern's
+    micro-batch; BatchNorm allowed to see each alone, as that pattern's torch loop does)."""
+    example = global_batch(env.spec, 0, env.scale)
+    fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
+                                env.spec, env.scale, COST, micro_batches=2, split_batchnorm=True,
+                                loss_units="rows")
+    return FitSetup(variant, fitted, changed, micro_batches=2)
 
 
 FeatureSetup = Callable[[Env, Any, Groups], Setup]
@@ -339,6 +360,7 @@ class Feature:
     own: str
     host: bool
     setup: FeatureSetup
+    only_pattern: str | None = None  # the one pattern the feature's loop is (n/a on the others)
 
 
 def _features() -> dict[str, Feature]:
@@ -361,6 +383,8 @@ def _features() -> dict[str, Feature]:
         name = "fit" if variant.name == "adamw" else f"fit.{variant.name}"
         out.append(Feature(name, variant.name, "stowage_allocator", "stowage", True,
                            lambda env, model, groups, v=variant: fit_setup(env, model, groups, v)))
+    out.append(Feature("fit.micro_batches", "adamw", "stowage_allocator", "stowage", True,
+                       lambda env, model, groups: fit_micro_setup(env, model, groups, adamw), "fitted_step"))
     return {f.name: f for f in out}
 
 

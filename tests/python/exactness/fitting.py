@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -31,14 +32,15 @@ from exactness.devices import rng_states, set_rng_states
 MiB = 1 << 20
 
 
-def fit_budget(profile: Any, lowest: int, trainable_bytes: int) -> int:
+def fit_budget(profile: Any, lowest: int, trainable_bytes: int, accumulating: bool = False) -> int:
     """A budget (device bytes) where torch's optimizer with all its states cannot fit any plan
     but the states offloaded leave room for a plan that must offload or recompute: the step's
     room is at least the lowest planned peak, at most halfway to the unplanned peak and less
-    than that lowest peak plus the states."""
+    than that lowest peak plus the states. `accumulating`: the profile is one micro-batch's, and
+    from the second one on the gradients are on the device from its start."""
     unplanned = profile.unconstrained_peak_bytes
     states = 2 * trainable_bytes
-    room = min(lowest + states // 2, (lowest + unplanned) // 2)
+    room = min(lowest + states // 2, (lowest + unplanned) // 2) + (trainable_bytes if accumulating else 0)
     total = stowage.memory_allocated() + room
     if (total + 16 * MiB) * 0.05 <= 16 * MiB:  # fit keeps max(5%, 16 MiB) free for rounding
         return total + 16 * MiB
@@ -103,18 +105,24 @@ def _changed(model: Any, before: Saved, device: str) -> str | None:
 
 
 def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, loss_fn: Any, caches: Any,
-              spec: Any, scale: int, cost: dict[str, float]) -> tuple[Any, str | None]:
+              spec: Any, scale: int, cost: dict[str, float], **options: Any) -> tuple[Any, str | None]:
     """``stowage.fit`` on `model` at `fit_budget`, its profile and rates served from `caches`;
     returns what fit returned and what it changed of the model's buffers and the RNG stream
-    (put back as it was), if anything."""
+    (put back as it was), if anything. `options` go to fit (micro_batches: the cached profile
+    is then one micro-batch's)."""
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     before = _buffers_and_rng(model, spec.device)
+    gc.collect()  # garbage of earlier runs, which fit's recording would collect, out of the count now
     gc.disable()  # a collection between here and fit's own count of memory in use would move the window
     try:
-        budget = fit_budget(caches.profile(spec, scale), caches.lowest_peak(spec, scale), trainable)
+        if options.get("micro_batches", 1) != 1:
+            budget = fit_budget(*caches.micro_profile(spec, scale), trainable, accumulating=True)
+        else:
+            budget = fit_budget(caches.profile(spec, scale), caches.lowest_peak(spec, scale), trainable)
         with served(caches, spec, scale), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fitted = stowage.fit(model, factory, example, loss_fn=loss_fn, budget=budget, verbose=False, cost=cost)
+            fitted = stowage.fit(model, factory, example, loss_fn=loss_fn, budget=budget, verbose=bool(os.environ.get("FITV")), cost=cost,
+                                 **options)
     finally:
         gc.enable()
     return fitted, _changed(model, before, spec.device)

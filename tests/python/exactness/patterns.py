@@ -342,6 +342,37 @@ def _inplace_loop(run: Run) -> None:
         run.next_step()
 
 
+def _fitted_steps(run: Run) -> None:
+    """fit's own step: ``fitted.backward`` on the global batch of the accumulate pattern's two
+    micro-batches (fit cuts it into them and weights each loss by half), then the optimizer's
+    step; the reference is the accumulate pattern (each loss / 2 by hand)."""
+    fitted = getattr(run.setup, "fitted", None)
+    if fitted is None:
+        loop(run, micro=2)
+        return
+    from exactness.features import global_batch
+
+    original, forwards = fitted.loss_fn, [0]
+
+    def recording(model: Any, batch: Any) -> torch.Tensor:
+        run.phase = f"forward {forwards[0] + 1}"
+        loss = original(model, batch)
+        run.trace.record(run.step, "loss", run.phase, loss)
+        forwards[0] += 1
+        return loss
+
+    fitted.loss_fn = recording
+    try:
+        for _ in range(run.steps):
+            forwards[0] = 0
+            fitted.backward(global_batch(run.spec, run.step, run.scale))
+            run.optimizer_step()
+            run.zero_grad()
+            run.next_step()
+    finally:
+        fitted.loss_fn = original
+
+
 @dataclass(frozen=True)
 class Pattern:
     """A loop pattern. ``needs``: a method of the optimizer without which the pattern is the same
@@ -391,6 +422,7 @@ def _patterns() -> list[Pattern]:
         Pattern("eval_no_grad", lambda r: loop(r, between=_evaluate)),
         Pattern("retain_graph", _retained, refusal=("first", "backward 2")),
         Pattern("inplace_saved", _inplace_loop),
+        Pattern("fitted_step", _fitted_steps, same_reference_as="accumulate"),
     ]
 
 
