@@ -134,27 +134,67 @@ def feasible_times(options: list[Option]) -> dict[Choice, float]:
 
 
 ProfileAt = Callable[[int], LifetimeProfile]  # one micro-batch's profile, by its rows
+EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
 
 
-def weigh(profile_at: ProfileAt, micro_sizes: list[int], memory: DeviceMemory, host: HostMemory,
-          rates: UpdateRates, *, rows: int, can_offload: bool, foreach: bool) -> list[Option]:
-    """Every share weighed (all of them on the device only, when states cannot move) at every
-    micro-batch size of `micro_sizes` (largest first; `rows` is the example's), down to the first
-    size whose plan keeps everything (a smaller one only adds steps); `pick`, or `agree` across
-    ranks, takes one. A share whose offloaded states the host cannot hold is not feasible,
-    whatever the device."""
+class _Weighing:
+    """The options of one share of states at micro-batch sizes, each solved once."""
+
+    def __init__(self, profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates,
+                 fraction: float, foreach: bool, rows: int) -> None:
+        self.profile_at, self.memory, self.host, self.rates = profile_at, memory, host, rates
+        self.fraction, self.foreach, self.rows = fraction, foreach, rows
+        self.solved: dict[int, Option] = {}
+
+    def at(self, micro_rows: int) -> Option:
+        if micro_rows not in self.solved:
+            count = math.ceil(self.rows / micro_rows)
+            self.solved[micro_rows] = _option(self.profile_at(micro_rows), self.memory, self.host, self.rates,
+                                              self.fraction, self.foreach, micro_rows, count)
+        return self.solved[micro_rows]
+
+    def largest_fitting(self, smallest: int) -> int | None:
+        """The most rows a micro-batch fits at (down to `smallest`), bisecting over the number of
+        micro-batches (a micro-batch's peak grows with its rows)."""
+        most = self.rows // smallest  # micro-batches of at least `smallest` rows
+        if self.at(self.rows).feasible:
+            return self.rows
+        if most < 2 or not self.at(math.ceil(self.rows / most)).feasible:
+            return None
+        low, high = 1, most  # low: does not fit; high: fits
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if self.at(math.ceil(self.rows / middle)).feasible else (middle, high)
+        return math.ceil(self.rows / high)
+
+
+def weigh(profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *, rows: int,
+          micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool) -> list[Option]:
+    """Every share weighed (all of them on the device only, when states cannot move), each at the
+    micro-batch size given (``micro_rows``) or, where fit may choose (None), at the largest that
+    fits and up to EXTRA_CUTS halvings of it, down to the first whose plan keeps everything (a
+    smaller one only adds steps); the whole batch is listed where it does not fit. `pick`, or
+    `agree` across ranks, takes one. A share whose offloaded states the host cannot hold is not
+    feasible, whatever the device."""
     fractions = FRACTIONS if can_offload else (1.0,)
-    profiles: dict[int, LifetimeProfile] = {}
     options = []
     for fraction in _distinct(fractions, memory):
-        for micro_rows in micro_sizes:
-            if micro_rows not in profiles:
-                profiles[micro_rows] = profile_at(micro_rows)
-            count = math.ceil(rows / micro_rows)
-            option = _option(profiles[micro_rows], memory, host, rates, fraction, foreach, micro_rows, count)
+        weighing = _Weighing(profile_at, memory, host, rates, fraction, foreach, rows)
+        if micro_rows is not None:
+            options.append(weighing.at(micro_rows))
+            continue
+        largest = weighing.largest_fitting(smallest)
+        if largest is None or largest < rows:
+            options.append(weighing.at(rows))
+        if largest is None:
+            continue
+        size = largest
+        for _ in range(EXTRA_CUTS + 1):
+            option = weighing.at(size)
             options.append(option)
-            if option.feasible and option.keeps_everything:
+            if option.keeps_everything or size // 2 < smallest:
                 break
+            size = math.ceil(size / 2)
     return options
 
 

@@ -14,7 +14,8 @@ from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grid
 from stowage.fitting.choosing import Choice, Option, ProfileAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
-from stowage.fitting.micro_batches import MIN_ROWS, LossUnits, batch_dependent, given_units, mean_over, micro_candidates
+from stowage.fitting.micro_batches import (MIN_ROWS, LossUnits, asked_micro_rows, batch_dependent, given_units,
+                                           mean_over)
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _index, _torch_module
@@ -295,18 +296,18 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
     rows = batch_sizes(example_batch)["batch"]
-    micro_sizes = micro_candidates(rows, micro_batches)
-    units, not_cut = (None, "") if micro_sizes == [rows] else _units(
+    micro: int | None = asked_micro_rows(rows, micro_batches)  # None: fit chooses
+    units, not_cut = (None, "") if micro == rows else _units(
         model, loss_fn, example_batch, device, micro_batches, loss_units, split_batchnorm)
     if units is None:
-        micro_sizes = [rows]
+        micro = rows
     try:
         with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
             profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, units is not None)
     except CannotCut as error:
         if micro_batches != "auto":
             raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
-        units, not_cut, micro_sizes = None, str(error), [rows]
+        units, not_cut, micro = None, str(error), rows
         with _trial(device), untouched(model, device):
             profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
@@ -316,11 +317,11 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    options = weigh(profile_at, micro_sizes, memory, host, rates, rows=rows, can_offload=not refusal,
-                    foreach=uses_foreach(optimizer))
+    options = weigh(profile_at, memory, host, rates, rows=rows, micro_rows=micro, smallest=MIN_ROWS,
+                    can_offload=not refusal, foreach=uses_foreach(optimizer))
     choice = _agreed(options)
     if choice is None:
-        raise _no_fit(options, memory, profile_at(micro_sizes[-1]).unconstrained_peak_bytes, refusal)
+        raise _no_fit(options, memory, profile_at(micro or rows).unconstrained_peak_bytes, refusal)
     chosen = next(o for o in options if o.key == choice)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)

@@ -143,16 +143,22 @@ class Fitted:
         self._applied = self.plan if self.plan is not None else contextlib.nullcontext()
         self._applied.__enter__()
         if self.micro_rows < self.facts["sizes"]["batch"] and not self._in_step:
-            self._rows_guard = self.model.register_forward_pre_hook(self._refuse_more_rows, with_kwargs=True)
+            # on every module (a loss method may call the model's blocks, not its forward) until
+            # the first of the model's with a tensor argument
+            ours = {id(module) for module in self.model.modules()}
+            self._rows_guard = torch.nn.modules.module.register_module_forward_pre_hook(
+                lambda module, args: self._refuse_more_rows(args) if id(module) in ours else None)
         return self
 
-    def _refuse_more_rows(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A forward under ``with fitted:`` (a loop of its own) of more rows than fit planned a
-        micro-batch for: refused before it runs, as the plan would not hold it."""
+    def _refuse_more_rows(self, args: tuple[Any, ...]) -> None:
+        """The first forward under ``with fitted:`` (a loop of its own) of more rows than fit
+        planned a micro-batch for: refused before it runs, as the plan would not hold it."""
         try:
-            rows = batch_sizes((args, kwargs))["batch"]
+            rows = batch_sizes(args)["batch"]
         except ValueError:
             return
+        self._rows_guard.remove()
+        self._rows_guard = None
         if rows > self.micro_rows:
             raise RuntimeError(
                 f"stowage.fit: this forward has {rows} rows; fit planned micro-batches of {self.micro_rows} rows "

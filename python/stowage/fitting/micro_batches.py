@@ -182,18 +182,14 @@ def _low_precision(model: Any) -> bool:
     return any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters())
 
 
-def micro_candidates(rows_in_batch: int, micro_batches: int | str) -> list[int]:
-    """The micro-batch sizes (rows) to weigh, largest first: the whole batch, then cuts into 2, 4,
-    8 ... micro-batches of at least MIN_ROWS rows ("auto"); or the one cut asked for."""
+def asked_micro_rows(rows_in_batch: int, micro_batches: int | str) -> int | None:
+    """The rows of a micro-batch as asked: None where fit is to choose ("auto" on a batch it can
+    cut into micro-batches of at least MIN_ROWS rows), else a count's cut (1: the whole batch)."""
     if micro_batches == "auto":
-        sizes, count = [], 1
-        while rows_in_batch // count >= MIN_ROWS or count == 1:
-            sizes.append(math.ceil(rows_in_batch / count))
-            count *= 2
-        return list(dict.fromkeys(sizes))
+        return None if rows_in_batch >= 2 * MIN_ROWS else rows_in_batch
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"stowage.fit: micro_batches is 'auto' or a count of 1 or more, not {micro_batches!r}")
     if micro_batches > 1 and rows_in_batch // micro_batches < MIN_ROWS:
         raise ValueError(f"stowage.fit: {micro_batches} micro-batches of a batch of {rows_in_batch} rows leave "
                          f"fewer than {MIN_ROWS} rows in one")
-    return [math.ceil(rows_in_batch / micro_batches)]
+    return math.ceil(rows_in_batch / micro_batches)
