@@ -11,7 +11,8 @@ regime of a model that barely trains on its device. Per model, each in a fresh p
    micro-batch trains at, running the global batch ``4 m`` (held on the device) as 4
    micro-batches (as many steps as a timed run; doubling, then bisecting);
 2. at the global batch ``G = 4 m``: stock + checkpointing runs 4 micro-batches of ``m`` (each loss
-   times its rows' share); stowage.fit(micro_batches="auto") is given ``G`` and chooses; each
+   times its rows' share); stowage.fit(micro_batches="auto", split_batchnorm=True: BatchNorm sees
+   micro-batches in stock's accumulation too) is given ``G`` and chooses; each
    runs 1 warm-up and STEPS timed steps, the two interleaved (stock, fit, stock, fit).
 Reported: fit's micro-batch against ``m``, samples/s of each at ``G`` (median of all timed steps,
 every step's time listed), fit's measured peak against the device, the plan's departed steps,
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         table = io.StringIO()
         with contextlib.redirect_stdout(table):
             fitted = stowage.fit(model, lambda ps: torch.optim.AdamW(ps, lr=1e-4), batch, loss_fn=loss_fn,
-                                 micro_batches="auto")
+                                 micro_batches="auto", split_batchnorm=True)
         result.update(decision_s=time.perf_counter() - started, table=table.getvalue(),
                       micro_rows=fitted.chosen.micro_rows, micro_batches=fitted.chosen.micro_batches,
                       device_fraction=fitted.device_fraction, units=fitted.units.name if fitted.units else None,
@@ -211,7 +212,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"stowage's CPU mode, a device of {args.bytes_per_parameter:g} B a parameter; global batch G = "
              f"{ACCUMULATION} x stock's most rows with full "
              f"checkpointing; samples/s the median of {2 * STEPS} timed steps (two fresh processes each, "
-             "interleaved); fit given G with micro_batches=\"auto\".", "",
+             "interleaved); fit given G with micro_batches=\"auto\" (split_batchnorm=True: stock's accumulation cuts "
+             "BatchNorm's batches too).", "",
              "| model | parameters (device) | stock + ckpt: most rows | G | fit: micro-batches x rows (states on device) | "
              "fit's micro / stock's | samples/s stock + ckpt | samples/s fit | fit / stock | fit's peak / device | "
              "departed steps | fit decides (s) |", "|---" * 12 + "|"]

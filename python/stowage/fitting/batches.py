@@ -109,20 +109,27 @@ def cut(batch: Any, sizes: Mapping[str, int]) -> Any:
     return torch.utils._pytree.tree_map(cut_one, batch)
 
 
-def profiling_grid(full: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
-    """Sizes to record a step at when it does not fit whole: two small batch sizes (from 2: one
-    row broadcasts where more do not, so its ops differ), and three sequence lengths (attention
-    is quadratic in it) from an eighth of the example's up. A size the example cannot vary is
-    left out (its value is the example's at every point)."""
-    grid: dict[str, tuple[int, ...]] = {}
-    if full["batch"] >= 3:
-        grid["batch"] = (2, 3)
+SEQUENCE_GRIDS = ((4, 5, 6), (2, 3, 4), (1, 2, 3))  # eighths of the example's sequence, nearest it first
+
+
+def profiling_grids(full: Mapping[str, int]) -> list[dict[str, tuple[int, ...]]]:
+    """Grids to record a step at when it does not fit whole, nearest the example first (the less
+    a size is extrapolated, the less it can miss): two small batch sizes (from 2: one row
+    broadcasts where more do not, so its ops differ), and three sequence lengths (attention is
+    quadratic in it) from a half, a quarter, then an eighth of the example's up. A size the
+    example cannot vary is left out (its value is the example's at every point)."""
+    rows: dict[str, tuple[int, ...]] = {"batch": (2, 3)} if full["batch"] >= 3 else {}
     seq = full.get("seq", 0)
+    grids = []
     if seq >= 24:
-        step = max(seq // 8, 1)
-        grid["seq"] = (step, 2 * step, 3 * step)
-    if not grid:
+        for eighths in SEQUENCE_GRIDS:
+            points = tuple(dict.fromkeys(max(seq * e // 8, 1) for e in eighths))
+            if len(points) == 3:
+                grids.append({**rows, "seq": points})
+    elif rows:
+        grids.append(rows)
+    if not grids:
         raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {dict(full)}, and they are "
                          "too small to record it smaller (a batch of 3 or more rows, or sequences of 24 or "
                          "more); give a larger example batch")
-    return grid
+    return grids

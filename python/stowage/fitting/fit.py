@@ -11,7 +11,7 @@ import torch
 
 import stowage
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
-from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grid
+from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
 from stowage.fitting.choosing import Choice, Option, ProfileAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.micro_batches import (MIN_ROWS, LossUnits, asked_micro_rows, batch_dependent, given_units,
@@ -117,30 +117,44 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
             f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{_rest(full)}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
-    grid = profiling_grid(full)
-    shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
-    failure, cut_fails = "", False
-    try:
-        sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind, cost=cost,
-                                     model=model)
-    except torch.OutOfMemoryError as error:
-        failure = str(error).splitlines()[0]  # (the error's frames hold the failed step's tensors)
-    except LossFnNeeded:
+    sized, shown, failure = _record_smaller(step, batch, full, kind, cost, model)
+    if sized is None:
         model.zero_grad(set_to_none=True)
-        raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as error:
-        failure, cut_fails = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", True
-    if failure:
-        model.zero_grad(set_to_none=True)
-        if cut_fails:
+        if not failure.startswith("OutOfMemoryError"):
             raise _cut_fails(full, shown, failure)
+        grid = profiling_grids(full)[-1]
         raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()}, failure)
+    grid = sized.sizes
     if cuts:
         return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
             f"step does not fit at 2 rows: recorded at {shown}, planned per micro-batch")
-    at = {name: full[name] for name in grid}
-    profile = sized.at(at)
+    profile = sized.at({name: full[name] for name in grid})
     return (lambda rows: profile), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+
+
+def _record_smaller(step: Callable[[Any], None], batch: Any, full: dict[str, int], kind: str,
+                    cost: dict[str, float] | None, model: Any) -> tuple[Any, str, str]:
+    """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
+    (the sized profile, the grid shown, "") or (None, the last grid tried, why it failed:
+    "OutOfMemoryError: ..." where the smallest grid does not fit)."""
+    import stowage.plan
+
+    failure, shown = "", ""
+    for grid in profiling_grids(full):
+        shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
+        try:
+            sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind,
+                                         cost=cost, model=model)
+            return sized, shown, ""
+        except LossFnNeeded:
+            model.zero_grad(set_to_none=True)
+            raise
+        except torch.OutOfMemoryError as error:  # (the error's frames hold the failed step's tensors)
+            failure = f"OutOfMemoryError: {str(error).splitlines()[0]}"
+        except (RuntimeError, ValueError, TypeError, IndexError) as error:
+            failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        model.zero_grad(set_to_none=True)
+    return None, shown, failure
 
 
 def _rest(full: dict[str, int]) -> str:

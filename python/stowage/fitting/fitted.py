@@ -122,6 +122,8 @@ class Fitted:
         """`error`'s message, then what fit planned for and what came."""
         fitted = " x ".join(f"{name} {value}" for name, value in self.facts["sizes"].items())
         said = f"{error}\nstowage.fit planned this step for {fitted} (its example batch)"
+        if self.units is not None:
+            said += f" in micro-batches of up to {self.micro_rows} rows"
         if batch is None:
             return said + ": a larger batch needs stowage.fit again with it as the example."
         try:
@@ -129,7 +131,8 @@ class Fitted:
         except ValueError:  # no tensor with rows in it: nothing to compare
             return said + "."
         shown = " x ".join(f"{name} {value}" for name, value in came.items())
-        if any(came.get(name, 0) > value for name, value in self.facts["sizes"].items()):
+        cut = {"batch"} if self.units is not None else set()  # rows beyond the example's run as more micro-batches
+        if any(came.get(name, 0) > value for name, value in self.facts["sizes"].items() if name not in cut):
             return (said + f"; this batch is {shown}, larger. Give fit the largest batch the loop trains on as its "
                     "example (stowage.fit(model, factory, largest_batch)), or cut this one.")
         departed = self.plan.departed_steps if self.plan is not None else 0

@@ -17,7 +17,10 @@ Which of these the loss is, fit reads from the loss itself before it splits anyt
 on a few rows of the example, in eval mode and without gradients, the whole loss against the
 parts' losses weighted by each candidate's shares, on a copy whose labels are masked so the
 candidates' shares differ. A loss that is a mean over none of them (a sum, a custom weighting)
-is not split: fit keeps the batch whole and says why. Layers whose result depends on the rows
+is not split: fit keeps the batch whole and says why. Where the probe cannot tell the candidates
+apart (an untrained model costs every token about the same), a Hugging Face model's own
+convention decides: a model that generates from its own past (not an encoder-decoder) averages
+over its shifted labels, any other over every label not ignored. Layers whose result depends on the rows
 they see together (BatchNorm in training mode) make fit keep the batch whole unless the caller
 allows it (``split_batchnorm=True``): their statistics then come from each micro-batch.
 
@@ -175,7 +178,21 @@ def mean_over(model: Any, loss_fn: LossFn, batch: Any) -> tuple[LossUnits | None
     names = " or ".join(units.name for units in candidates(probe))
     if not matching:
         return None, f"the loss is not a mean over {names} (a sum, or weighted otherwise)"
+    convention = _labels_convention(model)
+    if convention in matching:  # the model's own loss, whose tokens all predict alike (untrained)
+        return convention, ""
     return None, f"the loss reads as a mean over {' and over '.join(u.name for u in matching)} alike"
+
+
+def _labels_convention(model: Any) -> LossUnits | None:
+    """The units a Hugging Face model's own loss averages over, for a probe that cannot tell them
+    apart (an untrained model's tokens all cost about the same): a model that generates text
+    from its own past (not an encoder-decoder) shifts its labels; others average every label."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "can_generate"):
+        return None
+    causal = bool(model.can_generate()) and not getattr(config, "is_encoder_decoder", False)
+    return SHIFTED_TOKENS if causal else TOKENS
 
 
 def _low_precision(model: Any) -> bool:

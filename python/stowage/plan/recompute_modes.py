@@ -41,6 +41,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+# Ops that are no part of a block's sequence of ops: torch's own (SAC_IGNORED_OPS), and a tensor
+# made from a Python constant (aten.lift_fresh), which a module may make once and cache
+# (transformers' Llama in its first forward), so its recompute need not run it again.
+UNMATCHED_OPS = frozenset(SAC_IGNORED_OPS) | {torch.ops.aten.lift_fresh.default}
+
 
 def _storage_key(tensor: torch.Tensor) -> int:
     try:
@@ -143,7 +148,7 @@ class ForwardMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in SAC_IGNORED_OPS:
+        if func in UNMATCHED_OPS:
             return func(*args, **kwargs)
         keep = self._keep(func)
         for tensor in tree_leaves((args, kwargs)):
@@ -215,7 +220,7 @@ class ReplayMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in SAC_IGNORED_OPS:
+        if func in UNMATCHED_OPS:
             return func(*args, **kwargs)
         position = self._position
         self._position += 1

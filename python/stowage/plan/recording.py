@@ -246,7 +246,8 @@ class StepRecorder:
     def record(self, step: Callable[[], Any]) -> Any:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+        from stowage.plan.recompute_modes import UNMATCHED_OPS
 
         recorder = self
 
@@ -254,7 +255,7 @@ class StepRecorder:
             def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                    kwargs: dict[str, Any] | None = None) -> Any:
                 kwargs = kwargs or {}
-                if func in SAC_IGNORED_OPS:
+                if func in UNMATCHED_OPS:
                     return func(*args, **kwargs)
                 return recorder.run_op(func, args, kwargs)
 

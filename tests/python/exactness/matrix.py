@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import stowage  # noqa: E402
 from exactness.cells import CAPACITY, PATTERN_MODEL, Caches, Cell, Config, Outcome, cells, run_cell  # noqa: E402
 from exactness.devices import CUBLAS_VARIABLE, CUBLAS_WORKSPACE, session  # noqa: E402
+from exactness.features import FEATURES  # noqa: E402
 
 
 def _shape(reason: str) -> str:
@@ -52,6 +53,11 @@ def table(rows: list[str], columns: list[str], marks: dict[tuple[str, str], str]
     return "\n".join(lines)
 
 
+def _models_loop(cell: Cell) -> bool:
+    """Whether the cell is its feature's loop on a model: the plain one, or the feature's own."""
+    return cell.pattern == (FEATURES[cell.feature].only_pattern or "plain")
+
+
 def report(results: dict[Cell, Outcome]) -> str:
     reasons: list[str] = []
     shapes: list[str] = []
@@ -61,19 +67,19 @@ def report(results: dict[Cell, Outcome]) -> str:
         mark = _mark(outcome, reasons, shapes)
         if cell.model == PATTERN_MODEL:
             by_pattern[(cell.feature, cell.pattern)] = mark
-        if cell.pattern == "plain":
+        if _models_loop(cell):
             by_model[(cell.feature, cell.model)] = mark
     features = list(dict.fromkeys(c.feature for c in results))
     patterns = list(dict.fromkeys(c.pattern for c in results if c.model == PATTERN_MODEL))
-    models = list(dict.fromkeys(c.model for c in results if c.pattern == "plain"))
+    models = list(dict.fromkeys(c.model for c in results if _models_loop(c)))
     parts = [f"Patterns on `{PATTERN_MODEL}`:", "", table(features, patterns, by_pattern, "feature \\ pattern"), "",
-             "Models on the plain loop:", "", table(features, models, by_model, "feature \\ model"), "",
+             "Models on the plain loop (a feature with a loop of its own: on that loop):", "", table(features, models, by_model, "feature \\ model"), "",
              "Reasons (one cell's words for each; cells marked alike failed alike, with their own figures):", ""]
     parts += [f"{i}. {reason}" for i, reason in enumerate(reasons, 1)]
-    if any(c.model != PATTERN_MODEL and c.pattern != "plain" for c in results):
+    if any(c.model != PATTERN_MODEL and not _models_loop(c) for c in results):
         parts += ["", "Other cells not passing:", ""]
         parts += [f"- `{c.id}`: {o.status} {o.reason}" for c, o in results.items()
-                  if c.model != PATTERN_MODEL and c.pattern != "plain" and o.status not in ("PASS", "N/A")]
+                  if c.model != PATTERN_MODEL and not _models_loop(c) and o.status not in ("PASS", "N/A")]
     return "\n".join(parts)
 
 
