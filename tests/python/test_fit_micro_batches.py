@@ -247,3 +247,52 @@ def test_micro_batches_are_near_equal_cuts_weighted_by_their_units() -> None:
     assert len(pieces) == 1 and pieces[0][1] == 1.0 and int((pieces[0][0]["labels"] != -100).sum()) == 6
     with pytest.raises(ValueError, match="no tokens"):
         weighted({"labels": torch.full((4, 5), -100)}, 2, TOKENS)
+
+
+class Flipping(torch.nn.Module):
+    """A block that runs other ops when recomputed in backward than in forward, as one that picks
+    another kernel there does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_backward = torch._C._current_graph_task_id() != -1
+        y = x * 1.0 if in_backward else x
+        return x + torch.nn.functional.gelu(self.linear(y))
+
+
+class FlippingNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Flipping() for _ in range(4))
+        self.head = torch.nn.Linear(256, 8)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            rows = block(rows)
+        return self.head(rows).square().mean()
+
+
+def test_a_block_whose_recompute_runs_other_ops_is_found_before_training_and_not_recomputed(capsys: Any) -> None:
+    from stowage.fitting.trial import block_kind
+
+    assert block_kind("model.layers.5") == "model.layers.*" and block_kind("0.attn") == "*.attn"
+    torch.manual_seed(0)
+    model, rows = FlippingNet(), torch.randn(512, 256)
+    slow_copies = {"to_host_bytes_per_ms": 1e3, "to_device_bytes_per_ms": 1e3, "prefetch_pages": 2}  # recompute wins
+    gc.collect()  # earlier tests' garbage, out of the memory in use the budget is counted from
+    start = stowage.memory_allocated()
+    # only recomputing a block makes the step fit: refused before training, naming the block, where
+    # its backward would have raised mid-training
+    with pytest.raises(torch.OutOfMemoryError, match=r"tried before training: blocks\.\* runs other ops when "
+                                                      r"recomputed: not recomputed"):
+        stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows, cost=slow_copies,
+                    budget=start + (16 << 20) + (46 << 20) // 10, offload_optimizer=False)
+    # with room to offload instead, fit trains without recomputing it
+    fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows, cost=COST,
+                         budget=start + (16 << 20) + (46 << 20) // 10, offload_optimizer=False)
+    assert fitted.plan is None or "recompute" not in fitted.plan.decisions
+    losses = [fitted.step(rows) for _ in range(2)]
+    assert all(torch.isfinite(loss) for loss in losses)

@@ -71,8 +71,8 @@ Choice = tuple[float, int]  # (share of states on the device, rows of a micro-ba
 
 
 def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, fraction: float,
-            foreach: bool, micro_rows: int, micro_batches: int) -> Option:
-    budget = memory.activation_budget(fraction)
+            foreach: bool, micro_rows: int, micro_batches: int, reserve: int = 0) -> Option:
+    budget = memory.activation_budget(fraction) - reserve
     if micro_batches > 1:  # the gradients are there from the second micro-batch's start
         budget -= memory.gradients
     cut = {"micro_rows": micro_rows, "micro_batches": micro_batches}
@@ -141,16 +141,16 @@ class _Weighing:
     """The options of one share of states at micro-batch sizes, each solved once."""
 
     def __init__(self, profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates,
-                 fraction: float, foreach: bool, rows: int) -> None:
+                 fraction: float, foreach: bool, rows: int, reserve: int) -> None:
         self.profile_at, self.memory, self.host, self.rates = profile_at, memory, host, rates
-        self.fraction, self.foreach, self.rows = fraction, foreach, rows
+        self.fraction, self.foreach, self.rows, self.reserve = fraction, foreach, rows, reserve
         self.solved: dict[int, Option] = {}
 
     def at(self, micro_rows: int) -> Option:
         if micro_rows not in self.solved:
             count = math.ceil(self.rows / micro_rows)
             self.solved[micro_rows] = _option(self.profile_at(micro_rows), self.memory, self.host, self.rates,
-                                              self.fraction, self.foreach, micro_rows, count)
+                                              self.fraction, self.foreach, micro_rows, count, self.reserve)
         return self.solved[micro_rows]
 
     def largest_fitting(self, smallest: int) -> int | None:
@@ -169,17 +169,18 @@ class _Weighing:
 
 
 def weigh(profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *, rows: int,
-          micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool) -> list[Option]:
+          micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool, reserve: int = 0) -> list[Option]:
     """Every share weighed (all of them on the device only, when states cannot move), each at the
     micro-batch size given (``micro_rows``) or, where fit may choose (None), at the largest that
     fits and up to EXTRA_CUTS halvings of it, down to the first whose plan keeps everything (a
     smaller one only adds steps); the whole batch is listed where it does not fit. `pick`, or
     `agree` across ranks, takes one. A share whose offloaded states the host cannot hold is not
-    feasible, whatever the device."""
+    feasible, whatever the device. ``reserve``: device bytes kept from every plan (what a tried
+    step added beyond its plan, stowage.fitting.trial)."""
     fractions = FRACTIONS if can_offload else (1.0,)
     options = []
     for fraction in _distinct(fractions, memory):
-        weighing = _Weighing(profile_at, memory, host, rates, fraction, foreach, rows)
+        weighing = _Weighing(profile_at, memory, host, rates, fraction, foreach, rows, reserve)
         if micro_rows is not None:
             options.append(weighing.at(micro_rows))
             continue

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
 import stowage
+from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
 from stowage.fitting.choosing import Choice, Option, ProfileAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.micro_batches import (MIN_ROWS, LossUnits, asked_micro_rows, batch_dependent, given_units,
-                                           mean_over)
+                                           mean_over, weighted)
+from stowage.fitting.trial import run_once, without_recompute
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.memory import _bytes, _index, _torch_module
@@ -240,6 +243,61 @@ def _agreed(options: list[Option]) -> Choice | None:
     return agree(every)
 
 
+@dataclass(frozen=True)
+class Weighing:
+    """What every weighing of the options takes (stowage.fitting.choosing.weigh)."""
+
+    profile_at: ProfileAt
+    memory: DeviceMemory
+    host: HostMemory
+    rates: Any
+    rows: int
+    micro: int | None
+    can_offload: bool
+    foreach: bool
+
+    def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
+        return weigh(lambda rows: without_recompute(self.profile_at(rows), no_recompute), self.memory, self.host,
+                     self.rates, rows=self.rows, micro_rows=self.micro, smallest=MIN_ROWS,
+                     can_offload=self.can_offload, foreach=self.foreach, reserve=reserve)
+
+
+TRIALS = 3  # choices tried at most (stowage.fitting.trial)
+
+
+def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, batch: Any, units: LossUnits | None,
+            device: torch.device) -> tuple[list[Option], Option | None, str]:
+    """The options and the one taken, its plan tried once on the example's first micro-batch
+    (stowage.fitting.trial): a step that adds more than predicted is weighed again with the
+    overshoot kept back from every plan (the planner's error on this step, taken to be as large
+    on the next plan: a plan that then overshoots by no more than what was kept back fits), a
+    block kind whose recompute fails is left out of recomputation.
+    Under torch.distributed the ranks take one choice untried (a retry on one rank alone would
+    leave the others waiting). Returns what the trials found, for the table."""
+    reserve, no_recompute, found = 0, set(), []
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    for attempt in range(TRIALS):
+        options = weighing.options(reserve, no_recompute)
+        choice = _agreed(options)
+        chosen = next((o for o in options if o.key == choice), None)
+        if chosen is None or chosen.plan is None or chosen.keeps_everything or distributed or attempt == TRIALS - 1:
+            return options, chosen, "; ".join(found)
+        piece = weighted(batch, chosen.micro_rows, units)[0][0] if units is not None else batch
+        chosen.plan.model = model
+        with _trial(device), untouched(model, device):
+            outcome = run_once(model, loss_fn, piece, chosen.plan, device)
+        if outcome.failed_block_kind:
+            no_recompute.add(outcome.failed_block_kind)
+            found.append(f"{outcome.failed_block_kind} runs other ops when recomputed: not recomputed")
+        elif outcome.overshoot > reserve:  # (a plan made with `reserve` kept back may overshoot by as much)
+            reserve = outcome.overshoot
+            found.append(f"the step added {format_bytes(outcome.overshoot)} more than planned: weighed again with it "
+                         "kept back")
+        else:
+            return options, chosen, "; ".join(found)
+    raise AssertionError("unreachable")
+
+
 def _units(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, micro_batches: int | str,
            loss_units: str | Callable[[Any], int] | None, split_batchnorm: bool) -> tuple[LossUnits | None, str]:
     """What the loss is a mean over, so micro-batches can be weighted to the global batch's loss;
@@ -264,13 +322,16 @@ def _units(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, micro_
     return None, reason
 
 
-def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str) -> torch.OutOfMemoryError:
+def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
+            tried: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
              + f" (room for the step {stowage.format_bytes(max(o.activation_budget, 0))}): "
              f"{o.reason or 'fits here, not on every rank'}" for o in options]
     if refusal:
         lines.append(f"  (the states cannot move to host memory: {refusal})")
+    if tried:
+        lines.append(f"  (tried before training: {tried})")
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit in {stowage.format_bytes(memory.usable)} usable "
         f"({stowage.format_bytes(memory.in_use)} in use before it, states "
@@ -331,12 +392,10 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    options = weigh(profile_at, memory, host, rates, rows=rows, micro_rows=micro, smallest=MIN_ROWS,
-                    can_offload=not refusal, foreach=uses_foreach(optimizer))
-    choice = _agreed(options)
-    if choice is None:
-        raise _no_fit(options, memory, profile_at(micro or rows).unconstrained_peak_bytes, refusal)
-    chosen = next(o for o in options if o.key == choice)
+    weighing = Weighing(profile_at, memory, host, rates, rows, micro, not refusal, uses_foreach(optimizer))
+    options, chosen, tried = _choose(weighing, model, loss_fn, example_batch, units, device)
+    if chosen is None:
+        raise _no_fit(options, memory, profile_at(micro or rows).unconstrained_peak_bytes, refusal, tried)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
@@ -344,7 +403,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
              "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
              "optimizer": name, "load": load, "units": units, "not_cut": not_cut,
              "unplanned_peak": profile_at(chosen.micro_rows).unconstrained_peak_bytes,
-             "states_kept_because": refusal, "host": host}
+             "states_kept_because": refusal, "host": host, "tried": tried}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:
         print(fitted)

@@ -73,6 +73,7 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states and paged activations, of "
         f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
         _batch_row(chosen, facts),
+        *([f"  {'tried before training':<24}{'':>12}  {facts['tried']}"] if facts.get("tried") else []),
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
         f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)"
         + busy_host_note(facts.get("load")),

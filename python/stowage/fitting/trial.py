@@ -1,0 +1,79 @@
+"""fit's plan tried once before training: the chosen plan runs one step (one micro-batch) and
+its measured peak is held to the plan's prediction, so a step the planner's model does not
+capture is caught before training instead of out of memory in it.
+
+Two things a recording cannot show are caught this way: a step that adds more at its peak than
+the plan predicts (the overshoot becomes a reserve every option is weighed with again), and a
+block whose forward runs other ops when recomputed (a kernel chosen differently in backward,
+state cached by its first call): every block of its kind (its path with the list indices taken
+out) is then left out of recomputation (`without_recompute`), and the choice is made again.
+
+Contract: the caller restores what the step changes (stowage.fitting.side_effects.untouched);
+one trial at a time, on the thread that trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stowage.fitting.batches import LossFn
+from stowage.plan import LifetimeProfile, Plan
+
+RECOMPUTE_FAILURE = re.compile(r"stowage\.plan: block '([^']*)' ran .* when recomputed")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one trial found: the bytes the step added beyond the prediction (0 where it held),
+    and the block kind whose recompute failed ("" where none did)."""
+
+    overshoot: int
+    failed_block_kind: str
+
+
+def block_kind(path: str) -> str:
+    """A block's path with its list indices wild: "model.layers.5" -> "model.layers.*"."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", path)
+
+
+OUT_OF_MEMORY_OVERSHOOT = 16 << 20  # taken for a tried step that ran out of memory (at least; fit's margin)
+
+
+def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> Outcome:
+    """One forward and backward of `piece` under `plan`, its added peak against the prediction."""
+    import stowage
+
+    model.zero_grad(set_to_none=True)
+    start = stowage.memory_allocated(device)
+    stowage.reset_peak_stats(device)
+    floor = 0
+    try:
+        with plan:
+            loss_fn(model, piece).backward()
+    except torch.OutOfMemoryError:
+        floor = OUT_OF_MEMORY_OVERSHOOT
+    except RuntimeError as error:
+        found = RECOMPUTE_FAILURE.search(str(error))
+        if found is None:
+            raise
+        return Outcome(0, block_kind(found.group(1)))
+    finally:
+        model.zero_grad(set_to_none=True)
+    added = stowage.max_memory_allocated(device) - start
+    return Outcome(max(added - plan.predicted_peak_bytes, floor), "")
+
+
+def without_recompute(profile: LifetimeProfile, kinds: set[str]) -> LifetimeProfile:
+    """`profile` with the blocks of `kinds` not recomputable (their tensors kept or offloaded)."""
+    if not kinds:
+        return profile
+    excluded = {index for index, region in enumerate(profile.regions) if block_kind(region.module) in kinds}
+    tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in profile.tensors]
+    regions = [dataclasses.replace(r, checkpointable=False) if i in excluded else r
+               for i, r in enumerate(profile.regions)]
+    return dataclasses.replace(profile, tensors=tensors, regions=regions)
