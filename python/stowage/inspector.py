@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from stowage import _core
+from stowage import _core, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.terminal import console, literal
@@ -229,6 +229,7 @@ class OomExplanation:
     stowage_peak_reserved: int | None = None
     stowage_peak_requested: int | None = None
     native_peak_reserved: int | None = None
+    in_fit_trial: bool = False  # in one of stowage.fit's own trial steps, not the run's
 
 
 def totals_of(segments: list[dict[str, Any]]) -> Totals:
@@ -334,9 +335,30 @@ def _live_at(pairs: LivePairs, sites: TraceSites, position: int) -> tuple[dict[s
     return by_site, {sites.names[i]: int(counts[i]) for i in present.tolist()}
 
 
+@dataclass
+class TraceAnalysis:
+    """A trace's findings: its headline peak (fit's own trial steps left out), its OOMs, its steps
+    and what grew over them (stowage.trace_steps), and the peak of fit's trials, apart."""
+
+    peak: Peak
+    ooms: list[OomExplanation]
+    oom_events: int
+    steps: list[Any] = field(default_factory=list)
+    steps_found_by: str = ""
+    growing: list[dict[str, Any]] = field(default_factory=list)
+    fit_trial_peak: Peak | None = None
+
+
 def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
                   top: int) -> tuple[Peak, list[OomExplanation], int]:
-    """The live-bytes peak and the OOM events of a trace.
+    """The live-bytes peak and the OOM events of a trace (`analyse`)."""
+    found = analyse(trace, requested_at_end, top)
+    return found.peak, found.ooms, found.oom_events
+
+
+def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
+            top: int) -> TraceAnalysis:
+    """The live-bytes peak, the OOM events and the steps of a trace.
 
     Live bytes at an event = the trace's own allocations still live (each counted at the size it
     was allocated with) + what was live before the trace began and is not yet freed. The latter
@@ -344,26 +366,17 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
     ring buffer that dropped its oldest events). The baseline comes from the snapshot's end
     (requested bytes of the live blocks, minus the trace's own still live, plus those unknown
     frees) when segments are known, else it is the unknown frees alone: never negative, and
-    never less than what was freed of it. Returns the peak, the OOMs (at most _MAX_OOMS) and the
-    number of OOM events in all. (LivePairs says how frees are matched.)
+    never less than what was freed of it. The headline peak leaves out stowage.fit's own trial
+    steps (their peak is reported apart). Returns the peak, the OOMs (at most _MAX_OOMS), the
+    number of OOM events in all, and the steps. (LivePairs says how frees are matched.)
     """
     columns = as_columns(trace)
     pairs = live_pairs(columns)
     running = np.cumsum(pairs.own - pairs.unknown)
-    best, best_at = 0, -1  # own - unknown at its highest, first reached; -1: before any event
-    if len(running):
-        at = int(np.argmax(running))
-        if running[at] > 0:
-            best, best_at = int(running[at]), at
-    del running
+    trial = trace_steps.in_trial(columns, pairs.index)
     own, unknown = int(pairs.own.sum()), int(pairs.unknown.sum())
     baseline = unknown if requested_at_end is None else requested_at_end - own + unknown
     baseline = max(baseline, unknown, 0)
-    best_index = int(pairs.index[best_at]) if best_at >= 0 else -1
-    peak = Peak(live_bytes=baseline + best, event_index=best_index, baseline=baseline)
-    if best_index >= 0:
-        peak.time_us = columns.time_at(best_index)
-
     sites = TraceSites(columns, pairs)
 
     def ranked_at(position: int) -> tuple[list[dict[str, Any]], int, int]:
@@ -371,16 +384,40 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
         pre_trace = baseline - int(pairs.unknown[:position + 1].sum())  # less the unknown frees so far
         return _ranked_sites(by_site, counts, pre_trace, top), pre_trace, sum(by_site.values())
 
-    peak.sites = ranked_at(best_at)[0]
+    def peak_over(where: np.ndarray) -> Peak:
+        best, best_at = 0, -1  # own - unknown at its highest, first reached; -1: before any event
+        chosen = np.flatnonzero(where)
+        if len(chosen):
+            at = int(chosen[np.argmax(running[chosen])])
+            if running[at] > 0:
+                best, best_at = int(running[at]), at
+        best_index = int(pairs.index[best_at]) if best_at >= 0 else -1
+        peak = Peak(live_bytes=baseline + best, event_index=best_index, baseline=baseline)
+        if best_index >= 0:
+            peak.time_us = columns.time_at(best_index)
+        peak.sites = ranked_at(best_at)[0]
+        return peak
+
+    found = TraceAnalysis(peak_over(~trial), [], 0)
+    if trial.any():
+        found.fit_trial_peak = peak_over(trial)
     oom_at = np.flatnonzero(columns.action == _OOM)
-    ooms: list[OomExplanation] = []
     for index in oom_at[:_MAX_OOMS].tolist():
         ranked, pre_trace, own_live = ranked_at(int(np.searchsorted(pairs.index, index)) - 1)
-        ooms.append(OomExplanation(
+        found.ooms.append(OomExplanation(
             event_index=index, requested=int(columns.size[index]),
             device_free=columns.device_free.get(index, int(columns.addr[index])),
-            live_bytes=pre_trace + own_live, sites=ranked))
-    return peak, ooms, len(oom_at)
+            live_bytes=pre_trace + own_live, sites=ranked,
+            in_fit_trial=bool(trace_steps.in_trial(columns, np.array([index]))[0])))
+    found.oom_events = len(oom_at)
+    live = baseline + running  # the trace's own live, and what is left of what was live before it
+    found.steps, found.steps_found_by = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
+
+    def by_site_at(event_index: int) -> dict[str, int]:
+        return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
+
+    found.growing = trace_steps.growing(found.steps, by_site_at)[:top]
+    return found
 
 
 def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str, Any]:
@@ -390,7 +427,8 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     totals = totals_of(segments)
     # Without segments the snapshot tells nothing about the end state; the trace's own balance
     # is then taken as the whole story.
-    peak, ooms, oom_events = analyse_trace(trace, totals.requested if segments else None, top)
+    found = analyse(trace, totals.requested if segments else None, top)
+    peak, ooms, oom_events = found.peak, found.ooms, found.oom_events
     if ooms:
         events = device_events(trace)
         if len(events) > 0:
@@ -412,6 +450,10 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
         "peak": asdict(peak),
         "ooms": [asdict(oom) for oom in ooms],
         "oom_events": oom_events,
+        "steps": trace_steps.as_dicts(found.steps),
+        "steps_found_by": found.steps_found_by,
+        "growing": found.growing,
+        "fit_trial_peak": asdict(found.fit_trial_peak) if found.fit_trial_peak is not None else None,
         # stowage's snapshots of a device with activation offload carry its statistics.
         "offload": {k: int(v) for k, v in snapshot.get("offload", {}).items()} or None,
     }
@@ -444,6 +486,10 @@ def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
 
 
 def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
+    if oom.get("in_fit_trial"):
+        console.print(f"out of memory at event {oom['event_index']:,} in stowage.fit's own trial step (fit tried a "
+                      f"size that did not fit, and went on): asked for {_b(oom['requested'])}, not the run's")
+        return
     console.print(Text.assemble(("out of memory", "bold red"),
                                 f" at event {oom['event_index']:,}: asked for {_b(oom['requested'])}; the device had "
                                 f"{_b(oom['device_free'])} free; {_b(oom['live_bytes'])} were live."))
@@ -466,6 +512,36 @@ def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, An
                       f"{literal(report.get('path', 'SNAPSHOT'))} finds the smallest device)")
     if oom["native_peak_reserved"] is not None:
         console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
+
+
+SHOWN_STEPS = 12  # steps listed one by one; more are summarised
+
+
+def _print_steps(report: dict[str, Any], console: Console) -> None:
+    """The steps' peaks (fit's own trial steps apart), and the sites that grew step over step."""
+    steps = report.get("steps") or []
+    trial = report.get("fit_trial_peak")
+    if trial is not None:
+        console.print(f"stowage.fit's own trial steps (left out of the peak above): peak {_b(trial['live_bytes'])} "
+                      f"at event {trial['event_index']:,}")
+    run = [step for step in steps if not step["fit_trial"]]
+    if not run:
+        return
+    table = Table(title=f"steps ({len(run)}, found by {report['steps_found_by']})", title_justify="left")
+    for name in ("step", "events", "peak", "at its end"):
+        table.add_column(name, justify="right")
+    shown = run if len(run) <= SHOWN_STEPS else run[:SHOWN_STEPS // 2] + run[-SHOWN_STEPS // 2:]
+    for step in shown:
+        table.add_row(str(step["number"]), f"{step['first_event']:,}-{step['last_event']:,}", _b(step["peak_bytes"]),
+                      _b(step["end_bytes"]))
+    console.print(table)
+    if len(run) > SHOWN_STEPS:
+        peaks = sorted(step["peak_bytes"] for step in run)
+        console.print(f"({len(run) - len(shown)} steps not shown; peaks from {_b(peaks[0])} to {_b(peaks[-1])}, "
+                      f"median {_b(peaks[len(peaks) // 2])})")
+    for row in report.get("growing") or []:
+        console.print(f"grows every step: {literal(row['site'])} holds {_b(row['bytes_per_step'])} more after each "
+                      f"of the last {row['steps']} steps (memory kept across steps: a leak, or a cache)")
 
 
 def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
@@ -520,6 +596,7 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         baseline = f"; {_b(peak['baseline'])} were live before the trace began" if peak["baseline"] else ""
         console.print(f"peak: {_b(peak['live_bytes'])} live at {when}{baseline}")
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
+    _print_steps(report, console)
     for oom in report["ooms"]:
         _print_oom(oom, totals, report, console)
     if report["oom_events"] > len(report["ooms"]):
