@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from stowage import _core, trace_steps
+from stowage import _core, categories, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.terminal import console, literal
@@ -217,6 +217,7 @@ class Peak:
     time_us: int | None = None
     baseline: int = 0  # bytes live before the trace's first event, as far as the end tells
     sites: list[dict[str, Any]] = field(default_factory=list)
+    categories: dict[str, int] = field(default_factory=dict)  # the trace's own live bytes (stowage.categories)
 
 
 @dataclass
@@ -398,7 +399,16 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
         peak.sites = ranked_at(best_at)[0]
         return peak
 
+    live = baseline + running  # the trace's own live, and what is left of what was live before it
     found = TraceAnalysis(peak_over(~trial), [], 0)
+    found.steps, found.steps_found_by = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
+    step_of = np.zeros(len(pairs.index), dtype=np.int64)
+    if found.steps:
+        step_of = np.searchsorted(np.array([s.first_event for s in found.steps]), pairs.index, side="right")
+    category = categories.infer(columns, pairs.index, pairs.is_alloc, pairs.end, step_of)
+    for peak in (found.peak,):
+        at = int(np.searchsorted(pairs.index, peak.event_index)) if peak.event_index >= 0 else -1
+        peak.categories = categories.live_by_category(category, pairs.is_alloc, pairs.end, pairs.size, at)
     if trial.any():
         found.fit_trial_peak = peak_over(trial)
     oom_at = np.flatnonzero(columns.action == _OOM)
@@ -410,8 +420,6 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
             live_bytes=pre_trace + own_live, sites=ranked,
             in_fit_trial=bool(trace_steps.in_trial(columns, np.array([index]))[0])))
     found.oom_events = len(oom_at)
-    live = baseline + running  # the trace's own live, and what is left of what was live before it
-    found.steps, found.steps_found_by = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
 
     def by_site_at(event_index: int) -> dict[str, int]:
         return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
@@ -454,6 +462,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
         "steps_found_by": found.steps_found_by,
         "growing": found.growing,
         "fit_trial_peak": asdict(found.fit_trial_peak) if found.fit_trial_peak is not None else None,
+        "category_source": "inferred from stacks and lifetimes (stowage.categories)",
         # stowage's snapshots of a device with activation offload carry its statistics.
         "offload": {k: int(v) for k, v in snapshot.get("offload", {}).items()} or None,
     }
@@ -512,6 +521,20 @@ def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, An
                       f"{literal(report.get('path', 'SNAPSHOT'))} finds the smallest device)")
     if oom["native_peak_reserved"] is not None:
         console.print(f"  - the allocator that recorded it had reserved up to {_b(oom['native_peak_reserved'])}")
+
+
+def _categories_table(peak: dict[str, Any], source: str) -> Table:
+    table = Table(title=f"live at the peak, by what it is ({source})", title_justify="left")
+    table.add_column("live", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("category")
+    rows = sorted(peak["categories"].items(), key=lambda item: item[1], reverse=True)
+    before = peak["live_bytes"] - sum(peak["categories"].values())
+    if before > 0:
+        rows.append(("(live before the trace began)", before))
+    for name, value in rows:
+        table.add_row(_b(value), f"{100 * value / max(peak['live_bytes'], 1):.1f}%", name)
+    return table
 
 
 SHOWN_STEPS = 12  # steps listed one by one; more are summarised
@@ -595,6 +618,8 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
                 when += f" ({(peak['time_us'] - start) / 1000:,.1f} ms into the trace)"
         baseline = f"; {_b(peak['baseline'])} were live before the trace began" if peak["baseline"] else ""
         console.print(f"peak: {_b(peak['live_bytes'])} live at {when}{baseline}")
+        if peak.get("categories"):
+            console.print(_categories_table(peak, report.get("category_source", "inferred")))
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
     _print_steps(report, console)
     for oom in report["ooms"]:
