@@ -58,7 +58,7 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
           step_of: np.ndarray) -> np.ndarray:
     """The category of each LivePairs position (UNKNOWN at frees): `index`, `is_alloc` and `end`
     are LivePairs'; `step_of` the step each position falls in (one step where none are known)."""
-    by_stack = np.array([stack_flags(stack) for stack in columns.stacks] + [0], dtype=np.int64)
+    by_stack = np.array([stack_flags(stack) for stack in columns.stacks] + [0], dtype=np.int8)  # (six bits)
     stacks = columns.stack[index]
     flags = by_stack[np.where(stacks >= 0, stacks, len(columns.stacks))]
     n = len(index)
@@ -67,7 +67,7 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
     engine = (stacks >= 0) & (flags & PYTHON == 0)  # frames, none of them Python's: autograd's thread
     flags = np.where(engine, flags | PYTHON | BACKWARD, flags)
     freed = end < n
-    free_flags = np.zeros(n, dtype=np.int64)
+    free_flags = np.zeros(n, dtype=np.int8)
     free_flags[freed] = flags[end[freed]]
     # A free whose frames tell nothing of its own (none, or its allocation's: stowage records the
     # block's) is placed by where it falls: in backward between a step's first and last backward
@@ -75,14 +75,13 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
     in_span = _backward_spans(is_alloc & (flags & BACKWARD != 0), step_of)
     blind = np.zeros(n, dtype=bool)
     blind[freed] = (stacks[end[freed]] < 0) | (stacks[end[freed]] == stacks[freed])
-    placed = np.zeros(n, dtype=np.int64)
+    placed = np.zeros(n, dtype=np.int8)
     placed[freed] = np.where(in_span[end[freed]], PYTHON | BACKWARD, PYTHON | ZERO_GRAD)
     free_flags = np.where(blind, placed, free_flags)
     later_step = np.zeros(n, dtype=bool)
     later_step[freed] = step_of[end[freed]] > step_of[freed]
     backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
     first_backward = int(backwards[0]) if len(backwards) else n
-    position = np.arange(n)
     outlives = ~freed | later_step
     category = np.full(n, UNKNOWN, dtype=np.int8)
     alloc = is_alloc
@@ -91,7 +90,8 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
     forward = alloc & ~optimizer & ~backward
     in_module = forward & (flags & MODULE != 0)
     outside = forward & ~in_module
-    kept_from_start = ~freed & (position < first_backward)
+    kept_from_start = ~freed
+    kept_from_start[first_backward:] = False
     module_made = flags & LIBRARY_NN != 0  # made in torch.nn (a module's __init__, .to(), ...): a parameter or buffer
     category[optimizer] = np.where(outlives[optimizer], STATES, TEMPORARIES)
     grad_kept = outlives | (free_flags & (OPTIMIZER | ZERO_GRAD) != 0) | (free_flags & BACKWARD == 0)
@@ -127,6 +127,6 @@ def live_by_category(category: np.ndarray, is_alloc: np.ndarray, end: np.ndarray
         return {}
     head = slice(0, position + 1)
     live = np.flatnonzero(is_alloc[head] & (end[head] > position))
-    totals = np.zeros(len(CATEGORIES), dtype=np.int64)
-    np.add.at(totals, category[live].astype(np.int64), np.asarray(size[live], dtype=np.int64))
+    totals = np.zeros(len(CATEGORIES), dtype=size.dtype)  # (Python ints where sums could pass int64)
+    np.add.at(totals, category[live].astype(np.int64), size[live])
     return {name: int(total) for name, total in zip(CATEGORIES, totals.tolist()) if total}

@@ -110,8 +110,7 @@ def cut(columns: TraceColumns, index: np.ndarray, live: np.ndarray, is_alloc: np
     """The trace's steps (positions `index`, live bytes after each `live`): pieces ending at a
     step's end, and fit's trial spans; what lies between fit's trial spans and before a trial
     (fit choosing, the run setting up) goes with the next step of the run."""
-    ends, found = step_ends(columns, index[is_alloc], np.asarray(size[is_alloc], dtype=np.int64),
-                            np.asarray(live[is_alloc], dtype=np.int64))
+    ends, found = step_ends(columns, index[is_alloc], size[is_alloc], live[is_alloc])  # (int64, or Python ints)
     if not found or not len(index):
         return [], found
     trial = in_trial(columns, index)
