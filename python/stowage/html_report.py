@@ -204,6 +204,17 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
         _table("live at the peak, by site", ["live", "share", "allocs", "site"],
                _site_rows(peak["sites"], peak["live_bytes"])),
     ]
+    if peak.get("categories"):
+        rows = sorted(peak["categories"].items(), key=lambda item: item[1], reverse=True)
+        sections.insert(2, _table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
+                                  ["live", "share", "category"],
+                                  [[_b(v), f"{100 * v / max(peak['live_bytes'], 1):.1f}%", k] for k, v in rows]))
+    run_steps = [step for step in report.get("steps") or [] if not step["fit_trial"]]
+    if run_steps:
+        sections.append(_table(f"steps ({len(run_steps)}, found by {report['steps_found_by']})",
+                               ["step", "events", "peak", "at its end"],
+                               [[str(st["number"]), f"{st['first_event']:,}-{st['last_event']:,}", _b(st["peak_bytes"]),
+                                 _b(st["end_bytes"])] for st in run_steps[:200]]))
     for oom in report["ooms"]:
         sections.append(f"<h2>Out of memory at event {oom['event_index']:,}</h2><p>asked for "
                         f"{_e(_b(oom['requested']))}; the device had {_e(_b(oom['device_free']))} free; "

@@ -53,3 +53,12 @@ def test_a_trace_without_python_frames_is_unknown_not_guessed() -> None:
     trace = [{key: value for key, value in event.items() if key != "frames"} for event in snapshot["device_traces"][0]]
     peak = inspect_device({**snapshot, "device_traces": [trace]}, 0, 5)["peak"]
     assert set(peak["categories"]) == {"unknown"}
+
+
+def test_the_html_report_leads_with_the_categories_and_lists_the_steps() -> None:
+    from stowage.html_report import render
+
+    snapshot, _, _ = recorded_training()
+    html = render("loop", inspect_device(snapshot, 0, 5), snapshot)
+    assert html.index("by what it is") < html.index("Live memory by allocation site")
+    assert "optimizer states" in html and "steps (3, found by marks)" in html
