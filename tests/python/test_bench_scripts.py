@@ -114,3 +114,21 @@ def test_the_gpu_headline_brackets_stock_at_its_prediction_and_fit_past_it(tmp_p
     best = tokens["stock_checkpoint_best"]
     assert best["fits"] and any(not p["fits"] and p["batch"] > best["batch"] for p in tokens["stock_checkpoint_probes"])
     assert tokens["fit"]["batch"] == 2 * best["batch"]
+
+
+def test_the_batch_arithmetic_benchmark_runs_a_stock_point_and_a_fitted_global_batch() -> None:
+    """bench/e2e/fit_batches.py's two kinds of process, at small sizes: a checkpointed stock
+    point (4 micro-batches of one row) and stowage.fit choosing micro-batches for a global batch."""
+    script = str(E2E / "fit_batches.py")
+    point = subprocess.run([sys.executable, script, "--child", "point", "--model", "mlp", "--micro", "2",
+                            "--capacity", "256MiB"], capture_output=True, text=True, timeout=300)
+    assert point.returncode == 0, point.stderr
+    found = json.loads(point.stdout.splitlines()[-1])
+    assert found["fits"] and found["blocks"] == 4
+    fitted = subprocess.run([sys.executable, script, "--child", "run", "--model", "mlp", "--config", "fit",
+                             "--rows", "64", "--micro", "16", "--capacity", "256MiB"], capture_output=True, text=True,
+                            timeout=300)
+    assert fitted.returncode == 0, fitted.stderr
+    run = json.loads(fitted.stdout.splitlines()[-1])
+    assert run["units"] == "rows" and len(run["step_s"]) == 3 and run["peak_bytes"] <= run["capacity"]
+    assert "<- chosen" in run["table"] and run["departed_steps"] == 0
