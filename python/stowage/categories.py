@@ -54,45 +54,58 @@ def stack_flags(frames: list[dict[str, Any]] | None) -> int:
     return flags
 
 
+def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
+    """The stack flags of every LivePairs position (int8)."""
+    by_stack = np.array([stack_flags(stack) for stack in columns.stacks] + [0, 0], dtype=np.int8)
+    return by_stack[columns.stack[index]]  # (-1 and -2, no frames: the two zeros at the end)
+
+
 def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-          step_of: np.ndarray) -> np.ndarray:
-    """The category of each LivePairs position (UNKNOWN at frees): `index`, `is_alloc` and `end`
-    are LivePairs'; `step_of` the step each position falls in (one step where none are known)."""
-    by_stack = np.array([stack_flags(stack) for stack in columns.stacks] + [0], dtype=np.int8)  # (six bits)
-    stacks = columns.stack[index]
-    flags = by_stack[np.where(stacks >= 0, stacks, len(columns.stacks))]
+          step_starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The category of the allocations at LivePairs `positions`: `index`, `is_alloc` and `end`
+    are LivePairs'; `step_starts` the positions where steps begin (empty: one step)."""
     n = len(index)
-    if not n or np.mean(flags[is_alloc] & PYTHON != 0) < 0.1:  # no Python frames to read
-        return np.full(n, UNKNOWN, dtype=np.int8)
+    flags = position_flags(columns, index)
+    if not n or np.count_nonzero(flags[is_alloc] & PYTHON) < 0.1 * max(np.count_nonzero(is_alloc), 1):
+        return np.full(len(positions), UNKNOWN, dtype=np.int8)  # no Python frames to read
+    stacks = columns.stack[index]
     engine = (stacks >= 0) & (flags & PYTHON == 0)  # frames, none of them Python's: autograd's thread
-    flags = np.where(engine, flags | PYTHON | BACKWARD, flags)
-    freed = end < n
-    free_flags = np.zeros(n, dtype=np.int8)
-    free_flags[freed] = flags[end[freed]]
+    flags[engine] |= PYTHON | BACKWARD
+    del engine
+    backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
+    first_backward = int(backwards[0]) if len(backwards) else n
+    spans = _backward_spans(backwards, step_starts)
+    own, ends = flags[positions], end[positions]
+    freed = ends < n
+    ended = ends[freed]
+    free_flags = np.zeros(len(positions), dtype=np.int8)
+    free_flags[freed] = flags[ended]
     # A free whose frames tell nothing of its own (none, or its allocation's: stowage records the
     # block's) is placed by where it falls: in backward between a step's first and last backward
     # allocation, after it otherwise.
-    in_span = _backward_spans(is_alloc & (flags & BACKWARD != 0), step_of)
-    blind = np.zeros(n, dtype=bool)
-    blind[freed] = (stacks[end[freed]] < 0) | (stacks[end[freed]] == stacks[freed])
-    placed = np.zeros(n, dtype=np.int8)
-    placed[freed] = np.where(in_span[end[freed]], PYTHON | BACKWARD, PYTHON | ZERO_GRAD)
+    blind = np.zeros(len(positions), dtype=bool)
+    blind[freed] = (stacks[ended] < 0) | (stacks[ended] == stacks[positions[freed]])
+    placed = np.zeros(len(positions), dtype=np.int8)
+    placed[freed] = np.where(_inside(spans, ended), PYTHON | BACKWARD, PYTHON | ZERO_GRAD)
     free_flags = np.where(blind, placed, free_flags)
-    later_step = np.zeros(n, dtype=bool)
-    later_step[freed] = step_of[end[freed]] > step_of[freed]
-    backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
-    first_backward = int(backwards[0]) if len(backwards) else n
+    later_step = np.zeros(len(positions), dtype=bool)
+    later_step[freed] = np.searchsorted(step_starts, ended, side="right") > \
+        np.searchsorted(step_starts, positions[freed], side="right")
+    return _rules(own, free_flags, freed, later_step, positions < first_backward, ends > first_backward)
+
+
+def _rules(own: np.ndarray, free_flags: np.ndarray, freed: np.ndarray, later_step: np.ndarray,
+           before_backward: np.ndarray, ends_after_backward: np.ndarray) -> np.ndarray:
+    """The module's rules (its docstring), on allocations' flags and their frees'."""
     outlives = ~freed | later_step
-    category = np.full(n, UNKNOWN, dtype=np.int8)
-    alloc = is_alloc
-    optimizer = alloc & (flags & OPTIMIZER != 0)
-    backward = alloc & ~optimizer & (flags & BACKWARD != 0)
-    forward = alloc & ~optimizer & ~backward
-    in_module = forward & (flags & MODULE != 0)
+    category = np.full(len(own), UNKNOWN, dtype=np.int8)
+    optimizer = own & OPTIMIZER != 0
+    backward = ~optimizer & (own & BACKWARD != 0)
+    forward = ~optimizer & ~backward
+    in_module = forward & (own & MODULE != 0)
     outside = forward & ~in_module
-    kept_from_start = ~freed
-    kept_from_start[first_backward:] = False
-    module_made = flags & LIBRARY_NN != 0  # made in torch.nn (a module's __init__, .to(), ...): a parameter or buffer
+    kept_from_start = ~freed & before_backward
+    module_made = own & LIBRARY_NN != 0  # made in torch.nn (a module's __init__, .to(), ...): a parameter or buffer
     category[optimizer] = np.where(outlives[optimizer], STATES, TEMPORARIES)
     grad_kept = outlives | (free_flags & (OPTIMIZER | ZERO_GRAD) != 0) | (free_flags & BACKWARD == 0)
     category[backward] = np.where(grad_kept[backward], GRADIENTS, TEMPORARIES)
@@ -100,33 +113,39 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
     category[in_module] = np.where(kept_from_start[in_module], PARAMETERS,
                                    np.where(freed_in_backward[in_module], ACTIVATIONS,
                                             np.where(freed[in_module], TEMPORARIES, UNKNOWN)))
-    lives_into_backward = freed_in_backward | (freed & (end > first_backward)) | ~freed
+    lives_into_backward = freed_in_backward | (freed & ends_after_backward) | ~freed
     category[outside] = np.where(kept_from_start[outside] & module_made[outside], PARAMETERS,
                                  np.where(lives_into_backward[outside], INPUTS, TEMPORARIES))
     return category
 
 
-def _backward_spans(backward: np.ndarray, step_of: np.ndarray) -> np.ndarray:
-    """Whether each position lies between its step's first and last backward allocation."""
-    at = np.flatnonzero(backward)
-    inside = np.zeros(len(backward), dtype=bool)
-    if not len(at):
-        return inside
-    steps = step_of[at]
+def _backward_spans(backwards: np.ndarray, step_starts: np.ndarray) -> np.ndarray:
+    """[first, last] backward allocation of each step, as rows (positions)."""
+    if not len(backwards):
+        return np.zeros((0, 2), dtype=np.int64)
+    steps = np.searchsorted(step_starts, backwards, side="right")
     starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    stops = np.r_[starts[1:], len(at)] - 1
-    for first, last in zip(at[starts].tolist(), at[stops].tolist()):
-        inside[first:last + 1] = True
-    return inside
+    stops = np.r_[starts[1:], len(backwards)] - 1
+    return np.stack([backwards[starts], backwards[stops]], axis=1)
 
 
-def live_by_category(category: np.ndarray, is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray,
-                     position: int) -> dict[str, int]:
-    """Bytes live just after `position`, by category (the trace's own allocations)."""
+def _inside(spans: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether each position lies in one of the (sorted, disjoint) spans."""
+    if not len(spans):
+        return np.zeros(len(positions), dtype=bool)
+    row = np.searchsorted(spans[:, 0], positions, side="right") - 1
+    return (row >= 0) & (positions <= spans[np.maximum(row, 0), 1])
+
+
+def live_by_category(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
+                     size: np.ndarray, step_starts: np.ndarray, position: int) -> dict[str, int]:
+    """Bytes live just after `position`, by category (the trace's own allocations; only those
+    are categorised)."""
     if position < 0:
         return {}
     head = slice(0, position + 1)
     live = np.flatnonzero(is_alloc[head] & (end[head] > position))
+    category = infer(columns, index, is_alloc, end, step_starts, live)
     totals = np.zeros(len(CATEGORIES), dtype=size.dtype)  # (Python ints where sums could pass int64)
-    np.add.at(totals, category[live].astype(np.int64), size[live])
+    np.add.at(totals, category.astype(np.int64), size[live])
     return {name: int(total) for name, total in zip(CATEGORIES, totals.tolist()) if total}

@@ -373,11 +373,12 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     """
     columns = as_columns(trace)
     pairs = live_pairs(columns)
-    running = np.cumsum(pairs.own - pairs.unknown)
+    live = np.cumsum(pairs.own - pairs.unknown)  # the trace's own live less what was freed of before it
     trial = trace_steps.in_trial(columns, pairs.index)
     own, unknown = int(pairs.own.sum()), int(pairs.unknown.sum())
     baseline = unknown if requested_at_end is None else requested_at_end - own + unknown
     baseline = max(baseline, unknown, 0)
+    live += baseline  # (in place) and what is left of what was live before the trace
     sites = TraceSites(columns, pairs)
 
     def ranked_at(position: int) -> tuple[list[dict[str, Any]], int, int]:
@@ -389,9 +390,9 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
         best, best_at = 0, -1  # own - unknown at its highest, first reached; -1: before any event
         chosen = np.flatnonzero(where)
         if len(chosen):
-            at = int(chosen[np.argmax(running[chosen])])
-            if running[at] > 0:
-                best, best_at = int(running[at]), at
+            at = int(chosen[np.argmax(live[chosen])])
+            if live[at] - baseline > 0:
+                best, best_at = int(live[at] - baseline), at
         best_index = int(pairs.index[best_at]) if best_at >= 0 else -1
         peak = Peak(live_bytes=baseline + best, event_index=best_index, baseline=baseline)
         if best_index >= 0:
@@ -399,16 +400,12 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
         peak.sites = ranked_at(best_at)[0]
         return peak
 
-    live = baseline + running  # the trace's own live, and what is left of what was live before it
     found = TraceAnalysis(peak_over(~trial), [], 0)
     found.steps, found.steps_found_by = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
-    step_of = np.zeros(len(pairs.index), dtype=np.int64)
-    if found.steps:
-        step_of = np.searchsorted(np.array([s.first_event for s in found.steps]), pairs.index, side="right")
-    category = categories.infer(columns, pairs.index, pairs.is_alloc, pairs.end, step_of)
-    for peak in (found.peak,):
-        at = int(np.searchsorted(pairs.index, peak.event_index)) if peak.event_index >= 0 else -1
-        peak.categories = categories.live_by_category(category, pairs.is_alloc, pairs.end, pairs.size, at)
+    step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in found.steps], dtype=np.int64))
+    at = int(np.searchsorted(pairs.index, found.peak.event_index)) if found.peak.event_index >= 0 else -1
+    found.peak.categories = categories.live_by_category(columns, pairs.index, pairs.is_alloc, pairs.end, pairs.size,
+                                                        step_starts, at)
     if trial.any():
         found.fit_trial_peak = peak_over(trial)
     oom_at = np.flatnonzero(columns.action == _OOM)
