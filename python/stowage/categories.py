@@ -137,15 +137,34 @@ def _inside(spans: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return (row >= 0) & (positions <= spans[np.maximum(row, 0), 1])
 
 
-def live_by_category(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-                     size: np.ndarray, step_starts: np.ndarray, position: int) -> dict[str, int]:
-    """Bytes live just after `position`, by category (the trace's own allocations; only those
-    are categorised)."""
+def live_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
+                    step_starts: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """The allocations live just after `position` (LivePairs positions) and their categories
+    (only those are categorised)."""
     if position < 0:
-        return {}
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)
     head = slice(0, position + 1)
     live = np.flatnonzero(is_alloc[head] & (end[head] > position))
-    category = infer(columns, index, is_alloc, end, step_starts, live)
-    totals = np.zeros(len(CATEGORIES), dtype=size.dtype)  # (Python ints where sums could pass int64)
-    np.add.at(totals, category.astype(np.int64), size[live])
-    return {name: int(total) for name, total in zip(CATEGORIES, totals.tolist()) if total}
+    return live, infer(columns, index, is_alloc, end, step_starts, live)
+
+
+CHUNK = 1 << 20  # positions categorised at once (what a whole trace's categories cost is held to)
+
+
+def all_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
+                   step_starts: np.ndarray) -> np.ndarray:
+    """Every allocation's category (int8 by LivePairs position; UNKNOWN at frees), worked out a
+    CHUNK of allocations at a time."""
+    out = np.full(len(index), UNKNOWN, dtype=np.int8)
+    allocs = np.flatnonzero(is_alloc)
+    for start in range(0, len(allocs), CHUNK):
+        chunk = allocs[start:start + CHUNK]
+        out[chunk] = infer(columns, index, is_alloc, end, step_starts, chunk)
+    return out
+
+
+def totals(live: np.ndarray, category: np.ndarray, size: np.ndarray) -> dict[str, int]:
+    """Bytes of the allocations `live` by category."""
+    summed = np.zeros(len(CATEGORIES), dtype=size.dtype)  # (Python ints where sums could pass int64)
+    np.add.at(summed, category.astype(np.int64), size[live])
+    return {name: int(total) for name, total in zip(CATEGORIES, summed.tolist()) if total}

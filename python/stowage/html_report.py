@@ -209,6 +209,10 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
         sections.insert(2, _table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
                                   ["live", "share", "category"],
                                   [[_b(v), f"{100 * v / max(peak['live_bytes'], 1):.1f}%", k] for k, v in rows]))
+    if report.get("advice"):
+        items = "".join(f"<li><b>{'up to ' if row.get('upper_bound') else ''}{_e(_b(row['saving_bytes']))}</b> of the "
+                        f"peak (re-simulated): {_e(row['advice'])}</li>" for row in report["advice"])
+        sections.insert(2, f"<h2>Advice</h2><ul>{items}</ul>")
     run_steps = [step for step in report.get("steps") or [] if not step["fit_trial"]]
     if run_steps:
         sections.append(_table(f"steps ({len(run_steps)}, found by {report['steps_found_by']})",

@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from stowage import _core, categories, trace_steps
+from stowage import _core, advice, categories, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.terminal import console, literal
@@ -348,6 +348,7 @@ class TraceAnalysis:
     steps_found_by: str = ""
     growing: list[dict[str, Any]] = field(default_factory=list)
     fit_trial_peak: Peak | None = None
+    advice: list[dict[str, Any]] = field(default_factory=list)
 
 
 def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
@@ -358,7 +359,7 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
 
 
 def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
-            top: int) -> TraceAnalysis:
+            top: int, cached_free: int = 0) -> TraceAnalysis:
     """The live-bytes peak, the OOM events and the steps of a trace.
 
     Live bytes at an event = the trace's own allocations still live (each counted at the size it
@@ -369,7 +370,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     frees) when segments are known, else it is the unknown frees alone: never negative, and
     never less than what was freed of it. The headline peak leaves out stowage.fit's own trial
     steps (their peak is reported apart). Returns the peak, the OOMs (at most _MAX_OOMS), the
-    number of OOM events in all, and the steps. (LivePairs says how frees are matched.)
+    number of OOM events in all, the steps and the advice (stowage.advice; `cached_free`: the
+    cache's free bytes at the snapshot, for an OOM's). (LivePairs says how frees are matched.)
     """
     columns = as_columns(trace)
     pairs = live_pairs(columns)
@@ -404,8 +406,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     found.steps, found.steps_found_by = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
     step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in found.steps], dtype=np.int64))
     at = int(np.searchsorted(pairs.index, found.peak.event_index)) if found.peak.event_index >= 0 else -1
-    found.peak.categories = categories.live_by_category(columns, pairs.index, pairs.is_alloc, pairs.end, pairs.size,
-                                                        step_starts, at)
+    live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts, at)
+    found.peak.categories = categories.totals(live_at, category, pairs.size)
     if trial.any():
         found.fit_trial_peak = peak_over(trial)
     oom_at = np.flatnonzero(columns.action == _OOM)
@@ -422,6 +424,13 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
         return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
 
     found.growing = trace_steps.growing(found.steps, by_site_at)[:top]
+    def every() -> tuple[np.ndarray, np.ndarray]:
+        made = categories.position_flags(columns, pairs.index) & categories.OPTIMIZER != 0
+        return categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts), made
+
+    found.advice = advice.advise(asdict(found.peak), live, pairs, at, lambda: (live_at, category), found.growing,
+                                 [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial],
+                                 step_starts, every)
     return found
 
 
@@ -432,7 +441,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     totals = totals_of(segments)
     # Without segments the snapshot tells nothing about the end state; the trace's own balance
     # is then taken as the whole story.
-    found = analyse(trace, totals.requested if segments else None, top)
+    found = analyse(trace, totals.requested if segments else None, top, totals.reserved_unallocated)
     peak, ooms, oom_events = found.peak, found.ooms, found.oom_events
     if ooms:
         events = device_events(trace)
@@ -460,6 +469,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
         "growing": found.growing,
         "fit_trial_peak": asdict(found.fit_trial_peak) if found.fit_trial_peak is not None else None,
         "category_source": "inferred from stacks and lifetimes (stowage.categories)",
+        "advice": found.advice,
         # stowage's snapshots of a device with activation offload carry its statistics.
         "offload": {k: int(v) for k, v in snapshot.get("offload", {}).items()} or None,
     }
@@ -564,6 +574,13 @@ def _print_steps(report: dict[str, Any], console: Console) -> None:
                       f"of the last {row['steps']} steps (memory kept across steps: a leak, or a cache)")
 
 
+def _print_advice(report: dict[str, Any], console: Console) -> None:
+    for row in report.get("advice") or []:
+        saves = "saves up to" if row.get("upper_bound") else "saves"
+        console.print(Text.assemble(("advice", "bold"), f": {saves} {_b(row['saving_bytes'])} of the peak "
+                                    f"(re-simulated): {literal(row['advice'])}"))
+
+
 def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
     totals = report["totals"]
     console.print(Text.assemble((literal(path.name), "bold"), f", device {report['device']}: "
@@ -579,6 +596,7 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
     table.add_row("fragmentation: 1 - largest free block / free reserved bytes",
                   f"{100 * totals['fragmentation']:.1f}%")
     console.print(table)
+    _print_advice(report, console)
 
     segments = report["segments"]
     if segments["count"]:
