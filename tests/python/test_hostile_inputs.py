@@ -146,8 +146,10 @@ def test_a_wait_for_copies_answers_ctrl_c_within_a_second() -> None:
     """copy_bandwidth="1KB" was accepted, and mark_step then waited about 35 minutes for the
     page-outs, deaf to Ctrl-C. The link's floor is now 10 MB/s, and a wait answers SIGINT."""
     code = textwrap.dedent("""
-        import sys, time, torch, stowage
+        import signal, sys, time, torch, stowage
         from stowage.memory import _torch_module
+        # Python's own Ctrl-C, as a terminal gives it (a shell's background job inherits SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="1KB")
         except ValueError as error:
