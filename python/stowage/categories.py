@@ -60,18 +60,27 @@ def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
     return by_stack[columns.stack[index]]  # (-1 and -2, no frames: the two zeros at the end)
 
 
-def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-          step_starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The category of the allocations at LivePairs `positions`: `index`, `is_alloc` and `end`
-    are LivePairs'; `step_starts` the positions where steps begin (empty: one step)."""
-    n = len(index)
+def _trace_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray | None:
+    """Every position's flags, autograd's thread's events marked backward's; None where the trace
+    has no Python frames to read."""
     flags = position_flags(columns, index)
-    if not n or np.count_nonzero(flags[is_alloc] & PYTHON) < 0.1 * max(np.count_nonzero(is_alloc), 1):
+    if not len(index) or np.count_nonzero(flags[is_alloc] & PYTHON) < 0.1 * max(np.count_nonzero(is_alloc), 1):
+        return None
+    engine = (columns.stack[index] >= 0) & (flags & PYTHON == 0)  # frames, none Python's: autograd's thread
+    flags[engine] |= PYTHON | BACKWARD
+    return flags
+
+
+def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
+          step_starts: np.ndarray, positions: np.ndarray, flags: np.ndarray | None = None) -> np.ndarray:
+    """The category of the allocations at LivePairs `positions`: `index`, `is_alloc` and `end`
+    are LivePairs'; `step_starts` the positions where steps begin (empty: one step); `flags`
+    _trace_flags' (worked out here when not given)."""
+    n = len(index)
+    flags = _trace_flags(columns, index, is_alloc) if flags is None else flags
+    if flags is None:
         return np.full(len(positions), UNKNOWN, dtype=np.int8)  # no Python frames to read
     stacks = columns.stack[index]
-    engine = (stacks >= 0) & (flags & PYTHON == 0)  # frames, none of them Python's: autograd's thread
-    flags[engine] |= PYTHON | BACKWARD
-    del engine
     backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
     first_backward = int(backwards[0]) if len(backwards) else n
     spans = _backward_spans(backwards, step_starts)
@@ -156,10 +165,13 @@ def all_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarra
     """Every allocation's category (int8 by LivePairs position; UNKNOWN at frees), worked out a
     CHUNK of allocations at a time."""
     out = np.full(len(index), UNKNOWN, dtype=np.int8)
+    flags = _trace_flags(columns, index, is_alloc)  # once, for every chunk
+    if flags is None:
+        return out
     allocs = np.flatnonzero(is_alloc)
     for start in range(0, len(allocs), CHUNK):
         chunk = allocs[start:start + CHUNK]
-        out[chunk] = infer(columns, index, is_alloc, end, step_starts, chunk)
+        out[chunk] = infer(columns, index, is_alloc, end, step_starts, chunk, flags)
     return out
 
 

@@ -411,13 +411,14 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     if trial.any():
         found.fit_trial_peak = peak_over(trial)
     oom_at = np.flatnonzero(columns.action == _OOM)
-    for index in oom_at[:_MAX_OOMS].tolist():
+    oom_in_trial = trace_steps.in_trial(columns, oom_at[:_MAX_OOMS])
+    for index, in_fit_trial in zip(oom_at[:_MAX_OOMS].tolist(), oom_in_trial.tolist()):
         ranked, pre_trace, own_live = ranked_at(int(np.searchsorted(pairs.index, index)) - 1)
         found.ooms.append(OomExplanation(
             event_index=index, requested=int(columns.size[index]),
             device_free=columns.device_free.get(index, int(columns.addr[index])),
             live_bytes=pre_trace + own_live, sites=ranked,
-            in_fit_trial=bool(trace_steps.in_trial(columns, np.array([index]))[0])))
+            in_fit_trial=bool(in_fit_trial)))
     found.oom_events = len(oom_at)
 
     def by_site_at(event_index: int) -> dict[str, int]:
