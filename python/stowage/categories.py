@@ -15,7 +15,9 @@ both), and whether it outlives its step:
   module's __init__, ``.to()``): parameters (or buffers); else (the loop's own lines) inputs when
   it lives into backward or beyond, temporaries otherwise;
 - on a GPU the backward runs on autograd's own thread, whose events have no Python frames: in a
-  trace whose other events have them, an event without them is backward's;
+  trace whose other events have them, an allocation without them is backward's, and a free
+  without them is placed by where it falls (in backward between a step's first and last
+  backward allocation);
 - in a trace without Python frames at all: unknown.
 
 Contract: pure functions of a trace's columns and LivePairs; no state.
@@ -66,7 +68,11 @@ def _trace_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray)
     flags = position_flags(columns, index)
     if not len(index) or np.count_nonzero(flags[is_alloc] & PYTHON) < 0.1 * max(np.count_nonzero(is_alloc), 1):
         return None
-    engine = (columns.stack[index] >= 0) & (flags & PYTHON == 0)  # frames, none Python's: autograd's thread
+    stack = columns.stack[index]
+    # Autograd's thread: an event with frames, none Python's (C++ stacks recorded), or an
+    # allocation with none at all (torch records an empty list there). A free without frames is
+    # placed by where it falls (infer).
+    engine = ((stack >= 0) | ((stack == -1) & is_alloc)) & (flags & PYTHON == 0)
     flags[engine] |= PYTHON | BACKWARD
     return flags
 
