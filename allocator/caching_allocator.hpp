@@ -149,6 +149,8 @@ class CachingAllocator final : private BlockCache::Listener {
   // need no lock); set it once, or rarely.
   void set_context_provider(ContextProvider provider);
   AllocatorSnapshot snapshot() const;
+  // History::recorded(): where the next event will be in the history's count.
+  std::uint64_t history_recorded() const;
   bool history_enabled() const noexcept { return history_on_.load(std::memory_order_relaxed); }
   // Listeners hear of every event as it happens, history on or not, under the allocator's lock:
   // they must not call the allocator. Kept until the allocator is destroyed.

@@ -43,6 +43,11 @@ void CachingAllocator::set_context_provider(ContextProvider provider) {
   context_provider_.store(providers_.back().get());
 }
 
+std::uint64_t CachingAllocator::history_recorded() const {
+  std::lock_guard lock(mutex_);
+  return trace_.history().recorded();
+}
+
 std::uint64_t CachingAllocator::context_for_history() const noexcept {
   if (!history_on_.load(std::memory_order_relaxed)) return 0;
   const ContextProvider* provider = context_provider_.load();
@@ -66,6 +71,7 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.segments.reserve(cache_.segments().size());
   for (const auto& [base, segment] : cache_.segments()) append_snapshot(segment, out);
   out.trace = trace_.history().entries();
+  out.trace_recorded = trace_.history().recorded();
   return out;
 }
 

@@ -55,6 +55,7 @@ void History::disable() {
   ring_.shrink_to_fit();
   next_ = 0;
   size_ = 0;
+  recorded_ = 0;
 }
 
 void History::record(const TraceEntry& entry) {
@@ -62,6 +63,7 @@ void History::record(const TraceEntry& entry) {
   ring_[next_] = entry;
   next_ = (next_ + 1) % ring_.size();
   if (size_ < ring_.size()) ++size_;
+  ++recorded_;
 }
 
 std::vector<TraceEntry> History::entries() const {

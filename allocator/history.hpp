@@ -71,6 +71,10 @@ class History {
   void record(const TraceEntry& entry);
   // The events, oldest first.
   std::vector<TraceEntry> entries() const;
+  // Events recorded since recording was turned on, the overwritten ones included: the event
+  // entries()[i] was the (recorded() - entries().size() + i)-th. Python notes it beside what it
+  // tags (stowage.tagging) to find the event a tag is about.
+  std::uint64_t recorded() const noexcept { return recorded_; }
 
   static std::int64_t now_us() noexcept;
 
@@ -79,6 +83,7 @@ class History {
   std::vector<TraceEntry> ring_;
   std::size_t next_ = 0;  // where the next event goes
   std::size_t size_ = 0;  // events held, at most ring_.size()
+  std::uint64_t recorded_ = 0;
 };
 
 }  // namespace stowage

@@ -42,6 +42,7 @@ struct AllocatorSnapshot {
   int device = 0;
   std::vector<SegmentSnapshot> segments;  // address order
   std::vector<TraceEntry> trace;          // oldest first
+  std::uint64_t trace_recorded = 0;       // History::recorded() when the snapshot was taken
 };
 
 // Appends what a snapshot shows of `segment`: a whole segment as one SegmentSnapshot; paged

@@ -152,14 +152,19 @@ def _inside(spans: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return (row >= 0) & (positions <= spans[np.maximum(row, 0), 1])
 
 
+def live_positions(is_alloc: np.ndarray, end: np.ndarray, position: int) -> np.ndarray:
+    """The allocations live just after `position` (LivePairs positions; none before the first)."""
+    if position < 0:
+        return np.zeros(0, dtype=np.int64)
+    head = slice(0, position + 1)
+    return np.flatnonzero(is_alloc[head] & (end[head] > position))
+
+
 def live_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
                     step_starts: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
     """The allocations live just after `position` (LivePairs positions) and their categories
     (only those are categorised)."""
-    if position < 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)
-    head = slice(0, position + 1)
-    live = np.flatnonzero(is_alloc[head] & (end[head] > position))
+    live = live_positions(is_alloc, end, position)
     return live, infer(columns, index, is_alloc, end, step_starts, live)
 
 

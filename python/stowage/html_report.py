@@ -209,6 +209,10 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
         sections.insert(2, _table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
                                   ["live", "share", "category"],
                                   [[_b(v), f"{100 * v / max(peak['live_bytes'], 1):.1f}%", k] for k, v in rows]))
+    if peak.get("modules"):
+        sections.insert(3, _table("live at the peak, by the module that made it", ["live", "share", "module"],
+                                  [[_b(r["bytes"]), f"{100 * r['bytes'] / max(peak['live_bytes'], 1):.1f}%",
+                                    r["module"] or "(outside any module's forward)"] for r in peak["modules"]]))
     if report.get("advice"):
         items = "".join(f"<li><b>{'up to ' if row.get('upper_bound') else ''}{_e(_b(row['saving_bytes']))}</b> of the "
                         f"peak (re-simulated): {_e(row['advice'])}</li>" for row in report["advice"])

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from stowage import _core, advice, categories, trace_steps
+from stowage import _core, advice, categories, tag_reading, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.terminal import console, literal
@@ -218,6 +218,7 @@ class Peak:
     baseline: int = 0  # bytes live before the trace's first event, as far as the end tells
     sites: list[dict[str, Any]] = field(default_factory=list)
     categories: dict[str, int] = field(default_factory=dict)  # the trace's own live bytes (stowage.categories)
+    modules: list[dict[str, Any]] = field(default_factory=list)  # by module path, where the snapshot has them
 
 
 @dataclass
@@ -336,6 +337,11 @@ def _live_at(pairs: LivePairs, sites: TraceSites, position: int) -> tuple[dict[s
     return by_site, {sites.names[i]: int(counts[i]) for i in present.tolist()}
 
 
+ReadTags = Callable[[np.ndarray, np.ndarray], "tag_reading.ExactTags | None"]  # (actions, LivePairs.index)
+INFERRED = "inferred from stacks and lifetimes"
+EXACT = "exact, noted by stowage while recording"
+
+
 @dataclass
 class TraceAnalysis:
     """A trace's findings: its headline peak (fit's own trial steps left out), its OOMs, its steps
@@ -349,6 +355,7 @@ class TraceAnalysis:
     growing: list[dict[str, Any]] = field(default_factory=list)
     fit_trial_peak: Peak | None = None
     advice: list[dict[str, Any]] = field(default_factory=list)
+    category_source: str = INFERRED
 
 
 def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
@@ -359,7 +366,7 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
 
 
 def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
-            top: int, cached_free: int = 0) -> TraceAnalysis:
+            top: int, cached_free: int = 0, read_tags: ReadTags | None = None) -> TraceAnalysis:
     """The live-bytes peak, the OOM events and the steps of a trace.
 
     Live bytes at an event = the trace's own allocations still live (each counted at the size it
@@ -371,7 +378,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     never less than what was freed of it. The headline peak leaves out stowage.fit's own trial
     steps (their peak is reported apart). Returns the peak, the OOMs (at most _MAX_OOMS), the
     number of OOM events in all, the steps and the advice (stowage.advice; `cached_free`: the
-    cache's free bytes at the snapshot, for an OOM's). (LivePairs says how frees are matched.)
+    cache's free bytes at the snapshot, for an OOM's). Categories are the snapshot's own where
+    `read_tags` finds stowage's (tag_reading), else inferred. (LivePairs says how frees are matched.)
     """
     columns = as_columns(trace)
     pairs = live_pairs(columns)
@@ -406,7 +414,15 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     found.steps, found.steps_found_by = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
     step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in found.steps], dtype=np.int64))
     at = int(np.searchsorted(pairs.index, found.peak.event_index)) if found.peak.event_index >= 0 else -1
-    live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts, at)
+    exact = read_tags(columns.action, pairs.index) if read_tags is not None else None
+    if exact is not None:
+        live_at = categories.live_positions(pairs.is_alloc, pairs.end, at)
+        category = exact.category[live_at]
+        found.peak.modules = tag_reading.module_totals(exact, live_at, pairs.size, top)
+        found.category_source = EXACT
+    else:
+        live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end,
+                                                       step_starts, at)
     found.peak.categories = categories.totals(live_at, category, pairs.size)
     if trial.any():
         found.fit_trial_peak = peak_over(trial)
@@ -427,6 +443,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     found.growing = trace_steps.growing(found.steps, by_site_at)[:top]
     def every() -> tuple[np.ndarray, np.ndarray]:
         made = categories.position_flags(columns, pairs.index) & categories.OPTIMIZER != 0
+        if exact is not None:
+            return exact.category, made
         return categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts), made
 
     found.advice = advice.advise(asdict(found.peak), live, pairs, at, lambda: (live_at, category), found.growing,
@@ -442,7 +460,8 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     totals = totals_of(segments)
     # Without segments the snapshot tells nothing about the end state; the trace's own balance
     # is then taken as the whole story.
-    found = analyse(trace, totals.requested if segments else None, top, totals.reserved_unallocated)
+    found = analyse(trace, totals.requested if segments else None, top, totals.reserved_unallocated,
+                    lambda action, index: tag_reading.read(snapshot, device, action, index))
     peak, ooms, oom_events = found.peak, found.ooms, found.oom_events
     if ooms:
         events = device_events(trace)
@@ -469,7 +488,7 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
         "steps_found_by": found.steps_found_by,
         "growing": found.growing,
         "fit_trial_peak": asdict(found.fit_trial_peak) if found.fit_trial_peak is not None else None,
-        "category_source": "inferred from stacks and lifetimes (stowage.categories)",
+        "category_source": found.category_source,
         "advice": found.advice,
         # stowage's snapshots of a device with activation offload carry its statistics.
         "offload": {k: int(v) for k, v in snapshot.get("offload", {}).items()} or None,
@@ -542,6 +561,17 @@ def _categories_table(peak: dict[str, Any], source: str) -> Table:
         rows.append(("(live before the trace began)", before))
     for name, value in rows:
         table.add_row(_b(value), f"{100 * value / max(peak['live_bytes'], 1):.1f}%", name)
+    return table
+
+
+def _modules_table(peak: dict[str, Any]) -> Table:
+    table = Table(title="live at the peak, by the module that made it", title_justify="left")
+    table.add_column("live", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("module")
+    for row in peak["modules"]:
+        table.add_row(_b(row["bytes"]), f"{100 * row['bytes'] / max(peak['live_bytes'], 1):.1f}%",
+                      literal(row["module"] or "(outside any module's forward)"))
     return table
 
 
@@ -636,6 +666,8 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         console.print(f"peak: {_b(peak['live_bytes'])} live at {when}{baseline}")
         if peak.get("categories"):
             console.print(_categories_table(peak, report.get("category_source", "inferred")))
+        if peak.get("modules"):
+            console.print(_modules_table(peak))
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
     _print_steps(report, console)
     for oom in report["ooms"]:

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from stowage import _core
+from stowage import _core, tagging
 
 DEFAULT_MAX_ENTRIES = 100_000
 
@@ -314,10 +314,18 @@ def placement_status(device: Any = None) -> dict[str, Any]:
     return dict(_module().placement_status(_index(device)))
 
 
-def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = DEFAULT_MAX_ENTRIES,
+                   tags: bool = True) -> None:
     """Records alloc, free, segment and oom events with the Python stack ("python") or Python and
     C++ stacks ("all"), keeping the newest ``max_entries``. enabled=False stops and forgets.
-    On a GPU this is torch.cuda.memory._record_memory_history, which stowage serves."""
+    On a GPU this is torch.cuda.memory._record_memory_history, which stowage serves.
+
+    Where stowage keeps the history (CPU mode, a GPU through stowage's C library), ``tags``
+    also notes what each allocation is and which module made it (stowage.tagging: parameters,
+    gradients, optimizer states, saved activations, inputs), written into snapshots as
+    ``stowage_tags``; ``stowage inspect`` then reports exact categories and module paths.
+    The saved-tensor hook this takes refuses a backward with ``create_graph=True``: record such
+    a loop with ``tags=False``."""
     module = _module()
     if module.cuda_enabled():
         import torch
@@ -330,7 +338,11 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
         return
     # CPU mode, or a GPU through the C library (torch's pluggable allocator records nothing
     # itself): stowage records, with stacks in CPU mode only.
-    module.record_history(enabled, stacks, max_entries, _index(None))
+    index = _index(None)
+    tagging.stop()
+    module.record_history(enabled, stacks, max_entries, index)
+    if enabled and tags:
+        tagging.start(module, index, max_entries)
 
 
 def snapshot() -> dict[str, Any]:
@@ -342,7 +354,9 @@ def snapshot() -> dict[str, Any]:
 
         out = dict(torch.cuda.memory._snapshot())
     else:
-        out = module.snapshot(_index(None))
+        index = _index(None)
+        out, recorded = module.snapshot(index)
+        tagging.attach(out, recorded, index)
     offload = dict(module.offload_stats(_index(None)))
     if offload:
         out["offload"] = offload  # memory_viz ignores keys it does not know

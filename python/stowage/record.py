@@ -29,6 +29,9 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("-o", "--output", default="stowage_snapshot.pickle", help="snapshot file")
     parser.add_argument("--stacks", choices=("python", "all"), default="python")
     parser.add_argument("--config", default="", help="allocator configuration, key:value,...")
+    parser.add_argument("--no-tags", action="store_true",
+                        help="do not note what each allocation is (stowage.tagging): for a loop whose backward "
+                             "uses create_graph=True")
     parser.add_argument("target", nargs=argparse.REMAINDER, help="-- [python] script.py ARGS | -m module ARGS")
 
 
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"stowage record: {target}: no such script", file=sys.stderr)
         return 2
     stowage.enable(args.config, device="cpu", capacity=args.capacity)
-    stowage.record_history(True, stacks=args.stacks)
+    stowage.record_history(True, stacks=args.stacks, tags=not args.no_tags)
     saved_argv = sys.argv
     sys.argv = argv
     status = 0

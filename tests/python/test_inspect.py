@@ -263,7 +263,7 @@ def counted_with_dicts(trace: list[dict[str, Any]], requested_at_end: int | None
 def analysed(trace: TraceColumns, requested_at_end: int | None, top: int) -> dict[str, Any]:
     peak, ooms, oom_events = analyse_trace(trace, requested_at_end, top)
     fields = ("event_index", "requested", "device_free", "live_bytes", "sites")
-    counted = {key: value for key, value in asdict(peak).items() if key != "categories"}  # (tested on their own)
+    counted = {key: value for key, value in asdict(peak).items() if key not in ("categories", "modules")}  # (tested on their own)
     return {**counted, "ooms": [{key: asdict(oom)[key] for key in fields} for oom in ooms],
             "oom_events": oom_events}
 

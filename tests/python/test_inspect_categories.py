@@ -51,6 +51,7 @@ def test_the_peak_s_bytes_are_told_apart_by_what_they_are() -> None:
 def test_a_trace_without_python_frames_is_unknown_not_guessed() -> None:
     snapshot, _, _ = recorded_training(2)
     trace = [{key: value for key, value in event.items() if key != "frames"} for event in snapshot["device_traces"][0]]
+    snapshot.pop("stowage_tags")  # as stock torch writes it
     peak = inspect_device({**snapshot, "device_traces": [trace]}, 0, 5)["peak"]
     assert set(peak["categories"]) == {"unknown"}
 

@@ -181,11 +181,16 @@ void bind_memory_api(py::module_& module) {
       },
       py::arg("enabled"), py::arg("stacks") = "python", py::arg("max_entries") = 100000,
       py::arg("device") = kCpu);
+  // The snapshot and History::recorded() at its taking (Python resolves stowage.tagging's tags
+  // with it and does not write it).
   module.def("snapshot", [](int device) {
     CachingAllocator& allocator = allocator_for(device);
-    return stowage::python::snapshot_dict(allocator.snapshot(), stacks(),
-                                          allocator.config().to_string());
+    const stowage::AllocatorSnapshot taken = allocator.snapshot();
+    py::dict out = stowage::python::snapshot_dict(taken, stacks(), allocator.config().to_string());
+    return py::make_tuple(out, taken.trace_recorded);
   }, py::arg("device") = kCpu);
+  module.def("history_recorded", [](int device) { return allocator_for(device).history_recorded(); },
+             py::arg("device") = kCpu, "Events the device's history has recorded since it was turned on.");
 }
 
 }  // namespace

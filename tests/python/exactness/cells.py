@@ -36,7 +36,7 @@ from exactness.patterns import PATTERNS, Pattern, Run
 SEED = 0
 CAPACITY = "4GiB"
 PATTERN_MODEL = "gpt"
-MAIN_FEATURES = ("allocator", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
+MAIN_FEATURES = ("allocator", "record.tags", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
                  "adamw.delayed", "fit")
 OWN_PATTERN_FEATURES = ("fit.micro_batches",)  # each on its one pattern, on every model
 VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")

@@ -342,6 +342,29 @@ def fit_micro_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> S
     return FitSetup(variant, fitted, changed, micro_batches=2)
 
 
+class RecordSetup(Setup):
+    """``stowage.record_history(True)`` (with its tags: stowage.tagging's module, optimizer and
+    saved-tensor hooks) from the setup to the end of the run, its snapshot taken there."""
+
+    def __init__(self, variant: Variant) -> None:
+        super().__init__(variant, other_is_stowage=True)
+        stowage.record_history(True)
+        self.recording = True
+
+    def vacuous(self) -> str | None:
+        tags = stowage.snapshot().get("stowage_tags", {}).get("0", {})
+        categories = {tags["categories"][c] for c in tags.get("category", []) if c >= 0}
+        self.findings()
+        missing = {"gradients", "optimizer states", "activations"} - categories
+        return f"nothing was tagged as {', '.join(sorted(missing))}" if missing else None
+
+    def findings(self) -> list[str]:
+        if self.recording:
+            self.recording = False
+            stowage.record_history(False)
+        return []
+
+
 FeatureSetup = Callable[[Env, Any, Groups], Setup]
 
 
@@ -370,6 +393,8 @@ def _features() -> dict[str, Feature]:
                        lambda env, model, groups: Setup(adamw, other_is_stowage=True)))
     out.append(Feature("activations", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: ActivationsSetup(adamw)))
+    out.append(Feature("record.tags", "adamw", "stowage_allocator", "torch", False,
+                       lambda env, model, groups: RecordSetup(adamw)))
     out.append(Feature("plan", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: plan_setup(env, model, groups, adamw)))
     out.append(Feature("plan.recompute", "adamw", "stowage_allocator", "torch", False,

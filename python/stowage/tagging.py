@@ -1,0 +1,293 @@
+"""What each allocation is, and which module made it, noted while stowage records history, so
+that the snapshots stowage writes carry exact categories and module paths.
+
+While ``stowage.record_history(True)`` records (CPU mode, or a GPU through stowage's C library,
+where stowage keeps the history), hooks note, for the storages of the recorded device:
+- parameters and buffers: each time a top-level module's forward begins (a module called
+  outside any other's forward), its parameters and buffers;
+- inputs: that forward's tensor arguments that autograd did not make (no grad_fn, not a
+  parameter);
+- gradients: every parameter's ``.grad`` before an optimizer's step, and at a top-level forward
+  (gradients kept from the step before);
+- optimizer states: every tensor in an optimizer's state after its step;
+- saved activations: every tensor autograd saves for backward (a saved-tensor hook, which keeps
+  the tensor as stowage's pager does: detached, its version checked when backward takes it) and
+  those stowage's own saved-tensor hooks take (``offload.activations``, a plan);
+- module paths: where each module's forward begins and ends (``GPT2LMHeadModel.transformer.h.3.attn``).
+A note is (position, address): the history's event count when it was made, and the storage's
+address; it is about the latest allocation at that address recorded before it. At a snapshot
+the notes become the snapshot's ``stowage_tags``: for each allocation event they name, its
+category (a storage noted twice takes the first of CATEGORY_ORDER) and the module running when
+it was allocated. Readers that do not know the key ignore it.
+
+The saved-tensor hook cannot serve a backward that builds a graph of its own
+(``create_graph=True``): it refuses there, at the first saved tensor such a backward takes, with
+the way out (``record_history(True, tags=False)``), rather than compute different gradients.
+Inside a region with saved-tensor hooks of its own (the user's, torch.utils.checkpoint's,
+stowage's offload and plans), those hooks serve autograd as before; what they are handed is
+noted first (``saved_tensors_hooks.__enter__`` wraps the region's pack hook while recording).
+
+Contract: one Tagger at a time (start/stop); hooks run on the threads torch runs them on and
+append under the GIL; module paths are noted for the thread that started the recording.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+_NONE = (1 << 62) - 1  # "no owning module" in a note's uint64 row (-1 masked)
+CATEGORY_ORDER = ("parameters", "optimizer states", "gradients", "inputs", "activations")
+TAGS_KEY = "stowage_tags"
+
+
+class CreateGraphRefused(RuntimeError):
+    pass
+
+
+class Tagger:
+    """The notes of one recording (module docstring)."""
+
+    def __init__(self, module: Any, device: int, max_entries: int) -> None:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._module, self._device, self._max_entries = module, device, max_entries
+        self._thread = threading.get_ident()
+        # (position, address, CATEGORY_ORDER index, owning module's path id or -1)
+        self.notes: list[tuple[int, int, int, int]] = []
+        self._owner: dict[int, int] = {}  # id(parameter or buffer) -> its module's path id
+        self.paths: list[str] = [""]
+        self._path_ids: dict[str, int] = {"": 0}
+        self.spans: list[list[int]] = []  # [begin, end (-1: open), path id, parent span (-1)]
+        self._open: list[int] = []  # spans open, innermost last
+        self._names: dict[int, dict[int, str]] = {}  # id(top-level module) -> {id(module): path}
+        self._running: list[dict[int, str]] = []
+        self._handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
+            torch.nn.modules.module.register_module_forward_hook(self._left, always_call=True),
+            register_optimizer_step_pre_hook(self._before_step),
+            register_optimizer_step_post_hook(self._after_step),
+        ]
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        hooks = torch.autograd.graph.saved_tensors_hooks
+        self._plain_enter = hooks.__enter__
+        tagger = self
+
+        def enter_noting(region: Any) -> None:  # a region's own hooks, its saves noted first
+            own = region.pack_hook
+            if not getattr(own, "_stowage_noting", False):
+                def pack(tensor: Any) -> Any:
+                    if _active is tagger:  # (a region entered while recording may outlive it)
+                        tagger.note((tensor,), 4, owners=(None,))
+                    return own(tensor)
+                pack._stowage_noting = True  # type: ignore[attr-defined]
+                region.pack_hook = pack
+            tagger._plain_enter(region)
+
+        hooks.__enter__ = enter_noting  # type: ignore[method-assign]
+
+    def stop(self) -> None:
+        import torch
+
+        for handle in self._handles:
+            handle.remove()
+        torch.autograd.graph.saved_tensors_hooks.__enter__ = self._plain_enter  # type: ignore[method-assign]
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    # --- notes ---
+
+    def _position(self) -> int:
+        return int(self._module.history_recorded(self._device))
+
+    def _on_device(self, tensor: Any) -> bool:
+        device = tensor.device
+        return device.type == "cpu" if self._device < 0 else device.type == "cuda" and device.index == self._device
+
+    def note(self, tensors: Any, category: int, position: int | None = None, owners: Any = None) -> None:
+        """Notes `tensors`' storages as `category`; `owners`, one per tensor, the tensors whose
+        module made them (a gradient's or a state's parameter)."""
+        import torch
+
+        at = self._position() if position is None else position
+        tensors = list(tensors)
+        for tensor, owner in zip(tensors, tensors if owners is None else owners):
+            if isinstance(tensor, torch.Tensor) and self._on_device(tensor):
+                try:
+                    address = tensor.untyped_storage().data_ptr()
+                except (RuntimeError, NotImplementedError):  # no storage: sparse, nested, a subclass
+                    continue
+                if address:
+                    self.notes.append((at, address, category, self._owner.get(id(owner), -1)))
+        if len(self.notes) > 4 * self._max_entries + 1024:
+            self._forget_old()
+
+    def _forget_old(self) -> None:
+        """Drops notes about events the history no longer holds (it keeps the newest max_entries)."""
+        oldest = self._position() - self._max_entries
+        self.notes = [note for note in self.notes if note[0] >= oldest]
+
+    # --- hooks ---
+
+    def _entered(self, module: Any, args: Any) -> None:
+        import torch
+
+        if torch.compiler.is_compiling() or threading.get_ident() != self._thread:
+            return
+        at = self._position()
+        if not self._open:
+            names = self._names.get(id(module))
+            if names is None:
+                root = type(module).__name__
+                names = {id(m): f"{root}.{n}" if n else root for n, m in module.named_modules()}
+                self._names[id(module)] = names
+            self._running = [names]
+            self._own(module, names)
+            self.note(list(module.parameters()) + list(module.buffers()), 0, at)
+            with_grad = [p for p in module.parameters() if p.grad is not None]
+            self.note([p.grad for p in with_grad], 2, at, with_grad)
+            self.note([t for t in _tensors(args) if t.grad_fn is None and not isinstance(t, torch.nn.Parameter)], 3, at)
+            path = names[id(module)]
+        else:
+            parent = self.paths[self.spans[self._open[-1]][2]]
+            path = self._running[0].get(id(module)) or f"{parent}.{type(module).__name__}"
+        path_id = self._path_id(path)
+        self.spans.append([at, -1, path_id, self._open[-1] if self._open else -1])
+        self._open.append(len(self.spans) - 1)
+
+    def _path_id(self, path: str) -> int:
+        path_id = self._path_ids.setdefault(path, len(self.paths))
+        if path_id == len(self.paths):
+            self.paths.append(path)
+        return path_id
+
+    def _own(self, root: Any, names: dict[int, str]) -> None:
+        """Which module holds each parameter and buffer of `root` (the first that lists it)."""
+        for module in root.modules():
+            path_id = self._path_id(names[id(module)])
+            for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+                self._owner.setdefault(id(tensor), path_id)
+
+    def _left(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if torch.compiler.is_compiling() or threading.get_ident() != self._thread or not self._open:
+            return
+        self.spans[self._open.pop()][1] = self._position()
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        with_grad = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.note([p.grad for p in with_grad], 2, owners=with_grad)
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        pairs = [(value, parameter) for parameter, state in optimizer.state.items() for value in state.values()]
+        self.note([value for value, _ in pairs], 1, owners=[parameter for _, parameter in pairs])
+
+    def _pack(self, tensor: Any) -> Any:
+        self.note((tensor,), 4, owners=(None,))
+        return self._module.TensorPager.keep(tensor), tensor.requires_grad
+
+    def _unpack(self, packed: Any) -> Any:
+        import torch
+
+        kept, requires_grad = packed
+        if requires_grad and torch.is_grad_enabled():
+            raise CreateGraphRefused(
+                "stowage.record_history's saved-tensor tags cannot serve a backward that builds a graph "
+                "(create_graph=True, or torch.autograd.grad of a saved tensor with grad mode on): its "
+                "gradients would differ. Record with stowage.record_history(True, tags=False).")
+        return self._module.TensorPager.unpack(kept)
+
+    # --- the snapshot's stowage_tags ---
+
+    def tags(self, trace: list[dict[str, Any]], recorded: int) -> dict[str, Any]:
+        """The stowage_tags of a device trace whose last event was the (recorded - 1)-th."""
+        base = recorded - len(trace)
+        allocs = np.array([i for i, event in enumerate(trace) if event.get("action") == "alloc"], dtype=np.int64)
+        addresses = np.array([int(trace[i]["addr"]) for i in allocs.tolist()], dtype=np.uint64)
+        category = np.full(len(allocs), len(CATEGORY_ORDER), dtype=np.int64)
+        notes = found = at = None
+        if self.notes and len(allocs):
+            notes = np.array([(p, a, c, o & _NONE) for p, a, c, o in self.notes], dtype=np.uint64)
+            at = _latest_before(addresses, allocs + base, notes[:, 1], notes[:, 0].astype(np.int64))
+            found = at >= 0
+            np.minimum.at(category, at[found], notes[found, 2].astype(np.int64))
+        module = _innermost(self.spans, allocs + base)
+        if self.notes and len(allocs):
+            owned = found & (notes[:, 3].astype(np.int64) != _NONE)
+            module[at[owned]] = notes[owned, 3].astype(np.int64)  # a parameter's, gradient's, state's module
+        tagged = (category < len(CATEGORY_ORDER)) | (module > 0)
+        return {"format": 1, "categories": list(CATEGORY_ORDER), "modules": list(self.paths),
+                "events": allocs[tagged].tolist(),
+                "category": np.where(category < len(CATEGORY_ORDER), category, -1)[tagged].tolist(),
+                "module": module[tagged].tolist()}
+
+
+def _tensors(args: Any) -> list[Any]:
+    import torch
+
+    out: list[Any] = []
+    for value in args if isinstance(args, (tuple, list)) else (args,):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (tuple, list)):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+        elif isinstance(value, dict):
+            out.extend(v for v in value.values() if isinstance(v, torch.Tensor))
+    return out
+
+
+def _latest_before(addresses: np.ndarray, positions: np.ndarray, note_addresses: np.ndarray,
+                   note_positions: np.ndarray) -> np.ndarray:
+    """For each note, the index (into the allocations) of the latest allocation at its address
+    recorded before its position; -1 where none is."""
+    _, rank = np.unique(np.concatenate([addresses, note_addresses]), return_inverse=True)
+    span = int(max(positions.max(initial=0), note_positions.max(initial=0))) + 2
+    keys = rank[:len(addresses)].astype(np.int64) * span + positions + 1
+    order = np.argsort(keys, kind="stable")
+    wanted = rank[len(addresses):].astype(np.int64) * span + np.maximum(note_positions, 0) + 1
+    at = np.searchsorted(keys[order], wanted, side="left") - 1
+    hit = at >= 0
+    hit[hit] = keys[order][at[hit]] // span == wanted[hit] // span
+    return np.where(hit, order[np.maximum(at, 0)], -1)
+
+
+def _innermost(spans: list[list[int]], positions: np.ndarray) -> np.ndarray:
+    """The path id of the innermost module span open at each position (0: none)."""
+    if not spans or not len(positions):
+        return np.zeros(len(positions), dtype=np.int64)
+    table = np.array(spans, dtype=np.int64)
+    begin, end, path, parent = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
+    end = np.where(end < 0, np.iinfo(np.int64).max, end)
+    span = np.searchsorted(begin, positions, side="right") - 1  # spans begin in order
+    for _ in range(64):  # up the parents while the span ended before the position
+        closed = (span >= 0) & (end[np.maximum(span, 0)] <= positions)
+        if not closed.any():
+            break
+        span[closed] = parent[span[closed]]
+    return np.where(span >= 0, path[np.maximum(span, 0)], 0)
+
+
+_active: Tagger | None = None
+
+
+def start(module: Any, device: int, max_entries: int) -> None:
+    global _active
+    stop()
+    _active = Tagger(module, device, max_entries)
+
+
+def stop() -> None:
+    global _active
+    if _active is not None:
+        _active.stop()
+        _active = None
+
+
+def attach(snapshot: dict[str, Any], recorded: int, device: int) -> None:
+    """Adds the active recording's stowage_tags for `device` to a snapshot stowage took."""
+    traces = snapshot.get("device_traces") or []
+    if _active is not None and _active._device == device and traces:
+        snapshot[TAGS_KEY] = {"0": _active.tags(traces[0], recorded)}  # stowage's snapshot: one trace
