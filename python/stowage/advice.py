@@ -9,11 +9,17 @@ saving is the old peak less the new.
 
 Rules (each fires only where its waste is at least MIN_SHARE of the peak):
 - optimizer states at the peak -> stowage.offload.AdamW (states in host memory) or stowage.fit;
-- activations at the peak -> stowage.offload.activations or a plan (stowage.plan / stowage.fit);
+- activations at the peak -> checkpointing each block, offload, or a plan (stowage.plan /
+  stowage.fit). Where the snapshot names the module that made each allocation (stowage's own,
+  tagged), the saving is the trace re-simulated with each block checkpointed
+  (stowage.recompute_estimate); elsewhere the saving of removing them all, an upper bound;
+- tensors made in a forward that outlive it with no backward (a graph kept: evaluation without
+  torch.no_grad()) -> torch.no_grad() / torch.inference_mode() around it;
 - gradients at the peak made in an earlier step (kept across steps: zero_grad(set_to_none=False),
-  or none) -> optimizer.zero_grad(set_to_none=True) after each step;
+  or none) -> optimizer.zero_grad(set_to_none=True) after each step (peak_estimates says how the
+  step then runs);
 - memory that grows at every step -> the site that keeps it (a loss kept with its graph: .item()
-  or .detach());
+  or .detach()); the saving: the trace without that site's allocations that outlive their step;
 - an out-of-memory with enough bytes free but no block whole (reserved but unallocated) ->
   stowage's allocator, with the replay's peak reserved where the inspector has it;
 - inputs at the peak -> a smaller batch or micro-batches (stowage.fit(..., micro_batches="auto")).
@@ -23,10 +29,12 @@ Contract: pure functions of the inspector's findings and the trace's LivePairs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from stowage import peak_estimates, recompute_estimate
 from stowage._core import format_bytes
 
 MIN_SHARE = 0.10
@@ -34,69 +42,105 @@ MIN_SHARE = 0.10
 CALLS = {
     "optimizer states": "keep them in host memory: stowage.offload.AdamW(params, ...) in place of torch's, or "
                         "stowage.fit(model, factory, batch) to choose the share",
-    "activations": "offload or recompute them: `with stowage.offload.activations():` around forward and backward, "
-                   "or a plan (stowage.plan.profile / solve, or stowage.fit)",
+    "activations": "recompute or offload them: checkpoint each block (torch.utils.checkpoint, or "
+                   "model.gradient_checkpointing_enable() in transformers), `with stowage.offload.activations():` "
+                   "around forward and backward, or a plan choosing per tensor (stowage.fit, stowage.plan)",
     "inputs": "train on smaller micro-batches of the same global batch: stowage.fit(..., micro_batches=\"auto\")",
 }
 
 
-# Rules whose saving is a bound: offloaded activations come back in backward, a block or a few
-# ahead of their use, which the re-simulation does not model (measured on an MLP: 56% of it).
-UPPER_BOUNDS = ("activations",)
+@dataclass
+class Evidence:
+    """What the rules read of a trace: its live-bytes series and LivePairs, the peak's position,
+    the positions live there and their categories, where steps begin; and, computed when a rule
+    needs them, every position's category with whether it was made under torch.optim
+    (`every`), the allocations a forward left with no backward (`kept_without_backward`), and
+    the module of each position with the paths (`modules`: only in snapshots stowage tagged)."""
+
+    live: np.ndarray
+    pairs: Any
+    peak_position: int
+    live_at: np.ndarray
+    category_at: np.ndarray
+    step_starts: np.ndarray
+    every: Callable[[], tuple[np.ndarray, np.ndarray]]
+    kept_without_backward: Callable[[], np.ndarray]
+    kept_across_steps: Callable[[str], np.ndarray]  # a site's allocations that outlive their step
+    backward_allocations: Callable[[], np.ndarray]  # positions of backward's allocations
+    modules: tuple[np.ndarray, list[str]] | None = None
 
 
-def removed_peak(live: np.ndarray, is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray,
-                 removed: np.ndarray) -> int:
-    """The series' peak with the allocations at positions `removed` taken out over their lives."""
-    delta = np.zeros(len(live), dtype=np.int64)
-    sizes = np.asarray(size[removed], dtype=np.int64)
-    np.add.at(delta, removed, sizes)
-    ended = end[removed] < len(live)
-    np.add.at(delta, end[removed][ended], -sizes[ended])
-    return int((live - np.cumsum(delta)).max()) if len(live) else 0
+def _category_rules(peak: dict[str, Any], facts: Evidence, total: int) -> list[dict[str, Any]]:
+    """States, activations and inputs at the peak: their saving re-simulated."""
+    from stowage.categories import ACTIVATIONS, CATEGORIES
 
-
-def advise(peak: dict[str, Any], live: np.ndarray, pairs: Any, peak_position: int,
-           category_of_live: Callable[[], tuple[np.ndarray, np.ndarray]], growing: list[dict[str, Any]],
-           ooms: list[dict[str, Any]], step_starts: np.ndarray,
-           every: Callable[[], tuple[np.ndarray, np.ndarray]]) -> list[dict[str, Any]]:
-    """The rules' advice, largest saving first. `category_of_live()` gives the positions live at
-    the peak and their category names' indexes (stowage.categories.CATEGORIES); `every()` every
-    position's category and whether it was made under torch.optim; `step_starts` the positions
-    where steps begin (none known: empty)."""
-    from stowage.categories import CATEGORIES
-
-    found: list[dict[str, Any]] = []
-    total = max(int(peak["live_bytes"]), 1)
-    live_at, category = category_of_live() if peak_position >= 0 else (np.zeros(0, dtype=np.int64), np.zeros(0))
     wasted = {name: int(peak.get("categories", {}).get(name, 0)) for name in CALLS}
-    if any(waste >= MIN_SHARE * total for waste in wasted.values()):
-        everything, optimizer = every()
+    if all(waste < MIN_SHARE * total for waste in wasted.values()):
+        return []
+    pairs, everything_and_optimizer = facts.pairs, facts.every()
+    everything, optimizer = everything_and_optimizer
+    found = []
     for name, call in CALLS.items():
         if wasted[name] < MIN_SHARE * total:
             continue
         removed = everything == CATEGORIES.index(name)
         if name == "optimizer states":
             removed |= optimizer & pairs.is_alloc  # the update's temporaries go to the host with it
-        saving = total - removed_peak(live, pairs.is_alloc, pairs.end, pairs.size, np.flatnonzero(removed))
-        bound = name in UPPER_BOUNDS
+        bound = name == "activations" and facts.modules is None
+        if name == "activations" and facts.modules is not None:
+            module, paths = facts.modules
+            of_path, blocks = recompute_estimate.block_of_paths(paths)
+            shift = recompute_estimate.checkpointed_shift(pairs.is_alloc, pairs.end, pairs.size,
+                                                          np.flatnonzero(everything == ACTIVATIONS), of_path[module])
+            saving = total - int((facts.live + np.cumsum(shift)).max())
+            how = f" (each of the {len(blocks)} blocks checkpointed, e.g. {blocks[0]})" if blocks else ""
+        else:
+            saving = total - peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, np.flatnonzero(removed))
+            how = (f" (at most {format_bytes(saving)}: backward brings them back a block at a time)" if bound else "")
         found.append({"rule": name, "waste_bytes": wasted[name], "saving_bytes": saving, "upper_bound": bound,
-                      "advice": f"{format_bytes(wasted[name])} of {name} live at the peak; {call}"
-                                + (f" (saves at most {format_bytes(saving)}: backward brings them back a block at a "
-                                   "time)" if bound else "")})
-    gradients = live_at[category == CATEGORIES.index("gradients")]
+                      "advice": f"{format_bytes(wasted[name])} of {name} live at the peak; {call}{how}"})
+    return found
+
+
+def _kept_without_backward(facts: Evidence, total: int) -> list[dict[str, Any]]:
+    kept = facts.kept_without_backward()
+    waste = int(np.asarray(facts.pairs.size[np.intersect1d(kept, facts.live_at)], dtype=np.int64).sum())
+    if waste < MIN_SHARE * total:
+        return []
+    pairs = facts.pairs
+    saving = total - peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, kept)
+    return [{"rule": "forward without backward", "waste_bytes": waste, "saving_bytes": saving,
+             "advice": f"{format_bytes(waste)} made in a forward that had no backward are live at the peak (autograd "
+                       "kept its graph): run evaluation and inference under torch.no_grad() or torch.inference_mode()"}]
+
+
+def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
+           ooms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rules' advice, largest saving first."""
+    from stowage.categories import CATEGORIES
+
+    total = max(int(peak["live_bytes"]), 1)
+    found = _category_rules(peak, facts, total) if facts.peak_position >= 0 else []
+    if facts.peak_position >= 0:
+        found += _kept_without_backward(facts, total)
+    pairs, step_starts = facts.pairs, facts.step_starts
+    gradients = facts.live_at[facts.category_at == CATEGORIES.index("gradients")]
     if len(step_starts) and len(gradients):
-        step_of_peak = np.searchsorted(step_starts, peak_position, side="right")
+        step_of_peak = np.searchsorted(step_starts, facts.peak_position, side="right")
         kept = gradients[np.searchsorted(step_starts, gradients, side="right") < step_of_peak]
         waste = int(np.asarray(pairs.size[kept], dtype=np.int64).sum())
         if waste >= MIN_SHARE * total:
-            saving = total - removed_peak(live, pairs.is_alloc, pairs.end, pairs.size, kept)
+            saving = total - peak_estimates.grads_set_to_none_peak(
+                facts.live, pairs.is_alloc, pairs.end, pairs.size, kept, facts.backward_allocations(), step_starts)
             found.append({"rule": "gradients kept across steps", "waste_bytes": waste, "saving_bytes": saving,
                           "advice": f"{format_bytes(waste)} of gradients made in an earlier step are live at the peak: "
                                     "optimizer.zero_grad(set_to_none=True) after each step"})
     for row in growing[:1]:
+        kept = facts.kept_across_steps(row["site"])
+        saving = total - peak_estimates.freed_at_step_end_peak(facts.live, pairs.end, pairs.size, kept, step_starts) \
+            if len(kept) else 0
         found.append({"rule": "memory growing every step", "waste_bytes": row["bytes_per_step"] * row["steps"],
-                      "saving_bytes": row["bytes_per_step"] * row["steps"],
+                      "saving_bytes": saving,
                       "advice": f"{row['site']} keeps {format_bytes(row['bytes_per_step'])} more after every step: "
                                 "keep numbers, not tensors (loss.item()), or detach what is kept (tensor.detach())"})
     for oom in ooms[:1]:
@@ -111,4 +155,4 @@ def advise(peak: dict[str, Any], live: np.ndarray, pairs: Any, peak_position: in
                                     "(STOWAGE_ALLOC_CONF= or stowage.enable())" +
                                     (f", whose replay of this trace peaks at {format_bytes(replayed)} reserved"
                                      if replayed else "")})
-    return sorted(found, key=lambda row: row["saving_bytes"], reverse=True)
+    return sorted((row for row in found if row["saving_bytes"] > 0), key=lambda row: row["saving_bytes"], reverse=True)

@@ -11,8 +11,8 @@ both), and whether it outlives its step:
 - made outside both, inside a module's forward (a frame of nn.Module's call): activations when
   backward frees it, temporaries when the forward does; one never freed, made before any
   backward, is a parameter (or buffer);
-- made outside any module's forward: never freed, made before any backward, and in torch.nn (a
-  module's __init__, ``.to()``): parameters (or buffers); else (the loop's own lines) inputs when
+- made outside any module's forward: never freed, made before any backward, and in torch.nn or
+  a constructor (a module's __init__, ``.to()``): parameters (or buffers); else (the loop's own lines) inputs when
   it lives into backward or beyond, temporaries otherwise;
 - on a GPU the backward runs on autograd's own thread, whose events have no Python frames: in a
   trace whose other events have them, an allocation without them is backward's, and a free
@@ -51,8 +51,8 @@ def stack_flags(frames: list[dict[str, Any]] | None) -> int:
             flags |= BACKWARD
         if name in ("_call_impl", "_wrapped_call_impl") and "/torch/nn/modules/module.py" in filename:
             flags |= MODULE
-        if "/torch/nn/" in filename or "/transformers/modeling_utils.py" in filename:
-            flags |= LIBRARY_NN
+        if "/torch/nn/" in filename or "/transformers/modeling_utils.py" in filename or name == "__init__":
+            flags |= LIBRARY_NN  # torch.nn, or a constructor (a module's __init__ making its weights)
     return flags
 
 
@@ -191,3 +191,33 @@ def totals(live: np.ndarray, category: np.ndarray, size: np.ndarray) -> dict[str
     summed = np.zeros(len(CATEGORIES), dtype=size.dtype)  # (Python ints where sums could pass int64)
     np.add.at(summed, category.astype(np.int64), size[live])
     return {name: int(total) for name, total in zip(CATEGORIES, summed.tolist()) if total}
+
+
+def kept_without_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
+                          saved: np.ndarray | None = None) -> np.ndarray:
+    """The allocations a module's forward made that outlived it (the loop's own code allocated
+    while they lived) with no backward between their allocation and their free: a graph autograd
+    kept for a backward that never came (evaluation without no_grad). `saved`: where the snapshot
+    says which allocations autograd saved (stowage's tags), only those; otherwise, as outputs
+    alone also outlive a forward, only when they come from at least three allocating lines."""
+    flags = _trace_flags(columns, index, is_alloc)
+    if flags is None:
+        return np.zeros(0, dtype=np.int64)
+    made_in = is_alloc & (flags & MODULE != 0) & (flags & (BACKWARD | OPTIMIZER) == 0)
+    candidates = np.flatnonzero(made_in if saved is None else made_in & saved)
+    backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
+    loop = np.flatnonzero(is_alloc & (flags & PYTHON != 0) & (flags & (MODULE | BACKWARD | OPTIMIZER) == 0))
+    ends = end[candidates]
+    no_backward = np.searchsorted(backwards, candidates, side="right") == np.searchsorted(backwards, ends)
+    outlived = np.searchsorted(loop, candidates, side="right") < np.searchsorted(loop, ends)
+    kept = candidates[no_backward & outlived]
+    if saved is None and len(np.unique(columns.stack[index[kept]])) < 3:
+        return np.zeros(0, dtype=np.int64)
+    return kept
+
+
+def backward_allocations(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
+    """The positions of backward's allocations (autograd's thread's on a GPU), in order; none in a
+    trace without Python frames."""
+    flags = _trace_flags(columns, index, is_alloc)
+    return np.zeros(0, dtype=np.int64) if flags is None else np.flatnonzero(is_alloc & (flags & BACKWARD != 0))

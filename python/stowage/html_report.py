@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from stowage import _core
-from stowage.inspector import TraceSites, live_pairs, site_of
+from stowage import _core, categories, tag_reading, trace_steps
+from stowage.inspector import LivePairs, TraceSites, live_pairs, site_of
 from stowage.snapshot_reader import TraceColumns
 from stowage.trace import as_columns
 
@@ -45,27 +45,69 @@ def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, name
     each free of an address the trace never allocated."""
     columns = as_columns(trace)
     pairs = live_pairs(columns)
+    if len(pairs.index) == 0:
+        return {"x": [], "series": {}, "peak_index": -1}
+    sites = TraceSites(columns, pairs)
+    index_of_site = {site: k for k, site in enumerate(named)}
+    series_of_site = np.array([index_of_site.get(site, len(named)) for site in sites.names] + [-1], dtype=np.int64)
+    return grouped(pairs, series_of_site[sites.of], [*named, "other"], baseline)
+
+
+def grouped(pairs: LivePairs, group: np.ndarray, names: list[str], baseline: int) -> dict[str, Any]:
+    """Live bytes by group, sampled as `timeline`'s: `group` gives each allocation's (an index
+    into `names`; frees' entries are ignored: a free leaves its allocation's group)."""
     n = len(pairs.index)
     if n == 0:
         return {"x": [], "series": {}, "peak_index": -1}
     peak_at = int(np.argmax(np.cumsum(pairs.own - pairs.unknown)))
-    sites = TraceSites(columns, pairs)
-    index_of_site = {site: k for k, site in enumerate(named)}
-    other = len(named)
-    series_of_site = np.array([index_of_site.get(site, other) for site in sites.names] + [-1], dtype=np.int64)
-    series = series_of_site[sites.of]  # allocations; frees are -1 (the last entry)
+    series = np.where(pairs.is_alloc, group, -1).astype(np.int64)
     matched = pairs.alloc_of >= 0
-    series[matched] = series[pairs.alloc_of[matched]]  # a free leaves its allocation's series
+    series[matched] = series[pairs.alloc_of[matched]]
     stride = max(1, -(-n // MAX_POINTS))
     positions = np.unique(np.concatenate([np.arange(0, n, stride), [peak_at, n - 1]]))
     values: dict[str, list[int]] = {}
     if baseline:
         before = baseline - np.cumsum(pairs.unknown)[positions]
         values["(live before the trace began)"] = [max(int(v), 0) for v in before]
-    for site, k in [*index_of_site.items(), ("other", other)]:
+    for k, name in enumerate(names):
         running = np.cumsum(np.where(series == k, pairs.own, 0))[positions]
-        values[site] = [int(v) for v in running]
+        values[name] = [int(v) for v in running]
     return {"x": pairs.index[positions].tolist(), "series": values, "peak_index": int(pairs.index[peak_at])}
+
+
+def category_and_module_timelines(snapshot: dict[str, Any], device: int, trace: Any,
+                                  baseline: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Live bytes by category (exact where stowage tagged the snapshot, else inferred), and by
+    module where it carries module paths (None otherwise): modules cut to the depth that leaves
+    at most MAX_SITES of them."""
+    columns = as_columns(trace)
+    pairs = live_pairs(columns)
+    exact = tag_reading.read(snapshot, device, columns.action, pairs.index)
+    if exact is not None:
+        category = exact.category
+    else:
+        live = np.cumsum(pairs.own - pairs.unknown)
+        steps, _ = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
+        starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
+        category = categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, starts)
+    by_category = grouped(pairs, category, list(categories.CATEGORIES), baseline)
+    by_category["series"] = {k: v for k, v in by_category["series"].items() if any(v)}
+    if exact is None:
+        return by_category, None
+    used = sorted(set(np.unique(exact.module[pairs.is_alloc]).tolist()) - {0})
+    depth = max((exact.paths[m].count(".") + 1 for m in used), default=1)
+    while depth > 1 and len({_prefix(exact.paths[m], depth) for m in used}) > MAX_SITES:
+        depth -= 1
+    names = ["(outside any module's forward)"] + sorted({_prefix(exact.paths[m], depth) for m in used})
+    of_path = np.array([0] + [names.index(_prefix(p, depth)) if i in used else 0
+                              for i, p in enumerate(exact.paths) if i > 0], dtype=np.int64)
+    by_module = grouped(pairs, of_path[exact.module], names, baseline)
+    by_module["series"] = {k: v for k, v in by_module["series"].items() if any(v)}
+    return by_category, by_module
+
+
+def _prefix(path: str, depth: int) -> str:
+    return ".".join(path.split(".")[:depth])
 
 
 def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:
@@ -167,6 +209,21 @@ def _site_rows(sites: list[dict[str, Any]], total: int) -> list[list[str]]:
              s["site"]] for s in sites]
 
 
+def _more_timelines(snapshot: dict[str, Any], device: int, trace: Any, report: dict[str, Any]) -> list[str]:
+    """The timelines by category and by module, each with its legend."""
+    by_category, by_module = category_and_module_timelines(snapshot, device, trace, report["peak"]["baseline"])
+    out: list[str] = []
+    for title, data in ((f"Live memory by what it is ({report.get('category_source', 'inferred')})", by_category),
+                        ("Live memory by the module that made it", by_module)):
+        if data is None or not data["x"]:
+            continue
+        colors = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(data["series"])}
+        legend = "".join(f'<span class="key"><span class="swatch" style="background:{c}"></span>{_e(k)}</span>'
+                         for k, c in colors.items())
+        out += [f"<h2>{_e(title)}</h2>", f'<div class="legend">{legend}</div>', _timeline_svg(data, colors)]
+    return out
+
+
 def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
     device = report["device"]
     traces = snapshot.get("device_traces", [])
@@ -191,6 +248,7 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
         f"<h1>{_e(name)}, device {device}</h1>",
         f"<p>{report['trace_events']:,} trace events, {totals['segments']:,} segments. "
         f"Peak: {_e(_b(peak['live_bytes']))} live at event {peak['event_index']:,}.</p>",
+        *_more_timelines(snapshot, device, trace, report),
         "<h2>Live memory by allocation site</h2>", f'<div class="legend">{legend}</div>',
         _timeline_svg(data, colors),
         f"<p class=\"small\">{len(data['x']):,} samples of the trace's events; totals and tables use every event.</p>",

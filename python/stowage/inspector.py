@@ -447,9 +447,25 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
             return exact.category, made
         return categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts), made
 
-    found.advice = advice.advise(asdict(found.peak), live, pairs, at, lambda: (live_at, category), found.growing,
-                                 [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial],
-                                 step_starts, every)
+    def kept_without_backward() -> np.ndarray:
+        saved = exact.category == categories.ACTIVATIONS if exact is not None else None
+        return categories.kept_without_backward(columns, pairs.index, pairs.is_alloc, pairs.end, saved)
+
+    def kept_across_steps(site: str) -> np.ndarray:
+        if site not in sites.names:
+            return np.zeros(0, dtype=np.int64)
+        made = np.flatnonzero(sites.of == sites.names.index(site))
+        step_of = np.searchsorted(step_starts, made, side="right")
+        return made[np.searchsorted(step_starts, pairs.end[made], side="right") > step_of]
+
+    def backward_allocations() -> np.ndarray:
+        return categories.backward_allocations(columns, pairs.index, pairs.is_alloc)
+
+    facts = advice.Evidence(live, pairs, at, live_at, category, step_starts, every, kept_without_backward,
+                            kept_across_steps, backward_allocations,
+                            (exact.module, exact.paths) if exact is not None else None)
+    found.advice = advice.advise(asdict(found.peak), facts, found.growing,
+                                 [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial])
     return found
 
 
