@@ -22,7 +22,8 @@ Rules (each fires only where its waste is at least MIN_SHARE of the peak):
   or .detach()); the saving: the trace without that site's allocations that outlive their step;
 - an out-of-memory with enough bytes free but no block whole (reserved but unallocated) ->
   stowage's allocator, with the replay's peak reserved where the inspector has it;
-- inputs at the peak -> a smaller batch or micro-batches (stowage.fit(..., micro_batches="auto")).
+- inputs at the peak -> a smaller batch or micro-batches (stowage.fit(..., micro_batches="auto"));
+- logit-sized tensors at the peak (sizes the loss function itself allocates) -> a chunked loss.
 
 Contract: pure functions of the inspector's findings and the trace's LivePairs.
 """
@@ -65,8 +66,9 @@ class Evidence:
     step_starts: np.ndarray
     every: Callable[[], tuple[np.ndarray, np.ndarray]]
     kept_without_backward: Callable[[], np.ndarray]
-    kept_across_steps: Callable[[str], np.ndarray]  # a site's allocations that outlive their step
+    kept_across_steps: Callable[[str], np.ndarray]  # a site's allocations kept into later steps, not for backward
     backward_allocations: Callable[[], np.ndarray]  # positions of backward's allocations
+    loss_allocations: Callable[[], np.ndarray]  # positions of a loss function's allocations in forward
     modules: tuple[np.ndarray, list[str]] | None = None
 
 
@@ -114,6 +116,46 @@ def _kept_without_backward(facts: Evidence, total: int) -> list[dict[str, Any]]:
                        "kept its graph): run evaluation and inference under torch.no_grad() or torch.inference_mode()"}]
 
 
+LOSS_CHUNKS = 8  # the chunks a chunked loss is advised in
+
+
+def _logits(facts: Evidence, total: int) -> list[dict[str, Any]]:
+    """Logit-sized tensors at the peak: the sizes of the loss's own large allocations (its
+    log-softmax, an upcast or shifted copy of the logits; half of one: logits in 16 bits), live
+    at the peak outside parameters, gradients and states. A chunked loss holds one chunk of each
+    at a time: the saving is the trace re-simulated with every such allocation LOSS_CHUNKS
+    times smaller. (A loss already chunked is advised again while one chunk's logits are still a
+    tenth of the peak: more chunks save more.)"""
+    from stowage.categories import GRADIENTS, PARAMETERS, STATES
+
+    pairs = facts.pairs
+    made = facts.loss_allocations()
+    sizes = np.asarray(pairs.size[made], dtype=np.int64)
+    large = np.unique(sizes[sizes >= total // 100])
+    if not len(large):
+        return []
+    logit_sizes = np.union1d(large, large // 2)
+    everything, _ = facts.every()
+    other = ~np.isin(everything, (PARAMETERS, GRADIENTS, STATES))
+    all_sizes = np.asarray(pairs.size, dtype=np.int64)
+    logit_like = pairs.is_alloc & other & np.isin(all_sizes, logit_sizes)
+    at_peak = facts.live_at[logit_like[facts.live_at]]
+    waste = int(all_sizes[at_peak].sum())
+    if waste < MIN_SHARE * total:
+        return []
+    chosen = np.flatnonzero(logit_like)
+    change = np.zeros(len(facts.live) + 1, dtype=np.int64)
+    cut = all_sizes[chosen] - all_sizes[chosen] // LOSS_CHUNKS
+    np.add.at(change, chosen, -cut)
+    np.add.at(change, pairs.end[chosen], cut)
+    saving = total - int((facts.live + np.cumsum(change[:len(facts.live)])).max())
+    return [{"rule": "logits at the peak", "waste_bytes": waste, "saving_bytes": saving,
+             "advice": f"{format_bytes(waste)} of logit-sized tensors (the output layer's, and the loss's copies and "
+                       f"their gradients) are live at the peak: compute the loss in {LOSS_CHUNKS} chunks of the tokens, "
+                       "each chunk's logits made and used in turn and recomputed in backward (a chunked cross-entropy, "
+                       "as stowage.models.llama.Llama.chunked_loss does, or Liger's and torchtune's)"}]
+
+
 def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
            ooms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rules' advice, largest saving first."""
@@ -123,6 +165,7 @@ def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
     found = _category_rules(peak, facts, total) if facts.peak_position >= 0 else []
     if facts.peak_position >= 0:
         found += _kept_without_backward(facts, total)
+        found += _logits(facts, total)
     pairs, step_starts = facts.pairs, facts.step_starts
     gradients = facts.live_at[facts.category_at == CATEGORIES.index("gradients")]
     if len(step_starts) and len(gradients):
@@ -135,14 +178,15 @@ def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
             found.append({"rule": "gradients kept across steps", "waste_bytes": waste, "saving_bytes": saving,
                           "advice": f"{format_bytes(waste)} of gradients made in an earlier step are live at the peak: "
                                     "optimizer.zero_grad(set_to_none=True) after each step"})
-    for row in growing[:1]:
-        kept = facts.kept_across_steps(row["site"])
-        saving = total - peak_estimates.freed_at_step_end_peak(facts.live, pairs.end, pairs.size, kept, step_starts) \
-            if len(kept) else 0
+    for row in growing[:1]:  # named by the site that grows most; the saving counts every growing site
+        kept = np.unique(np.concatenate([facts.kept_across_steps(r["site"]) for r in growing]))
+        saving = total - peak_estimates.freed_when_made_peak(facts.live, pairs.end, pairs.size, kept,
+                                                             facts.backward_allocations(), step_starts) if len(kept) else 0
+        more = f" (and {len(growing) - 1} more sites)" if len(growing) > 1 else ""
         found.append({"rule": "memory growing every step", "waste_bytes": row["bytes_per_step"] * row["steps"],
                       "saving_bytes": saving,
-                      "advice": f"{row['site']} keeps {format_bytes(row['bytes_per_step'])} more after every step: "
-                                "keep numbers, not tensors (loss.item()), or detach what is kept (tensor.detach())"})
+                      "advice": f"{row['site']}{more} keeps {format_bytes(row['bytes_per_step'])} more after every "
+                                "step: keep numbers, not tensors (loss.item()), or detach what is kept (tensor.detach())"})
     for oom in ooms[:1]:
         short = int(oom["requested"]) - int(oom["device_free"])
         cached = int(oom.get("cached_free", 0))

@@ -11,8 +11,9 @@ both), and whether it outlives its step:
 - made outside both, inside a module's forward (a frame of nn.Module's call): activations when
   backward frees it, temporaries when the forward does; one never freed, made before any
   backward, is a parameter (or buffer);
-- made outside any module's forward: never freed, made before any backward, and in torch.nn or
-  a constructor (a module's __init__, ``.to()``): parameters (or buffers); else (the loop's own lines) inputs when
+- made outside any module's forward: made before any backward and freed after the last (or
+  never), in torch.nn or a constructor (a module's __init__, ``.to()``): parameters (or
+  buffers); else (the loop's own lines) inputs when
   it lives into backward or beyond, temporaries otherwise;
 - on a GPU the backward runs on autograd's own thread, whose events have no Python frames: in a
   trace whose other events have them, an allocation without them is backward's, and a free
@@ -35,13 +36,18 @@ CATEGORIES = ("parameters", "gradients", "optimizer states", "activations", "inp
 PARAMETERS, GRADIENTS, STATES, ACTIVATIONS, INPUTS, TEMPORARIES, UNKNOWN = range(len(CATEGORIES))
 
 # Stack flags, from the frames of one stack.
-PYTHON, OPTIMIZER, BACKWARD, MODULE, ZERO_GRAD, LIBRARY_NN = 1, 2, 4, 8, 16, 32
+PYTHON, OPTIMIZER, BACKWARD, MODULE, ZERO_GRAD, LIBRARY_NN, LOSS = 1, 2, 4, 8, 16, 32, 64
+_LOSS_NAMES = ("loss", "cross_entropy", "nll")  # a function computing a loss (in its name)
 
 
 def stack_flags(frames: list[dict[str, Any]] | None) -> int:
     flags = 0
+    in_module_call = False  # frames run innermost first: a loss's frame counts below any module call
     for frame in frames or ():
         filename, name = str(frame.get("filename", "")), str(frame.get("name", ""))
+        in_module_call = in_module_call or name in ("_call_impl", "_wrapped_call_impl")
+        if not in_module_call and any(word in name.lower() for word in _LOSS_NAMES):
+            flags |= LOSS
         if not filename.endswith(".py"):
             continue
         flags |= PYTHON
@@ -106,11 +112,13 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
     later_step = np.zeros(len(positions), dtype=bool)
     later_step[freed] = np.searchsorted(step_starts, ended, side="right") > \
         np.searchsorted(step_starts, positions[freed], side="right")
-    return _rules(own, free_flags, freed, later_step, positions < first_backward, ends > first_backward)
+    last_backward = int(backwards[-1]) if len(backwards) else n
+    return _rules(own, free_flags, freed, later_step, positions < first_backward, ends > first_backward,
+                  ends > last_backward)
 
 
 def _rules(own: np.ndarray, free_flags: np.ndarray, freed: np.ndarray, later_step: np.ndarray,
-           before_backward: np.ndarray, ends_after_backward: np.ndarray) -> np.ndarray:
+           before_backward: np.ndarray, ends_after_backward: np.ndarray, ends_after_last_backward: np.ndarray) -> np.ndarray:
     """The module's rules (its docstring), on allocations' flags and their frees'."""
     outlives = ~freed | later_step
     category = np.full(len(own), UNKNOWN, dtype=np.int8)
@@ -129,7 +137,9 @@ def _rules(own: np.ndarray, free_flags: np.ndarray, freed: np.ndarray, later_ste
                                    np.where(freed_in_backward[in_module], ACTIVATIONS,
                                             np.where(freed[in_module], TEMPORARIES, UNKNOWN)))
     lives_into_backward = freed_in_backward | (freed & ends_after_backward) | ~freed
-    category[outside] = np.where(kept_from_start[outside] & module_made[outside], PARAMETERS,
+    # (a model's weights may be freed when the run ends, after its last backward)
+    held_through = before_backward & (~freed | ends_after_last_backward)
+    category[outside] = np.where(held_through[outside] & module_made[outside], PARAMETERS,
                                  np.where(lives_into_backward[outside], INPUTS, TEMPORARIES))
     return category
 
@@ -216,8 +226,27 @@ def kept_without_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np
     return kept
 
 
+def loss_allocations(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
+    """The positions of the allocations a loss function made in forward (a function named for a
+    loss, called inside the innermost module's forward or outside any)."""
+    flags = _trace_flags(columns, index, is_alloc)
+    if flags is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(is_alloc & (flags & LOSS != 0) & (flags & (BACKWARD | OPTIMIZER) == 0))
+
+
 def backward_allocations(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
     """The positions of backward's allocations (autograd's thread's on a GPU), in order; none in a
     trace without Python frames."""
     flags = _trace_flags(columns, index, is_alloc)
     return np.zeros(0, dtype=np.int64) if flags is None else np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
+
+
+def freed_in_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
+                      step_starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether each allocation at `positions` is freed in a backward (between a step's first and
+    last backward allocation)."""
+    backwards = backward_allocations(columns, index, is_alloc)
+    spans = _backward_spans(backwards, step_starts)
+    ends = end[positions]
+    return (ends < len(index)) & _inside(spans, np.minimum(ends, len(index) - 1))

@@ -440,7 +440,9 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     def by_site_at(event_index: int) -> dict[str, int]:
         return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
 
-    found.growing = trace_steps.growing(found.steps, by_site_at)[:top]
+    # (steps found by repetition end with what follows the last whole one: no step to judge)
+    whole = found.steps[:-1] if found.steps_found_by == "repeating allocations" else found.steps
+    found.growing = trace_steps.growing(whole, by_site_at)[:top]
     def every() -> tuple[np.ndarray, np.ndarray]:
         made = categories.position_flags(columns, pairs.index) & categories.OPTIMIZER != 0
         if exact is not None:
@@ -454,15 +456,20 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     def kept_across_steps(site: str) -> np.ndarray:
         if site not in sites.names:
             return np.zeros(0, dtype=np.int64)
+        # kept into a later step, not for its backward (a step boundary found by repetition may
+        # cut through a forward, whose activations backward frees in the next step)
         made = np.flatnonzero(sites.of == sites.names.index(site))
-        step_of = np.searchsorted(step_starts, made, side="right")
-        return made[np.searchsorted(step_starts, pairs.end[made], side="right") > step_of]
+        later = np.searchsorted(step_starts, pairs.end[made], side="right") > np.searchsorted(step_starts, made,
+                                                                                               side="right")
+        made = made[later]
+        return made[~categories.freed_in_backward(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts, made)]
 
     def backward_allocations() -> np.ndarray:
         return categories.backward_allocations(columns, pairs.index, pairs.is_alloc)
 
     facts = advice.Evidence(live, pairs, at, live_at, category, step_starts, every, kept_without_backward,
                             kept_across_steps, backward_allocations,
+                            lambda: categories.loss_allocations(columns, pairs.index, pairs.is_alloc),
                             (exact.module, exact.paths) if exact is not None else None)
     found.advice = advice.advise(asdict(found.peak), facts, found.growing,
                                  [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial])

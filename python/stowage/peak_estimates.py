@@ -1,8 +1,8 @@
 """The peak a trace would have with one of its wastes fixed, worked out by changing the lives of
 some allocations and summing the live bytes again:
 - `removed_peak`: the allocations gone over their whole lives (moved to the host, never made);
-- `freed_at_step_end_peak`: allocations kept across steps freed where their step ends instead
-  (what is kept is detached, or a number);
+- `freed_when_made_peak`: allocations kept across steps freed as soon as they are made (what is
+  kept is detached, or a number: the graph behind it goes when the forward that made it ends);
 - `grads_set_to_none_peak`: gradients kept across steps (zero_grad(set_to_none=False)) freed at
   each step's end and made again in the next backward. Kept, backward adds each step's gradient
   into them in place and frees it; set to None, that gradient becomes the parameter's .grad and
@@ -37,13 +37,21 @@ def _step_end(step_starts: np.ndarray, positions: np.ndarray, n: int) -> np.ndar
     return np.where(following < len(step_starts), step_starts[np.minimum(following, len(step_starts) - 1)], n)
 
 
-def freed_at_step_end_peak(live: np.ndarray, end: np.ndarray, size: np.ndarray, kept: np.ndarray,
-                           step_starts: np.ndarray) -> int:
-    """The series' peak with the allocations `kept` freed where their step ends."""
+def freed_when_made_peak(live: np.ndarray, end: np.ndarray, size: np.ndarray, kept: np.ndarray,
+                         backward_allocs: np.ndarray, step_starts: np.ndarray) -> int:
+    """The series' peak with the allocations `kept` (sorted positions) freed as soon as the group
+    they were made in is made: groups are split by backward's allocations (what one forward kept
+    has none between its allocations); where none splits them, at their step's end."""
     n = len(live)
     change = np.zeros(n + 1, dtype=np.int64)
     sizes = np.asarray(size[kept], dtype=np.int64)
-    early = np.minimum(_step_end(step_starts, kept, n), end[kept])
+    group = np.searchsorted(backward_allocs, kept)
+    if len(kept) and group[0] != group[-1]:
+        last = np.flatnonzero(np.r_[group[1:] != group[:-1], True])  # each group's last member
+        early = kept[last][np.searchsorted(last, np.arange(len(kept)))] + 1
+    else:
+        early = _step_end(step_starts, kept, n)
+    early = np.minimum(early, end[kept])
     np.add.at(change, early, -sizes)
     np.add.at(change, end[kept], sizes)
     return _peak(live, change[:n])

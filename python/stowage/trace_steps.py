@@ -60,6 +60,8 @@ def in_trial(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
 
 MAX_CANDIDATES = 64  # periods tried
 SAME_LEVEL = 0.1  # live bytes where steps start, alike within this share
+LEAK_ALIKE = 0.25  # ... or growing by amounts alike within this share (a leak, step over step)
+LEAK_SHARE = 0.5  # of what a step allocates, at most
 
 
 def repeating_period(sizes: np.ndarray, live: np.ndarray) -> tuple[int, int] | None:
@@ -67,7 +69,8 @@ def repeating_period(sizes: np.ndarray, live: np.ndarray) -> tuple[int, int] | N
     repetition starts, None where none does. A period must hold over the whole trace from a
     quarter of the way in (the first step, which makes the optimizer's states, left out), and
     the live bytes where its repetitions start must be alike (a training step ends where it
-    began; a layer's repetition within a step does not). Periods tried: where the size a quarter
+    began; a layer's repetition within a step does not), or grow as a leaking step's do
+    (_leaking). Periods tried: where the size a quarter
     in, or the largest size of the next stretch (one a step, as a rule), recurs."""
     n = len(sizes)
     start = n // 4
@@ -85,7 +88,19 @@ def repeating_period(sizes: np.ndarray, live: np.ndarray) -> tuple[int, int] | N
         levels = live[first + period::period]
         if len(levels) >= 2 and levels.max() - levels.min() <= SAME_LEVEL * max(int(levels.max()), 1):
             return int(period), first
+        if _leaking(levels, float(sizes[first:first + period].sum(dtype=np.float64))):
+            return int(period), first
     return None
+
+
+def _leaking(levels: np.ndarray, allocated: float) -> bool:
+    """Whether live bytes at a period's starts grow as a leaking step's do: by about the same
+    amount each time, a small part of what a period allocates (a layer's repetition in forward
+    keeps most of what it makes)."""
+    growth = np.diff(levels)  # (Python ints where live bytes pass int64)
+    if len(growth) < 2 or growth.min() <= 0:
+        return False
+    return bool(growth.max() - growth.min() <= LEAK_ALIKE * growth.max() and growth.max() <= LEAK_SHARE * allocated)
 
 
 def step_ends(columns: TraceColumns, alloc_index: np.ndarray, alloc_sizes: np.ndarray,
