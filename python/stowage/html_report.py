@@ -18,6 +18,7 @@ import numpy as np
 
 from stowage import _core, categories, tag_reading, trace_steps
 from stowage.inspector import LivePairs, TraceSites, live_pairs, site_of
+from stowage.recompute_estimate import block_of_paths
 from stowage.snapshot_reader import TraceColumns
 from stowage.trace import as_columns
 
@@ -78,8 +79,9 @@ def grouped(pairs: LivePairs, group: np.ndarray, names: list[str], baseline: int
 def category_and_module_timelines(snapshot: dict[str, Any], device: int, trace: Any,
                                   baseline: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Live bytes by category (exact where stowage tagged the snapshot, else inferred), and by
-    module where it carries module paths (None otherwise): modules cut to the depth that leaves
-    at most MAX_SITES of them."""
+    module where it carries module paths (None otherwise): by block (stowage.recompute_estimate's
+    blocks, each a model's item of its block list) and, outside blocks, by module to three names
+    deep; the MAX_SITES that allocate most, the rest together."""
     columns = as_columns(trace)
     pairs = live_pairs(columns)
     exact = tag_reading.read(snapshot, device, columns.action, pairs.index)
@@ -94,14 +96,18 @@ def category_and_module_timelines(snapshot: dict[str, Any], device: int, trace: 
     by_category["series"] = {k: v for k, v in by_category["series"].items() if any(v)}
     if exact is None:
         return by_category, None
-    used = sorted(set(np.unique(exact.module[pairs.is_alloc]).tolist()) - {0})
-    depth = max((exact.paths[m].count(".") + 1 for m in used), default=1)
-    while depth > 1 and len({_prefix(exact.paths[m], depth) for m in used}) > MAX_SITES:
-        depth -= 1
-    names = ["(outside any module's forward)"] + sorted({_prefix(exact.paths[m], depth) for m in used})
-    of_path = np.array([0] + [names.index(_prefix(p, depth)) if i in used else 0
-                              for i, p in enumerate(exact.paths) if i > 0], dtype=np.int64)
-    by_module = grouped(pairs, of_path[exact.module], names, baseline)
+    block, blocks = block_of_paths(exact.paths)
+    group_names = [blocks[b] if b >= 0 else _prefix(p, 3) for p, b in zip(exact.paths, block.tolist())]
+    group_names[0] = "(outside any module's forward)"
+    distinct = sorted(set(group_names))
+    group = np.array([distinct.index(g) for g in group_names], dtype=np.int64)[exact.module]
+    made = np.zeros(len(distinct), dtype=np.float64)
+    np.add.at(made, group[pairs.is_alloc], np.asarray(pairs.size[pairs.is_alloc], dtype=np.float64))
+    shown = [int(g) for g in np.argsort(-made, kind="stable")[:MAX_SITES] if made[g] > 0]
+    names = [distinct[g] for g in shown] + ["other modules"]
+    remap = np.full(len(distinct), len(shown), dtype=np.int64)
+    remap[shown] = np.arange(len(shown))
+    by_module = grouped(pairs, remap[group], names, baseline)
     by_module["series"] = {k: v for k, v in by_module["series"].items() if any(v)}
     return by_category, by_module
 

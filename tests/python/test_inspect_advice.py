@@ -61,6 +61,8 @@ def test_optimizer_states_at_the_peak_are_advised_to_the_host_and_the_saving_hol
     report, peak = inspected(lambda: loop(net, torch.optim.AdamW(net.parameters()), rows))
     advice = rules(report)["optimizer states"]
     assert "stowage.offload.AdamW" in advice["advice"]
+    # a plain training loop wastes nothing else
+    assert set(rules(report)) <= {"optimizer states", "activations"}, rules(report)
     net = model(1024, 4)
     offloaded = stowage.offload.AdamW(net.parameters())
     _, lower = inspected(lambda: loop(net, offloaded, rows))

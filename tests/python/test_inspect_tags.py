@@ -129,3 +129,15 @@ def test_an_event_that_is_not_an_allocation_is_refused() -> None:
     tags["events"][0] = next(i for i, event in enumerate(trace) if event["action"] != "alloc")
     with pytest.raises(SnapshotError, match="is not an allocation"):
         inspect_device(snapshot, 0, 5)
+
+
+def test_the_html_report_draws_memory_by_category_and_by_block() -> None:
+    from stowage.html_report import render
+
+    snapshot = recorded(lambda: train(mlp(), torch.randn(512, 256)))
+    html = render("tagged", inspect_device(snapshot, 0, 5), snapshot)
+    by_category = html.index("Live memory by what it is (exact")
+    by_module = html.index("Live memory by the module that made it")
+    assert html.index("<h2>Advice</h2>") < by_category < by_module < html.index("Live memory by allocation site")
+    legend = html[by_module:html.index("<svg", by_module)]
+    assert all(f"Sequential.{k}" in legend for k in range(5))  # each block of the model apart
