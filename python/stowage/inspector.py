@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from stowage import _core, advice, categories, tag_reading, trace_steps
+from stowage import _core, advice, advice_evidence, categories, tag_reading, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.terminal import console, literal
@@ -417,9 +417,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     exact = read_tags(columns.action, pairs.index) if read_tags is not None else None
     if exact is not None:
         live_at = categories.live_positions(pairs.is_alloc, pairs.end, at)
-        category = exact.category[live_at]
+        category, found.category_source = exact.category[live_at], EXACT
         found.peak.modules = tag_reading.module_totals(exact, live_at, pairs.size, top)
-        found.category_source = EXACT
     else:
         live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end,
                                                        step_starts, at)
@@ -440,37 +439,9 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     def by_site_at(event_index: int) -> dict[str, int]:
         return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
 
-    # (steps found by repetition end with what follows the last whole one: no step to judge)
-    whole = found.steps[:-1] if found.steps_found_by == "repeating allocations" else found.steps
-    found.growing = trace_steps.growing(whole, by_site_at)[:top]
-    def every() -> tuple[np.ndarray, np.ndarray]:
-        made = categories.position_flags(columns, pairs.index) & categories.OPTIMIZER != 0
-        if exact is not None:
-            return exact.category, made
-        return categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts), made
-
-    def kept_without_backward() -> np.ndarray:
-        saved = exact.category == categories.ACTIVATIONS if exact is not None else None
-        return categories.kept_without_backward(columns, pairs.index, pairs.is_alloc, pairs.end, saved)
-
-    def kept_across_steps(site: str) -> np.ndarray:
-        if site not in sites.names:
-            return np.zeros(0, dtype=np.int64)
-        # kept into a later step, not for its backward (a step boundary found by repetition may
-        # cut through a forward, whose activations backward frees in the next step)
-        made = np.flatnonzero(sites.of == sites.names.index(site))
-        later = np.searchsorted(step_starts, pairs.end[made], side="right") > np.searchsorted(step_starts, made,
-                                                                                               side="right")
-        made = made[later]
-        return made[~categories.freed_in_backward(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts, made)]
-
-    def backward_allocations() -> np.ndarray:
-        return categories.backward_allocations(columns, pairs.index, pairs.is_alloc)
-
-    facts = advice.Evidence(live, pairs, at, live_at, category, step_starts, every, kept_without_backward,
-                            kept_across_steps, backward_allocations,
-                            lambda: categories.loss_allocations(columns, pairs.index, pairs.is_alloc),
-                            (exact.module, exact.paths) if exact is not None else None)
+    found.growing = trace_steps.growing(found.steps, by_site_at, found.steps_found_by)[:top]
+    facts = advice_evidence.of_trace(columns, pairs, sites.of, sites.names, live, at, (live_at, category),
+                                     step_starts, exact)
     found.advice = advice.advise(asdict(found.peak), facts, found.growing,
                                  [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial])
     return found

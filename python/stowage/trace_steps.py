@@ -156,11 +156,13 @@ def _step(index: np.ndarray, live: np.ndarray, a: int, b: int, fit_trial: bool) 
     return Step(0, int(index[a]), int(index[b - 1]), int(live[at]), int(index[at]), int(live[b - 1]), fit_trial)
 
 
-def growing(steps: list[Step], live_by_site_at: Any) -> list[dict[str, Any]]:
+def growing(steps: list[Step], live_by_site_at: Any, found_by: str = "marks") -> list[dict[str, Any]]:
     """Sites whose live bytes at the run's step ends grew at every one of its last GROWTH_WINDOW
     (at least MIN_GROWING_STEPS steps, the first left out: it makes the optimizer's states),
-    with the bytes they added a step. `live_by_site_at(event_index)` gives {site: bytes} there."""
-    run = [s for s in steps if not s.fit_trial][1:][-GROWTH_WINDOW:]
+    with the bytes they added a step. `live_by_site_at(event_index)` gives {site: bytes} there.
+    Steps found by repetition end with what follows the last whole one: no step to judge."""
+    whole = steps[:-1] if found_by == "repeating allocations" else steps
+    run = [s for s in whole if not s.fit_trial][1:][-GROWTH_WINDOW:]
     if len(run) < MIN_GROWING_STEPS + 1:
         return []
     at_ends = [live_by_site_at(step.last_event) for step in run]

@@ -1,0 +1,50 @@
+"""What the advice rules (stowage.advice) read of a trace, gathered from its columns: the parts
+a rule may not need are worked out only when it asks.
+
+Contract: `of_trace` builds an advice.Evidence over the arrays it is given and keeps them; it
+copies nothing and changes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stowage import categories
+from stowage.advice import Evidence
+from stowage.snapshot_reader.columns import TraceColumns
+from stowage.tag_reading import ExactTags
+
+
+def of_trace(columns: TraceColumns, pairs: object, site_of: np.ndarray, site_names: list[str], live: np.ndarray,
+             peak_position: int, at_peak: tuple[np.ndarray, np.ndarray], step_starts: np.ndarray,
+             exact: ExactTags | None) -> Evidence:
+    """The Evidence of a trace: its LivePairs `pairs`, each position's site (`site_of`, ids into
+    `site_names`), its live-bytes series, the peak's position with the positions live there and
+    their categories, where steps begin, and stowage's tags where the snapshot has them."""
+    index, is_alloc, end = pairs.index, pairs.is_alloc, pairs.end  # type: ignore[attr-defined]
+
+    def every() -> tuple[np.ndarray, np.ndarray]:
+        made = categories.position_flags(columns, index) & categories.OPTIMIZER != 0
+        if exact is not None:
+            return exact.category, made
+        return categories.all_categories(columns, index, is_alloc, end, step_starts), made
+
+    def kept_without_backward() -> np.ndarray:
+        saved = exact.category == categories.ACTIVATIONS if exact is not None else None
+        return categories.kept_without_backward(columns, index, is_alloc, end, saved)
+
+    def kept_across_steps(site: str) -> np.ndarray:
+        """A site's allocations kept into a later step, not for its backward (a step boundary
+        found by repetition may cut through a forward, whose activations backward frees in the
+        next step)."""
+        if site not in site_names:
+            return np.zeros(0, dtype=np.int64)
+        made = np.flatnonzero(site_of == site_names.index(site))
+        later = np.searchsorted(step_starts, end[made], side="right") > np.searchsorted(step_starts, made, side="right")
+        made = made[later]
+        return made[~categories.freed_in_backward(columns, index, is_alloc, end, step_starts, made)]
+
+    return Evidence(live, pairs, peak_position, at_peak[0], at_peak[1], step_starts, every, kept_without_backward,
+                    kept_across_steps, lambda: categories.backward_allocations(columns, index, is_alloc),
+                    lambda: categories.loss_allocations(columns, index, is_alloc),
+                    (exact.module, exact.paths) if exact is not None else None)
