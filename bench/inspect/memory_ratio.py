@@ -1,7 +1,7 @@
 """Peak memory and time of `stowage inspect` against the snapshot's size, on synthetic snapshots.
 
     bench/inspect/memory_ratio.py [--mib 40 250 1000] [--repeat 3] [--shared-lists]
-                                  [--dir /tmp] [--cap-gib 16] [--smoke]
+                                  [--tile SNAPSHOT [--tile-key KEY]] [--dir /tmp] [--cap-gib 16] [--smoke]
 
 For each size, writes a snapshot of about that many MiB in the shape stock PyTorch writes
 (bench/inspect/synthetic_snapshot.py: trace events with 36-frame stacks whose frames are memo
@@ -12,6 +12,9 @@ included), its ratio to the file, and the ratio of what it takes beyond the firs
 file. The first row is a snapshot of one event: what the interpreter and the imports take. The
 snapshots are deleted afterwards. --smoke: one small snapshot, once (a check that the benchmark
 runs). --shared-lists: events share whole frames lists (four times as many events per MiB).
+--tile SNAPSHOT: each snapshot is a real trace repeated instead (of SNAPSHOT, or of its entry
+--tile-key where it holds several, as bench/traces/h200-advice's); one where the advice's rules
+fire makes the inspector categorise every allocation.
 """
 
 from __future__ import annotations
@@ -49,6 +52,25 @@ def measure(path: Path, cap: int) -> tuple[float, int]:
     return seconds, usage.ru_maxrss * 1024
 
 
+def tiled(source: Path, key: str, mib: float, out: Path) -> int:
+    """Writes a snapshot of about `mib` MiB: `source`'s first device trace (a real one, a whole
+    number of times: each copy frees what it allocates) repeated, its frames shared as torch
+    shares them. Returns the events written."""
+    import gzip
+    import pickle
+
+    data = source.read_bytes()
+    snapshot = pickle.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    if "device_traces" not in snapshot:  # a {"name": snapshot} collection
+        snapshot = snapshot[key] if key else next(iter(snapshot.values()))
+    trace = snapshot["device_traces"][0]
+    once = len(pickle.dumps(trace, protocol=4))
+    copies = max(1, int(mib * 2**20 / once))
+    events = [dict(event) for _ in range(copies) for event in trace]  # (frames lists shared, as torch's)
+    out.write_bytes(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4))
+    return len(events)
+
+
 def events_for(mib: float, shared_lists: bool, folder: Path) -> int:
     """Events that make a snapshot of about `mib` MiB (measured on a small one)."""
     sizes = []
@@ -70,6 +92,8 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where snapshots are written")
     parser.add_argument("--cap-gib", type=float, default=16, help="address-space limit of each run")
     parser.add_argument("--smoke", action="store_true", help="one 2 MiB snapshot, once")
+    parser.add_argument("--tile", type=Path, help="a real snapshot whose trace is repeated to each size instead")
+    parser.add_argument("--tile-key", default="", help="the entry of --tile's collection of snapshots")
     args = parser.parse_args()
     if args.smoke:
         args.mib, args.repeat = [2], 1
@@ -79,10 +103,13 @@ def main() -> int:
     base = 0.0
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for mib in [0.0, *args.mib]:
-            events = events_for(mib, args.shared_lists, Path(folder)) if mib else 1
             path = Path(folder) / f"synthetic_{mib:g}.pickle"
-            with path.open("wb") as out:
-                write_snapshot(out, events, segments=200 if mib else 0, shared_lists=args.shared_lists)
+            if args.tile is not None and mib:
+                events = tiled(args.tile, args.tile_key, mib, path)
+            else:
+                events = events_for(mib, args.shared_lists, Path(folder)) if mib else 1
+                with path.open("wb") as out:
+                    write_snapshot(out, events, segments=200 if mib else 0, shared_lists=args.shared_lists)
             size = path.stat().st_size
             runs = [measure(path, cap) for _ in range(args.repeat)]
             path.unlink()
