@@ -223,3 +223,43 @@ def test_logits_at_the_peak_are_advised_a_chunked_loss_and_the_saving_holds() ->
     net = model(256, 6)
     report, _ = inspected(lambda: loop(net, torch.optim.SGD(net.parameters(), lr=0.1), rows))
     assert "logits at the peak" not in rules(report)
+
+
+def test_inputs_at_the_peak_are_advised_micro_batches() -> None:
+    net = torch.nn.Linear(2048, 1)
+
+    def run() -> None:
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(3):
+            wide = torch.randn(8192, 2048)  # each step's batch, far larger than the model that reads it
+            net(wide).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            stowage.mark_step()
+
+    report, _ = inspected(run)
+    advice = rules(report)["inputs"]
+    assert 'micro_batches="auto"' in advice["advice"] and advice["waste_bytes"] >= 8192 * 2048 * 4
+    rows = torch.randn(64, 1024)
+    net = model(1024, 4)
+    report, _ = inspected(lambda: loop(net, torch.optim.SGD(net.parameters(), lr=0.1), rows))
+    assert "inputs" not in rules(report)
+
+
+def oom_snapshot(free_in_pieces: int) -> dict[str, Any]:
+    """A device of 1 GiB: 100 MiB live, `free_in_pieces` cached free in 4 MiB blocks, and an OOM
+    asking for 64 MiB with 32 MiB free on the device."""
+    base, blocks = 1 << 32, [{"address": 1 << 32, "size": 100 << 20, "requested_size": 100 << 20,
+                              "state": "active_allocated"}]
+    for k in range(free_in_pieces >> 22):
+        blocks.append({"address": base + (100 << 20) + (k << 22), "size": 4 << 20, "state": "inactive"})
+    segment = {"device": 0, "address": base, "total_size": sum(b["size"] for b in blocks), "blocks": blocks}
+    trace = [{"action": "alloc", "addr": base, "size": 100 << 20, "stream": 0},
+             {"action": "oom", "size": 64 << 20, "device_free": 32 << 20, "stream": 0}]
+    return {"segments": [segment], "device_traces": [trace]}
+
+
+def test_an_oom_with_the_bytes_free_in_pieces_is_advised_stowage_s_allocator() -> None:
+    advice = rules(inspect_device(oom_snapshot(96 << 20), 0, 5))["out of memory with the bytes free in pieces"]
+    assert "stowage's allocator" in advice["advice"] and advice["saving_bytes"] == 32 << 20
+    assert "out of memory with the bytes free in pieces" not in rules(inspect_device(oom_snapshot(0), 0, 5))
