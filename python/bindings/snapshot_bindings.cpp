@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -101,13 +102,28 @@ py::object columns_result(snapshot::Reading& reading, const py::object& make_tra
   for (snapshot::TraceColumnsBuilder* trace : reading.traces()) {
     py::dict device_free;
     for (const auto& [index, value] : trace->device_free) device_free[py::int_(index)] = py::int_(value);
+    // torch writes an empty user_metadata on every event: those are a mask (a byte an event), not
+    // a dict entry each (some sixty bytes).
     py::dict metadata;
+    py::object empty = py::none();
+    bool* empty_at = nullptr;
     for (const auto& [index, value] : trace->metadata) {
-      metadata[py::int_(index)] = py::reinterpret_borrow<py::object>(object(value));
+      py::object held = py::reinterpret_borrow<py::object>(object(value));
+      if (PyUnicode_Check(held.ptr()) && PyUnicode_GET_LENGTH(held.ptr()) == 0) {
+        if (empty_at == nullptr) {
+          py::array_t<bool> mask(static_cast<py::ssize_t>(trace->action.size()));
+          empty_at = mask.mutable_data();
+          std::fill(empty_at, empty_at + trace->action.size(), false);
+          empty = mask;
+        }
+        empty_at[index] = true;
+      } else {
+        metadata[py::int_(index)] = held;
+      }
     }
     traces.append(make_trace(column(trace->action), column(trace->flags), column(trace->addr), column(trace->size),
                              column(trace->stream), column(trace->time), column(trace->stack), stacks,
-                             device_free, metadata));
+                             device_free, metadata, empty));
   }
   py::dict copied = py::reinterpret_steal<py::dict>(PyDict_Copy(root.ptr()));
   if (!copied) throw py::error_already_set();

@@ -236,10 +236,16 @@ def test_an_oom_event_needs_its_free_bytes_and_a_device_must_be_a_number(loads) 
 # --- the columnar loader ---
 
 
+def empty_metadata(trace: TraceColumns) -> list[int]:
+    """The events whose user_metadata is "" (torch writes one on every event: a mask, not a dict)."""
+    return [] if trace.empty_metadata is None else np.flatnonzero(trace.empty_metadata).tolist()
+
+
 def same_columns(a: TraceColumns, b: TraceColumns) -> None:
     for name in ("action", "flags", "addr", "size", "stream", "time_us"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert a.device_free == b.device_free and a.user_metadata == b.user_metadata
+    assert empty_metadata(a) == empty_metadata(b)
     stacks_a = [a.stacks[s] if s >= 0 else None for s in a.stack.tolist()]
     stacks_b = [b.stacks[s] if s >= 0 else None for s in b.stack.tolist()]
     assert stacks_a == stacks_b
@@ -273,7 +279,7 @@ def reference_columns(events: list[dict[str, Any]]) -> dict[str, Any]:
     """What TraceColumns must hold of a list of event dicts, written out here from the format
     (stowage.snapshot_reader.schema) rather than taken from the reader."""
     columns: dict[str, Any] = {name: [] for name in ("action", "flags", "addr", "size", "stream", "time_us")}
-    columns.update(frames=[], device_free={}, user_metadata={})
+    columns.update(frames=[], device_free={}, user_metadata={}, empty_metadata=[])
     for k, entry in enumerate(events):
         flags = sum(flag for name, flag in (("addr", HAS_ADDR), ("size", HAS_SIZE), ("stream", HAS_STREAM),
                                             ("device_free", HAS_DEVICE_FREE), ("frames", HAS_FRAMES)) if name in entry)
@@ -288,7 +294,9 @@ def reference_columns(events: list[dict[str, Any]]) -> dict[str, Any]:
                                   else int(time or 0))
         columns["frames"].append(entry.get("frames", []))
         for name in ("device_free", "user_metadata"):
-            if name in entry:
+            if name == "user_metadata" and entry.get(name) == "":
+                columns["empty_metadata"].append(k)
+            elif name in entry:
                 columns[name][k] = entry[name]
     return columns
 
@@ -310,6 +318,7 @@ def test_every_recorded_trace_reads_as_pickle_reads_it(path: Path) -> None:
         frames = [trace.stacks[s] if s >= 0 else [] if s == -1 else None for s in trace.stack.tolist()]
         assert frames == reference["frames"]
         assert trace.device_free == reference["device_free"] and trace.user_metadata == reference["user_metadata"]
+        assert empty_metadata(trace) == reference["empty_metadata"]
 
 
 def varied_snapshot(shared_event: bool = False) -> dict[str, Any]:
@@ -330,6 +339,8 @@ def varied_snapshot(shared_event: bool = False) -> dict[str, Any]:
             entry["frames"] = (list(stacks[i % 4]), [], None)[i % 3] if i % 11 else stacks[i % 4]
             if i % 13 == 0:
                 entry["compile_context"] = "N/A"
+            if i % 2 == 0:
+                entry["user_metadata"] = ""  # as torch writes every event
             trace.append(entry)
         trace.append({"action": "oom", "size": 1 << 30, "device_free": 5, "stream": 0, "frames": stacks[0]})
         trace.append({"action": "oom", "size": 1 << 30, "addr": 9})

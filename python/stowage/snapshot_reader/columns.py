@@ -43,7 +43,8 @@ class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
     (TIME_INT, TIME_FLOAT, TIME_BOOL); ``addr``, ``size``, ``stream`` (uint64, 0 where absent);
     ``time_us`` (int64: the time, or a float time's bits); ``stack`` (int32): an index into
     ``stacks``, -1 where the event has no frames or an empty list, -2 where its frames are None; ``device_free`` and
-    ``user_metadata``: those fields of the events that have them, by event index.
+    ``user_metadata``: those fields of the events that have them, by event index (an empty
+    user_metadata, which torch writes on every event, only in ``empty_metadata``, a mask).
 
     As a Sequence it gives each event back as a dict of those fields (frames as the stored
     stack), for code that reads events one by one. Fields the inspector does not read are not
@@ -53,10 +54,11 @@ class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
     def __init__(self, action: np.ndarray, flags: np.ndarray, addr: np.ndarray, size: np.ndarray,
                  stream: np.ndarray, time_us: np.ndarray, stack: np.ndarray, stacks: list[Stack],
                  device_free: dict[int, int], user_metadata: dict[int, Any],
-                 error: str | None = None) -> None:
+                 empty_metadata: np.ndarray | None = None, error: str | None = None) -> None:
         self.action, self.flags, self.addr, self.size = action, flags, addr, size
         self.stream, self.time_us, self.stack, self.stacks = stream, time_us, stack, stacks
         self.device_free, self.user_metadata = device_free, user_metadata
+        self.empty_metadata = empty_metadata  # (bool by event: its user_metadata is "", as torch writes every one)
         self.error = error  # the first malformed event, when the trace has one
 
     @classmethod
@@ -98,6 +100,8 @@ class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
                     entry["frames"] = self.stacks[stack] if stack >= 0 else [] if stack == -1 else None
                 if self.user_metadata and index in self.user_metadata:
                     entry["user_metadata"] = self.user_metadata[index]
+                elif self.empty_metadata is not None and self.empty_metadata[index]:
+                    entry["user_metadata"] = ""
                 yield entry
 
     def event(self, index: int) -> dict[str, Any]:
