@@ -346,12 +346,15 @@ class RecordSetup(Setup):
     """``stowage.record_history(True)`` (with its tags: stowage.tagging's module, optimizer and
     saved-tensor hooks) from the setup to the end of the run, its snapshot taken there."""
 
-    def __init__(self, variant: Variant) -> None:
+    def __init__(self, variant: Variant, device: str) -> None:
         super().__init__(variant, other_is_stowage=True)
         stowage.record_history(True)
-        self.recording = True
+        self.recording, self.device = True, device
 
     def vacuous(self) -> str | None:
+        if self.device != "cpu":  # on a GPU torch keeps the history (stowage's tags need stowage's)
+            self.findings()
+            return None
         tags = stowage.snapshot().get("stowage_tags", {}).get("0", {})
         categories = {tags["categories"][c] for c in tags.get("category", []) if c >= 0}
         self.findings()
@@ -394,7 +397,7 @@ def _features() -> dict[str, Feature]:
     out.append(Feature("activations", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: ActivationsSetup(adamw)))
     out.append(Feature("record.tags", "adamw", "stowage_allocator", "torch", False,
-                       lambda env, model, groups: RecordSetup(adamw)))
+                       lambda env, model, groups: RecordSetup(adamw, env.spec.device)))
     out.append(Feature("plan", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: plan_setup(env, model, groups, adamw)))
     out.append(Feature("plan.recompute", "adamw", "stowage_allocator", "torch", False,
