@@ -88,14 +88,16 @@ def _category_rules(peak: dict[str, Any], facts: Evidence, total: int) -> list[d
         removed = everything == CATEGORIES.index(name)
         if name == "optimizer states":
             removed |= optimizer & pairs.is_alloc  # the update's temporaries go to the host with it
-        bound = name == "activations" and facts.modules is None
+        blocks: list[str] = []
         if name == "activations" and facts.modules is not None:
             module, paths = facts.modules
             of_path, blocks = recompute_estimate.block_of_paths(paths)
+        bound = name == "activations" and not blocks  # (no module paths, or no blocks among them)
+        if blocks:
             shift = recompute_estimate.checkpointed_shift(pairs.is_alloc, pairs.end, pairs.size,
                                                           np.flatnonzero(everything == ACTIVATIONS), of_path[module])
             saving = total - int((facts.live + np.cumsum(shift)).max())
-            how = f" (each of the {len(blocks)} blocks checkpointed, e.g. {blocks[0]})" if blocks else ""
+            how = f" (each of the {len(blocks)} blocks checkpointed, e.g. {blocks[0]})"
         else:
             saving = total - peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, np.flatnonzero(removed))
             how = (f" (at most {format_bytes(saving)}: backward brings them back a block at a time)" if bound else "")
@@ -173,9 +175,13 @@ def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
         kept = gradients[np.searchsorted(step_starts, gradients, side="right") < step_of_peak]
         waste = int(np.asarray(pairs.size[kept], dtype=np.int64).sum())
         if waste >= MIN_SHARE * total:
-            saving = total - peak_estimates.grads_set_to_none_peak(
-                facts.live, pairs.is_alloc, pairs.end, pairs.size, kept, facts.backward_allocations(), step_starts)
+            backward = facts.backward_allocations()
+            bound = not len(backward)  # (backward not found: the gradients taken out, a bound)
+            saving = total - (peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, kept) if bound else
+                              peak_estimates.grads_set_to_none_peak(facts.live, pairs.is_alloc, pairs.end, pairs.size,
+                                                                    kept, backward, step_starts))
             found.append({"rule": "gradients kept across steps", "waste_bytes": waste, "saving_bytes": saving,
+                          "upper_bound": bound,
                           "advice": f"{format_bytes(waste)} of gradients made in an earlier step are live at the peak: "
                                     "optimizer.zero_grad(set_to_none=True) after each step"})
     for row in growing[:1]:  # named by the site that grows most; the saving counts every growing site

@@ -65,7 +65,8 @@ def grads_set_to_none_peak(live: np.ndarray, is_alloc: np.ndarray, end: np.ndarr
     n = len(live)
     change = np.zeros(n + 1, dtype=np.int64)
     sizes = np.asarray(size[kept], dtype=np.int64)
-    np.add.at(change, kept, -sizes)  # the kept gradients, gone ...
+    own_end = np.minimum(_step_end(step_starts, kept, n), end[kept])
+    np.add.at(change, own_end, -sizes)  # the kept gradients, gone when their own step ends ...
     np.add.at(change, end[kept], sizes)
     step_of_backward = np.searchsorted(step_starts, backward_allocs, side="right")
     first = np.searchsorted(step_of_backward, np.arange(len(step_starts) + 1))  # each step's first backward alloc
@@ -77,6 +78,8 @@ def grads_set_to_none_peak(live: np.ndarray, is_alloc: np.ndarray, end: np.ndarr
         if counts[own_step] == 0:
             continue
         ordinal = int(rank[g] - rank[backward_allocs[first[own_step]]])
+        if ordinal < 0:  # (made before its step's backward: nothing to find it by)
+            continue
         last_step = int(np.searchsorted(step_starts, min(int(end[g]), n - 1), side="right"))
         for step in range(own_step + 1, last_step + 1):
             if counts[step] == 0:
@@ -85,8 +88,9 @@ def grads_set_to_none_peak(live: np.ndarray, is_alloc: np.ndarray, end: np.ndarr
             if at >= len(allocs):
                 break
             t = int(allocs[at])
-            if int(size[t]) != s or end[t] >= n:
+            step_end = int(_step_end(step_starts, np.array([t]), n)[0])
+            if int(size[t]) != s or end[t] >= step_end:
                 continue
             change[end[t]] += s  # ... and each step's own gradient kept to the step's end
-            change[int(_step_end(step_starts, np.array([t]), n)[0])] -= s
+            change[step_end] -= s
     return _peak(live, change[:n])

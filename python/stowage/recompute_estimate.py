@@ -1,9 +1,12 @@
 """The peak a recorded trace would have with each of the model's blocks checkpointed (recomputed
 in backward), worked out from the trace and the module that made each allocation.
 
-Blocks are the outermost modules whose name ends in a number (``transformer.h.3``,
-``layer1.0``, ``encoder_layer_5``, ``features.2``): the items of a model's block lists, which
-``torch.utils.checkpoint`` or ``gradient_checkpointing_enable()`` wrap. With a block
+Blocks are the outermost modules with modules inside whose name ends in a number
+(``transformer.h.3``, ``encoder_layer_5``, ``features.2``, torchvision ResNet's stages
+``layer1``; not a lone ``conv1``): the items of a model's block lists, which
+``torch.utils.checkpoint`` or ``gradient_checkpointing_enable()`` wrap. Activations freed before
+their block's forward ends (what a region with saved-tensor hooks of its own held) stay as they
+were. With a block
 checkpointed, its forward keeps only what it returns (its last allocation still live when the
 block's run ends, which the next block saves); the saved activations it made come back when its
 backward begins (the first free of any of them, in backward) and go at their own frees, as
@@ -29,10 +32,11 @@ def block_of_paths(paths: list[str]) -> tuple[np.ndarray, list[str]]:
     inside none)."""
     blocks: dict[str, int] = {}
     out = np.full(len(paths), -1, dtype=np.int64)
+    containers = {path.rsplit(".", 1)[0] for path in paths if "." in path}  # modules with modules inside
     for i, path in enumerate(paths):
         parts = path.split(".")
         for depth in range(1, len(parts)):  # the root (depth 0) is never a block
-            if _NUMBERED.search(parts[depth]):
+            if _NUMBERED.search(parts[depth]) and ".".join(parts[:depth + 1]) in containers:
                 out[i] = blocks.setdefault(".".join(parts[:depth + 1]), len(blocks))
                 break
     return out, list(blocks)
@@ -66,7 +70,7 @@ def checkpointed_shift(is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray, 
         first, last = int(members[0]), int(members[-1])
         live_at_end = members[end[members] > last]
         output = live_at_end[-1] if len(live_at_end) else -1
-        moved = members[is_activation[members] & (members != output) & (end[members] < n)]
+        moved = members[is_activation[members] & (members != output) & (end[members] > last) & (end[members] < n)]
         if not len(moved):
             continue
         # The block's backward begins just before the first of them is freed: its forward runs

@@ -38,7 +38,7 @@ def _int_list(value: Any, where: str, low: int, high: int) -> np.ndarray:
         out = np.array(value, dtype=np.int64) if all(type(v) is int for v in value) else None  # noqa: E721
     except OverflowError:
         out = None
-    bad = [i for i, v in enumerate(value) if type(v) is not int] if out is None else \
+    bad = [i for i, v in enumerate(value) if type(v) is not int or not low <= v < high] if out is None else \
         np.flatnonzero((out < low) | (out >= high)).tolist()  # noqa: E721
     if bad:
         raise SnapshotError(f"{where}[{bad[0]}]: expected an integer in [{low}, {high}), got {value[bad[0]]!r:.40}")

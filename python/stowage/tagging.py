@@ -34,6 +34,7 @@ append under the GIL; module paths are noted for the thread that started the rec
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -63,15 +64,21 @@ class Tagger:
         self._path_ids: dict[str, int] = {"": 0}
         self.spans: list[list[int]] = []  # [begin, end (-1: open), path id, parent span (-1)]
         self._open: list[int] = []  # spans open, innermost last
-        self._names: dict[int, dict[int, str]] = {}  # id(top-level module) -> {id(module): path}
-        self._running: list[dict[int, str]] = []
+        self._running: dict[int, str] = {}  # the top-level forward's {id(module): path}
         self._handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
-            torch.nn.modules.module.register_module_forward_hook(self._left, always_call=True),
+            torch.nn.modules.module.register_module_forward_hook(self._left, with_kwargs=True, always_call=True),
             register_optimizer_step_pre_hook(self._before_step),
             register_optimizer_step_post_hook(self._after_step),
         ]
-        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        # Inside a region with hooks of its own the default hooks cannot go on top of it (its exit
+        # pops the top): then only regions entered from here on are noted.
+        self._pushed = torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+        if self._pushed:
+            torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        else:
+            warnings.warn("stowage.record_history started inside a saved_tensors_hooks region: the tensors autograd "
+                          "saves outside regions entered from here on are not tagged as activations", stacklevel=4)
         hooks = torch.autograd.graph.saved_tensors_hooks
         self._plain_enter = hooks.__enter__
         tagger = self
@@ -80,22 +87,50 @@ class Tagger:
             own = region.pack_hook
             if not getattr(own, "_stowage_noting", False):
                 def pack(tensor: Any) -> Any:
-                    if _active is tagger:  # (a region entered while recording may outlive it)
-                        tagger.note((tensor,), 4, owners=(None,))
+                    if _active is not None:  # (a region entered while recording may outlive it)
+                        _active.note((tensor,), 4, owners=(None,))
                     return own(tensor)
                 pack._stowage_noting = True  # type: ignore[attr-defined]
                 region.pack_hook = pack
             tagger._plain_enter(region)
 
         hooks.__enter__ = enter_noting  # type: ignore[method-assign]
+        self._plain_exit = plain_exit = hooks.__exit__
+
+        def exit_then_pop(region: Any, *error: Any) -> None:  # (captured by each region entered while recording)
+            global _pending_pop
+            plain_exit(region, *error)
+            pending = _pending_pop
+            if pending is not None and pending._on_top():
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+                _pending_pop = None
+
+        hooks.__exit__ = exit_then_pop  # type: ignore[method-assign]
 
     def stop(self) -> None:
+        """Removes the hooks. Stopped inside a region with saved-tensor hooks of its own entered
+        while recording, the default hooks lie below the region's: they are popped as soon as the
+        region is left (until then they keep tensors as before, noting nothing)."""
         import torch
 
         for handle in self._handles:
             handle.remove()
-        torch.autograd.graph.saved_tensors_hooks.__enter__ = self._plain_enter  # type: ignore[method-assign]
-        torch._C._autograd._pop_saved_tensors_default_hooks()
+        global _pending_pop
+        hooks = torch.autograd.graph.saved_tensors_hooks
+        hooks.__enter__ = self._plain_enter  # type: ignore[method-assign]
+        hooks.__exit__ = self._plain_exit  # type: ignore[method-assign]
+        if not self._pushed:
+            return
+        if self._on_top():
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        else:  # below a region entered while recording: popped when it is left (its exit_then_pop)
+            _pending_pop = self
+
+    def _on_top(self) -> bool:
+        import torch
+
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        return top is not None and getattr(top[0], "__self__", None) is self
 
     # --- notes ---
 
@@ -125,9 +160,14 @@ class Tagger:
             self._forget_old()
 
     def _forget_old(self) -> None:
-        """Drops notes about events the history no longer holds (it keeps the newest max_entries)."""
+        """Drops notes, and module spans that ended, about events the history no longer holds (it
+        keeps the newest max_entries)."""
         oldest = self._position() - self._max_entries
         self.notes = [note for note in self.notes if note[0] >= oldest]
+        kept = [i for i, span in enumerate(self.spans) if span[1] < 0 or span[1] >= oldest]
+        renumbered = {old: new for new, old in enumerate(kept)}  # (a span kept has its parent kept: spans nest)
+        self.spans = [[b, e, path, renumbered.get(parent, -1)] for b, e, path, parent in (self.spans[i] for i in kept)]
+        self._open = [renumbered[i] for i in self._open]
 
     # --- hooks ---
 
@@ -138,24 +178,22 @@ class Tagger:
             return
         at = self._position()
         if not self._open:
-            names = self._names.get(id(module))
-            if names is None:
-                root = type(module).__name__
-                names = {id(m): f"{root}.{n}" if n else root for n, m in module.named_modules()}
-                self._names[id(module)] = names
-            self._running = [names]
+            # (worked out at each top-level forward: modules are added, ids reused)
+            root = type(module).__name__
+            self._running = names = {id(m): f"{root}.{n}" if n else root for n, m in module.named_modules()}
             self._own(module, names)
             self.note(list(module.parameters()) + list(module.buffers()), 0, at)
             with_grad = [p for p in module.parameters() if p.grad is not None]
             self.note([p.grad for p in with_grad], 2, at, with_grad)
-            self.note([t for t in _tensors(args) if t.grad_fn is None and not isinstance(t, torch.nn.Parameter)], 3, at)
             path = names[id(module)]
         else:
             parent = self.paths[self.spans[self._open[-1]][2]]
-            path = self._running[0].get(id(module)) or f"{parent}.{type(module).__name__}"
+            path = self._running.get(id(module)) or f"{parent}.{type(module).__name__}"
         path_id = self._path_id(path)
         self.spans.append([at, -1, path_id, self._open[-1] if self._open else -1])
         self._open.append(len(self.spans) - 1)
+        if len(self.spans) > 4 * self._max_entries + 1024:
+            self._forget_old()
 
     def _path_id(self, path: str) -> int:
         path_id = self._path_ids.setdefault(path, len(self.paths))
@@ -166,16 +204,20 @@ class Tagger:
     def _own(self, root: Any, names: dict[int, str]) -> None:
         """Which module holds each parameter and buffer of `root` (the first that lists it)."""
         for module in root.modules():
-            path_id = self._path_id(names[id(module)])
+            path_id = self._path_id(names.get(id(module), type(module).__name__))
             for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
                 self._owner.setdefault(id(tensor), path_id)
 
-    def _left(self, module: Any, args: Any, output: Any) -> None:
+    def _left(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         import torch
 
         if torch.compiler.is_compiling() or threading.get_ident() != self._thread or not self._open:
             return
-        self.spans[self._open.pop()][1] = self._position()
+        self.spans[self._open.pop()][1] = at = self._position()
+        if not self._open:  # a top-level forward's inputs (its keyword arguments too): what autograd did not make
+            made_here = [t for t in _tensors(args) + _tensors(kwargs) if t.grad_fn is None
+                         and not isinstance(t, torch.nn.Parameter)]
+            self.note(made_here, 3, at)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with_grad = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -186,7 +228,8 @@ class Tagger:
         self.note([value for value, _ in pairs], 1, owners=[parameter for _, parameter in pairs])
 
     def _pack(self, tensor: Any) -> Any:
-        self.note((tensor,), 4, owners=(None,))
+        if _active is self:  # (left below a region's hooks when recording stopped inside it)
+            self.note((tensor,), 4, owners=(None,))
         return self._module.TensorPager.keep(tensor), tensor.requires_grad
 
     def _unpack(self, packed: Any) -> Any:
@@ -271,6 +314,7 @@ def _innermost(spans: list[list[int]], positions: np.ndarray) -> np.ndarray:
 
 
 _active: Tagger | None = None
+_pending_pop: Tagger | None = None  # a stopped recording whose default hooks wait for a region's exit
 
 
 def start(module: Any, device: int, max_entries: int) -> None:
@@ -281,9 +325,9 @@ def start(module: Any, device: int, max_entries: int) -> None:
 
 def stop() -> None:
     global _active
-    if _active is not None:
-        _active.stop()
-        _active = None
+    active, _active = _active, None
+    if active is not None:
+        active.stop()
 
 
 def attach(snapshot: dict[str, Any], recorded: int, device: int) -> None:

@@ -71,12 +71,13 @@ def test_optimizer_states_at_the_peak_are_advised_to_the_host_and_the_saving_hol
 
 
 def checkpointed(net: Any) -> Any:
-    """Each block (each item of the outer Sequential, the head too) recomputed in backward."""
+    """Each block (each item of the outer Sequential with modules inside: not the head) recomputed
+    in backward."""
     from functools import partial
 
     from torch.utils.checkpoint import checkpoint
 
-    for block in net:
+    for block in list(net)[:-1]:
         block.forward = partial(checkpoint, block.forward, use_reentrant=False)
     return net
 
@@ -87,7 +88,7 @@ def test_activations_at_the_peak_are_advised_to_be_recomputed_and_the_saving_hol
     report, peak = inspected(lambda: loop(net, torch.optim.SGD(net.parameters(), lr=0.1), rows))
     advice = rules(report)["activations"]
     assert "torch.utils.checkpoint" in advice["advice"] and "optimizer states" not in rules(report)
-    assert "7 blocks checkpointed, e.g. Sequential.0" in advice["advice"] and not advice["upper_bound"]
+    assert "6 blocks checkpointed, e.g. Sequential.0" in advice["advice"] and not advice["upper_bound"]
     net = checkpointed(model(256, 6))
     _, lower = inspected(lambda: loop(net, torch.optim.SGD(net.parameters(), lr=0.1), rows))
     assert abs((peak - lower) - advice["saving_bytes"]) <= 0.15 * advice["saving_bytes"]

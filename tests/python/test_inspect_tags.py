@@ -141,3 +141,68 @@ def test_the_html_report_draws_memory_by_category_and_by_block() -> None:
     assert html.index("<h2>Advice</h2>") < by_category < by_module < html.index("Live memory by allocation site")
     legend = html[by_module:html.index("<svg", by_module)]
     assert all(f"Sequential.{k}" in legend for k in range(5))  # each block of the model apart
+
+
+def test_modules_added_and_models_made_again_are_followed() -> None:
+    def run() -> None:
+        for _ in range(2):  # a model made again (ids reused), a module added after its first forward
+            net = mlp()
+            net(torch.randn(8, 256)).sum().backward()
+            net.append(torch.nn.Linear(4, 4))
+            net(torch.randn(8, 256)).sum().backward()
+
+    tags = recorded(run)["stowage_tags"]["0"]
+    assert "Sequential.5" in tags["modules"]
+
+
+class KeywordModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(256, 256)
+
+    def forward(self, input_ids: Any = None) -> Any:
+        return self.layer(input_ids).square().mean()
+
+
+def test_inputs_given_by_keyword_are_inputs() -> None:
+    made: dict[str, Any] = {}
+
+    def run() -> None:
+        net = KeywordModel()
+        made["batch"] = torch.randn(1024, 256)
+        net(input_ids=made["batch"]).backward()
+
+    snapshot = recorded(run)
+    assert inspect_device(snapshot, 0, 5)["peak"]["categories"].get("inputs") == made["batch"].numel() * 4
+
+
+def no_default_hooks() -> bool:
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+def test_recording_started_or_stopped_inside_a_region_with_hooks_of_its_own_leaves_torch_s_as_it_was() -> None:
+    with pytest.warns(UserWarning, match="started inside a saved_tensors_hooks region"):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            stowage.record_history(True)
+    stowage.record_history(False)  # outside the region it was started in
+    assert no_default_hooks()
+    stowage.record_history(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        stowage.record_history(False)  # inside a region entered while recording
+        assert not no_default_hooks()
+    assert no_default_hooks()  # the region left, the recording's hooks went with it
+    x = torch.randn(4, 4, requires_grad=True)
+    y = x.exp()
+    y.add_(1)  # autograd's own check of a saved tensor changed in place is back
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    snapshot = recorded(lambda: train(mlp(), torch.randn(64, 256), steps=1))  # and recording again works
+    assert snapshot["stowage_tags"]["0"]["events"]
+
+
+def test_an_event_index_past_any_integer_is_an_error_naming_it() -> None:
+    snapshot = recorded(lambda: train(mlp(), torch.randn(64, 256), steps=1))
+    tags = snapshot["stowage_tags"]["0"]
+    tags["events"] = [2**70] + tags["events"][1:]
+    with pytest.raises(SnapshotError, match=r"stowage_tags\.0\.events\[0\]: expected an integer"):
+        inspect_device(snapshot, 0, 5)
