@@ -324,8 +324,9 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
     also notes what each allocation is and which module made it (stowage.tagging: parameters,
     gradients, optimizer states, saved activations, inputs), written into snapshots as
     ``stowage_tags``; ``stowage inspect`` then reports exact categories and module paths.
-    The saved-tensor hook this takes refuses a backward with ``create_graph=True``: record such
-    a loop with ``tags=False``."""
+    The saved-tensor hook this takes refuses a backward with ``create_graph=True``, and
+    ``torch.func``'s transforms refuse to run under any saved-tensor hook: record such a loop
+    with ``tags=False``."""
     module = _module()
     if module.cuda_enabled():
         import torch
