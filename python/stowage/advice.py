@@ -94,7 +94,7 @@ def _category_rules(peak: dict[str, Any], facts: Evidence, total: int) -> list[d
             of_path, blocks = recompute_estimate.block_of_paths(paths)
         bound = name == "activations" and not blocks  # (no module paths, or no blocks among them)
         if blocks:
-            shift = recompute_estimate.checkpointed_shift(pairs.is_alloc, pairs.end, pairs.size,
+            shift = recompute_estimate.checkpointed_shift(pairs.is_alloc, pairs.end, pairs.size, pairs.own,
                                                           np.flatnonzero(everything == ACTIVATIONS), of_path[module])
             saving = total - int((facts.live + np.cumsum(shift)).max())
             how = f" (each of the {len(blocks)} blocks checkpointed, e.g. {blocks[0]})"

@@ -2,10 +2,13 @@
 a rule may not need are worked out only when it asks.
 
 Contract: `of_trace` builds an advice.Evidence over the arrays it is given and keeps them; it
-copies nothing and changes nothing.
+copies nothing and changes nothing. What a rule asks for (the stack flags, every category,
+backward's allocations) is worked out once, however many rules ask.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -23,15 +26,24 @@ def of_trace(columns: TraceColumns, pairs: object, site_of: np.ndarray, site_nam
     their categories, where steps begin, and stowage's tags where the snapshot has them."""
     index, is_alloc, end = pairs.index, pairs.is_alloc, pairs.end  # type: ignore[attr-defined]
 
+    @functools.cache
+    def flags() -> np.ndarray | None:  # the trace's stack flags, once for every rule
+        return categories.trace_flags(columns, index, is_alloc)
+
+    @functools.cache
     def every() -> tuple[np.ndarray, np.ndarray]:
         made = categories.position_flags(columns, index) & categories.OPTIMIZER != 0
         if exact is not None:
             return exact.category, made
-        return categories.all_categories(columns, index, is_alloc, end, step_starts), made
+        return categories.all_categories(columns, index, is_alloc, end, step_starts, flags()), made
+
+    @functools.cache
+    def backward_allocations() -> np.ndarray:
+        return categories.backward_allocations(is_alloc, flags())
 
     def kept_without_backward() -> np.ndarray:
         saved = exact.category == categories.ACTIVATIONS if exact is not None else None
-        return categories.kept_without_backward(columns, index, is_alloc, end, saved)
+        return categories.kept_without_backward(columns, index, is_alloc, end, flags(), saved)
 
     def kept_across_steps(site: str) -> np.ndarray:
         """A site's allocations kept into a later step, not for its backward (a step boundary
@@ -42,9 +54,8 @@ def of_trace(columns: TraceColumns, pairs: object, site_of: np.ndarray, site_nam
         made = np.flatnonzero(site_of == site_names.index(site))
         later = np.searchsorted(step_starts, end[made], side="right") > np.searchsorted(step_starts, made, side="right")
         made = made[later]
-        return made[~categories.freed_in_backward(columns, index, is_alloc, end, step_starts, made)]
+        return made[~categories.freed_in_backward(backward_allocations(), end, step_starts, made)]
 
     return Evidence(live, pairs, peak_position, at_peak[0], at_peak[1], step_starts, every, kept_without_backward,
-                    kept_across_steps, lambda: categories.backward_allocations(columns, index, is_alloc),
-                    lambda: categories.loss_allocations(columns, index, is_alloc),
+                    kept_across_steps, backward_allocations, lambda: categories.loss_allocations(is_alloc, flags()),
                     (exact.module, exact.paths) if exact is not None else None)

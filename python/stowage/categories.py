@@ -68,7 +68,7 @@ def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
     return by_stack[columns.stack[index]]  # (-1 and -2, no frames: the two zeros at the end)
 
 
-def _trace_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray | None:
+def trace_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray | None:
     """Every position's flags, autograd's thread's events marked backward's; None where the trace
     has no Python frames to read."""
     flags = position_flags(columns, index)
@@ -87,9 +87,9 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
           step_starts: np.ndarray, positions: np.ndarray, flags: np.ndarray | None = None) -> np.ndarray:
     """The category of the allocations at LivePairs `positions`: `index`, `is_alloc` and `end`
     are LivePairs'; `step_starts` the positions where steps begin (empty: one step); `flags`
-    _trace_flags' (worked out here when not given)."""
+    trace_flags' (worked out here when not given)."""
     n = len(index)
-    flags = _trace_flags(columns, index, is_alloc) if flags is None else flags
+    flags = trace_flags(columns, index, is_alloc) if flags is None else flags
     if flags is None:
         return np.full(len(positions), UNKNOWN, dtype=np.int8)  # no Python frames to read
     stacks = columns.stack[index]
@@ -182,11 +182,11 @@ CHUNK = 1 << 20  # positions categorised at once (what a whole trace's categorie
 
 
 def all_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-                   step_starts: np.ndarray) -> np.ndarray:
+                   step_starts: np.ndarray, flags: np.ndarray | None = None) -> np.ndarray:
     """Every allocation's category (int8 by LivePairs position; UNKNOWN at frees), worked out a
-    CHUNK of allocations at a time."""
+    CHUNK of allocations at a time; `flags`: trace_flags' (worked out here when not given)."""
     out = np.full(len(index), UNKNOWN, dtype=np.int8)
-    flags = _trace_flags(columns, index, is_alloc)  # once, for every chunk
+    flags = trace_flags(columns, index, is_alloc) if flags is None else flags  # once, for every chunk
     if flags is None:
         return out
     allocs = np.flatnonzero(is_alloc)
@@ -204,13 +204,13 @@ def totals(live: np.ndarray, category: np.ndarray, size: np.ndarray) -> dict[str
 
 
 def kept_without_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-                          saved: np.ndarray | None = None) -> np.ndarray:
+                          flags: np.ndarray | None, saved: np.ndarray | None = None) -> np.ndarray:
     """The allocations a module's forward made that outlived it (the loop's own code allocated
     while they lived) with no backward between their allocation and their free: a graph autograd
     kept for a backward that never came (evaluation without no_grad). `saved`: where the snapshot
     says which allocations autograd saved (stowage's tags), only those; otherwise, as outputs
-    alone also outlive a forward, only when they come from at least three allocating lines."""
-    flags = _trace_flags(columns, index, is_alloc)
+    alone also outlive a forward, only when they come from at least three allocating lines.
+    `flags`: trace_flags' (None: a trace without Python frames, where nothing is found)."""
     if flags is None:
         return np.zeros(0, dtype=np.int64)
     made_in = is_alloc & (flags & MODULE != 0) & (flags & (BACKWARD | OPTIMIZER) == 0)
@@ -226,27 +226,24 @@ def kept_without_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np
     return kept
 
 
-def loss_allocations(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
+def loss_allocations(is_alloc: np.ndarray, flags: np.ndarray | None) -> np.ndarray:
     """The positions of the allocations a loss function made in forward (a function named for a
-    loss, called inside the innermost module's forward or outside any)."""
-    flags = _trace_flags(columns, index, is_alloc)
+    loss, called inside the innermost module's forward or outside any); `flags`: trace_flags'."""
     if flags is None:
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(is_alloc & (flags & LOSS != 0) & (flags & (BACKWARD | OPTIMIZER) == 0))
 
 
-def backward_allocations(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
+def backward_allocations(is_alloc: np.ndarray, flags: np.ndarray | None) -> np.ndarray:
     """The positions of backward's allocations (autograd's thread's on a GPU), in order; none in a
-    trace without Python frames."""
-    flags = _trace_flags(columns, index, is_alloc)
+    trace without Python frames (`flags`: trace_flags')."""
     return np.zeros(0, dtype=np.int64) if flags is None else np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
 
 
-def freed_in_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-                      step_starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def freed_in_backward(backwards: np.ndarray, end: np.ndarray, step_starts: np.ndarray,
+                      positions: np.ndarray) -> np.ndarray:
     """Whether each allocation at `positions` is freed in a backward (between a step's first and
-    last backward allocation)."""
-    backwards = backward_allocations(columns, index, is_alloc)
+    last backward allocation; `backwards`: backward_allocations')."""
     spans = _backward_spans(backwards, step_starts)
     ends = end[positions]
-    return (ends < len(index)) & _inside(spans, np.minimum(ends, len(index) - 1))
+    return (ends < len(end)) & _inside(spans, np.minimum(ends, len(end) - 1))

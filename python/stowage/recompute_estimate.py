@@ -42,10 +42,10 @@ def block_of_paths(paths: list[str]) -> tuple[np.ndarray, list[str]]:
     return out, list(blocks)
 
 
-def checkpointed_shift(is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray, activations: np.ndarray,
-                       block: np.ndarray) -> np.ndarray:
+def checkpointed_shift(is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray, own: np.ndarray,
+                       activations: np.ndarray, block: np.ndarray) -> np.ndarray:
     """The change to the live series (to add to its running sum) if each block were checkpointed.
-    `activations`: the positions of the saved activations; `block`: every position's block (-1:
+    `own`: LivePairs.own (each position's change of the live bytes); `activations`: the positions of the saved activations; `block`: every position's block (-1:
     none). Each run of a block (its consecutive allocations, one per forward) is handled apart."""
     n = len(is_alloc)
     delta = np.zeros(n + 1, dtype=np.int64)
@@ -63,8 +63,6 @@ def checkpointed_shift(is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray, 
     run_last = np.r_[starts[1:], len(in_block)] - 1
     is_activation = np.zeros(n, dtype=bool)
     is_activation[activations] = True
-    own = np.where(is_alloc, np.asarray(size, dtype=np.int64), 0)
-    own[end[is_alloc & (end < n)]] = -np.asarray(size, dtype=np.int64)[is_alloc & (end < n)]
     for r in range(len(starts)):
         members = in_block[starts[r]:run_last[r] + 1]
         first, last = int(members[0]), int(members[-1])
