@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from stowage import _core, categories, tag_reading, trace_steps
+from stowage import _core, categories, tag_reading
 from stowage.inspector import LivePairs, TraceSites, live_pairs, site_of
 from stowage.recompute_estimate import block_of_paths
 from stowage.snapshot_reader import TraceColumns
@@ -40,12 +40,13 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
+def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, named: list[str],
+             pairs: LivePairs | None = None) -> dict[str, Any]:
     """Live bytes by site, sampled: at most MAX_POINTS samples, always including the peak. As in
     inspector.analyse_trace, bytes live before the trace began start at `baseline` and drop with
-    each free of an address the trace never allocated."""
+    each free of an address the trace never allocated. (`pairs`: the trace's, when known.)"""
     columns = as_columns(trace)
-    pairs = live_pairs(columns)
+    pairs = live_pairs(columns) if pairs is None else pairs
     if len(pairs.index) == 0:
         return {"x": [], "series": {}, "peak_index": -1}
     sites = TraceSites(columns, pairs)
@@ -76,21 +77,19 @@ def grouped(pairs: LivePairs, group: np.ndarray, names: list[str], baseline: int
     return {"x": pairs.index[positions].tolist(), "series": values, "peak_index": int(pairs.index[peak_at])}
 
 
-def category_and_module_timelines(snapshot: dict[str, Any], device: int, trace: Any,
-                                  baseline: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Live bytes by category (exact where stowage tagged the snapshot, else inferred), and by
-    module where it carries module paths (None otherwise): by block (stowage.recompute_estimate's
-    blocks, each a model's item of its block list) and, outside blocks, by module to three names
-    deep; the MAX_SITES that allocate most, the rest together."""
-    columns = as_columns(trace)
-    pairs = live_pairs(columns)
+def category_and_module_timelines(snapshot: dict[str, Any], device: int, columns: TraceColumns, pairs: LivePairs,
+                                  report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Live bytes by category (exact where stowage tagged the snapshot, else inferred, with the
+    report's steps), and by module where it carries module paths (None otherwise): by block
+    (stowage.recompute_estimate's blocks, each a model's item of its block list) and, outside
+    blocks, by module to three names deep; the MAX_SITES that allocate most, the rest together."""
+    baseline = report["peak"]["baseline"]
     exact = tag_reading.read(snapshot, device, columns.action, pairs.index)
     if exact is not None:
         category = exact.category
     else:
-        live = np.cumsum(pairs.own - pairs.unknown)
-        steps, _ = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
-        starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
+        firsts = np.array([step["first_event"] for step in report.get("steps") or []], dtype=np.int64)
+        starts = np.searchsorted(pairs.index, firsts)
         category = categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, starts)
     by_category = grouped(pairs, category, list(categories.CATEGORIES), baseline)
     by_category["series"] = {k: v for k, v in by_category["series"].items() if any(v)}
@@ -215,9 +214,10 @@ def _site_rows(sites: list[dict[str, Any]], total: int) -> list[list[str]]:
              s["site"]] for s in sites]
 
 
-def _more_timelines(snapshot: dict[str, Any], device: int, trace: Any, report: dict[str, Any]) -> list[str]:
+def _more_timelines(snapshot: dict[str, Any], device: int, columns: TraceColumns, pairs: LivePairs,
+                    report: dict[str, Any]) -> list[str]:
     """The timelines by category and by module, each with its legend."""
-    by_category, by_module = category_and_module_timelines(snapshot, device, trace, report["peak"]["baseline"])
+    by_category, by_module = category_and_module_timelines(snapshot, device, columns, pairs, report)
     out: list[str] = []
     for title, data in ((f"Live memory by what it is ({report.get('category_source', 'inferred')})", by_category),
                         ("Live memory by the module that made it", by_module)):
@@ -233,10 +233,11 @@ def _more_timelines(snapshot: dict[str, Any], device: int, trace: Any, report: d
 def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
     device = report["device"]
     traces = snapshot.get("device_traces", [])
-    trace = traces[device] if device < len(traces) else []
+    columns = as_columns(traces[device] if device < len(traces) else [])
+    pairs = live_pairs(columns)  # (once, for every timeline)
     segments = [s for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device]
     named = [s["site"] for s in report["peak"]["sites"] if not s["site"].startswith("(")][:MAX_SITES]
-    data = timeline(trace, report["peak"]["baseline"], named)
+    data = timeline(columns, report["peak"]["baseline"], named, pairs)
     colors = {site: PALETTE[k % len(PALETTE)] for k, site in enumerate(data["series"])}
     colors["other"] = OTHER
     for block_site in {site_of(b.get("frames"), int(b["size"])) for s in segments for b in s.get("blocks", [])}:
@@ -254,7 +255,7 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
         f"<h1>{_e(name)}, device {device}</h1>",
         f"<p>{report['trace_events']:,} trace events, {totals['segments']:,} segments. "
         f"Peak: {_e(_b(peak['live_bytes']))} live at event {peak['event_index']:,}.</p>",
-        *_more_timelines(snapshot, device, trace, report),
+        *_more_timelines(snapshot, device, columns, pairs, report),
         "<h2>Live memory by allocation site</h2>", f'<div class="legend">{legend}</div>',
         _timeline_svg(data, colors),
         f"<p class=\"small\">{len(data['x']):,} samples of the trace's events; totals and tables use every event.</p>",
