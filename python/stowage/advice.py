@@ -96,7 +96,7 @@ def _category_rules(peak: dict[str, Any], facts: Evidence, total: int) -> list[d
         if blocks:
             shift = recompute_estimate.checkpointed_shift(pairs.is_alloc, pairs.end, pairs.size, pairs.own,
                                                           np.flatnonzero(everything == ACTIVATIONS), of_path[module])
-            saving = total - int((facts.live + np.cumsum(shift)).max())
+            saving = total - peak_estimates.changed_peak(facts.live, shift)
             how = f" (each of the {len(blocks)} blocks checkpointed, e.g. {blocks[0]})"
         else:
             saving = total - peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, np.flatnonzero(removed))
@@ -150,7 +150,7 @@ def _logits(facts: Evidence, total: int) -> list[dict[str, Any]]:
     cut = all_sizes[chosen] - all_sizes[chosen] // LOSS_CHUNKS
     np.add.at(change, chosen, -cut)
     np.add.at(change, pairs.end[chosen], cut)
-    saving = total - int((facts.live + np.cumsum(change[:len(facts.live)])).max())
+    saving = total - peak_estimates.changed_peak(facts.live, change[:len(facts.live)])
     return [{"rule": "logits at the peak", "waste_bytes": waste, "saving_bytes": saving,
              "advice": f"{format_bytes(waste)} of logit-sized tensors (the output layer's, and the loss's copies and "
                        f"their gradients) are live at the peak: compute the loss in {LOSS_CHUNKS} chunks of the tokens, "

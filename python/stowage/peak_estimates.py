@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def _peak(live: np.ndarray, change: np.ndarray) -> int:
+def changed_peak(live: np.ndarray, change: np.ndarray) -> int:
+    """The series' peak with `change` (per position) added to its running sum."""
     return int((live + np.cumsum(change)).max()) if len(live) else 0
 
 
@@ -28,7 +29,7 @@ def removed_peak(live: np.ndarray, end: np.ndarray, size: np.ndarray, removed: n
     np.add.at(change, removed, -sizes)
     ended = end[removed] < len(live)
     np.add.at(change, end[removed][ended], sizes[ended])
-    return _peak(live, change)
+    return changed_peak(live, change)
 
 
 def _step_end(step_starts: np.ndarray, positions: np.ndarray, n: int) -> np.ndarray:
@@ -54,7 +55,7 @@ def freed_when_made_peak(live: np.ndarray, end: np.ndarray, size: np.ndarray, ke
     early = np.minimum(early, end[kept])
     np.add.at(change, early, -sizes)
     np.add.at(change, end[kept], sizes)
-    return _peak(live, change[:n])
+    return changed_peak(live, change[:n])
 
 
 def grads_set_to_none_peak(live: np.ndarray, is_alloc: np.ndarray, end: np.ndarray, size: np.ndarray,
@@ -93,4 +94,4 @@ def grads_set_to_none_peak(live: np.ndarray, is_alloc: np.ndarray, end: np.ndarr
                 continue
             change[end[t]] += s  # ... and each step's own gradient kept to the step's end
             change[step_end] -= s
-    return _peak(live, change[:n])
+    return changed_peak(live, change[:n])
