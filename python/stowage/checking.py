@@ -41,18 +41,18 @@ def set_enabled(on: bool) -> None:
 
 def apply() -> None:
     """Hands the switch to the C++ side and starts naming parameters (called once torch loads)."""
-    from stowage.memory import _torch_module
+    from stowage.serving import torch_module
 
-    _torch_module().set_check_mode(_enabled)
+    torch_module().set_check_mode(_enabled)
     if _enabled:
         _watch_modules()
 
 
 def step() -> int:
     """The steps ended so far in this process (the number of the step running now)."""
-    from stowage.memory import _torch_module
+    from stowage.serving import torch_module
 
-    return int(_torch_module().offload_steps_ended())
+    return int(torch_module().offload_steps_ended())
 
 
 def _watch_modules() -> None:

@@ -110,7 +110,7 @@ def _train_fitted(fitted: Any, tokens: Any, steps: int, snapshot: str | None) ->
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from stowage.memory import _torch_module
+    from stowage.serving import torch_module
     from stowage.models.llama import Llama, LlamaShape
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         stowage.enable()
         torch.backends.cuda.matmul.allow_tf32 = True
-    capacity = int(_torch_module().capacity(-1 if device == "cpu" else 0))
+    capacity = int(torch_module().capacity(-1 if device == "cpu" else 0))
     work = sized(CPU_WORKLOAD if device == "cpu" else GPU_WORKLOAD, capacity)
     torch.manual_seed(0)
     model = Llama(LlamaShape(work.hidden, work.layers, work.heads, work.kv_heads, work.vocab,

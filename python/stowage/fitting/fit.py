@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-import stowage
+from stowage import memory as stowage_memory
 from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
@@ -21,7 +21,8 @@ from stowage.fitting.micro_batches import (MIN_ROWS, LossUnits, asked_micro_rows
 from stowage.fitting.trial import run_once, without_recompute
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
-from stowage.memory import _bytes, _index, _torch_module
+from stowage.byte_counts import byte_count
+from stowage.serving import device_index, serves, torch_module
 from stowage.offload.sharded import local
 from stowage.plan import LifetimeProfile
 
@@ -31,7 +32,7 @@ def _trial(device: torch.device) -> Iterator[None]:
     """fit's own steps (its recording of the step, its rate probes), marked in the device's
     history ("snapshot" markers stowage.fit.trial_begin / trial_end) so that an inspection of the
     run can tell them from training (an out-of-memory while recording is fit's, not the run's)."""
-    module, index = _torch_module(), _index(device)
+    module, index = torch_module(), device_index(device)
     module.mark_fit_trial(True, index)
     try:
         yield
@@ -51,14 +52,13 @@ def _device_of(parameters: list[torch.nn.Parameter]) -> torch.device:
 
 def check_allocator(device: torch.device) -> None:
     """Raises, saying how to fix it, unless stowage serves `device`'s memory."""
-    module = _torch_module()
-    if device.type == "cuda" and not module.cuda_enabled():
+    if device.type == "cuda" and not serves(device):
         raise RuntimeError(
             "stowage.fit: torch's own allocator serves CUDA memory in this process, so stowage cannot hold "
             "the step to a budget or page its tensors. Make stowage the allocator before CUDA is first "
             "touched: start the program with STOWAGE_ALLOC_CONF set (empty for the defaults), or call "
             "stowage.enable() right after importing torch, before the first CUDA tensor.")
-    if device.type == "cpu" and not module.is_enabled():
+    if device.type == "cpu" and not serves(device):
         raise RuntimeError(
             "stowage.fit: a model on the CPU trains on stowage's CPU mode (a simulated device): call "
             "stowage.enable(device='cpu', capacity='4GiB') before building the model, or move it to a GPU.")
@@ -73,14 +73,14 @@ def check_parameters_counted(parameters: list[torch.nn.Parameter], device: torch
     before CUDA starts."""
     if device.type != "cpu":
         return
-    module = _torch_module()
+    module = torch_module()
     outside = [p for p in parameters if not module.cpu_owns(local(p))]
     if not outside:
         return
     size = sum(local(p).numel() * p.element_size() for p in outside)
     raise RuntimeError(
         f"stowage.fit: {len(outside)} of the model's {len(parameters)} parameters "
-        f"({stowage.format_bytes(size)}) are not in CPU mode's simulated device: the model was built (or "
+        f"({format_bytes(size)}) are not in CPU mode's simulated device: the model was built (or "
         "loaded) before stowage.enable(device='cpu', ...), so fit would plan without them. Build the model "
         "after enable(), or copy it in once enabled: for p in model.parameters(): p.data = p.data.clone()")
 
@@ -170,8 +170,8 @@ def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[s
     trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit even cut to {_describe(smallest)}, the smallest size it is recorded "
-        f"at. In use before it: {stowage.format_bytes(stowage.memory_allocated(device))} of "
-        f"{stowage.format_bytes(capacity)}; its gradients add {stowage.format_bytes(trainable)}. The model is too "
+        f"at. In use before it: {format_bytes(stowage_memory.memory_allocated(device))} of "
+        f"{format_bytes(capacity)}; its gradients add {format_bytes(trainable)}. The model is too "
         "large for this device whatever the plan: shard it over more devices (FSDP2) or train it in lower "
         f"precision.\n({failure})")
 
@@ -210,7 +210,7 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
     per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
-    room = host_room(None if host_budget is None else _bytes(host_budget, "stowage.fit: host_budget"))
+    room = host_room(None if host_budget is None else byte_count(host_budget, "stowage.fit: host_budget"))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
     return HostMemory(per_parameter, room.available_bytes, limited_by)
 
@@ -326,17 +326,17 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal
             tried: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
-             + f" (room for the step {stowage.format_bytes(max(o.activation_budget, 0))}): "
+             + f" (room for the step {format_bytes(max(o.activation_budget, 0))}): "
              f"{o.reason or 'fits here, not on every rank'}" for o in options]
     if refusal:
         lines.append(f"  (the states cannot move to host memory: {refusal})")
     if tried:
         lines.append(f"  (tried before training: {tried})")
     return torch.OutOfMemoryError(
-        f"stowage.fit: the step does not fit in {stowage.format_bytes(memory.usable)} usable "
-        f"({stowage.format_bytes(memory.in_use)} in use before it, states "
-        f"{stowage.format_bytes(memory.states)}, gradients {stowage.format_bytes(memory.gradients)}, "
-        f"the step adding {stowage.format_bytes(unplanned)} unplanned) with any share of optimizer "
+        f"stowage.fit: the step does not fit in {format_bytes(memory.usable)} usable "
+        f"({format_bytes(memory.in_use)} in use before it, states "
+        f"{format_bytes(memory.states)}, gradients {format_bytes(memory.gradients)}, "
+        f"the step adding {format_bytes(unplanned)} unplanned) with any share of optimizer "
         "states on the device:\n" + "\n".join(lines) +
         "\nTrain on a smaller batch or sequence, or on a larger device"
         + (", or give the offloaded states more host memory." if any("the host cannot" in o.reason for o in options)
@@ -364,9 +364,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     device = _device_of(parameters)
     check_allocator(device)
     check_parameters_counted(parameters, device)
-    capacity = int(_torch_module().capacity(_index(device)))
+    capacity = int(torch_module().capacity(device_index(device)))
     if budget is not None:
-        capacity = min(capacity, _bytes(budget, "stowage.fit: budget"))
+        capacity = min(capacity, byte_count(budget, "stowage.fit: budget"))
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
@@ -386,7 +386,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         with _trial(device), untouched(model, device):
             profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
-    memory = measure(ordered, stowage.memory_allocated(device), capacity, state_copies(optimizer))
+    memory = measure(ordered, stowage_memory.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
         rates = measure_rates(device, parameters[0].dtype)
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured

@@ -46,11 +46,11 @@ OUT_OF_MEMORY_OVERSHOOT = 16 << 20  # taken for a tried step that ran out of mem
 
 def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> Outcome:
     """One forward and backward of `piece` under `plan`, its added peak against the prediction."""
-    import stowage
+    from stowage import memory
 
     model.zero_grad(set_to_none=True)
-    start = stowage.memory_allocated(device)
-    stowage.reset_peak_stats(device)
+    start = memory.memory_allocated(device)
+    memory.reset_peak_stats(device)
     floor = 0
     try:
         with plan:
@@ -64,7 +64,7 @@ def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.
         return Outcome(0, block_kind(found.group(1)))
     finally:
         model.zero_grad(set_to_none=True)
-    added = stowage.max_memory_allocated(device) - start
+    added = memory.max_memory_allocated(device) - start
     return Outcome(max(added - plan.predicted_peak_bytes, floor), "")
 
 

@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from stowage.memory import _index, _torch_module, memory_allocated
+from stowage.memory import memory_allocated
+from stowage.serving import device_index, torch_module
 from stowage.offload.update_worker import cpus_near
 from stowage.plan.calibration import best_seconds
 
@@ -41,7 +42,7 @@ def _best_ms(run: Callable[[], None], synchronize: Callable[[], None]) -> float:
 def _host_ms(device: torch.device, dtype: torch.dtype) -> float:
     """The host update as the offloaded optimizer runs it for `dtype`: fp32 states for fp32
     parameters, the parameter's own precision for bf16 and fp16 ones (as torch's Adam keeps)."""
-    store = _torch_module().HostStateStore(str(device))  # pinned host memory, not the device's
+    store = torch_module().HostStateStore(str(device))  # pinned host memory, not the device's
     narrow = dtype in (torch.bfloat16, torch.float16)
     state = dtype if narrow else torch.float32
     master, grad = store.empty(HOST_PROBE_NUMEL, state), store.empty(HOST_PROBE_NUMEL, dtype)
@@ -52,7 +53,7 @@ def _host_ms(device: torch.device, dtype: torch.dtype) -> float:
     beta1, beta2 = HYPER["betas"]
     hyper = dict(lr=HYPER["lr"], beta1=beta1, beta2=beta2, eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
                  threads=threads)
-    module = _torch_module()
+    module = torch_module()
 
     def run() -> None:
         if narrow:
@@ -76,7 +77,7 @@ def _device_ms(device: torch.device, dtype: torch.dtype, numel: int) -> float:
 
 def _device_probe_numel(device: torch.device, dtype: torch.dtype) -> int:
     """The larger probe: as large as DEVICE_PROBE_NUMEL allows within a share of free memory."""
-    free = int(_torch_module().capacity(_index(device))) - int(memory_allocated(device))
+    free = int(torch_module().capacity(device_index(device))) - int(memory_allocated(device))
     per_parameter = 2 * dtype.itemsize + 2 * 4  # parameter and gradient, fp32 moments
     smallest, largest = DEVICE_PROBE_NUMEL
     return max(smallest * 4, min(largest, free // DEVICE_PROBE_SHARE // per_parameter))

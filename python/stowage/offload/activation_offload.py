@@ -32,7 +32,8 @@ from types import TracebackType
 from typing import Any, Iterable
 
 from stowage import _core, checking
-from stowage.memory import _bytes, _torch_module
+from stowage.byte_counts import byte_count
+from stowage.serving import CPU_MODE, is_cpu_allocator, torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_PREFETCH = 1 << 30
@@ -79,9 +80,9 @@ class OffloadReport:
 
 def _allocated() -> int:
     """Bytes allocated on the device offload pages from: CPU mode's, else the current GPU's."""
-    module = _torch_module()
-    if module.is_enabled():
-        return int(module.memory_stats(-1)["allocated_bytes.all.current"])
+    module = torch_module()
+    if is_cpu_allocator(module):
+        return int(module.memory_stats(CPU_MODE)["allocated_bytes.all.current"])
     import torch
 
     return int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
@@ -98,20 +99,20 @@ class activations:
 
     def __init__(self, min_bytes: int | str = DEFAULT_MIN_BYTES, prefetch: int | str = "auto",
                  max_prefetch: int | str = DEFAULT_MAX_PREFETCH, exclude: Iterable[Any] = ()) -> None:
-        self._min_bytes = _bytes(min_bytes, "min_bytes")
+        self._min_bytes = byte_count(min_bytes, "min_bytes")
         if self._min_bytes < 0:
             raise ValueError(f"min_bytes must not be negative, not {min_bytes!r}")
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
         self._prefetch_pages = None if prefetch == "auto" else int(prefetch)
-        self._max_prefetch = _bytes(max_prefetch, "max_prefetch")
+        self._max_prefetch = byte_count(max_prefetch, "max_prefetch")
         self._exclude = list(exclude)
         self.report = OffloadReport()
 
     def __enter__(self) -> OffloadReport:
         import torch
 
-        module = _torch_module()
+        module = torch_module()
         checking.apply()
         module.offload_configure(self._prefetch_pages, self._max_prefetch)
         self._pager = module.TensorPager(self._min_bytes)
@@ -144,7 +145,7 @@ class activations:
 
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
-            return _torch_module().TensorPager.keep(tensor)  # as the pager keeps one (tensor_pager.cpp)
+            return torch_module().TensorPager.keep(tensor)  # as the pager keeps one (tensor_pager.cpp)
         return self._pager.pack(tensor, self._running[-1] if self._running else "")
 
     def _module_entered(self, module: Any, args: Any) -> None:
@@ -214,15 +215,15 @@ def end_step() -> None:
     """Between steps: waits for the offload engines' copies (outside forward and backward) and
     settles the pinned host pool into one arena, so later steps pin nothing new.
     ``stowage.mark_step()`` calls it."""
-    _torch_module().offload_end_step()
+    torch_module().offload_end_step()
 
 
 def stats(device: Any = None) -> dict[str, int]:
     """The offload engine's statistics for ``device`` (as in ``stowage.memory_stats()``); empty
     before anything was offloaded there."""
-    from stowage.memory import _index
+    from stowage.serving import device_index
 
-    return dict(_torch_module().offload_stats(_index(device)))
+    return dict(torch_module().offload_stats(device_index(device)))
 
 
 def summary_lines(stats: dict[str, int]) -> list[str]:

@@ -71,7 +71,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from stowage import checking
-from stowage.memory import _bytes, _torch_module
+from stowage.byte_counts import byte_count
+from stowage.serving import torch_module
 from stowage.offload.adam_buckets import (DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, kept_on_device,
                                           update_runs)
 from stowage.offload.adam_state import (check_loadable, describe_parameter, load_offloaded_state,
@@ -123,13 +124,13 @@ class Adam(torch.optim.Optimizer):
         self.update_mode = update
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
-        self._limit = None if host_memory_limit is None else _bytes(host_memory_limit, "host_memory_limit")
+        self._limit = None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit")
         self._bucket_numel = bucket_numel
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
         offloaded, kept = self._split_by_fraction(device_fraction)
         self._device_group_sources: list[dict[str, Any]] = []
         self._device_optimizer = self._make_device_optimizer(kept)
-        self._store = _torch_module().HostStateStore(str(self._device))
+        self._store = torch_module().HostStateStore(str(self._device))
         self._buckets: list[Bucket] = []
         self._slots: dict[torch.Tensor, Slot] = {}
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
@@ -544,7 +545,7 @@ class Adam(torch.optim.Optimizer):
                      decoupled_weight_decay=bool(group.get("decoupled_weight_decay", False)),
                      maximize=bool(group["maximize"]))
         grads = bucket.grads[self._grad_buffer]
-        module = _torch_module()
+        module = torch_module()
         threads = self._worker.threads
         cpu_sqrt = self._device.type == "cpu"  # the square root torch's AdamW takes on this device
         copied, returned = bucket.copied_event, bucket.returned_event

@@ -18,12 +18,12 @@ from typing import Sequence
 
 import torch
 
-from stowage.memory import _torch_module
+from stowage.serving import torch_module
 
 
 def checksums(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """[len(tensors), 3] int64 checksums on the tensors' device, on the current stream."""
-    return _torch_module().content_checksums(list(tensors))
+    return torch_module().content_checksums(list(tensors))
 
 
 class ContentWatch:

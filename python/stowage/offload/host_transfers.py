@@ -82,9 +82,9 @@ class HostTransfers:
 
 def _copy_on_cpu(destination: torch.Tensor, source: torch.Tensor) -> None:
     """Over CPU mode's link where one side is its device's memory, else memcpy."""
-    from stowage.memory import _torch_module
+    from stowage.serving import torch_module
 
-    module = _torch_module()
+    module = torch_module()
     if module.is_enabled() and destination.is_contiguous() and source.is_contiguous() and \
             destination.dtype == source.dtype and module.copy_over_link(destination, source):
         # As copy_ would: a graph that saved the destination must see it was written.

@@ -14,7 +14,8 @@ from types import TracebackType
 from typing import Any, Mapping
 
 from stowage import _core, checking
-from stowage.memory import _bytes, _torch_module
+from stowage.byte_counts import byte_count
+from stowage.serving import torch_module
 from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
 from stowage.plan.module_frames import Frame, ModuleFrames
@@ -41,7 +42,7 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
     plan for the largest step a run takes and the plan serves the smaller ones. The cost model's
     figures default to the profile's calibration; without ``prefetch_pages`` a plan that fits
     only with fewer pages brought back ahead of use takes that depth."""
-    limit = _bytes(budget)
+    limit = byte_count(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
     if isinstance(profile, SizedProfile):
@@ -165,7 +166,7 @@ class Plan:
         self.departures.begin_step()
         try:
             self._index_decisions()
-            module = _torch_module()
+            module = torch_module()
             checking.apply()
             module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
             self._pager = module.TensorPager(0)
@@ -193,7 +194,7 @@ class Plan:
                 else:
                     module.forward = original
             if self._ceiling is not None:
-                module = _torch_module()
+                module = torch_module()
                 module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
         finally:
             self._hooks, self._frames, self._patched, self._ceiling = None, None, [], None
@@ -208,13 +209,13 @@ class Plan:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
         in allocator/caching_allocator.hpp): an allocation that would pass it first waits for the
         page-outs the simulation counted as done, where the copies run late."""
-        import stowage
-        from stowage.memory import _index
+        from stowage.memory import is_enabled
+        from stowage.serving import device_index
 
         self._ceiling: tuple[int, int | None] | None = None
-        if not stowage.is_enabled():
+        if not is_enabled():
             return
-        index = _index(None)
+        index = device_index(None)
         self._ceiling = (index, module.allocated_ceiling(index))
         in_use = int(module.memory_stats(index)["allocated_bytes.all.current"])
         module.set_allocated_ceiling(in_use + self.budget, index)
@@ -316,7 +317,7 @@ def _kept(tensor: Any) -> Any:
     the op's own node through its grad_fn, a cycle through autograd's C++ that Python's collector
     cannot see: a step that fails before its backward (out of memory mid-forward) would leave its
     whole graph allocated. Unpacking gives autograd the same storage either way."""
-    return _torch_module().TensorPager.keep(tensor)
+    return torch_module().TensorPager.keep(tensor)
 
 
 def load(path: str | Path) -> Plan:

@@ -55,9 +55,9 @@ def _measure_at(device: Any, size: int) -> dict[str, float]:
         to_host = best_seconds(lambda: pinned.copy_(on_device, non_blocking=True), sync)
         to_device = best_seconds(lambda: on_device.copy_(pinned, non_blocking=True), sync)
     else:
-        from stowage.memory import _torch_module
+        from stowage.serving import torch_module
 
-        module = _torch_module()
+        module = torch_module()
         module.offload_configure(0, size)
         tensor = torch.ones(count, dtype=torch.float32)
 

@@ -25,7 +25,7 @@ import math
 import sys
 from typing import Any
 
-from stowage.memory import _bytes
+from stowage.byte_counts import byte_count
 from stowage.plan.file_formats import MAX_TOTAL_BYTES
 from stowage.terminal import literal
 
@@ -57,7 +57,7 @@ def budget_bytes(text: str, unconstrained_peak: int) -> int:
             raise ValueError(f"the budget {text!r} must be above 0%")
         budget = int(unconstrained_peak * share)
     else:
-        budget = _bytes(int(text) if text.isdigit() else text, "--budget")
+        budget = byte_count(int(text) if text.isdigit() else text, "--budget")
     if not 0 < budget <= MAX_TOTAL_BYTES:
         raise ValueError(f"the budget {text!r} is {budget:,} bytes; it must be positive and at most "
                          f"{MAX_TOTAL_BYTES:,} (64 PiB)")

@@ -104,11 +104,11 @@ class _Cached:
 
     @staticmethod
     def of(func: Any, out: Any) -> "_Cached":
-        from stowage.memory import _torch_module
+        from stowage.serving import torch_module
 
         schema = getattr(func, "_schema", None)
         aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        keep = _torch_module().TensorPager.keep
+        keep = torch_module().TensorPager.keep
         kept: list[Any] = []
 
         def detach(x: Any) -> Any:
@@ -173,13 +173,13 @@ class ForwardMode(TorchDispatchMode):
         return out
 
     def __exit__(self, *exc: Any) -> Any:
-        from stowage.memory import _torch_module
+        from stowage.serving import torch_module
 
         record = self._record
         written = {_storage_key(t) for t, _ in record.written.values()}
         record.read = {key: (t, t._version) for key, (t, _) in record.read.items() if _storage_key(t) not in written}
         alive = [t for t in (ref() for ref in self._taken.values()) if t is not None]
-        record.taken = [_torch_module().SavedVersion(t) for t in alive]
+        record.taken = [torch_module().SavedVersion(t) for t in alive]
         self._taken = {}
         return super().__exit__(*exc)
 

@@ -42,12 +42,12 @@ class _DeviceMeter:
     def __init__(self, device: str) -> None:
         import torch
 
-        import stowage
+        from stowage import memory
 
         self._cuda = device == "cuda"
-        if stowage.is_enabled() or not self._cuda:
-            self._reset = lambda: stowage.reset_peak_stats(device)
-            self._stats = lambda: stowage.memory_stats(device)
+        if memory.is_enabled() or not self._cuda:
+            self._reset = lambda: memory.reset_peak_stats(device)
+            self._stats = lambda: memory.memory_stats(device)
         else:
             self._reset = torch.cuda.reset_peak_memory_stats
             self._stats = torch.cuda.memory_stats
@@ -207,9 +207,9 @@ class StepRecorder:
 
     # Saved tensors ------------------------------------------------------------------------
     def pack(self, tensor: Any) -> Any:
-        from stowage.memory import _torch_module
+        from stowage.serving import torch_module
 
-        keep = _torch_module().TensorPager.keep  # detached, its version checked at unpack as torch does
+        keep = torch_module().TensorPager.keep  # detached, its version checked at unpack as torch does
         key = _storage_key(tensor)
         if in_backward():
             return keep(tensor)
@@ -232,9 +232,9 @@ class StepRecorder:
         return (saved, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
-        from stowage.memory import _torch_module
+        from stowage.serving import torch_module
 
-        unpack = _torch_module().TensorPager.unpack
+        unpack = torch_module().TensorPager.unpack
         if not isinstance(packed, tuple):
             return unpack(packed)
         saved, tensor = packed
