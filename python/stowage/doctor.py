@@ -7,9 +7,9 @@ limit, ulimit -l), NUMA (hwloc: the nodes, where this process runs), and advice.
 check: the exit status is 0 whatever it finds, non-zero only when the doctor itself fails.
 ``--json`` prints the same facts and advice as one JSON object.
 
-The driver is asked through ctypes (libcuda.so.1: its entry points are ABI-stable, unlike the
-runtime's cudaDeviceProp), so torch's CUDA state is never initialised: stowage.enable() still
-works in the same process afterwards. A GPU's NUMA node is found through its PCI bus id, since
+The driver and the runtime are asked by the device layer's probes (stowage._core.cuda_driver and
+cuda_runtime: dlopen, the driver's ABI-stable entry points, no CUDA context), so torch's CUDA
+state is never initialised: stowage.enable() still works in the same process afterwards. A GPU's NUMA node is found through its PCI bus id, since
 Debian's hwloc has no CUDA plugin.
 """
 
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ctypes
 import ctypes.util
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -36,12 +34,9 @@ from rich.panel import Panel
 from rich.table import Table
 
 from stowage import _core
+from stowage.serving import is_cpu_allocator, is_cuda_allocator
 from stowage.terminal import console, literal
 
-# CUdevice_attribute values (cuda.h); fixed by the driver ABI.
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
-CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
 
 SECTIONS = ("stowage", "CUDA", "GPUs", "torch", "host memory", "NUMA", "advice")
 
@@ -60,12 +55,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
-# --- CUDA, through ctypes -------------------------------------------------------------------
-
-
-def _cuda_version(value: int) -> str:
-    """12040 -> '12.4', as CUDA encodes versions."""
-    return f"{value // 1000}.{value % 1000 // 10}"
+# --- CUDA, through the device layer's probes (allocator/device/cuda_driver_probe.hpp) ---------
 
 
 def _mapped_library(stem: str) -> str | None:
@@ -80,77 +70,10 @@ def _mapped_library(stem: str) -> str | None:
     return None
 
 
-def _driver_error(lib: ctypes.CDLL, status: int) -> str:
-    name = ctypes.c_char_p()
-    if lib.cuGetErrorName(status, ctypes.byref(name)) == 0 and name.value:
-        return name.value.decode()
-    return f"CUresult {status}"
-
-
-def _driver_gpus(lib: ctypes.CDLL, count: int) -> list[dict[str, Any]]:
-    lib.cuDeviceGetName.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
-    lib.cuDeviceGetPCIBusId.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
-    lib.cuDeviceTotalMem_v2.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
-    lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
-
-    def attribute(attr: int, device: int) -> int | None:
-        value = ctypes.c_int()
-        return value.value if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, device) == 0 else None
-
-    gpus = []
-    for index in range(count):
-        device = ctypes.c_int()
-        if lib.cuDeviceGet(ctypes.byref(device), index) != 0:
-            continue
-        name = ctypes.create_string_buffer(256)
-        bus_id = ctypes.create_string_buffer(32)
-        memory = ctypes.c_size_t()
-        major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device.value)
-        minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device.value)
-        vmm = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device.value)
-        found = lib.cuDeviceGetName(name, 256, device.value) == 0
-        has_bus_id = lib.cuDeviceGetPCIBusId(bus_id, 32, device.value) == 0
-        has_memory = lib.cuDeviceTotalMem_v2(ctypes.byref(memory), device.value) == 0
-        gpus.append({
-            "index": index,
-            "name": name.value.decode() if found else None,
-            "total_memory": memory.value if has_memory else None,
-            "pci_bus_id": bus_id.value.decode() if has_bus_id else None,
-            "compute_capability": None if major is None or minor is None else f"{major}.{minor}",
-            "virtual_memory_management": None if vmm is None else bool(vmm),
-            "source": "driver",
-        })
-    return gpus
-
-
 def cuda_driver() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The driver (libcuda.so.1) and the GPUs it reports; an "error" says why there are none."""
-    facts: dict[str, Any] = {"library": None, "version": None, "device_count": 0, "error": None}
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        facts["error"] = "no NVIDIA driver (libcuda.so.1 cannot be loaded)"
-        return facts, []
-    facts["library"] = _mapped_library("libcuda") or "libcuda.so.1"
-    try:
-        version = ctypes.c_int()
-        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
-            facts["version"] = _cuda_version(version.value)
-        status = lib.cuInit(0)
-        if status != 0:
-            facts["error"] = f"cuInit failed: {_driver_error(lib, status)}"
-            return facts, []
-        count = ctypes.c_int()
-        status = lib.cuDeviceGetCount(ctypes.byref(count))
-        if status != 0:
-            facts["error"] = f"cuDeviceGetCount failed: {_driver_error(lib, status)}"
-            return facts, []
-        gpus = _driver_gpus(lib, count.value)
-    except AttributeError as error:  # a driver too old to have an entry point
-        facts["error"] = f"the driver lacks {error}"
-        return facts, []
-    facts["device_count"] = len(gpus)
-    return facts, gpus
+    facts, gpus = _core.cuda_driver()
+    return dict(facts), [dict(gpu) for gpu in gpus]
 
 
 def nvidia_smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
@@ -197,33 +120,7 @@ def _runtime_candidates() -> list[str]:
 
 def cuda_runtime() -> dict[str, Any]:
     """The CUDA runtime (libcudart): its version and the devices it sees, or why none."""
-    facts: dict[str, Any] = {"library": None, "version": None, "device_count": None, "error": None}
-    lib = None
-    for candidate in _runtime_candidates():
-        try:
-            lib = ctypes.CDLL(candidate)
-        except OSError:
-            continue
-        facts["library"] = candidate
-        break
-    if lib is None:
-        facts["error"] = "no CUDA runtime (libcudart.so cannot be loaded)"
-        return facts
-    try:
-        lib.cudaGetErrorName.restype = ctypes.c_char_p
-        version = ctypes.c_int()
-        if lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
-            facts["version"] = _cuda_version(version.value)
-        count = ctypes.c_int()
-        status = lib.cudaGetDeviceCount(ctypes.byref(count))
-        if status == 0:
-            facts["device_count"] = count.value
-        else:
-            name = lib.cudaGetErrorName(status)
-            facts["error"] = name.decode() if name else f"cudaError {status}"
-    except AttributeError as error:
-        facts["error"] = f"the runtime lacks {error}"
-    return facts
+    return dict(_core.cuda_runtime(_runtime_candidates()))
 
 
 # --- torch and stowage ----------------------------------------------------------------------
@@ -269,8 +166,8 @@ def _stowage_torch(torch_version: str) -> dict[str, Any]:
                  matches_torch=_torch.built_for_torch == torch_version,
                  cuda_allocator_built=bool(_torch.has_cuda), cuda_torch_versions=versions)
     if facts["matches_torch"]:  # a module built for another torch is not to be called into
-        facts["cuda_allocator_enabled"] = bool(_torch.cuda_enabled())
-        facts["cpu_allocator_enabled"] = bool(_torch.is_enabled())
+        facts["cuda_allocator_enabled"] = is_cuda_allocator(_torch)
+        facts["cpu_allocator_enabled"] = is_cpu_allocator(_torch)
     return facts
 
 
@@ -278,21 +175,9 @@ def _stowage_torch(torch_version: str) -> dict[str, Any]:
 
 
 def host_memory() -> dict[str, Any]:
-    """Physical memory and the locked-memory limit (bytes; None: unlimited)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    page = os.sysconf("SC_PAGE_SIZE")
-    available = page * os.sysconf("SC_AVPHYS_PAGES")  # free pages; MemAvailable counts caches too
-    try:
-        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
-        available = int(found.group(1)) << 10 if found else available
-    except OSError:
-        pass
-    return {
-        "total": page * os.sysconf("SC_PHYS_PAGES"),
-        "available": available,
-        "memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
-        "memlock_hard": None if hard == resource.RLIM_INFINITY else hard,
-    }
+    """Physical and available memory, the cgroup's room and the locked-memory limit (bytes;
+    None: unknown, or unlimited for the limits): the probe the offloaded optimizer sizes by."""
+    return dict(_core.host_memory())
 
 
 _BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -549,7 +434,8 @@ def _torch_rows(torch: dict[str, Any]) -> list[tuple[str, str]]:
 def _memory_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("physical", _bytes(memory["total"])),
-        ("available", _bytes(memory["available"])),
+        ("available", "unknown" if memory["available"] is None else _bytes(memory["available"])),
+        ("cgroup's room", "no limit" if memory["cgroup_room"] is None else _bytes(memory["cgroup_room"])),
         ("locked-memory limit (ulimit -l)",
          f"{_bytes(memory['memlock_soft'])} (hard: {_bytes(memory['memlock_hard'])})"),
     ]

@@ -84,6 +84,18 @@ def test_memlock_limit_is_getrlimit(report: dict[str, Any]) -> None:
     assert memory["total"] >= memory["available"] > 0
 
 
+def test_doctor_reports_the_room_the_optimizer_is_held_to(report: dict[str, Any]) -> None:
+    # One probe: the room the offloaded optimizer checks is the smallest of what doctor reports.
+    memory = report["host_memory"]
+    limits = [v for v in (memory["available"], memory["cgroup_room"]) if v is not None]
+    room = stowage.offload.host_room()
+    slack = 64 << 20  # MemAvailable moves between the two reads
+    assert abs(room.available_bytes - min(limits)) <= slack
+    assert room.lockable_bytes == memory["memlock_soft"]
+    held = stowage.offload.host_room(4096)
+    assert (held.available_bytes, held.limited_by) == (4096, "host_memory_limit")
+
+
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 def test_without_gpu(report: dict[str, Any]) -> None:
     assert report["gpus"] == []

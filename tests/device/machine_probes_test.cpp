@@ -1,0 +1,137 @@
+// The machine probes `stowage doctor` and the offloaded optimizer share: host memory (cgroup
+// limits read from a directory laid out as the kernel's) and the CUDA driver and runtime
+// (dlopen, so they answer on machines without either).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "allocator/device/cuda_driver_probe.hpp"
+#include "allocator/device/host_memory_probe.hpp"
+
+namespace stowage {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fake cgroup mount: the v2 files of this process's own cgroup, and the v1 memory controller.
+class FakeCgroups : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("stowage-cgroups-" + std::to_string(getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "memory");
+    std::ifstream groups("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(groups, line)) {
+      if (line.rfind("0::", 0) == 0) {
+        own_ = root_ / fs::path(line.substr(3)).relative_path();
+      }
+    }
+    if (own_.empty()) {
+      GTEST_SKIP() << "this process has no v2 cgroup line in /proc/self/cgroup";
+    }
+    fs::create_directories(own_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  static void write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+  fs::path root_;
+  fs::path own_;
+};
+
+TEST_F(FakeCgroups, V2RoomIsTheLimitLessTheUsage) {
+  write(own_ / "memory.max", "1073741824\n");
+  write(own_ / "memory.current", "268435456\n");
+  EXPECT_EQ(read_host_memory(root_).cgroup_room_bytes, std::optional<std::uint64_t>(805306368));
+}
+
+TEST_F(FakeCgroups, V2MaxMeansNoLimitAndFallsToV1) {
+  write(own_ / "memory.max", "max\n");
+  write(own_ / "memory.current", "5\n");
+  EXPECT_EQ(read_host_memory(root_).cgroup_room_bytes, std::nullopt);
+  write(root_ / "memory" / "memory.limit_in_bytes", "1000\n");
+  write(root_ / "memory" / "memory.usage_in_bytes", "1200\n");
+  EXPECT_EQ(read_host_memory(root_).cgroup_room_bytes, std::optional<std::uint64_t>(0));  // over: no room
+}
+
+TEST_F(FakeCgroups, V1HugeLimitMeansNoLimit) {
+  write(root_ / "memory" / "memory.limit_in_bytes", "9223372036854771712\n");
+  write(root_ / "memory" / "memory.usage_in_bytes", "1\n");
+  EXPECT_EQ(read_host_memory(root_).cgroup_room_bytes, std::nullopt);
+}
+
+TEST_F(FakeCgroups, MalformedFilesAreUnknownNotAnError) {
+  write(own_ / "memory.max", "12abc\n");
+  write(own_ / "memory.current", "\n");
+  EXPECT_EQ(read_host_memory(root_).cgroup_room_bytes, std::nullopt);
+}
+
+TEST(HostMemoryProbe, ReadsThisMachine) {
+  const HostMemoryFacts facts = read_host_memory();
+  EXPECT_GT(facts.physical_bytes, 0U);
+  ASSERT_TRUE(facts.available_bytes.has_value());  // Linux has had MemAvailable since 3.14
+  EXPECT_LE(*facts.available_bytes, facts.physical_bytes);
+}
+
+TEST(HostRoom, TheSmallestLimitWinsAndIsNamed) {
+  HostMemoryFacts facts;
+  facts.available_bytes = 100;
+  facts.cgroup_room_bytes = 60;
+  facts.memlock_soft = 7;
+  HostRoom room = host_room(facts, std::nullopt);
+  EXPECT_EQ(room.available_bytes, 60U);
+  EXPECT_EQ(room.limited_by, "the cgroup's memory limit");
+  EXPECT_EQ(room.lockable_bytes, std::optional<std::uint64_t>(7));
+  room = host_room(facts, 10);
+  EXPECT_EQ(room.available_bytes, 10U);
+  EXPECT_EQ(room.limited_by, "host_memory_limit");
+  facts.cgroup_room_bytes.reset();
+  EXPECT_EQ(host_room(facts, std::nullopt).limited_by, "available host memory (MemAvailable)");
+}
+
+TEST(HostRoom, NoLimitKnownIsSaid) {
+  const HostRoom room = host_room(HostMemoryFacts{}, std::nullopt);
+  EXPECT_EQ(room.available_bytes, std::uint64_t{1} << 62);
+  EXPECT_EQ(room.limited_by, "nothing (no limit could be read)");
+}
+
+TEST(CudaProbes, VersionsReadAsCudaWritesThem) {
+  EXPECT_EQ(cuda_version_text(12040), "12.4");
+  EXPECT_EQ(cuda_version_text(13000), "13.0");
+}
+
+TEST(CudaProbes, ARuntimeThatDoesNotLoadIsSaid) {
+  const CudaRuntimeFacts facts = probe_cuda_runtime({"/nonexistent/libcudart.so.99"});
+  EXPECT_EQ(facts.library, std::nullopt);
+  EXPECT_EQ(facts.error, std::optional<std::string>("no CUDA runtime (libcudart.so cannot be loaded)"));
+}
+
+TEST(CudaProbes, ALibraryWithoutTheEntryPointsIsSaid) {
+  // libm loads everywhere and has none of the runtime's entry points.
+  const CudaRuntimeFacts facts = probe_cuda_runtime({"/nonexistent.so", "libm.so.6"});
+  EXPECT_EQ(facts.library, std::optional<std::string>("libm.so.6"));
+  ASSERT_TRUE(facts.error.has_value());
+  EXPECT_NE(facts.error->find("lacks"), std::string::npos);
+}
+
+TEST(CudaProbes, TheDriverAnswersOrSaysWhyNot) {
+  const CudaDriverFacts facts = probe_cuda_driver();
+  if (facts.error.has_value()) {
+    EXPECT_EQ(facts.device_count, 0);
+    EXPECT_TRUE(facts.gpus.empty());
+  } else {
+    ASSERT_TRUE(facts.library.has_value());
+    EXPECT_EQ(facts.device_count, static_cast<int>(facts.gpus.size()));
+    for (const GpuFacts& gpu : facts.gpus) {
+      EXPECT_TRUE(gpu.name.has_value());
+      EXPECT_TRUE(gpu.total_memory.has_value());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stowage
