@@ -5,14 +5,20 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdint>
+#include <map>
+#include <tuple>
 #include <string>
+#include <vector>
 
 #include "allocator/base/bounded_wait.hpp"
 #include "allocator/base/build_info.hpp"
 #include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
 #include "allocator/config.hpp"
+#include "allocator/memory_summary.hpp"
 #include "python/bindings/bindings.hpp"
+#include "snapshot/tag_resolution.hpp"
 
 namespace py = pybind11;
 
@@ -35,6 +41,33 @@ PYBIND11_MODULE(_core, module) {
   module.def("parse_byte_size", &stowage::parse_byte_size, py::arg("text"),
              "'4GiB', '512 MiB', '1.5GB' or a plain number -> bytes.");
   module.def("format_bytes", &stowage::format_bytes, py::arg("bytes"), "bytes -> '1.50 GiB'.");
+  module.def("memory_summary", &stowage::memory_summary, py::arg("stats"), py::arg("title"),
+             py::arg("abbreviated"), py::arg("extra_lines"),
+             "memory_stats()'s dict as torch.cuda.memory_summary()'s table, titled, with extra_lines "
+             "boxed below; raises LogicError naming a missing key.");
+  py::class_<stowage::ResolvedTags>(module, "ResolvedTags",
+                                    "The allocations something is known about (indices), their categories "
+                                    "(-1: none) and module path ids (0: none).")
+      .def_readonly("allocation", &stowage::ResolvedTags::allocation)
+      .def_readonly("category", &stowage::ResolvedTags::category)
+      .def_readonly("module", &stowage::ResolvedTags::module);
+  module.def(
+      "resolve_tags",
+      [](const std::vector<std::int64_t>& positions, const std::vector<std::uint64_t>& addresses,
+         const std::vector<std::tuple<std::int64_t, std::uint64_t, std::int64_t, std::int64_t>>& notes,
+         const std::vector<stowage::ModuleSpan>& spans, std::int64_t num_categories) {
+        std::vector<stowage::TagNote> rows;
+        rows.reserve(notes.size());
+        for (const auto& [position, address, category, owner] : notes) {
+          rows.push_back({position, address, category, owner});
+        }
+        py::gil_scoped_release unlocked;
+        return stowage::resolve_tags(positions, addresses, rows, spans, num_categories);
+      },
+      py::arg("positions"), py::arg("addresses"), py::arg("notes"), py::arg("spans"), py::arg("num_categories"),
+      "stowage's notes (position, address, category, owner or -1) and module spans (begin, end or -1, "
+      "path, parent or -1) resolved to the allocation events at `positions` / `addresses` "
+      "(snapshot/tag_resolution.hpp).");
   stowage::python::bind_planner(module);
   stowage::python::bind_replay(module);
   stowage::python::bind_snapshot(module);

@@ -37,9 +37,8 @@ import threading
 import warnings
 from typing import Any
 
-import numpy as np
+from stowage import _core
 
-_NONE = (1 << 62) - 1  # "no owning module" in a note's uint64 row (-1 masked)
 CATEGORY_ORDER = ("parameters", "optimizer states", "gradients", "inputs", "activations")
 TAGS_KEY = "stowage_tags"
 
@@ -246,26 +245,15 @@ class Tagger:
     # --- the snapshot's stowage_tags ---
 
     def tags(self, trace: list[dict[str, Any]], recorded: int) -> dict[str, Any]:
-        """The stowage_tags of a device trace whose last event was the (recorded - 1)-th."""
+        """The stowage_tags of a device trace whose last event was the (recorded - 1)-th
+        (the notes resolved to its events by snapshot/tag_resolution.hpp)."""
         base = recorded - len(trace)
-        allocs = np.array([i for i, event in enumerate(trace) if event.get("action") == "alloc"], dtype=np.int64)
-        addresses = np.array([int(trace[i]["addr"]) for i in allocs.tolist()], dtype=np.uint64)
-        category = np.full(len(allocs), len(CATEGORY_ORDER), dtype=np.int64)
-        notes = found = at = None
-        if self.notes and len(allocs):
-            notes = np.array([(p, a, c, o & _NONE) for p, a, c, o in self.notes], dtype=np.uint64)
-            at = _latest_before(addresses, allocs + base, notes[:, 1], notes[:, 0].astype(np.int64))
-            found = at >= 0
-            np.minimum.at(category, at[found], notes[found, 2].astype(np.int64))
-        module = _innermost(self.spans, allocs + base)
-        if self.notes and len(allocs):
-            owned = found & (notes[:, 3].astype(np.int64) != _NONE)
-            module[at[owned]] = notes[owned, 3].astype(np.int64)  # a parameter's, gradient's, state's module
-        tagged = (category < len(CATEGORY_ORDER)) | (module > 0)
+        allocs = [i for i, event in enumerate(trace) if event.get("action") == "alloc"]
+        resolved = _core.resolve_tags([i + base for i in allocs], [int(trace[i]["addr"]) for i in allocs],
+                                      self.notes, self.spans, len(CATEGORY_ORDER))
         return {"format": 1, "categories": list(CATEGORY_ORDER), "modules": list(self.paths),
-                "events": allocs[tagged].tolist(),
-                "category": np.where(category < len(CATEGORY_ORDER), category, -1)[tagged].tolist(),
-                "module": module[tagged].tolist()}
+                "events": [allocs[a] for a in resolved.allocation], "category": list(resolved.category),
+                "module": list(resolved.module)}
 
 
 def _tensors(args: Any) -> list[Any]:
@@ -280,37 +268,6 @@ def _tensors(args: Any) -> list[Any]:
         elif isinstance(value, dict):
             out.extend(v for v in value.values() if isinstance(v, torch.Tensor))
     return out
-
-
-def _latest_before(addresses: np.ndarray, positions: np.ndarray, note_addresses: np.ndarray,
-                   note_positions: np.ndarray) -> np.ndarray:
-    """For each note, the index (into the allocations) of the latest allocation at its address
-    recorded before its position; -1 where none is."""
-    _, rank = np.unique(np.concatenate([addresses, note_addresses]), return_inverse=True)
-    span = int(max(positions.max(initial=0), note_positions.max(initial=0))) + 2
-    keys = rank[:len(addresses)].astype(np.int64) * span + positions + 1
-    order = np.argsort(keys, kind="stable")
-    wanted = rank[len(addresses):].astype(np.int64) * span + np.maximum(note_positions, 0) + 1
-    at = np.searchsorted(keys[order], wanted, side="left") - 1
-    hit = at >= 0
-    hit[hit] = keys[order][at[hit]] // span == wanted[hit] // span
-    return np.where(hit, order[np.maximum(at, 0)], -1)
-
-
-def _innermost(spans: list[list[int]], positions: np.ndarray) -> np.ndarray:
-    """The path id of the innermost module span open at each position (0: none)."""
-    if not spans or not len(positions):
-        return np.zeros(len(positions), dtype=np.int64)
-    table = np.array(spans, dtype=np.int64)
-    begin, end, path, parent = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
-    end = np.where(end < 0, np.iinfo(np.int64).max, end)
-    span = np.searchsorted(begin, positions, side="right") - 1  # spans begin in order
-    for _ in range(64):  # up the parents while the span ended before the position
-        closed = (span >= 0) & (end[np.maximum(span, 0)] <= positions)
-        if not closed.any():
-            break
-        span[closed] = parent[span[closed]]
-    return np.where(span >= 0, path[np.maximum(span, 0)], 0)
 
 
 _active: Tagger | None = None
