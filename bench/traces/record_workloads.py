@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from stowage.recorder import record, save_snapshot
+from stowage.profiler_trace import record, save_snapshot
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,112 +1,11 @@
-"""Recording the memory trace of a PyTorch workload on the CPU.
+"""Deprecated name of stowage.profiler_trace (a CPU workload's memory trace from torch.profiler),
+kept for one release."""
 
-``record(step, steps)`` runs ``step`` under torch.profiler with memory profiling on, collects
-every allocation and free of the CPU allocator (address, size, time), puts them in order, and
-returns a snapshot-format dict whose ``device_traces[0]`` holds ``alloc``, ``free_requested``
-and ``free_completed`` events, as torch.cuda.memory._snapshot() would for a GPU, and after each
-step the mark that stowage.mark_step() writes (a "snapshot" event whose user_metadata is
-"stowage.mark_step"), so replays know where steps end. No segments are listed: the CPU
-allocator has none. The profiler reports allocations as a tree of events;
-events with equal timestamps are put in the one order consistent with the running total of
-allocated bytes that the profiler records beside each event.
+import warnings
 
-torch is imported only when recording.
-"""
+from stowage.profiler_trace import MARK_STEP, record, save_snapshot
 
-from __future__ import annotations
+warnings.warn("stowage.recorder is now stowage.profiler_trace; the old name goes in the next release",
+              DeprecationWarning, stacklevel=2)
 
-import gzip
-import pickle
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-
-MARK_STEP = "stowage.mark_step"  # the profiler range that ends a step, and the mark's metadata
-
-
-def _profiled_events(profiler: Any) -> tuple[list[tuple[int, int, int, int]], list[int]]:
-    """(time_ns, address, signed size, total after) of every CPU allocation event, in order, and
-    the times the steps ended."""
-    from torch._C._profiler import _EventType
-
-    raw: list[tuple[int, int, int, int]] = []
-    marks: list[int] = []
-    stack = list(profiler.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            fields = node.extra_fields
-            if str(fields.device) == "cpu" and fields.alloc_size != 0:
-                raw.append((node.start_time_ns, fields.ptr, fields.alloc_size, fields.total_allocated))
-        elif node.name == MARK_STEP:
-            marks.append(node.start_time_ns)
-        stack.extend(node.children)
-    return _in_order(raw), sorted(marks)
-
-
-def _in_order(raw: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
-    """The allocation events by time, ties broken by the running total of allocated bytes."""
-    raw.sort(key=lambda event: event[0])
-    # Within one timestamp, chain events by the running total: each event's total minus its
-    # size is the total after the event before it.
-    ordered: list[tuple[int, int, int, int]] = []
-    running = raw[0][3] - raw[0][2] if raw else 0
-    i = 0
-    while i < len(raw):
-        j = i
-        while j < len(raw) and raw[j][0] == raw[i][0]:
-            j += 1
-        group = raw[i:j]
-        while group:
-            pick = next((k for k, e in enumerate(group) if e[3] - e[2] == running), 0)
-            event = group.pop(pick)
-            ordered.append(event)
-            running = event[3]
-        i = j
-    return ordered
-
-
-def record(step: Callable[[int], None], steps: int) -> dict[str, Any]:
-    """Runs step(0), ..., step(steps - 1) under the profiler; returns the snapshot dict."""
-    from torch.autograd.profiler import record_function
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        for index in range(steps):
-            step(index)
-            with record_function(MARK_STEP):
-                pass
-    events, marks = _profiled_events(profiler)
-    trace: list[dict[str, Any]] = []
-    next_mark = 0
-    for time_ns, address, size, _ in events:
-        while next_mark < len(marks) and marks[next_mark] <= time_ns:
-            trace.append(_mark(marks[next_mark]))
-            next_mark += 1
-        entry = {"addr": address, "size": abs(size), "stream": 0, "time_us": time_ns // 1000}
-        if size > 0:
-            trace.append({"action": "alloc", **entry})
-        else:
-            trace.append({"action": "free_requested", **entry})
-            trace.append({"action": "free_completed", **entry})
-    trace.extend(_mark(time_ns) for time_ns in marks[next_mark:])
-    return {
-        "segments": [],
-        "device_traces": [trace],
-        "allocator_settings": {"recorded_by": "stowage.recorder (torch.profiler, CPU)"},
-    }
-
-
-def _mark(time_ns: int) -> dict[str, Any]:
-    return {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": time_ns // 1000,
-            "user_metadata": MARK_STEP}
-
-
-def save_snapshot(snapshot: dict[str, Any], path: str | Path) -> None:
-    """Writes a snapshot as pickle protocol 4 (what memory_viz reads), gzipped for .gz names."""
-    path = Path(path)
-    data = pickle.dumps(snapshot, protocol=4)
-    if path.suffix == ".gz":
-        data = gzip.compress(data, mtime=0)
-    path.write_bytes(data)
+__all__ = ["MARK_STEP", "record", "save_snapshot"]

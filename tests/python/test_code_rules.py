@@ -38,6 +38,12 @@ BREACHES = [
      "host device includes allocator/device/cuda/cuda_backend.hpp of cuda device"),
     ("allocator/base/CMakeLists.txt", "target_link_libraries(stowage_base PUBLIC stowage_device)",
      "stowage_base (base) links stowage_device (device)"),
+    # A link the target's sources have no use for: allowed by the layers, still a false declaration.
+    ("python/libtorch/CMakeLists.txt", "target_link_libraries(stowage_torch PRIVATE stowage_allocator)",
+     "stowage_torch (libtorch) links allocator but includes nothing of it"),
+    # An include of a layer the target does not link, though the layers allow it.
+    ("python/bindings/module.cpp", '#include "offload/pager.hpp"',
+     "_core (core bindings) includes offload but does not link it"),
 ]
 
 
@@ -51,6 +57,22 @@ def test_a_dependency_against_the_layers_is_named(tmp_path: Path, relative: str,
     assert result.returncode == 1
     assert f"{relative}:" in result.stdout
     assert said in result.stdout
+
+
+def test_a_python_import_circle_is_named_even_through_a_function(tmp_path: Path) -> None:
+    root = copy_layers(tmp_path)
+    package = root / "python" / "stowage"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("from stowage import _core\n\ndef f():\n    from stowage.high import g\n")
+    (package / "high.py").write_text("from stowage.low import f\n")
+    (package / "apart.py").write_text("import stowage.low\n")
+    result = run(LAYERING, root)
+    assert result.returncode == 1
+    assert "import circle: stowage.high -> stowage.low -> stowage.high (2 modules" in result.stdout
+    assert "apart" not in result.stdout  # importing into a circle is not being in it
+    (package / "low.py").write_text("from stowage import _core\n")
+    assert run(LAYERING, root).returncode == 0  # _core is the compiled module, not the package
 
 
 def test_the_tree_keeps_the_size_rules() -> None:
