@@ -187,7 +187,7 @@ Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounde
     if (block == nullptr) return nullptr;
     return claim_locked(block, bytes, rounded, oversize, /*fresh=*/false, context);
   }
-  // Note [Learned placement]: the plan's address for this request, when a plan is in force.
+  // Note [Learned placement]: the layout's address for this request, when a layout is in force.
   const bool learning =
       placement_ != nullptr && request.size_class == SizeClass::kLarge && !capturing;
   bool commit_when_served = false;
@@ -218,7 +218,7 @@ Block* CachingAllocator::miss_locked(const GrowRequest& request, bool oversize, 
   if (block == nullptr && spare_whole_segments_) block = find_cached_locked(shared_, request, oversize);
   if (request.capturing) return block;  // no waiting, nothing given back
   if (block == nullptr && placement_ != nullptr && placement_->has_arena()) {
-    // The plan's arena holds free memory the dynamic path cannot reach: give the plan up rather
+    // The layout's arena holds free memory the dynamic path cannot reach: give the layout up rather
     // than fail.
     placement_->give_up();
     commit_when_served = false;
@@ -344,7 +344,7 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
 // --- releasing memory ---
 
 bool CachingAllocator::release_cached_locked() {
-  // The plan's arena goes back like any cache; learning starts again.
+  // The layout's arena goes back like any cache; learning starts again.
   if (placement_ != nullptr) placement_->drop();
   const bool released = private_pools_.release_unused(/*all=*/false);
   return source_.release_cached() || released;

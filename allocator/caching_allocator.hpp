@@ -18,10 +18,10 @@
 // [Splitting]).
 //
 // Note [Miss path]
-// A request of the large class first asks the learned plan for its planned block, when a plan
-// is in force; then the shared pool's cache is searched. When no cached block fits, malloc
+// A request of the large class first asks the learned layout for its block, when a layout is
+// in force; then the shared pool's cache is searched. When no cached block fits, malloc
 // tries, in order: the memory source's grow(); on the segment path, a wholly free segment it
-// spared (Note [Splitting]); the plan's arena, given up (its free memory joins the shared pool)
+// spared (Note [Splitting]); the layout's arena, given up (its free memory joins the shared pool)
 // rather than fail; after waiting for pending frees, the cache again and, once unheld private
 // pools have returned their free segments, the source's grow_again() (the segment source first
 // returns wholly free segments, the paged source moves pages); private pools that lend their
@@ -232,8 +232,8 @@ class CachingAllocator final : private BlockCache::Listener {
 
   Block* try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                            std::uint64_t context);
-  // Note [Miss path] for the shared pool, after the plan and the cache; `fresh` is set when the
-  // block was just formed by the memory source, `commit_when_served` cleared when the plan was
+  // Note [Miss path] for the shared pool, after the layout and the cache; `fresh` is set when the
+  // block was just formed by the memory source, `commit_when_served` cleared when the layout was
   // given up.
   Block* miss_locked(const GrowRequest& request, bool oversize, bool& fresh,
                      bool& commit_when_served);

@@ -43,11 +43,11 @@
 //                         learned_placement.hpp). "learned" watches for the training step to
 //                         repeat (stowage.mark_step() marks it; without marks the repetition is
 //                         found in the allocation sequence), then places each allocation of the
-//                         step at an address planned from the recorded lifetimes, in an arena of
+//                         step at an address laid out from the recorded lifetimes, in an arena of
 //                         its own, and falls back to the dynamic path the moment the sequence
-//                         departs from the plan. Default: dynamic, because on the recorded traces
+//                         departs from the layout. Default: dynamic, because on the recorded traces
 //                         learned placement reserves the same as the dynamic path (a step must
-//                         repeat before a plan exists, so the peak is mostly set before) while
+//                         repeat before a layout exists, so the peak is mostly set before) while
 //                         replays run slower (bench/results/2026-11-22-cpu-learned-placement.md).
 //                         Needs virtual memory (virtual_memory:off with placement:learned is
 //                         refused).

@@ -19,8 +19,8 @@ LearnedPlacement::LearnedPlacement(BlockCache& cache, PagedSource& paged, Pool& 
 void LearnedPlacement::mark_step() {
   if (learner_.mark_step()) {
     dissolve();
-  } else if (std::optional<StepLearner::Plan> plan = learner_.take_plan()) {
-    taken_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
+  } else if (std::optional<StepLearner::Layout> layout = learner_.take_layout()) {
+    taken_layout_ = {layout->arena_bytes, layout->peak_live_bytes};
   }
 }
 
@@ -28,11 +28,11 @@ LearnedPlacement::Status LearnedPlacement::status() const {
   Status status;
   status.enabled = true;
   status.phase = learner_.phase();
-  status.plans_made = learner_.plans_made();
+  status.layouts_made = learner_.layouts_made();
   status.departures = learner_.departures();
   status.arena_bytes = arena_segment_ != nullptr ? arena_segment_->size : 0;
-  status.plan_live_bytes = arena_segment_ != nullptr ? taken_plan_.live_bytes : 0;
-  status.planned_allocations = planned_allocations_;
+  status.layout_live_bytes = arena_segment_ != nullptr ? taken_layout_.live_bytes : 0;
+  status.placed_allocations = placed_allocations_;
   return status;
 }
 
@@ -47,9 +47,9 @@ void LearnedPlacement::learn(const Block& block, std::size_t rounded, Stream str
       record != StepLearner::kNoRecord) {
     records_[&block] = record;
   }
-  if (std::optional<StepLearner::Plan> plan = learner_.take_plan()) {
-    // The arena opens where the plan's step starts (place).
-    taken_plan_ = {plan->arena_bytes, plan->peak_live_bytes};
+  if (std::optional<StepLearner::Layout> layout = learner_.take_layout()) {
+    // The arena opens where the layout's step starts (place).
+    taken_layout_ = {layout->arena_bytes, layout->peak_live_bytes};
   }
 }
 
@@ -61,7 +61,7 @@ void LearnedPlacement::note_free(const Block& block) {
 }
 
 void LearnedPlacement::commit_served() {
-  if (learner_.phase() == StepLearner::Phase::kPlaced) learner_.commit_planned();
+  if (learner_.phase() == StepLearner::Phase::kPlaced) learner_.commit_entry();
 }
 
 void LearnedPlacement::give_up() {
@@ -85,9 +85,9 @@ Block* LearnedPlacement::place(std::size_t rounded, Stream stream, std::uint64_t
                                bool& commit_when_served) {
   commit_when_served = false;
   if (learner_.phase() != StepLearner::Phase::kPlaced || stream != stream_) return nullptr;
-  const StepLearner::PlannedAllocation* next = learner_.peek_planned(rounded);
+  const StepLearner::LayoutEntry* next = learner_.peek_entry(rounded);
   if (next == nullptr) {
-    dissolve();  // a request the plan did not foresee
+    dissolve();  // a request the layout did not foresee
     return nullptr;
   }
   // The step starts here: the arena opens with the fewest bytes live.
@@ -96,14 +96,14 @@ Block* LearnedPlacement::place(std::size_t rounded, Stream stream, std::uint64_t
     return nullptr;
   }
   if (next->offset == StepLearner::kDynamic) {
-    commit_when_served = true;  // served by the dynamic path; the plan moves on if it is
+    commit_when_served = true;  // served by the dynamic path; the layout moves on if it is
     return nullptr;
   }
   const std::size_t page = paged_.memory().page();
   const std::uintptr_t target = arena_segment_->base + next->offset;
   const std::uintptr_t end = target + rounded;
   FreeBlockIndex& index = arena_.cached(SizeClass::kLarge);  // the arena's one index
-  // The planned range must be free: every block over it (mapped or a hole) is.
+  // The laid-out range must be free: every block over it (mapped or a hole) is.
   Block* first = index.at_or_before(target);
   if (first == nullptr || first->address + first->size <= target) return depart();
   for (const Block* block = first; block != nullptr && block->address < end; block = block->next) {
@@ -118,11 +118,11 @@ Block* LearnedPlacement::place(std::size_t rounded, Stream stream, std::uint64_t
   Block* block = index.at_or_before(target);
   STOWAGE_INTERNAL_ASSERT(block != nullptr && block->mapped && block->state == BlockState::kFree &&
                               block->address + block->size >= end,
-                          "the planned range at ", target, " is not one free mapped block");
+                          "the laid-out range at ", target, " is not one free mapped block");
   block = cut(block, target, rounded);
   if (block == nullptr) return depart();
-  learner_.commit_planned();
-  ++planned_allocations_;
+  learner_.commit_entry();
+  ++placed_allocations_;
   return block;
 }
 
@@ -150,20 +150,20 @@ Block* LearnedPlacement::cut(Block* block, std::uintptr_t target, std::size_t ro
 
 bool LearnedPlacement::open_arena(Stream stream, std::uint64_t context) {
   PagedMemory& memory = paged_.memory();
-  const std::size_t size = round_up(std::max<std::size_t>(taken_plan_.arena_bytes, 1),
+  const std::size_t size = round_up(std::max<std::size_t>(taken_layout_.arena_bytes, 1),
                                     memory.page());
   Block* hole = nullptr;
   try {
     hole = memory.reserve(arena_, SizeClass::kLarge, stream, size, context);
   } catch (const std::exception& error) {
-    log_warning(detail::concat("no memory to record a placement plan (", error.what(),
+    log_warning(detail::concat("no memory to record a step layout (", error.what(),
                                "); allocations stay dynamic"));
     return false;
   }
   if (hole == nullptr) return false;  // the device refused the address space (logged)
   arena_segment_ = hole->segment;
   // The arena's pages are better new than stitched from the shared pool, whose free pages are
-  // mostly shared with live blocks: give back every whole free page now (once per plan), then
+  // mostly shared with live blocks: give back every whole free page now (once per layout), then
   // map the whole arena, before the next step's requests compete for the budget.
   paged_.release_cached();
   if (!map_range(arena_segment_->base, arena_segment_->base + size, context)) {
@@ -254,7 +254,7 @@ void LearnedPlacement::check_invariants() const {
   STOWAGE_INTERNAL_ASSERT(arena_.segments == (arena_segment_ != nullptr ? 1U : 0U),
                           "the arena's pool owns ", arena_.segments, " segments");
   STOWAGE_INTERNAL_ASSERT(arena_segment_ == nullptr || arena_segment_->pool == &arena_,
-                          "the plan's arena is not in the arena's pool");
+                          "the layout's arena is not in the arena's pool");
 }
 
 }  // namespace stowage

@@ -1,24 +1,24 @@
-// LearnedPlacement: planned addresses for a repeating training step, consulted before the
+// LearnedPlacement: learned addresses for a repeating training step, consulted before the
 // allocator's dynamic path (placement:learned, paged path only).
 //
 // Note [Learned placement]
 // Training repeats the same allocations every step. A StepLearner (step_learner.hpp) watches the
-// large class's requests on one stream until a step has repeated (stowage.mark_step() marks
-// steps; without marks the repetition is found in the sequence), and plans an address for every
-// allocation of the step that lives less than a step, by packing their recorded lifetimes
-// (placement_plan.hpp). The plan's step starts at the mark, or (found without marks) after the
-// point with the fewest bytes live, where a step boundary lies; requests before it stay dynamic.
-// There the plan gets an arena: an address reservation of its own, a pool whose free blocks are
-// kept apart from the shared pool, in one index by address. The shared pool gives its whole
-// free pages back and the arena is mapped whole (new pages within the budget, else stitched, as
-// on a miss), so nothing is mapped twice over and no page moves afterwards. From then on the
-// k-th request of the step is cut out of the arena at its planned offset. Requests the plan
-// leaves dynamic (long-lived ones) take the dynamic path. The moment a request differs from the
-// plan (another size, a step marked early) or its planned range is not free (a free came later
-// than recorded, a record_stream still pending), the plan is dropped: the arena's free blocks
-// join the shared pool, its live blocks stay where they are, and learning starts again.
-// empty_cache drops the plan too. The learner bounds what it keeps and stops after repeated
-// departures.
+// large class's requests on one stream until a step has repeated (stowage.mark_step() marks steps;
+// without marks the repetition is found in the sequence), and lays out every allocation of the
+// step that lives less than a step: a step layout (step_layout.hpp), the offset in an arena of
+// each such request, packed from their recorded lifetimes. The layout's step starts at the mark,
+// or (found without marks) after the point with the fewest bytes live, where a step boundary lies;
+// requests before it stay dynamic. There the layout gets an arena: an address reservation of its
+// own, a pool whose free blocks are kept apart from the shared pool, in one index by address. The
+// shared pool gives its whole free pages back and the arena is mapped whole (new pages within the
+// budget, else stitched, as on a miss), so nothing is mapped twice over and no page moves
+// afterwards. From then on the k-th request of the step is cut out of the arena at the layout's
+// offset. Requests the layout leaves dynamic (long-lived ones) take the dynamic path. The moment a
+// request differs from the layout (another size, a step marked early) or its laid-out range is not
+// free (a free came later than recorded, a record_stream still pending), the layout is dropped:
+// the arena's free blocks join the shared pool, its live blocks stay where they are, and learning
+// starts again. empty_cache drops the layout too. The learner bounds what it keeps and stops after
+// repeated departures.
 //
 // Contract: not thread-safe (the allocator's lock guards it). Owns the learner and the arena's
 // pool; the arena's segment and blocks are the BlockCache's.
@@ -41,11 +41,11 @@ class LearnedPlacement {
   struct Status {
     bool enabled = false;  // placement:learned on the paged path
     StepLearner::Phase phase = StepLearner::Phase::kLearning;
-    std::size_t plans_made = 0;
+    std::size_t layouts_made = 0;
     int departures = 0;
-    std::size_t arena_bytes = 0;          // the plan in force's arena (0: none)
-    std::size_t plan_live_bytes = 0;      // its allocations' most bytes live at once
-    std::size_t planned_allocations = 0;  // requests served at a planned address, ever
+    std::size_t arena_bytes = 0;         // the arena of the layout in force (0: none)
+    std::size_t layout_live_bytes = 0;   // its allocations' most bytes live at once
+    std::size_t placed_allocations = 0;  // requests served at the layout's offset, ever
   };
 
   LearnedPlacement(BlockCache& cache, PagedSource& paged, Pool& shared);
@@ -54,8 +54,8 @@ class LearnedPlacement {
   void mark_step();
   Status status() const;
 
-  // The block the plan gives a request of the large class, claimed from the arena, or nullptr:
-  // then `commit_when_served` says whether the dynamic path serves a request the plan expects
+  // The block the layout gives a request of the large class, claimed from the arena, or nullptr:
+  // then `commit_when_served` says whether the dynamic path serves a request the layout expects
   // (call commit_served once it has).
   Block* place(std::size_t rounded, Stream stream, std::uint64_t context,
                bool& commit_when_served);
@@ -67,9 +67,9 @@ class LearnedPlacement {
 
   // Whether an arena holds memory the dynamic path cannot reach.
   bool has_arena() const noexcept { return arena_segment_ != nullptr; }
-  // Leaves the plan: its arena joins the shared pool (a miss the dynamic path could not serve).
+  // Leaves the layout: its arena joins the shared pool (a miss the dynamic path could not serve).
   void give_up();
-  // Drops a plan in force and learns again (empty_cache).
+  // Drops the layout in force and learns again (empty_cache).
   void drop();
 
   const Pool& arena_pool() const noexcept { return arena_; }
@@ -77,15 +77,15 @@ class LearnedPlacement {
   void check_invariants() const;
 
  private:
-  // Opens the arena of the plan taken; false (nothing kept) if it cannot.
+  // Opens the arena of the layout taken; false (nothing kept) if it cannot.
   bool open_arena(Stream stream, std::uint64_t context);
   void dissolve();
   // Maps the unmapped pages of the arena in [first, last) (page-aligned); false if it could not.
   bool map_range(std::uintptr_t first, std::uintptr_t last, std::uint64_t context);
   // Cuts [target, target + rounded) out of the arena's free mapped block `block`, which holds
-  // it; nullptr (the plan left) when no record can be had for the cut.
+  // it; nullptr (the layout left) when no record can be had for the cut.
   Block* cut(Block* block, std::uintptr_t target, std::size_t rounded);
-  // The plan could not be followed: learn again, with the arena dissolved.
+  // The layout could not be followed: learn again, with the arena dissolved.
   Block* depart();
 
   BlockCache& cache_;
@@ -95,13 +95,13 @@ class LearnedPlacement {
   bool stream_known_ = false;
   Stream stream_;  // the one stream the learner follows
   Pool arena_{kSharedPoolId, Pool::Order::kAddress};
-  Segment* arena_segment_ = nullptr;  // while a plan is in force
-  struct TakenPlan {
+  Segment* arena_segment_ = nullptr;  // while a layout is in force
+  struct TakenLayout {
     std::size_t arena_bytes = 0;
     std::size_t live_bytes = 0;  // its allocations' most bytes live at once
   };
-  TakenPlan taken_plan_;  // the plan the learner is following (its arena may not be open yet)
-  std::size_t planned_allocations_ = 0;
+  TakenLayout taken_layout_;  // the layout the learner is following (its arena may not be open yet)
+  std::size_t placed_allocations_ = 0;
   // The learner's record of each allocated block it follows; its nodes come from a pool, so
   // recording a request does not call the heap.
   std::pmr::unsynchronized_pool_resource record_nodes_;

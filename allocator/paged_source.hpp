@@ -18,7 +18,7 @@
 // repeats its allocations finds them again. Live mappings are bounded by reserved bytes / page
 // size. release_cached (empty_cache) unmaps and releases every whole page under the shared
 // pool's free mapped blocks and returns reservations with nothing mapped; a miss does not
-// (stitching already uses those pages), except that a learned plan's arena, when it opens,
+// (stitching already uses those pages), except that a learned layout's arena, when it opens,
 // gives back the shared pool's free pages first (Note [Learned placement]).
 //
 // Contract: called under the allocator's lock; see memory_source.hpp.

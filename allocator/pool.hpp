@@ -5,11 +5,11 @@
 // class. An allocator has the shared pool, which serves every request by default; private pools
 // (Note [Private pools] in private_pools.hpp), which serve one owner such as a CUDA graph or a
 // torch MemPool; and, with learned placement, the arena (learned_placement.hpp), whose free
-// blocks are kept apart for the plan's requests.
+// blocks are kept apart for the layout's requests.
 //
 // Best-fit pools order each index by (stream, size, address) (Note [Best fit] in
 // free_block_index.hpp). The arena instead keeps one index by address for all its free blocks,
-// cached or not, of either class, to cut blocks out at planned addresses.
+// cached or not, of either class, to cut blocks out at laid-out addresses.
 //
 // Contract: plain data, not thread-safe (the allocator's lock guards it); does not own the
 // blocks. Not copyable (its slots point into itself).
@@ -26,8 +26,8 @@
 namespace stowage {
 
 // torch's MempoolId_t: (0, 0) names the shared pool; any other pair a private pool. The learned
-// plan's arena also has the shared pool's id: to torch (snapshots, MemPool ids) its memory is the
-// shared pool's, set apart by stowage for the plan, with indexes of its own.
+// layout's arena also has the shared pool's id: to torch (snapshots, MemPool ids) its memory is the
+// shared pool's, set apart by stowage for the layout, with indexes of its own.
 using PoolId = std::pair<unsigned long long, unsigned long long>;  // NOLINT(google-runtime-int)
 inline constexpr PoolId kSharedPoolId{0, 0};
 

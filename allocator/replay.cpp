@@ -72,11 +72,11 @@ class Replayer {
     result_.maps = static_cast<std::size_t>(stats.num_maps);
     result_.unmaps = static_cast<std::size_t>(stats.num_unmaps);
     const CachingAllocator::PlacementStatus placement = allocator_.placement_status();
-    result_.plans_made = placement.plans_made;
+    result_.layouts_made = placement.layouts_made;
     result_.departures = static_cast<std::size_t>(placement.departures);
-    result_.planned_allocations = placement.planned_allocations;
+    result_.placed_allocations = placement.placed_allocations;
     result_.arena_bytes = placement.arena_bytes;
-    result_.plan_live_bytes = placement.plan_live_bytes;
+    result_.layout_live_bytes = placement.layout_live_bytes;
     for (const auto& [address, block] : live_) {
       if (block.ptr != nullptr) allocator_.free(block.ptr);
     }

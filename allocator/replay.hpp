@@ -67,11 +67,11 @@ struct ReplayResult {
   std::size_t peak_mapped_pages = 0;  // paged path: most pages mapped at once (live mappings)
   std::size_t maps = 0;            // paged path: pages mapped and unmapped over the replay
   std::size_t unmaps = 0;
-  std::size_t plans_made = 0;           // placement:learned: plans made, departures from them,
-  std::size_t departures = 0;           // and requests served at a planned address
-  std::size_t planned_allocations = 0;
-  std::size_t arena_bytes = 0;          // the plan in force at the end, and its packing bound
-  std::size_t plan_live_bytes = 0;
+  std::size_t layouts_made = 0;    // placement:learned: step layouts made, departures from
+  std::size_t departures = 0;      // them, and requests served at the layout's offset
+  std::size_t placed_allocations = 0;
+  std::size_t arena_bytes = 0;     // the layout in force at the end, and its packing bound
+  std::size_t layout_live_bytes = 0;
   bool oom = false;
   std::size_t oom_event = 0;       // index of the event that failed
   std::string oom_message;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "allocator/base/errors.hpp"
-#include "allocator/placement_plan.hpp"
+#include "allocator/step_layout.hpp"
 
 namespace stowage {
 
@@ -32,7 +32,7 @@ void z_function(const std::vector<std::uint64_t>& s, std::vector<std::size_t>& z
 std::uint64_t StepLearner::record_malloc(std::size_t bytes) {
   if (phase_ != Phase::kLearning) return kNoRecord;
   if (ready_) {
-    // A plan not taken yet: the program has moved one allocation further through it.
+    // A layout not taken yet: the program has moved one allocation further through it.
     ready_->next = (ready_->next + 1) % ready_->allocations.size();
     return kNoRecord;
   }
@@ -41,7 +41,7 @@ std::uint64_t StepLearner::record_malloc(std::size_t bytes) {
   records_.push_back({bytes, event_base_ + symbols_.size(), kNotFreed});
   live_bytes_ += static_cast<std::int64_t>(bytes);
   push_event(static_cast<std::uint64_t>(bytes) << 1, id);
-  // Looked for after allocations only: a plan found here is taken before the next one.
+  // Looked for after allocations only: a layout found here is taken before the next one.
   if (!ready_ && !marked_) maybe_detect();
   return id;
 }
@@ -65,17 +65,17 @@ void StepLearner::push_event(std::uint64_t symbol, std::uint64_t record) {
   event_record_.push_back(record);
 }
 
-std::optional<StepLearner::Plan> StepLearner::take_plan() {
+std::optional<StepLearner::Layout> StepLearner::take_layout() {
   if (!ready_) return std::nullopt;
-  std::optional<Plan> plan = std::move(ready_);
+  std::optional<Layout> layout = std::move(ready_);
   ready_.reset();
-  plan_ = *plan;
-  cursor_ = plan_.next;
+  layout_ = *layout;
+  cursor_ = layout_.next;
   waiting_ = cursor_ != 0;
   phase_ = Phase::kPlaced;
-  ++plans_made_;
+  ++layouts_made_;
   clear_events();
-  return plan;
+  return layout;
 }
 
 bool StepLearner::mark_step() {
@@ -92,16 +92,16 @@ bool StepLearner::mark_step() {
   const std::size_t period = marks_[2] - marks_[1];
   if (period == 0 || marks_[1] - marks_[0] != period) return false;
   // (Marks are the program's word: a step departed from may be learned again, but one with
-  // nothing to plan is not built again and again.)
-  if (!contains(unplannable_periods_, period) && repeats(period)) {
-    build_plan(period, /*from_fewest_live=*/false);
+  // nothing to lay out is not built again and again.)
+  if (!contains(periods_without_layout_, period) && repeats(period)) {
+    build_layout(period, /*from_fewest_live=*/false);
   }
   return false;
 }
 
-const StepLearner::PlannedAllocation* StepLearner::peek_planned(std::size_t bytes) {
-  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "peek_planned without a plan");
-  const PlannedAllocation& next = plan_.allocations[cursor_];
+const StepLearner::LayoutEntry* StepLearner::peek_entry(std::size_t bytes) {
+  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "peek_entry without a layout");
+  const LayoutEntry& next = layout_.allocations[cursor_];
   if (next.bytes != bytes) {
     depart();
     return nullptr;
@@ -113,22 +113,22 @@ const StepLearner::PlannedAllocation* StepLearner::peek_planned(std::size_t byte
   return &next;
 }
 
-void StepLearner::commit_planned() {
-  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "commit_planned without a plan");
-  cursor_ = cursor_ + 1 == plan_.allocations.size() ? 0 : cursor_ + 1;
+void StepLearner::commit_entry() {
+  STOWAGE_INTERNAL_ASSERT(phase_ == Phase::kPlaced, "commit_entry without a layout");
+  cursor_ = cursor_ + 1 == layout_.allocations.size() ? 0 : cursor_ + 1;
   if (waiting_) waiting_ = cursor_ != 0;
 }
 
-const StepLearner::PlannedAllocation* StepLearner::next_planned(std::size_t bytes) {
-  const PlannedAllocation* next = peek_planned(bytes);
-  if (next != nullptr) commit_planned();
+const StepLearner::LayoutEntry* StepLearner::next_entry(std::size_t bytes) {
+  const LayoutEntry* next = peek_entry(bytes);
+  if (next != nullptr) commit_entry();
   return next;
 }
 
 void StepLearner::depart() {
   ++departures_;
-  if (plan_.period_events != 0) remember(rejected_periods_, plan_.period_events);
-  plan_ = Plan{};
+  if (layout_.period_events != 0) remember(rejected_periods_, layout_.period_events);
+  layout_ = Layout{};
   ready_.reset();
   cursor_ = 0;
   waiting_ = false;
@@ -148,7 +148,7 @@ void StepLearner::remember(std::vector<std::size_t>& periods, std::size_t period
 }
 
 void StepLearner::reset() {
-  plan_ = Plan{};
+  layout_ = Layout{};
   ready_.reset();
   cursor_ = 0;
   waiting_ = false;
@@ -188,7 +188,7 @@ void StepLearner::maybe_detect() {
   if (n < next_check_ || n < 2 * kMinPeriodEvents) return;
   next_check_ = n + std::max<std::size_t>(256, n / 4);
   if (const std::size_t period = detect_period(); period != 0) {
-    build_plan(period, /*from_fewest_live=*/true);
+    build_layout(period, /*from_fewest_live=*/true);
   }
 }
 
@@ -225,7 +225,7 @@ std::size_t StepLearner::detect_period() {
            2 * (highest_since[n - period] - lowest) >= highest - lowest;
   };
   auto rejected = [&](std::size_t period) {
-    return contains(rejected_periods_, period) || contains(unplannable_periods_, period);
+    return contains(rejected_periods_, period) || contains(periods_without_layout_, period);
   };
   std::size_t longest = 0;
   for (std::size_t period = n / 2; period >= 1; --period) {
@@ -236,7 +236,7 @@ std::size_t StepLearner::detect_period() {
   }
   if (longest == 0) return 0;
   // Several steps may repeat as one: the shortest period that divides the longest. When that
-  // is a short loop, repeated, there is no step to plan.
+  // is a short loop, repeated, there is no step to lay out.
   std::size_t shortest = longest;
   for (std::size_t parts = longest; parts > 1; --parts) {
     if (longest % parts == 0 && repeats_as_step(longest / parts)) {
@@ -251,7 +251,7 @@ std::size_t StepLearner::detect_period() {
   return shortest;
 }
 
-void StepLearner::build_plan(std::size_t period, bool from_fewest_live) {
+void StepLearner::build_layout(std::size_t period, bool from_fewest_live) {
   const std::size_t n = symbols_.size();
   const std::size_t window = n - period;  // relative index of the window's first event
   // The step starts `shift` events into the window: after its fewest-live event (the first of
@@ -265,11 +265,11 @@ void StepLearner::build_plan(std::size_t period, bool from_fewest_live) {
   auto tick = [&](std::size_t event) {  // event: relative index in [window, window + period]
     return (event - window + period - shift) % period;
   };
-  Plan plan;
-  plan.period_events = period;
+  Layout layout;
+  layout.period_events = period;
   std::vector<Lifetime> lifetimes;
-  std::vector<std::size_t> planned;  // index into window_allocations of each lifetime
-  std::vector<PlannedAllocation> window_allocations;
+  std::vector<std::size_t> laid_out;  // index into window_allocations of each lifetime
+  std::vector<LayoutEntry> window_allocations;
   std::size_t before_start = 0;  // window allocations made before the step's start
   for (std::size_t i = window; i < n; ++i) {
     const std::uint64_t id = event_record_[i];
@@ -289,28 +289,28 @@ void StepLearner::build_plan(std::size_t period, bool from_fewest_live) {
     }
     if (freed != kNotFreed) {
       lifetimes.push_back({record.bytes, tick(i), tick(freed)});
-      planned.push_back(window_allocations.size());
+      laid_out.push_back(window_allocations.size());
     }
     window_allocations.push_back({record.bytes, kDynamic});
   }
-  if (lifetimes.empty() || lifetimes.size() > kMaxPlannedAllocations) {
-    remember(unplannable_periods_, period);
+  if (lifetimes.empty() || lifetimes.size() > kMaxLaidOutAllocations) {
+    remember(periods_without_layout_, period);
     return;
   }
-  const PlacementPlan packed = plan_placement(lifetimes, period);
+  const StepLayout packed = lay_out_step(lifetimes, period);
   for (std::size_t k = 0; k < lifetimes.size(); ++k) {
-    window_allocations[planned[k]].offset = packed.offsets[k];
+    window_allocations[laid_out[k]].offset = packed.offsets[k];
   }
   // From the step's start; the program is at the window's start now.
   const std::size_t count = window_allocations.size();
-  plan.allocations.reserve(count);
+  layout.allocations.reserve(count);
   for (std::size_t k = 0; k < count; ++k) {
-    plan.allocations.push_back(window_allocations[(k + before_start) % count]);
+    layout.allocations.push_back(window_allocations[(k + before_start) % count]);
   }
-  plan.next = (count - before_start) % count;
-  plan.arena_bytes = packed.arena_bytes;
-  plan.peak_live_bytes = packed.peak_live_bytes;
-  ready_ = std::move(plan);
+  layout.next = (count - before_start) % count;
+  layout.arena_bytes = packed.arena_bytes;
+  layout.peak_live_bytes = packed.peak_live_bytes;
+  ready_ = std::move(layout);
 }
 
 }  // namespace stowage

@@ -5,7 +5,7 @@
 For every trace, replays its events under the default configuration and under
 ``placement:learned``, alternating the two N times in this one process (so that the machine's
 noise falls on both alike), and prints a Markdown table: peak reserved under each, what learned
-placement did (plans, departures, requests placed, its plan's packing against the plan's live
+placement did (step layouts, departures, requests placed, the layout's packing against its live
 peak) and the median replay speed of each with their ratio.
 """
 
@@ -28,8 +28,8 @@ def main() -> None:
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
-    print("| trace | events | dynamic reserved MiB | learned reserved MiB | plans / departures | "
-          "requests placed | plan arena / plan live peak | dynamic M events/s | "
+    print("| trace | events | dynamic reserved MiB | learned reserved MiB | layouts / departures | "
+          "requests placed | layout arena / layout live peak | dynamic M events/s | "
           "learned M events/s | speed ratio |")
     print("| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: |")
     for name in args.traces:
@@ -45,11 +45,11 @@ def main() -> None:
         dynamic = events / statistics.median(seconds[""]) / 1e6
         learned = events / statistics.median(seconds[LEARNED]) / 1e6
         r = last[LEARNED]
-        packing = (f"{r['arena_bytes'] / 2**20:,.0f} / {r['plan_live_bytes'] / 2**20:,.0f} MiB"
+        packing = (f"{r['arena_bytes'] / 2**20:,.0f} / {r['layout_live_bytes'] / 2**20:,.0f} MiB"
                    if r["arena_bytes"] else "-")
         print(f"| {Path(name).name} | {events:,} | {last['']['peak_reserved'] / 2**20:,.0f} | "
-              f"{r['peak_reserved'] / 2**20:,.0f} | {r['plans_made']} / {r['departures']} | "
-              f"{r['planned_allocations']:,} | {packing} | {dynamic:.1f} | {learned:.1f} | "
+              f"{r['peak_reserved'] / 2**20:,.0f} | {r['layouts_made']} / {r['departures']} | "
+              f"{r['placed_allocations']:,} | {packing} | {dynamic:.1f} | {learned:.1f} | "
               f"{learned / dynamic:.2f} |")
 
 

@@ -232,8 +232,10 @@ def mark_step() -> None:
 
 
 def placement_status(device: Any = None) -> dict[str, Any]:
-    """Learned placement's state: enabled, phase ("learning", "placed" or "off"), plans_made,
-    departures, arena_bytes (of the plan in force) and planned_allocations."""
+    """Learned placement's state: enabled, phase ("learning", "placed" or "off"), layouts_made (step
+    layouts the allocator learned), departures, arena_bytes and layout_live_bytes (of the layout in
+    force) and placed_allocations. plans_made, plan_live_bytes and planned_allocations are the
+    deprecated names of layouts_made, layout_live_bytes and placed_allocations, kept for one release."""
     return dict(enabled_module().placement_status(device_index(device)))
 
 

@@ -195,12 +195,12 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
         )
     console.print(table)
     for r in results:
-        if r.get("plans_made") or r.get("departures"):
-            arena = (f"; the plan in force packs {_mib(r['plan_live_bytes'])} MiB live into "
+        if r.get("layouts_made") or r.get("departures"):
+            arena = (f"; the layout in force packs {_mib(r['layout_live_bytes'])} MiB live into "
                      f"{_mib(r['arena_bytes'])} MiB" if r.get("arena_bytes") else "")
-            console.print(f"{literal(Path(r['trace']).name)}: learned placement made {r['plans_made']} "
-                          f"plan(s), left {r['departures']}, placed "
-                          f"{r['planned_allocations']:,} request(s){arena}.")
+            console.print(f"{literal(Path(r['trace']).name)}: learned placement made {r['layouts_made']} "
+                          f"step layout(s), left {r['departures']}, placed "
+                          f"{r['placed_allocations']:,} request(s){arena}.")
     if any(r["native_peak_reserved"] is not None and not r["native_comparable"] for r in results):
         console.print("* the trace's allocations reused memory cached before it began: the native "
                       "figure is not comparable with a replay from empty.")

@@ -1,4 +1,4 @@
-// Learned placement in the CachingAllocator (Note [Learned placement]): planned addresses on a
+// Learned placement in the CachingAllocator (Note [Learned placement]): learned addresses on a
 // simulated device with real memory, the return to the dynamic path, faults and empty_cache.
 #include <gtest/gtest.h>
 
@@ -27,7 +27,7 @@ HostBackendOptions device_of(std::size_t capacity) {
 }
 
 // Live allocations, each filled with a pattern of its id and checked before it is freed: a
-// planned address that overlapped live memory would show as a broken pattern.
+// laid-out address that overlapped live memory would show as a broken pattern.
 class Tracked {
  public:
   explicit Tracked(CachingAllocator& allocator) : allocator_(allocator) {}
@@ -132,7 +132,7 @@ class LearnedPlacementTest : public ::testing::Test {
   CachingAllocator allocator_;
 };
 
-TEST_F(LearnedPlacementTest, MarkedStepsArePlacedByThePlanAndStopMovingPages) {
+TEST_F(LearnedPlacementTest, MarkedStepsArePlacedByTheLayoutAndStopMovingPages) {
   Tracked memory(allocator_);
   std::vector<std::size_t> weights;
   for (std::size_t i = 0; i < 8; ++i) weights.push_back(memory.alloc((i + 1) * 3 * MiB));
@@ -145,14 +145,14 @@ TEST_F(LearnedPlacementTest, MarkedStepsArePlacedByThePlanAndStopMovingPages) {
   }
   CachingAllocator::PlacementStatus status = allocator_.placement_status();
   ASSERT_EQ(status.phase, StepLearner::Phase::kPlaced);
-  EXPECT_EQ(status.plans_made, 1u);
+  EXPECT_EQ(status.layouts_made, 1u);
   EXPECT_EQ(status.arena_bytes, 0u);  // it opens where the next step starts
-  // The first planned step opens and maps the arena; from then on nothing moves.
+  // The first laid-out step opens and maps the arena; from then on nothing moves.
   step.run(memory, grads);
   allocator_.mark_step();
   status = allocator_.placement_status();
   EXPECT_GT(status.arena_bytes, 0u);
-  EXPECT_GE(status.arena_bytes, status.plan_live_bytes);
+  EXPECT_GE(status.arena_bytes, status.layout_live_bytes);
   const DeviceStats warm = allocator_.stats();
   for (int i = 0; i < 5; ++i) {
     step.run(memory, grads);
@@ -166,8 +166,8 @@ TEST_F(LearnedPlacementTest, MarkedStepsArePlacedByThePlanAndStopMovingPages) {
   status = allocator_.placement_status();
   EXPECT_EQ(status.phase, StepLearner::Phase::kPlaced);
   EXPECT_EQ(status.departures, 0);
-  // Every allocation of the step (4 per layer) is placed, in every one of the 6 planned steps.
-  EXPECT_EQ(status.planned_allocations, 6u * 4 * step.activation.size());
+  // Every allocation of the step (4 per layer) is placed, in every one of the 6 laid-out steps.
+  EXPECT_EQ(status.placed_allocations, 6u * 4 * step.activation.size());
   EXPECT_EQ(later.reserved_bytes.all().peak, warm.reserved_bytes.all().peak);
 }
 
@@ -181,11 +181,11 @@ TEST_F(LearnedPlacementTest, WithoutMarksTheRepeatingStepIsFoundAndPlaced) {
   }
   const CachingAllocator::PlacementStatus status = allocator_.placement_status();
   EXPECT_EQ(status.phase, StepLearner::Phase::kPlaced);
-  EXPECT_GE(status.plans_made, 1u);
-  EXPECT_GT(status.planned_allocations, 0u);
+  EXPECT_GE(status.layouts_made, 1u);
+  EXPECT_GT(status.placed_allocations, 0u);
 }
 
-TEST_F(LearnedPlacementTest, AStepThatDepartsFallsBackAndALaterSteadyRunIsPlannedAgain) {
+TEST_F(LearnedPlacementTest, AStepThatDepartsFallsBackAndALaterSteadyRunIsLaidOutAgain) {
   Tracked memory(allocator_);
   const TrainingStep step(3);
   const TrainingStep other(4);  // other sizes: an evaluation step, a new sequence length
@@ -208,7 +208,7 @@ TEST_F(LearnedPlacementTest, AStepThatDepartsFallsBackAndALaterSteadyRunIsPlanne
   }
   const CachingAllocator::PlacementStatus status = allocator_.placement_status();
   EXPECT_EQ(status.phase, StepLearner::Phase::kPlaced);
-  EXPECT_EQ(status.plans_made, 2u);
+  EXPECT_EQ(status.layouts_made, 2u);
 }
 
 TEST_F(LearnedPlacementTest, AFailingMapIsADepartureNotAFailure) {
@@ -250,7 +250,7 @@ TEST_F(LearnedPlacementTest, EmptyCacheGivesTheArenaBackAndLearningStartsAgain) 
   EXPECT_EQ(allocator_.stats().reserved_bytes.all().current, 0);
 }
 
-TEST_F(LearnedPlacementTest, RecordStreamOnAPlannedBlockNeverHandsItOutEarly) {
+TEST_F(LearnedPlacementTest, RecordStreamOnALaidOutBlockNeverHandsItOutEarly) {
   Tracked memory(allocator_);
   const TrainingStep step(7, 8);
   std::vector<std::size_t> grads;
@@ -259,7 +259,7 @@ TEST_F(LearnedPlacementTest, RecordStreamOnAPlannedBlockNeverHandsItOutEarly) {
     allocator_.mark_step();
   }
   ASSERT_EQ(allocator_.placement_status().phase, StepLearner::Phase::kPlaced);
-  // A gradient used by a side stream: its free waits for that stream's event, so the plan's
+  // A gradient used by a side stream: its free waits for that stream's event, so the layout's
   // range is not free when the next step wants it; the allocator must fall back, not overlap.
   const Stream side = backend_.create_stream();
   allocator_.record_stream(memory.ptr(grads.front()), side);
@@ -299,10 +299,10 @@ TEST(LearnedPlacementRandom, InvariantsHoldThroughRandomStepsAndPerturbations) {
   }
   allocator.check_invariants();
   EXPECT_EQ(allocator.stats().allocated_bytes.all().current, 0);
-  // The run both planned and departed.
-  EXPECT_GE(allocator.placement_status().plans_made, 1u);
+  // The run both laid out steps and departed.
+  EXPECT_GE(allocator.placement_status().layouts_made, 1u);
   EXPECT_GE(allocator.placement_status().departures, 1);
-  EXPECT_GT(allocator.placement_status().planned_allocations, 0u);
+  EXPECT_GT(allocator.placement_status().placed_allocations, 0u);
 }
 
 // Marked steps of 40 blocks of about 3 MiB, made and freed.
@@ -315,7 +315,7 @@ void run_small_steps(CachingAllocator& allocator, int steps) {
   }
 }
 
-TEST(LearnedPlacementMisses, TheArenasFreeMemoryServesARequestThePlanDoesNotCover) {
+TEST(LearnedPlacementMisses, TheArenasFreeMemoryServesARequestTheLayoutDoesNotCover) {
   HostBackend backend(device_of(256 * MiB));
   CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on,placement:learned"));
   run_small_steps(allocator, 6);
@@ -324,7 +324,7 @@ TEST(LearnedPlacementMisses, TheArenasFreeMemoryServesARequestThePlanDoesNotCove
   const Stream side = backend.create_stream();
   void* big = allocator.malloc(200 * MiB, side);
   ASSERT_NE(big, nullptr);
-  EXPECT_EQ(allocator.placement_status().departures, 1);  // the plan was given up for it
+  EXPECT_EQ(allocator.placement_status().departures, 1);  // the layout was given up for it
   allocator.check_invariants();
   allocator.free(big);
   backend.synchronize_device();
@@ -346,13 +346,13 @@ struct ReleaseOnPressure final : MemoryPressureHandler {
   }
 };
 
-TEST(LearnedPlacementMisses, UnderPressureThePlanIsGivenUpAndLearnedAgainLater) {
+TEST(LearnedPlacementMisses, UnderPressureTheLayoutIsGivenUpAndLearnedAgainLater) {
   HostBackend backend(device_of(512 * MiB));
   CachingAllocator allocator(backend, parse_allocator_config("virtual_memory:on,placement:learned"));
   const Stream side = backend.create_stream();
   ReleaseOnPressure handler;
   handler.allocator = &allocator;
-  std::vector<void*> older;  // freed two steps later: the plan leaves them dynamic
+  std::vector<void*> older;  // freed two steps later: the layout leaves them dynamic
   auto step = [&](bool squeeze) {
     void* a = allocator.malloc(8 * MiB);
     void* b = allocator.malloc(6 * MiB);
@@ -389,7 +389,7 @@ TEST(LearnedPlacementMisses, UnderPressureThePlanIsGivenUpAndLearnedAgainLater) 
   ASSERT_EQ(allocator.placement_status().phase, StepLearner::Phase::kPlaced);
   ASSERT_EQ(allocator.placement_status().departures, 0);
   step(true);
-  // Filling the device reached the arena's free memory: the plan went (once), and memory ran
+  // Filling the device reached the arena's free memory: the layout went (once), and memory ran
   // short only after that; the request the handler relieved succeeded.
   EXPECT_EQ(allocator.placement_status().departures, 1);
   allocator.check_invariants();
@@ -415,7 +415,7 @@ TEST(LearnedPlacementMisses, AStepThatBeginsDifferentlyOpensNoArena) {
   for (int i = 0; i < 3; ++i) step(7 * MiB);
   ASSERT_EQ(allocator.placement_status().phase, StepLearner::Phase::kPlaced);
   const DeviceStats before = allocator.stats();
-  void* other = allocator.malloc(9 * MiB);  // not the plan's first request
+  void* other = allocator.malloc(9 * MiB);  // not the layout's first request
   const DeviceStats after = allocator.stats();
   EXPECT_EQ(allocator.placement_status().departures, 1);
   EXPECT_EQ(after.num_unmaps, before.num_unmaps);  // the cache was not given back for nothing

@@ -124,7 +124,7 @@ TEST_F(CudaPagedTest, RecordStreamOnTheDefaultStreamHoldsTheBlock) {
 }
 
 // Learned placement (Note [Learned placement]) on real virtual memory: marked steps of a
-// training shape are placed by the plan, every block keeps its value until it is freed, and
+// training shape are placed by their layout, every block keeps its value until it is freed, and
 // once the arena is open no page is mapped or unmapped. The segment path, the other way to
 // run without the paged path, serves the same steps with the same data checks.
 TEST_F(CudaPagedTest, LearnedPlacementPlacesMarkedStepsAndLiveDataSurvives) {
@@ -166,9 +166,9 @@ TEST_F(CudaPagedTest, LearnedPlacementPlacesMarkedStepsAndLiveDataSurvives) {
     }
     if (std::string(config).find("learned") != std::string::npos) {
       const CachingAllocator::PlacementStatus status = allocator.placement_status();
-      EXPECT_GE(status.plans_made, 1u);
+      EXPECT_GE(status.layouts_made, 1u);
       EXPECT_EQ(status.departures, 0);
-      EXPECT_GE(status.planned_allocations, 4u * 2 * sizes.size()) << "steps 4 to 7 placed";
+      EXPECT_GE(status.placed_allocations, 4u * 2 * sizes.size()) << "steps 4 to 7 placed";
       EXPECT_EQ(allocator.stats().num_maps, maps_when_warm);
       EXPECT_EQ(allocator.stats().num_unmaps, unmaps_when_warm);
     }

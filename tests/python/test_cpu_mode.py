@@ -312,18 +312,25 @@ def test_learned_placement_trains_the_same_model_and_mark_step_reaches_history_a
         marks = [e for e in snap["device_traces"][0] if e.get("user_metadata") == "stowage.mark_step"]
         pickle.dump(snap, open({str(snapshot)!r}, "wb"), protocol=4)
         replayed = device_events(snap["device_traces"][0]).replay(1 << 32, "placement:learned", False)
-        print(losses == expected, status["phase"], status["plans_made"], status["planned_allocations"] > 0,
-              len(marks), marks[0]["action"], replayed["plans_made"], replayed["planned_allocations"] > 0)
+        renamed = (("layouts_made", "plans_made"), ("layout_live_bytes", "plan_live_bytes"),
+                   ("placed_allocations", "planned_allocations"))
+        aliases = all(d[new] == d[old] for d in (status, replayed) for new, old in renamed)
+        print(losses == expected, status["phase"], status["layouts_made"], status["placed_allocations"] > 0,
+              len(marks), marks[0]["action"], replayed["layouts_made"], replayed["placed_allocations"] > 0,
+              aliases)
     """)
     assert result.returncode == 0, result.stderr
-    same, phase, plans, placed, marks, action, replay_plans, replay_placed = result.stdout.split()
+    same, phase, layouts, placed, marks, action, replay_layouts, replay_placed, aliases = result.stdout.split()
     assert same == "True"  # placement changes addresses, never values
-    assert (phase, plans, placed) == ("placed", "1", "True")
+    assert (phase, layouts, placed) == ("placed", "1", "True")
     assert (marks, action) == ("8", "snapshot")
-    assert int(replay_plans) >= 1 and replay_placed == "True"
+    assert int(replay_layouts) >= 1 and replay_placed == "True"
+    # The deprecated names (plans_made and the rest, kept for one release) are present and equal
+    # to the new ones, in placement_status() and in replay results.
+    assert aliases == "True"
     # The command line replays it too, with the marks.
     replayed = subprocess.run([sys.executable, "-m", "stowage", "replay", str(snapshot), "--json",
                                "--config", "placement:learned"], capture_output=True, text=True,
                               timeout=120)
     assert replayed.returncode == 0, replayed.stderr
-    assert '"planned_allocations"' in replayed.stdout
+    assert '"placed_allocations"' in replayed.stdout

@@ -192,23 +192,23 @@ def test_the_memory_targets_hold_on_every_recorded_trace(trace: Path) -> None:
         assert warm["device_calls"] == 0, warm
 
 
-def test_learned_placement_on_the_steady_trace_plans_and_says_so() -> None:
-    """The steady 8-step trace: the step is found without marks, planned, and placed; memory is
+def test_learned_placement_on_the_steady_trace_lays_out_and_says_so() -> None:
+    """The steady 8-step trace: the step is found without marks, laid out, and placed; memory is
     no more than the dynamic pool's; the table says what learned placement did."""
     path = REPO / "bench" / "traces" / "gpt2_fixed_8steps.pickle.gz"
     dynamic = json.loads(stowage("replay", str(path), "--json").stdout)
     learned = json.loads(stowage("replay", str(path), "--json", "--config",
                                  "placement:learned").stdout)
-    assert learned["plans_made"] == 1 and learned["departures"] == 0
-    assert learned["planned_allocations"] >= 5 * 300  # steps 4 to 8
+    assert learned["layouts_made"] == 1 and learned["departures"] == 0
+    assert learned["placed_allocations"] >= 5 * 300  # steps 4 to 8
     assert learned["peak_reserved"] <= dynamic["peak_reserved"]
-    assert learned["plan_live_bytes"] <= learned["arena_bytes"] <= 1.01 * learned["plan_live_bytes"] + 2 * MiB
+    assert learned["layout_live_bytes"] <= learned["arena_bytes"] <= 1.01 * learned["layout_live_bytes"] + 2 * MiB
     table = stowage("replay", str(path), "--config", "placement:learned")
-    assert "learned placement made 1 plan(s), left 0" in table.stdout
+    assert "learned placement made 1 step layout(s), left 0" in table.stdout
 
 
 def test_step_marks_in_a_trace_reach_the_allocator(write_snapshot) -> None:
-    """Marked steps (snapshot entries with user_metadata stowage.mark_step): two alike give a plan."""
+    """Marked steps (snapshot entries with user_metadata stowage.mark_step): two alike give a layout."""
     entries = []
     address = 0x100000
     for _ in range(5):
@@ -224,8 +224,8 @@ def test_step_marks_in_a_trace_reach_the_allocator(write_snapshot) -> None:
     path = write_snapshot({"segments": [], "device_traces": [entries]})
     learned = json.loads(stowage("replay", str(path), "--json", "--config",
                                  "placement:learned").stdout)
-    assert learned["plans_made"] == 1
-    assert learned["planned_allocations"] == 2 * 3  # steps 4 and 5
+    assert learned["layouts_made"] == 1
+    assert learned["placed_allocations"] == 2 * 3  # steps 4 and 5
 
 
 # --- replay reads the columns: the same figures as from plain event dicts ---

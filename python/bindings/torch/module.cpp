@@ -113,6 +113,26 @@ void bind_cuda(py::module_& module) {
 #endif
 }
 
+// stowage.placement_status(): learned placement's state.
+py::dict to_dict(const CachingAllocator::PlacementStatus& status) {
+  py::dict out;
+  out["enabled"] = status.enabled;
+  out["phase"] = status.phase == stowage::StepLearner::Phase::kLearning  ? "learning"
+                 : status.phase == stowage::StepLearner::Phase::kPlaced ? "placed"
+                                                                         : "off";
+  out["layouts_made"] = status.layouts_made;
+  out["departures"] = status.departures;
+  out["arena_bytes"] = status.arena_bytes;
+  out["layout_live_bytes"] = status.layout_live_bytes;
+  out["placed_allocations"] = status.placed_allocations;
+  // Deprecated names of layouts_made, layout_live_bytes and placed_allocations, kept for one
+  // release.
+  out["plans_made"] = status.layouts_made;
+  out["plan_live_bytes"] = status.layout_live_bytes;
+  out["planned_allocations"] = status.placed_allocations;
+  return out;
+}
+
 // torch's memory API over any of stowage's allocators (kCpu: CPU mode's; else a CUDA device's).
 void bind_memory_api(py::module_& module) {
   module.def("memory_stats", [](int device) {
@@ -140,20 +160,9 @@ void bind_memory_api(py::module_& module) {
         [](int, CachingAllocator& allocator) { allocator.mark_step(); });
 #endif
   });
-  module.def("placement_status", [](int device) {
-    const CachingAllocator::PlacementStatus status = allocator_for(device).placement_status();
-    py::dict out;
-    out["enabled"] = status.enabled;
-    out["phase"] = status.phase == stowage::StepLearner::Phase::kLearning  ? "learning"
-                   : status.phase == stowage::StepLearner::Phase::kPlaced ? "placed"
-                                                                           : "off";
-    out["plans_made"] = status.plans_made;
-    out["departures"] = status.departures;
-    out["arena_bytes"] = status.arena_bytes;
-    out["plan_live_bytes"] = status.plan_live_bytes;
-    out["planned_allocations"] = status.planned_allocations;
-    return out;
-  }, py::arg("device") = kCpu);
+  module.def("placement_status",
+             [](int device) { return to_dict(allocator_for(device).placement_status()); },
+             py::arg("device") = kCpu);
   // Note [Allocated ceiling]; None: no ceiling.
   module.def(
       "set_allocated_ceiling",

@@ -1,4 +1,4 @@
-#include "allocator/placement_plan.hpp"
+#include "allocator/step_layout.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -34,8 +34,8 @@ bool lifetimes_overlap(const Lifetime& a, const Lifetime& b, std::size_t period)
          intersect({x.begin + period, x.end + period}, y);
 }
 
-PlacementPlan plan_placement(const std::vector<Lifetime>& lifetimes, std::size_t period) {
-  STOWAGE_CHECK(period > 0, "a placement plan needs a step of at least one tick");
+StepLayout lay_out_step(const std::vector<Lifetime>& lifetimes, std::size_t period) {
+  STOWAGE_CHECK(period > 0, "a step layout needs a step of at least one tick");
   const std::size_t n = lifetimes.size();
   for (std::size_t i = 0; i < n; ++i) {
     const Lifetime& l = lifetimes[i];
@@ -43,8 +43,8 @@ PlacementPlan plan_placement(const std::vector<Lifetime>& lifetimes, std::size_t
                   " (bytes ", l.bytes, ", ticks ", l.start, " to ", l.end,
                   ") does not fit a step of ", period, " ticks");
   }
-  PlacementPlan plan;
-  plan.offsets.assign(n, 0);
+  StepLayout layout;
+  layout.offsets.assign(n, 0);
 
   // The lower bound: the most bytes live at one tick, by a sweep over the unrolled cycle.
   {
@@ -70,7 +70,7 @@ PlacementPlan plan_placement(const std::vector<Lifetime>& lifetimes, std::size_t
     std::ptrdiff_t live = 0;
     for (const auto& [tick, delta] : deltas) {
       live += delta;
-      plan.peak_live_bytes = std::max(plan.peak_live_bytes, static_cast<std::size_t>(live));
+      layout.peak_live_bytes = std::max(layout.peak_live_bytes, static_cast<std::size_t>(live));
     }
   }
 
@@ -94,7 +94,7 @@ PlacementPlan plan_placement(const std::vector<Lifetime>& lifetimes, std::size_t
     taken.clear();
     for (const std::size_t j : placed) {
       if (lifetimes_overlap(l, lifetimes[j], period)) {
-        taken.emplace_back(plan.offsets[j], plan.offsets[j] + lifetimes[j].bytes);
+        taken.emplace_back(layout.offsets[j], layout.offsets[j] + lifetimes[j].bytes);
       }
     }
     std::sort(taken.begin(), taken.end());
@@ -108,11 +108,11 @@ PlacementPlan plan_placement(const std::vector<Lifetime>& lifetimes, std::size_t
       }
       top = std::max(top, end);
     }
-    plan.offsets[i] = best != std::numeric_limits<std::size_t>::max() ? best : top;
-    plan.arena_bytes = std::max(plan.arena_bytes, plan.offsets[i] + l.bytes);
+    layout.offsets[i] = best != std::numeric_limits<std::size_t>::max() ? best : top;
+    layout.arena_bytes = std::max(layout.arena_bytes, layout.offsets[i] + l.bytes);
     placed.push_back(i);
   }
-  return plan;
+  return layout;
 }
 
 }  // namespace stowage

@@ -1,4 +1,4 @@
-// Placement plans (placement_plan.hpp) and the StepLearner that makes them (step_learner.hpp).
+// Step layouts (step_layout.hpp) and the StepLearner that makes them (step_learner.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "allocator/base/errors.hpp"
-#include "allocator/placement_plan.hpp"
+#include "allocator/step_layout.hpp"
 #include "allocator/step_learner.hpp"
 
 namespace stowage {
@@ -21,22 +21,22 @@ std::vector<bool> live_ticks(const Lifetime& l, std::size_t period) {
   return ticks;
 }
 
-void expect_no_conflicts(const std::vector<Lifetime>& lifetimes, const PlacementPlan& plan,
+void expect_no_conflicts(const std::vector<Lifetime>& lifetimes, const StepLayout& layout,
                          std::size_t period) {
-  ASSERT_EQ(plan.offsets.size(), lifetimes.size());
+  ASSERT_EQ(layout.offsets.size(), lifetimes.size());
   for (std::size_t i = 0; i < lifetimes.size(); ++i) {
-    EXPECT_LE(plan.offsets[i] + lifetimes[i].bytes, plan.arena_bytes);
+    EXPECT_LE(layout.offsets[i] + lifetimes[i].bytes, layout.arena_bytes);
     for (std::size_t j = i + 1; j < lifetimes.size(); ++j) {
       if (!lifetimes_overlap(lifetimes[i], lifetimes[j], period)) continue;
-      const bool apart = plan.offsets[i] + lifetimes[i].bytes <= plan.offsets[j] ||
-                         plan.offsets[j] + lifetimes[j].bytes <= plan.offsets[i];
+      const bool apart = layout.offsets[i] + lifetimes[i].bytes <= layout.offsets[j] ||
+                         layout.offsets[j] + lifetimes[j].bytes <= layout.offsets[i];
       ASSERT_TRUE(apart) << "lifetimes " << i << " and " << j << " overlap in time and address";
     }
   }
-  EXPECT_GE(plan.arena_bytes, plan.peak_live_bytes);
+  EXPECT_GE(layout.arena_bytes, layout.peak_live_bytes);
 }
 
-TEST(PlacementPlan, OverlapOnTheCycleMatchesTheTicksBothAreLive) {
+TEST(StepLayout, OverlapOnTheCycleMatchesTheTicksBothAreLive) {
   constexpr std::size_t kPeriod = 7;
   std::vector<Lifetime> all;
   for (std::size_t start = 0; start < kPeriod; ++start) {
@@ -57,20 +57,20 @@ TEST(PlacementPlan, OverlapOnTheCycleMatchesTheTicksBothAreLive) {
   }
 }
 
-TEST(PlacementPlan, AnAllocationAcrossTheBoundaryConflictsWithTheNextStepsStart) {
+TEST(StepLayout, AnAllocationAcrossTheBoundaryConflictsWithTheNextStepsStart) {
   // Gradient-like: made late in the step, freed early in the next.
   const std::vector<Lifetime> lifetimes = {
       {1024, 8, 2},  // across the boundary
       {1024, 0, 1},  // early in the step: conflicts with the first
       {1024, 3, 6},  // mid-step: free to share its address
   };
-  const PlacementPlan plan = plan_placement(lifetimes, 10);
-  expect_no_conflicts(lifetimes, plan, 10);
-  EXPECT_EQ(plan.arena_bytes, 2048u);
-  EXPECT_EQ(plan.peak_live_bytes, 2048u);
+  const StepLayout layout = lay_out_step(lifetimes, 10);
+  expect_no_conflicts(lifetimes, layout, 10);
+  EXPECT_EQ(layout.arena_bytes, 2048u);
+  EXPECT_EQ(layout.peak_live_bytes, 2048u);
 }
 
-TEST(PlacementPlan, ATrainingShapedStepPacksNearItsLivePeak) {
+TEST(StepLayout, ATrainingShapedStepPacksNearItsLivePeak) {
   // Forward saves one activation per layer and frees a temporary; backward frees them in
   // reverse while gradients (freed next step) accumulate.
   std::mt19937_64 random(3);
@@ -95,12 +95,13 @@ TEST(PlacementPlan, ATrainingShapedStepPacksNearItsLivePeak) {
     tick += 2;
   }
   ASSERT_LE(tick, period);
-  const PlacementPlan plan = plan_placement(lifetimes, period);
-  expect_no_conflicts(lifetimes, plan, period);
-  EXPECT_LE(static_cast<double>(plan.arena_bytes), 1.05 * static_cast<double>(plan.peak_live_bytes));
+  const StepLayout layout = lay_out_step(lifetimes, period);
+  expect_no_conflicts(lifetimes, layout, period);
+  EXPECT_LE(static_cast<double>(layout.arena_bytes),
+            1.05 * static_cast<double>(layout.peak_live_bytes));
 }
 
-TEST(PlacementPlan, RandomLifetimesNeverShareAddressWhileBothLive) {
+TEST(StepLayout, RandomLifetimesNeverShareAddressWhileBothLive) {
   std::mt19937_64 random(11);
   for (int round = 0; round < 50; ++round) {
     const std::size_t period = 5 + random() % 200;
@@ -112,17 +113,17 @@ TEST(PlacementPlan, RandomLifetimesNeverShareAddressWhileBothLive) {
         l.end = random() % (period + 1);
       } while (l.end == l.start);
     }
-    const PlacementPlan plan = plan_placement(lifetimes, period);
-    expect_no_conflicts(lifetimes, plan, period);
+    const StepLayout layout = lay_out_step(lifetimes, period);
+    expect_no_conflicts(lifetimes, layout, period);
   }
 }
 
-TEST(PlacementPlan, LifetimesOutsideTheStepAreRefused) {
-  EXPECT_THROW(plan_placement({{512, 10, 2}}, 10), LogicError);
-  EXPECT_THROW(plan_placement({{0, 1, 2}}, 10), LogicError);
-  EXPECT_THROW(plan_placement({{512, 1, 11}}, 10), LogicError);
-  EXPECT_THROW(plan_placement({}, 0), LogicError);
-  EXPECT_EQ(plan_placement({}, 4).arena_bytes, 0u);
+TEST(StepLayout, LifetimesOutsideTheStepAreRefused) {
+  EXPECT_THROW(lay_out_step({{512, 10, 2}}, 10), LogicError);
+  EXPECT_THROW(lay_out_step({{0, 1, 2}}, 10), LogicError);
+  EXPECT_THROW(lay_out_step({{512, 1, 11}}, 10), LogicError);
+  EXPECT_THROW(lay_out_step({}, 0), LogicError);
+  EXPECT_EQ(lay_out_step({}, 4).arena_bytes, 0u);
 }
 
 // --- StepLearner ---
@@ -153,31 +154,31 @@ struct LayeredStep {
   }
 };
 
-TEST(StepLearner, MarkedStepsThatRepeatGiveAPlanOfTheWholeStep) {
+TEST(StepLearner, MarkedStepsThatRepeatGiveALayoutOfTheWholeStep) {
   StepLearner learner;
   std::vector<std::uint64_t> grads;
   const LayeredStep step;
   step.run(learner, grads, true);
-  EXPECT_FALSE(learner.take_plan().has_value());
+  EXPECT_FALSE(learner.take_layout().has_value());
   step.run(learner, grads, true);
-  EXPECT_FALSE(learner.take_plan().has_value());
+  EXPECT_FALSE(learner.take_layout().has_value());
   step.run(learner, grads, true);  // two whole marked steps alike
-  const std::optional<StepLearner::Plan> plan = learner.take_plan();
-  ASSERT_TRUE(plan.has_value());
+  const std::optional<StepLearner::Layout> layout = learner.take_layout();
+  ASSERT_TRUE(layout.has_value());
   EXPECT_EQ(learner.phase(), StepLearner::Phase::kPlaced);
-  ASSERT_EQ(plan->allocations.size(), 3 * step.layers);
+  ASSERT_EQ(layout->allocations.size(), 3 * step.layers);
   // Every allocation lives less than a step, gradients included (freed at the next start).
-  for (const StepLearner::PlannedAllocation& a : plan->allocations) {
+  for (const StepLearner::LayoutEntry& a : layout->allocations) {
     EXPECT_NE(a.offset, StepLearner::kDynamic);
   }
-  EXPECT_GE(plan->arena_bytes, plan->peak_live_bytes);
-  // The plan follows the step, allocation by allocation, and wraps around.
+  EXPECT_GE(layout->arena_bytes, layout->peak_live_bytes);
+  // The layout follows the step, allocation by allocation, and wraps around.
   for (int repeat = 0; repeat < 2; ++repeat) {
     for (std::size_t i = 0; i < step.layers; ++i) {
-      ASSERT_NE(learner.next_planned(3 * kMiB), nullptr);
-      ASSERT_NE(learner.next_planned((4 + i) * kMiB), nullptr);
+      ASSERT_NE(learner.next_entry(3 * kMiB), nullptr);
+      ASSERT_NE(learner.next_entry((4 + i) * kMiB), nullptr);
     }
-    for (std::size_t i = 0; i < step.layers; ++i) ASSERT_NE(learner.next_planned(2 * kMiB), nullptr);
+    for (std::size_t i = 0; i < step.layers; ++i) ASSERT_NE(learner.next_entry(2 * kMiB), nullptr);
     EXPECT_FALSE(learner.mark_step());
   }
   EXPECT_EQ(learner.departures(), 0);
@@ -190,33 +191,34 @@ TEST(StepLearner, WithoutMarksTheStepIsFoundNotALayer) {
   first.scale = 2;  // the first step differs (as optimizer state appears in a real one)
   first.run(learner, grads, false);
   const LayeredStep step{12, 1, true};
-  std::optional<StepLearner::Plan> plan;
-  for (int i = 0; i < 6 && !plan; ++i) {
+  std::optional<StepLearner::Layout> layout;
+  for (int i = 0; i < 6 && !layout; ++i) {
     step.run(learner, grads, false);
-    plan = learner.take_plan();
+    layout = learner.take_layout();
   }
-  ASSERT_TRUE(plan.has_value());
+  ASSERT_TRUE(layout.has_value());
   // One step: 12 layers x (alloc temp, alloc saved, free temp) + 12 x (alloc grad, free saved)
   // + 12 frees of the previous step's gradients.
-  EXPECT_EQ(plan->period_events, 12u * 3 + 12u * 2 + 12u);
-  EXPECT_EQ(plan->allocations.size(), 36u);
-  // The plan's step starts where the fewest bytes are live: after the gradients are freed, at
+  EXPECT_EQ(layout->period_events, 12u * 3 + 12u * 2 + 12u);
+  EXPECT_EQ(layout->allocations.size(), 36u);
+  // The layout's step starts where the fewest bytes are live: after the gradients are freed, at
   // the first layer's temporary, wherever in the step the repeat was noticed.
-  EXPECT_EQ(plan->allocations[0].bytes, 3 * kMiB);
-  EXPECT_EQ(plan->allocations[1].bytes, 4 * kMiB);
+  EXPECT_EQ(layout->allocations[0].bytes, 3 * kMiB);
+  EXPECT_EQ(layout->allocations[1].bytes, 4 * kMiB);
   // The learner follows the program from where it is to that start, leaving those requests
   // dynamic, then places.
   std::size_t waited = 0;
-  const std::size_t ahead = (plan->allocations.size() - plan->next) % plan->allocations.size();
+  const std::size_t count = layout->allocations.size();
+  const std::size_t ahead = (count - layout->next) % count;
   while (learner.waiting()) {
-    const StepLearner::PlannedAllocation* next =
-        learner.next_planned(plan->allocations[(plan->next + waited) % 36].bytes);
+    const StepLearner::LayoutEntry* next =
+        learner.next_entry(layout->allocations[(layout->next + waited) % 36].bytes);
     ASSERT_NE(next, nullptr);
     EXPECT_EQ(next->offset, StepLearner::kDynamic);
     ++waited;
   }
   EXPECT_EQ(waited, ahead);
-  const StepLearner::PlannedAllocation* placed = learner.next_planned(3 * kMiB);
+  const StepLearner::LayoutEntry* placed = learner.next_entry(3 * kMiB);
   ASSERT_NE(placed, nullptr);
   EXPECT_NE(placed->offset, StepLearner::kDynamic);
 }
@@ -229,7 +231,7 @@ TEST(StepLearner, ALoopOfAFewAllocationsIsNotTakenForAStep) {
     for (std::uint64_t id : live) learner.record_free(id);
     live.clear();
   }
-  EXPECT_FALSE(learner.take_plan().has_value());
+  EXPECT_FALSE(learner.take_layout().has_value());
 }
 
 TEST(StepLearner, ADifferentRequestIsADepartureAndTheSamePeriodIsNotLearnedAgain) {
@@ -237,47 +239,47 @@ TEST(StepLearner, ADifferentRequestIsADepartureAndTheSamePeriodIsNotLearnedAgain
   std::vector<std::uint64_t> grads;
   const LayeredStep step;
   for (int i = 0; i < 3; ++i) step.run(learner, grads, true);
-  ASSERT_TRUE(learner.take_plan().has_value());
-  EXPECT_NE(learner.next_planned(3 * kMiB), nullptr);
-  EXPECT_EQ(learner.next_planned(5 * kMiB), nullptr);  // the plan said 4 MiB
+  ASSERT_TRUE(learner.take_layout().has_value());
+  EXPECT_NE(learner.next_entry(3 * kMiB), nullptr);
+  EXPECT_EQ(learner.next_entry(5 * kMiB), nullptr);  // the layout said 4 MiB
   EXPECT_EQ(learner.phase(), StepLearner::Phase::kLearning);
   EXPECT_EQ(learner.departures(), 1);
   // A step that ends early is a departure too.
   grads.clear();
   for (int i = 0; i < 3; ++i) step.run(learner, grads, true);
-  ASSERT_TRUE(learner.take_plan().has_value());
-  EXPECT_NE(learner.next_planned(3 * kMiB), nullptr);
+  ASSERT_TRUE(learner.take_layout().has_value());
+  EXPECT_NE(learner.next_entry(3 * kMiB), nullptr);
   EXPECT_TRUE(learner.mark_step());
   EXPECT_EQ(learner.departures(), 2);
 }
 
-TEST(StepLearner, PeekingDoesNotMoveThroughThePlanCommittingDoes) {
+TEST(StepLearner, PeekingDoesNotMoveThroughTheLayoutCommittingDoes) {
   StepLearner learner;
   std::vector<std::uint64_t> grads;
   const LayeredStep step;
   for (int i = 0; i < 3; ++i) step.run(learner, grads, true);
-  ASSERT_TRUE(learner.take_plan().has_value());
-  // A request that fails and is tried again is seen twice, and is one request of the plan.
-  ASSERT_NE(learner.peek_planned(3 * kMiB), nullptr);
-  ASSERT_NE(learner.peek_planned(3 * kMiB), nullptr);
-  learner.commit_planned();
-  ASSERT_NE(learner.peek_planned(4 * kMiB), nullptr);
+  ASSERT_TRUE(learner.take_layout().has_value());
+  // A request that fails and is tried again is seen twice, and is one request of the layout.
+  ASSERT_NE(learner.peek_entry(3 * kMiB), nullptr);
+  ASSERT_NE(learner.peek_entry(3 * kMiB), nullptr);
+  learner.commit_entry();
+  ASSERT_NE(learner.peek_entry(4 * kMiB), nullptr);
   EXPECT_EQ(learner.departures(), 0);
 }
 
-TEST(StepLearner, AMarkedStepWithNothingToPlanIsTriedOnce) {
+TEST(StepLearner, AMarkedStepWithNothingToLayOutIsTriedOnce) {
   StepLearner learner;
   std::vector<std::uint64_t> ids;
   for (int step = 0; step < 2000; ++step) {
-    ids.push_back(learner.record_malloc(4 * kMiB));  // lives two steps: nothing to plan
+    ids.push_back(learner.record_malloc(4 * kMiB));  // lives two steps: nothing to lay out
     if (ids.size() > 2) {
       learner.record_free(ids.front());
       ids.erase(ids.begin());
     }
     learner.mark_step();
-    ASSERT_FALSE(learner.take_plan().has_value());
+    ASSERT_FALSE(learner.take_layout().has_value());
   }
-  EXPECT_EQ(learner.plans_made(), 0u);
+  EXPECT_EQ(learner.layouts_made(), 0u);
   EXPECT_LE(learner.events_held(), StepLearner::kMaxEvents);
 }
 
@@ -287,7 +289,7 @@ TEST(StepLearner, StopsAfterRepeatedDepartures) {
     std::vector<std::uint64_t> grads;
     const LayeredStep step;
     for (int i = 0; i < 3; ++i) step.run(learner, grads, true);
-    ASSERT_TRUE(learner.take_plan().has_value()) << departure;
+    ASSERT_TRUE(learner.take_layout().has_value()) << departure;
     learner.depart();
   }
   EXPECT_EQ(learner.phase(), StepLearner::Phase::kOff);
@@ -309,8 +311,8 @@ TEST(StepLearner, KeepsBoundedMemoryOnASequenceThatNeverRepeats) {
     }
     ASSERT_LE(learner.events_held(), StepLearner::kMaxEvents);
   }
-  EXPECT_FALSE(learner.take_plan().has_value());
-  EXPECT_EQ(learner.plans_made(), 0u);
+  EXPECT_FALSE(learner.take_layout().has_value());
+  EXPECT_EQ(learner.layouts_made(), 0u);
 }
 
 }  // namespace
