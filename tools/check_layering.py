@@ -50,7 +50,7 @@ DIRECT: dict[str, set[str]] = {
     "allocator": {"device", "host device"},  # replay runs on the simulated device
     "process": {"allocator", "cuda device"},
     "offload": {"allocator"},
-    "planner": {"offload"},
+    "planner": {"base"},
     "libtorch": {"process"},
     "torch bindings": {"libtorch", "offload", "host device"},  # CPU mode
     "snapshot": {"base"},

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stowage.plan.lifetimes import LifetimeProfile, OpRecord, TensorRecord
+from stowage.plan.lifetimes import LifetimeProfile, OpRecord, TensorRecord, native_trace
 
 
 def _units(recorder: Any) -> dict[int, TensorRecord]:
@@ -49,8 +49,8 @@ def _units(recorder: Any) -> dict[int, TensorRecord]:
 
 
 def _link_regions(recorder: Any, ordered: list[TensorRecord], index_of_op: dict[int, int]) -> None:
-    """Marks blocks that cannot be checkpointed, and gives each recomputable tensor its time and
-    its region's inputs."""
+    """Marks blocks that cannot be checkpointed, and gives each recomputable tensor its region's
+    inputs."""
     regions = recorder.regions
     calls: dict[str, int] = {}
     for region in regions:
@@ -66,7 +66,6 @@ def _link_regions(recorder: Any, ordered: list[TensorRecord], index_of_op: dict[
             inputs.append(index_of_op[op])
         region.inputs = inputs  # per tensor argument, in order
         region.checkpointable = region.checkpointable and calls[region.module] == 1
-    set_recompute_times(recorder.ops, ordered)
     for unit in ordered:
         if unit.region < 0:
             continue
@@ -78,33 +77,16 @@ def _link_regions(recorder: Any, ordered: list[TensorRecord], index_of_op: dict[
             unit.region = -1  # never checkpointed: its saves reach the pager
 
 
-def set_recompute_times(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
-    """Each tensor of a region: the time to rerun its op and those since the region's previous
-    saved tensor (what recomputing it costs beyond the tensors before it)."""
-    index_of_op = {tensor.created: i for i, tensor in enumerate(tensors)}
-    since_last: dict[int, float] = {}
-    for i, op in enumerate(ops):
-        if op.phase != "forward" or op.region < 0:
-            continue
-        since_last[op.region] = since_last.get(op.region, 0.0) + op.duration_ms
-        if i in index_of_op:
-            unit = tensors[index_of_op[i]]
-            if unit.region == op.region:
-                unit.recompute_ms = since_last[op.region]
-                since_last[op.region] = 0.0
-
-
-def set_other_bytes(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
-    """Each op's memory besides the saved tensors live during it: its measured peak
-    (``in_use_bytes``) less those tensors, none when they account for all of it."""
-    delta = [0] * (len(ops) + 1)
-    for unit in tensors:
-        delta[unit.created] += unit.bytes
-        delta[unit.last_backward_use + 1] -= unit.bytes
-    live = 0
-    for i, op in enumerate(ops):
-        live += delta[i]
-        op.other_bytes = max(0, op.in_use_bytes - live)
+def _derive(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
+    """Each op's memory besides the saved tensors live during it, and each region tensor's
+    recompute time, as the planner derives them (planner/derived_quantities.hpp)."""
+    trace = native_trace(ops, tensors)
+    trace.derive_other_bytes()
+    trace.derive_recompute_times()
+    for op, native in zip(ops, trace.ops):
+        op.other_bytes = native.other_bytes
+    for tensor, native in zip(tensors, trace.tensors):
+        tensor.recompute_ms = native.recompute_ms
 
 
 def _in_trace(recorder: Any, key: int) -> bool:
@@ -117,10 +99,10 @@ def build_profile(recorder: Any, cost: dict[str, float]) -> LifetimeProfile:
     units = _units(recorder)
     ordered = [units[op] for op in sorted(units)]
     index_of_op = {unit.created: i for i, unit in enumerate(ordered)}
-    _link_regions(recorder, ordered, index_of_op)
     for op, in_use in zip(recorder.ops, recorder.peaks):
         op.in_use_bytes = in_use  # below 0 where the step freed what it began with (last step's gradients)
-    set_other_bytes(recorder.ops, ordered)
+    _derive(recorder.ops, ordered)  # with the regions as recorded, before _link_regions drops some
+    _link_regions(recorder, ordered, index_of_op)
     peak = max(recorder.peaks, default=0)
     elsewhere = recorder.elsewhere + [save for key, saved in recorder.saved.items()
                                       if not _in_trace(recorder, key) for save in saved.saves]
