@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "allocator/base/errors.hpp"
+#include "planner/plan.hpp"
+#include "planner/simulator.hpp"
 
 namespace stowage::planner {
 
@@ -43,6 +45,12 @@ void derive_recompute_times(LifetimeTrace& trace) {
       since = 0;
     }
   }
+}
+
+std::uint64_t unconstrained_peak_bytes(const LifetimeTrace& trace) {
+  const CostModel no_copies{1.0, 1.0, 0};  // keep-all copies nothing: any valid link does
+  Simulator simulator(trace, no_copies);
+  return simulator.simulate(Plan(trace.tensors.size(), Decision::kKeep)).peak_bytes;
 }
 
 }  // namespace stowage::planner

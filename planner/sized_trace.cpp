@@ -91,8 +91,6 @@ SizedPoint SizedTrace::at(const std::vector<std::int64_t>& values) const {
     for (std::size_t g = 0; g < traces_.size(); ++g) at_grid[g] = traces_[g].ops[i].in_use_bytes;
     op.in_use_bytes = interpolate(w, at_grid);
     op.duration_ms = op_times_.at(op.name).at(static_cast<double>(op.io_bytes));
-    point.unconstrained_peak_bytes =
-        std::max(point.unconstrained_peak_bytes, static_cast<std::uint64_t>(std::max<std::int64_t>(0, op.in_use_bytes)));
   }
   for (std::size_t t = 0; t < trace.tensors.size(); ++t) {
     for (std::size_t g = 0; g < traces_.size(); ++g) at_grid[g] = static_cast<std::int64_t>(traces_[g].tensors[t].bytes);
@@ -101,6 +99,7 @@ SizedPoint SizedTrace::at(const std::vector<std::int64_t>& values) const {
   check_bounds(trace, where);
   derive_other_bytes(trace);
   derive_recompute_times(trace);
+  point.unconstrained_peak_bytes = planner::unconstrained_peak_bytes(trace);
   return point;
 }
 

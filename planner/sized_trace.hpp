@@ -10,8 +10,7 @@
 // the sequence), floored at the least the grid measured and rounded half to even. Byte counts
 // follow from shapes, so they come out exact. Times are noisy: an op's time is its kind's line
 // (planner/time_fit.hpp) at its interpolated `io_bytes`. What follows from those is derived again
-// (planner/derived_quantities.hpp). The step's unconstrained peak is the most memory in use during
-// any op (no less than 0), the figure a recording measures, here from the interpolated figures.
+// (planner/derived_quantities.hpp), the step's unconstrained peak among them.
 //
 // Contract: a value type, immutable once built; the constructor throws LogicError for a grid that
 // is not one (fewer than two distinct points per size, a trace count other than the grid's) and

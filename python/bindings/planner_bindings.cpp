@@ -14,6 +14,7 @@
 #include "planner/prefetch_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
+#include "planner/trace_builder.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
@@ -46,6 +47,37 @@ struct BudgetPlan {
   bool fits = false;
   std::size_t prefetch_pages = 0;
 };
+
+void bind_recording(py::module_& module) {
+  py::class_<planner::RecordedStorage>(module, "RecordedStorage")
+      .def(py::init<>())
+      .def_readwrite("bytes", &planner::RecordedStorage::bytes)
+      .def_readwrite("producer", &planner::RecordedStorage::producer)
+      .def_readwrite("last_forward", &planner::RecordedStorage::last_forward)
+      .def_readwrite("first_backward", &planner::RecordedStorage::first_backward)
+      .def_readwrite("last_backward", &planner::RecordedStorage::last_backward)
+      .def_readwrite("save_ops", &planner::RecordedStorage::save_ops)
+      .def_readwrite("save_regions", &planner::RecordedStorage::save_regions);
+  py::class_<planner::RecordedRegion>(module, "RecordedRegion")
+      .def(py::init<>())
+      .def_readwrite("module", &planner::RecordedRegion::module)
+      .def_readwrite("checkpointable", &planner::RecordedRegion::checkpointable)
+      .def_readwrite("inputs", &planner::RecordedRegion::inputs);
+  py::class_<planner::StepRecording>(module, "StepRecording")
+      .def(py::init<>())
+      .def_readwrite("ops", &planner::StepRecording::ops)
+      .def_readwrite("storages", &planner::StepRecording::storages)
+      .def_readwrite("regions", &planner::StepRecording::regions);
+  py::class_<planner::BuiltTrace>(module, "BuiltTrace")
+      .def_readonly("trace", &planner::BuiltTrace::trace)
+      .def_readonly("storages_of_tensor", &planner::BuiltTrace::storages_of_tensor)
+      .def_readonly("left_out", &planner::BuiltTrace::left_out)
+      .def_readonly("region_checkpointable", &planner::BuiltTrace::region_checkpointable)
+      .def_readonly("region_inputs", &planner::BuiltTrace::region_inputs)
+      .def_readonly("unconstrained_peak_bytes", &planner::BuiltTrace::unconstrained_peak_bytes);
+  module.def("build_trace", &planner::build_trace, py::arg("recording"),
+             "The lifetime trace of a recorded step (Note [Building a trace]).");
+}
 
 void bind_results(py::module_& module) {
   py::class_<planner::Simulation>(module, "Simulation")
@@ -127,6 +159,7 @@ void bind_values(py::module_& module) {
 void bind_planner(py::module_& module) {
   bind_values(module);
   bind_results(module);
+  bind_recording(module);
   module.def(
       "plan_simulate",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,

@@ -22,10 +22,10 @@ that produced it; ``packs`` are where autograd saved it: (module path, the modul
 the save's number within that call), which is how a plan finds it again. A region is a module run
 under selective checkpointing when its plan recomputes; ``ops`` its ops (the checkpoint's policy
 sees the same ones), ``inputs`` the tensors it receives. ``unconstrained_peak_bytes``: the step's
-peak with nothing changed as a recording measures it, the most memory in use during any op (the
-largest ``in_use_bytes``, no less than 0); at sizes other than those recorded, the same figure from
-the interpolated ones (stowage.plan.sizes). The simulator's figure for the unchanged step is the
-plan "no change" (stowage.plan.plan_text). ``kept_saves``: saves of what no decision moves
+peak with nothing changed, as the planner works it out from the trace (the simulated peak of the
+plan that keeps every saved tensor, the comparison point "no change": planner/derived_quantities.hpp);
+for a recorded step that is its measured peak, the saved tensors being counted in the memory in
+use, so files written before hold the same figure. ``kept_saves``: saves of what no decision moves
 (parameters, tensors made before the step).
 """
 
@@ -95,7 +95,7 @@ class LifetimeProfile:
     tensors: list[TensorRecord]
     regions: list[RegionRecord]
     cost: dict[str, float]
-    unconstrained_peak_bytes: int  # measured: the largest in_use_bytes, no less than 0
+    unconstrained_peak_bytes: int  # the simulated peak with every saved tensor kept
     kept_saves: list[tuple[str, int, int]] = field(default_factory=list)  # saves no decision moves
 
     def native_trace(self) -> Any:

@@ -14,8 +14,7 @@ the least the grid measured. Byte counts follow from shapes, so they come out ex
 noisy: an op's time is a fixed cost plus a cost per byte it reads and writes, one line per kind
 of op fitted over all its runs at all the grid's points. What follows from those is derived again
 at the sizes asked for: each op's memory besides the saved tensors, each tensor's recompute time
-(summed from its ops') and the unconstrained peak (the most memory in use during any op, as a
-recording measures it). The planner does all of it (Note [Sized traces] in planner/sized_trace.hpp);
+(summed from its ops') and the unconstrained peak (simulated, every saved tensor kept). The planner does all of it (Note [Sized traces] in planner/sized_trace.hpp);
 this module checks the grid's steps are one step and carries the records.
 
 The ops, saved tensors and checkpoint regions must be the same at every point (a step whose ops
