@@ -115,6 +115,14 @@ void bind_values(py::module_& module) {
       .value("optimizer", planner::Phase::kOptimizer);
   py::class_<planner::TraceOp>(module, "TraceOp")
       .def(py::init<>())
+      .def(py::init([](std::string name, std::string module_path, planner::Phase phase, double duration_ms,
+                       std::uint64_t other_bytes, std::int32_t region, std::int64_t in_use_bytes,
+                       std::uint64_t io_bytes) {
+             return planner::TraceOp{std::move(name), std::move(module_path), phase, duration_ms, other_bytes, region,
+                                     in_use_bytes, io_bytes};
+           }),
+           py::arg("name"), py::arg("module"), py::arg("phase"), py::arg("duration_ms"), py::arg("other_bytes"),
+           py::arg("region"), py::arg("in_use_bytes"), py::arg("io_bytes"))
       .def_readwrite("name", &planner::TraceOp::name)
       .def_readwrite("module", &planner::TraceOp::module)
       .def_readwrite("phase", &planner::TraceOp::phase)
@@ -125,6 +133,17 @@ void bind_values(py::module_& module) {
       .def_readwrite("io_bytes", &planner::TraceOp::io_bytes);
   py::class_<planner::SavedTensor>(module, "SavedTensor")
       .def(py::init<>())
+      .def(py::init([](std::string module_path, std::uint64_t bytes, std::size_t created, std::size_t last_forward_use,
+                       std::size_t first_backward_use, std::size_t last_backward_use, double recompute_ms,
+                       bool recomputable, bool offloadable, std::vector<std::size_t> recompute_inputs,
+                       std::int32_t region) {
+             return planner::SavedTensor{std::move(module_path), bytes, created, last_forward_use, first_backward_use,
+                                         last_backward_use, recompute_ms, recomputable, offloadable,
+                                         std::move(recompute_inputs), region};
+           }),
+           py::arg("module"), py::arg("bytes"), py::arg("created"), py::arg("last_forward_use"),
+           py::arg("first_backward_use"), py::arg("last_backward_use"), py::arg("recompute_ms"),
+           py::arg("recomputable"), py::arg("offloadable"), py::arg("recompute_inputs"), py::arg("region"))
       .def_readwrite("module", &planner::SavedTensor::module)
       .def_readwrite("bytes", &planner::SavedTensor::bytes)
       .def_readwrite("created", &planner::SavedTensor::created)

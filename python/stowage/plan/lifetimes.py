@@ -44,9 +44,6 @@ from stowage.validation import InputError
 FORMAT = LIFETIMES
 _PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
            "optimizer": _core.TracePhase.optimizer}
-_OP_FIELDS = ("name", "module", "duration_ms", "other_bytes", "region", "in_use_bytes", "io_bytes")
-_TENSOR_FIELDS = ("module", "bytes", "created", "last_forward_use", "first_backward_use", "last_backward_use",
-                  "recompute_ms", "recomputable", "offloadable", "recompute_inputs", "region")
 
 
 @dataclass
@@ -119,20 +116,11 @@ class LifetimeProfile:
 def native_trace(ops: list[OpRecord], tensors: list[TensorRecord]) -> Any:
     """Ops and saved tensors as the C++ planner takes them (stowage._core.LifetimeTrace)."""
     trace = _core.LifetimeTrace()
-    native_ops = []
-    for record in ops:
-        op = _core.TraceOp()
-        for name in _OP_FIELDS:
-            setattr(op, name, getattr(record, name))
-        op.phase = _PHASES[record.phase]
-        native_ops.append(op)
-    native_tensors = []
-    for record in tensors:
-        tensor = _core.SavedTensor()
-        for name in _TENSOR_FIELDS:
-            setattr(tensor, name, getattr(record, name))
-        native_tensors.append(tensor)
-    trace.ops, trace.tensors = native_ops, native_tensors
+    trace.ops = [_core.TraceOp(o.name, o.module, _PHASES[o.phase], o.duration_ms, o.other_bytes, o.region,
+                               o.in_use_bytes, o.io_bytes) for o in ops]
+    trace.tensors = [_core.SavedTensor(t.module, t.bytes, t.created, t.last_forward_use, t.first_backward_use,
+                                       t.last_backward_use, t.recompute_ms, t.recomputable, t.offloadable,
+                                       t.recompute_inputs, t.region) for t in tensors]
     return trace
 
 
