@@ -32,15 +32,22 @@ namespace stowage::planner {
 
 enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer };
 
+inline constexpr std::int32_t kNoRegion = -1;
+
+// The measured figures `other_bytes` and each tensor's `recompute_ms` follow from
+// (planner/derived_quantities.hpp): `in_use_bytes`, the device memory in use during the op
+// relative to the step's start (below 0 where the step freed what it began with), and `io_bytes`,
+// the bytes of its tensor arguments and results (what its time follows as sizes change).
 struct TraceOp {
   std::string name;    // e.g. "aten::mm"
   std::string module;  // the module path that ran it, e.g. "blocks.3.mlp"
   Phase phase = Phase::kForward;
   double duration_ms = 0;
   std::uint64_t other_bytes = 0;
+  std::int32_t region = kNoRegion;  // the checkpoint region a forward op ran in
+  std::int64_t in_use_bytes = 0;
+  std::uint64_t io_bytes = 0;
 };
-
-inline constexpr std::int32_t kNoRegion = -1;
 
 struct SavedTensor {
   std::string module;  // the producer's module path
@@ -62,8 +69,8 @@ struct LifetimeTrace {
 
   // Throws LogicError naming the first broken rule of Note [Lifetime trace].
   void validate() const;
-  double compute_ms() const;
-  std::size_t region_count() const;  // one past the highest region index  // the ops' durations summed: the step with nothing changed
+  double compute_ms() const;         // the ops' durations summed: the step with nothing changed
+  std::size_t region_count() const;  // one past the highest region index
 };
 
 }  // namespace stowage::planner

@@ -1,6 +1,7 @@
-// stowage._core's planner part: the lifetime trace, the cost model, simulating a plan and solving
-// for one under a budget (planner/). Decisions cross as their names ("keep", "offload",
-// "recompute"); a simulation as a dict.
+// stowage._core's planner part: the lifetime trace, the cost model, what follows from a trace's
+// measured figures, a step recorded at a grid of sizes, simulating a plan, and one call from a
+// budget to a plan (planner/). Decisions cross as their names ("keep", "offload", "recompute");
+// results as typed, read-only objects.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,9 +10,11 @@
 #include <vector>
 
 #include "allocator/base/errors.hpp"
-#include "planner/exhaustive_solver.hpp"
-#include "planner/greedy_solver.hpp"
+#include "planner/derived_quantities.hpp"
+#include "planner/prefetch_search.hpp"
 #include "planner/simulator.hpp"
+#include "planner/sized_trace.hpp"
+#include "planner/trace_builder.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
@@ -29,22 +32,80 @@ Decision decision_named(const std::string& name) {
   return Decision::kKeep;
 }
 
-py::dict simulation_dict(const planner::Simulation& s) {
-  py::dict out;
-  out["peak_bytes"] = s.peak_bytes;
-  out["peak_op"] = s.peak_op;
-  out["step_ms"] = s.step_ms;
-  out["recompute_ms"] = s.recompute_ms;
-  out["stall_ms"] = s.stall_ms;
-  out["bytes_at_op"] = s.bytes_at_op;
-  return out;
+std::vector<std::string> decision_names(const planner::Plan& plan) {
+  std::vector<std::string> names;
+  names.reserve(plan.size());
+  for (const Decision d : plan) names.emplace_back(planner::decision_name(d));
+  return names;
 }
 
-py::tuple solution_tuple(const planner::Solution& solution) {
-  std::vector<std::string> names;
-  names.reserve(solution.plan.size());
-  for (const Decision d : solution.plan) names.emplace_back(planner::decision_name(d));
-  return py::make_tuple(names, simulation_dict(solution.simulation), solution.fits);
+// A plan solved under a budget: its decisions, their simulation, whether it fits, and the
+// prefetch depth it was solved at (Note [Prefetch depth]).
+struct BudgetPlan {
+  std::vector<std::string> decisions;
+  planner::Simulation simulation;
+  bool fits = false;
+  std::size_t prefetch_pages = 0;
+};
+
+void bind_recording(py::module_& module) {
+  py::class_<planner::RecordedStorage>(module, "RecordedStorage")
+      .def(py::init<>())
+      .def_readwrite("bytes", &planner::RecordedStorage::bytes)
+      .def_readwrite("producer", &planner::RecordedStorage::producer)
+      .def_readwrite("last_forward", &planner::RecordedStorage::last_forward)
+      .def_readwrite("first_backward", &planner::RecordedStorage::first_backward)
+      .def_readwrite("last_backward", &planner::RecordedStorage::last_backward)
+      .def_readwrite("save_ops", &planner::RecordedStorage::save_ops)
+      .def_readwrite("save_regions", &planner::RecordedStorage::save_regions);
+  py::class_<planner::RecordedRegion>(module, "RecordedRegion")
+      .def(py::init<>())
+      .def_readwrite("module", &planner::RecordedRegion::module)
+      .def_readwrite("checkpointable", &planner::RecordedRegion::checkpointable)
+      .def_readwrite("inputs", &planner::RecordedRegion::inputs);
+  py::class_<planner::StepRecording>(module, "StepRecording")
+      .def(py::init<>())
+      .def_readwrite("ops", &planner::StepRecording::ops)
+      .def_readwrite("storages", &planner::StepRecording::storages)
+      .def_readwrite("regions", &planner::StepRecording::regions);
+  py::class_<planner::BuiltTrace>(module, "BuiltTrace")
+      .def_readonly("trace", &planner::BuiltTrace::trace)
+      .def_readonly("storages_of_tensor", &planner::BuiltTrace::storages_of_tensor)
+      .def_readonly("left_out", &planner::BuiltTrace::left_out)
+      .def_readonly("region_checkpointable", &planner::BuiltTrace::region_checkpointable)
+      .def_readonly("region_inputs", &planner::BuiltTrace::region_inputs)
+      .def_readonly("unconstrained_peak_bytes", &planner::BuiltTrace::unconstrained_peak_bytes);
+  module.def("build_trace", &planner::build_trace, py::arg("recording"),
+             "The lifetime trace of a recorded step (Note [Building a trace]).");
+}
+
+void bind_results(py::module_& module) {
+  py::class_<planner::Simulation>(module, "Simulation")
+      .def_readonly("peak_bytes", &planner::Simulation::peak_bytes)
+      .def_readonly("peak_op", &planner::Simulation::peak_op)
+      .def_readonly("step_ms", &planner::Simulation::step_ms)
+      .def_readonly("recompute_ms", &planner::Simulation::recompute_ms)
+      .def_readonly("stall_ms", &planner::Simulation::stall_ms)
+      .def_readonly("bytes_at_op", &planner::Simulation::bytes_at_op);
+  py::class_<BudgetPlan>(module, "BudgetPlan")
+      .def_readonly("decisions", &BudgetPlan::decisions)
+      .def_readonly("simulation", &BudgetPlan::simulation)
+      .def_readonly("fits", &BudgetPlan::fits)
+      .def_readonly("prefetch_pages", &BudgetPlan::prefetch_pages);
+  py::class_<planner::SizedPoint>(module, "SizedPoint")
+      .def_readonly("trace", &planner::SizedPoint::trace)
+      .def_readonly("unconstrained_peak_bytes", &planner::SizedPoint::unconstrained_peak_bytes);
+  py::class_<planner::SizedTrace>(module, "SizedTrace")
+      .def(py::init([](const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& sizes,
+                       std::vector<planner::LifetimeTrace> traces) {
+             std::vector<planner::GridSize> grid;
+             for (const auto& [name, points] : sizes) grid.push_back({name, points});
+             return planner::SizedTrace(std::move(grid), std::move(traces));
+           }),
+           py::arg("sizes"), py::arg("traces"))
+      .def("at", &planner::SizedTrace::at, py::arg("values"),
+           "The trace at these sizes (one value per size, in the grid's order) and its unconstrained peak "
+           "(Note [Sized traces]).");
 }
 
 void bind_values(py::module_& module) {
@@ -54,13 +115,35 @@ void bind_values(py::module_& module) {
       .value("optimizer", planner::Phase::kOptimizer);
   py::class_<planner::TraceOp>(module, "TraceOp")
       .def(py::init<>())
+      .def(py::init([](std::string name, std::string module_path, planner::Phase phase, double duration_ms,
+                       std::uint64_t other_bytes, std::int32_t region, std::int64_t in_use_bytes,
+                       std::uint64_t io_bytes) {
+             return planner::TraceOp{std::move(name), std::move(module_path), phase, duration_ms, other_bytes, region,
+                                     in_use_bytes, io_bytes};
+           }),
+           py::arg("name"), py::arg("module"), py::arg("phase"), py::arg("duration_ms"), py::arg("other_bytes"),
+           py::arg("region"), py::arg("in_use_bytes"), py::arg("io_bytes"))
       .def_readwrite("name", &planner::TraceOp::name)
       .def_readwrite("module", &planner::TraceOp::module)
       .def_readwrite("phase", &planner::TraceOp::phase)
       .def_readwrite("duration_ms", &planner::TraceOp::duration_ms)
-      .def_readwrite("other_bytes", &planner::TraceOp::other_bytes);
+      .def_readwrite("other_bytes", &planner::TraceOp::other_bytes)
+      .def_readwrite("region", &planner::TraceOp::region)
+      .def_readwrite("in_use_bytes", &planner::TraceOp::in_use_bytes)
+      .def_readwrite("io_bytes", &planner::TraceOp::io_bytes);
   py::class_<planner::SavedTensor>(module, "SavedTensor")
       .def(py::init<>())
+      .def(py::init([](std::string module_path, std::uint64_t bytes, std::size_t created, std::size_t last_forward_use,
+                       std::size_t first_backward_use, std::size_t last_backward_use, double recompute_ms,
+                       bool recomputable, bool offloadable, std::vector<std::size_t> recompute_inputs,
+                       std::int32_t region) {
+             return planner::SavedTensor{std::move(module_path), bytes, created, last_forward_use, first_backward_use,
+                                         last_backward_use, recompute_ms, recomputable, offloadable,
+                                         std::move(recompute_inputs), region};
+           }),
+           py::arg("module"), py::arg("bytes"), py::arg("created"), py::arg("last_forward_use"),
+           py::arg("first_backward_use"), py::arg("last_backward_use"), py::arg("recompute_ms"),
+           py::arg("recomputable"), py::arg("offloadable"), py::arg("recompute_inputs"), py::arg("region"))
       .def_readwrite("module", &planner::SavedTensor::module)
       .def_readwrite("bytes", &planner::SavedTensor::bytes)
       .def_readwrite("created", &planner::SavedTensor::created)
@@ -77,7 +160,11 @@ void bind_values(py::module_& module) {
       .def_readwrite("ops", &planner::LifetimeTrace::ops)
       .def_readwrite("tensors", &planner::LifetimeTrace::tensors)
       .def("validate", &planner::LifetimeTrace::validate)
-      .def("compute_ms", &planner::LifetimeTrace::compute_ms);
+      .def("compute_ms", &planner::LifetimeTrace::compute_ms)
+      .def("derive_other_bytes", [](planner::LifetimeTrace& trace) { planner::derive_other_bytes(trace); },
+           "Each op's other_bytes from its in_use_bytes less the saved tensors live then.")
+      .def("derive_recompute_times", [](planner::LifetimeTrace& trace) { planner::derive_recompute_times(trace); },
+           "Each region tensor's recompute_ms from its region's forward ops since the one before it.");
   py::class_<planner::CostModel>(module, "CostModel")
       .def(py::init<double, double, std::size_t>(), py::arg("to_host_bytes_per_ms"),
            py::arg("to_device_bytes_per_ms"), py::arg("prefetch_pages") = 2)
@@ -90,6 +177,8 @@ void bind_values(py::module_& module) {
 
 void bind_planner(py::module_& module) {
   bind_values(module);
+  bind_results(module);
+  bind_recording(module);
   module.def(
       "plan_simulate",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,
@@ -98,25 +187,29 @@ void bind_planner(py::module_& module) {
         plan.reserve(names.size());
         for (const auto& name : names) plan.push_back(decision_named(name));
         planner::Simulator simulator(trace, cost, ceiling.value_or(planner::Simulator::kNoCeiling));
-        return simulation_dict(simulator.simulate(plan));
+        return simulator.simulate(plan);
       },
       py::arg("trace"), py::arg("cost"), py::arg("decisions"), py::arg("ceiling") = py::none(),
-      "The peak device memory and step time of a plan (one decision name per saved tensor), run "
-      "under an allocated ceiling of `ceiling` bytes when given.");
+      "The Simulation of a plan (one decision name per saved tensor), run under an allocated ceiling of "
+      "`ceiling` bytes when given.");
   module.def(
       "plan_solve",
-      [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, std::uint64_t budget, bool exact) {
-        planner::Simulator simulator(trace, cost, budget);  // a plan's step runs with its ceiling at its budget
-        planner::Solution solution;
+      [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, std::uint64_t budget, bool exact,
+         std::optional<std::size_t> shallowest_prefetch_pages) {
+        planner::DepthSolution found;
         {
           const py::gil_scoped_release release;
-          solution = exact ? planner::solve_exhaustive(simulator, budget) : planner::solve_greedy(simulator, budget);
+          found = planner::solve_over_depths(trace, cost, budget, exact,
+                                             shallowest_prefetch_pages.value_or(cost.prefetch_pages));
         }
-        return solution_tuple(solution);
+        return BudgetPlan{decision_names(found.solution.plan), found.solution.simulation, found.solution.fits,
+                          found.prefetch_pages};
       },
       py::arg("trace"), py::arg("cost"), py::arg("budget"), py::arg("exact") = false,
-      "(decisions, simulation, fits): the fastest plan found whose peak fits the budget (greedy, or "
-      "exhaustive for up to 16 saved tensors); the lowest peak found when none fits.");
+      py::arg("shallowest_prefetch_pages") = py::none(),
+      "A BudgetPlan: the fastest plan found whose peak fits the budget (greedy, or exhaustive for up to 16 "
+      "saved tensors), solved at the cost model's prefetch depth and, while none fits, at shallower ones "
+      "down to `shallowest_prefetch_pages` (Note [Prefetch depth]); the lowest peak found when none fits.");
 }
 
 }  // namespace stowage::python

@@ -33,8 +33,8 @@ profiling.
 """
 
 from stowage.plan.applying import Plan, load, solve
-from stowage.plan.lifetimes import LifetimeProfile, load_profile
+from stowage.plan.lifetimes import LifetimeProfile
 from stowage.plan.recording import profile
-from stowage.plan.sizes import SizedProfile
+from stowage.plan.sizes import SizedProfile, load_profile
 
 __all__ = ["LifetimeProfile", "Plan", "SizedProfile", "load", "load_profile", "profile", "solve"]

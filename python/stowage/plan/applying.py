@@ -19,18 +19,10 @@ from stowage.serving import torch_module
 from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
 from stowage.plan.module_frames import Frame, ModuleFrames
+from stowage.plan.plan_text import comparison_plans, describe
 from stowage.plan.region_policy import RegionPolicy
 from stowage.plan.sizes import SizedProfile
 from stowage.warning_site import outside_stowage
-
-
-def comparison_plans(profile: LifetimeProfile) -> dict[str, list[str]]:
-    """The points a plan is judged against: nothing changed, every block fully recomputed (full
-    activation checkpointing), every tensor that can be offloaded offloaded."""
-    tensors = profile.tensors
-    return {"no change": ["keep"] * len(tensors),
-            "full checkpointing": ["recompute" if t.recomputable else "keep" for t in tensors],
-            "offload everything": ["offload" if t.offloadable else "keep" for t in tensors]}
 
 
 def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Mapping[str, int] | None = None,
@@ -61,35 +53,16 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
         cost_model = {**profile.cost, **given}
         check_cost(cost_model, "stowage.plan.solve", len(profile.tensors))
         profile = dataclasses.replace(profile, cost=cost_model)
-    trace = profile.native_trace()
-    shallowest = int(profile.cost["prefetch_pages"]) if prefetch_pages is not None else 0
-    profile, cost, (decisions, simulation, fits) = _solve_prefetching(profile, trace, limit, exact, shallowest)
-    plan = Plan(profile, decisions, limit, native=(trace, cost))
-    if not fits:
+    trace, cost = profile.native_trace(), profile.native_cost()
+    found = _core.plan_solve(trace, cost, limit, exact, cost.prefetch_pages if prefetch_pages is not None else 0)
+    if found.prefetch_pages != cost.prefetch_pages:  # the plan carries its depth to the pager
+        profile = dataclasses.replace(profile, cost={**profile.cost, "prefetch_pages": found.prefetch_pages})
+        cost = profile.native_cost()
+    plan = Plan(profile, found.decisions, limit, native=(trace, cost))
+    if not found.fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
-                      f"{_core.format_bytes(simulation['peak_bytes'])}", stacklevel=2)
+                      f"{_core.format_bytes(found.simulation.peak_bytes)}", stacklevel=2)
     return plan
-
-
-def _solve_prefetching(profile: LifetimeProfile, trace: Any, limit: int, exact: bool,
-                       shallowest: int) -> tuple[LifetimeProfile, Any, tuple[list[str], dict[str, Any], bool]]:
-    """Solves at the profile's prefetch depth, then, while no plan fits, at shallower ones down to
-    `shallowest` (the plan carries its depth to the pager). A page brought back ahead holds its
-    memory from where it is asked for until its use, and the ops between may need more than was
-    free when it came: under a tight budget that overshoots where each page coming back at its use
-    would not. When none fits at any depth, the one with the lowest peak."""
-    lowest = None  # the attempt with the lowest peak so far (only it is kept)
-    own = int(profile.cost["prefetch_pages"])
-    for depth in range(own, shallowest - 1, -1):
-        at_depth = profile if depth == own else dataclasses.replace(profile, cost={**profile.cost, "prefetch_pages": depth})
-        cost = at_depth.native_cost()
-        found = _core.plan_solve(trace, cost, limit, exact)
-        if found[2]:
-            return at_depth, cost, found
-        if lowest is None or found[1]["peak_bytes"] < lowest[2][1]["peak_bytes"]:
-            lowest = (at_depth, cost, found)
-    assert lowest is not None  # the loop runs at least once: shallowest <= own
-    return lowest
 
 
 class Plan:
@@ -109,10 +82,11 @@ class Plan:
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
 
-    def simulate(self, decisions: list[str], ceiling: int | None = None) -> dict[str, Any]:
-        """The simulated outcome of `decisions` on this plan's profile, run under an allocated
+    def simulate(self, decisions: list[str], ceiling: int | None = None) -> Any:
+        """The simulated outcome of `decisions` on this plan's profile (a stowage._core.Simulation:
+        peak_bytes, peak_op, step_ms, recompute_ms, stall_ms, bytes_at_op), run under an allocated
         ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
-        return dict(_core.plan_simulate(*self._native, decisions, ceiling))
+        return _core.plan_simulate(*self._native, decisions, ceiling)
 
     @property
     def mismatches(self) -> list[str]:
@@ -126,11 +100,11 @@ class Plan:
 
     @property
     def predicted_peak_bytes(self) -> int:
-        return int(self.prediction["peak_bytes"])
+        return int(self.prediction.peak_bytes)
 
     @property
     def predicted_step_ms(self) -> float:
-        return float(self.prediction["step_ms"])
+        return float(self.prediction.step_ms)
 
     @property
     def fits(self) -> bool:
@@ -306,8 +280,6 @@ class Plan:
 
     # Reading -----------------------------------------------------------------------------
     def __str__(self) -> str:
-        from stowage.plan.plan_text import describe
-
         return describe(self)
 
 

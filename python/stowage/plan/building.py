@@ -1,129 +1,58 @@
-"""From a recorded step to its lifetime trace: saved storages grouped by the op that made them
-(selective checkpointing saves or recomputes per op, so one op's outputs share a decision), their
-lifetimes, which can be recomputed in which checkpoint region, and each op's memory besides them.
-
-The rules (each what the runtime can apply, Note [Lifetime trace] in planner/):
-- a saved storage made before the step (a batch, a parameter) is not in the trace: no decision
-  frees it;
-- a tensor is in region r when its op ran in block r and some save of it happened there; it can
-  be recomputed when every save of it happened in r and r can be checkpointed; a block can be
-  checkpointed when it ran once and each tensor it receives is saved within it (so running it
-  under a checkpoint, which keeps its inputs, adds nothing);
-- recomputing a region reruns its ops up to its last saved tensor's: each tensor's recompute
-  time is its op's and those of the ops since the region's previous saved tensor, and it needs
-  the region's inputs back first.
+"""From a recorded step to its lifetime trace: the recorder's figures handed to the planner, which
+applies the rules (Note [Building a trace] in planner/trace_builder.hpp: saved storages grouped by
+the op that made them, their lifetimes, which can be recomputed in which checkpoint region, each
+op's memory besides them), and its trace read back into the profile's records with where each
+tensor was saved (the keys a plan finds it by).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stowage.plan.lifetimes import LifetimeProfile, OpRecord, TensorRecord
+from stowage import _core
+from stowage.plan.lifetimes import LifetimeProfile, TensorRecord, native_trace
 
 
-def _units(recorder: Any) -> dict[int, TensorRecord]:
-    """Saved storages grouped by producing op (key: the op's index)."""
-    units: dict[int, TensorRecord] = {}
-    for key, saved in recorder.saved.items():
-        if not _in_trace(recorder, key):
-            continue
-        created = recorder.producer[key]
-        last_forward = max([recorder.last_forward.get(key, created), *saved.save_ops])
-        last_backward = max(saved.last_backward or saved.first_backward, saved.first_backward)
-        region = recorder.ops[created].region
-        unit = units.get(created)
-        if unit is None:
-            unit = units[created] = TensorRecord(recorder.ops[created].module, 0, created, last_forward,
-                                                 saved.first_backward, last_backward, recomputable=True)
-        unit.bytes += saved.bytes
-        unit.last_forward_use = max(unit.last_forward_use, last_forward)
-        unit.first_backward_use = min(unit.first_backward_use, saved.first_backward)
-        unit.last_backward_use = max(unit.last_backward_use, last_backward)
-        unit.packs.extend(saved.saves)
-        if region >= 0 and region in saved.save_regions:
-            unit.region = region
-        unit.recomputable = unit.recomputable and region >= 0 and saved.save_regions == {region}
-    for unit in units.values():
-        unit.packs.sort()  # saves in one order, whatever the order of the storages' addresses
-    return units
-
-
-def _link_regions(recorder: Any, ordered: list[TensorRecord], index_of_op: dict[int, int]) -> None:
-    """Marks blocks that cannot be checkpointed, and gives each recomputable tensor its time and
-    its region's inputs."""
-    regions = recorder.regions
-    calls: dict[str, int] = {}
-    for region in regions:
-        calls[region.module] = calls.get(region.module, 0) + 1
-    for r, region in enumerate(regions):
-        inputs = []
-        for key in recorder.region_inputs[r]:
-            op = recorder.producer.get(key)
-            saved = recorder.saved.get(key)
-            if op is None or op not in index_of_op or saved is None or r not in saved.save_regions:
-                region.checkpointable = False
-                break
-            inputs.append(index_of_op[op])
-        region.inputs = inputs  # per tensor argument, in order
-        region.checkpointable = region.checkpointable and calls[region.module] == 1
-    set_recompute_times(recorder.ops, ordered)
-    for unit in ordered:
-        if unit.region < 0:
-            continue
-        region = regions[unit.region]
-        unit.recomputable = unit.recomputable and region.checkpointable
-        if region.checkpointable:
-            unit.recompute_inputs = sorted({i for i in region.inputs if ordered[i].created < unit.created})
-        else:
-            unit.region = -1  # never checkpointed: its saves reach the pager
-
-
-def set_recompute_times(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
-    """Each tensor of a region: the time to rerun its op and those since the region's previous
-    saved tensor (what recomputing it costs beyond the tensors before it)."""
-    index_of_op = {tensor.created: i for i, tensor in enumerate(tensors)}
-    since_last: dict[int, float] = {}
-    for i, op in enumerate(ops):
-        if op.phase != "forward" or op.region < 0:
-            continue
-        since_last[op.region] = since_last.get(op.region, 0.0) + op.duration_ms
-        if i in index_of_op:
-            unit = tensors[index_of_op[i]]
-            if unit.region == op.region:
-                unit.recompute_ms = since_last[op.region]
-                since_last[op.region] = 0.0
-
-
-def set_other_bytes(ops: list[OpRecord], tensors: list[TensorRecord]) -> None:
-    """Each op's memory besides the saved tensors live during it: its measured peak
-    (``in_use_bytes``) less those tensors, none when they account for all of it."""
-    delta = [0] * (len(ops) + 1)
-    for unit in tensors:
-        delta[unit.created] += unit.bytes
-        delta[unit.last_backward_use + 1] -= unit.bytes
-    live = 0
-    for i, op in enumerate(ops):
-        live += delta[i]
-        op.other_bytes = max(0, op.in_use_bytes - live)
-
-
-def _in_trace(recorder: Any, key: int) -> bool:
-    saved = recorder.saved[key]
-    created = recorder.producer.get(key)
-    return created is not None and saved.first_backward is not None and saved.first_backward < len(recorder.ops)
+def _recording(recorder: Any, keys: list[int]) -> Any:
+    """The recorder's step as the planner takes it; storages in the order of `keys`."""
+    recording = _core.StepRecording()
+    recording.ops = native_trace(recorder.ops, []).ops
+    storages = []
+    for key in keys:
+        saved = recorder.saved[key]
+        storage = _core.RecordedStorage()
+        storage.bytes, storage.producer = saved.bytes, recorder.producer.get(key)
+        storage.last_forward = recorder.last_forward.get(key)
+        # A last backward use at op 0 is none (no backward op is the step's first).
+        storage.first_backward, storage.last_backward = saved.first_backward, saved.last_backward or None
+        storage.save_ops, storage.save_regions = saved.save_ops, sorted(saved.save_regions)
+        storages.append(storage)
+    index = {key: i for i, key in enumerate(keys)}
+    regions = []
+    for region, inputs in zip(recorder.regions, recorder.region_inputs):
+        native = _core.RecordedRegion()
+        native.module, native.checkpointable = region.module, region.checkpointable
+        native.inputs = [index.get(key, -1) for key in inputs]
+        regions.append(native)
+    recording.storages, recording.regions = storages, regions
+    return recording
 
 
 def build_profile(recorder: Any, cost: dict[str, float]) -> LifetimeProfile:
-    units = _units(recorder)
-    ordered = [units[op] for op in sorted(units)]
-    index_of_op = {unit.created: i for i, unit in enumerate(ordered)}
-    _link_regions(recorder, ordered, index_of_op)
     for op, in_use in zip(recorder.ops, recorder.peaks):
         op.in_use_bytes = in_use  # below 0 where the step freed what it began with (last step's gradients)
-    set_other_bytes(recorder.ops, ordered)
-    peak = max(recorder.peaks, default=0)
-    elsewhere = recorder.elsewhere + [save for key, saved in recorder.saved.items()
-                                      if not _in_trace(recorder, key) for save in saved.saves]
-    profile = LifetimeProfile(recorder.ops, ordered, recorder.regions, cost, max(0, peak), elsewhere)
-    profile.native_trace().validate()
-    return profile
+    keys = list(recorder.saved)
+    built = _core.build_trace(_recording(recorder, keys))
+    for op, native in zip(recorder.ops, built.trace.ops):
+        op.other_bytes = native.other_bytes
+    tensors = []
+    for native, storages in zip(built.trace.tensors, built.storages_of_tensor):
+        packs = sorted(save for s in storages for save in recorder.saved[keys[s]].saves)  # whatever the addresses' order
+        tensors.append(TensorRecord(native.module, native.bytes, native.created, native.last_forward_use,
+                                    native.first_backward_use, native.last_backward_use, native.recompute_ms,
+                                    native.recomputable, native.offloadable, list(native.recompute_inputs),
+                                    native.region, packs))
+    for region, checkpointable, inputs in zip(recorder.regions, built.region_checkpointable, built.region_inputs):
+        region.checkpointable, region.inputs = checkpointable, list(inputs)  # inputs: per tensor argument, in order
+    elsewhere = recorder.elsewhere + [save for s in built.left_out for save in recorder.saved[keys[s]].saves]
+    return LifetimeProfile(recorder.ops, tensors, recorder.regions, cost, built.unconstrained_peak_bytes, elsewhere)

@@ -21,8 +21,12 @@ start: below 0 where the step freed what it began with, such as the last step's 
 that produced it; ``packs`` are where autograd saved it: (module path, the module's call number,
 the save's number within that call), which is how a plan finds it again. A region is a module run
 under selective checkpointing when its plan recomputes; ``ops`` its ops (the checkpoint's policy
-sees the same ones), ``inputs`` the tensors it receives. ``kept_saves``: saves of what no decision
-moves (parameters, tensors made before the step).
+sees the same ones), ``inputs`` the tensors it receives. ``unconstrained_peak_bytes``: the step's
+peak with nothing changed, as the planner works it out from the trace (the simulated peak of the
+plan that keeps every saved tensor, the comparison point "no change": planner/derived_quantities.hpp);
+for a recorded step that is its measured peak, the saved tensors being counted in the memory in
+use, so files written before hold the same figure. ``kept_saves``: saves of what no decision moves
+(parameters, tensors made before the step).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from stowage import _core
-from stowage.plan.file_formats import LIFETIMES, SIZED, VERSION, check_profile
-from stowage.validation import InputError, read_json
+from stowage.plan.file_formats import LIFETIMES, VERSION, check_profile
+from stowage.validation import InputError
 
 FORMAT = LIFETIMES
+_PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
+           "optimizer": _core.TracePhase.optimizer}
 
 
 @dataclass
@@ -86,30 +92,12 @@ class LifetimeProfile:
     tensors: list[TensorRecord]
     regions: list[RegionRecord]
     cost: dict[str, float]
-    unconstrained_peak_bytes: int
+    unconstrained_peak_bytes: int  # the simulated peak with every saved tensor kept
     kept_saves: list[tuple[str, int, int]] = field(default_factory=list)  # saves no decision moves
 
     def native_trace(self) -> Any:
         """The trace as the C++ planner takes it (stowage._core.LifetimeTrace)."""
-        trace = _core.LifetimeTrace()
-        phases = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
-                  "optimizer": _core.TracePhase.optimizer}
-        ops = []
-        for record in self.ops:
-            op = _core.TraceOp()
-            op.name, op.module, op.phase = record.name, record.module, phases[record.phase]
-            op.duration_ms, op.other_bytes = record.duration_ms, record.other_bytes
-            ops.append(op)
-        tensors = []
-        for record in self.tensors:
-            tensor = _core.SavedTensor()
-            for name in ("module", "bytes", "created", "last_forward_use", "first_backward_use",
-                         "last_backward_use", "recompute_ms", "recomputable", "offloadable",
-                         "recompute_inputs", "region"):
-                setattr(tensor, name, getattr(record, name))
-            tensors.append(tensor)
-        trace.ops, trace.tensors = ops, tensors
-        return trace
+        return native_trace(self.ops, self.tensors)
 
     def native_cost(self) -> Any:
         return _core.CostModel(float(self.cost["to_host_bytes_per_ms"]),
@@ -123,6 +111,22 @@ class LifetimeProfile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.document()))
+
+
+def native_trace(ops: list[OpRecord], tensors: list[TensorRecord]) -> Any:
+    """Ops and saved tensors as the C++ planner takes them (stowage._core.LifetimeTrace)."""
+    trace = _core.LifetimeTrace()
+    trace.ops = [_core.TraceOp(o.name, o.module, _PHASES[o.phase], o.duration_ms, o.other_bytes, o.region,
+                               o.in_use_bytes, o.io_bytes) for o in ops]
+    trace.tensors = [_core.SavedTensor(t.module, t.bytes, t.created, t.last_forward_use, t.first_backward_use,
+                                       t.last_backward_use, t.recompute_ms, t.recomputable, t.offloadable,
+                                       t.recompute_inputs, t.region) for t in tensors]
+    return trace
+
+
+def planner_message(error: ValueError) -> str:
+    """A C++ planner's LogicError as a user reads it: without the source location it names."""
+    return re.sub(r" \(at [^()]*:\d+\)$", "", str(error))
 
 
 def load_profile_document(document: Any, where: str, field: str = "") -> LifetimeProfile:
@@ -139,17 +143,5 @@ def load_profile_document(document: Any, where: str, field: str = "") -> Lifetim
     try:
         profile.native_trace().validate()
     except ValueError as error:  # the C++ rules' LogicError, which names the tensor and its values
-        raise InputError(where, field, re.sub(r" \(at [^()]*:\d+\)$", "", str(error))) from None
+        raise InputError(where, field, planner_message(error)) from None
     return profile
-
-
-def load_profile(path: str | Path) -> Any:
-    """Reads a lifetime trace file: a LifetimeProfile, or a SizedProfile (stowage.plan.sizes) for
-    a step recorded at several sizes; InputError (a ValueError) naming what is wrong with a file
-    that is neither, within the bounds of stowage.validation."""
-    from stowage.plan.sizes import load_sized_document
-
-    document = read_json(path, "a stowage lifetime trace")
-    if isinstance(document, dict) and document.get("format") == SIZED:
-        return load_sized_document(document, str(path))
-    return load_profile_document(document, str(path))

@@ -1,5 +1,7 @@
 """A plan as text: its decisions grouped by module (a model's repeated blocks folded into one
-line each way), the predicted peak and step time, and the comparison points."""
+line each way), the predicted peak and step time, and the comparison points (``comparison_plans``,
+which stowage.plan.applying also offers). Reads a plan by its attributes, importing nothing of
+stowage.plan."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ from collections import defaultdict
 from typing import Any
 
 from stowage import _core
-from stowage.plan.applying import comparison_plans
+
+
+def comparison_plans(profile: Any) -> dict[str, list[str]]:
+    """The points a plan is judged against: nothing changed, every block fully recomputed (full
+    activation checkpointing), every tensor that can be offloaded offloaded."""
+    tensors = profile.tensors
+    return {"no change": ["keep"] * len(tensors),
+            "full checkpointing": ["recompute" if t.recomputable else "keep" for t in tensors],
+            "offload everything": ["offload" if t.offloadable else "keep" for t in tensors]}
 
 
 def _group(path: str) -> str:
@@ -30,7 +40,7 @@ def outcomes(plan: Any) -> dict[str, dict[str, Any]]:
     rows = {"plan": plan.prediction}
     for name, decisions in comparison_plans(plan.profile).items():
         rows[name] = plan.simulate(decisions)
-    return {name: {"peak_bytes": int(s["peak_bytes"]), "step_ms": float(s["step_ms"])} for name, s in rows.items()}
+    return {name: {"peak_bytes": int(s.peak_bytes), "step_ms": float(s.step_ms)} for name, s in rows.items()}
 
 
 def describe(plan: Any) -> str:

@@ -14,7 +14,8 @@ the least the grid measured. Byte counts follow from shapes, so they come out ex
 noisy: an op's time is a fixed cost plus a cost per byte it reads and writes, one line per kind
 of op fitted over all its runs at all the grid's points. What follows from those is derived again
 at the sizes asked for: each op's memory besides the saved tensors, each tensor's recompute time
-(summed from its ops') and the unconstrained peak (simulated).
+(summed from its ops') and the unconstrained peak (simulated, every saved tensor kept). The planner does all of it (Note [Sized traces] in planner/sized_trace.hpp);
+this module checks the grid's steps are one step and carries the records.
 
 The ops, saved tensors and checkpoint regions must be the same at every point (a step whose ops
 do not depend on its sizes); a grid whose steps differ is refused, naming the first difference.
@@ -27,17 +28,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stowage import _core
-from stowage.plan.building import set_other_bytes, set_recompute_times
-from stowage.plan.file_formats import (MAX_BYTES, MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES,
-                                       MAX_TOTAL_BYTES, SIZED, check_sized)
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, OpRecord, TensorRecord, load_profile_document
-from stowage.validation import InputError
+from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document, planner_message
+from stowage.validation import InputError, read_json
 
 FORMAT = SIZED
 
@@ -61,17 +59,6 @@ def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
         raise ValueError(f"a grid of {count:,} points is above {MAX_GRID_POINTS}")
     names = list(sizes)
     return [dict(zip(names, (int(v) for v in point))) for point in itertools.product(*sizes.values())]
-
-
-def _lagrange(points: Sequence[int], at: float) -> list[float]:
-    weights = []
-    for i, xi in enumerate(points):
-        weight = 1.0
-        for j, xj in enumerate(points):
-            if j != i:
-                weight *= (at - xj) / (xi - xj)
-        weights.append(weight)
-    return weights
 
 
 def _same_structure(first: LifetimeProfile, other: LifetimeProfile, where: str) -> None:
@@ -105,6 +92,7 @@ class SizedProfile:
 
     sizes: dict[str, list[int]]
     profiles: list[LifetimeProfile]
+    _native: Any = field(default=None, init=False, repr=False, compare=False)  # _core.SizedTrace, built on first use
 
     def __post_init__(self) -> None:
         points = grid_points(self.sizes)
@@ -121,27 +109,18 @@ class SizedProfile:
             raise ValueError(f"the profile was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
         if any(type(value) is not int or not 0 < value <= MAX_SIZE_VALUE for value in sizes.values()):
             raise ValueError(f"sizes must be integers from 1 to {MAX_SIZE_VALUE:,}: {dict(sizes)}")
-        weights = [1.0]
-        for name, points in self.sizes.items():
-            along = _lagrange(points, float(sizes[name]))
-            weights = [w * a for w in weights for a in along]
+        if self._native is None:
+            self._native = _core.SizedTrace(list(self.sizes.items()), [p.native_trace() for p in self.profiles])
+        try:
+            point = self._native.at([sizes[name] for name in self.sizes])
+        except ValueError as error:
+            raise ValueError(planner_message(error)) from None
         first = self.profiles[0]
-        times = _op_times(self.profiles)
-        ops = []
-        for i, op in enumerate(first.ops):
-            at_grid = [p.ops[i] for p in self.profiles]
-            io_bytes = _interpolate(weights, [o.io_bytes for o in at_grid])
-            fixed, per_byte = times[op.name]
-            ops.append(dataclasses.replace(op, io_bytes=io_bytes, in_use_bytes=_interpolate(weights, [o.in_use_bytes for o in at_grid]),
-                                           duration_ms=fixed + per_byte * io_bytes))
-        tensors = [dataclasses.replace(t, bytes=_interpolate(weights, [p.tensors[i].bytes for p in self.profiles]))
-                   for i, t in enumerate(first.tensors)]
-        _within_bounds(ops, tensors, sizes)
-        set_other_bytes(ops, tensors)
-        set_recompute_times(ops, tensors)
-        profile = dataclasses.replace(first, ops=ops, tensors=tensors)
-        unchanged = _core.plan_simulate(profile.native_trace(), profile.native_cost(), ["keep"] * len(tensors))
-        return dataclasses.replace(profile, unconstrained_peak_bytes=int(unchanged["peak_bytes"]))
+        ops = [dataclasses.replace(op, io_bytes=n.io_bytes, in_use_bytes=n.in_use_bytes, duration_ms=n.duration_ms,
+                                   other_bytes=n.other_bytes) for op, n in zip(first.ops, point.trace.ops)]
+        tensors = [dataclasses.replace(t, bytes=n.bytes, recompute_ms=n.recompute_ms)
+                   for t, n in zip(first.tensors, point.trace.tensors)]
+        return dataclasses.replace(first, ops=ops, tensors=tensors, unconstrained_peak_bytes=point.unconstrained_peak_bytes)
 
     def document(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "sizes": self.sizes,
@@ -149,54 +128,6 @@ class SizedProfile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.document()))
-
-
-def _op_times(profiles: Sequence[LifetimeProfile]) -> dict[str, tuple[float, float]]:
-    """Per op name (aten::mm, ...): a fixed time and a time per byte read and written, fitted by
-    least squares over every run of that op at every point of the grid, neither negative. One
-    line per kind of op, not per op: small ops' times at small sizes are mostly noise, which a
-    line through a few points of one op would carry far beyond the grid."""
-    points: dict[str, list[tuple[float, float]]] = {}
-    for profile in profiles:
-        for op in profile.ops:
-            points.setdefault(op.name, []).append((float(op.io_bytes), op.duration_ms))
-    return {name: _line(pairs) for name, pairs in points.items()}
-
-
-def _line(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    xs, ts = [x for x, _ in pairs], [t for _, t in pairs]
-    mean_x, mean_t = sum(xs) / len(xs), sum(ts) / len(ts)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    per_byte = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts)) / spread if spread else 0.0
-    if per_byte <= 0:
-        return mean_t, 0.0
-    fixed = mean_t - per_byte * mean_x
-    if fixed < 0:  # through the origin instead
-        return 0.0, sum(x * t for x, t in zip(xs, ts)) / sum(x * x for x in xs)
-    return fixed, per_byte
-
-
-def _interpolate(weights: Sequence[float], values: Sequence[int]) -> int:
-    """A byte count at one point from its values at the grid's points (`weights`: the point's
-    interpolation weights), floored at the least of them."""
-    total = sum(w * v for w, v in zip(weights, values))
-    if not math.isfinite(total) or total > MAX_TOTAL_BYTES:
-        raise ValueError("a byte count interpolates beyond any device's: sizes far beyond those recorded")
-    return int(round(max(min(values), total)))
-
-
-def _within_bounds(ops: Sequence[OpRecord], tensors: Sequence[TensorRecord], sizes: Mapping[str, int]) -> None:
-    """ValueError when the byte counts interpolated at `sizes` leave the bounds a profile file is
-    held to (stowage.plan.file_formats): a size far beyond the grid."""
-    where = f"at {_describe(sizes)}"
-    for i, tensor in enumerate(tensors):
-        if tensor.bytes > MAX_BYTES:
-            raise ValueError(f"{where}, saved tensor {i} ({tensor.module}) would hold {tensor.bytes:,} bytes, above "
-                             f"{MAX_BYTES:,}: sizes far beyond those recorded")
-    if sum(tensor.bytes for tensor in tensors) > MAX_TOTAL_BYTES or any(
-            abs(op.in_use_bytes) > MAX_TOTAL_BYTES or op.io_bytes > MAX_TOTAL_BYTES for op in ops):
-        raise ValueError(f"{where}, the step would use more than {MAX_TOTAL_BYTES:,} bytes: sizes far beyond "
-                         "those recorded")
 
 
 def _describe(point: Mapping[str, int]) -> str:
@@ -213,3 +144,13 @@ def load_sized_document(document: dict[str, Any], where: str) -> SizedProfile:
         return SizedProfile({name: list(points) for name, points in document["sizes"].items()}, profiles)
     except ValueError as error:
         raise InputError(where, "profiles", str(error)) from None
+
+
+def load_profile(path: str | Path) -> LifetimeProfile | SizedProfile:
+    """Reads a lifetime trace file: a LifetimeProfile, or a SizedProfile for a step recorded at
+    several sizes; InputError (a ValueError) naming what is wrong with a file that is neither,
+    within the bounds of stowage.validation."""
+    document = read_json(path, "a stowage lifetime trace")
+    if isinstance(document, dict) and document.get("format") == SIZED:
+        return load_sized_document(document, str(path))
+    return load_profile_document(document, str(path))
