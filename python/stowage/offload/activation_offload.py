@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 from stowage import _core, checking
 from stowage.byte_counts import byte_count
+from stowage.offload.saved_tensor_paging import SavedTensorPaging, keep
 from stowage.serving import CPU_MODE, is_cpu_allocator, torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
@@ -112,10 +113,8 @@ class activations:
     def __enter__(self) -> OffloadReport:
         import torch
 
-        module = torch_module()
-        checking.apply()
-        module.offload_configure(self._prefetch_pages, self._max_prefetch)
-        self._pager = module.TensorPager(self._min_bytes)
+        self._paging = SavedTensorPaging(self._pack, min_bytes=self._min_bytes, prefetch_pages=self._prefetch_pages,
+                                         max_prefetch=self._max_prefetch)
         self._excluded = 0
         self._registered: set[int] = set()
         self._top_level: list[Any] = []
@@ -130,23 +129,22 @@ class activations:
         for excluded in self._exclude:
             self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered))
             self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True))
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
-        self._hooks.__enter__()
+        self._pager = self._paging.__enter__().pager
         return self.report
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        self._hooks.__exit__(kind, error, traceback)
+        self._paging.__exit__(kind, error, traceback)
         for handle in self._handles:
             handle.remove()
         self._fill_report()
         self._warn_if_compiled_whole()
-        del self._pager  # the packed tensors keep their pages; the region's tables go
+        del self._pager, self._paging  # the packed tensors keep their pages; the region's tables go
 
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
-            return torch_module().TensorPager.keep(tensor)  # as the pager keeps one (tensor_pager.cpp)
-        return self._pager.pack(tensor, self._running[-1] if self._running else "")
+            return keep(tensor)
+        return self._paging.page(tensor, self._running[-1] if self._running else "")
 
     def _module_entered(self, module: Any, args: Any) -> None:
         import torch

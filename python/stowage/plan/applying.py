@@ -13,8 +13,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping
 
-from stowage import _core, checking
+from stowage import _core
 from stowage.byte_counts import byte_count
+from stowage.offload.saved_tensor_paging import SavedTensorPaging, keep
 from stowage.serving import torch_module
 from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
@@ -118,8 +119,6 @@ class Plan:
 
     # Applying ----------------------------------------------------------------------------
     def __enter__(self) -> Plan:
-        import torch
-
         from stowage.plan.file_formats import decision_problem
 
         if self._active:
@@ -132,7 +131,7 @@ class Plan:
                 raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
         # What __exit__ takes down, set as each part is put in place: an error on the way in
         # takes down what was put in place and leaves the plan inactive.
-        self._hooks: Any = None
+        self._paging: SavedTensorPaging | None = None
         self._frames: ModuleFrames | None = None
         self._patched: list[tuple[Any, Any]] = []
         self._ceiling = None
@@ -140,16 +139,12 @@ class Plan:
         self.departures.begin_step()
         try:
             self._index_decisions()
-            module = torch_module()
-            checking.apply()
-            module.offload_configure(int(self.profile.cost["prefetch_pages"]), 1 << 40)
-            self._pager = module.TensorPager(0)
-            self._hold_to_budget(module)
+            self._hold_to_budget(torch_module())
             self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
             self._frames.install()
-            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, module.TensorPager.unpack)
-            hooks.__enter__()
-            self._hooks = hooks
+            paging = SavedTensorPaging(self._pack, min_bytes=0, max_prefetch=1 << 40,
+                                       prefetch_pages=int(self.profile.cost["prefetch_pages"]))
+            self._paging = paging.__enter__()
         except BaseException as error:
             self.__exit__(type(error), error, error.__traceback__)
             raise
@@ -158,8 +153,8 @@ class Plan:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         try:
-            if self._hooks is not None:
-                self._hooks.__exit__(kind, error, traceback)
+            if self._paging is not None:
+                self._paging.__exit__(kind, error, traceback)
             if self._frames is not None:
                 self._frames.remove()
             for module, original in self._patched:
@@ -171,8 +166,7 @@ class Plan:
                 module = torch_module()
                 module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
         finally:
-            self._hooks, self._frames, self._patched, self._ceiling = None, None, [], None
-            self.__dict__.pop("_pager", None)
+            self._paging, self._frames, self._patched, self._ceiling = None, None, [], None
             self._active = False
         if kind is None:
             warning = self.departures.end_step()
@@ -263,33 +257,24 @@ class Plan:
             unit = frame.data["inputs"].get(id(tensor))
             return self._place(tensor, unit)
         if frame is None:
-            return _kept(tensor)
+            return keep(tensor)
         save = (frame.path, frame.call, frame.saves)
         frame.saves += 1
         unit = self._unit_of_save.get(save)
         if unit is None and save not in self._kept_saves:  # a departure: offloaded, so the budget holds
             self.departures.note(f"a save in {frame.path!r} the profile does not have")
-            return self._pager.pack(tensor, frame.path)
+            return self._paging.page(tensor, frame.path)
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
         if unit is not None and self.decisions[unit] == "offload":
             frame = self._frames.top
-            return self._pager.pack(tensor, frame.path if frame is not None else "")
-        return _kept(tensor)
+            return self._paging.page(tensor, frame.path if frame is not None else "")
+        return keep(tensor)
 
     # Reading -----------------------------------------------------------------------------
     def __str__(self) -> str:
         return describe(self)
-
-
-def _kept(tensor: Any) -> Any:
-    """A saved tensor as a saved-tensor hook keeps it: detached, with its version checked at
-    unpack as torch checks the tensors it saves itself. Kept whole, an op's saved output refers to
-    the op's own node through its grad_fn, a cycle through autograd's C++ that Python's collector
-    cannot see: a step that fails before its backward (out of memory mid-forward) would leave its
-    whole graph allocated. Unpacking gives autograd the same storage either way."""
-    return torch_module().TensorPager.keep(tensor)
 
 
 def load(path: str | Path) -> Plan:
