@@ -197,6 +197,7 @@ void bind_snapshot(py::module_& module) {
              "A snapshot read as plain data with its traces as make_trace(...) of columns.");
   module.def("check_snapshot_structure", &check_structure, py::arg("snapshot"),
              "Raises SnapshotRefused naming the first field that does not fit the snapshot format.");
+  bind_trace_analysis(module);  // the analyses over the columns a reading makes
 }
 
 }  // namespace stowage::python

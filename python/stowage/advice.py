@@ -16,8 +16,8 @@ Rules (each fires only where its waste is at least MIN_SHARE of the peak):
 - tensors made in a forward that outlive it with no backward (a graph kept: evaluation without
   torch.no_grad()) -> torch.no_grad() / torch.inference_mode() around it;
 - gradients at the peak made in an earlier step (kept across steps: zero_grad(set_to_none=False),
-  or none) -> optimizer.zero_grad(set_to_none=True) after each step (peak_estimates says how the
-  step then runs);
+  or none) -> optimizer.zero_grad(set_to_none=True) after each step (snapshot/peak_estimates.hpp says
+  how the step then runs);
 - memory that grows at every step -> the site that keeps it (a loss kept with its graph: .item()
   or .detach()); the saving: the trace without that site's allocations that outlive their step;
 - an out-of-memory with enough bytes free but no block whole (reserved but unallocated) ->
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stowage import peak_estimates, recompute_estimate
+from stowage import _core, recompute_estimate
 from stowage._core import format_bytes
 
 MIN_SHARE = 0.10
@@ -94,12 +94,11 @@ def _category_rules(peak: dict[str, Any], facts: Evidence, total: int) -> list[d
             of_path, blocks = recompute_estimate.block_of_paths(paths)
         bound = name == "activations" and not blocks  # (no module paths, or no blocks among them)
         if blocks:
-            shift = recompute_estimate.checkpointed_shift(pairs.is_alloc, pairs.end, pairs.size, pairs.own,
-                                                          np.flatnonzero(everything == ACTIVATIONS), of_path[module])
-            saving = total - peak_estimates.changed_peak(facts.live, shift)
+            saving = total - _core.checkpointed_peak(facts.live, pairs.is_alloc, pairs.end, pairs.size, pairs.own,
+                                                     np.flatnonzero(everything == ACTIVATIONS), of_path[module])
             how = f" (each of the {len(blocks)} blocks checkpointed, e.g. {blocks[0]})"
         else:
-            saving = total - peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, np.flatnonzero(removed))
+            saving = total - _core.removed_peak(facts.live, pairs.end, pairs.size, np.flatnonzero(removed))
             how = (f" (at most {format_bytes(saving)}: backward brings them back a block at a time)" if bound else "")
         found.append({"rule": name, "waste_bytes": wasted[name], "saving_bytes": saving, "upper_bound": bound,
                       "advice": f"{format_bytes(wasted[name])} of {name} live at the peak; {call}{how}"})
@@ -112,7 +111,7 @@ def _kept_without_backward(facts: Evidence, total: int) -> list[dict[str, Any]]:
     if waste < MIN_SHARE * total:
         return []
     pairs = facts.pairs
-    saving = total - peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, kept)
+    saving = total - _core.removed_peak(facts.live, pairs.end, pairs.size, kept)
     return [{"rule": "forward without backward", "waste_bytes": waste, "saving_bytes": saving,
              "advice": f"{format_bytes(waste)} made in a forward that had no backward are live at the peak (autograd "
                        "kept its graph): run evaluation and inference under torch.no_grad() or torch.inference_mode()"}]
@@ -150,7 +149,7 @@ def _logits(facts: Evidence, total: int) -> list[dict[str, Any]]:
     cut = all_sizes[chosen] - all_sizes[chosen] // LOSS_CHUNKS
     np.add.at(change, chosen, -cut)
     np.add.at(change, pairs.end[chosen], cut)
-    saving = total - peak_estimates.changed_peak(facts.live, change[:len(facts.live)])
+    saving = total - _core.changed_peak(facts.live, change[:len(facts.live)])
     return [{"rule": "logits at the peak", "waste_bytes": waste, "saving_bytes": saving,
              "advice": f"{format_bytes(waste)} of logit-sized tensors (the output layer's, and the loss's copies and "
                        f"their gradients) are live at the peak: compute the loss in {LOSS_CHUNKS} chunks of the tokens, "
@@ -177,8 +176,8 @@ def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
         if waste >= MIN_SHARE * total:
             backward = facts.backward_allocations()
             bound = not len(backward)  # (backward not found: the gradients taken out, a bound)
-            saving = total - (peak_estimates.removed_peak(facts.live, pairs.end, pairs.size, kept) if bound else
-                              peak_estimates.grads_set_to_none_peak(facts.live, pairs.is_alloc, pairs.end, pairs.size,
+            saving = total - (_core.removed_peak(facts.live, pairs.end, pairs.size, kept) if bound else
+                              _core.grads_set_to_none_peak(facts.live, pairs.is_alloc, pairs.end, pairs.size,
                                                                     kept, backward, step_starts))
             found.append({"rule": "gradients kept across steps", "waste_bytes": waste, "saving_bytes": saving,
                           "upper_bound": bound,
@@ -186,7 +185,7 @@ def advise(peak: dict[str, Any], facts: Evidence, growing: list[dict[str, Any]],
                                     "optimizer.zero_grad(set_to_none=True) after each step"})
     for row in growing[:1]:  # named by the site that grows most; the saving counts every growing site
         kept = np.unique(np.concatenate([facts.kept_across_steps(r["site"]) for r in growing]))
-        saving = total - peak_estimates.freed_when_made_peak(facts.live, pairs.end, pairs.size, kept,
+        saving = total - _core.freed_when_made_peak(facts.live, pairs.end, pairs.size, kept,
                                                              facts.backward_allocations(), step_starts) if len(kept) else 0
         more = f" (and {len(growing) - 1} more sites)" if len(growing) > 1 else ""
         found.append({"rule": "memory growing every step", "waste_bytes": row["bytes_per_step"] * row["steps"],

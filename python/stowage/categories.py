@@ -21,6 +21,9 @@ both), and whether it outlives its step:
   backward allocation);
 - in a trace without Python frames at all: unknown.
 
+The rules run in C++ (snapshot/categories.hpp) over every position's stack flags, which this
+module reads off each distinct stack's frames.
+
 Contract: pure functions of a trace's columns and LivePairs; no state.
 """
 
@@ -30,13 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from stowage import _core
 from stowage.snapshot_reader.columns import TraceColumns
 
-CATEGORIES = ("parameters", "gradients", "optimizer states", "activations", "inputs", "temporaries", "unknown")
+CATEGORIES: tuple[str, ...] = _core.category_names
 PARAMETERS, GRADIENTS, STATES, ACTIVATIONS, INPUTS, TEMPORARIES, UNKNOWN = range(len(CATEGORIES))
 
 # Stack flags, from the frames of one stack.
-PYTHON, OPTIMIZER, BACKWARD, MODULE, ZERO_GRAD, LIBRARY_NN, LOSS = 1, 2, 4, 8, 16, 32, 64
+PYTHON, OPTIMIZER, BACKWARD, MODULE, ZERO_GRAD, LIBRARY_NN, LOSS = (
+    _core.stack_flag_bits[name] for name in ("PYTHON", "OPTIMIZER", "BACKWARD", "MODULE", "ZERO_GRAD", "LIBRARY_NN", "LOSS"))
 _LOSS_NAMES = ("loss", "cross_entropy", "nll")  # a function computing a loss (in its name)
 
 
@@ -69,18 +74,11 @@ def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
 
 
 def trace_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray | None:
-    """Every position's flags, autograd's thread's events marked backward's; None where the trace
-    has no Python frames to read."""
+    """Every position's flags, autograd's thread's events marked backward's (an event with frames,
+    none Python's, or an allocation with none at all: torch records an empty list there; a free
+    without frames is placed by where it falls); None where the trace has no Python frames to read."""
     flags = position_flags(columns, index)
-    if not len(index) or np.count_nonzero(flags[is_alloc] & PYTHON) < 0.1 * max(np.count_nonzero(is_alloc), 1):
-        return None
-    stack = columns.stack[index]
-    # Autograd's thread: an event with frames, none Python's (C++ stacks recorded), or an
-    # allocation with none at all (torch records an empty list there). A free without frames is
-    # placed by where it falls (infer).
-    engine = ((stack >= 0) | ((stack == -1) & is_alloc)) & (flags & PYTHON == 0)
-    flags[engine] |= PYTHON | BACKWARD
-    return flags
+    return flags if _core.mark_autograd_thread(flags, columns.stack, index, is_alloc) else None
 
 
 def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
@@ -88,78 +86,10 @@ def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: n
     """The category of the allocations at LivePairs `positions`: `index`, `is_alloc` and `end`
     are LivePairs'; `step_starts` the positions where steps begin (empty: one step); `flags`
     trace_flags' (worked out here when not given)."""
-    n = len(index)
     flags = trace_flags(columns, index, is_alloc) if flags is None else flags
     if flags is None:
         return np.full(len(positions), UNKNOWN, dtype=np.int8)  # no Python frames to read
-    stacks = columns.stack[index]
-    backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
-    first_backward = int(backwards[0]) if len(backwards) else n
-    spans = _backward_spans(backwards, step_starts)
-    own, ends = flags[positions], end[positions]
-    freed = ends < n
-    ended = ends[freed]
-    free_flags = np.zeros(len(positions), dtype=np.int8)
-    free_flags[freed] = flags[ended]
-    # A free whose frames tell nothing of its own (none, or its allocation's: stowage records the
-    # block's) is placed by where it falls: in backward between a step's first and last backward
-    # allocation, after it otherwise.
-    blind = np.zeros(len(positions), dtype=bool)
-    blind[freed] = (stacks[ended] < 0) | (stacks[ended] == stacks[positions[freed]])
-    placed = np.zeros(len(positions), dtype=np.int8)
-    placed[freed] = np.where(_inside(spans, ended), PYTHON | BACKWARD, PYTHON | ZERO_GRAD)
-    free_flags = np.where(blind, placed, free_flags)
-    later_step = np.zeros(len(positions), dtype=bool)
-    later_step[freed] = np.searchsorted(step_starts, ended, side="right") > \
-        np.searchsorted(step_starts, positions[freed], side="right")
-    last_backward = int(backwards[-1]) if len(backwards) else n
-    return _rules(own, free_flags, freed, later_step, positions < first_backward, ends > first_backward,
-                  ends > last_backward)
-
-
-def _rules(own: np.ndarray, free_flags: np.ndarray, freed: np.ndarray, later_step: np.ndarray,
-           before_backward: np.ndarray, ends_after_backward: np.ndarray, ends_after_last_backward: np.ndarray) -> np.ndarray:
-    """The module's rules (its docstring), on allocations' flags and their frees'."""
-    outlives = ~freed | later_step
-    category = np.full(len(own), UNKNOWN, dtype=np.int8)
-    optimizer = own & OPTIMIZER != 0
-    backward = ~optimizer & (own & BACKWARD != 0)
-    forward = ~optimizer & ~backward
-    in_module = forward & (own & MODULE != 0)
-    outside = forward & ~in_module
-    kept_from_start = ~freed & before_backward
-    module_made = own & LIBRARY_NN != 0  # made in torch.nn (a module's __init__, .to(), ...): a parameter or buffer
-    category[optimizer] = np.where(outlives[optimizer], STATES, TEMPORARIES)
-    grad_kept = outlives | (free_flags & (OPTIMIZER | ZERO_GRAD) != 0) | (free_flags & BACKWARD == 0)
-    category[backward] = np.where(grad_kept[backward], GRADIENTS, TEMPORARIES)
-    freed_in_backward = freed & (free_flags & BACKWARD != 0)
-    category[in_module] = np.where(kept_from_start[in_module], PARAMETERS,
-                                   np.where(freed_in_backward[in_module], ACTIVATIONS,
-                                            np.where(freed[in_module], TEMPORARIES, UNKNOWN)))
-    lives_into_backward = freed_in_backward | (freed & ends_after_backward) | ~freed
-    # (a model's weights may be freed when the run ends, after its last backward)
-    held_through = before_backward & (~freed | ends_after_last_backward)
-    category[outside] = np.where(held_through[outside] & module_made[outside], PARAMETERS,
-                                 np.where(lives_into_backward[outside], INPUTS, TEMPORARIES))
-    return category
-
-
-def _backward_spans(backwards: np.ndarray, step_starts: np.ndarray) -> np.ndarray:
-    """[first, last] backward allocation of each step, as rows (positions)."""
-    if not len(backwards):
-        return np.zeros((0, 2), dtype=np.int64)
-    steps = np.searchsorted(step_starts, backwards, side="right")
-    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    stops = np.r_[starts[1:], len(backwards)] - 1
-    return np.stack([backwards[starts], backwards[stops]], axis=1)
-
-
-def _inside(spans: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Whether each position lies in one of the (sorted, disjoint) spans."""
-    if not len(spans):
-        return np.zeros(len(positions), dtype=bool)
-    row = np.searchsorted(spans[:, 0], positions, side="right") - 1
-    return (row >= 0) & (positions <= spans[np.maximum(row, 0), 1])
+    return _core.infer_categories(flags, columns.stack, index, is_alloc, end, step_starts, positions)
 
 
 def live_positions(is_alloc: np.ndarray, end: np.ndarray, position: int) -> np.ndarray:
@@ -213,17 +143,7 @@ def kept_without_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np
     `flags`: trace_flags' (None: a trace without Python frames, where nothing is found)."""
     if flags is None:
         return np.zeros(0, dtype=np.int64)
-    made_in = is_alloc & (flags & MODULE != 0) & (flags & (BACKWARD | OPTIMIZER) == 0)
-    candidates = np.flatnonzero(made_in if saved is None else made_in & saved)
-    backwards = np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
-    loop = np.flatnonzero(is_alloc & (flags & PYTHON != 0) & (flags & (MODULE | BACKWARD | OPTIMIZER) == 0))
-    ends = end[candidates]
-    no_backward = np.searchsorted(backwards, candidates, side="right") == np.searchsorted(backwards, ends)
-    outlived = np.searchsorted(loop, candidates, side="right") < np.searchsorted(loop, ends)
-    kept = candidates[no_backward & outlived]
-    if saved is None and len(np.unique(columns.stack[index[kept]])) < 3:
-        return np.zeros(0, dtype=np.int64)
-    return kept
+    return _core.kept_without_backward(flags, columns.stack, index, is_alloc, end, saved)
 
 
 def loss_allocations(is_alloc: np.ndarray, flags: np.ndarray | None) -> np.ndarray:
@@ -244,6 +164,4 @@ def freed_in_backward(backwards: np.ndarray, end: np.ndarray, step_starts: np.nd
                       positions: np.ndarray) -> np.ndarray:
     """Whether each allocation at `positions` is freed in a backward (between a step's first and
     last backward allocation; `backwards`: backward_allocations')."""
-    spans = _backward_spans(backwards, step_starts)
-    ends = end[positions]
-    return (ends < len(end)) & _inside(spans, np.minimum(ends, len(end) - 1))
+    return _core.freed_in_backward(backwards, end, step_starts, positions)

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from stowage import _core, categories, tag_reading
-from stowage.inspector import LivePairs, TraceSites, live_pairs, site_of
 from stowage.recompute_estimate import block_of_paths
 from stowage.snapshot_reader import TraceColumns
 from stowage.trace import as_columns
+from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
 
 MAX_POINTS = 1500      # timeline samples
 MAX_SITES = 8          # sites drawn by name in the timeline; the rest are "other"
@@ -58,22 +58,14 @@ def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, name
 def grouped(pairs: LivePairs, group: np.ndarray, names: list[str], baseline: int) -> dict[str, Any]:
     """Live bytes by group, sampled as `timeline`'s: `group` gives each allocation's (an index
     into `names`; frees' entries are ignored: a free leaves its allocation's group)."""
-    n = len(pairs.index)
-    if n == 0:
+    if len(pairs.index) == 0:
         return {"x": [], "series": {}, "peak_index": -1}
-    peak_at = int(np.argmax(np.cumsum(pairs.own - pairs.unknown)))
-    series = np.where(pairs.is_alloc, group, -1).astype(np.int64)
-    matched = pairs.alloc_of >= 0
-    series[matched] = series[pairs.alloc_of[matched]]
-    stride = max(1, -(-n // MAX_POINTS))
-    positions = np.unique(np.concatenate([np.arange(0, n, stride), [peak_at, n - 1]]))
+    positions, peak_at, freed, series = _core.grouped_live(pairs.own, pairs.unknown, pairs.is_alloc, pairs.alloc_of,
+                                                           group, len(names), MAX_POINTS)  # (snapshot/live_groups.hpp)
     values: dict[str, list[int]] = {}
     if baseline:
-        before = baseline - np.cumsum(pairs.unknown)[positions]
-        values["(live before the trace began)"] = [max(int(v), 0) for v in before]
-    for k, name in enumerate(names):
-        running = np.cumsum(np.where(series == k, pairs.own, 0))[positions]
-        values[name] = [int(v) for v in running]
+        values["(live before the trace began)"] = [max(baseline - v, 0) for v in freed]
+    values.update(zip(names, series))
     return {"x": pairs.index[positions].tolist(), "series": values, "peak_index": int(pairs.index[peak_at])}
 
 

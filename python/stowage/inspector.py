@@ -39,9 +39,9 @@ from rich.text import Text
 from stowage import _core, advice, advice_evidence, categories, tag_reading, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
+from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
 from stowage.terminal import console, literal
 
-_LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")
 _SMALL_SEGMENT = 0.25  # a segment whose one live block fills less than this share of it
 
 
@@ -57,134 +57,6 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("--top", type=int, default=10, help="allocation sites to list (default 10)")
     parser.add_argument("--json", action="store_true", help="print the findings as one JSON object")
     parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (plots and tables)")
-
-
-# --- sites ---
-
-
-def _is_user_frame(frame: dict[str, Any]) -> bool:
-    filename = str(frame.get("filename", ""))
-    if not filename.endswith(".py"):
-        return False  # C++ frames and frames without a file
-    return not any(part in filename for part in _LIBRARY_PARTS)
-
-
-def frame_site(frames: list[dict[str, Any]] | None) -> str | None:
-    """A stack's innermost user frame (file:line in function), else its innermost Python frame;
-    None when it has neither."""
-    if frames:
-        for frame in frames:
-            if _is_user_frame(frame):
-                return f"{frame['filename']}:{frame.get('line', 0)} in {frame.get('name', '?')}"
-        for frame in frames:
-            if str(frame.get("filename", "")).endswith(".py"):
-                return f"{frame['filename']}:{frame.get('line', 0)} in {frame.get('name', '?')}"
-    return None
-
-
-def site_of(frames: list[dict[str, Any]] | None, size: int) -> str:
-    """Where an allocation came from: frame_site, else its size class."""
-    site = frame_site(frames)
-    return site if site is not None else size_class(size)
-
-
-def size_class(size: int) -> str:
-    """Requests by powers of four: 'size 64 KiB-256 KiB' and so on."""
-    if size <= 512:
-        return "size <= 512 B"
-    low = 512
-    while low * 4 < size:
-        low *= 4
-    return f"size {_core.format_bytes(low)}-{_core.format_bytes(low * 4)}"
-
-
-def _size_classes(sizes: np.ndarray) -> np.ndarray:
-    """size_class for many sizes at once, as numbers: -1 for <= 512 B, else k for 512 * 4**k to
-    512 * 4**(k + 1) (the smallest k with 2**(11 + 2k) >= size)."""
-    _, bits = np.frexp((sizes.astype(np.int64) - 1).astype(np.float64))  # bit lengths (sizes < 2**50)
-    return np.where(sizes <= 512, -1, np.maximum(0, (bits.astype(np.int64) - 10) // 2))
-
-
-# --- the trace's live bytes ---
-
-_ALLOC = ACTION_CODES["alloc"]
-_FREE_COMPLETED = ACTION_CODES["free_completed"]
-_OOM = ACTION_CODES["oom"]
-
-
-@dataclass
-class LivePairs:
-    """A trace's alloc and free_completed events ("positions" 0..n-1, in order), each free
-    matched with the allocation it ends as a dict from address to size would match it: a free
-    ends the latest allocation of its address if no free came between them; otherwise it frees
-    memory that was live before the trace began (an "unknown" free). An allocation whose address
-    is allocated again before any free is never ended."""
-
-    index: np.ndarray  # the events' indexes in the trace (positions are int32 below 2**31 events)
-    is_alloc: np.ndarray
-    size: np.ndarray  # int64, or Python ints (object) where sums could overflow
-    own: np.ndarray  # change of the trace's own live bytes: +size, or minus the ended allocation's
-    unknown: np.ndarray  # the size of each unknown free, else 0
-    alloc_of: np.ndarray  # for a matched free, the position of the allocation it ends, else -1
-    end: np.ndarray  # for an allocation, the position of the free that ends it, else n
-
-
-def live_pairs(columns: TraceColumns) -> LivePairs:
-    action = columns.action
-    positions = np.int32 if len(action) < 2**31 else np.int64
-    index = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED)).astype(positions)
-    n = len(index)
-    is_alloc = action[index] == _ALLOC
-    address = columns.addr[index]
-    size: np.ndarray = columns.size[index].astype(np.int64)
-    if n and float(size.sum(dtype=np.float64)) >= 2.0**62:
-        size = size.astype(object)  # running sums could pass int64: Python's integers
-    order = np.argsort(address, kind="stable").astype(positions)  # by address, in trace order within one
-    address = address[order]
-    same = np.zeros(n, dtype=bool)  # the previous event in `order` has the same address
-    same[1:] = address[1:] == address[:-1]
-    del address
-    previous = np.roll(order, 1)
-    matched = same & ~is_alloc[order] & is_alloc[previous]
-    frees, allocs = order[matched], previous[matched]
-    own = np.where(is_alloc, size, 0).astype(size.dtype, copy=False)
-    own[frees] = -size[allocs]
-    unknown = np.where(is_alloc, 0, size).astype(size.dtype, copy=False)
-    unknown[frees] = 0
-    alloc_of = np.full(n, -1, dtype=positions)
-    alloc_of[frees] = allocs
-    end = np.full(n, n, dtype=positions)
-    end[allocs] = frees
-    return LivePairs(index, is_alloc, size, own, unknown, alloc_of, end)
-
-
-class TraceSites:
-    """The site of each allocation in LivePairs (site_of its frames and size), as small
-    integers: `of[position]` (-1 for frees), `names[id]`, and `first[id]`, the position of the
-    site's first allocation (the order a dict filled in trace order lists them)."""
-
-    def __init__(self, columns: TraceColumns, pairs: LivePairs) -> None:
-        allocs = np.flatnonzero(pairs.is_alloc)
-        stack = columns.stack[pairs.index[allocs]]
-        ids: dict[str, int] = {}
-        by_stack = np.full(len(columns.stacks) + 1, -1, dtype=np.int64)  # the last: no stack
-        for s in np.unique(stack[stack >= 0]).tolist():
-            name = frame_site(columns.stacks[s])
-            if name is not None:
-                by_stack[s] = ids.setdefault(name, len(ids))
-        site = by_stack[np.where(stack >= 0, stack, len(columns.stacks))]
-        by_class = site < 0
-        classes = _size_classes(columns.size[pairs.index[allocs[by_class]]])
-        found = np.unique(classes)
-        if len(found):
-            class_ids = np.array([ids.setdefault(size_class(512 * 4**k + 1 if k >= 0 else 512), len(ids))
-                                  for k in found.tolist()], dtype=np.int64)
-            site[by_class] = class_ids[np.searchsorted(found, classes)]
-        self.names: list[str] = list(ids)
-        self.of = np.full(len(pairs.index), -1, dtype=pairs.index.dtype)
-        self.of[allocs] = site
-        self.first = np.full(len(self.names), len(pairs.index), dtype=np.int64)
-        np.minimum.at(self.first, site, allocs)
 
 
 # --- findings ---
@@ -307,6 +179,7 @@ def sites_at_end(segments: list[dict[str, Any]], top: int) -> list[dict[str, Any
     return _ranked(by_site, top)
 
 
+_OOM = ACTION_CODES["oom"]
 _BEFORE = "(live before the trace began)"
 _MAX_OOMS = 50  # OOM events explained; a trace with more says how many it left out
 
@@ -325,16 +198,11 @@ def _live_at(pairs: LivePairs, sites: TraceSites, position: int) -> tuple[dict[s
     order the sites first allocated."""
     if position < 0:
         return {}, {}
-    head = slice(0, position + 1)
-    live = np.flatnonzero(pairs.is_alloc[head] & (pairs.end[head] > position))
-    ids = sites.of[live]
-    totals = np.zeros(len(sites.names), dtype=pairs.size.dtype)
-    np.add.at(totals, ids, pairs.size[live])
-    counts = np.bincount(ids, minlength=len(sites.names))
+    totals, counts = _core.live_at(pairs.is_alloc, pairs.end, pairs.size, sites.of, len(sites.names), position)
     present = np.flatnonzero(counts)
     present = present[np.argsort(sites.first[present], kind="stable")]
-    by_site = {sites.names[i]: int(totals[i]) for i in present.tolist()}
-    return by_site, {sites.names[i]: int(counts[i]) for i in present.tolist()}
+    return ({sites.names[i]: totals[i] for i in present.tolist()},
+            {sites.names[i]: int(counts[i]) for i in present.tolist()})
 
 
 ReadTags = Callable[[np.ndarray, np.ndarray], "tag_reading.ExactTags | None"]  # (actions, LivePairs.index)

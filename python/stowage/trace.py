@@ -10,15 +10,14 @@ trace began, which make that figure incomparable with a replay from empty when t
 allocations land in them.
 
 Both read a trace as TraceColumns (stowage.snapshot_reader.columns), as load_snapshot_columnar gives
-it, with numpy over whole columns: no Python object per event. A list of event dicts (a live
-stowage.snapshot(), say) is made columns first.
+it, in C++ over whole columns (snapshot/device_events.hpp): no Python object per event. A list of
+event dicts (a live stowage.snapshot(), say) is made columns first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -30,8 +29,6 @@ ALLOC = 0
 FREE = 1
 MARK_STEP = 2
 MARK_STEP_METADATA = "stowage.mark_step"  # a "snapshot" entry with this user_metadata
-_GROW = (ACTION_CODES["segment_alloc"], ACTION_CODES["segment_map"])
-_SHRINK = (ACTION_CODES["segment_free"], ACTION_CODES["segment_unmap"])
 _ADDRESSES = 2**64  # trace addresses are below this (stowage.snapshot_reader.schema)
 
 TraceLike = TraceColumns | Sequence[dict[str, Any]]
@@ -42,14 +39,11 @@ def as_columns(trace: TraceLike) -> TraceColumns:
     return trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace)
 
 
-def _mark_steps(columns: TraceColumns) -> np.ndarray:
-    """Whether each event is a "snapshot" entry that stowage.mark_step() recorded."""
-    marks = np.zeros(len(columns), dtype=bool)
-    if columns.user_metadata:
-        at = [index for index, value in columns.user_metadata.items() if value == MARK_STEP_METADATA]
-        marks[np.asarray(at, dtype=np.int64)] = True
-        marks &= columns.action == ACTION_CODES["snapshot"]
-    return marks
+def _step_marks(columns: TraceColumns) -> np.ndarray:
+    """The event indexes whose user_metadata is stowage.mark_step()'s (the C++ keeps the
+    "snapshot" events among them)."""
+    return np.array(sorted(index for index, value in columns.user_metadata.items() if value == MARK_STEP_METADATA),
+                    dtype=np.int64)
 
 
 def device_events(trace: TraceLike) -> _core.Trace:
@@ -62,19 +56,7 @@ def device_event_arrays(trace: TraceLike) -> tuple[np.ndarray, np.ndarray, np.nd
     """device_events' arrays: kinds (uint8: 0 alloc, 1 free, 2 a step's end), addresses, sizes
     and streams (uint64), the arguments of stowage._core.Trace."""
     columns = as_columns(trace)
-    action = columns.action
-    alloc = action == ACTION_CODES["alloc"]
-    free = action == ACTION_CODES["free_completed"]
-    mark = _mark_steps(columns)
-    kept = np.flatnonzero(alloc | free | mark)
-    kinds = np.where(mark[kept], MARK_STEP, np.where(free[kept], FREE, ALLOC)).astype(np.uint8)
-    real = ~mark[kept]  # a step's end has no address, size or stream
-    return (
-        kinds,
-        np.where(real, columns.addr[kept], 0).astype(np.uint64),
-        np.where(real, columns.size[kept], 0).astype(np.uint64),
-        np.where(real, columns.stream[kept], 0).astype(np.uint64),
-    )
+    return _core.device_event_arrays(columns.action, columns.addr, columns.size, columns.stream, _step_marks(columns))
 
 
 @dataclass
@@ -97,15 +79,8 @@ class NativeFigures:
 def _peak_reserved(columns: TraceColumns) -> tuple[int | None, set[int]]:
     """The peak of the running sum of segment growth (None without segment events), and the
     addresses of the segments the trace created."""
-    grow = np.isin(columns.action, _GROW)
-    changes = np.flatnonzero(grow | np.isin(columns.action, _SHRINK))
-    if not len(changes):
-        return None, set()
-    sizes = columns.size[changes].astype(np.int64)  # sizes are below 2**50
-    signed = np.where(grow[changes], sizes, -sizes)
-    # Python integers: a hostile trace's running sum could pass 2**63.
-    peak = max(0, max(accumulate(signed.tolist())))
-    return peak, set(np.unique(columns.addr[grow]).tolist())
+    peak, created = _core.reserved_peak(columns.action, columns.addr, columns.size)  # (exact past int64)
+    return peak, set(created.tolist())
 
 
 def _landed(columns: TraceColumns, preexisting: list[tuple[int, int]]) -> tuple[int, int]:
@@ -152,11 +127,4 @@ def step_period(kinds: np.ndarray, sizes: np.ndarray) -> int | None:
     """The number of steps after which the trace's steps repeat (1: every step alike; 4: a cycle
     of four shapes), judged by the sizes each step allocates in order, leaving out the first step
     (it makes the optimizer's state); None when they never repeat. Steps end at the marks."""
-    marks = np.flatnonzero(kinds == MARK_STEP)
-    bounds = [0, *(marks + 1).tolist()]
-    steps = [sizes[start:stop][kinds[start:stop] == ALLOC].tobytes()
-             for start, stop in zip(bounds, bounds[1:])]
-    for period in range(1, (len(steps) - 1) // 2 + 1):
-        if all(steps[i] == steps[i + period] for i in range(1, len(steps) - period)):
-            return period
-    return None
+    return _core.step_period(kinds, sizes)

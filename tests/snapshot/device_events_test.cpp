@@ -1,0 +1,83 @@
+// snapshot/device_events: the events replay takes, the recording allocator's reserved peak, and
+// the period of a trace's steps (on random step sequences, the smallest period that holds).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "allocator/base/errors.hpp"
+#include "snapshot/device_events.hpp"
+#include "snapshot/names.hpp"
+
+namespace stowage::snapshot {
+namespace {
+
+std::uint8_t code(Name name) { return *action_code(name); }
+
+TEST(DeviceEvents, AllocsFreesCompletedAndMarkedSnapshotsAreKeptInOrder) {
+  const std::vector<std::uint8_t> action{code(Name::kAlloc),        code(Name::kFreeRequested), code(Name::kFreeCompleted),
+                                         code(Name::kSnapshot),     code(Name::kSnapshot),      code(Name::kSegmentAlloc),
+                                         code(Name::kAlloc)};
+  const std::vector<std::uint64_t> addr{16, 16, 16, 1, 2, 4096, 32}, size{8, 8, 8, 5, 5, 4096, 9}, stream{3, 3, 3, 3, 3, 3, 4};
+  const TraceColumnsView columns{action, addr, size, stream};
+  const std::vector<std::int64_t> marks{3, 5};  // 5 is no snapshot event: not a step's end
+  ASSERT_EQ(count_device_events(columns, marks), 4U);
+  std::vector<std::uint8_t> kinds(4);
+  std::vector<std::uint64_t> a(4), s(4), st(4);
+  fill_device_events(columns, marks, kinds, a, s, st);
+  EXPECT_EQ(kinds, (std::vector<std::uint8_t>{kReplayAlloc, kReplayFree, kReplayStepEnd, kReplayAlloc}));
+  EXPECT_EQ(a, (std::vector<std::uint64_t>{16, 16, 0, 32}));
+  EXPECT_EQ(st, (std::vector<std::uint64_t>{3, 3, 0, 4}));
+  EXPECT_THROW(count_device_events(columns, std::vector<std::int64_t>{5, 3}), LogicError);
+}
+
+TEST(DeviceEvents, TheReservedPeakIsTheRunningSumsHighestAndNeverBelowZero) {
+  const std::vector<std::uint8_t> action{code(Name::kSegmentFree), code(Name::kSegmentAlloc), code(Name::kSegmentMap),
+                                         code(Name::kSegmentUnmap), code(Name::kSegmentAlloc)};
+  const std::vector<std::uint64_t> addr{9, 100, 200, 200, 100}, size{50, 30, 20, 20, 5};
+  const ReservedPeak found = reserved_peak(action, addr, size);
+  ASSERT_TRUE(found.peak.has_value());
+  EXPECT_TRUE(*found.peak == 0);  // -50, -20, 0, -20, -15
+  EXPECT_EQ(found.created, (std::vector<std::uint64_t>{100, 200}));
+  EXPECT_FALSE(reserved_peak(std::vector<std::uint8_t>{code(Name::kAlloc)}, std::vector<std::uint64_t>{1},
+                             std::vector<std::uint64_t>{1})
+                   .peak.has_value());
+}
+
+TEST(DeviceEvents, TheStepPeriodIsTheSmallestThatHoldsAfterTheFirstStep) {
+  std::mt19937_64 rng(9);
+  for (int round = 0; round < 300; ++round) {
+    const std::size_t shapes = 1 + rng() % 3;
+    std::vector<std::vector<std::uint64_t>> steps(1 + rng() % 9);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const std::uint64_t shape = i == 0 ? 99 : (rng() % 4 == 0 ? rng() % 5 : i % shapes);
+      steps[i] = std::vector<std::uint64_t>(1 + shape % 3, shape);
+    }
+    std::vector<std::uint8_t> kinds;
+    std::vector<std::uint64_t> sizes;
+    for (const auto& step : steps) {
+      for (const std::uint64_t size : step) {
+        kinds.push_back(kReplayAlloc);
+        sizes.push_back(size);
+        kinds.push_back(kReplayFree);
+        sizes.push_back(size);
+      }
+      kinds.push_back(kReplayStepEnd);
+      sizes.push_back(0);
+    }
+    const auto holds = [&](std::size_t p) {
+      for (std::size_t i = 1; i + p < steps.size(); ++i) {
+        if (steps[i] != steps[i + p]) return false;
+      }
+      return true;
+    };
+    std::optional<std::int64_t> expected;
+    for (std::size_t p = 1; 2 * p + 1 <= steps.size() && !expected; ++p) {
+      if (holds(p)) expected = static_cast<std::int64_t>(p);
+    }
+    EXPECT_EQ(step_period(kinds, sizes), expected) << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace stowage::snapshot
