@@ -5,13 +5,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "allocator/base/errors.hpp"
 #include "planner/derived_quantities.hpp"
 #include "planner/prefetch_search.hpp"
+#include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
 #include "planner/trace_builder.hpp"
@@ -185,12 +189,63 @@ void bind_values(py::module_& module) {
       .def_readwrite("prefetch_pages", &planner::CostModel::prefetch_pages);
 }
 
+// stowage.fit's choice (planner/share_search.hpp): choices cross as (share, micro-batch rows) tuples.
+using ChoiceTuple = std::pair<double, std::int64_t>;
+
+planner::TimedChoices timed_choices(const std::map<ChoiceTuple, double>& step_ms) {
+  planner::TimedChoices out;
+  for (const auto& [choice, ms] : step_ms) out.push_back({{choice.first, choice.second}, ms});
+  return out;
+}
+
+std::optional<ChoiceTuple> as_tuple(const std::optional<planner::ShareChoice>& choice) {
+  if (!choice) return std::nullopt;
+  return ChoiceTuple{choice->fraction, choice->micro_rows};
+}
+
+void bind_share_search(py::module_& module) {
+  module.def(
+      "weigh_shares",
+      [](const std::vector<double>& fractions, std::int64_t rows, std::optional<std::int64_t> micro_rows,
+         std::int64_t smallest, int extra_cuts, const py::function& evaluate) {
+        const planner::EvaluateOption call = [&](double fraction, std::int64_t at_rows, std::int64_t batches) {
+          const auto [feasible, keeps_everything, step_ms] =
+              evaluate(fraction, at_rows, batches).cast<std::tuple<bool, bool, double>>();
+          return planner::WeighedOption{feasible, keeps_everything, step_ms};
+        };
+        std::vector<ChoiceTuple> listed;
+        for (const auto& choice : planner::weigh_shares(fractions, {rows, micro_rows, smallest, extra_cuts}, call)) {
+          listed.emplace_back(choice.fraction, choice.micro_rows);
+        }
+        return listed;
+      },
+      py::arg("fractions"), py::arg("rows"), py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"),
+      py::arg("evaluate"),
+      "The options fit weighs, as (share, micro-batch rows), in order (Note [Choosing a share]); "
+      "evaluate(share, rows, micro_batches) -> (feasible, keeps_everything, step_ms), called once per option.");
+  module.def(
+      "pick_choice",
+      [](const std::map<ChoiceTuple, double>& step_ms, double tie) {
+        return as_tuple(planner::pick_choice(timed_choices(step_ms), tie));
+      },
+      py::arg("step_ms"), py::arg("tie"), "The choice fit takes from {(share, rows): predicted ms}, or None.");
+  module.def(
+      "agree_choice",
+      [](const std::vector<std::map<ChoiceTuple, double>>& per_rank, double tie) {
+        std::vector<planner::TimedChoices> ranks;
+        for (const auto& rank : per_rank) ranks.push_back(timed_choices(rank));
+        return as_tuple(planner::agree_choice(ranks, tie));
+      },
+      py::arg("per_rank"), py::arg("tie"), "One choice feasible on every rank, timed by its slowest, or None.");
+}
+
 }  // namespace
 
 void bind_planner(py::module_& module) {
   bind_values(module);
   bind_results(module);
   bind_recording(module);
+  bind_share_search(module);
   module.def(
       "plan_simulate",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,

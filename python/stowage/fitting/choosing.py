@@ -20,11 +20,11 @@ or steps: the choice weighs them on this model rather than by a fixed rule.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from stowage import _core
 from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory
 from stowage.fitting.update_rates import UpdateRates
@@ -112,21 +112,14 @@ def paged_bytes(plan: Plan) -> int:
 
 
 def pick(step_ms: dict[Choice, float]) -> Choice | None:
-    """The choice to take, from the feasible choices' predicted step times: the fastest, where
-    predictions within TIE of it are not told apart and the fewest micro-batches (the largest),
-    then the most states on the device, win."""
-    if not step_ms:
-        return None
-    fastest = min(step_ms.values())
-    tied = [choice for choice, ms in step_ms.items() if ms <= fastest * (1 + TIE)]
-    return max(tied, key=lambda choice: (choice[1], choice[0]))
+    """The choice to take, from the feasible choices' predicted step times (Note [Choosing a share]
+    in planner/share_search.hpp: the fastest, within TIE the most rows, then the most states)."""
+    return _core.pick_choice(step_ms, TIE)
 
 
 def agree(per_rank: list[dict[Choice, float]]) -> Choice | None:
-    """One choice for ranks that train in step, from each rank's feasible choices and predicted
-    times: a choice feasible on every rank, timed by its slowest rank (the step waits for it)."""
-    common = set.intersection(*(set(times) for times in per_rank)) if per_rank else set()
-    return pick({choice: max(times[choice] for times in per_rank) for choice in common})
+    """One choice for ranks that train in step: feasible on every rank, timed by its slowest."""
+    return _core.agree_choice(per_rank, TIE)
 
 
 def feasible_times(options: list[Option]) -> dict[Choice, float]:
@@ -137,66 +130,26 @@ ProfileAt = Callable[[int], LifetimeProfile]  # one micro-batch's profile, by it
 EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
 
 
-class _Weighing:
-    """The options of one share of states at micro-batch sizes, each solved once."""
-
-    def __init__(self, profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates,
-                 fraction: float, foreach: bool, rows: int, reserve: int) -> None:
-        self.profile_at, self.memory, self.host, self.rates = profile_at, memory, host, rates
-        self.fraction, self.foreach, self.rows, self.reserve = fraction, foreach, rows, reserve
-        self.solved: dict[int, Option] = {}
-
-    def at(self, micro_rows: int) -> Option:
-        if micro_rows not in self.solved:
-            count = math.ceil(self.rows / micro_rows)
-            self.solved[micro_rows] = _option(self.profile_at(micro_rows), self.memory, self.host, self.rates,
-                                              self.fraction, self.foreach, micro_rows, count, self.reserve)
-        return self.solved[micro_rows]
-
-    def largest_fitting(self, smallest: int) -> int | None:
-        """The most rows a micro-batch fits at (down to `smallest`), bisecting over the number of
-        micro-batches (a micro-batch's peak grows with its rows)."""
-        most = self.rows // smallest  # micro-batches of at least `smallest` rows
-        if self.at(self.rows).feasible:
-            return self.rows
-        if most < 2 or not self.at(math.ceil(self.rows / most)).feasible:
-            return None
-        low, high = 1, most  # low: does not fit; high: fits
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (low, middle) if self.at(math.ceil(self.rows / middle)).feasible else (middle, high)
-        return math.ceil(self.rows / high)
-
-
 def weigh(profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *, rows: int,
           micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool, reserve: int = 0) -> list[Option]:
     """Every share weighed (all of them on the device only, when states cannot move), each at the
     micro-batch size given (``micro_rows``) or, where fit may choose (None), at the largest that
-    fits and up to EXTRA_CUTS halvings of it, down to the first whose plan keeps everything (a
-    smaller one only adds steps); the whole batch is listed where it does not fit. `pick`, or
-    `agree` across ranks, takes one. A share whose offloaded states the host cannot hold is not
+    fits and up to EXTRA_CUTS halvings of it (Note [Choosing a share] in
+    planner/share_search.hpp, which searches; each option is solved here). `pick`, or `agree`
+    across ranks, takes one. A share whose offloaded states the host cannot hold is not
     feasible, whatever the device. ``reserve``: device bytes kept from every plan (what a tried
     step added beyond its plan, stowage.fitting.trial)."""
-    fractions = FRACTIONS if can_offload else (1.0,)
-    options = []
-    for fraction in _distinct(fractions, memory):
-        weighing = _Weighing(profile_at, memory, host, rates, fraction, foreach, rows, reserve)
-        if micro_rows is not None:
-            options.append(weighing.at(micro_rows))
-            continue
-        largest = weighing.largest_fitting(smallest)
-        if largest is None or largest < rows:
-            options.append(weighing.at(rows))
-        if largest is None:
-            continue
-        size = largest
-        for _ in range(EXTRA_CUTS + 1):
-            option = weighing.at(size)
-            options.append(option)
-            if option.keeps_everything or size // 2 < smallest:
-                break
-            size = math.ceil(size / 2)
-    return options
+    solved: dict[Choice, Option] = {}
+
+    def evaluate(fraction: float, micro_rows: int, micro_batches: int) -> tuple[bool, bool, float]:
+        option = _option(profile_at(micro_rows), memory, host, rates, fraction, foreach, micro_rows, micro_batches,
+                         reserve)
+        solved[option.key] = option
+        return option.feasible, option.keeps_everything, option.step_ms if option.feasible else 0.0
+
+    fractions = _distinct(FRACTIONS if can_offload else (1.0,), memory)
+    listed = _core.weigh_shares(fractions, rows, micro_rows, smallest, EXTRA_CUTS, evaluate)
+    return [solved[choice] for choice in listed]
 
 
 def _distinct(fractions: tuple[float, ...], memory: DeviceMemory) -> list[float]:
