@@ -15,7 +15,9 @@
 #include "allocator/base/errors.hpp"
 #include "offload/adamw_kernel.hpp"
 #include "python/bindings/torch/content_checksum.hpp"
+#include "python/bindings/torch/content_watch.hpp"
 #include "offload/adam_buckets.hpp"
+#include "offload/host_room.hpp"
 #include "offload/update_queue.hpp"
 #include "python/bindings/torch/host_bucket.hpp"
 #include "python/bindings/torch/host_state_store.hpp"
@@ -218,6 +220,30 @@ void bind_layout(py::module_& module) {
       "Host bytes one offloaded parameter takes");
 }
 
+void bind_host_room(py::module_& module) {
+  module.def(
+      "host_room",
+      [](std::optional<std::int64_t> limit_bytes) {
+        const offload::HostRoom room = offload::host_room(limit_bytes);
+        return py::make_tuple(room.available_bytes, room.limited_by, room.lockable_bytes);
+      },
+      py::arg("limit_bytes") = py::none(),
+      "(bytes the process may still take, which limit set them, RLIMIT_MEMLOCK or None) "
+      "(offload/host_room.hpp)");
+}
+
+void bind_content_watch(py::module_& module) {
+  py::class_<ContentWatch>(module, "ContentWatch",
+                           "Checksums of watched tensors, one row per index, on one device "
+                           "(python/bindings/torch/content_watch.hpp)")
+      .def(py::init([](const std::string& device) { return std::make_unique<ContentWatch>(c10::Device(device)); }),
+           py::arg("device"))
+      .def("extend", &ContentWatch::extend, py::arg("count"))
+      .def("remember", &ContentWatch::remember, py::arg("indices"), py::arg("tensors"))
+      .def("changed", &ContentWatch::changed, py::arg("indices"), py::arg("tensors"))
+      .def_property_readonly("seconds", &ContentWatch::seconds);
+}
+
 void wait_for(const offload::UpdateTicket& ticket, const std::string& what, std::size_t bytes) {
   const py::gil_scoped_release release;
   wait_until([&] { return ticket.done(); }, {what, bytes});
@@ -314,6 +340,8 @@ void bind_optimizer(py::module_& module) {
   torch_offload::bind_narrow_update(module);
   torch_offload::bind_store(module);
   torch_offload::bind_layout(module);
+  torch_offload::bind_host_room(module);
+  torch_offload::bind_content_watch(module);
   torch_offload::bind_engine_parts(module);
 }
 

@@ -23,7 +23,7 @@ What torch's optimizer would do, this one does (Note [Offloaded optimizer semant
   backward (clipping, unscaling, ``p.grad.data.clamp_()``) is copied again;
 - a write to a parameter between steps wins, ``p.data.clamp_()`` and ``p.data.copy_()`` included
   (they leave no trace in the version counter: the parameters' bytes are compared on the device,
-  python/stowage/offload/content_watch.py), and the write becomes the master weights;
+  python/bindings/torch/content_watch.hpp), and the write becomes the master weights;
 - a backward that raises leaves nothing applied; sparse gradients and bad state_dicts are refused
   at first sight, naming the parameter or the field.
 

@@ -21,7 +21,7 @@ DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update
 class Slot:
     """One offloaded parameter: its views in the bucket and its step count (the bucket's).
 
-    ``index`` is its row in the optimizer's content watches (stowage.offload.content_watch).
+    ``index`` is its row in the optimizer's content watches (stowage.offload.slot_watch).
     ``copied`` is the gradient copied out this step (a weak reference: the optimizer never keeps a
     gradient alive) and ``final_version`` its version then, updated when backward ends (None:
     nothing copied this step). Versions, shapes and views are the local tensor's under FSDP2
