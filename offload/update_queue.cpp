@@ -3,7 +3,12 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
+#include <sstream>
+
+#include "allocator/device/numa_topology.hpp"
 
 namespace stowage::offload {
 
@@ -20,7 +25,49 @@ void place_on(const std::vector<int>& cpus) {
   (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(static_cast<std::size_t>(cpu), &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// "0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11}.
+std::vector<int> parse_cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  std::istringstream parts(text);
+  std::string part;
+  while (std::getline(parts, part, ',')) {
+    if (part.empty()) continue;
+    const std::size_t dash = part.find('-');
+    const int first = std::stoi(part.substr(0, dash));
+    const int last = dash == std::string::npos ? first : std::stoi(part.substr(dash + 1));
+    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
 }  // namespace
+
+std::vector<int> cpus_near(const std::string& pci_bus_id) {
+  const std::vector<int> allowed = allowed_cpus();
+  if (pci_bus_id.empty()) return allowed;
+  std::vector<int> near;
+  try {
+    const NumaTopology topology = read_numa_topology({pci_bus_id});
+    if (topology.pci_devices.empty() || !topology.pci_devices.front().found) return allowed;
+    for (const int cpu : parse_cpu_list(topology.pci_devices.front().cpus)) {
+      if (std::find(allowed.begin(), allowed.end(), cpu) != allowed.end()) near.push_back(cpu);
+    }
+  } catch (const std::exception&) {  // no hwloc topology, or a bus id it does not parse
+    return allowed;
+  }
+  return near.empty() ? allowed : near;
+}
 
 void UpdateTicket::take() {
   if (error_ == nullptr) return;

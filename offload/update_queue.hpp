@@ -20,11 +20,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 namespace stowage::offload {
+
+// The CPUs this process may use that are nearest the GPU with `pci_bus_id` (hwloc's view): all
+// the allowed ones when the bus id is empty, unknown to hwloc, or shares no CPU with them.
+std::vector<int> cpus_near(const std::string& pci_bus_id);
 
 class UpdateTicket {
  public:

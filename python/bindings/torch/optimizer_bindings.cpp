@@ -259,6 +259,8 @@ void bind_engine_parts(py::module_& module) {
            },
            py::arg("what"), py::arg("bytes") = 0,
            "Waits for the update (Note [Bounded waits]) and raises what it raised");
+  module.def("cpus_near", &offload::cpus_near, py::arg("pci_bus_id"),
+             "The CPUs this process may use nearest the GPU with that bus id (all the allowed ones for '')");
   py::class_<offload::UpdateQueue, std::shared_ptr<offload::UpdateQueue>>(module, "UpdateQueue")
       .def(py::init([](const std::vector<int>& cpus) { return std::make_shared<offload::UpdateQueue>(cpus); }),
            py::arg("cpus"))

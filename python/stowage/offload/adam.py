@@ -79,7 +79,6 @@ from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, we
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.offload.slot_watch import SlotWatch
 from stowage.warning_site import outside_stowage
-from stowage.offload.update_worker import cpus_near
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 
@@ -132,7 +131,7 @@ class Adam(torch.optim.Optimizer):
         self._watch = SlotWatch(self._device)  # parameters and gradients changed behind our back
         self._hooks: list[Any] = []
         self._transfers = _torch_module().OptimizerTransfers(str(self._device))  # on the offload engine
-        self._queue = _torch_module().UpdateQueue(sorted(cpus_near(self._store_bus_id())))
+        self._queue = _torch_module().UpdateQueue(_torch_module().cpus_near(self._store_bus_id() or ""))
         self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
         checking.apply()
         self._lock = threading.Lock()  # DDP's hook callbacks may run on the process group's threads
