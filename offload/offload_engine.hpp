@@ -68,6 +68,8 @@ class OffloadEngine {
 };
 
 // The statistics as stowage.memory_stats() lists them: "offload.offloaded_bytes.current", ...
+// The copies' counts and bytes ("offload.to_host.bytes", ...) are every copy on the engine's
+// streams: the activations' pages and the offloaded optimizer's gradients and parameters.
 std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const OffloadStats& stats);
 
 }  // namespace stowage

@@ -302,6 +302,24 @@ def test_states_live_in_the_pinned_host_pool_in_cpu_mode() -> None:
     assert stats["pinned_bytes"] + stats["pageable_bytes"] >= stats["allocated_bytes"]
 
 
+def test_the_optimizer_s_copies_are_counted_in_the_offload_statistics() -> None:
+    """Gradients out and parameters back cross the offload engine's streams, so memory_stats()'s
+    offload.* copy counters see them, beside the activations' pages: each step moves every
+    gradient out and every parameter back, once."""
+    model = make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    before = stowage.memory_stats()
+    train(model, optimizer, steps=2)
+    after = stowage.memory_stats()
+    moved = {key: after[key] - before.get(key, 0) for key in ("offload.to_host.bytes", "offload.to_device.bytes",
+                                                        "offload.to_host.num_copies", "offload.to_device.num_copies")}
+    parameters = len(list(model.parameters()))
+    assert moved == {"offload.to_host.bytes": 2 * parameter_bytes, "offload.to_device.bytes": 2 * parameter_bytes,
+                     "offload.to_host.num_copies": 2 * parameters, "offload.to_device.num_copies": 2 * parameters}
+    optimizer.close()
+
+
 def test_asking_for_more_host_memory_than_allowed_fails_at_construction() -> None:
     model = make_model()
     numel = sum(p.numel() for p in model.parameters())

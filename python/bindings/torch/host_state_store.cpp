@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
 
 #include "allocator/base/errors.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
@@ -32,12 +33,22 @@ HostStateStore::HostStateStore(const c10::Device& device, std::size_t limit_byte
 
 at::Tensor HostStateStore::empty(std::int64_t numel, at::ScalarType dtype) {
   STOWAGE_CHECK(numel >= 0, "a host state of ", numel, " elements");
-  const auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
-  if (pool_ == nullptr) return at::empty({numel}, options);
-  const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
-  void* data = pool_->allocate(bytes == 0 ? 1 : bytes, Stream{});
+  return tensor_over(allocate(static_cast<std::size_t>(numel) * c10::elementSize(dtype)), numel, dtype);
+}
+
+std::shared_ptr<void> HostStateStore::allocate(std::size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (pool_ == nullptr) {  // torch's CPU allocator, as at::empty
+    auto data = std::make_shared<c10::DataPtr>(c10::GetCPUAllocator()->allocate(bytes));
+    return {data, data->get()};
+  }
   std::shared_ptr<PinnedHostPool> pool = pool_;
-  return at::from_blob(data, {numel}, [pool](void* ptr) { pool->free(ptr); }, options);
+  return {pool_->allocate(bytes, Stream{}), [pool](void* ptr) { pool->free(ptr); }};
+}
+
+at::Tensor HostStateStore::tensor_over(const std::shared_ptr<void>& block, std::int64_t numel, at::ScalarType dtype) {
+  const auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
+  return at::from_blob(block.get(), {numel}, [block](void*) {}, options);
 }
 
 PinnedHostPoolStats HostStateStore::stats() const {

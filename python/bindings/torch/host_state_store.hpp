@@ -34,6 +34,10 @@ class HostStateStore {
 
   // A contiguous 1-D tensor of `numel` elements, uninitialised.
   at::Tensor empty(std::int64_t numel, at::ScalarType dtype);
+  // `bytes` of host memory, freed when the last holder lets go (holders need no GIL).
+  std::shared_ptr<void> allocate(std::size_t bytes);
+  // A 1-D tensor of `numel` elements over `block`, holding it.
+  static at::Tensor tensor_over(const std::shared_ptr<void>& block, std::int64_t numel, at::ScalarType dtype);
 
   PinnedHostPoolStats stats() const;
   std::string placement() const;

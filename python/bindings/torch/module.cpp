@@ -227,4 +227,5 @@ PYBIND11_MODULE(_torch, module) {
   bind_memory_api(module);
   stowage::python::bind_offload(module);
   stowage::python::bind_optimizer(module);
+  stowage::python::bind_adam_state_check(module);
 }

@@ -9,5 +9,7 @@ namespace stowage::python {
 void bind_offload(pybind11::module_& module);
 // The offloaded optimizer's host update and host memory.
 void bind_optimizer(pybind11::module_& module);
+// Checks of a saved Adam state_dict before the offloaded optimizer takes any of it.
+void bind_adam_state_check(pybind11::module_& module);
 
 }  // namespace stowage::python

@@ -23,7 +23,7 @@ What torch's optimizer would do, this one does (Note [Offloaded optimizer semant
   backward (clipping, unscaling, ``p.grad.data.clamp_()``) is copied again;
 - a write to a parameter between steps wins, ``p.data.clamp_()`` and ``p.data.copy_()`` included
   (they leave no trace in the version counter: the parameters' bytes are compared on the device,
-  python/stowage/offload/content_watch.py), and the write becomes the master weights;
+  python/bindings/torch/content_watch.hpp), and the write becomes the master weights;
 - a backward that raises leaves nothing applied; sparse gradients and bad state_dicts are refused
   at first sight, naming the parameter or the field.
 
@@ -73,18 +73,13 @@ import torch
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
-from stowage.offload.adam_buckets import (DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, kept_on_device,
-                                          update_runs)
+from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, kept_on_device
 from stowage.offload.adam_state import (check_loadable, describe_parameter, load_offloaded_state,
                                         split_device_state)
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
-from stowage.offload.host_transfers import HostTransfers
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.offload.slot_watch import SlotWatch
 from stowage.warning_site import outside_stowage
-from stowage.offload.update_undo import UpdateUndo
-from stowage.offload.update_worker import UpdateWorker, cpus_near, finished
-from stowage.waiting import wait_until
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 
@@ -136,10 +131,9 @@ class Adam(torch.optim.Optimizer):
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
         self._watch = SlotWatch(self._device)  # parameters and gradients changed behind our back
         self._hooks: list[Any] = []
-        self._transfers = HostTransfers(self._device)
-        self._worker = UpdateWorker(cpus_near(self._store_bus_id()))
+        self._transfers = torch_module().OptimizerTransfers(str(self._device))  # on the offload engine
+        self._queue = torch_module().UpdateQueue(torch_module().cpus_near(self._store_bus_id() or ""))
         self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
-        self._undo = UpdateUndo()
         checking.apply()
         self._lock = threading.Lock()  # DDP's hook callbacks may run on the process group's threads
         self._accumulating = 0
@@ -410,7 +404,7 @@ class Adam(torch.optim.Optimizer):
         if self.update_mode == "delayed":
             for bucket in self._pending:
                 if bucket.updated is not None:
-                    finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
+                    self._finish(bucket)
         self._take_parameters_for_step()
         if self.update_mode == "in_backward":
             self._check_in_backward_exact(scale)
@@ -518,7 +512,8 @@ class Adam(torch.optim.Optimizer):
                 "optimizer.clip_grad_norm_(). Nothing was applied.")
 
     def _submit(self, bucket: Bucket, scale: float) -> bool:
-        """Hands `bucket`'s update to the worker; False when none of its parameters has a gradient."""
+        """Queues `bucket`'s host update (its step counts incremented, the update's runs and, in_backward,
+        its undo copies made in C++); False when none of its parameters has a gradient."""
         slots = [s for s in bucket.slots if s.final_version is not None]
         if not slots:
             return False
@@ -526,68 +521,38 @@ class Adam(torch.optim.Optimizer):
         if group["amsgrad"] and bucket.max_exp_avg_sq is None:
             raise ValueError(f"stowage.offload.{type(self).__name__}: amsgrad was turned on in a param group "
                              "after its states were made; set it when the optimizer is made")
-        provisional = self.update_mode == "in_backward"
-        if provisional:
-            self._undo.note_steps(bucket)
-        for slot in slots:
-            slot.step += 1
-            self.state.setdefault(slot.param, self._state_entry(slot))
-        bucket.updated = self._worker.submit(self._update_call(bucket, scale, provisional))
-        bucket.extra["updated_slots"] = slots
-        return True
-
-    def _update_call(self, bucket: Bucket, scale: float, provisional: bool) -> Callable[[], None]:
-        """The host update of `bucket`'s slots that have a gradient, as a call for the worker."""
-        runs = update_runs(bucket.slots)
-        group = bucket.group
         hyper = dict(lr=float(group["lr"]), beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
                      eps=float(group["eps"]), weight_decay=float(group["weight_decay"]), grad_scale=scale,
                      decoupled_weight_decay=bool(group.get("decoupled_weight_decay", False)),
                      maximize=bool(group["maximize"]))
-        grads = bucket.grads[self._grad_buffer]
-        module = torch_module()
-        threads = self._worker.threads
-        cpu_sqrt = self._device.type == "cpu"  # the square root torch's AdamW takes on this device
-        copied, returned = bucket.copied_event, bucket.returned_event
-        undo = self._undo
-
-        number, size = self._buckets.index(bucket), _bytes_of(bucket)
-
-        def update() -> None:
-            if copied is not None:
-                wait_until(copied.query, f"the gradients of bucket {number} copied out", size)
-            if returned is not None:  # the last write-back has left `out`
-                wait_until(returned.query, f"the write-back of bucket {number}", size)
-            if provisional:
-                undo.save(bucket)
-            for begin, end, step in runs:
-                maximum = None if bucket.max_exp_avg_sq is None else bucket.max_exp_avg_sq[begin:end]
-                states = (bucket.master[begin:end], bucket.exp_avg[begin:end], bucket.exp_avg_sq[begin:end],
-                          grads[begin:end])
-                if bucket.narrow:
-                    module.adam_update_narrow(*states, step, threads=threads, max_exp_avg_sq=maximum, **hyper)
-                    continue
-                out = None if bucket.out is None else bucket.out[begin:end]
-                module.adamw_update(*states, out, step, threads=threads, max_exp_avg_sq=maximum, cpu_sqrt=cpu_sqrt,
-                                    **hyper)
-
-        return update
+        bucket.updated = bucket.host.submit(
+            self._queue, [s.final_version is not None for s in bucket.slots], **hyper, grad_buffer=self._grad_buffer,
+            provisional=self.update_mode == "in_backward", cpu_sqrt=self._device.type == "cpu",  # torch's CPU sqrt
+            copied=bucket.copied_event, returned=bucket.returned_event)
+        for slot in slots:
+            self.state.setdefault(slot.param, self._state_entry(slot))
+        bucket.updated_slots = slots
+        return True
 
     def _write_back(self, bucket: Bucket) -> None:
         """Waits for `bucket`'s update and starts writing its parameters back."""
         if bucket.updated is None:
             return
-        finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
+        self._finish(bucket)
         source = bucket.out if bucket.out is not None else bucket.master
-        slots = bucket.extra.pop("updated_slots")
+        slots, bucket.updated_slots = bucket.updated_slots, []
         shards = [local(slot.param) for slot in slots]
         views = [slot.grad_view(source).view(shard.shape) for slot, shard in zip(slots, shards)]
         bucket.returned_event = self._transfers.write_back(shards, views)
-        with self._transfers.on_write_back_stream():
-            self._watch.parameters_are(slots, shards)
+        self._transfers.written_back()  # the checksums below read the parameters written back
+        self._watch.parameters_are(slots, shards)
         bucket.updated = None
         if checking.enabled():
             self._check_arrivals(slots, shards, views)
+
+    def _finish(self, bucket: Bucket) -> None:
+        """Waits for `bucket`'s update (Note [Bounded waits]); raises what it raised."""
+        bucket.updated.wait(f"the host update of bucket {self._buckets.index(bucket)}", bucket.bytes)
 
     def _check_arrivals(self, slots: list[Slot], shards: list[torch.Tensor], views: list[torch.Tensor]) -> None:
         """Check mode: each parameter written back is, bit for bit, what the host update made."""
@@ -612,14 +577,15 @@ class Adam(torch.optim.Optimizer):
         the states and step counts they changed."""
         provisional = [b for b in self._buckets if b.updated is not None and b not in self._pending]
         for bucket in provisional:
-            finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
-        for bucket in self._undo.restore():
-            for slot in bucket.slots:
-                if float(slot.step) == 0:
-                    self.state.pop(slot.param, None)
+            self._finish(bucket)
+        for bucket in self._buckets:
+            if bucket.host.restore():
+                for slot in bucket.slots:
+                    if float(slot.step) == 0:
+                        self.state.pop(slot.param, None)
         for bucket in provisional:
             bucket.updated = None
-            bucket.extra.pop("updated_slots", None)
+            bucket.updated_slots = []
 
     def _reset_arrivals(self) -> None:
         for bucket in self._buckets:
@@ -636,15 +602,15 @@ class Adam(torch.optim.Optimizer):
         for bucket in self._buckets:
             if bucket not in self._pending:
                 bucket.updated = None
-                bucket.extra.pop("updated_slots", None)
+                bucket.updated_slots = []
 
     def _end_step(self) -> None:
         for bucket in self._buckets:
             if self.update_mode == "in_backward":
                 bucket.updated = None
+            bucket.host.forget()
         self._reset_arrivals()
         self._clip_coefficient = None
-        self._undo.forget()
         self._backward_end.disarm()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -669,10 +635,10 @@ class Adam(torch.optim.Optimizer):
         """Delayed updates: writes the pending update's parameters back now."""
         for bucket in self._pending:
             if bucket.updated is not None:
-                finished(bucket.updated, f"the host update of bucket {self._buckets.index(bucket)}", _bytes_of(bucket))
+                self._finish(bucket)
         self._take_written_parameters([s for b in self._pending for s in b.slots])
         self._write_back_pending()
-        self._transfers.synchronize(sum(_bytes_of(b) for b in self._buckets))
+        self._transfers.synchronize(sum(b.bytes for b in self._buckets))
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
@@ -712,30 +678,23 @@ class Adam(torch.optim.Optimizer):
         CPUs that update it, the time spent in host updates so far and the time spent comparing
         parameters' and gradients' bytes (seconds)."""
         return {**self._store.stats(), "placement": self._store.placement(),
-                "update_cpus": self._worker.cpus,
-                "update_threads": self._worker.threads,
-                "update_seconds": self._worker.busy_seconds,
+                "update_cpus": self._queue.cpus,
+                "update_threads": self._queue.threads,
+                "update_seconds": self._queue.busy_seconds,
                 "content_watch_seconds": self._watch.seconds}
 
     def close(self) -> None:
-        """Finishes pending updates and copies and lets go of the worker thread and hooks."""
+        """Finishes pending updates and copies and lets go of the hooks."""
         self.flush()
-        self._worker.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
 
     def __del__(self) -> None:
-        worker = getattr(self, "_worker", None)
-        if worker is not None:
+        transfers = getattr(self, "_transfers", None)
+        if transfers is not None:
             with contextlib.suppress(Exception):
-                self._transfers.synchronize()
-                worker._executor.shutdown(wait=True)
-
-
-def _bytes_of(bucket: Bucket) -> int:
-    """What a bucket's update and copies move: its states, gradients and parameters."""
-    return sum(t.numel() * t.element_size() for t in (bucket.master, bucket.exp_avg, bucket.exp_avg_sq, *bucket.grads))
+                transfers.synchronize()  # before the host buffers the copies use go
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:

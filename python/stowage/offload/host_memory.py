@@ -1,13 +1,7 @@
-"""What host memory the process may really take, read before the offloaded optimizer takes any
-(the C++ probe in allocator/device/host_memory_probe.hpp, which `stowage doctor` reports too).
-
-Three limits apply, and the smallest wins: the memory the kernel says is available
-(``MemAvailable``), the cgroup's limit less what the cgroup already uses (v2 ``memory.max``, or
-v1 ``memory.limit_in_bytes``), and a limit the caller gives (``host_memory_limit=``, also how
-tests simulate a small host). Pinning has one more, ``RLIMIT_MEMLOCK``: beyond it the host refuses
-to lock pages, and the pool falls back to pageable memory with one warning, so it bounds how much
-is pinned, not what can be allocated.
-"""
+"""What host memory the process may really take, read before the offloaded optimizer takes any:
+the smallest of MemAvailable, the cgroup's room and the caller's limit (the one probe, in
+allocator/device/host_memory_probe.hpp, which `stowage doctor` reports too; RLIMIT_MEMLOCK bounds
+what is pinned, not what can be allocated)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 .adam_buckets.Slot): its bytes since they were last written back (a ``.data`` write, a loaded
 checkpoint), and its gradient since it was copied out (replaced, dropped, or written: by version
 or, for writes that leave the version alone, by bytes). Two ContentWatch rows per slot, by its
-index.
+index, in C++ content watches (python/bindings/torch/content_watch.hpp: checksums computed where
+the tensors live, only the verdicts come to the host).
 
 Contract: used under the optimizer's lock; slots are added, never removed.
 """
@@ -14,15 +15,15 @@ from typing import Sequence
 
 import torch
 
+from stowage.serving import torch_module
 from stowage.offload.adam_buckets import Slot
-from stowage.offload.content_watch import ContentWatch
 from stowage.offload.sharded import local
 
 
 class SlotWatch:
     def __init__(self, device: torch.device) -> None:
-        self._parameters = ContentWatch(device)  # as last written back (or taken)
-        self._gradients = ContentWatch(device)  # as copied out in the last backward
+        self._parameters = torch_module().ContentWatch(str(device))  # as last written back (or taken)
+        self._gradients = torch_module().ContentWatch(str(device))  # as copied out in the last backward
 
     @property
     def seconds(self) -> float:

@@ -63,6 +63,22 @@ def test_states_take_no_device_memory_and_live_pinned() -> None:
     optimizer.close()
 
 
+def test_the_optimizer_s_copies_run_on_the_offload_engine_and_are_counted() -> None:
+    model = small_gpt()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1 << 20)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    before = stowage.memory_stats()
+    ids = tokens(0)
+    model(ids, ids).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    torch.cuda.synchronize()
+    after = stowage.memory_stats()
+    assert after["offload.to_host.bytes"] - before.get("offload.to_host.bytes", 0) == parameter_bytes
+    assert after["offload.to_device.bytes"] - before.get("offload.to_device.bytes", 0) == parameter_bytes
+    optimizer.close()
+
+
 def trained(make_optimizer: Any, dtype: torch.dtype = torch.float32, steps: int = 3) -> list[torch.Tensor]:
     """small_gpt's parameters after `steps` steps with the optimizer make_optimizer(parameters)."""
     model = small_gpt().to(dtype)

@@ -1,0 +1,140 @@
+// stowage._torch.check_adam_group and check_adam_entry: a saved Adam state_dict's param group and
+// one parameter's entry, checked before anything of the state_dict is taken
+// (stowage.offload.adam_state.check_loadable walks the state_dict and calls them). They raise
+// ValueError naming the field and what is wrong with it; Python's repr names the values, so a
+// message reads the same whatever wrote the state_dict. Entries come with their tensors local
+// (FSDP2: this rank's shard).
+#include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "python/bindings/torch/module_parts.hpp"
+
+namespace py = pybind11;
+
+namespace stowage::torch_offload {
+
+namespace {
+
+constexpr std::int64_t kMaxStep = std::int64_t{1} << 53;  // a count a float64 holds exactly
+
+[[noreturn]] void refuse(const std::string& where, const std::string& problem) {
+  throw py::value_error(where + ": " + problem);
+}
+
+std::string type_name(py::handle value) { return Py_TYPE(value.ptr())->tp_name; }
+std::string repr_of(py::handle value) { return py::repr(value).cast<std::string>(); }
+std::string quoted(const char* key) { return "'" + std::string(key) + "'"; }
+
+bool whole_count(py::handle value) {
+  if (PyLong_Check(value.ptr())) {
+    int overflow = 0;
+    const long long count = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    return overflow == 0 && count >= 0 && count <= kMaxStep;
+  }
+  const double count = value.cast<double>();
+  return std::isfinite(count) && count >= 0 && count == std::trunc(count) && count <= static_cast<double>(kMaxStep);
+}
+
+void check_step(py::object value, const std::string& where) {
+  if (THPVariable_Check(value.ptr())) {
+    const at::Tensor tensor = THPVariable_Unpack(value.ptr());
+    if (tensor.numel() != 1) {
+      refuse(where, "'step' has " + std::to_string(tensor.numel()) + " elements; a step count is one number");
+    }
+    value = value.attr("item")();
+  }
+  if (PyBool_Check(value.ptr()) || !(PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr()))) {
+    refuse(where, "'step' is a " + type_name(value) + "; a step count is a number");
+  }
+  if (!whole_count(value)) refuse(where, "'step' is " + repr_of(value) + "; a step count is a whole number from 0 to 2**53");
+}
+
+void check_moment(const py::dict& entry, const char* key, std::int64_t numel, const std::string& where) {
+  const py::object value = entry.attr("get")(key);
+  if (!THPVariable_Check(value.ptr())) {
+    refuse(where, "no tensor " + quoted(key) + " (got " + type_name(value) + "; is it an Adam state dict?)");
+  }
+  const at::Tensor tensor = THPVariable_Unpack(value.ptr());
+  if (!tensor.is_floating_point() || tensor.is_sparse()) {
+    refuse(where, quoted(key) + " is a " + py::str(value.attr("dtype")).cast<std::string>() +
+                      " tensor; Adam's states are dense floating point");
+  }
+  if (tensor.numel() != numel) {
+    refuse(where, quoted(key) + " has " + std::to_string(tensor.numel()) + " elements where the parameter has " +
+                      std::to_string(numel));
+  }
+  if (std::string(key) != "exp_avg" && tensor.detach().lt(0).any().item<bool>()) {
+    refuse(where, quoted(key) + " holds negative values; a second moment is a mean of squares");
+  }
+}
+
+void check_entry(const py::object& entry, std::int64_t numel, bool amsgrad, const std::string& where) {
+  if (!py::isinstance<py::dict>(entry)) refuse(where, "its state is a " + type_name(entry) + ", not a dict");
+  const auto dict = entry.cast<py::dict>();
+  check_step(dict.attr("get")("step", 0), where);
+  for (const char* key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+    if (std::string(key) != "max_exp_avg_sq" || amsgrad) check_moment(dict, key, numel, where);
+  }
+  const py::object master = dict.attr("get")("master");
+  if (!master.is_none() && (!THPVariable_Check(master.ptr()) || THPVariable_Unpack(master.ptr()).numel() != numel)) {
+    refuse(where, "'master' is not a tensor of the parameter's " + std::to_string(numel) + " elements");
+  }
+}
+
+// A group's number as float(), or NaN when it is no number.
+double number_of(const py::object& value) {
+  const bool number = PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr()) || THPVariable_Check(value.ptr());
+  return number ? py::float_(value).cast<double>() : std::nan("");
+}
+
+void check_group(const py::dict& ours, const py::object& saved, int number, const std::string& where) {
+  const std::string group = "param group " + std::to_string(number);
+  if (!py::isinstance<py::dict>(saved) || !py::isinstance<py::list>(saved.attr("get")("params"))) {
+    refuse(where, group + " is not a dict with a 'params' list");
+  }
+  const auto dict = saved.cast<py::dict>();
+  const std::size_t theirs = py::len(dict["params"]), mine = py::len(ours["params"]);
+  if (theirs != mine) {
+    refuse(where, group + " has " + std::to_string(theirs) + " parameters where this optimizer's has " +
+                      std::to_string(mine));
+  }
+  for (const char* key : {"lr", "eps", "weight_decay"}) {
+    const py::object value = dict.attr("get")(key, ours[key]);
+    const double x = number_of(value);
+    if (!std::isfinite(x) || x < 0) refuse(where, group + "'s " + key + " is " + repr_of(value) + "; it must be a number >= 0");
+  }
+  const py::object betas = dict.attr("get")("betas", ours["betas"]);
+  bool good = (py::isinstance<py::tuple>(betas) || py::isinstance<py::list>(betas)) && py::len(betas) == 2;
+  for (std::size_t i = 0; good && i < 2; ++i) {
+    const double beta = py::float_(betas[py::int_(i)]).cast<double>();
+    good = beta >= 0 && beta < 1;
+  }
+  if (!good) refuse(where, group + "'s betas are " + repr_of(betas) + "; two numbers in [0, 1)");
+  const py::object amsgrad = dict.attr("get")("amsgrad", ours["amsgrad"]);
+  if (py::bool_(amsgrad).cast<bool>() != py::bool_(ours["amsgrad"]).cast<bool>()) {
+    const std::string saved_value = repr_of(dict.attr("get")("amsgrad"));
+    refuse(where, group + " was saved with amsgrad=" + saved_value + "; make the optimizer with amsgrad=" +
+                      saved_value + " to load it");
+  }
+}
+
+}  // namespace
+
+}  // namespace stowage::torch_offload
+
+namespace stowage::python {
+
+void bind_adam_state_check(py::module_& module) {
+  module.def("check_adam_group", &torch_offload::check_group, py::arg("ours"), py::arg("saved"), py::arg("number"),
+             py::arg("where"), "Raises ValueError naming what is wrong with a saved Adam param group");
+  module.def("check_adam_entry", &torch_offload::check_entry, py::arg("entry"), py::arg("numel"), py::arg("amsgrad"),
+             py::arg("where"),
+             "Raises ValueError naming the field of a saved Adam state entry (its tensors local) that is wrong");
+}
+
+}  // namespace stowage::python

@@ -1,0 +1,190 @@
+#include "python/bindings/torch/host_bucket.hpp"
+
+#include <ATen/ops/zeros.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "allocator/base/bounded_wait.hpp"
+#include "allocator/base/errors.hpp"
+#include "offload/adam_buckets.hpp"
+
+namespace stowage::torch_offload {
+
+using offload::ElementType;
+
+// torch's own float square root on this CPU: torch takes it from MKL's vector math (vsSqrt)
+// where it was built with MKL, which is not always correctly rounded; the host update takes the
+// same one so that it rounds where torch's AdamW rounds (Note [torch's roundings]). Null where
+// torch has no MKL (its sqrt is then the correctly rounded one, as std::sqrt).
+offload::VectorSqrt torch_vector_sqrt() {
+  static const offload::VectorSqrt found = [] {
+    void* library = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    void* symbol = library != nullptr ? dlsym(library, "vsSqrt") : nullptr;
+    return reinterpret_cast<offload::VectorSqrt>(symbol);
+  }();
+  return found;
+}
+
+namespace {
+
+ElementType element_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return ElementType::kFloat32;
+    case at::kBFloat16: return ElementType::kBFloat16;
+    case at::kHalf: return ElementType::kFloat16;
+    default:
+      STOWAGE_CHECK(false, "the offloaded optimizer updates float32, bfloat16 and float16 parameters, not ",
+                    c10::toString(dtype));
+      return ElementType::kFloat32;  // not reached
+  }
+}
+
+unsigned char* at_element(void* base, std::int64_t index, std::size_t size) {
+  return static_cast<unsigned char*>(base) + static_cast<std::size_t>(index) * size;
+}
+
+}  // namespace
+
+// The blocks behind the bucket's tensors, and the undo copies of its states. Update jobs hold it.
+struct HostBucket::Memory {
+  std::vector<std::shared_ptr<void>> blocks;
+  void* master = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  void* max_exp_avg_sq = nullptr;
+  std::vector<void*> grads;
+  void* out = nullptr;
+  ElementType dtype = ElementType::kFloat32;  // the parameters'
+  std::size_t state_bytes = 0;                // of one state buffer
+  std::vector<std::vector<unsigned char>> undo;  // the states before a provisional update
+
+  std::vector<void*> states() const {
+    std::vector<void*> out_states{master, exp_avg, exp_avg_sq};
+    if (max_exp_avg_sq != nullptr) out_states.push_back(max_exp_avg_sq);
+    return out_states;
+  }
+  void save() {
+    const std::vector<void*> all = states();
+    undo.resize(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      undo[i].resize(state_bytes);
+      std::memcpy(undo[i].data(), all[i], state_bytes);
+    }
+  }
+  void run(const BucketUpdate& update, const offload::UpdateRun& run, int threads, bool narrow) const;
+};
+
+void HostBucket::Memory::run(const BucketUpdate& update, const offload::UpdateRun& r, int threads,
+                             bool narrow) const {
+  const std::size_t size = offload::element_size(dtype);
+  const auto count = static_cast<std::size_t>(r.end - r.begin);
+  const void* grad = at_element(grads.at(static_cast<std::size_t>(update.grad_buffer)), r.begin, size);
+  if (narrow) {
+    offload::NarrowAdamBuffers b;
+    b.param = at_element(master, r.begin, size);
+    b.exp_avg = at_element(exp_avg, r.begin, size);
+    b.exp_avg_sq = at_element(exp_avg_sq, r.begin, size);
+    b.grad = grad;
+    if (max_exp_avg_sq != nullptr) b.max_exp_avg_sq = at_element(max_exp_avg_sq, r.begin, size);
+    b.type = dtype;
+    b.count = count;
+    offload::adam_step_narrow(update.hyper, r.step, b, threads);
+    return;
+  }
+  offload::AdamWBuffers b;
+  b.master = reinterpret_cast<float*>(at_element(master, r.begin, 4));
+  b.exp_avg = reinterpret_cast<float*>(at_element(exp_avg, r.begin, 4));
+  b.exp_avg_sq = reinterpret_cast<float*>(at_element(exp_avg_sq, r.begin, 4));
+  b.grad = grad;
+  b.grad_type = dtype;
+  if (out != nullptr) {
+    b.out = at_element(out, r.begin, size);
+    b.out_type = dtype;
+  }
+  if (max_exp_avg_sq != nullptr) b.max_exp_avg_sq = reinterpret_cast<float*>(at_element(max_exp_avg_sq, r.begin, 4));
+  b.count = count;
+  offload::AdamWHyperparameters hyper = update.hyper;
+  hyper.vector_sqrt = update.cpu_sqrt ? torch_vector_sqrt() : nullptr;
+  offload::adamw_step(hyper, r.step, b, threads);
+}
+
+HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::vector<std::int64_t>& numels,
+                       bool master_weights, bool amsgrad, int grad_buffers)
+    : narrow_(offload::is_narrow(element_type(dtype), master_weights)), numels_(numels),
+      memory_(std::make_shared<Memory>()) {
+  STOWAGE_CHECK(grad_buffers >= 1, "a bucket needs a gradient buffer");
+  for (const std::int64_t numel : numels) {
+    STOWAGE_CHECK(numel >= 0, "a parameter of ", numel, " elements");
+    offsets_.push_back(numel_);
+    numel_ += numel;
+    steps_.push_back(at::zeros({}, at::TensorOptions().dtype(at::kFloat)));
+  }
+  Memory& m = *memory_;
+  m.dtype = element_type(dtype);
+  const at::ScalarType state = narrow_ ? dtype : at::kFloat;
+  m.state_bytes = static_cast<std::size_t>(numel_) * c10::elementSize(state);
+  const auto make = [&](at::ScalarType type, void*& pointer, bool zero) {
+    std::shared_ptr<void> block = store.allocate(static_cast<std::size_t>(numel_) * c10::elementSize(type));
+    pointer = block.get();
+    m.blocks.push_back(block);
+    at::Tensor tensor = HostStateStore::tensor_over(block, numel_, type);
+    bytes_ += static_cast<std::int64_t>(tensor.nbytes());
+    return zero ? tensor.zero_() : tensor;
+  };
+  master_ = make(state, m.master, false);
+  exp_avg_ = make(state, m.exp_avg, true);
+  exp_avg_sq_ = make(state, m.exp_avg_sq, true);
+  if (amsgrad) max_exp_avg_sq_ = make(state, m.max_exp_avg_sq, true);
+  m.grads.resize(static_cast<std::size_t>(grad_buffers));
+  for (void*& grad : m.grads) grads_.push_back(make(dtype, grad, false));
+  if (state != dtype) out_ = make(dtype, m.out, false);
+}
+
+std::shared_ptr<offload::UpdateTicket> HostBucket::submit(offload::UpdateQueue& queue, const BucketUpdate& update,
+                                                          const std::vector<bool>& has_gradient,
+                                                          std::optional<CopyMark> copied,
+                                                          std::optional<CopyMark> returned) {
+  STOWAGE_CHECK(has_gradient.size() == steps_.size(), has_gradient.size(), " gradient flags for a bucket of ",
+                steps_.size(), " parameters");
+  STOWAGE_CHECK(update.grad_buffer >= 0 && static_cast<std::size_t>(update.grad_buffer) < grads_.size(),
+                "no gradient buffer ", update.grad_buffer);
+  std::vector<offload::RunSlot> slots;
+  std::vector<float> before;
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    float* step = steps_[i].data_ptr<float>();
+    before.push_back(*step);
+    if (has_gradient[i]) *step += 1.0F;
+    slots.push_back({offsets_[i], numels_[i], static_cast<std::int64_t>(*step), has_gradient[i]});
+  }
+  std::vector<offload::UpdateRun> runs = offload::update_runs(slots);
+  if (runs.empty()) return nullptr;
+  if (update.provisional) saved_steps_ = std::move(before);
+  const int threads = queue.threads();
+  return queue.submit([memory = memory_, update, runs = std::move(runs), copied = std::move(copied),
+                       returned = std::move(returned), threads, narrow = narrow_] {
+    if (copied.has_value()) {
+      wait_until([&] { return copied->done(); }, {"the gradients of a bucket copied out", copied->bytes});
+    }
+    if (returned.has_value()) {  // the last write-back has left the output buffer
+      wait_until([&] { return returned->done(); }, {"the write-back of a bucket", returned->bytes});
+    }
+    if (update.provisional) memory->save();
+    for (const offload::UpdateRun& run : runs) memory->run(update, run, threads, narrow);
+  });
+}
+
+bool HostBucket::restore() {
+  if (!saved_steps_.has_value()) return false;
+  const std::vector<void*> states = memory_->states();
+  for (std::size_t i = 0; i < states.size() && i < memory_->undo.size(); ++i) {
+    std::memcpy(states[i], memory_->undo[i].data(), memory_->state_bytes);
+  }
+  for (std::size_t i = 0; i < steps_.size(); ++i) *steps_[i].data_ptr<float>() = (*saved_steps_)[i];
+  saved_steps_.reset();
+  return true;
+}
+
+}  // namespace stowage::torch_offload
