@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch, model, batches, loss_fn, kind = _setup(args)
     import stowage
     from stowage.fitting.micro_batches import split
-    from stowage.memory import _index, _torch_module
+    from stowage.serving import device_index, torch_module
 
     batch = batches(args.rows)
     result: dict[str, Any] = {"config": args.config, "rows": args.rows}
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         step()
         times.append(time.perf_counter() - began)
     result.update(step_s=times[1:], peak_bytes=stowage.max_memory_allocated(), start_bytes=start_bytes,
-                  capacity=int(_torch_module().capacity(_index(torch.device("cpu")))))
+                  capacity=int(torch_module().capacity(device_index(torch.device("cpu")))))
     if args.config == "fit":
         result["departed_steps"] = fitted.plan.departed_steps if fitted.plan is not None else 0
         result["plan_steps"] = fitted.plan.steps if fitted.plan is not None and hasattr(fitted.plan, "steps") else None

@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stowage.memory import _torch_module  # noqa: E402
+from stowage.serving import torch_module  # noqa: E402
 
 
 def checksums(*tensors: torch.Tensor) -> torch.Tensor:
-    return _torch_module().content_checksums(list(tensors))
+    return torch_module().content_checksums(list(tensors))
 
 
 def documented(tensor: torch.Tensor) -> torch.Tensor:

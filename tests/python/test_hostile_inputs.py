@@ -147,7 +147,7 @@ def test_a_wait_for_copies_answers_ctrl_c_within_a_second() -> None:
     page-outs, deaf to Ctrl-C. The link's floor is now 10 MB/s, and a wait answers SIGINT."""
     code = textwrap.dedent("""
         import signal, sys, time, torch, stowage
-        from stowage.memory import _torch_module
+        from stowage.serving import torch_module
         # Python's own Ctrl-C, as a terminal gives it (a shell's background job inherits SIGINT ignored)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
@@ -155,7 +155,7 @@ def test_a_wait_for_copies_answers_ctrl_c_within_a_second() -> None:
         except ValueError as error:
             print("refused:", error, flush=True)
         stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="10MB")
-        module = _torch_module()
+        module = torch_module()
         module.offload_configure(0, 1 << 40)
         packed = module.TensorPager(0).pack(torch.ones(100 << 20, dtype=torch.uint8))  # 10 s at 10 MB/s
         print("waiting", flush=True)

@@ -219,9 +219,9 @@ def _capacity() -> int | str:
     """The simulated device's capacity (CPU mode's device is per process: it is enabled again at
     the same one), CAPACITY where it cannot be read."""
     try:
-        from stowage.memory import _index, _torch_module
+        from stowage.serving import device_index, torch_module
 
-        return int(_torch_module().capacity(_index(torch.device("cpu"))))
+        return int(torch_module().capacity(device_index(torch.device("cpu"))))
     except Exception:  # (a private reading: the suite's own capacity is the fallback)
         return CAPACITY
 
