@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 PROBE = Path(__file__).resolve().parent / "fit_probe.py"
-# The table's rows at their largest model (bench/results/2026-11-24-cpu-fit.md): 4 x 256 tokens.
-POINTS = (("stowage+plan+optimizer", 14, 4), ("stowage+plan", 8, 4), ("stowage+offload", 9, 4),
-          ("stowage+plan+optimizer", 4, 20))
+# The table's stowage rows (bench/results/2026-11-24-cpu-fit.md) at points every build trains:
+# (configuration, layers, batch of 256-token rows).
+POINTS = (("stowage+plan+optimizer", 6, 4), ("stowage+plan", 4, 4), ("stowage+offload", 4, 4),
+          ("stowage+plan+optimizer", 4, 12))
 
 
 def probe(config: str, layers: int, batch: int, before: str | None) -> dict[str, Any]:
