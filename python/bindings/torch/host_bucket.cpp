@@ -30,18 +30,6 @@ offload::VectorSqrt torch_vector_sqrt() {
 
 namespace {
 
-ElementType element_type(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return ElementType::kFloat32;
-    case at::kBFloat16: return ElementType::kBFloat16;
-    case at::kHalf: return ElementType::kFloat16;
-    default:
-      STOWAGE_CHECK(false, "the offloaded optimizer updates float32, bfloat16 and float16 parameters, not ",
-                    c10::toString(dtype));
-      return ElementType::kFloat32;  // not reached
-  }
-}
-
 unsigned char* at_element(void* base, std::int64_t index, std::size_t size) {
   return static_cast<unsigned char*>(base) + static_cast<std::size_t>(index) * size;
 }
@@ -113,7 +101,7 @@ void HostBucket::Memory::run(const BucketUpdate& update, const offload::UpdateRu
 
 HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::vector<std::int64_t>& numels,
                        bool master_weights, bool amsgrad, int grad_buffers)
-    : narrow_(offload::is_narrow(element_type(dtype), master_weights)), numels_(numels),
+    : narrow_(offload::is_narrow(element_type_of(dtype), master_weights)), numels_(numels),
       memory_(std::make_shared<Memory>()) {
   STOWAGE_CHECK(grad_buffers >= 1, "a bucket needs a gradient buffer");
   for (const std::int64_t numel : numels) {
@@ -123,7 +111,7 @@ HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::v
     steps_.push_back(at::zeros({}, at::TensorOptions().dtype(at::kFloat)));
   }
   Memory& m = *memory_;
-  m.dtype = element_type(dtype);
+  m.dtype = element_type_of(dtype);
   const at::ScalarType state = narrow_ ? dtype : at::kFloat;
   m.state_bytes = static_cast<std::size_t>(numel_) * c10::elementSize(state);
   const auto make = [&](at::ScalarType type, void*& pointer, bool zero) {
@@ -185,6 +173,18 @@ bool HostBucket::restore() {
   for (std::size_t i = 0; i < steps_.size(); ++i) *steps_[i].data_ptr<float>() = (*saved_steps_)[i];
   saved_steps_.reset();
   return true;
+}
+
+ElementType element_type_of(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return ElementType::kFloat32;
+    case at::kBFloat16: return ElementType::kBFloat16;
+    case at::kHalf: return ElementType::kFloat16;
+    default:
+      STOWAGE_CHECK(false, "the offloaded optimizer updates float32, bfloat16 and float16 parameters, not ",
+                    c10::toString(dtype));
+      return ElementType::kFloat32;  // not reached
+  }
 }
 
 }  // namespace stowage::torch_offload

@@ -43,17 +43,6 @@ ElementType element_type(const at::Tensor& tensor, const char* what) {
   }
 }
 
-ElementType element_type_of(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return ElementType::kFloat32;
-    case at::kBFloat16: return ElementType::kBFloat16;
-    case at::kHalf: return ElementType::kFloat16;
-    default:
-      STOWAGE_CHECK(false, "the offloaded optimizer updates float32, bfloat16 and float16 parameters, not ",
-                    c10::toString(dtype));
-      return ElementType::kFloat32;  // not reached
-  }
-}
 
 void check_host(const at::Tensor& tensor, const char* what, std::int64_t numel) {
   STOWAGE_CHECK(tensor.device().is_cpu(), "the AdamW update's ", what, " must be a CPU tensor, not on ",
