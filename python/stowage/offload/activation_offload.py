@@ -144,7 +144,7 @@ class activations:
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
             return keep(tensor)
-        return self._paging.page(tensor, self._running[-1] if self._running else "")
+        return self._pager.pack(tensor, self._running[-1] if self._running else "")
 
     def _module_entered(self, module: Any, args: Any) -> None:
         import torch

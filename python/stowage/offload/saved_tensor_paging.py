@@ -4,7 +4,7 @@ and ``with plan:``.
 A region configures the engine's look-ahead, makes its pager (stowage._torch's TensorPager:
 the pages of its saved tensors, and the storages it must never page), and installs torch's
 saved-tensor hooks: each tensor autograd saves goes to the region's ``place(tensor)``, which
-returns ``page(tensor, module_path)`` (paged out to host memory) or ``keep(tensor)`` (kept on
+returns ``pager.pack(tensor, module_path)`` (paged out to host memory) or ``keep(tensor)`` (kept on
 the device, detached, its version checked at unpack as torch checks its own); unpacking is the
 pager's. What a region decides, and how it follows modules, is its own: activations pages by
 size outside excluded modules, a plan by its decisions.
@@ -55,7 +55,3 @@ class SavedTensorPaging:
         if self._hooks is not None:
             self._hooks.__exit__(kind, error, traceback)
             self._hooks = None
-
-    def page(self, tensor: Any, module_path: str) -> Any:
-        """The tensor handed to the pager, under the module that saved it (check mode names it)."""
-        return self.pager.pack(tensor, module_path)

@@ -145,6 +145,7 @@ class Plan:
             paging = SavedTensorPaging(self._pack, min_bytes=0, max_prefetch=1 << 40,
                                        prefetch_pages=int(self.profile.cost["prefetch_pages"]))
             self._paging = paging.__enter__()
+            self._pager = paging.pager  # pack is on the hot path: one lookup, not two
         except BaseException as error:
             self.__exit__(type(error), error, error.__traceback__)
             raise
@@ -167,6 +168,7 @@ class Plan:
                 module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
         finally:
             self._paging, self._frames, self._patched, self._ceiling = None, None, [], None
+            self.__dict__.pop("_pager", None)
             self._active = False
         if kind is None:
             warning = self.departures.end_step()
@@ -263,13 +265,13 @@ class Plan:
         unit = self._unit_of_save.get(save)
         if unit is None and save not in self._kept_saves:  # a departure: offloaded, so the budget holds
             self.departures.note(f"a save in {frame.path!r} the profile does not have")
-            return self._paging.page(tensor, frame.path)
+            return self._pager.pack(tensor, frame.path)
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
         if unit is not None and self.decisions[unit] == "offload":
             frame = self._frames.top
-            return self._paging.page(tensor, frame.path if frame is not None else "")
+            return self._pager.pack(tensor, frame.path if frame is not None else "")
         return keep(tensor)
 
     # Reading -----------------------------------------------------------------------------
