@@ -7,6 +7,10 @@ runs of each run's median steady step (steps after the first two), and after / b
 
     pip install --no-deps --no-build-isolation --target /tmp/stowage-before <old checkout>
     python3 bench/e2e/before_after.py --before /tmp/stowage-before --runs 5 --json out.json
+
+``--cost JSON`` gives every fit the same cost model (fit_probe's ``--cost``): without it each run
+measures its own, and plans differ between runs of one build. ``--points`` picks points of the
+table by index.
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ POINTS = (("stowage+plan+optimizer", 6, 4), ("stowage+plan", 4, 4), ("stowage+of
           ("stowage+plan+optimizer", 4, 12))
 
 
-def probe(config: str, layers: int, batch: int, before: str | None) -> dict[str, Any]:
+def probe(config: str, layers: int, batch: int, before: str | None, cost: str | None) -> dict[str, Any]:
     environment = dict(os.environ)
     if before is not None:  # its compiled modules find torch's libraries by a path relative to site-packages
         torch_lib = str(Path(importlib.util.find_spec("torch").origin).parent / "lib")
         environment["PYTHONPATH"] = before + os.pathsep + environment.get("PYTHONPATH", "")
         environment["LD_LIBRARY_PATH"] = torch_lib + os.pathsep + environment.get("LD_LIBRARY_PATH", "")
     done = subprocess.run([sys.executable, str(PROBE), "--config", config, "--device", "cpu", "--capacity", "160MiB",
-                           "--layers", str(layers), "--batch", str(batch), "--steps", "6"],
+                           "--layers", str(layers), "--batch", str(batch), "--steps", "6"]
+                          + (["--cost", cost] if cost else []),
                           capture_output=True, text=True, env=environment, check=False)
     if done.returncode != 0:
         raise SystemExit(f"fit_probe failed ({config}, {layers} layers, batch {batch}):\n{done.stderr[-3000:]}")
@@ -47,14 +52,18 @@ def main() -> int:
     parser.add_argument("--before", required=True, help="a directory holding the older build's stowage package")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cost", help="the cost model every fit is given, as JSON")
+    parser.add_argument("--points", type=int, nargs="+", default=list(range(len(POINTS))),
+                        help="indices into POINTS (default: all)")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
-    for config, layers, batch in POINTS:
+    for config, layers, batch in (POINTS[index] for index in args.points):
         runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
         for run in range(args.runs):
             for build in (("before", "after") if run % 2 == 0 else ("after", "before")):
-                runs[build].append(probe(config, layers, batch, args.before if build == "before" else None))
-        row: dict[str, Any] = {"config": config, "layers": layers, "batch": batch}
+                runs[build].append(probe(config, layers, batch, args.before if build == "before" else None,
+                                         args.cost))
+        row: dict[str, Any] = {"config": config, "layers": layers, "batch": batch, "cost": args.cost}
         for build, probes in runs.items():
             steady = [statistics.median(p["step_s"][2:]) for p in probes if p.get("fits")]
             row[build] = {"fits": [bool(p.get("fits")) for p in probes],

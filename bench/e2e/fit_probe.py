@@ -15,7 +15,8 @@ Configurations (the LM loss is chunked in every one, stowage.models.llama's chun
   stowage+offload         stowage.offload.activations() around forward and backward
   stowage+plan            stowage.fit with the optimizer's states kept on the device
   stowage+plan+optimizer  stowage.fit: states where it chooses, activations planned
-FIT_VERBOSE=1 in the environment prints fit's decision table. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
+FIT_VERBOSE=1 in the environment prints fit's decision table. ``--cost '{"to_host_bytes_per_ms": ...}'``
+gives fit the planner's cost model instead of its measuring one, so that two builds plan alike. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
 tokens a second over the steps after the first two (median), peak memory (and, but for fit,
 the peak of the last step's forward and backward), the device's memory,
 the process's resident host memory before fit (or the optimizer) and after the steps.
@@ -72,8 +73,8 @@ def peak_allocated(device: str) -> int:
     return int(torch.cuda.max_memory_allocated())
 
 
-def step_function(config: str, model: Any, tokens: Any, device: str,
-                  backward_peaks: list[int]) -> Callable[[], float]:
+def step_function(config: str, model: Any, tokens: Any, device: str, backward_peaks: list[int],
+                  cost: dict[str, float] | None = None) -> Callable[[], float]:
     import torch
 
     import stowage
@@ -87,7 +88,8 @@ def step_function(config: str, model: Any, tokens: Any, device: str,
 
     if config.startswith("stowage+plan"):
         fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, lr=1e-4), tokens, loss_fn=loss_fn,
-                             verbose=bool(os.environ.get("FIT_VERBOSE")), offload_optimizer=config.endswith("optimizer"))
+                             verbose=bool(os.environ.get("FIT_VERBOSE")), offload_optimizer=config.endswith("optimizer"),
+                             cost=cost)
         return lambda: float(fitted.step(tokens))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -153,7 +155,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
         result["host_rss_before_bytes"] = resident_bytes()
         backward_peaks: list[int] = []
-        step = step_function(args.config, model, tokens, args.device, backward_peaks)
+        step = step_function(args.config, model, tokens, args.device, backward_peaks,
+                             json.loads(args.cost) if args.cost else None)
         for _ in range(args.steps):
             start = time.perf_counter()
             step()
@@ -188,6 +191,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--cost", help="fit's cost model as JSON (default: fit measures it)")
     args = parser.parse_args()
     if args.config == "torch+expandable" and args.device == "cpu":
         parser.error("torch+expandable is torch's CUDA allocator's option: GPU only")
