@@ -1,11 +1,15 @@
 // stowage._core.Trace: a recorded trace, replayed in C++ with the GIL released.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "allocator/base/errors.hpp"
+#include "allocator/capacity_search.hpp"
 #include "allocator/config.hpp"
 #include "allocator/replay.hpp"
 #include "python/bindings/bindings.hpp"
@@ -90,9 +94,28 @@ HostCallCosts costs_named(const std::string& name) {
   return {};
 }
 
+py::dict min_capacity(const Trace& trace, std::uint64_t peak_requested, const std::string& config,
+                      std::optional<std::uint64_t> known_fit, const py::object& progress) {
+  const AllocatorConfig parsed = parse_allocator_config(config);
+  const auto fits = [&](std::uint64_t capacity) {
+    py::gil_scoped_release unlocked;
+    return !trace.replay({capacity, parsed, false, HostCallCosts::measured_h100()}).oom;
+  };
+  std::function<void(std::uint64_t, std::uint64_t)> report;
+  if (!progress.is_none()) report = [&](std::uint64_t done, std::uint64_t total) { progress(done, total); };
+  const CapacitySearchResult found = search_min_capacity(fits, peak_requested, known_fit, {}, report);
+  py::dict out;
+  out["min_capacity"] = found.min_capacity ? py::object(py::int_(*found.min_capacity)) : py::object(py::none());
+  out["min_capacity_verified"] = found.verified;
+  out["replays"] = found.replays;
+  return out;
+}
+
 }  // namespace
 
 void bind_replay(py::module_& module) {
+  module.attr("capacity_search_step") = CapacitySearchLimits{}.step;
+  module.attr("capacity_search_max") = CapacitySearchLimits{}.max_capacity;
   py::class_<Trace>(module, "Trace",
                     "The alloc (kind 0) and free (kind 1) events of one device, in order.")
       .def(py::init(&make_trace), py::arg("kinds"), py::arg("addresses"), py::arg("sizes"),
@@ -115,7 +138,12 @@ void bind_replay(py::module_& module) {
           py::arg("costs") = "h100",
           "Replays the trace through a CachingAllocator on a simulated device of `capacity` "
           "bytes; returns the figures as a dict, with what each step asked of the device and "
-          "what that would cost a GPU (costs: 'h100', measured on one, or 'none').");
+          "what that would cost a GPU (costs: 'h100', measured on one, or 'none').")
+      .def("min_capacity", &min_capacity, py::arg("peak_requested"), py::arg("config") = "",
+           py::arg("known_fit") = py::none(), py::arg("progress") = py::none(),
+           "The smallest device, in 2 MiB steps, on which the replay completes, searched and then "
+           "verified (allocator/capacity_search.hpp): {min_capacity, min_capacity_verified, "
+           "replays}. `progress(done, total)` is called as the search bisects.");
 }
 
 }  // namespace stowage::python

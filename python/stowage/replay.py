@@ -32,8 +32,8 @@ from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
 from stowage.terminal import console, literal
 from stowage.trace import device_event_arrays, native_figures, step_period
 
-STEP = 2 << 20  # capacities are searched in 2 MiB steps
-MAX_CAPACITY = 16 << 40  # 16 TiB: the simulated device reserves twice its size in address space
+STEP = _core.capacity_search_step  # capacities are searched in 2 MiB steps
+MAX_CAPACITY = _core.capacity_search_max  # 16 TiB: the simulated device reserves twice its size in address space
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -52,53 +52,23 @@ def add_parser(commands: Any, name: str) -> None:
                         help="steps before the steady state is judged (default: 2, or two cycles)")
 
 
-def _fits(events: _core.Trace, capacity: int, config: str) -> bool:
-    return not events.replay(capacity, config, measure_latency=False)["oom"]
-
-
 def min_capacity(events: _core.Trace, peak_requested: int, config: str, known_fit: int | None,
                  progress: Progress | None = None) -> dict[str, Any]:
-    """The smallest capacity, in STEP units, on which the replay completes, searched then verified.
+    """The smallest capacity, in 2 MiB steps, on which the replay completes, searched then
+    verified (allocator/capacity_search.hpp); known_fit is a capacity already seen to fit, if any."""
+    task: list[Any] = []
 
-    Below peak_requested nothing can fit, so the search starts there; known_fit is a capacity
-    already seen to fit, if any.
-    """
-    if peak_requested == 0:
-        return {"min_capacity": None, "min_capacity_verified": False, "replays": 0}
-    low = max(0, (peak_requested - 1) // STEP)  # fails: cannot hold the live requested bytes
-    if known_fit is not None and _fits(events, -(-known_fit // STEP) * STEP, config):
-        high = -(-known_fit // STEP)
-    else:
-        high = max(low + 1, 2 * (low + 1))
-        while high * STEP > MAX_CAPACITY or not _fits(events, high * STEP, config):
-            if high * STEP >= MAX_CAPACITY:
-                return {"min_capacity": None, "min_capacity_verified": False, "replays": 0}
-            low, high = high, min(2 * high, MAX_CAPACITY // STEP)
-    replays = 0
-    task = progress.add_task("min capacity", total=max(1, (high - low).bit_length())) if progress else None
-    while high - low > 1:
-        middle = (low + high) // 2
-        replays += 1
-        if _fits(events, middle * STEP, config):
-            high = middle
-        else:
-            low = middle
-        if progress is not None and task is not None:
-            progress.advance(task)
-    # Verify both sides; a replay that fits below the found capacity means the search was misled
-    # (the allocator need not be monotone in capacity): walk down until it does not.
-    fits_at = _fits(events, high * STEP, config)
-    while high > 1 and _fits(events, (high - 1) * STEP, config):
-        high -= 1
-        replays += 1
-    fails_below = not _fits(events, (high - 1) * STEP, config) if high > 1 else True
-    if progress is not None and task is not None:
-        progress.remove_task(task)
-    return {
-        "min_capacity": high * STEP,
-        "min_capacity_verified": bool(fits_at and fails_below),
-        "replays": replays + 2,
-    }
+    def advance(done: int, total: int) -> None:
+        if progress is not None:
+            if not task:
+                task.append(progress.add_task("min capacity", total=total))
+            progress.update(task[0], completed=done)
+
+    try:
+        return events.min_capacity(peak_requested, config, known_fit, advance)
+    finally:
+        if task and progress is not None:
+            progress.remove_task(task[0])
 
 
 def after_warmup(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
