@@ -18,6 +18,7 @@
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
+#include "planner/step_ledger.hpp"
 #include "planner/trace_builder.hpp"
 #include "python/bindings/bindings.hpp"
 
@@ -79,6 +80,31 @@ void bind_recording(py::module_& module) {
       .def_readonly("region_checkpointable", &planner::BuiltTrace::region_checkpointable)
       .def_readonly("region_inputs", &planner::BuiltTrace::region_inputs)
       .def_readonly("unconstrained_peak_bytes", &planner::BuiltTrace::unconstrained_peak_bytes);
+  using Keys = std::vector<planner::StepLedger::Key>;
+  py::class_<planner::StepLedger>(module, "StepLedger",
+                                  "The storages of a step as it is recorded (Note [Keeping the ledger]).")
+      .def(py::init<>())
+      .def("add_fixed", &planner::StepLedger::add_fixed, py::arg("key"))
+      .def(
+          "op_ran",
+          [](planner::StepLedger& ledger, planner::Phase phase, const Keys& used, const Keys& made) {
+            ledger.op_ran(phase, used, made);
+          },
+          py::arg("phase"), py::arg("used"), py::arg("made"))
+      .def(
+          "enter_region", [](planner::StepLedger& ledger, const Keys& inputs) { return ledger.enter_region(inputs); },
+          py::arg("inputs"))
+      .def(
+          "writes_input",
+          [](const planner::StepLedger& ledger, std::int32_t region, const Keys& written) {
+            return ledger.writes_input(region, written);
+          },
+          py::arg("region"), py::arg("written"))
+      .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"))
+      .def("taken_back", &planner::StepLedger::taken_back, py::arg("storage"))
+      .def_property_readonly("ops", &planner::StepLedger::ops)
+      .def("storage_order", &planner::StepLedger::storage_order)
+      .def("recording", &planner::StepLedger::recording, py::arg("ops"), py::arg("regions"));
   module.def("build_trace", &planner::build_trace, py::arg("recording"),
              "The lifetime trace of a recorded step (Note [Building a trace]).");
 }

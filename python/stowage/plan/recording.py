@@ -16,24 +16,12 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from stowage import _core
 from stowage.plan.calibration import measure_cost
-from stowage.plan.lifetimes import LifetimeProfile, OpRecord, RegionRecord, TensorRecord
+from stowage.plan.lifetimes import OpRecord, RegionRecord
 from stowage.plan.module_frames import Frame, ModuleFrames, block_modules, in_backward
-
-
-@dataclass
-class _Saved:
-    """One storage autograd saved, as the step ran."""
-
-    bytes: int
-    saves: list[tuple[str, int, int]] = field(default_factory=list)
-    save_ops: list[int] = field(default_factory=list)
-    save_regions: set[int] = field(default_factory=set)
-    first_backward: int | None = None
-    last_backward: int | None = None
 
 
 class _DeviceMeter:
@@ -82,7 +70,9 @@ NOT_REPLAYABLE = ("aten::_cudnn_rnn", "aten::miopen_rnn", "aten::_cudnn_init_dro
 
 
 class StepRecorder:
-    """Records one step; ``profile()`` builds its LifetimeProfile. One step, one thread."""
+    """Records one step; ``profile()`` builds its LifetimeProfile. One step, one thread. Which op
+    made, used and saved which storage is kept by the planner's StepLedger (Note [Keeping the
+    ledger] in planner/step_ledger.hpp), by storage address; where each save happened, here."""
 
     def __init__(self, device: str, model: Any = None) -> None:
         self.meter = _DeviceMeter(device)
@@ -90,35 +80,30 @@ class StepRecorder:
         self.peaks: list[int] = []
         self.frames = ModuleFrames(self._entered, self._left, self._found_root, root=model)
         self.blocks: set[int] = set()
-        self.fixed: set[int] = set()  # parameters' and buffers' storages
-        self.producer: dict[int, int] = {}
-        self.last_forward: dict[int, int] = {}
-        self.saved: dict[int, _Saved] = {}
+        self.ledger = _core.StepLedger()
+        self.sites: list[list[tuple[str, int, int]]] = []  # per saved storage, where it was saved
         self.regions: list[RegionRecord] = []
-        self.region_inputs: list[list[int]] = []
         self.active_region = -1
         self.seen_backward = False
         self.loose_saves = 0
         self.elsewhere: list[tuple[str, int, int]] = []  # saves of parameters and buffers
         self.start_bytes = 0
-        self.retired = 0
 
     # Module frames ------------------------------------------------------------------------
     def _found_root(self, root: Any) -> None:
         self.blocks |= block_modules(root)
         for tensor in list(root.parameters()) + list(root.buffers()):
-            self.fixed.add(_storage_key(tensor))
+            self.ledger.add_fixed(_storage_key(tensor))
 
     def _entered(self, frame: Frame, args: tuple[Any, ...]) -> None:
         import torch
 
         if self.active_region >= 0 or id(frame.module) not in self.blocks:
             return
-        self.active_region = len(self.regions)
+        self.active_region = self.ledger.enter_region(
+            [_storage_key(a) for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)])
         frame.data["region"] = self.active_region
         self.regions.append(RegionRecord(frame.path, frame.call, True, [], []))
-        inputs = [_storage_key(a) for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-        self.region_inputs.append([key for key in inputs if key and key not in self.fixed])
 
     def _left(self, frame: Frame) -> None:
         if frame.data.get("region", -1) == self.active_region:
@@ -141,7 +126,6 @@ class StepRecorder:
         out = func(*args, **kwargs)
         self.meter.synchronize()
         duration_ms = (time.perf_counter() - start) * 1e3
-        index = len(self.ops)
         top = self.frames.top
         module = (top.path if top is not None else "(outside modules)") if phase == "forward" else phase
         op = OpRecord(str(func), module, phase, duration_ms)
@@ -155,17 +139,13 @@ class StepRecorder:
         self.ops.append(op)
         self.peaks.append(self.meter.now_and_peak()[1] - self.start_bytes)
         leaves = torch.utils._pytree.tree_leaves
-        for tensor in leaves((args, kwargs)):
-            if isinstance(tensor, torch.Tensor):
-                self._used(_storage_key(tensor), index, phase)
-        op.io_bytes = sum(t.numel() * t.element_size() for t in leaves((args, kwargs, out))
-                          if isinstance(t, torch.Tensor))
+        inputs = [t for t in leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in leaves(out) if isinstance(t, torch.Tensor)]
+        op.io_bytes = sum(t.numel() * t.element_size() for t in inputs + outputs)
         schema = getattr(func, "_schema", None)
         is_view = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        if not is_view:
-            for tensor in leaves(out):
-                if isinstance(tensor, torch.Tensor):
-                    self._made(_storage_key(tensor), index, phase)
+        self.ledger.op_ran(getattr(_core.TracePhase, phase), [_storage_key(t) for t in inputs],
+                           [] if is_view else [_storage_key(t) for t in outputs])
         return out
 
     def _note_input_writes(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -173,63 +153,33 @@ class StepRecorder:
         hold the input as it was before the write and replay from it as it is after."""
         from stowage.plan.recompute_modes import written_tensors
 
-        inputs = self.region_inputs[self.active_region]
-        if any(_storage_key(t) in inputs for t in written_tensors(func, args, kwargs)):
+        if self.ledger.writes_input(self.active_region, [_storage_key(t) for t in written_tensors(func, args, kwargs)]):
             self.regions[self.active_region].checkpointable = False
-
-    def _made(self, key: int, index: int, phase: str) -> None:
-        if not key:
-            return
-        if phase != "forward":
-            if key in self.saved:  # the saved storage was freed and its address given to this one
-                self._retire(key)
-        elif key not in self.saved:
-            self.producer[key] = index
-            self.last_forward[key] = index
-
-    def _retire(self, key: int) -> None:
-        """Moves a freed saved storage from its address to a key of its own (negative, never an
-        address), so the uses of what is allocated there next are not counted as its uses."""
-        self.retired += 1
-        own = -self.retired
-        self.saved[own] = self.saved.pop(key)
-        for table in (self.producer, self.last_forward):
-            if key in table:
-                table[own] = table.pop(key)
-        for inputs in self.region_inputs:
-            inputs[:] = [own if k == key else k for k in inputs]
-
-    def _used(self, key: int, index: int, phase: str) -> None:
-        if phase == "forward":
-            self.last_forward[key] = index
-        elif key in self.saved:
-            self.saved[key].last_backward = index
 
     # Saved tensors ------------------------------------------------------------------------
     def pack(self, tensor: Any) -> Any:
         from stowage.serving import torch_module
 
         keep = torch_module().TensorPager.keep  # detached, its version checked at unpack as torch does
-        key = _storage_key(tensor)
         if in_backward():
             return keep(tensor)
         top = self.frames.top
-        if not key or key in self.fixed:
+        key = _storage_key(tensor)
+        storage = self.ledger.save(key, int(tensor.untyped_storage().nbytes()) if key else 0, self.active_region)
+        site = ("", -1, self.loose_saves) if top is None else (top.path, top.call, top.saves)
+        if storage is None:  # a parameter's or buffer's, or no storage: no decision reaches it
             if top is not None:
-                self.elsewhere.append((top.path, top.call, top.saves))
+                self.elsewhere.append(site)
                 top.saves += 1
             return keep(tensor)
-        saved = self.saved.setdefault(key, _Saved(int(tensor.untyped_storage().nbytes())))
         if top is None:
-            saves = ("", -1, self.loose_saves)
             self.loose_saves += 1
         else:
-            saves = (top.path, top.call, top.saves)
             top.saves += 1
-        saved.saves.append(saves)
-        saved.save_ops.append(len(self.ops) - 1)
-        saved.save_regions.add(self.active_region)
-        return (saved, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
+        if storage == len(self.sites):
+            self.sites.append([])
+        self.sites[storage].append(site)
+        return (storage, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
         from stowage.serving import torch_module
@@ -237,9 +187,8 @@ class StepRecorder:
         unpack = torch_module().TensorPager.unpack
         if not isinstance(packed, tuple):
             return unpack(packed)
-        saved, tensor = packed
-        if saved.first_backward is None:
-            saved.first_backward = len(self.ops)
+        storage, tensor = packed
+        self.ledger.taken_back(storage)
         return unpack(tensor)
 
     # The step ---------------------------------------------------------------------------
