@@ -41,6 +41,14 @@ class DocumentView {
   // The value of field `key` of an object, or nullptr.
   virtual DocNode field(DocNode dict, std::string_view key) = 0;
 
+  // Whether a value equals `text`, or `integer`, as the file's language compares them (in
+  // Python, 1.0 and true equal 1): a header's format and version are compared so.
+  virtual bool equals(DocNode node, std::string_view text) = 0;
+  virtual bool equals(DocNode node, std::int64_t integer) = 0;
+  // How a field's path names an object's key that is not a string (from a caller that did not
+  // parse JSON): its text, in brackets when `index` (an integer).
+  virtual std::string path_text(DocNode key, bool& index) = 0;
+
   // How a refusal quotes a value (stowage.validation.errors.shown): short, control characters
   // escaped; and how it describes one of a kind it did not expect: its kind, then the value
   // quoted unless it is a list, an object or null ("an integer (3)", "a list").

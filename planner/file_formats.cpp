@@ -145,23 +145,15 @@ class SizesSpec final : public Spec {
                    static_cast<std::size_t>(kMinPoints)};
 };
 
-// How a path names a field of an object: a name, or (a key of another kind, from a caller that
-// did not parse JSON) an integer's index or the key as a refusal shows it.
+// How a path names a field of an object: its name, or the key as the view names it.
 PathPart key_part(DocumentView& view, DocNode key) {
-  switch (view.kind(key)) {
-    case DocKind::kStr: {
-      std::size_t characters = 0;
-      return at_name(std::string(view.as_str(key, characters)));
-    }
-    case DocKind::kBool: return PathPart{true, view.as_bool(key) ? "True" : "False"};
-    case DocKind::kInt: {
-      std::int64_t integer = 0;
-      bool negative = false;
-      if (view.as_int(key, integer, negative)) return PathPart{true, std::to_string(integer)};
-      return PathPart{true, view.shown(key)};
-    }
-    default: return at_name(view.shown(key));
+  if (view.kind(key) == DocKind::kStr) {
+    std::size_t characters = 0;
+    return at_name(std::string(view.as_str(key, characters)));
   }
+  PathPart part;
+  part.text = view.path_text(key, part.index);
+  return part;
 }
 
 void SizesSpec::walk(DocumentView& view, DocNode value, Bounds bounds) const {
@@ -205,30 +197,15 @@ void SizesSpec::walk(DocumentView& view, DocNode value, Bounds bounds) const {
 std::optional<Refusal> check_header(DocumentView& view, DocNode document, std::string_view form,
                                     std::string_view kind) {
   const DocNode found = view.kind(document) == DocKind::kDict ? view.field(document, "format") : nullptr;
-  bool same = false;
-  if (found != nullptr && view.kind(found) == DocKind::kStr) {
-    std::size_t characters = 0;
-    same = view.as_str(found, characters) == form;
-  }
-  if (!same) {
+  if (found == nullptr || !view.equals(found, form)) {
     if (found != nullptr && view.kind(found) != DocKind::kNull) {
       return Refusal{"format", joined({"not ", kind, " (format ", view.shown(found), ", not '", form, "')"})};
     }
     return Refusal{"", joined({"not ", kind, " (no format '", form, "')"})};
   }
+  // Compared as the language compares: 1.0 and true pass here, and the schema names their type.
   const DocNode version = view.field(document, "version");
-  bool one = false;  // == 1 as Python compares: 1, true and 1.0 pass (the schema then names their type)
-  if (version != nullptr) {
-    std::int64_t integer = 0;
-    bool negative = false;
-    switch (view.kind(version)) {
-      case DocKind::kInt: one = view.as_int(version, integer, negative) && integer == kFormatVersion; break;
-      case DocKind::kBool: one = view.as_bool(version); break;
-      case DocKind::kFloat: one = view.as_float(version) == 1.0; break;
-      default: break;
-    }
-  }
-  if (!one) {
+  if (version == nullptr || !view.equals(version, kFormatVersion)) {
     return Refusal{"version", joined({kind, " version ", version != nullptr ? view.shown(version) : "null",
                                       "; this stowage reads version ", std::to_string(kFormatVersion)})};
   }

@@ -101,6 +101,17 @@ class PythonDocument final : public planner::DocumentView {
     return found;
   }
 
+  bool equals(DocNode node, std::string_view text) override { return compare(node, py::str(text.data(), text.size())); }
+  bool equals(DocNode node, std::int64_t integer) override { return compare(node, py::int_(integer)); }
+
+  // As f"[{key}]" or f".{key}" writes it (isinstance(key, int): an index).
+  std::string path_text(DocNode key, bool& index) override {
+    index = PyLong_Check(object_of(key));
+    const py::object text = py::reinterpret_steal<py::object>(PyObject_Format(object_of(key), nullptr));
+    if (!text) throw py::error_already_set();
+    return text.cast<std::string>();
+  }
+
   std::string shown(DocNode node) override {
     return errors_.attr("shown")(py::handle(object_of(node))).cast<std::string>();
   }
@@ -115,6 +126,12 @@ class PythonDocument final : public planner::DocumentView {
   }
 
  private:
+  bool compare(DocNode node, const py::object& other) {
+    const int equal = PyObject_RichCompareBool(object_of(node), other.ptr(), Py_EQ);
+    if (equal < 0) throw py::error_already_set();
+    return equal == 1;
+  }
+
   py::module_ errors_;
   std::map<std::string, py::str, std::less<>> names_;  // the field names asked for, as Python strs
   std::string scratch_;

@@ -93,6 +93,8 @@ TEST(FileFormatsTest, AnotherFileIsNamedByItsFormatAndVersion) {
   // 1.0 == 1 passes the header, as in Python; the schema names its type.
   EXPECT_EQ(profile_verdict(replaced(kProfile, R"("version": 1)", R"("version": 1.0)")),
             "version: expected an integer, got a number (1.0)");
+  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("version": 1)", R"("version": true)")),
+            "version: expected an integer, got a boolean (true)");
 }
 
 TEST(FileFormatsTest, TheSchemaAndTheBoundsTheTraceSetsAreChecked) {
@@ -184,6 +186,7 @@ TEST(FileFormatsTest, ASizedProfileChecksItsGridBeforeItsProfiles) {
   EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4, 2]})", "")), "sizes.a: [2, 4, 2] repeats a point");
   EXPECT_EQ(sized_verdict(sized(R"({"a": [2]})", "")), "sizes.a: a list of 1 items is below 2");
   EXPECT_EQ(sized_verdict(sized(R"({"a": [0, 2]})", "")), "sizes.a[0]: 0 is below 1");
+  EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4], "b": "x"})", "")), "sizes.b: expected a list, got a string ('x')");
   EXPECT_EQ(sized_verdict(sized(R"({})", "")), "sizes: expected an object of 1 to 8 sizes, got an object of 0 fields");
   EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", kProfile)), "profiles: 1 profiles for a grid of 2 points");
   EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", std::string(kProfile).append(", 3"))),

@@ -69,6 +69,19 @@ class JsonDocument final : public DocumentView {
     }
     return nullptr;
   }
+  bool equals(DocNode node, std::string_view text) override {
+    return of(node).kind == DocKind::kStr && of(node).text == text;
+  }
+  bool equals(DocNode node, std::int64_t integer) override {  // as Python: 1.0 and true equal 1
+    const JsonNode& value = of(node);
+    if (value.kind == DocKind::kInt) return !value.big && value.integer == integer;
+    if (value.kind == DocKind::kBool) return (value.boolean ? 1 : 0) == integer;
+    return value.kind == DocKind::kFloat && value.real == static_cast<double>(integer);
+  }
+  std::string path_text(DocNode key, bool& index) override {
+    index = of(key).kind == DocKind::kInt;
+    return shown(key);
+  }
   std::string shown(DocNode node) override {
     const JsonNode& value = of(node);
     switch (value.kind) {
