@@ -18,7 +18,7 @@ from stowage.byte_counts import byte_count
 from stowage.offload.saved_tensor_paging import SavedTensorPaging, keep
 from stowage.serving import torch_module
 from stowage.plan.departures import Departures
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, profile_of
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.plan_text import comparison_plans, describe
 from stowage.plan.region_policy import RegionPolicy
@@ -283,11 +283,10 @@ def load(path: str | Path) -> Plan:
     """A plan saved by ``Plan.save``; InputError (a ValueError) naming the file, the field, the
     value and the bound for a file that is not one (stowage.plan.file_formats), checked whole
     before anything is built from it."""
-    from stowage.plan.file_formats import check_decisions, check_plan
+    from stowage.plan.file_formats import check_plan
     from stowage.validation import read_json
 
     document = read_json(path, "a stowage plan")
-    check_plan(document, str(path))
-    profile = load_profile_document(document["profile"], str(path), "profile")
-    check_decisions(document["decisions"], profile.tensors, str(path))
-    return Plan(profile, document["decisions"], document["budget"])
+    trace = check_plan(document, str(path))  # its profile and decisions too
+    profile = profile_of(document["profile"])
+    return Plan(profile, document["decisions"], document["budget"], native=(trace, profile.native_cost()))

@@ -39,7 +39,6 @@ from typing import Any
 
 from stowage import _core
 from stowage.plan.file_formats import LIFETIMES, VERSION, check_profile
-from stowage.validation import InputError
 
 FORMAT = LIFETIMES
 _PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
@@ -134,14 +133,14 @@ def load_profile_document(document: Any, where: str, field: str = "") -> Lifetim
     the field, the value and the bound for a document outside stowage.plan.file_formats' schema
     or the trace's rules. ``field``: where the document sits in a larger one."""
     check_profile(document, where, field)
-    profile = LifetimeProfile(
+    return profile_of(document)
+
+
+def profile_of(document: Any) -> LifetimeProfile:
+    """The profile a document holds that stowage.plan.file_formats accepted."""
+    return LifetimeProfile(
         ops=[OpRecord(**o) for o in document["ops"]],
         tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t.get("packs", ())]}) for t in document["tensors"]],
         regions=[RegionRecord(**r) for r in document["regions"]],
         cost=dict(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
         kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
-    try:
-        profile.native_trace().validate()
-    except ValueError as error:  # the C++ rules' LogicError, which names the tensor and its values
-        raise InputError(where, field, planner_message(error)) from None
-    return profile

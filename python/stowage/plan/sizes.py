@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document, planner_message
+from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document, planner_message, profile_of
 from stowage.validation import InputError, read_json
 
 FORMAT = SIZED
@@ -138,8 +138,8 @@ def load_sized_document(document: dict[str, Any], where: str) -> SizedProfile:
     """A SizedProfile from its JSON document; InputError (a ValueError) naming the file, the
     field, the value and the bound (stowage.plan.file_formats), or the first way its grid's
     steps differ."""
-    check_sized(document, where)
-    profiles = [load_profile_document(p, where, f"profiles[{i}]") for i, p in enumerate(document["profiles"])]
+    check_sized(document, where)  # its profiles too ("profiles[3]")
+    profiles = [profile_of(p) for p in document["profiles"]]
     try:
         return SizedProfile({name: list(points) for name, points in document["sizes"].items()}, profiles)
     except ValueError as error:
