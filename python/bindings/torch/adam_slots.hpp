@@ -144,6 +144,8 @@ class AdamSlots {
     std::int64_t numel = 0;
     std::vector<std::int64_t> shape;
     SlotStates states;
+    // The gradient copied out this step, weakly: the optimizer never keeps a gradient (or its
+    // storage) alive; compared by identity (torch keeps a tensor's Python object while it lives).
     std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> copied;
   };
   struct Bucket {
