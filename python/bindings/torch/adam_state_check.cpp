@@ -1,9 +1,19 @@
-// stowage._torch.check_adam_group and check_adam_entry: a saved Adam state_dict's param group and
-// one parameter's entry, checked before anything of the state_dict is taken
-// (stowage.offload.adam_state.check_loadable walks the state_dict and calls them). They raise
+// The offloaded optimizer's state_dict layout, for stowage.offload.Adam (Note [Offloaded
+// optimizer state_dict]): describe_parameter names a parameter as state_dicts number it;
+// check_adam_state checks a whole saved state_dict, each param group (check_adam_group) and each
+// parameter's entry (check_adam_entry), before anything of it is taken; split_device_state gives
+// the optimizer that keeps states on the device its part, in its own numbering. The checks raise
 // ValueError naming the field and what is wrong with it; Python's repr names the values, so a
-// message reads the same whatever wrote the state_dict. Entries come with their tensors local
-// (FSDP2: this rank's shard).
+// message reads the same whatever wrote the state_dict. Entries are checked with their tensors
+// local (FSDP2: this rank's shard, by the `local` the caller gives).
+//
+// Note [Offloaded optimizer state_dict]
+// A parameter's entry is torch's: ``step`` (a float32 scalar tensor), ``exp_avg`` and
+// ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) in the parameter's shape and in the states'
+// precision (the parameter's, or fp32 with master_weights). With master_weights a parameter that
+// is not fp32 adds its fp32 master weights under ``master``; a checkpoint without them (one
+// torch's optimizer wrote) starts the masters from the parameters as they are when it is loaded,
+// so load the model's weights first.
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -123,6 +133,97 @@ void check_group(const py::dict& ours, const py::object& saved, int number, cons
   }
 }
 
+// 'parameter 3 (group 0, shape [64, 24])': its index as state_dicts number it.
+std::string describe_parameter(const py::list& param_groups, const py::object& param) {
+  const std::string shape = py::str(py::list(param.attr("shape")));
+  std::size_t index = 0;
+  for (std::size_t number = 0; number < param_groups.size(); ++number) {
+    for (const py::handle candidate : param_groups[number]["params"]) {
+      if (candidate.is(param)) {
+        return "parameter " + std::to_string(index) + " (group " + std::to_string(number) + ", shape " + shape + ")";
+      }
+      ++index;
+    }
+  }
+  return "a parameter of shape " + shape;
+}
+
+// Each parameter's saved entry (None where it has none), after checking the whole state_dict.
+py::dict check_state(const py::list& param_groups, const py::object& state_dict, const std::string& owner,
+                     const py::function& local) {
+  const std::string where = "stowage.offload." + owner + ".load_state_dict";
+  if (!py::isinstance<py::dict>(state_dict) || !py::isinstance<py::list>(state_dict.attr("get")("param_groups")) ||
+      !py::isinstance<py::dict>(state_dict.attr("get")("state"))) {
+    refuse(where, "not an optimizer state_dict (a dict with 'state' and 'param_groups')");
+  }
+  const auto saved_groups = state_dict["param_groups"].cast<py::list>();
+  const auto state = state_dict["state"].cast<py::dict>();
+  if (saved_groups.size() != param_groups.size()) {
+    refuse(where, "the state_dict has " + std::to_string(saved_groups.size()) + " param groups where this optimizer has " +
+                      std::to_string(param_groups.size()) + " (loaded state dict's parameter groups do not match)");
+  }
+  py::dict by_param;
+  for (std::size_t number = 0; number < param_groups.size(); ++number) {
+    const auto ours = param_groups[number].cast<py::dict>();
+    check_group(ours, saved_groups[number], static_cast<int>(number), where);
+    const auto params = ours["params"].cast<py::list>();
+    const auto keys = saved_groups[number]["params"].cast<py::list>();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const py::object param = params[i];
+      const py::object entry = state.attr("get")(keys[i]);
+      if (!py::bool_(entry)) {
+        by_param[param] = py::none();
+        continue;
+      }
+      py::object local_entry = entry;
+      if (py::isinstance<py::dict>(entry)) {
+        py::dict converted;
+        for (const auto& [key, value] : entry.cast<py::dict>()) {
+          converted[key] = THPVariable_Check(value.ptr()) ? local(value) : py::reinterpret_borrow<py::object>(value);
+        }
+        local_entry = converted;
+      }
+      const std::int64_t numel = local(param).cast<at::Tensor>().numel();
+      check_entry(local_entry, numel, py::bool_(ours["amsgrad"]), where + ": " + describe_parameter(param_groups, param));
+      by_param[param] = entry;
+    }
+  }
+  return by_param;
+}
+
+// The state dict of the optimizer that keeps states on the device, in its own numbering, from the
+// saved entries of its parameters (hyper-parameters as it has them now).
+py::dict split_state(const py::list& inner_groups, const py::dict& by_param) {
+  py::dict state;
+  py::list groups;
+  std::size_t index = 0;
+  for (const py::handle group_handle : inner_groups) {
+    const py::dict group = py::reinterpret_borrow<py::dict>(group_handle);
+    py::list ids;
+    for (const py::handle param : group["params"]) {
+      const py::object saved = by_param.attr("get")(param);
+      if (py::bool_(saved)) {
+        py::dict entry;
+        for (const auto& [key, value] : saved.cast<py::dict>()) {
+          if (py::str(key).cast<std::string>() != "master") entry[key] = value;
+        }
+        state[py::int_(index)] = entry;
+      }
+      ids.append(index++);
+    }
+    py::dict copy;
+    for (const auto& [key, value] : group) {
+      if (py::str(key).cast<std::string>() != "params") copy[key] = value;
+    }
+    copy["params"] = ids;
+    groups.append(copy);
+  }
+  py::dict out;
+  out["state"] = state;
+  out["param_groups"] = groups;
+  return out;
+}
+
 }  // namespace
 
 }  // namespace stowage::torch_offload
@@ -135,6 +236,16 @@ void bind_adam_state_check(py::module_& module) {
   module.def("check_adam_entry", &torch_offload::check_entry, py::arg("entry"), py::arg("numel"), py::arg("amsgrad"),
              py::arg("where"),
              "Raises ValueError naming the field of a saved Adam state entry (its tensors local) that is wrong");
+  module.def("describe_parameter", &torch_offload::describe_parameter, py::arg("param_groups"), py::arg("param"),
+             "'parameter 3 (group 0, shape [64, 24])': a parameter as state_dicts number it");
+  module.def("check_adam_state", &torch_offload::check_state, py::arg("param_groups"), py::arg("state_dict"),
+             py::arg("owner"), py::arg("local"),
+             "Checks a whole saved Adam state_dict against these param groups before anything is taken from it; "
+             "returns each parameter's saved entry (None where it has none). Raises ValueError naming the "
+             "parameter and the field");
+  module.def("split_device_state", &torch_offload::split_state, py::arg("param_groups"), py::arg("by_param"),
+             "The state dict of the optimizer keeping states on the device, in its numbering, from the saved "
+             "entries of its parameters");
 }
 
 }  // namespace stowage::python

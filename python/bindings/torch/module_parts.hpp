@@ -11,5 +11,7 @@ void bind_offload(pybind11::module_& module);
 void bind_optimizer(pybind11::module_& module);
 // Checks of a saved Adam state_dict before the offloaded optimizer takes any of it.
 void bind_adam_state_check(pybind11::module_& module);
+// The offloaded optimizer's slots and step bookkeeping (adam_slots.hpp).
+void bind_adam_slots(pybind11::module_& module);
 
 }  // namespace stowage::python

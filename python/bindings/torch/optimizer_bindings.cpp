@@ -1,7 +1,7 @@
-// stowage._torch's optimizer part: the offloaded optimizer's layout (offload/adam_buckets.hpp),
-// its buckets in host memory (host_bucket.hpp), the queue their updates run on
-// (offload/update_queue.hpp), its copies on the offload engine (optimizer_transfers.hpp), and the
-// host AdamW update over torch tensors (the GIL released while it runs).
+// stowage._torch's optimizer part: the offloaded optimizer's layout figures
+// (offload/adam_buckets.hpp), its host memory, the CPUs its updates run on
+// (offload/update_queue.hpp), and the host AdamW update over torch tensors (the GIL released while
+// it runs). The optimizer's slots, buckets and copies are adam_slots_bindings.cpp's.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -10,17 +10,14 @@
 #include <utility>
 #include <vector>
 #include <string>
-#include <tuple>
 
 #include "allocator/base/errors.hpp"
 #include "offload/adamw_kernel.hpp"
 #include "python/bindings/torch/content_checksum.hpp"
-#include "python/bindings/torch/content_watch.hpp"
 #include "offload/adam_buckets.hpp"
 #include "offload/update_queue.hpp"
 #include "python/bindings/torch/host_bucket.hpp"
 #include "python/bindings/torch/host_state_store.hpp"
-#include "python/bindings/torch/optimizer_transfers.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 
 namespace py = pybind11;
@@ -175,25 +172,6 @@ void bind_store(py::module_& module) {
 
 
 void bind_layout(py::module_& module) {
-  py::class_<offload::BucketPlan>(module, "BucketPlan",
-                                  "A bucket (Note [Optimizer buckets]): its parameters, as indices into the "
-                                  "planner's input in bucket order, each one's offset, and its element count")
-      .def_readonly("members", &offload::BucketPlan::members)
-      .def_readonly("offsets", &offload::BucketPlan::offsets)
-      .def_readonly("numel", &offload::BucketPlan::numel);
-  module.def(
-      "plan_buckets",
-      [](const std::vector<std::tuple<std::size_t, at::ScalarType, std::int64_t, std::int64_t>>& params,
-         std::int64_t bucket_numel) {
-        std::vector<offload::PlannedParameter> planned;
-        for (const auto& [group, dtype, numel, device] : params) {
-          planned.push_back({group, element_type_of(dtype), numel, device});
-        }
-        return offload::plan_buckets(planned, bucket_numel);
-      },
-      py::arg("params"), py::arg("bucket_numel"),
-      "The buckets (Note [Optimizer buckets]) for (group, dtype, numel, device) of each parameter in the "
-      "optimizer's order");
   module.def(
       "kept_on_device",
       [](const std::vector<std::int64_t>& numels, double fraction) { return offload::kept_on_device(numels, fraction); },
@@ -208,98 +186,9 @@ void bind_layout(py::module_& module) {
       "Host bytes one offloaded parameter takes");
 }
 
-void bind_content_watch(py::module_& module) {
-  py::class_<ContentWatch>(module, "ContentWatch",
-                           "Checksums of watched tensors, one row per index, on one device "
-                           "(python/bindings/torch/content_watch.hpp)")
-      .def(py::init([](const std::string& device) { return std::make_unique<ContentWatch>(c10::Device(device)); }),
-           py::arg("device"))
-      .def("extend", &ContentWatch::extend, py::arg("count"))
-      .def("remember", &ContentWatch::remember, py::arg("indices"), py::arg("tensors"))
-      .def("changed", &ContentWatch::changed, py::arg("indices"), py::arg("tensors"))
-      .def_property_readonly("seconds", &ContentWatch::seconds);
-}
-
-void wait_for(const offload::UpdateTicket& ticket, const std::string& what, std::size_t bytes) {
-  const py::gil_scoped_release release;
-  wait_until([&] { return ticket.done(); }, {what, bytes});
-}
-
 void bind_engine_parts(py::module_& module) {
-  py::class_<offload::UpdateTicket, std::shared_ptr<offload::UpdateTicket>>(module, "UpdateTicket")
-      .def("done", &offload::UpdateTicket::done)
-      .def("wait",
-           [](offload::UpdateTicket& self, const std::string& what, std::size_t bytes) {
-             wait_for(self, what, bytes);
-             self.take();
-           },
-           py::arg("what"), py::arg("bytes") = 0,
-           "Waits for the update (Note [Bounded waits]) and raises what it raised");
   module.def("cpus_near", &offload::cpus_near, py::arg("pci_bus_id"),
              "The CPUs this process may use nearest the GPU with that bus id (all the allowed ones for '')");
-  py::class_<offload::UpdateQueue, std::shared_ptr<offload::UpdateQueue>>(module, "UpdateQueue")
-      .def(py::init([](const std::vector<int>& cpus) { return std::make_shared<offload::UpdateQueue>(cpus); }),
-           py::arg("cpus"))
-      .def_property_readonly("cpus", &offload::UpdateQueue::cpus)
-      .def_property_readonly("threads", &offload::UpdateQueue::threads)
-      .def_property_readonly("busy_seconds", &offload::UpdateQueue::busy_seconds);
-  py::class_<CopyMark>(module, "CopyMark").def("done", &CopyMark::done);
-  py::class_<OptimizerTransfers>(module, "OptimizerTransfers")
-      .def(py::init([](const std::string& device) { return std::make_unique<OptimizerTransfers>(c10::Device(device)); }),
-           py::arg("device"))
-      .def("copy_out", &OptimizerTransfers::copy_out, py::arg("destination"), py::arg("gradient"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("copies_out_issued", &OptimizerTransfers::copies_out_issued)
-      .def("write_back", &OptimizerTransfers::write_back, py::arg("params"), py::arg("sources"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("written_back", &OptimizerTransfers::written_back, py::call_guard<py::gil_scoped_release>())
-      .def("synchronize", &OptimizerTransfers::synchronize, py::arg("bytes") = 0,
-           py::call_guard<py::gil_scoped_release>());
-  py::class_<HostBucket>(module, "HostBucket")
-      .def(py::init([](HostStateStore& store, at::ScalarType dtype, const std::vector<std::int64_t>& numels,
-                       bool master_weights, bool amsgrad, int grad_buffers) {
-             return std::make_unique<HostBucket>(store, dtype, numels, master_weights, amsgrad, grad_buffers);
-           }),
-           py::arg("store"), py::arg("dtype"), py::arg("numels"), py::arg("master_weights"), py::arg("amsgrad"),
-           py::arg("grad_buffers"))
-      .def_property_readonly("narrow", &HostBucket::narrow)
-      .def_property_readonly("numel", &HostBucket::numel)
-      .def_property_readonly("bytes", &HostBucket::bytes)
-      .def_property_readonly("offsets", &HostBucket::offsets)
-      .def_property_readonly("master", &HostBucket::master)
-      .def_property_readonly("exp_avg", &HostBucket::exp_avg)
-      .def_property_readonly("exp_avg_sq", &HostBucket::exp_avg_sq)
-      .def_property_readonly("max_exp_avg_sq", [](const HostBucket& self) -> std::optional<at::Tensor> {
-        return self.max_exp_avg_sq().defined() ? std::optional<at::Tensor>(self.max_exp_avg_sq()) : std::nullopt;
-      })
-      .def_property_readonly("out", [](const HostBucket& self) -> std::optional<at::Tensor> {
-        return self.out().defined() ? std::optional<at::Tensor>(self.out()) : std::nullopt;
-      })
-      .def_property_readonly("grads", &HostBucket::grads)
-      .def_property_readonly("steps", &HostBucket::steps)
-      .def(
-          "submit",
-          [](HostBucket& self, offload::UpdateQueue& queue, const std::vector<bool>& has_gradient, double lr,
-             double beta1, double beta2, double eps, double weight_decay, double grad_scale,
-             bool decoupled_weight_decay, bool maximize, int grad_buffer, bool provisional, bool cpu_sqrt,
-             std::optional<CopyMark> copied, std::optional<CopyMark> returned) {
-            BucketUpdate update;
-            update.hyper = offload::AdamWHyperparameters{lr, beta1, beta2, eps, weight_decay, grad_scale};
-            update.hyper.decoupled_weight_decay = decoupled_weight_decay;
-            update.hyper.maximize = maximize;
-            update.grad_buffer = grad_buffer;
-            update.provisional = provisional;
-            update.cpu_sqrt = cpu_sqrt;
-            return self.submit(queue, update, has_gradient, std::move(copied), std::move(returned));
-          },
-          py::arg("queue"), py::arg("has_gradient"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
-          py::arg("eps"), py::arg("weight_decay"), py::arg("grad_scale"), py::arg("decoupled_weight_decay"),
-          py::arg("maximize"), py::arg("grad_buffer"), py::arg("provisional"), py::arg("cpu_sqrt"),
-          py::arg("copied") = py::none(), py::arg("returned") = py::none(),
-          "Increments the step counts of the parameters with a gradient and queues their update; None when "
-          "none has one")
-      .def("restore", &HostBucket::restore)
-      .def("forget", &HostBucket::forget);
 }
 
 }  // namespace
@@ -318,7 +207,6 @@ void bind_optimizer(py::module_& module) {
   torch_offload::bind_narrow_update(module);
   torch_offload::bind_store(module);
   torch_offload::bind_layout(module);
-  torch_offload::bind_content_watch(module);
   torch_offload::bind_engine_parts(module);
 }
 

@@ -65,7 +65,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -73,12 +72,10 @@ import torch
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
-from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, Bucket, Slot, build_buckets, kept_on_device
-from stowage.offload.adam_state import (check_loadable, describe_parameter, load_offloaded_state,
-                                        split_device_state)
+from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, kept_on_device
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
+from stowage.offload.host_memory import check_host_room
 from stowage.offload.sharded import is_sharded, local, shaped_like
-from stowage.offload.slot_watch import SlotWatch
 from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
@@ -86,7 +83,12 @@ UPDATE_MODES = ("exact", "in_backward", "delayed")
 
 class Adam(torch.optim.Optimizer):
     """torch.optim.Adam (its update, options and state_dict) with host-resident states; see the
-    module's documentation. Contract: used from one thread, as torch's optimizers."""
+    module's documentation. Contract: used from one thread, as torch's optimizers.
+
+    The bookkeeping is C++'s (python/bindings/torch/adam_slots.hpp, Note [Offloaded optimizer
+    semantics] in offload/slot_book.hpp): each offloaded parameter is a slot numbered in bucket
+    order, ``_params[i]`` its parameter; this class observes torch (hooks, gradients, parameters'
+    local shards) and hands what it sees to the slots."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf
     _torch_class: type[torch.optim.Optimizer] = torch.optim.Adam
@@ -120,28 +122,24 @@ class Adam(torch.optim.Optimizer):
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
         self._limit = None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit")
-        self._bucket_numel = bucket_numel
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
         offloaded, kept = self._split_by_fraction(device_fraction)
         self._device_group_sources: list[dict[str, Any]] = []
         self._device_optimizer = self._make_device_optimizer(kept)
-        self._store = torch_module().HostStateStore(str(self._device))
-        self._buckets: list[Bucket] = []
-        self._slots: dict[torch.Tensor, Slot] = {}
+        self._slots = torch_module().AdamSlots(
+            str(self._device), type(self).__name__, update, torch_module().cpus_near(self._store_bus_id() or ""),
+            self.master_weights, bucket_numel, weak_method(self._slot_name))
+        self._params: list[torch.Tensor] = []  # by slot number
+        self._index: dict[torch.Tensor, int] = {}  # slot number by parameter
+        self._groups: list[dict[str, Any]] = []  # by the group numbers the slots hold
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
-        self._watch = SlotWatch(self._device)  # parameters and gradients changed behind our back
         self._hooks: list[Any] = []
-        self._transfers = torch_module().OptimizerTransfers(str(self._device))  # on the offload engine
-        self._queue = torch_module().UpdateQueue(torch_module().cpus_near(self._store_bus_id() or ""))
         self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
         checking.apply()
         self._lock = threading.Lock()  # DDP's hook callbacks may run on the process group's threads
         self._accumulating = 0
         self._ddp_attached = False
-        self._grad_buffer = 0  # which staging buffer this step's gradients go to
-        self._pending: list[Bucket] = []  # delayed: updated on the host, not yet written back
         self._clip_coefficient: torch.Tensor | None = None
-        self._parameters_checked = False  # in_backward: written parameters taken this step
         self._warned_recopy = False
         self._warned_clip = False
         self._offer(offloaded)
@@ -197,41 +195,49 @@ class Adam(torch.optim.Optimizer):
         self._join([(p, g) for p, g in pairs if p.requires_grad])
 
     def _join(self, pairs: list[tuple[torch.Tensor, dict[str, Any]]]) -> None:
-        """Host states, watches and hooks for `pairs` (parameters offloaded from now on)."""
+        """Host states (after checking the host has room for them), watches and hooks for `pairs`
+        (parameters offloaded from now on); the masters start from the parameters."""
         if not pairs:
             return
-        limit = None if self._limit is None else self._limit - self._store.stats()["allocated_bytes"]
-        grad_buffers = 2 if self.update_mode == "delayed" else 1
-        buckets = build_buckets(pairs, self._store, self._bucket_numel, grad_buffers, limit, self.master_weights)
-        slots = [slot for bucket in buckets for slot in bucket.slots]
-        first = len(self._slots)
-        for offset, slot in enumerate(slots):
-            slot.index = first + offset
-            self._slots[slot.param] = slot
-        self._buckets.extend(buckets)
-        self._watch.add(slots)
-        joined = {id(p) for p, _ in pairs}
-        self._waiting = [(p, g) for p, g in self._waiting if id(p) not in joined]
-        for slot in slots:
-            if slot.param.requires_grad:
-                self._hooks.append(slot.param.register_post_accumulate_grad_hook(
-                    weak_method(self._gradient_accumulated)))
+        for _, group in pairs:
+            if not any(g is group for g in self._groups):
+                self._groups.append(group)
+        shards = [local(p) for p, _ in pairs]
+        numbers = [next(i for i, g in enumerate(self._groups) if g is group) for _, group in pairs]
+        amsgrad = [bool(g.get("amsgrad")) for _, g in pairs]
+        limit = None if self._limit is None else self._limit - self._slots.allocated_bytes
+        check_host_room(self._slots.host_bytes(shards, numbers, amsgrad), "stowage.offload.AdamW's host states",
+                        limit)
+        joined = [pairs[i][0] for i in self._slots.join(shards, numbers, amsgrad)]
+        for param in joined:
+            self._index[param] = len(self._params)
+            self._params.append(param)
+        ids = {id(p) for p in joined}
+        self._waiting = [(p, g) for p, g in self._waiting if id(p) not in ids]
+        for param in joined:
+            if param.requires_grad:
+                self._hooks.append(param.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated)))
 
     def _join_waiting(self) -> None:
         """Frozen parameters that now have a gradient (unfrozen) join, as torch's optimizer would
         start their states at their first step."""
         self._join([(p, g) for p, g in self._waiting if p.grad is not None])
 
-    def _state_entry(self, slot: Slot) -> dict[str, torch.Tensor]:
-        entry = {"step": slot.step, "exp_avg": slot.exp_avg, "exp_avg_sq": slot.exp_avg_sq}
-        if slot.max_exp_avg_sq is not None:
-            entry["max_exp_avg_sq"] = slot.max_exp_avg_sq
-        if slot.master.dtype != slot.param.dtype:
-            entry["master"] = slot.master  # fp32 masters of a bf16 / fp16 parameter (master_weights)
-        return entry
-
     def _name(self, param: torch.Tensor) -> str:
-        return describe_parameter(self.param_groups, param)
+        return torch_module().describe_parameter(self.param_groups, param)
+
+    def _slot_name(self, index: int) -> str:
+        return self._name(self._params[index])
+
+    def _shards(self, slots: Iterable[int] | None = None) -> list[torch.Tensor]:
+        """The local shards (FSDP2) of the slots' parameters as they are now (all by default)."""
+        params = self._params if slots is None else [self._params[i] for i in slots]
+        return [local(p) for p in params]
+
+    def _gradients(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Each slot's gradient now, and its local shard."""
+        grads = [p.grad for p in self._params]
+        return grads, [None if g is None else local(g) for g in grads]
 
     # --- gradients as they become final -------------------------------------------------------
 
@@ -260,84 +266,45 @@ class Adam(torch.optim.Optimizer):
     def _arrive(self, param: torch.Tensor, gradient: torch.Tensor) -> None:
         if self._accumulating:
             return
-        slot = self._slots.get(param)
-        if slot is None:
+        index = self._index.get(param)
+        if index is None:
             return  # kept on the device
-        if gradient.is_sparse:
-            raise self._sparse_refusal(param)
         with self._lock:
-            self._arrive_locked(slot, gradient)
-
-    def _arrive_locked(self, slot: Slot, gradient: torch.Tensor) -> None:
-        bucket = slot.bucket
-        assert bucket is not None
-        if self.update_mode == "in_backward":
-            if bucket.updated is not None:
+            ready = self._slots.arrive(index, gradient, local(gradient))
+            if ready == -2:  # in_backward: its bucket was already updated from the first
                 self._roll_back()
                 raise RuntimeError(
                     f"stowage.offload.{type(self).__name__}(update='in_backward'): a gradient arrived twice in one "
                     "step, and its bucket was already updated from the first: a second backward before step() "
                     "(gradient accumulation that is not marked). Run the micro-batches before the last inside "
                     "optimizer.accumulating() (or DDP's no_sync()), or use update='exact'. Nothing was applied.")
-            if not self._parameters_checked:
-                self._parameters_checked = True
-                self._take_written_parameters(list(self._slots.values()))
-        self._copy_out(slot, gradient)
-        if bucket.arrived == len(bucket.slots):
-            bucket.copied_event = self._transfers.copies_out_issued()
             if self.update_mode == "in_backward":
-                self._submit(bucket, 1.0)
-
-    def _copy_out(self, slot: Slot, gradient: torch.Tensor) -> None:
-        """Starts copying `gradient` into `slot`'s staging view and counts it as arrived."""
-        bucket = slot.bucket
-        assert bucket is not None
-        shard = local(gradient)
-        if shard.numel() != slot.numel:
-            raise ValueError(f"stowage.offload.{type(self).__name__}: the gradient of {self._name(slot.param)} has "
-                             f"{shard.numel()} elements where the parameter has {slot.numel}")
-        self._transfers.copy_out(slot.grad_view(bucket.grads[self._grad_buffer]), shard)
-        if slot.final_version is None:
-            bucket.arrived += 1
-        slot.final_version = shard._version
-        slot.copied = weakref.ref(gradient)
+                if not self._slots.parameters_checked:
+                    self._slots.set_parameters_checked()
+                    self._take_written_parameters(range(len(self._params)))
+                if ready >= 0:
+                    self._submit(ready, 1.0)
 
     def _backward_ended(self) -> None:
         """The gradients copied in this backward, as they are at its end: what step() compares."""
         with self._lock:
-            self._watch.gradients_final(list(self._slots.values()))
+            self._slots.gradients_final(*self._gradients())
 
     def _backward_abandoned(self) -> None:
         """A backward that copied gradients (and, in_backward, updated buckets) raised: nothing of
         it may count."""
         with self._lock:
             self._roll_back()
-            self._reset_arrivals()
-
-    def _changed_gradients(self) -> set[int]:
-        return self._watch.changed_gradients(list(self._slots.values()))
+            self._slots.reset_arrivals()
 
     # --- parameters written by someone else ---------------------------------------------------
 
-    def _take_written_parameters(self, slots: list[Slot]) -> list[Slot]:
+    def _take_written_parameters(self, slots: Iterable[int]) -> None:
         """Parameters whose bytes changed since their last write-back (``.data`` writes, a loaded
         checkpoint, DDP's broadcast) become the masters (and the outputs a delayed write-back
-        would send); returns those slots."""
-        shards = [local(s.param) for s in slots]
-        for slot, shard in zip(slots, shards):
-            if shard.numel() != slot.numel:
-                raise ValueError(f"stowage.offload.{type(self).__name__}: {self._name(slot.param)} was replaced "
-                                 f"by a tensor of {shard.numel()} elements where it had {slot.numel}; make a new "
-                                 "optimizer for parameters of a new shape")
-        written = self._watch.written(slots)
-        for slot in written:
-            shard = local(slot.param).detach()
-            slot.master.copy_(shard)
-            bucket = slot.bucket
-            if bucket is not None and bucket.out is not None:
-                slot.grad_view(bucket.out).copy_(shard.reshape(-1))
-        self._watch.parameters_are(written)
-        return written
+        would send)."""
+        slots = list(slots)
+        self._slots.take_written(slots, self._shards(slots))
 
     # --- clipping and loss scaling ------------------------------------------------------------
 
@@ -365,7 +332,7 @@ class Adam(torch.optim.Optimizer):
         are undone, and step() updates every bucket with the clipping coefficient, exactly, as
         "exact" would (the work backward did is done again: use update='exact' to clip)."""
         with self._lock:
-            if any(b.updated is not None for b in self._buckets):
+            if self._slots.any_provisional():
                 self._roll_back()
         if not self._warned_clip:
             self._warned_clip = True
@@ -402,9 +369,7 @@ class Adam(torch.optim.Optimizer):
         self._join_waiting()
         scale, skip = self._gradient_scale()
         if self.update_mode == "delayed":
-            for bucket in self._pending:
-                if bucket.updated is not None:
-                    self._finish(bucket)
+            self._slots.finish_pending()
         self._take_parameters_for_step()
         if self.update_mode == "in_backward":
             self._check_in_backward_exact(scale)
@@ -414,37 +379,37 @@ class Adam(torch.optim.Optimizer):
             self._discard_step()
             return loss
         self._step_on_device()
-        self._collect_late_gradients()
+        if self._slots.collect_late(*self._gradients()) and not self._warned_recopy:
+            self._warned_recopy = True
+            warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
+                          "or unscaling through torch?), so step() copies them out again. "
+                          "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
         with self._lock:
-            for bucket in self._buckets:
-                if bucket.updated is None:
-                    self._submit(bucket, scale)
-        updated = [b for b in self._buckets if b.updated is not None]
+            self._add_state_entries(self._slots.submit_all(self._groups, scale))
         if self.update_mode == "delayed":
-            self._pending = updated
-            self._grad_buffer ^= 1
+            self._slots.hold_pending()
         else:
-            for bucket in updated:
+            for bucket in range(self._slots.bucket_count):
                 self._write_back(bucket)
-            self._transfers.written_back()
+            self._slots.written_back()
         self._end_step()
         return loss
 
     def _take_parameters_for_step(self) -> None:
         """Written parameters become masters before this step's updates read them. In_backward,
         a bucket already updated cannot take a write made after its update: refused."""
-        slots = list(self._slots.values())
+        slots: Iterable[int] = range(len(self._params))
         if self.update_mode == "in_backward":
-            updated = [s for s in slots if s.bucket is not None and s.bucket.updated is not None]
-            late = self._watch.written(updated)
+            updated = self._slots.slots_updated(True)
+            late = self._slots.written(updated, self._shards(updated))
             if late:
                 self._roll_back()
                 self._discard_step()
                 raise RuntimeError(
-                    f"stowage.offload.{type(self).__name__}(update='in_backward'): {self._name(late[0].param)} was "
+                    f"stowage.offload.{type(self).__name__}(update='in_backward'): {self._slot_name(late[0])} was "
                     "written after backward updated it, before step(); that update does not see the write. Write "
                     "parameters after step() (or before backward), or use update='exact'. Nothing was applied.")
-            slots = [s for s in slots if s.bucket is None or s.bucket.updated is None]
+            slots = self._slots.slots_updated(False)
         self._take_written_parameters(slots)
 
     def _step_on_device(self) -> None:
@@ -466,150 +431,72 @@ class Adam(torch.optim.Optimizer):
             if param in inner.state:
                 self.state[param] = inner.state[param]
 
-    def _collect_late_gradients(self) -> None:
-        """Copies the gradients present at step() that were not copied out during backward, or
-        that changed after it, now; forgets those dropped since."""
-        changed = self._changed_gradients()
-        for slot in self._slots.values():
-            grad = slot.param.grad
-            if grad is None:
-                if slot.final_version is not None:
-                    slot.final_version = None
-                    slot.copied = None
-                    slot.bucket.arrived -= 1  # type: ignore[union-attr]
-                continue
-            if grad.is_sparse:
-                raise self._sparse_refusal(slot.param)
-            if slot.final_version is not None and slot.index not in changed:
-                continue
-            if slot.final_version is not None and not self._warned_recopy:
-                self._warned_recopy = True
-                warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
-                              "or unscaling through torch?), so step() copies them out again. "
-                              "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
-            self._copy_out(slot, grad)
-            slot.bucket.copied_event = None  # type: ignore[union-attr]  # a new event covers this copy too
-        for bucket in self._buckets:
-            if bucket.arrived and bucket.copied_event is None:
-                bucket.copied_event = self._transfers.copies_out_issued()
-
     def _check_in_backward_exact(self, scale: float) -> None:
         """Buckets updated during backward took the gradients as backward left them, unscaled:
         refused (nothing applied) when the step needs something else of them."""
-        updated = {id(b) for b in self._buckets if b.updated is not None}
-        if not updated:
+        stale = self._slots.stale_gradients(*self._gradients())
+        if stale < 0:
             return  # nothing ran ahead: step() updates every bucket as "exact" would
-        changed = self._changed_gradients()
-        stale = [s for s in self._slots.values() if s.index in changed and id(s.bucket) in updated]
         if scale != 1.0 or getattr(self, "found_inf", None) is not None or stale:
             self._roll_back()
             self._discard_step()
             raise RuntimeError(
                 f"stowage.offload.{type(self).__name__}(update='in_backward') already updated from the gradients as "
                 "backward left them, but they were changed afterwards (a GradScaler, clipping through torch, or "
-                f"{len(stale)} gradients replaced, dropped or written after backward): that update does not match "
+                f"{stale} gradients replaced, dropped or written after backward): that update does not match "
                 "them. Use update='exact' (the default) with loss scaling or gradient edits, or clip with "
                 "optimizer.clip_grad_norm_(). Nothing was applied.")
 
-    def _submit(self, bucket: Bucket, scale: float) -> bool:
+    def _submit(self, bucket: int, scale: float) -> None:
         """Queues `bucket`'s host update (its step counts incremented, the update's runs and, in_backward,
-        its undo copies made in C++); False when none of its parameters has a gradient."""
-        slots = [s for s in bucket.slots if s.final_version is not None]
-        if not slots:
-            return False
-        group = bucket.group
-        if group["amsgrad"] and bucket.max_exp_avg_sq is None:
-            raise ValueError(f"stowage.offload.{type(self).__name__}: amsgrad was turned on in a param group "
-                             "after its states were made; set it when the optimizer is made")
-        hyper = dict(lr=float(group["lr"]), beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
-                     eps=float(group["eps"]), weight_decay=float(group["weight_decay"]), grad_scale=scale,
-                     decoupled_weight_decay=bool(group.get("decoupled_weight_decay", False)),
-                     maximize=bool(group["maximize"]))
-        bucket.updated = bucket.host.submit(
-            self._queue, [s.final_version is not None for s in bucket.slots], **hyper, grad_buffer=self._grad_buffer,
-            provisional=self.update_mode == "in_backward", cpu_sqrt=self._device.type == "cpu",  # torch's CPU sqrt
-            copied=bucket.copied_event, returned=bucket.returned_event)
-        for slot in slots:
-            self.state.setdefault(slot.param, self._state_entry(slot))
-        bucket.updated_slots = slots
-        return True
+        its undo copies made in C++)."""
+        self._add_state_entries(self._slots.submit(bucket, self._groups[self._slots.group_of(bucket)], scale))
 
-    def _write_back(self, bucket: Bucket) -> None:
+    def _add_state_entries(self, slots: list[int]) -> None:
+        for index in slots:
+            self.state.setdefault(self._params[index], self._slots.state_entry(index))
+
+    def _write_back(self, bucket: int) -> None:
         """Waits for `bucket`'s update and starts writing its parameters back."""
-        if bucket.updated is None:
+        if not self._slots.updated(bucket):
             return
-        self._finish(bucket)
-        source = bucket.out if bucket.out is not None else bucket.master
-        slots, bucket.updated_slots = bucket.updated_slots, []
-        shards = [local(slot.param) for slot in slots]
-        views = [slot.grad_view(source).view(shard.shape) for slot, shard in zip(slots, shards)]
-        bucket.returned_event = self._transfers.write_back(shards, views)
-        self._transfers.written_back()  # the checksums below read the parameters written back
-        self._watch.parameters_are(slots, shards)
-        bucket.updated = None
+        slots = self._slots.updated_slots(bucket)
+        shards = self._shards(slots)
+        self._slots.write_back(bucket, shards)
         if checking.enabled():
-            self._check_arrivals(slots, shards, views)
+            self._check_arrivals(slots, shards)
 
-    def _finish(self, bucket: Bucket) -> None:
-        """Waits for `bucket`'s update (Note [Bounded waits]); raises what it raised."""
-        bucket.updated.wait(f"the host update of bucket {self._buckets.index(bucket)}", bucket.bytes)
-
-    def _check_arrivals(self, slots: list[Slot], shards: list[torch.Tensor], views: list[torch.Tensor]) -> None:
+    def _check_arrivals(self, slots: list[int], shards: list[torch.Tensor]) -> None:
         """Check mode: each parameter written back is, bit for bit, what the host update made."""
-        self._transfers.synchronize(sum(v.numel() * v.element_size() for v in views))
-        for slot, shard, view in zip(slots, shards, views):
-            if torch.equal(_bits(shard.detach().to("cpu")), _bits(view)):
-                continue
-            name = checking.parameter_name(slot.param)
-            raise RuntimeError(
-                f"stowage check: {f'parameter {name!r}, ' if name else ''}{self._name(slot.param)}, arrived changed "
-                f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
-                "(the link, or host memory) corrupted it; stowage stopped the step there.")
+        index = self._slots.first_changed_arrival(slots, shards)
+        if index < 0:
+            return
+        name = checking.parameter_name(self._params[index])
+        raise RuntimeError(
+            f"stowage check: {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)}, arrived changed "
+            f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
+            "(the link, or host memory) corrupted it; stowage stopped the step there.")
 
     def _write_back_pending(self) -> None:
-        for bucket in self._pending:
+        for bucket in self._slots.pending_buckets:
             self._write_back(bucket)
-        self._pending = []
-        self._transfers.written_back()
+        self._slots.clear_pending()
+        self._slots.written_back()
 
     def _roll_back(self) -> None:
         """Undoes the provisional (in_backward) updates of this step: waits for them, restores
         the states and step counts they changed."""
-        provisional = [b for b in self._buckets if b.updated is not None and b not in self._pending]
-        for bucket in provisional:
-            self._finish(bucket)
-        for bucket in self._buckets:
-            if bucket.host.restore():
-                for slot in bucket.slots:
-                    if float(slot.step) == 0:
-                        self.state.pop(slot.param, None)
-        for bucket in provisional:
-            bucket.updated = None
-            bucket.updated_slots = []
-
-    def _reset_arrivals(self) -> None:
-        for bucket in self._buckets:
-            bucket.arrived = 0
-            bucket.copied_event = None
-        for slot in self._slots.values():
-            slot.final_version = None
-            slot.copied = None
-        self._parameters_checked = False
+        for index in self._slots.roll_back():
+            self.state.pop(self._params[index], None)
 
     def _discard_step(self) -> None:
         """Forgets this step's gradients (a skipped step): nothing was applied."""
-        self._end_step()
-        for bucket in self._buckets:
-            if bucket not in self._pending:
-                bucket.updated = None
-                bucket.updated_slots = []
+        self._slots.discard_step()
+        self._clip_coefficient = None
+        self._backward_end.disarm()
 
     def _end_step(self) -> None:
-        for bucket in self._buckets:
-            if self.update_mode == "in_backward":
-                bucket.updated = None
-            bucket.host.forget()
-        self._reset_arrivals()
+        self._slots.end_step()
         self._clip_coefficient = None
         self._backward_end.disarm()
 
@@ -617,28 +504,20 @@ class Adam(torch.optim.Optimizer):
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
         (and, in_backward, its provisional updates) are dropped as torch's would be."""
         with self._lock:
-            if any(b.updated is not None for b in self._buckets if b not in self._pending):
+            if self._slots.any_provisional():
                 self._roll_back()
-            self._reset_arrivals()
+            self._slots.reset_arrivals()
             self._backward_end.disarm()
         super().zero_grad(set_to_none)
-
-    def _sparse_refusal(self, param: torch.Tensor) -> RuntimeError:
-        return RuntimeError(
-            f"stowage.offload.{type(self).__name__}: {self._name(param)} has a sparse gradient "
-            "(an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it too): use "
-            "torch.optim.SparseAdam for it, or a dense embedding")
 
     # --- checkpoints and the end --------------------------------------------------------------
 
     def flush(self) -> None:
         """Delayed updates: writes the pending update's parameters back now."""
-        for bucket in self._pending:
-            if bucket.updated is not None:
-                self._finish(bucket)
-        self._take_written_parameters([s for b in self._pending for s in b.slots])
+        self._slots.finish_pending()
+        self._take_written_parameters(self._slots.pending_slots())
         self._write_back_pending()
-        self._transfers.synchronize(sum(b.bytes for b in self._buckets))
+        self._slots.synchronize()
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
@@ -646,28 +525,29 @@ class Adam(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for index, entry in saved["state"].items():
             param = params[index]
-            if param in self._slots and is_sharded(param):  # FSDP2: sharded like the parameter
+            if param in self._index and is_sharded(param):  # FSDP2: sharded like the parameter
                 saved["state"][index] = {k: (v if k == "step" else shaped_like(v, param)) for k, v in entry.items()}
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load_state_dict, checked whole before anything changes: a bad entry is refused
-        naming the parameter and the field."""
-        by_param = check_loadable(self.param_groups, state_dict, type(self).__name__)
+        naming the parameter and the field (Note [Offloaded optimizer state_dict],
+        python/bindings/torch/adam_state_check.cpp)."""
+        by_param = torch_module().check_adam_state(self.param_groups, state_dict, type(self).__name__, local)
         self.flush()
         for ours, saved in zip(self.param_groups, state_dict["param_groups"]):
             ours.update({k: v for k, v in saved.items() if k != "params"})
         self._join([(p, g) for p, g in self._waiting if by_param.get(p)])
-        for param, slot in self._slots.items():
+        for index, param in enumerate(self._params):
             saved = by_param.get(param)
-            load_offloaded_state(slot, saved)
+            self._slots.load(index, saved, local(param), local)
             if saved:
-                self.state[param] = self._state_entry(slot)
+                self.state[param] = self._slots.state_entry(index)
             else:
                 self.state.pop(param, None)
-        self._watch.parameters_are(list(self._slots.values()))
+        self._slots.parameters_are(range(len(self._params)), self._shards())
         if self._device_optimizer is not None:
-            inner_state = split_device_state(self._device_optimizer, by_param)
+            inner_state = torch_module().split_device_state(self._device_optimizer.param_groups, by_param)
             self._device_optimizer.load_state_dict(inner_state)
             for param in self._device_parameters():
                 if param in self._device_optimizer.state:
@@ -677,11 +557,7 @@ class Adam(torch.optim.Optimizer):
         """The host memory the states take (bytes, pinned or pageable), where it is placed, the
         CPUs that update it, the time spent in host updates so far and the time spent comparing
         parameters' and gradients' bytes (seconds)."""
-        return {**self._store.stats(), "placement": self._store.placement(),
-                "update_cpus": self._queue.cpus,
-                "update_threads": self._queue.threads,
-                "update_seconds": self._queue.busy_seconds,
-                "content_watch_seconds": self._watch.seconds}
+        return self._slots.host_stats()
 
     def close(self) -> None:
         """Finishes pending updates and copies and lets go of the hooks."""
@@ -689,17 +565,6 @@ class Adam(torch.optim.Optimizer):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-
-    def __del__(self) -> None:
-        transfers = getattr(self, "_transfers", None)
-        if transfers is not None:
-            with contextlib.suppress(Exception):
-                transfers.synchronize()  # before the host buffers the copies use go
-
-
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as integers of its element size, so that equal bits compare equal (NaN too)."""
-    return tensor.reshape(-1).view({8: torch.int64, 4: torch.int32, 2: torch.int16}[tensor.element_size()])
 
 
 class AdamW(Adam):

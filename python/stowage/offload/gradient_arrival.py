@@ -20,16 +20,15 @@ from typing import Any, Callable
 import torch
 
 
-def weak_method(method: Callable[..., None]) -> Callable[..., None]:
+def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     """`method` (a bound method) called through a weak reference to its object: a hook that
-    holds it keeps nothing alive, and does nothing once the object is gone. Hooks registered on a
-    model's parameters live as long as the model; the optimizer must not."""
+    holds it keeps nothing alive, and does nothing (returns None) once the object is gone. Hooks
+    registered on a model's parameters live as long as the model; the optimizer must not."""
     ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
 
-    def call(*args: Any) -> None:
+    def call(*args: Any) -> Any:
         bound = ref()
-        if bound is not None:
-            bound(*args)
+        return None if bound is None else bound(*args)
     return call
 
 

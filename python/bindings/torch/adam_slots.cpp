@@ -1,0 +1,415 @@
+#include "python/bindings/torch/adam_slots.hpp"
+
+#include <ATen/ops/equal.h>
+#include <ATen/core/grad_mode.h>
+
+#include <stdexcept>
+#include <utility>
+
+#include "allocator/base/bounded_wait.hpp"
+#include "allocator/base/errors.hpp"
+#include "offload/adam_buckets.hpp"
+
+namespace stowage::torch_offload {
+
+namespace {
+
+std::vector<std::int64_t> rows(const AdamSlots::Indices& slots) { return {slots.begin(), slots.end()}; }
+
+// The tensor's bytes as integers of its element size, so that equal bits compare equal (NaN too).
+at::Tensor bits(const at::Tensor& tensor) {
+  switch (tensor.element_size()) {
+    case 8: return tensor.reshape(-1).view(at::kLong);
+    case 4: return tensor.reshape(-1).view(at::kInt);
+    default: return tensor.reshape(-1).view(at::kShort);
+  }
+}
+
+}  // namespace
+
+AdamSlots::AdamSlots(const c10::Device& device, std::string owner, offload::UpdateMode mode,
+                     const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
+                     std::function<std::string(std::size_t)> name_of)
+    : device_(device), owner_(std::move(owner)), master_weights_(master_weights), bucket_numel_(bucket_numel),
+      name_of_(std::move(name_of)), book_(mode), store_(std::make_unique<HostStateStore>(device, 0)),
+      transfers_(std::make_unique<OptimizerTransfers>(device)), parameters_(device), gradients_(device),
+      queue_(std::make_shared<offload::UpdateQueue>(cpus)) {
+  STOWAGE_CHECK(bucket_numel >= 1, "bucket_numel must be positive, not ", bucket_numel);
+}
+
+AdamSlots::~AdamSlots() {
+  try {
+    transfers_->synchronize(0);  // before the host buffers the copies use go
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor reports nothing
+  }
+}
+
+std::vector<offload::BucketPlan> AdamSlots::plan(const Tensors& shards, const Indices& groups) const {
+  STOWAGE_CHECK(shards.size() == groups.size(), shards.size(), " parameters with ", groups.size(), " groups");
+  std::vector<offload::PlannedParameter> planned;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    planned.push_back({groups[i], element_type_of(shards[i].scalar_type()), shards[i].numel(), 0});
+  }
+  return offload::plan_buckets(planned, bucket_numel_);
+}
+
+std::int64_t AdamSlots::host_bytes(const Tensors& shards, const Indices& groups,
+                                   const std::vector<bool>& amsgrad) const {
+  STOWAGE_CHECK(amsgrad.size() == shards.size(), amsgrad.size(), " amsgrad flags for ", shards.size(), " parameters");
+  std::int64_t needed = 0;
+  for (const offload::BucketPlan& bucket : plan(shards, groups)) {
+    const std::size_t first = bucket.members.front();
+    needed += offload::bytes_per_parameter(element_type_of(shards[first].scalar_type()), book_.grad_buffers(),
+                                           amsgrad[first], master_weights_) * bucket.numel;
+  }
+  return needed;
+}
+
+AdamSlots::Indices AdamSlots::join(const Tensors& shards, const Indices& groups, const std::vector<bool>& amsgrad) {
+  STOWAGE_CHECK(amsgrad.size() == shards.size(), amsgrad.size(), " amsgrad flags for ", shards.size(), " parameters");
+  const at::NoGradGuard no_grad;
+  Indices order;
+  Indices joined;
+  Tensors taken;
+  for (const offload::BucketPlan& plan_ : plan(shards, groups)) {
+    const std::size_t first = plan_.members.front();
+    std::vector<std::int64_t> numels;
+    for (const std::size_t member : plan_.members) numels.push_back(shards[member].numel());
+    auto host = std::make_unique<HostBucket>(*store_, shards[first].scalar_type(), numels, master_weights_,
+                                             amsgrad[first], book_.grad_buffers());
+    const std::size_t bucket = book_.add_bucket(plan_.members.size());
+    for (std::size_t k = 0; k < plan_.members.size(); ++k) {
+      const at::Tensor& shard = shards[plan_.members[k]];
+      Slot slot;
+      slot.bucket = bucket;
+      slot.offset = host->offsets()[k];
+      slot.numel = shard.numel();
+      slot.shape = shard.sizes().vec();
+      const auto view = [&](const at::Tensor& flat) { return flat.narrow(0, slot.offset, slot.numel).view(slot.shape); };
+      slot.states.step = host->steps()[k];
+      slot.states.master = view(host->master());
+      slot.states.exp_avg = view(host->exp_avg());
+      slot.states.exp_avg_sq = view(host->exp_avg_sq());
+      if (host->max_exp_avg_sq().defined()) slot.states.max_exp_avg_sq = view(host->max_exp_avg_sq());
+      slot.states.own_master = host->out().defined();
+      slot.states.master.copy_(shard.detach());
+      joined.push_back(slots_.size());
+      taken.push_back(shard);
+      order.push_back(plan_.members[k]);
+      slots_.push_back(std::move(slot));
+    }
+    buckets_.push_back({std::move(host), groups[first], std::nullopt, std::nullopt, nullptr});
+  }
+  parameters_.extend(static_cast<std::int64_t>(joined.size()));
+  gradients_.extend(static_cast<std::int64_t>(joined.size()));
+  parameters_are(joined, taken);
+  return order;
+}
+
+std::size_t AdamSlots::group_of(std::size_t bucket) const {
+  STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
+  return buckets_[bucket].group;
+}
+
+SlotStates AdamSlots::states(std::size_t slot) const {
+  STOWAGE_CHECK(slot < slots_.size(), "no offloaded parameter ", slot);
+  return slots_[slot].states;
+}
+
+// --- gradients ----------------------------------------------------------------------------------
+
+void AdamSlots::copy_out(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
+  Slot& s = slots_.at(slot);
+  if (shard.numel() != s.numel) {
+    std::string message = where();
+    message.append(": the gradient of ").append(name_of_(slot)).append(" has ").append(std::to_string(shard.numel()));
+    message.append(" elements where the parameter has ").append(std::to_string(s.numel));
+    throw std::invalid_argument(message);
+  }
+  const HostBucket& host = *buckets_[s.bucket].host;
+  const auto buffer = static_cast<std::size_t>(book_.grad_buffer());
+  transfers_->copy_out(host.grads().at(buffer).narrow(0, s.offset, s.numel), shard);
+  book_.arrive(slot, shard._version());
+  s.copied.emplace(gradient.getIntrusivePtr());
+}
+
+std::int64_t AdamSlots::arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
+  const std::size_t bucket = book_.bucket_of(slot);
+  if (gradient.is_sparse()) {
+    std::string message = where();
+    message.append(": ").append(name_of_(slot)).append(
+        " has a sparse gradient (an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it "
+        "too): use torch.optim.SparseAdam for it, or a dense embedding");
+    throw std::runtime_error(message);
+  }
+  if (book_.mode() == offload::UpdateMode::kInBackward && book_.updated(bucket)) return kArrivedTwice;
+  copy_out(slot, gradient, shard);
+  if (!book_.ready(bucket)) return -1;
+  buckets_[bucket].copied = transfers_->copies_out_issued();
+  return static_cast<std::int64_t>(bucket);
+}
+
+bool AdamSlots::is_copied(const Slot& slot, const at::Tensor& grad) const {
+  if (!slot.copied.has_value()) return false;
+  const auto held = slot.copied->lock();
+  return held.defined() && held.get() == grad.unsafeGetTensorImpl();
+}
+
+void AdamSlots::gradients_final(const Tensors& grads, const Tensors& shards) {
+  STOWAGE_CHECK(grads.size() == slots_.size() && shards.size() == slots_.size(), "gradients for ", grads.size(),
+                " of ", slots_.size(), " offloaded parameters");
+  Indices copied;
+  Tensors taken;
+  for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
+    if (!book_.arrived(slot) || !grads[slot].defined()) continue;
+    book_.set_version(slot, shards[slot]._version());
+    slots_[slot].copied.emplace(grads[slot].getIntrusivePtr());
+    copied.push_back(slot);
+    taken.push_back(shards[slot]);
+  }
+  gradients_.remember(rows(copied), taken);
+}
+
+std::vector<bool> AdamSlots::changed_gradients(const Tensors& grads, const Tensors& shards) {
+  STOWAGE_CHECK(grads.size() == slots_.size() && shards.size() == slots_.size(), "gradients for ", grads.size(),
+                " of ", slots_.size(), " offloaded parameters");
+  std::vector<bool> changed(slots_.size(), false);
+  Indices unsure;
+  Tensors unsure_shards;
+  for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
+    const std::optional<std::int64_t> version = book_.version(slot);
+    if (!version.has_value()) continue;
+    if (!grads[slot].defined() || !is_copied(slots_[slot], grads[slot]) || shards[slot]._version() != *version) {
+      changed[slot] = true;
+    } else {
+      unsure.push_back(slot);
+      unsure_shards.push_back(shards[slot]);
+    }
+  }
+  const std::vector<bool> flags = gradients_.changed(rows(unsure), unsure_shards);
+  for (std::size_t i = 0; i < unsure.size(); ++i) changed[unsure[i]] = flags[i];
+  return changed;
+}
+
+bool AdamSlots::collect_late(const Tensors& grads, const Tensors& shards) {
+  const std::vector<bool> changed = changed_gradients(grads, shards);
+  bool recopied = false;
+  for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
+    const bool arrived = book_.arrived(slot);
+    if (!grads[slot].defined()) {
+      if (arrived) {
+        book_.drop(slot);
+        slots_[slot].copied.reset();
+      }
+      continue;
+    }
+    if (grads[slot].is_sparse()) {
+      std::string message = where();
+      message.append(": ").append(name_of_(slot)).append(
+          " has a sparse gradient (an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it "
+          "too): use torch.optim.SparseAdam for it, or a dense embedding");
+      throw std::runtime_error(message);
+    }
+    if (arrived && !changed[slot]) continue;
+    recopied = recopied || arrived;
+    copy_out(slot, grads[slot], shards[slot]);
+    buckets_[slots_[slot].bucket].copied.reset();  // a new mark covers this copy too
+  }
+  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
+    if (book_.arrived_in(bucket) > 0 && !buckets_[bucket].copied.has_value()) {
+      buckets_[bucket].copied = transfers_->copies_out_issued();
+    }
+  }
+  return recopied;
+}
+
+std::int64_t AdamSlots::stale_gradients(const Tensors& grads, const Tensors& shards) {
+  if (book_.slots_updated(true).empty()) return -1;
+  const std::vector<bool> changed = changed_gradients(grads, shards);
+  std::int64_t stale = 0;
+  for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
+    if (changed[slot] && book_.updated(slots_[slot].bucket)) ++stale;
+  }
+  return stale;
+}
+
+// --- parameters written by someone else ---------------------------------------------------------
+
+AdamSlots::Indices AdamSlots::written(const Indices& slots, const Tensors& shards) {
+  const std::vector<bool> flags = parameters_.changed(rows(slots), shards);
+  Indices out;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (flags[i]) out.push_back(slots[i]);
+  }
+  return out;
+}
+
+AdamSlots::Indices AdamSlots::take_written(const Indices& slots, const Tensors& shards) {
+  STOWAGE_CHECK(slots.size() == shards.size(), slots.size(), " parameters with ", shards.size(), " tensors");
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const Slot& slot = slots_.at(slots[i]);
+    if (shards[i].numel() == slot.numel) continue;
+    std::string message = where();
+    message.append(": ").append(name_of_(slots[i])).append(" was replaced by a tensor of ");
+    message.append(std::to_string(shards[i].numel())).append(" elements where it had ");
+    message.append(std::to_string(slot.numel)).append("; make a new optimizer for parameters of a new shape");
+    throw std::invalid_argument(message);
+  }
+  const at::NoGradGuard no_grad;
+  const std::vector<bool> flags = parameters_.changed(rows(slots), shards);
+  Indices taken;
+  Tensors taken_shards;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (!flags[i]) continue;
+    const Slot& slot = slots_[slots[i]];
+    const at::Tensor flat = shards[i].detach().reshape(-1);
+    slot.states.master.view(-1).copy_(flat);
+    const at::Tensor& out = buckets_[slot.bucket].host->out();
+    if (out.defined()) out.narrow(0, slot.offset, slot.numel).copy_(flat);
+    taken.push_back(slots[i]);
+    taken_shards.push_back(shards[i]);
+  }
+  parameters_are(taken, taken_shards);
+  return taken;
+}
+
+void AdamSlots::parameters_are(const Indices& slots, const Tensors& shards) {
+  parameters_.remember(rows(slots), shards);
+}
+
+// --- updates ------------------------------------------------------------------------------------
+
+AdamSlots::Indices AdamSlots::submit(std::size_t bucket, const GroupOptions& options, double grad_scale) {
+  STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
+  Bucket& b = buckets_[bucket];
+  if (book_.arrived_in(bucket) == 0) return {};
+  if (options.amsgrad && !b.host->max_exp_avg_sq().defined()) {
+    throw std::invalid_argument(where() + ": amsgrad was turned on in a param group after its states were made; "
+                                          "set it when the optimizer is made");
+  }
+  BucketUpdate update;
+  update.hyper = offload::AdamWHyperparameters{options.lr, options.beta1, options.beta2, options.eps,
+                                               options.weight_decay, grad_scale};
+  update.hyper.decoupled_weight_decay = options.decoupled_weight_decay;
+  update.hyper.maximize = options.maximize;
+  update.grad_buffer = book_.grad_buffer();
+  update.provisional = book_.mode() == offload::UpdateMode::kInBackward;
+  update.cpu_sqrt = device_.is_cpu();  // torch's CPU AdamW takes its CPU's square root
+  b.ticket = b.host->submit(*queue_, update, book_.has_gradient(bucket), b.copied, b.returned);
+  Indices slots = book_.submitted(bucket);
+  if (b.ticket == nullptr) book_.clear_update(bucket);  // parameters without elements: nothing to run
+  return slots;
+}
+
+AdamSlots::Indices AdamSlots::submit_all(const std::vector<GroupOptions>& groups, double grad_scale) {
+  Indices updated;
+  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
+    if (book_.updated(bucket)) continue;
+    const Indices slots = submit(bucket, groups.at(buckets_[bucket].group), grad_scale);
+    updated.insert(updated.end(), slots.begin(), slots.end());
+  }
+  return updated;
+}
+
+void AdamSlots::finish(std::size_t bucket) {
+  STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
+  const std::shared_ptr<offload::UpdateTicket> ticket = buckets_[bucket].ticket;
+  if (ticket == nullptr) return;
+  wait_until([&] { return ticket->done(); },
+             {"the host update of bucket " + std::to_string(bucket),
+              static_cast<std::size_t>(buckets_[bucket].host->bytes())});
+  ticket->take();
+}
+
+void AdamSlots::finish_pending() {
+  for (const std::size_t bucket : book_.pending_buckets()) {
+    if (book_.updated(bucket)) finish(bucket);
+  }
+}
+
+void AdamSlots::write_back(std::size_t bucket, const Tensors& shards) {
+  if (!book_.updated(bucket)) return;
+  finish(bucket);
+  Bucket& b = buckets_[bucket];
+  const at::Tensor& source = b.host->out().defined() ? b.host->out() : b.host->master();
+  const Indices slots = book_.updated_slots(bucket);
+  STOWAGE_CHECK(shards.size() == slots.size(), shards.size(), " parameters written back for ", slots.size());
+  Tensors views;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    views.push_back(source.narrow(0, slots_[slots[i]].offset, slots_[slots[i]].numel).view(shards[i].sizes()));
+  }
+  b.returned = transfers_->write_back(shards, views);
+  transfers_->written_back();  // the checksums below read the parameters written back
+  parameters_are(slots, shards);
+  clear_update(bucket);
+}
+
+std::int64_t AdamSlots::first_changed_arrival(const Indices& slots, const Tensors& shards) {
+  STOWAGE_CHECK(slots.size() == shards.size(), slots.size(), " parameters with ", shards.size(), " tensors");
+  Tensors views;
+  std::size_t bytes = 0;
+  for (const std::size_t index : slots) {
+    const Slot& slot = slots_.at(index);
+    const HostBucket& host = *buckets_[slot.bucket].host;
+    const at::Tensor& source = host.out().defined() ? host.out() : host.master();
+    views.push_back(source.narrow(0, slot.offset, slot.numel));
+    bytes += views.back().nbytes();
+  }
+  transfers_->synchronize(bytes);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (!at::equal(bits(shards[i].detach().cpu()), bits(views[i]))) return static_cast<std::int64_t>(slots[i]);
+  }
+  return -1;
+}
+
+AdamSlots::Indices AdamSlots::roll_back() {
+  const Indices provisional = book_.provisional();
+  for (const std::size_t bucket : provisional) finish(bucket);
+  Indices unstepped;
+  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
+    if (!buckets_[bucket].host->restore()) continue;
+    const std::size_t first = book_.first_slot(bucket);
+    for (std::size_t slot = first; slot < first + book_.size(bucket); ++slot) {
+      if (slots_[slot].states.step.item<float>() == 0.0F) unstepped.push_back(slot);
+    }
+  }
+  for (const std::size_t bucket : provisional) clear_update(bucket);
+  return unstepped;
+}
+
+void AdamSlots::clear_update(std::size_t bucket) {
+  book_.clear_update(bucket);
+  buckets_[bucket].ticket.reset();
+}
+
+void AdamSlots::end_step() {
+  for (Bucket& bucket : buckets_) {
+    if (book_.mode() == offload::UpdateMode::kInBackward) bucket.ticket.reset();
+    bucket.host->forget();
+  }
+  book_.end_step();
+}
+
+void AdamSlots::discard_step() {
+  end_step();
+  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
+    if (!book_.pending(bucket)) clear_update(bucket);
+  }
+}
+
+AdamSlots::Indices AdamSlots::pending_slots() const {
+  Indices out;
+  for (const std::size_t bucket : book_.pending_buckets()) {
+    const std::size_t first = book_.first_slot(bucket);
+    for (std::size_t slot = first; slot < first + book_.size(bucket); ++slot) out.push_back(slot);
+  }
+  return out;
+}
+
+void AdamSlots::synchronize() {
+  std::size_t bytes = 0;
+  for (const Bucket& bucket : buckets_) bytes += static_cast<std::size_t>(bucket.host->bytes());
+  transfers_->synchronize(bytes);
+}
+
+}  // namespace stowage::torch_offload

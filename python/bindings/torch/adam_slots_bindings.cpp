@@ -1,0 +1,198 @@
+// stowage._torch.AdamSlots: the offloaded optimizer's slots (adam_slots.hpp) for
+// stowage.offload.Adam, with what crosses into Python here: param groups read as the update's
+// options, state entries as torch's dicts, a saved entry loaded into a slot. The calls that wait
+// or copy release the GIL (name_of takes it back when an error names a parameter).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/core/grad_mode.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "python/bindings/torch/adam_slots.hpp"
+#include "python/bindings/torch/module_parts.hpp"
+
+namespace py = pybind11;
+
+namespace stowage::torch_offload {
+
+namespace {
+
+using OptionalTensors = std::vector<std::optional<at::Tensor>>;
+using Release = py::call_guard<py::gil_scoped_release>;
+
+// None as an undefined tensor.
+AdamSlots::Tensors defined(const OptionalTensors& tensors) {
+  AdamSlots::Tensors out;
+  out.reserve(tensors.size());
+  for (const std::optional<at::Tensor>& tensor : tensors) out.push_back(tensor.value_or(at::Tensor()));
+  return out;
+}
+
+// A param group's options, read as torch's Adam reads them.
+GroupOptions options_of(const py::dict& group) {
+  GroupOptions options;
+  options.lr = py::float_(group["lr"]);
+  const py::object betas = group["betas"];
+  options.beta1 = py::float_(betas[py::int_(0)]);
+  options.beta2 = py::float_(betas[py::int_(1)]);
+  options.eps = py::float_(group["eps"]);
+  options.weight_decay = py::float_(group["weight_decay"]);
+  options.decoupled_weight_decay = py::bool_(group.attr("get")("decoupled_weight_decay", false));
+  options.maximize = py::bool_(group["maximize"]);
+  options.amsgrad = py::bool_(group["amsgrad"]);
+  return options;
+}
+
+// torch's state entry of a slot: step, moments, and fp32 masters of a parameter that is not fp32.
+py::dict state_entry(const AdamSlots& self, std::size_t slot) {
+  const SlotStates states = self.states(slot);
+  py::dict entry;
+  entry["step"] = states.step;
+  entry["exp_avg"] = states.exp_avg;
+  entry["exp_avg_sq"] = states.exp_avg_sq;
+  if (states.max_exp_avg_sq.defined()) entry["max_exp_avg_sq"] = states.max_exp_avg_sq;
+  if (states.own_master) entry["master"] = states.master;
+  return entry;
+}
+
+// Fills a slot's states from one parameter's checked entry (None: a fresh state); `local` gives a
+// saved tensor's local part (FSDP2), `shard` is the parameter's.
+void load_state(const AdamSlots& self, std::size_t slot, const py::object& saved, const at::Tensor& shard,
+                const py::function& local) {
+  const SlotStates states = self.states(slot);
+  const at::NoGradGuard no_grad;
+  std::vector<std::pair<at::Tensor, const char*>> moments = {{states.exp_avg, "exp_avg"},
+                                                               {states.exp_avg_sq, "exp_avg_sq"}};
+  if (states.max_exp_avg_sq.defined()) moments.emplace_back(states.max_exp_avg_sq, "max_exp_avg_sq");
+  if (saved.is_none() || !py::bool_(saved)) {
+    for (auto& [moment, key] : moments) moment.zero_();
+    states.step.zero_();
+    states.master.copy_(shard.detach());
+    return;
+  }
+  const auto copy_into = [&](const at::Tensor& destination, const py::object& value) {
+    const at::Tensor source = local(value.attr("detach")()).cast<at::Tensor>();
+    destination.copy_(source.reshape(destination.sizes()));
+  };
+  for (auto& [moment, key] : moments) copy_into(moment, saved[py::str(key)]);
+  states.step.fill_(py::float_(saved.attr("get")("step", 0)).cast<double>());
+  const py::object master = saved.attr("get")("master");
+  if (!master.is_none() && states.own_master) {
+    copy_into(states.master, master);
+  } else {
+    states.master.copy_(shard.detach());
+  }
+}
+
+py::dict host_stats(AdamSlots& self) {
+  const PinnedHostPoolStats stats = self.store().stats();
+  py::dict out;
+  out["allocated_bytes"] = stats.allocated_bytes;
+  out["reserved_bytes"] = stats.reserved_bytes;
+  out["pinned_bytes"] = stats.segments.pinned_bytes;
+  out["pageable_bytes"] = stats.segments.pageable_bytes;
+  out["pinning_refused"] = stats.segments.pinning_refused;
+  out["placement"] = self.store().placement();
+  out["update_cpus"] = self.queue().cpus();
+  out["update_threads"] = self.queue().threads();
+  out["update_seconds"] = self.queue().busy_seconds();
+  out["content_watch_seconds"] = self.watch_seconds();
+  return out;
+}
+
+void bind_slot_queries(py::class_<AdamSlots>& slots) {
+  slots.def("__len__", &AdamSlots::size)
+      .def_property_readonly("allocated_bytes", [](AdamSlots& self) { return self.store().stats().allocated_bytes; })
+      .def_property_readonly("bucket_count", [](const AdamSlots& self) { return self.book().bucket_count(); })
+      .def("updated", [](const AdamSlots& self, std::size_t bucket) { return self.book().updated(bucket); })
+      .def("updated_slots", [](const AdamSlots& self, std::size_t b) { return self.book().updated_slots(b); })
+      .def("slots_updated", [](const AdamSlots& self, bool updated) { return self.book().slots_updated(updated); })
+      .def("any_provisional", [](const AdamSlots& self) { return !self.book().provisional().empty(); })
+      .def("arrived", [](const AdamSlots& self, std::size_t slot) { return self.book().arrived(slot); })
+      .def_property_readonly("pending_buckets", [](const AdamSlots& self) { return self.book().pending_buckets(); })
+      .def_property_readonly("parameters_checked",
+                             [](const AdamSlots& self) { return self.book().parameters_checked(); })
+      .def("host_stats", &host_stats)
+      .def("state_entry", &state_entry, py::arg("slot"))
+      .def("load", &load_state, py::arg("slot"), py::arg("saved"), py::arg("shard"), py::arg("local"));
+}
+
+}  // namespace
+
+}  // namespace stowage::torch_offload
+
+namespace stowage::python {
+
+void bind_adam_slots(py::module_& module) {
+  using torch_offload::AdamSlots;
+  using torch_offload::defined;
+  using torch_offload::OptionalTensors;
+  using torch_offload::Release;
+  py::class_<AdamSlots> slots(module, "AdamSlots",
+                              "The offloaded optimizer's parameters in host memory and its step's bookkeeping "
+                              "(python/bindings/torch/adam_slots.hpp)");
+  slots.def(py::init([](const std::string& device, std::string owner, const std::string& update,
+                        const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
+                        std::function<std::string(std::size_t)> name_of) {
+              return std::make_unique<AdamSlots>(c10::Device(device), std::move(owner),
+                                                 offload::parse_update_mode(update), cpus, master_weights,
+                                                 bucket_numel, std::move(name_of));
+            }),
+            py::arg("device"), py::arg("owner"), py::arg("update"), py::arg("cpus"), py::arg("master_weights"),
+            py::arg("bucket_numel"), py::arg("name_of"))
+      .def("host_bytes", &AdamSlots::host_bytes, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
+      .def("join", &AdamSlots::join, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
+      .def("arrive", &AdamSlots::arrive, py::arg("slot"), py::arg("gradient"), py::arg("shard"), Release())
+      .def("set_parameters_checked", [](AdamSlots& self) { self.book_mutable().set_parameters_checked(); })
+      .def("gradients_final",
+           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
+             const py::gil_scoped_release release;
+             self.gradients_final(defined(grads), defined(shards));
+           })
+      .def("collect_late",
+           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
+             const py::gil_scoped_release release;
+             return self.collect_late(defined(grads), defined(shards));
+           })
+      .def("stale_gradients",
+           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
+             const py::gil_scoped_release release;
+             return self.stale_gradients(defined(grads), defined(shards));
+           })
+      .def("written", &AdamSlots::written, py::arg("slots"), py::arg("shards"), Release())
+      .def("take_written", &AdamSlots::take_written, py::arg("slots"), py::arg("shards"), Release())
+      .def("parameters_are", &AdamSlots::parameters_are, py::arg("slots"), py::arg("shards"), Release())
+      .def("submit",
+           [](AdamSlots& self, std::size_t bucket, const py::dict& group, double scale) {
+             return self.submit(bucket, torch_offload::options_of(group), scale);
+           },
+           py::arg("bucket"), py::arg("group"), py::arg("grad_scale"))
+      .def("submit_all",
+           [](AdamSlots& self, const std::vector<py::dict>& groups, double scale) {
+             std::vector<torch_offload::GroupOptions> options;
+             for (const py::dict& group : groups) options.push_back(torch_offload::options_of(group));
+             return self.submit_all(options, scale);
+           },
+           py::arg("groups"), py::arg("grad_scale"))
+      .def("group_of", &AdamSlots::group_of, py::arg("bucket"))
+      .def("finish_pending", &AdamSlots::finish_pending, Release())
+      .def("write_back", &AdamSlots::write_back, py::arg("bucket"), py::arg("shards"), Release())
+      .def("first_changed_arrival", &AdamSlots::first_changed_arrival, py::arg("slots"), py::arg("shards"), Release())
+      .def("roll_back", &AdamSlots::roll_back, Release())
+      .def("reset_arrivals", &AdamSlots::reset_arrivals)
+      .def("end_step", &AdamSlots::end_step)
+      .def("discard_step", &AdamSlots::discard_step)
+      .def("hold_pending", &AdamSlots::hold_pending)
+      .def("clear_pending", &AdamSlots::clear_pending)
+      .def("pending_slots", &AdamSlots::pending_slots)
+      .def("written_back", &AdamSlots::written_back, Release())
+      .def("synchronize", &AdamSlots::synchronize, Release());
+  torch_offload::bind_slot_queries(slots);
+}
+
+}  // namespace stowage::python
