@@ -242,6 +242,21 @@ void bind_pairs(py::module_& module) {
       py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("group"), py::arg("groups"), py::arg("position"),
       "Live bytes (Python ints) and allocations (int64) by group just after `position`.");
   module.def(
+      "growing_groups",
+      [](const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& group, const Int64s& first,
+         const Int64s& positions) {
+        py::list rows;
+        for (const snapshot::Growing& row : snapshot::growing_groups(bytes_of(is_alloc), span_of(end), span_of(size),
+                                                                     span_of(group), span_of(first),
+                                                                     span_of(positions))) {
+          rows.append(py::make_tuple(row.group, int_of(row.bytes_per_step), row.steps));
+        }
+        return rows;
+      },
+      py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("group"), py::arg("first"), py::arg("positions"),
+      "The groups whose live bytes grew at every one of `positions`: (group, bytes a step, steps) "
+      "rows, the largest growth first (snapshot/live_groups.hpp).");
+  module.def(
       "live_pairs",
       [](const Actions& action, const Bytes& addr, const Bytes& size) {
         const std::span<const std::uint8_t> actions(action.data(), static_cast<std::size_t>(action.size()));

@@ -304,10 +304,7 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
             in_fit_trial=bool(in_fit_trial)))
     found.oom_events = len(oom_at)
 
-    def by_site_at(event_index: int) -> dict[str, int]:
-        return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
-
-    found.growing = trace_steps.growing(found.steps, by_site_at, found.steps_found_by)[:top]
+    found.growing = trace_steps.growing(found.steps, pairs, sites, found.steps_found_by)[:top]
     found.advice = advice.advise(columns, pairs, sites, live, asdict(found.peak), at, (live_at, category), step_starts,
                                  exact, found.growing,
                                  [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial])
