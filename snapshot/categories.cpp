@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string_view>
 #include <utility>
 
 #include "allocator/base/errors.hpp"
@@ -77,7 +78,40 @@ void check_inputs(const CategoryInputs& in) {
   check_positions(in.step_starts, static_cast<std::int64_t>(n), "step_starts", false);
 }
 
+bool has(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
+
+// Whether `name`, lowered (ASCII: no other character lowers to a letter of the words), names a loss.
+bool names_loss(const std::string& name) {
+  std::string lowered = name;
+  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
+                 [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; });
+  return has(lowered, "loss") || has(lowered, "cross_entropy") || has(lowered, "nll");
+}
+
 }  // namespace
+
+std::int8_t stack_flags(std::span<const FrameNames> frames) {
+  int flags = 0;
+  bool in_module_call = false;  // frames run innermost first: a loss's frame counts below any module call
+  for (const FrameNames& frame : frames) {
+    const std::string& file = frame.filename;
+    const std::string& name = frame.name;
+    const bool module_call = name == "_call_impl" || name == "_wrapped_call_impl";
+    in_module_call = in_module_call || module_call;
+    if (!in_module_call && names_loss(name)) flags |= kLoss;
+    if (!file.ends_with(".py")) continue;
+    flags |= kPython;
+    if (has(file, "/torch/optim/")) flags |= name == "zero_grad" ? kZeroGrad : kOptimizer;
+    if ((name == "backward" || name == "grad") && (has(file, "/torch/_tensor.py") || has(file, "/torch/autograd/"))) {
+      flags |= kBackward;
+    }
+    if (module_call && has(file, "/torch/nn/modules/module.py")) flags |= kModule;
+    if (has(file, "/torch/nn/") || has(file, "/transformers/modeling_utils.py") || name == "__init__") {
+      flags |= kLibraryNn;  // torch.nn, or a constructor (a module's __init__ making its weights)
+    }
+  }
+  return static_cast<std::int8_t>(flags);
+}
 
 bool mark_autograd_thread(std::span<std::int8_t> flags, std::span<const std::int32_t> stack,
                           std::span<const std::int64_t> index, std::span<const std::uint8_t> is_alloc) {

@@ -1,6 +1,6 @@
 // What each allocation of a trace is, inferred from its stacks and lifetime (the rules in
-// words: stowage.categories' docstring): the rules over every position's stack flags, which
-// Python reads off each distinct stack's frames (stowage.categories.stack_flags).
+// words: stowage.categories' docstring): the flags of each distinct stack, read off its frames'
+// file and function names (stack_flags), and the rules over every position's flags.
 //
 // Positions are LivePairs' (snapshot/live_pairs.hpp): `flags[p]` the stack flags of position p,
 // `stack[index[p]]` its stack (the trace's column: an index into the stacks, or kNoStack /
@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace stowage::snapshot {
@@ -23,6 +24,22 @@ inline constexpr const char* kCategoryNames[] = {"parameters", "gradients",   "o
 // Stack flags, from the frames of one stack.
 inline constexpr std::int8_t kPython = 1, kOptimizer = 2, kBackward = 4, kModule = 8, kZeroGrad = 16,
                              kLibraryNn = 32, kLoss = 64;
+
+// A frame's file and function names (str() of its "filename" and "name", "" where missing), UTF-8.
+struct FrameNames {
+  std::string filename, name;
+};
+
+// The flags of one stack (innermost frame first):
+// - kLoss: a function named for a loss ("loss", "cross_entropy" or "nll" in its name, any case)
+//   below any module call (a frame named _call_impl or _wrapped_call_impl);
+// and of its Python frames (a filename ending in .py), kPython and:
+// - kOptimizer / kZeroGrad: a frame in torch/optim/ (kZeroGrad where it is zero_grad);
+// - kBackward: backward or grad in torch/_tensor.py or torch/autograd/;
+// - kModule: nn.Module's call (_call_impl or _wrapped_call_impl in torch/nn/modules/module.py);
+// - kLibraryNn: a frame in torch/nn/ or transformers' modeling_utils.py, or a constructor
+//   (__init__: a module making its weights).
+std::int8_t stack_flags(std::span<const FrameNames> frames);
 
 struct CategoryInputs {
   std::span<const std::int8_t> flags;

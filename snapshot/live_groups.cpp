@@ -83,4 +83,34 @@ LiveAt live_at(std::span<const std::uint8_t> is_alloc, std::span<const std::int6
   return found;
 }
 
+std::vector<Growing> growing_groups(std::span<const std::uint8_t> is_alloc, std::span<const std::int64_t> end,
+                                    std::span<const std::int64_t> size, std::span<const std::int64_t> group,
+                                    std::span<const std::int64_t> first, std::span<const std::int64_t> positions) {
+  const std::size_t groups = first.size();
+  std::vector<LiveAt> at_ends;
+  for (const std::int64_t position : positions) {
+    STOWAGE_CHECK(position >= -1, "position ", position, " is before the trace");
+    at_ends.push_back(position < 0 ? LiveAt{std::vector<Wide>(groups, 0), std::vector<std::int64_t>(groups, 0)}
+                                   : live_at(is_alloc, end, size, group, groups, position));
+  }
+  std::vector<Growing> found;
+  if (at_ends.size() < 2) return found;
+  std::vector<std::size_t> present;
+  for (std::size_t g = 0; g < groups; ++g) {
+    if (at_ends.back().count[g] != 0) present.push_back(g);
+  }
+  std::stable_sort(present.begin(), present.end(), [&](std::size_t a, std::size_t b) { return first[a] < first[b]; });
+  for (const std::size_t g : present) {
+    bool grew = true;
+    for (std::size_t k = 1; k < at_ends.size() && grew; ++k) grew = at_ends[k].bytes[g] > at_ends[k - 1].bytes[g];
+    if (!grew) continue;
+    const auto steps = static_cast<std::int64_t>(at_ends.size());
+    found.push_back({static_cast<std::int64_t>(g), (at_ends.back().bytes[g] - at_ends.front().bytes[g]) / (steps - 1),
+                     steps});
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const Growing& a, const Growing& b) { return a.bytes_per_step > b.bytes_per_step; });
+  return found;
+}
+
 }  // namespace stowage::snapshot

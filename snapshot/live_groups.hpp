@@ -38,4 +38,18 @@ LiveAt live_at(std::span<const std::uint8_t> is_alloc, std::span<const std::int6
                std::span<const std::int64_t> size, std::span<const std::int64_t> group, std::size_t groups,
                std::int64_t position);
 
+// The groups whose live bytes (live_at's) grew at every one of `positions` (the ends of the steps
+// judged, in order; -1: before any event, where nothing is live), each with the bytes it added a
+// step (its growth over them floored over the steps between) and the number of positions: those
+// live at the last, in the order of their first allocation (`first[g]`, ties by group), then the
+// largest growth first (stowage.trace_steps.growing).
+struct Growing {
+  std::int64_t group = 0;
+  Wide bytes_per_step = 0;
+  std::int64_t steps = 0;
+};
+std::vector<Growing> growing_groups(std::span<const std::uint8_t> is_alloc, std::span<const std::int64_t> end,
+                                    std::span<const std::int64_t> size, std::span<const std::int64_t> group,
+                                    std::span<const std::int64_t> first, std::span<const std::int64_t> positions);
+
 }  // namespace stowage::snapshot

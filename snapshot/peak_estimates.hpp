@@ -1,5 +1,5 @@
 // The peak a trace's live series would have with some allocations' lives changed: what the
-// inspector's advice re-simulates its savings with (stowage.advice).
+// inspector's advice re-simulates its savings with (snapshot/advice.hpp).
 //
 // Positions are LivePairs' (stowage.inspector): n = live.size() of them; `end[p]` is the
 // position of the free that ends the allocation at p (n: never freed), `size[p]` its bytes.

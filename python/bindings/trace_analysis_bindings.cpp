@@ -1,4 +1,5 @@
-// stowage._core's trace analyses (snapshot/: trace steps, peak estimates, alloc/free pairing)
+// stowage._core's trace analyses (snapshot/: trace steps, peak estimates, alloc/free pairing,
+// categories, the inspector's advice, the comparison of two snapshots)
 // over a trace's columns as numpy arrays: conversions only. Positions arrive as any integer
 // array (int32 or int64); a live-bytes series as int64, or as Python's integers (an object array)
 // where it passes int64 (Note [Live bytes in 128 bits]); byte counts leave as Python ints.
@@ -14,6 +15,8 @@
 
 #include "allocator/base/errors.hpp"
 #include "python/bindings/bindings.hpp"
+#include "snapshot/advice.hpp"
+#include "snapshot/advice_evidence.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/live_groups.hpp"
@@ -21,6 +24,7 @@
 #include "snapshot/live_series.hpp"
 #include "snapshot/peak_estimates.hpp"
 #include "snapshot/recompute_estimate.hpp"
+#include "snapshot/snapshot_diff.hpp"
 #include "snapshot/trace_steps.hpp"
 
 namespace py = pybind11;
@@ -238,6 +242,21 @@ void bind_pairs(py::module_& module) {
       py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("group"), py::arg("groups"), py::arg("position"),
       "Live bytes (Python ints) and allocations (int64) by group just after `position`.");
   module.def(
+      "growing_groups",
+      [](const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& group, const Int64s& first,
+         const Int64s& positions) {
+        py::list rows;
+        for (const snapshot::Growing& row : snapshot::growing_groups(bytes_of(is_alloc), span_of(end), span_of(size),
+                                                                     span_of(group), span_of(first),
+                                                                     span_of(positions))) {
+          rows.append(py::make_tuple(row.group, int_of(row.bytes_per_step), row.steps));
+        }
+        return rows;
+      },
+      py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("group"), py::arg("first"), py::arg("positions"),
+      "The groups whose live bytes grew at every one of `positions`: (group, bytes a step, steps) "
+      "rows, the largest growth first (snapshot/live_groups.hpp).");
+  module.def(
       "live_pairs",
       [](const Actions& action, const Bytes& addr, const Bytes& size) {
         const std::span<const std::uint8_t> actions(action.data(), static_cast<std::size_t>(action.size()));
@@ -247,6 +266,34 @@ void bind_pairs(py::module_& module) {
       py::arg("action"), py::arg("addr"), py::arg("size"),
       "A trace's alloc and free_completed events paired: (index, is_alloc, size, own, unknown, "
       "alloc_of, end), positions int32 below 2**31 events (stowage.inspector.LivePairs).");
+}
+
+// The stack flags of each stack (snapshot/categories.hpp), its frames read as Python reads them.
+py::array_t<std::int8_t> stack_flags_of(const py::list& stacks) {
+  // str() of a frame's field, as UTF-8 (a lone surrogate as Python's surrogatepass writes it).
+  const auto text = [](const py::handle& frame, const char* key) {
+    const py::str value(frame.attr("get")(key, ""));
+    const py::object utf8 = py::reinterpret_steal<py::object>(
+        PyUnicode_AsEncodedString(value.ptr(), "utf-8", "surrogatepass"));
+    if (!utf8) throw py::error_already_set();
+    return utf8.cast<std::string>();
+  };
+  py::array_t<std::int8_t> out(static_cast<py::ssize_t>(stacks.size()));
+  std::vector<snapshot::FrameNames> frames;
+  for (std::size_t k = 0; k < stacks.size(); ++k) {
+    frames.clear();
+    const py::object stack = stacks[k];
+    const int frames_given = PyObject_IsTrue(stack.ptr());  // (frames or (): None and [] have none)
+    if (frames_given < 0) throw py::error_already_set();
+    if (frames_given == 1) {
+      for (const py::handle frame : stack) {
+        std::string filename = text(frame, "filename");
+        frames.push_back({std::move(filename), text(frame, "name")});
+      }
+    }
+    out.mutable_data()[k] = snapshot::stack_flags(frames);
+  }
+  return out;
 }
 
 void bind_categories(py::module_& module) {
@@ -262,6 +309,8 @@ void bind_categories(py::module_& module) {
   py::tuple names(std::size(snapshot::kCategoryNames));
   for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) names[k] = snapshot::kCategoryNames[k];
   module.attr("category_names") = names;
+  module.def("stack_flags", &stack_flags_of, py::arg("stacks"),
+             "The stack flags (int8) of each stack: a list of frames (dicts), or None.");
   module.def(
       "mark_autograd_thread",
       [](py::array flags, const Stacks& stack, const Int64s& index, const Bools& is_alloc) {
@@ -350,9 +399,167 @@ void bind_device_events(py::module_& module) {
       py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");
 }
 
+using Flags = py::array_t<std::int8_t, py::array::c_style | py::array::forcecast>;
+using StackColumn = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
+
+// The optional arrays of advise: None is an empty one.
+template <typename Array>
+Array optional_array(const py::object& value) {
+  const Array out = value.is_none() ? Array(0) : Array::ensure(value);
+  if (!out) throw py::error_already_set();
+  return out;
+}
+
+py::list advice_rows(const std::vector<snapshot::Advice>& found) {
+  py::list rows;
+  for (const snapshot::Advice& row : found) {
+    py::dict out;
+    out["rule"] = row.rule;
+    out["waste_bytes"] = int_of(row.waste);
+    out["saving_bytes"] = int_of(row.saving);
+    if (row.upper_bound) out["upper_bound"] = *row.upper_bound;
+    out["advice"] = row.text;
+    rows.append(out);
+  }
+  return rows;
+}
+
+void bind_advice(py::module_& module) {
+  module.attr("advice_min_share") = snapshot::kMinShare;
+  module.attr("advice_loss_chunks") = snapshot::kLossChunks;
+  module.def(
+      "all_categories",
+      [](const Flags& flags, const StackColumn& stack, const Int64s& index, const Bools& is_alloc, const Int64s& end,
+         const Int64s& step_starts) {
+        return array_of(snapshot::all_categories(
+            {span_of(flags), span_of(stack), span_of(index), bytes_of(is_alloc), span_of(end), span_of(step_starts)}));
+      },
+      py::arg("flags"), py::arg("stack"), py::arg("index"), py::arg("is_alloc"), py::arg("end"),
+      py::arg("step_starts"), "Every position's category (int8; unknown at frees), with marked flags.");
+  module.def(
+      "advise",
+      [](const py::array& live, const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& own,
+         const Int64s& index, const StackColumn& stack, const Flags& flags, const py::object& marked,
+         const Int64s& step_starts, const Int64s& site, const py::object& exact_category, const py::object& block,
+         std::size_t blocks, const std::string& first_block, const py::int_& peak_bytes, std::int64_t peak_position,
+         const Int64s& live_at, const Flags& category_at, const py::dict& peak_categories, const py::list& growing,
+         const py::object& oom) {
+        const LiveArgument series(live);
+        const Flags marked_flags = optional_array<Flags>(marked), exact = optional_array<Flags>(exact_category);
+        const Int64s blocks_of = optional_array<Int64s>(block);
+        const snapshot::AdviceTrace trace{series.series(), bytes_of(is_alloc), span_of(end), span_of(size),
+                                          span_of(own), span_of(index), span_of(stack), span_of(flags),
+                                          span_of(marked_flags), !marked.is_none(), span_of(step_starts),
+                                          span_of(site), span_of(exact), span_of(blocks_of), blocks};
+        snapshot::AdvicePeak peak{wide_of(peak_bytes), peak_position, span_of(live_at), span_of(category_at), {},
+                                  first_block};
+        for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) {
+          const py::str name(snapshot::kCategoryNames[k]);
+          if (peak_categories.contains(name)) peak.by_category[k] = wide_of(peak_categories[name]);
+        }
+        std::vector<snapshot::GrowingSite> sites;
+        for (const py::handle row : growing) {
+          const auto fields = row.cast<py::tuple>();
+          sites.push_back({fields[0].cast<std::int64_t>(), fields[1].cast<std::string>(), wide_of(fields[2]),
+                           fields[3].cast<std::int64_t>()});
+        }
+        std::optional<snapshot::OomFacts> facts;
+        if (!oom.is_none()) {
+          const auto fields = oom.cast<py::tuple>();
+          facts = snapshot::OomFacts{wide_of(fields[0]), wide_of(fields[1]), wide_of(fields[2]), std::nullopt};
+          if (!fields[3].is_none()) facts->replayed_reserved = wide_of(fields[3]);
+        }
+        snapshot::AdviceEvidence evidence(trace);
+        return advice_rows(snapshot::advise(evidence, peak, sites, facts));
+      },
+      py::arg("live"), py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("own"), py::arg("index"),
+      py::arg("stack"), py::arg("flags"), py::arg("marked"), py::arg("step_starts"), py::arg("site"),
+      py::arg("exact_category"), py::arg("block"), py::arg("blocks"), py::arg("first_block"), py::arg("peak_bytes"),
+      py::arg("peak_position"), py::arg("live_at"), py::arg("category_at"), py::arg("peak_categories"),
+      py::arg("growing"), py::arg("oom"),
+      "The inspector's advice (snapshot/advice.hpp) as rows: rule, waste_bytes, saving_bytes, "
+      "upper_bound (where the saving may be a bound) and advice, largest saving first. `marked`: "
+      "the flags with autograd's thread marked (None: no Python frames); `growing`: (site id, name, "
+      "bytes a step, steps) rows; `oom`: (requested, device_free, cached_free, replayed peak "
+      "reserved or None) of the run's first out-of-memory, or None.");
+}
+
+void bind_snapshot_diff(py::module_& module) {
+  module.def(
+      "diff_sites",
+      [](const py::list& before, const py::list& after, std::size_t top) {
+        const auto sites = [](const py::list& rows) {
+          std::vector<snapshot::SiteBytes> out;
+          for (const py::handle row : rows) {
+            const auto fields = row.cast<py::tuple>();
+            out.push_back({fields[0].cast<std::string>(), wide_of(fields[1])});
+          }
+          return out;
+        };
+        const snapshot::SitesDiff found = snapshot::diff_sites(sites(before), sites(after), top);
+        const auto rows = [](const std::vector<snapshot::SiteChange>& changes) {
+          py::list out;
+          for (const snapshot::SiteChange& change : changes) {
+            py::dict row;
+            row["site"] = change.site;
+            row["before"] = int_of(change.before);
+            row["after"] = int_of(change.after);
+            row["change"] = int_of(change.change);
+            out.append(row);
+          }
+          return out;
+        };
+        return py::make_tuple(rows(found.grew), rows(found.shrank));
+      },
+      py::arg("before"), py::arg("after"), py::arg("top"),
+      "Sites' live bytes at the end compared ((site, bytes) rows each): the `top` that grew and "
+      "that shrank, as stowage.diff's rows (snapshot/snapshot_diff.hpp).");
+  module.def(
+      "diff_segments",
+      [](const py::list& before, const py::list& after, std::size_t top) {
+        const auto segments = [](const py::list& rows) {
+          std::vector<snapshot::SegmentFacts> out;
+          for (const py::handle row : rows) {
+            const auto fields = row.cast<py::tuple>();
+            out.push_back({wide_of(fields[0]), wide_of(fields[1]), fields[2].cast<bool>(), wide_of(fields[3])});
+          }
+          return out;
+        };
+        const snapshot::SegmentsDiff found = snapshot::diff_segments(segments(before), segments(after), top);
+        const auto side = [](std::size_t count, snapshot::Wide bytes) {
+          py::dict out;
+          out["count"] = count;
+          out["bytes"] = int_of(bytes);
+          return out;
+        };
+        py::list changed;
+        for (const snapshot::SegmentChange& change : found.changed) {
+          py::dict row;
+          row["address"] = int_of(change.address);
+          row["size_before"] = int_of(change.size_before);
+          row["size_after"] = int_of(change.size_after);
+          row["live_before"] = int_of(change.live_before);
+          row["live_after"] = int_of(change.live_after);
+          row["live_change"] = int_of(change.live_change);
+          changed.append(row);
+        }
+        py::dict out;
+        out["only_before"] = side(found.only_before, found.only_before_bytes);
+        out["only_after"] = side(found.only_after, found.only_after_bytes);
+        out["changed"] = changed;
+        out["changed_count"] = found.changed_count;
+        return out;
+      },
+      py::arg("before"), py::arg("after"), py::arg("top"),
+      "Segments compared ((address, total_size, is_expandable, live bytes) rows each): those given "
+      "back, the new and the `top` changed in place, as stowage.diff's (snapshot/snapshot_diff.hpp).");
+}
+
 }  // namespace
 
 void bind_trace_analysis(py::module_& module) {
+  bind_advice(module);
+  bind_snapshot_diff(module);
   bind_device_events(module);
   bind_categories(module);
   bind_pairs(module);

@@ -21,15 +21,13 @@ both), and whether it outlives its step:
   backward allocation);
 - in a trace without Python frames at all: unknown.
 
-The rules run in C++ (snapshot/categories.hpp) over every position's stack flags, which this
-module reads off each distinct stack's frames.
+The rules run in C++ (snapshot/categories.hpp) over every position's stack flags, read there
+off each distinct stack's frames.
 
 Contract: pure functions of a trace's columns and LivePairs; no state.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -39,37 +37,13 @@ from stowage.snapshot_reader.columns import TraceColumns
 CATEGORIES: tuple[str, ...] = _core.category_names
 PARAMETERS, GRADIENTS, STATES, ACTIVATIONS, INPUTS, TEMPORARIES, UNKNOWN = range(len(CATEGORIES))
 
-# Stack flags, from the frames of one stack.
+# Stack flags, from the frames of one stack (snapshot/categories.hpp says each).
 PYTHON, OPTIMIZER, BACKWARD, MODULE, ZERO_GRAD, LIBRARY_NN, LOSS = (
     _core.stack_flag_bits[name] for name in ("PYTHON", "OPTIMIZER", "BACKWARD", "MODULE", "ZERO_GRAD", "LIBRARY_NN", "LOSS"))
-_LOSS_NAMES = ("loss", "cross_entropy", "nll")  # a function computing a loss (in its name)
-
-
-def stack_flags(frames: list[dict[str, Any]] | None) -> int:
-    flags = 0
-    in_module_call = False  # frames run innermost first: a loss's frame counts below any module call
-    for frame in frames or ():
-        filename, name = str(frame.get("filename", "")), str(frame.get("name", ""))
-        in_module_call = in_module_call or name in ("_call_impl", "_wrapped_call_impl")
-        if not in_module_call and any(word in name.lower() for word in _LOSS_NAMES):
-            flags |= LOSS
-        if not filename.endswith(".py"):
-            continue
-        flags |= PYTHON
-        if "/torch/optim/" in filename:
-            flags |= ZERO_GRAD if name == "zero_grad" else OPTIMIZER
-        if name in ("backward", "grad") and ("/torch/_tensor.py" in filename or "/torch/autograd/" in filename):
-            flags |= BACKWARD
-        if name in ("_call_impl", "_wrapped_call_impl") and "/torch/nn/modules/module.py" in filename:
-            flags |= MODULE
-        if "/torch/nn/" in filename or "/transformers/modeling_utils.py" in filename or name == "__init__":
-            flags |= LIBRARY_NN  # torch.nn, or a constructor (a module's __init__ making its weights)
-    return flags
-
-
 def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
-    """The stack flags of every LivePairs position (int8)."""
-    by_stack = np.array([stack_flags(stack) for stack in columns.stacks] + [0, 0], dtype=np.int8)
+    """The stack flags of every LivePairs position (int8; each stack's read off its frames:
+    snapshot/categories.hpp's stack_flags)."""
+    by_stack = np.append(_core.stack_flags(columns.stacks), np.zeros(2, dtype=np.int8))
     return by_stack[columns.stack[index]]  # (-1 and -2, no frames: the two zeros at the end)
 
 
@@ -108,22 +82,14 @@ def live_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarr
     return live, infer(columns, index, is_alloc, end, step_starts, live)
 
 
-CHUNK = 1 << 20  # positions categorised at once (what a whole trace's categories cost is held to)
-
-
 def all_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
                    step_starts: np.ndarray, flags: np.ndarray | None = None) -> np.ndarray:
-    """Every allocation's category (int8 by LivePairs position; UNKNOWN at frees), worked out a
-    CHUNK of allocations at a time; `flags`: trace_flags' (worked out here when not given)."""
-    out = np.full(len(index), UNKNOWN, dtype=np.int8)
-    flags = trace_flags(columns, index, is_alloc) if flags is None else flags  # once, for every chunk
+    """Every allocation's category (int8 by LivePairs position; UNKNOWN at frees; C++:
+    snapshot/advice_evidence.hpp); `flags`: trace_flags' (worked out here when not given)."""
+    flags = trace_flags(columns, index, is_alloc) if flags is None else flags
     if flags is None:
-        return out
-    allocs = np.flatnonzero(is_alloc)
-    for start in range(0, len(allocs), CHUNK):
-        chunk = allocs[start:start + CHUNK]
-        out[chunk] = infer(columns, index, is_alloc, end, step_starts, chunk, flags)
-    return out
+        return np.full(len(index), UNKNOWN, dtype=np.int8)
+    return _core.all_categories(flags, columns.stack, index, is_alloc, end, step_starts)
 
 
 def totals(live: np.ndarray, category: np.ndarray, size: np.ndarray) -> dict[str, int]:
@@ -131,37 +97,3 @@ def totals(live: np.ndarray, category: np.ndarray, size: np.ndarray) -> dict[str
     summed = np.zeros(len(CATEGORIES), dtype=size.dtype)  # (Python ints where sums could pass int64)
     np.add.at(summed, category.astype(np.int64), size[live])
     return {name: int(total) for name, total in zip(CATEGORIES, summed.tolist()) if total}
-
-
-def kept_without_backward(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-                          flags: np.ndarray | None, saved: np.ndarray | None = None) -> np.ndarray:
-    """The allocations a module's forward made that outlived it (the loop's own code allocated
-    while they lived) with no backward between their allocation and their free: a graph autograd
-    kept for a backward that never came (evaluation without no_grad). `saved`: where the snapshot
-    says which allocations autograd saved (stowage's tags), only those; otherwise, as outputs
-    alone also outlive a forward, only when they come from at least three allocating lines.
-    `flags`: trace_flags' (None: a trace without Python frames, where nothing is found)."""
-    if flags is None:
-        return np.zeros(0, dtype=np.int64)
-    return _core.kept_without_backward(flags, columns.stack, index, is_alloc, end, saved)
-
-
-def loss_allocations(is_alloc: np.ndarray, flags: np.ndarray | None) -> np.ndarray:
-    """The positions of the allocations a loss function made in forward (a function named for a
-    loss, called inside the innermost module's forward or outside any); `flags`: trace_flags'."""
-    if flags is None:
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(is_alloc & (flags & LOSS != 0) & (flags & (BACKWARD | OPTIMIZER) == 0))
-
-
-def backward_allocations(is_alloc: np.ndarray, flags: np.ndarray | None) -> np.ndarray:
-    """The positions of backward's allocations (autograd's thread's on a GPU), in order; none in a
-    trace without Python frames (`flags`: trace_flags')."""
-    return np.zeros(0, dtype=np.int64) if flags is None else np.flatnonzero(is_alloc & (flags & BACKWARD != 0))
-
-
-def freed_in_backward(backwards: np.ndarray, end: np.ndarray, step_starts: np.ndarray,
-                      positions: np.ndarray) -> np.ndarray:
-    """Whether each allocation at `positions` is freed in a backward (between a step's first and
-    last backward allocation; `backwards`: backward_allocations')."""
-    return _core.freed_in_backward(backwards, end, step_starts, positions)

@@ -4,7 +4,8 @@ Both snapshots go through the safe loader. For one device it compares the totals
 reserved, largest free block, fragmentation, the trace's live peak), the live bytes by allocation
 site at the end (sites as ``stowage inspect`` names them), and the segments: those only in A
 (given back), only in B (new), and those in both whose size or live bytes changed, matched by
-address.
+address. The matching is C++ (snapshot/snapshot_diff.hpp, which says how); this module reads
+the snapshots and words the report.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def _live(segment: dict[str, Any]) -> int:
     return sum(int(b["size"]) for b in segment.get("blocks", []) if b.get("state") == "active_allocated")
 
 
+def _segment_rows(snapshot: dict[str, Any], device: int) -> list[tuple[int, int, bool, int]]:
+    return [(int(s["address"]), int(s["total_size"]), bool(s.get("is_expandable")), _live(s))
+            for s in _segments(snapshot, device)]
+
+
 def _figures(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
     segments = _segments(snapshot, device)
     totals = totals_of(segments)
@@ -60,52 +66,17 @@ def _figures(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> dict[str, Any]:
+    """The comparison (snapshot/snapshot_diff.hpp matches sites and segments) as one dict."""
     a_figures, b_figures = _figures(before, device), _figures(after, device)
     totals = {key: {"before": a_figures[key], "after": b_figures[key],
                     "change": (None if a_figures[key] is None or b_figures[key] is None
                                else b_figures[key] - a_figures[key])}
               for key in a_figures}
-
-    a_sites = {s["site"]: s["bytes"] for s in sites_at_end(_segments(before, device), _ALL_SITES)}
-    b_sites = {s["site"]: s["bytes"] for s in sites_at_end(_segments(after, device), _ALL_SITES)}
-    changes = [{"site": site, "before": a_sites.get(site, 0), "after": b_sites.get(site, 0),
-                "change": b_sites.get(site, 0) - a_sites.get(site, 0)}
-               for site in a_sites.keys() | b_sites.keys()]
-    grew = sorted((c for c in changes if c["change"] > 0), key=lambda c: c["change"], reverse=True)
-    shrank = sorted((c for c in changes if c["change"] < 0), key=lambda c: c["change"])
-
-    # Segments are the same when address and size agree; an expandable segment (a mapped range of
-    # one reservation) is the same range when its start agrees, whatever it grew or shrank to.
-    def key(segment: dict[str, Any]) -> tuple[int, int]:
-        return (int(segment["address"]), 0 if segment.get("is_expandable") else int(segment["total_size"]))
-
-    a_segments = {key(s): s for s in _segments(before, device)}
-    b_segments = {key(s): s for s in _segments(after, device)}
-    gone = [a_segments[address] for address in a_segments.keys() - b_segments.keys()]
-    new = [b_segments[address] for address in b_segments.keys() - a_segments.keys()]
-    changed = []
-    for address_and_size in a_segments.keys() & b_segments.keys():
-        a, b = a_segments[address_and_size], b_segments[address_and_size]
-        address = address_and_size[0]
-        size_change = int(b["total_size"]) - int(a["total_size"])
-        live_change = _live(b) - _live(a)
-        if size_change or live_change:
-            changed.append({"address": address, "size_before": int(a["total_size"]),
-                            "size_after": int(b["total_size"]), "live_before": _live(a),
-                            "live_after": _live(b), "live_change": live_change})
-    changed.sort(key=lambda c: abs(c["live_change"]), reverse=True)
-    return {
-        "device": device,
-        "totals": totals,
-        "sites_grew": grew[:top],
-        "sites_shrank": shrank[:top],
-        "segments": {
-            "only_before": {"count": len(gone), "bytes": sum(int(s["total_size"]) for s in gone)},
-            "only_after": {"count": len(new), "bytes": sum(int(s["total_size"]) for s in new)},
-            "changed": changed[:top],
-            "changed_count": len(changed),
-        },
-    }
+    grew, shrank = _core.diff_sites(*[[(s["site"], s["bytes"]) for s in sites_at_end(_segments(snapshot, device),
+                                                                                        _ALL_SITES)]
+                                      for snapshot in (before, after)], top)
+    segments = _core.diff_segments(_segment_rows(before, device), _segment_rows(after, device), top)
+    return {"device": device, "totals": totals, "sites_grew": grew, "sites_shrank": shrank, "segments": segments}
 
 
 def _signed(value: int) -> str:

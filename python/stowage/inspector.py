@@ -36,7 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from stowage import _core, advice, advice_evidence, categories, tag_reading, trace_steps
+from stowage import _core, advice, categories, tag_reading, trace_steps
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
@@ -304,13 +304,9 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
             in_fit_trial=bool(in_fit_trial)))
     found.oom_events = len(oom_at)
 
-    def by_site_at(event_index: int) -> dict[str, int]:
-        return _live_at(pairs, sites, int(np.searchsorted(pairs.index, event_index, side="right")) - 1)[0]
-
-    found.growing = trace_steps.growing(found.steps, by_site_at, found.steps_found_by)[:top]
-    facts = advice_evidence.of_trace(columns, pairs, sites.of, sites.names, live, at, (live_at, category),
-                                     step_starts, exact)
-    found.advice = advice.advise(asdict(found.peak), facts, found.growing,
+    found.growing = trace_steps.growing(found.steps, pairs, sites, found.steps_found_by)[:top]
+    found.advice = advice.advise(columns, pairs, sites, live, asdict(found.peak), at, (live_at, category), step_starts,
+                                 exact, found.growing,
                                  [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial])
     return found
 

@@ -6,8 +6,8 @@ written by stowage.mark_step()); a trace without marks (stock torch's) is cut wh
 allocations repeat: the shortest period P of at least 8 allocations over which the allocation
 sizes repeat (at least 90% of the pairs i, i + P equal) and the live bytes where its repetitions
 start stay alike or grow as a leaking step's do, each step starting where the trace's most
-frequent size first falls in the period. The cutting is C++ (snapshot/trace_steps.hpp); this
-module names the marks and judges growth. stowage.fit's own steps (its recording
+frequent size first falls in the period. The cutting is C++ (snapshot/trace_steps.hpp), and so
+is judging growth (snapshot/live_groups.hpp); this module names the marks and the steps judged. stowage.fit's own steps (its recording
 of the step, its rate probes and its trial step) lie between "stowage.fit.trial_begin" and
 "stowage.fit.trial_end" marks: they are no part of the run, so the run's headline peak and its
 steps leave them out and report them apart.
@@ -66,23 +66,19 @@ def cut(columns: TraceColumns, index: np.ndarray, live: np.ndarray, is_alloc: np
     return [Step(*row) for row in rows], found
 
 
-def growing(steps: list[Step], live_by_site_at: Any, found_by: str = "marks") -> list[dict[str, Any]]:
+def growing(steps: list[Step], pairs: Any, sites: Any, found_by: str = "marks") -> list[dict[str, Any]]:
     """Sites whose live bytes at the run's step ends grew at every one of its last GROWTH_WINDOW
     (at least MIN_GROWING_STEPS steps, the first left out: it makes the optimizer's states),
-    with the bytes they added a step. `live_by_site_at(event_index)` gives {site: bytes} there.
-    Steps found by repetition end with what follows the last whole one: no step to judge."""
+    with the bytes they added a step (C++: snapshot/live_groups.hpp), over the trace's LivePairs
+    `pairs` and its sites (the inspector's TraceSites). Steps found by repetition end with what
+    follows the last whole one: no step to judge."""
     whole = steps[:-1] if found_by == "repeating allocations" else steps
     run = [s for s in whole if not s.fit_trial][1:][-GROWTH_WINDOW:]
     if len(run) < MIN_GROWING_STEPS + 1:
         return []
-    at_ends = [live_by_site_at(step.last_event) for step in run]
-    found = []
-    for site in at_ends[-1]:
-        series = [ends.get(site, 0) for ends in at_ends]
-        if all(later > earlier for earlier, later in zip(series, series[1:])):
-            found.append({"site": site, "bytes_per_step": (series[-1] - series[0]) // (len(series) - 1),
-                          "steps": len(series)})
-    return sorted(found, key=lambda row: row["bytes_per_step"], reverse=True)
+    ends = np.searchsorted(pairs.index, np.array([step.last_event for step in run], dtype=np.int64), side="right") - 1
+    return [{"site": sites.names[site], "bytes_per_step": per_step, "steps": count} for site, per_step, count in
+            _core.growing_groups(pairs.is_alloc, pairs.end, pairs.size, sites.of, sites.first, ends)]
 
 
 def as_dicts(steps: list[Step]) -> list[dict[str, Any]]:

@@ -82,6 +82,25 @@ TEST(Categories, AForwardsGraphKeptWithoutABackwardIsFoundFromThreeStacksOrWhere
   EXPECT_TRUE(kept_without_backward(fewer, {}).empty());
 }
 
+TEST(Categories, AStacksFlagsAreReadOffItsFramesFileAndFunctionNames) {
+  const auto flags = [](std::vector<FrameNames> frames) { return stack_flags(frames); };
+  EXPECT_EQ(flags({}), 0);
+  EXPECT_EQ(flags({{"train.py", "main"}}), kPython);
+  EXPECT_EQ(flags({{"<built-in>", "step"}}), 0);  // not Python's
+  EXPECT_EQ(flags({{"/x/torch/optim/adamw.py", "step"}}), kPython | kOptimizer);
+  EXPECT_EQ(flags({{"/x/torch/optim/optimizer.py", "zero_grad"}}), kPython | kZeroGrad);
+  EXPECT_EQ(flags({{"/x/torch/_tensor.py", "backward"}}), kPython | kBackward);
+  EXPECT_EQ(flags({{"/x/torch/autograd/__init__.py", "grad"}}), kPython | kBackward);
+  EXPECT_EQ(flags({{"/x/torch/nn/modules/module.py", "_call_impl"}}), kPython | kModule | kLibraryNn);
+  EXPECT_EQ(flags({{"/x/transformers/modeling_utils.py", "f"}}), kPython | kLibraryNn);
+  EXPECT_EQ(flags({{"model.py", "__init__"}}), kPython | kLibraryNn);
+  // A loss's frame counts below any module call, its name in any case, Python's or not.
+  EXPECT_EQ(flags({{"train.py", "Cross_Entropy_Loss"}}), kPython | kLoss);
+  EXPECT_EQ(flags({{"<c>", "NLL"}}), kLoss);
+  EXPECT_EQ(flags({{"/x/torch/nn/modules/module.py", "_wrapped_call_impl"}, {"train.py", "loss_fn"}}),
+            kPython | kModule | kLibraryNn);
+}
+
 TEST(RecomputeEstimate, ACheckpointedBlockKeepsItsOutputAndBringsItsActivationsBackInBackward) {
   // Block 0 makes a (activation, 100), b (its output, 10); backward frees a at 4, b at 5.
   //   0 alloc a   1 alloc b   2 alloc head (no block, 50)   3 free head   4 free a   5 free b

@@ -70,5 +70,28 @@ TEST(LiveGroups, RandomTracesGroupsSumToTheTracesOwnLiveBytes) {
   }
 }
 
+TEST(LiveGroups, AGroupGrowingAtEveryStepEndIsFoundWithItsGrowthAStep) {
+  // Positions: group 0 keeps 10 B a step (p0, p2, p4, p6); group 1 allocates 50 B each step and
+  // frees it (p1/p3, ...), group 2 grows but not at the last end. Step ends at p1, p3, p5, p7.
+  const std::vector<std::uint8_t> is_alloc = {1, 1, 1, 0, 1, 1, 1, 0};
+  const std::vector<std::int64_t> end = {8, 3, 8, 8, 8, 7, 8, 8};
+  const std::vector<std::int64_t> size = {10, 50, 10, 50, 10, 7, 13, 7};
+  const std::vector<std::int64_t> group = {0, 1, 0, -1, 0, 2, 0, -1};
+  const std::vector<std::int64_t> first = {0, 1, 5};
+  const std::vector<std::int64_t> ends = {1, 3, 5, 7};
+  const std::vector<Growing> found = growing_groups(is_alloc, end, size, group, first, ends);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].group, 0);
+  EXPECT_EQ(found[0].bytes_per_step, 11);  // 10, 20, 30, 43: 33 over 3 steps
+  EXPECT_EQ(found[0].steps, 4);
+  // Before any event nothing is live: growth from there counts.
+  const std::vector<std::int64_t> from_start = {-1, 1, 3};
+  const std::vector<Growing> early = growing_groups(is_alloc, end, size, group, first, from_start);
+  ASSERT_EQ(early.size(), 1u);
+  EXPECT_EQ(early[0].bytes_per_step, 10);
+  const std::vector<std::int64_t> bad = {-2};
+  EXPECT_THROW(growing_groups(is_alloc, end, size, group, first, bad), LogicError);
+}
+
 }  // namespace
 }  // namespace stowage::snapshot
