@@ -20,8 +20,12 @@ Simulator::Simulator(const LifetimeTrace& trace, const CostModel& cost, std::uin
     }
   }
   unstalled_end_.resize(ops.size());
+  duration_ms_.resize(ops.size());
+  other_bytes_.resize(ops.size());
   double time = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
+    duration_ms_[i] = ops[i].duration_ms;
+    other_bytes_[i] = ops[i].other_bytes;
     time += ops[i].duration_ms;
     unstalled_end_[i] = time;
   }
@@ -105,7 +109,7 @@ void Simulator::advance_live_to(std::size_t op) {
 // Whether `tensor` coming back ahead at `op` keeps the memory there within the ceiling.
 bool Simulator::fits_ahead(std::size_t tensor, std::size_t op) const {
   if (ceiling_ == kNoCeiling) return true;
-  const std::uint64_t at_op = trace_.ops[op].other_bytes + static_cast<std::uint64_t>(std::max<std::int64_t>(live_at_op_, 0));
+  const std::uint64_t at_op = other_bytes_[op] + static_cast<std::uint64_t>(std::max<std::int64_t>(live_at_op_, 0));
   return at_op + trace_.tensors[tensor].bytes <= ceiling_;
 }
 
@@ -179,7 +183,7 @@ void Simulator::run_backward(Simulation& result) {
     result.stall_ms += start - time;
     start += recompute_before_[i];
     result.recompute_ms += recompute_before_[i];
-    time = start + ops[i].duration_ms;
+    time = start + duration_ms_[i];
     op_end_[i] = time;
   }
   result.step_ms = ops.empty() ? 0 : std::max(time, op_end_.back());
@@ -211,7 +215,7 @@ Simulation Simulator::simulate(const Plan& plan) {
   std::int64_t live = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     live += live_delta_[i];
-    result.bytes_at_op[i] = ops[i].other_bytes + static_cast<std::uint64_t>(live);
+    result.bytes_at_op[i] = other_bytes_[i] + static_cast<std::uint64_t>(live);
     if (result.bytes_at_op[i] > result.peak_bytes) {
       result.peak_bytes = result.bytes_at_op[i];
       result.peak_op = i;

@@ -84,6 +84,9 @@ class Simulator {
   std::uint64_t ceiling_;
   std::size_t first_backward_ = 0;
   std::vector<double> unstalled_end_;  // each op's end if nothing stalls (forward's are exact)
+  // Each op's time and other bytes, apart from its names: the loops over ops read only these.
+  std::vector<double> duration_ms_;
+  std::vector<std::uint64_t> other_bytes_;
   std::vector<double> op_end_;         // each op's end as this simulation runs it
   std::vector<std::size_t> return_order_;  // offloaded tensors, last made first, rebuilt per plan
   std::vector<std::size_t> region_first_need_;  // per region: its first backward op needing a tensor
