@@ -171,10 +171,37 @@ void BoolSpec::walk(DocumentView& view, DocNode value, Bounds) const {
   if (view.kind(value) != DocKind::kBool) throw wrong_kind(view, "true or false", value);
 }
 
+namespace {
+
+// Whether `text` is UTF-8 as the planner can keep and Python can give back: no surrogate code
+// points (a lone one reaches a view encoded as written), no overlong forms, nothing past U+10FFFF.
+bool is_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const std::size_t length = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+    if (length == 0 || i + length > text.size()) return false;
+    std::uint32_t code = length == 1 ? lead : lead & (0x7Fu >> length);
+    for (std::size_t k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next >> 6) != 0x2) return false;
+      code = (code << 6) | (next & 0x3Fu);
+    }
+    constexpr std::uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    i += length;
+  }
+  return true;
+}
+
+}  // namespace
+
 void TextSpec::walk(DocumentView& view, DocNode value, Bounds) const {
   if (view.kind(value) != DocKind::kStr) throw wrong_kind(view, "a string", value);
   std::size_t characters = 0;
-  view.as_str(value, characters);
+  if (!is_utf8(view.as_str(value, characters))) {
+    throw Refused{"a string that is not text: it holds a lone surrogate (U+D800 to U+DFFF) or bytes that are not UTF-8",
+                  {}};
+  }
   if (characters > max_chars_) {
     throw Refused{joined({"a string of ", grouped(static_cast<std::int64_t>(characters)), " characters is above ",
                           grouped(static_cast<std::int64_t>(max_chars_))}),

@@ -94,6 +94,13 @@ TEST(SchemaTest, TextChoiceAndBoolNameWhatTheyExpect) {
   EXPECT_EQ(verdict(TextSpec(4), "\"abcde\""), "a string of 5 characters is above 4");
   EXPECT_EQ(verdict(TextSpec(3), "\"\xc3\xa9\xc3\xa9\xc3\xa9\""), "accepted");  // characters, not bytes
   EXPECT_EQ(verdict(TextSpec(4), "[]"), "expected a string, got a list");
+  // A lone surrogate, as a view gives one back (encoded as written), and bytes that are not UTF-8.
+  const std::string not_text =
+      "a string that is not text: it holds a lone surrogate (U+D800 to U+DFFF) or bytes that are not UTF-8";
+  EXPECT_EQ(verdict(TextSpec(9), "\"a\xed\xa0\x80\""), not_text);
+  EXPECT_EQ(verdict(TextSpec(9), "\"\xff\""), not_text);
+  EXPECT_EQ(verdict(TextSpec(9), "\"\xc0\xaf\""), not_text);  // an overlong '/'
+  EXPECT_EQ(verdict(TextSpec(9), "\"\xf0\x9f\x98\x80\""), "accepted");  // past the BMP
   const ChoiceSpec phase({"forward", "backward"});
   EXPECT_EQ(verdict(phase, "\"backward\""), "accepted");
   EXPECT_EQ(verdict(phase, "\"sideways\""), "'sideways' is not one of 'forward', 'backward'");

@@ -71,6 +71,8 @@ REFUSED = [
     ("unknown field", lambda d: d["ops"][0].update(extra=1), "ops[0]: unknown field 'extra'"),
     ("slow link", lambda d: d["cost"].update(to_host_bytes_per_ms=1e-9), "cost.to_host_bytes_per_ms: 1e-09 is below"),
     ("op out of its region", lambda d: d["ops"][4].update(region_op=99), "ops[4].region_op: 99 is not an op of region"),
+    ("a lone surrogate in a name", lambda d: d["tensors"][1].update(module="blocks.\ud800"),
+     "tensors[1].module: a string that is not text: it holds a lone surrogate"),
 ]
 
 
