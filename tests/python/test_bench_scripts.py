@@ -132,3 +132,15 @@ def test_the_batch_arithmetic_benchmark_runs_a_stock_point_and_a_fitted_global_b
     run = json.loads(fitted.stdout.splitlines()[-1])
     assert run["units"] == "rows" and len(run["step_s"]) == 3 and run["peak_bytes"] <= run["capacity"]
     assert "<- chosen" in run["table"] and run["departed_steps"] == 0
+
+
+def test_the_synthetic_solve_benchmark_solves_under_a_budget_that_fits_and_one_that_does_not() -> None:
+    script = REPO / "bench" / "planner" / "solve_synthetic.py"
+    results = []
+    for share in ("1.0", "0.1"):
+        done = subprocess.run([sys.executable, str(script), "--tensors", "400", "--share", share, "--repeats", "2"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [r["fits"] for r in results] == [True, False]
+    assert all(0 < r["best_s"] <= r["median_s"] for r in results)
