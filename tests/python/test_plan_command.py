@@ -1,4 +1,4 @@
-"""``stowage plan PROFILE --budget SIZE``: a recorded profile planned from the command line, as
+"""``stowage plan TRACE --budget SIZE``: a lifetime trace file planned from the command line, as
 text and as JSON, the plan saved for stowage.plan.load; bad files and budgets refused with their
 reason; and predicted peaks that never grow as the budget shrinks."""
 

@@ -232,7 +232,7 @@ def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorde
             f"{error}\nstowage.plan.profile: the step does not fit as it is, so it cannot be recorded as it is. "
             "Record it at sizes that fit and plan for the size you train at: "
             "stowage.plan.profile(step, sizes={'batch': (2, 4), 'seq': (128, 256, 384)}) runs "
-            "step(batch=..., seq=...) at each point, and stowage.plan.solve(trace, budget, "
+            "step(batch=..., seq=...) at each point, and stowage.plan.solve(profile, budget, "
             "at={'batch': 8, 'seq': 4096}) plans for the size you give.") from None
     return recorder
 
@@ -272,4 +272,4 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     measured = measured if measured is not None else measure_cost(device)
     return SizedTrace({name: [int(v) for v in values] for name, values in sizes.items()},
-                        [build_trace(recorder, measured) for recorder in recorders])
+                      [build_trace(recorder, measured) for recorder in recorders])
