@@ -18,11 +18,11 @@ std::string joined(std::initializer_list<std::string_view> parts) {
   return out;
 }
 
-// The bounds a profile document sets for itself (its counts), by their index in Bound::ref.
+// The bounds a lifetime trace document sets for itself (its counts), by their index in Bound::ref.
 enum BoundIndex : int { kLastOp, kLastTensor, kLastRegion, kPrefetchPages, kBoundCount };
-using ProfileBounds = std::array<std::int64_t, kBoundCount>;
+using TraceBounds = std::array<std::int64_t, kBoundCount>;
 
-ProfileBounds profile_bounds(std::size_t ops, std::size_t tensors, std::size_t regions) {
+TraceBounds trace_bounds(std::size_t ops, std::size_t tensors, std::size_t regions) {
   const auto count = [](std::size_t n) { return static_cast<std::int64_t>(n); };
   return {count(ops) - 1, count(tensors) - 1, count(regions) - 1,
           std::max(kDefaultPrefetchPages, count(tensors))};
@@ -112,7 +112,7 @@ const SpecPtr& cost_spec() {
 SpecPtr version() { return make<IntSpec>(Bound::of(kFormatVersion), Bound::of(kFormatVersion)); }
 SpecPtr format(std::string_view name) { return make<ChoiceSpec>(std::vector<std::string>{std::string(name)}); }
 
-const Spec& profile_spec() {
+const Spec& trace_spec() {
   static const SpecPtr spec = make<RecordSpec>(
       RecordSpec::Fields{{"format", format(kLifetimesFormat)},
                          {"version", version()},
@@ -355,10 +355,10 @@ ReadDocument read_lifetimes(DocumentView& view, DocNode document, const std::str
     }
   }
   if (auto refusal = check_lists(view, document, field)) return refused(std::move(*refusal));
-  const ProfileBounds bounds = profile_bounds(view.length(view.field(document, "ops")),
+  const TraceBounds bounds = trace_bounds(view.length(view.field(document, "ops")),
                                               view.length(view.field(document, "tensors")),
                                               view.length(view.field(document, "regions")));
-  if (auto refusal = check(view, document, profile_spec(), bounds, field)) return refused(std::move(*refusal));
+  if (auto refusal = check(view, document, trace_spec(), bounds, field)) return refused(std::move(*refusal));
   LifetimeTrace trace;
   if (auto refusal = read_ops(view, document, field, trace)) return refused(std::move(*refusal));
   if (auto refusal = read_tensors(view, document, field, trace)) return refused(std::move(*refusal));
@@ -373,7 +373,7 @@ ReadDocument read_lifetimes(DocumentView& view, DocNode document, const std::str
 }
 
 std::optional<Refusal> check_cost(DocumentView& view, DocNode cost, std::size_t tensors) {
-  const ProfileBounds bounds = profile_bounds(0, tensors, 0);
+  const TraceBounds bounds = trace_bounds(0, tensors, 0);
   return check(view, cost, *cost_spec(), bounds, "cost");
 }
 

@@ -4,7 +4,7 @@
 //
 // Note [Planner files]
 // Every reader of them checks a document here first, before anything is built from it: a file
-// from elsewhere (a profile passed around a team) is refused with the field, the value and the
+// from elsewhere (a lifetime trace file passed around a team) is refused with the field, the value and the
 // bound (the caller adds the file: Python's InputError), never met later as a traceback or a
 // solve that does not end. The bounds, each with its reason:
 //
@@ -18,7 +18,7 @@
 // - the cost model: bandwidths from kMinBytesPerMs to kMaxBytesPerMs, and a prefetch depth no
 //   deeper than the trace has saved tensors (each page is one: a deeper one is the same plan,
 //   and the solver tries each depth);
-// - sizes (a sized profile): kMaxSizes sizes of kMinPoints to kMaxPoints points each, at most
+// - sizes (a sized trace): kMaxSizes sizes of kMinPoints to kMaxPoints points each, at most
 //   kMaxGridPoints points in the grid (checked before the grid is built), each size up to
 //   kMaxSizeValue;
 // - a plan: a budget of 1 byte to kMaxTotalBytes, one decision per saved tensor, each one the
@@ -75,18 +75,18 @@ struct ReadDocument {
 };
 
 // A lifetime trace document, checked whole and built; `field`: where it sits in a larger one (a
-// sized profile's or a plan's: its format is then not checked, the larger one's was).
+// sized trace's or a plan's: its format is then not checked, the larger one's was).
 ReadDocument read_lifetimes(DocumentView& view, DocNode document, const std::string& field = {});
 
-// A sized profile document: its format, sizes and grid, then each profile as read_lifetimes reads
-// it ("profiles[3]"); whether the grid's steps are one step is the caller's to check.
+// A sized trace document: its format, sizes and grid, then each lifetime trace as read_lifetimes
+// reads it ("profiles[3]"); whether the grid's steps are one step is the caller's to check.
 ReadDocument read_sized(DocumentView& view, DocNode document);
 
-// A plan document: its format, budget and decisions, its profile ("profile"), then the decisions
-// against the profile's tensors (one each, each one the runtime can apply).
+// A plan document: its format, budget and decisions, its lifetime trace ("profile"), then the
+// decisions against the trace's tensors (one each, each one the runtime can apply).
 ReadDocument read_plan(DocumentView& view, DocNode document);
 
-// The refusal for a cost model outside its bounds (a profile's, or one given to solve), at field
+// The refusal for a cost model outside its bounds (a lifetime trace's, or one given to solve), at field
 // "cost"; `tensors` the trace's saved tensors (the deepest prefetch).
 std::optional<Refusal> check_cost(DocumentView& view, DocNode cost, std::size_t tensors);
 

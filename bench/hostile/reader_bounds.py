@@ -7,7 +7,7 @@ stuck states": 10 s, and 200 MB plus 4 times the file for snapshots, 10 times fo
                                            [--limit SECONDS]
 
 Each case runs in a fresh interpreter that imports the reader, then reads the file once: the
-time is the reading's (a valid plan's solve is not counted: the readers are load_profile and
+time is the reading's (a valid plan's solve is not counted: the readers are load_trace and
 stowage.plan.load, not the solver), the memory the process's peak resident set (the interpreter
 and its imports included). Prints a markdown table. --only keeps the cases whose file name holds
 NAME, --reader those whose reader does; --before DIR also runs each case with the stowage package
@@ -41,7 +41,7 @@ MiB = 1 << 20
 READERS = {
     "inspect (columns)": ("from stowage.snapshot_reader import load_snapshot_columnar as read", 4),
     "load_snapshot": ("from stowage.snapshot_reader import load_snapshot as read", 4),
-    "profile": ("from stowage.plan import load_profile as read", 10),
+    "profile": ("from stowage.plan import load_trace as read", 10),
     "plan": ("from stowage.plan import load as read", 10),
 }
 

@@ -30,7 +30,7 @@ def main() -> int:
     step = gpt_at()
     began = time.perf_counter()
     sized = stowage.plan.profile(step, sizes=GRID, cost=COST)
-    print(f"grid {GRID}: {len(sized.profiles)} steps recorded in {time.perf_counter() - began:.1f} s")
+    print(f"grid {GRID}: {len(sized.traces)} steps recorded in {time.perf_counter() - began:.1f} s")
     mib = 1 << 20
     print(f"{'batch x seq':>12} {'tensors equal':>14} {'peak MiB direct/grid':>22} {'ops ms direct/grid':>20} "
           f"{'50% plan on direct MiB (budget)':>32}")

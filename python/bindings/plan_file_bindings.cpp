@@ -166,14 +166,14 @@ void bind_plan_files(py::module_& module) {
         PythonDocument view;
         return result(planner::read_sized(view, document.ptr()), false);
       },
-      py::arg("document"), "A sized profile document checked and read: a LifetimeTrace per grid point, or the refusal.");
+      py::arg("document"), "A sized trace document checked and read: a LifetimeTrace per grid point, or the refusal.");
   module.def(
       "read_plan_document",
       [](const py::object& document) {
         PythonDocument view;
         return result(planner::read_plan(view, document.ptr()), true);
       },
-      py::arg("document"), "A plan document checked and read: its profile's LifetimeTrace, or the refusal.");
+      py::arg("document"), "A plan document checked and read: its lifetime trace's LifetimeTrace, or the refusal.");
   module.def(
       "check_plan_cost",
       [](const py::object& cost, std::size_t tensors) {

@@ -1,6 +1,6 @@
 """Printing what a file holds on a terminal, literally.
 
-Snapshots, profiles and plans come from other people's runs, and their strings (file names in
+Snapshots, lifetime traces and plans come from other people's runs, and their strings (file names in
 stack frames, module paths, op names) reach the commands' output. A string shown on a terminal
 must show what it holds and do nothing else: no escape sequence may move the cursor, clear the
 screen, set the window's title or make a hyperlink, no bidirectional override may reorder what

@@ -16,7 +16,7 @@ using testing::JsonDocument;
 
 // Two forward ops of region 0, two backward ops; tensor 0 made by op 0 (needed by op 3), tensor 1
 // by op 1 (needed by op 2), both of region 0; a third, of no region, kept.
-constexpr std::string_view kProfile = R"({"format": "stowage-lifetimes", "version": 1,
+constexpr std::string_view kTrace = R"({"format": "stowage-lifetimes", "version": 1,
   "ops": [
     {"name": "aten.addmm.default", "module": "b.fc0", "phase": "forward", "duration_ms": 0.5, "other_bytes": 4096,
      "region": 0, "region_op": 0, "io_bytes": 300, "in_use_bytes": 100},
@@ -51,13 +51,13 @@ std::string verdict(const ReadDocument& read) {
   return read.refusal->field.empty() ? read.refusal->problem : read.refusal->field + ": " + read.refusal->problem;
 }
 
-std::string profile_verdict(std::string_view text) {
+std::string trace_verdict(std::string_view text) {
   JsonDocument document(text);
   return verdict(read_lifetimes(document, document.root()));
 }
 
-TEST(FileFormatsTest, AProfileIsReadIntoItsTrace) {
-  JsonDocument document(kProfile);
+TEST(FileFormatsTest, ALifetimeTraceDocumentIsReadIntoItsTrace) {
+  JsonDocument document(kTrace);
   const ReadDocument read = read_lifetimes(document, document.root());
   ASSERT_EQ(verdict(read), "read");
   ASSERT_EQ(read.traces.size(), 1u);
@@ -84,63 +84,63 @@ TEST(FileFormatsTest, AProfileIsReadIntoItsTrace) {
 }
 
 TEST(FileFormatsTest, AnotherFileIsNamedByItsFormatAndVersion) {
-  EXPECT_EQ(profile_verdict(R"({"format": "stowage-plan"})"),
+  EXPECT_EQ(trace_verdict(R"({"format": "stowage-plan"})"),
             "format: not a stowage lifetime trace (format 'stowage-plan', not 'stowage-lifetimes')");
-  EXPECT_EQ(profile_verdict("[1, 2]"), "not a stowage lifetime trace (no format 'stowage-lifetimes')");
-  EXPECT_EQ(profile_verdict(R"({"format": null})"), "not a stowage lifetime trace (no format 'stowage-lifetimes')");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("version": 1)", R"("version": 2)")),
+  EXPECT_EQ(trace_verdict("[1, 2]"), "not a stowage lifetime trace (no format 'stowage-lifetimes')");
+  EXPECT_EQ(trace_verdict(R"({"format": null})"), "not a stowage lifetime trace (no format 'stowage-lifetimes')");
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("version": 1)", R"("version": 2)")),
             "version: a stowage lifetime trace version 2; this stowage reads version 1");
   // 1.0 == 1 passes the header, as in Python; the schema names its type.
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("version": 1)", R"("version": 1.0)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("version": 1)", R"("version": 1.0)")),
             "version: expected an integer, got a number (1.0)");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("version": 1)", R"("version": true)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("version": 1)", R"("version": true)")),
             "version: expected an integer, got a boolean (true)");
 }
 
 TEST(FileFormatsTest, TheSchemaAndTheBoundsTheTraceSetsAreChecked) {
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("prefetch_pages": 2)", R"("prefetch_pages": 100000)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("prefetch_pages": 2)", R"("prefetch_pages": 100000)")),
             "cost.prefetch_pages: 100000 is above 3, the trace's saved tensors (a page each: no deeper prefetch "
             "exists)");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("bytes": 100)", R"("bytes": 4611686018427387904)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("bytes": 100)", R"("bytes": 4611686018427387904)")),
             "tensors[0].bytes: 4611686018427387904 is above 1125899906842624 (2**50 bytes, 1 PiB: beyond any "
             "device)");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("region": 0, "region_op": 0)", R"("region": 7, "region_op": 0)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("region": 0, "region_op": 0)", R"("region": 7, "region_op": 0)")),
             "ops[0].region: 7 is above 0, the trace's last checkpoint region");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("created": 1,)", R"("created": 4,)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("created": 1,)", R"("created": 4,)")),
             "tensors[1].created: 4 is above 3, the trace's last op");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("recompute_inputs": [0])", R"("recompute_inputs": [3])")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("recompute_inputs": [0])", R"("recompute_inputs": [3])")),
             "tensors[1].recompute_inputs[0]: 3 is above 2, the trace's last saved tensor");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("duration_ms": 0.75)", R"("duration_ms": NaN)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("duration_ms": 0.75)", R"("duration_ms": NaN)")),
             "ops[2].duration_ms: nan is not a finite number");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("phase": "optimizer")", R"("phase": "sideways")")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("phase": "optimizer")", R"("phase": "sideways")")),
             "ops[3].phase: 'sideways' is not one of 'forward', 'backward', 'optimizer'");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"(["b.fc0", 0, 0])", R"(["b.fc0", 0])")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"(["b.fc0", 0, 0])", R"(["b.fc0", 0])")),
             "tensors[0].packs[0]: expected a list of 3 items, got a list of 2 items");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("cost": {"to_host_bytes_per_ms": 8e6,)", R"("cost": {)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("cost": {"to_host_bytes_per_ms": 8e6,)", R"("cost": {)")),
             "cost: missing field 'to_host_bytes_per_ms'");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("module": "b", "call": 0)", R"("module": "b", "call": 0, "x": 1)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("module": "b", "call": 0)", R"("module": "b", "call": 0, "x": 1)")),
             "regions[0]: unknown field 'x' (fields: module, call, checkpointable, ops, inputs)");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("tensors": [)", R"("tensors": 3, "t": [)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("tensors": [)", R"("tensors": 3, "t": [)")),
             "tensors: expected a list, got 3");
 }
 
 TEST(FileFormatsTest, TheRulesAcrossFieldsAreChecked) {
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("region_op": 1,)", R"("region_op": 2,)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("region_op": 1,)", R"("region_op": 2,)")),
             "ops[1].region_op: 2 is not an op of region 0 (0 to 1)");
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("duration_ms": 0.75})", R"("duration_ms": 0.75, "region_op": 0})")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("duration_ms": 0.75})", R"("duration_ms": 0.75, "region_op": 0})")),
             "ops[2].region_op: 0 is not an op of region -1");
-  const std::string big = replaced(replaced(replaced(kProfile, R"("bytes": 100)", R"("bytes": 1125899906842624)"),
+  const std::string big = replaced(replaced(replaced(kTrace, R"("bytes": 100)", R"("bytes": 1125899906842624)"),
                                             R"("bytes": 50)", R"("bytes": 1125899906842624)"),
                                    R"("bytes": 8)", R"("bytes": 1125899906842624)");
-  EXPECT_EQ(profile_verdict(big), "read");  // 3 PiB in all: within 64
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("module": "input", "bytes": 8)",
+  EXPECT_EQ(trace_verdict(big), "read");  // 3 PiB in all: within 64
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("module": "input", "bytes": 8)",
                                      R"("module": "input", "recomputable": true, "bytes": 8)")),
             "tensors[2].recomputable: true for a tensor of no checkpoint region (region -1): stowage recomputes only "
             "regions");
 }
 
 TEST(FileFormatsTest, TheTracesOwnRulesAreCheckedLast) {
-  EXPECT_EQ(profile_verdict(replaced(kProfile, R"("first_backward_use": 3,)", R"("first_backward_use": 0,)")),
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("first_backward_use": 3,)", R"("first_backward_use": 0,)")),
             "saved tensor 0 (b.fc0) must be created <= last forward use < first backward use <= last backward use < "
             "4 ops, not 0, 0, 0, 3");
 }
@@ -159,9 +159,9 @@ TEST(FileFormatsTest, ACostModelIsCheckedAgainstTheTracesTensors) {
   EXPECT_FALSE(check_cost(two, two.root(), 0).has_value());  // the calibration's depth, whatever the trace
 }
 
-std::string sized(std::string_view sizes, std::string_view profiles) {
+std::string sized(std::string_view sizes, std::string_view traces) {
   std::string text = R"({"format": "stowage-sized-lifetimes", "version": 1, "sizes": )";
-  text.append(sizes).append(R"(, "profiles": [)").append(profiles).append("]}");
+  text.append(sizes).append(R"(, "profiles": [)").append(traces).append("]}");
   return text;
 }
 
@@ -170,8 +170,8 @@ std::string sized_verdict(const std::string& text) {
   return verdict(read_sized(document, document.root()));
 }
 
-TEST(FileFormatsTest, ASizedProfileChecksItsGridBeforeItsProfiles) {
-  const std::string two = std::string(kProfile).append(", ").append(kProfile);
+TEST(FileFormatsTest, ASizedTraceChecksItsGridBeforeItsTraces) {
+  const std::string two = std::string(kTrace).append(", ").append(kTrace);
   {
     JsonDocument document(sized(R"({"batch": [2, 4]})", two));
     const ReadDocument read = read_sized(document, document.root());
@@ -188,17 +188,17 @@ TEST(FileFormatsTest, ASizedProfileChecksItsGridBeforeItsProfiles) {
   EXPECT_EQ(sized_verdict(sized(R"({"a": [0, 2]})", "")), "sizes.a[0]: 0 is below 1");
   EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4], "b": "x"})", "")), "sizes.b: expected a list, got a string ('x')");
   EXPECT_EQ(sized_verdict(sized(R"({})", "")), "sizes: expected an object of 1 to 8 sizes, got an object of 0 fields");
-  EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", kProfile)), "profiles: 1 profiles for a grid of 2 points");
-  EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", std::string(kProfile).append(", 3"))),
+  EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", kTrace)), "profiles: 1 profiles for a grid of 2 points");
+  EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", std::string(kTrace).append(", 3"))),
             "profiles[1]: expected an object, got an integer (3)");
-  const std::string bad = std::string(kProfile).append(", ").append(replaced(kProfile, R"("bytes": 50)", R"("bytes": -5)"));
+  const std::string bad = std::string(kTrace).append(", ").append(replaced(kTrace, R"("bytes": 50)", R"("bytes": -5)"));
   EXPECT_EQ(sized_verdict(sized(R"({"a": [2, 4]})", bad)), "profiles[1].tensors[1].bytes: -5 is below 0");
 }
 
 std::string plan(std::string_view decisions, std::string_view budget = "1000") {
   std::string text = R"({"format": "stowage-plan", "version": 1, "budget": )";
   text.append(budget).append(R"(, "decisions": [)").append(decisions).append(R"(], "profile": )");
-  return text.append(kProfile).append("}");
+  return text.append(kTrace).append("}");
 }
 
 std::string plan_verdict(const std::string& text) {
@@ -206,7 +206,7 @@ std::string plan_verdict(const std::string& text) {
   return verdict(read_plan(document, document.root()));
 }
 
-TEST(FileFormatsTest, APlansDecisionsAreCheckedAgainstItsProfile) {
+TEST(FileFormatsTest, APlansDecisionsAreCheckedAgainstItsTrace) {
   EXPECT_EQ(plan_verdict(plan(R"("recompute", "recompute", "offload")")), "read");
   EXPECT_EQ(plan_verdict(plan(R"("keep", "keep", "keep")", "0")),
             "budget: 0 is below 1");

@@ -1,11 +1,11 @@
-"""Seeded random mutations of the planner's files (a lifetime profile, a sized profile, a plan),
+"""Seeded random mutations of the planner's files (a lifetime trace, a sized trace, a plan),
 each read as a user would (``stowage plan`` in process, ``stowage.plan.load``), under a memory
 cap: every case must end in a result or a refusal that names the file (an InputError, exit 2),
 within the bounds of stowage.validation (time and memory), and never in a traceback.
 
     python tests/python/plan_files_fuzzer.py KIND SEED CASES [--memory-mib N]
 
-KIND is profile, sized or plan. Prints one JSON object: the outcomes counted, the slowest case,
+KIND is profile (a lifetime trace), sized or plan. Prints one JSON object: the outcomes counted, the slowest case,
 the process's peak resident memory, and each failure (its mutation and traceback). The test
 suite runs it (tests/python/test_plan_files_fuzz.py); longer runs: more CASES.
 """
@@ -73,9 +73,9 @@ def small_sized() -> dict[str, Any]:
 
 def small_plan() -> dict[str, Any]:
     import stowage.plan
-    from stowage.plan.lifetimes import load_profile_document
+    from stowage.plan.lifetimes import load_trace_document
 
-    profile = load_profile_document(small_profile(), "<corpus>")
+    profile = load_trace_document(small_profile(), "<corpus>")
     plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2)
     return {"format": "stowage-plan", "version": 1, "budget": plan.budget, "decisions": plan.decisions,
             "profile": profile.document()}

@@ -137,7 +137,7 @@ def test_the_command_exits_2_without_a_traceback_in_a_fresh_process(tmp_path: Pa
 
 
 def saved_plan(tmp_path: Path, change: Any = None) -> Path:
-    profile = stowage.plan.load_profile(RECORDED)
+    profile = stowage.plan.load_trace(RECORDED)
     plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -163,18 +163,18 @@ def test_a_plan_recomputing_a_tensor_of_no_region_is_refused_at_load(tmp_path: P
 def test_a_with_plan_that_raises_leaves_the_plan_inactive() -> None:
     import dataclasses
 
-    profile = stowage.plan.load_profile(RECORDED)
+    profile = stowage.plan.load_trace(RECORDED)
     plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
     recomputed = next(t for t, tensor in enumerate(profile.tensors) if tensor.recomputable)
     plan.decisions = ["keep"] * len(plan.decisions)
     plan.decisions[recomputed] = "recompute"
-    plan.profile.tensors[recomputed] = dataclasses.replace(plan.profile.tensors[recomputed], region=9)
+    plan.trace.tensors[recomputed] = dataclasses.replace(plan.trace.tensors[recomputed], region=9)
     for _ in range(2):  # the same refusal each time: never "already applied"
         with pytest.raises(ValueError, match=f"saved tensor {recomputed} .*region 9 is not one of"):
             with plan:
                 pass
         assert not plan._active
-    plan.profile.tensors[recomputed] = dataclasses.replace(plan.profile.tensors[recomputed], region=-1)
+    plan.trace.tensors[recomputed] = dataclasses.replace(plan.trace.tensors[recomputed], region=-1)
     with pytest.raises(ValueError, match="cannot be recomputed"):
         with plan:
             pass
@@ -206,6 +206,6 @@ def test_names_from_a_profile_are_printed_literally(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("depth", "said"), [(10 ** 5, "is above 38, the trace's saved tensors"),
                                              (-1, "is below 0")])
 def test_solve_checks_the_cost_it_is_given_as_it_checks_a_file(depth: int, said: str) -> None:
-    profile = stowage.plan.load_profile(RECORDED)
+    profile = stowage.plan.load_trace(RECORDED)
     with pytest.raises(InputError, match=f"stowage.plan.solve: cost.prefetch_pages: {depth} {said}"):
         stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2, prefetch_pages=depth)

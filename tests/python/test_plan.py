@@ -128,7 +128,7 @@ def test_a_tight_budget_takes_a_plan_that_brings_fewer_pages_back_ahead() -> Non
     with pytest.warns(UserWarning, match="no plan fits"):
         assert not stowage.plan.solve(profile, budget, prefetch_pages=COST["prefetch_pages"]).fits
     plan = stowage.plan.solve(profile, budget)
-    assert plan.fits and plan.profile.cost["prefetch_pages"] < COST["prefetch_pages"]
+    assert plan.fits and plan.trace.cost["prefetch_pages"] < COST["prefetch_pages"]
     reference_peak, reference = measured(model, step)
     peak, grads = measured(model, step, plan)
     assert peak <= budget * 1.05 < reference_peak, f"measured {peak}, budget {budget}"
@@ -145,7 +145,7 @@ def test_a_plan_survives_saving_and_loading(tmp_path: Path) -> None:
     assert loaded.decisions == plan.decisions
     assert loaded.predicted_peak_bytes == plan.predicted_peak_bytes
     profile.save(tmp_path / "profile.json")
-    assert len(stowage.plan.load_profile(tmp_path / "profile.json").tensors) == len(profile.tensors)
+    assert len(stowage.plan.load_trace(tmp_path / "profile.json").tensors) == len(profile.tensors)
     text = str(plan)
     for point in ("no change", "full checkpointing", "offload everything", "blocks.*"):
         assert point in text
@@ -162,7 +162,7 @@ def test_bad_files_are_refused_with_their_reason(tmp_path: Path) -> None:
         stowage.plan.load(path)
     path.write_text(json.dumps({"format": "stowage-lifetimes", "version": 99}))
     with pytest.raises(ValueError, match="version 99"):
-        stowage.plan.load_profile(path)
+        stowage.plan.load_trace(path)
     with pytest.raises(ValueError, match="budget must be positive"):
         model, step = gpt_step()
         stowage.plan.solve(stowage.plan.profile(step, cost=COST), 0)

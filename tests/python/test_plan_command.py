@@ -1,4 +1,4 @@
-"""``stowage plan PROFILE --budget SIZE``: a recorded profile planned from the command line, as
+"""``stowage plan TRACE --budget SIZE``: a lifetime trace file planned from the command line, as
 text and as JSON, the plan saved for stowage.plan.load; bad files and budgets refused with their
 reason; and predicted peaks that never grow as the budget shrinks."""
 
@@ -46,7 +46,7 @@ def test_the_command_prints_decisions_by_module_and_the_comparison_points(profil
 
 
 def test_json_output_and_the_saved_plan_agree_with_the_library(profile_path: Path, tmp_path: Path) -> None:
-    profile = stowage.plan.load_profile(profile_path)
+    profile = stowage.plan.load_trace(profile_path)
     done = stowage_plan(str(profile_path), "--budget", "30%", "--json", "--save", str(tmp_path / "plan.json"))
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
@@ -71,7 +71,7 @@ def test_a_budget_nothing_fits_exits_1_and_bad_input_exits_2(profile_path: Path,
 
 
 def test_a_smaller_budget_never_predicts_a_larger_peak(profile_path: Path) -> None:
-    profile = stowage.plan.load_profile(profile_path)
+    profile = stowage.plan.load_trace(profile_path)
     peaks = []
     for percent in range(95, 20, -5):
         plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * percent / 100))

@@ -1,5 +1,5 @@
 """The planner's files fuzzed (tests/python/plan_files_fuzzer.py): seeded random mutations of a
-valid profile, sized profile and plan, 1,000 a kind, each read as a user would under a 1 GiB
+valid lifetime trace, sized trace and plan, 1,000 a kind, each read as a user would under a 1 GiB
 address-space cap, must end in a result or a refusal naming the file: no traceback, no case
 slower than the readers' bound (10 s), no run over its memory cap.
 

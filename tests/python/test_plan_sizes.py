@@ -1,10 +1,12 @@
 """stowage.plan at several sizes (stowage.plan.sizes): a step recorded at small batches and
 sequence lengths predicts the byte counts of a larger one; a model that runs out of memory at the
 size it trains at is profiled small, planned large and trains under its plan; grids whose steps
-differ, and sizes that cannot be planned, are refused with their reason."""
+differ, and sizes that cannot be planned, are refused with their reason; the previous release's
+names of a lifetime trace still work and warn."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -16,7 +18,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage.plan  # noqa: E402
+import stowage.plan.lifetimes  # noqa: E402
+import stowage.plan.sizes  # noqa: E402
 from offload_models import TinyGpt, lm_loss  # noqa: E402
+from plan_files_fuzzer import small_sized  # noqa: E402
 from test_plan import COST  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +45,7 @@ def gpt_at() -> Callable[..., None]:
 def test_a_step_recorded_small_predicts_the_bytes_of_a_larger_one(tmp_path: Path) -> None:
     step = gpt_at()
     sized = stowage.plan.profile(step, sizes=GRID, cost=COST)
-    assert isinstance(sized, stowage.plan.SizedProfile) and len(sized.profiles) == 6
+    assert isinstance(sized, stowage.plan.SizedTrace) and len(sized.traces) == 6
     step(6, 160)  # the direct recording below starts from the state the grid's steps did
     direct = stowage.plan.profile(lambda: step(6, 160), cost=COST)
     predicted = sized.at({"batch": 6, "seq": 160})
@@ -55,8 +60,8 @@ def test_a_step_recorded_small_predicts_the_bytes_of_a_larger_one(tmp_path: Path
     on_direct = stowage.plan.Plan(direct, plan.decisions, budget)
     assert on_direct.predicted_peak_bytes <= budget * 1.03
     sized.save(tmp_path / "sized.json")
-    loaded = stowage.plan.load_profile(tmp_path / "sized.json")
-    assert isinstance(loaded, stowage.plan.SizedProfile) and loaded.sizes == sized.sizes
+    loaded = stowage.plan.load_trace(tmp_path / "sized.json")
+    assert isinstance(loaded, stowage.plan.SizedTrace) and loaded.sizes == sized.sizes
     assert [t.bytes for t in loaded.at({"batch": 6, "seq": 160}).tensors] == [t.bytes for t in direct.tensors]
 
 
@@ -144,3 +149,25 @@ def test_a_model_that_runs_out_of_memory_is_profiled_small_and_trains_under_its_
     assert done.returncode == 0, done.stderr
     lines: list[Any] = done.stdout.splitlines()
     assert lines == ["plain: out of memory", "profile: True", "planned: True True True True []"], done.stdout
+
+
+def test_the_previous_release_s_names_of_a_lifetime_trace_still_work_and_warn(tmp_path: Path) -> None:
+    path = tmp_path / "sized.json"
+    path.write_text(json.dumps(small_sized()))
+    with pytest.warns(DeprecationWarning, match="stowage.plan.load_profile is now stowage.plan.load_trace"):
+        sized = stowage.plan.load_profile(path)
+    renamed = [(stowage.plan, "LifetimeProfile", "LifetimeTrace"), (stowage.plan, "SizedProfile", "SizedTrace"),
+               (stowage.plan.lifetimes, "LifetimeProfile", "LifetimeTrace"),
+               (stowage.plan.sizes, "SizedProfile", "SizedTrace"), (stowage.plan.sizes, "load_profile", "load_trace")]
+    for module, old, new in renamed:
+        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} is now {module.__name__}.{new};"):
+            assert getattr(module, old) is getattr(module, new)
+    with pytest.warns(DeprecationWarning, match="SizedTrace.profiles is now SizedTrace.traces"):
+        assert sized.profiles is sized.traces
+    plan = stowage.plan.solve(sized, sized.traces[1].unconstrained_peak_bytes // 2, at={"batch": 4})
+    with pytest.warns(DeprecationWarning, match="Plan.profile is now Plan.trace"):
+        assert plan.profile is plan.trace
+    with pytest.warns(DeprecationWarning, match="LifetimeProfile"):
+        from stowage.plan import LifetimeProfile  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'LifetimeProfiles'"):
+        stowage.plan.LifetimeProfiles

@@ -1,7 +1,7 @@
 """The device-memory arithmetic behind `fit`'s choices, from the model and optimizer as built.
 
 Between steps the device holds what was in use when `fit` ran (parameters, buffers, whatever the
-caller keeps) and the optimizer states kept on it; a step adds what its profile records (its
+caller keeps) and the optimizer states kept on it; a step adds what its lifetime trace records (its
 activations and gradients, which the plan bounds); the optimizer's step needs the gradients, the
 states and the optimizer's temporaries at once. AdamW keeps two moments a parameter, in the
 parameter's dtype (torch's AdamW, and the share stowage.offload.AdamW keeps on the device); its

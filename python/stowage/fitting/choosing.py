@@ -28,7 +28,7 @@ from stowage import _core
 from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory
 from stowage.fitting.update_rates import UpdateRates
-from stowage.plan import LifetimeProfile, Plan, solve
+from stowage.plan import LifetimeTrace, Plan, solve
 
 FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
 TIE = 0.03
@@ -70,7 +70,7 @@ class Option:
 Choice = tuple[float, int]  # (share of states on the device, rows of a micro-batch)
 
 
-def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, fraction: float,
+def _option(trace: LifetimeTrace, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, fraction: float,
             foreach: bool, micro_rows: int, micro_batches: int, reserve: int = 0) -> Option:
     budget = memory.activation_budget(fraction) - reserve
     if micro_batches > 1:  # the gradients are there from the second micro-batch's start
@@ -79,7 +79,7 @@ def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, ra
     host_bytes = host.states(memory, fraction)
     peak = memory.optimizer_step_peak(fraction, foreach=foreach and fraction == 1.0)
     count = memory.parameter_count
-    write_back_ms = (1 - fraction) * memory.gradients / float(profile.cost["to_device_bytes_per_ms"])
+    write_back_ms = (1 - fraction) * memory.gradients / float(trace.cost["to_device_bytes_per_ms"])
     update_ms = count * (fraction * rates.device_ms_per_parameter + (1 - fraction) * rates.host_ms_per_parameter)
     update_ms += write_back_ms  # the updated parameters cross back after the update
     if host_bytes > host.available:
@@ -90,7 +90,7 @@ def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, ra
         return Option(fraction, budget, None, peak, update_ms, "the states alone fill the device", host_bytes, **cut)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a plan that does not fit is reported as an option's reason
-        plan = solve(profile, budget)
+        plan = solve(trace, budget)
     if not plan.fits:
         return Option(fraction, budget, plan, peak, update_ms,
                       f"no plan fits: the lowest step peak found is {format_bytes(plan.predicted_peak_bytes)}",
@@ -108,7 +108,7 @@ def _option(profile: LifetimeProfile, memory: DeviceMemory, host: HostMemory, ra
 def paged_bytes(plan: Plan) -> int:
     """Pinned host bytes the plan's offloaded activations take: every offloaded tensor's (they are
     all on the host at once between forward and backward, where the step turns)."""
-    return sum(t.bytes for t, d in zip(plan.profile.tensors, plan.decisions) if d == "offload")
+    return sum(t.bytes for t, d in zip(plan.trace.tensors, plan.decisions) if d == "offload")
 
 
 def pick(step_ms: dict[Choice, float]) -> Choice | None:
@@ -126,11 +126,11 @@ def feasible_times(options: list[Option]) -> dict[Choice, float]:
     return {o.key: o.step_ms for o in options if o.feasible}
 
 
-ProfileAt = Callable[[int], LifetimeProfile]  # one micro-batch's profile, by its rows
+TraceAt = Callable[[int], LifetimeTrace]  # one micro-batch's lifetime trace, by its rows
 EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
 
 
-def weigh(profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *, rows: int,
+def weigh(trace_at: TraceAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *, rows: int,
           micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool, reserve: int = 0) -> list[Option]:
     """Every share weighed (all of them on the device only, when states cannot move), each at the
     micro-batch size given (``micro_rows``) or, where fit may choose (None), at the largest that
@@ -142,7 +142,7 @@ def weigh(profile_at: ProfileAt, memory: DeviceMemory, host: HostMemory, rates: 
     solved: dict[Choice, Option] = {}
 
     def evaluate(fraction: float, micro_rows: int, micro_batches: int) -> tuple[bool, bool, float]:
-        option = _option(profile_at(micro_rows), memory, host, rates, fraction, foreach, micro_rows, micro_batches,
+        option = _option(trace_at(micro_rows), memory, host, rates, fraction, foreach, micro_rows, micro_batches,
                          reserve)
         solved[option.key] = option
         return option.feasible, option.keeps_everything, option.step_ms if option.feasible else 0.0

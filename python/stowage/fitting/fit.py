@@ -14,7 +14,7 @@ from stowage import memory as stowage_memory
 from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
-from stowage.fitting.choosing import Choice, Option, ProfileAt, agree, feasible_times, pick, weigh
+from stowage.fitting.choosing import Choice, Option, TraceAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.micro_batches import (MIN_ROWS, LossUnits, asked_micro_rows, batch_dependent, given_units,
                                            mean_over, weighted)
@@ -24,7 +24,7 @@ from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
 from stowage.serving import device_index, serves, torch_module
 from stowage.offload.sharded import local
-from stowage.plan import LifetimeProfile
+from stowage.plan import LifetimeTrace
 
 
 @contextlib.contextmanager
@@ -89,14 +89,14 @@ class CannotCut(Exception):
     """The step cannot be planned per micro-batch (the reason); fit keeps the batch whole."""
 
 
-Profiled = tuple[ProfileAt, str]  # a micro-batch's profile by its rows, and how it was recorded
+Profiled = tuple[TraceAt, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
 
 
 def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capacity: int,
              cost: dict[str, float] | None, cuts: bool) -> Profiled:
-    """The step's lifetime profile: recorded whole at the example when it fits and is not to be
+    """The step's lifetime trace: recorded whole at the example when it fits and is not to be
     cut; recorded at 2 and 3 rows of the example's sequences when it may be cut (every cut's
-    profile is then read off the rows' line); else at a grid of smaller sizes cut from the example
+    lifetime trace is then read off the rows' line); else at a grid of smaller sizes cut from the example
     and evaluated at the example's (stowage.plan.sizes)."""
     import stowage.plan
 
@@ -108,8 +108,8 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     full = batch_sizes(batch)
     try:
         if not cuts:
-            profile = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
-            return (lambda rows: profile), f"step recorded at {_describe(full)}"
+            trace = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
+            return (lambda rows: trace), f"step recorded at {_describe(full)}"
         try:
             sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
@@ -131,14 +131,14 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     if cuts:
         return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
             f"step does not fit at 2 rows: recorded at {shown}, planned per micro-batch")
-    profile = sized.at({name: full[name] for name in grid})
-    return (lambda rows: profile), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+    trace = sized.at({name: full[name] for name in grid})
+    return (lambda rows: trace), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
 
 
 def _record_smaller(step: Callable[[Any], None], batch: Any, full: dict[str, int], kind: str,
                     cost: dict[str, float] | None, model: Any) -> tuple[Any, str, str]:
     """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
-    (the sized profile, the grid shown, "") or (None, the last grid tried, why it failed:
+    (the sized trace, the grid shown, "") or (None, the last grid tried, why it failed:
     "OutOfMemoryError: ..." where the smallest grid does not fit)."""
     import stowage.plan
 
@@ -247,7 +247,7 @@ def _agreed(options: list[Option]) -> Choice | None:
 class Weighing:
     """What every weighing of the options takes (stowage.fitting.choosing.weigh)."""
 
-    profile_at: ProfileAt
+    trace_at: TraceAt
     memory: DeviceMemory
     host: HostMemory
     rates: Any
@@ -257,7 +257,7 @@ class Weighing:
     foreach: bool
 
     def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
-        return weigh(lambda rows: without_recompute(self.profile_at(rows), no_recompute), self.memory, self.host,
+        return weigh(lambda rows: without_recompute(self.trace_at(rows), no_recompute), self.memory, self.host,
                      self.rates, rows=self.rows, micro_rows=self.micro, smallest=MIN_ROWS,
                      can_offload=self.can_offload, foreach=self.foreach, reserve=reserve)
 
@@ -378,13 +378,13 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         micro = rows
     try:
         with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
-            profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, units is not None)
+            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, units is not None)
     except CannotCut as error:
         if micro_batches != "auto":
             raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
         units, not_cut, micro = None, str(error), rows
         with _trial(device), untouched(model, device):
-            profile_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
+            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
     memory = measure(ordered, stowage_memory.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
@@ -392,17 +392,17 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    weighing = Weighing(profile_at, memory, host, rates, rows, micro, not refusal, uses_foreach(optimizer))
+    weighing = Weighing(trace_at, memory, host, rates, rows, micro, not refusal, uses_foreach(optimizer))
     options, chosen, tried = _choose(weighing, model, loss_fn, example_batch, units, device)
     if chosen is None:
-        raise _no_fit(options, memory, profile_at(micro or rows).unconstrained_peak_bytes, refusal, tried)
+        raise _no_fit(options, memory, trace_at(micro or rows).unconstrained_peak_bytes, refusal, tried)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
              "optimizer": name, "load": load, "units": units, "not_cut": not_cut,
-             "unplanned_peak": profile_at(chosen.micro_rows).unconstrained_peak_bytes,
+             "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:

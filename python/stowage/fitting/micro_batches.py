@@ -26,7 +26,7 @@ allows it (``split_batchnorm=True``): their statistics then come from each micro
 
 Micro-batches are near-equal cuts of the rows (``torch.tensor_split``: sizes differ by at most
 one), at least MIN_ROWS each (a single row broadcasts where more do not, so its ops differ from
-the profile's).
+the lifetime trace's).
 """
 
 from __future__ import annotations

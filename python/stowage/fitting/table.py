@@ -17,7 +17,7 @@ def _activations(option: Option, unplanned: int) -> str:
     plan = option.plan
     assert plan is not None
     by_decision = {"keep": 0, "recompute": 0, "offload": 0}
-    for tensor, decision in zip(plan.profile.tensors, plan.decisions):
+    for tensor, decision in zip(plan.trace.tensors, plan.decisions):
         by_decision[decision] += tensor.bytes
     saved = sum(by_decision.values()) or 1
     split = ", ".join(f"{name} {value / saved:.0%}" for name, value in by_decision.items())

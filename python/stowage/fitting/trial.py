@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from stowage.fitting.batches import LossFn
-from stowage.plan import LifetimeProfile, Plan
+from stowage.plan import LifetimeTrace, Plan
 
 RECOMPUTE_FAILURE = re.compile(r"stowage\.plan: block '([^']*)' ran .* when recomputed")
 
@@ -68,12 +68,12 @@ def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.
     return Outcome(max(added - plan.predicted_peak_bytes, floor), "")
 
 
-def without_recompute(profile: LifetimeProfile, kinds: set[str]) -> LifetimeProfile:
-    """`profile` with the blocks of `kinds` not recomputable (their tensors kept or offloaded)."""
+def without_recompute(trace: LifetimeTrace, kinds: set[str]) -> LifetimeTrace:
+    """`trace` with the blocks of `kinds` not recomputable (their tensors kept or offloaded)."""
     if not kinds:
-        return profile
-    excluded = {index for index, region in enumerate(profile.regions) if block_kind(region.module) in kinds}
-    tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in profile.tensors]
+        return trace
+    excluded = {index for index, region in enumerate(trace.regions) if block_kind(region.module) in kinds}
+    tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in trace.tensors]
     regions = [dataclasses.replace(r, checkpointable=False) if i in excluded else r
-               for i, r in enumerate(profile.regions)]
-    return dataclasses.replace(profile, tensors=tensors, regions=regions)
+               for i, r in enumerate(trace.regions)]
+    return dataclasses.replace(trace, tensors=tensors, regions=regions)

@@ -3,8 +3,8 @@ under a memory budget.
 
     import stowage.plan
 
-    profile = stowage.plan.profile(step)          # runs step() once and records its lifetimes
-    plan = stowage.plan.solve(profile, budget="6GiB")
+    trace = stowage.plan.profile(step)            # runs step() once and records its lifetime trace
+    plan = stowage.plan.solve(trace, budget="6GiB")
     print(plan)                                   # decisions by module, predicted peak and time
     with plan:
         step()                                    # recomputes and offloads as planned
@@ -13,8 +13,8 @@ under a memory budget.
 A model that does not fit at the size it trains at is recorded at sizes that do, and planned for
 the size it trains at (byte counts and times are polynomials in the sizes, stowage.plan.sizes):
 
-    profile = stowage.plan.profile(step_at, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
-    plan = stowage.plan.solve(profile, budget="6GiB", at={"batch": 8, "seq": 4096})
+    trace = stowage.plan.profile(step_at, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
+    plan = stowage.plan.solve(trace, budget="6GiB", at={"batch": 8, "seq": 4096})
 
 Recomputation runs through torch's non-reentrant checkpoint on the model's blocks (the items of
 its ``nn.ModuleList`` / ``nn.Sequential``) with stowage's own selective contexts (Note [Selective
@@ -32,9 +32,16 @@ mechanisms until its forward ends: ``with plan:`` refuses it; compile each block
 profiling.
 """
 
-from stowage.plan.applying import Plan, load, solve
-from stowage.plan.lifetimes import LifetimeProfile
-from stowage.plan.recording import profile
-from stowage.plan.sizes import SizedProfile, load_profile
+from typing import Any
 
-__all__ = ["LifetimeProfile", "Plan", "SizedProfile", "load", "load_profile", "profile", "solve"]
+from stowage.plan.applying import Plan, load, solve
+from stowage.plan.lifetimes import LifetimeTrace, old_name
+from stowage.plan.recording import profile
+from stowage.plan.sizes import SizedTrace, load_trace
+
+__all__ = ["LifetimeTrace", "Plan", "SizedTrace", "load", "load_trace", "profile", "solve"]
+_RENAMED = {"LifetimeProfile": "LifetimeTrace", "SizedProfile": "SizedTrace", "load_profile": "load_trace"}
+
+
+def __getattr__(name: str) -> Any:  # the previous release's names warn; the next release drops them
+    return old_name(__name__, _RENAMED, name, globals())

@@ -1,6 +1,6 @@
 """A plan: one decision per recorded saved tensor, and ``with plan:`` applying it to a step.
 
-Contract: a Plan holds its profile (the keys it finds tensors by) and is applied on the thread
+Contract: a Plan holds its lifetime trace (the keys it finds tensors by) and is applied on the thread
 running the step; ``with plan:`` may be entered once at a time, for one step each time.
 """
 
@@ -18,48 +18,48 @@ from stowage.byte_counts import byte_count
 from stowage.offload.saved_tensor_paging import SavedTensorPaging, keep
 from stowage.serving import torch_module
 from stowage.plan.departures import Departures
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, profile_of
+from stowage.plan.lifetimes import VERSION, LifetimeTrace, trace_of
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.plan_text import comparison_plans, describe
 from stowage.plan.region_policy import RegionPolicy
-from stowage.plan.sizes import SizedProfile
+from stowage.plan.sizes import SizedTrace
 from stowage.warning_site import outside_stowage
 
 
-def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Mapping[str, int] | None = None,
+def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[str, int] | None = None,
           exact: bool = False, to_host_bytes_per_ms: float | None = None,
           to_device_bytes_per_ms: float | None = None, prefetch_pages: int | None = None) -> Plan:
     """The fastest plan found whose predicted peak (device memory the step adds to what was in
     use when it began) fits ``budget``; the one with the lowest peak, and a warning, when none
-    does. ``at``: the sizes to plan for, for a profile recorded at several (stowage.plan.sizes);
+    does. ``at``: the sizes to plan for, for a trace recorded at several (stowage.plan.sizes);
     plan for the largest step a run takes and the plan serves the smaller ones. The cost model's
-    figures default to the profile's calibration; without ``prefetch_pages`` a plan that fits
+    figures default to the trace's calibration; without ``prefetch_pages`` a plan that fits
     only with fewer pages brought back ahead of use takes that depth."""
     limit = byte_count(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
-    if isinstance(profile, SizedProfile):
+    if isinstance(trace, SizedTrace):
         if at is None:
-            raise ValueError(f"the profile was recorded at sizes {sorted(profile.sizes)}: give the sizes to "
-                             f"plan for, e.g. at={{{', '.join(repr(n) + ': ...' for n in profile.sizes)}}}")
-        profile = profile.at(at)
+            raise ValueError(f"the profile was recorded at sizes {sorted(trace.sizes)}: give the sizes to "
+                             f"plan for, e.g. at={{{', '.join(repr(n) + ': ...' for n in trace.sizes)}}}")
+        trace = trace.at(at)
     elif at is not None:
         raise ValueError("at= is for a profile recorded at several sizes (stowage.plan.profile(step, sizes=...))")
     overrides = {"to_host_bytes_per_ms": to_host_bytes_per_ms, "to_device_bytes_per_ms": to_device_bytes_per_ms,
                  "prefetch_pages": prefetch_pages}
     given = {name: value for name, value in overrides.items() if value is not None}
-    if given:  # the plan's own cost model; the profile keeps its calibration
+    if given:  # the plan's own cost model; the trace keeps its calibration
         from stowage.plan.file_formats import check_cost
 
-        cost_model = {**profile.cost, **given}
-        check_cost(cost_model, "stowage.plan.solve", len(profile.tensors))
-        profile = dataclasses.replace(profile, cost=cost_model)
-    trace, cost = profile.native_trace(), profile.native_cost()
-    found = _core.plan_solve(trace, cost, limit, exact, cost.prefetch_pages if prefetch_pages is not None else 0)
+        cost_model = {**trace.cost, **given}
+        check_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
+        trace = dataclasses.replace(trace, cost=cost_model)
+    native, cost = trace.native_trace(), trace.native_cost()
+    found = _core.plan_solve(native, cost, limit, exact, cost.prefetch_pages if prefetch_pages is not None else 0)
     if found.prefetch_pages != cost.prefetch_pages:  # the plan carries its depth to the pager
-        profile = dataclasses.replace(profile, cost={**profile.cost, "prefetch_pages": found.prefetch_pages})
-        cost = profile.native_cost()
-    plan = Plan(profile, found.decisions, limit, native=(trace, cost))
+        trace = dataclasses.replace(trace, cost={**trace.cost, "prefetch_pages": found.prefetch_pages})
+        cost = trace.native_cost()
+    plan = Plan(trace, found.decisions, limit, native=(native, cost))
     if not found.fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
                       f"{_core.format_bytes(found.simulation.peak_bytes)}", stacklevel=2)
@@ -67,36 +67,42 @@ def solve(profile: LifetimeProfile | SizedProfile, budget: int | str, *, at: Map
 
 
 class Plan:
-    """Keep / offload / recompute per saved tensor of a profile, with its predicted outcome."""
+    """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome."""
 
-    def __init__(self, profile: LifetimeProfile, decisions: list[str], budget: int, *,
+    def __init__(self, trace: LifetimeTrace, decisions: list[str], budget: int, *,
                  native: tuple[Any, Any] | None = None) -> None:
-        """``native``: the profile's trace and cost model as the C++ planner takes them, where the
+        """``native``: the lifetime trace and cost model as the C++ planner takes them, where the
         caller has converted them already (they are built once and simulated often)."""
-        if len(decisions) != len(profile.tensors):
+        if len(decisions) != len(trace.tensors):
             raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for "
-                             f"{len(profile.tensors)}")
-        self.profile, self.decisions, self.budget = profile, list(decisions), budget
-        self._native = native or (profile.native_trace(), profile.native_cost())
+                             f"{len(trace.tensors)}")
+        self.trace, self.decisions, self.budget = trace, list(decisions), budget
+        self._native = native or (trace.native_trace(), trace.native_cost())
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
 
+    @property
+    def profile(self) -> LifetimeTrace:
+        """The previous release's name of ``trace``; the next release drops it."""
+        warnings.warn("Plan.profile is now Plan.trace; the old name goes in the next release", DeprecationWarning, 2)
+        return self.trace
+
     def simulate(self, decisions: list[str], ceiling: int | None = None) -> Any:
-        """The simulated outcome of `decisions` on this plan's profile (a stowage._core.Simulation:
+        """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:
         peak_bytes, peak_op, step_ms, recompute_ms, stall_ms, bytes_at_op), run under an allocated
         ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
         return _core.plan_simulate(*self._native, decisions, ceiling)
 
     @property
     def mismatches(self) -> list[str]:
-        """Where the current (or last) step departed from the profile, each place once."""
+        """Where the current (or last) step departed from the trace, each place once."""
         return self.departures.this_step
 
     @property
     def departed_steps(self) -> int:
-        """Steps under this plan that departed from its profile (stowage.plan.departures)."""
+        """Steps under this plan that departed from its trace (stowage.plan.departures)."""
         return self.departures.departed_steps
 
     @property
@@ -114,7 +120,7 @@ class Plan:
     # Saving ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         document = {"format": "stowage-plan", "version": VERSION, "budget": self.budget,
-                    "decisions": self.decisions, "profile": self.profile.document()}
+                    "decisions": self.decisions, "profile": self.trace.document()}
         Path(path).write_text(json.dumps(document))
 
     # Applying ----------------------------------------------------------------------------
@@ -123,10 +129,10 @@ class Plan:
 
         if self._active:
             raise RuntimeError("stowage.plan: this plan is already applied to a step")
-        for t, (tensor, decision) in enumerate(zip(self.profile.tensors, self.decisions)):
+        for t, (tensor, decision) in enumerate(zip(self.trace.tensors, self.decisions)):
             problem = decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
-            if problem is None and not -1 <= tensor.region < len(self.profile.regions):
-                problem = f"region {tensor.region} is not one of the profile's {len(self.profile.regions)} regions"
+            if problem is None and not -1 <= tensor.region < len(self.trace.regions):
+                problem = f"region {tensor.region} is not one of the profile's {len(self.trace.regions)} regions"
             if problem is not None:
                 raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
         # What __exit__ takes down, set as each part is put in place: an error on the way in
@@ -143,7 +149,7 @@ class Plan:
             self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
             self._frames.install()
             paging = SavedTensorPaging(self._pack, min_bytes=0, max_prefetch=1 << 40,
-                                       prefetch_pages=int(self.profile.cost["prefetch_pages"]))
+                                       prefetch_pages=int(self.trace.cost["prefetch_pages"]))
             self._paging = paging.__enter__()
             self._pager = paging.pager  # pack is on the hot path: one lookup, not two
         except BaseException as error:
@@ -191,21 +197,21 @@ class Plan:
         module.set_allocated_ceiling(in_use + self.budget, index)
 
     def _index_decisions(self) -> None:
-        self._kept_saves = {tuple(save) for save in self.profile.kept_saves}
+        self._kept_saves = {tuple(save) for save in self.trace.kept_saves}
         self._unit_of_save: dict[tuple[str, int, int], int] = {}
-        for index, tensor in enumerate(self.profile.tensors):
+        for index, tensor in enumerate(self.trace.tensors):
             for save in tensor.packs:
                 self._unit_of_save[tuple(save)] = index  # type: ignore[index]
-        recomputed = {t.region for t, d in zip(self.profile.tensors, self.decisions) if d == "recompute"}
+        recomputed = {t.region for t, d in zip(self.trace.tensors, self.decisions) if d == "recompute"}
         self._checkpointed: dict[tuple[str, int], tuple[int, set[int]]] = {}
         for r in recomputed:
-            region = self.profile.regions[r]
-            kept = {self.profile.ops[t.created].region_op for t, d in zip(self.profile.tensors, self.decisions)
+            region = self.trace.regions[r]
+            kept = {self.trace.ops[t.created].region_op for t, d in zip(self.trace.tensors, self.decisions)
                     if t.region == r and d != "recompute"}
             self._checkpointed[(region.module, region.call)] = (r, kept)
         self._recorded_calls: dict[str, int] = {}  # each module's forward calls in the profiled step
         keys = [(path, call) for path, call, _ in self._unit_of_save] + [(path, call) for path, call, _ in self._kept_saves]
-        keys += [(region.module, region.call) for region in self.profile.regions]
+        keys += [(region.module, region.call) for region in self.trace.regions]
         for path, call in keys:
             self._recorded_calls[path] = max(self._recorded_calls.get(path, 0), call + 1)
 
@@ -235,7 +241,7 @@ class Plan:
             if frame is None or frame.module is not module or found is None or not torch.is_grad_enabled():
                 return original(*args, **kwargs)
             r, kept = found
-            region = self.profile.regions[r]
+            region = self.trace.regions[r]
             tensors = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
             frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
                                     if i < len(region.inputs)}
@@ -287,6 +293,6 @@ def load(path: str | Path) -> Plan:
     from stowage.validation import read_json
 
     document = read_json(path, "a stowage plan")
-    trace = check_plan(document, str(path))  # its profile and decisions too
-    profile = profile_of(document["profile"])
-    return Plan(profile, document["decisions"], document["budget"], native=(trace, profile.native_cost()))
+    native = check_plan(document, str(path))  # its lifetime trace and decisions too
+    trace = trace_of(document["profile"])
+    return Plan(trace, document["decisions"], document["budget"], native=(native, trace.native_cost()))

@@ -2,7 +2,7 @@
 handed to the planner, which applies the rules (Note [Building a trace] in
 planner/trace_builder.hpp: saved storages grouped by the op that made them, their lifetimes,
 which can be recomputed in which checkpoint region, each op's memory besides them), and its
-trace read back into the profile's records with where each
+trace read back into the lifetime trace's records with where each
 tensor was saved (the keys a plan finds it by).
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from stowage import _core
-from stowage.plan.lifetimes import LifetimeProfile, TensorRecord, native_trace
+from stowage.plan.lifetimes import LifetimeTrace, TensorRecord, native_trace
 
 
-def build_profile(recorder: Any, cost: dict[str, float]) -> LifetimeProfile:
+def build_trace(recorder: Any, cost: dict[str, float]) -> LifetimeTrace:
     for op, in_use in zip(recorder.ops, recorder.peaks):
         op.in_use_bytes = in_use  # below 0 where the step freed what it began with (last step's gradients)
     regions = []
@@ -36,4 +36,4 @@ def build_profile(recorder: Any, cost: dict[str, float]) -> LifetimeProfile:
     for region, checkpointable, inputs in zip(recorder.regions, built.region_checkpointable, built.region_inputs):
         region.checkpointable, region.inputs = checkpointable, list(inputs)  # inputs: per tensor argument, in order
     elsewhere = recorder.elsewhere + [site for s in built.left_out for site in recorder.sites[order[s]]]
-    return LifetimeProfile(recorder.ops, tensors, recorder.regions, cost, built.unconstrained_peak_bytes, elsewhere)
+    return LifetimeTrace(recorder.ops, tensors, recorder.regions, cost, built.unconstrained_peak_bytes, elsewhere)

@@ -1,15 +1,15 @@
-"""``stowage plan PROFILE --budget SIZE``: a plan for a recorded step, without running it.
+"""``stowage plan TRACE --budget SIZE``: a plan for a recorded step, without running it.
 
     stowage plan step.lifetimes.json --budget 6GiB          # decisions by module, predictions
     stowage plan step.lifetimes.json --budget 50% --json    # the same as one JSON object
     stowage plan step.lifetimes.json --budget 6GiB --save plan.json   # for stowage.plan.load
     stowage plan sized.lifetimes.json --budget 6GiB --at batch=8,seq=4096
 
-PROFILE is a lifetime trace written by ``stowage.plan.profile(step).save(path)``. The budget is
+TRACE is a lifetime trace file written by ``stowage.plan.profile(step).save(path)``. The budget is
 a size (``6GiB``, ``512MiB``, bytes) or a percentage of the step's unconstrained peak. Printed:
 the bytes each module group keeps, offloads and recomputes, and the predicted peak and step
 time of the plan beside no change, full activation checkpointing and offload everything.
-A profile recorded at several sizes (``stowage.plan.profile(step, sizes=...)``) is planned
+A sized trace (recorded at several sizes: ``stowage.plan.profile(step, sizes=...)``) is planned
 for the sizes ``--at`` names. Exit status: 0 when the plan fits the budget, 1 when none does
 (the lowest peak found is printed), 2 for a file, budget or size that cannot be read: a file is
 checked against its schema and bounds (stowage.plan.file_formats) before anything is built from
@@ -33,11 +33,11 @@ from stowage.terminal import literal
 def add_parser(commands: Any, name: str) -> None:
     parser = commands.add_parser(name, help="keep, offload or recompute each saved tensor of a recorded step",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("profile", metavar="PROFILE", help="a lifetime trace (stowage.plan.profile(...).save)")
+    parser.add_argument("trace", metavar="TRACE", help="a lifetime trace file (stowage.plan.profile(...).save)")
     parser.add_argument("--budget", required=True,
                         help="device memory the step may add: a size (6GiB) or a percentage of its peak (50%%)")
     parser.add_argument("--at", metavar="NAME=N,...",
-                        help="the sizes to plan for, for a profile recorded at several (batch=8,seq=4096)")
+                        help="the sizes to plan for, for a sized trace (batch=8,seq=4096)")
     parser.add_argument("--exact", action="store_true", help="search exhaustively (small traces only)")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     parser.add_argument("--save", metavar="PLAN", help="write the plan, for stowage.plan.load")
@@ -78,29 +78,29 @@ def parse_sizes(text: str) -> dict[str, int]:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
-    from stowage.plan import load_profile, solve
+    from stowage.plan import load_trace, solve
     from stowage.plan.plan_text import decisions_by_module, outcomes
-    from stowage.plan.sizes import SizedProfile
+    from stowage.plan.sizes import SizedTrace
 
     try:
-        profile = load_profile(args.profile)
-        if isinstance(profile, SizedProfile):
+        trace = load_trace(args.trace)
+        if isinstance(trace, SizedTrace):
             if args.at is None:
-                raise ValueError(f"{args.profile} was recorded at sizes {sorted(profile.sizes)}: "
+                raise ValueError(f"{args.trace} was recorded at sizes {sorted(trace.sizes)}: "
                                  "name the sizes to plan for with --at, e.g. --at "
-                                 + ",".join(f"{name}={max(points)}" for name, points in profile.sizes.items()))
-            profile = profile.at(parse_sizes(args.at))
+                                 + ",".join(f"{name}={max(points)}" for name, points in trace.sizes.items()))
+            trace = trace.at(parse_sizes(args.at))
         elif args.at is not None:
-            raise ValueError(f"{args.profile} was recorded at one size; --at is for a profile recorded at several")
-        budget = budget_bytes(args.budget, profile.unconstrained_peak_bytes)
+            raise ValueError(f"{args.trace} was recorded at one size; --at is for a profile recorded at several")
+        budget = budget_bytes(args.budget, trace.unconstrained_peak_bytes)
         with warnings.catch_warnings(record=True):  # "does not fit" is in the output and exit status
             warnings.simplefilter("always")
-            plan = solve(profile, budget, exact=args.exact)
+            plan = solve(trace, budget, exact=args.exact)
     except (OSError, ValueError) as error:  # InputError among them: the file, the field, the bound
         print(f"stowage plan: {literal(str(error))}", file=sys.stderr)
         return 2
     except MemoryError:
-        print(f"stowage plan: {literal(args.profile)}: ran out of memory reading or planning it", file=sys.stderr)
+        print(f"stowage plan: {literal(args.trace)}: ran out of memory reading or planning it", file=sys.stderr)
         return 2
     if args.save:
         try:

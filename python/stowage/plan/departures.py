@@ -1,9 +1,9 @@
-"""Where the steps a plan is applied to depart from the profile it was made from, and what the
+"""Where the steps a plan is applied to depart from the lifetime trace it was made from, and what the
 user hears of it: one warning the first time the steps depart in a given way, not one a step.
 
-A departure is a place the plan cannot match to the profile: a save in a module the profile does
+A departure is a place the plan cannot match to the trace: a save in a module the trace does
 not have there (an added dropout, a kernel chosen by length that saves more), a module the plan
-checkpoints that the model no longer has, an op of a recomputed block the profile did not record.
+checkpoints that the model no longer has, an op of a recomputed block the trace did not record.
 The plan still computes what the step computes: an unknown save is offloaded (the pager keeps
 what it must, and the budget holds), a block it cannot match runs as it is.
 

@@ -1,6 +1,6 @@
 """The planner's files: a lifetime trace (``stowage-lifetimes``), a step recorded at several
 sizes (``stowage-sized-lifetimes``) and a plan (``stowage-plan``). Every reader of them checks a
-document here first, before anything is built from it: a file from elsewhere (a profile passed
+document here first, before anything is built from it: a file from elsewhere (a lifetime trace passed
 around a team) is refused with the file, the field, the value and the bound, never met later as a
 traceback or a solve that does not end.
 
@@ -14,7 +14,7 @@ as (field, problem), raised here as InputError with the file. The bounds are the
 - counts: MAX_OPS ops, MAX_TENSORS tensors, MAX_REGIONS regions, MAX_TEXT characters a name;
 - the cost model: bandwidths from MIN_BYTES_PER_MS to MAX_BYTES_PER_MS, a prefetch depth no
   deeper than the trace has saved tensors (or DEFAULT_PREFETCH_PAGES);
-- sizes (a sized profile): MAX_SIZES sizes of MIN_POINTS to MAX_POINTS points each, at most
+- sizes (a sized trace): MAX_SIZES sizes of MIN_POINTS to MAX_POINTS points each, at most
   MAX_GRID_POINTS points in the grid, each size up to MAX_SIZE_VALUE;
 - a plan: a budget of 1 byte to MAX_TOTAL_BYTES, one decision per saved tensor (DECISIONS), each
   one the runtime can apply to it.
@@ -58,29 +58,29 @@ def _read(result: Any, where: str) -> Any:
     return result
 
 
-def check_profile(document: Any, where: str, field: str = "") -> Any:
+def check_trace(document: Any, where: str, field: str = "") -> Any:
     """The C++ trace (stowage._core.LifetimeTrace) a lifetime trace document holds; InputError for
     the first part of it outside its schema, bounds and rules (``field``: where the document sits
-    in a larger one, as a sized profile's or a plan's)."""
+    in a larger one, as a sized trace's or a plan's)."""
     return _read(_core.read_lifetimes(document, field), where)
 
 
 def check_cost(cost: Any, where: str, tensors: int) -> None:
-    """InputError for a cost model outside its bounds (a profile's, or one given to solve)."""
+    """InputError for a cost model outside its bounds (a lifetime trace's, or one given to solve)."""
     _read(_core.check_plan_cost(cost, tensors), where)
 
 
 def check_sized(document: Any, where: str) -> list[Any]:
-    """The C++ traces of a sized profile document, one per grid point; InputError for the first
-    part of it outside its schema and bounds, its profiles' included (the grid's size is checked
+    """The C++ traces of a sized trace document, one per grid point; InputError for the first
+    part of it outside its schema and bounds, its lifetime traces' included (the grid's size is checked
     from the sizes alone, before any grid is built). Whether its steps are one step is
     stowage.plan.sizes' to check."""
     return _read(_core.read_sized_lifetimes(document), where)
 
 
 def check_plan(document: Any, where: str) -> Any:
-    """The C++ trace of a plan document's profile; InputError for the first part of the plan
-    outside its schema and bounds, its profile's included, or a decision the runtime cannot apply
+    """The C++ trace of a plan document's lifetime trace; InputError for the first part of the plan
+    outside its schema and bounds, its lifetime trace's included, or a decision the runtime cannot apply
     to its tensor (one per saved tensor; a region recomputes or offloads, never both)."""
     return _read(_core.read_plan_document(document), where)
 

@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stowage import _core
-from stowage.plan.file_formats import LIFETIMES, VERSION, check_profile
+from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace
 
 FORMAT = LIFETIMES
+_RENAMED = {"LifetimeProfile": "LifetimeTrace"}  # the previous release's names, dropped in the next
 _PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
            "optimizer": _core.TracePhase.optimizer}
 
@@ -84,8 +86,11 @@ class RegionRecord:
 
 
 @dataclass
-class LifetimeProfile:
-    """One recorded step: ops, saved tensors, checkpoint regions, and the measured cost model."""
+class LifetimeTrace:
+    """One recorded step, the whole of a lifetime trace file: ops, saved tensors, checkpoint
+    regions, the measured cost model and the saves no decision moves. The C++ planner's
+    stowage._core.LifetimeTrace (``native_trace()``) is the part of it the planner takes: the ops
+    and saved tensors only."""
 
     ops: list[OpRecord]
     tensors: list[TensorRecord]
@@ -128,19 +133,33 @@ def planner_message(error: ValueError) -> str:
     return re.sub(r" \(at [^()]*:\d+\)$", "", str(error))
 
 
-def load_profile_document(document: Any, where: str, field: str = "") -> LifetimeProfile:
-    """A profile from its JSON document; InputError (a ValueError) naming the file (``where``),
+def load_trace_document(document: Any, where: str, field: str = "") -> LifetimeTrace:
+    """A lifetime trace from its JSON document; InputError (a ValueError) naming the file (``where``),
     the field, the value and the bound for a document outside stowage.plan.file_formats' schema
     or the trace's rules. ``field``: where the document sits in a larger one."""
-    check_profile(document, where, field)
-    return profile_of(document)
+    check_trace(document, where, field)
+    return trace_of(document)
 
 
-def profile_of(document: Any) -> LifetimeProfile:
-    """The profile a document holds that stowage.plan.file_formats accepted."""
-    return LifetimeProfile(
+def trace_of(document: Any) -> LifetimeTrace:
+    """The lifetime trace a document holds that stowage.plan.file_formats accepted."""
+    return LifetimeTrace(
         ops=[OpRecord(**o) for o in document["ops"]],
         tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t.get("packs", ())]}) for t in document["tensors"]],
         regions=[RegionRecord(**r) for r in document["regions"]],
         cost=dict(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
         kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
+
+
+def old_name(module: str, renamed: dict[str, str], name: str, names: dict[str, Any]) -> Any:
+    """A module's ``__getattr__``: a name of the previous release (`renamed` maps it to its new
+    one) warns with DeprecationWarning and gives the new name's object; the next release drops it."""
+    if name not in renamed:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} is now {module}.{renamed[name]}; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=3)
+    return names[renamed[name]]
+
+
+def __getattr__(name: str) -> Any:
+    return old_name(__name__, _RENAMED, name, globals())

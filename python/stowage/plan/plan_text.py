@@ -12,10 +12,10 @@ from typing import Any
 from stowage import _core
 
 
-def comparison_plans(profile: Any) -> dict[str, list[str]]:
+def comparison_plans(trace: Any) -> dict[str, list[str]]:
     """The points a plan is judged against: nothing changed, every block fully recomputed (full
     activation checkpointing), every tensor that can be offloaded offloaded."""
-    tensors = profile.tensors
+    tensors = trace.tensors
     return {"no change": ["keep"] * len(tensors),
             "full checkpointing": ["recompute" if t.recomputable else "keep" for t in tensors],
             "offload everything": ["offload" if t.offloadable else "keep" for t in tensors]}
@@ -30,7 +30,7 @@ def _group(path: str) -> str:
 def decisions_by_module(plan: Any) -> dict[str, dict[str, int]]:
     """Bytes per decision for each module group."""
     grouped: dict[str, dict[str, int]] = defaultdict(lambda: {"keep": 0, "offload": 0, "recompute": 0})
-    for tensor, decision in zip(plan.profile.tensors, plan.decisions):
+    for tensor, decision in zip(plan.trace.tensors, plan.decisions):
         grouped[_group(tensor.module)][decision] += tensor.bytes
     return dict(grouped)
 
@@ -38,7 +38,7 @@ def decisions_by_module(plan: Any) -> dict[str, dict[str, int]]:
 def outcomes(plan: Any) -> dict[str, dict[str, Any]]:
     """Predicted peak and step time of the plan and of each comparison point."""
     rows = {"plan": plan.prediction}
-    for name, decisions in comparison_plans(plan.profile).items():
+    for name, decisions in comparison_plans(plan.trace).items():
         rows[name] = plan.simulate(decisions)
     return {name: {"peak_bytes": int(s.peak_bytes), "step_ms": float(s.step_ms)} for name, s in rows.items()}
 

@@ -70,7 +70,7 @@ NOT_REPLAYABLE = ("aten::_cudnn_rnn", "aten::miopen_rnn", "aten::_cudnn_init_dro
 
 
 class StepRecorder:
-    """Records one step; ``profile()`` builds its LifetimeProfile. One step, one thread. Which op
+    """Records one step; ``profile()`` builds its LifetimeTrace. One step, one thread. Which op
     made, used and saved which storage is kept by the planner's StepLedger (Note [Keeping the
     ledger] in planner/step_ledger.hpp), by storage address; where each save happened, here."""
 
@@ -240,14 +240,14 @@ def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorde
 def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] | None = None,
             device: str | None = None, cost: dict[str, float] | None = None, model: Any = None) -> Any:
     """Runs ``step_fn`` (one training step: forward and backward, and the optimizer step if it
-    has one) once and records its lifetime trace (a LifetimeProfile).
+    has one) once and records its lifetime trace (a LifetimeTrace).
 
     ``sizes``: record the step at a grid of sizes instead, e.g. ``{"batch": (1, 2), "seq":
     (128, 256, 384)}``: ``step_fn(batch=2, seq=128)`` runs at each point of the grid (after one
     unrecorded run at the first, so every point starts from the same state: gradients allocated,
-    caches warm), and the result is a SizedProfile (stowage.plan.sizes) whose byte counts and
+    caches warm), and the result is a SizedTrace (stowage.plan.sizes) whose byte counts and
     times are polynomials in the sizes. That is how a model that does not fit at the size it
-    trains at is profiled, and how one profile serves steps of changing length.
+    trains at is profiled, and how one sized trace serves steps of changing length.
 
     ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
     mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
@@ -258,18 +258,18 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
     import torch
 
-    from stowage.plan.building import build_profile
-    from stowage.plan.sizes import SizedProfile, grid_points
+    from stowage.plan.building import build_trace
+    from stowage.plan.sizes import SizedTrace, grid_points
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
     measured = dict(cost) if cost is not None else None
     if sizes is None:
         recorder = _record_one(step_fn, device, model)
-        return build_profile(recorder, measured if measured is not None else measure_cost(device))
+        return build_trace(recorder, measured if measured is not None else measure_cost(device))
     points = grid_points(sizes)
     step_fn(**points[0])  # unrecorded: every recorded point starts from the state a step leaves
     recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     measured = measured if measured is not None else measure_cost(device)
-    return SizedProfile({name: [int(v) for v in values] for name, values in sizes.items()},
-                        [build_profile(recorder, measured) for recorder in recorders])
+    return SizedTrace({name: [int(v) for v in values] for name, values in sizes.items()},
+                      [build_trace(recorder, measured) for recorder in recorders])

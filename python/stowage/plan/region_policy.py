@@ -1,4 +1,4 @@
-"""The forward decisions of one checkpointed block call: per op, in the order the profile recorded
+"""The forward decisions of one checkpointed block call: per op, in the order the lifetime trace recorded
 the block's ops, keep (cache) what the plan keeps and recompute the rest (Note [Selective recompute]
 in recompute_modes.py replays them). An op that is not the one recorded at its place means the plan
 does not match the step: from there on everything is kept (the block then frees nothing more, but

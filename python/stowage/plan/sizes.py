@@ -2,8 +2,8 @@
 its lifetime trace as a polynomial in the sizes, so one recording serves steps of any size, and a
 model that does not fit at the size it trains at is profiled at sizes that do.
 
-    profile = stowage.plan.profile(step, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
-    plan = stowage.plan.solve(profile, budget="6GiB", at={"batch": 8, "seq": 4096})
+    trace = stowage.plan.profile(step, sizes={"batch": (2, 4), "seq": (128, 256, 384)})
+    plan = stowage.plan.solve(trace, budget="6GiB", at={"batch": 8, "seq": 4096})
 
 ``step(batch=2, seq=128)`` runs once per point of the grid (the product of the sizes' points).
 Each byte count (a saved tensor's, the memory in use during an op, the bytes an op reads and
@@ -28,20 +28,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
-from stowage.plan.lifetimes import VERSION, LifetimeProfile, load_profile_document, planner_message, profile_of
+from stowage.plan.lifetimes import VERSION, LifetimeTrace, load_trace_document, old_name, planner_message, trace_of
 from stowage.validation import InputError, read_json
 
 FORMAT = SIZED
+_RENAMED = {"SizedProfile": "SizedTrace", "load_profile": "load_trace"}  # the previous release's names
 
 
 def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
-    """The grid's points in the order a SizedProfile keeps its profiles; ValueError for sizes
+    """The grid's points in the order a SizedTrace keeps its traces; ValueError for sizes
     that cannot make one, or a grid larger than MAX_GRID_POINTS (counted before it is built)."""
     if not sizes:
         raise ValueError("sizes needs at least one size, e.g. {'batch': (2, 4)}")
@@ -61,7 +63,7 @@ def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
     return [dict(zip(names, (int(v) for v in point))) for point in itertools.product(*sizes.values())]
 
 
-def _same_structure(first: LifetimeProfile, other: LifetimeProfile, where: str) -> None:
+def _same_structure(first: LifetimeTrace, other: LifetimeTrace, where: str) -> None:
     """ValueError naming the first way `other` is a different step from `first`."""
     if len(first.ops) != len(other.ops):
         raise ValueError(f"the step ran {len(first.ops)} ops at the first size and {len(other.ops)} at {where}: "
@@ -85,23 +87,30 @@ def _same_structure(first: LifetimeProfile, other: LifetimeProfile, where: str) 
 
 
 @dataclass
-class SizedProfile:
-    """One step's lifetime traces at each point of a grid of sizes (``profiles[i]`` recorded at
-    ``grid_points(sizes)[i]``), all of one structure (checked on construction); ``at`` evaluates
-    them at any sizes. Immutable once built."""
+class SizedTrace:
+    """A sized trace: one step's lifetime traces at each point of a grid of sizes (``traces[i]``
+    recorded at ``grid_points(sizes)[i]``), all of one structure (checked on construction); ``at``
+    evaluates them at any sizes. Immutable once built."""
 
     sizes: dict[str, list[int]]
-    profiles: list[LifetimeProfile]
+    traces: list[LifetimeTrace]
     _native: Any = field(default=None, init=False, repr=False, compare=False)  # _core.SizedTrace, built on first use
 
     def __post_init__(self) -> None:
         points = grid_points(self.sizes)
-        if len(points) != len(self.profiles):
-            raise ValueError(f"a grid of {len(points)} points needs as many profiles, not {len(self.profiles)}")
-        for point, profile in zip(points[1:], self.profiles[1:]):
-            _same_structure(self.profiles[0], profile, _describe(point))
+        if len(points) != len(self.traces):
+            raise ValueError(f"a grid of {len(points)} points needs as many profiles, not {len(self.traces)}")
+        for point, trace in zip(points[1:], self.traces[1:]):
+            _same_structure(self.traces[0], trace, _describe(point))
 
-    def at(self, sizes: Mapping[str, int]) -> LifetimeProfile:
+    @property
+    def profiles(self) -> list[LifetimeTrace]:
+        """The previous release's name of ``traces``; the next release drops it."""
+        warnings.warn("SizedTrace.profiles is now SizedTrace.traces; the old name goes in the next release",
+                      DeprecationWarning, 2)
+        return self.traces
+
+    def at(self, sizes: Mapping[str, int]) -> LifetimeTrace:
         """The step's lifetime trace at `sizes` (every size of the grid, by name)."""
         missing = set(self.sizes) - set(sizes)
         unknown = set(sizes) - set(self.sizes)
@@ -110,12 +119,12 @@ class SizedProfile:
         if any(type(value) is not int or not 0 < value <= MAX_SIZE_VALUE for value in sizes.values()):
             raise ValueError(f"sizes must be integers from 1 to {MAX_SIZE_VALUE:,}: {dict(sizes)}")
         if self._native is None:
-            self._native = _core.SizedTrace(list(self.sizes.items()), [p.native_trace() for p in self.profiles])
+            self._native = _core.SizedTrace(list(self.sizes.items()), [t.native_trace() for t in self.traces])
         try:
             point = self._native.at([sizes[name] for name in self.sizes])
         except ValueError as error:
             raise ValueError(planner_message(error)) from None
-        first = self.profiles[0]
+        first = self.traces[0]
         ops = [dataclasses.replace(op, io_bytes=n.io_bytes, in_use_bytes=n.in_use_bytes, duration_ms=n.duration_ms,
                                    other_bytes=n.other_bytes) for op, n in zip(first.ops, point.trace.ops)]
         tensors = [dataclasses.replace(t, bytes=n.bytes, recompute_ms=n.recompute_ms)
@@ -124,7 +133,7 @@ class SizedProfile:
 
     def document(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "sizes": self.sizes,
-                "profiles": [profile.document() for profile in self.profiles]}
+                "profiles": [trace.document() for trace in self.traces]}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.document()))
@@ -134,23 +143,27 @@ def _describe(point: Mapping[str, int]) -> str:
     return ", ".join(f"{name}={value}" for name, value in point.items())
 
 
-def load_sized_document(document: dict[str, Any], where: str) -> SizedProfile:
-    """A SizedProfile from its JSON document; InputError (a ValueError) naming the file, the
+def load_sized_document(document: dict[str, Any], where: str) -> SizedTrace:
+    """A SizedTrace from its JSON document; InputError (a ValueError) naming the file, the
     field, the value and the bound (stowage.plan.file_formats), or the first way its grid's
     steps differ."""
-    check_sized(document, where)  # its profiles too ("profiles[3]")
-    profiles = [profile_of(p) for p in document["profiles"]]
+    check_sized(document, where)  # its lifetime traces too ("profiles[3]")
+    traces = [trace_of(p) for p in document["profiles"]]
     try:
-        return SizedProfile({name: list(points) for name, points in document["sizes"].items()}, profiles)
+        return SizedTrace({name: list(points) for name, points in document["sizes"].items()}, traces)
     except ValueError as error:
         raise InputError(where, "profiles", str(error)) from None
 
 
-def load_profile(path: str | Path) -> LifetimeProfile | SizedProfile:
-    """Reads a lifetime trace file: a LifetimeProfile, or a SizedProfile for a step recorded at
+def load_trace(path: str | Path) -> LifetimeTrace | SizedTrace:
+    """Reads a lifetime trace file: a LifetimeTrace, or a SizedTrace for a step recorded at
     several sizes; InputError (a ValueError) naming what is wrong with a file that is neither,
     within the bounds of stowage.validation."""
     document = read_json(path, "a stowage lifetime trace")
     if isinstance(document, dict) and document.get("format") == SIZED:
         return load_sized_document(document, str(path))
-    return load_profile_document(document, str(path))
+    return load_trace_document(document, str(path))
+
+
+def __getattr__(name: str) -> Any:
+    return old_name(__name__, _RENAMED, name, globals())

@@ -6,7 +6,7 @@
   parsed.
 
 The formats' schemas, with their bounds, are checked in C++ where the formats are read
-(planner/schema.hpp and planner/file_formats.hpp for profiles, sized profiles and plans, through
+(planner/schema.hpp and planner/file_formats.hpp for lifetime traces, sized traces and plans, through
 stowage.plan.file_formats; the snapshot reader's format checks for snapshots).
 """
 

@@ -8,7 +8,7 @@ the bound it breaks:
 - how densely it packs values, checked on its bytes before it is parsed (bytes.count, at memory
   speed): json.loads makes a Python object for every value, and a file of tiny ones (``[[],[],
   ...]``, 3 bytes a list of 56) would cost 24 times its size. The bounds below admit every file
-  stowage writes, whose values are sparser (a recorded profile: a container every 110-160
+  stowage writes, whose values are sparser (a lifetime trace: a container every 110-160
   bytes, a field or item every 11-12 (10.9 written without spaces), a quote every 8.4-9), and
   hold a reading to about 10 times the file (bench/results/2026-11-26-cpu-hostile-input.md);
 - nesting, through json's own limit (RecursionError, refused as such: no stowage file nests
@@ -26,7 +26,7 @@ from typing import Any
 
 from stowage.validation.errors import InputError
 
-# A profile of a real step is 0.1-3 MB, a sized one a few times that. The densest file the bounds
+# A lifetime trace of a real step is 0.1-3 MB, a sized one a few times that. The densest file the bounds
 # below admit (an object of distinct 11-character keys) costs json.loads 12.5 times its size and
 # 8 s for 64 MiB: beyond that, a file could pass 200 MB and 10 times its size, or 10 s.
 MAX_JSON_BYTES = 64 << 20
