@@ -49,7 +49,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trace.json"
         path.write_text(json.dumps(built))
-        trace = stowage.plan.load_profile(str(path))
+        trace = stowage.plan.load_trace(str(path))
     budget = OTHER_BYTES + int(args.share * sum(t["bytes"] for t in built["tensors"]))
     seconds = []
     for _ in range(args.repeats):

@@ -174,7 +174,7 @@ def test_a_plan_for_another_model_keeps_what_it_cannot_place_and_says_so() -> No
     plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 3)
     other, other_step = cnn_step()
     _, reference = measured(other, other_step)
-    with pytest.warns(UserWarning, match="does not match the profile"):
+    with pytest.warns(UserWarning, match="does not match the lifetime trace"):
         _, grads = measured(other, other_step, plan)
     assert all(torch.equal(a, b) for a, b in zip(grads, reference))
 
@@ -201,9 +201,9 @@ def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budge
             peak, grads = measured(model, step, plan)
             assert all(torch.equal(a, b) for a, b in zip(grads, reference)), f"step {seed}"
             assert peak <= budget * 1.05, f"step {seed}: measured {peak}, budget {budget}"
-            assert plan.mismatches == ["a save in '<Dropout>' the profile does not have"]
+            assert plan.mismatches == ["a save in '<Dropout>' the trace does not have"]
     said = [w for w in caught if "stowage.plan" in str(w.message)]
-    assert len(said) == 1 and "step 1 does not match the profile" in str(said[0].message), [str(w.message) for w in said]
+    assert len(said) == 1 and "step 1 does not match the lifetime trace" in str(said[0].message), [str(w.message) for w in said]
     assert "offloaded" in str(said[0].message)
     assert said[0].filename == __file__, f"the warning points at {said[0].filename}, not at the loop"
     assert plan.departed_steps == 3 and plan.departures.steps == 3

@@ -137,7 +137,7 @@ class Fitted:
                     "example (stowage.fit(model, factory, largest_batch)), or cut this one.")
         departed = self.plan.departed_steps if self.plan is not None else 0
         return (said + f"; this batch is {shown}, no larger: the step needed more than planned ("
-                f"{departed} steps departed from the plan's profile). Fit again with a budget below the device's "
+                f"{departed} steps departed from the plan's lifetime trace). Fit again with a budget below the device's "
                 "(stowage.fit(..., budget=...)) to leave more room.")
 
     def __enter__(self) -> Fitted:

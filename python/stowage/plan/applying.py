@@ -40,7 +40,7 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
         raise ValueError(f"the budget must be positive, not {budget!r}")
     if isinstance(trace, SizedTrace):
         if at is None:
-            raise ValueError(f"the profile was recorded at sizes {sorted(trace.sizes)}: give the sizes to "
+            raise ValueError(f"the trace was recorded at sizes {sorted(trace.sizes)}: give the sizes to "
                              f"plan for, e.g. at={{{', '.join(repr(n) + ': ...' for n in trace.sizes)}}}")
         trace = trace.at(at)
     elif at is not None:
@@ -132,7 +132,7 @@ class Plan:
         for t, (tensor, decision) in enumerate(zip(self.trace.tensors, self.decisions)):
             problem = decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
             if problem is None and not -1 <= tensor.region < len(self.trace.regions):
-                problem = f"region {tensor.region} is not one of the profile's {len(self.trace.regions)} regions"
+                problem = f"region {tensor.region} is not one of the trace's {len(self.trace.regions)} regions"
             if problem is not None:
                 raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
         # What __exit__ takes down, set as each part is put in place: an error on the way in
@@ -270,7 +270,7 @@ class Plan:
         frame.saves += 1
         unit = self._unit_of_save.get(save)
         if unit is None and save not in self._kept_saves:  # a departure: offloaded, so the budget holds
-            self.departures.note(f"a save in {frame.path!r} the profile does not have")
+            self.departures.note(f"a save in {frame.path!r} the trace does not have")
             return self._pager.pack(tensor, frame.path)
         return self._place(tensor, unit)
 

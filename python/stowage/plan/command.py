@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                                  + ",".join(f"{name}={max(points)}" for name, points in trace.sizes.items()))
             trace = trace.at(parse_sizes(args.at))
         elif args.at is not None:
-            raise ValueError(f"{args.trace} was recorded at one size; --at is for a profile recorded at several")
+            raise ValueError(f"{args.trace} was recorded at one size; --at is for a trace recorded at several")
         budget = budget_bytes(args.budget, trace.unconstrained_peak_bytes)
         with warnings.catch_warnings(record=True):  # "does not fit" is in the output and exit status
             warnings.simplefilter("always")

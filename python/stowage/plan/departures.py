@@ -43,7 +43,7 @@ class Departures:
         if not new:
             return None
         named = "; ".join(new[:SHOWN]) + (f"; and {len(new) - SHOWN} more" if len(new) > SHOWN else "")
-        return (f"stowage.plan: step {self.steps} does not match the profile the plan was made from ({named}). "
+        return (f"stowage.plan: step {self.steps} does not match the lifetime trace the plan was made from ({named}). "
                 "What the plan cannot place is offloaded: the numbers are the same and the budget holds, at the "
                 "cost of copies the plan did not weigh. Profile the step as it runs now (stowage.plan.profile, or "
                 "stowage.fit again) for a plan that places it. Said once for these; plan.departed_steps counts "

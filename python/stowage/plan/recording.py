@@ -232,7 +232,7 @@ def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorde
             f"{error}\nstowage.plan.profile: the step does not fit as it is, so it cannot be recorded as it is. "
             "Record it at sizes that fit and plan for the size you train at: "
             "stowage.plan.profile(step, sizes={'batch': (2, 4), 'seq': (128, 256, 384)}) runs "
-            "step(batch=..., seq=...) at each point, and stowage.plan.solve(profile, budget, "
+            "step(batch=..., seq=...) at each point, and stowage.plan.solve(trace, budget, "
             "at={'batch': 8, 'seq': 4096}) plans for the size you give.") from None
     return recorder
 

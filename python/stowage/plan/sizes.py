@@ -99,7 +99,7 @@ class SizedTrace:
     def __post_init__(self) -> None:
         points = grid_points(self.sizes)
         if len(points) != len(self.traces):
-            raise ValueError(f"a grid of {len(points)} points needs as many profiles, not {len(self.traces)}")
+            raise ValueError(f"a grid of {len(points)} points needs as many lifetime traces, not {len(self.traces)}")
         for point, trace in zip(points[1:], self.traces[1:]):
             _same_structure(self.traces[0], trace, _describe(point))
 
@@ -115,7 +115,7 @@ class SizedTrace:
         missing = set(self.sizes) - set(sizes)
         unknown = set(sizes) - set(self.sizes)
         if missing or unknown:
-            raise ValueError(f"the profile was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
+            raise ValueError(f"the trace was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
         if any(type(value) is not int or not 0 < value <= MAX_SIZE_VALUE for value in sizes.values()):
             raise ValueError(f"sizes must be integers from 1 to {MAX_SIZE_VALUE:,}: {dict(sizes)}")
         if self._native is None:
