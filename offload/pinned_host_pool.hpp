@@ -5,8 +5,8 @@
 // 512 B rounding, best fit, splitting and coalescing, and stream-ordered reuse, so a host block
 // returns to the pool only once the copies that used it have completed (record_stream(block,
 // copy stream) before free, as on the device). Pinning is costly (cudaHostRegister locks every
-// page), so segments are kept until the pool is destroyed and never given back to make room
-// (reserve_headroom:1).
+// page), so the step blocks' segments are kept until the pool is destroyed and never given back
+// to make room (reserve_headroom:1); resident segments go back with their last block (below).
 //
 // Note [One pinned arena]
 // Segments made during one step are as many as the first blocks that needed them; a later step
@@ -26,7 +26,8 @@
 // the optimizer) share the pool's segments' source, so one device has one pinned pool: one
 // host-memory limit counting both kinds, one NUMA placement, one set of statistics. They come
 // from an allocator of their own over that source, so they sit in segments of their own, never
-// in the arena, and settle() ignores them: a pool holding resident blocks settles whenever no
+// in the arena (a long-lived block there would split its one free range, and the pool would never
+// be idle), and settle() ignores them: a pool holding resident blocks settles whenever no
 // step block is allocated. A resident segment goes back to the host as soon as its last block is
 // freed (free_resident), as the optimizer's own pool did when the optimizer went: cached, it
 // would hold host memory (and limit room) the steps' blocks cannot use.
