@@ -1,6 +1,7 @@
 #include "offload/pinned_host_pool.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 
 #include "allocator/base/errors.hpp"
@@ -17,7 +18,8 @@ AllocatorConfig PinnedHostPool::pool_config() {
 
 PinnedHostPool::PinnedHostPool(DeviceBackend& backend, PinnedHostPoolOptions options)
     : segments_(backend, NumaHostMemory::near_device(options.pci_bus_id), options.limit_bytes),
-      allocator_(backend, segments_, pool_config()) {}
+      allocator_(backend, segments_, pool_config()),
+      resident_(backend, segments_, pool_config()) {}
 
 void* PinnedHostPool::allocate(std::size_t bytes, Stream stream) {
   return allocator_.malloc(bytes, stream);
@@ -28,6 +30,21 @@ void* PinnedHostPool::try_allocate(std::size_t bytes, Stream stream) {
     return allocator_.malloc(bytes, stream);
   } catch (const OutOfMemory&) {
     return nullptr;
+  }
+}
+
+void* PinnedHostPool::allocate_resident(std::size_t bytes) {
+  return resident_.malloc(bytes, Stream{});
+}
+
+void PinnedHostPool::free_resident(void* ptr) noexcept {
+  resident_.free(ptr);
+  try {  // no copy uses a resident block once it is freed: nothing to wait for
+    resident_.release_free_segments(SizeClass::kLarge);
+    resident_.release_free_segments(SizeClass::kSmall);
+  } catch (const std::exception& error) {
+    log_warning(
+        detail::concat("the pinned host pool kept a freed resident segment: ", error.what()));
   }
 }
 
@@ -53,21 +70,24 @@ bool PinnedHostPool::settle(Stream stream) {
 
 void PinnedHostPool::note_peaks(const DeviceStats& stats) {
   peak_allocated_ = std::max(peak_allocated_, stats.allocated_bytes.all().peak);
-  peak_reserved_ = std::max(peak_reserved_, stats.reserved_bytes.all().peak);
 }
 
 PinnedHostPoolStats PinnedHostPool::stats() const {
-  const DeviceStats stats = allocator_.stats();
+  const DeviceStats steps = allocator_.stats();
+  const DeviceStats resident = resident_.stats();
   std::lock_guard lock(settle_mutex_);
   PinnedHostPoolStats out;
-  out.allocated_bytes = stats.allocated_bytes.all().current;
-  out.peak_allocated_bytes = std::max(peak_allocated_, stats.allocated_bytes.all().peak);
-  out.reserved_bytes = stats.reserved_bytes.all().current;
-  out.peak_reserved_bytes = std::max(peak_reserved_, stats.reserved_bytes.all().peak);
-  out.num_segments = stats.segment.all().current;
-  out.num_syncs = stats.num_sync_all_streams;
-  out.num_settles = num_settles_;
+  out.resident_allocated_bytes = resident.allocated_bytes.all().current;
+  out.resident_reserved_bytes = resident.reserved_bytes.all().current;
+  out.allocated_bytes = steps.allocated_bytes.all().current + out.resident_allocated_bytes;
+  out.peak_allocated_bytes = std::max(peak_allocated_, steps.allocated_bytes.all().peak) +
+                             resident.allocated_bytes.all().peak;
+  out.reserved_bytes = steps.reserved_bytes.all().current + out.resident_reserved_bytes;
   out.segments = segments_.stats();
+  out.peak_reserved_bytes = static_cast<std::int64_t>(out.segments.peak_bytes);
+  out.num_segments = steps.segment.all().current + resident.segment.all().current;
+  out.num_syncs = steps.num_sync_all_streams + resident.num_sync_all_streams;
+  out.num_settles = num_settles_;
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -47,6 +48,7 @@ std::size_t PinnedSegments::free_bytes() {
 }
 
 void* PinnedSegments::try_allocate(std::size_t bytes) {
+  const std::lock_guard lock(mutex_);
   if (bytes > free_bytes()) return nullptr;
   void* base = memory_.try_allocate(bytes);
   if (base == nullptr) return nullptr;
@@ -74,10 +76,12 @@ void* PinnedSegments::try_allocate(std::size_t bytes) {
   } else {
     pageable_bytes_ += bytes;
   }
+  peak_bytes_ = std::max(peak_bytes_.load(), pinned_bytes_.load() + pageable_bytes_.load());
   return base;
 }
 
 void PinnedSegments::free(void* base) {
+  const std::lock_guard lock(mutex_);
   const auto it = held_.find(base);
   STOWAGE_CHECK(it != held_.end(), "pinned host memory at ", base, " is not a segment of the pool");
   const Held held = it->second;
@@ -104,7 +108,7 @@ void PinnedSegments::release(void* base, const Held& held) noexcept {
 
 PinnedSegmentStats PinnedSegments::stats() const {
   return {pinned_bytes_.load(), pageable_bytes_.load(), num_pinnings_.load(),
-          pinning_refused_.load()};
+          pinning_refused_.load(), peak_bytes_.load()};
 }
 
 }  // namespace stowage

@@ -11,8 +11,10 @@
 // segment of its own size rounded to host pages, not to the device's 2 MiB, so the pool's
 // footprint follows the bytes it holds.
 //
-// Contract: used by one CachingAllocator, which calls it under its lock; the counters are
-// atomics so stats() may be read from any thread. Owns its segments: they go back to the host
+// Contract: thread-safe: the pool's two CachingAllocators (its step blocks' and its resident
+// blocks', Note [One pinned arena]) call it each under its own lock, so it holds a lock of its
+// own around its map and its limit check; the counters are atomics so stats() may be read from
+// any thread. The limit counts the segments of both. Owns its segments: they go back to the host
 // when the pool frees them or, at the latest, when this object is destroyed.
 #pragma once
 
@@ -20,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "allocator/device/backend.hpp"
@@ -33,6 +36,7 @@ struct PinnedSegmentStats {
   std::size_t pageable_bytes = 0;  // held but pageable (pinning was refused)
   std::int64_t num_pinnings = 0;   // segments pinned so far (register_host calls that succeeded)
   bool pinning_refused = false;    // the host refused to pin once: new segments are pageable
+  std::size_t peak_bytes = 0;      // the most held at once (pinned and pageable)
 };
 
 class PinnedSegments final : public SegmentMemory {
@@ -64,11 +68,13 @@ class PinnedSegments final : public SegmentMemory {
   DeviceBackend& backend_;
   NumaHostMemory memory_;
   const std::size_t limit_bytes_;
+  std::mutex mutex_;  // guards held_ and makes try_allocate's limit check and growth one step
   std::map<void*, Held> held_;
   std::atomic<std::size_t> pinned_bytes_{0};
   std::atomic<std::size_t> pageable_bytes_{0};
   std::atomic<std::int64_t> num_pinnings_{0};
   std::atomic<bool> pinning_refused_{false};
+  std::atomic<std::size_t> peak_bytes_{0};
 };
 
 }  // namespace stowage

@@ -1,10 +1,12 @@
 // The pinned host pool: the allocator's block machinery over page-locked host memory near the
-// GPU, its one pinned arena (Note [One pinned arena]) and its pageable fallback.
+// GPU, its one pinned arena (Note [One pinned arena]), its resident blocks beside the arena and
+// its pageable fallback.
 #include "offload/pinned_host_pool.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -184,6 +186,146 @@ TEST(PinnedHostPool, PastItsLimitThePoolSaysWhatRanOut) {
   void* fits = pool.allocate(6 * kMiB, stream);
   EXPECT_NE(fits, nullptr);
   pool.free(fits);
+  backend.destroy_stream(stream);
+}
+
+// Resident blocks: segments of their own, kept through settles, counted in the one limit.
+
+TEST(PinnedHostPool, SettlesWhileResidentBlocksAreHeldAndLeavesThemInPlace) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  void* large = pool.allocate_resident(3 * kMiB);
+  void* small = pool.allocate_resident(4096);
+  std::memset(large, 'L', 3 * kMiB);
+  std::memset(small, 's', 4096);
+  const PinnedHostPoolStats before = pool.stats();
+  EXPECT_EQ(before.resident_allocated_bytes, as_signed(3 * kMiB + 4096));
+  EXPECT_EQ(before.allocated_bytes, before.resident_allocated_bytes);
+  run_step(pool, stream, {4 * kMiB, 6 * kMiB});
+  EXPECT_TRUE(pool.settle(stream)) << "resident blocks do not keep the pool from settling";
+  const PinnedHostPoolStats settled = pool.stats();
+  EXPECT_EQ(settled.num_settles, 1);
+  EXPECT_EQ(settled.resident_reserved_bytes, before.resident_reserved_bytes);
+  EXPECT_EQ(settled.reserved_bytes - settled.resident_reserved_bytes, as_signed(10 * kMiB))
+      << "the step segments became one arena of the step's peak";
+  EXPECT_EQ(static_cast<char*>(large)[3 * kMiB - 1], 'L');
+  EXPECT_EQ(static_cast<char*>(small)[4095], 's');
+  void* held = pool.allocate(4 * kMiB, stream);
+  EXPECT_FALSE(pool.settle(stream)) << "a step block is still allocated";
+  pool.free(held);
+  pool.free_resident(large);
+  pool.free_resident(small);
+  const PinnedHostPoolStats freed = pool.stats();
+  EXPECT_EQ(freed.resident_allocated_bytes, 0);
+  EXPECT_EQ(freed.resident_reserved_bytes, 0) << "a resident segment goes back with its last block";
+  EXPECT_EQ(freed.reserved_bytes, as_signed(10 * kMiB));
+  pool.check_invariants();
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, ResidentBlocksNeverLandInTheArena) {
+  HostBackend backend(device_options());
+  PinnedHostPool pool(backend, {});
+  const Stream stream = backend.create_stream();
+  run_step(pool, stream, {8 * kMiB, 8 * kMiB});
+  ASSERT_TRUE(pool.settle(stream));
+  const PinnedHostPoolStats arena = pool.stats();
+  ASSERT_EQ(arena.num_segments, 1);
+  void* probe = pool.allocate(16 * kMiB, stream);  // the arena's one free range
+  const auto* arena_begin = static_cast<const char*>(probe);
+  const auto* arena_end = arena_begin + 16 * kMiB;
+  pool.free(probe);
+  std::vector<void*> resident;
+  for (const std::size_t bytes : {std::size_t{4096}, 2 * kMiB, 5 * kMiB}) {
+    resident.push_back(pool.allocate_resident(bytes));
+    const auto* block = static_cast<const char*>(resident.back());
+    EXPECT_TRUE(block + bytes <= arena_begin || block >= arena_end) << "a resident block in the arena";
+  }
+  const PinnedHostPoolStats after = pool.stats();
+  EXPECT_EQ(after.segments.num_pinnings, arena.segments.num_pinnings + 3) << "segments of their own";
+  EXPECT_EQ(after.reserved_bytes - after.resident_reserved_bytes, arena.reserved_bytes);
+  run_step(pool, stream, {8 * kMiB, 8 * kMiB});  // the step still fits its arena
+  EXPECT_EQ(pool.stats().segments.num_pinnings, after.segments.num_pinnings);
+  EXPECT_FALSE(pool.settle(stream)) << "one arena already";
+  for (void* block : resident) pool.free_resident(block);
+  pool.check_invariants();
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, ItsLimitCountsStepAndResidentBlocks) {
+  HostBackend backend(device_options());
+  PinnedHostPoolOptions options;
+  options.limit_bytes = 16 * kMiB;
+  PinnedHostPool pool(backend, options);
+  const Stream stream = backend.create_stream();
+  void* state = pool.allocate_resident(10 * kMiB);
+  EXPECT_EQ(pool.try_allocate(8 * kMiB, stream), nullptr) << "10 MiB resident + 8 MiB > 16 MiB";
+  void* page = pool.allocate(4 * kMiB, stream);
+  try {
+    pool.allocate_resident(4 * kMiB);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& error) {
+    EXPECT_NE(std::string(error.what()).find("out of memory on pinned host memory"),
+              std::string::npos)
+        << error.what();
+  }
+  pool.free_resident(state);  // its segment goes back: room for the steps
+  void* larger = pool.allocate(8 * kMiB, stream);
+  EXPECT_NE(larger, nullptr);
+  EXPECT_LE(pool.stats().peak_reserved_bytes, as_signed(16 * kMiB));
+  pool.free(page);
+  pool.free(larger);
+  pool.check_invariants();
+  backend.destroy_stream(stream);
+}
+
+TEST(PinnedHostPool, RandomStepsAndResidentBlocksKeepTheInvariants) {
+  HostBackend backend(device_options());
+  PinnedHostPoolOptions options;
+  options.limit_bytes = 160 * kMiB;
+  PinnedHostPool pool(backend, options);
+  const Stream stream = backend.create_stream();
+  std::mt19937 random(11);
+  std::uniform_int_distribution<std::size_t> step_size(512, 4 * kMiB);
+  std::uniform_int_distribution<std::size_t> resident_size(1, 3 * kMiB);
+  std::vector<std::pair<void*, std::size_t>> resident;  // block, bytes (its bytes hold their size's low byte)
+  for (int step = 0; step < 40; ++step) {
+    if (random() % 3 == 0 && !resident.empty()) {
+      const std::size_t victim = random() % resident.size();
+      pool.free_resident(resident[victim].first);
+      resident.erase(resident.begin() + static_cast<std::ptrdiff_t>(victim));
+    }
+    if (random() % 2 == 0) {
+      const std::size_t bytes = resident_size(random);
+      void* block = pool.allocate_resident(bytes);
+      std::memset(block, static_cast<int>(bytes & 0xff), bytes);
+      resident.emplace_back(block, bytes);
+    }
+    std::vector<std::size_t> sizes(1 + random() % 12);
+    for (auto& size : sizes) size = step_size(random);
+    run_step(pool, stream, sizes);
+    pool.settle(stream);
+    pool.check_invariants();
+    const PinnedHostPoolStats stats = pool.stats();
+    std::int64_t resident_bytes = 0;
+    for (const auto& [block, bytes] : resident) {
+      resident_bytes += as_signed(pool.resident_block_size(block));
+      const auto* data = static_cast<const unsigned char*>(block);
+      ASSERT_EQ(data[0], bytes & 0xff) << "a resident block moved or was overwritten";
+      ASSERT_EQ(data[bytes - 1], bytes & 0xff) << "a resident block moved or was overwritten";
+    }
+    EXPECT_EQ(stats.allocated_bytes, resident_bytes) << "step " << step << ": only resident blocks held";
+    EXPECT_EQ(stats.resident_allocated_bytes, resident_bytes);
+    EXPECT_EQ(stats.reserved_bytes,
+              as_signed(stats.segments.pinned_bytes + stats.segments.pageable_bytes));
+    EXPECT_LE(stats.peak_reserved_bytes, as_signed(160 * kMiB)) << "past the one limit";
+    EXPECT_GE(stats.peak_reserved_bytes, stats.reserved_bytes);
+  }
+  EXPECT_GT(pool.stats().num_settles, 0);
+  for (const auto& entry : resident) pool.free_resident(entry.first);
+  EXPECT_EQ(pool.stats().resident_reserved_bytes, 0);
+  pool.check_invariants();
   backend.destroy_stream(stream);
 }
 

@@ -302,6 +302,53 @@ def test_states_live_in_the_pinned_host_pool_in_cpu_mode() -> None:
     assert stats["pinned_bytes"] + stats["pageable_bytes"] >= stats["allocated_bytes"]
 
 
+def test_the_states_and_the_activations_share_one_pinned_pool_whose_arena_still_settles() -> None:
+    """One pinned pool per device (Note [One pinned arena]): the optimizer's states are its
+    resident blocks, so memory_stats()'s offload.pinned.* bytes count them, and the activations'
+    arena still settles between steps while they are held; they go back with the optimizer. In a
+    fresh interpreter: CPU mode's pool is per process, and an earlier test's arena may fit these
+    steps already."""
+    script = """
+        import gc, torch, stowage
+        from offload_models import MlpStack
+        from test_offload_adamw import HYPER
+        stowage.enable(device="cpu", capacity="4GiB")
+        torch.manual_seed(0)
+        model = MlpStack(blocks=2, width=128, hidden=512)
+        optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)
+        states = optimizer.host_stats()["allocated_bytes"]
+        assert states >= 8 * sum(p.numel() for p in model.parameters()), states
+        stats = stowage.memory_stats()
+        assert stats["offload.pinned.allocated_bytes.current"] == states, (stats, states)
+        assert stats["offload.pinned.reserved_bytes.current"] >= states
+        settles = [stats.get("offload.pinned.num_settles", 0)]
+        for rows in (1024, 2048, 1024, 3072):  # activations of 2 MiB and more: the arena's large class
+            with stowage.offload.activations(min_bytes="64KiB"):
+                loss = model(torch.randn(rows, 128)).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            stowage.mark_step()
+            stats = stowage.memory_stats()
+            assert stats["offload.pinned.allocated_bytes.current"] == states, "only the states stay"
+            settles.append(stats["offload.pinned.num_settles"])
+        assert settles[1] > settles[0] and settles[4] > settles[2], f"the arena did not settle: {settles}"
+        assert optimizer.host_stats()["allocated_bytes"] == states
+        reserved = stats["offload.pinned.reserved_bytes.current"]
+        optimizer.close()
+        del optimizer
+        gc.collect()
+        after = stowage.memory_stats()
+        assert after["offload.pinned.allocated_bytes.current"] == 0
+        assert after["offload.pinned.reserved_bytes.current"] <= reserved - states, "the states' segments stayed"
+        print("settles", settles)
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=300, cwd=HERE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "settles" in done.stdout
+
+
 def test_the_optimizer_s_copies_are_counted_in_the_offload_statistics() -> None:
     """Gradients out and parameters back cross the offload engine's streams, so memory_stats()'s
     offload.* copy counters see them, beside the activations' pages: each step moves every

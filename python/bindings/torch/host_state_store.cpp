@@ -4,31 +4,21 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 
 namespace stowage::torch_offload {
 
-namespace {
-
-PinnedHostPoolOptions pool_options(DeviceBackend& backend, std::size_t limit_bytes) {
-  PinnedHostPoolOptions options;
-  options.limit_bytes = limit_bytes;
-  options.pci_bus_id = backend.properties().pci_bus_id;
-  return options;
-}
-
-}  // namespace
-
-HostStateStore::HostStateStore(const c10::Device& device, std::size_t limit_bytes) {
+HostStateStore::HostStateStore(const c10::Device& device, std::size_t limit_bytes)
+    : limit_bytes_(limit_bytes) {
   OffloadEngine* engine = engine_for(device);
   if (engine == nullptr) {
     STOWAGE_CHECK(device.is_cpu(), "stowage cannot offload optimizer states of ", device.str(),
                   " tensors (a CUDA device, or CPU mode's, is needed)");
     return;  // a plain CPU device: ordinary tensors
   }
-  DeviceBackend& backend = engine->backend();
-  pool_ = std::make_shared<PinnedHostPool>(backend, pool_options(backend, limit_bytes));
+  pool_ = &engine->pool();
 }
 
 at::Tensor HostStateStore::empty(std::int64_t numel, at::ScalarType dtype) {
@@ -42,8 +32,24 @@ std::shared_ptr<void> HostStateStore::allocate(std::size_t bytes) {
     auto data = std::make_shared<c10::DataPtr>(c10::GetCPUAllocator()->allocate(bytes));
     return {data, data->get()};
   }
-  std::shared_ptr<PinnedHostPool> pool = pool_;
-  return {pool_->allocate(bytes, Stream{}), [pool](void* ptr) { pool->free(ptr); }};
+  const std::int64_t held = account_->current.load();
+  if (limit_bytes_ != 0 && static_cast<std::size_t>(held) + bytes > limit_bytes_) {
+    STOWAGE_THROW(OutOfMemory, "out of memory on pinned host memory: the optimizer's states hold ",
+                  format_bytes(static_cast<std::size_t>(held)), " of their limit of ",
+                  format_bytes(limit_bytes_), ", and ", format_bytes(bytes), " more were asked");
+  }
+  void* ptr = pool_->allocate_resident(bytes);
+  const auto size = static_cast<std::int64_t>(pool_->resident_block_size(ptr));
+  const auto now = account_->current += size;
+  auto peak = account_->peak.load();
+  while (now > peak && !account_->peak.compare_exchange_weak(peak, now)) {
+  }
+  PinnedHostPool* pool = pool_;
+  std::shared_ptr<Account> account = account_;
+  return {ptr, [pool, account, size](void* p) {
+            account->current -= size;
+            pool->free_resident(p);
+          }};
 }
 
 at::Tensor HostStateStore::tensor_over(const std::shared_ptr<void>& block, std::int64_t numel, at::ScalarType dtype) {
@@ -52,7 +58,12 @@ at::Tensor HostStateStore::tensor_over(const std::shared_ptr<void>& block, std::
 }
 
 PinnedHostPoolStats HostStateStore::stats() const {
-  return pool_ != nullptr ? pool_->stats() : PinnedHostPoolStats{};
+  if (pool_ == nullptr) return {};
+  PinnedHostPoolStats out = pool_->stats();
+  out.allocated_bytes = account_->current.load();
+  out.peak_allocated_bytes = account_->peak.load();
+  out.reserved_bytes = out.resident_reserved_bytes;
+  return out;
 }
 
 std::string HostStateStore::placement() const {

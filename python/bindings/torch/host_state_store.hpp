@@ -1,22 +1,31 @@
 // HostStateStore: host memory for the offloaded optimizer's states and staging buffers, as
 // torch CPU tensors.
 //
-// For a CUDA device (or CPU mode's simulated device) the memory comes from a pinned host pool of
-// the store's own over that device's backend: page-locked on the NUMA nodes nearest the GPU, so
-// the gradient and parameter copies run at the link's speed, and pageable with one warning when
-// the host refuses to pin (PinnedSegments). The optimizer's pool is not the activation pager's:
-// its blocks live as long as the optimizer, and the pager's pool settles into one arena only
-// when it is idle (Note [One pinned arena]). For a plain CPU device there is nothing to pin
-// for, and the tensors are torch's ordinary CPU tensors.
+// For a CUDA device (or CPU mode's simulated device) the memory comes from that device's pinned
+// host pool, the one its offload engine's activation pager uses (offload_engines.hpp): page-locked
+// on the NUMA nodes nearest the GPU, so the gradient and parameter copies run at the link's speed,
+// and pageable with one warning when the host refuses to pin (PinnedSegments). One pool per device
+// means one host-memory limit, one placement and one set of statistics (stowage.memory_stats()'s
+// offload.pinned.* keys count the states too). The states are the pool's resident blocks
+// (allocate_resident): they live as long as the optimizer, so they sit in segments of their own,
+// never in the activations' arena, which still settles between steps while they are held (Note
+// [One pinned arena]); a segment goes back to the host once its last state is freed. For a plain
+// CPU device there is nothing to pin for, and the tensors are torch's ordinary CPU tensors.
 //
-// Contract: thread-safe. Each tensor keeps the pool alive (its deleter holds a reference), so
-// tensors may outlive the store. The caller makes sure no copy still uses a tensor's memory
-// when the tensor is freed (the optimizer waits for its copies first).
+// The store's limit caps its own bytes (the blocks it handed out and that are still held), not the
+// pool's; the pool's limit caps the pool's. stats() reports the store's own allocated bytes, the
+// pool's resident segments as reserved bytes, and the pool's pinned and pageable bytes.
+//
+// Contract: thread-safe. Each tensor keeps the store's byte count alive (its deleter holds a
+// reference), so tensors may outlive the store; the pool is its engine's, and engines are never
+// destroyed. The caller makes sure no copy still uses a tensor's memory when the tensor is freed
+// (the optimizer waits for its copies first): its block goes back without waiting for a stream.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,8 +37,8 @@ namespace stowage::torch_offload {
 
 class HostStateStore {
  public:
-  // Host memory for optimizer states of parameters on `device`, at most `limit_bytes` of it
-  // (0: the host's physical memory).
+  // Host memory for optimizer states of parameters on `device`, at most `limit_bytes` of it held
+  // at once (0: no cap but the pool's).
   HostStateStore(const c10::Device& device, std::size_t limit_bytes);
 
   // A contiguous 1-D tensor of `numel` elements, uninitialised.
@@ -43,7 +52,15 @@ class HostStateStore {
   std::string placement() const;
 
  private:
-  std::shared_ptr<PinnedHostPool> pool_;  // null for a plain CPU device
+  // The bytes of the store's blocks still held, shared with their deleters.
+  struct Account {
+    std::atomic<std::int64_t> current{0};
+    std::atomic<std::int64_t> peak{0};
+  };
+
+  PinnedHostPool* pool_ = nullptr;  // the engine's; null for a plain CPU device
+  std::size_t limit_bytes_ = 0;
+  std::shared_ptr<Account> account_ = std::make_shared<Account>();
 };
 
 }  // namespace stowage::torch_offload

@@ -554,7 +554,8 @@ class Adam(torch.optim.Optimizer):
                     self.state[param] = self._device_optimizer.state[param]
 
     def host_stats(self) -> dict[str, Any]:
-        """The host memory the states take (bytes, pinned or pageable), where it is placed, the
+        """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the whole
+        device's pinned pool's, which the activations' pages share), where it is placed, the
         CPUs that update it, the time spent in host updates so far and the time spent comparing
         parameters' and gradients' bytes (seconds)."""
         return self._slots.host_stats()
