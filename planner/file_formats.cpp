@@ -12,11 +12,6 @@
 namespace stowage::planner {
 namespace {
 
-std::string joined(std::initializer_list<std::string_view> parts) {
-  std::string out;
-  for (const std::string_view part : parts) out.append(part);
-  return out;
-}
 
 // The bounds a lifetime trace document sets for itself (its counts), by their index in Bound::ref.
 enum BoundIndex : int { kLastOp, kLastTensor, kLastRegion, kPrefetchPages, kBoundCount };

@@ -7,14 +7,14 @@
 #include <string_view>
 
 namespace stowage::planner {
-namespace {
 
-// One string from parts (appended: GCC 12 warns falsely on "literal" + std::string).
 std::string joined(std::initializer_list<std::string_view> parts) {
   std::string out;
   for (const std::string_view part : parts) out.append(part);
   return out;
 }
+
+namespace {
 
 // A bound's value and how a refusal names it: "(why)" for a fixed upper bound's reason, ", why"
 // for one the document sets.

@@ -27,10 +27,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -69,6 +71,8 @@ std::string grouped(WideCount value);
 std::string grouped(std::int64_t value);
 // A number as Python's repr writes it: integers as "1000.0", others shortest round-trip.
 std::string real_text(double value);
+// One string from parts (appended: GCC 12 warns falsely on "literal" + std::string).
+std::string joined(std::initializer_list<std::string_view> parts);
 
 // An integer bound, a real one, or one the document sets (its index among check()'s bounds).
 struct Bound {

@@ -157,17 +157,7 @@ void bind_store(py::module_& module) {
            }),
            py::arg("device"), py::arg("limit_bytes") = 0)
       .def("empty", &HostStateStore::empty, py::arg("numel"), py::arg("dtype"))
-      .def("placement", &HostStateStore::placement)
-      .def("stats", [](const HostStateStore& self) {
-        const PinnedHostPoolStats stats = self.stats();
-        py::dict out;
-        out["allocated_bytes"] = stats.allocated_bytes;
-        out["reserved_bytes"] = stats.reserved_bytes;
-        out["pinned_bytes"] = stats.segments.pinned_bytes;
-        out["pageable_bytes"] = stats.segments.pageable_bytes;
-        out["pinning_refused"] = stats.segments.pinning_refused;
-        return out;
-      });
+      .def("placement", &HostStateStore::placement);
 }
 
 
