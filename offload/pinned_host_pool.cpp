@@ -40,8 +40,7 @@ void* PinnedHostPool::allocate_resident(std::size_t bytes) {
 void PinnedHostPool::free_resident(void* ptr) noexcept {
   resident_.free(ptr);
   try {  // no copy uses a resident block once it is freed: nothing to wait for
-    resident_.release_free_segments(SizeClass::kLarge);
-    resident_.release_free_segments(SizeClass::kSmall);
+    resident_.empty_cache();
   } catch (const std::exception& error) {
     log_warning(
         detail::concat("the pinned host pool kept a freed resident segment: ", error.what()));

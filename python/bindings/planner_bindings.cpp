@@ -102,7 +102,6 @@ void bind_recording(py::module_& module) {
           py::arg("region"), py::arg("written"))
       .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"))
       .def("taken_back", &planner::StepLedger::taken_back, py::arg("storage"))
-      .def_property_readonly("ops", &planner::StepLedger::ops)
       .def("storage_order", &planner::StepLedger::storage_order)
       .def("recording", &planner::StepLedger::recording, py::arg("ops"), py::arg("regions"));
   module.def("build_trace", &planner::build_trace, py::arg("recording"),

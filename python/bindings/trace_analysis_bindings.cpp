@@ -298,14 +298,6 @@ py::array_t<std::int8_t> stack_flags_of(const py::list& stacks) {
 
 void bind_categories(py::module_& module) {
   using Stacks = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
-  py::dict bits;
-  for (const auto& [name, value] : {std::pair{"PYTHON", snapshot::kPython}, {"OPTIMIZER", snapshot::kOptimizer},
-                                    {"BACKWARD", snapshot::kBackward}, {"MODULE", snapshot::kModule},
-                                    {"ZERO_GRAD", snapshot::kZeroGrad}, {"LIBRARY_NN", snapshot::kLibraryNn},
-                                    {"LOSS", snapshot::kLoss}}) {
-    bits[name] = value;
-  }
-  module.attr("stack_flag_bits") = bits;
   py::tuple names(std::size(snapshot::kCategoryNames));
   for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) names[k] = snapshot::kCategoryNames[k];
   module.attr("category_names") = names;

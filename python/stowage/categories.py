@@ -37,9 +37,6 @@ from stowage.snapshot_reader.columns import TraceColumns
 CATEGORIES: tuple[str, ...] = _core.category_names
 PARAMETERS, GRADIENTS, STATES, ACTIVATIONS, INPUTS, TEMPORARIES, UNKNOWN = range(len(CATEGORIES))
 
-# Stack flags, from the frames of one stack (snapshot/categories.hpp says each).
-PYTHON, OPTIMIZER, BACKWARD, MODULE, ZERO_GRAD, LIBRARY_NN, LOSS = (
-    _core.stack_flag_bits[name] for name in ("PYTHON", "OPTIMIZER", "BACKWARD", "MODULE", "ZERO_GRAD", "LIBRARY_NN", "LOSS"))
 def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
     """The stack flags of every LivePairs position (int8; each stack's read off its frames:
     snapshot/categories.hpp's stack_flags)."""

@@ -454,7 +454,8 @@ class Adam(torch.optim.Optimizer):
 
     def _add_state_entries(self, slots: list[int]) -> None:
         for index in slots:
-            self.state.setdefault(self._params[index], self._slots.state_entry(index))
+            if self._params[index] not in self.state:  # the entry's views, made once
+                self.state[self._params[index]] = self._slots.state_entry(index)
 
     def _write_back(self, bucket: int) -> None:
         """Waits for `bucket`'s update and starts writing its parameters back."""

@@ -43,7 +43,7 @@ from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace
 
 FORMAT = LIFETIMES
 _RENAMED = {"LifetimeProfile": "LifetimeTrace"}  # the previous release's names, dropped in the next
-_PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
+PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
            "optimizer": _core.TracePhase.optimizer}
 
 
@@ -120,7 +120,7 @@ class LifetimeTrace:
 def native_trace(ops: list[OpRecord], tensors: list[TensorRecord]) -> Any:
     """Ops and saved tensors as the C++ planner takes them (stowage._core.LifetimeTrace)."""
     trace = _core.LifetimeTrace()
-    trace.ops = [_core.TraceOp(o.name, o.module, _PHASES[o.phase], o.duration_ms, o.other_bytes, o.region,
+    trace.ops = [_core.TraceOp(o.name, o.module, PHASES[o.phase], o.duration_ms, o.other_bytes, o.region,
                                o.in_use_bytes, o.io_bytes) for o in ops]
     trace.tensors = [_core.SavedTensor(t.module, t.bytes, t.created, t.last_forward_use, t.first_backward_use,
                                        t.last_backward_use, t.recompute_ms, t.recomputable, t.offloadable,

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.calibration import measure_cost
-from stowage.plan.lifetimes import OpRecord, RegionRecord
+from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
 from stowage.plan.module_frames import Frame, ModuleFrames, block_modules, in_backward
 
 
@@ -55,10 +55,16 @@ class _DeviceMeter:
 
 
 def _storage_key(tensor: Any) -> int:
+    return _storage_key_and_bytes(tensor)[0]
+
+
+def _storage_key_and_bytes(tensor: Any) -> tuple[int, int]:
+    """The storage's address (its key) and size; (0, 0) for tensors without storage (sparse, fakes)."""
     try:
-        return int(tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, fakes)
-        return 0
+        storage = tensor.untyped_storage()
+        return int(storage.data_ptr()), int(storage.nbytes())
+    except (RuntimeError, NotImplementedError):
+        return 0, 0
 
 
 # Ops a replay does not reproduce: cuDNN's and MIOpen's fused RNNs keep state of their own for
@@ -144,7 +150,7 @@ class StepRecorder:
         op.io_bytes = sum(t.numel() * t.element_size() for t in inputs + outputs)
         schema = getattr(func, "_schema", None)
         is_view = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        self.ledger.op_ran(getattr(_core.TracePhase, phase), [_storage_key(t) for t in inputs],
+        self.ledger.op_ran(PHASES[phase], [_storage_key(t) for t in inputs],
                            [] if is_view else [_storage_key(t) for t in outputs])
         return out
 
@@ -164,8 +170,8 @@ class StepRecorder:
         if in_backward():
             return keep(tensor)
         top = self.frames.top
-        key = _storage_key(tensor)
-        storage = self.ledger.save(key, int(tensor.untyped_storage().nbytes()) if key else 0, self.active_region)
+        key, nbytes = _storage_key_and_bytes(tensor)
+        storage = self.ledger.save(key, nbytes, self.active_region)
         site = ("", -1, self.loose_saves) if top is None else (top.path, top.call, top.saves)
         if storage is None:  # a parameter's or buffer's, or no storage: no decision reaches it
             if top is not None:
