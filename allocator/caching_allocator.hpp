@@ -43,8 +43,8 @@
 // Note [Allocated ceiling]
 // A soft cap on allocated bytes, for a caller that plans memory (stowage.plan holds a step to its
 // budget with it). A request that would take allocated memory past the ceiling first asks the
-// pressure handlers to let go of the excess, the offload pager by waiting for its oldest
-// page-outs, which frees their device blocks; it is then served as usual, past the ceiling if
+// pressure handlers to let go of the excess, the offloader by waiting for its oldest
+// offloads, which frees their device blocks; it is then served as usual, past the ceiling if
 // nothing could be let go: the ceiling slows a request down, never fails it (the limit does).
 // largest_available_block() counts only what fits under it, so prefetching stays under it too.
 // Requests routed to a private pool ignore it (nothing may wait under a capture).

@@ -1,7 +1,7 @@
 // What the allocator asks, when the device is full, before it gives up (Note [Miss path]), and
 // before a request takes allocated memory past the allocated ceiling (Note [Allocated ceiling]).
 //
-// A MemoryPressureHandler can make room at a cost: the offload pager, for instance, copies
+// A MemoryPressureHandler can make room at a cost: the offloader, for instance, copies
 // tensors to host memory and frees their device blocks. The allocator calls handlers only after
 // the cheap steps failed (cached blocks, a new segment, releasing wholly free cached segments),
 // without holding its lock, so a handler may call CachingAllocator::free. Handlers are called in

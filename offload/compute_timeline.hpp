@@ -1,10 +1,10 @@
-// ComputeTimeline: where the computation that produces and consumes paged tensors runs, as the
+// ComputeTimeline: where the computation that produces and consumes offloaded tensors runs, as the
 // offload engine needs to order its copies against it.
 //
-// On a GPU the compute is a device stream (DeviceStreamTimeline): a page-out's copy waits for an
-// event recorded on it, and a page-in makes it wait for the copy's completion, so the host never
+// On a GPU the compute is a device stream (DeviceStreamTimeline): an offload's copy waits for an
+// event recorded on it, and a reload makes it wait for the copy's completion, so the host never
 // blocks. In CPU mode the compute is the calling thread itself (HostThreadTimeline): an op has
-// run before the next line of Python, so a copy has nothing to wait for, and a page-in blocks the
+// run before the next line of Python, so a copy has nothing to wait for, and a reload blocks the
 // thread until the copy is done. That wait stands for the GPU's stream wait: the engine counts it
 // as stall time, not as a synchronisation (synchronisations are the waits a GPU would block the
 // host for too). Either way the moment the compute reaches the wait is recorded on a timing

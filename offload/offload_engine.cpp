@@ -5,8 +5,8 @@
 namespace stowage {
 
 std::unique_ptr<PrefetchPolicy> make_prefetch_policy(const OffloadEngineOptions& options) {
-  if (options.prefetch_pages.has_value()) {
-    return std::make_unique<FixedPrefetch>(*options.prefetch_pages);
+  if (options.prefetch_depth.has_value()) {
+    return std::make_unique<FixedPrefetch>(*options.prefetch_depth);
   }
   return std::make_unique<AdaptivePrefetch>(options.max_prefetch_bytes);
 }
@@ -18,27 +18,27 @@ OffloadEngine::OffloadEngine(DeviceBackend& backend, CachingAllocator* allocator
       allocator_(allocator),
       pool_(backend, options.pool),
       transfers_(backend),
-      pager_(std::make_unique<Pager>(backend, transfers_, pool_, std::move(allocate),
+      offloader_(std::make_unique<Offloader>(backend, transfers_, pool_, std::move(allocate),
                                      std::move(room), make_prefetch_policy(options))) {
-  if (allocator_ != nullptr) allocator_->add_pressure_handler(pager_.get());
+  if (allocator_ != nullptr) allocator_->add_pressure_handler(offloader_.get());
 }
 
 OffloadEngine::~OffloadEngine() {
-  if (allocator_ != nullptr) allocator_->remove_pressure_handler(pager_.get());
-  pager_.reset();  // before the engine and the pool it uses
+  if (allocator_ != nullptr) allocator_->remove_pressure_handler(offloader_.get());
+  offloader_.reset();  // before the engine and the pool it uses
 }
 
 void OffloadEngine::end_step() {
-  pager_->synchronize();
+  offloader_->synchronize();
   pool_.settle(transfers_.stream(TransferDirection::kToHost));
 }
 
 OffloadStats OffloadEngine::stats() {
-  return {pager_->stats(), transfers_.stats(), pool_.stats()};
+  return {offloader_->stats(), transfers_.stats(), pool_.stats()};
 }
 
 std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const OffloadStats& stats) {
-  const PagerStats& p = stats.pager;
+  const OffloaderStats& p = stats.offloader;
   const TransferStats& t = stats.transfers;
   const PinnedHostPoolStats& pool = stats.pool;
   const auto rate = [&](TransferDirection direction) {
@@ -47,11 +47,11 @@ std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const Of
   std::vector<std::pair<std::string, std::int64_t>> out = {
       {"offload.offloaded_bytes.current", p.offloaded_bytes.current},
       {"offload.offloaded_bytes.peak", p.offloaded_bytes.peak},
-      {"offload.pages", p.pages},
-      {"offload.num_page_outs", p.num_page_outs},
-      {"offload.bytes_paged_out", p.bytes_paged_out},
-      {"offload.num_page_ins", p.num_page_ins},
-      {"offload.bytes_paged_in", p.bytes_paged_in},
+      {"offload.buffers", p.buffers},
+      {"offload.num_offloads", p.num_offloads},
+      {"offload.bytes_offloaded", p.bytes_offloaded},
+      {"offload.num_reloads", p.num_reloads},
+      {"offload.bytes_reloaded", p.bytes_reloaded},
       {"offload.num_prefetched", p.num_prefetched},
       {"offload.num_still_resident", p.num_still_resident},
       {"offload.num_host_full", p.num_host_full},
@@ -79,6 +79,13 @@ std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const Of
       {"offload.pinned.num_pinnings", pool.segments.num_pinnings},
       {"offload.pinned.pinning_refused", pool.segments.pinning_refused ? 1 : 0},
       {"offload.pinned.num_settles", pool.num_settles},
+      // The previous release's names of offload.buffers, num_offloads, bytes_offloaded,
+      // num_reloads and bytes_reloaded, kept for one release.
+      {"offload.pages", p.buffers},
+      {"offload.num_page_outs", p.num_offloads},
+      {"offload.bytes_paged_out", p.bytes_offloaded},
+      {"offload.num_page_ins", p.num_reloads},
+      {"offload.bytes_paged_in", p.bytes_reloaded},
   };
   return out;
 }

@@ -1,5 +1,5 @@
 // OffloadEngine: one device's offload machinery, composed: the pinned host pool, the transfer
-// engine and the pager over them, registered as its device allocator's pressure handler.
+// engine and the offloader over them, registered as its device allocator's pressure handler.
 //
 // The torch layer makes one per device it offloads from (python/bindings/torch/offload/) and
 // reads its statistics into stowage.memory_stats() under "offload." keys.
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
-#include "offload/pager.hpp"
+#include "offload/offloader.hpp"
 #include "offload/pinned_host_pool.hpp"
 #include "offload/prefetch_policy.hpp"
 #include "offload/transfer_engine.hpp"
@@ -26,8 +26,8 @@ namespace stowage {
 
 struct OffloadEngineOptions {
   PinnedHostPoolOptions pool;
-  // Pages ahead of use: nullopt adapts (Note [Prefetch window]) up to max_prefetch_bytes.
-  std::optional<std::size_t> prefetch_pages;
+  // Buffers ahead of use: nullopt adapts (Note [Prefetch window]) up to max_prefetch_bytes.
+  std::optional<std::size_t> prefetch_depth;
   std::size_t max_prefetch_bytes = std::size_t{1} << 30;
 };
 
@@ -35,21 +35,21 @@ struct OffloadEngineOptions {
 std::unique_ptr<PrefetchPolicy> make_prefetch_policy(const OffloadEngineOptions& options);
 
 struct OffloadStats {
-  PagerStats pager;
+  OffloaderStats offloader;
   TransferStats transfers;
   PinnedHostPoolStats pool;
 };
 
 class OffloadEngine {
  public:
-  // `allocator` (nullable) is the device's stowage allocator: the pager relieves its pressure.
+  // `allocator` (nullable) is the device's stowage allocator: the offloader relieves its pressure.
   OffloadEngine(DeviceBackend& backend, CachingAllocator* allocator, DeviceAllocate allocate,
                 DeviceRoom room, const OffloadEngineOptions& options);
   ~OffloadEngine();
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;
 
-  Pager& pager() noexcept { return *pager_; }
+  Offloader& offloader() noexcept { return *offloader_; }
   TransferEngine& transfers() noexcept { return transfers_; }
   PinnedHostPool& pool() noexcept { return pool_; }
   DeviceBackend& backend() noexcept { return backend_; }
@@ -64,12 +64,12 @@ class OffloadEngine {
   CachingAllocator* allocator_;
   PinnedHostPool pool_;
   TransferEngine transfers_;
-  std::unique_ptr<Pager> pager_;
+  std::unique_ptr<Offloader> offloader_;
 };
 
 // The statistics as stowage.memory_stats() lists them: "offload.offloaded_bytes.current", ...
 // The copies' counts and bytes ("offload.to_host.bytes", ...) are every copy on the engine's
-// streams: the activations' pages and the offloaded optimizer's gradients and parameters.
+// streams: the activations' buffers and the offloaded optimizer's gradients and parameters.
 std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const OffloadStats& stats);
 
 }  // namespace stowage

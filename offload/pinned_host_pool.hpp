@@ -1,5 +1,5 @@
 // PinnedHostPool: a caching allocator for page-locked host memory, the offload engine's staging
-// area for tensors paged out of the device.
+// area for tensors offloaded from the device.
 //
 // It is the device allocator's own block machinery (CachingAllocator) over PinnedSegments:
 // 512 B rounding, best fit, splitting and coalescing, and stream-ordered reuse, so a host block

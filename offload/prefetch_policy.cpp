@@ -7,15 +7,15 @@ namespace stowage {
 
 namespace {
 
-// Of a copy's earliness, the part the lead gives up: earliness varies from page to page, so the
+// Of a copy's earliness, the part the lead gives up: earliness varies from buffer to buffer, so the
 // lead comes down slowly and goes up at once.
 constexpr double kSlackGivenUp = 0.25;
 
 }  // namespace
 
-bool AdaptivePrefetch::admits(std::size_t pages_ahead, std::size_t bytes_ahead,
+bool AdaptivePrefetch::admits(std::size_t buffers_ahead, std::size_t bytes_ahead,
                               std::size_t next_bytes) const {
-  if (pages_ahead == 0) return next_bytes <= max_bytes_;  // one page ahead at least
+  if (buffers_ahead == 0) return next_bytes <= max_bytes_;  // one buffer ahead at least
   return bytes_ahead + next_bytes <= window_bytes();
 }
 

@@ -1,6 +1,6 @@
 // TransferEngine: the copies between device memory and host memory, on streams of its own.
 //
-// One stream copies device-to-host (page-outs), another host-to-device (page-ins), so the two
+// One stream copies device-to-host (offloads), another host-to-device (reloads), so the two
 // directions overlap each other and the compute stream. Every copy is a Transfer: it waits for
 // an event the caller recorded (the compute that produced the data, or that allocated the
 // destination), then copies, bracketed by two timing events. The second one is the transfer's

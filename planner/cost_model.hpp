@@ -1,9 +1,8 @@
-// What moving and remaking activations costs on this machine: the copy bandwidth each way (the
-// host link, one copy at a time in each direction) and how many pages backward keeps coming back
-// ahead of use (the pager's fixed prefetch: each page asked for brings back the pages paged out
-// before it, until `prefetch_pages` are back or coming and unused).
-// Op durations are in the trace. Measured by a short calibration (python/stowage/plan), or given
-// by the user.
+// What moving and remaking activations costs on this machine: the copy bandwidth each way (the host
+// link, one copy at a time in each direction) and how many buffers backward keeps coming back ahead
+// of use (the offloader's fixed prefetch: each buffer asked for brings back the buffers offloaded
+// before it, until `prefetch_depth` are back or coming and unused). Op durations are in the trace.
+// Measured by a short calibration (python/stowage/plan), or given by the user.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +12,7 @@ namespace stowage::planner {
 struct CostModel {
   double to_host_bytes_per_ms = 0;    // device -> host
   double to_device_bytes_per_ms = 0;  // host -> device
-  std::size_t prefetch_pages = 2;
+  std::size_t prefetch_depth = 2;
 
   void validate() const;
 };

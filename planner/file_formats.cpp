@@ -14,13 +14,13 @@ namespace {
 
 
 // The bounds a lifetime trace document sets for itself (its counts), by their index in Bound::ref.
-enum BoundIndex : int { kLastOp, kLastTensor, kLastRegion, kPrefetchPages, kBoundCount };
+enum BoundIndex : int { kLastOp, kLastTensor, kLastRegion, kPrefetchDepth, kBoundCount };
 using TraceBounds = std::array<std::int64_t, kBoundCount>;
 
 TraceBounds trace_bounds(std::size_t ops, std::size_t tensors, std::size_t regions) {
   const auto count = [](std::size_t n) { return static_cast<std::int64_t>(n); };
   return {count(ops) - 1, count(tensors) - 1, count(regions) - 1,
-          std::max(kDefaultPrefetchPages, count(tensors))};
+          std::max(kDefaultPrefetchDepth, count(tensors))};
 }
 
 template <typename SpecType, typename... Args>
@@ -97,9 +97,10 @@ const SpecPtr& cost_spec() {
     return make<RecordSpec>(RecordSpec::Fields{
         {"to_host_bytes_per_ms", bandwidth()},
         {"to_device_bytes_per_ms", bandwidth()},
-        {"prefetch_pages",
-         make<IntSpec>(Bound::of(0), Bound::ref(kPrefetchPages, "the trace's saved tensors (a page each: no deeper "
-                                                                "prefetch exists)"))}});
+        {"prefetch_depth",
+         make<IntSpec>(Bound::of(0), Bound::ref(kPrefetchDepth, "the trace's saved tensors (one buffer each: no "
+                                                                "deeper prefetch exists)"))}},
+        RecordSpec::Fields{}, RecordSpec::Renamed{{"prefetch_pages", "prefetch_depth"}});
   }();
   return spec;
 }
@@ -443,7 +444,7 @@ std::optional<Refusal> check_decisions(DocumentView& view, DocNode decisions, co
         problem = joined({"'", decision, "' in region ", std::to_string(tensor.region), ", where saved tensor ",
                           std::to_string(found->second), " is ", recompute ? "offloaded" : "recomputed",
                           ": a region recomputes or offloads, never both (a checkpoint keeps what it saves out "
-                          "of the pager's reach)"});
+                          "of the offloader's reach)"});
       }
     }
     if (problem) return refuse("", {at_name("decisions"), at_index(t)}, std::move(*problem));

@@ -16,7 +16,7 @@
 //   thousands; the file's size bounds them first), kMaxText characters a name;
 // - indices: within the document's own lists (an op, a tensor, a region the trace has);
 // - the cost model: bandwidths from kMinBytesPerMs to kMaxBytesPerMs, and a prefetch depth no
-//   deeper than the trace has saved tensors (each page is one: a deeper one is the same plan,
+//   deeper than the trace has saved tensors (each buffer is one: a deeper one is the same plan,
 //   and the solver tries each depth);
 // - sizes (a sized trace): kMaxSizes sizes of kMinPoints to kMaxPoints points each, at most
 //   kMaxGridPoints points in the grid (checked before the grid is built), each size up to
@@ -61,7 +61,7 @@ inline constexpr std::int64_t kMaxCalls = std::int64_t{1} << 31;
 inline constexpr double kMinBytesPerMs = 1e3;   // 1 MB/s
 inline constexpr double kMaxBytesPerMs = 1e12;  // 1 PB/s
 // What a trace of fewer saved tensors may still name (the calibration's).
-inline constexpr std::int64_t kDefaultPrefetchPages = 2;
+inline constexpr std::int64_t kDefaultPrefetchDepth = 2;
 inline constexpr std::int64_t kMaxSizes = 8;
 inline constexpr std::int64_t kMinPoints = 2;
 inline constexpr std::int64_t kMaxPoints = 8;

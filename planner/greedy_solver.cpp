@@ -45,7 +45,7 @@ class OpClock {
 };
 
 // Where backward would start bringing `s` back if it were offloaded beside the tensors `plan`
-// offloads: when the page `prefetch_pages` before it in order of need is used (at the start of
+// offloads: when the buffer `prefetch_depth` before it in order of need is used (at the start of
 // backward for the first ones). `needs`: the first backward uses of the offloaded tensors, sorted,
 // `s` among them when `listed`; those needed at the same op count as ahead of it (an optimistic
 // estimate, which the simulation then checks; it also counts recompute chains).
@@ -54,8 +54,8 @@ std::size_t prefetch_issue_op(const Simulator& simulator, const std::vector<std:
   std::size_t before = static_cast<std::size_t>(
       std::upper_bound(needs.begin(), needs.end(), s.first_backward_use) - needs.begin());
   if (listed && before > 0) --before;
-  const std::size_t pages = simulator.cost().prefetch_pages;
-  return before < pages ? simulator.first_backward_op() : needs[before - pages];
+  const std::size_t buffers = simulator.cost().prefetch_depth;
+  return before < buffers ? simulator.first_backward_op() : needs[before - buffers];
 }
 
 std::vector<std::size_t> offloaded_needs(const LifetimeTrace& trace, const Plan& plan) {
@@ -109,7 +109,7 @@ std::vector<Candidate> candidates_at(const Simulator& simulator, const OpClock& 
     const std::size_t out_op = clock.op_at(clock.end(s.created) + bytes / cost.to_host_bytes_per_ms);
     if (s.offloadable && std::isfinite(lean.offload) && regions.allows(s, Decision::kOffload) && op > std::max(out_op, s.last_forward_use) &&
         op < issue) {
-      // The exposed part of the page-in, and a little for the link's use so that a free offload
+      // The exposed part of the reload, and a little for the link's use so that a free offload
       // of a small tensor is preferred to one of a large tensor.
       const double exposed = (estimated_cost(simulator, clock, needs, s, Decision::kOffload, true) +
                               1e-6 * bytes / cost.to_device_bytes_per_ms) * lean.offload;
@@ -128,7 +128,7 @@ std::vector<Candidate> candidates_at(const Simulator& simulator, const OpClock& 
 
 // Brings the peak under `budget` (or as low as the candidates allow).
 // With nothing to free at `op` by itself, offloads the kept tensor live there that backward needs
-// soonest: it takes one of the pages brought back first, so the page-ins of tensors needed later
+// soonest: it takes one of the buffers brought back first, so the reloads of tensors needed later
 // start later, after `op`. False when there is none.
 bool offload_sooner_needed(const Simulator& simulator, Plan& plan, RegionUse& regions, Lean lean, std::size_t op) {
   if (!std::isfinite(lean.offload)) return false;
@@ -157,9 +157,9 @@ Simulation reduce_peak(Simulator& simulator, Plan& plan, Simulation current, std
   for (std::size_t round = 0; round < rounds && current.peak_bytes > budget; ++round) {
     const std::vector<Candidate> found = candidates_at(simulator, clock, plan, regions, lean, current.peak_op);
     if (found.empty()) {
-      // Pages taken this way pay off once they fill the pages brought back first; past that
+      // Buffers taken this way pay off once they fill the buffers brought back first; past that
       // many without the peak falling, nothing will.
-      if (fruitless > simulator.cost().prefetch_pages) break;
+      if (fruitless > simulator.cost().prefetch_depth) break;
       if (!offload_sooner_needed(simulator, plan, regions, lean, current.peak_op)) break;
       const std::uint64_t before = current.peak_bytes;
       current = simulator.simulate(plan);

@@ -9,7 +9,7 @@
 // `first_backward_use` and last at `last_backward_use`; kept, it is live over all of that.
 // `recompute_ms` is the time its producer takes again, and `recompute_inputs` the saved tensors
 // that producer reads (each of a lower index: recorded before it), so recomputing it needs them
-// on the device too (kept, paged back in, or recomputed first: the chain). `other_bytes` at an op
+// on the device too (kept, reloaded, or recomputed first: the chain). `other_bytes` at an op
 // is the device memory in use then that no decision changes (parameters, gradients, optimizer
 // states, the op's own temporaries). Times are milliseconds, sizes bytes.
 //
@@ -17,7 +17,7 @@
 // under selective checkpointing) is made again together with every other recomputed tensor of its
 // region, before the first backward op that needs any saved tensor of the region; and a region
 // either recomputes some of its tensors or offloads some, never both (a checkpoint keeps what it
-// saves in storage of its own, out of reach of the pager). A tensor of no region (kNoRegion) is
+// saves in storage of its own, out of reach of the offloader). A tensor of no region (kNoRegion) is
 // made again alone, before the first op that needs it.
 //
 // Contract: a value type; validate() checks every rule above and names the first one broken.

@@ -9,7 +9,7 @@ namespace stowage::planner {
 
 enum class Decision : std::uint8_t {
   kKeep,       // stays on the device from forward to backward
-  kOffload,    // paged to host memory after forward and back before backward needs it
+  kOffload,    // offloaded to host memory after forward and back before backward needs it
   kRecompute,  // freed after its last forward use, made again in backward (with its chain)
 };
 

@@ -1,11 +1,11 @@
 // Solving under a budget across prefetch depths (Note [Prefetch depth]).
 //
 // Note [Prefetch depth]
-// A page brought back ahead of its use holds its memory from where it is asked for until its use,
+// A buffer brought back ahead of its use holds its memory from where it is asked for until its use,
 // and the ops between may need more than was free when it came: under a tight budget a plan
-// overshoots where each page coming back at its use would not. So the search solves at the cost
+// overshoots where each buffer coming back at its use would not. So the search solves at the cost
 // model's depth, then, while no plan fits, at each shallower one down to `shallowest`; the first
-// that fits wins and carries its depth to the pager. When none fits at any depth, the one with
+// that fits wins and carries its depth to the offloader. When none fits at any depth, the one with
 // the lowest peak (the deepest among equals).
 //
 // Contract: a free function; the trace and cost model are the caller's and only read.
@@ -22,7 +22,7 @@ namespace stowage::planner {
 
 struct DepthSolution {
   Solution solution;
-  std::size_t prefetch_pages = 0;  // the depth the plan was solved at
+  std::size_t prefetch_depth = 0;  // the depth the plan was solved at
 };
 
 // `exact`: the exhaustive solver (up to kMaxExhaustiveTensors saved tensors) instead of the greedy.

@@ -78,7 +78,7 @@ void Simulator::schedule_recompute(const Plan& plan) {
   }
 }
 
-void Simulator::schedule_page_outs(const Plan& plan) {
+void Simulator::schedule_offloads(const Plan& plan) {
   const auto& tensors = trace_.tensors;
   double link_free = 0;
   for (std::size_t t = 0; t < tensors.size(); ++t) {  // recorded order: the order they are made
@@ -87,7 +87,7 @@ void Simulator::schedule_page_outs(const Plan& plan) {
     out_done_[t] = start + static_cast<double>(tensors[t].bytes) / cost_.to_host_bytes_per_ms;
     link_free = out_done_[t];
   }
-  // The pager brings pages back in the reverse of their page-out order (made order here).
+  // The offloader brings buffers back in the reverse of their offload order (made order here).
   return_order_.clear();
   for (std::size_t t = tensors.size(); t-- > 0;) {
     if (plan[t] == Decision::kOffload) return_order_.push_back(t);
@@ -120,8 +120,8 @@ std::size_t Simulator::op_ending_after(double time, std::size_t from, std::size_
   return static_cast<std::size_t>(std::lower_bound(begin, end, time) - op_end_.begin());
 }
 
-// Issues `tensor`'s page-in as the compute reaches `op` at `time`; records its live ranges.
-void Simulator::issue_page_in(std::size_t tensor, std::size_t op, double time, double& link_free) {
+// Issues `tensor`'s reload as the compute reaches `op` at `time`; records its live ranges.
+void Simulator::issue_reload(std::size_t tensor, std::size_t op, double time, double& link_free) {
   const SavedTensor& s = trace_.tensors[tensor];
   if (out_done_[tensor] > time) {  // not out yet when asked back: resident throughout, no copy
     in_done_[tensor] = 0;
@@ -140,11 +140,11 @@ void Simulator::issue_page_in(std::size_t tensor, std::size_t op, double time, d
   }
 }
 
-// Backward (and the optimizer after it) op by op, as the pager runs it (forward's last pages
-// asked for as backward starts, the last one often still on the device): each page an op needs is
+// Backward (and the optimizer after it) op by op, as the offloader runs it (forward's last buffers
+// asked for as backward starts, the last one often still on the device): each buffer an op needs is
 // asked for (its copy starts then unless it came back ahead), and each ask brings back ahead the
-// pages paged out before it that are still out, until `prefetch_pages` are back or coming and not
-// yet used; the op waits for its pages' copies, and for recomputation.
+// buffers offloaded before it that are still out, until `prefetch_depth` are back or coming and not
+// yet used; the op waits for its buffers' copies, and for recomputation.
 void Simulator::run_backward(Simulation& result) {
   const auto& ops = trace_.ops;
   double time = first_backward_ == 0 ? 0 : op_end_[first_backward_ - 1];
@@ -152,13 +152,13 @@ void Simulator::run_backward(Simulation& result) {
   std::vector<std::vector<std::size_t>> needed_by(ops.size());
   for (std::size_t k = 0; k < return_order_.size(); ++k) needed_by[need_at_[return_order_[k]]].push_back(k);
   std::vector<bool> issued(return_order_.size(), false);
-  std::size_t ahead = 0;  // issued pages not needed yet
+  std::size_t ahead = 0;  // issued buffers not needed yet
   live_op_ = SIZE_MAX;
   live_at_op_ = 0;
   if (first_backward_ < ops.size()) advance_live_to(first_backward_);
-  for (std::size_t k = 0; k < return_order_.size() && ahead < cost_.prefetch_pages; ++k, ++ahead) {
+  for (std::size_t k = 0; k < return_order_.size() && ahead < cost_.prefetch_depth; ++k, ++ahead) {
     if (!fits_ahead(return_order_[k], first_backward_)) break;
-    issue_page_in(return_order_[k], first_backward_, time, link_free);  // forward's last pages
+    issue_reload(return_order_[k], first_backward_, time, link_free);  // forward's last buffers
     issued[k] = true;
   }
   for (std::size_t i = first_backward_; i < ops.size(); ++i) {
@@ -168,14 +168,14 @@ void Simulator::run_backward(Simulation& result) {
       if (issued[k]) {
         --ahead;
       } else {
-        issue_page_in(return_order_[k], i, time, link_free);
+        issue_reload(return_order_[k], i, time, link_free);
         issued[k] = true;
       }
       start = std::max(start, in_done_[return_order_[k]]);
-      for (std::size_t e = k + 1; e < return_order_.size() && ahead < cost_.prefetch_pages; ++e) {
+      for (std::size_t e = k + 1; e < return_order_.size() && ahead < cost_.prefetch_depth; ++e) {
         if (issued[e]) continue;
         if (!fits_ahead(return_order_[e], i)) break;
-        issue_page_in(return_order_[e], i, time, link_free);
+        issue_reload(return_order_[e], i, time, link_free);
         issued[e] = true;
         ++ahead;
       }
@@ -198,7 +198,7 @@ Simulation Simulator::simulate(const Plan& plan) {
   recompute_before_.assign(ops.size(), 0.0);
   op_end_ = unstalled_end_;
   schedule_recompute(plan);
-  schedule_page_outs(plan);
+  schedule_offloads(plan);
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const SavedTensor& s = tensors[t];
     if (plan[t] == Decision::kKeep) {

@@ -111,7 +111,7 @@ void link_regions(const StepRecording& recording, BuiltTrace& built) {
     const auto r = static_cast<std::size_t>(unit.region);
     unit.recomputable = unit.recomputable && built.region_checkpointable[r];
     if (!built.region_checkpointable[r]) {
-      unit.region = kNoRegion;  // never checkpointed: its saves reach the pager
+      unit.region = kNoRegion;  // never checkpointed: its saves reach the offloader
       continue;
     }
     std::set<std::size_t> inputs;

@@ -13,7 +13,7 @@
 //   be recomputed when every save of it happened in r and r can be checkpointed; a block can be
 //   checkpointed when the recording allows it, it ran once, and each tensor it receives is saved
 //   within it (so running it under a checkpoint, which keeps its inputs, adds nothing); a tensor
-//   of a block that cannot be is of no region (its saves reach the pager);
+//   of a block that cannot be is of no region (its saves reach the offloader);
 // - recomputing a region reruns its ops up to its last saved tensor's (recompute times:
 //   planner/derived_quantities.hpp, over the regions as recorded), and needs the region's inputs
 //   recorded before the tensor back first;

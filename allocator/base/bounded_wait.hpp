@@ -4,7 +4,7 @@
 // Note [Bounded waits]
 // A wait that never ends hangs a training job, and one that ignores Ctrl-C makes the user kill
 // it. So every wait for copies or events (the offload engine's end of step and mark_step, a
-// page coming back, the pager relieving memory pressure) polls its condition with sleeps
+// buffer coming back, the offloader relieving memory pressure) polls its condition with sleeps
 // that grow from 10 us to 2 ms (a wait ends at most about its own length late, and never more
 // than 2 ms; a GPU's event query costs a microsecond) and between polls:
 //   - gives up with Interrupted once the user interrupts the process (SIGINT, InterruptWatch),
@@ -31,7 +31,7 @@ namespace stowage {
 inline constexpr double kFloorBytesPerSecond = 10e6;  // 10 MB/s
 inline constexpr std::chrono::nanoseconds kWaitSlack = std::chrono::seconds(10);
 
-// What a wait is for: named in its WaitTimeout ("page-outs of 3 tensors"), and the bytes the
+// What a wait is for: named in its WaitTimeout ("offloads of 3 tensors"), and the bytes the
 // awaited work moves, which set its deadline.
 struct WaitFor {
   std::string what;

@@ -1,12 +1,12 @@
-"""What check mode (stowage.checking) costs a training step that pages activations and offloads
+"""What check mode (stowage.checking) costs a training step that offloads activations and offloads
 the optimizer: the same steps with it off and on, interleaved in one process (the switch is
 process-wide and may change between steps), every step's time reported.
 
     python3 bench/e2e/check_cost.py [--device cpu|cuda] [--steps 12] [--json OUT]
 
-The model is bench/e2e/gpt2_model.py's GPT-2 at a small width; every saved activation is paged
+The model is bench/e2e/gpt2_model.py's GPT-2 at a small width; every saved activation is offloaded
 (stowage.offload.activations(min_bytes=0)) and the optimizer is stowage.offload.AdamW, so check
-mode verifies every paged storage when it comes back and every parameter written back. In CPU
+mode verifies every offloaded storage when it comes back and every parameter written back. In CPU
 mode the simulated device runs at memcpy speed; on a GPU, bf16 autocast.
 """
 

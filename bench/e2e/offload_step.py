@@ -11,7 +11,7 @@ Modes, one per fresh process (CPU mode's device and torch's CUDA allocator are p
   save_on_cpu          torch.autograd.graph.save_on_cpu(pin_memory=True) (GPU only: on CPU
                        tensors it copies nothing)
   offload              stowage.offload.activations() around forward: every saved activation
-  checkpoint+offload   both: the checkpoints' inputs (the fp32 residual stream) are paged
+  checkpoint+offload   both: the checkpoints' inputs (the fp32 residual stream) are offloaded
 
 The model is bench/e2e/gpt2_model.py's GPT-2 (GPT-2's shapes; pre-norm blocks, SDPA causal
 attention, tied head), random weights and tokens, AdamW, bf16 autocast on the GPU (fp32 on the
@@ -284,7 +284,7 @@ def spawn(args: argparse.Namespace, mode: str, extra: list[str]) -> dict[str, An
 def print_compare(results: list[dict[str, Any]]) -> None:
     base = next((r for r in results if r.get("mode") == "none" and "median_ms" in r), None)
     print(f"{'mode':20} {'median ms':>10} {'vs none':>8} {'peak MiB':>9} {'vs none':>8} "
-          f"{'paged out MiB':>13} {'stall ms':>9}  steps (ms)")
+          f"{'offloaded MiB':>13} {'stall ms':>9}  steps (ms)")
     for r in results:
         if "median_ms" not in r:
             print(f"{r['mode']:20} {r.get('error', 'failed')}")
@@ -293,7 +293,7 @@ def print_compare(results: list[dict[str, Any]]) -> None:
         time_ratio = f"{r['median_ms'] / base['median_ms']:.3f}" if base else "-"
         peak_ratio = f"{r['peak_allocated'] / base['peak_allocated']:.3f}" if base else "-"
         print(f"{r['mode']:20} {r['median_ms']:10.1f} {time_ratio:>8} {r['peak_allocated'] / MiB:9.1f} "
-              f"{peak_ratio:>8} {o.get('offload.bytes_paged_out', 0) / MiB:13.1f} "
+              f"{peak_ratio:>8} {o.get('offload.bytes_offloaded', 0) / MiB:13.1f} "
               f"{o.get('offload.stall_ns', 0) / 1e6:9.1f}  {' '.join(f'{t:.0f}' for t in r['step_ms'])}")
 
 

@@ -33,7 +33,7 @@ def document(tensors: int, seed: int = 3) -> dict[str, Any]:
               "offloadable": True, "recompute_inputs": [], "region": -1, "packs": [[f"blocks.{i // 8}", 0, i % 8]]}
              for i in range(tensors)]
     return {"format": "stowage-lifetimes", "version": 1, "ops": ops, "tensors": saved, "regions": [],
-            "cost": {"to_host_bytes_per_ms": 2e7, "to_device_bytes_per_ms": 2e7, "prefetch_pages": 2},
+            "cost": {"to_host_bytes_per_ms": 2e7, "to_device_bytes_per_ms": 2e7, "prefetch_depth": 2},
             "unconstrained_peak_bytes": 0, "kept_saves": []}
 
 

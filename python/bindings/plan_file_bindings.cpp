@@ -200,7 +200,7 @@ void bind_plan_files(py::module_& module) {
   limits.attr("MAX_CALLS") = planner::kMaxCalls;
   limits.attr("MIN_BYTES_PER_MS") = planner::kMinBytesPerMs;
   limits.attr("MAX_BYTES_PER_MS") = planner::kMaxBytesPerMs;
-  limits.attr("DEFAULT_PREFETCH_PAGES") = planner::kDefaultPrefetchPages;
+  limits.attr("DEFAULT_PREFETCH_DEPTH") = planner::kDefaultPrefetchDepth;
   limits.attr("MAX_SIZES") = planner::kMaxSizes;
   limits.attr("MIN_POINTS") = planner::kMinPoints;
   limits.attr("MAX_POINTS") = planner::kMaxPoints;

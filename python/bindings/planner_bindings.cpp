@@ -50,7 +50,7 @@ struct BudgetPlan {
   std::vector<std::string> decisions;
   planner::Simulation simulation;
   bool fits = false;
-  std::size_t prefetch_pages = 0;
+  std::size_t prefetch_depth = 0;
 };
 
 void bind_recording(py::module_& module) {
@@ -132,7 +132,7 @@ void bind_results(py::module_& module) {
       .def_readonly("decisions", &BudgetPlan::decisions)
       .def_readonly("simulation", &BudgetPlan::simulation)
       .def_readonly("fits", &BudgetPlan::fits)
-      .def_readonly("prefetch_pages", &BudgetPlan::prefetch_pages);
+      .def_readonly("prefetch_depth", &BudgetPlan::prefetch_depth);
   py::class_<planner::SizedPoint>(module, "SizedPoint")
       .def_readonly("trace", &planner::SizedPoint::trace)
       .def_readonly("unconstrained_peak_bytes", &planner::SizedPoint::unconstrained_peak_bytes);
@@ -208,10 +208,10 @@ void bind_values(py::module_& module) {
            "Each region tensor's recompute_ms from its region's forward ops since the one before it.");
   py::class_<planner::CostModel>(module, "CostModel")
       .def(py::init<double, double, std::size_t>(), py::arg("to_host_bytes_per_ms"),
-           py::arg("to_device_bytes_per_ms"), py::arg("prefetch_pages") = 2)
+           py::arg("to_device_bytes_per_ms"), py::arg("prefetch_depth") = 2)
       .def_readwrite("to_host_bytes_per_ms", &planner::CostModel::to_host_bytes_per_ms)
       .def_readwrite("to_device_bytes_per_ms", &planner::CostModel::to_device_bytes_per_ms)
-      .def_readwrite("prefetch_pages", &planner::CostModel::prefetch_pages);
+      .def_readwrite("prefetch_depth", &planner::CostModel::prefetch_depth);
 }
 
 // stowage.fit's choice (planner/share_search.hpp): choices cross as (share, micro-batch rows) tuples.
@@ -287,21 +287,21 @@ void bind_planner(py::module_& module) {
   module.def(
       "plan_solve",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, std::uint64_t budget, bool exact,
-         std::optional<std::size_t> shallowest_prefetch_pages) {
+         std::optional<std::size_t> shallowest_prefetch_depth) {
         planner::DepthSolution found;
         {
           const py::gil_scoped_release release;
           found = planner::solve_over_depths(trace, cost, budget, exact,
-                                             shallowest_prefetch_pages.value_or(cost.prefetch_pages));
+                                             shallowest_prefetch_depth.value_or(cost.prefetch_depth));
         }
         return BudgetPlan{decision_names(found.solution.plan), found.solution.simulation, found.solution.fits,
-                          found.prefetch_pages};
+                          found.prefetch_depth};
       },
       py::arg("trace"), py::arg("cost"), py::arg("budget"), py::arg("exact") = false,
-      py::arg("shallowest_prefetch_pages") = py::none(),
+      py::arg("shallowest_prefetch_depth") = py::none(),
       "A BudgetPlan: the fastest plan found whose peak fits the budget (greedy, or exhaustive for up to 16 "
       "saved tensors), solved at the cost model's prefetch depth and, while none fits, at shallower ones "
-      "down to `shallowest_prefetch_pages` (Note [Prefetch depth]); the lowest peak found when none fits.");
+      "down to `shallowest_prefetch_depth` (Note [Prefetch depth]); the lowest peak found when none fits.");
 }
 
 }  // namespace stowage::python

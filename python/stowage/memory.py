@@ -58,7 +58,7 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
     link between the device and host memory that offloaded tensors cross (default: as fast as
     memory copies), and ``pinned_limit`` the host memory the device will pin (as ``ulimit -l``;
     default: any), beyond which offloaded tensors go to pageable memory.
-    ``check=True`` turns on check mode (stowage.checking, as STOWAGE_CHECK=1): every paged tensor
+    ``check=True`` turns on check mode (stowage.checking, as STOWAGE_CHECK=1): every offloaded tensor
     and every host-updated parameter verified when it comes back.
 
     Bounds: ``capacity`` from one page (2 MiB) to 1 PiB; ``copy_bandwidth`` from 10 MB/s (the

@@ -11,7 +11,7 @@ where stowage keeps the history), hooks note, for the storages of the recorded d
   (gradients kept from the step before);
 - optimizer states: every tensor in an optimizer's state after its step;
 - saved activations: every tensor autograd saves for backward (a saved-tensor hook, which keeps
-  the tensor as stowage's pager does: detached, its version checked when backward takes it) and
+  the tensor as stowage's offloader does: detached, its version checked when backward takes it) and
   those stowage's own saved-tensor hooks take (``offload.activations``, a plan);
 - module paths: where each module's forward begins and ends (``GPT2LMHeadModel.transformer.h.3.attn``).
 A note is (position, address): the history's event count when it was made, and the storage's
@@ -229,7 +229,7 @@ class Tagger:
     def _pack(self, tensor: Any) -> Any:
         if _active is self:  # (left below a region's hooks when recording stopped inside it)
             self.note((tensor,), 4, owners=(None,))
-        return self._module.TensorPager.keep(tensor), tensor.requires_grad
+        return self._module.TensorOffloader.keep(tensor), tensor.requires_grad
 
     def _unpack(self, packed: Any) -> Any:
         import torch
@@ -240,7 +240,7 @@ class Tagger:
                 "stowage.record_history's saved-tensor tags cannot serve a backward that builds a graph "
                 "(create_graph=True, or torch.autograd.grad of a saved tensor with grad mode on): its "
                 "gradients would differ. Record with stowage.record_history(True, tags=False).")
-        return self._module.TensorPager.unpack(kept)
+        return self._module.TensorOffloader.unpack(kept)
 
     # --- the snapshot's stowage_tags ---
 

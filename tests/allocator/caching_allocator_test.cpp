@@ -237,7 +237,7 @@ TEST_F(SmallDeviceTest, ATransientDeviceFailureIsRetried) {
   allocator_.free(block);
 }
 
-// Frees a block it holds when asked, as the offload pager will.
+// Frees a block it holds when asked, as the offloader will.
 class HoldingHandler : public MemoryPressureHandler {
  public:
   explicit HoldingHandler(CachingAllocator& allocator, void* held, std::size_t bytes)

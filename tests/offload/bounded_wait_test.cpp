@@ -80,11 +80,11 @@ TEST(BoundedWait, AWaitForACopyThatNeverCompletesEndsAtItsDeadlineNamingIt) {
   StuckCopy stuck(kShort);
   const auto start = std::chrono::steady_clock::now();
   try {
-    stuck.engine().wait(stuck.copy(), "a test's page-out");
+    stuck.engine().wait(stuck.copy(), "a test's offload");
     FAIL() << "the wait returned";
   } catch (const WaitTimeout& error) {
     const std::string message = error.message();
-    EXPECT_NE(message.find("a test's page-out (device to host)"), std::string::npos) << message;
+    EXPECT_NE(message.find("a test's offload (device to host)"), std::string::npos) << message;
     EXPECT_NE(message.find("1.00 MiB"), std::string::npos) << message;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
@@ -96,11 +96,11 @@ TEST(BoundedWait, AWaitForACopyThatNeverCompletesEndsAtItsDeadlineNamingIt) {
   EXPECT_EQ(stuck.target(), std::vector<std::uint8_t>(kMiB, 1));
 }
 
-TEST(BoundedWait, ACpuModePageInWaitIsBoundedToo) {
+TEST(BoundedWait, ACpuModeReloadWaitIsBoundedToo) {
   StuckCopy stuck(kShort);
   HostThreadTimeline compute(stuck.backend(), kShort);
   const Event arrival = stuck.engine().borrow_event();
-  EXPECT_THROW(compute.wait(stuck.copy()->finished(), arrival, {"a page", kMiB}), WaitTimeout);
+  EXPECT_THROW(compute.wait(stuck.copy()->finished(), arrival, {"a buffer", kMiB}), WaitTimeout);
   stuck.engine().recycle_event(arrival);
 }
 

@@ -1,4 +1,4 @@
-// How far ahead pages come back (Note [Prefetch window]).
+// How far ahead buffers come back (Note [Prefetch window]).
 #include "offload/prefetch_policy.hpp"
 
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 namespace stowage {
 namespace {
 
-TEST(FixedPrefetch, KeepsTheSetNumberOfPagesAhead) {
+TEST(FixedPrefetch, KeepsTheSetNumberOfBuffersAhead) {
   FixedPrefetch none(0);
   EXPECT_FALSE(none.admits(0, 0, kMiB));
   FixedPrefetch two(2);
@@ -17,11 +17,11 @@ TEST(FixedPrefetch, KeepsTheSetNumberOfPagesAhead) {
   EXPECT_FALSE(two.admits(2, 2 * kMiB, kMiB));
 }
 
-TEST(AdaptivePrefetch, BeforeAnyMeasurementOnePageIsBroughtAhead) {
+TEST(AdaptivePrefetch, BeforeAnyMeasurementOneBufferIsBroughtAhead) {
   AdaptivePrefetch policy(64 * kMiB);
   EXPECT_TRUE(policy.admits(0, 0, 8 * kMiB));
   EXPECT_FALSE(policy.admits(1, 8 * kMiB, 8 * kMiB));
-  EXPECT_FALSE(policy.admits(0, 0, 65 * kMiB)) << "a page larger than the window's bound";
+  EXPECT_FALSE(policy.admits(0, 0, 65 * kMiB)) << "a buffer larger than the window's bound";
 }
 
 TEST(AdaptivePrefetch, LateCopiesWidenTheWindowAndEarlyOnesNarrowIt) {
@@ -37,7 +37,7 @@ TEST(AdaptivePrefetch, LateCopiesWidenTheWindowAndEarlyOnesNarrowIt) {
   policy.observe(-0.008, bandwidth);  // 8 ms early: a quarter of it is given up
   EXPECT_NEAR(policy.lead_seconds(), 0.010, 1e-12);
   for (int i = 0; i < 100; ++i) policy.observe(-0.010, bandwidth);
-  EXPECT_EQ(policy.lead_seconds(), 0.0) << "copies always early: back to one page ahead";
+  EXPECT_EQ(policy.lead_seconds(), 0.0) << "copies always early: back to one buffer ahead";
   EXPECT_EQ(policy.window_bytes(), 0u);
 }
 

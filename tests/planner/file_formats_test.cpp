@@ -34,7 +34,7 @@ constexpr std::string_view kTrace = R"({"format": "stowage-lifetimes", "version"
      "last_backward_use": 3}],
   "regions": [{"module": "b", "call": 0, "checkpointable": true, "ops": ["aten.addmm.default", "aten.addmm.default"],
                "inputs": []}],
-  "cost": {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8000000, "prefetch_pages": 2},
+  "cost": {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8000000, "prefetch_depth": 2},
   "unconstrained_peak_bytes": 262144, "kept_saves": [["tokens", 0, 0]]})";
 
 std::string replaced(std::string_view text, std::string_view from, std::string_view to) {
@@ -98,8 +98,8 @@ TEST(FileFormatsTest, AnotherFileIsNamedByItsFormatAndVersion) {
 }
 
 TEST(FileFormatsTest, TheSchemaAndTheBoundsTheTraceSetsAreChecked) {
-  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("prefetch_pages": 2)", R"("prefetch_pages": 100000)")),
-            "cost.prefetch_pages: 100000 is above 3, the trace's saved tensors (a page each: no deeper prefetch "
+  EXPECT_EQ(trace_verdict(replaced(kTrace, R"("prefetch_depth": 2)", R"("prefetch_depth": 100000)")),
+            "cost.prefetch_depth: 100000 is above 3, the trace's saved tensors (one buffer each: no deeper prefetch "
             "exists)");
   EXPECT_EQ(trace_verdict(replaced(kTrace, R"("bytes": 100)", R"("bytes": 4611686018427387904)")),
             "tensors[0].bytes: 4611686018427387904 is above 1125899906842624 (2**50 bytes, 1 PiB: beyond any "
@@ -146,17 +146,33 @@ TEST(FileFormatsTest, TheTracesOwnRulesAreCheckedLast) {
 }
 
 TEST(FileFormatsTest, ACostModelIsCheckedAgainstTheTracesTensors) {
-  JsonDocument document(R"({"to_host_bytes_per_ms": 1e-9, "to_device_bytes_per_ms": 1, "prefetch_pages": 0})");
+  JsonDocument document(R"({"to_host_bytes_per_ms": 1e-9, "to_device_bytes_per_ms": 1, "prefetch_depth": 0})");
   const auto refusal = check_cost(document, document.root(), 40);
   ASSERT_TRUE(refusal.has_value());
   EXPECT_EQ(refusal->field, "cost.to_host_bytes_per_ms");
   EXPECT_EQ(refusal->problem, "1e-09 is below 1000.0");
-  JsonDocument deep(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 41})");
+  JsonDocument deep(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_depth": 41})");
   EXPECT_EQ(check_cost(deep, deep.root(), 40)->problem,
-            "41 is above 40, the trace's saved tensors (a page each: no deeper prefetch exists)");
+            "41 is above 40, the trace's saved tensors (one buffer each: no deeper prefetch exists)");
   EXPECT_FALSE(check_cost(deep, deep.root(), 41).has_value());
-  JsonDocument two(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 2})");
+  JsonDocument two(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_depth": 2})");
   EXPECT_FALSE(check_cost(two, two.root(), 0).has_value());  // the calibration's depth, whatever the trace
+}
+
+TEST(FileFormatsTest, ACostModelOfThePreviousReleaseNamesItsDepthPrefetchPages) {
+  JsonDocument old(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 2})");
+  EXPECT_FALSE(check_cost(old, old.root(), 4).has_value());
+  JsonDocument deep(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 41})");
+  const auto refusal = check_cost(deep, deep.root(), 40);
+  ASSERT_TRUE(refusal.has_value());
+  EXPECT_EQ(refusal->field, "cost.prefetch_pages") << "the field as the file names it";
+  JsonDocument both(
+      R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 2, "prefetch_depth": 2})");
+  const auto twice = check_cost(both, both.root(), 4);
+  ASSERT_TRUE(twice.has_value());
+  EXPECT_EQ(twice->problem, "both 'prefetch_depth' and 'prefetch_pages', its name before; give one");
+  JsonDocument neither(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6})");
+  EXPECT_EQ(check_cost(neither, neither.root(), 4)->problem, "missing field 'prefetch_depth'");
 }
 
 std::string sized(std::string_view sizes, std::string_view traces) {
@@ -220,9 +236,9 @@ TEST(FileFormatsTest, APlansDecisionsAreCheckedAgainstItsTrace) {
             "decisions[1]: 'offload' for a tensor that cannot be offloaded");
   EXPECT_EQ(plan_verdict(plan(R"("offload", "recompute", "keep")")),
             "decisions[1]: 'recompute' in region 0, where saved tensor 0 is offloaded: a region recomputes or "
-            "offloads, never both (a checkpoint keeps what it saves out of the pager's reach)");
-  const std::string bad = replaced(plan(R"("keep", "keep", "keep")"), R"("prefetch_pages": 2)", R"("prefetch_pages": -1)");
-  EXPECT_EQ(plan_verdict(bad), "profile.cost.prefetch_pages: -1 is below 0");
+            "offloads, never both (a checkpoint keeps what it saves out of the offloader's reach)");
+  const std::string bad = replaced(plan(R"("keep", "keep", "keep")"), R"("prefetch_depth": 2)", R"("prefetch_depth": -1)");
+  EXPECT_EQ(plan_verdict(bad), "profile.cost.prefetch_depth: -1 is below 0");
   EXPECT_EQ(plan_verdict(R"({"format": "stowage-plan", "version": 1, "budget": 1, "decisions": [], "profile": []})"),
             "profile: expected an object, got a list");
 }

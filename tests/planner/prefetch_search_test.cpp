@@ -17,7 +17,7 @@ namespace {
 
 // `n` forward ops each making one offloadable tensor used again in the mirrored backward op,
 // sizes and durations drawn at random; nothing is recomputable, so only offload (and how many
-// pages come back ahead) moves the peak.
+// buffers come back ahead) moves the peak.
 LifetimeTrace offload_only(std::mt19937& random, std::size_t n) {
   std::uniform_int_distribution<std::uint64_t> bytes(1, 8);
   std::uniform_real_distribution<double> ms(0.1, 1.0);
@@ -49,9 +49,9 @@ TEST(PlannerPrefetchSearch, TakesTheDeepestDepthThatFitsElseTheLowestPeak) {
     const DepthSolution found = solve_over_depths(trace, cost, budget, false, 0);
     std::optional<std::size_t> deepest_fitting;
     std::uint64_t lowest = UINT64_MAX;
-    for (std::size_t depth = cost.prefetch_pages + 1; depth-- > 0;) {
+    for (std::size_t depth = cost.prefetch_depth + 1; depth-- > 0;) {
       CostModel at_depth = cost;
-      at_depth.prefetch_pages = depth;
+      at_depth.prefetch_depth = depth;
       Simulator simulator(trace, at_depth, budget);
       const Solution solution = solve_greedy(simulator, budget);
       if (solution.fits && !deepest_fitting) deepest_fitting = depth;
@@ -59,7 +59,7 @@ TEST(PlannerPrefetchSearch, TakesTheDeepestDepthThatFitsElseTheLowestPeak) {
     }
     if (deepest_fitting) {
       ASSERT_TRUE(found.solution.fits);
-      EXPECT_EQ(found.prefetch_pages, *deepest_fitting);
+      EXPECT_EQ(found.prefetch_depth, *deepest_fitting);
     } else {
       ASSERT_FALSE(found.solution.fits);
       EXPECT_EQ(found.solution.simulation.peak_bytes, lowest);
@@ -71,7 +71,7 @@ TEST(PlannerPrefetchSearch, AGivenDepthIsTheOnlyOneTried) {
   std::mt19937 random(3);
   const LifetimeTrace trace = offload_only(random, 8);
   const CostModel cost{2000.0, 2000.0, 3};
-  EXPECT_EQ(solve_over_depths(trace, cost, 1, false, 3).prefetch_pages, 3u);
+  EXPECT_EQ(solve_over_depths(trace, cost, 1, false, 3).prefetch_depth, 3u);
   EXPECT_THROW(solve_over_depths(trace, cost, 1, false, 4), LogicError);
 }
 

@@ -80,7 +80,7 @@ TEST(PlannerSimulator, OffloadHiddenByTheComputeCostsNoTime) {
   EXPECT_DOUBLE_EQ(s.stall_ms, 0.0);
 }
 
-TEST(PlannerSimulator, APageInLongerThanItsWindowStallsTheOpThatNeedsIt) {
+TEST(PlannerSimulator, AReloadLongerThanItsWindowStallsTheOpThatNeedsIt) {
   // In: 100 bytes at 20 bytes/ms = 5 ms from t=4: done t=9; B1 would start at t=6, waits 3 ms.
   const LifetimeTrace trace = eight_ops();
   const CostModel cost = link(100, 20);
@@ -90,8 +90,8 @@ TEST(PlannerSimulator, APageInLongerThanItsWindowStallsTheOpThatNeedsIt) {
   EXPECT_DOUBLE_EQ(s.step_ms, 11.0);
 }
 
-TEST(PlannerSimulator, APageOutStillRunningWhenBackwardWantsItBackNeverFreedTheTensor) {
-  // Out: 100 bytes at 10 bytes/ms from t=1: done t=11, after the page-in would be issued (t=4).
+TEST(PlannerSimulator, AnOffloadStillRunningWhenBackwardWantsItBackNeverFreedTheTensor) {
+  // Out: 100 bytes at 10 bytes/ms from t=1: done t=11, after the reload would be issued (t=4).
   const LifetimeTrace trace = eight_ops();
   const CostModel cost = link(10, 100);
   Simulator simulator(trace, cost);
@@ -113,7 +113,7 @@ TEST(PlannerSimulator, LinksCarryOneCopyAtATimeInEachDirection) {
   const CostModel cost = link(50, 100);
   Simulator simulator(trace, cost);
   const Simulation s = simulator.simulate({O, O});
-  // b's page-out finished at t=5, after its page-in's issue at t=4: it stayed resident.
+  // b's offload finished at t=5, after its reload's issue at t=4: it stayed resident.
   const std::vector<std::uint64_t> expected = {110, 210, 210, 110, 210, 210, 210, 210};
   EXPECT_EQ(s.bytes_at_op, expected);
   EXPECT_DOUBLE_EQ(s.step_ms, 8.0);
@@ -144,7 +144,7 @@ TEST(PlannerSimulator, RecomputingATensorRemakesTheChainItIsMadeFrom) {
 }
 
 TEST(PlannerSimulator, AnOffloadedInputOfARecomputationIsDueWhenTheRecomputationRuns) {
-  // b recomputed before op 5 needs a, offloaded: a's page-in is issued at op 4 (5 - 2, but
+  // b recomputed before op 5 needs a, offloaded: a's reload is issued at op 4 (5 - 2, but
   // not before backward starts) and must be done by op 5.
   LifetimeTrace trace = eight_ops();
   SavedTensor b = trace.tensors[0];
@@ -154,17 +154,17 @@ TEST(PlannerSimulator, AnOffloadedInputOfARecomputationIsDueWhenTheRecomputation
   b.last_backward_use = 5;
   b.recompute_inputs = {0};
   trace.tensors.push_back(b);
-  const CostModel cost = link(100, 20);  // a's page-in: 5 ms from t=4, done t=9; op 5 waits 4 ms
+  const CostModel cost = link(100, 20);  // a's reload: 5 ms from t=4, done t=9; op 5 waits 4 ms
   Simulator simulator(trace, cost);
   const Simulation s = simulator.simulate({O, R});
   EXPECT_DOUBLE_EQ(s.stall_ms, 4.0);
   EXPECT_DOUBLE_EQ(s.step_ms, 8.0 + 4.0 + 0.5);
 }
 
-TEST(PlannerSimulator, PageInsComeBackAFixedNumberOfPagesAhead) {
+TEST(PlannerSimulator, ReloadsComeBackAFixedNumberOfBuffersAhead) {
   // a (need op 6) and b (made by F2, last used by F2, needed by B2 = op 5), both offloaded, links
-  // at 100 bytes/ms. Out: a 1-2 (freed after F1), b 3-4 (freed after F3). One page ahead: b's
-  // page-in is issued when backward starts (op 4), a's when b is first used (op 5).
+  // at 100 bytes/ms. Out: a 1-2 (freed after F1), b 3-4 (freed after F3). One buffer ahead: b's
+  // reload is issued when backward starts (op 4), a's when b is first used (op 5).
   LifetimeTrace trace = eight_ops();
   trace.tensors.push_back(made_by_f2(trace.tensors[0]));
   const CostModel one_ahead = link(100, 100, 1);
@@ -178,8 +178,8 @@ TEST(PlannerSimulator, PageInsComeBackAFixedNumberOfPagesAhead) {
   EXPECT_EQ(earlier.simulate({O, O}).bytes_at_op[4], 210u);
 }
 
-TEST(PlannerSimulator, UnderACeilingPagesComeBackAheadOnlyIntoRoomBelowIt) {
-  // As above, two pages ahead, under a ceiling of 150 bytes. When backward starts (op 4, 10 bytes
+TEST(PlannerSimulator, UnderACeilingBuffersComeBackAheadOnlyIntoRoomBelowIt) {
+  // As above, two buffers ahead, under a ceiling of 150 bytes. When backward starts (op 4, 10 bytes
   // in use) b fits (110) and comes back; a would make 210 and ends the prefetch. At op 5 a still
   // does not fit beside b, so B1 (op 6) asks for it and waits 1 ms for its copy.
   LifetimeTrace trace = eight_ops();
@@ -196,9 +196,9 @@ TEST(PlannerSimulator, UnderACeilingPagesComeBackAheadOnlyIntoRoomBelowIt) {
   EXPECT_DOUBLE_EQ(s.step_ms, 9.0);
 }
 
-TEST(PlannerSimulator, PagesComeBackInThePagersOrderNotTheOrderOfNeed) {
+TEST(PlannerSimulator, BuffersComeBackInTheOffloadersOrderNotTheOrderOfNeed) {
   // a (need op 6) and c (made by F2, last used by F2, needed by B0 = op 7 only), both offloaded,
-  // one page ahead. The pager returns the last paged out first: c is asked for when backward
+  // one buffer ahead. The offloader returns the last offloaded first: c is asked for when backward
   // starts and held from op 4, a is fetched when B1 needs it (op 6), a 1 ms stall.
   LifetimeTrace trace = eight_ops();
   SavedTensor c = made_by_f2(trace.tensors[0]);

@@ -78,7 +78,7 @@ TEST(PlannerTraceBuilder, ABlockIsCheckpointableOnlyWhenItsInputsAreSavedWithinI
   recording.regions[0].inputs = {0, -1};  // an input autograd never saved
   built = build_trace(recording);
   EXPECT_FALSE(built.region_checkpointable[0]);
-  EXPECT_EQ(built.trace.tensors[1].region, kNoRegion);  // its saves reach the pager
+  EXPECT_EQ(built.trace.tensors[1].region, kNoRegion);  // its saves reach the offloader
   EXPECT_FALSE(built.trace.tensors[1].recomputable);
 
   recording.regions[0].inputs = {0};

@@ -42,7 +42,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=-1)  # views of one storage: paged once
+        q, k, v = self.qkv(x).split(width, dim=-1)  # views of one storage: offloaded once
         shape = (batch, length, self.heads, width // self.heads)
         q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

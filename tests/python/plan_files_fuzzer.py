@@ -62,7 +62,7 @@ def small_profile(blocks: int = 3, per: int = 4, scale: int = 1) -> dict[str, An
                         "recompute_inputs": [b * per] if k and b else [], "region": b,
                         "packs": [[f"blocks.{b}.fc{k}", 0, 0]]})
     return {"format": "stowage-lifetimes", "version": 1, "ops": ops, "tensors": tensors, "regions": regions,
-            "cost": {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2},
+            "cost": {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2},
             "unconstrained_peak_bytes": 65536 * scale * forward, "kept_saves": [["tokens", 0, 0]]}
 
 

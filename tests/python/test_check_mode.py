@@ -1,4 +1,4 @@
-"""Check mode (stowage.checking): a paged tensor and a parameter written back, corrupted on
+"""Check mode (stowage.checking): an offloaded tensor and a parameter written back, corrupted on
 purpose by the simulated device's link, are caught with the tensor, its module and the step
 named; with nothing corrupted, training is unchanged (CPU mode, in a fresh process each: the
 device and the switch are per process)."""
@@ -43,20 +43,20 @@ def run(body: str, env: dict[str, str] | None = None) -> subprocess.CompletedPro
                           timeout=240, cwd=HERE, env={**os.environ, **(env or {})})
 
 
-def test_a_paged_tensor_corrupted_on_the_link_is_caught_naming_it_its_module_and_step() -> None:
+def test_an_offloaded_tensor_corrupted_on_the_link_is_caught_naming_it_its_module_and_step() -> None:
     result = run("""
         optimizer = torch.optim.AdamW(model.parameters())
         step(optimizer)
         step(optimizer)
         with stowage.offload.activations(min_bytes=0):
             loss = model(batch).mean()
-        stowage.offload.end_step()          # the page-outs done; the next copy is a page-in
+        stowage.offload.end_step()          # the offloads done; the next copy is a reload
         _torch.cpu_corrupt_copy(1)
         loss.backward()
     """)
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
-    assert "stowage check: a paged tensor came back changed" in message, result.stderr
+    assert "stowage check: an offloaded tensor came back changed" in message, result.stderr
     assert "saved in module '3' at step 2" in message, message  # Square's input, the first back
 
 

@@ -23,7 +23,7 @@ from stowage.models.llama import Llama, LlamaShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
-COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
 SHAPE = LlamaShape(hidden=128, layers=3, heads=4, kv_heads=2, vocab=1024, max_sequence=128)
 # Embeddings and head large beside the activations: AdamW's two moments cannot stay on the device
 # beside half the step, whatever the plan recomputes.
@@ -89,7 +89,7 @@ def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: An
 
 def test_the_host_s_room_bounds_the_states_fit_offloads(capsys: Any) -> None:
     """Each share's host bytes (16 a parameter: fp32 master, moments and one gradient buffer, for
-    the parameters the share does not keep; and the plan's paged activations) are in the table, and the states the table says are
+    the parameters the share does not keep; and the plan's offloaded activations) are in the table, and the states the table says are
     on the device are those the optimizer keeps there; a share the host cannot hold is refused
     before training, and with no share left fit says the host is short."""
     in_use, step_bytes = unplanned_step_bytes(LARGE_STATES)
@@ -102,9 +102,9 @@ def test_the_host_s_room_bounds_the_states_fit_offloads(capsys: Any) -> None:
     assert "host memory" in table and "(host_budget)" in table
     kept = [p for g in fitted.optimizer._device_optimizer.param_groups for p in g["params"]] \
         if fitted.optimizer._device_optimizer is not None else []
-    paged = sum(t.bytes for t, d in zip(fitted.plan.trace.tensors, fitted.plan.decisions) if d == "offload") \
+    offloaded = sum(t.bytes for t, d in zip(fitted.plan.trace.tensors, fitted.plan.decisions) if d == "offload") \
         if fitted.plan is not None else 0
-    assert fitted.chosen.host_bytes == 16 * (count - sum(p.numel() for p in kept)) + paged
+    assert fitted.chosen.host_bytes == 16 * (count - sum(p.numel() for p in kept)) + offloaded
     assert fitted.facts["memory"].states_on_device(fitted.device_fraction) == sum(8 * p.numel() for p in kept)
     shares = [o.fraction for o in fitted.options]
     assert len(set(o.host_bytes for o in fitted.options)) == len(shares)  # no two shares place the same

@@ -24,7 +24,7 @@ dist.init_process_group("gloo", rank=rank, world_size=world)
 torch.manual_seed(0)
 model = Llama(LlamaShape(hidden=256, layers=2, heads=4, kv_heads=2, vocab=4096, max_sequence=64))
 tokens = torch.randint(0, 4096, (4, 64), generator=torch.Generator().manual_seed(rank))
-COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
 def factory(params):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
 def budget_without_room_for_states(parameters):

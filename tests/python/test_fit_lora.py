@@ -16,7 +16,7 @@ import stowage  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
-COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
 

@@ -21,7 +21,7 @@ from stowage.models.llama import Llama, LlamaShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
-COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
 SHAPE = LlamaShape(hidden=128, layers=3, heads=4, kv_heads=2, vocab=1024, max_sequence=128)
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 ROWS_IN_BATCH = 8
@@ -281,7 +281,7 @@ def test_a_block_whose_recompute_runs_other_ops_is_found_before_training_and_not
     assert block_kind("model.layers.5") == "model.layers.*" and block_kind("0.attn") == "*.attn"
     torch.manual_seed(0)
     model, rows = FlippingNet(), torch.randn(512, 256)
-    slow_copies = {"to_host_bytes_per_ms": 1e3, "to_device_bytes_per_ms": 1e3, "prefetch_pages": 2}  # recompute wins
+    slow_copies = {"to_host_bytes_per_ms": 1e3, "to_device_bytes_per_ms": 1e3, "prefetch_depth": 2}  # recompute wins
     gc.collect()  # earlier tests' garbage, out of the memory in use the budget is counted from
     start = stowage.memory_allocated()
     # only recomputing a block makes the step fit: refused before training, naming the block, where

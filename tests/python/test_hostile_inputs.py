@@ -144,7 +144,7 @@ def test_strings_from_a_snapshot_are_printed_literally(write_snapshot, command: 
 
 def test_a_wait_for_copies_answers_ctrl_c_within_a_second() -> None:
     """copy_bandwidth="1KB" was accepted, and mark_step then waited about 35 minutes for the
-    page-outs, deaf to Ctrl-C. The link's floor is now 10 MB/s, and a wait answers SIGINT."""
+    offloads, deaf to Ctrl-C. The link's floor is now 10 MB/s, and a wait answers SIGINT."""
     code = textwrap.dedent("""
         import signal, sys, time, torch, stowage
         from stowage.serving import torch_module
@@ -157,7 +157,7 @@ def test_a_wait_for_copies_answers_ctrl_c_within_a_second() -> None:
         stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="10MB")
         module = torch_module()
         module.offload_configure(0, 1 << 40)
-        packed = module.TensorPager(0).pack(torch.ones(100 << 20, dtype=torch.uint8))  # 10 s at 10 MB/s
+        packed = module.TensorOffloader(0).pack(torch.ones(100 << 20, dtype=torch.uint8))  # 10 s at 10 MB/s
         print("waiting", flush=True)
         start = time.monotonic()
         try:

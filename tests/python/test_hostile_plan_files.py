@@ -54,12 +54,12 @@ def changed(document: dict[str, Any], change: Any) -> dict[str, Any]:
 
 # (name, change to the recorded profile, what the refusal names)
 REFUSED = [
-    ("deep prefetch", lambda d: d["cost"].update(prefetch_pages=100_000),
-     "cost.prefetch_pages: 100000 is above 38, the trace's saved tensors"),
-    ("deepest prefetch", lambda d: d["cost"].update(prefetch_pages=2**31 - 1), "cost.prefetch_pages: 2147483647"),
-    ("null prefetch", lambda d: d["cost"].update(prefetch_pages=None),
-     "cost.prefetch_pages: expected an integer, got null"),
-    ("1e30 prefetch", lambda d: d["cost"].update(prefetch_pages=1e30), "cost.prefetch_pages: expected an integer"),
+    ("deep prefetch", lambda d: d["cost"].update(prefetch_depth=100_000),
+     "cost.prefetch_depth: 100000 is above 38, the trace's saved tensors"),
+    ("deepest prefetch", lambda d: d["cost"].update(prefetch_depth=2**31 - 1), "cost.prefetch_depth: 2147483647"),
+    ("null prefetch", lambda d: d["cost"].update(prefetch_depth=None),
+     "cost.prefetch_depth: expected an integer, got null"),
+    ("1e30 prefetch", lambda d: d["cost"].update(prefetch_depth=1e30), "cost.prefetch_depth: expected an integer"),
     ("empty cost", lambda d: d.update(cost={}), "cost: missing field 'to_host_bytes_per_ms'"),
     ("2**62 bytes", lambda d: d["tensors"][0].update(bytes=2**62), "tensors[0].bytes: 4611686018427387904 is above"),
     ("1e30 peak", lambda d: d.update(unconstrained_peak_bytes=1e30), "unconstrained_peak_bytes: expected an integer"),
@@ -127,7 +127,7 @@ def test_a_sized_profile_planned_far_beyond_its_grid_is_refused(tmp_path: Path) 
 
 
 def test_the_command_exits_2_without_a_traceback_in_a_fresh_process(tmp_path: Path) -> None:
-    path = written(tmp_path, changed(recorded(), lambda d: d["cost"].update(prefetch_pages=None)))
+    path = written(tmp_path, changed(recorded(), lambda d: d["cost"].update(prefetch_depth=None)))
     done = subprocess.run([sys.executable, "-m", "stowage", "plan", str(path), "--budget", "50%"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -207,5 +207,5 @@ def test_names_from_a_profile_are_printed_literally(tmp_path: Path) -> None:
                                              (-1, "is below 0")])
 def test_solve_checks_the_cost_it_is_given_as_it_checks_a_file(depth: int, said: str) -> None:
     profile = stowage.plan.load_trace(RECORDED)
-    with pytest.raises(InputError, match=f"stowage.plan.solve: cost.prefetch_pages: {depth} {said}"):
-        stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2, prefetch_pages=depth)
+    with pytest.raises(InputError, match=f"stowage.plan.solve: cost.prefetch_depth: {depth} {said}"):
+        stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2, prefetch_depth=depth)

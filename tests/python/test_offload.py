@@ -84,11 +84,11 @@ def assert_bitwise(a: list[Any], b: list[Any]) -> None:
 def test_gradients_and_parameters_are_bitwise_those_without_offload(name: str) -> None:
     case = gpt_case() if name == "transformer" else cnn_case()
     plain_gradients, plain_parameters = train(case, 3, None)
-    before = stowage.offload.stats().get("offload.num_page_outs", 0)
+    before = stowage.offload.stats().get("offload.num_offloads", 0)
     gradients, parameters = train(case, 3, {"min_bytes": "64KiB"})
-    assert stowage.offload.stats()["offload.num_page_outs"] > before, "nothing was paged"
-    for step, (plain, paged) in enumerate(zip(plain_gradients, gradients)):
-        assert_bitwise(plain, paged), step
+    assert stowage.offload.stats()["offload.num_offloads"] > before, "nothing was offloaded"
+    for step, (plain, offloaded) in enumerate(zip(plain_gradients, gradients)):
+        assert_bitwise(plain, offloaded), step
     assert_bitwise(plain_parameters, parameters)
 
 
@@ -119,11 +119,11 @@ def test_peak_falls_by_most_of_the_offloaded_bytes() -> None:
     plain, _ = step_peak(model, x, None)
     step_peak(model, x, {"min_bytes": "256KiB"})  # a first step sizes the pinned arena
     offloaded, report = step_peak(model, x, {"min_bytes": "256KiB"})
-    assert report.paged_bytes > 0.8 * report.saved_bytes - report.parameter_bytes
+    assert report.offloaded_bytes > 0.8 * report.saved_bytes - report.parameter_bytes
     fall = plain - offloaded
-    assert fall >= 0.8 * report.paged_bytes, (
-        f"peak {plain} -> {offloaded}: fell {fall} bytes, {fall / report.paged_bytes:.2f} of the "
-        f"{report.paged_bytes} offloaded")
+    assert fall >= 0.8 * report.offloaded_bytes, (
+        f"peak {plain} -> {offloaded}: fell {fall} bytes, {fall / report.offloaded_bytes:.2f} of the "
+        f"{report.offloaded_bytes} offloaded")
 
 
 def test_forward_and_backward_make_no_synchronisation() -> None:
@@ -141,7 +141,7 @@ def test_forward_and_backward_make_no_synchronisation() -> None:
         after = stowage.memory_stats()
         assert after["offload.num_syncs"] == before.get("offload.num_syncs", 0)
         assert after["num_sync_all_streams"] == before["num_sync_all_streams"]
-        assert after["offload.num_page_outs"] > before.get("offload.num_page_outs", 0)
+        assert after["offload.num_offloads"] > before.get("offload.num_offloads", 0)
         model.zero_grad(set_to_none=True)
 
 
@@ -186,19 +186,19 @@ def test_a_shorter_step_of_small_blocks_pins_its_small_segments_once() -> None:
     assert grown <= 16 << 20, f"after the longest step the small class took {grown} bytes more: {pinned}"
 
 
-def test_parameters_and_their_autocast_casts_are_never_paged() -> None:
+def test_parameters_and_their_autocast_casts_are_never_offloaded() -> None:
     """A Linear-heavy model under autocast: weights, weight.t() and the cached bf16 casts stay,
     judged by storage and history, independently of stowage's own test."""
     torch.manual_seed(0)
     model = TinyGpt(vocab=512, width=128, heads=4, layers=4, length=64)
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    paged: list[Any] = []
+    offloaded: list[Any] = []
 
     class Spy(stowage.offload.activations):
         def _pack(self, tensor: Any) -> Any:
             packed = super()._pack(tensor)
             if isinstance(packed, stowage._torch.PackedTensor):  # not a tensor kept on the device
-                paged.append(tensor)
+                offloaded.append(tensor)
             return packed
 
     ids = torch.randint(0, 512, (4, 64))
@@ -206,19 +206,19 @@ def test_parameters_and_their_autocast_casts_are_never_paged() -> None:
         with Spy(min_bytes=0) as report:
             loss = lm_loss(model(ids), ids)
     loss.backward()
-    assert paged, "nothing was paged"
-    for tensor in paged:
+    assert offloaded, "nothing was offloaded"
+    for tensor in offloaded:
         assert tensor.untyped_storage().data_ptr() not in parameters
         node = tensor.grad_fn
         while node is not None and type(node).__name__ in ("ToCopyBackward0", "TBackward0",
                                                            "ViewBackward0", "TransposeBackward0"):
             node = node.next_functions[0][0]
-        assert node is None or type(node).__name__ != "AccumulateGrad", "a parameter's cast was paged"
+        assert node is None or type(node).__name__ != "AccumulateGrad", "a parameter's cast was offloaded"
     linear_casts = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert report.parameter_bytes >= linear_casts, "the bf16 casts autocast caches were not kept"
 
 
-def test_a_storage_saved_through_several_views_is_paged_once() -> None:
+def test_a_storage_saved_through_several_views_is_offloaded_once() -> None:
     torch.manual_seed(0)
     model = TinyGpt(vocab=512, width=128, heads=4, layers=2, length=128)
     ids = torch.randint(0, 512, (4, 128))
@@ -226,10 +226,10 @@ def test_a_storage_saved_through_several_views_is_paged_once() -> None:
         loss = lm_loss(model(ids), ids)
     loss.backward()
     assert report.num_shared > 0, "q, k and v share the qkv storage"
-    assert report.paged_bytes <= report.saved_bytes
+    assert report.offloaded_bytes <= report.saved_bytes
 
 
-def test_checkpointed_blocks_page_only_their_boundaries_inside_or_around() -> None:
+def test_checkpointed_blocks_offload_only_their_boundaries_inside_or_around() -> None:
     case = (lambda: TinyGpt(vocab=512, width=128, heads=4, layers=4, length=128, checkpoint=True),
             gpt_case()[1], gpt_case()[2])
     plain, _ = train(case, 2, None)
@@ -248,7 +248,7 @@ def test_checkpointed_blocks_page_only_their_boundaries_inside_or_around() -> No
     whole, checkpointed = reports
     # The blocks save only their inputs (one residual stream each); the head saves as before.
     assert checkpointed.num_saved < whole.num_saved / 3
-    assert checkpointed.paged_bytes < whole.paged_bytes / 2
+    assert checkpointed.offloaded_bytes < whole.offloaded_bytes / 2
 
     class Inside(torch.nn.Module):  # offload inside the checkpointed function
         def __init__(self, block: Any) -> None:
@@ -279,8 +279,8 @@ def test_an_excluded_module_keeps_its_saved_tensors() -> None:
     with stowage.offload.activations(min_bytes="64KiB", exclude=[model.blocks[0]]) as report:
         loss = model(x).sum()
     loss.backward()
-    assert 0 < report.paged_bytes < everything.paged_bytes
-    assert report.unseen_bytes > 0  # the excluded block's tensors stay, out of the pager's sight
+    assert 0 < report.offloaded_bytes < everything.offloaded_bytes
+    assert report.unseen_bytes > 0  # the excluded block's tensors stay, out of the offloader's sight
 
 
 def test_bytes_kept_outside_saved_tensors_are_reported() -> None:
@@ -319,7 +319,7 @@ def test_a_model_compiled_whole_is_named_once() -> None:
 def test_statistics_summary_snapshot_and_inspector_show_the_offload(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = MlpStack(blocks=2, width=128, hidden=512)
-    with stowage.offload.activations(min_bytes="64KiB"):
+    with stowage.offload.activations(min_bytes="64KiB") as report:
         loss = model(torch.randn(512, 128)).sum()
     loss.backward()
     stowage.mark_step()
@@ -327,9 +327,16 @@ def test_statistics_summary_snapshot_and_inspector_show_the_offload(tmp_path: Pa
     for key in ("offload.offloaded_bytes.peak", "offload.pinned.reserved_bytes.peak",
                 "offload.to_host.bytes_per_second", "offload.stall_ns"):
         assert key in stats
-    assert stats["offload.bytes_paged_out"] > 0
+    assert stats["offload.bytes_offloaded"] > 0
+    # The previous release's names, kept for one release: the same figures.
+    renamed = {"offload.pages": "offload.buffers", "offload.num_page_outs": "offload.num_offloads",
+               "offload.bytes_paged_out": "offload.bytes_offloaded", "offload.num_page_ins": "offload.num_reloads",
+               "offload.bytes_paged_in": "offload.bytes_reloaded"}
+    assert {old: stats[old] for old in renamed} == {old: stats[new] for old, new in renamed.items()}
+    with pytest.warns(DeprecationWarning, match="OffloadReport.paged_bytes is now OffloadReport.offloaded_bytes"):
+        assert report.paged_bytes == report.offloaded_bytes > 0
     assert "Pinned host memory" in stowage.memory_summary()
-    assert stowage.snapshot()["offload"]["offload.num_page_outs"] == stats["offload.num_page_outs"]
+    assert stowage.snapshot()["offload"]["offload.num_offloads"] == stats["offload.num_offloads"]
     stowage.dump_snapshot(tmp_path / "step.pickle")
     inspected = subprocess.run([sys.executable, "-m", "stowage", "inspect", str(tmp_path / "step.pickle")],
                                capture_output=True, text=True)
@@ -371,7 +378,7 @@ def test_under_a_capacity_where_the_model_runs_out_of_memory_it_trains_with_offl
 
 def test_hazards_on_a_slow_link_corrupt_nothing_and_leak_nothing() -> None:
     """Copies run slowly (50 MB/s) while forward reuses freed memory, a backward node sleeps while
-    pages come back, autograd frees a graph whose copies are in flight, and a forward raises:
+    buffers come back, autograd frees a graph whose copies are in flight, and a forward raises:
     the gradients are those without offload, and memory returns to where it started."""
     result = run_python(SLOW_LINK.format(capacity="1GiB", bandwidth="50MB", extra="") + """
     class Slow(torch.autograd.Function):
@@ -380,7 +387,7 @@ def test_hazards_on_a_slow_link_corrupt_nothing_and_leak_nothing() -> None:
             return x.clone()
         @staticmethod
         def backward(ctx, grad):
-            time.sleep(0.05)  # a slow backward node while pages come back
+            time.sleep(0.05)  # a slow backward node while buffers come back
             return grad
 
     def run(offload):
@@ -391,7 +398,7 @@ def test_hazards_on_a_slow_link_corrupt_nothing_and_leak_nothing() -> None:
             h = x
             for block in model.blocks:
                 h = Slow.apply(block(h))
-                scratch = torch.randn(512, 512)  # reuses memory freed by paging
+                scratch = torch.randn(512, 512)  # reuses memory freed by offloading
             return h.pow(2).mean()
         if offload:
             with stowage.offload.activations(min_bytes="64KiB"):
@@ -402,8 +409,8 @@ def test_hazards_on_a_slow_link_corrupt_nothing_and_leak_nothing() -> None:
         return [p.grad.clone() for p in model.parameters()]
 
     plain = run(False)
-    paged = run(True)
-    print("equal", all(torch.equal(a, b) for a, b in zip(plain, paged)))
+    offloaded = run(True)
+    print("equal", all(torch.equal(a, b) for a, b in zip(plain, offloaded)))
     model = MlpStack(blocks=6, width=128, hidden=512)
     x = torch.randn(512, 128)
     stowage.mark_step()
@@ -427,7 +434,7 @@ def test_hazards_on_a_slow_link_corrupt_nothing_and_leak_nothing() -> None:
     stats = stowage.memory_stats()
     print("baseline", stowage.memory_allocated() == baseline)
     print("host", stats["offload.pinned.allocated_bytes.current"], stats["offload.offloaded_bytes.current"],
-          stats["offload.pages"])
+          stats["offload.buffers"])
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["equal True", "baseline True", "host 0 0 0"]
@@ -446,7 +453,7 @@ def test_refused_pinning_falls_back_to_pageable_memory_with_one_warning() -> Non
         stowage.mark_step()
     stats = stowage.memory_stats()
     print(stats["offload.pinned.pinning_refused"], stats["offload.pinned.pageable_bytes"] > 0,
-          stats["offload.num_page_ins"] > 0)
+          stats["offload.num_reloads"] > 0)
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "True", "True"]

@@ -351,7 +351,7 @@ def test_the_states_and_the_activations_share_one_pinned_pool_whose_arena_still_
 
 def test_the_optimizer_s_copies_are_counted_in_the_offload_statistics() -> None:
     """Gradients out and parameters back cross the offload engine's streams, so memory_stats()'s
-    offload.* copy counters see them, beside the activations' pages: each step moves every
+    offload.* copy counters see them, beside the activations' offloads: each step moves every
     gradient out and every parameter back, once."""
     model = make_model()
     optimizer = stowage.offload.AdamW(model.parameters(), **HYPER)

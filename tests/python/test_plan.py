@@ -3,11 +3,11 @@ profiled, plans solved at fractions of its unconstrained peak and applied: every
 gradients bitwise those of the unplanned step, the measured peak below the unplanned one, within
 the budget and within the predicted peak; plans that survive saving and loading.
 
-The allocator's ceiling holds a step to its budget (Note [Allocated ceiling]): page-outs running
-late are waited for and pages back ahead of use are let go. Two allowances remain. CPU mode counts
+The allocator's ceiling holds a step to its budget (Note [Allocated ceiling]): offloads running
+late are waited for and buffers back ahead of use are let go. Two allowances remain. CPU mode counts
 every CPU allocation of the process against its simulated device, torch's first-use buffers
-included, so the measured peak is asserted within 5% over the budget. The prediction counts pages
-back ahead of use as early as the ceiling allows and page-outs at the cost model's link speed; at
+included, so the measured peak is asserted within 5% over the budget. The prediction counts buffers
+back ahead of use as early as the ceiling allows and offloads at the cost model's link speed; at
 run time both depend on when each copy of the simulated link (a thread on a busy 2-core machine)
 completes: the measured peak is asserted at most 15% above the predicted one (it is often lower;
 bench/results/2026-11-24-cpu-planner.md has the figures per run)."""
@@ -30,7 +30,7 @@ import stowage.plan
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
-COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
 
 
 class ResidualConv(nn.Module):
@@ -111,8 +111,8 @@ def test_planned_steps_fit_their_budgets_and_compute_the_same_gradients(make: An
         assert all(torch.equal(a, b) for a, b in zip(grads, reference))
 
 
-def test_a_tight_budget_takes_a_plan_that_brings_fewer_pages_back_ahead() -> None:
-    # Wide activations against a budget of a few of them: a page brought back ahead of its use
+def test_a_tight_budget_takes_a_plan_that_brings_fewer_buffers_back_ahead() -> None:
+    # Wide activations against a budget of a few of them: a buffer brought back ahead of its use
     # holds its memory through the ops before it, which then need more than was free
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.GELU())], nn.Linear(512, 10))
@@ -123,12 +123,12 @@ def test_a_tight_budget_takes_a_plan_that_brings_fewer_pages_back_ahead() -> Non
 
     profile = stowage.plan.profile(step, cost=COST)
     with pytest.warns(UserWarning, match="no plan fits"):
-        lowest = stowage.plan.solve(profile, 1, prefetch_pages=0).predicted_peak_bytes
+        lowest = stowage.plan.solve(profile, 1, prefetch_depth=0).predicted_peak_bytes
     budget = int(lowest * 1.05)
     with pytest.warns(UserWarning, match="no plan fits"):
-        assert not stowage.plan.solve(profile, budget, prefetch_pages=COST["prefetch_pages"]).fits
+        assert not stowage.plan.solve(profile, budget, prefetch_depth=COST["prefetch_depth"]).fits
     plan = stowage.plan.solve(profile, budget)
-    assert plan.fits and plan.trace.cost["prefetch_pages"] < COST["prefetch_pages"]
+    assert plan.fits and plan.trace.cost["prefetch_depth"] < COST["prefetch_depth"]
     reference_peak, reference = measured(model, step)
     peak, grads = measured(model, step, plan)
     assert peak <= budget * 1.05 < reference_peak, f"measured {peak}, budget {budget}"

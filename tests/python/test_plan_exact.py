@@ -20,7 +20,7 @@ from stowage.plan.applying import Plan, comparison_plans  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
-COST = {"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_depth": 2}
 
 
 class Block(nn.Module):

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,10 +19,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage.plan  # noqa: E402
+import stowage.plan.file_formats  # noqa: E402
 import stowage.plan.lifetimes  # noqa: E402
 import stowage.plan.sizes  # noqa: E402
 from offload_models import TinyGpt, lm_loss  # noqa: E402
-from plan_files_fuzzer import small_sized  # noqa: E402
+from plan_files_fuzzer import small_profile, small_sized  # noqa: E402
+from stowage.validation import InputError  # noqa: E402
 from test_plan import COST  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -104,7 +107,7 @@ OUT_OF_MEMORY = """
     from offload_models import TinyGpt, lm_loss
 
     stowage.enable(device="cpu", capacity="72MiB")
-    COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+    COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
     torch.manual_seed(0)
     model = TinyGpt(vocab=512, width=128, heads=4, layers=4, length=256)
 
@@ -149,6 +152,40 @@ def test_a_model_that_runs_out_of_memory_is_profiled_small_and_trains_under_its_
     assert done.returncode == 0, done.stderr
     lines: list[Any] = done.stdout.splitlines()
     assert lines == ["plain: out of memory", "profile: True", "planned: True True True True []"], done.stdout
+
+
+def test_the_previous_release_s_prefetch_pages_still_reads_and_warns(tmp_path: Path) -> None:
+    """The cost model's prefetch_depth was prefetch_pages: files that say so read as they are, and
+    callers that say so get a DeprecationWarning, for one release."""
+    document = small_profile(blocks=4)
+    document["cost"]["prefetch_pages"] = document["cost"].pop("prefetch_depth")
+    old_file = tmp_path / "old.json"
+    old_file.write_text(json.dumps(document))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a file the previous release wrote: nothing to warn about
+        trace = stowage.plan.load_trace(old_file)
+    assert trace.cost["prefetch_depth"] == 2 and "prefetch_pages" not in trace.cost
+    budget = trace.unconstrained_peak_bytes // 2
+    with pytest.warns(DeprecationWarning, match="stowage.plan.solve: the cost key 'prefetch_pages' is now "
+                                                "'prefetch_depth'"):
+        old = stowage.plan.solve(trace, budget, prefetch_pages=1)
+    new = stowage.plan.solve(trace, budget, prefetch_depth=1)
+    assert old.decisions == new.decisions and old.trace.cost == new.trace.cost
+    with pytest.raises(ValueError, match="gives both 'prefetch_depth' and 'prefetch_pages'"):
+        stowage.plan.solve(trace, budget, prefetch_pages=1, prefetch_depth=1)
+    document["cost"]["prefetch_depth"] = 2
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="cost: both 'prefetch_depth' and 'prefetch_pages', its name before"):
+        stowage.plan.load_trace(both)
+    model, batch = torch.nn.Linear(64, 64), torch.randn(8, 64)
+    with pytest.warns(DeprecationWarning, match="stowage.plan.profile: the cost key 'prefetch_pages'"):
+        profiled = stowage.plan.profile(lambda: model(batch).sum().backward(),
+                                        cost={"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6,
+                                              "prefetch_pages": 3})
+    assert profiled.cost["prefetch_depth"] == 3
+    with pytest.warns(DeprecationWarning, match="DEFAULT_PREFETCH_PAGES is now .*DEFAULT_PREFETCH_DEPTH"):
+        assert stowage.plan.file_formats.DEFAULT_PREFETCH_PAGES == stowage.plan.file_formats.DEFAULT_PREFETCH_DEPTH
 
 
 def test_the_previous_release_s_names_of_a_lifetime_trace_still_work_and_warn(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Saved tensors changed in place between forward and backward: torch raises its "modified by an
 inplace operation" error for the tensors it saves itself; under stowage's saved-tensor hooks
-(activation offload, paged or kept; a plan; the recorder behind stowage.plan.profile and fit) the
-same error comes, and a paged tensor's storage is still let go (CPU mode)."""
+(activation offload, offloaded or kept; a plan; the recorder behind stowage.plan.profile and fit) the
+same error comes, and an offloaded tensor's storage is still let go (CPU mode)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def changed_after_forward(hooks: Callable[[], Any]) -> None:
 
 FRONT_ENDS: dict[str, Callable[[], Any]] = {
     "torch alone": lambda: _nothing(),
-    "offload, paged": lambda: stowage.offload.activations(min_bytes=0),
+    "offload, offloaded": lambda: stowage.offload.activations(min_bytes=0),
     "offload, kept": lambda: stowage.offload.activations(min_bytes=1 << 30),
     "offload, excluded": lambda: stowage.offload.activations(min_bytes=0, exclude=[torch.nn.Identity()]),
 }
@@ -77,11 +77,11 @@ def test_the_recorder_behind_profile_raises_it_too() -> None:
 
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         stowage.plan.profile(step, cost={"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6,
-                                         "prefetch_pages": 2})
+                                         "prefetch_depth": 2})
 
 
-def test_a_paged_tensor_is_let_go_while_its_version_is_followed() -> None:
-    # The check holds the version counter, not the storage: the page-out still frees the device.
+def test_an_offloaded_tensor_is_let_go_while_its_version_is_followed() -> None:
+    # The check holds the version counter, not the storage: the offload still frees the device.
     x = torch.randn(1024, 1024, requires_grad=True)
     stowage.mark_step()
     start = stowage.memory_allocated("cpu")
@@ -90,7 +90,7 @@ def test_a_paged_tensor_is_let_go_while_its_version_is_followed() -> None:
         loss = y.sum()
     del y
     stowage.offload.end_step()
-    assert report.paged_bytes == 4 << 20
+    assert report.offloaded_bytes == 4 << 20
     assert stowage.memory_allocated("cpu") - start < 1 << 20  # exp's output left the device
     loss.backward()
     assert torch.equal(x.grad, x.detach().exp())

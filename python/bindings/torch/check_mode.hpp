@@ -1,4 +1,4 @@
-// Check mode's switch and step count (stowage.checking): whether paged tensors carry a checksum
+// Check mode's switch and step count (stowage.checking): whether offloaded tensors carry a checksum
 // of their bytes to compare when they come back, and which step is running, for the messages.
 //
 // Contract: process-wide, thread-safe (atomics); set between steps.

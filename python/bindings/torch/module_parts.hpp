@@ -5,7 +5,7 @@
 
 namespace stowage::python {
 
-// stowage.offload's C++ side: the saved-tensor pager and the offload engines.
+// stowage.offload's C++ side: the saved-tensor offloader and the offload engines.
 void bind_offload(pybind11::module_& module);
 // The offloaded optimizer's host update and host memory.
 void bind_optimizer(pybind11::module_& module);

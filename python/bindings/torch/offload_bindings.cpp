@@ -1,4 +1,4 @@
-// stowage._torch's offload part: the saved-tensor pager of stowage.offload.activations() and
+// stowage._torch's offload part: the saved-tensor offloader of stowage.offload.activations() and
 // the offload engines' statistics and step boundaries. Tensors cross as torch.Tensor (torch's
 // own pybind11 casters: this module is compiled against torch's pybind11).
 #include <pybind11/pybind11.h>
@@ -13,7 +13,7 @@
 #include "python/bindings/torch/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
-#include "python/bindings/torch/tensor_pager.hpp"
+#include "python/bindings/torch/tensor_offloader.hpp"
 
 namespace py = pybind11;
 
@@ -23,7 +23,7 @@ namespace {
 
 // The prefetch settings every engine follows (Note [Prefetch window]); set by each region.
 struct PrefetchSettings {
-  std::optional<std::size_t> pages;  // nullopt: adaptive
+  std::optional<std::size_t> buffers;  // nullopt: adaptive
   std::size_t max_bytes = std::size_t{1} << 30;
   bool operator==(const PrefetchSettings&) const = default;
 };
@@ -35,15 +35,15 @@ PrefetchSettings& prefetch_settings() {
 
 void apply(const PrefetchSettings& settings, OffloadEngine& engine) {
   OffloadEngineOptions options;
-  options.prefetch_pages = settings.pages;
+  options.prefetch_depth = settings.buffers;
   options.max_prefetch_bytes = settings.max_bytes;
-  engine.pager().set_prefetch_policy(make_prefetch_policy(options));
+  engine.offloader().set_prefetch_policy(make_prefetch_policy(options));
 }
 
 py::dict counts_dict(const PackCounts& counts) {
   py::dict out;
   out["seen_bytes"] = counts.seen;
-  out["paged_bytes"] = counts.paged;
+  out["offloaded_bytes"] = counts.offloaded;
   out["parameter_bytes"] = counts.parameters;
   out["small_bytes"] = counts.small;
   out["elsewhere_bytes"] = counts.elsewhere;
@@ -67,8 +67,8 @@ at::Tensor unpack_object(const py::object& packed) {
   try {
     if (py::isinstance<KeptTensor>(packed)) return py::cast<const KeptTensor&>(packed).unpack();
     const PackedTensor& tensor = py::cast<const PackedTensor&>(packed);
-    const py::gil_scoped_release release;  // page_in may wait for its copy
-    return TensorPager::unpack(tensor);
+    const py::gil_scoped_release release;  // reload may wait for its copy
+    return TensorOffloader::unpack(tensor);
   } catch (const c10::OutOfMemoryError& error) {  // (before c10::Error, which it derives from)
     raise_as_torch(error, true);
   } catch (const c10::Error& error) {
@@ -76,10 +76,10 @@ at::Tensor unpack_object(const py::object& packed) {
   }
 }
 
-void bind_pager(py::module_& module) {
+void bind_offloader(py::module_& module) {
   py::class_<PackedTensor>(module, "PackedTensor")
       .def("__repr__", [](const PackedTensor& packed) {
-        return "<stowage paged tensor: page " + std::to_string(packed.page->id()) + ">";
+        return "<stowage offloaded tensor: buffer " + std::to_string(packed.ref->id()) + ">";
       });
   py::class_<SavedVersion>(module, "SavedVersion")
       .def(py::init<const at::Tensor&>(), py::arg("tensor"),
@@ -98,10 +98,10 @@ void bind_pager(py::module_& module) {
       .def("intact", [](const KeptTensor& self) { return self.version.intact(); },
            "Whether the tensor it was made from is at the version it had then (not changed in place)")
       .def("__repr__", [](const KeptTensor&) { return std::string("<stowage saved tensor, kept on its device>"); });
-  py::class_<TensorPager>(module, "TensorPager")
+  py::class_<TensorOffloader>(module, "TensorOffloader")
       .def(py::init<std::size_t>(), py::arg("min_bytes"))
       .def("pack",
-           [](TensorPager& self, const at::Tensor& tensor, const std::string& where) -> py::object {
+           [](TensorOffloader& self, const at::Tensor& tensor, const std::string& where) -> py::object {
              auto packed = self.pack(tensor, where);
              if (auto* kept = std::get_if<KeptTensor>(&packed)) return py::cast(std::move(*kept));
              return py::cast(std::get<PackedTensor>(std::move(packed)));
@@ -111,12 +111,12 @@ void bind_pager(py::module_& module) {
                   "A saved tensor kept on its device, detached, with its version checked at unpack")
       .def_static("unpack", &unpack_object)
       .def("add_parameters",
-           [](TensorPager& self, const std::vector<at::Tensor>& tensors) {
+           [](TensorOffloader& self, const std::vector<at::Tensor>& tensors) {
              for (const at::Tensor& tensor : tensors) self.add_parameter(tensor);
            })
-      .def("counts", [](const TensorPager& self) {
+      .def("counts", [](const TensorOffloader& self) {
         py::dict out = counts_dict(self.counts());
-        out["live_paged_bytes"] = self.live_paged_bytes();
+        out["live_offloaded_bytes"] = self.live_offloaded_bytes();
         return out;
       });
 }
@@ -128,8 +128,8 @@ bool copy_over_link(const at::Tensor& destination, const at::Tensor& source) {
   STOWAGE_CHECK(destination.is_contiguous() && source.is_contiguous() && destination.nbytes() == source.nbytes(),
                 "a copy over the link takes two contiguous tensors of the same size");
   const c10::Device device(c10::DeviceType::CPU);
-  const bool to_device = pageable(device, destination.const_data_ptr());
-  if (!to_device && !pageable(device, source.const_data_ptr())) return false;
+  const bool to_device = offloadable(device, destination.const_data_ptr());
+  if (!to_device && !offloadable(device, source.const_data_ptr())) return false;
   OffloadEngine* engine = engine_for(device);
   if (engine == nullptr) return false;
   const py::gil_scoped_release release;
@@ -146,13 +146,13 @@ void bind_engines(py::module_& module) {
              "of them is device memory (True), else does nothing (False)");
   module.def(
       "offload_configure",
-      [](std::optional<std::size_t> pages, std::size_t max_bytes) {
-        const PrefetchSettings settings{pages, max_bytes};
+      [](std::optional<std::size_t> buffers, std::size_t max_bytes) {
+        const PrefetchSettings settings{buffers, max_bytes};
         if (settings == prefetch_settings()) return;
         prefetch_settings() = settings;
         for_each_engine([&](int, OffloadEngine& engine) { apply(settings, engine); });
       },
-      py::arg("prefetch_pages"), py::arg("max_prefetch_bytes"));
+      py::arg("prefetch_depth"), py::arg("max_prefetch_bytes"));
   module.def(
       "offload_engine",
       [](const std::string& device) {
@@ -207,7 +207,7 @@ void bind_engines(py::module_& module) {
 namespace stowage::python {
 
 void bind_offload(py::module_& module) {
-  torch_offload::bind_pager(module);
+  torch_offload::bind_offloader(module);
   torch_offload::bind_engines(module);
 }
 

@@ -35,7 +35,7 @@ Registry& registry() {
   return *instance;
 }
 
-// A storage of `bytes` from torch's allocator for the device, as the pager's device buffer.
+// A storage of `bytes` from torch's allocator for the device, as the offloader's device buffer.
 DeviceBuffer storage_buffer(c10::Allocator* allocator, std::size_t bytes) {
   auto storage = std::make_shared<c10::Storage>(c10::Storage::use_byte_size_t(), bytes, allocator,
                                                 /*resizable=*/false);
@@ -108,7 +108,7 @@ OffloadEngine* engine_for(const c10::Device& device) {
   return engine;
 }
 
-bool pageable(const c10::Device& device, const void* data) {
+bool offloadable(const c10::Device& device, const void* data) {
   if (device.is_cuda()) return true;
   if (!device.is_cpu()) return false;
   CachingAllocator* allocator = torch_cpu::allocator();

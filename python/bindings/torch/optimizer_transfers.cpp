@@ -21,7 +21,7 @@ OptimizerTransfers::~OptimizerTransfers() {
 }
 
 bool OptimizerTransfers::crosses_link(const at::Tensor& tensor) const {
-  return engine_ != nullptr && pageable(device_, tensor.const_data_ptr());
+  return engine_ != nullptr && offloadable(device_, tensor.const_data_ptr());
 }
 
 TransferHandle OptimizerTransfers::copy(TransferDirection direction, void* dst, const void* src, std::size_t bytes) {

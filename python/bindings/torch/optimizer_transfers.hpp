@@ -2,7 +2,7 @@
 // buffers, on the device's offload engine (offload/transfer_engine.hpp): the engine's
 // device-to-host stream takes gradients out, its host-to-device stream brings parameters back,
 // and both are counted in the engine's statistics (stowage.memory_stats()'s "offload." keys)
-// beside the activations' pages.
+// beside the activations' buffers.
 //
 // Each copy follows the compute issued so far (current_timeline: the current CUDA stream, or CPU
 // mode's calling thread): a gradient is final there, a parameter no longer read there. On a GPU

@@ -1,8 +1,8 @@
-// Which saved tensors hold a parameter's memory (Note [Parameters are not paged]).
+// Which saved tensors hold a parameter's memory (Note [Parameters are not offloaded]).
 //
-// Note [Parameters are not paged]
-// Paging a tensor frees device memory only when nothing else holds its storage. A parameter's
-// storage is held by its module for the whole run, so paging a saved parameter frees nothing
+// Note [Parameters are not offloaded]
+// Offloading a tensor frees device memory only when nothing else holds its storage. A parameter's
+// storage is held by its module for the whole run, so offloading a saved parameter frees nothing
 // and moves every weight out and back every step. The test is by storage, not by type:
 // nn.Linear saves weight.t(), a view that is no Parameter; autocast keeps the low-precision
 // cast of each parameter in its cache until the autocast region ends, so those casts are held

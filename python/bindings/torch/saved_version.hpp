@@ -5,7 +5,7 @@
 // was saved, and raises its "modified by an inplace operation" error otherwise; for tensors
 // handed to saved-tensor hooks it checks nothing, so the hooks must. A SavedVersion holds the
 // tensor's version counter (shared with the tensor and all its views, and nothing else: not its
-// storage, which a paged tensor must let go) and the count when it was saved.
+// storage, which an offloaded tensor must let go) and the count when it was saved.
 //
 // Contract: made at pack on the thread that saves; check() from any of autograd's threads (the
 // counter is atomic). Copies share the counter.

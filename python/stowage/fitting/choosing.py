@@ -44,7 +44,7 @@ class Option:
     optimizer_peak: int     # device bytes during the optimizer's step
     update_ms: float        # the optimizer's update: device share and host share
     reason: str             # why it does not fit, or ""
-    host_bytes: int = 0     # host memory the offloaded states and the plan's paged activations take
+    host_bytes: int = 0     # host memory the offloaded states and the plan's offloaded activations take
     micro_rows: int = 0     # rows of one micro-batch (the plan's), the example's rows when not cut
     micro_batches: int = 1  # micro-batches the example runs as
 
@@ -95,17 +95,17 @@ def _option(trace: LifetimeTrace, memory: DeviceMemory, host: HostMemory, rates:
         return Option(fraction, budget, plan, peak, update_ms,
                       f"no plan fits: the lowest step peak found is {format_bytes(plan.predicted_peak_bytes)}",
                       host_bytes, **cut)
-    host_bytes += paged_bytes(plan)
+    host_bytes += offloaded_bytes(plan)
     if host_bytes > host.available:
         return Option(fraction, budget, plan, peak, update_ms,
-                      f"the host cannot hold the offloaded states and paged activations: {format_bytes(host_bytes)} "
+                      f"the host cannot hold the offloaded states and activations: {format_bytes(host_bytes)} "
                       f"needed, {format_bytes(host.available)} available ({host.limited_by})", host_bytes, **cut)
     if peak > memory.usable:
         return Option(fraction, budget, plan, peak, update_ms, "the optimizer's step does not fit", host_bytes, **cut)
     return Option(fraction, budget, plan, peak, update_ms, "", host_bytes, **cut)
 
 
-def paged_bytes(plan: Plan) -> int:
+def offloaded_bytes(plan: Plan) -> int:
     """Pinned host bytes the plan's offloaded activations take: every offloaded tensor's (they are
     all on the host at once between forward and backward, where the step turns)."""
     return sum(t.bytes for t, d in zip(plan.trace.tensors, plan.decisions) if d == "offload")

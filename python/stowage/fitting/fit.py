@@ -25,6 +25,7 @@ from stowage.byte_counts import byte_count
 from stowage.serving import device_index, serves, torch_module
 from stowage.offload.sharded import local
 from stowage.plan import LifetimeTrace
+from stowage.plan.file_formats import current_cost
 
 
 @contextlib.contextmanager
@@ -55,7 +56,7 @@ def check_allocator(device: torch.device) -> None:
     if device.type == "cuda" and not serves(device):
         raise RuntimeError(
             "stowage.fit: torch's own allocator serves CUDA memory in this process, so stowage cannot hold "
-            "the step to a budget or page its tensors. Make stowage the allocator before CUDA is first "
+            "the step to a budget or offload its tensors. Make stowage the allocator before CUDA is first "
             "touched: start the program with STOWAGE_ALLOC_CONF set (empty for the defaults), or call "
             "stowage.enable() right after importing torch, before the first CUDA tensor.")
     if device.type == "cpu" and not serves(device):
@@ -360,6 +361,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     global batch's, by ``loss_units`` when given, else as read from the loss; BatchNorm refuses
     a cut unless ``split_batchnorm=True``)."""
     loss_fn = loss_fn or default_loss
+    cost = current_cost(cost, "stowage.fit") if cost is not None else None
     parameters = list(model.parameters())
     device = _device_of(parameters)
     check_allocator(device)

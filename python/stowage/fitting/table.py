@@ -70,7 +70,7 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         + (f"; kept on the device: {facts['states_kept_because']}" if facts.get("states_kept_because") else ""),
         f"  {'activations':<24}{format_bytes(chosen.activation_budget):>12}  budget; "
         + _activations(chosen, facts["unplanned_peak"]),
-        f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states and paged activations, of "
+        f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states and activations, of "
         f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
         _batch_row(chosen, facts),
         *([f"  {'tried before training':<24}{'':>12}  {facts['tried']}"] if facts.get("tried") else []),

@@ -1,4 +1,4 @@
-"""Offload: activations paged to host memory during forward and back ahead of backward
+"""Offload: activations offloaded to host memory during forward and back ahead of backward
 (``stowage.offload.activations``), and Adam / AdamW with their states in host memory, updated on
 the CPU (``stowage.offload.Adam``, ``stowage.offload.AdamW``).
 

@@ -4,22 +4,22 @@ come back ahead of backward, on copy streams of their own.
     import stowage
 
     with stowage.offload.activations() as report:
-        loss = model(batch)          # saved tensors are paged out as forward goes
+        loss = model(batch)          # saved tensors are offloaded as forward goes
     loss.backward()                  # and brought back, in reverse order, ahead of use
     stowage.offload.end_step()       # between steps (or stowage.mark_step(), which calls it)
     print(report)
 
-On a GPU the copies overlap compute and nothing waits on the host: a page-out starts once its
+On a GPU the copies overlap compute and nothing waits on the host: an offload starts once its
 producer is done, its device memory is freed when the copy completes, and backward's compute
-waits on an event for each page it uses. In CPU mode (``stowage.enable(device="cpu", ...)``) the
+waits on an event for each buffer it uses. In CPU mode (``stowage.enable(device="cpu", ...)``) the
 same engine runs on the simulated device, its link as fast as ``copy_bandwidth``.
 
-What is not paged (Note [Parameters are not paged] in the C++ sources): storages under
+What is not offloaded (Note [Parameters are not offloaded] in the C++ sources): storages under
 ``min_bytes``; parameters, buffers and their views and autocast casts (decided by storage and
 autograd history, so ``weight.t()`` and bf16 casts stay); tensors inside modules given in
-``exclude``. A storage saved several times, or through several views, is paged once. Used around
+``exclude``. A storage saved several times, or through several views, is offloaded once. Used around
 a model whose blocks run under ``torch.utils.checkpoint``, only the checkpoints' inputs are saved,
-so only they are paged. A model compiled as a whole (``torch.compile(model)``) gets no benefit:
+so only they are offloaded. A model compiled as a whole (``torch.compile(model)``) gets no benefit:
 torch hands a compiled region's saved tensors to the hooks only after its forward and takes them
 all back at the start of its backward; compile each block instead.
 """
@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 from stowage import _core, checking
 from stowage.byte_counts import byte_count
-from stowage.offload.saved_tensor_paging import SavedTensorPaging, keep
+from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
 from stowage.serving import CPU_MODE, is_cpu_allocator, torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
@@ -46,15 +46,15 @@ _warned_compiled = False
 class OffloadReport:
     """What one offload region did, in bytes (each storage counted once).
 
-    ``forward_bytes`` is what the forward left allocated on the device, counting paged storages
+    ``forward_bytes`` is what the forward left allocated on the device, counting offloaded storages
     as if they were still there; ``unseen_bytes`` the part of it no saved tensor held (tensors
-    an autograd Function keeps as ``ctx`` attributes, outputs, caches): the hooks cannot page it.
+    an autograd Function keeps as ``ctx`` attributes, outputs, caches): the hooks cannot offload it.
     Both are read from the allocator's figures at the region's start and end, so they are the
     region's own when the step before it has ended (``stowage.mark_step()``).
     """
 
     saved_bytes: int = 0
-    paged_bytes: int = 0
+    offloaded_bytes: int = 0
     parameter_bytes: int = 0
     small_bytes: int = 0
     elsewhere_bytes: int = 0
@@ -64,13 +64,20 @@ class OffloadReport:
     forward_bytes: int = 0
     unseen_bytes: int = 0
 
+    @property
+    def paged_bytes(self) -> int:
+        """The previous release's name of ``offloaded_bytes``; the next release drops it."""
+        warnings.warn("OffloadReport.paged_bytes is now OffloadReport.offloaded_bytes; the old name goes in the "
+                      "next release", DeprecationWarning, stacklevel=2)
+        return self.offloaded_bytes
+
     def __str__(self) -> str:
         f = _core.format_bytes
-        kept = self.saved_bytes - self.paged_bytes - self.parameter_bytes
+        kept = self.saved_bytes - self.offloaded_bytes - self.parameter_bytes
         lines = [
             f"offload: {self.num_saved} saved tensors, {f(self.saved_bytes)} in distinct storages",
-            f"  paged out       {f(self.paged_bytes)}",
-            f"  parameters      {f(self.parameter_bytes)} (never paged)",
+            f"  offloaded       {f(self.offloaded_bytes)}",
+            f"  parameters      {f(self.parameter_bytes)} (never offloaded)",
             f"  kept            {f(kept)} (small {f(self.small_bytes)}, no host memory "
             f"{f(self.host_full_bytes)}, not stowage's memory {f(self.elsewhere_bytes)})",
             f"  forward left    {f(self.forward_bytes)} allocated, of which {f(self.unseen_bytes)} "
@@ -80,7 +87,7 @@ class OffloadReport:
 
 
 def _allocated() -> int:
-    """Bytes allocated on the device offload pages from: CPU mode's, else the current GPU's."""
+    """Bytes allocated on the device that offload moves tensors from: CPU mode's, else the current GPU's."""
     module = torch_module()
     if is_cpu_allocator(module):
         return int(module.memory_stats(CPU_MODE)["allocated_bytes.all.current"])
@@ -90,7 +97,7 @@ def _allocated() -> int:
 
 
 class activations:
-    """Pages the tensors autograd saves during the ``with`` block to host memory.
+    """Offloads the tensors autograd saves during the ``with`` block to host memory.
 
     ``min_bytes``: storages smaller stay on the device (default 1 MiB). ``prefetch``: "auto"
     (the look-ahead adapts to the link's measured bandwidth and the compute between uses, up to
@@ -105,7 +112,7 @@ class activations:
             raise ValueError(f"min_bytes must not be negative, not {min_bytes!r}")
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
-        self._prefetch_pages = None if prefetch == "auto" else int(prefetch)
+        self._prefetch_depth = None if prefetch == "auto" else int(prefetch)
         self._max_prefetch = byte_count(max_prefetch, "max_prefetch")
         self._exclude = list(exclude)
         self.report = OffloadReport()
@@ -113,7 +120,7 @@ class activations:
     def __enter__(self) -> OffloadReport:
         import torch
 
-        self._paging = SavedTensorPaging(self._pack, min_bytes=self._min_bytes, prefetch_pages=self._prefetch_pages,
+        self._offloading = SavedTensorOffload(self._pack, min_bytes=self._min_bytes, prefetch_depth=self._prefetch_depth,
                                          max_prefetch=self._max_prefetch)
         self._excluded = 0
         self._registered: set[int] = set()
@@ -129,22 +136,22 @@ class activations:
         for excluded in self._exclude:
             self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered))
             self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True))
-        self._pager = self._paging.__enter__().pager
+        self._offloader = self._offloading.__enter__().offloader
         return self.report
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        self._paging.__exit__(kind, error, traceback)
+        self._offloading.__exit__(kind, error, traceback)
         for handle in self._handles:
             handle.remove()
         self._fill_report()
         self._warn_if_compiled_whole()
-        del self._pager, self._paging  # the packed tensors keep their pages; the region's tables go
+        del self._offloader, self._offloading  # the packed tensors keep their buffers; the region's tables go
 
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
             return keep(tensor)
-        return self._pager.pack(tensor, self._running[-1] if self._running else "")
+        return self._offloader.pack(tensor, self._running[-1] if self._running else "")
 
     def _module_entered(self, module: Any, args: Any) -> None:
         import torch
@@ -164,7 +171,7 @@ class activations:
             recurse = inner is not None
             owner = inner if recurse else module
             tensors = list(owner.parameters(recurse=recurse)) + list(owner.buffers(recurse=recurse))
-            self._pager.add_parameters([t for t in tensors if t is not None])
+            self._offloader.add_parameters([t for t in tensors if t is not None])
 
     def _module_left(self, module: Any, args: Any, output: Any) -> None:
         import torch
@@ -181,18 +188,18 @@ class activations:
         self._excluded = max(0, self._excluded - 1)
 
     def _fill_report(self) -> None:
-        counts = self._pager.counts()
+        counts = self._offloader.counts()
         report = self.report
         report.saved_bytes = counts["seen_bytes"]
-        report.paged_bytes = counts["paged_bytes"]
+        report.offloaded_bytes = counts["offloaded_bytes"]
         report.parameter_bytes = counts["parameter_bytes"]
         report.small_bytes = counts["small_bytes"]
         report.elsewhere_bytes = counts["elsewhere_bytes"]
         report.host_full_bytes = counts["host_full_bytes"]
         report.num_saved = counts["num_saved"]
         report.num_shared = counts["num_shared"]
-        freed_by_paging = counts["paged_bytes"] - counts["live_paged_bytes"]
-        report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_paging)
+        freed_by_offloading = counts["offloaded_bytes"] - counts["live_offloaded_bytes"]
+        report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_offloading)
         activations_saved = report.saved_bytes - report.parameter_bytes - report.elsewhere_bytes
         report.unseen_bytes = max(0, report.forward_bytes - activations_saved)
 
@@ -206,7 +213,7 @@ class activations:
                 "torch gives a compiled region's saved tensors to the hooks only after its forward "
                 "and takes them all back at the start of its backward, so offload frees nothing "
                 "inside it. Compile each block instead (block = torch.compile(block)): offload then "
-                "pages at block boundaries.", stacklevel=3)
+                "offloads at block boundaries.", stacklevel=3)
 
 
 def end_step() -> None:
@@ -226,7 +233,7 @@ def stats(device: Any = None) -> dict[str, int]:
 
 def summary_lines(stats: dict[str, int]) -> list[str]:
     """The offload part of ``stowage.memory_summary()``; nothing before anything was offloaded."""
-    if not stats.get("offload.num_page_outs"):
+    if not stats.get("offload.num_offloads"):
         return []
     f = _core.format_bytes
 
@@ -240,8 +247,8 @@ def summary_lines(stats: dict[str, int]) -> list[str]:
         f"(peak {f(stats['offload.pinned.reserved_bytes.peak'])}, "
         f"{stats['offload.pinned.num_pinnings']} pinnings, "
         f"pageable {f(stats['offload.pinned.pageable_bytes'])})",
-        f"Paged out {f(stats['offload.bytes_paged_out'])} at {rate('offload.to_host.bytes_per_second')}, "
-        f"in {f(stats['offload.bytes_paged_in'])} at {rate('offload.to_device.bytes_per_second')}",
+        f"Offloaded {f(stats['offload.bytes_offloaded'])} at {rate('offload.to_host.bytes_per_second')}, "
+        f"reloaded {f(stats['offload.bytes_reloaded'])} at {rate('offload.to_device.bytes_per_second')}",
         f"Stalls: {stats['offload.num_stalls']}, {stats['offload.stall_ns'] / 1e6:.1f} ms; "
         f"prefetched {stats['offload.num_prefetched']}; syncs {stats['offload.num_syncs']}",
     ]

@@ -556,7 +556,7 @@ class Adam(torch.optim.Optimizer):
 
     def host_stats(self) -> dict[str, Any]:
         """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the whole
-        device's pinned pool's, which the activations' pages share), where it is placed, the
+        device's pinned pool's, which the activations' offloaded buffers share), where it is placed, the
         CPUs that update it, the time spent in host updates so far and the time spent comparing
         parameters' and gradients' bytes (seconds)."""
         return self._slots.host_stats()

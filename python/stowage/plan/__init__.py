@@ -21,8 +21,8 @@ its ``nn.ModuleList`` / ``nn.Sequential``) with stowage's own selective contexts
 recompute] in recompute_modes.py): per op, keep or recompute; state a block's forward writes
 (BatchNorm's statistics) is written once, and a block can be recomputed in each of several
 backwards (``retain_graph=True``). Offload runs
-through the offload engine's pager (``stowage.offload``). A checkpoint keeps what it saves out
-of reach of the pager, so the planner offers only what the runtime can apply: in a block it
+through the offload engine's offloader (``stowage.offload``). A checkpoint keeps what it saves out
+of reach of the offloader, so the planner offers only what the runtime can apply: in a block it
 recomputes, a tensor is kept or recomputed, and the block's inputs are kept or offloaded; in a
 block it does not, each tensor is kept or offloaded. A plan that does not match the step it runs
 on (other modules, other ops) keeps what it cannot place and says so once.
@@ -35,9 +35,10 @@ profiling.
 from typing import Any
 
 from stowage.plan.applying import Plan, load, solve
-from stowage.plan.lifetimes import LifetimeTrace, old_name
+from stowage.plan.lifetimes import LifetimeTrace
 from stowage.plan.recording import profile
 from stowage.plan.sizes import SizedTrace, load_trace
+from stowage.warning_site import old_name
 
 __all__ = ["LifetimeTrace", "Plan", "SizedTrace", "load", "load_trace", "profile", "solve"]
 _RENAMED = {"LifetimeProfile": "LifetimeTrace", "SizedProfile": "SizedTrace", "load_profile": "load_trace"}

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from stowage import _core
 from stowage.byte_counts import byte_count
-from stowage.offload.saved_tensor_paging import SavedTensorPaging, keep
+from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
 from stowage.serving import torch_module
 from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeTrace, trace_of
@@ -28,13 +28,22 @@ from stowage.warning_site import outside_stowage
 
 def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[str, int] | None = None,
           exact: bool = False, to_host_bytes_per_ms: float | None = None,
-          to_device_bytes_per_ms: float | None = None, prefetch_pages: int | None = None) -> Plan:
+          to_device_bytes_per_ms: float | None = None, prefetch_depth: int | None = None,
+          prefetch_pages: int | None = None) -> Plan:
     """The fastest plan found whose predicted peak (device memory the step adds to what was in
     use when it began) fits ``budget``; the one with the lowest peak, and a warning, when none
     does. ``at``: the sizes to plan for, for a trace recorded at several (stowage.plan.sizes);
     plan for the largest step a run takes and the plan serves the smaller ones. The cost model's
-    figures default to the trace's calibration; without ``prefetch_pages`` a plan that fits
-    only with fewer pages brought back ahead of use takes that depth."""
+    figures default to the trace's calibration; without ``prefetch_depth`` a plan that fits
+    only with fewer buffers brought back ahead of use takes that depth. ``prefetch_pages`` is the
+    previous release's name of ``prefetch_depth`` (a DeprecationWarning; the next release drops it)."""
+    if prefetch_pages is not None:
+        from stowage.plan.file_formats import current_cost
+
+        named = {"prefetch_pages": prefetch_pages}
+        if prefetch_depth is not None:
+            named["prefetch_depth"] = prefetch_depth  # both: a ValueError
+        prefetch_depth = current_cost(named, "stowage.plan.solve")["prefetch_depth"]
     limit = byte_count(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
@@ -46,7 +55,7 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
     elif at is not None:
         raise ValueError("at= is for a profile recorded at several sizes (stowage.plan.profile(step, sizes=...))")
     overrides = {"to_host_bytes_per_ms": to_host_bytes_per_ms, "to_device_bytes_per_ms": to_device_bytes_per_ms,
-                 "prefetch_pages": prefetch_pages}
+                 "prefetch_depth": prefetch_depth}
     given = {name: value for name, value in overrides.items() if value is not None}
     if given:  # the plan's own cost model; the trace keeps its calibration
         from stowage.plan.file_formats import check_cost
@@ -55,9 +64,9 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
         check_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
         trace = dataclasses.replace(trace, cost=cost_model)
     native, cost = trace.native_trace(), trace.native_cost()
-    found = _core.plan_solve(native, cost, limit, exact, cost.prefetch_pages if prefetch_pages is not None else 0)
-    if found.prefetch_pages != cost.prefetch_pages:  # the plan carries its depth to the pager
-        trace = dataclasses.replace(trace, cost={**trace.cost, "prefetch_pages": found.prefetch_pages})
+    found = _core.plan_solve(native, cost, limit, exact, cost.prefetch_depth if prefetch_depth is not None else 0)
+    if found.prefetch_depth != cost.prefetch_depth:  # the plan carries its depth to the offloader
+        trace = dataclasses.replace(trace, cost={**trace.cost, "prefetch_depth": found.prefetch_depth})
         cost = trace.native_cost()
     plan = Plan(trace, found.decisions, limit, native=(native, cost))
     if not found.fits:
@@ -137,7 +146,7 @@ class Plan:
                 raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
         # What __exit__ takes down, set as each part is put in place: an error on the way in
         # takes down what was put in place and leaves the plan inactive.
-        self._paging: SavedTensorPaging | None = None
+        self._offloading: SavedTensorOffload | None = None
         self._frames: ModuleFrames | None = None
         self._patched: list[tuple[Any, Any]] = []
         self._ceiling = None
@@ -148,10 +157,10 @@ class Plan:
             self._hold_to_budget(torch_module())
             self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
             self._frames.install()
-            paging = SavedTensorPaging(self._pack, min_bytes=0, max_prefetch=1 << 40,
-                                       prefetch_pages=int(self.trace.cost["prefetch_pages"]))
-            self._paging = paging.__enter__()
-            self._pager = paging.pager  # pack is on the hot path: one lookup, not two
+            offloading = SavedTensorOffload(self._pack, min_bytes=0, max_prefetch=1 << 40,
+                                       prefetch_depth=int(self.trace.cost["prefetch_depth"]))
+            self._offloading = offloading.__enter__()
+            self._offloader = offloading.offloader  # pack is on the hot path: one lookup, not two
         except BaseException as error:
             self.__exit__(type(error), error, error.__traceback__)
             raise
@@ -160,8 +169,8 @@ class Plan:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         try:
-            if self._paging is not None:
-                self._paging.__exit__(kind, error, traceback)
+            if self._offloading is not None:
+                self._offloading.__exit__(kind, error, traceback)
             if self._frames is not None:
                 self._frames.remove()
             for module, original in self._patched:
@@ -173,8 +182,8 @@ class Plan:
                 module = torch_module()
                 module.set_allocated_ceiling(self._ceiling[1], self._ceiling[0])
         finally:
-            self._paging, self._frames, self._patched, self._ceiling = None, None, [], None
-            self.__dict__.pop("_pager", None)
+            self._offloading, self._frames, self._patched, self._ceiling = None, None, [], None
+            self.__dict__.pop("_offloader", None)
             self._active = False
         if kind is None:
             warning = self.departures.end_step()
@@ -184,7 +193,7 @@ class Plan:
     def _hold_to_budget(self, module: Any) -> None:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
         in allocator/caching_allocator.hpp): an allocation that would pass it first waits for the
-        page-outs the simulation counted as done, where the copies run late."""
+        offloads the simulation counted as done, where the copies run late."""
         from stowage.memory import is_enabled
         from stowage.serving import device_index
 
@@ -271,13 +280,13 @@ class Plan:
         unit = self._unit_of_save.get(save)
         if unit is None and save not in self._kept_saves:  # a departure: offloaded, so the budget holds
             self.departures.note(f"a save in {frame.path!r} the trace does not have")
-            return self._pager.pack(tensor, frame.path)
+            return self._offloader.pack(tensor, frame.path)
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
         if unit is not None and self.decisions[unit] == "offload":
             frame = self._frames.top
-            return self._pager.pack(tensor, frame.path if frame is not None else "")
+            return self._offloader.pack(tensor, frame.path if frame is not None else "")
         return keep(tensor)
 
     # Reading -----------------------------------------------------------------------------

@@ -3,7 +3,7 @@ machine: a short calibration for the planner's cost model (``CostModel``), overr
 ``stowage.plan.solve``.
 
 On a GPU: copies of a 64 MiB buffer (smaller on a device too full for it, down to 1 MiB) between the device and pinned host memory, each way, the
-best of a few. In CPU mode: a round trip of a tensor through the offload engine's pager (out to
+best of a few. In CPU mode: a round trip of a tensor through the offload engine's offloader (out to
 host memory and back), which runs at the simulated link's speed, counted half each way.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 CALIBRATION_BYTES = 64 << 20
 SMALLEST_CALIBRATION_BYTES = 1 << 20
-PREFETCH_PAGES = 2
+PREFETCH_DEPTH = 2
 
 
 def best_seconds(copy: Any, synchronize: Any, repeats: int = 3) -> float:
@@ -62,11 +62,11 @@ def _measure_at(device: Any, size: int) -> dict[str, float]:
         tensor = torch.ones(count, dtype=torch.float32)
 
         def round_trip() -> None:
-            packed = module.TensorPager(0).pack(tensor)
-            module.TensorPager.unpack(packed)
+            packed = module.TensorOffloader(0).pack(tensor)
+            module.TensorOffloader.unpack(packed)
 
         to_host = to_device = best_seconds(round_trip, lambda: None) / 2
         module.offload_end_step()
     return {"to_host_bytes_per_ms": size / (to_host * 1e3),
             "to_device_bytes_per_ms": size / (to_device * 1e3),
-            "prefetch_pages": PREFETCH_PAGES}
+            "prefetch_depth": PREFETCH_DEPTH}

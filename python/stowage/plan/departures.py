@@ -4,7 +4,7 @@ user hears of it: one warning the first time the steps depart in a given way, no
 A departure is a place the plan cannot match to the trace: a save in a module the trace does
 not have there (an added dropout, a kernel chosen by length that saves more), a module the plan
 checkpoints that the model no longer has, an op of a recomputed block the trace did not record.
-The plan still computes what the step computes: an unknown save is offloaded (the pager keeps
+The plan still computes what the step computes: an unknown save is offloaded (the offloader keeps
 what it must, and the budget holds), a block it cannot match runs as it is.
 
 Contract: one step at a time, on the thread that trains (the plan's own contract). `this_step`

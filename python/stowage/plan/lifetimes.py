@@ -11,7 +11,7 @@
                   "recompute_inputs": [3], "region": 0, "packs": [["blocks.0.mlp.fc1", 0, 0]]}, ...],
      "regions": [{"module": "blocks.0", "call": 0, "checkpointable": true, "ops": ["aten::native_layer_norm", ...],
                   "inputs": [3]}, ...],
-     "cost": {"to_host_bytes_per_ms": 1.2e7, "to_device_bytes_per_ms": 1.2e7, "prefetch_pages": 2},
+     "cost": {"to_host_bytes_per_ms": 1.2e7, "to_device_bytes_per_ms": 1.2e7, "prefetch_depth": 2},
      "unconstrained_peak_bytes": 123456789, "kept_saves": [["tokens", 0, 0]]}
 
 Ops are in the order they ran (forward, backward, then an optimizer step if the step had one);
@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stowage import _core
-from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace
+from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace, current_cost
+from stowage.warning_site import old_name
 
 FORMAT = LIFETIMES
 _RENAMED = {"LifetimeProfile": "LifetimeTrace"}  # the previous release's names, dropped in the next
@@ -105,7 +105,7 @@ class LifetimeTrace:
 
     def native_cost(self) -> Any:
         return _core.CostModel(float(self.cost["to_host_bytes_per_ms"]),
-                               float(self.cost["to_device_bytes_per_ms"]), int(self.cost["prefetch_pages"]))
+                               float(self.cost["to_device_bytes_per_ms"]), int(self.cost["prefetch_depth"]))
 
     def document(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "ops": [asdict(o) for o in self.ops],
@@ -147,18 +147,8 @@ def trace_of(document: Any) -> LifetimeTrace:
         ops=[OpRecord(**o) for o in document["ops"]],
         tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t.get("packs", ())]}) for t in document["tensors"]],
         regions=[RegionRecord(**r) for r in document["regions"]],
-        cost=dict(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
+        cost=current_cost(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
         kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
-
-
-def old_name(module: str, renamed: dict[str, str], name: str, names: dict[str, Any]) -> Any:
-    """A module's ``__getattr__``: a name of the previous release (`renamed` maps it to its new
-    one) warns with DeprecationWarning and gives the new name's object; the next release drops it."""
-    if name not in renamed:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    warnings.warn(f"{module}.{name} is now {module}.{renamed[name]}; the old name goes in the next release",
-                  DeprecationWarning, stacklevel=3)
-    return names[renamed[name]]
 
 
 def __getattr__(name: str) -> Any:

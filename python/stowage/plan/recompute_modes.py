@@ -108,7 +108,7 @@ class _Cached:
 
         schema = getattr(func, "_schema", None)
         aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        keep = torch_module().TensorPager.keep
+        keep = torch_module().TensorOffloader.keep
         kept: list[Any] = []
 
         def detach(x: Any) -> Any:

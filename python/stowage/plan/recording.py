@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.calibration import measure_cost
+from stowage.plan.file_formats import current_cost
 from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
 from stowage.plan.module_frames import Frame, ModuleFrames, block_modules, in_backward
 
@@ -166,7 +167,7 @@ class StepRecorder:
     def pack(self, tensor: Any) -> Any:
         from stowage.serving import torch_module
 
-        keep = torch_module().TensorPager.keep  # detached, its version checked at unpack as torch does
+        keep = torch_module().TensorOffloader.keep  # detached, its version checked at unpack as torch does
         if in_backward():
             return keep(tensor)
         top = self.frames.top
@@ -190,7 +191,7 @@ class StepRecorder:
     def unpack(self, packed: Any) -> Any:
         from stowage.serving import torch_module
 
-        unpack = torch_module().TensorPager.unpack
+        unpack = torch_module().TensorOffloader.unpack
         if not isinstance(packed, tuple):
             return unpack(packed)
         storage, tensor = packed
@@ -257,7 +258,7 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
 
     ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
     mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
-    ``to_device_bytes_per_ms``, ``prefetch_pages``); measured when not given. A step that runs
+    ``to_device_bytes_per_ms``, ``prefetch_depth``); measured when not given. A step that runs
     out of memory raises torch's OutOfMemoryError saying how to record it at smaller sizes.
     ``model``: the model the step trains, needed when the step calls something other than its
     forward (a loss method calling its blocks): module paths and blocks are then the model's (set
@@ -269,7 +270,7 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
-    measured = dict(cost) if cost is not None else None
+    measured = current_cost(cost, "stowage.plan.profile") if cost is not None else None
     if sizes is None:
         recorder = _record_one(step_fn, device, model)
         return build_trace(recorder, measured if measured is not None else measure_cost(device))

@@ -35,8 +35,9 @@ from typing import Any, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
-from stowage.plan.lifetimes import VERSION, LifetimeTrace, load_trace_document, old_name, planner_message, trace_of
+from stowage.plan.lifetimes import VERSION, LifetimeTrace, load_trace_document, planner_message, trace_of
 from stowage.validation import InputError, read_json
+from stowage.warning_site import old_name
 
 FORMAT = SIZED
 _RENAMED = {"SizedProfile": "SizedTrace", "load_profile": "load_trace"}  # the previous release's names

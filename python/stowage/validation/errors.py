@@ -1,7 +1,7 @@
 """What every reader of a file stowage did not write in this process raises: InputError.
 
 A refusal names the file, the field, the value and the bound it breaks, as one message
-(``step.json: cost.prefetch_pages: 100000 is above 38, the trace's saved tensors``); the parts
+(``step.json: cost.prefetch_depth: 100000 is above 38, the trace's saved tensors``); the parts
 are kept as attributes for callers that want them. The snapshot reader's SnapshotError is an
 InputError too, so a command catches one class for "bad input" (exit status 2).
 

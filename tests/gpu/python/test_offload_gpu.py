@@ -1,8 +1,8 @@
 """Activation offload on a real GPU: the CPU-mode tests' claims where copies really overlap
-compute, plus what only a GPU can show (a producer still running when its output is paged, no
+compute, plus what only a GPU can show (a producer still running when its output is offloaded, no
 device synchronisation under torch's own sync debug mode, torch.compile per block).
 
-conftest.py made stowage torch's CUDA allocator, so the pager relieves its pressure too.
+conftest.py made stowage torch's CUDA allocator, so the offloader relieves its pressure too.
 """
 
 from __future__ import annotations
@@ -70,14 +70,14 @@ def test_gradients_are_bitwise_those_without_offload() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     with session(DEVICE):
         plain = train(small_gpt(), 3, offload=False)
-        paged = train(small_gpt(), 3, offload=True)
-    for step_plain, step_paged in zip(plain, paged):
-        assert_bitwise(step_plain, step_paged)
-    assert stowage.memory_stats()["offload.bytes_paged_out"] > 0
+        offloaded = train(small_gpt(), 3, offload=True)
+    for step_plain, step_offloaded in zip(plain, offloaded):
+        assert_bitwise(step_plain, step_offloaded)
+    assert stowage.memory_stats()["offload.bytes_offloaded"] > 0
 
 
 class SlowProducer(torch.autograd.Function):
-    """Writes its output after a long sleep on the stream, then saves it: the page-out must wait."""
+    """Writes its output after a long sleep on the stream, then saves it: the offload must wait."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -89,16 +89,16 @@ class SlowProducer(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
-        torch.cuda._sleep(SLEEP_CYCLES)  # a slow backward node while pages come back
+        torch.cuda._sleep(SLEEP_CYCLES)  # a slow backward node while buffers come back
         return grad * y
 
 
-def test_a_delayed_producer_and_reused_memory_corrupt_no_paged_tensor() -> None:
+def test_a_delayed_producer_and_reused_memory_corrupt_no_offloaded_tensor() -> None:
     x = torch.randn(4096, 1024, device=DEVICE, requires_grad=True)
     expected = (x.detach() * 3).clone()
     with stowage.offload.activations(min_bytes="64KiB"):
         out = SlowProducer.apply(x)
-        # Memory freed after paging is reused at once and written while copies may run.
+        # Memory freed after offloading is reused at once and written while copies may run.
         for _ in range(4):
             scratch = torch.full((4096, 1024), 7.0, device=DEVICE)
             del scratch
@@ -122,7 +122,7 @@ def test_forward_and_backward_never_synchronise_the_device() -> None:
     after = stowage.memory_stats()
     assert after["offload.num_syncs"] == before["offload.num_syncs"]
     assert after["num_sync_all_streams"] == before["num_sync_all_streams"]
-    assert after["offload.num_page_outs"] > before["offload.num_page_outs"]
+    assert after["offload.num_offloads"] > before["offload.num_offloads"]
     stowage.mark_step()
 
 
@@ -149,16 +149,16 @@ def test_once_each_shape_has_run_nothing_more_is_pinned() -> None:
     assert stats["offload.pinned.reserved_bytes.peak"] <= 1.05 * stats["offload.offloaded_bytes.peak"]
 
 
-def test_parameters_and_autocast_casts_are_never_paged() -> None:
+def test_parameters_and_autocast_casts_are_never_offloaded() -> None:
     model = small_gpt()
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    paged: list[torch.Tensor] = []
+    offloaded: list[torch.Tensor] = []
 
     class Spy(stowage.offload.activations):
         def _pack(self, tensor: Any) -> Any:
             packed = super()._pack(tensor)
             if isinstance(packed, stowage._torch.PackedTensor):  # not a tensor kept on the device
-                paged.append(tensor)
+                offloaded.append(tensor)
             return packed
 
     tokens, targets = batch(0)
@@ -166,8 +166,8 @@ def test_parameters_and_autocast_casts_are_never_paged() -> None:
         with Spy(min_bytes=0) as report:
             loss = model(tokens, targets)
     loss.backward()
-    assert paged
-    assert not [t for t in paged if t.untyped_storage().data_ptr() in parameters]
+    assert offloaded
+    assert not [t for t in offloaded if t.untyped_storage().data_ptr() in parameters]
     linear_casts = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, nn.Linear))
     assert report.parameter_bytes >= linear_casts - model.lm_head.weight.numel() * 2
 
@@ -183,7 +183,7 @@ def test_blocks_compiled_one_by_one_are_offloaded_at_their_boundaries() -> None:
         with stowage.offload.activations(min_bytes="64KiB") as report:
             loss = compiled(tokens, targets)
     loss.backward()
-    assert report.paged_bytes > 0
+    assert report.offloaded_bytes > 0
     for a, b in zip(reference.parameters(), compiled.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=2e-2, atol=2e-3)
 

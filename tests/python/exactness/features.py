@@ -26,7 +26,7 @@ from exactness.fitting import fit_model
 
 HYPER: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
 WEIGHT_DECAY = 0.1
-COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_pages": 2}
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
 Groups = list[dict[str, Any]]
 
 
@@ -201,16 +201,16 @@ class ActivationsSetup(Setup):
 
     def __init__(self, variant: Variant) -> None:
         super().__init__(variant, other_is_stowage=True)
-        self.paged = 0
+        self.offloaded = 0
 
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
         with stowage.offload.activations(min_bytes=0) as report:
             yield
-        self.paged += report.paged_bytes
+        self.offloaded += report.offloaded_bytes
 
     def vacuous(self) -> str | None:
-        return None if self.paged else "nothing was paged"
+        return None if self.offloaded else "nothing was offloaded"
 
 
 class Recomputations:
@@ -232,8 +232,8 @@ class Recomputations:
         self._handle.remove()
 
 
-def _page_outs() -> int:
-    return int(stowage.offload.stats().get("offload.num_page_outs", 0))
+def _offloads() -> int:
+    return int(stowage.offload.stats().get("offload.num_offloads", 0))
 
 
 class PlanSetup(Setup):
@@ -244,11 +244,11 @@ class PlanSetup(Setup):
         super().__init__(variant, other_is_stowage=True)
         self.plan = plan
         self.plan.model = model
-        self.recomputed, self.page_outs = 0, 0
+        self.recomputed, self.offloads = 0, 0
 
     @contextlib.contextmanager
     def step_context(self) -> Iterator[None]:
-        before = _page_outs()
+        before = _offloads()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a step that differs from the profiled one is said once
             with Recomputations() as recomputations, self.plan:
@@ -256,10 +256,10 @@ class PlanSetup(Setup):
                     yield
                 finally:
                     self.recomputed += recomputations.count
-        self.page_outs += _page_outs() - before
+        self.offloads += _offloads() - before
 
     def vacuous(self) -> str | None:
-        return None if self.recomputed or self.page_outs else "the plan neither recomputed nor offloaded anything"
+        return None if self.recomputed or self.offloads else "the plan neither recomputed nor offloaded anything"
 
 
 def plan_setup(env: Env, model: Any, groups: Groups, variant: Variant, recompute: bool = False) -> Setup:

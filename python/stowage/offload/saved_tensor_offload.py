@@ -1,15 +1,15 @@
 """The one saved-tensor front end of the offload engine, shared by ``stowage.offload.activations``
 and ``with plan:``.
 
-A region configures the engine's look-ahead, makes its pager (stowage._torch's TensorPager:
-the pages of its saved tensors, and the storages it must never page), and installs torch's
+A region configures the engine's look-ahead, makes its offloader (stowage._torch's TensorOffloader:
+the buffers of its saved tensors, and the storages it must never offload), and installs torch's
 saved-tensor hooks: each tensor autograd saves goes to the region's ``place(tensor)``, which
-returns ``pager.pack(tensor, module_path)`` (paged out to host memory) or ``keep(tensor)`` (kept on
+returns ``offloader.pack(tensor, module_path)`` (offloaded to host memory) or ``keep(tensor)`` (kept on
 the device, detached, its version checked at unpack as torch checks its own); unpacking is the
-pager's. What a region decides, and how it follows modules, is its own: activations pages by
+offloader's. What a region decides, and how it follows modules, is its own: activations offloads by
 size outside excluded modules, a plan by its decisions.
 
-Contract: entered and exited once, on the thread that runs the step; the pages outlive the
+Contract: entered and exited once, on the thread that runs the step; the buffers outlive the
 region (the tensors that hold them keep them), its tables do not.
 """
 
@@ -23,29 +23,29 @@ from stowage.serving import torch_module
 
 
 def keep(tensor: Any) -> Any:
-    """A saved tensor kept on the device as the pager keeps one (tensor_pager.cpp): detached, so
+    """A saved tensor kept on the device as the offloader keeps one (tensor_offloader.cpp): detached, so
     that an op's saved output does not hold its own graph node through a cycle Python's collector
     cannot see, its version checked when backward unpacks it."""
-    return torch_module().TensorPager.keep(tensor)
+    return torch_module().TensorOffloader.keep(tensor)
 
 
-class SavedTensorPaging:
-    """Saved-tensor hooks over one pager; ``place(tensor)`` returns what autograd keeps."""
+class SavedTensorOffload:
+    """Saved-tensor hooks over one offloader; ``place(tensor)`` returns what autograd keeps."""
 
-    def __init__(self, place: Callable[[Any], Any], *, min_bytes: int, prefetch_pages: int | None,
+    def __init__(self, place: Callable[[Any], Any], *, min_bytes: int, prefetch_depth: int | None,
                  max_prefetch: int) -> None:
         self._place, self._min_bytes = place, min_bytes
-        self._prefetch_pages, self._max_prefetch = prefetch_pages, max_prefetch
+        self._prefetch_depth, self._max_prefetch = prefetch_depth, max_prefetch
         self._hooks: Any = None
 
-    def __enter__(self) -> SavedTensorPaging:
+    def __enter__(self) -> SavedTensorOffload:
         import torch
 
         module = torch_module()
         checking.apply()
-        module.offload_configure(self._prefetch_pages, self._max_prefetch)
-        self.pager = module.TensorPager(self._min_bytes)
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._place, module.TensorPager.unpack)
+        module.offload_configure(self._prefetch_depth, self._max_prefetch)
+        self.offloader = module.TensorOffloader(self._min_bytes)
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._place, module.TensorOffloader.unpack)
         hooks.__enter__()
         self._hooks = hooks
         return self

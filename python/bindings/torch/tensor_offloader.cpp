@@ -1,4 +1,4 @@
-#include "python/bindings/torch/tensor_pager.hpp"
+#include "python/bindings/torch/tensor_offloader.hpp"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/Storage.h>
@@ -26,10 +26,10 @@ at::Tensor storage_bytes(const c10::Storage& storage, const c10::Device& device)
   return bytes;
 }
 
-std::shared_ptr<PagedCheck> check_of(const c10::Storage& storage, const c10::Device& device, const std::string& where) {
+std::shared_ptr<OffloadCheck> check_of(const c10::Storage& storage, const c10::Device& device, const std::string& where) {
   if (!check_mode()) return nullptr;
-  return std::make_shared<PagedCheck>(
-      PagedCheck{content_checksums({storage_bytes(storage, device)}), where, steps_ended()});
+  return std::make_shared<OffloadCheck>(
+      OffloadCheck{content_checksums({storage_bytes(storage, device)}), where, steps_ended()});
 }
 
 // A saved tensor kept on the device, as a saved-tensor hook returns it: detached. Kept whole, an
@@ -49,14 +49,14 @@ at::Tensor KeptTensor::unpack() const {
   return tensor;
 }
 
-std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tensor, const std::string& where) {
+std::variant<KeptTensor, PackedTensor> TensorOffloader::pack(const at::Tensor& tensor, const std::string& where) {
   ++counts_.num_saved;
   if (!tensor.defined() || !tensor.has_storage()) return kept(tensor);
   const c10::Storage& storage = tensor.storage();
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
-  if (std::shared_ptr<PageRef> page = shared_page(tensor)) {
+  if (std::shared_ptr<OffloadRef> ref = shared_ref(tensor)) {
     ++counts_.num_shared;
-    PackedTensor packed = view_of(tensor, std::move(page));
+    PackedTensor packed = view_of(tensor, std::move(ref));
     packed.check = check_of(storage, tensor.device(), where);
     return packed;
   }
@@ -68,44 +68,44 @@ std::variant<KeptTensor, PackedTensor> TensorPager::pack(const at::Tensor& tenso
     count(storage, Kept::kParameter);
     return kept(tensor);
   }
-  OffloadEngine* engine = pageable(tensor.device(), storage.data()) ? engine_for(tensor.device())
+  OffloadEngine* engine = offloadable(tensor.device(), storage.data()) ? engine_for(tensor.device())
                                                                      : nullptr;
   if (engine == nullptr) {
     count(storage, Kept::kElsewhere);
     return kept(tensor);
   }
-  std::shared_ptr<PagedCheck> check = check_of(storage, tensor.device(), where);  // before the copy out
+  std::shared_ptr<OffloadCheck> check = check_of(storage, tensor.device(), where);  // before the copy out
   const std::unique_ptr<ComputeTimeline> compute = current_timeline(tensor.device(), *engine);
   DeviceBuffer buffer{const_cast<void*>(storage.data()), storage.nbytes(),
                       std::make_shared<c10::Storage>(storage)};
-  const std::optional<Pager::PageId> id = engine->pager().page_out(std::move(buffer), *compute);
+  const std::optional<Offloader::OffloadId> id = engine->offloader().offload(std::move(buffer), *compute);
   if (!id.has_value()) {
     count(storage, Kept::kHostFull);
     return kept(tensor);
   }
-  auto page = std::make_shared<PageRef>(*engine, *id);
-  paged_.insert_or_assign(key, Paged{storage.getWeakStorageImpl(), page, version_of(tensor)});
+  auto ref = std::make_shared<OffloadRef>(*engine, *id);
+  offloaded_.insert_or_assign(key, Offloaded{storage.getWeakStorageImpl(), ref, version_of(tensor)});
   count(storage, std::nullopt);
-  PackedTensor packed = view_of(tensor, std::move(page));
+  PackedTensor packed = view_of(tensor, std::move(ref));
   packed.check = std::move(check);
   return packed;
 }
 
-std::shared_ptr<PageRef> TensorPager::shared_page(const at::Tensor& tensor) {
-  const auto it = paged_.find(tensor.storage().unsafeGetStorageImpl());
-  if (it == paged_.end()) return nullptr;
-  std::shared_ptr<PageRef> page = it->second.page.lock();
-  // A page whose tensors are all gone, a storage that died (its address reused), or bytes
-  // changed in place since: page it afresh.
-  if (page == nullptr || it->second.storage.expired() ||
+std::shared_ptr<OffloadRef> TensorOffloader::shared_ref(const at::Tensor& tensor) {
+  const auto it = offloaded_.find(tensor.storage().unsafeGetStorageImpl());
+  if (it == offloaded_.end()) return nullptr;
+  std::shared_ptr<OffloadRef> ref = it->second.ref.lock();
+  // A buffer whose tensors are all gone, a storage that died (its address reused), or bytes
+  // changed in place since: offload it afresh.
+  if (ref == nullptr || it->second.storage.expired() ||
       it->second.version != version_of(tensor)) {
-    paged_.erase(it);
+    offloaded_.erase(it);
     return nullptr;
   }
-  return page;
+  return ref;
 }
 
-void TensorPager::count(const c10::Storage& storage, std::optional<Kept> kept) {
+void TensorOffloader::count(const c10::Storage& storage, std::optional<Kept> kept) {
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
   const auto it = counted_.find(key);
   if (it != counted_.end() && !it->second.expired()) return;
@@ -113,7 +113,7 @@ void TensorPager::count(const c10::Storage& storage, std::optional<Kept> kept) {
   const auto bytes = static_cast<std::int64_t>(storage.nbytes());
   counts_.seen += bytes;
   if (!kept.has_value()) {
-    counts_.paged += bytes;
+    counts_.offloaded += bytes;
     return;
   }
   switch (*kept) {
@@ -124,19 +124,19 @@ void TensorPager::count(const c10::Storage& storage, std::optional<Kept> kept) {
   }
 }
 
-std::int64_t TensorPager::live_paged_bytes() const {
+std::int64_t TensorOffloader::live_offloaded_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& [key, paged] : paged_) {
-    const c10::intrusive_ptr<c10::StorageImpl> storage = paged.storage.lock();
+  for (const auto& [key, offloaded] : offloaded_) {
+    const c10::intrusive_ptr<c10::StorageImpl> storage = offloaded.storage.lock();
     if (storage) bytes += static_cast<std::int64_t>(storage->nbytes());
   }
   return bytes;
 }
 
-PackedTensor TensorPager::view_of(const at::Tensor& tensor, std::shared_ptr<PageRef> page) {
+PackedTensor TensorOffloader::view_of(const at::Tensor& tensor, std::shared_ptr<OffloadRef> ref) {
   PackedTensor packed;
   packed.version = SavedVersion(tensor);
-  packed.page = std::move(page);
+  packed.ref = std::move(ref);
   packed.sizes = tensor.sizes().vec();
   packed.strides = tensor.strides().vec();
   packed.storage_offset = tensor.storage_offset();
@@ -145,11 +145,11 @@ PackedTensor TensorPager::view_of(const at::Tensor& tensor, std::shared_ptr<Page
   return packed;
 }
 
-at::Tensor TensorPager::unpack(const PackedTensor& packed) {
+at::Tensor TensorOffloader::unpack(const PackedTensor& packed) {
   packed.version.check();
-  OffloadEngine& engine = packed.page->engine();
+  OffloadEngine& engine = packed.ref->engine();
   const std::unique_ptr<ComputeTimeline> compute = current_timeline(packed.device, engine);
-  const DeviceBuffer buffer = engine.pager().page_in(packed.page->id(), *compute);
+  const DeviceBuffer buffer = engine.offloader().reload(packed.ref->id(), *compute);
   const auto storage = std::static_pointer_cast<c10::Storage>(buffer.owner);
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(packed.dtype).device(packed.device));
   out.set_(*storage, packed.storage_offset, packed.sizes, packed.strides);
@@ -157,7 +157,7 @@ at::Tensor TensorPager::unpack(const PackedTensor& packed) {
   return out;
 }
 
-void TensorPager::verify(const PackedTensor& packed, const c10::Storage& storage) {
+void TensorOffloader::verify(const PackedTensor& packed, const c10::Storage& storage) {
   const at::Tensor now = content_checksums({storage_bytes(storage, packed.device)});
   if (now.equal(packed.check->checksum)) return;
   const auto hex = [](const at::Tensor& sums) {
@@ -169,7 +169,7 @@ void TensorPager::verify(const PackedTensor& packed, const c10::Storage& storage
     return text.str();
   };
   const std::string& where = packed.check->where;
-  TORCH_CHECK(false, "stowage check: a paged tensor came back changed: [torch.", c10::toString(packed.dtype),
+  TORCH_CHECK(false, "stowage check: an offloaded tensor came back changed: [torch.", c10::toString(packed.dtype),
               "Tensor ", c10::IntArrayRef(packed.sizes), "] saved ",
               where.empty() ? std::string("outside any module") : "in module '" + where + "'", " at step ",
               packed.check->step, " (", storage.nbytes(), " bytes; checksum ", hex(packed.check->checksum),

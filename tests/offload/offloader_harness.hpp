@@ -1,4 +1,4 @@
-// A pager over the simulated device, for the pager's tests: device buffers from a
+// An offloader over the simulated device, for the offloader's tests: device buffers from a
 // CachingAllocator, written and read through the device's copies.
 #pragma once
 
@@ -14,20 +14,20 @@
 
 namespace stowage::testing {
 
-struct PagerHarnessOptions {
+struct OffloaderHarnessOptions {
   std::size_t capacity = 256 * kMiB;
   double bandwidth = 0;                 // bytes per second of copies; 0: memcpy speed
-  std::optional<std::size_t> prefetch;  // pages ahead; nullopt: adaptive
+  std::optional<std::size_t> prefetch;  // buffers ahead; nullopt: adaptive
   std::size_t pinned_limit = 0;         // the pool's host memory; 0: the host's
   bool room = true;                     // prefetch into the allocator's free memory
 };
 
-class PagerHarness {
+class OffloaderHarness {
  public:
-  explicit PagerHarness(PagerHarnessOptions options = {})
+  explicit OffloaderHarness(OffloaderHarnessOptions options = {})
       : backend_(device_options(options)), allocator_(backend_) {
     OffloadEngineOptions engine;
-    engine.prefetch_pages = options.prefetch;
+    engine.prefetch_depth = options.prefetch;
     engine.pool.limit_bytes = options.pinned_limit;
     const bool room = options.room;
     engine_ = std::make_unique<OffloadEngine>(
@@ -36,12 +36,12 @@ class PagerHarness {
         [this, room]() -> std::size_t { return room ? allocator_.largest_available_block() : 0; },
         engine);
   }
-  ~PagerHarness() { engine_.reset(); }
+  ~OffloaderHarness() { engine_.reset(); }
 
   HostBackend& backend() { return backend_; }
   CachingAllocator& allocator() { return allocator_; }
   OffloadEngine& engine() { return *engine_; }
-  Pager& pager() { return engine_->pager(); }
+  Offloader& offloader() { return engine_->offloader(); }
 
   DeviceBuffer allocate(std::size_t bytes, Stream stream = {}) {
     void* ptr = allocator_.malloc(bytes, stream);
@@ -67,7 +67,7 @@ class PagerHarness {
   }
 
  private:
-  static HostBackendOptions device_options(const PagerHarnessOptions& options) {
+  static HostBackendOptions device_options(const OffloaderHarnessOptions& options) {
     HostBackendOptions out;
     out.capacity_bytes = options.capacity;
     out.copy_bytes_per_second = options.bandwidth;
