@@ -31,7 +31,7 @@ AdamSlots::AdamSlots(const c10::Device& device, std::string owner, offload::Upda
                      const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
                      std::function<std::string(std::size_t)> name_of)
     : device_(device), owner_(std::move(owner)), master_weights_(master_weights), bucket_numel_(bucket_numel),
-      name_of_(std::move(name_of)), book_(mode), store_(std::make_unique<HostStateStore>(device, 0)),
+      name_of_(std::move(name_of)), book_(mode), store_(std::make_unique<HostStateStore>(device)),
       transfers_(std::make_unique<OptimizerTransfers>(device)), parameters_(device), gradients_(device),
       queue_(std::make_shared<offload::UpdateQueue>(cpus)) {
   STOWAGE_CHECK(bucket_numel >= 1, "bucket_numel must be positive, not ", bucket_numel);
@@ -39,8 +39,11 @@ AdamSlots::AdamSlots(const c10::Device& device, std::string owner, offload::Upda
 
 AdamSlots::~AdamSlots() {
   try {
-    transfers_->synchronize(0);  // before the host buffers the copies use go
-  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor reports nothing
+    transfers_->synchronize();  // before the host buffers the copies use go
+  } catch (...) {
+    // Interrupted or stuck: a copy may still read or write the host buffers, so they are leaked,
+    // never freed early (as OptimizerTransfers leaks the gradients its copies still read).
+    for (Bucket& bucket : buckets_) static_cast<void>(bucket.host.release());
   }
 }
 
@@ -347,15 +350,13 @@ void AdamSlots::write_back(std::size_t bucket, const Tensors& shards) {
 std::int64_t AdamSlots::first_changed_arrival(const Indices& slots, const Tensors& shards) {
   STOWAGE_CHECK(slots.size() == shards.size(), slots.size(), " parameters with ", shards.size(), " tensors");
   Tensors views;
-  std::size_t bytes = 0;
   for (const std::size_t index : slots) {
     const Slot& slot = slots_.at(index);
     const HostBucket& host = *buckets_[slot.bucket].host;
     const at::Tensor& source = host.out().defined() ? host.out() : host.master();
     views.push_back(source.narrow(0, slot.offset, slot.numel));
-    bytes += views.back().nbytes();
   }
-  transfers_->synchronize(bytes);
+  transfers_->synchronize();
   for (std::size_t i = 0; i < slots.size(); ++i) {
     if (!at::equal(bits(shards[i].detach().cpu()), bits(views[i]))) return static_cast<std::int64_t>(slots[i]);
   }
@@ -406,10 +407,6 @@ AdamSlots::Indices AdamSlots::pending_slots() const {
   return out;
 }
 
-void AdamSlots::synchronize() {
-  std::size_t bytes = 0;
-  for (const Bucket& bucket : buckets_) bytes += static_cast<std::size_t>(bucket.host->bytes());
-  transfers_->synchronize(bytes);
-}
+void AdamSlots::synchronize() { transfers_->synchronize(); }
 
 }  // namespace stowage::torch_offload

@@ -4,14 +4,12 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 
-#include "allocator/base/byte_units.hpp"
 #include "allocator/base/errors.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 
 namespace stowage::torch_offload {
 
-HostStateStore::HostStateStore(const c10::Device& device, std::size_t limit_bytes)
-    : limit_bytes_(limit_bytes) {
+HostStateStore::HostStateStore(const c10::Device& device) {
   OffloadEngine* engine = engine_for(device);
   if (engine == nullptr) {
     STOWAGE_CHECK(device.is_cpu(), "stowage cannot offload optimizer states of ", device.str(),
@@ -32,22 +30,13 @@ std::shared_ptr<void> HostStateStore::allocate(std::size_t bytes) {
     auto data = std::make_shared<c10::DataPtr>(c10::GetCPUAllocator()->allocate(bytes));
     return {data, data->get()};
   }
-  const std::int64_t held = account_->current.load();
-  if (limit_bytes_ != 0 && static_cast<std::size_t>(held) + bytes > limit_bytes_) {
-    STOWAGE_THROW(OutOfMemory, "out of memory on pinned host memory: the optimizer's states hold ",
-                  format_bytes(static_cast<std::size_t>(held)), " of their limit of ",
-                  format_bytes(limit_bytes_), ", and ", format_bytes(bytes), " more were asked");
-  }
   void* ptr = pool_->allocate_resident(bytes);
   const auto size = static_cast<std::int64_t>(pool_->resident_block_size(ptr));
-  const auto now = account_->current += size;
-  auto peak = account_->peak.load();
-  while (now > peak && !account_->peak.compare_exchange_weak(peak, now)) {
-  }
+  *held_ += size;
   PinnedHostPool* pool = pool_;
-  std::shared_ptr<Account> account = account_;
-  return {ptr, [pool, account, size](void* p) {
-            account->current -= size;
+  std::shared_ptr<std::atomic<std::int64_t>> held = held_;
+  return {ptr, [pool, held, size](void* p) {
+            *held -= size;
             pool->free_resident(p);
           }};
 }
@@ -60,8 +49,7 @@ at::Tensor HostStateStore::tensor_over(const std::shared_ptr<void>& block, std::
 PinnedHostPoolStats HostStateStore::stats() const {
   if (pool_ == nullptr) return {};
   PinnedHostPoolStats out = pool_->stats();
-  out.allocated_bytes = account_->current.load();
-  out.peak_allocated_bytes = account_->peak.load();
+  out.allocated_bytes = held_->load();
   out.reserved_bytes = out.resident_reserved_bytes;
   return out;
 }

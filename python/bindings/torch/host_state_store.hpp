@@ -12,9 +12,10 @@
 // [One pinned arena]); a segment goes back to the host once its last state is freed. For a plain
 // CPU device there is nothing to pin for, and the tensors are torch's ordinary CPU tensors.
 //
-// The store's limit caps its own bytes (the blocks it handed out and that are still held), not the
-// pool's; the pool's limit caps the pool's. stats() reports the store's own allocated bytes, the
-// pool's resident segments as reserved bytes, and the pool's pinned and pageable bytes.
+// The pool's limit caps the states with everything else the pool holds. stats() reports the
+// store's own allocated bytes (the blocks it handed out and that are still held), the pool's
+// resident segments as reserved bytes, and the rest (peaks, pinned and pageable bytes) as the
+// pool's.
 //
 // Contract: thread-safe. Each tensor keeps the store's byte count alive (its deleter holds a
 // reference), so tensors may outlive the store; the pool is its engine's, and engines are never
@@ -37,9 +38,8 @@ namespace stowage::torch_offload {
 
 class HostStateStore {
  public:
-  // Host memory for optimizer states of parameters on `device`, at most `limit_bytes` of it held
-  // at once (0: no cap but the pool's).
-  HostStateStore(const c10::Device& device, std::size_t limit_bytes);
+  // Host memory for optimizer states of parameters on `device`.
+  explicit HostStateStore(const c10::Device& device);
 
   // A contiguous 1-D tensor of `numel` elements, uninitialised.
   at::Tensor empty(std::int64_t numel, at::ScalarType dtype);
@@ -52,15 +52,9 @@ class HostStateStore {
   std::string placement() const;
 
  private:
-  // The bytes of the store's blocks still held, shared with their deleters.
-  struct Account {
-    std::atomic<std::int64_t> current{0};
-    std::atomic<std::int64_t> peak{0};
-  };
-
   PinnedHostPool* pool_ = nullptr;  // the engine's; null for a plain CPU device
-  std::size_t limit_bytes_ = 0;
-  std::shared_ptr<Account> account_ = std::make_shared<Account>();
+  // The bytes of the store's blocks still held, shared with their deleters.
+  std::shared_ptr<std::atomic<std::int64_t>> held_ = std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 }  // namespace stowage::torch_offload

@@ -152,10 +152,8 @@ void bind_narrow_update(py::module_& module) {
 
 void bind_store(py::module_& module) {
   py::class_<HostStateStore>(module, "HostStateStore")
-      .def(py::init([](const std::string& device, std::size_t limit_bytes) {
-             return HostStateStore(c10::Device(device), limit_bytes);
-           }),
-           py::arg("device"), py::arg("limit_bytes") = 0)
+      .def(py::init([](const std::string& device) { return HostStateStore(c10::Device(device)); }),
+           py::arg("device"))
       .def("empty", &HostStateStore::empty, py::arg("numel"), py::arg("dtype"))
       .def("placement", &HostStateStore::placement);
 }

@@ -14,7 +14,7 @@ OptimizerTransfers::OptimizerTransfers(const c10::Device& device) : device_(devi
 
 OptimizerTransfers::~OptimizerTransfers() {
   try {
-    synchronize(0);  // no copy may still write a host buffer or read a gradient once we are gone
+    synchronize();  // no copy may still write a host buffer or read a gradient once we are gone
   } catch (...) {  // interrupted or stuck: what the copies hold stays held (leaked), never freed early
     for (auto& held : held_) new c10::Storage(std::move(held.second));
   }
@@ -108,8 +108,7 @@ void OptimizerTransfers::written_back() {
   transfers.recycle_event(arrival);
 }
 
-void OptimizerTransfers::synchronize(std::size_t bytes) {
-  (void)bytes;  // the engine's waits take their deadline from the bytes in flight
+void OptimizerTransfers::synchronize() {
   if (last_out_.has_value()) engine_->transfers().wait(last_out_->transfer, "the optimizer's copies to host");
   if (last_back_.has_value()) engine_->transfers().wait(last_back_->transfer, "the optimizer's copies to the device");
   release_done();

@@ -54,8 +54,9 @@ class OptimizerTransfers {
   std::optional<CopyMark> write_back(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& sources);
   // Makes the compute wait for the write-backs issued so far.
   void written_back();
-  // Waits for every copy issued so far (Note [Bounded waits], `bytes` what they move).
-  void synchronize(std::size_t bytes);
+  // Waits for every copy issued so far (Note [Bounded waits]: each wait's deadline follows the
+  // bytes in flight).
+  void synchronize();
 
  private:
   // Copies `bytes` over the engine after the compute so far; waits at once in CPU mode.
