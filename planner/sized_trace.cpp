@@ -109,7 +109,7 @@ void SizedTrace::check_bounds(const LifetimeTrace& trace, const std::string& whe
     const SavedTensor& s = trace.tensors[t];
     STOWAGE_CHECK(s.bytes <= kMaxBytes, where, ", saved tensor ", t, " (", s.module, ") would hold ", s.bytes,
                   " bytes, above ", kMaxBytes, ": sizes far beyond those recorded");
-    total += s.bytes;
+    total = std::min(total + s.bytes, kMaxTotalBytes + 1);  // saturates: 5M tensors of 1 PiB pass 2**64
   }
   bool within = total <= kMaxTotalBytes;
   for (const TraceOp& op : trace.ops) {

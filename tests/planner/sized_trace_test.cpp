@@ -115,5 +115,24 @@ TEST(PlannerSizedTrace, RefusesAGridThatIsNotOneAndSizesFarBeyondIt) {
   }
 }
 
+TEST(PlannerSizedTrace, RefusesSavedTensorsWhoseTotalPasses64Bits) {
+  // 2**14 tensors of 2**36 bytes a batch: at a batch of 2**14 each holds 2**50 (the most one
+  // may), and together 2**64 bytes, which a 64-bit sum would read as 0.
+  const auto many = [](std::uint64_t batch) {
+    LifetimeTrace trace = three_and_three(std::uint64_t{1} << 36, 10, 300);
+    trace.tensors.resize(std::size_t{1} << 14, trace.tensors[0]);
+    for (SavedTensor& tensor : trace.tensors) tensor.bytes = batch << 36;
+    return trace;
+  };
+  const SizedTrace sized({{"batch", {1, 2}}}, {many(1), many(2)});
+  EXPECT_EQ(sized.at({2}).trace.tensors.size(), std::size_t{1} << 14);
+  try {
+    sized.at({std::int64_t{1} << 14});
+    FAIL() << "2**64 bytes of saved tensors were not refused";
+  } catch (const LogicError& error) {
+    EXPECT_NE(std::string(error.what()).find("far beyond those recorded"), std::string::npos) << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace stowage::planner
