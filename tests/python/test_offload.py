@@ -335,10 +335,6 @@ def test_statistics_summary_snapshot_and_inspector_show_the_offload(tmp_path: Pa
     assert {old: stats[old] for old in renamed} == {old: stats[new] for old, new in renamed.items()}
     with pytest.warns(DeprecationWarning, match="OffloadReport.paged_bytes is now OffloadReport.offloaded_bytes"):
         assert report.paged_bytes == report.offloaded_bytes > 0
-    sys.modules.pop("stowage.offload.saved_tensor_paging", None)
-    with pytest.warns(DeprecationWarning, match="saved_tensor_paging is now stowage.offload.saved_tensor_offload"):
-        from stowage.offload.saved_tensor_paging import SavedTensorPaging
-    assert SavedTensorPaging is stowage.offload.saved_tensor_offload.SavedTensorOffload
     assert "Pinned host memory" in stowage.memory_summary()
     assert stowage.snapshot()["offload"]["offload.num_offloads"] == stats["offload.num_offloads"]
     stowage.dump_snapshot(tmp_path / "step.pickle")
