@@ -2,7 +2,7 @@
 // schema walker reads it, through handles, without copying it first.
 //
 // The planner knows no Python: stowage._core implements this over the objects json.loads made
-// (python/bindings/python_document.cpp), the tests over a small tree of their own. A document is
+// (python/bindings/plan_file_bindings.cpp), the tests over a small tree of their own. A document is
 // read as it is given: nothing here parses or owns it.
 #pragma once
 

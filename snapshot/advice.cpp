@@ -14,7 +14,6 @@ namespace {
 std::size_t at(std::int64_t position) { return static_cast<std::size_t>(position); }
 
 constexpr auto kStates = static_cast<std::int8_t>(Category::kStates);
-constexpr auto kActivationsCategory = static_cast<std::int8_t>(Category::kActivations);
 
 // The rules over categories at the peak, in the order they are tried, with the call that removes each.
 struct CategoryRule {
@@ -80,13 +79,12 @@ void Rules::categories() {
     const Wide waste = waste_of(rule.category);
     if (below_share(waste, total)) continue;
     const auto category = static_cast<std::int8_t>(rule.category);
-    std::vector<std::int64_t> removed, activations;
+    std::vector<std::int64_t> removed;
     for (std::size_t p = 0; p < every.size(); ++p) {
       // (the update's temporaries go to the host with the states)
       if (every[p] == category || (category == kStates && evidence.made_by_optimizer(p) && t.is_alloc[p] != 0)) {
         removed.push_back(static_cast<std::int64_t>(p));
       }
-      if (every[p] == kActivationsCategory) activations.push_back(static_cast<std::int64_t>(p));
     }
     const bool is_activations = rule.category == Category::kActivations;
     const bool blocks = is_activations && t.blocks > 0;
@@ -94,7 +92,7 @@ void Rules::categories() {
     Wide saving = 0;
     std::string how;
     if (blocks) {
-      saving = total - checkpointed_peak(t.live, t.is_alloc, t.end, t.size, t.own, activations, t.block);
+      saving = total - checkpointed_peak(t.live, t.is_alloc, t.end, t.size, t.own, removed, t.block);
       how.append(" (each of the ").append(std::to_string(t.blocks)).append(" blocks checkpointed, e.g. ");
       how.append(peak.first_block).append(")");
     } else {

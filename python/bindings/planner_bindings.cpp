@@ -54,25 +54,12 @@ struct BudgetPlan {
 };
 
 void bind_recording(py::module_& module) {
-  py::class_<planner::RecordedStorage>(module, "RecordedStorage")
-      .def(py::init<>())
-      .def_readwrite("bytes", &planner::RecordedStorage::bytes)
-      .def_readwrite("producer", &planner::RecordedStorage::producer)
-      .def_readwrite("last_forward", &planner::RecordedStorage::last_forward)
-      .def_readwrite("first_backward", &planner::RecordedStorage::first_backward)
-      .def_readwrite("last_backward", &planner::RecordedStorage::last_backward)
-      .def_readwrite("save_ops", &planner::RecordedStorage::save_ops)
-      .def_readwrite("save_regions", &planner::RecordedStorage::save_regions);
   py::class_<planner::RecordedRegion>(module, "RecordedRegion")
       .def(py::init<>())
       .def_readwrite("module", &planner::RecordedRegion::module)
-      .def_readwrite("checkpointable", &planner::RecordedRegion::checkpointable)
-      .def_readwrite("inputs", &planner::RecordedRegion::inputs);
-  py::class_<planner::StepRecording>(module, "StepRecording")
-      .def(py::init<>())
-      .def_readwrite("ops", &planner::StepRecording::ops)
-      .def_readwrite("storages", &planner::StepRecording::storages)
-      .def_readwrite("regions", &planner::StepRecording::regions);
+      .def_readwrite("checkpointable", &planner::RecordedRegion::checkpointable);
+  // What StepLedger.recording() hands build_trace; Python only passes it on.
+  py::class_<planner::StepRecording>(module, "StepRecording");
   py::class_<planner::BuiltTrace>(module, "BuiltTrace")
       .def_readonly("trace", &planner::BuiltTrace::trace)
       .def_readonly("storages_of_tensor", &planner::BuiltTrace::storages_of_tensor)
@@ -200,7 +187,6 @@ void bind_values(py::module_& module) {
       .def(py::init<>())
       .def_readwrite("ops", &planner::LifetimeTrace::ops)
       .def_readwrite("tensors", &planner::LifetimeTrace::tensors)
-      .def("validate", &planner::LifetimeTrace::validate)
       .def("compute_ms", &planner::LifetimeTrace::compute_ms)
       .def("derive_other_bytes", [](planner::LifetimeTrace& trace) { planner::derive_other_bytes(trace); },
            "Each op's other_bytes from its in_use_bytes less the saved tensors live then.")

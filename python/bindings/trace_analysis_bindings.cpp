@@ -1,5 +1,5 @@
-// stowage._core's trace analyses (snapshot/: trace steps, peak estimates, alloc/free pairing,
-// categories, the inspector's advice, the comparison of two snapshots)
+// stowage._core's trace analyses (snapshot/: trace steps, alloc/free pairing, categories, the
+// inspector's advice, the comparison of two snapshots)
 // over a trace's columns as numpy arrays: conversions only. Positions arrive as any integer
 // array (int32 or int64); a live-bytes series as int64, or as Python's integers (an object array)
 // where it passes int64 (Note [Live bytes in 128 bits]); byte counts leave as Python ints.
@@ -22,8 +22,6 @@
 #include "snapshot/live_groups.hpp"
 #include "snapshot/live_pairs.hpp"
 #include "snapshot/live_series.hpp"
-#include "snapshot/peak_estimates.hpp"
-#include "snapshot/recompute_estimate.hpp"
 #include "snapshot/snapshot_diff.hpp"
 #include "snapshot/trace_steps.hpp"
 
@@ -142,52 +140,6 @@ void bind_steps(py::module_& module) {
       py::arg("live"), py::arg("is_alloc"), py::arg("size"),
       "A trace's steps as (number, first_event, last_event, peak_bytes, peak_event, end_bytes, "
       "fit_trial) rows, and how they were found (stowage.trace_steps).");
-}
-
-void bind_peak_estimates(py::module_& module) {
-  module.def(
-      "changed_peak",
-      [](const py::array& live, const Int64s& change) {
-        return int_of(snapshot::changed_peak(LiveArgument(live).series(), span_of(change)));
-      },
-      py::arg("live"), py::arg("change"), "The series' peak with `change` added to its running sum.");
-  module.def(
-      "removed_peak",
-      [](const py::array& live, const Int64s& end, const Int64s& size, const Int64s& removed) {
-        return int_of(snapshot::removed_peak(LiveArgument(live).series(), span_of(end), span_of(size),
-                                             span_of(removed)));
-      },
-      py::arg("live"), py::arg("end"), py::arg("size"), py::arg("removed"),
-      "The series' peak with the allocations `removed` taken out over their lives.");
-  module.def(
-      "freed_when_made_peak",
-      [](const py::array& live, const Int64s& end, const Int64s& size, const Int64s& kept, const Int64s& backward,
-         const Int64s& step_starts) {
-        return int_of(snapshot::freed_when_made_peak(LiveArgument(live).series(), span_of(end), span_of(size),
-                                                     span_of(kept), span_of(backward), span_of(step_starts)));
-      },
-      py::arg("live"), py::arg("end"), py::arg("size"), py::arg("kept"), py::arg("backward_allocs"),
-      py::arg("step_starts"), "The series' peak with the allocations `kept` freed as soon as they are made.");
-  module.def(
-      "grads_set_to_none_peak",
-      [](const py::array& live, const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& kept,
-         const Int64s& backward, const Int64s& step_starts) {
-        return int_of(snapshot::grads_set_to_none_peak(LiveArgument(live).series(), bytes_of(is_alloc), span_of(end),
-                                                       span_of(size), span_of(kept), span_of(backward),
-                                                       span_of(step_starts)));
-      },
-      py::arg("live"), py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("kept"),
-      py::arg("backward_allocs"), py::arg("step_starts"),
-      "The series' peak with the gradients `kept` set to None at each step's end.");
-  module.def(
-      "checkpointed_peak",
-      [](const py::array& live, const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& own,
-         const Int64s& activations, const Int64s& block) {
-        return int_of(snapshot::checkpointed_peak(LiveArgument(live).series(), bytes_of(is_alloc), span_of(end),
-                                                  span_of(size), span_of(own), span_of(activations), span_of(block)));
-      },
-      py::arg("live"), py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("own"), py::arg("activations"),
-      py::arg("block"), "The series' peak with each block (`block`: every position's, -1 none) checkpointed.");
 }
 
 template <typename Position>
@@ -328,29 +280,6 @@ void bind_categories(py::module_& module) {
       py::arg("flags"), py::arg("stack"), py::arg("index"), py::arg("is_alloc"), py::arg("end"),
       py::arg("step_starts"), py::arg("positions"),
       "The category (int8, category_names' order) of the allocations at `positions`.");
-  module.def(
-      "kept_without_backward",
-      [](const py::array_t<std::int8_t, py::array::c_style | py::array::forcecast>& flags, const Stacks& stack,
-         const Int64s& index, const Bools& is_alloc, const Int64s& end, const py::object& saved) {
-        const snapshot::CategoryInputs inputs{span_of(flags), span_of(stack), span_of(index), bytes_of(is_alloc),
-                                              span_of(end), {}};
-        const Bools chosen = saved.is_none() ? Bools(0) : Bools::ensure(saved);
-        if (!chosen) throw py::error_already_set();
-        return array_of(snapshot::kept_without_backward(inputs, bytes_of(chosen)));
-      },
-      py::arg("flags"), py::arg("stack"), py::arg("index"), py::arg("is_alloc"), py::arg("end"), py::arg("saved"),
-      "The allocations a forward left with no backward (`saved`: a mask of those autograd saved, or None).");
-  module.def(
-      "freed_in_backward",
-      [](const Int64s& backward, const Int64s& end, const Int64s& step_starts, const Int64s& positions) {
-        const std::vector<std::uint8_t> found =
-            snapshot::freed_in_backward(span_of(backward), span_of(end), span_of(step_starts), span_of(positions));
-        py::array_t<bool> out(static_cast<py::ssize_t>(found.size()));
-        std::copy(found.begin(), found.end(), out.mutable_data());
-        return out;
-      },
-      py::arg("backward_allocs"), py::arg("end"), py::arg("step_starts"), py::arg("positions"),
-      "Whether each allocation at `positions` is freed in a backward.");
 }
 
 void bind_device_events(py::module_& module) {
@@ -556,7 +485,6 @@ void bind_trace_analysis(py::module_& module) {
   bind_categories(module);
   bind_pairs(module);
   bind_steps(module);
-  bind_peak_estimates(module);
 }
 
 }  // namespace stowage::python

@@ -12,24 +12,24 @@ from typing import Any
 
 import numpy as np
 
-from stowage import _core, categories, recompute_estimate
+from stowage import _core, recompute_estimate
 from stowage.snapshot_reader.columns import TraceColumns
 
 MIN_SHARE: float = _core.advice_min_share  # the share of the peak a waste must reach
 LOSS_CHUNKS: int = _core.advice_loss_chunks  # the chunks a chunked loss is advised in
 
 
-def advise(columns: TraceColumns, pairs: Any, sites: Any, live: np.ndarray, peak: dict[str, Any], at: int,
-           at_peak: tuple[np.ndarray, np.ndarray], step_starts: np.ndarray, exact: Any,
-           growing: list[dict[str, Any]], ooms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def advise(columns: TraceColumns, pairs: Any, sites: Any, flags: tuple[np.ndarray, np.ndarray | None],
+           live: np.ndarray, peak: dict[str, Any], at: int, at_peak: tuple[np.ndarray, np.ndarray],
+           step_starts: np.ndarray, exact: Any, growing: list[dict[str, Any]],
+           ooms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rules' advice, largest saving first: over the trace's LivePairs `pairs`, its sites
-    (inspector's TraceSites), its live-bytes series, the peak (`peak`, at LivePairs position `at`,
-    with the positions live there and their categories), where steps begin, stowage's tags
+    (inspector's TraceSites), its positions' stack flags and trace flags (categories.both_flags),
+    its live-bytes series, the peak (`peak`, at LivePairs position `at`, with the positions live
+    there and their categories), where steps begin, stowage's tags
     (tag_reading.ExactTags, or None), the sites growing every step and the run's OOMs (with the
     cache's free bytes, `cached_free`)."""
-    flags = categories.position_flags(columns, pairs.index)
-    marked = flags.copy()
-    frames = _core.mark_autograd_thread(marked, columns.stack, pairs.index, pairs.is_alloc)
+    by_position, marked = flags
     block, blocks = None, []
     if exact is not None:
         of_path, blocks = recompute_estimate.block_of_paths(exact.paths)
@@ -39,8 +39,8 @@ def advise(columns: TraceColumns, pairs: Any, sites: Any, live: np.ndarray, peak
         ids.setdefault(name, i)
     oom = next(((o["requested"], o["device_free"], o.get("cached_free", 0), o.get("stowage_peak_reserved"))
                 for o in ooms), None)
-    return _core.advise(live, pairs.is_alloc, pairs.end, pairs.size, pairs.own, pairs.index, columns.stack, flags,
-                        marked if frames else None, step_starts, sites.of,
+    return _core.advise(live, pairs.is_alloc, pairs.end, pairs.size, pairs.own, pairs.index, columns.stack, by_position,
+                        marked, step_starts, sites.of,
                         exact.category if exact is not None else None, block, len(blocks),
                         blocks[0] if blocks else "", max(int(peak["live_bytes"]), 1), at, at_peak[0], at_peak[1],
                         peak.get("categories", {}),

@@ -44,12 +44,18 @@ def position_flags(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
     return by_stack[columns.stack[index]]  # (-1 and -2, no frames: the two zeros at the end)
 
 
+def both_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """position_flags, and trace_flags made from them (each stack's frames read once)."""
+    flags = position_flags(columns, index)
+    marked = flags.copy()
+    return flags, marked if _core.mark_autograd_thread(marked, columns.stack, index, is_alloc) else None
+
+
 def trace_flags(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray) -> np.ndarray | None:
     """Every position's flags, autograd's thread's events marked backward's (an event with frames,
     none Python's, or an allocation with none at all: torch records an empty list there; a free
     without frames is placed by where it falls); None where the trace has no Python frames to read."""
-    flags = position_flags(columns, index)
-    return flags if _core.mark_autograd_thread(flags, columns.stack, index, is_alloc) else None
+    return both_flags(columns, index, is_alloc)[1]
 
 
 def infer(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
@@ -72,11 +78,12 @@ def live_positions(is_alloc: np.ndarray, end: np.ndarray, position: int) -> np.n
 
 
 def live_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,
-                    step_starts: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
+                    step_starts: np.ndarray, position: int,
+                    flags: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The allocations live just after `position` (LivePairs positions) and their categories
-    (only those are categorised)."""
+    (only those are categorised); `flags`: trace_flags' (worked out here when not given)."""
     live = live_positions(is_alloc, end, position)
-    return live, infer(columns, index, is_alloc, end, step_starts, live)
+    return live, infer(columns, index, is_alloc, end, step_starts, live, flags)
 
 
 def all_categories(columns: TraceColumns, index: np.ndarray, is_alloc: np.ndarray, end: np.ndarray,

@@ -283,13 +283,14 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in found.steps], dtype=np.int64))
     at = int(np.searchsorted(pairs.index, found.peak.event_index)) if found.peak.event_index >= 0 else -1
     exact = read_tags(columns.action, pairs.index) if read_tags is not None else None
+    flags, marked = categories.both_flags(columns, pairs.index, pairs.is_alloc)
     if exact is not None:
         live_at = categories.live_positions(pairs.is_alloc, pairs.end, at)
         category, found.category_source = exact.category[live_at], EXACT
         found.peak.modules = tag_reading.module_totals(exact, live_at, pairs.size, top)
     else:
         live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end,
-                                                       step_starts, at)
+                                                       step_starts, at, marked)
     found.peak.categories = categories.totals(live_at, category, pairs.size)
     if trial.any():
         found.fit_trial_peak = peak_over(trial)
@@ -305,8 +306,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     found.oom_events = len(oom_at)
 
     found.growing = trace_steps.growing(found.steps, pairs, sites, found.steps_found_by)[:top]
-    found.advice = advice.advise(columns, pairs, sites, live, asdict(found.peak), at, (live_at, category), step_starts,
-                                 exact, found.growing,
+    found.advice = advice.advise(columns, pairs, sites, (flags, marked), live, asdict(found.peak), at,
+                                 (live_at, category), step_starts, exact, found.growing,
                                  [dict(asdict(o), cached_free=cached_free) for o in found.ooms if not o.in_fit_trial])
     return found
 

@@ -15,8 +15,8 @@ forward made at its peak (its temporaries, and a second copy of its output: the 
 forward peak above the activations it brings back). Activations outside the blocks (embeddings, the
 head, the loss) stay as they were.
 
-This module finds the blocks; the trace is re-simulated in C++ (snapshot/recompute_estimate.hpp,
-stowage._core.checkpointed_peak). Contract: a pure function of module paths.
+This module finds the blocks; the trace is re-simulated in C++ (snapshot/recompute_estimate.hpp's
+checkpointed_peak, called by the advice). Contract: a pure function of module paths.
 """
 
 from __future__ import annotations

@@ -42,8 +42,10 @@ AdamSlots::~AdamSlots() {
     transfers_->synchronize();  // before the host buffers the copies use go
   } catch (...) {
     // Interrupted or stuck: a copy may still read or write the host buffers, so they are leaked,
-    // never freed early (as OptimizerTransfers leaks the gradients its copies still read).
+    // never freed early, and so are the transfers with the gradients their copies still read
+    // (waiting for them again would only pass the same deadline twice).
     for (Bucket& bucket : buckets_) static_cast<void>(bucket.host.release());
+    static_cast<void>(transfers_.release());
   }
 }
 

@@ -107,7 +107,7 @@ py::dict host_stats(AdamSlots& self) {
 
 void bind_slot_queries(py::class_<AdamSlots>& slots) {
   slots.def("__len__", &AdamSlots::size)
-      .def_property_readonly("allocated_bytes", [](AdamSlots& self) { return self.store().stats().allocated_bytes; })
+      .def_property_readonly("allocated_bytes", [](AdamSlots& self) { return self.store().allocated_bytes(); })
       .def_property_readonly("bucket_count", [](const AdamSlots& self) { return self.book().bucket_count(); })
       .def("updated", [](const AdamSlots& self, std::size_t bucket) { return self.book().updated(bucket); })
       .def("updated_slots", [](const AdamSlots& self, std::size_t b) { return self.book().updated_slots(b); })

@@ -49,7 +49,7 @@ at::Tensor HostStateStore::tensor_over(const std::shared_ptr<void>& block, std::
 PinnedHostPoolStats HostStateStore::stats() const {
   if (pool_ == nullptr) return {};
   PinnedHostPoolStats out = pool_->stats();
-  out.allocated_bytes = held_->load();
+  out.allocated_bytes = allocated_bytes();
   out.reserved_bytes = out.resident_reserved_bytes;
   return out;
 }

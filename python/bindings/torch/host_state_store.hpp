@@ -48,6 +48,8 @@ class HostStateStore {
   // A 1-D tensor of `numel` elements over `block`, holding it.
   static at::Tensor tensor_over(const std::shared_ptr<void>& block, std::int64_t numel, at::ScalarType dtype);
 
+  // The bytes of the store's blocks still held (no lock taken).
+  std::int64_t allocated_bytes() const noexcept { return held_->load(); }
   PinnedHostPoolStats stats() const;
   std::string placement() const;
 

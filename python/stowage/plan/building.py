@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from stowage import _core
-from stowage.plan.lifetimes import LifetimeTrace, TensorRecord, native_trace
+from stowage.plan.lifetimes import LifetimeTrace, TensorRecord, native_ops
 
 
 def build_trace(recorder: Any, cost: dict[str, float]) -> LifetimeTrace:
@@ -22,7 +22,7 @@ def build_trace(recorder: Any, cost: dict[str, float]) -> LifetimeTrace:
         native = _core.RecordedRegion()
         native.module, native.checkpointable = region.module, region.checkpointable
         regions.append(native)
-    built = _core.build_trace(recorder.ledger.recording(native_trace(recorder.ops, []).ops, regions))
+    built = _core.build_trace(recorder.ledger.recording(native_ops(recorder.ops), regions))
     order = recorder.ledger.storage_order()  # the recording's storages, as the ledger numbers them
     for op, native in zip(recorder.ops, built.trace.ops):
         op.other_bytes = native.other_bytes

@@ -117,11 +117,16 @@ class LifetimeTrace:
         Path(path).write_text(json.dumps(self.document()))
 
 
+def native_ops(ops: list[OpRecord]) -> list[Any]:
+    """Ops as the C++ planner takes them (stowage._core.TraceOp)."""
+    return [_core.TraceOp(o.name, o.module, PHASES[o.phase], o.duration_ms, o.other_bytes, o.region, o.in_use_bytes,
+                          o.io_bytes) for o in ops]
+
+
 def native_trace(ops: list[OpRecord], tensors: list[TensorRecord]) -> Any:
     """Ops and saved tensors as the C++ planner takes them (stowage._core.LifetimeTrace)."""
     trace = _core.LifetimeTrace()
-    trace.ops = [_core.TraceOp(o.name, o.module, PHASES[o.phase], o.duration_ms, o.other_bytes, o.region,
-                               o.in_use_bytes, o.io_bytes) for o in ops]
+    trace.ops = native_ops(ops)
     trace.tensors = [_core.SavedTensor(t.module, t.bytes, t.created, t.last_forward_use, t.first_backward_use,
                                        t.last_backward_use, t.recompute_ms, t.recomputable, t.offloadable,
                                        t.recompute_inputs, t.region) for t in tensors]

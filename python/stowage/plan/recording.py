@@ -56,7 +56,12 @@ class _DeviceMeter:
 
 
 def _storage_key(tensor: Any) -> int:
-    return _storage_key_and_bytes(tensor)[0]
+    """The storage's address (its key); 0 for tensors without storage (sparse, fakes). Every op's
+    inputs and outputs go through here, so it reads the address only."""
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _storage_key_and_bytes(tensor: Any) -> tuple[int, int]:
