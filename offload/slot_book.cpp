@@ -55,11 +55,6 @@ bool SlotBook::arrive(std::size_t slot, std::int64_t version) {
   return bucket.arrived == bucket.size;
 }
 
-void SlotBook::set_version(std::size_t slot, std::int64_t version) {
-  check_slot(slot);
-  if (versions_[slot].has_value()) versions_[slot] = version;
-}
-
 void SlotBook::drop(std::size_t slot) {
   Bucket& bucket = bucket_at(bucket_of(slot));
   if (versions_[slot].has_value()) --bucket.arrived;

@@ -9,15 +9,33 @@
 //
 // Note [Offloaded optimizer semantics]
 // A parameter is updated if and only if its gradient is there at step(); the gradient used is the
-// one present at step(). A slot's gradient is copied out as soon as it is final (its
-// post-accumulate hook, or DDP's reduced bucket) and counted as arrived with the version it had;
-// a bucket whose slots have all arrived is ready: "in_backward" updates it at once
-// (provisionally), the other modes at step(). At the end of backward the arrived versions are
-// those of the gradients as backward left them; step() copies again the gradients that changed
-// since (replaced, written, dropped) and counts the ones that appeared, so that what is updated
-// is what torch's optimizer would see. A backward that raises, a zero_grad() without step(), or a
-// skipped step (an inf under a GradScaler) forgets the arrivals and undoes the provisional
+// one present at step(), whoever changed it, and the options used are the param group's at step().
+// A slot's gradient is copied out once it is final: once every post-accumulate hook of its
+// parameter has run (the optimizer's hook fires among them, so it copies the gradient when the
+// next one fires, or at the end of backward: hooks registered after it are honoured), or from
+// DDP's reduced bucket; it is counted as arrived, and a checksum of the bytes copied is kept. A
+// bucket whose slots have all arrived is ready: "in_backward" updates it at once (provisionally),
+// the other modes at step(). step() compares the gradients present with the checksums, copies
+// again those that changed since (replaced, written, by anyone) and forgets those dropped, so
+// that what is updated is what torch's optimizer would see; "in_backward" refuses a change to a
+// gradient a provisional update already read, and undoes and makes again a provisional update
+// whose group's options changed since. A backward that raises, a zero_grad() without step(), or
+// a skipped step (an inf under a GradScaler) forgets the arrivals and undoes the provisional
 // updates: nothing of them is applied.
+//
+// Note [Whole steps]
+// A step() is all or nothing: whatever interrupts it (Ctrl-C, an error), parameters and states
+// (step counts, moments, amsgrad's maxima, the states kept on the device) are left both as before
+// the step or both as after it, and so is a state_dict taken then. Until the first state changes
+// (checks, copies, the device share's update not yet begun), an error leaves nothing applied:
+// provisional updates are undone, the arrivals stay, and step() may be called again. From there
+// on the step is finished whatever is raised (each part resumes where it stopped: a bucket
+// submitted or written back is not again) and the error is raised after. Ctrl-C is held for the
+// whole step: Python's handler only notes it and the waits on the step's thread and the update
+// threads go on (InterruptHold, allocator/base/interrupt_watch.hpp) to their deadlines
+// (Note [Bounded waits]); KeyboardInterrupt is raised once the step is whole. The host memory
+// an interrupted copy or update still uses is never freed under it: the updates hold their
+// bucket's memory, and the optimizer's end waits for its copies (or leaks what they use).
 //
 // Invariants (check_invariants()): a bucket's arrived count is the number of its slots with a
 // version; an update's slots are its bucket's; a pending bucket has an update; "delayed" alone has
@@ -64,8 +82,6 @@ class SlotBook {
   // `slot`'s gradient was copied out at `version`. Returns whether its bucket now has all its
   // gradients.
   bool arrive(std::size_t slot, std::int64_t version);
-  // The arrived gradient's version as backward left it (no-op for a slot that has not arrived).
-  void set_version(std::size_t slot, std::int64_t version);
   // `slot`'s gradient is gone: it no longer counts as arrived.
   void drop(std::size_t slot);
   std::optional<std::int64_t> version(std::size_t slot) const;

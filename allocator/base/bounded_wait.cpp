@@ -30,7 +30,7 @@ void wait_until(const std::function<bool()>& done, const WaitFor& wait, const Wa
   const std::chrono::nanoseconds allowed = limits.deadline(wait.bytes);
   std::chrono::nanoseconds slice = kFirstSlice;
   while (!done()) {
-    if (interrupts.interrupted()) {
+    if (interrupts.interrupted() && !InterruptHold::active()) {
       STOWAGE_THROW(Interrupted, "interrupted while waiting for ", wait.what);
     }
     const auto waited = std::chrono::steady_clock::now() - start;

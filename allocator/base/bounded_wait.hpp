@@ -8,7 +8,9 @@
 // that grow from 10 us to 2 ms (a wait ends at most about its own length late, and never more
 // than 2 ms; a GPU's event query costs a microsecond) and between polls:
 //   - gives up with Interrupted once the user interrupts the process (SIGINT, InterruptWatch),
-//     within a slice; the Python layer turns that into KeyboardInterrupt;
+//     within a slice; the Python layer turns that into KeyboardInterrupt (unless the thread
+//     holds interrupts, InterruptHold: then it waits on, to its deadline, for work that must be
+//     whole once begun);
 //   - gives up with WaitTimeout, naming what it waited for and how much, at its deadline:
 //     kWaitSlack plus the bytes the awaited work moves at kFloorBytesPerSecond. The floor is
 //     the slowest link stowage accepts (CPU mode's simulated link has it as its minimum) and

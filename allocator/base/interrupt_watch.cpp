@@ -10,6 +10,7 @@ namespace stowage {
 namespace {
 
 std::atomic<std::uint64_t> interrupts{0};
+thread_local int holds = 0;  // InterruptHolds alive on this thread
 // The handler ours replaced; written only while ours is not installed.
 struct sigaction previous_action {};
 
@@ -78,5 +79,9 @@ InterruptWatch::~InterruptWatch() {
 bool InterruptWatch::interrupted() const noexcept {
   return interrupts.load(std::memory_order_relaxed) != seen_;
 }
+
+InterruptHold::InterruptHold() noexcept { ++holds; }
+InterruptHold::~InterruptHold() { --holds; }
+bool InterruptHold::active() noexcept { return holds > 0; }
 
 }  // namespace stowage

@@ -11,6 +11,14 @@
 //
 // Contract: thread-safe; watches may overlap on any threads. Cheap to make when another watch
 // is alive (a counter under a mutex); the first costs two sigaction calls.
+//
+// InterruptHold: while one is alive on a thread, the waits of that thread do not give up when
+// the user interrupts (they go on to their deadline): work that must be whole once begun (an
+// optimizer step: its updates and copies, Note [Whole steps] in offload/slot_book.hpp) is
+// finished before the interrupt is acted on. The signal
+// itself still runs the handler before ours (Python notes it and raises KeyboardInterrupt where
+// its caller lets it). Contract: per thread, nested holds allowed; made and destroyed on one
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +37,17 @@ class InterruptWatch {
 
  private:
   std::uint64_t seen_;  // the interrupt count when the watch was made
+};
+
+class InterruptHold {
+ public:
+  InterruptHold() noexcept;
+  ~InterruptHold();
+  InterruptHold(const InterruptHold&) = delete;
+  InterruptHold& operator=(const InterruptHold&) = delete;
+
+  // Whether a hold is alive on the calling thread.
+  static bool active() noexcept;
 };
 
 }  // namespace stowage

@@ -1,6 +1,7 @@
 // Note [Bounded waits]: a wait for copies that never complete ends at its deadline with an error
 // naming what it waited for, a wait the user interrupts (SIGINT) ends at once and still runs the
-// handler installed before, and the copies go on after either.
+// handler installed before, and the copies go on after either; under an InterruptHold the wait
+// outlasts the interrupt.
 #include "allocator/base/bounded_wait.hpp"
 
 #include <gtest/gtest.h>
@@ -128,6 +129,42 @@ TEST(BoundedWait, SigintEndsAWaitAtOnceAndStillRunsTheHandlerBeforeIt) {
   ASSERT_EQ(::sigaction(SIGINT, nullptr, &after), 0);
   EXPECT_EQ(after.sa_handler, &previous_handler) << "the handler before the wait is back";
   ::sigaction(SIGINT, &saved, nullptr);
+}
+
+TEST(BoundedWait, UnderAnInterruptHoldAWaitOutlastsSigintAndTheHandlerStillRuns) {
+  previous_handler_calls.store(0);
+  struct sigaction mine {};
+  mine.sa_handler = &previous_handler;
+  struct sigaction saved {};
+  ASSERT_EQ(::sigaction(SIGINT, &mine, &saved), 0);
+  {
+    StuckCopy stuck(WaitLimits{});
+    std::thread interrupter([&] {
+      std::this_thread::sleep_for(50ms);
+      ::kill(::getpid(), SIGINT);
+      std::this_thread::sleep_for(100ms);
+      stuck.release();  // the copy completes after the interrupt
+    });
+    {
+      const InterruptHold hold;
+      EXPECT_TRUE(InterruptHold::active());
+      EXPECT_NO_THROW(stuck.engine().synchronize());
+    }
+    EXPECT_FALSE(InterruptHold::active());
+    interrupter.join();
+    EXPECT_EQ(stuck.target()[0], 1) << "the wait ended with the copy done";
+    EXPECT_EQ(previous_handler_calls.load(), 1);
+  }
+  ::sigaction(SIGINT, &saved, nullptr);
+}
+
+TEST(BoundedWait, AnInterruptHoldIsTheCallingThreadsAlone) {
+  const InterruptHold hold;
+  bool elsewhere = true;
+  std::thread other([&] { elsewhere = InterruptHold::active(); });
+  other.join();
+  EXPECT_TRUE(InterruptHold::active());
+  EXPECT_FALSE(elsewhere);
 }
 
 TEST(BoundedWait, WithoutAHandlerSigintKeepsItsDefault) {

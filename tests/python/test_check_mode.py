@@ -1,7 +1,8 @@
-"""Check mode (stowage.checking): an offloaded tensor and a parameter written back, corrupted on
-purpose by the simulated device's link, are caught with the tensor, its module and the step
-named; with nothing corrupted, training is unchanged (CPU mode, in a fresh process each: the
-device and the switch are per process)."""
+"""Check mode (stowage.checking): an offloaded tensor, a parameter written back and a gradient
+copied out, corrupted on purpose by the simulated device's link (or changed where the content
+watch cannot see it), are caught with the tensor, its module and the step named; with nothing
+corrupted, training is unchanged (CPU mode, in a fresh process each: the device and the switch
+are per process)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,50 @@ def test_a_parameter_corrupted_on_its_way_back_is_caught_naming_it_and_the_step(
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
     assert "stowage check: parameter '" in message and "arrived changed at step 1" in message, result.stderr
+
+
+def test_a_gradient_corrupted_on_its_way_out_is_caught_naming_it_with_nothing_applied() -> None:
+    result = run("""
+        optimizer = stowage.offload.AdamW(model.parameters())
+        step(optimizer)
+        before = [p.detach().clone() for p in model.parameters()]
+        _torch.cpu_corrupt_copy(1)  # the next copy: a gradient's way out
+        model(batch).mean().backward()
+        try:
+            optimizer.step()
+        except RuntimeError as error:
+            print(error)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "a parameter moved"
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "stowage check: the gradient of parameter '" in result.stdout, result.stdout
+    assert "copied out at step 1 is not, bit for bit," in result.stdout, result.stdout
+
+
+def test_a_gradient_change_the_content_watch_cannot_see_is_caught() -> None:
+    """+1 and -1 on the corners of a rectangle of 32-bit words leave every sum of the checksum as
+    it was, so only check mode's comparison of the bytes sees the change."""
+    result = run("""
+        optimizer = stowage.offload.AdamW(model.parameters(), update="in_backward")
+        step(optimizer)
+        before = [p.detach().clone() for p in model.parameters()]
+        model(batch).mean().backward()
+        grad = model[2].weight.grad
+        sums = _torch.content_checksums([grad]).clone()
+        words = grad.view(-1).view(torch.int32)
+        for index, delta in ((0, 1), (1, -1), (1024, -1), (1025, 1)):
+            words[index] += delta
+        assert torch.equal(_torch.content_checksums([grad]), sums)
+        try:
+            optimizer.step()
+        except RuntimeError as error:
+            print(error)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "a parameter moved"
+        optimizer.zero_grad()
+        step(optimizer)  # and it trains on
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "stowage check: the gradient of parameter '2.weight'" in result.stdout, result.stdout
 
 
 def test_with_nothing_corrupted_check_mode_changes_nothing() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any, Callable
 
 import pytest
@@ -138,6 +139,89 @@ def test_in_backward_refuses_a_gradient_edited_after_backward_and_applies_nothin
     one_step(model, optimizer, 2)
     one_step(reference, ref_optimizer, 2)
     assert_same(model, reference, optimizer, ref_optimizer)
+
+
+def _noise(p: Any) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(p.numel())
+    return torch.randn(p.shape, generator=generator) * 1e-3
+
+
+def _in_place(edit: Callable[[Any], Any]) -> Callable[[Any], None]:
+    def hook(p: Any) -> None:
+        edit(p)
+    return hook
+
+
+HOOKS_AFTER: dict[str, Callable[[Any], None]] = {
+    "scaled in place": _in_place(lambda p: p.grad.mul_(0.5)),
+    "zeroed in place": _in_place(lambda p: p.grad.mul_(0)),
+    "noise added": _in_place(lambda p: p.grad.add_(_noise(p))),
+    "replaced": _in_place(lambda p: setattr(p, "grad", p.grad.clamp(-1e-3, 1e-3))),
+    "written through .data": _in_place(lambda p: p.grad.data.mul_(2.0)),
+    "dropped": _in_place(lambda p: setattr(p, "grad", None) if p.dim() == 1 else None),
+}
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS_AFTER))
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_a_gradient_changed_by_a_hook_registered_after_the_optimizer_is_the_one_used(hook: str, update: str) -> None:
+    """The post-accumulate hooks registered after the optimizer's run before its copy: in_backward
+    too updates from the gradient they leave, with no copy again and no refusal."""
+    model, optimizer, reference, ref_optimizer = pair(update=update)
+    for m in (model, reference):
+        for p in m.parameters():
+            p.register_post_accumulate_grad_hook(HOOKS_AFTER[hook])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "copies them out again", no redone update
+        for step in range(3):
+            one_step(model, optimizer, step)
+            one_step(reference, ref_optimizer, step)
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
+@pytest.mark.parametrize("update", ["exact", "in_backward", "delayed"])
+def test_a_gradient_changed_after_its_copy_by_another_parameter_s_hook_is_seen_at_step(update: str) -> None:
+    """The first layer's weight, last in backward, has a hook shifting the last layer's bias's
+    gradient, copied out long before: exact and delayed copy it again at step() (held to the
+    same edit made after backward); in_backward, whose update already read it, refuses with
+    nothing applied."""
+    model, optimizer, reference, ref_optimizer = pair(update=update)
+    model[0].weight.register_post_accumulate_grad_hook(_in_place(lambda p: model[5].bias.grad.add_(1e-2)))
+    if update == "in_backward":
+        with pytest.raises(RuntimeError, match="in_backward.*changed afterwards"):
+            one_step(model, optimizer, 0)
+        optimizer.zero_grad()
+        assert_same(model, reference)
+        return
+    if update == "delayed":
+        ref_optimizer = stowage.offload.AdamW(reference.parameters(), **HYPER, update=update, bucket_numel=1000)
+    for step in range(3):
+        one_step(model, optimizer, step)
+        one_step(reference, ref_optimizer, step, lambda m: m[5].bias.grad.add_(1e-2))
+    for o in (optimizer, ref_optimizer):
+        o.state_dict()  # (delayed: the pending update written back)
+    assert_same(model, reference)
+
+
+def test_options_changed_between_backward_and_step_are_the_ones_used_in_backward_redoing_its_updates() -> None:
+    model, optimizer, reference, ref_optimizer = pair(update="in_backward")
+    schedulers = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=6, cycle_momentum=True,
+                                                      base_momentum=0.85, max_momentum=0.95)
+                  for o in (optimizer, ref_optimizer)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(4):
+            for m, o, scheduler in ((model, optimizer, schedulers[0]), (reference, ref_optimizer, schedulers[1])):
+                loss_of(m, batch(step)).backward()
+                scheduler.step()  # lr and beta1 change after backward, before step()
+                if step == 2:
+                    o.param_groups[0]["weight_decay"] = 0.05
+                    o.param_groups[0]["eps"] = 1e-6
+                o.step()
+                o.zero_grad()
+            assert_same(model, reference, optimizer, ref_optimizer)
+    redone = [w for w in caught if "changed between backward and step()" in str(w.message)]
+    assert len(redone) == 1, [str(w.message) for w in caught]
 
 
 def test_frozen_parameters_take_no_hook_no_state_and_join_when_unfrozen() -> None:

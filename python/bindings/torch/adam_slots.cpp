@@ -3,6 +3,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -103,7 +104,7 @@ AdamSlots::Indices AdamSlots::join(const Tensors& shards, const Indices& groups,
       order.push_back(plan_.members[k]);
       slots_.push_back(std::move(slot));
     }
-    buckets_.push_back({std::move(host), groups[first], std::nullopt, std::nullopt, nullptr});
+    buckets_.push_back({std::move(host), groups[first], std::nullopt, std::nullopt, nullptr, {}});
   }
   parameters_.extend(static_cast<std::int64_t>(joined.size()));
   gradients_.extend(static_cast<std::int64_t>(joined.size()));
@@ -123,7 +124,7 @@ SlotStates AdamSlots::states(std::size_t slot) const {
 
 // --- gradients ----------------------------------------------------------------------------------
 
-void AdamSlots::copy_out(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
+void AdamSlots::copy_out(std::size_t slot, const at::Tensor& shard) {
   Slot& s = slots_.at(slot);
   if (shard.numel() != s.numel) {
     std::string message = where();
@@ -134,8 +135,8 @@ void AdamSlots::copy_out(std::size_t slot, const at::Tensor& gradient, const at:
   const HostBucket& host = *buckets_[s.bucket].host;
   const auto buffer = static_cast<std::size_t>(book_.grad_buffer());
   transfers_->copy_out(host.grads().at(buffer).narrow(0, s.offset, s.numel), shard);
+  gradients_.remember_one(static_cast<std::int64_t>(slot), shard);  // the bytes the copy reads
   book_.arrive(slot, shard._version());
-  s.copied.emplace(gradient.getIntrusivePtr());
 }
 
 std::int64_t AdamSlots::arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
@@ -148,51 +149,31 @@ std::int64_t AdamSlots::arrive(std::size_t slot, const at::Tensor& gradient, con
     throw std::runtime_error(message);
   }
   if (book_.mode() == offload::UpdateMode::kInBackward && book_.updated(bucket)) return kArrivedTwice;
-  copy_out(slot, gradient, shard);
+  copy_out(slot, shard);
   if (!book_.ready(bucket)) return -1;
   buckets_[bucket].copied = transfers_->copies_out_issued();
   return static_cast<std::int64_t>(bucket);
 }
 
-bool AdamSlots::is_copied(const Slot& slot, const at::Tensor& grad) const {
-  if (!slot.copied.has_value()) return false;
-  const auto held = slot.copied->lock();
-  return held.defined() && held.get() == grad.unsafeGetTensorImpl();
-}
-
-void AdamSlots::gradients_final(const Tensors& grads, const Tensors& shards) {
-  STOWAGE_CHECK(grads.size() == slots_.size() && shards.size() == slots_.size(), "gradients for ", grads.size(),
-                " of ", slots_.size(), " offloaded parameters");
-  Indices copied;
-  Tensors taken;
-  for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
-    if (!book_.arrived(slot) || !grads[slot].defined()) continue;
-    book_.set_version(slot, shards[slot]._version());
-    slots_[slot].copied.emplace(grads[slot].getIntrusivePtr());
-    copied.push_back(slot);
-    taken.push_back(shards[slot]);
-  }
-  gradients_.remember(rows(copied), taken);
-}
-
+// Bytes, not identities or versions: a gradient copied into .grad (DDP's buckets), or written
+// back unchanged, is the same gradient; one a hook or a .data write changed is not.
 std::vector<bool> AdamSlots::changed_gradients(const Tensors& grads, const Tensors& shards) {
   STOWAGE_CHECK(grads.size() == slots_.size() && shards.size() == slots_.size(), "gradients for ", grads.size(),
                 " of ", slots_.size(), " offloaded parameters");
   std::vector<bool> changed(slots_.size(), false);
-  Indices unsure;
-  Tensors unsure_shards;
+  Indices present;
+  Tensors present_shards;
   for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
-    const std::optional<std::int64_t> version = book_.version(slot);
-    if (!version.has_value()) continue;
-    if (!grads[slot].defined() || !is_copied(slots_[slot], grads[slot]) || shards[slot]._version() != *version) {
-      changed[slot] = true;
+    if (!book_.arrived(slot)) continue;
+    if (!grads[slot].defined() || grads[slot].is_sparse() || shards[slot].numel() != slots_[slot].numel) {
+      changed[slot] = true;  // dropped, or a gradient copy_out refuses with its reason
     } else {
-      unsure.push_back(slot);
-      unsure_shards.push_back(shards[slot]);
+      present.push_back(slot);
+      present_shards.push_back(shards[slot]);
     }
   }
-  const std::vector<bool> flags = gradients_.changed(rows(unsure), unsure_shards);
-  for (std::size_t i = 0; i < unsure.size(); ++i) changed[unsure[i]] = flags[i];
+  const std::vector<bool> flags = gradients_.changed(rows(present), present_shards);
+  for (std::size_t i = 0; i < present.size(); ++i) changed[present[i]] = flags[i];
   return changed;
 }
 
@@ -202,10 +183,7 @@ bool AdamSlots::collect_late(const Tensors& grads, const Tensors& shards) {
   for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
     const bool arrived = book_.arrived(slot);
     if (!grads[slot].defined()) {
-      if (arrived) {
-        book_.drop(slot);
-        slots_[slot].copied.reset();
-      }
+      if (arrived) book_.drop(slot);
       continue;
     }
     if (grads[slot].is_sparse()) {
@@ -217,7 +195,7 @@ bool AdamSlots::collect_late(const Tensors& grads, const Tensors& shards) {
     }
     if (arrived && !changed[slot]) continue;
     recopied = recopied || arrived;
-    copy_out(slot, grads[slot], shards[slot]);
+    copy_out(slot, shards[slot]);
     buckets_[slots_[slot].bucket].copied.reset();  // a new mark covers this copy too
   }
   for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
@@ -236,6 +214,22 @@ std::int64_t AdamSlots::stale_gradients(const Tensors& grads, const Tensors& sha
     if (changed[slot] && book_.updated(slots_[slot].bucket)) ++stale;
   }
   return stale;
+}
+
+std::int64_t AdamSlots::first_changed_gradient(const Tensors& shards) {
+  STOWAGE_CHECK(shards.size() == slots_.size(), "gradients for ", shards.size(), " of ", slots_.size(),
+                " offloaded parameters");
+  const at::NoGradGuard no_grad;
+  transfers_->synchronize();
+  const auto buffer = static_cast<std::size_t>(book_.grad_buffer());
+  for (std::size_t index = 0; index < slots_.size(); ++index) {
+    if (!book_.arrived(index) || !shards[index].defined()) continue;
+    const Slot& slot = slots_[index];
+    const at::Tensor copied = buckets_[slot.bucket].host->grads().at(buffer).narrow(0, slot.offset, slot.numel);
+    const at::Tensor now = shards[index].detach().reshape(-1).to(copied.scalar_type()).cpu();
+    if (!at::equal(bits(now), bits(copied))) return static_cast<std::int64_t>(index);
+  }
+  return -1;
 }
 
 // --- parameters written by someone else ---------------------------------------------------------
@@ -284,14 +278,30 @@ void AdamSlots::parameters_are(const Indices& slots, const Tensors& shards) {
 
 // --- updates ------------------------------------------------------------------------------------
 
+void AdamSlots::check_options(const std::vector<GroupOptions>& groups) const {
+  for (const Bucket& bucket : buckets_) check_options(bucket, groups.at(bucket.group));
+}
+
+void AdamSlots::check_options(const Bucket& bucket, const GroupOptions& options) const {
+  if (options.amsgrad && !bucket.host->max_exp_avg_sq().defined()) {
+    throw std::invalid_argument(where() + ": amsgrad was turned on in a param group after its states were made; "
+                                          "set it when the optimizer is made");
+  }
+}
+
+AdamSlots::Indices AdamSlots::outdated_updates(const std::vector<GroupOptions>& groups) const {
+  Indices outdated;
+  for (const std::size_t bucket : book_.provisional()) {
+    if (!(buckets_[bucket].options == groups.at(buckets_[bucket].group))) outdated.push_back(bucket);
+  }
+  return outdated;
+}
+
 AdamSlots::Indices AdamSlots::submit(std::size_t bucket, const GroupOptions& options, double grad_scale) {
   STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
   Bucket& b = buckets_[bucket];
   if (book_.arrived_in(bucket) == 0) return {};
-  if (options.amsgrad && !b.host->max_exp_avg_sq().defined()) {
-    throw std::invalid_argument(where() + ": amsgrad was turned on in a param group after its states were made; "
-                                          "set it when the optimizer is made");
-  }
+  check_options(b, options);
   BucketUpdate update;
   update.hyper = offload::AdamWHyperparameters{options.lr, options.beta1, options.beta2, options.eps,
                                                options.weight_decay, grad_scale};
@@ -301,6 +311,7 @@ AdamSlots::Indices AdamSlots::submit(std::size_t bucket, const GroupOptions& opt
   update.provisional = book_.mode() == offload::UpdateMode::kInBackward;
   update.cpu_sqrt = device_.is_cpu();  // torch's CPU AdamW takes its CPU's square root
   b.ticket = b.host->submit(*queue_, update, book_.has_gradient(bucket), b.copied, b.returned);
+  b.options = options;
   Indices slots = book_.submitted(bucket);
   if (b.ticket == nullptr) book_.clear_update(bucket);  // parameters without elements: nothing to run
   return slots;
@@ -316,14 +327,18 @@ AdamSlots::Indices AdamSlots::submit_all(const std::vector<GroupOptions>& groups
   return updated;
 }
 
-void AdamSlots::finish(std::size_t bucket) {
+void AdamSlots::wait_ended(std::size_t bucket) {
   STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
   const std::shared_ptr<offload::UpdateTicket> ticket = buckets_[bucket].ticket;
   if (ticket == nullptr) return;
   wait_until([&] { return ticket->done(); },
              {"the host update of bucket " + std::to_string(bucket),
               static_cast<std::size_t>(buckets_[bucket].host->bytes())});
-  ticket->take();
+}
+
+void AdamSlots::finish(std::size_t bucket) {
+  wait_ended(bucket);
+  if (buckets_[bucket].ticket != nullptr) buckets_[bucket].ticket->take();
 }
 
 void AdamSlots::finish_pending() {
@@ -365,18 +380,25 @@ std::int64_t AdamSlots::first_changed_arrival(const Indices& slots, const Tensor
   return -1;
 }
 
-AdamSlots::Indices AdamSlots::roll_back() {
+AdamSlots::Indices AdamSlots::roll_back() { return roll_back(book_.provisional()); }
+
+AdamSlots::Indices AdamSlots::roll_back(const Indices& buckets) {
   const Indices provisional = book_.provisional();
-  for (const std::size_t bucket : provisional) finish(bucket);
-  Indices unstepped;
-  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
-    if (!buckets_[bucket].host->restore()) continue;
-    const std::size_t first = book_.first_slot(bucket);
-    for (std::size_t slot = first; slot < first + book_.size(bucket); ++slot) {
-      if (slots_[slot].states.step.item<float>() == 0.0F) unstepped.push_back(slot);
-    }
+  for (const std::size_t bucket : buckets) {
+    STOWAGE_CHECK(std::find(provisional.begin(), provisional.end(), bucket) != provisional.end(), "bucket ", bucket,
+                  " has no provisional update to undo");
   }
-  for (const std::size_t bucket : provisional) clear_update(bucket);
+  for (const std::size_t bucket : buckets) wait_ended(bucket);  // (an update that threw is undone too)
+  Indices unstepped;
+  for (const std::size_t bucket : buckets) {
+    if (buckets_[bucket].host->restore()) {
+      const std::size_t first = book_.first_slot(bucket);
+      for (std::size_t slot = first; slot < first + book_.size(bucket); ++slot) {
+        if (slots_[slot].states.step.item<float>() == 0.0F) unstepped.push_back(slot);
+      }
+    }
+    clear_update(bucket);
+  }
   return unstepped;
 }
 

@@ -5,8 +5,8 @@
 // (offload/slot_book.hpp, Note [Offloaded optimizer semantics]), the copies on the offload engine
 // (optimizer_transfers.hpp), the queue the updates run on (offload/update_queue.hpp) and two
 // content watches (content_watch.hpp): the parameters as last written back or taken, and the
-// gradients as copied out in the last backward, so that writes which leave versions alone are
-// seen too.
+// gradients as each was copied out, so that a change made by anyone (a hook, a write that leaves
+// versions alone, a tensor put in its place) is seen.
 //
 // Slots are numbered in bucket order as they join; the caller keeps the parameter of each number
 // and hands in, where a call needs them, the tensors as they are now: the parameters' local
@@ -19,9 +19,11 @@
 // std::runtime_error (RuntimeError); misuse by the caller is LogicError.
 //
 // Contract: one thread at a time (the optimizer's, under its lock). finish(), write_back(),
-// roll_back(), first_changed_arrival() and synchronize() wait for the host update or the copies
-// and may be called without the GIL; name_of is called only from the others. The destructor waits
-// for the copies still using the host buffers.
+// roll_back(), first_changed_arrival(), first_changed_gradient() and synchronize() wait for the
+// host update or the copies and may be called without the GIL; name_of is called only from the
+// others. Each call either does all it says or, when it throws, leaves the book as it was or
+// resumable by calling it again (Note [Whole steps]). The destructor waits for the copies still
+// using the host buffers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -48,6 +50,8 @@ namespace stowage::torch_offload {
 struct GroupOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool decoupled_weight_decay = false, maximize = false, amsgrad = false;
+
+  bool operator==(const GroupOptions&) const = default;
 };
 
 // One slot's states, in the parameter's local shape: torch's state entry.
@@ -85,14 +89,13 @@ class AdamSlots {
   SlotStates states(std::size_t slot) const;
 
   // --- gradients ---
-  // Copies `slot`'s gradient out and counts it: returns the bucket made ready by it, -1 when it
-  // is not ready, kArrivedTwice (nothing done) when in_backward already updated the bucket.
+  // Copies `slot`'s gradient out (its bytes' checksum taken as it leaves) and counts it: returns
+  // the bucket made ready by it, -1 when it is not ready, kArrivedTwice (nothing done) when
+  // in_backward already updated the bucket.
   static constexpr std::int64_t kArrivedTwice = -2;
   std::int64_t arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard);
-  // The end of backward: the arrived gradients as they are now are what step() compares.
-  void gradients_final(const Tensors& grads, const Tensors& shards);
-  // Per slot: whether it arrived and its gradient is not the one copied out (dropped, replaced,
-  // or written since; one sync).
+  // Per slot: whether it arrived and the gradient present now is not, byte for byte, the one
+  // copied out (dropped, or changed since by anyone; one pass over them and one sync).
   std::vector<bool> changed_gradients(const Tensors& grads, const Tensors& shards);
   // At step(): copies the gradients not copied out in backward, or changed since, and forgets
   // those dropped. Returns whether an arrived gradient had to be copied again.
@@ -100,6 +103,10 @@ class AdamSlots {
   // in_backward: how many of the gradients the updates made in backward read changed since
   // (-1: no update was made in backward).
   std::int64_t stale_gradients(const Tensors& grads, const Tensors& shards);
+  // Check mode: after the copies, the first arrived slot whose host copy of its gradient is not
+  // bit for bit the gradient's local shard now (`shards`; -1: none). Sees what the content
+  // watch cannot: a change its checksums miss, a copy corrupted on the way out.
+  std::int64_t first_changed_gradient(const Tensors& shards);
 
   // --- parameters written by someone else ---
   // The slots whose parameter's bytes changed since they were last written back or taken.
@@ -110,6 +117,12 @@ class AdamSlots {
   void parameters_are(const Indices& slots, const Tensors& shards);
 
   // --- updates ---
+  // Refuses (invalid_argument) options the host states cannot take (amsgrad turned on after
+  // the states were made), before anything of a step is submitted.
+  void check_options(const std::vector<GroupOptions>& groups) const;
+  // in_backward: the provisional updates made with options other than their group's now (a
+  // scheduler stepped, or lr set, between backward and step()).
+  Indices outdated_updates(const std::vector<GroupOptions>& groups) const;
   // Queues the update of each bucket without one that has gradients (options by group number,
   // the gradients scaled by `grad_scale`); returns the slots updated.
   Indices submit_all(const std::vector<GroupOptions>& groups, double grad_scale);
@@ -123,8 +136,11 @@ class AdamSlots {
   // Check mode: after the copies, the first slot whose parameter is not bit for bit what the
   // update made (-1: none).
   std::int64_t first_changed_arrival(const Indices& slots, const Tensors& shards);
-  // Undoes in_backward's provisional updates; returns the slots whose step count is back to 0.
+  // Undoes in_backward's provisional updates (all, or those of `buckets`): waits for them to
+  // end, however they ended, and restores the states and step counts they began from. Returns
+  // the slots whose step count is back to 0.
   Indices roll_back();
+  Indices roll_back(const Indices& buckets);
   void reset_arrivals() noexcept { book_.reset_arrivals(); }
   // The step's updates stand; the arrivals go.
   void end_step();
@@ -144,9 +160,6 @@ class AdamSlots {
     std::int64_t numel = 0;
     std::vector<std::int64_t> shape;
     SlotStates states;
-    // The gradient copied out this step, weakly: the optimizer never keeps a gradient (or its
-    // storage) alive; compared by identity (torch keeps a tensor's Python object while it lives).
-    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> copied;
   };
   struct Bucket {
     std::unique_ptr<HostBucket> host;
@@ -154,13 +167,16 @@ class AdamSlots {
     std::optional<CopyMark> copied;    // this step's copies out
     std::optional<CopyMark> returned;  // the last write-back
     std::shared_ptr<offload::UpdateTicket> ticket;
+    GroupOptions options;  // its update's, while it has one
   };
 
   std::vector<offload::BucketPlan> plan(const Tensors& shards, const Indices& groups) const;
   std::string where() const { return "stowage.offload." + owner_; }
-  void copy_out(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard);
+  void copy_out(std::size_t slot, const at::Tensor& shard);
   void clear_update(std::size_t bucket);
-  bool is_copied(const Slot& slot, const at::Tensor& grad) const;
+  // Waits until the bucket's update has ended (done or thrown), without taking its outcome.
+  void wait_ended(std::size_t bucket);
+  void check_options(const Bucket& bucket, const GroupOptions& options) const;
 
   c10::Device device_;
   std::string owner_;

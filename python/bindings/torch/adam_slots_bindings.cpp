@@ -48,6 +48,13 @@ GroupOptions options_of(const py::dict& group) {
   return options;
 }
 
+std::vector<GroupOptions> options_of(const std::vector<py::dict>& groups) {
+  std::vector<GroupOptions> options;
+  options.reserve(groups.size());
+  for (const py::dict& group : groups) options.push_back(options_of(group));
+  return options;
+}
+
 // torch's state entry of a slot: step, moments, and fp32 masters of a parameter that is not fp32.
 py::dict state_entry(const AdamSlots& self, std::size_t slot) {
   const SlotStates states = self.states(slot);
@@ -131,6 +138,7 @@ namespace stowage::python {
 void bind_adam_slots(py::module_& module) {
   using torch_offload::AdamSlots;
   using torch_offload::defined;
+  using torch_offload::options_of;
   using torch_offload::OptionalTensors;
   using torch_offload::Release;
   py::class_<AdamSlots> slots(module, "AdamSlots",
@@ -149,11 +157,6 @@ void bind_adam_slots(py::module_& module) {
       .def("join", &AdamSlots::join, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
       .def("arrive", &AdamSlots::arrive, py::arg("slot"), py::arg("gradient"), py::arg("shard"), Release())
       .def("set_parameters_checked", [](AdamSlots& self) { self.book_mutable().set_parameters_checked(); })
-      .def("gradients_final",
-           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
-             const py::gil_scoped_release release;
-             self.gradients_final(defined(grads), defined(shards));
-           })
       .def("collect_late",
            [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
              const py::gil_scoped_release release;
@@ -163,6 +166,11 @@ void bind_adam_slots(py::module_& module) {
            [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
              const py::gil_scoped_release release;
              return self.stale_gradients(defined(grads), defined(shards));
+           })
+      .def("first_changed_gradient",
+           [](AdamSlots& self, const OptionalTensors& shards) {
+             const py::gil_scoped_release release;
+             return self.first_changed_gradient(defined(shards));
            })
       .def("written", &AdamSlots::written, py::arg("slots"), py::arg("shards"), Release())
       .def("take_written", &AdamSlots::take_written, py::arg("slots"), py::arg("shards"), Release())
@@ -174,16 +182,24 @@ void bind_adam_slots(py::module_& module) {
            py::arg("bucket"), py::arg("group"), py::arg("grad_scale"))
       .def("submit_all",
            [](AdamSlots& self, const std::vector<py::dict>& groups, double scale) {
-             std::vector<torch_offload::GroupOptions> options;
-             for (const py::dict& group : groups) options.push_back(torch_offload::options_of(group));
-             return self.submit_all(options, scale);
+             return self.submit_all(options_of(groups), scale);
            },
            py::arg("groups"), py::arg("grad_scale"))
+      .def("check_options",
+           [](const AdamSlots& self, const std::vector<py::dict>& groups) { self.check_options(options_of(groups)); },
+           py::arg("groups"))
+      .def("outdated_updates",
+           [](const AdamSlots& self, const std::vector<py::dict>& groups) {
+             return self.outdated_updates(options_of(groups));
+           },
+           py::arg("groups"))
       .def("group_of", &AdamSlots::group_of, py::arg("bucket"))
       .def("finish_pending", &AdamSlots::finish_pending, Release())
       .def("write_back", &AdamSlots::write_back, py::arg("bucket"), py::arg("shards"), Release())
       .def("first_changed_arrival", &AdamSlots::first_changed_arrival, py::arg("slots"), py::arg("shards"), Release())
-      .def("roll_back", &AdamSlots::roll_back, Release())
+      .def("roll_back", py::overload_cast<>(&AdamSlots::roll_back), Release())
+      .def("roll_back_buckets", py::overload_cast<const AdamSlots::Indices&>(&AdamSlots::roll_back),
+           py::arg("buckets"), Release())
       .def("reset_arrivals", &AdamSlots::reset_arrivals)
       .def("end_step", &AdamSlots::end_step)
       .def("discard_step", &AdamSlots::discard_step)

@@ -51,6 +51,12 @@ void ContentWatch::remember(const std::vector<std::int64_t>& indices, const std:
   sums_.index_copy_(0, rows(indices), content_checksums(tensors));
 }
 
+void ContentWatch::remember_one(std::int64_t index, const at::Tensor& tensor) {
+  STOWAGE_CHECK(index >= 0 && index < sums_.size(0), "content watch row ", index, " of ", sums_.size(0));
+  const Timer timer(seconds_);
+  sums_.narrow(0, index, 1).copy_(content_checksums({tensor}));
+}
+
 std::vector<bool> ContentWatch::changed(const std::vector<std::int64_t>& indices,
                                         const std::vector<at::Tensor>& tensors) {
   if (indices.empty()) return {};

@@ -29,6 +29,9 @@ class ContentWatch {
   void extend(std::int64_t count);
   // Takes the tensors' bytes now as the ones rows `indices` stand for.
   void remember(const std::vector<std::int64_t>& indices, const std::vector<at::Tensor>& tensors);
+  // The same for one row, without moving its index to the device (no sync: made as each
+  // gradient is copied out, in stream order with that copy).
+  void remember_one(std::int64_t index, const at::Tensor& tensor);
   // Whether each tensor's bytes differ from what its row remembers (one sync).
   std::vector<bool> changed(const std::vector<std::int64_t>& indices, const std::vector<at::Tensor>& tensors);
   // Host time spent here so far (on a GPU: issuing, and the verdicts' waits).

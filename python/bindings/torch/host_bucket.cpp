@@ -9,6 +9,7 @@
 
 #include "allocator/base/bounded_wait.hpp"
 #include "allocator/base/errors.hpp"
+#include "allocator/base/interrupt_watch.hpp"
 #include "offload/adam_buckets.hpp"
 
 namespace stowage::torch_offload {
@@ -153,13 +154,17 @@ std::shared_ptr<offload::UpdateTicket> HostBucket::submit(offload::UpdateQueue& 
   const int threads = queue.threads();
   return queue.submit([memory = memory_, update, runs = std::move(runs), copied = std::move(copied),
                        returned = std::move(returned), threads, narrow = narrow_] {
+    // Saved first: whatever ends the job, restore() gives back the states it began from.
+    if (update.provisional) memory->save();
+    // An update begun is finished: Ctrl-C does not end its waits (the step is made whole, Note
+    // [Whole steps] in offload/slot_book.hpp); their deadlines do.
+    const InterruptHold hold;
     if (copied.has_value()) {
       wait_until([&] { return copied->done(); }, {"the gradients of a bucket copied out", copied->bytes});
     }
     if (returned.has_value()) {  // the last write-back has left the output buffer
       wait_until([&] { return returned->done(); }, {"the write-back of a bucket", returned->bytes});
     }
-    if (update.provisional) memory->save();
     for (const offload::UpdateRun& run : runs) memory->run(update, run, threads, narrow);
   });
 }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "allocator/base/errors.hpp"
+#include "allocator/base/interrupt_watch.hpp"
 #include "offload/adamw_kernel.hpp"
 #include "python/bindings/torch/content_checksum.hpp"
 #include "offload/adam_buckets.hpp"
@@ -174,9 +175,22 @@ void bind_layout(py::module_& module) {
       "Host bytes one offloaded parameter takes");
 }
 
+// InterruptHold as a Python context manager, entered and left on one thread (the hold is that
+// thread's).
+struct HeldInterrupts {
+  std::optional<InterruptHold> hold;
+};
+
 void bind_engine_parts(py::module_& module) {
   module.def("cpus_near", &offload::cpus_near, py::arg("pci_bus_id"),
              "The CPUs this process may use nearest the GPU with that bus id (all the allowed ones for '')");
+  py::class_<HeldInterrupts>(module, "InterruptHold",
+                             "While entered, this thread's waits outlast Ctrl-C (to their deadlines): "
+                             "Note [Whole steps] in offload/slot_book.hpp")
+      .def(py::init<>())
+      .def("__enter__", [](HeldInterrupts& self) { self.hold.emplace(); })
+      .def("__exit__", [](HeldInterrupts& self, const py::args&) { self.hold.reset(); })
+      .def_static("active", &InterruptHold::active);
 }
 
 }  // namespace

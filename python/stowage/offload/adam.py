@@ -19,13 +19,20 @@ more exact than torch's optimizer on those parameters, so not what it computes.
 What torch's optimizer would do, this one does (Note [Offloaded optimizer semantics]):
 - a parameter is updated if and only if its ``.grad`` is not None at step(); frozen parameters
   (``requires_grad=False``) take no hook and no host memory until they have a gradient, then join;
-- the gradient used is the one present at step(): one replaced (``p.grad = ...``) or written after
-  backward (clipping, unscaling, ``p.grad.data.clamp_()``) is copied again;
+- the gradient used is the one present at step(), whoever changed it: a gradient is copied out
+  once every post-accumulate hook of its parameter has run (those registered after the
+  optimizer's included), and one replaced (``p.grad = ...``) or written after that (clipping,
+  unscaling, ``p.grad.data.clamp_()``) is copied again (its bytes are compared with a checksum
+  taken as it was copied; check mode compares them bit for bit);
+- the options used are the param group's at step() (a scheduler stepped, or lr set, after
+  backward);
 - a write to a parameter between steps wins, ``p.data.clamp_()`` and ``p.data.copy_()`` included
   (they leave no trace in the version counter: the parameters' bytes are compared on the device,
   python/bindings/torch/content_watch.hpp), and the write becomes the master weights;
 - a backward that raises leaves nothing applied; sparse gradients and bad state_dicts are refused
-  at first sight, naming the parameter or the field.
+  at first sight, naming the parameter or the field;
+- a step() is all or nothing (Note [Whole steps]): Ctrl-C is acted on once the step is whole, and an
+  error leaves parameters and states both as before the step or both as after it.
 
 When the update runs (``update=``):
 - ``"exact"`` (default): in step(), once gradient clipping and the GradScaler's inf check are
@@ -36,7 +43,9 @@ When the update runs (``update=``):
   backward that raises, undoes it: host copies of the states, 12-16 bytes a parameter). Exact
   only when nothing changes the gradients after backward: step() raises if a GradScaler,
   ``clip_grad_norm_`` or anything else did, or replaced or dropped one; and a second backward
-  before step() is refused unless its micro-batches are marked (``accumulating()``).
+  before step() is refused unless its micro-batches are marked (``accumulating()``). Options
+  changed between backward and step() (a scheduler's step) are honoured: the updates made with
+  the old ones are undone and made again in step() (warned once: that work is done twice).
 - ``"delayed"``: step() hands this step's update to the host and returns; its parameters are
   written back at the next step(), so forward and backward run on parameters one update behind
   (ZeRO-Offload's delayed parameter update): hides the update fully, and changes the numerics.
@@ -63,6 +72,7 @@ parameters that are not fp32 add their fp32 masters under ``"master"``. Not supp
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 from typing import Any, Callable, Iterable, Iterator
@@ -76,6 +86,7 @@ from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, kept_on_device
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.host_memory import check_host_room
 from stowage.offload.sharded import is_sharded, local, shaped_like
+from stowage.offload.whole_steps import interrupts_held, run_whole
 from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
@@ -140,8 +151,13 @@ class Adam(torch.optim.Optimizer):
         self._accumulating = 0
         self._ddp_attached = False
         self._clip_coefficient: torch.Tensor | None = None
+        self._deferred: torch.Tensor | None = None  # the parameter whose later hooks may still run
         self._warned_recopy = False
         self._warned_clip = False
+        self._warned_options = False
+        # A test seam: called with the name of each point of step() where a test interrupts it
+        # (Note [Whole steps]: "device", "update <bucket>", "write_back <bucket>", "end").
+        self._at_step_point: Callable[[str], None] | None = None
         self._offer(offloaded)
 
     # --- construction -------------------------------------------------------------------------
@@ -258,10 +274,19 @@ class Adam(torch.optim.Optimizer):
         self._ddp_attached = True
 
     def _gradient_accumulated(self, param: torch.Tensor) -> None:
+        """Hooks registered after this one have yet to run on `param`'s gradient: it is copied when
+        the next parameter's is (the engine runs each parameter's hooks together), or at the end of
+        backward (Note [Offloaded optimizer semantics])."""
         if self._accumulating or self._ddp_attached or param.grad is None:
             return
         self._backward_end.arm()
-        self._arrive(param, param.grad)
+        previous, self._deferred = self._deferred, param
+        if previous is not None:
+            self._arrive_final(previous)
+
+    def _arrive_final(self, param: torch.Tensor) -> None:
+        if param.grad is not None:  # (a hook may have dropped it)
+            self._arrive(param, param.grad)
 
     def _arrive(self, param: torch.Tensor, gradient: torch.Tensor) -> None:
         if self._accumulating:
@@ -286,13 +311,15 @@ class Adam(torch.optim.Optimizer):
                     self._submit(ready, 1.0)
 
     def _backward_ended(self) -> None:
-        """The gradients copied in this backward, as they are at its end: what step() compares."""
-        with self._lock:
-            self._slots.gradients_final(*self._gradients())
+        """Every hook has run: the last parameter's gradient is final."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._arrive_final(deferred)
 
     def _backward_abandoned(self) -> None:
         """A backward that copied gradients (and, in_backward, updated buckets) raised: nothing of
         it may count."""
+        self._deferred = None
         with self._lock:
             self._roll_back()
             self._slots.reset_arrivals()
@@ -358,7 +385,7 @@ class Adam(torch.optim.Optimizer):
             scale *= float(self._clip_coefficient)
         return scale, False
 
-    # --- the step -----------------------------------------------------------------------------
+    # --- the step (Note [Whole steps]: all or nothing) -----------------------------------------
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -366,34 +393,81 @@ class Adam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._join_waiting()
-        scale, skip = self._gradient_scale()
-        if self.update_mode == "delayed":
-            self._slots.finish_pending()
-        self._take_parameters_for_step()
-        if self.update_mode == "in_backward":
-            self._check_in_backward_exact(scale)
-        if self.update_mode == "delayed":
-            self._write_back_pending()
-        if skip:
-            self._discard_step()
-            return loss
-        self._step_on_device()
-        if self._slots.collect_late(*self._gradients()) and not self._warned_recopy:
-            self._warned_recopy = True
-            warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
-                          "or unscaling through torch?), so step() copies them out again. "
-                          "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
+        with interrupts_held():  # Ctrl-C is acted on once the step is whole
+            self._deferred = None  # (not copied in backward: collected below as any late gradient)
+            scale = self._prepare_step()
+            if scale is not None:
+                self._commit_step(scale)
+        return loss
+
+    def _prepare_step(self) -> float | None:
+        """What comes before any state changes: the checks, the gradients and parameters taken,
+        the states kept on the device updated by torch's optimizer. Returns the gradients' scale
+        (None: the step is skipped). An error leaves nothing of the step applied (in_backward's
+        provisional updates undone, the arrivals kept: step() may be called again)."""
+        try:
+            self._join_waiting()
+            scale, skip = self._gradient_scale()
+            if self.update_mode == "delayed":
+                self._slots.finish_pending()
+            self._take_parameters_for_step()
+            if self.update_mode == "in_backward":
+                self._check_in_backward_exact(scale)
+                self._redo_outdated_updates()
+            if self.update_mode == "delayed":
+                self._write_back_pending()
+            if skip:
+                self._discard_step()
+                return None
+            self._collect_gradients()
+            self._slots.check_options(self._groups)
+            self._at_point("device")
+            self._step_on_device()
+        except BaseException:
+            self._abandon_step()
+            raise
+        return scale
+
+    def _commit_step(self, scale: float) -> None:
+        """The host part, finished whatever is raised in it (the first error raised after):
+        each bucket's update, then (not delayed) each bucket's write-back, then the end."""
+        buckets = range(self._slots.bucket_count)
+        written: list[int] = []
+        parts: list[Callable[[], None]] = [functools.partial(self._submit_for_step, b, scale) for b in buckets]
+        if self.update_mode != "delayed":
+            parts += [functools.partial(self._write_back_for_step, b, written) for b in buckets]
+        parts.append(self._finish_step)
+        run_whole(parts)
+        self._check_arrivals(written)
+
+    def _at_point(self, name: str) -> None:
+        if self._at_step_point is not None:
+            self._at_step_point(name)
+
+    def _submit_for_step(self, bucket: int, scale: float) -> None:
+        self._at_point(f"update {bucket}")
         with self._lock:
-            self._add_state_entries(self._slots.submit_all(self._groups, scale))
+            if not self._slots.updated(bucket):
+                self._submit(bucket, scale)
+
+    def _write_back_for_step(self, bucket: int, written: list[int]) -> None:
+        self._at_point(f"write_back {bucket}")
+        written += self._write_back(bucket)
+
+    def _finish_step(self) -> None:
+        self._at_point("end")
         if self.update_mode == "delayed":
             self._slots.hold_pending()
         else:
-            for bucket in range(self._slots.bucket_count):
-                self._write_back(bucket)
             self._slots.written_back()
         self._end_step()
-        return loss
+
+    def _abandon_step(self) -> None:
+        """An error before the step changed any state: in_backward's provisional updates are
+        undone; the arrivals stay."""
+        with self._lock:
+            if self._slots.any_provisional():
+                self._roll_back()
 
     def _take_parameters_for_step(self) -> None:
         """Written parameters become masters before this step's updates read them. In_backward,
@@ -411,6 +485,27 @@ class Adam(torch.optim.Optimizer):
                     "parameters after step() (or before backward), or use update='exact'. Nothing was applied.")
             slots = self._slots.slots_updated(False)
         self._take_written_parameters(slots)
+
+    def _collect_gradients(self) -> None:
+        """The gradients present now are the step's: those not copied out yet, or changed since
+        they were (by a hook, clipping, a write), are copied; in check mode every one copied is
+        compared, bit for bit, with the gradient present."""
+        grads, shards = self._gradients()
+        if self._slots.collect_late(grads, shards) and not self._warned_recopy:
+            self._warned_recopy = True
+            warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
+                          "or unscaling through torch?), so step() copies them out again. "
+                          "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
+        if not checking.enabled():
+            return
+        index = self._slots.first_changed_gradient(shards)
+        if index >= 0:
+            name = checking.parameter_name(self._params[index])
+            raise RuntimeError(
+                f"stowage check: the gradient of {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)} "
+                f"copied out at step {checking.step()} is not, bit for bit, the gradient present at step(): it "
+                "was changed in a way the content watch did not see, or the copy out corrupted it. Nothing of "
+                "the step was applied.")
 
     def _step_on_device(self) -> None:
         inner = self._device_optimizer
@@ -432,7 +527,7 @@ class Adam(torch.optim.Optimizer):
                 self.state[param] = inner.state[param]
 
     def _check_in_backward_exact(self, scale: float) -> None:
-        """Buckets updated during backward took the gradients as backward left them, unscaled:
+        """Buckets updated during backward took the gradients as they were copied out, unscaled:
         refused (nothing applied) when the step needs something else of them."""
         stale = self._slots.stale_gradients(*self._gradients())
         if stale < 0:
@@ -447,6 +542,24 @@ class Adam(torch.optim.Optimizer):
                 "them. Use update='exact' (the default) with loss scaling or gradient edits, or clip with "
                 "optimizer.clip_grad_norm_(). Nothing was applied.")
 
+    def _redo_outdated_updates(self) -> None:
+        """in_backward: updates made during backward with options their param group no longer has
+        (a scheduler stepped, or lr set, between backward and step()) are undone, and step() makes
+        them again with the options it finds, as "exact" would (the work backward did is done
+        again: step the scheduler after step(), or use update='exact')."""
+        with self._lock:
+            outdated = self._slots.outdated_updates(self._groups)
+            if not outdated:
+                return
+            for index in self._slots.roll_back_buckets(outdated):
+                self.state.pop(self._params[index], None)
+        if not self._warned_options:
+            self._warned_options = True
+            warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): a param group's options "
+                          "(lr, betas, ...) changed between backward and step(), so step() undoes the updates "
+                          "made during backward with the old ones and makes them again; change them after step() "
+                          "(a scheduler's step() included) to keep the overlap.", stacklevel=outside_stowage())
+
     def _submit(self, bucket: int, scale: float) -> None:
         """Queues `bucket`'s host update (its step counts incremented, the update's runs and, in_backward,
         its undo copies made in C++)."""
@@ -457,38 +570,42 @@ class Adam(torch.optim.Optimizer):
             if self._params[index] not in self.state:  # the entry's views, made once
                 self.state[self._params[index]] = self._slots.state_entry(index)
 
-    def _write_back(self, bucket: int) -> None:
-        """Waits for `bucket`'s update and starts writing its parameters back."""
+    def _write_back(self, bucket: int) -> list[int]:
+        """Waits for `bucket`'s update and starts writing its parameters back; returns its slots
+        (none when it has no update: written back already, or none made)."""
         if not self._slots.updated(bucket):
-            return
+            return []
         slots = self._slots.updated_slots(bucket)
-        shards = self._shards(slots)
-        self._slots.write_back(bucket, shards)
-        if checking.enabled():
-            self._check_arrivals(slots, shards)
+        self._slots.write_back(bucket, self._shards(slots))
+        return slots
 
-    def _check_arrivals(self, slots: list[int], shards: list[torch.Tensor]) -> None:
+    def _check_arrivals(self, slots: list[int]) -> None:
         """Check mode: each parameter written back is, bit for bit, what the host update made."""
-        index = self._slots.first_changed_arrival(slots, shards)
+        if not checking.enabled() or not slots:
+            return
+        index = self._slots.first_changed_arrival(slots, self._shards(slots))
         if index < 0:
             return
         name = checking.parameter_name(self._params[index])
         raise RuntimeError(
             f"stowage check: {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)}, arrived changed "
             f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
-            "(the link, or host memory) corrupted it; stowage stopped the step there.")
+            "(the link, or host memory) corrupted it; the step was finished and its update stands on the host.")
 
     def _write_back_pending(self) -> None:
-        for bucket in self._slots.pending_buckets:
-            self._write_back(bucket)
+        """delayed: the last step's updates written back, whole."""
+        written: list[int] = []
+        run_whole([functools.partial(self._write_back_for_step, b, written) for b in self._slots.pending_buckets])
         self._slots.clear_pending()
         self._slots.written_back()
+        self._check_arrivals(written)
 
     def _roll_back(self) -> None:
         """Undoes the provisional (in_backward) updates of this step: waits for them, restores
         the states and step counts they changed."""
-        for index in self._slots.roll_back():
-            self.state.pop(self._params[index], None)
+        with interrupts_held():
+            for index in self._slots.roll_back():
+                self.state.pop(self._params[index], None)
 
     def _discard_step(self) -> None:
         """Forgets this step's gradients (a skipped step): nothing was applied."""
@@ -505,6 +622,7 @@ class Adam(torch.optim.Optimizer):
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
         (and, in_backward, its provisional updates) are dropped as torch's would be."""
         with self._lock:
+            self._deferred = None
             if self._slots.any_provisional():
                 self._roll_back()
             self._slots.reset_arrivals()
@@ -514,11 +632,19 @@ class Adam(torch.optim.Optimizer):
     # --- checkpoints and the end --------------------------------------------------------------
 
     def flush(self) -> None:
-        """Delayed updates: writes the pending update's parameters back now."""
-        self._slots.finish_pending()
-        self._take_written_parameters(self._slots.pending_slots())
-        self._write_back_pending()
-        self._slots.synchronize()
+        """Makes the states and parameters those of the last step(): delayed updates write the
+        pending update's parameters back now; in_backward's updates made during a backward whose
+        step() has not come are undone (step() makes them again), so that a state_dict taken
+        between backward and step() (a KeyboardInterrupt's handler) pairs the states with the
+        parameters they belong to."""
+        with interrupts_held():
+            with self._lock:
+                if self._slots.any_provisional():
+                    self._roll_back()
+            self._slots.finish_pending()
+            self._take_written_parameters(self._slots.pending_slots())
+            self._write_back_pending()
+            self._slots.synchronize()
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()

@@ -14,6 +14,7 @@ phase), None where it may not.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -373,6 +374,109 @@ def _fitted_steps(run: Run) -> None:
         fitted.loss_fn = original
 
 
+def _hooked_loop(run: Run) -> None:
+    """Post-accumulate hooks registered after the optimizer was made (so after its own hooks):
+    each parameter's gradient scaled in place, given noise, or replaced (clamped), by turns."""
+    handles = [p.register_post_accumulate_grad_hook(functools.partial(_edit_gradient, run, index))
+               for index, p in enumerate(run.params)]
+    try:
+        loop(run)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _edit_gradient(run: Run, index: int, param: torch.Tensor) -> None:
+    if index % 3 == 0:
+        param.grad.mul_(0.5)
+    elif index % 3 == 1:  # noise of its own generator: the run's RNG stream is left alone
+        generator = torch.Generator(param.device).manual_seed(1000 * run.step + index)
+        param.grad.add_(torch.randn(param.grad.shape, generator=generator, device=param.device,
+                                    dtype=param.grad.dtype), alpha=1e-3)
+    else:
+        param.grad = param.grad.clamp(-1e-3, 1e-3)
+
+
+def _hyper_between(run: Run) -> None:
+    """A scheduler (lr and beta1) stepped between backward and step(), and a group's weight
+    decay set there once (a warm-up written by hand)."""
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(run.optimizer, max_lr=[5e-3] * len(run.groups),
+                                                    total_steps=run.steps + 1, pct_start=0.5, cycle_momentum=True,
+                                                    base_momentum=0.85, max_momentum=0.95)
+
+    def between_backward_and_step(r: Run) -> None:
+        scheduler.step()
+        if r.step == r.first_event:
+            r.optimizer.param_groups[-1]["weight_decay"] = 0.05
+
+    loop(run, after_backward=between_backward_and_step)
+
+
+def _arm_interrupt(optimizer: Any, point: str) -> Callable[[], None]:
+    """KeyboardInterrupt inside the optimizer's step(): stowage's at the point of its step named
+    `point` (Note [Whole steps]; at its end if it has none), torch's after its update. Returns
+    the disarming."""
+    if hasattr(optimizer, "_at_step_point"):
+        def interrupt(name: str) -> None:
+            if name in (point, "end"):
+                optimizer._at_step_point = None
+                raise KeyboardInterrupt(f"interrupted at {name}")
+
+        optimizer._at_step_point = interrupt
+        return lambda: setattr(optimizer, "_at_step_point", None)
+    original = optimizer.step
+
+    def step_then_interrupt(*args: Any, **kwargs: Any) -> Any:
+        original(*args, **kwargs)
+        raise KeyboardInterrupt("interrupted at the end of step()")
+
+    optimizer.step = step_then_interrupt
+    return lambda: delattr(optimizer, "step")
+
+
+def _interrupted_step(run: Run, point: str) -> None:
+    """A step whose optimizer step() is interrupted (KeyboardInterrupt); the handler saves a
+    checkpoint, which a fresh optimizer loads, stepping again (and checkpointing again) if the
+    step was not taken."""
+    with run.stepping():
+        loss = run.forward()
+        run.backward(loss)
+    run.record_grads()
+    run.phase = "step"
+    disarm = _arm_interrupt(run.optimizer, point)
+    try:
+        run.optimizer.step()
+    except KeyboardInterrupt:
+        run.event("KeyboardInterrupt")
+    finally:
+        disarm()
+    saved = saved_and_loaded(run.optimizer.state_dict())
+    taken = max((float(entry.get("step", 0)) for entry in saved["state"].values()), default=0.0) > run.step
+    resumed = run.setup.fresh(run.groups, run.optimizer)
+    run.optimizer = None  # type: ignore[assignment]  (dropped, as a loop that resumes does)
+    resumed.load_state_dict(saved)
+    run.optimizer = resumed
+    if not taken:  # the loop steps again, and saves its checkpoint again (with the step)
+        run.optimizer.step()
+        run.optimizer.state_dict()
+    run.record_parameters(run.step)
+    for name, buffer in run.model.named_buffers():
+        run.trace.record(run.step, "buffer", name, buffer)
+    run.zero_grad()
+
+
+def _interrupted_loop(run: Run) -> None:
+    """Step() interrupted twice: stowage's before the update of the states kept on the device
+    (before any state changes), then at its second bucket's write-back (one bucket's parameters
+    written back, the others' not; under update="delayed", the last step's update's)."""
+    for _ in range(run.steps):
+        if run.step in (run.first_event, run.second_event):
+            _interrupted_step(run, "device" if run.step == run.first_event else "write_back 1")
+        else:
+            train_step(run)
+        run.next_step()
+
+
 @dataclass(frozen=True)
 class Pattern:
     """A loop pattern. ``needs``: a method of the optimizer without which the pattern is the same
@@ -422,6 +526,9 @@ def _patterns() -> list[Pattern]:
         Pattern("eval_no_grad", lambda r: loop(r, between=_evaluate)),
         Pattern("retain_graph", _retained, refusal=("first", "backward 2")),
         Pattern("inplace_saved", _inplace_loop),
+        Pattern("grad_hooks_after", _hooked_loop),
+        Pattern("hyper_between", _hyper_between),
+        Pattern("interrupted_step", _interrupted_loop),
         Pattern("fitted_step", _fitted_steps, same_reference_as="accumulate"),
     ]
 

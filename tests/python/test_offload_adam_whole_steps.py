@@ -1,0 +1,228 @@
+"""stowage.offload.Adam / AdamW's step() is all or nothing (Note [Whole steps]): interrupted at any
+of its points (each bucket's update, each write-back, the states kept on the device, the end) by
+KeyboardInterrupt or another error, parameters and states (step counts, moments, amsgrad's
+maxima, the device share) and a state_dict saved in the handler are torch's with the step or
+torch's without it, and training on stays torch's; a real Ctrl-C is acted on once the step is
+whole (CPU mode)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+from test_offload_adamw import batch, loss_of, make_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+
+HERE = Path(__file__).resolve().parent
+HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+VARIANTS = {
+    "plain": dict(),
+    "amsgrad": dict(amsgrad=True),
+    "amsgrad, a device share": dict(amsgrad=True, device_fraction=0.3),
+}
+# (update="delayed" updates the device share at once, not one update behind: its reference here
+# has none)
+CASES = [("exact", "plain"), ("exact", "amsgrad, a device share"), ("in_backward", "plain"),
+         ("in_backward", "amsgrad, a device share"), ("delayed", "plain"), ("delayed", "amsgrad")]
+STEPS_BEFORE = 1
+
+
+class Interrupter:
+    """The optimizer's step points, recorded; raises at the `at`-th one (1-based)."""
+
+    def __init__(self, at: int = 0, error: type[BaseException] = KeyboardInterrupt) -> None:
+        self.at, self.error, self.points = at, error, []
+
+    def __call__(self, name: str) -> None:
+        self.points.append(name)
+        if len(self.points) == self.at:
+            raise self.error(f"interrupted at {name}")
+
+
+def train_step(model: Any, optimizer: Any, step: int) -> None:
+    loss_of(model, batch(step)).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def make_reference(update: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    """torch's model and optimizer (update="delayed": with the parameters one update behind)."""
+    from exactness.features import DelayedReference
+
+    model = make_model()
+    torch_options = {k: v for k, v in options.items() if k != "device_fraction"}
+    if update == "delayed":
+        return model, DelayedReference(lambda g: torch.optim.AdamW(g, **HYPER, **torch_options),
+                                       [{"params": list(model.parameters())}])
+    return model, torch.optim.AdamW(model.parameters(), **HYPER, **torch_options)
+
+
+def make(update: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and its offloaded optimizer, trained STEPS_BEFORE steps."""
+    model = make_model()
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update=update, bucket_numel=1000, **options)
+    for step in range(STEPS_BEFORE):
+        train_step(model, optimizer, step)
+    return model, optimizer
+
+
+class Torch:
+    """torch's run, the one each interrupted run is held to: its checkpoint without the step
+    and with it, and after two more steps (a checkpoint taken after the step, as the handler's)."""
+
+    def __init__(self, update: str, options: dict[str, Any]) -> None:
+        model, optimizer = make_reference(update, options)
+        for step in range(STEPS_BEFORE):
+            train_step(model, optimizer, step)
+        loss_of(model, batch(STEPS_BEFORE)).backward()
+        self.without = snapshot(model, optimizer)
+        model, optimizer = make_reference(update, options)
+        for step in range(STEPS_BEFORE):
+            train_step(model, optimizer, step)
+        train_step(model, optimizer, STEPS_BEFORE)
+        self.with_step = snapshot(model, optimizer)
+        for step in range(STEPS_BEFORE + 1, STEPS_BEFORE + 3):
+            train_step(model, optimizer, step)
+        self.trained_on = snapshot(model, optimizer)
+
+
+def snapshot(model: Any, optimizer: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The parameters and the state_dict as a checkpoint would save them (for delayed updates,
+    state_dict() writes the pending update back first, in both runs alike)."""
+    saved = copy.deepcopy(optimizer.state_dict())
+    return [p.detach().clone() for p in model.parameters()], saved
+
+
+def differs(ours: tuple[list[Any], dict[str, Any]], theirs: tuple[list[Any], dict[str, Any]]) -> str | None:
+    """Where two snapshots differ (bitwise: on this CPU the host update is torch's), or None."""
+    for index, (a, b) in enumerate(zip(ours[0], theirs[0])):
+        if not torch.equal(a, b):
+            return f"parameter {index}"
+    if sorted(ours[1]["state"]) != sorted(theirs[1]["state"]):
+        return f"states of {sorted(ours[1]['state'])}, torch's of {sorted(theirs[1]['state'])}"
+    for index, entry in theirs[1]["state"].items():
+        for key, value in entry.items():
+            got = ours[1]["state"][index][key]
+            if not torch.equal(torch.as_tensor(got).float(), torch.as_tensor(value).float()):
+                return f"state {index} {key}"
+    return None
+
+
+def points_of(update: str, options: dict[str, Any]) -> list[str]:
+    """The points of one step of this optimizer, in order."""
+    model, optimizer = make(update, options)
+    recorder = Interrupter()
+    optimizer._at_step_point = recorder
+    train_step(model, optimizer, STEPS_BEFORE)
+    return recorder.points
+
+
+def interrupted_run(update: str, options: dict[str, Any], reference: Torch, at: int,
+                    error: type[BaseException]) -> str | None:
+    """Step STEPS_BEFORE interrupted at its `at`-th point, a checkpoint saved in the handler, then
+    (the step again if nothing of it was applied) two more steps: what differs from torch's, or None."""
+    model, optimizer = make(update, options)
+    step = STEPS_BEFORE
+    loss_of(model, batch(step)).backward()
+    optimizer._at_step_point = Interrupter(at, error)
+    try:
+        optimizer.step()
+        return "the step was not interrupted"
+    except error:
+        pass
+    finally:
+        optimizer._at_step_point = None
+    saved = snapshot(model, optimizer)  # a checkpoint saved in the handler
+    stepped = differs(saved, reference.with_step) is None
+    if not stepped and differs(saved, reference.without) is not None:
+        return (f"the checkpoint is neither torch's with the step ({differs(saved, reference.with_step)}) nor "
+                f"without it ({differs(saved, reference.without)})")
+    if not stepped:
+        optimizer.step()  # nothing was applied: the loop steps again
+        optimizer.state_dict()  # (the checkpoint after it, as torch's run took one)
+    optimizer.zero_grad(set_to_none=True)
+    for later in range(step + 1, step + 3):
+        train_step(model, optimizer, later)
+    trained = differs(snapshot(model, optimizer), reference.trained_on)
+    return None if trained is None else f"training on: {trained}"
+
+
+@pytest.mark.parametrize("update, variant", CASES)
+def test_an_interrupted_step_is_all_or_nothing_and_training_goes_on_as_torch_s(update: str, variant: str) -> None:
+    """Interrupted at each of its points in turn, by KeyboardInterrupt or RuntimeError by turns."""
+    options = VARIANTS[variant]
+    points = points_of(update, options)
+    assert "device" in points and "end" in points and sum(p.startswith("update") for p in points) > 1
+    reference = Torch(update, options)
+    failures = []
+    for at, name in enumerate(points, 1):
+        error = KeyboardInterrupt if at % 2 else RuntimeError
+        found = interrupted_run(update, options, reference, at, error)
+        if found is not None:
+            failures.append(f"{error.__name__} at {name}: {found}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_a_state_dict_saved_between_backward_and_step_pairs_the_states_with_their_parameters(update: str) -> None:
+    """in_backward's updates made during backward are provisional: a state_dict saved before
+    step() (a KeyboardInterrupt's handler during backward) holds the states of the last step,
+    and step() still makes this one."""
+    model, optimizer = make(update, {})
+    reference = Torch(update, {})
+    loss_of(model, batch(STEPS_BEFORE)).backward()
+    assert differs(snapshot(model, optimizer), reference.without) is None
+    optimizer.step()
+    assert differs(snapshot(model, optimizer), reference.with_step) is None
+
+
+SIGINT_SCRIPT = """
+import os, signal, threading, time, torch, stowage
+stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="20MB")  # a slow link: copies wait
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
+reference = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
+reference.load_state_dict(model.state_dict())
+hyper = dict(lr=1e-3, weight_decay=0.1)
+optimizer = stowage.offload.AdamW(model.parameters(), **hyper, update="UPDATE", bucket_numel=100_000)
+ref_optimizer = torch.optim.AdamW(reference.parameters(), **hyper)
+batch = torch.randn(8, 512)
+for m in (model, reference):
+    m(batch).square().mean().backward()
+ref_optimizer.step()
+
+def interrupt_soon(name):
+    if name == "write_back 0":  # the signal arrives while the write-backs' copies are waited for
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+optimizer._at_step_point = interrupt_soon
+started = time.monotonic()
+try:
+    optimizer.step()
+    print("no interrupt")
+except KeyboardInterrupt:
+    print(f"KeyboardInterrupt after {time.monotonic() - started:.2f} s")
+same = all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+steps = {float(s["step"]) for s in optimizer.state_dict()["state"].values()}
+print("parameters", "torch's with the step" if same else "not torch's with the step", "steps", sorted(steps))
+"""
+
+
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_a_real_ctrl_c_inside_step_is_raised_once_the_step_is_whole(update: str) -> None:
+    script = SIGINT_SCRIPT.replace("UPDATE", update)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                            timeout=240, cwd=HERE)
+    assert result.returncode == 0, result.stderr
+    assert "KeyboardInterrupt after" in result.stdout, result.stdout
+    assert "parameters torch's with the step steps [1.0]" in result.stdout, result.stdout
