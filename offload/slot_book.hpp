@@ -11,17 +11,17 @@
 // A parameter is updated if and only if its gradient is there at step(); the gradient used is the
 // one present at step(), whoever changed it, and the options used are the param group's at step().
 // A slot's gradient is copied out once it is final: once every post-accumulate hook of its
-// parameter has run (the optimizer's hook fires among them, so it copies the gradient when the
-// next one fires, or at the end of backward: hooks registered after it are honoured), or from
-// DDP's reduced bucket; it is counted as arrived, and a checksum of the bytes copied is kept. A
-// bucket whose slots have all arrived is ready: "in_backward" updates it at once (provisionally),
-// the other modes at step(). step() compares the gradients present with the checksums, copies
-// again those that changed since (replaced, written, by anyone) and forgets those dropped, so
-// that what is updated is what torch's optimizer would see; "in_backward" refuses a change to a
-// gradient a provisional update already read, and undoes and makes again a provisional update
-// whose group's options changed since. A backward that raises, a zero_grad() without step(), or
-// a skipped step (an inf under a GradScaler) forgets the arrivals and undoes the provisional
-// updates: nothing of them is applied.
+// parameter has run (the optimizer's hook fires among them: where hooks were registered after
+// it, it copies the gradient when the next parameter's fires, or at the end of backward; else at
+// once), or from DDP's reduced bucket; it is counted as arrived, and a checksum of the bytes
+// copied is kept. A bucket whose slots have all arrived is ready: "in_backward" updates it at
+// once (provisionally), the other modes at step(). step() compares the gradients present with
+// the checksums, copies again those that changed since (replaced, written, by anyone) and forgets
+// those dropped, so that what is updated is what torch's optimizer would see; "in_backward"
+// refuses a change to a gradient a provisional update already read, and undoes and makes again a
+// provisional update whose group's options changed since. A backward that raises, a zero_grad()
+// without step(), or a skipped step (an inf under a GradScaler) forgets the arrivals and undoes
+// the provisional updates: nothing of them is applied.
 //
 // Note [Whole steps]
 // A step() is all or nothing: whatever interrupts it (Ctrl-C, an error), parameters and states

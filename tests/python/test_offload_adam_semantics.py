@@ -179,6 +179,32 @@ def test_a_gradient_changed_by_a_hook_registered_after_the_optimizer_is_the_one_
     assert_same(model, reference, optimizer, ref_optimizer)
 
 
+@pytest.mark.parametrize("hook_after", [False, True])
+def test_in_backward_updates_a_bucket_as_its_gradients_arrive_unless_hooks_follow_the_optimizer_s(
+        hook_after: bool) -> None:
+    """Without a hook after the optimizer's, the last layer's bucket is updated from its own
+    hook, before the first layer's gradient is made; with one, once that hook has run (at the
+    next parameter's arrival), and the update is the same."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False))
+    reference = copy.deepcopy(model)
+    optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, update="in_backward", bucket_numel=64)
+    assert optimizer._slots.bucket_count == 2
+    if hook_after:
+        model[1].weight.register_post_accumulate_grad_hook(_in_place(lambda p: p.grad.mul_(2.0)))
+    last_layer = optimizer._index[model[1].weight]  # its slot, and its bucket: one parameter a bucket
+    seen: list[bool] = []
+    model[0].weight.register_hook(lambda grad: seen.append(optimizer._slots.updated(last_layer)))
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
+    for m, o in ((model, optimizer), (reference, ref_optimizer)):
+        m(torch.ones(2, 8)).square().sum().backward()
+        if o is ref_optimizer and hook_after:
+            m[1].weight.grad.mul_(2.0)
+        o.step()
+    assert seen == [not hook_after]
+    assert_same(model, reference, optimizer, ref_optimizer)
+
+
 @pytest.mark.parametrize("update", ["exact", "in_backward", "delayed"])
 def test_a_gradient_changed_after_its_copy_by_another_parameter_s_hook_is_seen_at_step(update: str) -> None:
     """The first layer's weight, last in backward, has a hook shifting the last layer's bias's

@@ -317,16 +317,6 @@ AdamSlots::Indices AdamSlots::submit(std::size_t bucket, const GroupOptions& opt
   return slots;
 }
 
-AdamSlots::Indices AdamSlots::submit_all(const std::vector<GroupOptions>& groups, double grad_scale) {
-  Indices updated;
-  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
-    if (book_.updated(bucket)) continue;
-    const Indices slots = submit(bucket, groups.at(buckets_[bucket].group), grad_scale);
-    updated.insert(updated.end(), slots.begin(), slots.end());
-  }
-  return updated;
-}
-
 void AdamSlots::wait_ended(std::size_t bucket) {
   STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
   const std::shared_ptr<offload::UpdateTicket> ticket = buckets_[bucket].ticket;

@@ -123,9 +123,8 @@ class AdamSlots {
   // in_backward: the provisional updates made with options other than their group's now (a
   // scheduler stepped, or lr set, between backward and step()).
   Indices outdated_updates(const std::vector<GroupOptions>& groups) const;
-  // Queues the update of each bucket without one that has gradients (options by group number,
-  // the gradients scaled by `grad_scale`); returns the slots updated.
-  Indices submit_all(const std::vector<GroupOptions>& groups, double grad_scale);
+  // Queues the bucket's update when it has gradients (the gradients scaled by `grad_scale`; its
+  // step counts incremented now); returns the slots updated.
   Indices submit(std::size_t bucket, const GroupOptions& options, double grad_scale);
   // Waits for the bucket's update (Note [Bounded waits]) and rethrows what it threw.
   void finish(std::size_t bucket);

@@ -180,11 +180,6 @@ void bind_adam_slots(py::module_& module) {
              return self.submit(bucket, torch_offload::options_of(group), scale);
            },
            py::arg("bucket"), py::arg("group"), py::arg("grad_scale"))
-      .def("submit_all",
-           [](AdamSlots& self, const std::vector<py::dict>& groups, double scale) {
-             return self.submit_all(options_of(groups), scale);
-           },
-           py::arg("groups"), py::arg("grad_scale"))
       .def("check_options",
            [](const AdamSlots& self, const std::vector<py::dict>& groups) { self.check_options(options_of(groups)); },
            py::arg("groups"))

@@ -145,6 +145,7 @@ class Adam(torch.optim.Optimizer):
         self._groups: list[dict[str, Any]] = []  # by the group numbers the slots hold
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
         self._hooks: list[Any] = []
+        self._hook_ids: dict[torch.Tensor, int] = {}  # our post-accumulate hook's, by parameter
         self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
         checking.apply()
         self._lock = threading.Lock()  # DDP's hook callbacks may run on the process group's threads
@@ -232,7 +233,9 @@ class Adam(torch.optim.Optimizer):
         self._waiting = [(p, g) for p, g in self._waiting if id(p) not in ids]
         for param in joined:
             if param.requires_grad:
-                self._hooks.append(param.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated)))
+                handle = param.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated))
+                self._hooks.append(handle)
+                self._hook_ids[param] = handle.id
 
     def _join_waiting(self) -> None:
         """Frozen parameters that now have a gradient (unfrozen) join, as torch's optimizer would
@@ -274,15 +277,27 @@ class Adam(torch.optim.Optimizer):
         self._ddp_attached = True
 
     def _gradient_accumulated(self, param: torch.Tensor) -> None:
-        """Hooks registered after this one have yet to run on `param`'s gradient: it is copied when
-        the next parameter's is (the engine runs each parameter's hooks together), or at the end of
-        backward (Note [Offloaded optimizer semantics])."""
+        """`param`'s gradient is copied now, or, when hooks registered after this one have yet to
+        run on it, when the next parameter's gradient arrives (the engine runs each parameter's
+        hooks together) or at the end of backward (Note [Offloaded optimizer semantics])."""
         if self._accumulating or self._ddp_attached or param.grad is None:
             return
         self._backward_end.arm()
-        previous, self._deferred = self._deferred, param
+        previous, self._deferred = self._deferred, None
         if previous is not None:
             self._arrive_final(previous)
+        if self._hooks_follow(param):
+            self._deferred = param
+        else:
+            self._arrive(param, param.grad)
+
+    def _hooks_follow(self, param: torch.Tensor) -> bool:
+        """Whether post-accumulate hooks registered after ours are on `param` (torch keeps them
+        in order; where it does not say, assumed)."""
+        hooks = getattr(param, "_post_accumulate_grad_hooks", None)
+        if not hooks:
+            return True
+        return next(reversed(hooks)) != self._hook_ids.get(param)
 
     def _arrive_final(self, param: torch.Tensor) -> None:
         if param.grad is not None:  # (a hook may have dropped it)
@@ -401,10 +416,11 @@ class Adam(torch.optim.Optimizer):
         return loss
 
     def _prepare_step(self) -> float | None:
-        """What comes before any state changes: the checks, the gradients and parameters taken,
-        the states kept on the device updated by torch's optimizer. Returns the gradients' scale
-        (None: the step is skipped). An error leaves nothing of the step applied (in_backward's
-        provisional updates undone, the arrivals kept: step() may be called again)."""
+        """What comes before the host states change: the checks, the gradients and parameters
+        taken, and last the states kept on the device updated by torch's optimizer. Returns the
+        gradients' scale (None: the step is skipped). An error here leaves nothing of the step
+        applied on the host (in_backward's provisional updates undone, the arrivals kept: step()
+        may be called again)."""
         try:
             self._join_waiting()
             scale, skip = self._gradient_scale()

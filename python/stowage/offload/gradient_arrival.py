@@ -5,9 +5,9 @@ hook, and the end of backward.
 backward, but before DDP has reduced it (ranks would update from different gradients and drift
 apart), so under DDP the gradients are taken from the reduced bucket in the communication hook's
 future instead. The engine runs a parameter's post-accumulate hooks one after another, the
-optimizer's among them: hooks registered after it still have to run when it fires, so the
-optimizer copies a gradient when the next parameter's hook fires, and the last one at the end of
-backward (Note [Offloaded optimizer semantics]). What changes a gradient after its copy (clipping
+optimizer's among them: hooks registered after it still have to run when it fires, so where
+there are some the optimizer copies that gradient when the next parameter's hook fires, or at
+the end of backward (Note [Offloaded optimizer semantics]). What changes a gradient after its copy (clipping
 or unscaling through torch, another micro-batch, a hook of another parameter) is seen at step(),
 which compares the gradients' bytes with what was copied. DDP copies its buckets into ``.grad``
 in a final callback of its own, queued when its last bucket is ready, after the first hook of
