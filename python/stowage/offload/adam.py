@@ -326,7 +326,7 @@ class Adam(torch.optim.Optimizer):
                     self._submit(ready, 1.0)
 
     def _backward_ended(self) -> None:
-        """Every hook has run: the last parameter's gradient is final."""
+        """Every hook has run: the gradient whose copy waited for its hooks is final."""
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             self._arrive_final(deferred)
