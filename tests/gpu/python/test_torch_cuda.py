@@ -589,6 +589,28 @@ def test_record_memory_history_and_snapshot_show_alloc_free_and_oom_events() -> 
     del held
 
 
+def test_a_snapshot_of_stowage_s_memory_carries_its_mark_and_is_not_advised_stowage_s_allocator() -> None:
+    """torch's snapshot of stowage's memory names stowage in allocator_settings (the mark
+    stowage.recorded_by reads), so `stowage inspect` never advises it the allocator it already uses."""
+    from stowage.inspector import inspect_device
+    from stowage.recorded_by import recorded_by_stowage
+
+    settle()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        held = torch.empty(MiB, dtype=torch.uint8, device=DEVICE)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(10 * TiB, dtype=torch.uint8, device=DEVICE)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del held
+    assert snapshot["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"].startswith("stowage:"), snapshot["allocator_settings"]
+    assert recorded_by_stowage(snapshot)
+    report = inspect_device(snapshot, torch.cuda.current_device(), 5)
+    assert report["ooms"] and report["ooms"][0]["under_stowage"]
+
+
 # ---------------------------------------------------------------------------------------------
 # cuDNN, CUDA graphs, MemPool
 
