@@ -8,7 +8,7 @@
 #   test      stage 1: the CTest suite (the CUDA cases run instead of skipping) and the self-check
 #             beside the torch suite tests/gpu/python (allocator, activation offload, the offloaded
 #             optimizer, fit, the exactness matrix on the GPU); STOWAGE_GPU_TEST_S bounds it (150).
-#             Then, alone on the GPU, PyTorch's own allocator tests (98 of test/test_cuda.py, from
+#             Then, alone on the GPU, PyTorch's own allocator tests (97 of test/test_cuda.py, from
 #             .gpu-deps/torch-tests) under torch's allocator and under stowage, compared test by
 #             test (tests/gpu/torch_allocator_tests/run.py; about 70-80 s a run, estimated);
 #             STOWAGE_GPU_TORCH_TESTS_S bounds both runs (200)
