@@ -60,24 +60,25 @@ void report_to_profiler(const CachingAllocator& allocator, int device, void* ptr
                                    c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
-// A free while the thread profiles memory: the owner found by asking each device.
-void delete_block_profiled(void* ptr) {
-  cuda_allocators::for_each([ptr](int device, CachingAllocator& allocator) {
-    const std::size_t bytes = allocator.block_size(ptr);
+// A free while the thread profiles memory: the owner found by asking each device. False when no
+// allocator holds `ptr` (nothing freed).
+bool delete_block_profiled(void* ptr) {
+  bool found = false;
+  cuda_allocators::for_each([ptr, &found](int device, CachingAllocator& allocator) {
+    const std::size_t bytes = found ? 0 : allocator.block_size(ptr);
     if (bytes == 0) return;
+    found = true;
     allocator.free(ptr);
     report_to_profiler(allocator, device, ptr, -static_cast<std::int64_t>(bytes));
   });
+  return found;
 }
 
 // Frees a block of any device. One device is the common case: its allocator frees directly (and
 // logs a pointer it does not know); with several, each is asked in turn.
 void delete_block(void* ptr) {
   if (ptr == nullptr) return;
-  if (c10::memoryProfilingEnabled()) {
-    delete_block_profiled(ptr);
-    return;
-  }
+  if (c10::memoryProfilingEnabled() && delete_block_profiled(ptr)) return;
   if (CachingAllocator* only = cuda_allocators::sole()) {
     only->free(ptr);
     return;
