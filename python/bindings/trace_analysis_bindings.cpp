@@ -387,7 +387,8 @@ void bind_advice(py::module_& module) {
         std::optional<snapshot::OomFacts> facts;
         if (!oom.is_none()) {
           const auto fields = oom.cast<py::tuple>();
-          facts = snapshot::OomFacts{wide_of(fields[0]), wide_of(fields[1]), wide_of(fields[2]), std::nullopt};
+          facts = snapshot::OomFacts{wide_of(fields[0]), wide_of(fields[1]), wide_of(fields[2]), std::nullopt,
+                                     fields[4].cast<bool>()};
           if (!fields[3].is_none()) facts->replayed_reserved = wide_of(fields[3]);
         }
         snapshot::AdviceEvidence evidence(trace);
@@ -402,7 +403,8 @@ void bind_advice(py::module_& module) {
       "upper_bound (where the saving may be a bound) and advice, largest saving first. `marked`: "
       "the flags with autograd's thread marked (None: no Python frames); `growing`: (site id, name, "
       "bytes a step, steps) rows; `oom`: (requested, device_free, cached_free, replayed peak "
-      "reserved or None) of the run's first out-of-memory, or None.");
+      "reserved or None, recorded under stowage's allocator) of the run's first out-of-memory, or "
+      "None.");
 }
 
 void bind_snapshot_diff(py::module_& module) {

@@ -589,6 +589,121 @@ def test_record_memory_history_and_snapshot_show_alloc_free_and_oom_events() -> 
     del held
 
 
+def test_a_snapshot_of_stowage_s_memory_carries_its_mark_and_is_not_advised_stowage_s_allocator() -> None:
+    """torch's snapshot of stowage's memory names stowage in allocator_settings (the mark
+    stowage.recorded_by reads), so `stowage inspect` never advises it the allocator it already uses."""
+    from stowage.inspector import inspect_device
+    from stowage.recorded_by import recorded_by_stowage
+
+    settle()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        held = torch.empty(MiB, dtype=torch.uint8, device=DEVICE)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(10 * TiB, dtype=torch.uint8, device=DEVICE)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del held
+    assert snapshot["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"].startswith("stowage:"), snapshot["allocator_settings"]
+    assert recorded_by_stowage(snapshot)
+    report = inspect_device(snapshot, torch.cuda.current_device(), 5)
+    assert report["ooms"] and report["ooms"][0]["under_stowage"]
+
+
+def _history_text(context: str | None) -> str:
+    """The JSON of a snapshot taken after allocating in `thealloc` and freeing in `thefree`, with
+    history recorded under torch's record mode `context`."""
+    x = None
+
+    def thealloc() -> None:
+        nonlocal x
+        x = torch.rand(3, 4, device=DEVICE)
+
+    def thefree() -> None:
+        nonlocal x
+        del x
+
+    settle()
+    torch.cuda.memory._record_memory_history(context=context, stacks="python", max_entries=100_000)
+    try:
+        thealloc()
+        thefree()
+        return json.dumps(torch.cuda.memory._snapshot())
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+
+
+def test_record_memory_history_keeps_the_stacks_its_context_asks_for() -> None:
+    """As torch's test_memory_plots_free_stack: "all" keeps every event's stack, "alloc" only the
+    allocations', "state" only the live blocks' (none in the trace)."""
+    for context in ("alloc", "all", "state"):
+        text = _history_text(context)
+        assert ("thefree" in text) == (context == "all"), context
+        assert ("thealloc" in text) == (context != "state"), context
+
+
+def test_set_memory_metadata_tags_each_event_recorded_while_it_is_set() -> None:
+    """As torch's test_memory_plots_metadata: every event recorded while metadata is set carries
+    it; events recorded after it is cleared do not."""
+    settle()
+    torch.cuda.memory._set_memory_metadata("metadata test")
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        x = torch.rand(3, 4, device=DEVICE)
+        del x
+        settle()
+        torch.cuda.memory._set_memory_metadata("")
+        after = torch.rand(5, 4, device=DEVICE)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._set_memory_metadata("")
+        torch.cuda.memory._record_memory_history(None)
+    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    tags = [event["user_metadata"] for event in trace]
+    set_for = tags.index("") if "" in tags else len(tags)  # the events recorded while it was set, first
+    assert set_for > 0 and tags == ["metadata test"] * set_for + [""] * (len(tags) - set_for), tags
+    assert [e["user_metadata"] for e in trace if e["action"] == "alloc" and e["addr"] == after.data_ptr()] == [""]
+    assert torch.cuda.memory._get_memory_metadata() == ""
+    del after
+
+
+def test_torch_profiler_sees_stowage_s_allocations_and_frees() -> None:
+    """torch.profiler(profile_memory=True) hears of stowage's blocks as of torch's allocator's
+    (torch's test_memory_profiler_viz draws from these events)."""
+    settle()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        x = torch.empty(3 * MiB, dtype=torch.uint8, device=DEVICE)
+        del x
+    usage = [event.device_memory_usage for event in prof.events()]
+    assert max(usage) >= 3 * MiB and min(usage) <= -3 * MiB, usage
+
+
+@pytest.mark.parametrize("fraction", ["0.25", "0.0"])
+def test_pytorch_cuda_alloc_conf_per_process_memory_fraction_caps_stowage(fraction: str) -> None:
+    result = run_python("""
+        import json, torch
+        total = torch.cuda.get_device_properties(0).total_memory
+        outcome = {"backend": torch.cuda.get_allocator_backend(),
+                   "fraction": torch.cuda.get_per_process_memory_fraction(0)}
+        try:
+            torch.empty(int(total * 0.3), dtype=torch.uint8, device="cuda")
+            outcome["capped"] = False
+        except torch.OutOfMemoryError:
+            outcome["capped"] = True
+        print(json.dumps(outcome))
+    """, env={"STOWAGE_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": f"per_process_memory_fraction:{fraction}"})
+    assert last_json_line(result) == {"backend": "stowage", "fraction": float(fraction), "capped": True}
+
+
+def test_a_bad_per_process_memory_fraction_in_pytorch_cuda_alloc_conf_is_refused_as_torch_refuses_it() -> None:
+    result = run_python("""
+        import torch
+        print(torch.cuda.get_per_process_memory_fraction(0))
+    """, env={"STOWAGE_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:1.5"})
+    assert result.returncode != 0 and "per_process_memory_fraction is invalid" in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # cuDNN, CUDA graphs, MemPool
 
