@@ -135,7 +135,7 @@ if wants test; then
   # After the rest, alone on the GPU: these tests fill the device and cap it.
   limit=$(bound "${STOWAGE_GPU_TORCH_TESTS_S:-200}")
   if [[ ! -f .gpu-deps/torch-tests/test_cuda.py ]]; then
-    echo "torch's allocator tests: NOT RUN: no .gpu-deps/torch-tests/test_cuda.py (tools/fetch-gpu-deps fetches it)"
+    echo "torch's allocator tests: NOT RUN: no .gpu-deps/torch-tests/test_cuda.py (tools/fetch-gpu-deps fetches it; README, GPU tests)"
   elif (( limit < 30 )); then
     echo "torch's allocator tests: not run, $limit s left"
   else
