@@ -32,12 +32,17 @@ def _micro(option: Option, facts: dict[str, Any]) -> str:
     return f"{option.micro_batches} x {option.micro_rows}"
 
 
+def _verified(facts: dict[str, Any]) -> str:
+    checked = facts.get("checked", "")
+    return "as loss_units says" if checked == "loss_units as given" else f"verified: {checked}"
+
+
 def _batch_row(chosen: Option, facts: dict[str, Any]) -> str:
     rows = facts["sizes"]["batch"]
     units = facts.get("units")
     if chosen.micro_batches > 1:
         said = (f"{chosen.micro_batches} micro-batches of up to {chosen.micro_rows} rows, gradients accumulated, "
-                f"each loss weighted by its share of the batch's {units.name}")
+                f"each loss weighted by its share of the batch's {units.name} ({_verified(facts)})")
     else:
         said = f"run whole ({rows} rows)"
         if units is not None:
