@@ -157,8 +157,8 @@ def test_micro_batches_auto_cuts_a_token_mean_by_its_tokens() -> None:
     shape = LlamaShape(hidden=128, layers=3, heads=4, kv_heads=2, vocab=512, max_sequence=96)
     ids = torch.randint(0, 512, (8, 96), generator=torch.Generator().manual_seed(6))
     labels = ids.clone()
-    for row in range(2, 8):
-        labels[row, 96 - 12 * row:] = -100
+    for row in range(4, 8):  # the later rows padded: a probe of the first rows sees none
+        labels[row, 96 - 20 * (row - 3):] = -100
 
     def loss_fn(model: Any, batch: Any) -> torch.Tensor:
         return token_mean(model.head(model.hidden_states(batch[0])).float(), batch[1])
@@ -181,9 +181,20 @@ def test_micro_batches_auto_cuts_a_token_mean_by_its_tokens() -> None:
     fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params), (ids, labels), loss_fn=loss_fn,
                          budget=budget, cost=COST, micro_batches="auto", offload_optimizer=False, verbose=False)
     assert fitted.chosen.micro_batches >= 2
-    assert fitted.units.name == "entries of batch[1] not -100"
     fitted.backward((ids, labels))
     assert off_by(gradients(model), expected) < 1e-4
+    assert fitted.units.name == "entries of batch[1] not -100"
+    # the cut fit chose is itself checked: a loss that holds at the finest cut and not at the one
+    # chosen keeps the batch whole, which does not fit here, saying why
+    rows_chosen = fitted.chosen.micro_rows
+
+    def scaled_at_the_chosen_rows(model: Any, batch: Any) -> torch.Tensor:
+        return loss_fn(model, batch) * (1.01 if batch[0].shape[0] == rows_chosen else 1.0)
+
+    with pytest.raises(torch.OutOfMemoryError, match=r"not cut into micro-batches: the loss of the whole batch "
+                                                      r"\(.*\) is not its micro-batches' weighted by rows"):
+        stowage.fit(model, lambda params: torch.optim.AdamW(params), (ids, labels), loss_fn=scaled_at_the_chosen_rows,
+                    budget=budget, cost=COST, micro_batches="auto", offload_optimizer=False, verbose=False)
 
 
 def _step(model: Any, loss_fn: Any, batch: Any) -> None:
@@ -250,3 +261,102 @@ def test_rows_are_read_from_every_tensor_a_leading_one_shared_by_every_row() -> 
     with pytest.raises(ValueError, match=r"disagree on its rows.*batch\['a'\] has 4, batch\['b'\] has 3"):
         batch_sizes({"a": torch.zeros(4, 2), "b": torch.zeros(3, 2)})
     assert batch_sizes(torch.zeros(1, 5, dtype=torch.long)) == {"batch": 1, "seq": 5}
+
+
+def test_a_bf16_step_is_checked_within_its_measured_rounding_telling_shifted_tokens_from_tokens() -> None:
+    """Under bf16 autocast, or with bf16 parameters, the cut is still told apart from the counts
+    one token off per row (rounding measured on the step, not taken as bf16's)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=32)
+    ids = torch.randint(0, 256, (16, 24), generator=torch.Generator().manual_seed(7))
+    labels = ids.clone()
+    for row in range(16):
+        labels[row, 24 - row:] = -100
+    batch = {"input_ids": ids, "labels": labels}
+
+    def autocast_loss(model: Any, b: Any) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(**b).loss
+
+    for bf16_parameters in (False, True):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
+        if bf16_parameters:
+            model = model.to(torch.bfloat16)
+        fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), batch, verbose=False, cost=COST,
+                             micro_batches=4, loss_fn=None if bf16_parameters else autocast_loss)
+        assert fitted.units.name == "entries of batch['labels'][:, 1:] not -100", bf16_parameters
+
+
+def test_counts_the_example_cannot_tell_apart_keep_the_batch_whole_or_refuse_a_later_batch_they_weigh_apart() -> None:
+    loss_fn = lambda m, b: token_mean(m(b[0]), b[1])  # noqa: E731
+    torch.manual_seed(0)
+    flat = Tokens()
+    nn.init.zeros_(flat.head.weight)
+    nn.init.zeros_(flat.head.bias)  # every token costs log(64): any weighting adds up to the whole's loss
+    with pytest.raises(ValueError, match=r"cannot tell whether the loss is a mean over rows or over entries of "
+                                         r"batch\[1\] not -100.*loss_units="):
+        stowage.fit(flat, lambda params: torch.optim.SGD(params, lr=0.1), padded_tokens(), loss_fn=loss_fn,
+                    micro_batches=2, verbose=False, cost=COST)
+    # an example without padding weighs every cut alike by rows and by tokens: both kept, and a
+    # later batch they weigh differently is refused before anything runs
+    torch.manual_seed(0)
+    model, (ids, labels) = Tokens(), padded_tokens()
+    fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), (ids, ids.clone()), loss_fn=loss_fn,
+                         micro_batches=2, verbose=False, cost=COST)
+    assert fitted.units.name == "rows" and "entries of batch[1] not -100" in [u.name for u in fitted.units.alike]
+    assert [w for _, w in fitted.micro_batches((ids, ids))] == [0.5, 0.5]
+    with pytest.raises(ValueError, match=r"weigh 0\.500/0\.500 by rows and 0\.[0-9]+/0\.[0-9]+ by entries of "
+                                         r"batch\[1\] not -100.*loss_units="):
+        fitted.backward((ids, labels))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_step_drawing_random_numbers_other_than_dropout_keeps_the_batch_whole_naming_them() -> None:
+    model, batch = classifier(), rows_and_labels()
+
+    def noisy(m: Any, b: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0] + torch.randn_like(b[0])), b[1])
+
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError, match=r"not its micro-batches' weighted by rows.*draws random numbers "
+                                         r"\(aten\.\w+\) that a cut draws differently"):
+        stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), batch, loss_fn=noisy, micro_batches=2,
+                    verbose=False, cost=COST)
+    assert torch.equal(torch.get_rng_state(), state)  # each of the check's forwards put the generator back
+
+
+def test_where_the_whole_batch_s_forward_runs_out_of_memory_the_cut_is_checked_in_spans() -> None:
+    from stowage.fitting.cut_check import CutCheck
+    from stowage.fitting.micro_batches import MicroCut
+
+    model, batch = classifier(), rows_and_labels()
+
+    def fits(most: int) -> Any:
+        def loss(m: Any, b: Any) -> torch.Tensor:
+            if b[0].shape[0] > most:
+                raise torch.OutOfMemoryError(f"{b[0].shape[0]} rows do not fit")
+            return F.cross_entropy(m(b[0]), b[1])
+        return loss
+
+    verdict = CutCheck(model, fits(8), batch, torch.device("cpu"), False).verify([MicroCut.of(16, 8)])
+    assert verdict.units is not None and verdict.units.name == "rows"
+    assert "in spans of consecutive ones (the whole batch's forward does not fit" in verdict.checked
+    unweighted = CutCheck(model, fits(8), (batch[0], batch[1], torch.arange(16.0)), torch.device("cpu"), False)
+    assert unweighted.verify([MicroCut.of(16, 8)]).units.name == "rows"  # the weights are no part of the loss here
+    refused = CutCheck(model, fits(3), batch, torch.device("cpu"), False).verify([MicroCut.of(16, 8)])
+    assert refused.units is None and "nor does one of two micro-batches together" in refused.why_not
+    too_large = CutCheck(model, fits(3), batch, torch.device("cpu"), False).verify([MicroCut.of(16, 4)])
+    assert too_large.units is None and "a micro-batch of 4 rows does not fit in a forward of its own" in too_large.why_not
+
+
+def test_loss_units_given_are_taken_unchecked_but_a_step_mixing_rows_is_still_refused() -> None:
+    model, batch = classifier(), rows_and_labels()
+    told = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), batch, micro_batches=2, verbose=False,
+                       loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="sum"), loss_units="rows",
+                       cost=COST)
+    assert told.units.name == "rows" and told.facts["checked"] == "loss_units as given"
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="native_batch_norm in the model's own forward computes statistics"):
+        stowage.fit(FunctionalNorm(), lambda params: torch.optim.SGD(params, lr=0.1), batch, micro_batches=2,
+                    verbose=False, loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), loss_units="rows", cost=COST)

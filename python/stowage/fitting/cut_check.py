@@ -4,7 +4,7 @@
 A cut is verified on the example batch itself, on every row: the loss of the whole batch
 (forward only, without a graph) against its micro-batches' losses weighted by their shares of a
 count the batch's tensors offer (stowage.fitting.loss_units); the two agree within the rounding
-of the step's least precise dtype, relative to the losses' magnitude (`ROUNDING`). Where the
+measured on the step itself, relative to the losses' magnitude (`NOISE_MARGIN`). Where the
 whole batch's forward runs out of memory, the micro-batches are checked in spans (as many
 consecutive micro-batches as a forward holds, at least two): each span's loss against its
 micro-batches', which verifies the cut inside every span but not how the spans add up, which is
@@ -34,10 +34,15 @@ from stowage.fitting.micro_batches import MicroCut, cut_at
 from stowage.fitting.side_effects import untouched
 
 # The relative difference between the whole batch's loss and its micro-batches' weighted sum
-# that is rounding, by the least precise floating point dtype the forwards made (tf32 where a
-# GPU's float32 matmuls or convolutions may use it): well above what summing in another order
-# and kernels blocked for other row counts change, well below what a count off by one row does.
-ROUNDING = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
+# taken as rounding: measured on the step itself (`_noise`: a micro-batch's loss against the loss
+# of the same rows repeated to the whole batch's size, equal for any mean whatever its units, so
+# what differs is what kernels blocked for another row count and sums taken in another order
+# change), NOISE_MARGIN times over; at least what the loss's own dtype rounds (FLOOR), at most
+# what the least precise dtype the forwards made rounds (CEILING; tf32 where a GPU's float32
+# matmuls or convolutions may use it), and CEILING where nothing was measured.
+NOISE_MARGIN = 16
+FLOOR = {torch.float64: 1e-13, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+CEILING = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class CutCheck:
         self._losses: dict[tuple[int, int], float] = {}
         self._out_of_memory_at = self.rows + 1  # the fewest rows a forward ran out of memory at
         self._verified: list[tuple[MicroCut, _Equations]] = []
+        self._loss_dtype = torch.float32
+        self._noise_measured: float | None | bool = False  # False: not measured yet
 
     def mixing(self) -> str:
         """Why the step may not be cut for the rows it mixes ("" where it mixes none): runs the
@@ -105,26 +112,32 @@ class CutCheck:
 
     def _loss(self, start: int, stop: int) -> float | None:
         """The loss of rows start..stop, from the check's state; None where it runs out of memory."""
-        if (start, stop) in self._losses:
-            return self._losses[(start, stop)]
-        if stop - start >= self._out_of_memory_at:
-            return None
-        piece = self.batch if (start, stop) == (0, self.rows) else take_rows(self.batch, start, stop)
+        if (start, stop) not in self._losses:
+            if stop - start >= self._out_of_memory_at:
+                return None
+            piece = self.batch if (start, stop) == (0, self.rows) else take_rows(self.batch, start, stop)
+            loss = self._forward(piece, f"rows {start}..{stop} of the example batch")
+            if loss is None:
+                self._out_of_memory_at = stop - start
+                return None
+            self._losses[(start, stop)] = loss
+        return self._losses[(start, stop)]
+
+    def _forward(self, batch: Any, what: str = "the example batch's rows repeated") -> float | None:
         try:
             with untouched(self.model, self.device), self.mode.watching():
-                loss = self.loss_fn(self.model, piece)
-                value = float(loss.detach().float()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 \
-                    else math.nan
+                loss = self.loss_fn(self.model, batch)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    return math.nan
+                self._loss_dtype = loss.dtype
+                return float(loss.detach().float())
         except LossFnNeeded:
             raise
         except torch.OutOfMemoryError:
-            self._out_of_memory_at = stop - start
             return None
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
-            raise Unverifiable(f"the step fails on rows {start}..{stop} of the example batch "
-                               f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
-        self._losses[(start, stop)] = value
-        return value
+            raise Unverifiable(f"the step fails on {what} ({type(error).__name__}: "
+                               f"{str(error).splitlines()[0] if str(error) else ''})") from None
 
     def _equations(self, cut: MicroCut, whole: float | None) -> _Equations:
         bounds = cut.bounds(self.rows)
@@ -149,7 +162,7 @@ class CutCheck:
                            "together, so no cut of it can be checked; pass loss_units= to cut it anyway")
 
     def _judge(self, whole: float | None) -> Verdict:
-        tolerance = self._rounding()
+        tolerance = self._tolerance()
         verified: list[tuple[LossUnits, list[list[float]]]] = []
         worst = ""
         for units in self.candidates:
@@ -166,7 +179,7 @@ class CutCheck:
                     break
             else:
                 classes.append([entry])
-        checked = self._checked(whole)
+        checked = f"{self._checked(whole)}, agreeing within {tolerance:.0e} of the loss"
         if len(classes) == 1:
             first, *rest = [units for units, _ in classes[0]]
             return Verdict(LossUnits(first.name, first.count, tuple(rest)), "", checked)
@@ -200,13 +213,42 @@ class CutCheck:
             shares.append([c / total for c in counts])
         return shares, ""
 
-    def _rounding(self) -> float:
+    def _tolerance(self) -> float:
         dtypes = set(self.mode.dtypes) or {torch.float32}
         if torch.float32 in dtypes and self.device.type == "cuda" and (
                 torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
                 or torch.get_float32_matmul_precision() != "highest"):
             dtypes.add(torch.float16)  # tf32 keeps float16's mantissa
-        return max(ROUNDING.get(dtype, 1e-5) for dtype in dtypes)
+        ceiling = max(CEILING.get(dtype, CEILING[torch.float32]) for dtype in dtypes)
+        floor = FLOOR.get(self._loss_dtype, FLOOR[torch.float32])
+        if self._noise_measured is False:
+            self._noise_measured = self._noise()
+        noise = self._noise_measured
+        return ceiling if noise is None else min(ceiling, max(floor, NOISE_MARGIN * noise))
+
+    def _noise(self) -> float | None:
+        """The relative difference between the first micro-batch with a finite loss and the same
+        rows repeated to the most rows a forward ran at; None where it cannot be measured."""
+        for cut, equations in self._verified:
+            bounds = cut.bounds(self.rows)
+            for index, loss in enumerate(equations.losses):
+                if math.isfinite(loss):
+                    break
+            else:
+                continue
+            rows = bounds[index + 1] - bounds[index]
+            times = max(self._most_rows() // rows, 2)
+            while times >= 2:
+                repeated = self._forward(_repeated(equations.pieces[index], rows, times))
+                if repeated is not None:
+                    scale = max(abs(loss), abs(repeated))
+                    return abs(repeated - loss) / scale if scale > 0 else 0.0
+                times //= 2
+            return None
+        return None
+
+    def _most_rows(self) -> int:
+        return max(stop - start for (start, stop), loss in self._losses.items())
 
     def _checked(self, whole: float | None) -> str:
         cuts = " and ".join(str(len(e.pieces)) for _, e in self._verified)
@@ -214,6 +256,17 @@ class CutCheck:
             return f"the whole example batch's loss against its micro-batches' (cut into {cuts})"
         return (f"the example batch's micro-batches (cut into {cuts}) in spans of consecutive ones (the whole batch's "
                 "forward does not fit on the device: how the spans add up is not checked)")
+
+
+def _repeated(batch: Any, rows: int, times: int) -> Any:
+    """`batch` (of `rows` rows) with every row repeated `times` times, in order."""
+
+    def repeat(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == rows:
+            return leaf.repeat(times, *([1] * (leaf.dim() - 1)))
+        return leaf
+
+    return torch.utils._pytree.tree_map(repeat, batch)
 
 
 def _alike(ours: list[list[float]], theirs: list[list[float]]) -> bool:

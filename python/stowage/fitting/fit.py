@@ -355,7 +355,7 @@ def _checked_choice(weighing: Weighing, found: Units, check: CutCheck, model: An
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
-            tried: str = "") -> torch.OutOfMemoryError:
+            tried: str = "", not_cut: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
              + f" (room for the step {format_bytes(max(o.activation_budget, 0))}): "
@@ -364,6 +364,8 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal
         lines.append(f"  (the states cannot move to host memory: {refusal})")
     if tried:
         lines.append(f"  (tried before training: {tried})")
+    if not_cut:
+        lines.append(f"  (the batch is not cut into micro-batches: {not_cut})")
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit in {format_bytes(memory.usable)} usable "
         f"({format_bytes(memory.in_use)} in use before it, states "
@@ -431,7 +433,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     weighing, found, (options, chosen, tried) = _checked_choice(
         weighing, found, check, model, loss_fn, example_batch, device, verify=asked is None and loss_units is None)
     if chosen is None:
-        raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried)
+        raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
+                      found.why_not)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
