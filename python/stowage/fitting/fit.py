@@ -390,9 +390,10 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     ``offload_optimizer=False`` keeps the factory's optimizer with all its states on the device
     (the plan alone makes room). ``micro_batches``: 1 runs the batch whole; "auto" lets fit cut it
     into the micro-batches that make the fastest step that fits, a count cuts it into that many;
-    ``fitted.step(batch)`` then runs them (stowage.fitting.micro_batches: the loss weighted to the
-    global batch's, by ``loss_units`` when given, else as read from the loss; BatchNorm refuses
-    a cut unless ``split_batchnorm=True``)."""
+    ``fitted.step(batch)`` then runs them (Note [Micro-batches] in stowage.fitting.micro_batches:
+    each loss weighted by its share of the units the example batch verifies, or of
+    ``loss_units`` when given, unchecked; batch norm in training mode refuses a cut unless
+    ``split_batchnorm=True``)."""
     loss_fn = loss_fn or default_loss
     cost = current_cost(cost, "stowage.fit") if cost is not None else None
     parameters = list(model.parameters())
