@@ -164,13 +164,7 @@ def test_micro_batches_auto_cuts_a_token_mean_by_its_tokens() -> None:
         return token_mean(model.head(model.hidden_states(batch[0])).float(), batch[1])
 
     torch.manual_seed(0)
-    scratch = Llama(shape)
-    sized = stowage.plan.profile(lambda batch: _step(scratch, loss_fn, cut((ids, labels), {"batch": batch})),
-                                 sizes={"batch": (2, 3)}, cost=COST, model=scratch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        whole, half = (stowage.plan.solve(sized.at({"batch": rows}), 1).predicted_peak_bytes for rows in (8, 4))
-    del scratch, sized
+    whole, half = lowest_peaks(Llama(shape), (ids, labels), loss_fn)
     gc.collect()
     torch.manual_seed(0)
     model = Llama(shape)
@@ -197,9 +191,18 @@ def test_micro_batches_auto_cuts_a_token_mean_by_its_tokens() -> None:
                     budget=budget, cost=COST, micro_batches="auto", offload_optimizer=False, verbose=False)
 
 
-def _step(model: Any, loss_fn: Any, batch: Any) -> None:
-    loss_fn(model, batch).backward()
-    model.zero_grad(set_to_none=True)
+def lowest_peaks(model: Any, batch: Any, loss_fn: Any) -> tuple[int, int]:
+    """The lowest planned peak of the step on the whole batch and on half of it, as fit profiles them."""
+    def step(**sizes: int) -> None:
+        loss_fn(model, cut(batch, sizes)).backward()
+        model.zero_grad(set_to_none=True)
+
+    sized = stowage.plan.profile(step, sizes={"batch": (2, 3)}, cost=COST, model=model)
+    rows = batch_sizes(batch)["batch"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole, half = (stowage.plan.solve(sized.at({"batch": r}), 1).predicted_peak_bytes for r in (rows, rows // 2))
+    return whole, half
 
 
 def test_a_right_padded_first_row_does_not_stop_a_cut() -> None:
