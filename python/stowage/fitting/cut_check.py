@@ -69,6 +69,10 @@ class _Equations:
 
 
 class CutCheck:
+    """The check on one example batch: `verify` a list of cuts (their losses computed once and
+    kept), `mixing` alone where the caller gives the units. Owns nothing of the model's: every
+    forward leaves it as it found it."""
+
     def __init__(self, model: Any, loss_fn: LossFn, batch: Any, device: torch.device, split_batchnorm: bool) -> None:
         self.model, self.loss_fn, self.batch, self.device = model, loss_fn, batch, device
         self.rows = describe(batch).rows
@@ -89,8 +93,8 @@ class CutCheck:
             return ""
         ops = ", ".join(f"{op} in {where}" for op, where in list(self.mode.mixing.items())[:3])
         if self.mode.neutralise:
-            return (f"{ops} computes statistics over the rows it sees together and has no running statistics to "
-                    "check the cut on: pass loss_units= to cut it anyway")
+            return (f"{ops} computes statistics over the rows it sees together and has no running statistics the "
+                    "check could run it on: pass loss_units= to cut it anyway")
         return (f"{ops} computes statistics over the rows it sees together (batch norm in training mode); "
                 "split_batchnorm=True cuts the batch anyway, each micro-batch's statistics its own")
 

@@ -18,7 +18,7 @@ from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, defa
 from stowage.fitting.choosing import Choice, Option, TraceAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.cut_check import CutCheck
-from stowage.fitting.loss_units import LossUnits, given_units
+from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, LossUnits, given_units
 from stowage.fitting.micro_batches import MIN_ROWS, MicroCut, asked_cut, cut_at, groups
 from stowage.fitting.trial import run_once, without_recompute
 from stowage.fitting.side_effects import untouched
@@ -327,7 +327,7 @@ def _units(check: CutCheck, asked: MicroCut | None, micro_batches: int | str,
     with _trial(device):
         if loss_units is not None:
             why_not = check.mixing()
-            found = Units(None, why_not) if why_not else Units(given_units(loss_units), "", "loss_units as given")
+            found = Units(None, why_not) if why_not else Units(given_units(loss_units), "", LOSS_UNITS_GIVEN)
         else:
             verdict = check.verify([groups(check.rows), *([asked] if asked is not None else [])])
             found = Units(verdict.units, verdict.why_not, verdict.checked)
@@ -337,14 +337,16 @@ def _units(check: CutCheck, asked: MicroCut | None, micro_batches: int | str,
     return found
 
 
-def _checked_choice(weighing: Weighing, found: Units, check: CutCheck, model: Any, loss_fn: LossFn, batch: Any,
-                    device: torch.device, verify: bool) -> tuple[Weighing, Units, tuple[list[Option], Option | None, str]]:
-    """fit's choice, its cut verified on the example batch where fit chose it ("auto"): a cut the
-    check does not verify is weighed again whole, saying why."""
+def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, model: Any, loss_fn: LossFn,
+                    batch: Any, device: torch.device) -> tuple[Weighing, Units, tuple[list[Option], Option | None, str]]:
+    """fit's choice, its cut verified on the example batch where fit chose it ("auto", the units
+    not given): a cut the check does not verify is weighed again whole, saying why."""
     choice = _choose(weighing, model, loss_fn, batch, found.units, device)
     chosen = choice[1]
+    verify = check is not None and weighing.cut is None and found.checked != LOSS_UNITS_GIVEN
     if not verify or chosen is None or chosen.micro_batches == 1:
         return weighing, found, choice
+    assert check is not None
     with _trial(device):
         verdict = check.verify([MicroCut(weighing.rows, chosen.micro_batches, chosen.micro_rows)])
     if verdict.units is not None:
@@ -408,9 +410,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
     rows = batch_sizes(example_batch)["batch"]
     asked = asked_cut(rows, micro_batches)  # None: fit chooses
-    check = CutCheck(model, loss_fn, example_batch, device, split_batchnorm)
-    found = Units(None) if asked is not None and asked.count == 1 else _units(
-        check, asked, micro_batches, loss_units, device)
+    whole = asked is not None and asked.count == 1
+    check = None if whole else CutCheck(model, loss_fn, example_batch, device, split_batchnorm)
+    found = Units(None) if check is None else _units(check, asked, micro_batches, loss_units, device)
     if found.units is None:
         asked = MicroCut.of(rows, 1)
     try:
@@ -432,7 +434,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     host = _host_memory(optimizer, host_budget)
     weighing = Weighing(trace_at, memory, host, rates, rows, asked, not refusal, uses_foreach(optimizer))
     weighing, found, (options, chosen, tried) = _checked_choice(
-        weighing, found, check, model, loss_fn, example_batch, device, verify=asked is None and loss_units is None)
+        weighing, found, check, model, loss_fn, example_batch, device)
     if chosen is None:
         raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
                       found.why_not)

@@ -27,6 +27,7 @@ import torch
 from stowage.fitting.batches import describe, tensor_leaves
 
 IGNORE_INDEX = -100
+LOSS_UNITS_GIVEN = "loss_units as given"  # what was verified, where the caller said the units
 
 
 @dataclass(frozen=True)

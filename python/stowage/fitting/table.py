@@ -7,6 +7,7 @@ from typing import Any
 
 from stowage._core import format_bytes
 from stowage.fitting.choosing import Option
+from stowage.fitting.loss_units import LOSS_UNITS_GIVEN
 
 
 def _share(option: Option) -> str:
@@ -34,7 +35,7 @@ def _micro(option: Option, facts: dict[str, Any]) -> str:
 
 def _verified(facts: dict[str, Any]) -> str:
     checked = facts.get("checked", "")
-    return "as loss_units says" if checked == "loss_units as given" else f"verified: {checked}"
+    return "as loss_units says" if checked == LOSS_UNITS_GIVEN else f"verified: {checked}"
 
 
 def _batch_row(chosen: Option, facts: dict[str, Any]) -> str:
