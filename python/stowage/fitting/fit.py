@@ -340,7 +340,8 @@ def _units(check: CutCheck, asked: MicroCut | None, micro_batches: int | str,
 def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, model: Any, loss_fn: LossFn,
                     batch: Any, device: torch.device) -> tuple[Weighing, Units, tuple[list[Option], Option | None, str]]:
     """fit's choice, its cut verified on the example batch where fit chose it ("auto", the units
-    not given): a cut the check does not verify is weighed again whole, saying why."""
+    not given): a cut the check does not verify (on any rank, under torch.distributed, where the
+    ranks took one choice) is weighed again whole, saying why."""
     choice = _choose(weighing, model, loss_fn, batch, found.units, device)
     chosen = choice[1]
     verify = check is not None and weighing.cut is None and found.checked != LOSS_UNITS_GIVEN
@@ -349,11 +350,17 @@ def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, mo
     assert check is not None
     with _trial(device):
         verdict = check.verify([MicroCut(weighing.rows, chosen.micro_batches, chosen.micro_rows)])
-    if verdict.units is not None:
+    why_not = verdict.why_not
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # the ranks cut alike, or none does
+        every: list[str] = [""] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every, "" if verdict.units is not None else why_not)
+        why_not = next((said for said in every if said), "")
+        if why_not and verdict.units is not None:
+            why_not = f"another rank's example batch does not verify the cut ({why_not})"
+    if not why_not:
         return weighing, Units(verdict.units, "", verdict.checked), choice
     whole = dataclasses.replace(weighing, cut=MicroCut.of(weighing.rows, 1))
-    found = Units(None, verdict.why_not)
-    return whole, found, _choose(whole, model, loss_fn, batch, None, device)
+    return whole, Units(None, why_not), _choose(whole, model, loss_fn, batch, None, device)
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
