@@ -258,9 +258,13 @@ def test_a_count_that_does_not_divide_the_rows_runs_as_asked_weighted_by_rows() 
 
 
 def test_rows_are_read_from_every_tensor_a_leading_one_shared_by_every_row() -> None:
+    from stowage.fitting.micro_batches import MicroCut, cut_at
+
     ids = torch.zeros(4, 10, dtype=torch.long)
     batch = {"position_ids": torch.arange(10)[None], "input_ids": ids, "labels": ids}
     assert batch_sizes(batch) == {"batch": 4, "seq": 10}
+    pieces = cut_at(batch, MicroCut.of(4, 2).bounds(4))  # the shared tensor goes whole with every micro-batch
+    assert [(p["position_ids"].shape[0], p["input_ids"].shape[0]) for p in pieces] == [(1, 2), (1, 2)]
     with pytest.raises(ValueError, match=r"disagree on its rows.*batch\['a'\] has 4, batch\['b'\] has 3"):
         batch_sizes({"a": torch.zeros(4, 2), "b": torch.zeros(3, 2)})
     assert batch_sizes(torch.zeros(1, 5, dtype=torch.long)) == {"batch": 1, "seq": 5}
