@@ -85,6 +85,12 @@ class Run:
         self.trace.record(self.step, "loss", f"forward {micro + 1}", loss)
         return loss
 
+    def share(self, micro: int, micro_batches: int) -> float:
+        """Micro-batch `micro`'s share of this step's loss units (the model's ``units``: what its
+        loss averages), the weight an accumulating loop gives its loss."""
+        counts = [self.spec.units(self.spec.batch(self.step * 4 + index, self.scale)) for index in range(micro_batches)]
+        return counts[micro] / sum(counts)
+
     def backward(self, loss: torch.Tensor, micro: int = 0, **options: Any) -> None:
         self.phase = f"backward {micro + 1}"
         loss.backward(**options)
@@ -123,14 +129,14 @@ Hook = Callable[[Run], None]
 
 def train_step(run: Run, *, micro: int = 1, marked: bool = False, autocast: bool = False,
                after_backward: Hook | None = None, set_to_none: bool = True) -> None:
-    """One step: `micro` forward-backward passes (each loss / micro; with `marked`, all but the
-    last inside the optimizer's ``accumulating()``), `after_backward`, the optimizer's step,
-    zero_grad."""
+    """One step: `micro` forward-backward passes (each loss times its share of the step's loss
+    units, a half each for a mean over rows; with `marked`, all but the last inside the
+    optimizer's ``accumulating()``), `after_backward`, the optimizer's step, zero_grad."""
     for index in range(micro):
         marker = run.accumulating() if marked and index < micro - 1 else contextlib.nullcontext()
         with marker, run.stepping():
             loss = run.forward(index, autocast=autocast)
-            run.backward(loss / micro if micro > 1 else loss, index)
+            run.backward(loss * run.share(index, micro) if micro > 1 else loss, index)
     if after_backward is not None:
         after_backward(run)
     run.optimizer_step()
@@ -344,8 +350,9 @@ def _inplace_loop(run: Run) -> None:
 
 def _fitted_steps(run: Run) -> None:
     """fit's own step: ``fitted.backward`` on the global batch of the accumulate pattern's two
-    micro-batches (fit cuts it into them and weights each loss by half), then the optimizer's
-    step; the reference is the accumulate pattern (each loss / 2 by hand)."""
+    micro-batches (fit cuts it into them and weights each loss by its share of the units fit's
+    check verified), then the optimizer's step; the reference is the accumulate pattern (each
+    loss weighted by the model's own count of its units, by hand)."""
     fitted = getattr(run.setup, "fitted", None)
     if fitted is None:
         loop(run, micro=2)
