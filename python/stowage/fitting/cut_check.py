@@ -10,7 +10,7 @@ consecutive micro-batches as a forward holds, at least two): each span's loss ag
 micro-batches', which verifies the cut inside every span but not how the spans add up, which is
 said; a cut whose two micro-batches do not fit in one forward cannot be checked and is refused.
 
-The forwards run in the model's own mode under CheckMode (dropout keeps everything; batch norm
+The forwards run in the model's own mode under CutCheckDispatch (dropout keeps everything; batch norm
 watched), each from the same state: buffers, module modes and the random generators are put
 back after each (stowage.fitting.side_effects.untouched), so nothing the check runs reaches
 training.
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from stowage.fitting.batches import LossFn, LossFnNeeded, describe, take_rows
-from stowage.fitting.check_mode import CheckMode
+from stowage.fitting.cut_check_dispatch import CutCheckDispatch
 from stowage.fitting.loss_units import SHARES_ALIKE, LossUnits, candidates
 from stowage.fitting.micro_batches import MicroCut, cut_at
 from stowage.fitting.side_effects import untouched
@@ -76,7 +76,7 @@ class CutCheck:
     def __init__(self, model: Any, loss_fn: LossFn, batch: Any, device: torch.device, split_batchnorm: bool) -> None:
         self.model, self.loss_fn, self.batch, self.device = model, loss_fn, batch, device
         self.rows = describe(batch).rows
-        self.mode = CheckMode(model, neutralise_batch_norm=split_batchnorm)
+        self.mode = CutCheckDispatch(model, neutralise_batch_norm=split_batchnorm)
         self.candidates = candidates(batch)
         self._losses: dict[tuple[int, int], float] = {}
         self._out_of_memory_at = self.rows + 1  # the fewest rows a forward ran out of memory at

@@ -15,7 +15,7 @@ At the level of torch's ops (a TorchDispatchMode, so whatever module or function
   runs on its running statistics instead where it has them (the check then asks about the loss,
   the caller having accepted per micro-batch statistics), and is a mixing op where it has none.
 
-Contract: one `CheckMode` per check, entered around each forward (no gradients); it never
+Contract: one `CutCheckDispatch` per check, entered around each forward (no gradients); it never
 changes what a training step computes (it is only entered by the check).
 """
 
@@ -60,7 +60,7 @@ def _replaced(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: st
     return args, {**kwargs, name: value}
 
 
-class CheckMode(TorchDispatchMode):
+class CutCheckDispatch(TorchDispatchMode):
     """Dropout off and batch norm watched (see the module's contract); ``mixing``: the row-mixing
     ops seen, each with the module it ran in; ``random``: random ops that stayed random;
     ``dtypes``: the floating point dtypes the ops made."""
