@@ -22,10 +22,9 @@ constexpr auto kToDevice = TransferDirection::kToDevice;
 
 }  // namespace
 
-Offloader::Offloader(DeviceBackend& backend, TransferEngine& engine, PinnedHostPool& pool,
-                     DeviceAllocate allocate, DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy)
-    : backend_(backend),
-      engine_(engine),
+Offloader::Offloader(TransferEngine& engine, PinnedHostPool& pool, DeviceAllocate allocate,
+                     DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy)
+    : engine_(engine),
       pool_(pool),
       allocate_(std::move(allocate)),
       room_(std::move(room)),

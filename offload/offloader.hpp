@@ -28,9 +28,9 @@
 // policy admits (Note [Prefetch window]) and only into memory free without eviction.
 //
 // Contract: thread-safe. Device memory is allocated and device buffers are let go without the
-// offloader's lock, so allocating may call relieve_pressure on the same thread. The engine, the
-// pool and the backend must outlive the offloader; buffers still held when it is destroyed are
-// dropped after their copies complete.
+// offloader's lock, so allocating may call relieve_pressure on the same thread. The engine and
+// the pool must outlive the offloader; buffers still held when it is destroyed are dropped after
+// their copies complete.
 #pragma once
 
 #include <cstddef>
@@ -90,8 +90,8 @@ class Offloader final : public MemoryPressureHandler {
  public:
   using OffloadId = std::uint64_t;
 
-  Offloader(DeviceBackend& backend, TransferEngine& engine, PinnedHostPool& pool,
-            DeviceAllocate allocate, DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy);
+  Offloader(TransferEngine& engine, PinnedHostPool& pool, DeviceAllocate allocate, DeviceRoom room,
+            std::unique_ptr<PrefetchPolicy> policy);
   ~Offloader() override;
   Offloader(const Offloader&) = delete;
   Offloader& operator=(const Offloader&) = delete;
@@ -173,7 +173,6 @@ class Offloader final : public MemoryPressureHandler {
   void release_host_locked(Entry& entry);
   std::size_t let_go_of_prefetches_locked(std::size_t bytes, std::vector<DeviceBuffer>& released);
 
-  DeviceBackend& backend_;
   TransferEngine& engine_;
   PinnedHostPool& pool_;
   const DeviceAllocate allocate_;

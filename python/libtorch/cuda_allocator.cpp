@@ -28,6 +28,7 @@
 #include "allocator/base/errors.hpp"
 #include "allocator/process/cuda_allocators.hpp"
 #include "python/libtorch/gathered_contexts.hpp"
+#include "python/libtorch/uncached_allocations.hpp"
 
 #if !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11)
 #error "stowage's torch CUDA allocator supports torch 2.11; use the C library (stowage_malloc) with other versions"
@@ -74,6 +75,9 @@ bool delete_block_profiled(void* ptr) {
   return found;
 }
 
+// torch's own allocator refuses a request of 1 EB or more before trying, with these words.
+constexpr std::size_t kOneExaByte = std::size_t{1} << 60;
+
 // Frees a block of any device. One device is the common case: its allocator frees directly (and
 // logs a pointer it does not know); with several, each is asked in turn.
 void delete_block(void* ptr) {
@@ -110,6 +114,25 @@ const std::string& metadata_at(const MetadataMarks& marks, std::uint64_t at) {
   const auto after = std::upper_bound(marks.begin(), marks.end(), at,
                                       [](std::uint64_t p, const auto& mark) { return p < mark.first; });
   return after == marks.begin() ? none : std::prev(after)->second;
+
+// What is allocated while torch's caching is off (torch.cuda.caching_allocator_enable(False)).
+UncachedAllocations& uncached() {
+  static auto* instance = new UncachedAllocations();  // never destroyed, as the allocators
+  return *instance;
+}
+
+// The deleter of memory allocated while caching was off (and, as torch's raw_deleter() then, of
+// any: a cached block handed here goes back to the cache). Never throws: torch frees from
+// destructors.
+void delete_uncached(void* ptr) {
+  if (ptr == nullptr) return;
+  try {
+    if (uncached().free(ptr)) return;
+  } catch (const std::exception& error) {
+    TORCH_WARN("stowage: freeing ", ptr, ", allocated while caching was off, failed: ", error.what());
+    return;
+  }
+  delete_block(ptr);
 }
 
 // History events carry microseconds since the epoch; torch's snapshots carry its approximate
@@ -219,6 +242,7 @@ class StowageCudaAllocator final : public PluggableBase {
     // Every allocator, present or future, reports to torch's observers and trackers and tags
     // its history with torch's contexts.
     cuda_allocators::on_create([this](int device, CachingAllocator& allocator) {
+      // As torch calls them: the size it tried to allocate, and the memory allowed (the cap).
       allocator.add_oom_observer([this, device](const OomReport& report) {
         std::vector<cca::OutOfMemoryObserver> observers;
         {
@@ -226,7 +250,7 @@ class StowageCudaAllocator final : public PluggableBase {
           observers = oom_observers_;
         }
         for (const auto& observer : observers) {
-          observer(device, report.allocated, report.device_total, report.device_free);
+          observer(device, report.rounded, report.limit, report.device_free);
         }
       });
       allocator.set_context_provider([this] { return gather_context(); });
@@ -239,22 +263,41 @@ class StowageCudaAllocator final : public PluggableBase {
   // --- allocation ---
 
   c10::DataPtr allocate(std::size_t size) override {
+    TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::Device where(c10::DeviceType::CUDA, device);
+    if (!caching()) {
+      void* ptr = malloc_uncached(size, device);
+      return {ptr, ptr, &delete_uncached, where};
+    }
     void* ptr = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
-    return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+    return {ptr, ptr, &delete_block, where};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return caching() ? &delete_block : &delete_uncached;
+  }
   void* raw_alloc(std::size_t nbytes) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
+    if (!caching()) return malloc_uncached(nbytes, device);
     return malloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
   void* raw_alloc_with_stream(std::size_t nbytes, cudaStream_t stream) override {
+    if (!caching()) return malloc_uncached(nbytes, c10::cuda::current_device());
     return malloc_on(nbytes, c10::cuda::current_device(), stream);
   }
-  void raw_delete(void* ptr) override { delete_block(ptr); }
+  void raw_delete(void* ptr) override {
+    if (!uncached().empty()) {
+      delete_uncached(ptr);
+    } else {
+      delete_block(ptr);
+    }
+  }
 
-  // torch parses PYTORCH_CUDA_ALLOC_CONF as CUDA starts (a bad value raises here, as under torch's
-  // allocator); its per_process_memory_fraction caps every device's allocator as
+  // torch's lazy initialisation, the first time the program uses CUDA (Note [No CUDA before the
+  // program's]): each device's allocator is made at its first allocation, so nothing opens a
+  // device here. torch parses PYTORCH_CUDA_ALLOC_CONF as CUDA starts (a bad value raises here, as
+  // under torch's allocator); its per_process_memory_fraction caps every device's allocator as
   // set_per_process_memory_fraction would, those made later too.
   void init(int /*device_count*/) override {
     const double fraction = cca::CUDAAllocatorConfig::per_process_memory_fraction();
@@ -262,6 +305,11 @@ class StowageCudaAllocator final : public PluggableBase {
     cuda_allocators::on_create([fraction](int, CachingAllocator& allocator) { allocator.set_memory_fraction(fraction); });
   }
   bool initialized() override { return initialized_flag_.load(); }
+
+  // torch.cuda.caching_allocator_enable: off, every allocation is the device's own and goes back
+  // when freed, counted in no statistic (uncached_allocations.hpp), as with torch's allocator.
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching(); }
 
   // --- limits and cache ---
 
@@ -339,7 +387,10 @@ class StowageCudaAllocator final : public PluggableBase {
 
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
     cca::SnapshotInfo out;
-    out.device_traces.resize(static_cast<std::size_t>(std::max<int>(0, c10::cuda::device_count())));
+    // A device count needs the driver: asked only once torch has initialised CUDA (Note [No CUDA
+    // before the program's]); before, no allocator exists and there are no traces.
+    const int devices = initialized() ? c10::cuda::device_count() : 0;
+    out.device_traces.resize(static_cast<std::size_t>(std::max(0, devices)));
     const auto approx_time_of = clock_.converter();
     cuda_allocators::for_each([&](int device, CachingAllocator& allocator) {
       const AllocatorSnapshot shot = allocator.snapshot();
@@ -567,6 +618,25 @@ class StowageCudaAllocator final : public PluggableBase {
   }
 
  private:
+  bool caching() const noexcept { return caching_.load(std::memory_order_relaxed); }
+
+  static void* malloc_uncached(std::size_t size, c10::DeviceIndex device) {
+    if (size == 0) return nullptr;
+    DeviceBackend& backend = allocator_of(device).backend();
+    void* ptr = uncached().allocate(backend, size);
+    if (ptr == nullptr) {
+      const MemoryInfo memory = backend.memory_info();
+      namespace format = c10::CachingAllocator;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
+                       format::format_size(size), ". GPU ", static_cast<int>(device),
+                       " has a total capacity of ", format::format_size(memory.total_bytes),
+                       " of which ", format::format_size(memory.free_bytes),
+                       " is free. stowage: caching is off (torch.cuda.caching_allocator_enable(False)),"
+                       " so the device itself refused the allocation; stowage's cache was not asked.");
+    }
+    return ptr;
+  }
+
   void* malloc_on(std::size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (size == 0) return nullptr;
     try {
@@ -648,6 +718,7 @@ class StowageCudaAllocator final : public PluggableBase {
   std::function<void(int, CachingAllocator&)> pending_history_;
   std::atomic<bool> history_enabled_{false};
   std::atomic<bool> initialized_flag_{false};
+  std::atomic<bool> caching_{true};  // torch.cuda.caching_allocator_enable
   GatheredContexts contexts_;
   ClockMapping clock_;
 };
@@ -671,11 +742,8 @@ void enable(const std::string& config) {
     cuda_allocators::configure(config);
     return;
   }
-  // Before anything is installed or configured: without a device there is nothing to serve, and
-  // an allocator installed anyway would leave torch's memory API half answered.
-  STOWAGE_CHECK(c10::cuda::device_count() > 0,
-                "this machine has no CUDA device, so there is no CUDA allocator to replace; nothing "
-                "was installed (without a GPU, CPU mode: stowage.enable(device='cpu', capacity=...))");
+  // No CUDA call here (Note [No CUDA before the program's]): whether the machine has a device is
+  // the caller's question (stowage.enable asks torch, which asks NVML).
   cuda_allocators::configure(config);
   STOWAGE_CHECK(s.allocator == nullptr,
                 "stowage was torch's CUDA allocator and was replaced; it cannot come back");

@@ -24,7 +24,7 @@ from stowage.fitting.trial import run_once, without_recompute
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
-from stowage.serving import device_index, serves, torch_module
+from stowage.serving import device_index, memory_cap, serves, torch_module
 from stowage.offload.sharded import local
 from stowage.plan import LifetimeTrace
 from stowage.plan.file_formats import current_cost
@@ -409,9 +409,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     device = _device_of(parameters)
     check_allocator(device)
     check_parameters_counted(parameters, device)
-    capacity = int(torch_module().capacity(device_index(device)))
-    if budget is not None:
-        capacity = min(capacity, byte_count(budget, "stowage.fit: budget"))
+    capacity, bound = memory_cap(device)
+    if budget is not None and byte_count(budget, "stowage.fit: budget") < capacity:
+        capacity, bound = byte_count(budget, "stowage.fit: budget"), "the budget"
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
@@ -449,8 +449,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
-             "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
-             "optimizer": name, "load": load, "units": found.units, "not_cut": found.why_not,
+             "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "sizes": batch_sizes(example_batch),
+             "memory": memory, "optimizer": name, "load": load, "units": found.units, "not_cut": found.why_not,
              "checked": found.checked,
              "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried}

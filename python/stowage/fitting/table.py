@@ -66,7 +66,7 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
     memory = facts["memory"]
     on_device = memory.states_on_device(chosen.fraction)
     rows = [
-        f"stowage.fit on {facts['device']}: {format_bytes(facts['capacity'])}, "
+        f"stowage.fit on {facts['device']}: {format_bytes(facts['capacity'])} ({facts['capacity_bound']}), "
         f"{format_bytes(memory.usable)} usable; {facts['recorded']}",
         f"  {'in use before the step':<24}{format_bytes(memory.in_use):>12}  "
         f"parameters ({memory.parameter_count:,}), buffers, the batch",

@@ -938,3 +938,159 @@ def test_gpt2_small_training_steps() -> None:
     settle()
     # cuBLAS keeps per-thread workspaces (the autograd thread's too) from the caching allocator.
     assert stowage.memory_allocated() - allocated <= 128 * MiB
+
+
+# ---------------------------------------------------------------------------------------------
+# A true drop-in: what PyTorch's own test_cuda.py checks of its allocator, under stowage
+
+
+def test_record_memory_history_with_torchs_defaults_keeps_every_event() -> None:
+    """torch's defaults: max_entries=sys.maxsize (keep everything), context and stacks "all"."""
+    settle()
+    torch.cuda.memory._record_memory_history()
+    try:
+        kept = [torch.empty(1000 + i, dtype=torch.uint8, device=DEVICE) for i in range(100)]
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    addresses = {tensor.data_ptr() for tensor in kept}
+    assert {e["addr"] for e in trace if e["action"] == "alloc"} >= addresses
+
+
+def test_import_torch_with_stowage_creates_no_cuda_context() -> None:
+    """test_cuda.py's test_lazy_init, with STOWAGE_ALLOC_CONF installing stowage at import torch:
+    the device count is read after CUDA_VISIBLE_DEVICES changes, and the driver is still
+    uninitialised (cuDeviceGetCount says CUDA_ERROR_NOT_INITIALIZED, 3)."""
+    conf = {"STOWAGE_ALLOC_CONF": ""}
+    result = run_python("""
+        import os, torch
+        from stowage import _torch
+        os.environ['CUDA_VISIBLE_DEVICES'] = '32'
+        print(torch.cuda.device_count(), _torch.cuda_enabled())
+    """, env=conf)
+    assert result.stdout.strip().splitlines()[-1:] == ["0 True"], result.stdout + result.stderr
+    result = run_python("""
+        import ctypes, torch
+        x = ctypes.c_int(-1)
+        print(ctypes.CDLL('libcuda.so.1').cuDeviceGetCount(ctypes.byref(x)))
+    """, env=conf)
+    assert result.stdout.strip().splitlines()[-1:] == ["3"], result.stdout + result.stderr
+
+
+def test_is_pinned_and_a_forked_child_using_cuda_under_stowage() -> None:
+    """test_cuda.py's test_is_pinned_no_context: is_pinned() on a CPU tensor creates no context,
+    so a child forked afterwards can use CUDA (with stowage as its allocator too)."""
+    result = run_python("""
+        import multiprocessing, torch
+        from stowage import _torch
+
+        def worker(conn):
+            try:
+                x = torch.randn(10)
+                x.is_pinned()
+                dev = torch.accelerator.current_accelerator()
+                conn.send((torch.ones(10, device=dev)[0].item(), _torch.cuda_enabled()))
+            except Exception as e:
+                conn.send(str(e))
+            finally:
+                conn.close()
+
+        x = torch.randn(10)
+        x.is_pinned()
+        parent, child = multiprocessing.get_context("fork").Pipe()
+        process = multiprocessing.get_context("fork").Process(target=worker, args=(child,))
+        process.start()
+        print(parent.recv())
+        process.join()
+    """, env={"STOWAGE_ALLOC_CONF": ""})
+    assert result.stdout.strip().splitlines()[-1:] == ["(1.0, True)"], result.stdout + result.stderr
+
+
+def test_out_of_memory_text_is_torchs() -> None:
+    """test_cuda.py's test_out_of_memory; and what accelerate's batch-size finder looks for."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    tensor = torch.zeros(1024, device=DEVICE)
+    with pytest.raises(RuntimeError, match=f"Tried to allocate 800000000.00 GiB. GPU {tensor.device.index} "
+                                           "has a total capacity of") as raised:
+        torch.empty(1024 * 1024 * 1024 * 800000000, dtype=torch.int8, device=DEVICE)
+    assert str(raised.value).startswith("CUDA out of memory. Tried to allocate 800000000.00 GiB. ")
+    assert should_reduce_batch_size(raised.value)
+    with pytest.raises(RuntimeError, match="Tried to allocate more than 1EB memory"):
+        torch.empty(1024 * 1024 * 1024 * 8000000000, dtype=torch.int8, device=DEVICE)
+    tensor.fill_(1)
+    assert bool((tensor == 1).all())
+
+
+def test_torchs_out_of_memory_retry_then_memory_fraction_tests_in_one_process() -> None:
+    """test_cuda.py's test_out_of_memory_retry, then its test_set_per_process_memory_fraction, as
+    its runner runs them: one after the other in one process."""
+    settle()
+    torch.cuda.empty_cache()
+    total_memory = torch.cuda.get_device_properties(0).total_memory
+    size = int(total_memory * 0.5)
+    a = torch.empty(size, dtype=torch.int8, device=DEVICE)
+    with pytest.raises(RuntimeError, match="Tried to allocate"):
+        b = torch.empty(size, dtype=torch.int8, device=DEVICE)
+    del a
+    b = torch.empty(size, dtype=torch.int8, device=DEVICE)
+    del b
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+    orig = torch.cuda.get_per_process_memory_fraction(0)
+    torch.cuda.reset_peak_memory_stats(0)
+    try:
+        tensor = torch.zeros(1024, device=DEVICE)
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(0.5, 0)
+        application = int(total_memory * 0.499) - torch.cuda.max_memory_reserved()
+        assert application > 0
+        tmp_tensor = torch.empty(application, dtype=torch.int8, device=DEVICE)
+        del tmp_tensor
+        torch.cuda.empty_cache()
+        with pytest.raises(RuntimeError, match="out of memory") as raised:
+            torch.empty(int(total_memory * 0.5), dtype=torch.int8, device=DEVICE)
+        message = str(raised.value)
+        assert " allowed; " in message and "The cap is" in message, message
+        assert "torch's per-process memory fraction (0.50)" in message, message
+        tensor.fill_(1)
+        assert bool((tensor == 1).all())
+    finally:
+        torch.cuda.set_per_process_memory_fraction(orig, 0)
+    assert torch.cuda.get_per_process_memory_fraction(0) == orig
+
+
+def test_caching_allocator_enable_false_serves_the_devices_own_memory_as_torch() -> None:
+    """torch.cuda.caching_allocator_enable(False): each allocation is the device's own, returned
+    when freed and counted in no statistic; tensors made either way are freed the right way
+    after it changes back."""
+    settle()
+    torch.cuda.empty_cache()
+    cached = torch.empty(MiB, dtype=torch.uint8, device=DEVICE)
+    settle()
+    stats = stowage.memory_stats()
+    free_before = torch.cuda.mem_get_info()[0]
+    torch.cuda.caching_allocator_enable(False)
+    try:
+        raw = torch.full((256 * MiB,), 7, dtype=torch.uint8, device=DEVICE)
+        kept = torch.full((64 * MiB,), 5, dtype=torch.uint8, device=DEVICE)
+        pointer = torch.cuda.caching_allocator_alloc(3 * MiB)
+        assert torch.cuda.mem_get_info()[0] <= free_before - 320 * MiB
+        assert torch.cuda.memory_allocated() == stats["allocated_bytes.all.current"]
+        assert torch.cuda.memory_reserved() == stats["reserved_bytes.all.current"]
+        torch.cuda.caching_allocator_delete(pointer)
+        assert bool((raw == 7).all())
+        del raw
+        settle()
+        assert torch.cuda.mem_get_info()[0] >= free_before - 80 * MiB, "freed memory goes back at once"
+        del cached  # allocated with caching on: it goes back to the cache
+    finally:
+        torch.cuda.caching_allocator_enable(True)
+    assert bool((kept == 5).all())
+    del kept  # allocated with caching off: back to the device
+    settle()
+    assert torch.cuda.mem_get_info()[0] >= free_before - 16 * MiB
+    after = stowage.memory_stats()
+    assert after["num_invalid_frees"] == stats["num_invalid_frees"]
+    assert after["allocated_bytes.all.current"] == stats["allocated_bytes.all.current"] - MiB
