@@ -281,8 +281,6 @@ class ReplayMode(TorchDispatchMode):
     def __enter__(self) -> Any:
         for taken in self._record.taken:
             taken.check()
-        if self._record.watch is not None:
-            self._record.watch.check(self._where)
         for tensor, version in self._record.read.values():
             if tensor._version != version:
                 raise RuntimeError(
@@ -290,6 +288,8 @@ class ReplayMode(TorchDispatchMode):
                     f"operation: [{tensor.type()} {list(tensor.shape)}], is at version {tensor._version}; expected "
                     f"version {version} instead. ({self._where} reads it and is recomputed in backward under "
                     "stowage's plan.)")
+        if self._record.watch is not None:  # (after torch's own checks: a write that bumped a version is theirs)
+            self._record.watch.check(self._where)
         self._after = [(t, t.detach().clone(), t._version) for t, _ in self._record.written.values()]
         for tensor, before in self._record.written.values():
             _overwrite(tensor, before)
