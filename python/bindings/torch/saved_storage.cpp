@@ -35,18 +35,24 @@ std::int64_t SavedStorage::held_elsewhere_locked(const c10::intrusive_ptr<c10::S
 }
 
 SavedStorage::Reading SavedStorage::read() {
+  std::shared_ptr<OffloadRef> dropped;  // let go after the lock (declared before it)
+  std::optional<c10::Storage> watched;
   std::lock_guard lock(mutex_);
   used_ = true;
   if (kept_.has_value()) return {kept_, std::nullopt};
   c10::intrusive_ptr<c10::StorageImpl> alive = weak_.lock();
   if (!alive) return {};
-  std::optional<c10::Storage> watched = std::move(watched_);  // read once; later reads see what is left
+  watched = std::move(watched_);  // read once; later reads see what is left
   watched_.reset();
   // Without check mode's watch, would the storage be alive? (Anyone's reference counts, the
   // offloader's too: it holds the buffer only while nobody could have written it since.)
   const auto others = static_cast<std::int64_t>(alive.use_count()) - 1 - (watched.has_value() ? 1 : 0);
-  if (others > 0 || !watched.has_value()) return {c10::Storage(std::move(alive)), std::nullopt};
-  return {std::nullopt, std::move(watched)};
+  if (others <= 0 && watched.has_value()) return {std::nullopt, std::move(watched)};
+  // Read in place: kept from now on, as torch's saved tensor keeps it for the views still to come
+  // back, and the copy let go (a buffer brought back ahead of use with it).
+  kept_ = c10::Storage(std::move(alive));
+  dropped = std::move(ref_);
+  return {kept_, std::nullopt};
 }
 
 std::size_t SavedStorage::keep_if_held_elsewhere() {

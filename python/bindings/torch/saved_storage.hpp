@@ -6,8 +6,9 @@
 // hook, numpy's view of a CPU tensor) changes what backward reads, and torch lets it. An offloaded
 // tensor's host copy holds the bytes as they were when copied, so stowage reads a saved storage
 // from its copy only where no one could have written it since:
-//   - at unpack, a storage still alive (held by anyone) is read in place, as torch reads it, and
-//     the copy is not used;
+//   - at unpack, a storage still alive (held by anyone) is read in place, as torch reads it; it is
+//     kept from then on for the saved tensors still to come back over it, and its copy (with any
+//     buffer brought back ahead of use) let go;
 //   - when the offload region ends (stowage.offload.activations' `with` block; a plan's, after
 //     its backward, finds nothing left), each storage someone besides the offloader still holds
 //     and backward has not read is kept by stowage from then on, its host copy let go: a holder
@@ -73,7 +74,8 @@ class SavedStorage {
   // The host copy's buffer; null once the storage is kept (its copy let go).
   std::shared_ptr<OffloadRef> ref() const;
 
-  // Backward reads it: in place where anyone but check mode's watch holds it, else from its copy.
+  // Backward reads it: in place where anyone but check mode's watch holds it (kept from then on,
+  // its copy let go), else from its copy.
   Reading read();
   // The region ended: keeps the storage when someone besides stowage holds it and backward has not
   // read it, letting go of its copy. Its bytes when it did, else 0.
