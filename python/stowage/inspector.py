@@ -552,7 +552,7 @@ def run(args: argparse.Namespace) -> int:
         err.print("stowage inspect: --top must be at least 1")
         return 2
     try:
-        snapshot = load_with_progress(path, err)
+        snapshot = load_with_progress(path, err, getattr(args, "command_line", None))
     except SnapshotError as error:
         err.print(f"stowage inspect: {literal(str(error))}")
         return 2
@@ -574,7 +574,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report["path"] = str(path)
     if args.html:
-        from stowage.html_report import render
+        from stowage.html_report import render, write as write_html
 
         try:
             page = render(path.name, report, snapshot)
@@ -583,8 +583,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{literal(str(error))})")
             return 2
         try:
-            Path(args.html).write_text(page, encoding="utf-8")
-        except OSError as error:
+            write_html(page, args.html)
+        except (OSError, UnicodeError) as error:
             err.print(f"stowage inspect: cannot write {literal(args.html)}: {literal(str(error))}")
             return 2
         err.print(f"stowage inspect: wrote {literal(args.html)} ({_b(Path(args.html).stat().st_size)})")
@@ -596,8 +596,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
-    """load_snapshot_columnar, with a progress bar per phase on a terminal."""
+def load_with_progress(path: Path, console: Console, command: str | None = None) -> dict[str, Any]:
+    """load_snapshot_columnar, with a progress bar per phase on a terminal (`command`: the command
+    line reading it, for a refusal's message)."""
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         tasks: dict[str, Any] = {}
 
@@ -606,4 +607,4 @@ def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
                 tasks[phase] = progress.add_task(f"{phase} {literal(path.name)}", total=max(total, 1))
             progress.update(tasks[phase], completed=done)
 
-        return load_snapshot_columnar(path, report if console.is_terminal else None)
+        return load_snapshot_columnar(path, report if console.is_terminal else None, command)

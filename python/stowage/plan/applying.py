@@ -155,7 +155,8 @@ class Plan:
         try:
             self._index_decisions()
             self._hold_to_budget(torch_module())
-            self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
+            self._frames = ModuleFrames(on_leave=self._left, on_root=self._found_root, root=self.model,
+                                        calls=self._recorded_calls)
             self._frames.install()
             offloading = SavedTensorOffload(self._pack, min_bytes=0, max_prefetch=1 << 40,
                                        prefetch_depth=int(self.trace.cost["prefetch_depth"]))
@@ -223,6 +224,10 @@ class Plan:
         keys += [(region.module, region.call) for region in self.trace.regions]
         for path, call in keys:
             self._recorded_calls[path] = max(self._recorded_calls.get(path, 0), call + 1)
+
+    def _left(self, frame: Frame) -> None:
+        if not self._frames.stack and self._offloading is not None:  # the model's forward returned
+            self._offloading.forward_ended()
 
     def _found_root(self, root: Any) -> None:
         if hasattr(root, "_orig_mod"):
