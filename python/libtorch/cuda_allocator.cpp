@@ -114,6 +114,7 @@ const std::string& metadata_at(const MetadataMarks& marks, std::uint64_t at) {
   const auto after = std::upper_bound(marks.begin(), marks.end(), at,
                                       [](std::uint64_t p, const auto& mark) { return p < mark.first; });
   return after == marks.begin() ? none : std::prev(after)->second;
+}
 
 // What is allocated while torch's caching is off (torch.cuda.caching_allocator_enable(False)).
 UncachedAllocations& uncached() {
