@@ -360,7 +360,7 @@ def test_feature_rows_are_cut_by_rows_only_and_a_step_that_cannot_be_cut_is_refu
     result = subprocess.run([sys.executable, "-c", FEATURE_ROWS_SCRIPT], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "refused: stowage.fit: the step does not fit whole at batch 3072" in result.stdout
-    assert "fails on the cut batch (RuntimeError: shape" in result.stdout
+    assert "could not be recorded at any of them:\n  at batch {2, 3}: RuntimeError: shape" in result.stdout
     assert "step does not fit whole: recorded at batch {2, 3}, planned at batch 3072" in result.stdout
     peaks = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("peak ")]
     assert len(peaks) == 2 and max(peaks) <= 96 << 20

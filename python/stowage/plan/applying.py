@@ -75,6 +75,29 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
     return plan
 
 
+class RecomputeNotice(UserWarning):
+    """A plan that recomputes is applied: the recomputed blocks' forwards run twice a step."""
+
+
+_recompute_noticed = False  # the notice is given once a process
+
+
+def _notice_recompute(blocks: list[str]) -> None:
+    """Says once a process that recomputed blocks run their forwards again in backward, with
+    whatever Python they run: torch.utils.checkpoint's recomputation does the same, silently."""
+    global _recompute_noticed
+    if _recompute_noticed:
+        return
+    _recompute_noticed = True
+    shown = ", ".join(repr(b) for b in blocks[:3]) + (f" and {len(blocks) - 3} more" if len(blocks) > 3 else "")
+    warnings.warn(
+        f"stowage.plan: this plan recomputes blocks ({shown}): each runs its forward again in backward, as "
+        "torch.utils.checkpoint does, so the Python in it runs twice a step: forward hooks of the modules inside "
+        "it, counters, prints. What the step computes is unchanged: random draws are replayed, and buffers the "
+        "forward updates in place (BatchNorm's running statistics) are updated once. Said once.",
+        RecomputeNotice, stacklevel=outside_stowage())
+
+
 class Plan:
     """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome."""
 
@@ -154,6 +177,8 @@ class Plan:
         self.departures.begin_step()
         try:
             self._index_decisions()
+            if self._checkpointed:
+                _notice_recompute(sorted({path for path, _ in self._checkpointed}))
             self._hold_to_budget(torch_module())
             self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
             self._frames.install()
