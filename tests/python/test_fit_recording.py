@@ -298,4 +298,4 @@ def test_fit_s_refusal_names_every_grid_tried_what_differs_there_and_what_to_do(
     for grid in ("{128, 160, 192}", "{64, 96, 128}", "{32, 64, 96}"):
         assert f"at batch {{2, 3}} x seq {grid}: StepsDiffer: the step ran" in message, grid
     assert "the first to differ is op" in message and "aten.mul.Tensor" in message
-    assert "must run the same ops at each" in message and "micro_batches=" in message
+    assert "must run the same ops at each" in message and "micro_batches='auto'" in message

@@ -200,9 +200,9 @@ def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
     tried = "\n".join(f"  at {shown}: {_first_line(error)}" for shown, error in failures)
     if any(isinstance(error, StepsDiffer) for _, error in failures):
         advice = ("A step recorded at several sizes must run the same ops at each: a loss computed in a fixed "
-                  "number of chunks (not chunks of a fixed size), no branch on the sizes. Else give an example "
-                  "batch whose step fits whole (fewer rows or a shorter sequence: the loop may train on larger "
-                  "ones cut into micro-batches, micro_batches=), or a device or budget the example's step fits in")
+                  "number of chunks (not chunks of a fixed size), no branch on the sizes. Else: "
+                  "micro_batches='auto' (fit then records 2 and 3 rows at the example's own sequence length), an "
+                  "example batch whose step fits whole, or a device or budget the example's step fits in")
     else:
         advice = ("fit cuts rows (the first dimension of every tensor with the example's rows) and sequences (the "
                   "second dimension of integer tensors with the example's length): give a step that takes fewer "

@@ -285,20 +285,20 @@ def _let_go(error: BaseException) -> None:
         pending += [current.__cause__, current.__context__]
 
 
-def _clean_up(error: BaseException, meter: _DeviceMeter, recorder: StepRecorder | None) -> None:
+def _clean_up(error: BaseException, meter: _DeviceMeter, without_gradients: list[Any]) -> None:
     _let_go(error)
-    if recorder is not None:
-        for parameter in recorder.without_gradients:
-            parameter.grad = None  # made by the failed step's backward
+    for parameter in without_gradients:
+        parameter.grad = None  # made by the failed step's backward
     gc.collect()
     meter.release_cache()
 
 
 @contextlib.contextmanager
-def _failing_cleanly(meter: _DeviceMeter, recorder: StepRecorder | None = None) -> Iterator[None]:
+def _failing_cleanly(meter: _DeviceMeter, without_gradients: list[Any]) -> Iterator[None]:
     """Runs a step that may fail; when it does, the device is left as the step found it before
     the error goes on: every tensor the step made is freed (the error keeps no frame's locals,
-    the gradients it made are let go, garbage is collected), and the memory the allocator cached
+    the parameters `without_gradients` (had none before it) have none again, garbage is
+    collected), and the memory the allocator cached
     for it is returned to the device, so that the next step (a recording at smaller sizes) has
     the room this one had, not a cache cut up to this step's sizes (Note [A failed recording
     leaves no trace]). An out-of-memory error says how to record the step at sizes that fit."""
@@ -307,7 +307,7 @@ def _failing_cleanly(meter: _DeviceMeter, recorder: StepRecorder | None = None) 
     try:
         yield
     except torch.OutOfMemoryError as error:
-        _clean_up(error, meter, recorder)
+        _clean_up(error, meter, without_gradients)
         raise torch.OutOfMemoryError(
             f"{error}\nstowage.plan.profile: the step does not fit as it is, so it cannot be recorded as it is. "
             "Record it at sizes that fit and plan for the size you train at: "
@@ -315,13 +315,13 @@ def _failing_cleanly(meter: _DeviceMeter, recorder: StepRecorder | None = None) 
             "step(batch=..., seq=...) at each point, and stowage.plan.solve(trace, budget, "
             "at={'batch': 8, 'seq': 4096}) plans for the size you give.") from None
     except BaseException as error:
-        _clean_up(error, meter, recorder)
+        _clean_up(error, meter, without_gradients)
         raise
 
 
 def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorder:
     recorder = StepRecorder(device, model)
-    with _failing_cleanly(recorder.meter, recorder):
+    with _failing_cleanly(recorder.meter, recorder.without_gradients):  # (filled as the model is found)
         recorder.record(step)
     return recorder
 
@@ -337,7 +337,9 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     allocated, caches warm, one grown to the longest sequence it has seen grown), and the result
     is a SizedTrace (stowage.plan.sizes) whose byte counts and times are polynomials in the
     sizes. That is how a model that does not fit at the size it trains at is profiled, and how
-    one sized trace serves steps of changing length.
+    one sized trace serves steps of changing length. A grid whose steps differ is recorded once
+    more (every size then run before, a cache made per size is made); one whose steps still
+    differ raises stowage.plan.sizes.StepsDiffer (a ValueError) naming the first difference.
 
     ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
     mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
@@ -353,7 +355,6 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     import torch
 
     from stowage.plan.building import build_trace
-    from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
@@ -361,12 +362,23 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     if sizes is None:
         recorder = _record_one(step_fn, device, model)
         return build_trace(recorder, measured if measured is not None else measure_cost(device))
+    return _profile_grid(step_fn, sizes, device, model, measured)
+
+
+def _profile_grid(step_fn: Callable[..., Any], sizes: Mapping[str, Sequence[int]], device: str, model: Any,
+                  measured: dict[str, float] | None) -> Any:
+    """The SizedTrace of `step_fn` at the grid of `sizes`: run once at the largest point first,
+    then recorded at each; recorded once more when the points' steps differ."""
+    from stowage.plan.building import build_trace
+    from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
+
     points = grid_points(sizes)
-    with _failing_cleanly(_DeviceMeter(device)):  # unrecorded: every recorded point starts from the state a step
-        step_fn(**points[-1])                    # leaves, a cache grown to the grid's largest sizes included
+    without_gradients = [p for p in model.parameters() if p.grad is None] if model is not None else []
+    with _failing_cleanly(_DeviceMeter(device), without_gradients):  # unrecorded: every recorded point starts
+        step_fn(**points[-1])  # from the state a step leaves, a cache grown to the grid's largest sizes included
+    grid = {name: [int(v) for v in values] for name, values in sizes.items()}
     recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     measured = measured if measured is not None else measure_cost(device)
-    grid = {name: [int(v) for v in values] for name, values in sizes.items()}
     try:
         return SizedTrace(grid, [build_trace(recorder, measured) for recorder in recorders])
     except StepsDiffer:
