@@ -227,6 +227,8 @@ FALCON = """
     fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, lr=1e-3), batch,
                          cost={"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2},
                          offload_optimizer=False)
+    print("cut in the step:", any(op.module == "(outside modules)" and op.name == "aten.clone.default"
+                                  for op in fitted.plan.trace.ops))
     print("losses", [fitted.step(batch).item().hex() for _ in range(3)])
 """
 
@@ -259,6 +261,7 @@ def test_falcon_fits_where_its_plain_step_runs_out_with_plain_torch_s_losses() -
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "plain: out of memory" in result.stdout
     assert "step does not fit whole: recorded at batch {2, 3} x seq {128, 160, 192}" in result.stdout
+    assert "cut in the step: False" in result.stdout  # the example is cut before the step is recorded
     losses = next(line for line in result.stdout.splitlines() if line.startswith("losses "))
     assert losses == f"losses {falcon_reference_losses()}"
 
@@ -299,3 +302,37 @@ def test_fit_s_refusal_names_every_grid_tried_what_differs_there_and_what_to_do(
         assert f"at batch {{2, 3}} x seq {grid}: StepsDiffer: the step ran" in message, grid
     assert "the first to differ is op" in message and "aten.mul.Tensor" in message
     assert "must run the same ops at each" in message and "micro_batches='auto'" in message
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.gelu(self.linear(x))
+
+
+def test_a_fit_whose_plan_recomputes_says_so_at_the_first_training_step_not_in_its_trial(monkeypatch: Any) -> None:
+    import warnings
+
+    import stowage.plan.applying
+
+    monkeypatch.setattr(stowage.plan.applying, "_recompute_noticed", False)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Residual() for _ in range(4)], nn.Linear(256, 8))
+    rows = torch.randn(512, 256)
+    slow_copies = {"to_host_bytes_per_ms": 1e3, "to_device_bytes_per_ms": 1e3, "prefetch_depth": 2}  # recompute wins
+    gc.collect()
+    budget = stowage.memory_allocated() + (16 << 20) + (46 << 20) // 10
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows,
+                             loss_fn=lambda m, batch: m(batch).square().mean(), cost=slow_copies, budget=budget,
+                             offload_optimizer=False, verbose=False)
+        assert fitted.plan is not None and "recompute" in fitted.plan.decisions
+        assert not [w for w in caught if w.category is stowage.plan.RecomputeNotice]  # the trial's plan: not said
+        for _ in range(2):
+            fitted.step(rows)
+    notices = [w for w in caught if w.category is stowage.plan.RecomputeNotice]
+    assert len(notices) == 1 and notices[0].filename == __file__

@@ -141,8 +141,9 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
 
 def _on_cuts(step: Callable[[Any], None], batch: Any, grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
     """`step` on the example cut to each point of `grid`, the cuts made before anything is
-    recorded: cutting is no part of the step, and a cut to the example's own size runs no op
-    where the others run some, which would make that point's step differ."""
+    recorded: cutting is no part of the step (recorded, its copies would count in the step's
+    memory and its ops among the step's, and those can change with the point: indexing a
+    dimension to its full length is an alias, or nothing, where a shorter one is a slice)."""
     pieces = {tuple(point.items()): cut(batch, point) for point in grid_points(grid)}
     return lambda **sizes: step(pieces[tuple(sizes.items())])
 

@@ -6,12 +6,13 @@ running the step; ``with plan:`` may be entered once at a time, for one step eac
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from stowage import _core
 from stowage.byte_counts import byte_count
@@ -80,13 +81,27 @@ class RecomputeNotice(UserWarning):
 
 
 _recompute_noticed = False  # the notice is given once a process
+_unannounced = 0  # recompute_unannounced() contexts open
+
+
+@contextlib.contextmanager
+def recompute_unannounced() -> Iterator[None]:
+    """Plans applied inside give no recompute notice and leave it to the next one: for a trial
+    of a plan that training may not run (stowage.fitting.trial), the notice belongs to the plan
+    that training runs under."""
+    global _unannounced
+    _unannounced += 1
+    try:
+        yield
+    finally:
+        _unannounced -= 1
 
 
 def _notice_recompute(blocks: list[str]) -> None:
     """Says once a process that recomputed blocks run their forwards again in backward, with
     whatever Python they run: torch.utils.checkpoint's recomputation does the same, silently."""
     global _recompute_noticed
-    if _recompute_noticed:
+    if _recompute_noticed or _unannounced:
         return
     _recompute_noticed = True
     shown = ", ".join(repr(b) for b in blocks[:3]) + (f" and {len(blocks) - 3} more" if len(blocks) > 3 else "")
