@@ -26,8 +26,8 @@ from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
 from stowage.serving import device_index, memory_cap, serves, torch_module
 from stowage.offload.sharded import local
-from stowage.plan import LifetimeTrace
 from stowage.plan.file_formats import current_cost
+from stowage.plan.sizes import StepsDiffer, grid_points
 
 
 @contextlib.contextmanager
@@ -114,22 +114,24 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
             trace = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
             return (lambda rows: trace), f"step recorded at {_describe(full)}"
         try:
-            sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes={"batch": MICRO_GRID},
+            sized = stowage.plan.profile(_on_cuts(step, batch, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
-        except ValueError as error:  # the step's ops differ between 2 and 3 rows
+        except ValueError as error:  # the step's ops differ between 2 and 3 rows, or it refuses so few
             model.zero_grad(set_to_none=True)
-            raise CannotCut(f"its ops differ with the rows ({str(error).splitlines()[0]})") from None
+            why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
+            raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
         return (lambda rows: sized.at({"batch": rows})), (
             f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{_rest(full)}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
-    sized, shown, failure = _record_smaller(step, batch, full, kind, cost, model)
+    sized, shown, failures = _record_smaller(step, batch, full, kind, cost, model)
     if sized is None:
         model.zero_grad(set_to_none=True)
-        if not failure.startswith("OutOfMemoryError"):
-            raise _cut_fails(full, shown, failure)
+        if not all(isinstance(error, torch.OutOfMemoryError) for _, error in failures):
+            raise _cut_fails(full, failures)
         grid = profiling_grids(full)[-1]
-        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()}, failure)
+        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()},
+                         _first_line(failures[-1][1]))
     grid = sized.sizes
     if cuts:
         return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
@@ -138,29 +140,45 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     return (lambda rows: trace), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
 
 
+def _on_cuts(step: Callable[[Any], None], batch: Any, grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
+    """`step` on the example cut to each point of `grid`, the cuts made before anything is
+    recorded: cutting is no part of the step (recorded, its copies would count in the step's
+    memory and its ops among the step's, and those can change with the point: indexing a
+    dimension to its full length is an alias, or nothing, where a shorter one is a slice)."""
+    pieces = {tuple(point.items()): cut(batch, point) for point in grid_points(grid)}
+    return lambda **sizes: step(pieces[tuple(sizes.items())])
+
+
+Failures = list[tuple[str, Exception]]  # each grid tried (as shown) and why it could not be recorded there
+
+
 def _record_smaller(step: Callable[[Any], None], batch: Any, full: dict[str, int], kind: str,
-                    cost: dict[str, float] | None, model: Any) -> tuple[Any, str, str]:
+                    cost: dict[str, float] | None, model: Any) -> tuple[Any, str, Failures]:
     """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
-    (the sized trace, the grid shown, "") or (None, the last grid tried, why it failed:
-    "OutOfMemoryError: ..." where the smallest grid does not fit)."""
+    (the sized trace, the grid shown, the grids tried before) or (None, "", every grid tried and
+    its failure). A failed recording leaves the device as it found it (stowage.plan.profile), so
+    each grid has the room the first had."""
     import stowage.plan
 
-    failure, shown = "", ""
+    failures: Failures = []
     for grid in profiling_grids(full):
         shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
         try:
-            sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind,
-                                         cost=cost, model=model)
-            return sized, shown, ""
+            sized = stowage.plan.profile(_on_cuts(step, batch, grid), sizes=grid, device=kind, cost=cost,
+                                         model=model)
+            return sized, shown, failures
         except LossFnNeeded:
             model.zero_grad(set_to_none=True)
             raise
-        except torch.OutOfMemoryError as error:  # (the error's frames hold the failed step's tensors)
-            failure = f"OutOfMemoryError: {str(error).splitlines()[0]}"
-        except (RuntimeError, ValueError, TypeError, IndexError) as error:
-            failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        except (torch.OutOfMemoryError, RuntimeError, ValueError, TypeError, IndexError) as error:
+            failures.append((shown, error))
         model.zero_grad(set_to_none=True)
-    return None, shown, failure
+    return None, "", failures
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"
 
 
 def _rest(full: dict[str, int]) -> str:
@@ -172,19 +190,28 @@ def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[s
                failure: str) -> torch.OutOfMemoryError:
     trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return torch.OutOfMemoryError(
-        f"stowage.fit: the step does not fit even cut to {_describe(smallest)}, the smallest size it is recorded "
-        f"at. In use before it: {format_bytes(stowage_memory.memory_allocated(device))} of "
-        f"{format_bytes(capacity)}; its gradients add {format_bytes(trainable)}. The model is too "
-        "large for this device whatever the plan: shard it over more devices (FSDP2) or train it in lower "
-        f"precision.\n({failure})")
+        f"stowage.fit: the step does not fit as it is even cut to {_describe(smallest)}, the smallest size fit "
+        f"records it at (a recording runs the step unplanned, with nothing offloaded). In use before it: "
+        f"{format_bytes(stowage_memory.memory_allocated(device))} of {format_bytes(capacity)}; its gradients add "
+        f"{format_bytes(trainable)}. The device cannot hold the model with the smallest step's activations: shard "
+        "it over more devices (FSDP2), train it in lower precision, or on smaller inputs (shorter sequences, "
+        f"smaller images).\n({failure})")
 
 
-def _cut_fails(full: dict[str, int], shown: str, failure: str) -> ValueError:
+def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
+    tried = "\n".join(f"  at {shown}: {_first_line(error)}" for shown, error in failures)
+    if any(isinstance(error, StepsDiffer) for _, error in failures):
+        advice = ("A step recorded at several sizes must run the same ops at each: a loss computed in a fixed "
+                  "number of chunks (not chunks of a fixed size), no branch on the sizes. Else: "
+                  "micro_batches='auto' (fit then records 2 and 3 rows at the example's own sequence length), an "
+                  "example batch whose step fits whole, or a device or budget the example's step fits in")
+    else:
+        advice = ("fit cuts rows (the first dimension of every tensor with the example's rows) and sequences (the "
+                  "second dimension of integer tensors with the example's length): give a step that takes fewer "
+                  "of them, or a budget the example's step fits in whole")
     return ValueError(
-        f"stowage.fit: the step does not fit whole at {_describe(full)}, so fit records it on the example cut "
-        f"to {shown}, and the step fails on the cut batch ({failure}). fit cuts rows (the first dimension of "
-        "every tensor with the example's rows) and sequences (the second dimension of integer tensors with the "
-        "example's length): give a step that takes fewer of them, or a budget the example's step fits in whole")
+        f"stowage.fit: the step does not fit whole at {_describe(full)}, so fit records it on the example cut to "
+        f"smaller sizes, and it could not be recorded at any of them:\n{tried}\n{advice}")
 
 
 def _describe(sizes: dict[str, int]) -> str:
@@ -364,7 +391,7 @@ def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, mo
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
-            tried: str = "", not_cut: str = "") -> torch.OutOfMemoryError:
+            tried: str = "", whole: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
              + f" (room for the step {format_bytes(max(o.activation_budget, 0))}): "
@@ -373,8 +400,8 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal
         lines.append(f"  (the states cannot move to host memory: {refusal})")
     if tried:
         lines.append(f"  (tried before training: {tried})")
-    if not_cut:
-        lines.append(f"  (the batch is not cut into micro-batches: {not_cut})")
+    if whole:
+        lines.append(f"  (the batch runs whole: {whole})")
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit in {format_bytes(memory.usable)} usable "
         f"({format_bytes(memory.in_use)} in use before it, states "
@@ -443,8 +470,10 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     weighing, found, (options, chosen, tried) = _checked_choice(
         weighing, found, check, model, loss_fn, example_batch, device)
     if chosen is None:
+        whole = found.why_not or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
+                                  if micro_batches == 1 and rows > MIN_ROWS else "")
         raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
-                      found.why_not)
+                      whole)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__

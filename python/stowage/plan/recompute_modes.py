@@ -54,7 +54,8 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 # Ops that are no part of a block's sequence of ops: torch's own (SAC_IGNORED_OPS), and a tensor
 # made from a Python constant (aten.lift_fresh), which a module may make once and cache
 # (transformers' Llama in its first forward), so its recompute need not run it again.
-UNMATCHED_OPS = frozenset(SAC_IGNORED_OPS) | {torch.ops.aten.lift_fresh.default}
+LIFTING_OPS = frozenset({torch.ops.aten.lift_fresh.default})  # hand over a tensor made outside the dispatcher
+UNMATCHED_OPS = frozenset(SAC_IGNORED_OPS) | LIFTING_OPS
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
