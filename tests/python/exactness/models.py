@@ -36,7 +36,6 @@ VOCAB = 128
 @dataclass(frozen=True)
 class ModelSpec:
     """A model of the matrix. ``probe``: the path of a module whose output a later op saves for
-    """A model of the matrix. ``probe``: the path of a module whose output a later op saves for
     backward (the in-place and ``.data`` patterns change it between forward and backward);
     ``block_probe``: one inside a block (an item of the model's block list, which a plan may
     recompute) whose output a later op of that block saves (the LSTM has no block list: its
