@@ -321,6 +321,12 @@ void Offloader::drop(OffloadId id) noexcept {
   entries_.erase(it);
 }
 
+void Offloader::note_used_in_place(OffloadId id) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(id);
+  if (it != entries_.end() && it->second.state == OffloadState::kOffloading) ++stats_.num_still_resident;
+}
+
 void Offloader::set_offloaded_locked(Entry& entry, std::vector<DeviceBuffer>& released) {
   released.push_back(std::move(entry.device));
   entry.device = {};

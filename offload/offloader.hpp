@@ -76,7 +76,7 @@ struct OffloaderStats {
   std::int64_t num_reloads = 0;     // copies back to the device
   std::int64_t bytes_reloaded = 0;
   std::int64_t num_prefetched = 0;   // of those, started before the buffer was asked for
-  std::int64_t num_still_resident = 0;  // reload found the buffer still on the device
+  std::int64_t num_still_resident = 0;  // used from the device before its copy was let go of
   std::int64_t num_host_full = 0;    // offload refused: no host memory
   std::int64_t num_stalls = 0;       // uses that waited for their copy
   std::int64_t stall_ns = 0;         // how long they waited (measured on the device on a GPU)
@@ -105,6 +105,9 @@ class Offloader final : public MemoryPressureHandler {
   DeviceBuffer reload(OffloadId id, ComputeTimeline& compute);
   // The buffer is no longer needed (its tensor was freed). Unknown ids are ignored.
   void drop(OffloadId id) noexcept;
+  // The buffer's bytes were used where they are, its storage still on the device (its copy about
+  // to be dropped): counted as still resident when its offload had not been let go of yet.
+  void note_used_in_place(OffloadId id) noexcept;
   OffloadState state(OffloadId id) const;
 
   // Lets go of device buffers whose offloads completed and of parked buffers whose copies

@@ -185,7 +185,7 @@ def test_micro_batches_auto_cuts_a_token_mean_by_its_tokens() -> None:
     def scaled_at_the_chosen_rows(model: Any, batch: Any) -> torch.Tensor:
         return loss_fn(model, batch) * (1.01 if batch[0].shape[0] == rows_chosen else 1.0)
 
-    with pytest.raises(torch.OutOfMemoryError, match=r"not cut into micro-batches: the loss of the whole batch "
+    with pytest.raises(torch.OutOfMemoryError, match=r"the batch runs whole: the loss of the whole batch "
                                                       r"\(.*\) is not its micro-batches' weighted by rows"):
         stowage.fit(model, lambda params: torch.optim.AdamW(params), (ids, labels), loss_fn=scaled_at_the_chosen_rows,
                     budget=budget, cost=COST, micro_batches="auto", offload_optimizer=False, verbose=False)

@@ -213,6 +213,7 @@ def test_a_plan_refuses_a_parameter_given_another_storage_between_forward_and_ba
 
 
 CHECKED = """
+import time
 import torch, stowage
 stowage.enable(device="cpu", capacity="1GiB", check=True)
 torch.manual_seed(0)
@@ -222,9 +223,13 @@ batch = torch.randn(128, 256)
 def step(offload, let_go):
     captured = []
     handle = model[1].register_forward_hook(lambda m, a, out: captured.append(out))
+    # The copies of what forward saved complete before it returns, so that the storage let go of
+    # comes back from its copy (read in place while the offloader still holds it, as torch reads it).
+    settle = model[4].register_forward_hook(lambda m, a, out: time.sleep(0.5 if let_go else 0))
     with (stowage.offload.activations(min_bytes=0) if offload else torch.enable_grad()):
         loss = model(batch).square().mean()
         handle.remove()
+        settle.remove()
         captured[0].data.add_(0.5)  # saved by the Linear after it
         if let_go:
             captured.clear()

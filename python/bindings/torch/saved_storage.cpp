@@ -35,11 +35,10 @@ std::int64_t SavedStorage::held_elsewhere_locked(const c10::intrusive_ptr<c10::S
 }
 
 SavedStorage::Reading SavedStorage::read() {
-  std::shared_ptr<OffloadRef> dropped;  // let go after the lock (declared before it)
-  std::optional<c10::Storage> watched;
+  std::optional<c10::Storage> watched;  // let go after the lock (declared before it)
   std::lock_guard lock(mutex_);
   used_ = true;
-  if (kept_.has_value()) return {kept_, std::nullopt};
+  if (kept_.has_value()) return {kept_, std::nullopt, nullptr};
   c10::intrusive_ptr<c10::StorageImpl> alive = weak_.lock();
   if (!alive) return {};
   watched = std::move(watched_);  // read once; later reads see what is left
@@ -47,12 +46,11 @@ SavedStorage::Reading SavedStorage::read() {
   // Without check mode's watch, would the storage be alive? (Anyone's reference counts, the
   // offloader's too: it holds the buffer only while nobody could have written it since.)
   const auto others = static_cast<std::int64_t>(alive.use_count()) - 1 - (watched.has_value() ? 1 : 0);
-  if (others <= 0 && watched.has_value()) return {std::nullopt, std::move(watched)};
+  if (others <= 0 && watched.has_value()) return {std::nullopt, std::move(watched), nullptr};
   // Read in place: kept from now on, as torch's saved tensor keeps it for the views still to come
   // back, and the copy let go (a buffer brought back ahead of use with it).
   kept_ = c10::Storage(std::move(alive));
-  dropped = std::move(ref_);
-  return {kept_, std::nullopt};
+  return {kept_, std::nullopt, std::move(ref_)};
 }
 
 std::size_t SavedStorage::keep_if_held_elsewhere() {

@@ -60,9 +60,11 @@ class SavedStorage {
  public:
   // What backward reads: the storage in place, or its copy (`let_go`: in check mode, the storage
   // as its last holder left it, to compare with what was saved before the copy is used).
+  // `copy_dropped`: the copy a read in place let go of, for the caller to count and drop.
   struct Reading {
     std::optional<c10::Storage> in_place;
     std::optional<c10::Storage> let_go;
+    std::shared_ptr<OffloadRef> copy_dropped;
   };
 
   explicit SavedStorage(const c10::Storage& storage);

@@ -187,8 +187,13 @@ at::Tensor TensorOffloader::unpack(const PackedTensor& packed) {
   packed.version.check();
   // Still alive, or kept as the region ended: the bytes as they are now, as torch reads its own
   // saved tensor (Note [Saved tensors written through an alias]); no copy came into it to verify.
-  const SavedStorage::Reading reading = packed.saved->read();
-  if (reading.in_place.has_value()) return view_over(*reading.in_place, packed);
+  SavedStorage::Reading reading = packed.saved->read();
+  if (reading.in_place.has_value()) {
+    if (reading.copy_dropped != nullptr) {
+      reading.copy_dropped->engine().offloader().note_used_in_place(reading.copy_dropped->id());
+    }
+    return view_over(*reading.in_place, packed);
+  }
   if (reading.let_go.has_value() && packed.check != nullptr) verify_unwritten(packed, *reading.let_go);
   const std::shared_ptr<OffloadRef> ref = packed.saved->ref();  // set: only a kept storage lets go of it
   OffloadEngine& engine = ref->engine();
