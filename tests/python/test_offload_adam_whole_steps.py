@@ -1,24 +1,33 @@
-"""stowage.offload.Adam / AdamW's step() is all or nothing (Note [Whole steps]): interrupted at any
-of its points (each bucket's update, each write-back, the states kept on the device, the end) by
-KeyboardInterrupt or another error, parameters and states (step counts, moments, amsgrad's
-maxima, the device share) and a state_dict saved in the handler are torch's with the step or
-torch's without it, and training on stays torch's; a real Ctrl-C is acted on once the step is
-whole (CPU mode)."""
+"""stowage.offload.Adam / AdamW's step() is all or nothing (Note [Whole steps]): interrupted by
+Ctrl-C at any line of its Python code, or by an error at any of its points (each bucket's update,
+each write-back, the states kept on the device, the end), parameters and states (step counts,
+moments, amsgrad's maxima, the device share) and a state_dict saved in the handler are torch's
+with the step or torch's without it, and training on stays torch's; a Ctrl-C is never lost, and
+one that comes while step() waits for its copies is acted on once the step is whole (CPU mode).
+
+Ctrl-C is SIGINT sent to the process from a trace function (exactness.interrupts.CtrlC), so it
+reaches any version of the optimizer; the errors come through the optimizer's seam
+``_at_step_point``. The default run sends Ctrl-C at 16 lines spread over a step in each case
+(seconds); ``--full`` at every line (300 to 500 a step; minutes).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
+from exactness.interrupts import CtrlC  # noqa: E402
 from test_offload_adamw import batch, loss_of, make_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
@@ -35,18 +44,33 @@ VARIANTS = {
 CASES = [("exact", "plain"), ("exact", "amsgrad, a device share"), ("in_backward", "plain"),
          ("in_backward", "amsgrad, a device share"), ("delayed", "plain"), ("delayed", "amsgrad")]
 STEPS_BEFORE = 1
+SPREAD = 16  # lines interrupted in a case that does not take every line
 
 
-class Interrupter:
-    """The optimizer's step points, recorded; raises at the `at`-th one (1-based)."""
+class Failure(RuntimeError):
+    """The error injected at a point of step()."""
 
-    def __init__(self, at: int = 0, error: type[BaseException] = KeyboardInterrupt) -> None:
-        self.at, self.error, self.points = at, error, []
+
+class FailAt:
+    """The optimizer's step points, recorded; raises Failure at the `at`-th one (1-based; 0:
+    records only)."""
+
+    def __init__(self, at: int = 0) -> None:
+        self.at, self.points = at, []
 
     def __call__(self, name: str) -> None:
         self.points.append(name)
         if len(self.points) == self.at:
-            raise self.error(f"interrupted at {name}")
+            raise Failure(f"failed at {name}")
+
+
+@contextlib.contextmanager
+def failing_at(at: int, optimizer: Any) -> Iterator[None]:
+    optimizer._at_step_point = FailAt(at)
+    try:
+        yield
+    finally:
+        optimizer._at_step_point = None
 
 
 def train_step(model: Any, optimizer: Any, step: int) -> None:
@@ -121,27 +145,36 @@ def differs(ours: tuple[list[Any], dict[str, Any]], theirs: tuple[list[Any], dic
 def points_of(update: str, options: dict[str, Any]) -> list[str]:
     """The points of one step of this optimizer, in order."""
     model, optimizer = make(update, options)
-    recorder = Interrupter()
+    recorder = FailAt()
     optimizer._at_step_point = recorder
     train_step(model, optimizer, STEPS_BEFORE)
     return recorder.points
 
 
-def interrupted_run(update: str, options: dict[str, Any], reference: Torch, at: int,
+def lines_of(update: str, options: dict[str, Any]) -> int:
+    """How many lines of stowage's code one step() of this optimizer runs."""
+    model, optimizer = make(update, options)
+    loss_of(model, batch(STEPS_BEFORE)).backward()
+    with CtrlC() as counter:
+        optimizer.step()
+    return counter.lines
+
+
+def interrupted_run(update: str, options: dict[str, Any], reference: Torch,
+                    interrupting: Callable[[Any], contextlib.AbstractContextManager[Any]],
                     error: type[BaseException]) -> str | None:
-    """Step STEPS_BEFORE interrupted at its `at`-th point, a checkpoint saved in the handler, then
-    (the step again if nothing of it was applied) two more steps: what differs from torch's, or None."""
+    """Step STEPS_BEFORE interrupted (`interrupting(optimizer)` around it: step() must raise
+    `error`), a checkpoint saved in the handler, then (the step again if nothing of it was
+    applied) two more steps: what differs from torch's, or None."""
     model, optimizer = make(update, options)
     step = STEPS_BEFORE
     loss_of(model, batch(step)).backward()
-    optimizer._at_step_point = Interrupter(at, error)
     try:
-        optimizer.step()
-        return "the step was not interrupted"
+        with interrupting(optimizer):
+            optimizer.step()
+        return f"step() raised no {error.__name__}: the interruption was lost"
     except error:
         pass
-    finally:
-        optimizer._at_step_point = None
     saved = snapshot(model, optimizer)  # a checkpoint saved in the handler
     stepped = differs(saved, reference.with_step) is None
     if not stepped and differs(saved, reference.without) is not None:
@@ -158,18 +191,34 @@ def interrupted_run(update: str, options: dict[str, Any], reference: Torch, at: 
 
 
 @pytest.mark.parametrize("update, variant", CASES)
-def test_an_interrupted_step_is_all_or_nothing_and_training_goes_on_as_torch_s(update: str, variant: str) -> None:
-    """Interrupted at each of its points in turn, by KeyboardInterrupt or RuntimeError by turns."""
+def test_ctrl_c_at_any_line_of_step_leaves_it_all_or_nothing_and_training_goes_on_as_torch_s(
+        update: str, variant: str, request: Any) -> None:
+    options = VARIANTS[variant]
+    count = lines_of(update, options)
+    assert count > SPREAD
+    lines = range(1, count + 1) if request.config.getoption("--full") else sorted({1 + (count - 1) * k // (SPREAD - 1) for k in range(SPREAD)})
+    reference = Torch(update, options)
+    failures = []
+    for line in lines:
+        ctrl_c = CtrlC(at_line=line)
+        found = interrupted_run(update, options, reference, lambda optimizer: ctrl_c, KeyboardInterrupt)
+        if found is not None:
+            failures.append(f"Ctrl-C at line {line} of {count} (in {ctrl_c.sent_at}): {found}")
+    assert not failures, f"{len(failures)} of {len(lines)} lines:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("update, variant", CASES)
+def test_an_error_at_any_point_of_step_leaves_it_all_or_nothing_and_training_goes_on_as_torch_s(
+        update: str, variant: str) -> None:
     options = VARIANTS[variant]
     points = points_of(update, options)
     assert "device" in points and "end" in points and sum(p.startswith("update") for p in points) > 1
     reference = Torch(update, options)
     failures = []
     for at, name in enumerate(points, 1):
-        error = KeyboardInterrupt if at % 2 else RuntimeError
-        found = interrupted_run(update, options, reference, at, error)
+        found = interrupted_run(update, options, reference, functools.partial(failing_at, at), Failure)
         if found is not None:
-            failures.append(f"{error.__name__} at {name}: {found}")
+            failures.append(f"an error at {name}: {found}")
     assert not failures, "\n".join(failures)
 
 
@@ -187,7 +236,7 @@ def test_a_state_dict_saved_between_backward_and_step_pairs_the_states_with_thei
 
 
 SIGINT_SCRIPT = """
-import os, signal, threading, time, torch, stowage
+import os, signal, sys, threading, time, torch, stowage
 stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="20MB")  # a slow link: copies wait
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
@@ -201,17 +250,21 @@ for m in (model, reference):
     m(batch).square().mean().backward()
 ref_optimizer.step()
 
-def interrupt_soon(name):
-    if name == "write_back 0":  # the signal arrives while the write-backs' copies are waited for
-        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+def interrupt_soon(frame, event, arg):
+    # as step() begins writing parameters back: the signal comes while it waits for the copies
+    if event == "call" and frame.f_code.co_name == "_write_back" and not timers:
+        timers.append(threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)))
+        timers[0].start()
 
-optimizer._at_step_point = interrupt_soon
+timers = []
 started = time.monotonic()
+sys.setprofile(interrupt_soon)
 try:
     optimizer.step()
     print("no interrupt")
 except KeyboardInterrupt:
     print(f"KeyboardInterrupt after {time.monotonic() - started:.2f} s")
+sys.setprofile(None)
 same = all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
 steps = {float(s["step"]) for s in optimizer.state_dict()["state"].values()}
 print("parameters", "torch's with the step" if same else "not torch's with the step", "steps", sorted(steps))
@@ -219,7 +272,7 @@ print("parameters", "torch's with the step" if same else "not torch's with the s
 
 
 @pytest.mark.parametrize("update", ["exact", "in_backward"])
-def test_a_real_ctrl_c_inside_step_is_raised_once_the_step_is_whole(update: str) -> None:
+def test_a_ctrl_c_while_step_waits_for_its_copies_is_raised_once_the_step_is_whole(update: str) -> None:
     script = SIGINT_SCRIPT.replace("UPDATE", update)
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                             timeout=240, cwd=HERE)

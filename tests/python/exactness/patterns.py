@@ -22,6 +22,7 @@ import torch
 
 from exactness.compare import Trace
 from exactness.features import Groups, Setup, saved_and_loaded
+from exactness.interrupts import CtrlC
 
 MAX_NORM = 0.05
 
@@ -447,29 +448,32 @@ def _hyper_between(run: Run) -> None:
     loop(run, after_backward=between_backward_and_step)
 
 
-def _arm_interrupt(optimizer: Any, point: str) -> Callable[[], None]:
-    """KeyboardInterrupt inside the optimizer's step(): stowage's at the point of its step named
-    `point` (Note [Whole steps]; at its end if it has none), torch's after its update. Returns
-    the disarming."""
-    if hasattr(optimizer, "_at_step_point"):
-        def interrupt(name: str) -> None:
-            if name in (point, "end"):
-                optimizer._at_step_point = None
-                raise KeyboardInterrupt(f"interrupted at {name}")
+@contextlib.contextmanager
+def _interrupting(optimizer: Any, function: str) -> Any:
+    """Ctrl-C inside the optimizer's step(): for stowage's, SIGINT at the first line of its step's
+    `function` (exactness.interrupts.CtrlC: no seam, so any version of it is interrupted there),
+    or at its end if it has none; for torch's, KeyboardInterrupt after its update (torch does not
+    hold the signal, and an update it breaks off is no reference)."""
+    if not type(optimizer).__module__.startswith("stowage"):
+        original = optimizer.step
 
-        optimizer._at_step_point = interrupt
-        return lambda: setattr(optimizer, "_at_step_point", None)
-    original = optimizer.step
+        def step_then_interrupt(*args: Any, **kwargs: Any) -> Any:
+            original(*args, **kwargs)
+            raise KeyboardInterrupt("interrupted at the end of step()")
 
-    def step_then_interrupt(*args: Any, **kwargs: Any) -> Any:
-        original(*args, **kwargs)
-        raise KeyboardInterrupt("interrupted at the end of step()")
+        optimizer.step = step_then_interrupt
+        try:
+            yield
+        finally:
+            del optimizer.step
+        return
+    with CtrlC(in_function=function) as ctrl_c:
+        yield
+    if ctrl_c.sent_at is None:
+        raise KeyboardInterrupt(f"interrupted at the end of step() ({function} did not run)")
 
-    optimizer.step = step_then_interrupt
-    return lambda: delattr(optimizer, "step")
 
-
-def _interrupted_step(run: Run, point: str) -> None:
+def _interrupted_step(run: Run, function: str) -> None:
     """A step whose optimizer step() is interrupted (KeyboardInterrupt); the handler saves a
     checkpoint, which a fresh optimizer loads, stepping again (and checkpointing again) if the
     step was not taken."""
@@ -478,13 +482,11 @@ def _interrupted_step(run: Run, point: str) -> None:
         run.backward(loss)
     run.record_grads()
     run.phase = "step"
-    disarm = _arm_interrupt(run.optimizer, point)
     try:
-        run.optimizer.step()
+        with _interrupting(run.optimizer, function):
+            run.optimizer.step()
     except KeyboardInterrupt:
         run.event("KeyboardInterrupt")
-    finally:
-        disarm()
     saved = saved_and_loaded(run.optimizer.state_dict())
     taken = max((float(entry.get("step", 0)) for entry in saved["state"].values()), default=0.0) > run.step
     resumed = run.setup.fresh(run.groups, run.optimizer)
@@ -501,12 +503,12 @@ def _interrupted_step(run: Run, point: str) -> None:
 
 
 def _interrupted_loop(run: Run) -> None:
-    """Step() interrupted twice: stowage's before the update of the states kept on the device
-    (before any state changes), then at its second bucket's write-back (one bucket's parameters
-    written back, the others' not; under update="delayed", the last step's update's)."""
+    """Step() interrupted by Ctrl-C twice: as its updates are handed over (the states being
+    stepped) and as its first write-back begins (every state stepped, no parameter written
+    back yet; under update="delayed", the last step's update's)."""
     for _ in range(run.steps):
         if run.step in (run.first_event, run.second_event):
-            _interrupted_step(run, "device" if run.step == run.first_event else "write_back 1")
+            _interrupted_step(run, "_add_state_entries" if run.step == run.first_event else "_write_back")
         else:
             train_step(run)
         run.next_step()

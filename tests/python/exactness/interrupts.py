@@ -1,0 +1,68 @@
+"""Ctrl-C as a user gives it, at a chosen line of stowage's Python code: SIGINT sent to this
+process (``signal.raise_signal``) from a trace function, on the main thread, as that line is
+about to run. Python's handler acts on it as on a real one: where stowage left it in place,
+KeyboardInterrupt is raised at that line; where stowage holds interrupts, what its handler does
+happens. No seam in stowage is needed, so the same interruption reaches any version of it.
+
+    with CtrlC(at_line=40) as ctrl_c:      # the 40th line stowage's code runs from here
+        optimizer.step()
+    with CtrlC(in_function="_write_back"):  # the first line of the first call of _write_back
+        optimizer.step()
+    CtrlC().lines                           # (at_line=0: counts the lines, sends nothing)
+
+Contract: main thread only (Python runs signal handlers there), with Python's own SIGINT
+handler in place (else the signal could end the process); one signal at most; the trace
+function in place before is put back on exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import stowage
+
+STOWAGE_FILES = str(Path(stowage.__file__).resolve().parent)
+
+
+class CtrlC:
+    def __init__(self, at_line: int = 0, in_function: str | None = None) -> None:
+        self.at_line, self.in_function = at_line, in_function
+        self.lines = 0  # lines of stowage's code run so far
+        self.sent_at: tuple[str, int] | None = None  # (function, line) where SIGINT was sent
+        self._previous: Any = None
+        self._ours: dict[str, bool] = {}  # by file name: whether it is stowage's
+
+    def __enter__(self) -> "CtrlC":
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("CtrlC runs on the main thread, where Python handles signals")
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            raise RuntimeError(f"CtrlC needs Python's SIGINT handler, not {signal.getsignal(signal.SIGINT)!r}")
+        self._previous = sys.gettrace()
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(self._previous)
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if self.sent_at is not None:
+            return None
+        name = frame.f_code.co_filename
+        ours = self._ours.get(name)
+        if ours is None:
+            ours = self._ours[name] = str(Path(name).resolve()).startswith(STOWAGE_FILES)
+        return self._line if ours else None
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event != "line" or self.sent_at is not None:
+            return self._line
+        self.lines += 1
+        if self.lines == self.at_line or frame.f_code.co_name == self.in_function:
+            self.sent_at = (frame.f_code.co_name, frame.f_lineno)
+            signal.raise_signal(signal.SIGINT)  # Python's handler runs now (KeyboardInterrupt, if it is torch's)
+        return self._line
