@@ -444,13 +444,28 @@ def run_two_ranks(script_text: str, tmp_path: Path, *extra: str) -> tuple[Any, A
 
 
 RANK_PRELUDE = """
-import os, sys, torch, torch.distributed as dist
+import gc, os, sys, weakref, torch, torch.distributed as dist
 import stowage
 from test_offload_adamw import make_model, batch, loss_of, HYPER
 rank, world, port, out = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 stowage.enable(device="cpu", capacity="1GiB")
 dist.init_process_group("gloo", rank=rank, world_size=world)
+HOLDERS = []  # weak references to what holds the group or tensors on it (the model, DDP, the optimizer)
+PRELUDE_NAMES = set(globals()) | {"PRELUDE_NAMES"}
+"""
+# DDP's and FSDP2's state keep the gloo group after destroy_process_group(), and a gloo group
+# destroyed during interpreter shutdown joins its worker threads there, whose last references to
+# tensors then take the GIL of an interpreter being finalized (torch's hazard, pytorch#190489: a
+# SIGABRT as the rank exits). So what the script made goes first, and the group with it, while
+# the interpreter is whole; nothing else may still hold the group.
+RANK_END = """
+for name in [n for n in globals() if n not in PRELUDE_NAMES]:
+    del globals()[name]
+gc.collect()
+alive = [type(ref()).__name__ for ref in HOLDERS if ref() is not None]
+assert not alive, f"{alive} outlive the script, and the process group with them"
+dist.destroy_process_group()
 """
 
 DDP_SCRIPT = RANK_PRELUDE + """
@@ -458,6 +473,7 @@ model = make_model()
 ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
 optimizer = stowage.offload.AdamW(ddp.parameters(), **HYPER, update=sys.argv[4], bucket_numel=1000)
 optimizer.attach(ddp)
+HOLDERS += [weakref.ref(o) for o in (model, ddp, optimizer)]
 for step in range(4):
     x, y = batch(step, rows=16)
     with ddp.no_sync():  # a first micro-batch, accumulated locally
@@ -466,8 +482,7 @@ for step in range(4):
     optimizer.step()
     optimizer.zero_grad()
 torch.save([p.detach() for p in model.parameters()], out)
-dist.destroy_process_group()
-"""
+""" + RANK_END
 
 
 @pytest.mark.parametrize("update", ["exact", "in_backward"])
@@ -496,6 +511,7 @@ for layer in model:
         fully_shard(layer)
 fully_shard(model)
 optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000)
+HOLDERS += [weakref.ref(o) for o in (model, optimizer)]
 for step in range(4):
     x, y = batch(step, rows=16)
     torch.nn.functional.mse_loss(model(x[rank * 8:rank * 8 + 8]).float(), y[rank * 8:rank * 8 + 8]).backward()
@@ -511,8 +527,7 @@ full = [p.full_tensor().detach() for p in model.parameters()]
 host = optimizer.host_stats()["allocated_bytes"]
 torch.save({"params": full, "host_bytes": host,
             "exp_avg": [state[i]["exp_avg"].full_tensor() for i in sorted(state)]}, out)
-dist.destroy_process_group()
-"""
+""" + RANK_END
 
 
 def test_fsdp2_on_two_gloo_ranks_keeps_each_rank_s_shard_and_matches_one_process(tmp_path: Path) -> None:
