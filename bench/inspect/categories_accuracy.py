@@ -1,4 +1,4 @@
-"""How much of the peak the inspector's inferred categories (stowage.categories: stacks and
+"""How much of the peak the inspector's inferred categories (snapshot/categories.hpp: stacks and
 lifetimes, all a stock PyTorch snapshot gives) put where stowage's exact tags (stowage.tagging)
 do, on training steps of models the rules were not tuned on.
 
@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import batch_models  # noqa: E402
 
 import stowage  # noqa: E402
-from stowage import categories, inspector, tag_reading, trace_steps  # noqa: E402
+from stowage.inspection import tags as tag_reading  # noqa: E402
+from stowage.inspection.findings import inspect  # noqa: E402
+from stowage.inspection.timelines import CATEGORIES, all_categories, live_pairs, live_positions, tags_by_position  # noqa: E402
 from stowage.trace import as_columns  # noqa: E402
 
 TUNING = ("mlp", "llama", "resnet18")
@@ -56,25 +58,26 @@ def recorded(name: str, steps: int = 3) -> dict[str, Any]:
 
 def compare_at_peak(snapshot: dict[str, Any]) -> dict[str, Any]:
     columns = as_columns(snapshot["device_traces"][0])
-    pairs = inspector.live_pairs(columns)
+    pairs = live_pairs(columns)
     live = np.cumsum(pairs.own - pairs.unknown)
-    steps, _ = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
+    steps = inspect(snapshot, 0, 1)[0].steps
     step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
     at = int(np.argmax(live))
-    exact = tag_reading.read(snapshot, 0, columns.action, pairs.index)
+    exact = tag_reading.read(snapshot, 0, columns.action)
     assert exact is not None, "the recording carries no tags"
-    live_at, inferred = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts, at)
-    truth = exact.category[live_at]
+    live_at = live_positions(pairs, at)
+    inferred = all_categories(columns, pairs, step_starts)[live_at]
+    truth = tags_by_position(exact, pairs.index)[0][live_at]
     size = pairs.size[live_at].astype(np.int64)
     by_truth: dict[str, dict[str, int]] = {}
-    for c, name in enumerate(categories.CATEGORIES):
+    for c, name in enumerate(CATEGORIES):
         chosen = truth == c
         if chosen.any():
             by_truth[name] = {"bytes": int(size[chosen].sum()), "right": int(size[chosen & (inferred == c)].sum())}
     wrong: dict[str, int] = {}
     for t, i, s in zip(truth.tolist(), inferred.tolist(), size.tolist()):
         if t != i:
-            key = f"{categories.CATEGORIES[t]} as {categories.CATEGORIES[i]}"
+            key = f"{CATEGORIES[t]} as {CATEGORIES[i]}"
             wrong[key] = wrong.get(key, 0) + s
     total = int(size.sum())
     right = int(size[truth == inferred].sum())

@@ -1,5 +1,5 @@
 """How many of the bytes live at each marker of cuda_categories_record.py's snapshots the
-inspector puts in the right category (stowage.categories, inferred from stacks and lifetimes as
+inspector puts in the right category (snapshot/categories.hpp, inferred from stacks and lifetimes as
 on any stock snapshot), against what the recording script knew.
 
     python3 bench/inspect/cuda_categories_check.py DIR [--json OUT]
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from stowage import categories, inspector, trace_steps
+from stowage.inspection.findings import inspect
+from stowage.inspection.timelines import CATEGORIES, all_categories, live_pairs, live_positions
 from stowage.trace import as_columns
 
 
@@ -29,20 +30,19 @@ def categorised_at_markers(snapshot: dict[str, Any], sizes: dict[str, int]) -> d
     """{marker: {address: (inferred category, bytes)}} of the allocations live just before each
     marker's allocation (the first allocation of that size)."""
     columns = as_columns(snapshot["device_traces"][0])
-    pairs = inspector.live_pairs(columns)
-    live = np.cumsum(pairs.own - pairs.unknown)
-    steps, _ = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
+    pairs = live_pairs(columns)
+    steps = inspect(snapshot, 0, 1)[0].steps
     step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
+    every = all_categories(columns, pairs, step_starts)
     sizes_at = columns.size[pairs.index]
     out: dict[str, dict[int, tuple[str, int]]] = {}
     for marker, size in sizes.items():
         found = np.flatnonzero(pairs.is_alloc & (sizes_at == size))
         if not len(found):
             raise SystemExit(f"no allocation of {size} bytes (the {marker} marker) in the trace")
-        live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end,
-                                                       step_starts, int(found[0]) - 1)
-        out[marker] = {int(columns.addr[pairs.index[p]]): (categories.CATEGORIES[c], int(pairs.size[p]))
-                       for p, c in zip(live_at.tolist(), category.tolist())}
+        live_at = live_positions(pairs, int(found[0]) - 1)
+        out[marker] = {int(columns.addr[pairs.index[p]]): (CATEGORIES[c], int(pairs.size[p]))
+                       for p, c in zip(live_at.tolist(), every[live_at].tolist())}
     return out
 
 

@@ -11,15 +11,16 @@ import subprocess
 import sys
 import textwrap
 from collections import defaultdict
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import REPO, SHARED_TRACES, stowage
-from stowage.html_report import MAX_POINTS, timeline
-from stowage.inspector import _ranked_sites, analyse_trace, site_of
+from stowage.inspection.timelines import MAX_POINTS, timeline
+from stowage import _core
+from stowage.inspection.findings import oom_dict, peak_dict
+from stowage.inspection.timelines import site_of
 from stowage.snapshot_reader import TraceColumns, load_snapshot, load_snapshot_columnar
 
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
@@ -200,13 +201,22 @@ def test_an_expandable_segment_is_not_held_by_its_one_block(write_snapshot: Any)
 
 
 def test_the_timeline_keeps_its_sample_cap() -> None:
-    from stowage.html_report import MAX_POINTS, timeline
+    from stowage.inspection.timelines import MAX_POINTS, timeline
 
     trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(2 * MAX_POINTS - 1)]
     assert len(timeline(trace, 0, [])["x"]) <= MAX_POINTS + 2  # the peak and the last event may add one each
 
 
 # --- the columnar analysis against a count with a dict per event ---
+
+
+def _ranked_sites(by_site: dict[str, int], counts: dict[str, int], pre_trace: int,
+                  top: int) -> list[dict[str, Any]]:
+    rows = [{"site": site, "bytes": total, "allocations": counts[site]}
+            for site, total in by_site.items() if total > 0]
+    if pre_trace > 0:
+        rows.append({"site": "(live before the trace began)", "bytes": pre_trace, "allocations": 0})
+    return sorted(rows, key=lambda row: row["bytes"], reverse=True)[:top]
 
 
 def counted_with_dicts(trace: list[dict[str, Any]], requested_at_end: int | None, top: int) -> dict[str, Any]:
@@ -261,15 +271,21 @@ def counted_with_dicts(trace: list[dict[str, Any]], requested_at_end: int | None
 
 
 def analysed(trace: TraceColumns, requested_at_end: int | None, top: int) -> dict[str, Any]:
-    peak, ooms, oom_events = analyse_trace(trace, requested_at_end, top)
+    """The findings of stowage._core.inspect, with segments whose live blocks asked for
+    `requested_at_end` bytes (None: no segments)."""
+    segments = [] if requested_at_end is None else [
+        {"address": 0, "total_size": requested_at_end,
+         "blocks": [{"size": requested_at_end, "requested_size": requested_at_end, "state": "active_allocated"}]}]
+    found = _core.inspect(trace, segments, top, False, None)
     fields = ("event_index", "requested", "device_free", "live_bytes", "sites")
-    counted = {key: value for key, value in asdict(peak).items() if key not in ("categories", "modules")}  # (tested on their own)
-    return {**counted, "ooms": [{key: asdict(oom)[key] for key in fields} for oom in ooms],
-            "oom_events": oom_events}
+    counted = {key: value for key, value in peak_dict(found.peak, trace).items()
+               if key not in ("categories", "modules")}  # (tested on their own)
+    return {**counted, "ooms": [{key: oom_dict(oom)[key] for key in fields} for oom in found.ooms],
+            "oom_events": found.oom_events}
 
 
 def timeline_with_dicts(trace: list[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
-    """html_report.timeline counted event by event."""
+    """stowage.inspection.timelines.timeline counted event by event."""
     events = [(i, e) for i, e in enumerate(trace) if e["action"] in ("alloc", "free_completed")]
     if not events:
         return {"x": [], "series": {}, "peak_index": -1}

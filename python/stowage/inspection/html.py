@@ -3,7 +3,7 @@
 Everything is drawn on the server side as inline SVG (no script, no fonts or styles from the
 network): a stacked live-memory timeline by allocation site, a map of the segments with their
 blocks, and the tables of the terminal report. Large traces are downsampled in the plot only
-(at most MAX_POINTS samples, each the live bytes just after its event, the peak always among
+(at most stowage.inspection.timelines.MAX_POINTS samples, each the live bytes just after its event, the peak always among
 them); the totals and tables come from every event. The file stays small: a few hundred KiB for
 the largest traces here.
 
@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from stowage import _core, categories, tag_reading
-from stowage.recompute_estimate import block_of_paths
+from stowage import _core
+from stowage.inspection.timelines import (MAX_SITES, LivePairs, category_and_module_timelines, live_pairs, site_of,
+                                          timeline)
 from stowage.snapshot_reader import TraceColumns
 from stowage.terminal import literal
 from stowage.trace import as_columns
-from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
 
-MAX_POINTS = 1500      # timeline samples
-MAX_SITES = 8          # sites drawn by name in the timeline; the rest are "other"
 MAX_SEGMENT_ROWS = 300  # segments drawn in the map (the largest, if there are more)
 WIDTH = 1100
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
@@ -62,73 +57,6 @@ def write(page: str, path: str | Path) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, named: list[str],
-             pairs: LivePairs | None = None) -> dict[str, Any]:
-    """Live bytes by site, sampled: at most MAX_POINTS samples, always including the peak. As in
-    inspector.analyse_trace, bytes live before the trace began start at `baseline` and drop with
-    each free of an address the trace never allocated. (`pairs`: the trace's, when known.)"""
-    columns = as_columns(trace)
-    pairs = live_pairs(columns) if pairs is None else pairs
-    if len(pairs.index) == 0:
-        return {"x": [], "series": {}, "peak_index": -1}
-    sites = TraceSites(columns, pairs)
-    index_of_site = {site: k for k, site in enumerate(named)}
-    series_of_site = np.array([index_of_site.get(site, len(named)) for site in sites.names] + [-1], dtype=np.int64)
-    return grouped(pairs, series_of_site[sites.of], [*named, "other"], baseline)
-
-
-def grouped(pairs: LivePairs, group: np.ndarray, names: list[str], baseline: int) -> dict[str, Any]:
-    """Live bytes by group, sampled as `timeline`'s: `group` gives each allocation's (an index
-    into `names`; frees' entries are ignored: a free leaves its allocation's group)."""
-    if len(pairs.index) == 0:
-        return {"x": [], "series": {}, "peak_index": -1}
-    positions, peak_at, freed, series = _core.grouped_live(pairs.own, pairs.unknown, pairs.is_alloc, pairs.alloc_of,
-                                                           group, len(names), MAX_POINTS)  # (snapshot/live_groups.hpp)
-    values: dict[str, list[int]] = {}
-    if baseline:
-        values["(live before the trace began)"] = [max(baseline - v, 0) for v in freed]
-    values.update(zip(names, series))
-    return {"x": pairs.index[positions].tolist(), "series": values, "peak_index": int(pairs.index[peak_at])}
-
-
-def category_and_module_timelines(snapshot: dict[str, Any], device: int, columns: TraceColumns, pairs: LivePairs,
-                                  report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Live bytes by category (exact where stowage tagged the snapshot, else inferred, with the
-    report's steps), and by module where it carries module paths (None otherwise): by block
-    (stowage.recompute_estimate's blocks, each a model's item of its block list) and, outside
-    blocks, by module to three names deep; the MAX_SITES that allocate most, the rest together."""
-    baseline = report["peak"]["baseline"]
-    exact = tag_reading.read(snapshot, device, columns.action, pairs.index)
-    if exact is not None:
-        category = exact.category
-    else:
-        firsts = np.array([step["first_event"] for step in report.get("steps") or []], dtype=np.int64)
-        starts = np.searchsorted(pairs.index, firsts)
-        category = categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, starts)
-    by_category = grouped(pairs, category, list(categories.CATEGORIES), baseline)
-    by_category["series"] = {k: v for k, v in by_category["series"].items() if any(v)}
-    if exact is None:
-        return by_category, None
-    block, blocks = block_of_paths(exact.paths)
-    group_names = [blocks[b] if b >= 0 else _prefix(p, 3) for p, b in zip(exact.paths, block.tolist())]
-    group_names[0] = "(outside any module's forward)"
-    distinct = sorted(set(group_names))
-    group = np.array([distinct.index(g) for g in group_names], dtype=np.int64)[exact.module]
-    made = np.zeros(len(distinct), dtype=np.float64)
-    np.add.at(made, group[pairs.is_alloc], np.asarray(pairs.size[pairs.is_alloc], dtype=np.float64))
-    shown = [int(g) for g in np.argsort(-made, kind="stable")[:MAX_SITES] if made[g] > 0]
-    names = [distinct[g] for g in shown] + ["other modules"]
-    remap = np.full(len(distinct), len(shown), dtype=np.int64)
-    remap[shown] = np.arange(len(shown))
-    by_module = grouped(pairs, remap[group], names, baseline)
-    by_module["series"] = {k: v for k, v in by_module["series"].items() if any(v)}
-    return by_category, by_module
-
-
-def _prefix(path: str, depth: int) -> str:
-    return ".".join(path.split(".")[:depth])
 
 
 def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:

@@ -1,0 +1,60 @@
+#include "snapshot/frame_sites.hpp"
+
+#include <array>
+#include <string_view>
+
+#include "allocator/base/byte_units.hpp"
+
+namespace stowage::snapshot {
+
+namespace {
+
+constexpr std::array<std::string_view, 5> kLibraryParts = {"site-packages/", "dist-packages/", "/lib/python3",
+                                                           "<frozen ", "/torch/"};
+
+bool is_python(const Frame& frame) { return frame.filename.ends_with(".py"); }
+
+bool is_user(const Frame& frame) {
+  if (!is_python(frame)) return false;  // C++ frames and frames without a file
+  for (const std::string_view part : kLibraryParts) {
+    if (frame.filename.find(part) != std::string::npos) return false;
+  }
+  return true;
+}
+
+std::string named(const Frame& frame) {
+  return frame.filename + ":" + frame.line + " in " + (frame.has_name ? frame.name : std::string("?"));
+}
+
+}  // namespace
+
+std::optional<std::string> frame_site(std::span<const Frame> frames) {
+  for (const Frame& frame : frames) {
+    if (is_user(frame)) return named(frame);
+  }
+  for (const Frame& frame : frames) {
+    if (is_python(frame)) return named(frame);
+  }
+  return std::nullopt;
+}
+
+std::int64_t size_class_number(std::uint64_t size) {
+  if (size <= 512) return -1;
+  std::int64_t k = 0;
+  std::uint64_t low = 512;
+  while (low * 4 < size && low < (std::uint64_t{1} << 60)) {
+    low *= 4;
+    ++k;
+  }
+  return k;
+}
+
+std::string size_class_name(std::int64_t number) {
+  if (number < 0) return "size <= 512 B";
+  const std::uint64_t low = std::uint64_t{512} << (2 * number);
+  return "size " + format_bytes(low) + "-" + format_bytes(low * 4);
+}
+
+std::string size_class(std::uint64_t size) { return size_class_name(size_class_number(size)); }
+
+}  // namespace stowage::snapshot
