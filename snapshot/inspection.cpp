@@ -15,7 +15,14 @@ Findings inspect(const TraceInput& trace, const std::vector<SegmentInput>& segme
   trace_options.cached_free = found.totals.reserved_unallocated;
   trace_options.under_stowage = options.under_stowage;
   trace_options.tags = std::move(options.tags);
+  trace_options.timelines = options.timelines;
+  trace_options.moments = std::move(options.moments);
   found.trace = analyse_trace(trace, trace_options);
+  if (!options.timelines) return found;
+  for (const SegmentInput& segment : segments) {
+    std::vector<std::string>& sites = found.block_sites.emplace_back();
+    for (const BlockFacts& block : segment.blocks) sites.push_back(site_of(block, block.size));
+  }
   return found;
 }
 

@@ -17,6 +17,8 @@ struct InspectOptions {
   std::size_t top = 10;        // sites, modules, segments and growing sites listed
   bool under_stowage = false;  // stowage's allocator recorded the snapshot
   std::optional<ExactTags> tags;
+  bool timelines = false;  // the HTML report's timelines and the segments' block sites too
+  std::vector<std::int64_t> moments;  // TraceOptions::moments
 };
 
 struct Findings {
@@ -24,6 +26,7 @@ struct Findings {
   SegmentSummary segments;
   std::vector<SiteLive> sites_at_end;
   TraceFindings trace;
+  std::vector<std::vector<std::string>> block_sites;  // each segment's blocks' sites (by size), with timelines
 };
 
 // Without segments the snapshot tells nothing about the end state: the trace's own balance is

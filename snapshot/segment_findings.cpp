@@ -25,15 +25,14 @@ constexpr std::array<Bucket, 5> kBuckets = {{{std::uint64_t{2} << 20, "<= 2 MiB"
 
 bool is_active(const BlockFacts& block) { return block.state.starts_with("active"); }
 
-// The block's site where its allocation asked for `size` bytes.
+double ratio(Wide part, Wide whole) { return static_cast<double>(part) / static_cast<double>(whole); }
+
+}  // namespace
+
 std::string site_of(const BlockFacts& block, Wide size) {
   if (block.frame_site) return *block.frame_site;
   return size_class(size < 0 ? 0 : static_cast<std::uint64_t>(size));
 }
-
-double ratio(Wide part, Wide whole) { return static_cast<double>(part) / static_cast<double>(whole); }
-
-}  // namespace
 
 Totals totals_of(const std::vector<SegmentInput>& segments) {
   Totals totals;

@@ -68,6 +68,9 @@ struct SiteLive {
   std::int64_t allocations = 0;
 };
 
+// The block's site where its allocation asked for `size` bytes.
+std::string site_of(const BlockFacts& block, Wide size);
+
 Totals totals_of(const std::vector<SegmentInput>& segments);
 SegmentSummary summary_of(const std::vector<SegmentInput>& segments, std::size_t top);
 // The `top` sites by live bytes of the allocated blocks, most first (ties in the order met).

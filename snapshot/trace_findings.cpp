@@ -62,6 +62,7 @@ class Analysis {
   void explain_ooms(TraceFindings& found) const;
   std::vector<GrowingSite> growing(const Steps& steps) const;
   void place_tags(const ExactTags& tags);
+  Timelines timelines(const Peak& peak, std::span<const std::int64_t> step_starts) const;
 
   const TraceInput& trace_;
   const TraceOptions& options_;
@@ -235,6 +236,22 @@ std::vector<GrowingSite> Analysis::growing(const Steps& steps) const {
   return found;
 }
 
+Timelines Analysis::timelines(const Peak& peak, std::span<const std::int64_t> step_starts) const {
+  std::vector<std::int8_t> category = exact_category_;
+  if (category.empty() && frames_) {
+    category = all_categories({marked_, trace_.stack, pairs_.index, pairs_.is_alloc, pairs_.end, step_starts});
+  } else if (category.empty()) {
+    category.assign(pairs_.index.size(), static_cast<std::int8_t>(Category::kUnknown));
+  }
+  TimelineInputs inputs{pairs_, sites_, baseline_, peak.sites, category, exact_module_, {}, {}, {}};
+  if (options_.tags) {
+    inputs.paths = options_.tags->paths;
+    inputs.block_of_path = options_.tags->block_of_path;
+    inputs.blocks = options_.tags->blocks;
+  }
+  return timelines_of(inputs);
+}
+
 TraceFindings Analysis::run() {
   TraceFindings found;
   std::int64_t at_peak = -1;
@@ -272,6 +289,15 @@ TraceFindings Analysis::run() {
   }
   AdviceEvidence evidence(trace);
   found.advice = advise(evidence, peak, found.growing, oom);
+  if (options_.timelines) found.timelines = timelines(found.peak, step_starts);
+  for (const std::int64_t event : options_.moments) {
+    LiveMoment& moment = found.moments.emplace_back();
+    moment.event_index = event;
+    const auto position = static_cast<std::int64_t>(upper_index(pairs_.index, event)) - 1;
+    const std::vector<std::int64_t> live_then = live_positions(pairs_, position);
+    for (const std::int64_t p : live_then) moment.events.push_back(pairs_.index[at(p)]);
+    moment.categories = categories_at(live_then, step_starts);
+  }
   return found;
 }
 

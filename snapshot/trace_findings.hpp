@@ -30,6 +30,7 @@
 #include "snapshot/frame_sites.hpp"
 #include "snapshot/live_series.hpp"
 #include "snapshot/segment_findings.hpp"
+#include "snapshot/timelines.hpp"
 #include "snapshot/trace_steps.hpp"
 
 namespace stowage::snapshot {
@@ -65,6 +66,8 @@ struct TraceOptions {
   Wide cached_free = 0;                  // the cache's free bytes at the snapshot (for an OOM's advice)
   bool under_stowage = false;            // stowage's allocator recorded the snapshot
   std::optional<ExactTags> tags;
+  bool timelines = false;                // draw the HTML report's timelines (timelines.hpp)
+  std::vector<std::int64_t> moments;     // events to say what was live just after, and what it was
 };
 
 struct ModuleLive {
@@ -89,6 +92,13 @@ struct OomFinding {
   bool under_stowage = false;
 };
 
+// The allocations live just after an event, and what each is (the peak's categories' way).
+struct LiveMoment {
+  std::int64_t event_index = 0;
+  std::vector<std::int64_t> events;     // their allocation events
+  std::vector<std::int8_t> categories;  // kCategoryNames' numbering
+};
+
 struct TraceFindings {
   Peak peak;
   std::optional<Peak> fit_trial_peak;
@@ -98,6 +108,8 @@ struct TraceFindings {
   std::vector<GrowingSite> growing;
   std::vector<Advice> advice;
   bool exact_categories = false;  // the peak's categories are stowage's tags, not inferred
+  std::optional<Timelines> timelines;
+  std::vector<LiveMoment> moments;  // TraceOptions::moments', in order
 };
 
 TraceFindings analyse_trace(const TraceInput& trace, const TraceOptions& options);

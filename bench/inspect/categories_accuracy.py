@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import batch_models  # noqa: E402
 
 import stowage  # noqa: E402
-from stowage.inspection import tags as tag_reading  # noqa: E402
+from stowage import _core  # noqa: E402
 from stowage.inspection.findings import inspect  # noqa: E402
-from stowage.inspection.timelines import CATEGORIES, all_categories, live_pairs, live_positions, tags_by_position  # noqa: E402
-from stowage.trace import as_columns  # noqa: E402
+from stowage.tagging import TAGS_KEY  # noqa: E402
+
+CATEGORIES = _core.category_names
 
 TUNING = ("mlp", "llama", "resnet18")
 HELD_OUT = ("gpt2", "hf_llama", "bert", "vit", "convnext", "t5", "opt")
@@ -57,18 +58,14 @@ def recorded(name: str, steps: int = 3) -> dict[str, Any]:
 
 
 def compare_at_peak(snapshot: dict[str, Any]) -> dict[str, Any]:
-    columns = as_columns(snapshot["device_traces"][0])
-    pairs = live_pairs(columns)
-    live = np.cumsum(pairs.own - pairs.unknown)
-    steps = inspect(snapshot, 0, 1)[0].steps
-    step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
-    at = int(np.argmax(live))
-    exact = tag_reading.read(snapshot, 0, columns.action)
-    assert exact is not None, "the recording carries no tags"
-    live_at = live_positions(pairs, at)
-    inferred = all_categories(columns, pairs, step_starts)[live_at]
-    truth = tags_by_position(exact, pairs.index)[0][live_at]
-    size = pairs.size[live_at].astype(np.int64)
+    found, columns = inspect(snapshot, 0, 1)
+    assert found.exact_categories, "the recording carries no tags"
+    at = found.peak.event_index
+    stripped = {key: value for key, value in snapshot.items() if key != TAGS_KEY}  # as torch records it
+    exact = inspect(snapshot, 0, 1, moments=[at])[0].moments[0]
+    inferred = np.array(inspect(stripped, 0, 1, moments=[at])[0].moments[0].categories, dtype=np.int8)
+    truth = np.array(exact.categories, dtype=np.int8)
+    size = columns.size[np.array(exact.events, dtype=np.int64)].astype(np.int64)
     by_truth: dict[str, dict[str, int]] = {}
     for c, name in enumerate(CATEGORIES):
         chosen = truth == c

@@ -21,29 +21,27 @@ from typing import Any
 
 import numpy as np
 
-from stowage.inspection.findings import inspect
-from stowage.inspection.timelines import CATEGORIES, all_categories, live_pairs, live_positions
-from stowage.trace import as_columns
+from stowage import _core
+from stowage.inspection.findings import device_trace, inspect
+from stowage.snapshot_reader import ACTION_CODES
+
+CATEGORIES = _core.category_names
 
 
 def categorised_at_markers(snapshot: dict[str, Any], sizes: dict[str, int]) -> dict[str, dict[int, tuple[str, int]]]:
     """{marker: {address: (inferred category, bytes)}} of the allocations live just before each
     marker's allocation (the first allocation of that size)."""
-    columns = as_columns(snapshot["device_traces"][0])
-    pairs = live_pairs(columns)
-    steps = inspect(snapshot, 0, 1)[0].steps
-    step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
-    every = all_categories(columns, pairs, step_starts)
-    sizes_at = columns.size[pairs.index]
-    out: dict[str, dict[int, tuple[str, int]]] = {}
+    columns = device_trace(snapshot, 0)
+    allocs = np.flatnonzero(columns.action == ACTION_CODES["alloc"])
+    before: dict[str, int] = {}  # each marker's: the event before its allocation
     for marker, size in sizes.items():
-        found = np.flatnonzero(pairs.is_alloc & (sizes_at == size))
+        found = allocs[columns.size[allocs] == size]
         if not len(found):
             raise SystemExit(f"no allocation of {size} bytes (the {marker} marker) in the trace")
-        live_at = live_positions(pairs, int(found[0]) - 1)
-        out[marker] = {int(columns.addr[pairs.index[p]]): (CATEGORIES[c], int(pairs.size[p]))
-                       for p, c in zip(live_at.tolist(), every[live_at].tolist())}
-    return out
+        before[marker] = int(found[0]) - 1
+    moments = inspect(snapshot, 0, 1, moments=list(before.values()))[0].moments
+    return {marker: {int(columns.addr[e]): (CATEGORIES[c], int(columns.size[e])) for e, c in
+                     zip(moment.events, moment.categories)} for marker, moment in zip(before, moments)}
 
 
 def compare(inferred: dict[int, tuple[str, int]], known: dict[str, str]) -> dict[str, Any]:

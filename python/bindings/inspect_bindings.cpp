@@ -191,6 +191,23 @@ void bind_trace_findings(py::module_& module) {
   Bound<Advice>(module, "Advice", "One piece of advice (snapshot/advice.hpp).")
       .plain("rule", &Advice::rule).bytes("waste_bytes", &Advice::waste).bytes("saving_bytes", &Advice::saving)
       .plain("upper_bound", &Advice::upper_bound).text("advice", &Advice::text);
+  Bound<Timeline>(module, "Timeline", "Live bytes by group, sampled (snapshot/timelines.hpp).")
+      .plain("x", &Timeline::x).plain("peak_index", &Timeline::peak_index)
+      .computed("series", [](const Timeline& self) {
+        py::list rows;
+        for (const auto& [name, values] : self.series) {
+          py::list bytes;
+          for (const Wide value : values) bytes.append(int_of(value));
+          rows.append(py::make_tuple(utf8_str(name), bytes));
+        }
+        return rows;
+      });
+  Bound<Timelines>(module, "Timelines", "The HTML report's timelines: by site, by category, by module.")
+      .plain("by_site", &Timelines::by_site).plain("by_category", &Timelines::by_category)
+      .plain("by_module", &Timelines::by_module);
+  Bound<LiveMoment>(module, "LiveMoment", "The allocations live just after an event, and what each is.")
+      .plain("event_index", &LiveMoment::event_index).plain("events", &LiveMoment::events)
+      .plain("categories", &LiveMoment::categories);
   Bound<Findings>(module, "Findings", "stowage inspect's findings about one device (snapshot/inspection.hpp).")
       .plain("totals", &Findings::totals).plain("segments", &Findings::segments)
       .plain("sites_at_end", &Findings::sites_at_end)
@@ -202,7 +219,18 @@ void bind_trace_findings(py::module_& module) {
       .computed("steps_found_by", [](const Findings& self) { return self.trace.steps.found_by; })
       .computed("growing", [](const Findings& self) { return self.trace.growing; })
       .computed("advice", [](const Findings& self) { return self.trace.advice; })
-      .computed("exact_categories", [](const Findings& self) { return self.trace.exact_categories; });
+      .computed("exact_categories", [](const Findings& self) { return self.trace.exact_categories; })
+      .computed("timelines", [](const Findings& self) { return self.trace.timelines; })
+      .computed("moments", [](const Findings& self) { return self.trace.moments; })
+      .computed("block_sites", [](const Findings& self) {
+        py::list segments;
+        for (const auto& sites : self.block_sites) {
+          py::list names;
+          for (const std::string& site : sites) names.append(utf8_str(site));
+          segments.append(names);
+        }
+        return segments;
+      });
 }
 
 }  // namespace
@@ -210,23 +238,29 @@ void bind_trace_findings(py::module_& module) {
 void bind_inspect(py::module_& module) {
   module.attr("advice_min_share") = snapshot::kMinShare;
   module.attr("advice_loss_chunks") = snapshot::kLossChunks;
+  module.attr("timeline_max_points") = snapshot::kMaxPoints;
+  py::tuple names(std::size(snapshot::kCategoryNames));
+  for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) names[k] = snapshot::kCategoryNames[k];
+  module.attr("category_names") = names;
   bind_segment_findings(module);
   bind_trace_findings(module);
   module.def(
       "inspect",
       [](const py::object& columns, const py::list& segments, std::size_t top, bool under_stowage,
-         const py::object& tags) {
+         const py::object& tags, bool timelines, std::vector<std::int64_t> moments) {
         const ColumnsArgument trace(columns);
-        snapshot::InspectOptions options{top, under_stowage, std::nullopt};
+        snapshot::InspectOptions options{top, under_stowage, std::nullopt, timelines, std::move(moments)};
         if (!tags.is_none()) options.tags = tags_of(tags.cast<py::tuple>());
         const std::vector<snapshot::SegmentInput> read = segments_of(segments);
         py::gil_scoped_release released;
         return snapshot::inspect(trace.input, read, std::move(options));
       },
       py::arg("columns"), py::arg("segments"), py::arg("top"), py::arg("under_stowage"), py::arg("tags"),
+      py::arg("timelines") = false, py::arg("moments") = std::vector<std::int64_t>{},
       "stowage inspect's findings about one device: its trace's columns (TraceColumns), its segments "
-      "(the snapshot's dicts), the sites listed (`top`), whether stowage's allocator recorded it, and "
-      "stowage's tags (stowage.inspection.tags.read_tags', or None).");
+      "(the snapshot's dicts), the sites listed (`top`), whether stowage's allocator recorded it, "
+      "stowage's tags (stowage.inspection.tags.read_tags', or None), whether to draw the HTML "
+      "report's timelines, and the events after which to say what was live (`moments`).");
 }
 
 }  // namespace stowage::python

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.inspection.findings import inspect_device  # noqa: E402
+from stowage.inspection.findings import inspect, inspect_device, report_of  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -169,7 +169,8 @@ def test_the_html_report_opens_with_the_advice() -> None:
         snapshot = stowage.snapshot()
     finally:
         stowage.record_history(False)
-    html = render("loop", inspect_device(snapshot, 0, 5), snapshot)
+    found, trace = inspect(snapshot, 0, 5, timelines=True)
+    html = render("loop", report_of(snapshot, 0, found, trace), snapshot, found)
     assert html.index("<h2>Advice</h2>") < html.index("Live memory by allocation site")
     assert "stowage.offload.AdamW" in html
 

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.inspection.findings import inspect_device  # noqa: E402
+from stowage.inspection.findings import inspect, inspect_device, report_of  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -60,6 +60,7 @@ def test_the_html_report_leads_with_the_categories_and_lists_the_steps() -> None
     from stowage.inspection.html import render
 
     snapshot, _, _ = recorded_training()
-    html = render("loop", inspect_device(snapshot, 0, 5), snapshot)
+    found, trace = inspect(snapshot, 0, 5, timelines=True)
+    html = render("loop", report_of(snapshot, 0, found, trace), snapshot, found)
     assert html.index("by what it is") < html.index("Live memory by allocation site")
     assert "optimizer states" in html and "steps (3, found by marks)" in html

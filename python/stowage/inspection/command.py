@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from stowage.inspection.findings import devices_with_data, inspect_device
+from stowage.inspection.findings import devices_with_data, inspect, report_of
 from stowage.inspection.html import render, write as write_html
 from stowage.inspection.text import bytes_text, print_report
 from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"stowage inspect: {literal(str(path))}: the snapshot holds no segments and no trace events")
         return 2
     try:
-        report = inspect_device(snapshot, devices[0], args.top)
+        found, trace = inspect(snapshot, devices[0], args.top, timelines=bool(args.html))
+        report = report_of(snapshot, devices[0], found, trace)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         err.print(f"stowage inspect: {literal(str(path))}: malformed snapshot ({type(error).__name__}: "
                   f"{literal(str(error))})")
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     report["path"] = str(path)
     if args.html:
         try:
-            page = render(path.name, report, snapshot)
+            page = render(path.name, report, snapshot, found)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
             err.print(f"stowage inspect: {literal(str(path))}: cannot draw the report ({type(error).__name__}: "
                       f"{literal(str(error))})")

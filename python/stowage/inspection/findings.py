@@ -35,11 +35,13 @@ def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
     return sorted(devices)
 
 
-def inspect(snapshot: dict[str, Any], device: int, top: int) -> tuple[_core.Findings, TraceColumns]:
-    """The device's findings, and its trace's columns."""
+def inspect(snapshot: dict[str, Any], device: int, top: int, timelines: bool = False,
+            moments: list[int] | None = None) -> tuple[_core.Findings, TraceColumns]:
+    """The device's findings (with the HTML report's timelines, and what was live just after each
+    event of `moments`, where asked), and its trace's columns."""
     trace = device_trace(snapshot, device)
     found = _core.inspect(trace, device_segments(snapshot, device), top, recorded_by_stowage(snapshot),
-                          read_tags(snapshot, device, trace.action))
+                          read_tags(snapshot, device, trace.action), timelines, moments or [])
     return found, trace
 
 
@@ -86,9 +88,13 @@ def advice_dict(row: _core.Advice) -> dict[str, Any]:
 
 
 def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str, Any]:
-    """The device's report: its findings as JSON-ready values, in the order `stowage inspect
-    --json` prints them."""
-    found, trace = inspect(snapshot, device, top)
+    """The device's report (`report_of` its findings)."""
+    return report_of(snapshot, device, *inspect(snapshot, device, top))
+
+
+def report_of(snapshot: dict[str, Any], device: int, found: _core.Findings, trace: TraceColumns) -> dict[str, Any]:
+    """The device's findings as JSON-ready values, in the order `stowage inspect --json` prints
+    them."""
     totals, segments = found.totals, found.segments
     ooms = [oom_dict(oom) for oom in found.ooms]
     _replayed(snapshot, device, trace, ooms)
