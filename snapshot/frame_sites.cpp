@@ -12,30 +12,34 @@ namespace {
 constexpr std::array<std::string_view, 5> kLibraryParts = {"site-packages/", "dist-packages/", "/lib/python3",
                                                            "<frozen ", "/torch/"};
 
-bool is_python(const Frame& frame) { return frame.filename.ends_with(".py"); }
+}  // namespace
 
-bool is_user(const Frame& frame) {
-  if (!is_python(frame)) return false;  // C++ frames and frames without a file
+FrameKind frame_kind(std::string_view filename) {
+  if (!filename.ends_with(".py")) return FrameKind::kOther;  // C++ frames and frames without a file
   for (const std::string_view part : kLibraryParts) {
-    if (frame.filename.find(part) != std::string::npos) return false;
+    if (filename.find(part) != std::string_view::npos) return FrameKind::kLibrary;
   }
-  return true;
+  return FrameKind::kUser;
 }
 
-std::string named(const Frame& frame) {
+std::string site_name(const Frame& frame) {
   return frame.filename + ":" + frame.line + " in " + (frame.has_name ? frame.name : std::string("?"));
 }
 
-}  // namespace
+std::optional<std::size_t> site_frame(std::span<const Frame> frames) {
+  std::optional<std::size_t> python;
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    const FrameKind kind = frame_kind(frames[k].filename);
+    if (kind == FrameKind::kUser) return k;
+    if (!python && kind == FrameKind::kLibrary) python = k;
+  }
+  return python;
+}
 
 std::optional<std::string> frame_site(std::span<const Frame> frames) {
-  for (const Frame& frame : frames) {
-    if (is_user(frame)) return named(frame);
-  }
-  for (const Frame& frame : frames) {
-    if (is_python(frame)) return named(frame);
-  }
-  return std::nullopt;
+  const std::optional<std::size_t> chosen = site_frame(frames);
+  if (!chosen) return std::nullopt;
+  return site_name(frames[*chosen]);
 }
 
 std::int64_t size_class_number(std::uint64_t size) {

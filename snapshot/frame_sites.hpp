@@ -6,10 +6,12 @@
 // Pure functions over frames as the snapshot holds them (str() of each field, UTF-8).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace stowage::snapshot {
 
@@ -20,8 +22,19 @@ struct Frame {
   bool has_name = false;
 };
 
-// The innermost user frame, else the innermost Python frame (a filename ending in .py); none
-// when the stack has neither.
+// What a frame's filename says of it: not Python's (C++, or no file), Python's library or torch's
+// (site-packages, the standard library, torch), or the user's own Python.
+enum class FrameKind { kOther, kLibrary, kUser };
+FrameKind frame_kind(std::string_view filename);
+
+// The frame that names the site: the innermost user frame, else the innermost Python frame (a
+// filename ending in .py); none when the stack has neither. Reads filenames alone.
+std::optional<std::size_t> site_frame(std::span<const Frame> frames);
+
+// "file:line in function" of a frame.
+std::string site_name(const Frame& frame);
+
+// site_name() of site_frame(), where there is one.
 std::optional<std::string> frame_site(std::span<const Frame> frames);
 
 // "size <= 512 B", or "size A-B" for A < size <= B = 4 A, A = 512 * 4**k.

@@ -35,18 +35,30 @@ std::span<const T> span_of(const Column<T>& values) {
   return {values.data(), static_cast<std::size_t>(values.size())};
 }
 
-// A stack's frames (a list of dicts; None or empty: none), read as stowage's sites name them.
-std::vector<snapshot::Frame> frames_of(const py::handle& stack) {
+// site_name() of a frame (`get`: its get method).
+std::string site_of_frame(const py::object& get, const py::object& missing) {
+  const py::object name = get("name", missing);
+  return snapshot::site_name({utf8_of(get("filename", "")), utf8_of(get("line", 0)),
+                              name.is(missing) ? std::string() : utf8_of(name), !name.is(missing)});
+}
+
+// A stack's frames (a list of dicts; None or empty: none), read as stowage's sites name them:
+// each frame's filename and name, and the line of the frame that names the site alone
+// (`missing`: an object no frame holds, for a name the frame lacks).
+std::vector<snapshot::Frame> frames_of(const py::handle& stack, const py::object& missing) {
   std::vector<snapshot::Frame> frames;
   const int given = PyObject_IsTrue(stack.ptr());
   if (given < 0) throw py::error_already_set();
   if (given == 0) return frames;
+  std::vector<py::object> gets;
   for (const py::handle frame : stack) {
     const py::object get = frame.attr("get");
-    const bool has_name = py::reinterpret_borrow<py::object>(frame).contains("name");
-    frames.push_back({utf8_of(get("filename", "")), utf8_of(get("line", 0)),
-                      has_name ? utf8_of(get("name")) : std::string(), has_name});
+    const py::object name = get("name", missing);
+    const bool has_name = !name.is(missing);
+    frames.push_back({utf8_of(get("filename", "")), "", has_name ? utf8_of(name) : std::string(), has_name});
+    gets.push_back(get);
   }
+  if (const auto chosen = snapshot::site_frame(frames)) frames[*chosen].line = utf8_of(gets[*chosen]("line", 0));
   return frames;
 }
 
@@ -58,7 +70,8 @@ struct ColumnsArgument {
         size(Column<std::uint64_t>::ensure(columns.attr("size"))),
         stack(Column<std::int32_t>::ensure(columns.attr("stack"))) {
     if (!action || !addr || !size || !stack) throw py::error_already_set();
-    for (const py::handle frames : columns.attr("stacks")) stacks.push_back(frames_of(frames));
+    const py::object missing = py::module_::import("builtins").attr("object")();
+    for (const py::handle frames : columns.attr("stacks")) stacks.push_back(frames_of(frames, missing));
     input = {span_of(action), span_of(addr), span_of(size), span_of(stack), stacks, {}, {}};
     input.marks.events = static_cast<std::int64_t>(action.size());
     const py::str step(snapshot::kMarkStep), begin(snapshot::kTrialBegin), end(snapshot::kTrialEnd);
@@ -83,8 +96,27 @@ struct ColumnsArgument {
   snapshot::TraceInput input;
 };
 
-std::vector<snapshot::SegmentInput> segments_of(const py::list& segments) {
+// frame_site() of a block's frames, read up to its first user frame.
+std::optional<std::string> block_site(const py::handle& stack, const py::object& missing) {
+  const int given = PyObject_IsTrue(stack.ptr());
+  if (given < 0) throw py::error_already_set();
+  if (given == 0) return std::nullopt;
+  std::optional<py::object> python;  // the innermost Python frame's get
+  for (const py::handle frame : stack) {
+    const py::object get = frame.attr("get");
+    const snapshot::FrameKind kind = snapshot::frame_kind(utf8_of(get("filename", "")));
+    if (kind == snapshot::FrameKind::kUser) return site_of_frame(get, missing);
+    if (!python && kind == snapshot::FrameKind::kLibrary) python = get;
+  }
+  if (python) return site_of_frame(*python, missing);
+  return std::nullopt;
+}
+
+// The segments' blocks, their sites named where the findings read them: live blocks', or every
+// block's where the HTML report draws them (`every_site`).
+std::vector<snapshot::SegmentInput> segments_of(const py::list& segments, bool every_site) {
   std::vector<snapshot::SegmentInput> out;
+  const py::object missing = py::module_::import("builtins").attr("object")();
   for (const py::handle segment : segments) {
     const py::object get = segment.attr("get");
     snapshot::SegmentInput row{wide_of(py::int_(segment["address"])), wide_of(py::int_(segment["total_size"])),
@@ -93,9 +125,10 @@ std::vector<snapshot::SegmentInput> segments_of(const py::list& segments) {
       const py::object field = block.attr("get");
       const Wide size = wide_of(py::int_(block["size"]));
       const bool requested = py::reinterpret_borrow<py::object>(block).contains("requested_size");
+      std::string state = utf8_of(field("state", ""));
       std::optional<std::string> site;
-      if (const auto frames = frames_of(field("frames")); !frames.empty()) site = snapshot::frame_site(frames);
-      row.blocks.push_back({size, requested ? wide_of(py::int_(block["requested_size"])) : size, utf8_of(field("state", "")),
+      if (every_site || state.starts_with("active")) site = block_site(field("frames"), missing);
+      row.blocks.push_back({size, requested ? wide_of(py::int_(block["requested_size"])) : size, std::move(state),
                             std::move(site)});
     }
     out.push_back(std::move(row));
@@ -251,7 +284,7 @@ void bind_inspect(py::module_& module) {
         const ColumnsArgument trace(columns);
         snapshot::InspectOptions options{top, under_stowage, std::nullopt, timelines, std::move(moments)};
         if (!tags.is_none()) options.tags = tags_of(tags.cast<py::tuple>());
-        const std::vector<snapshot::SegmentInput> read = segments_of(segments);
+        const std::vector<snapshot::SegmentInput> read = segments_of(segments, timelines);
         py::gil_scoped_release released;
         return snapshot::inspect(trace.input, read, std::move(options));
       },
