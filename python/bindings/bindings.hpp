@@ -10,7 +10,6 @@ void bind_plan_files(pybind11::module_& module);
 void bind_replay(pybind11::module_& module);
 void bind_snapshot(pybind11::module_& module);
 void bind_trace_analysis(pybind11::module_& module);
-void bind_inspect(pybind11::module_& module);
 void bind_topology(pybind11::module_& module);
 
 }  // namespace stowage::python

@@ -203,7 +203,6 @@ void bind_snapshot(py::module_& module) {
   module.def("check_snapshot_structure", &check_structure, py::arg("snapshot"),
              "Raises SnapshotRefused naming the first field that does not fit the snapshot format.");
   bind_trace_analysis(module);  // the analyses over the columns a reading makes
-  bind_inspect(module);         // ... and stowage inspect's findings in one call
 }
 
 }  // namespace stowage::python
