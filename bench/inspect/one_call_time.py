@@ -24,7 +24,7 @@ from pathlib import Path
 from stowage.snapshot_reader import load_snapshot_columnar
 try:
     from stowage.inspection.findings import inspect_device
-except ImportError:
+except ImportError:  # a package from before the one call (main at f1ac9e6 and earlier)
     from stowage.inspector import inspect_device
 started = time.perf_counter()
 snapshot = load_snapshot_columnar(Path(sys.argv[1]))
