@@ -172,6 +172,7 @@ void CachingAllocator::relieve_above_ceiling(std::size_t rounded, Stream stream)
 
 Block* CachingAllocator::try_malloc_locked(std::size_t bytes, std::size_t rounded, Stream stream,
                                            std::uint64_t context) {
+  const TraceRecorder::ContextScope scope(trace_, context);  // segments given back to make room
   const bool capturing = private_pools_.capturing();
   if (!capturing) {
     cache_.flush_deferred();
@@ -351,7 +352,9 @@ bool CachingAllocator::release_cached_locked() {
 }
 
 void CachingAllocator::empty_cache() {
+  const std::uint64_t context = context_for_history();
   std::lock_guard lock(mutex_);
+  const TraceRecorder::ContextScope scope(trace_, context);
   STOWAGE_CHECK(!private_pools_.capturing(),
                 "empty_cache during a CUDA graph capture: giving memory back needs a device "
                 "synchronisation, which would break the capture; call it before or after "
@@ -362,7 +365,9 @@ void CachingAllocator::empty_cache() {
 }
 
 void CachingAllocator::release_free_segments(SizeClass size_class) {
+  const std::uint64_t context = context_for_history();
   std::lock_guard lock(mutex_);
+  const TraceRecorder::ContextScope scope(trace_, context);
   STOWAGE_CHECK(!private_pools_.capturing(),
                 "release_free_segments during a CUDA graph capture: it needs a device "
                 "synchronisation, which would break the capture");

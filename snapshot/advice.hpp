@@ -67,7 +67,7 @@ struct AdvicePeak {
   std::string first_block;                     // the first block's module path, where there are blocks
 };
 
-// A site whose live bytes grew at every step's end (stowage.trace_steps.growing).
+// A site whose live bytes grew at every step's end (trace_findings.hpp).
 struct GrowingSite {
   std::int64_t site = -1;  // its id in AdviceTrace::site; -1: none there
   std::string name;

@@ -44,7 +44,7 @@ struct AdviceTrace {
 
 // Categories inferred for every allocation (int8, UNKNOWN at frees), a chunk of kCategoryChunk
 // allocations at a time: with steps' starts out of order, the rules' step search depends on the
-// positions searched before in the same chunk (NumpySearch), as stowage.categories' did.
+// positions searched before in the same chunk (NumpySearch), as the inspector's categories by position did.
 inline constexpr std::size_t kCategoryChunk = std::size_t{1} << 20;
 std::vector<std::int8_t> all_categories(const CategoryInputs& inputs);
 

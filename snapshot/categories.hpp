@@ -1,6 +1,25 @@
-// What each allocation of a trace is, inferred from its stacks and lifetime (the rules in
-// words: stowage.categories' docstring): the flags of each distinct stack, read off its frames'
-// file and function names (stack_flags), and the rules over every position's flags.
+// What each allocation of a trace is, inferred from its stacks and lifetime, as stock PyTorch's
+// snapshots allow: parameters, gradients, optimizer states, activations, inputs, temporaries, or
+// unknown. The flags of each distinct stack are read off its frames' file and function names
+// (stack_flags), and the rules run over every position's flags. The rules read the Python frames
+// of the allocation and of the free that ends it (torch records both), and whether it outlives
+// its step:
+// - made under torch.optim (its frames pass through torch/optim/): optimizer states when it
+//   outlives the optimizer's step (never freed, or freed in a later step), else temporaries;
+// - made in backward (a frame of Tensor.backward or torch.autograd.backward/grad): gradients when
+//   it outlives backward (freed by the optimizer, zero_grad, or not at all), else temporaries;
+// - made outside both, inside a module's forward (a frame of nn.Module's call): activations when
+//   backward frees it, temporaries when the forward does; one never freed, made before any
+//   backward, is a parameter (or buffer);
+// - made outside any module's forward: made before any backward and freed after the last (or
+//   never), in torch.nn or a constructor (a module's __init__, `.to()`): parameters (or
+//   buffers); else (the loop's own lines) inputs when it lives into backward or beyond,
+//   temporaries otherwise;
+// - on a GPU the backward runs on autograd's own thread, whose events have no Python frames: in a
+//   trace whose other events have them, an allocation without them is backward's, and a free
+//   without them is placed by where it falls (in backward between a step's first and last
+//   backward allocation);
+// - in a trace without Python frames at all: unknown.
 //
 // Positions are LivePairs' (snapshot/live_pairs.hpp): `flags[p]` the stack flags of position p,
 // `stack[index[p]]` its stack (the trace's column: an index into the stacks, or kNoStack /
@@ -16,7 +35,7 @@
 
 namespace stowage::snapshot {
 
-// Categories, in stowage.categories.CATEGORIES' order.
+// Categories, in the order stowage._core.category_names gives them.
 enum class Category : std::int8_t { kParameters, kGradients, kStates, kActivations, kInputs, kTemporaries, kUnknown };
 inline constexpr const char* kCategoryNames[] = {"parameters", "gradients",   "optimizer states", "activations",
                                                  "inputs",     "temporaries", "unknown"};
@@ -57,7 +76,7 @@ struct CategoryInputs {
 bool mark_autograd_thread(std::span<std::int8_t> flags, std::span<const std::int32_t> stack,
                           std::span<const std::int64_t> index, std::span<const std::uint8_t> is_alloc);
 
-// The category of the allocations at `positions` (stowage.categories.infer), with flags that
+// The category of the allocations at `positions`, with flags that
 // mark_autograd_thread has marked.
 std::vector<std::int8_t> infer_categories(const CategoryInputs& inputs, std::span<const std::int64_t> positions);
 

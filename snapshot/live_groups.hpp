@@ -42,7 +42,7 @@ LiveAt live_at(std::span<const std::uint8_t> is_alloc, std::span<const std::int6
 // judged, in order; -1: before any event, where nothing is live), each with the bytes it added a
 // step (its growth over them floored over the steps between) and the number of positions: those
 // live at the last, in the order of their first allocation (`first[g]`, ties by group), then the
-// largest growth first (stowage.trace_steps.growing).
+// largest growth first (trace_findings.hpp's growing sites).
 struct Growing {
   std::int64_t group = 0;
   Wide bytes_per_step = 0;

@@ -1,4 +1,4 @@
-// A trace's alloc and free_completed events paired (stowage.inspector.LivePairs): the events are
+// A trace's alloc and free_completed events paired (trace_sites.hpp's LivePairs owns them): the events are
 // "positions" 0..n-1, in trace order, and each free is matched with the allocation it ends as a
 // dict from address to the latest event there would match it: a free ends the latest allocation
 // of its address if no free came between them; otherwise it frees memory that was live before

@@ -1,4 +1,4 @@
-// A trace's live-bytes series as the trace analyses read it (stowage.inspector: live bytes just
+// A trace's live-bytes series as the trace analyses read it (trace_findings.hpp: live bytes just
 // after each LivePairs position), and the positions arguments they share.
 //
 // Note [Live bytes in 128 bits]: sizes are below 2**50 each (kMaxSize), but a hostile trace's

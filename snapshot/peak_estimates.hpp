@@ -1,7 +1,7 @@
 // The peak a trace's live series would have with some allocations' lives changed: what the
 // inspector's advice re-simulates its savings with (snapshot/advice.hpp).
 //
-// Positions are LivePairs' (stowage.inspector): n = live.size() of them; `end[p]` is the
+// Positions are LivePairs' (live_pairs.hpp): n = live.size() of them; `end[p]` is the
 // position of the free that ends the allocation at p (n: never freed), `size[p]` its bytes.
 // Every function checks its positions (a bad one raises LogicError naming it) and returns the
 // changed series' peak, exactly (Note [Live bytes in 128 bits] in snapshot/live_series.hpp);

@@ -1,8 +1,14 @@
-// A device's trace cut into training steps, stowage.fit's own trial steps set apart
-// (stowage.trace_steps holds the rules in words; this is their algorithm).
+// A device's trace cut into training steps, stowage.fit's own trial steps set apart.
 //
-// Steps end at stowage's step marks; a trace without marks is cut where its allocations repeat
-// (repeating_period). fit's trial spans (between a trial_begin and the next trial_end mark) are
+// Steps end at stowage's step marks ("snapshot" events whose user_metadata is kMarkStep, written
+// by stowage.mark_step()); a trace without marks (stock torch's) is cut where its allocations
+// repeat (repeating_period): the shortest period P of at least kMinPeriod allocations over which
+// the allocation sizes repeat (at least kRepeat of the pairs i, i + P equal) and the live bytes
+// where its repetitions start stay alike or grow as a leaking step's do, each step starting where
+// the trace's most frequent size first falls in the period. stowage.fit's own steps (its
+// recording of the step, its rate probes and its trial step) lie between kTrialBegin and
+// kTrialEnd marks: they are no part of the run, so the run's headline peak and its steps leave
+// them out and report them apart. fit's trial spans (between a trial_begin and the next trial_end mark) are
 // steps of their own, apart from the run's. Positions are LivePairs' (the trace's alloc and
 // free_completed events, in order): `index[p]` the event index of position p (ascending),
 // `live` the live bytes just after each. Pure functions; bad arguments raise LogicError.
@@ -27,6 +33,11 @@ inline constexpr double kLeakAlike = 0.25;            // ... or growing by amoun
 inline constexpr double kLeakShare = 0.5;             // of what a step allocates, at most
 inline constexpr std::size_t kPeriodWindow = 200'000;  // allocations a period is looked for in
 inline constexpr std::size_t kMaxSteps = 10'000;      // steps reported one by one
+
+// The user_metadata of the "snapshot" events that mark them (stowage.mark_step(), stowage.fit).
+inline constexpr const char* kMarkStep = "stowage.mark_step";
+inline constexpr const char* kTrialBegin = "stowage.fit.trial_begin";
+inline constexpr const char* kTrialEnd = "stowage.fit.trial_end";
 
 // The marks of a trace (event indexes, ascending) and its number of events.
 struct StepMarks {

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import batch_models  # noqa: E402
 
 import stowage  # noqa: E402
-from stowage.advice import LOSS_CHUNKS  # noqa: E402
-from stowage.inspector import inspect_device  # noqa: E402
+from stowage._core import advice_loss_chunks as LOSS_CHUNKS  # noqa: E402
+from stowage.inspection.findings import inspect_device  # noqa: E402
 from stowage.recompute_estimate import block_of_paths  # noqa: E402
 
 MODELS = ("gpt2", "hf_llama", "opt", "bert", "vit", "convnext", "resnet18", "mlp", "llama")

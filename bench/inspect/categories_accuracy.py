@@ -1,4 +1,4 @@
-"""How much of the peak the inspector's inferred categories (stowage.categories: stacks and
+"""How much of the peak the inspector's inferred categories (snapshot/categories.hpp: stacks and
 lifetimes, all a stock PyTorch snapshot gives) put where stowage's exact tags (stowage.tagging)
 do, on training steps of models the rules were not tuned on.
 
@@ -29,8 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import batch_models  # noqa: E402
 
 import stowage  # noqa: E402
-from stowage import categories, inspector, tag_reading, trace_steps  # noqa: E402
-from stowage.trace import as_columns  # noqa: E402
+from stowage import _core  # noqa: E402
+from stowage.inspection.findings import inspect  # noqa: E402
+from stowage.tagging import TAGS_KEY  # noqa: E402
+
+CATEGORIES = _core.category_names
 
 TUNING = ("mlp", "llama", "resnet18")
 HELD_OUT = ("gpt2", "hf_llama", "bert", "vit", "convnext", "t5", "opt")
@@ -55,26 +58,23 @@ def recorded(name: str, steps: int = 3) -> dict[str, Any]:
 
 
 def compare_at_peak(snapshot: dict[str, Any]) -> dict[str, Any]:
-    columns = as_columns(snapshot["device_traces"][0])
-    pairs = inspector.live_pairs(columns)
-    live = np.cumsum(pairs.own - pairs.unknown)
-    steps, _ = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
-    step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
-    at = int(np.argmax(live))
-    exact = tag_reading.read(snapshot, 0, columns.action, pairs.index)
-    assert exact is not None, "the recording carries no tags"
-    live_at, inferred = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end, step_starts, at)
-    truth = exact.category[live_at]
-    size = pairs.size[live_at].astype(np.int64)
+    found, columns = inspect(snapshot, 0, 1)
+    assert found.exact_categories, "the recording carries no tags"
+    at = found.peak.event_index
+    stripped = {key: value for key, value in snapshot.items() if key != TAGS_KEY}  # as torch records it
+    exact = inspect(snapshot, 0, 1, moments=[at])[0].moments[0]
+    inferred = np.array(inspect(stripped, 0, 1, moments=[at])[0].moments[0].categories, dtype=np.int8)
+    truth = np.array(exact.categories, dtype=np.int8)
+    size = columns.size[np.array(exact.events, dtype=np.int64)].astype(np.int64)
     by_truth: dict[str, dict[str, int]] = {}
-    for c, name in enumerate(categories.CATEGORIES):
+    for c, name in enumerate(CATEGORIES):
         chosen = truth == c
         if chosen.any():
             by_truth[name] = {"bytes": int(size[chosen].sum()), "right": int(size[chosen & (inferred == c)].sum())}
     wrong: dict[str, int] = {}
     for t, i, s in zip(truth.tolist(), inferred.tolist(), size.tolist()):
         if t != i:
-            key = f"{categories.CATEGORIES[t]} as {categories.CATEGORIES[i]}"
+            key = f"{CATEGORIES[t]} as {CATEGORIES[i]}"
             wrong[key] = wrong.get(key, 0) + s
     total = int(size.sum())
     right = int(size[truth == inferred].sum())

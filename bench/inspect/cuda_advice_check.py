@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stowage.inspector import inspect_device
+from stowage.inspection.findings import inspect_device
 
 FIXES = {"logits at the peak": "chunked", "forward without backward": "no_grad",
          "gradients kept across steps": "set_to_none", "memory growing every step": "detach"}

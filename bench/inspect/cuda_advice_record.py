@@ -1,5 +1,5 @@
 """Records stock PyTorch's CUDA memory snapshots of loops that waste memory, and measures each
-loop's peak again with the waste fixed, for checking the inspector's advice (stowage.advice) on
+loop's peak again with the waste fixed, for checking the inspector's advice (snapshot/advice.hpp) on
 snapshots stowage did not write: the saving it predicts from the snapshot against the saving
 measured on the GPU.
 
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-LOSS_CHUNKS = 8  # as stowage.advice.LOSS_CHUNKS
+LOSS_CHUNKS = 8  # as stowage._core.advice_loss_chunks
 DEVICE = "cuda"  # "cpu" for --dry-run: the loops at two rows, nothing recorded or measured
 
 

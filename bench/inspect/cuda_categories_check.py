@@ -1,5 +1,5 @@
 """How many of the bytes live at each marker of cuda_categories_record.py's snapshots the
-inspector puts in the right category (stowage.categories, inferred from stacks and lifetimes as
+inspector puts in the right category (snapshot/categories.hpp, inferred from stacks and lifetimes as
 on any stock snapshot), against what the recording script knew.
 
     python3 bench/inspect/cuda_categories_check.py DIR [--json OUT]
@@ -21,29 +21,27 @@ from typing import Any
 
 import numpy as np
 
-from stowage import categories, inspector, trace_steps
-from stowage.trace import as_columns
+from stowage import _core
+from stowage.inspection.findings import device_trace, inspect
+from stowage.snapshot_reader import ACTION_CODES
+
+CATEGORIES = _core.category_names
 
 
 def categorised_at_markers(snapshot: dict[str, Any], sizes: dict[str, int]) -> dict[str, dict[int, tuple[str, int]]]:
     """{marker: {address: (inferred category, bytes)}} of the allocations live just before each
     marker's allocation (the first allocation of that size)."""
-    columns = as_columns(snapshot["device_traces"][0])
-    pairs = inspector.live_pairs(columns)
-    live = np.cumsum(pairs.own - pairs.unknown)
-    steps, _ = trace_steps.cut(columns, pairs.index, live, pairs.is_alloc, pairs.size)
-    step_starts = np.searchsorted(pairs.index, np.array([s.first_event for s in steps], dtype=np.int64))
-    sizes_at = columns.size[pairs.index]
-    out: dict[str, dict[int, tuple[str, int]]] = {}
+    columns = device_trace(snapshot, 0)
+    allocs = np.flatnonzero(columns.action == ACTION_CODES["alloc"])
+    before: dict[str, int] = {}  # each marker's: the event before its allocation
     for marker, size in sizes.items():
-        found = np.flatnonzero(pairs.is_alloc & (sizes_at == size))
+        found = allocs[columns.size[allocs] == size]
         if not len(found):
             raise SystemExit(f"no allocation of {size} bytes (the {marker} marker) in the trace")
-        live_at, category = categories.live_categories(columns, pairs.index, pairs.is_alloc, pairs.end,
-                                                       step_starts, int(found[0]) - 1)
-        out[marker] = {int(columns.addr[pairs.index[p]]): (categories.CATEGORIES[c], int(pairs.size[p]))
-                       for p, c in zip(live_at.tolist(), category.tolist())}
-    return out
+        before[marker] = int(found[0]) - 1
+    moments = inspect(snapshot, 0, 1, moments=list(before.values()))[0].moments
+    return {marker: {int(columns.addr[e]): (CATEGORIES[c], int(columns.size[e])) for e, c in
+                     zip(moment.events, moment.categories)} for marker, moment in zip(before, moments)}
 
 
 def compare(inferred: dict[int, tuple[str, int]], known: dict[str, str]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Records stock PyTorch's CUDA memory snapshots of five models' training steps, with what each
 allocation live at two moments of the last step really is, for checking the inspector's
-categories (stowage.categories) on snapshots stowage did not write.
+categories (snapshot/categories.hpp) on snapshots stowage did not write.
 
 Needs a GPU, torch, transformers and torchvision; nothing of stowage (it runs where stowage is
 not built). For each model: history recording starts before the model is made (as torch's

@@ -1,29 +1,28 @@
-// stowage._core's trace analyses (snapshot/: trace steps, alloc/free pairing, categories, the
-// inspector's advice, the comparison of two snapshots)
-// over a trace's columns as numpy arrays: conversions only. Positions arrive as any integer
-// array (int32 or int64); a live-bytes series as int64, or as Python's integers (an object array)
-// where it passes int64 (Note [Live bytes in 128 bits]); byte counts leave as Python ints.
+// stowage._core's trace analyses (snapshot/): `stowage inspect`'s findings about one device in one
+// call (inspection.hpp), from its trace's columns (stowage.snapshot_reader.TraceColumns) and its
+// segments (the snapshot's dicts), as one bound object; replay's device events; the comparison of
+// two snapshots. Conversions only: fields are read as Python reads them (int(), str(), a missing
+// key a KeyError), byte counts leave as Python ints (Note [Live bytes in 128 bits]), strings as the
+// snapshot held them (a lone surrogate as Python's surrogatepass writes it).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator/base/errors.hpp"
 #include "python/bindings/bindings.hpp"
-#include "snapshot/advice.hpp"
-#include "snapshot/advice_evidence.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
-#include "snapshot/live_groups.hpp"
-#include "snapshot/live_pairs.hpp"
-#include "snapshot/live_series.hpp"
+#include "snapshot/inspection.hpp"
 #include "snapshot/snapshot_diff.hpp"
-#include "snapshot/trace_steps.hpp"
 
 namespace py = pybind11;
 
@@ -32,12 +31,13 @@ namespace stowage::python {
 namespace {
 
 using snapshot::Wide;
-using Int64s = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
-using Bools = py::array_t<bool, py::array::c_style | py::array::forcecast>;
-using Bytes = py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>;
+template <typename T>
+using Column = py::array_t<T, py::array::c_style | py::array::forcecast>;
+using Int64s = Column<std::int64_t>;
+using Bytes = Column<std::uint64_t>;
 
 template <typename T>
-std::span<const T> span_of(const py::array_t<T, py::array::c_style | py::array::forcecast>& values) {
+std::span<const T> span_of(const Column<T>& values) {
   return {values.data(), static_cast<std::size_t>(values.size())};
 }
 
@@ -46,10 +46,6 @@ py::array_t<T> array_of(const std::vector<T>& values) {
   py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
   std::copy(values.begin(), values.end(), out.mutable_data());
   return out;
-}
-
-std::span<const std::uint8_t> bytes_of(const Bools& values) {
-  return {reinterpret_cast<const std::uint8_t*>(values.data()), static_cast<std::size_t>(values.size())};
 }
 
 Wide wide_of(const py::handle& value) {
@@ -76,152 +72,8 @@ py::int_ int_of(Wide value) {
       (py::int_(high).attr("__lshift__")(64).attr("__or__")(py::int_(low))).release());
 }
 
-// A live-bytes series from numpy: int64 read in place, Python's integers widened.
-class LiveArgument {
- public:
-  explicit LiveArgument(const py::array& values) {
-    if (values.dtype().kind() == 'O') {
-      for (const py::handle value : values) wide_.push_back(wide_of(value));
-      series_ = snapshot::LiveSeries(std::span<const Wide>(wide_));
-    } else {
-      narrow_ = Int64s::ensure(values);
-      if (!narrow_) throw py::error_already_set();
-      series_ = snapshot::LiveSeries(span_of(narrow_));
-    }
-  }
-  const snapshot::LiveSeries& series() const { return series_; }
-
- private:
-  Int64s narrow_;
-  std::vector<Wide> wide_;
-  snapshot::LiveSeries series_;
-};
-
-std::vector<std::int64_t> list_of(const Int64s& values) {
-  const auto values_span = span_of(values);
-  return {values_span.begin(), values_span.end()};
-}
-
-snapshot::StepMarks marks_of(const Int64s& steps, const Int64s& trial_begins, const Int64s& trial_ends,
-                             std::int64_t events) {
-  return {list_of(steps), list_of(trial_begins), list_of(trial_ends), events};
-}
-
-py::tuple steps_of(const snapshot::Steps& found) {
-  py::list rows;
-  for (const snapshot::Step& step : found.steps) {
-    rows.append(py::make_tuple(step.number, step.first_event, step.last_event, int_of(step.peak_bytes),
-                               step.peak_event, int_of(step.end_bytes), step.fit_trial));
-  }
-  return py::make_tuple(rows, found.found_by);
-}
-
-void bind_steps(py::module_& module) {
-  module.def(
-      "in_trial",
-      [](const Int64s& trial_begins, const Int64s& trial_ends, std::int64_t events, const Int64s& index) {
-        const std::vector<std::uint8_t> inside = snapshot::in_trial(marks_of(Int64s(0), trial_begins, trial_ends, events),
-                                                                    span_of(index));
-        py::array_t<bool> out(static_cast<py::ssize_t>(inside.size()));
-        std::copy(inside.begin(), inside.end(), out.mutable_data());
-        return out;
-      },
-      py::arg("trial_begins"), py::arg("trial_ends"), py::arg("events"), py::arg("index"),
-      "For each event index, whether it lies inside one of stowage.fit's trial spans.");
-  module.def(
-      "cut_steps",
-      [](const Int64s& steps, const Int64s& trial_begins, const Int64s& trial_ends, std::int64_t events,
-         const Int64s& index, const py::array& live, const Bools& is_alloc, const Int64s& size) {
-        const LiveArgument series(live);
-        return steps_of(snapshot::cut_steps(marks_of(steps, trial_begins, trial_ends, events), span_of(index),
-                                            series.series(), bytes_of(is_alloc), span_of(size)));
-      },
-      py::arg("steps"), py::arg("trial_begins"), py::arg("trial_ends"), py::arg("events"), py::arg("index"),
-      py::arg("live"), py::arg("is_alloc"), py::arg("size"),
-      "A trace's steps as (number, first_event, last_event, peak_bytes, peak_event, end_bytes, "
-      "fit_trial) rows, and how they were found (stowage.trace_steps).");
-}
-
-template <typename Position>
-py::tuple pairs_of(std::span<const std::uint8_t> action, std::span<const std::uint64_t> addr,
-                   std::span<const std::uint64_t> size) {
-  const auto n = static_cast<py::ssize_t>(snapshot::count_positions(action));
-  py::array_t<Position> index(n), alloc_of(n), end(n);
-  py::array_t<bool> is_alloc(n);
-  py::array_t<std::int64_t> sizes(n), own(n), unknown(n);
-  const auto span = [n](auto& array) { return std::span(array.mutable_data(), static_cast<std::size_t>(n)); };
-  const snapshot::LivePairsOut<Position> out{
-      span(index), std::span(reinterpret_cast<std::uint8_t*>(is_alloc.mutable_data()), static_cast<std::size_t>(n)),
-      span(sizes), span(own), span(unknown), span(alloc_of), span(end)};
-  {
-    py::gil_scoped_release released;
-    snapshot::pair_allocations(action, addr, size, out);
-  }
-  return py::make_tuple(index, is_alloc, sizes, own, unknown, alloc_of, end);
-}
-
-void bind_pairs(py::module_& module) {
-  using Actions = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>;
-  module.def(
-      "grouped_live",
-      [](const Int64s& own, const Int64s& unknown, const Bools& is_alloc, const Int64s& alloc_of, const Int64s& group,
-         std::size_t groups, std::size_t max_points) {
-        const snapshot::GroupedLive found = snapshot::grouped_live(span_of(own), span_of(unknown), bytes_of(is_alloc),
-                                                                   span_of(alloc_of), span_of(group), groups, max_points);
-        const auto ints = [](const std::vector<Wide>& values) {
-          py::list out;
-          for (const Wide value : values) out.append(int_of(value));
-          return out;
-        };
-        py::list series;
-        for (const auto& values : found.series) series.append(ints(values));
-        return py::make_tuple(array_of(found.positions), found.peak, ints(found.unknown_freed), series);
-      },
-      py::arg("own"), py::arg("unknown"), py::arg("is_alloc"), py::arg("alloc_of"), py::arg("group"), py::arg("groups"),
-      py::arg("max_points"),
-      "Live bytes by group, sampled: (positions, the peak's position, unknown frees' bytes so far and "
-      "each group's live bytes at each sample).");
-  module.def(
-      "live_at",
-      [](const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& group, std::size_t groups,
-         std::int64_t position) {
-        const snapshot::LiveAt found =
-            snapshot::live_at(bytes_of(is_alloc), span_of(end), span_of(size), span_of(group), groups, position);
-        py::list bytes;
-        for (const Wide value : found.bytes) bytes.append(int_of(value));
-        return py::make_tuple(bytes, array_of(found.count));
-      },
-      py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("group"), py::arg("groups"), py::arg("position"),
-      "Live bytes (Python ints) and allocations (int64) by group just after `position`.");
-  module.def(
-      "growing_groups",
-      [](const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& group, const Int64s& first,
-         const Int64s& positions) {
-        py::list rows;
-        for (const snapshot::Growing& row : snapshot::growing_groups(bytes_of(is_alloc), span_of(end), span_of(size),
-                                                                     span_of(group), span_of(first),
-                                                                     span_of(positions))) {
-          rows.append(py::make_tuple(row.group, int_of(row.bytes_per_step), row.steps));
-        }
-        return rows;
-      },
-      py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("group"), py::arg("first"), py::arg("positions"),
-      "The groups whose live bytes grew at every one of `positions`: (group, bytes a step, steps) "
-      "rows, the largest growth first (snapshot/live_groups.hpp).");
-  module.def(
-      "live_pairs",
-      [](const Actions& action, const Bytes& addr, const Bytes& size) {
-        const std::span<const std::uint8_t> actions(action.data(), static_cast<std::size_t>(action.size()));
-        if (actions.size() < (std::size_t{1} << 31)) return pairs_of<std::int32_t>(actions, span_of(addr), span_of(size));
-        return pairs_of<std::int64_t>(actions, span_of(addr), span_of(size));
-      },
-      py::arg("action"), py::arg("addr"), py::arg("size"),
-      "A trace's alloc and free_completed events paired: (index, is_alloc, size, own, unknown, "
-      "alloc_of, end), positions int32 below 2**31 events (stowage.inspector.LivePairs).");
-}
-
 // str(value) as UTF-8, a lone surrogate (which a snapshot's strings may hold) as Python's
-// surrogatepass writes it; utf8_str() reads it back.
+// surrogatepass writes it.
 std::string utf8_of(const py::handle& value) {
   const py::str text(value);
   const py::object utf8 = py::reinterpret_steal<py::object>(
@@ -230,65 +82,270 @@ std::string utf8_of(const py::handle& value) {
   return utf8.cast<std::string>();
 }
 
+// utf8_of's string back as Python's.
 py::str utf8_str(const std::string& utf8) {
   PyObject* made = PyUnicode_DecodeUTF8(utf8.data(), static_cast<Py_ssize_t>(utf8.size()), "surrogatepass");
   if (made == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::str>(made);
 }
 
-// The stack flags of each stack (snapshot/categories.hpp), its frames read as Python reads them.
-py::array_t<std::int8_t> stack_flags_of(const py::list& stacks) {
-  const auto text = [](const py::handle& frame, const char* key) { return utf8_of(frame.attr("get")(key, "")); };
-  py::array_t<std::int8_t> out(static_cast<py::ssize_t>(stacks.size()));
-  std::vector<snapshot::FrameNames> frames;
-  for (std::size_t k = 0; k < stacks.size(); ++k) {
-    frames.clear();
-    const py::object stack = stacks[k];
-    const int frames_given = PyObject_IsTrue(stack.ptr());  // (frames or (): None and [] have none)
-    if (frames_given < 0) throw py::error_already_set();
-    if (frames_given == 1) {
-      for (const py::handle frame : stack) {
-        std::string filename = text(frame, "filename");
-        frames.push_back({std::move(filename), text(frame, "name")});
-      }
+// site_name() of a frame (`get`: its get method).
+std::string site_of_frame(const py::object& get, const py::object& missing) {
+  const py::object name = get("name", missing);
+  return snapshot::site_name({utf8_of(get("filename", "")), utf8_of(get("line", 0)),
+                              name.is(missing) ? std::string() : utf8_of(name), !name.is(missing)});
+}
+
+// A stack's frames (a list of dicts; None or empty: none), read as stowage's sites name them:
+// each frame's filename and name, and the line of the frame that names the site alone
+// (`missing`: an object no frame holds, for a name the frame lacks).
+std::vector<snapshot::Frame> frames_of(const py::handle& stack, const py::object& missing) {
+  std::vector<snapshot::Frame> frames;
+  const int given = PyObject_IsTrue(stack.ptr());
+  if (given < 0) throw py::error_already_set();
+  if (given == 0) return frames;
+  std::vector<py::object> gets;
+  for (const py::handle frame : stack) {
+    const py::object get = frame.attr("get");
+    const py::object name = get("name", missing);
+    const bool has_name = !name.is(missing);
+    frames.push_back({utf8_of(get("filename", "")), "", has_name ? utf8_of(name) : std::string(), has_name});
+    gets.push_back(get);
+  }
+  if (const auto chosen = snapshot::site_frame(frames)) frames[*chosen].line = utf8_of(gets[*chosen]("line", 0));
+  return frames;
+}
+
+// The columns of one device's trace, held for the call.
+struct ColumnsArgument {
+  explicit ColumnsArgument(const py::object& columns)
+      : action(Column<std::uint8_t>::ensure(columns.attr("action"))),
+        addr(Column<std::uint64_t>::ensure(columns.attr("addr"))),
+        size(Column<std::uint64_t>::ensure(columns.attr("size"))),
+        stack(Column<std::int32_t>::ensure(columns.attr("stack"))) {
+    if (!action || !addr || !size || !stack) throw py::error_already_set();
+    const py::object missing = py::module_::import("builtins").attr("object")();
+    for (const py::handle frames : columns.attr("stacks")) stacks.push_back(frames_of(frames, missing));
+    input = {span_of(action), span_of(addr), span_of(size), span_of(stack), stacks, {}, {}};
+    input.marks.events = static_cast<std::int64_t>(action.size());
+    const py::str step(snapshot::kMarkStep), begin(snapshot::kTrialBegin), end(snapshot::kTrialEnd);
+    for (const auto [index, value] : columns.attr("user_metadata").cast<py::dict>()) {
+      if (!py::isinstance<py::str>(value)) continue;
+      const auto event = index.cast<std::int64_t>();
+      if (value.equal(step)) input.marks.steps.push_back(event);
+      if (value.equal(begin)) input.marks.trial_begins.push_back(event);
+      if (value.equal(end)) input.marks.trial_ends.push_back(event);
     }
-    out.mutable_data()[k] = snapshot::stack_flags(frames);
+    for (auto* marks : {&input.marks.steps, &input.marks.trial_begins, &input.marks.trial_ends}) {
+      std::sort(marks->begin(), marks->end());
+    }
+    for (const auto [index, value] : columns.attr("device_free").cast<py::dict>()) {
+      const py::int_ bytes(py::reinterpret_borrow<py::object>(value));
+      input.device_free.emplace(index.cast<std::int64_t>(), wide_of(bytes));
+    }
+  }
+  Column<std::uint8_t> action;
+  Column<std::uint64_t> addr, size;
+  Column<std::int32_t> stack;
+  std::vector<std::vector<snapshot::Frame>> stacks;
+  snapshot::TraceInput input;
+};
+
+// frame_site() of a block's frames, read up to its first user frame.
+std::optional<std::string> block_site(const py::handle& stack, const py::object& missing) {
+  const int given = PyObject_IsTrue(stack.ptr());
+  if (given < 0) throw py::error_already_set();
+  if (given == 0) return std::nullopt;
+  std::optional<py::object> python;  // the innermost Python frame's get
+  for (const py::handle frame : stack) {
+    const py::object get = frame.attr("get");
+    const snapshot::FrameKind kind = snapshot::frame_kind(utf8_of(get("filename", "")));
+    if (kind == snapshot::FrameKind::kUser) return site_of_frame(get, missing);
+    if (!python && kind == snapshot::FrameKind::kLibrary) python = get;
+  }
+  if (python) return site_of_frame(*python, missing);
+  return std::nullopt;
+}
+
+// The segments' blocks, their sites named where the findings read them: live blocks', or every
+// block's where the HTML report draws them (`every_site`).
+std::vector<snapshot::SegmentInput> segments_of(const py::list& segments, bool every_site) {
+  std::vector<snapshot::SegmentInput> out;
+  const py::object missing = py::module_::import("builtins").attr("object")();
+  for (const py::handle segment : segments) {
+    const py::object get = segment.attr("get");
+    snapshot::SegmentInput row{wide_of(py::int_(segment["address"])), wide_of(py::int_(segment["total_size"])),
+                               PyObject_IsTrue(get("is_expandable").ptr()) == 1, {}};
+    for (const py::handle block : get("blocks", py::list())) {
+      const py::object field = block.attr("get");
+      const Wide size = wide_of(py::int_(block["size"]));
+      const bool requested = py::reinterpret_borrow<py::object>(block).contains("requested_size");
+      std::string state = utf8_of(field("state", ""));
+      std::optional<std::string> site;
+      if (every_site || state.starts_with("active")) site = block_site(field("frames"), missing);
+      row.blocks.push_back({size, requested ? wide_of(py::int_(block["requested_size"])) : size, std::move(state),
+                            std::move(site)});
+    }
+    out.push_back(std::move(row));
   }
   return out;
 }
 
-void bind_categories(py::module_& module) {
-  using Stacks = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
+// stowage.inspection.tags' tags: (events, category, module, paths, block_of_path, blocks).
+snapshot::ExactTags tags_of(const py::tuple& tags) {
+  snapshot::ExactTags out;
+  out.events = tags[0].cast<std::vector<std::int64_t>>();
+  out.category = tags[1].cast<std::vector<std::int8_t>>();
+  out.module = tags[2].cast<std::vector<std::int64_t>>();
+  for (const py::handle path : tags[3]) out.paths.push_back(utf8_of(path));
+  out.block_of_path = tags[4].cast<std::vector<std::int64_t>>();
+  for (const py::handle block : tags[5]) out.blocks.push_back(utf8_of(block));
+  return out;
+}
+
+// A bound findings type: byte counts as Python ints, strings as the snapshot held them.
+template <typename T>
+class Bound {
+ public:
+  Bound(py::module_& module, const char* name, const char* doc) : class_(module, name, doc) {}
+  Bound& bytes(const char* name, Wide T::*member) {
+    class_.def_property_readonly(name, [member](const T& self) { return int_of(self.*member); });
+    return *this;
+  }
+  Bound& text(const char* name, std::string T::*member) {
+    class_.def_property_readonly(name, [member](const T& self) { return utf8_str(self.*member); });
+    return *this;
+  }
+  template <typename Field>
+  Bound& plain(const char* name, Field T::*member) {
+    class_.def_readonly(name, member);
+    return *this;
+  }
+  template <typename Getter>
+  Bound& computed(const char* name, Getter getter) {
+    class_.def_property_readonly(name, getter);
+    return *this;
+  }
+
+ private:
+  py::class_<T> class_;
+};
+
+void bind_segment_findings(py::module_& module) {
+  using namespace snapshot;
+  Bound<Totals>(module, "Totals", "A device's memory at the snapshot (snapshot/segment_findings.hpp).")
+      .bytes("allocated", &Totals::allocated).bytes("active", &Totals::active).bytes("requested", &Totals::requested)
+      .bytes("reserved", &Totals::reserved).bytes("reserved_unallocated", &Totals::reserved_unallocated)
+      .bytes("largest_free_block", &Totals::largest_free_block).plain("fragmentation", &Totals::fragmentation)
+      .plain("segments", &Totals::segments);
+  Bound<SizeBucket>(module, "SizeBucket", "Segments of one size bucket.")
+      .text("size", &SizeBucket::size).plain("count", &SizeBucket::count).bytes("bytes", &SizeBucket::bytes);
+  Bound<HeldSegment>(module, "HeldSegment", "A segment held by one small live block.")
+      .bytes("address", &HeldSegment::address).bytes("segment_bytes", &HeldSegment::segment_bytes)
+      .bytes("live_bytes", &HeldSegment::live_bytes).bytes("held_back", &HeldSegment::held_back)
+      .text("site", &HeldSegment::site);
+  Bound<SegmentSummary>(module, "SegmentSummary", "The segments: by size, how full, held by one small block.")
+      .plain("count", &SegmentSummary::count).plain("by_size", &SegmentSummary::by_size)
+      .plain("fill_quartiles", &SegmentSummary::fill_quartiles)
+      .plain("held_by_one_small_block", &SegmentSummary::held_by_one_small_block);
+  Bound<SiteLive>(module, "SiteLive", "Live bytes and allocations at one site.")
+      .text("site", &SiteLive::site).bytes("bytes", &SiteLive::bytes).plain("allocations", &SiteLive::allocations);
+}
+
+void bind_trace_findings(py::module_& module) {
+  using namespace snapshot;
+  Bound<ModuleLive>(module, "ModuleLive", "Live bytes made by one module path.")
+      .text("module", &ModuleLive::module).bytes("bytes", &ModuleLive::bytes);
+  Bound<Peak>(module, "Peak", "A live-bytes peak and what was live there (snapshot/trace_findings.hpp).")
+      .bytes("live_bytes", &Peak::live_bytes).plain("event_index", &Peak::event_index)
+      .bytes("baseline", &Peak::baseline).plain("sites", &Peak::sites).plain("modules", &Peak::modules)
+      .computed("categories", [](const Peak& self) {
+        py::list rows;
+        for (const auto& [name, bytes] : self.categories) rows.append(py::make_tuple(name, int_of(bytes)));
+        return rows;
+      });
+  Bound<OomFinding>(module, "OomFinding", "An out-of-memory event and what was live then.")
+      .plain("event_index", &OomFinding::event_index).bytes("requested", &OomFinding::requested)
+      .bytes("device_free", &OomFinding::device_free).bytes("live_bytes", &OomFinding::live_bytes)
+      .plain("sites", &OomFinding::sites).plain("in_fit_trial", &OomFinding::in_fit_trial)
+      .plain("under_stowage", &OomFinding::under_stowage);
+  Bound<Step>(module, "Step", "One step of the trace (snapshot/trace_steps.hpp).")
+      .plain("number", &Step::number).plain("first_event", &Step::first_event).plain("last_event", &Step::last_event)
+      .bytes("peak_bytes", &Step::peak_bytes).plain("peak_event", &Step::peak_event)
+      .bytes("end_bytes", &Step::end_bytes).plain("fit_trial", &Step::fit_trial);
+  Bound<GrowingSite>(module, "GrowingSite", "A site whose live bytes grew at every step's end.")
+      .text("site", &GrowingSite::name).bytes("bytes_per_step", &GrowingSite::bytes_per_step)
+      .plain("steps", &GrowingSite::steps);
+  Bound<Advice>(module, "Advice", "One piece of advice (snapshot/advice.hpp).")
+      .plain("rule", &Advice::rule).bytes("waste_bytes", &Advice::waste).bytes("saving_bytes", &Advice::saving)
+      .plain("upper_bound", &Advice::upper_bound).text("advice", &Advice::text);
+  Bound<Timeline>(module, "Timeline", "Live bytes by group, sampled (snapshot/timelines.hpp).")
+      .plain("x", &Timeline::x).plain("peak_index", &Timeline::peak_index)
+      .computed("series", [](const Timeline& self) {
+        py::list rows;
+        for (const auto& [name, values] : self.series) {
+          py::list bytes;
+          for (const Wide value : values) bytes.append(int_of(value));
+          rows.append(py::make_tuple(utf8_str(name), bytes));
+        }
+        return rows;
+      });
+  Bound<Timelines>(module, "Timelines", "The HTML report's timelines: by site, by category, by module.")
+      .plain("by_site", &Timelines::by_site).plain("by_category", &Timelines::by_category)
+      .plain("by_module", &Timelines::by_module);
+  Bound<LiveMoment>(module, "LiveMoment", "The allocations live just after an event, and what each is.")
+      .plain("event_index", &LiveMoment::event_index).plain("events", &LiveMoment::events)
+      .plain("categories", &LiveMoment::categories);
+  Bound<Findings>(module, "Findings", "stowage inspect's findings about one device (snapshot/inspection.hpp).")
+      .plain("totals", &Findings::totals).plain("segments", &Findings::segments)
+      .plain("sites_at_end", &Findings::sites_at_end)
+      .computed("peak", [](const Findings& self) { return self.trace.peak; })
+      .computed("fit_trial_peak", [](const Findings& self) { return self.trace.fit_trial_peak; })
+      .computed("ooms", [](const Findings& self) { return self.trace.ooms; })
+      .computed("oom_events", [](const Findings& self) { return self.trace.oom_events; })
+      .computed("steps", [](const Findings& self) { return self.trace.steps.steps; })
+      .computed("steps_found_by", [](const Findings& self) { return self.trace.steps.found_by; })
+      .computed("growing", [](const Findings& self) { return self.trace.growing; })
+      .computed("advice", [](const Findings& self) { return self.trace.advice; })
+      .computed("exact_categories", [](const Findings& self) { return self.trace.exact_categories; })
+      .computed("timelines", [](const Findings& self) { return self.trace.timelines; })
+      .computed("moments", [](const Findings& self) { return self.trace.moments; })
+      .computed("block_sites", [](const Findings& self) {
+        py::list segments;
+        for (const auto& sites : self.block_sites) {
+          py::list names;
+          for (const std::string& site : sites) names.append(utf8_str(site));
+          segments.append(names);
+        }
+        return segments;
+      });
+}
+
+void bind_inspect(py::module_& module) {
+  module.attr("advice_loss_chunks") = snapshot::kLossChunks;
+  module.attr("timeline_max_points") = snapshot::kMaxPoints;
   py::tuple names(std::size(snapshot::kCategoryNames));
   for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) names[k] = snapshot::kCategoryNames[k];
   module.attr("category_names") = names;
-  module.def("stack_flags", &stack_flags_of, py::arg("stacks"),
-             "The stack flags (int8) of each stack: a list of frames (dicts), or None.");
+  bind_segment_findings(module);
+  bind_trace_findings(module);
   module.def(
-      "mark_autograd_thread",
-      [](py::array flags, const Stacks& stack, const Int64s& index, const Bools& is_alloc) {
-        STOWAGE_CHECK(flags.dtype().is(py::dtype::of<std::int8_t>()) && flags.writeable() &&
-                          (flags.flags() & py::array::c_style) != 0 && flags.ndim() == 1,
-                      "flags must be a writeable, contiguous int8 array");
-        const std::span<std::int8_t> marked(static_cast<std::int8_t*>(flags.mutable_data()),
-                                            static_cast<std::size_t>(flags.size()));
-        return snapshot::mark_autograd_thread(marked, span_of(stack), span_of(index), bytes_of(is_alloc));
+      "inspect",
+      [](const py::object& columns, const py::list& segments, std::size_t top, bool under_stowage,
+         const py::object& tags, bool timelines, std::vector<std::int64_t> moments) {
+        const ColumnsArgument trace(columns);
+        snapshot::InspectOptions options{top, under_stowage, std::nullopt, timelines, std::move(moments)};
+        if (!tags.is_none()) options.tags = tags_of(tags.cast<py::tuple>());
+        const std::vector<snapshot::SegmentInput> read = segments_of(segments, timelines);
+        py::gil_scoped_release released;
+        return snapshot::inspect(trace.input, read, std::move(options));
       },
-      py::arg("flags"), py::arg("stack"), py::arg("index"), py::arg("is_alloc"),
-      "Marks autograd's thread's events backward's in `flags` (in place); False (nothing marked) "
-      "where the trace has no Python frames to read.");
-  module.def(
-      "infer_categories",
-      [](const py::array_t<std::int8_t, py::array::c_style | py::array::forcecast>& flags, const Stacks& stack,
-         const Int64s& index, const Bools& is_alloc, const Int64s& end, const Int64s& step_starts,
-         const Int64s& positions) {
-        const snapshot::CategoryInputs inputs{span_of(flags), span_of(stack), span_of(index), bytes_of(is_alloc),
-                                              span_of(end), span_of(step_starts)};
-        return array_of(snapshot::infer_categories(inputs, span_of(positions)));
-      },
-      py::arg("flags"), py::arg("stack"), py::arg("index"), py::arg("is_alloc"), py::arg("end"),
-      py::arg("step_starts"), py::arg("positions"),
-      "The category (int8, category_names' order) of the allocations at `positions`.");
+      py::arg("columns"), py::arg("segments"), py::arg("top"), py::arg("under_stowage"), py::arg("tags"),
+      py::arg("timelines") = false, py::arg("moments") = std::vector<std::int64_t>{},
+      "stowage inspect's findings about one device: its trace's columns (TraceColumns), its segments "
+      "(the snapshot's dicts), the sites listed (`top`), whether stowage's allocator recorded it, "
+      "stowage's tags (stowage.inspection.tags.read_tags', or None), whether to draw the HTML "
+      "report's timelines, and the events after which to say what was live (`moments`).");
 }
 
 void bind_device_events(py::module_& module) {
@@ -331,90 +388,6 @@ void bind_device_events(py::module_& module) {
 
 using Flags = py::array_t<std::int8_t, py::array::c_style | py::array::forcecast>;
 using StackColumn = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
-
-// The optional arrays of advise: None is an empty one.
-template <typename Array>
-Array optional_array(const py::object& value) {
-  const Array out = value.is_none() ? Array(0) : Array::ensure(value);
-  if (!out) throw py::error_already_set();
-  return out;
-}
-
-py::list advice_rows(const std::vector<snapshot::Advice>& found) {
-  py::list rows;
-  for (const snapshot::Advice& row : found) {
-    py::dict out;
-    out["rule"] = row.rule;
-    out["waste_bytes"] = int_of(row.waste);
-    out["saving_bytes"] = int_of(row.saving);
-    if (row.upper_bound) out["upper_bound"] = *row.upper_bound;
-    out["advice"] = utf8_str(row.text);
-    rows.append(out);
-  }
-  return rows;
-}
-
-void bind_advice(py::module_& module) {
-  module.attr("advice_min_share") = snapshot::kMinShare;
-  module.attr("advice_loss_chunks") = snapshot::kLossChunks;
-  module.def(
-      "all_categories",
-      [](const Flags& flags, const StackColumn& stack, const Int64s& index, const Bools& is_alloc, const Int64s& end,
-         const Int64s& step_starts) {
-        return array_of(snapshot::all_categories(
-            {span_of(flags), span_of(stack), span_of(index), bytes_of(is_alloc), span_of(end), span_of(step_starts)}));
-      },
-      py::arg("flags"), py::arg("stack"), py::arg("index"), py::arg("is_alloc"), py::arg("end"),
-      py::arg("step_starts"), "Every position's category (int8; unknown at frees), with marked flags.");
-  module.def(
-      "advise",
-      [](const py::array& live, const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& own,
-         const Int64s& index, const StackColumn& stack, const Flags& flags, const py::object& marked,
-         const Int64s& step_starts, const Int64s& site, const py::object& exact_category, const py::object& block,
-         std::size_t blocks, const py::str& first_block, const py::int_& peak_bytes, std::int64_t peak_position,
-         const Int64s& live_at, const Flags& category_at, const py::dict& peak_categories, const py::list& growing,
-         const py::object& oom) {
-        const LiveArgument series(live);
-        const Flags marked_flags = optional_array<Flags>(marked), exact = optional_array<Flags>(exact_category);
-        const Int64s blocks_of = optional_array<Int64s>(block);
-        const snapshot::AdviceTrace trace{series.series(), bytes_of(is_alloc), span_of(end), span_of(size),
-                                          span_of(own), span_of(index), span_of(stack), span_of(flags),
-                                          span_of(marked_flags), !marked.is_none(), span_of(step_starts),
-                                          span_of(site), span_of(exact), span_of(blocks_of), blocks};
-        snapshot::AdvicePeak peak{wide_of(peak_bytes), peak_position, span_of(live_at), span_of(category_at), {},
-                                  utf8_of(first_block)};
-        for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) {
-          const py::str name(snapshot::kCategoryNames[k]);
-          if (peak_categories.contains(name)) peak.by_category[k] = wide_of(peak_categories[name]);
-        }
-        std::vector<snapshot::GrowingSite> sites;
-        for (const py::handle row : growing) {
-          const auto fields = row.cast<py::tuple>();
-          sites.push_back({fields[0].cast<std::int64_t>(), utf8_of(fields[1]), wide_of(fields[2]),
-                           fields[3].cast<std::int64_t>()});
-        }
-        std::optional<snapshot::OomFacts> facts;
-        if (!oom.is_none()) {
-          const auto fields = oom.cast<py::tuple>();
-          facts = snapshot::OomFacts{wide_of(fields[0]), wide_of(fields[1]), wide_of(fields[2]), std::nullopt,
-                                     fields[4].cast<bool>()};
-          if (!fields[3].is_none()) facts->replayed_reserved = wide_of(fields[3]);
-        }
-        snapshot::AdviceEvidence evidence(trace);
-        return advice_rows(snapshot::advise(evidence, peak, sites, facts));
-      },
-      py::arg("live"), py::arg("is_alloc"), py::arg("end"), py::arg("size"), py::arg("own"), py::arg("index"),
-      py::arg("stack"), py::arg("flags"), py::arg("marked"), py::arg("step_starts"), py::arg("site"),
-      py::arg("exact_category"), py::arg("block"), py::arg("blocks"), py::arg("first_block"), py::arg("peak_bytes"),
-      py::arg("peak_position"), py::arg("live_at"), py::arg("category_at"), py::arg("peak_categories"),
-      py::arg("growing"), py::arg("oom"),
-      "The inspector's advice (snapshot/advice.hpp) as rows: rule, waste_bytes, saving_bytes, "
-      "upper_bound (where the saving may be a bound) and advice, largest saving first. `marked`: "
-      "the flags with autograd's thread marked (None: no Python frames); `growing`: (site id, name, "
-      "bytes a step, steps) rows; `oom`: (requested, device_free, cached_free, replayed peak "
-      "reserved or None, recorded under stowage's allocator) of the run's first out-of-memory, or "
-      "None.");
-}
 
 void bind_snapshot_diff(py::module_& module) {
   module.def(
@@ -490,12 +463,9 @@ void bind_snapshot_diff(py::module_& module) {
 }  // namespace
 
 void bind_trace_analysis(py::module_& module) {
-  bind_advice(module);
+  bind_inspect(module);
   bind_snapshot_diff(module);
   bind_device_events(module);
-  bind_categories(module);
-  bind_pairs(module);
-  bind_steps(module);
 }
 
 }  // namespace stowage::python

@@ -7,11 +7,12 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from stowage import __version__, demo, diff, doctor, inspector, record, replay
+from stowage import __version__, demo, diff, doctor, record, replay
+from stowage.inspection import command as inspect_command
 from stowage.plan import command as plan_command
 
 SUBCOMMANDS = {
-    "inspect": inspector,
+    "inspect": inspect_command,
     "diff": diff,
     "doctor": doctor,
     "replay": replay,

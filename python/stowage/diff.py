@@ -20,7 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from stowage import _core
-from stowage.inspector import analyse_trace, devices_with_data, load_with_progress, sites_at_end, totals_of
+from stowage.inspection.command import load_with_progress
+from stowage.inspection.findings import device_segments, device_trace, devices_with_data
 from stowage.snapshot_reader import SnapshotError
 from stowage.terminal import console, literal
 
@@ -41,40 +42,34 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 
-def _segments(snapshot: dict[str, Any], device: int) -> list[dict[str, Any]]:
-    return [s for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device]
-
-
 def _live(segment: dict[str, Any]) -> int:
     return sum(int(b["size"]) for b in segment.get("blocks", []) if b.get("state") == "active_allocated")
 
 
 def _segment_rows(snapshot: dict[str, Any], device: int) -> list[tuple[int, int, bool, int]]:
     return [(int(s["address"]), int(s["total_size"]), bool(s.get("is_expandable")), _live(s))
-            for s in _segments(snapshot, device)]
+            for s in device_segments(snapshot, device)]
 
 
-def _figures(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
-    segments = _segments(snapshot, device)
-    totals = totals_of(segments)
-    traces = snapshot.get("device_traces", [])
-    trace = traces[device] if device < len(traces) else []
-    peak, _, _ = analyse_trace(trace, totals.requested if segments else None, 1)
-    return {"allocated": totals.allocated, "reserved": totals.reserved, "segments": totals.segments,
-            "largest_free_block": totals.largest_free_block, "fragmentation": totals.fragmentation,
-            "trace_peak": peak.live_bytes if trace else None}
+def _findings(snapshot: dict[str, Any], device: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+    """The snapshot's figures, and its live bytes by site at the end (every site)."""
+    trace = device_trace(snapshot, device)
+    found = _core.inspect(trace, device_segments(snapshot, device), _ALL_SITES, False, None)
+    totals = found.totals
+    figures = {"allocated": totals.allocated, "reserved": totals.reserved, "segments": totals.segments,
+               "largest_free_block": totals.largest_free_block, "fragmentation": totals.fragmentation,
+               "trace_peak": found.peak.live_bytes if len(trace) else None}
+    return figures, [(row.site, row.bytes) for row in found.sites_at_end]
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> dict[str, Any]:
     """The comparison (snapshot/snapshot_diff.hpp matches sites and segments) as one dict."""
-    a_figures, b_figures = _figures(before, device), _figures(after, device)
+    (a_figures, a_sites), (b_figures, b_sites) = _findings(before, device), _findings(after, device)
     totals = {key: {"before": a_figures[key], "after": b_figures[key],
                     "change": (None if a_figures[key] is None or b_figures[key] is None
                                else b_figures[key] - a_figures[key])}
               for key in a_figures}
-    grew, shrank = _core.diff_sites(*[[(s["site"], s["bytes"]) for s in sites_at_end(_segments(snapshot, device),
-                                                                                        _ALL_SITES)]
-                                      for snapshot in (before, after)], top)
+    grew, shrank = _core.diff_sites(a_sites, b_sites, top)
     segments = _core.diff_segments(_segment_rows(before, device), _segment_rows(after, device), top)
     return {"device": device, "totals": totals, "sites_grew": grew, "sites_shrank": shrank, "segments": segments}
 

@@ -614,6 +614,7 @@ TEST_F(CachingAllocatorTest, HistoryRecordsEventsWithContextsAndIsBounded) {
   EXPECT_EQ(trace[2].context, 101u);
   EXPECT_EQ(trace[3].action, TraceAction::kFreeCompleted);
   EXPECT_EQ(trace[4].action, TraceAction::kSegmentFree);
+  EXPECT_EQ(trace[4].context, 102u) << "a segment given back carries the stack of the call that gave it";
   EXPECT_LE(trace[0].time_us, trace[4].time_us);
   EXPECT_GT(trace[0].time_us, 0);
 

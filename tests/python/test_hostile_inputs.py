@@ -246,7 +246,7 @@ def test_the_html_report_shows_every_hostile_string_as_its_escape(write_snapshot
 
 def test_a_report_that_cannot_be_put_in_place_leaves_the_earlier_one_and_nothing_else(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stowage import html_report
+    from stowage.inspection import html as html_report
 
     out = tmp_path / "report.html"
     out.write_text("the earlier report")

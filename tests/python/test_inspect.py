@@ -11,15 +11,15 @@ import subprocess
 import sys
 import textwrap
 from collections import defaultdict
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import REPO, SHARED_TRACES, stowage
-from stowage.html_report import MAX_POINTS, timeline
-from stowage.inspector import _ranked_sites, analyse_trace, site_of
+from stowage import _core
+from stowage.inspection.findings import oom_dict, peak_dict
+from stowage.inspection.html import timeline_dict
 from stowage.snapshot_reader import TraceColumns, load_snapshot, load_snapshot_columnar
 
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
@@ -199,14 +199,42 @@ def test_an_expandable_segment_is_not_held_by_its_one_block(write_snapshot: Any)
     assert len(report["segments"]["held_by_one_small_block"]) == 1
 
 
-def test_the_timeline_keeps_its_sample_cap() -> None:
-    from stowage.html_report import MAX_POINTS, timeline
+MAX_POINTS = _core.timeline_max_points
 
+
+def test_the_timeline_keeps_its_sample_cap() -> None:
     trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(2 * MAX_POINTS - 1)]
-    assert len(timeline(trace, 0, [])["x"]) <= MAX_POINTS + 2  # the peak and the last event may add one each
+    columns = TraceColumns.from_events(trace)
+    assert len(timeline(columns, None, 10)["x"]) <= MAX_POINTS + 2  # the peak and the last event may add one each
 
 
 # --- the columnar analysis against a count with a dict per event ---
+
+
+_LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "/torch/")
+
+
+def site_of(frames: list[dict[str, Any]] | None, size: int) -> str:
+    """A stack's innermost user frame, else its innermost Python frame, else the size class
+    (powers of four from 512 B), as `stowage inspect` names sites."""
+    python = [f for f in frames or [] if str(f.get("filename", "")).endswith(".py")]
+    for frame in [f for f in python if not any(part in str(f["filename"]) for part in _LIBRARY_PARTS)] + python:
+        return f"{frame['filename']}:{frame.get('line', 0)} in {frame.get('name', '?')}"
+    if size <= 512:
+        return "size <= 512 B"
+    low = 512
+    while low * 4 < size:
+        low *= 4
+    return f"size {_core.format_bytes(low)}-{_core.format_bytes(low * 4)}"
+
+
+def _ranked_sites(by_site: dict[str, int], counts: dict[str, int], pre_trace: int,
+                  top: int) -> list[dict[str, Any]]:
+    rows = [{"site": site, "bytes": total, "allocations": counts[site]}
+            for site, total in by_site.items() if total > 0]
+    if pre_trace > 0:
+        rows.append({"site": "(live before the trace began)", "bytes": pre_trace, "allocations": 0})
+    return sorted(rows, key=lambda row: row["bytes"], reverse=True)[:top]
 
 
 def counted_with_dicts(trace: list[dict[str, Any]], requested_at_end: int | None, top: int) -> dict[str, Any]:
@@ -260,16 +288,31 @@ def counted_with_dicts(trace: list[dict[str, Any]], requested_at_end: int | None
             "sites": peak_sites, "ooms": ooms[:50], "oom_events": len(ooms)}
 
 
+def inspected(trace: TraceColumns, requested_at_end: int | None, top: int) -> _core.Findings:
+    """The findings of stowage._core.inspect (with timelines), with segments whose live blocks
+    asked for `requested_at_end` bytes (None: no segments)."""
+    segments = [] if requested_at_end is None else [
+        {"address": 0, "total_size": requested_at_end,
+         "blocks": [{"size": requested_at_end, "requested_size": requested_at_end, "state": "active_allocated"}]}]
+    return _core.inspect(trace, segments, top, False, None, True)
+
+
+def timeline(trace: TraceColumns, requested_at_end: int | None, top: int) -> dict[str, Any]:
+    """The findings' timeline by site (the peak's first eight sites by name, the rest "other")."""
+    return timeline_dict(inspected(trace, requested_at_end, top).timelines.by_site)
+
+
 def analysed(trace: TraceColumns, requested_at_end: int | None, top: int) -> dict[str, Any]:
-    peak, ooms, oom_events = analyse_trace(trace, requested_at_end, top)
+    found = inspected(trace, requested_at_end, top)
     fields = ("event_index", "requested", "device_free", "live_bytes", "sites")
-    counted = {key: value for key, value in asdict(peak).items() if key not in ("categories", "modules")}  # (tested on their own)
-    return {**counted, "ooms": [{key: asdict(oom)[key] for key in fields} for oom in ooms],
-            "oom_events": oom_events}
+    counted = {key: value for key, value in peak_dict(found.peak, trace).items()
+               if key not in ("categories", "modules")}  # (tested on their own)
+    return {**counted, "ooms": [{key: oom_dict(oom)[key] for key in fields} for oom in found.ooms],
+            "oom_events": found.oom_events}
 
 
 def timeline_with_dicts(trace: list[dict[str, Any]], baseline: int, named: list[str]) -> dict[str, Any]:
-    """html_report.timeline counted event by event."""
+    """The findings' timeline by site counted event by event, `named` sites by name."""
     events = [(i, e) for i, e in enumerate(trace) if e["action"] in ("alloc", "free_completed")]
     if not events:
         return {"x": [], "series": {}, "peak_index": -1}
@@ -317,7 +360,7 @@ def test_the_columnar_analysis_counts_as_dicts_do_on_every_recorded_trace(path: 
         expected = counted_with_dicts(trace, requested, 10)
         assert analysed(columns, requested, 10) == expected
         named = [s["site"] for s in expected["sites"] if not s["site"].startswith("(")][:8]
-        assert timeline(columns, expected["baseline"], named) == timeline_with_dicts(trace, expected["baseline"], named)
+        assert timeline(columns, requested, 10) == timeline_with_dicts(trace, expected["baseline"], named)
 
 
 def random_trace(seed: int) -> list[dict[str, Any]]:
@@ -362,8 +405,8 @@ def test_the_columnar_analysis_counts_as_dicts_do_on_random_traces(seed: int) ->
     requested = None if seed % 3 else sum(e["size"] for e in trace if e["action"] == "alloc") // 3
     expected = counted_with_dicts(trace, requested, 5 + seed % 7)
     assert analysed(columns, requested, 5 + seed % 7) == expected
-    named = [s["site"] for s in expected["sites"] if not s["site"].startswith("(")][:3]
-    assert timeline(columns, expected["baseline"], named) == timeline_with_dicts(trace, expected["baseline"], named)
+    named = [s["site"] for s in expected["sites"] if not s["site"].startswith("(")][:8]
+    assert timeline(columns, requested, 5 + seed % 7) == timeline_with_dicts(trace, expected["baseline"], named)
 
 
 def test_live_bytes_past_int64_are_counted_exactly() -> None:
@@ -375,7 +418,7 @@ def test_live_bytes_past_int64_are_counted_exactly() -> None:
     expected = counted_with_dicts(trace, None, 3)
     assert expected["live_bytes"] == 10_000 * ((1 << 50) - 1) > 2**63
     assert analysed(columns, None, 3) == expected
-    assert timeline(columns, 0, [])["series"]["other"][-1] == expected["live_bytes"]
+    assert sum(series[-1] for series in timeline(columns, None, 3)["series"].values()) == expected["live_bytes"]
 
 
 def test_the_memory_benchmark_runs_in_its_smoke_mode() -> None:

@@ -1,4 +1,4 @@
-"""The inspector's advice (stowage.advice): each rule fires on a loop that shows its waste, not
+"""The inspector's advice (snapshot/advice.hpp): each rule fires on a loop that shows its waste, not
 on one that does not, and the saving it predicts (the peak re-simulated without the waste) is
 within 15% of what applying the advice and running the loop again saves (for activations, an
 upper bound of it)."""
@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.inspector import inspect_device  # noqa: E402
+from stowage.inspection.findings import inspect, inspect_device, report_of  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -159,7 +159,7 @@ def test_memory_growing_every_step_is_named_by_its_site() -> None:
 
 
 def test_the_html_report_opens_with_the_advice() -> None:
-    from stowage.html_report import render
+    from stowage.inspection.html import render
 
     rows = torch.randn(64, 1024)
     net = model(1024, 4)
@@ -169,7 +169,8 @@ def test_the_html_report_opens_with_the_advice() -> None:
         snapshot = stowage.snapshot()
     finally:
         stowage.record_history(False)
-    html = render("loop", inspect_device(snapshot, 0, 5), snapshot)
+    found, trace = inspect(snapshot, 0, 5, timelines=True)
+    html = render("loop", report_of(snapshot, 0, found, trace), snapshot, found)
     assert html.index("<h2>Advice</h2>") < html.index("Live memory by allocation site")
     assert "stowage.offload.AdamW" in html
 
@@ -211,7 +212,7 @@ def lm_loop(net: TinyLM, chunks: int = 0, steps: int = 2) -> None:
 
 
 def test_logits_at_the_peak_are_advised_a_chunked_loss_and_the_saving_holds() -> None:
-    from stowage.advice import LOSS_CHUNKS
+    from stowage._core import advice_loss_chunks as LOSS_CHUNKS
 
     report, peak = inspected(lambda: lm_loop(TinyLM()))
     advice = rules(report)["logits at the peak"]

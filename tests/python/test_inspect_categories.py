@@ -1,4 +1,4 @@
-"""The inspector says what each live byte at the peak is (stowage.categories), inferred from the
+"""The inspector says what each live byte at the peak is (snapshot/categories.hpp), inferred from the
 stacks and lifetimes a snapshot records: on a recorded CPU-mode training loop the parameters, the
 optimizer's states and the input are found to the byte, the saved activations and gradients by
 their lifetimes; a trace without Python frames is all unknown, not guessed."""
@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.inspector import inspect_device  # noqa: E402
+from stowage.inspection.findings import inspect, inspect_device, report_of  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -57,9 +57,10 @@ def test_a_trace_without_python_frames_is_unknown_not_guessed() -> None:
 
 
 def test_the_html_report_leads_with_the_categories_and_lists_the_steps() -> None:
-    from stowage.html_report import render
+    from stowage.inspection.html import render
 
     snapshot, _, _ = recorded_training()
-    html = render("loop", inspect_device(snapshot, 0, 5), snapshot)
+    found, trace = inspect(snapshot, 0, 5, timelines=True)
+    html = render("loop", report_of(snapshot, 0, found, trace), snapshot, found)
     assert html.index("by what it is") < html.index("Live memory by allocation site")
     assert "optimizer states" in html and "steps (3, found by marks)" in html

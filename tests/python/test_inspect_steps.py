@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.inspector import inspect_device  # noqa: E402
+from stowage.inspection.findings import inspect_device  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 

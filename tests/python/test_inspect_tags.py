@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
-from stowage.inspector import inspect_device  # noqa: E402
+from stowage.inspection.findings import inspect, inspect_device, report_of  # noqa: E402
 from stowage.snapshot_reader import SnapshotError  # noqa: E402
 from stowage.tagging import CreateGraphRefused  # noqa: E402
 
@@ -132,10 +132,11 @@ def test_an_event_that_is_not_an_allocation_is_refused() -> None:
 
 
 def test_the_html_report_draws_memory_by_category_and_by_block() -> None:
-    from stowage.html_report import render
+    from stowage.inspection.html import render
 
     snapshot = recorded(lambda: train(mlp(), torch.randn(512, 256)))
-    html = render("tagged", inspect_device(snapshot, 0, 5), snapshot)
+    found, trace = inspect(snapshot, 0, 5, timelines=True)
+    html = render("tagged", report_of(snapshot, 0, found, trace), snapshot, found)
     by_category = html.index("Live memory by what it is (exact")
     by_module = html.index("Live memory by the module that made it")
     assert html.index("<h2>Advice</h2>") < by_category < by_module < html.index("Live memory by allocation site")

@@ -187,6 +187,9 @@ at::Tensor TensorOffloader::unpack(const PackedTensor& packed) {
   packed.version.check();
   // Still alive, or kept as the region ended: the bytes as they are now, as torch reads its own
   // saved tensor (Note [Saved tensors written through an alias]); no copy came into it to verify.
+  // Copies completed by now let go of their device buffers first, so that a storage only the
+  // offloader held comes back from its copy whatever the copy threads' timing.
+  if (const std::shared_ptr<OffloadRef> copy = packed.saved->ref()) copy->engine().offloader().poll();
   SavedStorage::Reading reading = packed.saved->read();
   if (reading.in_place.has_value()) {
     if (reading.copy_dropped != nullptr) {

@@ -3,8 +3,8 @@
 Everything is drawn on the server side as inline SVG (no script, no fonts or styles from the
 network): a stacked live-memory timeline by allocation site, a map of the segments with their
 blocks, and the tables of the terminal report. Large traces are downsampled in the plot only
-(at most MAX_POINTS samples, each the live bytes just after its event, the peak always among
-them); the totals and tables come from every event. The file stays small: a few hundred KiB for
+(at most snapshot/timelines.hpp's kMaxPoints samples, each the live bytes just after its event, the peak always
+among them); the totals and tables come from every event. The file stays small: a few hundred KiB for
 the largest traces here.
 
 Every string from the snapshot (file and function names, module paths) or from its file's name
@@ -18,21 +18,13 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from stowage import _core, categories, tag_reading
-from stowage.recompute_estimate import block_of_paths
-from stowage.snapshot_reader import TraceColumns
+from stowage import _core
+from stowage.inspection.findings import device_segments
 from stowage.terminal import literal
-from stowage.trace import as_columns
-from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
 
-MAX_POINTS = 1500      # timeline samples
-MAX_SITES = 8          # sites drawn by name in the timeline; the rest are "other"
 MAX_SEGMENT_ROWS = 300  # segments drawn in the map (the largest, if there are more)
 WIDTH = 1100
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
@@ -62,73 +54,6 @@ def write(page: str, path: str | Path) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, named: list[str],
-             pairs: LivePairs | None = None) -> dict[str, Any]:
-    """Live bytes by site, sampled: at most MAX_POINTS samples, always including the peak. As in
-    inspector.analyse_trace, bytes live before the trace began start at `baseline` and drop with
-    each free of an address the trace never allocated. (`pairs`: the trace's, when known.)"""
-    columns = as_columns(trace)
-    pairs = live_pairs(columns) if pairs is None else pairs
-    if len(pairs.index) == 0:
-        return {"x": [], "series": {}, "peak_index": -1}
-    sites = TraceSites(columns, pairs)
-    index_of_site = {site: k for k, site in enumerate(named)}
-    series_of_site = np.array([index_of_site.get(site, len(named)) for site in sites.names] + [-1], dtype=np.int64)
-    return grouped(pairs, series_of_site[sites.of], [*named, "other"], baseline)
-
-
-def grouped(pairs: LivePairs, group: np.ndarray, names: list[str], baseline: int) -> dict[str, Any]:
-    """Live bytes by group, sampled as `timeline`'s: `group` gives each allocation's (an index
-    into `names`; frees' entries are ignored: a free leaves its allocation's group)."""
-    if len(pairs.index) == 0:
-        return {"x": [], "series": {}, "peak_index": -1}
-    positions, peak_at, freed, series = _core.grouped_live(pairs.own, pairs.unknown, pairs.is_alloc, pairs.alloc_of,
-                                                           group, len(names), MAX_POINTS)  # (snapshot/live_groups.hpp)
-    values: dict[str, list[int]] = {}
-    if baseline:
-        values["(live before the trace began)"] = [max(baseline - v, 0) for v in freed]
-    values.update(zip(names, series))
-    return {"x": pairs.index[positions].tolist(), "series": values, "peak_index": int(pairs.index[peak_at])}
-
-
-def category_and_module_timelines(snapshot: dict[str, Any], device: int, columns: TraceColumns, pairs: LivePairs,
-                                  report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Live bytes by category (exact where stowage tagged the snapshot, else inferred, with the
-    report's steps), and by module where it carries module paths (None otherwise): by block
-    (stowage.recompute_estimate's blocks, each a model's item of its block list) and, outside
-    blocks, by module to three names deep; the MAX_SITES that allocate most, the rest together."""
-    baseline = report["peak"]["baseline"]
-    exact = tag_reading.read(snapshot, device, columns.action, pairs.index)
-    if exact is not None:
-        category = exact.category
-    else:
-        firsts = np.array([step["first_event"] for step in report.get("steps") or []], dtype=np.int64)
-        starts = np.searchsorted(pairs.index, firsts)
-        category = categories.all_categories(columns, pairs.index, pairs.is_alloc, pairs.end, starts)
-    by_category = grouped(pairs, category, list(categories.CATEGORIES), baseline)
-    by_category["series"] = {k: v for k, v in by_category["series"].items() if any(v)}
-    if exact is None:
-        return by_category, None
-    block, blocks = block_of_paths(exact.paths)
-    group_names = [blocks[b] if b >= 0 else _prefix(p, 3) for p, b in zip(exact.paths, block.tolist())]
-    group_names[0] = "(outside any module's forward)"
-    distinct = sorted(set(group_names))
-    group = np.array([distinct.index(g) for g in group_names], dtype=np.int64)[exact.module]
-    made = np.zeros(len(distinct), dtype=np.float64)
-    np.add.at(made, group[pairs.is_alloc], np.asarray(pairs.size[pairs.is_alloc], dtype=np.float64))
-    shown = [int(g) for g in np.argsort(-made, kind="stable")[:MAX_SITES] if made[g] > 0]
-    names = [distinct[g] for g in shown] + ["other modules"]
-    remap = np.full(len(distinct), len(shown), dtype=np.int64)
-    remap[shown] = np.arange(len(shown))
-    by_module = grouped(pairs, remap[group], names, baseline)
-    by_module["series"] = {k: v for k, v in by_module["series"].items() if any(v)}
-    return by_category, by_module
-
-
-def _prefix(path: str, depth: int) -> str:
-    return ".".join(path.split(".")[:depth])
 
 
 def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:
@@ -173,26 +98,33 @@ def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:
     return "".join(parts)
 
 
-def _segment_map_svg(segments: list[dict[str, Any]], colors: dict[str, str]) -> str:
+def timeline_dict(timeline: _core.Timeline) -> dict[str, Any]:
+    """A timeline as the drawing reads it: the samples' events, each series by name, the peak."""
+    return {"x": list(timeline.x), "series": dict(timeline.series), "peak_index": timeline.peak_index}
+
+
+def _segment_map_svg(segments: list[dict[str, Any]], block_sites: list[list[str]], colors: dict[str, str]) -> str:
+    """The segments with their blocks, each block in its site's color (`block_sites`: each
+    segment's, as the findings name them)."""
     if not segments:
         return "<p>The snapshot lists no segments (everything had been freed and released).</p>"
-    chosen = [s for s in segments if int(s["total_size"]) > 0]
-    chosen = sorted(chosen, key=lambda s: int(s["total_size"]), reverse=True)[:MAX_SEGMENT_ROWS]
-    chosen.sort(key=lambda s: int(s["address"]))
+    chosen = [(s, sites) for s, sites in zip(segments, block_sites) if int(s["total_size"]) > 0]
+    chosen = sorted(chosen, key=lambda pair: int(pair[0]["total_size"]), reverse=True)[:MAX_SEGMENT_ROWS]
+    chosen.sort(key=lambda pair: int(pair[0]["address"]))
     if not chosen:
         return "<p>The snapshot lists only empty segments.</p>"
-    largest = max(int(s["total_size"]) for s in chosen)
+    largest = max(int(s["total_size"]) for s, _ in chosen)
     row, left = 11, 90
     bar_w = WIDTH - left - 10
     parts = [f'<svg width="{WIDTH}" height="{row * len(chosen) + 4}" role="img" aria-label="segment map">']
-    for r, segment in enumerate(chosen):
+    for r, (segment, sites) in enumerate(chosen):
         total = int(segment["total_size"])
         width = max(2.0, total / largest * bar_w)
         y = 2 + r * row
         parts.append(f'<text x="{left - 6}" y="{y + row - 1}" text-anchor="end" style="font-size:9px">{_e(_b(total))}</text>')
         x = float(left)
         pending_free = 0.0
-        for block in segment.get("blocks", []):
+        for block, site in zip(segment.get("blocks", []), sites):
             w = int(block["size"]) / total * width
             state = block.get("state", "")
             if state == "inactive":
@@ -205,7 +137,6 @@ def _segment_map_svg(segments: list[dict[str, Any]], colors: dict[str, str]) -> 
             if w < 0.2:
                 x += w
                 continue
-            site = site_of(block.get("frames"), int(block["size"]))
             color = colors.get(site, colors["other"])
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.2f}" height="{row - 1}" fill="{color}">'
                          f"<title>{_e(_b(int(block['size'])))} {_e(state)}: {_e(site)}</title></rect>")
@@ -230,10 +161,10 @@ def _site_rows(sites: list[dict[str, Any]], total: int) -> list[list[str]]:
              s["site"]] for s in sites]
 
 
-def _more_timelines(snapshot: dict[str, Any], device: int, columns: TraceColumns, pairs: LivePairs,
-                    report: dict[str, Any]) -> list[str]:
+def _more_timelines(timelines: _core.Timelines, report: dict[str, Any]) -> list[str]:
     """The timelines by category and by module, each with its legend."""
-    by_category, by_module = category_and_module_timelines(snapshot, device, columns, pairs, report)
+    by_category = timeline_dict(timelines.by_category)
+    by_module = timeline_dict(timelines.by_module) if timelines.by_module is not None else None
     out: list[str] = []
     for title, data in ((f"Live memory by what it is ({report.get('category_source', 'inferred')})", by_category),
                         ("Live memory by the module that made it", by_module)):
@@ -246,18 +177,14 @@ def _more_timelines(snapshot: dict[str, Any], device: int, columns: TraceColumns
     return out
 
 
-def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
+def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _core.Findings) -> str:
+    """The page: `report` (stowage.inspection.findings'), the snapshot's segments, and the
+    timelines and block sites of `found` (inspected with timelines)."""
     device = report["device"]
-    traces = snapshot.get("device_traces", [])
-    columns = as_columns(traces[device] if device < len(traces) else [])
-    pairs = live_pairs(columns)  # (once, for every timeline)
-    segments = [s for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device]
-    named = [s["site"] for s in report["peak"]["sites"] if not s["site"].startswith("(")][:MAX_SITES]
-    data = timeline(columns, report["peak"]["baseline"], named, pairs)
+    segments = device_segments(snapshot, device)
+    data = timeline_dict(found.timelines.by_site)
     colors = {site: PALETTE[k % len(PALETTE)] for k, site in enumerate(data["series"])}
     colors["other"] = OTHER
-    for block_site in {site_of(b.get("frames"), int(b["size"])) for s in segments for b in s.get("blocks", [])}:
-        colors.setdefault(block_site, OTHER)
     totals = report["totals"]
     legend = "".join(f'<span class="key"><span class="swatch" style="background:{colors[site]}"></span>{_e(site)}</span>'
                      for site in data["series"])
@@ -271,12 +198,12 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any]) -> str:
         f"<h1>{_e(name)}, device {device}</h1>",
         f"<p>{report['trace_events']:,} trace events, {totals['segments']:,} segments. "
         f"Peak: {_e(_b(peak['live_bytes']))} live at event {peak['event_index']:,}.</p>",
-        *_more_timelines(snapshot, device, columns, pairs, report),
+        *_more_timelines(found.timelines, report),
         "<h2>Live memory by allocation site</h2>", f'<div class="legend">{legend}</div>',
         _timeline_svg(data, colors),
         f"<p class=\"small\">{len(data['x']):,} samples of the trace's events; totals and tables use every event.</p>",
         "<h2>Totals</h2>", _table("", ["", "bytes"], total_rows),
-        "<h2>Segments</h2>", _segment_map_svg(segments, colors),
+        "<h2>Segments</h2>", _segment_map_svg(segments, found.block_sites, colors),
         _table("segments held by one small live block", ["segment", "live", "held back", "site"],
                [[_b(r["segment_bytes"]), _b(r["live_bytes"]), _b(r["held_back"]), r["site"]]
                 for r in report["segments"]["held_by_one_small_block"]]),

@@ -1,6 +1,6 @@
 """The exact categories and module paths a snapshot stowage recorded carries (``stowage_tags``,
-written by stowage.tagging), read into arrays by LivePairs position and checked: a field that
-does not fit is a SnapshotError naming it, never a wrong answer.
+written by stowage.tagging), read and checked: a field that does not fit is a SnapshotError
+naming it, never a wrong answer.
 
 Contract: pure functions; the arrays returned are new.
 """
@@ -12,23 +12,35 @@ from typing import Any
 
 import numpy as np
 
-from stowage.categories import CATEGORIES, TEMPORARIES
+from stowage import _core
+from stowage.recompute_estimate import block_of_paths
 from stowage.snapshot_reader.errors import SnapshotError
 from stowage.snapshot_reader.schema import ACTION_CODES
 from stowage.tagging import TAGS_KEY
 
+CATEGORIES: tuple[str, ...] = _core.category_names
+TEMPORARIES = CATEGORIES.index("temporaries")
 _ALLOC = ACTION_CODES["alloc"]
 MAX_PATH = 4096  # characters of a module path kept
 
 
 @dataclass
 class ExactTags:
-    """By LivePairs position: `category` (CATEGORIES' numbering; what no hook saw is a temporary)
-    and `module` (an index into `paths`; 0: made outside any module's forward)."""
+    """By allocation event (`events`, trace indexes): `category` (CATEGORIES' numbering; what no
+    hook saw is a temporary) and `module` (an index into `paths`; 0: made outside any module's
+    forward); `block_of_path` each path's block in `blocks` (stowage.recompute_estimate; -1:
+    none)."""
 
+    events: np.ndarray
     category: np.ndarray
     module: np.ndarray
     paths: list[str]
+    block_of_path: np.ndarray
+    blocks: list[str]
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        """The arguments of stowage._core.inspect's `tags`."""
+        return self.events, self.category, self.module, self.paths, self.block_of_path, self.blocks
 
 
 def _int_list(value: Any, where: str, low: int, high: int) -> np.ndarray:
@@ -45,9 +57,9 @@ def _int_list(value: Any, where: str, low: int, high: int) -> np.ndarray:
     return out
 
 
-def read(snapshot: dict[str, Any], device: int, action: np.ndarray, index: np.ndarray) -> ExactTags | None:
-    """The device's tags by LivePairs position (`index`: the positions' trace event indexes;
-    `action`: the trace's action codes); None when the snapshot carries none for it."""
+def read(snapshot: dict[str, Any], device: int, action: np.ndarray) -> ExactTags | None:
+    """The device's tags (`action`: its trace's action codes); None when the snapshot carries none
+    for it."""
     tags = snapshot.get(TAGS_KEY)
     if tags is None:
         return None
@@ -74,19 +86,13 @@ def read(snapshot: dict[str, Any], device: int, action: np.ndarray, index: np.nd
     if len(not_alloc):
         i = int(not_alloc[0])
         raise SnapshotError(f"{where}.events[{i}]: event {int(events[i])} is not an allocation")
-    position = np.searchsorted(index, events)  # every alloc event is a LivePairs position
     numbering = np.array([CATEGORIES.index(name) for name in names] + [TEMPORARIES], dtype=np.int8)
-    out = ExactTags(np.full(len(index), TEMPORARIES, dtype=np.int8), np.zeros(len(index), dtype=np.int32),
-                    [p[:MAX_PATH] for p in paths])
-    out.category[position] = numbering[category]  # (-1: untagged, the last entry)
-    out.module[position] = module
-    return out
+    kept = [p[:MAX_PATH] for p in paths]
+    block_of_path, blocks = block_of_paths(kept)
+    return ExactTags(events, numbering[category], module, kept, block_of_path, blocks)  # (-1: untagged, the last)
 
 
-def module_totals(tags: ExactTags, live: np.ndarray, size: np.ndarray, top: int) -> list[dict[str, Any]]:
-    """The `top` module paths by bytes of the allocations `live`, largest first ("" is outside
-    any module's forward)."""
-    summed = np.zeros(len(tags.paths), dtype=size.dtype)  # (Python ints where sums could pass int64)
-    np.add.at(summed, tags.module[live], size[live])
-    order = np.argsort(-summed, kind="stable")[:top]
-    return [{"module": tags.paths[i], "bytes": int(summed[i])} for i in order.tolist() if summed[i] > 0]
+def read_tags(snapshot: dict[str, Any], device: int, action: np.ndarray) -> tuple[Any, ...] | None:
+    """`read`'s tags as stowage._core.inspect takes them."""
+    found = read(snapshot, device, action)
+    return found.as_tuple() if found is not None else None

@@ -1,0 +1,192 @@
+"""``stowage inspect``'s findings as the terminal shows them (rich tables), read from the report
+of stowage.inspection.findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stowage import _core
+from stowage.terminal import literal
+
+
+def bytes_text(value: int) -> str:
+    value = int(value)
+    return _core.format_bytes(value) if value >= 0 else "-" + _core.format_bytes(-value)
+
+
+def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("live", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("allocs", justify="right")
+    table.add_column("site")
+    for site in sites:
+        share = f"{100 * site['bytes'] / total:.1f}%" if total else "-"
+        table.add_row(bytes_text(site["bytes"]), share, f"{site['allocations']:,}", literal(site["site"]))
+    return table
+
+
+def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
+    if oom.get("in_fit_trial"):
+        console.print(f"out of memory at event {oom['event_index']:,} in stowage.fit's own trial step (fit tried a "
+                      f"size that did not fit, and went on): asked for {bytes_text(oom['requested'])}, not the run's")
+        return
+    console.print(Text.assemble(("out of memory", "bold red"),
+                                f" at event {oom['event_index']:,}: asked for {bytes_text(oom['requested'])}; the device had "
+                                f"{bytes_text(oom['device_free'])} free; {bytes_text(oom['live_bytes'])} were live."))
+    if totals["segments"]:
+        console.print(f"at the snapshot, stowage's or torch's cache held {bytes_text(totals['reserved_unallocated'])} "
+                      f"reserved but unallocated, the largest free block {bytes_text(totals['largest_free_block'])} "
+                      f"(a snapshot dumped at the OOM shows the cache as the request found it)")
+    console.print(_sites_table("live at the OOM, by site", oom["sites"], oom["live_bytes"]))
+    console.print("what would have helped:")
+    short = oom["requested"] - oom["device_free"]
+    if short > 0 and oom["sites"]:
+        largest = oom["sites"][0]
+        verdict = "would make room" if largest["bytes"] >= short else "would not be enough alone"
+        console.print(f"  - the request needed {bytes_text(short)} more than the device had free; offloading or "
+                      f"recomputing the largest site ({bytes_text(largest['bytes'])}, {literal(largest['site'])}) {verdict}")
+    if oom["stowage_peak_reserved"] is not None:
+        console.print(f"  - replayed through stowage, this trace reserves at most "
+                      f"{bytes_text(oom['stowage_peak_reserved'])} for a live peak of "
+                      f"{bytes_text(oom['stowage_peak_requested'])} (stowage replay --min-capacity "
+                      f"{literal(report.get('path', 'SNAPSHOT'))} finds the smallest device)")
+    if oom["native_peak_reserved"] is not None:
+        console.print(f"  - the allocator that recorded it had reserved up to {bytes_text(oom['native_peak_reserved'])}")
+
+
+def _categories_table(peak: dict[str, Any], source: str) -> Table:
+    table = Table(title=f"live at the peak, by what it is ({source})", title_justify="left")
+    table.add_column("live", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("category")
+    rows = sorted(peak["categories"].items(), key=lambda item: item[1], reverse=True)
+    before = peak["live_bytes"] - sum(peak["categories"].values())
+    if before > 0:
+        rows.append(("(live before the trace began)", before))
+    for name, value in rows:
+        table.add_row(bytes_text(value), f"{100 * value / max(peak['live_bytes'], 1):.1f}%", name)
+    return table
+
+
+def _modules_table(peak: dict[str, Any]) -> Table:
+    table = Table(title="live at the peak, by the module that made it", title_justify="left")
+    table.add_column("live", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("module")
+    for row in peak["modules"]:
+        table.add_row(bytes_text(row["bytes"]), f"{100 * row['bytes'] / max(peak['live_bytes'], 1):.1f}%",
+                      literal(row["module"] or "(outside any module's forward)"))
+    return table
+
+
+SHOWN_STEPS = 12  # steps listed one by one; more are summarised
+
+
+def _print_steps(report: dict[str, Any], console: Console) -> None:
+    """The steps' peaks (fit's own trial steps apart), and the sites that grew step over step."""
+    steps = report.get("steps") or []
+    trial = report.get("fit_trial_peak")
+    if trial is not None:
+        console.print(f"stowage.fit's own trial steps (left out of the peak above): peak {bytes_text(trial['live_bytes'])} "
+                      f"at event {trial['event_index']:,}")
+    run = [step for step in steps if not step["fit_trial"]]
+    if not run:
+        return
+    table = Table(title=f"steps ({len(run)}, found by {report['steps_found_by']})", title_justify="left")
+    for name in ("step", "events", "peak", "at its end"):
+        table.add_column(name, justify="right")
+    shown = run if len(run) <= SHOWN_STEPS else run[:SHOWN_STEPS // 2] + run[-SHOWN_STEPS // 2:]
+    for step in shown:
+        table.add_row(str(step["number"]), f"{step['first_event']:,}-{step['last_event']:,}", bytes_text(step["peak_bytes"]),
+                      bytes_text(step["end_bytes"]))
+    console.print(table)
+    if len(run) > SHOWN_STEPS:
+        peaks = sorted(step["peak_bytes"] for step in run)
+        console.print(f"({len(run) - len(shown)} steps not shown; peaks from {bytes_text(peaks[0])} to {bytes_text(peaks[-1])}, "
+                      f"median {bytes_text(peaks[len(peaks) // 2])})")
+    for row in report.get("growing") or []:
+        console.print(f"grows every step: {literal(row['site'])} holds {bytes_text(row['bytes_per_step'])} more after each "
+                      f"of the last {row['steps']} steps (memory kept across steps: a leak, or a cache)")
+
+
+def _print_advice(report: dict[str, Any], console: Console) -> None:
+    for row in report.get("advice") or []:
+        saves = "saves up to" if row.get("upper_bound") else "saves"
+        console.print(Text.assemble(("advice", "bold"), f": {saves} {bytes_text(row['saving_bytes'])} of the peak "
+                                    f"(re-simulated): {literal(row['advice'])}"))
+
+
+def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
+    totals = report["totals"]
+    console.print(Text.assemble((literal(path.name), "bold"), f", device {report['device']}: "
+                                f"{report['trace_events']:,} trace events, {totals['segments']:,} segments"))
+    table = Table(title="totals", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("bytes", justify="right")
+    for label, key in (("allocated", "allocated"), ("active (allocated + waiting for streams)", "active"),
+                       ("requested by callers", "requested"), ("reserved", "reserved"),
+                       ("reserved but unallocated", "reserved_unallocated"),
+                       ("largest free block", "largest_free_block")):
+        table.add_row(label, bytes_text(totals[key]))
+    table.add_row("fragmentation: 1 - largest free block / free reserved bytes",
+                  f"{100 * totals['fragmentation']:.1f}%")
+    console.print(table)
+    _print_advice(report, console)
+
+    segments = report["segments"]
+    if segments["count"]:
+        sizes = Table(title="segments", title_justify="left")
+        sizes.add_column("size")
+        sizes.add_column("count", justify="right")
+        sizes.add_column("bytes", justify="right")
+        for row in segments["by_size"]:
+            sizes.add_row(row["size"], f"{row['count']:,}", bytes_text(row["bytes"]))
+        console.print(sizes)
+        q = segments["fill_quartiles"]
+        console.print(f"fill (live / segment): quartiles {100 * q[0]:.0f}% / {100 * q[1]:.0f}% / {100 * q[2]:.0f}%")
+        held = segments["held_by_one_small_block"]
+        if held:
+            kept = Table(title="segments held by one small live block", title_justify="left")
+            kept.add_column("segment", justify="right")
+            kept.add_column("live", justify="right")
+            kept.add_column("held back", justify="right")
+            kept.add_column("site")
+            for row in held:
+                kept.add_row(bytes_text(row["segment_bytes"]), bytes_text(row["live_bytes"]), bytes_text(row["held_back"]), literal(row["site"]))
+            console.print(kept)
+    if report["sites_at_end"]:
+        console.print(_sites_table("live at the end, by site", report["sites_at_end"], totals["allocated"]))
+
+    peak = report["peak"]
+    if report["trace_events"]:
+        if peak["event_index"] < 0:
+            when = "the start of the trace"
+        else:
+            when = f"event {peak['event_index']:,}"
+            start = report.get("trace_start_us")
+            if peak["time_us"] is not None and start is not None:
+                when += f" ({(peak['time_us'] - start) / 1000:,.1f} ms into the trace)"
+        baseline = f"; {bytes_text(peak['baseline'])} were live before the trace began" if peak["baseline"] else ""
+        console.print(f"peak: {bytes_text(peak['live_bytes'])} live at {when}{baseline}")
+        if peak.get("categories"):
+            console.print(_categories_table(peak, report.get("category_source", "inferred")))
+        if peak.get("modules"):
+            console.print(_modules_table(peak))
+        console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
+    _print_steps(report, console)
+    for oom in report["ooms"]:
+        _print_oom(oom, totals, report, console)
+    if report["oom_events"] > len(report["ooms"]):
+        console.print(f"({report['oom_events'] - len(report['ooms']):,} more OOM events not shown)")
+    if report.get("offload"):
+        from stowage.offload import summary_lines  # (only here: it brings torch)
+
+        for line in summary_lines(report["offload"]):
+            console.print(f"offload: {literal(line)}")
+
