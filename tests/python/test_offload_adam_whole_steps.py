@@ -237,6 +237,7 @@ def test_a_state_dict_saved_between_backward_and_step_pairs_the_states_with_thei
 
 SIGINT_SCRIPT = """
 import os, signal, sys, threading, time, torch, stowage
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a process started in the background ignores it)
 stowage.enable(device="cpu", capacity="1GiB", copy_bandwidth="20MB")  # a slow link: copies wait
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))

@@ -10,9 +10,10 @@ happens. No seam in stowage is needed, so the same interruption reaches any vers
         optimizer.step()
     CtrlC().lines                           # (at_line=0: counts the lines, sends nothing)
 
-Contract: main thread only (Python runs signal handlers there), with Python's own SIGINT
-handler in place (else the signal could end the process); one signal at most; the trace
-function in place before is put back on exit.
+Contract: main thread only (Python runs signal handlers there); one signal at most. Python's own
+SIGINT handler is put in place for the block (a process started in the background, or by nohup,
+ignores SIGINT and has none), and the handler and the trace function in place before are put
+back on exit.
 """
 
 from __future__ import annotations
@@ -30,24 +31,29 @@ STOWAGE_FILES = str(Path(stowage.__file__).resolve().parent)
 
 
 class CtrlC:
+    """A context sending SIGINT once at the chosen line (see the module's documentation); `lines`
+    and `sent_at` say how many lines ran and where the signal went."""
+
     def __init__(self, at_line: int = 0, in_function: str | None = None) -> None:
         self.at_line, self.in_function = at_line, in_function
         self.lines = 0  # lines of stowage's code run so far
         self.sent_at: tuple[str, int] | None = None  # (function, line) where SIGINT was sent
         self._previous: Any = None
+        self._handler: Any = None
         self._ours: dict[str, bool] = {}  # by file name: whether it is stowage's
 
     def __enter__(self) -> "CtrlC":
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("CtrlC runs on the main thread, where Python handles signals")
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            raise RuntimeError(f"CtrlC needs Python's SIGINT handler, not {signal.getsignal(signal.SIGINT)!r}")
+        self._handler = signal.signal(signal.SIGINT, signal.default_int_handler)
         self._previous = sys.gettrace()
         sys.settrace(self._call)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         sys.settrace(self._previous)
+        if self._handler is not None:  # (None: a handler installed outside Python, which cannot be put back)
+            signal.signal(signal.SIGINT, self._handler)
 
     def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
         if self.sent_at is not None:
