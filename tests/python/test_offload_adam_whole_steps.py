@@ -30,7 +30,7 @@ import stowage  # noqa: E402
 from exactness.interrupts import CtrlC  # noqa: E402
 from test_offload_adamw import batch, loss_of, make_model  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+pytestmark = pytest.mark.usefixtures("cpu_mode_module", "one_thread")
 
 HERE = Path(__file__).resolve().parent
 HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -45,6 +45,16 @@ CASES = [("exact", "plain"), ("exact", "amsgrad, a device share"), ("in_backward
          ("in_backward", "amsgrad, a device share"), ("delayed", "plain"), ("delayed", "amsgrad")]
 STEPS_BEFORE = 1
 SPREAD = 16  # lines interrupted in a case that does not take every line
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """torch on one thread: the ops are tiny, and on a busy 2-core machine a second thread's
+    waits cost a hundred times the op (the interruptions run hundreds of steps)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class Failure(RuntimeError):
