@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from stowage import _core
 from stowage.validation import InputError
-from stowage.warning_site import old_name, outside_stowage
+from stowage.warning_site import outside_stowage
 
 _LIMITS = _core.plan_file_limits
 LIFETIMES: str = _LIMITS.LIFETIMES
@@ -51,13 +51,9 @@ MAX_POINTS: int = _LIMITS.MAX_POINTS
 MAX_GRID_POINTS: int = _LIMITS.MAX_GRID_POINTS
 MAX_SIZE_VALUE: int = _LIMITS.MAX_SIZE_VALUE
 DECISIONS = ("keep", "offload", "recompute")
-# The previous release's names, by their current ones; the next release drops them.
-_RENAMED = {"DEFAULT_PREFETCH_PAGES": "DEFAULT_PREFETCH_DEPTH"}
+# The previous release's names, by their current ones (plan/recording.py and plan/applying.py
+# still read them); the next release drops them.
 _RENAMED_COST_KEYS = {"prefetch_pages": "prefetch_depth"}
-
-
-def __getattr__(name: str) -> Any:
-    return old_name(__name__, _RENAMED, name, globals())
 
 
 def current_cost(cost: Mapping[str, Any], caller: str = "") -> dict[str, Any]:
