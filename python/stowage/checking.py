@@ -65,7 +65,7 @@ def _watch_modules() -> None:
         _hook = step_context.module_calls.subscribe(_entered)
 
 
-def _entered(call: step_context.Call) -> None:
+def _entered(call: step_context.Call, args: Any) -> None:
     module = call.module
     if id(module) in _named_roots:
         return

@@ -4,12 +4,12 @@ mode, which subscribe to it.
 
 - Module calls (``module_calls``): one pair of global module forward hooks (before and after,
   the second always called), registered while anything subscribes, keeps the stack of module
-  forwards running (``Call``: the module, its arguments, and whether it runs inside a backward,
-  as a checkpoint's recomputation does). Hooks that run while torch.compile traces are not
+  forwards running (``Call``: the module, and whether it runs inside a backward, as a
+  checkpoint's recomputation does; not its arguments, which it would keep alive). Hooks that run while torch.compile traces are not
   followed (they run when a region is traced, not at each call). Subscribers are told as each
-  call begins (``entered(call)``, the call on top of the stack) and as it ends (``left(call)``,
-  the call off the stack; also for a forward that began before anything subscribed), in the
-  order they subscribed.
+  call begins (``entered(call, args)``, the call on top of the stack) and as it ends
+  (``left(call, args, kwargs)``, the call off the stack; also for a forward that began before
+  anything subscribed), in the order they subscribed.
 - Saved tensors (``SavedTensorRegion``): stowage's saved-tensor regions, each a torch
   ``saved_tensors_hooks`` region; ``observe_saves`` (tagging) sees every tensor autograd saves
   while it observes: in stowage's regions, in regions of their own (the user's,
@@ -39,18 +39,16 @@ def in_backward() -> bool:
 
 
 class Call:
-    """One module forward running: ``args`` as its forward takes them (after the hooks before
-    it), and once it has ended its ``kwargs`` too; ``backward``: it runs inside a backward (a
-    recomputation)."""
+    """One module forward running; ``backward``: it runs inside a backward (a recomputation)."""
 
-    __slots__ = ("module", "args", "kwargs", "backward")
+    __slots__ = ("module", "backward")
 
-    def __init__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backward: bool) -> None:
-        self.module, self.args, self.kwargs, self.backward = module, args, kwargs, backward
+    def __init__(self, module: Any, backward: bool) -> None:
+        self.module, self.backward = module, backward
 
 
-Entered = Callable[[Call], None]
-Left = Callable[[Call], None]
+Entered = Callable[[Call, tuple[Any, ...]], None]  # (the call, its positional arguments)
+Left = Callable[[Call, Any, dict[str, Any]], None]  # (the call, its arguments, its keyword arguments)
 
 
 class ModuleCalls:
@@ -87,11 +85,11 @@ class ModuleCalls:
 
         if torch.compiler.is_compiling():
             return None
-        call = Call(module, args, {}, in_backward())
+        call = Call(module, in_backward())
         self.stack.append(call)
         for entered, _ in self._subscribers:
             if entered is not None:
-                entered(call)
+                entered(call, args)
         return None
 
     def _left(self, module: Any, args: Any, *kwargs_and_output: Any) -> None:
@@ -103,12 +101,11 @@ class ModuleCalls:
         if self.stack and self.stack[-1].module is module:
             call = self.stack.pop()
         else:  # a forward that began before anything subscribed
-            call = Call(module, args, {}, in_backward())
-        call.args = args
-        call.kwargs = kwargs_and_output[0] if len(kwargs_and_output) == 2 else {}
+            call = Call(module, in_backward())
+        kwargs = kwargs_and_output[0] if len(kwargs_and_output) == 2 else {}
         for _, left in self._subscribers:
             if left is not None:
-                left(call)
+                left(call, args, kwargs)
 
 
 module_calls = ModuleCalls()

@@ -119,7 +119,7 @@ class Tagger:
 
     # --- hooks ---
 
-    def _entered(self, call: step_context.Call) -> None:
+    def _entered(self, call: step_context.Call, args: Any) -> None:
         if threading.get_ident() != self._thread:
             return
         module = call.module
@@ -155,14 +155,14 @@ class Tagger:
             for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
                 self._owner.setdefault(id(tensor), path_id)
 
-    def _left(self, call: step_context.Call) -> None:
+    def _left(self, call: step_context.Call, args: Any, kwargs: dict[str, Any]) -> None:
         import torch
 
         if threading.get_ident() != self._thread or not self._open:
             return
         self.spans[self._open.pop()][1] = at = self._position()
         if not self._open:  # a top-level forward's inputs (its keyword arguments too): what autograd did not make
-            made_here = [t for t in _tensors(call.args) + _tensors(call.kwargs) if t.grad_fn is None
+            made_here = [t for t in _tensors(args) + _tensors(kwargs) if t.grad_fn is None
                          and not isinstance(t, torch.nn.Parameter)]
             self.note(made_here, 3, at)
 

@@ -156,7 +156,7 @@ class activations:
             return keep(tensor)
         return self._offloader.pack(tensor, self._running[-1] if self._running else "")
 
-    def _module_entered(self, call: step_context.Call) -> None:
+    def _module_entered(self, call: step_context.Call, args: Any) -> None:
         module = call.module
         if self._depth == 0:
             self._top_level.append(module)
@@ -173,7 +173,7 @@ class activations:
             tensors = list(owner.parameters(recurse=recurse)) + list(owner.buffers(recurse=recurse))
             self._offloader.add_parameters([t for t in tensors if t is not None])
 
-    def _module_left(self, call: step_context.Call) -> None:
+    def _module_left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
         self._depth = max(0, self._depth - 1)
         if self._running:
             self._running.pop()

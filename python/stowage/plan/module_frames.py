@@ -65,7 +65,7 @@ class ModuleFrames:
     def path_of(self, module: Any) -> str:
         return self.paths.get(id(module), "")
 
-    def _entered(self, call: step_context.Call) -> None:
+    def _entered(self, call: step_context.Call, args: tuple[Any, ...]) -> None:
         if call.backward:
             return
         module = call.module
@@ -78,7 +78,7 @@ class ModuleFrames:
         frame = Frame(module, path, number % recorded if recorded else number)
         self.stack.append(frame)
         if self._on_enter is not None:
-            self._on_enter(frame, call.args)
+            self._on_enter(frame, args)
 
     def _add_root(self, module: Any) -> None:
         prefix = "" if not self.roots else f"{len(self.roots)}:"
@@ -88,7 +88,7 @@ class ModuleFrames:
         if self._on_root is not None:
             self._on_root(module)
 
-    def _left(self, call: step_context.Call) -> None:
+    def _left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
         if call.backward or not self.stack or self.stack[-1].module is not call.module:
             return
         frame = self.stack.pop()
