@@ -5,8 +5,9 @@ mode, which subscribe to it.
 - Module calls (``module_calls``): one pair of global module forward hooks (before and after,
   the second always called), registered while anything subscribes, keeps the stack of module
   forwards running (``Call``: the module, and whether it runs inside a backward, as a
-  checkpoint's recomputation does; not its arguments, which it would keep alive). Hooks that run while torch.compile traces are not
-  followed (they run when a region is traced, not at each call). Subscribers are told as each
+  checkpoint's recomputation does; not its arguments, which it would keep alive). Hooks that
+  run while torch.compile traces are not followed (they run as a region is traced, not at each
+  call). Subscribers are told as each
   call begins (``entered(call, args)``, the call on top of the stack) and as it ends
   (``left(call, args, kwargs)``, the call off the stack; also for a forward that began before
   anything subscribed), in the order they subscribed.
@@ -186,13 +187,14 @@ def _left_region(region: Any, *error: Any) -> None:
     if _pending is not None and not _open:
         pending, _pending = _pending, None
         plain_exit(pending, None, None, None)
-    if _observer is None and _pending is None:
-        _unwrap()
+    _unwrap()
 
 
 def _unwrap() -> None:
+    """Puts saved_tensors_hooks' own methods back once nothing observes, no bottom hooks wait,
+    and no region entered while wrapped is open."""
     global _plain
-    if _plain is not None:
+    if _plain is not None and _observer is None and _pending is None and not _open:
         import torch
 
         hooks = torch.autograd.graph.saved_tensors_hooks
@@ -232,5 +234,4 @@ def stop_observing() -> None:
             _pending = bottom
         else:
             _plain[1](bottom, None, None, None)  # type: ignore[index]
-    if _pending is None:
-        _unwrap()
+    _unwrap()
