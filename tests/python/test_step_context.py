@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
+import stowage.plan  # noqa: E402
 from offload_models import MlpStack  # noqa: E402
 from stowage import step_context  # noqa: E402
 
