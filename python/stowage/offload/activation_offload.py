@@ -133,7 +133,6 @@ class activations:
         self._top_level: list[Any] = []
         self._depth = 0
         self._names: dict[int, str] = {}  # check mode: module paths, for its messages
-        self._running: list[str] = []
         self._allocated_before = _allocated()
         self._handles = [step_context.module_calls.subscribe(self._module_entered, self._module_left)]
         for excluded in self._exclude:
@@ -154,7 +153,11 @@ class activations:
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
             return keep(tensor)
-        return self._offloader.pack(tensor, self._running[-1] if self._running else "")
+        running = step_context.module_calls.stack
+        if not self._names or not running:
+            return self._offloader.pack(tensor, "")
+        module = running[-1].module
+        return self._offloader.pack(tensor, self._names.get(id(module), type(module).__name__))
 
     def _module_entered(self, call: step_context.Call, args: Any) -> None:
         module = call.module
@@ -163,8 +166,6 @@ class activations:
             if checking.enabled():
                 self._names.update({id(m): n or type(module).__name__ for n, m in module.named_modules()})
         self._depth += 1
-        if checking.enabled():
-            self._running.append(self._names.get(id(module), type(module).__name__))
         if id(module) not in self._registered:
             self._registered.add(id(module))
             inner = getattr(module, "_orig_mod", None)  # a compiled module: its whole model
@@ -175,8 +176,6 @@ class activations:
 
     def _module_left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
         self._depth = max(0, self._depth - 1)
-        if self._running:
-            self._running.pop()
         if self._depth == 0:
             self._offloading.forward_ended()
 
