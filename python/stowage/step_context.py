@@ -27,15 +27,21 @@ from __future__ import annotations
 from typing import Any, Callable
 
 _backward_probe: Any = None  # a torch.utils.module_tracker.ModuleTracker, never entered: its is_bw
+_is_compiling: Callable[[], bool] = lambda: False  # noqa: E731 (torch.compiler.is_compiling once torch is in)
+
+
+def _load_torch() -> None:
+    global _backward_probe, _is_compiling
+    if _backward_probe is None:
+        import torch
+        from torch.utils.module_tracker import ModuleTracker
+
+        _backward_probe, _is_compiling = ModuleTracker(), torch.compiler.is_compiling
 
 
 def in_backward() -> bool:
     """Whether the calling thread runs inside a backward (autograd's engine runs a graph task)."""
-    global _backward_probe
-    if _backward_probe is None:
-        from torch.utils.module_tracker import ModuleTracker
-
-        _backward_probe = ModuleTracker()
+    _load_torch()
     return bool(_backward_probe.is_bw)
 
 
@@ -64,6 +70,7 @@ class ModuleCalls:
         """Adds a subscriber; returns what removes it (the hooks go with the last one)."""
         import torch
 
+        _load_torch()
         subscriber = (entered, left)
         self._subscribers = self._subscribers + [subscriber]  # (a copy: hooks iterate the old list)
         if not self._handles:
@@ -82,11 +89,9 @@ class ModuleCalls:
         return unsubscribe
 
     def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
-        import torch
-
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return None
-        call = Call(module, in_backward())
+        call = Call(module, _backward_probe.is_bw)
         self.stack.append(call)
         for entered, _ in self._subscribers:
             if entered is not None:
@@ -95,14 +100,12 @@ class ModuleCalls:
 
     def _left(self, module: Any, args: Any, *kwargs_and_output: Any) -> None:
         """(kwargs, output); only (output,) where torch calls it after the forward raised)"""
-        import torch
-
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return
         if self.stack and self.stack[-1].module is module:
             call = self.stack.pop()
         else:  # a forward that began before anything subscribed
-            call = Call(module, in_backward())
+            call = Call(module, _backward_probe.is_bw)
         kwargs = kwargs_and_output[0] if len(kwargs_and_output) == 2 else {}
         for _, left in self._subscribers:
             if left is not None:
