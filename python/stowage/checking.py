@@ -62,7 +62,7 @@ def _watch_modules() -> None:
     step context's module calls (subscribed once, for the process)."""
     global _hook
     if _hook is None:
-        _hook = step_context.module_calls.subscribe(_entered)
+        _hook = step_context.module_calls.subscribe(_entered, compiled=True)
 
 
 def _entered(call: step_context.Call, args: Any) -> None:

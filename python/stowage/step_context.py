@@ -5,12 +5,12 @@ mode, which subscribe to it.
 - Module calls (``module_calls``): one pair of global module forward hooks (before and after,
   the second always called), registered while anything subscribes, keeps the stack of module
   forwards running (``Call``: the module, and whether it runs inside a backward, as a
-  checkpoint's recomputation does; not its arguments, which it would keep alive). Hooks that
-  run while torch.compile traces are not followed (they run as a region is traced, not at each
-  call). Subscribers are told as each
-  call begins (``entered(call, args)``, the call on top of the stack) and as it ends
-  (``left(call, args, kwargs)``, the call off the stack; also for a forward that began before
-  anything subscribed), in the order they subscribed.
+  checkpoint's recomputation does; not its arguments, which it would keep alive). While
+  torch.compile traces, calls are followed only where a subscriber asks (``compiled=True``):
+  then the hook stops the trace there (torch's graph-task query does) and the module runs
+  eagerly, as it did when each part registered hooks of its own. Subscribers are told as each call begins (``entered(call, args)``, the call on top of
+  the stack) and as it ends (``left(call, args, kwargs)``, the call off the stack; also for a
+  forward that began before anything subscribed), in the order they subscribed.
 - Saved tensors (``SavedTensorRegion``): stowage's saved-tensor regions, each a torch
   ``saved_tensors_hooks`` region; ``observe_saves`` (tagging) sees every tensor autograd saves
   while it observes: in stowage's regions, in regions of their own (the user's,
@@ -63,16 +63,20 @@ class ModuleCalls:
 
     def __init__(self) -> None:
         self.stack: list[Call] = []
-        self._subscribers: list[tuple[Entered | None, Left | None]] = []
+        self._subscribers: list[tuple[Entered | None, Left | None, bool]] = []
+        self._follow_compiled = False
         self._handles: list[Any] = []
 
-    def subscribe(self, entered: Entered | None = None, left: Left | None = None) -> Callable[[], None]:
-        """Adds a subscriber; returns what removes it (the hooks go with the last one)."""
+    def subscribe(self, entered: Entered | None = None, left: Left | None = None, *,
+                  compiled: bool = False) -> Callable[[], None]:
+        """Adds a subscriber; returns what removes it (the hooks go with the last one).
+        `compiled`: also follow calls while torch.compile traces (module docstring)."""
         import torch
 
         _load_torch()
-        subscriber = (entered, left)
+        subscriber = (entered, left, compiled)
         self._subscribers = self._subscribers + [subscriber]  # (a copy: hooks iterate the old list)
+        self._follow_compiled = any(s[2] for s in self._subscribers)
         if not self._handles:
             module = torch.nn.modules.module
             self._handles = [module.register_module_forward_pre_hook(self._entered),
@@ -80,6 +84,7 @@ class ModuleCalls:
 
         def unsubscribe() -> None:
             self._subscribers = [s for s in self._subscribers if s is not subscriber]
+            self._follow_compiled = any(s[2] for s in self._subscribers)
             if not self._subscribers:
                 for handle in self._handles:
                     handle.remove()
@@ -89,25 +94,25 @@ class ModuleCalls:
         return unsubscribe
 
     def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
-        if _is_compiling():
+        if not self._follow_compiled and _is_compiling():
             return None
         call = Call(module, _backward_probe.is_bw)
         self.stack.append(call)
-        for entered, _ in self._subscribers:
+        for entered, _, _ in self._subscribers:
             if entered is not None:
                 entered(call, args)
         return None
 
     def _left(self, module: Any, args: Any, *kwargs_and_output: Any) -> None:
         """(kwargs, output); only (output,) where torch calls it after the forward raised)"""
-        if _is_compiling():
+        if not self._follow_compiled and _is_compiling():
             return
         if self.stack and self.stack[-1].module is module:
             call = self.stack.pop()
         else:  # a forward that began before anything subscribed
             call = Call(module, _backward_probe.is_bw)
         kwargs = kwargs_and_output[0] if len(kwargs_and_output) == 2 else {}
-        for _, left in self._subscribers:
+        for _, left, _ in self._subscribers:
             if left is not None:
                 left(call, args, kwargs)
 

@@ -106,3 +106,22 @@ class _nothing:
 
     def __exit__(self, *error: Any) -> None:
         return None
+
+
+def test_a_plan_s_frames_follow_the_modules_inside_a_compiled_block() -> None:
+    """Plans and recordings key saves by the innermost module; inside a block compiled on its own
+    their hook stops torch.compile's trace there, so the block's modules are followed as in eager."""
+    from stowage.plan.module_frames import ModuleFrames
+
+    torch.manual_seed(0)
+    model = MlpStack(blocks=2, width=16, hidden=32)
+    model.blocks[0] = torch.compile(model.blocks[0], backend="eager")
+    entered: list[str] = []
+    frames = ModuleFrames(on_enter=lambda frame, args: entered.append(frame.path), root=model)
+    frames.install()
+    try:
+        model(torch.randn(4, 16)).sum().backward()
+    finally:
+        frames.remove()
+    inside = [path for path in entered if path.startswith("blocks.0._orig_mod.")]
+    assert inside, entered

@@ -78,7 +78,7 @@ class CutCheckDispatch(TorchDispatchMode):
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
         """The mode, with the module each op runs in followed (for the reason a cut is refused)."""
-        unsubscribe = step_context.module_calls.subscribe()
+        unsubscribe = step_context.module_calls.subscribe(compiled=True)
         try:
             with torch.no_grad(), self:
                 yield

@@ -157,7 +157,7 @@ class Fitted:
             # the first of the model's with a tensor argument
             ours = {id(module) for module in self.model.modules()}
             self._rows_guard = step_context.module_calls.subscribe(
-                lambda call, args: self._refuse_more_rows(args) if id(call.module) in ours else None)
+                lambda call, args: self._refuse_more_rows(args) if id(call.module) in ours else None, compiled=True)
         return self
 
     def _refuse_more_rows(self, args: tuple[Any, ...]) -> None:

@@ -51,7 +51,7 @@ class ModuleFrames:
     def install(self) -> None:
         if self._given_root is not None and id(self._given_root) not in self.paths:
             self._add_root(self._given_root)
-        self._unsubscribe = step_context.module_calls.subscribe(self._entered, self._left)
+        self._unsubscribe = step_context.module_calls.subscribe(self._entered, self._left, compiled=True)
 
     def remove(self) -> None:
         if self._unsubscribe is not None:
