@@ -100,7 +100,7 @@ PYTHON_LAYERS: list[tuple[str, set[str]]] = [
     ("basics", {"byte_counts", "terminal", "warning_site", "waiting", "validation", "recorded_by",
                 "recompute_estimate"}),
     ("snapshot files", {"snapshot_reader", "snapshot_loader", "trace", "profiler_trace"}),
-    ("torch serving", {"serving", "checking", "tagging"}),
+    ("torch serving", {"serving", "step_context", "checking", "tagging"}),
     ("offload", {"offload"}),
     ("memory", {"memory"}),
     ("plan", {"plan"}),

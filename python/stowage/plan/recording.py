@@ -24,7 +24,8 @@ from stowage import _core
 from stowage.plan.calibration import measure_cost
 from stowage.plan.file_formats import current_cost
 from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
-from stowage.plan.module_frames import Frame, ModuleFrames, block_modules, in_backward
+from stowage.plan.module_frames import Frame, ModuleFrames, block_modules
+from stowage.step_context import SavedTensorRegion, in_backward
 
 
 class _DeviceMeter:
@@ -251,7 +252,7 @@ class StepRecorder:
         self.start_bytes = self.meter.now_and_peak()[0]
         self.frames.install()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), Recording():
+            with SavedTensorRegion(self.pack, self.unpack), Recording():
                 return step()
         finally:
             self.frames.remove()
