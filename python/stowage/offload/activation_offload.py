@@ -69,13 +69,6 @@ class OffloadReport:
     unseen_bytes: int = 0
     held_elsewhere_bytes: int = 0
 
-    @property
-    def paged_bytes(self) -> int:
-        """The previous release's name of ``offloaded_bytes``; the next release drops it."""
-        warnings.warn("OffloadReport.paged_bytes is now OffloadReport.offloaded_bytes; the old name goes in the "
-                      "next release", DeprecationWarning, stacklevel=2)
-        return self.offloaded_bytes
-
     def __str__(self) -> str:
         f = _core.format_bytes
         kept = self.saved_bytes - self.offloaded_bytes - self.parameter_bytes
