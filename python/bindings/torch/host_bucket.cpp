@@ -20,9 +20,14 @@ namespace {
 using MklVectorSqrt = void (*)(int count, const float* in, float* out, long long mode);
 using MklSetLocalThreads = int (*)(int threads);
 
-// torch's mode for MKL's vector math (ATen/cpu/vml.h): high accuracy, denormals kept, errors ignored.
-constexpr long long kTorchVmlMode = 0x00000002 | 0x00140000 | 0x00000100;
+// torch's mode for MKL's vector math (ATen/cpu/vml.h), from mkl_vml_defines.h: VML_HA (high
+// accuracy) | VML_FTZDAZ_OFF (denormals kept) | VML_ERRMODE_IGNORE.
+constexpr long long kVmlHighAccuracy = 0x00000002;
+constexpr long long kVmlDenormalsKept = 0x00140000;
+constexpr long long kVmlErrorsIgnored = 0x00000100;
+constexpr long long kTorchVmlMode = kVmlHighAccuracy | kVmlDenormalsKept | kVmlErrorsIgnored;
 
+// MKL's entry points in torch's library; either may be null (a torch without MKL).
 struct TorchMklSqrt {
   MklVectorSqrt sqrt = nullptr;
   MklSetLocalThreads set_local_threads = nullptr;
@@ -32,9 +37,8 @@ const TorchMklSqrt& torch_mkl_sqrt() {
   static const TorchMklSqrt found = [] {
     void* library = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
     if (library == nullptr) return TorchMklSqrt{};
-    TorchMklSqrt f{reinterpret_cast<MklVectorSqrt>(dlsym(library, "vmsSqrt")),
-                   reinterpret_cast<MklSetLocalThreads>(dlsym(library, "MKL_Set_Num_Threads_Local"))};
-    return f.sqrt != nullptr && f.set_local_threads != nullptr ? f : TorchMklSqrt{};
+    return TorchMklSqrt{reinterpret_cast<MklVectorSqrt>(dlsym(library, "vmsSqrt")),
+                        reinterpret_cast<MklSetLocalThreads>(dlsym(library, "MKL_Set_Num_Threads_Local"))};
   }();
   return found;
 }
@@ -43,6 +47,7 @@ const TorchMklSqrt& torch_mkl_sqrt() {
 // any OpenMP region, MKL would otherwise open one per call.
 void mkl_sqrt_here(int count, const float* in, float* out) {
   const TorchMklSqrt& f = torch_mkl_sqrt();
+  if (f.set_local_threads == nullptr) return f.sqrt(count, in, out, kTorchVmlMode);
   const int previous = f.set_local_threads(1);
   f.sqrt(count, in, out, kTorchVmlMode);
   f.set_local_threads(previous);
