@@ -12,12 +12,12 @@ namespace stowage::offload {
 namespace {
 
 // Elements per chunk of the path that hands its square roots to a vector function: the chunk's
-// states (2,048 x 16 bytes and the roots) stay in L1/L2 between the moments, the square roots
-// and the parameters, and one call takes 2,048 roots.
-constexpr std::size_t kChunk = 2048;
+// states (256 x 16 bytes, and its roots) stay in L1 between the moments, the square roots and
+// the parameters. Measured on one core of the AMD EPYC of bench/results/2026-11-28-cpu-adamw.md
+// with MKL's square root: 128 to 384 alike, 2,048 a quarter slower (its chunk leaves L1).
+constexpr std::size_t kChunk = 256;
 // Below this many elements a thread costs more to start than it saves.
 constexpr std::size_t kMinPerThread = 1 << 16;
-constexpr std::size_t kCacheLine = 64;
 
 // The per-step scalars, computed once in double as torch does, then applied in float.
 struct StepScalars {
@@ -161,21 +161,9 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
   }
 }
 
-// Asks for the cache lines of elements [begin, end) of `base` (elements of `size` bytes) ahead of
-// their use: to write soon (into L1), or to read later (into L2).
-enum class Soon : std::uint8_t { kWrite, kReadLater };
-template <Soon kSoon>
-[[gnu::always_inline]] inline void prefetch(const void* base, std::size_t size, std::size_t begin, std::size_t end) {
-  const auto* bytes = static_cast<const unsigned char*>(base);
-  for (std::size_t at = begin * size; at < end * size; at += kCacheLine) {
-    if constexpr (kSoon == Soon::kWrite) __builtin_prefetch(bytes + at, 1, 3);
-    else __builtin_prefetch(bytes + at, 0, 2);
-  }
-}
-
 // Elements [begin, end) with the square roots of s.vector_sqrt, in chunks: the moments, then the
-// chunk's roots in one call (while the next chunk's states are fetched), then the parameters and
-// their output. The roots are taken straight from the stored second moments (or their maximum).
+// chunk's roots in one call, then the parameters and their output. The roots are taken straight
+// from the stored second moments (or their maximum).
 template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
 [[gnu::always_inline]] inline void update_in_chunks(const StepScalars& scalars, const AdamWBuffers& b,
                                                     std::size_t begin, std::size_t end) {
@@ -196,12 +184,6 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
       v[i] = second_moment(v[i], g, s);
       if constexpr (kAmsgrad) v_max[i] = running_max(v_max[i], v[i]);
     }
-    const std::size_t next = std::min(end, stop + kChunk);
-    prefetch<Soon::kWrite>(master, 4, start, stop);
-    prefetch<Soon::kReadLater>(m, 4, stop, next);
-    prefetch<Soon::kReadLater>(v, 4, stop, next);
-    if constexpr (kAmsgrad) prefetch<Soon::kReadLater>(v_max, 4, stop, next);
-    prefetch<Soon::kReadLater>(grad, G == ElementType::kFloat32 ? 4 : 2, stop, next);
     s.vector_sqrt(static_cast<int>(stop - start), rooted + start, roots);
     for (std::size_t i = start; i < stop; ++i) {
       const float updated = stepped(master[i], m[i], roots[i - start], s);

@@ -66,10 +66,12 @@ def _states(optimizer: Any, p: Any, m: Any, v: Any, v_max: Any | None) -> None:
         optimizer.state[p]["max_exp_avg_sq"] = v_max.clone()
 
 
-CASES = [(size, decoupled, amsgrad, maximize, extreme)
-         for size in SIZES for decoupled in (True, False) for amsgrad in (False, True) for maximize in (False, True)
-         for extreme in (False, True)
-         if size in (64, 17, 4099) or (not amsgrad and not maximize) or extreme]
+OPTIONS = [(decoupled, amsgrad, maximize, extreme) for decoupled in (True, False) for amsgrad in (False, True)
+           for maximize in (False, True) for extreme in (False, True)]
+# every option at one size past a vector and a chunk; the others at the rest of the sizes
+CASES = [(4099, *options) for options in OPTIONS] + [
+    (size, *OPTIONS[(7 * i + 3) % len(OPTIONS)]) for i, size in enumerate(SIZES) if size != 4099] + [
+    (size, *OPTIONS[(5 * i + 6) % len(OPTIONS)]) for i, size in enumerate(SIZES) if size != 4099]
 
 
 @pytest.mark.parametrize("size,decoupled,amsgrad,maximize,extreme", CASES)
@@ -108,11 +110,9 @@ def test_fp32_masters_are_bit_for_bit_torch_s_single_tensor_adam(size: int, deco
         _same_bits(out, reference.detach().to(out_type), f"the {out_type} output after step {step}")
 
 
-NARROW_CASES = [(dtype, size, decoupled, amsgrad, maximize, extreme)
-                for dtype in (torch.bfloat16, torch.float16) for size in (1, 17, 2049, 4099, 140_001)
-                for decoupled in (True, False) for amsgrad in (False, True) for maximize in (False, True)
-                for extreme in (False, True)
-                if size in (17, 4099) or (not amsgrad and not maximize)]
+NARROW_CASES = [(dtype, 4099, *options) for dtype in (torch.bfloat16, torch.float16) for options in OPTIONS] + [
+    (dtype, size, *OPTIONS[(3 * i + j) % len(OPTIONS)]) for j, dtype in enumerate((torch.bfloat16, torch.float16))
+    for i, size in enumerate((1, 17, 2049, 140_001))]
 
 
 @pytest.mark.parametrize("dtype,size,decoupled,amsgrad,maximize,extreme", NARROW_CASES)
