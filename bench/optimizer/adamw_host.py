@@ -2,7 +2,8 @@
 bandwidth measured in the same run.
 
     python3 bench/optimizer/adamw_host.py [--numel 33554432] [--reps 15] [--settle-ms 50]
-        [--threads N] [--clock wall|cpu] [--json OUT]
+        [--threads N] [--clock wall|cpu|process] [--json OUT]
+    python3 bench/optimizer/adamw_host.py --check    (CI: exit status 1 below CHECK_BOUNDS)
 
 Contenders, all over the same N parameters, interleaved (each repetition runs every contender
 once, in rotated order), timed with the wall clock (or, --clock cpu with --threads 1, the calling
@@ -28,6 +29,11 @@ Reports each contender's minimum and median, parameters per second and GB/s (28 
 for the AdamW jobs), the ratios the targets name at the minima and medians, the median of the
 ratios within each repetition (paired: both contenders timed moments apart, under the same load),
 and every repetition's time.
+
+--check runs the passes CI runs (tests/python/test_bench_scripts.py), 2M parameters each: one
+thread timed by its CPU time (each core's speed, which other work on a busy machine does not
+inflate), then two threads timed by the process's CPU time (threads that spin or oversubscribe
+cost many times their work), and fails where a paired ratio falls below its bound.
 """
 
 from __future__ import annotations
@@ -139,6 +145,57 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time, "process": time.process_time}
+
+# --check: (threads, clock, settle ms) -> the least each paired ratio may be (healthy figures in
+# bench/results/2026-11-28-cpu-adamw.md, measured on the 2-core CI machine under load).
+CHECK_NUMEL, CHECK_REPS = 1 << 21, 9
+CHECK_BOUNDS: dict[tuple[int, str, float], dict[str, float]] = {
+    # one core's speed, CPU time (other work on the machine does not inflate it). Healthy: GPU
+    # roundings 1.5x fused fp32, 2.0x the composition; CPU roundings (MKL's root) 0.9-1.0x, 1.3-1.5x.
+    (1, "cpu", 0.0): {"fp32_cuda_vs_torch_fused_paired_median": 1.0,
+                      "mixed_cuda_vs_torch_composition_paired_median": 1.4,
+                      "fp32_vs_torch_fused_paired_median": 0.6,
+                      "mixed_vs_torch_composition_paired_median": 1.0},
+    # two threads, the process's CPU time: threads that spin, or a square root that opens an
+    # OpenMP region per call, cost many times the work. torch's count its threads' spinning after
+    # each region: healthy, the kernel costs a third of torch's or less; with a region per call,
+    # 7x torch's.
+    (2, "process", 20.0): {"fp32_vs_torch_fused_paired_median": 0.8,
+                           "mixed_vs_torch_composition_paired_median": 0.8},
+}
+
+
+def run_pass(numel: int, reps: int, threads: int, clock: str, settle_ms: float) -> dict[str, Any]:
+    """One measurement of every contender, printed; its record."""
+    torch.set_num_threads(threads)
+    load_before = os.getloadavg()
+    results = measure(numel, reps, threads, settle_ms / 1e3, CLOCKS[clock])
+    load_after = os.getloadavg()
+    summary = ratios(results)
+    print(f"{numel} parameters, {reps} repetitions, {threads} thread(s), clock {clock}, settle {settle_ms} ms")
+    for name, r in results.items():
+        print(f"{name:19} min {r['min_s'] * 1e3:8.2f} ms  median {r['median_s'] * 1e3:8.2f} ms  "
+              f"{r['params_per_s_at_min'] / 1e9:6.3f} G param/s  {r['gb_per_s_at_min']:6.1f} GB/s (at min)")
+    for key, value in summary.items():
+        print(f"{key:46} {value:.3f}")
+    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
+    return {"threads": threads, "numel": numel, "reps": reps, "settle_ms": settle_ms, "clock": clock,
+            "load_before": load_before, "load_after": load_after, "results": results, "ratios": summary}
+
+
+def check() -> tuple[list[dict[str, Any]], list[str]]:
+    """Every pass of CHECK_BOUNDS: their records, and each bound missed."""
+    passes, missed = [], []
+    for (threads, clock, settle_ms), bounds in CHECK_BOUNDS.items():
+        record = run_pass(CHECK_NUMEL, CHECK_REPS, threads, clock, settle_ms)
+        record["bounds"] = bounds
+        passes.append(record)
+        missed += [f"{key} {record['ratios'][key]:.3f} < {bound} ({threads} thread(s), clock {clock})"
+                   for key, bound in bounds.items() if record["ratios"][key] < bound]
+    return passes, missed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--numel", type=int, default=1 << 25)
@@ -146,33 +203,29 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--settle-ms", type=float, default=50.0,
                         help="pause before each timed run, for the previous contender's threads to go idle")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: the calling thread's CPU time (needs --threads 1: the work must run on it)")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="cpu: the calling thread's CPU time (needs --threads 1: the work must run on it); "
+                             "process: the CPU time of all the process's threads")
+    parser.add_argument("--check", action="store_true",
+                        help="the CI check: the passes of CHECK_BOUNDS; exit status 1 when a ratio is below its bound")
     parser.add_argument("--json", type=str, default=None)
     args = parser.parse_args()
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu times the calling thread alone: give --threads 1")
-    torch.set_num_threads(args.threads)
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    load_before = os.getloadavg()
-    results = measure(args.numel, args.reps, args.threads, args.settle_ms / 1e3, clock)
-    load_after = os.getloadavg()
-    summary = ratios(results)
-    for name, r in results.items():
-        print(f"{name:19} min {r['min_s'] * 1e3:8.2f} ms  median {r['median_s'] * 1e3:8.2f} ms  "
-              f"{r['params_per_s_at_min'] / 1e9:6.3f} G param/s  {r['gb_per_s_at_min']:6.1f} GB/s (at min)")
-    for key, value in summary.items():
-        print(f"{key:42} {value:.3f}")
-    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
+    missed: list[str] = []
+    if args.check:
+        passes, missed = check()
+        for line in missed:
+            print(f"below its bound: {line}")
+    else:
+        passes = [run_pass(args.numel, args.reps, args.threads, args.clock, args.settle_ms)]
     if args.json:
         record = {"date": date.today().isoformat(), "machine": platform.node(), "cpu": platform.processor(),
-                  "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
-                  "numel": args.numel, "reps": args.reps, "settle_ms": args.settle_ms, "clock": args.clock,
-                  "load_before": load_before, "load_after": load_after, "command": " ".join(sys.argv),
-                  "results": results, "ratios": summary}
+                  "cpus": os.cpu_count(), "torch": torch.__version__, "command": " ".join(sys.argv),
+                  **(passes[0] if not args.check else {"passes": passes, "missed": missed})}
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
-    return 0
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
