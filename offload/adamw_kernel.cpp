@@ -53,6 +53,36 @@ StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
           h.vector_sqrt};
 }
 
+// fp16 <-> fp32 in integer and float operations the compiler vectorises (GCC 12 leaves a loop
+// that casts _Float16 scalar); the same bits as the F16C instructions (vcvtph2ps, and vcvtps2ph
+// rounding to nearest even), checked over every half and every float.
+[[gnu::always_inline]] inline float from_float16(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t magnitude = h & 0x7FFFu;
+  // Normal, infinite and NaN: the exponent rebiased (all ones stays all ones), a NaN quieted.
+  const std::uint32_t rebiased = (magnitude << 13) + (magnitude >= 0x7C00u ? (255u - 31u) << 23 : (127u - 15u) << 23);
+  const std::uint32_t quieted = magnitude > 0x7C00u ? rebiased | 0x00400000u : rebiased;
+  // Zero and subnormal: the mantissa times 2^-24, exact in float.
+  const float subnormal = static_cast<float>(magnitude) * 0x1p-24f;
+  return std::bit_cast<float>(sign | (magnitude < 0x0400u ? std::bit_cast<std::uint32_t>(subnormal) : quieted));
+}
+
+[[gnu::always_inline]] inline std::uint16_t to_float16(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
+  const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+  // A normal half: the exponent rebiased, the dropped 13 bits rounded to nearest even.
+  const std::uint32_t normal = (magnitude - ((127u - 15u) << 23) + 0x0FFFu + ((magnitude >> 13) & 1u)) >> 13;
+  // A subnormal half (or zero): adding 0.5 leaves the value in 2^-24 steps in the low bits,
+  // rounded to nearest even by the addition.
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(std::bit_cast<float>(magnitude) + 0.5f) - 0x3F000000u;
+  const std::uint32_t nan = 0x7E00u | ((magnitude >> 13) & 0x03FFu);  // quiet, the payload's top bits kept
+  std::uint32_t half = magnitude < 0x38800000u ? subnormal : normal;  // below 2^-14
+  half = magnitude >= 0x477FF000u ? 0x7C00u : half;                   // 65520 and up round to infinity
+  half = magnitude > 0x7F800000u ? nan : half;
+  return static_cast<std::uint16_t>(sign | half);
+}
+
 template <ElementType T>
 [[gnu::always_inline]] inline float load(const void* base, std::size_t i) {
   if constexpr (T == ElementType::kFloat32) {
@@ -60,7 +90,7 @@ template <ElementType T>
   } else if constexpr (T == ElementType::kBFloat16) {
     return std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(base)[i]) << 16);
   } else {
-    return static_cast<float>(static_cast<const _Float16*>(base)[i]);
+    return from_float16(static_cast<const std::uint16_t*>(base)[i]);
   }
 }
 
@@ -79,7 +109,7 @@ template <ElementType T>
   } else if constexpr (T == ElementType::kBFloat16) {
     static_cast<std::uint16_t*>(base)[i] = to_bfloat16(value);
   } else {
-    static_cast<_Float16*>(base)[i] = static_cast<_Float16>(value);
+    static_cast<std::uint16_t*>(base)[i] = to_float16(value);
   }
 }
 
@@ -217,20 +247,26 @@ template <ElementType G, ElementType O, bool kOut>
 template <ElementType T, bool kL2, bool kAmsgrad>
 [[gnu::always_inline]] inline void narrow_range(const StepScalars& scalars, const NarrowAdamBuffers& b,
                                                 std::size_t begin, std::size_t end) {
+  // Locals, restrict-qualified, as update_in_one_pass's.
   const StepScalars s = scalars;
+  std::uint16_t* __restrict param = static_cast<std::uint16_t*>(b.param);
+  std::uint16_t* __restrict m = static_cast<std::uint16_t*>(b.exp_avg);
+  std::uint16_t* __restrict v = static_cast<std::uint16_t*>(b.exp_avg_sq);
+  std::uint16_t* __restrict v_max = static_cast<std::uint16_t*>(b.max_exp_avg_sq);
+  const std::uint16_t* __restrict grad = static_cast<const std::uint16_t*>(b.grad);
   for (std::size_t i = begin; i < end; ++i) {
-    const float p0 = load<T>(b.param, i);
-    const float g = gradient<kL2>(load<T>(b.grad, i), p0, s);
-    const float m_new = first_moment(load<T>(b.exp_avg, i), g, s);
-    const float v_new = second_moment(load<T>(b.exp_avg_sq, i), g, s);
-    store<T>(b.exp_avg, i, m_new);
-    store<T>(b.exp_avg_sq, i, v_new);
+    const float p0 = load<T>(param, i);
+    const float g = gradient<kL2>(load<T>(grad, i), p0, s);
+    const float m_new = first_moment(load<T>(m, i), g, s);
+    const float v_new = second_moment(load<T>(v, i), g, s);
+    store<T>(m, i, m_new);
+    store<T>(v, i, v_new);
     float v_hat = v_new;
     if constexpr (kAmsgrad) {
-      v_hat = running_max(load<T>(b.max_exp_avg_sq, i), v_new);
-      store<T>(b.max_exp_avg_sq, i, v_hat);
+      v_hat = running_max(load<T>(v_max, i), v_new);
+      store<T>(v_max, i, v_hat);
     }
-    store<T>(b.param, i, stepped(p0, m_new, std::sqrt(v_hat), s));
+    store<T>(param, i, stepped(p0, m_new, std::sqrt(v_hat), s));
   }
 }
 
@@ -334,6 +370,10 @@ AdamWBuffers slice(const AdamWBuffers& b, std::size_t begin, std::size_t end) {
 float bfloat16_to_float(std::uint16_t bits) noexcept { return load<ElementType::kBFloat16>(&bits, 0); }
 
 std::uint16_t float_to_bfloat16(float value) noexcept { return to_bfloat16(value); }
+
+float float16_to_float(std::uint16_t bits) noexcept { return from_float16(bits); }
+
+std::uint16_t float_to_float16(float value) noexcept { return to_float16(value); }
 
 namespace {
 

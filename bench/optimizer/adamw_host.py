@@ -22,6 +22,7 @@ thread's CPU time, which a busy machine's other work does not inflate):
   stowage_mixed      stowage's kernel on that job in one pass: bf16 gradient in, fp32 master and
                      moments updated, bf16 parameters out (28 B a parameter), CPU roundings
   stowage_mixed_cuda the same, GPU roundings
+  stowage_mixed_fp16 the same with an fp16 gradient in and fp16 parameters out, GPU roundings
 Between two contenders the benchmark pauses (--settle-ms): torch's OpenMP threads spin for a
 while after each parallel region, and on a small machine they take a core from whatever runs
 next, so without the pause each contender is timed against the previous one's idle spinning.
@@ -72,6 +73,7 @@ def contenders(n: int, threads: int) -> dict[str, tuple[Callable[[], None], int]
     # mixed: bf16 gradient in, bf16 parameter out
     grad16 = gradients.to(torch.bfloat16)
     out16 = torch.empty(n, dtype=torch.bfloat16)
+    grad_half, out_half = gradients.to(torch.float16), torch.empty(n, dtype=torch.float16)
     mixed_master = torch.nn.Parameter(weights.clone())
     mixed_master.grad = torch.empty(n)
     composed = torch.optim.AdamW([mixed_master], fused=True, **HYPER)  # type: ignore[arg-type]
@@ -98,6 +100,8 @@ def contenders(n: int, threads: int) -> dict[str, tuple[Callable[[], None], int]
         "torch_mixed": (torch_mixed, ADAMW_BYTES * n),
         "stowage_mixed": (lambda: ours("mixed", ours_master, ours_m, ours_v, grad16, out16), ADAMW_BYTES * n),
         "stowage_mixed_cuda": (lambda: ours("mixed", ours_master, ours_m, ours_v, grad16, out16, False),
+                               ADAMW_BYTES * n),
+        "stowage_mixed_fp16": (lambda: ours("mixed", ours_master, ours_m, ours_v, grad_half, out_half, False),
                                ADAMW_BYTES * n),
     }
 
@@ -128,6 +132,7 @@ def measure(n: int, reps: int, threads: int, settle_s: float, clock: Callable[[]
 # (ours, theirs): how many times faster ours is than theirs
 PAIRS = {"mixed_vs_torch_composition": ("stowage_mixed", "torch_mixed"),
          "mixed_cuda_vs_torch_composition": ("stowage_mixed_cuda", "torch_mixed"),
+         "mixed_fp16_vs_torch_composition": ("stowage_mixed_fp16", "torch_mixed"),
          "fp32_vs_torch_fused": ("stowage_fp32", "torch_fused_fp32"),
          "fp32_cuda_vs_torch_fused": ("stowage_fp32_cuda", "torch_fused_fp32")}
 
@@ -152,9 +157,11 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time, "process": time.pr
 CHECK_NUMEL, CHECK_REPS = 1 << 21, 9
 CHECK_BOUNDS: dict[tuple[int, str, float], dict[str, float]] = {
     # one core's speed, CPU time (other work on the machine does not inflate it). Healthy: GPU
-    # roundings 1.5x fused fp32, 2.0x the composition; CPU roundings (MKL's root) 0.9-1.0x, 1.3-1.5x.
+    # roundings 1.5x fused fp32, 2.0x the composition (1.4x with fp16 in and out); CPU roundings
+    # (MKL's root) 0.9-1.0x, 1.3-1.5x.
     (1, "cpu", 0.0): {"fp32_cuda_vs_torch_fused_paired_median": 1.0,
                       "mixed_cuda_vs_torch_composition_paired_median": 1.4,
+                      "mixed_fp16_vs_torch_composition_paired_median": 1.0,
                       "fp32_vs_torch_fused_paired_median": 0.6,
                       "mixed_vs_torch_composition_paired_median": 1.0},
     # two threads, the process's CPU time: threads that spin, or a square root that opens an

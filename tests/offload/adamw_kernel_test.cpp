@@ -365,6 +365,42 @@ TEST(AdamWKernel, BFloat16RoundsToNearestEvenAndKeepsNaNAndInfinity) {
   EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(INFINITY)), INFINITY);
 }
 
+// The kernel's own fp16 conversions (vectorisable) against the compiler's _Float16 casts: every
+// half read, and floats across the whole range written, with every rounding tie and its
+// neighbours; a NaN stays a quiet NaN with its payload's top bits.
+TEST(AdamWKernel, Float16ConvertsAsTheHardwareDoes) {
+  const auto half_bits = [](_Float16 h) { return std::bit_cast<std::uint16_t>(h); };
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float ours = float16_to_float(bits);
+    const float theirs = static_cast<float>(std::bit_cast<_Float16>(bits));
+    if (std::isnan(theirs)) {
+      ASSERT_TRUE(std::isnan(ours)) << h;
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(ours), 0x7FC00000u | ((h & 0x8000u) << 16) | ((h & 0x3FFu) << 13)) << h;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(ours), std::bit_cast<std::uint32_t>(theirs)) << h;
+    // the tie between this half and the next, and a float either side of it
+    const float next = static_cast<float>(std::bit_cast<_Float16>(static_cast<std::uint16_t>(h + 1)));
+    if ((h & 0x7FFFu) >= 0x7C00u || std::isnan(next) || std::isinf(next)) continue;
+    const auto tie = std::bit_cast<std::uint32_t>(static_cast<float>((static_cast<double>(ours) + next) / 2));
+    for (const std::uint32_t f : {tie - 1, tie, tie + 1}) {
+      const float value = std::bit_cast<float>(f);
+      ASSERT_EQ(float_to_float16(value), half_bits(static_cast<_Float16>(value))) << std::hex << f;
+    }
+  }
+  for (std::uint64_t f = 0; f < (1ull << 32); f += 4099) {
+    const auto bits = static_cast<std::uint32_t>(f);
+    const float value = std::bit_cast<float>(bits);
+    const std::uint16_t ours = float_to_float16(value);
+    if (std::isnan(value)) {
+      EXPECT_EQ(ours, ((bits >> 16) & 0x8000u) | 0x7E00u | ((bits >> 13) & 0x3FFu)) << std::hex << f;
+      continue;
+    }
+    ASSERT_EQ(ours, half_bits(static_cast<_Float16>(value))) << std::hex << f;
+  }
+}
+
 TEST(AdamWKernel, BadArgumentsAreRefusedWithTheirReason) {
   float x = 0;
   const AdamWBuffers buffers{&x, &x, &x, &x, ElementType::kFloat32, nullptr, ElementType::kFloat32, 1};

@@ -58,7 +58,7 @@ def test_the_host_adamw_kernel_keeps_up_with_torch_s_fused_adamw(tmp_path: Path)
     assert [(p["threads"], p["clock"]) for p in record["passes"]] == [(1, "cpu"), (2, "process")]
     for measured in record["passes"]:
         assert set(measured["results"]) == {"stream", "torch_fused_fp32", "stowage_fp32", "stowage_fp32_cuda",
-                                            "torch_mixed", "stowage_mixed", "stowage_mixed_cuda"}
+                                            "torch_mixed", "stowage_mixed", "stowage_mixed_cuda", "stowage_mixed_fp16"}
         assert all(len(r["all_s"]) == 9 for r in measured["results"].values())
         assert all(measured["ratios"][key] >= bound for key, bound in measured["bounds"].items())
 
