@@ -390,6 +390,11 @@ std::size_t CachingAllocator::limit() const {
   return limit_.bytes();
 }
 
+std::string CachingAllocator::limit_bound() const {
+  std::lock_guard lock(mutex_);
+  return limit_.bound_name();
+}
+
 double CachingAllocator::memory_fraction() const {
   std::lock_guard lock(mutex_);
   return limit_.fraction();

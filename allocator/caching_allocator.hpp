@@ -69,6 +69,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -134,6 +135,8 @@ class CachingAllocator final : private BlockCache::Listener {
   void set_limit(std::size_t bytes);
   // The cap in force: the smaller of the two settings and the device's total.
   std::size_t limit() const;
+  // Which of them it is, as messages name it (MemoryLimit::bound_name).
+  std::string limit_bound() const;
   double memory_fraction() const;
   static constexpr std::size_t kNoCeiling = static_cast<std::size_t>(-1);
   // Note [Allocated ceiling]: `bytes` of allocated memory; kNoCeiling (the default) for none.

@@ -118,12 +118,18 @@ OomReport CachingAllocator::oom_report_locked(std::size_t bytes, std::size_t rou
   report.allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
   report.reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   report.reserved_unallocated = report.reserved - report.allocated;
+  const SizeClass wanted = SizePolicy::size_class_for(rounded);
   for (const SizeClass size_class : {SizeClass::kSmall, SizeClass::kLarge}) {
     shared_.cached(size_class).for_each([&](const Block& block) {
       report.largest_free_block = std::max(report.largest_free_block, block.size);
+      if (size_class == wanted && block.stream == stream) {
+        report.largest_usable_block = std::max(report.largest_usable_block, block.size);
+      }
     });
   }
-  report.memory = segment_memory_.name();
+  const MemoryNames names = segment_memory_.names();
+  report.kind = names.kind;
+  report.holder = names.holder;
   report.device_total = segment_memory_.total_bytes();
   try {
     report.device_free = segment_memory_.free_bytes();
@@ -131,6 +137,7 @@ OomReport CachingAllocator::oom_report_locked(std::size_t bytes, std::size_t rou
     report.device_free = 0;
   }
   report.limit = limit_.bytes();
+  report.cap = limit_.bound_name();
   report.describe();
   return report;
 }

@@ -44,7 +44,8 @@ CapacitySearchResult search_min_capacity(
   auto [low, high] = *bracketed;
   const std::uint64_t step = limits.step;
   std::uint64_t replays = 0;
-  const std::uint64_t total = std::max<std::uint64_t>(1, std::bit_width(high - low));
+  // bit_width returns int since C++20's LWG 3656 (libstdc++ 13), T before: cast either way.
+  const auto total = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::bit_width(high - low)));
   if (progress) progress(0, total);
   while (high - low > 1) {
     const std::uint64_t middle = low + (high - low) / 2;

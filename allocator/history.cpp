@@ -1,6 +1,7 @@
 #include "allocator/history.hpp"
 
 #include <chrono>
+#include <new>
 #include <utility>
 
 #include "allocator/base/errors.hpp"
@@ -36,15 +37,14 @@ std::string_view marker_metadata(TraceAction action) noexcept {
 
 void History::enable(std::size_t max_entries) {
   STOWAGE_CHECK(max_entries > 0, "history needs room for at least one event");
-  if (max_entries != ring_.size()) {
+  if (max_entries != max_entries_) {
     std::vector<TraceEntry> kept = entries();
     if (kept.size() > max_entries) {
       kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(max_entries));
     }
-    size_ = kept.size();
-    kept.resize(max_entries);
     ring_ = std::move(kept);
-    next_ = size_ % max_entries;
+    next_ = 0;
+    max_entries_ = max_entries;
   }
   enabled_ = true;
 }
@@ -54,23 +54,31 @@ void History::disable() {
   ring_.clear();
   ring_.shrink_to_fit();
   next_ = 0;
-  size_ = 0;
   recorded_ = 0;
 }
 
-void History::record(const TraceEntry& entry) {
+void History::record(const TraceEntry& entry) noexcept {
   if (!enabled_) return;
+  if (ring_.size() < max_entries_) {
+    try {
+      ring_.push_back(entry);
+      ++recorded_;
+      return;
+    } catch (const std::bad_alloc&) {
+      if (ring_.empty()) return;  // not even one event fits: nothing is kept
+      max_entries_ = ring_.size();  // memory is the bound from now on
+    }
+  }
   ring_[next_] = entry;
   next_ = (next_ + 1) % ring_.size();
-  if (size_ < ring_.size()) ++size_;
   ++recorded_;
 }
 
 std::vector<TraceEntry> History::entries() const {
   std::vector<TraceEntry> out;
-  out.reserve(size_);
-  const std::size_t start = (next_ + ring_.size() - size_) % (ring_.empty() ? 1 : ring_.size());
-  for (std::size_t i = 0; i < size_; ++i) out.push_back(ring_[(start + i) % ring_.size()]);
+  out.reserve(ring_.size());
+  out.insert(out.end(), ring_.begin() + static_cast<std::ptrdiff_t>(next_), ring_.end());
+  out.insert(out.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(next_));
   return out;
 }
 

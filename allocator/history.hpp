@@ -7,7 +7,10 @@
 // handle supplied by the caller (0: none), which the Python layer resolves into frames.
 //
 // When disabled, recording is one predictable branch in the caller (enabled() is checked before
-// anything is built). When full, the oldest event is overwritten.
+// anything is built). The ring grows as events come, up to its bound (max_entries), and is never
+// sized from the bound: torch's default bound is sys.maxsize, "keep everything", which only memory
+// limits. Once the bound is reached (or memory runs out while growing, which then becomes the
+// bound), the oldest event is overwritten.
 //
 // Contract: not thread-safe (the allocator's lock guards it). Owns its events.
 #pragma once
@@ -64,11 +67,13 @@ class History {
   static constexpr std::size_t kDefaultMaxEntries = 100000;
 
   bool enabled() const noexcept { return enabled_; }
-  // Turning recording on keeps what was recorded; a new max_entries keeps the newest events.
+  // Turning recording on keeps what was recorded; a smaller max_entries keeps the newest events.
+  // Any bound from 1 up is taken (std::size_t's largest included); 0 is a LogicError.
   void enable(std::size_t max_entries);
   // Stops recording and drops every event.
   void disable();
-  void record(const TraceEntry& entry);
+  // Never throws: an event that finds no memory to grow into overwrites the oldest instead.
+  void record(const TraceEntry& entry) noexcept;
   // The events, oldest first.
   std::vector<TraceEntry> entries() const;
   // Events recorded since recording was turned on, the overwritten ones included: the event
@@ -80,9 +85,11 @@ class History {
 
  private:
   bool enabled_ = false;
+  std::size_t max_entries_ = kDefaultMaxEntries;
+  // The events; while ring_.size() < max_entries_ they are in order and the next one is appended,
+  // afterwards the oldest is at next_ and the next event overwrites it.
   std::vector<TraceEntry> ring_;
-  std::size_t next_ = 0;  // where the next event goes
-  std::size_t size_ = 0;  // events held, at most ring_.size()
+  std::size_t next_ = 0;
   std::uint64_t recorded_ = 0;
 };
 

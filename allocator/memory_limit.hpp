@@ -1,5 +1,7 @@
 // The cap on the memory an allocator may reserve from its device: the smallest of the device's
-// capacity, a fraction of it (torch's set_per_process_memory_fraction) and a byte limit.
+// capacity, a fraction of it and a byte limit. The fraction is the allocator's memory_fraction
+// until torch's set_per_process_memory_fraction (set_fraction) replaces it; the cap counts
+// reserved memory, as torch's fraction counts what its allocator took from cudaMalloc.
 //
 // Contract: plain values, not thread-safe (the allocator's lock guards it). Setters check their
 // argument and throw LogicError naming it.
@@ -8,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <string>
 
 #include "allocator/base/errors.hpp"
 
@@ -19,6 +23,7 @@ class MemoryLimit {
       : device_bytes_(device_bytes) {
     set_bytes(limit_bytes);
     set_fraction(fraction);
+    configured_fraction_ = fraction;
   }
 
   // 0 <= fraction <= 1; 0 refuses every request that needs new memory, as torch allows.
@@ -49,11 +54,25 @@ class MemoryLimit {
     const std::size_t cap = bytes();
     return reserved < cap ? cap - reserved : 0;
   }
+  // Which setting the cap in force comes from, as messages name it: "the device's memory", "the
+  // allocator's limit", "the allocator's memory_fraction (0.50)" or "torch's per-process memory
+  // fraction (0.50)" (set_fraction after construction). The device wins ties, then the limit.
+  std::string bound_name() const {
+    const std::size_t cap = bytes();
+    if (cap == device_bytes_) return "the device's memory";
+    if (cap == limit_bytes_) return "the allocator's limit";
+    char value[32];
+    std::snprintf(value, sizeof(value), "%.2f", fraction_);
+    return fraction_ == configured_fraction_
+               ? "the allocator's memory_fraction (" + std::string(value) + ")"
+               : "torch's per-process memory fraction (" + std::string(value) + ")";
+  }
 
  private:
   std::size_t device_bytes_;
   std::size_t limit_bytes_ = 0;
   double fraction_ = 1;
+  double configured_fraction_ = 1;  // the fraction the allocator was made with
 };
 
 }  // namespace stowage

@@ -20,6 +20,12 @@
 
 namespace stowage {
 
+// How an out-of-memory message names a memory, in torch's words (Note [OOM message]).
+struct MemoryNames {
+  std::string kind;    // what ran out: "CUDA", "CPU"
+  std::string holder;  // what holds it, opening a sentence: "GPU 0", "The simulated device"
+};
+
 // The sizes a segment for a block of `rounded` bytes may have: the preferred one, and the
 // smallest that still holds the block (asked for when the preferred one is refused).
 struct SegmentSizes {
@@ -42,6 +48,8 @@ class SegmentMemory {
   virtual std::size_t free_bytes() = 0;
   // Names the memory in messages: "device 0", "pinned host memory".
   virtual std::string name() const = 0;
+  // Names it as torch's out-of-memory message would.
+  virtual MemoryNames names() const = 0;
 };
 
 // Segments of device memory, from the backend (try_allocate_segment / free_segment), sized by
@@ -59,6 +67,12 @@ class DeviceSegments final : public SegmentMemory {
   std::size_t free_bytes() override { return backend_.memory_info().free_bytes; }
   std::string name() const override {
     return "device " + std::to_string(backend_.properties().device_index);
+  }
+  // A simulated device's memory is host memory: it serves CPU tensors in CPU mode.
+  MemoryNames names() const override {
+    const DeviceProperties& properties = backend_.properties();
+    if (properties.simulated) return {"CPU", "The simulated device"};
+    return {"CUDA", "GPU " + std::to_string(properties.device_index)};
   }
 
  private:

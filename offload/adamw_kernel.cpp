@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "allocator/base/errors.hpp"
+#include "allocator/base/sanitizers.hpp"
 #include "offload/range_workers.hpp"
 
 namespace stowage::offload {
@@ -287,8 +288,9 @@ using RangeFunction = void (*)(const StepScalars&, const AdamWBuffers&, std::siz
 
 // One function per (gradient, output) pair, each compiled for AVX-512, AVX2/FMA/F16C and the baseline;
 // the loader picks the best the CPU has. Its resolver (an ifunc) runs before ThreadSanitizer's
-// runtime is up and crashes it, so a TSan build keeps the baseline alone.
-#if defined(__SANITIZE_THREAD__)
+// runtime is up and crashes it, so a TSan build (either compiler: sanitizers.hpp) keeps the
+// baseline alone.
+#if defined(STOWAGE_THREAD_SANITIZER)
 #define STOWAGE_ADAMW_CLONES
 #else
 #define STOWAGE_ADAMW_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]

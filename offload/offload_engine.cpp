@@ -18,8 +18,8 @@ OffloadEngine::OffloadEngine(DeviceBackend& backend, CachingAllocator* allocator
       allocator_(allocator),
       pool_(backend, options.pool),
       transfers_(backend),
-      offloader_(std::make_unique<Offloader>(backend, transfers_, pool_, std::move(allocate),
-                                     std::move(room), make_prefetch_policy(options))) {
+      offloader_(std::make_unique<Offloader>(transfers_, pool_, std::move(allocate), std::move(room),
+                                             make_prefetch_policy(options))) {
   if (allocator_ != nullptr) allocator_->add_pressure_handler(offloader_.get());
 }
 

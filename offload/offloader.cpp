@@ -22,10 +22,9 @@ constexpr auto kToDevice = TransferDirection::kToDevice;
 
 }  // namespace
 
-Offloader::Offloader(DeviceBackend& backend, TransferEngine& engine, PinnedHostPool& pool,
-                     DeviceAllocate allocate, DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy)
-    : backend_(backend),
-      engine_(engine),
+Offloader::Offloader(TransferEngine& engine, PinnedHostPool& pool, DeviceAllocate allocate,
+                     DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy)
+    : engine_(engine),
       pool_(pool),
       allocate_(std::move(allocate)),
       room_(std::move(room)),
@@ -320,6 +319,12 @@ void Offloader::drop(OffloadId id) noexcept {
   if (it == entries_.end()) return;
   forget_locked(it->second, released);
   entries_.erase(it);
+}
+
+void Offloader::note_used_in_place(OffloadId id) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(id);
+  if (it != entries_.end() && it->second.state == OffloadState::kOffloading) ++stats_.num_still_resident;
 }
 
 void Offloader::set_offloaded_locked(Entry& entry, std::vector<DeviceBuffer>& released) {

@@ -28,9 +28,9 @@
 // policy admits (Note [Prefetch window]) and only into memory free without eviction.
 //
 // Contract: thread-safe. Device memory is allocated and device buffers are let go without the
-// offloader's lock, so allocating may call relieve_pressure on the same thread. The engine, the
-// pool and the backend must outlive the offloader; buffers still held when it is destroyed are
-// dropped after their copies complete.
+// offloader's lock, so allocating may call relieve_pressure on the same thread. The engine and
+// the pool must outlive the offloader; buffers still held when it is destroyed are dropped after
+// their copies complete.
 #pragma once
 
 #include <cstddef>
@@ -76,7 +76,7 @@ struct OffloaderStats {
   std::int64_t num_reloads = 0;     // copies back to the device
   std::int64_t bytes_reloaded = 0;
   std::int64_t num_prefetched = 0;   // of those, started before the buffer was asked for
-  std::int64_t num_still_resident = 0;  // reload found the buffer still on the device
+  std::int64_t num_still_resident = 0;  // used from the device before its copy was let go of
   std::int64_t num_host_full = 0;    // offload refused: no host memory
   std::int64_t num_stalls = 0;       // uses that waited for their copy
   std::int64_t stall_ns = 0;         // how long they waited (measured on the device on a GPU)
@@ -90,8 +90,8 @@ class Offloader final : public MemoryPressureHandler {
  public:
   using OffloadId = std::uint64_t;
 
-  Offloader(DeviceBackend& backend, TransferEngine& engine, PinnedHostPool& pool,
-            DeviceAllocate allocate, DeviceRoom room, std::unique_ptr<PrefetchPolicy> policy);
+  Offloader(TransferEngine& engine, PinnedHostPool& pool, DeviceAllocate allocate, DeviceRoom room,
+            std::unique_ptr<PrefetchPolicy> policy);
   ~Offloader() override;
   Offloader(const Offloader&) = delete;
   Offloader& operator=(const Offloader&) = delete;
@@ -105,6 +105,9 @@ class Offloader final : public MemoryPressureHandler {
   DeviceBuffer reload(OffloadId id, ComputeTimeline& compute);
   // The buffer is no longer needed (its tensor was freed). Unknown ids are ignored.
   void drop(OffloadId id) noexcept;
+  // The buffer's bytes were used where they are, its storage still on the device (its copy about
+  // to be dropped): counted as still resident when its offload had not been let go of yet.
+  void note_used_in_place(OffloadId id) noexcept;
   OffloadState state(OffloadId id) const;
 
   // Lets go of device buffers whose offloads completed and of parked buffers whose copies
@@ -173,7 +176,6 @@ class Offloader final : public MemoryPressureHandler {
   void release_host_locked(Entry& entry);
   std::size_t let_go_of_prefetches_locked(std::size_t bytes, std::vector<DeviceBuffer>& released);
 
-  DeviceBackend& backend_;
   TransferEngine& engine_;
   PinnedHostPool& pool_;
   const DeviceAllocate allocate_;

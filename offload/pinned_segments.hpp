@@ -53,6 +53,7 @@ class PinnedSegments final : public SegmentMemory {
   std::size_t total_bytes() const override { return limit_bytes_; }
   std::size_t free_bytes() override;
   std::string name() const override { return "pinned host memory"; }
+  MemoryNames names() const override { return {"CPU", "Pinned host memory"}; }
 
   PinnedSegmentStats stats() const;
   // Where the memory is placed ("NUMA node 1", "anywhere (...)").

@@ -20,13 +20,22 @@ void StepLedger::op_ran(Phase phase, std::span<const Key> used, std::span<const 
   for (const Key key : made_keys) made(key, index, phase);
 }
 
-void StepLedger::made(Key key, std::size_t index, Phase phase) {
+void StepLedger::made_outside_ops(Phase phase, std::span<const Key> made_keys) {
+  for (const Key key : made_keys) made(key, std::nullopt, phase);
+}
+
+void StepLedger::made(Key key, std::optional<std::size_t> index, Phase phase) {
   if (key == 0) return;
   if (phase != Phase::kForward) {
     if (saved_.contains(key)) move_out(key);  // the saved storage was freed; this one took its address
-  } else if (!saved_.contains(key)) {
-    producer_[key] = index;
-    last_forward_[key] = index;
+  } else if (saved_.contains(key)) {
+    return;
+  } else if (index) {
+    producer_[key] = *index;
+    last_forward_[key] = *index;
+  } else {  // no op of the step's made it: nothing that lived at the address before is its
+    producer_.erase(key);
+    last_forward_.erase(key);
   }
 }
 

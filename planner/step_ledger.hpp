@@ -11,7 +11,11 @@
 // save (later saves of it add their ops and regions). A saved storage taken by a backward op has
 // that op as its last backward use; its first is the op count when backward first unpacked it.
 // Parameters and buffers (`add_fixed`), and tensors without storage (key 0), are never the step's
-// saved storages. When an op after forward makes a storage at the address of a saved one, the
+// saved storages. A storage made outside the step's ops (a tensor lifted from a Python constant:
+// `torch.tensor(...)`, an index given as a list) is new at its address too: what lived there
+// before is forgotten, so it has no producer (like a tensor made before the step, no decision
+// reaches it) rather than the producer of whatever freed storage the allocator placed there last,
+// which would change with the sizes and the run. When an op after forward makes a storage at the address of a saved one, the
 // saved one was freed: it moves to a key of its own (negative, never an address), with its
 // producer, last forward use and the region inputs that named it, so that the uses of what lives
 // at the address next are not counted as its uses. Storages are handed on in the order they were
@@ -46,6 +50,10 @@ class StepLedger {
   // storages `used` and, unless it is a view, making `made`.
   void op_ran(Phase phase, std::span<const Key> used, std::span<const Key> made);
 
+  // Storages `made` came into being in `phase` by no op of the step's (not counted as an op): a
+  // tensor made outside the dispatcher and lifted into the step (aten::lift_fresh).
+  void made_outside_ops(Phase phase, std::span<const Key> made);
+
   // A checkpointable block begins; `inputs`: the storages of its tensor arguments (keys 0 and
   // fixed ones are dropped). Returns its region's index.
   std::int32_t enter_region(std::span<const Key> inputs);
@@ -78,7 +86,8 @@ class StepLedger {
     RecordedStorage recorded;
   };
 
-  void made(Key key, std::size_t index, Phase phase);
+  // `index`: the op that made it; none for a storage made outside the step's ops.
+  void made(Key key, std::optional<std::size_t> index, Phase phase);
   void move_out(Key key);
 
   std::unordered_set<Key> fixed_;

@@ -217,7 +217,7 @@ void Rules::growing(std::span<const GrowingSite> sites) {
 
 void Rules::out_of_memory(const OomFacts& oom) {
   const Wide short_by = oom.requested - oom.device_free;
-  if (short_by <= 0 || oom.cached_free < short_by) return;
+  if (oom.under_stowage || short_by <= 0 || oom.cached_free < short_by) return;
   std::string text = "the request was ";
   text.append(bytes(short_by)).append(" short of the device's free bytes while the cache held ");
   text.append(bytes(oom.cached_free));

@@ -21,7 +21,8 @@
 // - memory that grows at every step -> the site that keeps it (a loss kept with its graph: .item()
 //   or .detach()); the saving: the trace without that site's allocations that outlive their step;
 // - an out-of-memory with enough bytes free but no block whole (reserved but unallocated) ->
-//   stowage's allocator, with the replay's peak reserved where the inspector has it;
+//   stowage's allocator, with the replay's peak reserved where the inspector has it; never for a
+//   snapshot stowage's allocator recorded (no advice to use what the run already uses);
 // - inputs at the peak -> a smaller batch or micro-batches (stowage.fit(..., micro_batches="auto"));
 // - logit-sized tensors at the peak (sizes the loss function itself allocates) -> a chunked loss:
 //   the sizes of the loss's own large allocations (at least a hundredth of the peak: its
@@ -78,6 +79,7 @@ struct GrowingSite {
 struct OomFacts {
   Wide requested = 0, device_free = 0, cached_free = 0;
   std::optional<Wide> replayed_reserved;  // stowage's replay's peak reserved, where known
+  bool under_stowage = false;             // stowage's allocator recorded the snapshot
 };
 
 struct Advice {

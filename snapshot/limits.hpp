@@ -18,11 +18,15 @@ inline constexpr std::int64_t kMaxNumber = std::int64_t{1} << 60;
 // bytes stand for a tree of billions, is refused without being expanded.
 inline constexpr std::uint64_t kNodesPerByte = 64;
 inline constexpr std::uint64_t kMinNodeBudget = 1'000'000;
-// The memory a reading may add to the process (Note [Reading snapshots], "Memory"): a floor,
-// and bytes a byte of pickle, measured every kReportEvery bytes read.
+// The memory a reading may add to the process (Note [Reading snapshots], "Memory"): a floor and
+// bytes a byte of pickle, at most a ceiling whatever the file's size, measured every kReportEvery
+// bytes read. Read into columns, a trace whose every event has stack frames of its own (the
+// densest torch writes: a dict a frame) takes up to about 11.5 bytes a byte; read as plain data, a
+// snapshot shaped as torch writes it about 3.4.
 inline constexpr std::uint64_t kMemoryFloor = std::uint64_t{96} << 20;
-inline constexpr std::uint64_t kColumnsMemoryPerByte = 3;
+inline constexpr std::uint64_t kColumnsMemoryPerByte = 12;
 inline constexpr std::uint64_t kPlainMemoryPerByte = 3;
+inline constexpr std::uint64_t kMemoryCeiling = std::uint64_t{768} << 20;
 inline constexpr std::uint64_t kReportEvery = std::uint64_t{256} << 10;
 // A large file's bytes behind the reader are given back this many at a time.
 inline constexpr std::uint64_t kReleaseEvery = std::uint64_t{8} << 20;

@@ -40,7 +40,7 @@ Machine::Machine(ByteSource& source, Objects& objects, const ReadOptions& option
       objects_(objects),
       options_(options),
       stream_(stream),
-      budget_(source.size(), options.memory_per_byte,
+      budget_(source.size(), options.memory,
               options.memory_start != 0 ? std::optional<std::uint64_t>(options.memory_start) : std::nullopt),
       data_(source.data()),
       size_(source.size()),

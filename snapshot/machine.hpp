@@ -23,7 +23,7 @@ namespace stowage::snapshot {
 // large file it gives back at a time, and who hears its progress (bytes read, bytes in all;
 // called every report_every bytes and once at the end; it may throw to end the reading).
 struct ReadOptions {
-  std::uint64_t memory_per_byte = 3;
+  MemoryBound memory;
   // The resident memory the budget counts from: 0 for the process's when the reading begins; a
   // second reading of one file gives the first's, so that the two together keep within one budget.
   std::uint64_t memory_start = 0;

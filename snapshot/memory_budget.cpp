@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "snapshot/limits.hpp"
 #include "snapshot/refusal.hpp"
@@ -26,8 +27,21 @@ std::optional<std::uint64_t> resident_bytes() {
   return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size);
 }
 
-MemoryBudget::MemoryBudget(std::uint64_t pickle_size, std::uint64_t per_byte, std::optional<std::uint64_t> start)
-    : start_(start ? start : resident_bytes()), per_byte_(per_byte), budget_(kMemoryFloor + per_byte * pickle_size) {}
+namespace {
+
+// min(kMemoryFloor + per_byte * size, ceiling), without overflow (a size near 2**64 does not wrap
+// to a small budget).
+std::uint64_t budget_of(std::uint64_t size, const MemoryBound& bound) {
+  if (bound.ceiling <= kMemoryFloor) return bound.ceiling;
+  const std::uint64_t room = bound.ceiling - kMemoryFloor;  // what the share may add
+  if (bound.per_byte != 0 && size > room / bound.per_byte) return bound.ceiling;
+  return kMemoryFloor + bound.per_byte * size;
+}
+
+}  // namespace
+
+MemoryBudget::MemoryBudget(std::uint64_t pickle_size, MemoryBound bound, std::optional<std::uint64_t> start)
+    : start_(start ? start : resident_bytes()), bound_(std::move(bound)), budget_(budget_of(pickle_size, bound_)) {}
 
 void MemoryBudget::check(std::uint64_t position, std::uint64_t planned) const {
   if (!start_) return;
@@ -36,11 +50,9 @@ void MemoryBudget::check(std::uint64_t position, std::uint64_t planned) const {
   const std::uint64_t grown = *now > *start_ ? *now - *start_ : 0;
   if (grown <= budget_ && planned <= budget_ - grown) return;
   SNAPSHOT_REFUSE("reading it grew memory by more than ", with_commas(budget_ >> 20), " MiB by byte ",
-                  with_commas(position), " (", kMemoryFloor >> 20, " MiB and ", per_byte_,
-                  " bytes a byte of pickle): refused, as no snapshot read into columns builds that "
-                  "much (a file of one repeated opcode does; read as plain data, a dict per trace "
-                  "event, a large snapshot does too: load_snapshot_columnar reads it, as stowage "
-                  "inspect does)");
+                  with_commas(position), " (its budget: ", kMemoryFloor >> 20, " MiB and ", bound_.per_byte,
+                  " bytes a byte of pickle, at most ", with_commas(bound_.ceiling >> 20), " MiB): refused",
+                  bound_.remedy.empty() ? "" : "; ", bound_.remedy);
 }
 
 }  // namespace stowage::snapshot

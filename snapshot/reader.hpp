@@ -21,7 +21,8 @@
 // Memory: a pickle makes up to about 90 bytes of objects a byte (an EMPTY_LIST is a list), and
 // nothing but the budget bounds what a file of one repeated opcode builds. Every report_every
 // bytes read, the machine measures the process's resident memory and refuses a reading that grew
-// it by more than kMemoryFloor and memory_per_byte bytes a byte of pickle (MemoryBudget).
+// it by more than kMemoryFloor and a share a byte of pickle, or than a ceiling whatever the file's
+// size (MemoryBudget: a 1.5 GB file is refused within the ceiling, not within 4.5 GB).
 // What a file may expand to before the machine sees it (gzip, pipes) is bounded by
 // stowage.snapshot_reader.reading.
 //

@@ -69,6 +69,7 @@ struct DeviceProperties {
   bool virtual_memory = false;    // whether the reserve/create/map calls are available
   std::size_t granularity = 0;    // VMM granularity in bytes (0 without virtual memory)
   std::string pci_bus_id;         // "0000:17:00.0"; empty on a simulated device
+  bool simulated = false;         // a device simulated in host memory (HostBackend)
 };
 
 // The abstract device. See Note [Device seam] above for the contract.

@@ -79,6 +79,12 @@ void bind_recording(py::module_& module) {
           },
           py::arg("phase"), py::arg("used"), py::arg("made"))
       .def(
+          "made_outside_ops",
+          [](planner::StepLedger& ledger, planner::Phase phase, const Keys& made) {
+            ledger.made_outside_ops(phase, made);
+          },
+          py::arg("phase"), py::arg("made"))
+      .def(
           "enter_region", [](planner::StepLedger& ledger, const Keys& inputs) { return ledger.enter_region(inputs); },
           py::arg("inputs"))
       .def(

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "python/bindings/bindings.hpp"
 #include "python/bindings/python_objects.hpp"
@@ -58,11 +59,11 @@ class PythonBytes final : public snapshot::ByteSource {
   bool window_ = false;
 };
 
-snapshot::ReadOptions options_of(std::uint64_t memory_per_byte, std::uint64_t memory_start,
+snapshot::ReadOptions options_of(snapshot::MemoryBound memory, std::uint64_t memory_start,
                                  std::uint64_t report_every, std::uint64_t release_every,
                                  const py::object& progress) {
   snapshot::ReadOptions options;
-  options.memory_per_byte = memory_per_byte;
+  options.memory = std::move(memory);
   options.memory_start = memory_start;
   options.report_every = report_every;
   options.release_every = release_every;
@@ -131,13 +132,15 @@ py::object columns_result(snapshot::Reading& reading, const py::object& make_tra
   return copied;
 }
 
-py::object read(const py::buffer& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t memory_start,
-                std::uint64_t report_every, std::uint64_t release_every, const py::object& fill,
-                const py::object& progress, const py::object& make_trace, const py::object& make_stack) {
+py::object read(const py::buffer& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t memory_ceiling,
+                const std::string& memory_remedy, std::uint64_t memory_start, std::uint64_t report_every,
+                std::uint64_t release_every, const py::object& fill, const py::object& progress,
+                const py::object& make_trace, const py::object& make_stack) {
   PythonBytes source(data, fill);
   PythonObjects objects;
   snapshot::Reading reading(objects);
-  const snapshot::ReadOptions options = options_of(memory_per_byte, memory_start, report_every, release_every, progress);
+  const snapshot::ReadOptions options = options_of({memory_per_byte, memory_ceiling, memory_remedy}, memory_start,
+                                                   report_every, release_every, progress);
   if (!columns) return py::reinterpret_steal<py::object>(object(reading.plain(source, options)));
   reading.columns(source, options);
   return columns_result(reading, make_trace, make_stack);
@@ -177,17 +180,19 @@ void bind_snapshot(py::module_& module) {
   limits["memory_floor"] = snapshot::kMemoryFloor;
   limits["columns_memory_per_byte"] = snapshot::kColumnsMemoryPerByte;
   limits["plain_memory_per_byte"] = snapshot::kPlainMemoryPerByte;
+  limits["memory_ceiling"] = snapshot::kMemoryCeiling;
   limits["report_every"] = snapshot::kReportEvery;
   limits["release_every"] = snapshot::kReleaseEvery;
   limits["max_size"] = snapshot::kMaxSize;
   limits["max_devices"] = snapshot::kMaxDevices;
   module.attr("snapshot_limits") = limits;
   module.def("read_snapshot", &read, py::arg("data"), py::arg("columns"), py::arg("memory_per_byte"),
-             py::arg("memory_start"), py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
+             py::arg("memory_ceiling"), py::arg("memory_remedy"), py::arg("memory_start"), py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
              py::arg("make_trace"), py::arg("make_stack"),
              "Reads a snapshot's pickle (a buffer; `fill(upto) -> filled` for a window read as it "
              "goes) as plain data, or with its traces as make_trace(...) of columns, its memory "
-             "growth from memory_start (resident bytes; 0: now) within the budget; raises "
+             "growth from memory_start (resident bytes; 0: now) within the budget (96 MiB and "
+             "memory_per_byte a byte, at most memory_ceiling; memory_remedy ends its refusal); raises "
              "SnapshotRefused naming the reason, or SnapshotReadWhole (columns only) for a pickle "
              "to read again as plain data.");
   module.def(

@@ -220,16 +220,25 @@ void bind_pairs(py::module_& module) {
       "alloc_of, end), positions int32 below 2**31 events (stowage.inspector.LivePairs).");
 }
 
+// str(value) as UTF-8, a lone surrogate (which a snapshot's strings may hold) as Python's
+// surrogatepass writes it; utf8_str() reads it back.
+std::string utf8_of(const py::handle& value) {
+  const py::str text(value);
+  const py::object utf8 = py::reinterpret_steal<py::object>(
+      PyUnicode_AsEncodedString(text.ptr(), "utf-8", "surrogatepass"));
+  if (!utf8) throw py::error_already_set();
+  return utf8.cast<std::string>();
+}
+
+py::str utf8_str(const std::string& utf8) {
+  PyObject* made = PyUnicode_DecodeUTF8(utf8.data(), static_cast<Py_ssize_t>(utf8.size()), "surrogatepass");
+  if (made == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(made);
+}
+
 // The stack flags of each stack (snapshot/categories.hpp), its frames read as Python reads them.
 py::array_t<std::int8_t> stack_flags_of(const py::list& stacks) {
-  // str() of a frame's field, as UTF-8 (a lone surrogate as Python's surrogatepass writes it).
-  const auto text = [](const py::handle& frame, const char* key) {
-    const py::str value(frame.attr("get")(key, ""));
-    const py::object utf8 = py::reinterpret_steal<py::object>(
-        PyUnicode_AsEncodedString(value.ptr(), "utf-8", "surrogatepass"));
-    if (!utf8) throw py::error_already_set();
-    return utf8.cast<std::string>();
-  };
+  const auto text = [](const py::handle& frame, const char* key) { return utf8_of(frame.attr("get")(key, "")); };
   py::array_t<std::int8_t> out(static_cast<py::ssize_t>(stacks.size()));
   std::vector<snapshot::FrameNames> frames;
   for (std::size_t k = 0; k < stacks.size(); ++k) {
@@ -339,7 +348,7 @@ py::list advice_rows(const std::vector<snapshot::Advice>& found) {
     out["waste_bytes"] = int_of(row.waste);
     out["saving_bytes"] = int_of(row.saving);
     if (row.upper_bound) out["upper_bound"] = *row.upper_bound;
-    out["advice"] = row.text;
+    out["advice"] = utf8_str(row.text);
     rows.append(out);
   }
   return rows;
@@ -362,7 +371,7 @@ void bind_advice(py::module_& module) {
       [](const py::array& live, const Bools& is_alloc, const Int64s& end, const Int64s& size, const Int64s& own,
          const Int64s& index, const StackColumn& stack, const Flags& flags, const py::object& marked,
          const Int64s& step_starts, const Int64s& site, const py::object& exact_category, const py::object& block,
-         std::size_t blocks, const std::string& first_block, const py::int_& peak_bytes, std::int64_t peak_position,
+         std::size_t blocks, const py::str& first_block, const py::int_& peak_bytes, std::int64_t peak_position,
          const Int64s& live_at, const Flags& category_at, const py::dict& peak_categories, const py::list& growing,
          const py::object& oom) {
         const LiveArgument series(live);
@@ -373,7 +382,7 @@ void bind_advice(py::module_& module) {
                                           span_of(marked_flags), !marked.is_none(), span_of(step_starts),
                                           span_of(site), span_of(exact), span_of(blocks_of), blocks};
         snapshot::AdvicePeak peak{wide_of(peak_bytes), peak_position, span_of(live_at), span_of(category_at), {},
-                                  first_block};
+                                  utf8_of(first_block)};
         for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) {
           const py::str name(snapshot::kCategoryNames[k]);
           if (peak_categories.contains(name)) peak.by_category[k] = wide_of(peak_categories[name]);
@@ -381,13 +390,14 @@ void bind_advice(py::module_& module) {
         std::vector<snapshot::GrowingSite> sites;
         for (const py::handle row : growing) {
           const auto fields = row.cast<py::tuple>();
-          sites.push_back({fields[0].cast<std::int64_t>(), fields[1].cast<std::string>(), wide_of(fields[2]),
+          sites.push_back({fields[0].cast<std::int64_t>(), utf8_of(fields[1]), wide_of(fields[2]),
                            fields[3].cast<std::int64_t>()});
         }
         std::optional<snapshot::OomFacts> facts;
         if (!oom.is_none()) {
           const auto fields = oom.cast<py::tuple>();
-          facts = snapshot::OomFacts{wide_of(fields[0]), wide_of(fields[1]), wide_of(fields[2]), std::nullopt};
+          facts = snapshot::OomFacts{wide_of(fields[0]), wide_of(fields[1]), wide_of(fields[2]), std::nullopt,
+                                     fields[4].cast<bool>()};
           if (!fields[3].is_none()) facts->replayed_reserved = wide_of(fields[3]);
         }
         snapshot::AdviceEvidence evidence(trace);
@@ -402,7 +412,8 @@ void bind_advice(py::module_& module) {
       "upper_bound (where the saving may be a bound) and advice, largest saving first. `marked`: "
       "the flags with autograd's thread marked (None: no Python frames); `growing`: (site id, name, "
       "bytes a step, steps) rows; `oom`: (requested, device_free, cached_free, replayed peak "
-      "reserved or None) of the run's first out-of-memory, or None.");
+      "reserved or None, recorded under stowage's allocator) of the run's first out-of-memory, or "
+      "None.");
 }
 
 void bind_snapshot_diff(py::module_& module) {
@@ -413,7 +424,7 @@ void bind_snapshot_diff(py::module_& module) {
           std::vector<snapshot::SiteBytes> out;
           for (const py::handle row : rows) {
             const auto fields = row.cast<py::tuple>();
-            out.push_back({fields[0].cast<std::string>(), wide_of(fields[1])});
+            out.push_back({utf8_of(fields[0]), wide_of(fields[1])});
           }
           return out;
         };
@@ -422,7 +433,7 @@ void bind_snapshot_diff(py::module_& module) {
           py::list out;
           for (const snapshot::SiteChange& change : changes) {
             py::dict row;
-            row["site"] = change.site;
+            row["site"] = utf8_str(change.site);
             row["before"] = int_of(change.before);
             row["after"] = int_of(change.after);
             row["change"] = int_of(change.change);

@@ -7,6 +7,7 @@
 #include "python/libtorch/cuda_allocator.hpp"
 
 #include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,6 +28,7 @@
 #include "allocator/base/errors.hpp"
 #include "allocator/process/cuda_allocators.hpp"
 #include "python/libtorch/gathered_contexts.hpp"
+#include "python/libtorch/uncached_allocations.hpp"
 
 #if !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11)
 #error "stowage's torch CUDA allocator supports torch 2.11; use the C library (stowage_malloc) with other versions"
@@ -49,10 +51,38 @@ CachingAllocator& allocator_of(c10::DeviceIndex device) { return cuda_allocators
 // allocator only when one exists already.
 CachingAllocator* existing(c10::DeviceIndex device) { return cuda_allocators::find(device); }
 
+// torch.profiler(profile_memory=True) hears of each allocation and free as from torch's
+// allocator: the block's bytes (negative for a free) and the device's allocated and reserved
+// bytes after it. Asked only while the calling thread profiles memory.
+void report_to_profiler(const CachingAllocator& allocator, int device, void* ptr, std::int64_t bytes) {
+  const DeviceStats stats = allocator.stats();
+  c10::reportMemoryUsageToProfiler(ptr, bytes, static_cast<std::size_t>(stats.allocated_bytes.all().current),
+                                   static_cast<std::size_t>(stats.reserved_bytes.all().current),
+                                   c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
+// A free while the thread profiles memory: the owner found by asking each device. False when no
+// allocator holds `ptr` (nothing freed).
+bool delete_block_profiled(void* ptr) {
+  bool found = false;
+  cuda_allocators::for_each([ptr, &found](int device, CachingAllocator& allocator) {
+    const std::size_t bytes = found ? 0 : allocator.block_size(ptr);
+    if (bytes == 0) return;
+    found = true;
+    allocator.free(ptr);
+    report_to_profiler(allocator, device, ptr, -static_cast<std::int64_t>(bytes));
+  });
+  return found;
+}
+
+// torch's own allocator refuses a request of 1 EB or more before trying, with these words.
+constexpr std::size_t kOneExaByte = std::size_t{1} << 60;
+
 // Frees a block of any device. One device is the common case: its allocator frees directly (and
 // logs a pointer it does not know); with several, each is asked in turn.
 void delete_block(void* ptr) {
   if (ptr == nullptr) return;
+  if (c10::memoryProfilingEnabled() && delete_block_profiled(ptr)) return;
   if (CachingAllocator* only = cuda_allocators::sole()) {
     only->free(ptr);
     return;
@@ -62,6 +92,48 @@ void delete_block(void* ptr) {
   } else if (CachingAllocator* any = cuda_allocators::find(0)) {
     any->free(ptr);  // counted and logged as an invalid free
   }
+}
+
+// Whether a trace event keeps its stack under torch's record mode (_record_memory_history's
+// context): "all" every event's, "alloc" the allocating side's (torch records the stack in
+// malloc), "state" none (only live blocks keep theirs).
+bool trace_keeps_context(cca::RecordContext when, TraceAction action) {
+  if (when == cca::RecordContext::ALL) return true;
+  if (when != cca::RecordContext::ALLOC) return false;
+  return action == TraceAction::kAlloc || action == TraceAction::kSegmentAlloc ||
+         action == TraceAction::kSegmentMap || action == TraceAction::kOom;
+}
+
+// torch's _set_memory_metadata, per device: from which history position (History::recorded())
+// each metadata string was in force, oldest first.
+using MetadataMarks = std::vector<std::pair<std::uint64_t, std::string>>;
+
+// The metadata in force at history position `at`.
+const std::string& metadata_at(const MetadataMarks& marks, std::uint64_t at) {
+  static const std::string none;
+  const auto after = std::upper_bound(marks.begin(), marks.end(), at,
+                                      [](std::uint64_t p, const auto& mark) { return p < mark.first; });
+  return after == marks.begin() ? none : std::prev(after)->second;
+}
+
+// What is allocated while torch's caching is off (torch.cuda.caching_allocator_enable(False)).
+UncachedAllocations& uncached() {
+  static auto* instance = new UncachedAllocations();  // never destroyed, as the allocators
+  return *instance;
+}
+
+// The deleter of memory allocated while caching was off (and, as torch's raw_deleter() then, of
+// any: a cached block handed here goes back to the cache). Never throws: torch frees from
+// destructors.
+void delete_uncached(void* ptr) {
+  if (ptr == nullptr) return;
+  try {
+    if (uncached().free(ptr)) return;
+  } catch (const std::exception& error) {
+    TORCH_WARN("stowage: freeing ", ptr, ", allocated while caching was off, failed: ", error.what());
+    return;
+  }
+  delete_block(ptr);
 }
 
 // History events carry microseconds since the epoch; torch's snapshots carry its approximate
@@ -171,6 +243,7 @@ class StowageCudaAllocator final : public PluggableBase {
     // Every allocator, present or future, reports to torch's observers and trackers and tags
     // its history with torch's contexts.
     cuda_allocators::on_create([this](int device, CachingAllocator& allocator) {
+      // As torch calls them: the size it tried to allocate, and the memory allowed (the cap).
       allocator.add_oom_observer([this, device](const OomReport& report) {
         std::vector<cca::OutOfMemoryObserver> observers;
         {
@@ -178,32 +251,66 @@ class StowageCudaAllocator final : public PluggableBase {
           observers = oom_observers_;
         }
         for (const auto& observer : observers) {
-          observer(device, report.allocated, report.device_total, report.device_free);
+          observer(device, report.rounded, report.limit, report.device_free);
         }
       });
       allocator.set_context_provider([this] { return gather_context(); });
+      const std::uint64_t at = allocator.history_recorded();
+      std::lock_guard lock(mutex_);
+      metadata_marks_[device] = {{at, user_metadata_}};
     });
   }
 
   // --- allocation ---
 
   c10::DataPtr allocate(std::size_t size) override {
+    TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::Device where(c10::DeviceType::CUDA, device);
+    if (!caching()) {
+      void* ptr = malloc_uncached(size, device);
+      return {ptr, ptr, &delete_uncached, where};
+    }
     void* ptr = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
-    return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+    return {ptr, ptr, &delete_block, where};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return caching() ? &delete_block : &delete_uncached;
+  }
   void* raw_alloc(std::size_t nbytes) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
+    if (!caching()) return malloc_uncached(nbytes, device);
     return malloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
   void* raw_alloc_with_stream(std::size_t nbytes, cudaStream_t stream) override {
+    if (!caching()) return malloc_uncached(nbytes, c10::cuda::current_device());
     return malloc_on(nbytes, c10::cuda::current_device(), stream);
   }
-  void raw_delete(void* ptr) override { delete_block(ptr); }
+  void raw_delete(void* ptr) override {
+    if (!uncached().empty()) {
+      delete_uncached(ptr);
+    } else {
+      delete_block(ptr);
+    }
+  }
 
-  void init(int /*device_count*/) override { initialized_flag_.store(true); }
+  // torch's lazy initialisation, the first time the program uses CUDA (Note [No CUDA before the
+  // program's]): each device's allocator is made at its first allocation, so nothing opens a
+  // device here. torch parses PYTORCH_CUDA_ALLOC_CONF as CUDA starts (a bad value raises here, as
+  // under torch's allocator); its per_process_memory_fraction caps every device's allocator as
+  // set_per_process_memory_fraction would, those made later too.
+  void init(int /*device_count*/) override {
+    const double fraction = cca::CUDAAllocatorConfig::per_process_memory_fraction();
+    if (initialized_flag_.exchange(true) || fraction == 1.0) return;
+    cuda_allocators::on_create([fraction](int, CachingAllocator& allocator) { allocator.set_memory_fraction(fraction); });
+  }
   bool initialized() override { return initialized_flag_.load(); }
+
+  // torch.cuda.caching_allocator_enable: off, every allocation is the device's own and goes back
+  // when freed, counted in no statistic (uncached_allocations.hpp), as with torch's allocator.
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching(); }
 
   // --- limits and cache ---
 
@@ -281,7 +388,10 @@ class StowageCudaAllocator final : public PluggableBase {
 
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
     cca::SnapshotInfo out;
-    out.device_traces.resize(static_cast<std::size_t>(std::max<int>(0, c10::cuda::device_count())));
+    // A device count needs the driver: asked only once torch has initialised CUDA (Note [No CUDA
+    // before the program's]); before, no allocator exists and there are no traces.
+    const int devices = initialized() ? c10::cuda::device_count() : 0;
+    out.device_traces.resize(static_cast<std::size_t>(std::max(0, devices)));
     const auto approx_time_of = clock_.converter();
     cuda_allocators::for_each([&](int device, CachingAllocator& allocator) {
       const AllocatorSnapshot shot = allocator.snapshot();
@@ -309,17 +419,7 @@ class StowageCudaAllocator final : public PluggableBase {
         }
       }
       if (!include_traces || static_cast<std::size_t>(device) >= out.device_traces.size()) return;
-      auto& trace = out.device_traces[static_cast<std::size_t>(device)];
-      trace.reserve(shot.trace.size());
-      const std::set<cda::TraceEntry::Action> skipped = skipped_actions();
-      for (const TraceEntry& entry : shot.trace) {
-        if (skipped.contains(to_torch(entry.action))) continue;
-        trace.emplace_back(to_torch(entry.action), static_cast<c10::DeviceIndex>(device),
-                           entry.address, entry.size, to_cuda_stream(entry.stream),
-                           c10::MempoolId_t{0, 0}, approx_time_of(entry.time_us),
-                           contexts_.find(entry.context), "",
-                           std::string(marker_metadata(entry.action)));
-      }
+      append_trace(device, shot, approx_time_of, out.device_traces[static_cast<std::size_t>(device)]);
     });
     out.config_metadata.garbage_collection_threshold = 0;
     out.config_metadata.max_split_size = 0;
@@ -347,6 +447,7 @@ class StowageCudaAllocator final : public PluggableBase {
     {
       std::lock_guard lock(mutex_);
       context_recorder_ = when == cca::RecordContext::NEVER ? nullptr : context_recorder;
+      record_context_ = enabled ? when : cca::RecordContext::NEVER;
       max_entries_ = std::max<std::size_t>(alloc_trace_max_entries, 1);
       skip_actions_.clear();
       for (const std::string& name : skip_actions) {
@@ -364,6 +465,27 @@ class StowageCudaAllocator final : public PluggableBase {
     cuda_allocators::for_each(apply);
     std::lock_guard lock(mutex_);
     pending_history_ = apply;
+    if (clear_history || !enabled) {  // (the allocators' history positions start again from 0)
+      for (auto& [device, marks] : metadata_marks_) marks = {{0, user_metadata_}};
+    }
+  }
+
+  // Each trace event recorded from now on carries `metadata`, as under torch's allocator.
+  void setUserMetadata(const std::string& metadata) override {
+    std::vector<std::pair<int, std::uint64_t>> positions;
+    cuda_allocators::for_each(
+        [&](int device, CachingAllocator& allocator) { positions.emplace_back(device, allocator.history_recorded()); });
+    std::lock_guard lock(mutex_);
+    user_metadata_ = metadata;
+    for (const auto& [device, at] : positions) {
+      MetadataMarks& marks = metadata_marks_[device];
+      if (!marks.empty() && marks.back().first == at) marks.pop_back();
+      marks.emplace_back(at, metadata);
+    }
+  }
+  std::string getUserMetadata() override {
+    std::lock_guard lock(mutex_);
+    return user_metadata_;
   }
 
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
@@ -497,19 +619,66 @@ class StowageCudaAllocator final : public PluggableBase {
   }
 
  private:
+  bool caching() const noexcept { return caching_.load(std::memory_order_relaxed); }
+
+  static void* malloc_uncached(std::size_t size, c10::DeviceIndex device) {
+    if (size == 0) return nullptr;
+    DeviceBackend& backend = allocator_of(device).backend();
+    void* ptr = uncached().allocate(backend, size);
+    if (ptr == nullptr) {
+      const MemoryInfo memory = backend.memory_info();
+      namespace format = c10::CachingAllocator;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
+                       format::format_size(size), ". GPU ", static_cast<int>(device),
+                       " has a total capacity of ", format::format_size(memory.total_bytes),
+                       " of which ", format::format_size(memory.free_bytes),
+                       " is free. stowage: caching is off (torch.cuda.caching_allocator_enable(False)),"
+                       " so the device itself refused the allocation; stowage's cache was not asked.");
+    }
+    return ptr;
+  }
+
   void* malloc_on(std::size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (size == 0) return nullptr;
     try {
-      return allocator_of(device).malloc(size, to_stream(stream));
+      CachingAllocator& allocator = allocator_of(device);
+      void* ptr = allocator.malloc(size, to_stream(stream));
+      if (c10::memoryProfilingEnabled()) {
+        report_to_profiler(allocator, device, ptr, static_cast<std::int64_t>(allocator.block_size(ptr)));
+      }
+      return ptr;
     } catch (const OutOfMemory& error) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, error.message());
     }
     return nullptr;  // (not reached: the check throws)
   }
 
-  std::set<cda::TraceEntry::Action> skipped_actions() {
-    std::lock_guard lock(mutex_);
-    return skip_actions_;
+  // A device's trace in torch's form: the actions skip_actions leaves out dropped, stacks kept as
+  // the record mode says, each event with the user metadata in force when it was recorded
+  // (stowage's own markers, step ends and fit's trials, keep theirs).
+  void append_trace(int device, const AllocatorSnapshot& shot,
+                    const std::function<c10::approx_time_t(std::int64_t)>& approx_time_of,
+                    std::vector<cda::TraceEntry>& trace) {
+    std::set<cda::TraceEntry::Action> skipped;
+    cca::RecordContext when = cca::RecordContext::NEVER;
+    MetadataMarks marks;
+    {
+      std::lock_guard lock(mutex_);
+      skipped = skip_actions_;
+      when = record_context_;
+      if (const auto found = metadata_marks_.find(device); found != metadata_marks_.end()) marks = found->second;
+    }
+    trace.reserve(shot.trace.size());
+    const std::uint64_t first = shot.trace_recorded - std::min<std::uint64_t>(shot.trace_recorded, shot.trace.size());
+    for (std::size_t i = 0; i < shot.trace.size(); ++i) {
+      const TraceEntry& entry = shot.trace[i];
+      if (skipped.contains(to_torch(entry.action))) continue;
+      const std::string_view marker = marker_metadata(entry.action);
+      trace.emplace_back(to_torch(entry.action), static_cast<c10::DeviceIndex>(device), entry.address, entry.size,
+                         to_cuda_stream(entry.stream), c10::MempoolId_t{0, 0}, approx_time_of(entry.time_us),
+                         trace_keeps_context(when, entry.action) ? contexts_.find(entry.context) : nullptr, "",
+                         marker.empty() ? metadata_at(marks, first + i) : std::string(marker));
+    }
   }
 
   // The context provider: torch's stack for this event, when history asks for one.
@@ -542,11 +711,15 @@ class StowageCudaAllocator final : public PluggableBase {
   std::vector<cda::AllocatorTraceTracker> trace_trackers_;
   std::atomic<bool> has_trackers_{false};
   cca::CreateContextFn context_recorder_ = nullptr;
+  cca::RecordContext record_context_ = cca::RecordContext::NEVER;  // _record_memory_history's context
+  std::string user_metadata_;                                       // _set_memory_metadata's, in force
+  std::map<int, MetadataMarks> metadata_marks_;                     // ... and since when, per device
   std::size_t max_entries_ = 1;
   std::set<cda::TraceEntry::Action> skip_actions_;  // left out of snapshots' traces
   std::function<void(int, CachingAllocator&)> pending_history_;
   std::atomic<bool> history_enabled_{false};
   std::atomic<bool> initialized_flag_{false};
+  std::atomic<bool> caching_{true};  // torch.cuda.caching_allocator_enable
   GatheredContexts contexts_;
   ClockMapping clock_;
 };
@@ -570,11 +743,8 @@ void enable(const std::string& config) {
     cuda_allocators::configure(config);
     return;
   }
-  // Before anything is installed or configured: without a device there is nothing to serve, and
-  // an allocator installed anyway would leave torch's memory API half answered.
-  STOWAGE_CHECK(c10::cuda::device_count() > 0,
-                "this machine has no CUDA device, so there is no CUDA allocator to replace; nothing "
-                "was installed (without a GPU, CPU mode: stowage.enable(device='cpu', capacity=...))");
+  // No CUDA call here (Note [No CUDA before the program's]): whether the machine has a device is
+  // the caller's question (stowage.enable asks torch, which asks NVML).
   cuda_allocators::configure(config);
   STOWAGE_CHECK(s.allocator == nullptr,
                 "stowage was torch's CUDA allocator and was replaced; it cannot come back");

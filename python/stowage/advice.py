@@ -28,7 +28,7 @@ def advise(columns: TraceColumns, pairs: Any, sites: Any, flags: tuple[np.ndarra
     its live-bytes series, the peak (`peak`, at LivePairs position `at`, with the positions live
     there and their categories), where steps begin, stowage's tags
     (tag_reading.ExactTags, or None), the sites growing every step and the run's OOMs (with the
-    cache's free bytes, `cached_free`)."""
+    cache's free bytes, `cached_free`, and `under_stowage`: stowage's allocator recorded them)."""
     by_position, marked = flags
     block, blocks = None, []
     if exact is not None:
@@ -37,8 +37,8 @@ def advise(columns: TraceColumns, pairs: Any, sites: Any, flags: tuple[np.ndarra
     ids: dict[str, int] = {}
     for i, name in enumerate(sites.names):
         ids.setdefault(name, i)
-    oom = next(((o["requested"], o["device_free"], o.get("cached_free", 0), o.get("stowage_peak_reserved"))
-                for o in ooms), None)
+    oom = next(((o["requested"], o["device_free"], o.get("cached_free", 0), o.get("stowage_peak_reserved"),
+                 bool(o.get("under_stowage", False))) for o in ooms), None)
     return _core.advise(live, pairs.is_alloc, pairs.end, pairs.size, pairs.own, pairs.index, columns.stack, by_position,
                         marked, step_starts, sites.of,
                         exact.category if exact is not None else None, block, len(blocks),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, module in SUBCOMMANDS.items():
         module.add_parser(commands, name)
     args = parser.parse_args(argv)
+    # as the user typed it, for messages that say what to run instead (a snapshot's memory ceiling)
+    args.command_line = shlex.join(["stowage", *(sys.argv[1:] if argv is None else argv)])
     try:
         return int(SUBCOMMANDS[args.command].run(args))
     except KeyboardInterrupt:

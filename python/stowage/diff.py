@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     snapshots = []
     for name in (args.before, args.after):
         try:
-            snapshots.append(load_with_progress(Path(name), err))
+            snapshots.append(load_with_progress(Path(name), err, getattr(args, "command_line", None)))
         except SnapshotError as error:
             err.print(f"stowage diff: {literal(str(error))}")
             return 2

@@ -6,12 +6,20 @@ blocks, and the tables of the terminal report. Large traces are downsampled in t
 (at most MAX_POINTS samples, each the live bytes just after its event, the peak always among
 them); the totals and tables come from every event. The file stays small: a few hundred KiB for
 the largest traces here.
+
+Every string from the snapshot (file and function names, module paths) or from its file's name
+is shown as it holds, as the terminal report shows it (stowage.terminal.literal): what a browser
+or a terminal reading the file would act on (control characters, NUL and ESC among them, bidi
+overrides, lone surrogates, which cannot even be written as UTF-8) is written as its escape
+(``\\x1b``, ``\\ud800``), then HTML-escaped. ``write`` puts the file in place whole or not at all.
 """
 
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +27,7 @@ import numpy as np
 from stowage import _core, categories, tag_reading
 from stowage.recompute_estimate import block_of_paths
 from stowage.snapshot_reader import TraceColumns
+from stowage.terminal import literal
 from stowage.trace import as_columns
 from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
 
@@ -37,7 +46,22 @@ def _b(value: int) -> str:
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(literal(str(text)), quote=True)
+
+
+def write(page: str, path: str | Path) -> None:
+    """Writes the report to `path` whole: into a file beside it, then renamed over it, so that a
+    failure leaves no partial file (and an earlier report there as it was)."""
+    target = Path(path)
+    data = page.encode("utf-8")  # (every string went through _e: nothing left that UTF-8 cannot hold)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def timeline(trace: TraceColumns | Sequence[dict[str, Any]], baseline: int, named: list[str],

@@ -37,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stowage import _core, advice, categories, tag_reading, trace_steps
+from stowage.recorded_by import recorded_by_stowage
 from stowage.snapshot_reader import ACTION_CODES, SnapshotError, TraceColumns, load_snapshot_columnar
 from stowage.trace import as_columns, device_events, native_figures
 from stowage.trace_pairs import LivePairs, TraceSites, live_pairs, site_of
@@ -104,6 +105,7 @@ class OomExplanation:
     stowage_peak_requested: int | None = None
     native_peak_reserved: int | None = None
     in_fit_trial: bool = False  # in one of stowage.fit's own trial steps, not the run's
+    under_stowage: bool = False  # stowage's allocator recorded the snapshot (stowage.recorded_by)
 
 
 def totals_of(segments: list[dict[str, Any]]) -> Totals:
@@ -234,7 +236,8 @@ def analyse_trace(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_e
 
 
 def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: int | None,
-            top: int, cached_free: int = 0, read_tags: ReadTags | None = None) -> TraceAnalysis:
+            top: int, cached_free: int = 0, read_tags: ReadTags | None = None,
+            under_stowage: bool = False) -> TraceAnalysis:
     """The live-bytes peak, the OOM events and the steps of a trace.
 
     Live bytes at an event = the trace's own allocations still live (each counted at the size it
@@ -246,7 +249,8 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
     never less than what was freed of it. The headline peak leaves out stowage.fit's own trial
     steps (their peak is reported apart). Returns the peak, the OOMs (at most _MAX_OOMS), the
     number of OOM events in all, the steps and the advice (stowage.advice; `cached_free`: the
-    cache's free bytes at the snapshot, for an OOM's). Categories are the snapshot's own where
+    cache's free bytes at the snapshot, for an OOM's; `under_stowage`: stowage's allocator recorded
+    it, so no advice names that allocator). Categories are the snapshot's own where
     `read_tags` finds stowage's (tag_reading), else inferred. (LivePairs says how frees are matched.)
     """
     columns = as_columns(trace)
@@ -302,7 +306,7 @@ def analyse(trace: TraceColumns | Sequence[dict[str, Any]], requested_at_end: in
             event_index=index, requested=int(columns.size[index]),
             device_free=columns.device_free.get(index, int(columns.addr[index])),
             live_bytes=pre_trace + own_live, sites=ranked,
-            in_fit_trial=bool(in_fit_trial)))
+            in_fit_trial=bool(in_fit_trial), under_stowage=under_stowage))
     found.oom_events = len(oom_at)
 
     found.growing = trace_steps.growing(found.steps, pairs, sites, found.steps_found_by)[:top]
@@ -320,7 +324,8 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
     # Without segments the snapshot tells nothing about the end state; the trace's own balance
     # is then taken as the whole story.
     found = analyse(trace, totals.requested if segments else None, top, totals.reserved_unallocated,
-                    lambda action, index: tag_reading.read(snapshot, device, action, index))
+                    lambda action, index: tag_reading.read(snapshot, device, action, index),
+                    recorded_by_stowage(snapshot))
     peak, ooms, oom_events = found.peak, found.ooms, found.oom_events
     if ooms:
         events = device_events(trace)
@@ -547,7 +552,7 @@ def run(args: argparse.Namespace) -> int:
         err.print("stowage inspect: --top must be at least 1")
         return 2
     try:
-        snapshot = load_with_progress(path, err)
+        snapshot = load_with_progress(path, err, getattr(args, "command_line", None))
     except SnapshotError as error:
         err.print(f"stowage inspect: {literal(str(error))}")
         return 2
@@ -569,7 +574,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report["path"] = str(path)
     if args.html:
-        from stowage.html_report import render
+        from stowage.html_report import render, write as write_html
 
         try:
             page = render(path.name, report, snapshot)
@@ -578,8 +583,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{literal(str(error))})")
             return 2
         try:
-            Path(args.html).write_text(page, encoding="utf-8")
-        except OSError as error:
+            write_html(page, args.html)
+        except (OSError, UnicodeError) as error:
             err.print(f"stowage inspect: cannot write {literal(args.html)}: {literal(str(error))}")
             return 2
         err.print(f"stowage inspect: wrote {literal(args.html)} ({_b(Path(args.html).stat().st_size)})")
@@ -591,8 +596,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
-    """load_snapshot_columnar, with a progress bar per phase on a terminal."""
+def load_with_progress(path: Path, console: Console, command: str | None = None) -> dict[str, Any]:
+    """load_snapshot_columnar, with a progress bar per phase on a terminal (`command`: the command
+    line reading it, for a refusal's message)."""
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         tasks: dict[str, Any] = {}
 
@@ -601,4 +607,4 @@ def load_with_progress(path: Path, console: Console) -> dict[str, Any]:
                 tasks[phase] = progress.add_task(f"{phase} {literal(path.name)}", total=max(total, 1))
             progress.update(tasks[phase], completed=done)
 
-        return load_snapshot_columnar(path, report if console.is_terminal else None)
+        return load_snapshot_columnar(path, report if console.is_terminal else None, command)

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
             path = Path(name)
             progress.update(loading, description=f"replaying {literal(path.name)}")
             try:
-                snapshot = load_snapshot_columnar(path)
+                snapshot = load_snapshot_columnar(path, command=getattr(args, "command_line", None))
             except SnapshotError as error:
                 err.print(f"stowage replay: {literal(str(error))}")
                 status = 2

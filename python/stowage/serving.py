@@ -90,3 +90,12 @@ def serves(device: Any) -> bool:
     if device.type == "cpu":
         return is_cpu_allocator()
     return False
+
+
+def memory_cap(device: Any) -> tuple[int, str]:
+    """The most stowage may reserve on ``device`` (a torch.device): the smallest of the device's
+    memory, the allocator's limit and its memory fraction (which torch's
+    set_per_process_memory_fraction sets on a GPU), and which of them holds, as messages name it
+    ("the allocator's limit", ...)."""
+    cap, bound = enabled_module().memory_cap(device_index(device))
+    return int(cap), str(bound)

@@ -33,6 +33,7 @@
 
 #include "allocator/base/errors.hpp"
 #include "allocator/base/log.hpp"
+#include "allocator/base/sanitizers.hpp"
 #include "allocator/caching_allocator.hpp"
 #include "allocator/device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
@@ -40,11 +41,11 @@
 namespace stowage {
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(STOWAGE_THREAD_SANITIZER)
 constexpr std::size_t kWalkOps = 20'000;
 constexpr std::size_t kPagedWalkOps = 10'000;
 constexpr std::size_t kThreadedOps = 20'000;
-#elif defined(__SANITIZE_ADDRESS__)
+#elif defined(STOWAGE_ADDRESS_SANITIZER)
 constexpr std::size_t kWalkOps = 100'000;
 constexpr std::size_t kPagedWalkOps = 20'000;
 constexpr std::size_t kThreadedOps = 20'000;

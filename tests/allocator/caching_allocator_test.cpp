@@ -307,11 +307,12 @@ TEST_F(SmallDeviceTest, OutOfMemoryExplainsAndLeavesTheAllocatorUsable) {
     FAIL() << "30 MiB fitted beside 40 MiB on a 64 MiB device";
   } catch (const OutOfMemory& error) {
     const std::string message = error.what();
-    for (const char* part : {"tried to allocate 30.00 MiB", "64.00 MiB total",
-                             "40.00 MiB allocated", "40.00 MiB reserved",
-                             "0 B reserved but unallocated", "largest free block",
-                             "fragmentation 0.0%", "Live blocks hold the memory",
-                             "the request is 6.00 MiB more than every free byte together"}) {
+    EXPECT_EQ(message.rfind("CPU out of memory. Tried to allocate 30.00 MiB. The simulated device has a "
+                            "total capacity of 64.00 MiB of which 24.00 MiB is free. ", 0), 0u)
+        << "torch's opening: " << message;
+    for (const char* part : {"Of the allocated memory 40.00 MiB is in use, and 0 bytes is reserved by "
+                             "stowage but unallocated.", "Live blocks hold the memory",
+                             "the request is 6.00 MiB more than the larger"}) {
       EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in\n"
                                                        << message;
     }
@@ -349,6 +350,74 @@ TEST_F(SmallDeviceTest, OutOfMemoryNamesFragmentation) {
         << error.what();
   }
   for (std::size_t i = 1; i < blocks.size(); i += 2) allocator_.free(blocks[i]);
+}
+
+// The device is full and stowage's cache holds 1.75 MiB free in a large-class block: a small
+// request could be held by the cache's free bytes, but by no block of its class.
+TEST_F(SmallDeviceTest, FreeCacheBytesOfTheOtherSizeClassAreFragmentationNotASplit) {
+  void* whole = allocator_.malloc(60 * MiB);
+  allocator_.free(whole);
+  void* held = allocator_.malloc(58 * MiB + 256 * KiB);  // leaves a free 1.75 MiB block beside it
+  std::vector<void*> small;
+  for (int i = 0; i < 4; ++i) small.push_back(allocator_.malloc(MiB));  // two full 2 MiB segments
+  ASSERT_EQ(backend_.memory_info().free_bytes, 0u);
+  try {
+    allocator_.malloc(672 * KiB);
+    FAIL() << "672 KiB fitted on a full device";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("this is fragmentation"), std::string::npos) << message;
+    EXPECT_NE(message.find("a free block of 1.75 MiB serves the other size class"), std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("neither"), std::string::npos) << message;
+  }
+  for (void* block : small) allocator_.free(block);
+  allocator_.free(held);
+}
+
+// 12 MiB free on the device and 4 MiB in the cache, 14 MiB asked: together they would, neither
+// does alone; that is not fragmentation.
+TEST_F(SmallDeviceTest, ARequestNeitherTheDeviceNorTheCacheHoldsAloneIsNotFragmentation) {
+  void* whole = allocator_.malloc(40 * MiB);
+  allocator_.free(whole);
+  void* held = allocator_.malloc(36 * MiB);  // leaves a free 4 MiB block beside it
+  void* more = allocator_.malloc(12 * MiB);
+  ASSERT_EQ(backend_.memory_info().free_bytes, 12 * MiB);
+  try {
+    allocator_.malloc(14 * MiB);
+    FAIL() << "14 MiB fitted";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("Live blocks hold the memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("the request is 2.00 MiB more than the larger"), std::string::npos) << message;
+    EXPECT_EQ(message.find("fragmentation"), std::string::npos) << message;
+  }
+  allocator_.free(more);
+  allocator_.free(held);
+}
+
+// Under a 64 MiB limit on a 256 MiB device, the limit is what refuses: named first, and the
+// cache's few free bytes are not called fragmentation.
+TEST_F(CachingAllocatorTest, UnderALimitTheOutOfMemoryMessageNamesTheLimitFirst) {
+  allocator_.set_limit(64 * MiB);
+  void* whole = allocator_.malloc(40 * MiB);
+  allocator_.free(whole);
+  void* held = allocator_.malloc(36 * MiB);
+  void* more = allocator_.malloc(20 * MiB);  // 60 MiB reserved, 4 MiB of it free
+  try {
+    allocator_.malloc(8 * MiB);
+    FAIL() << "8 MiB fitted under the limit";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("of which 196.00 MiB is free. 64.00 MiB allowed; "), std::string::npos)
+        << message;
+    const std::size_t explained = message.find("stowage: The cap is 64.00 MiB, the allocator's limit;");
+    EXPECT_NE(explained, std::string::npos) << message;
+    EXPECT_NE(message.find("The cap refused it", explained), std::string::npos) << message;
+    EXPECT_EQ(message.find("fragmentation"), std::string::npos) << message;
+  }
+  allocator_.free(more);
+  allocator_.free(held);
 }
 
 TEST_F(CachingAllocatorTest, ARequestLargerThanAnythingIsAnOutOfMemoryError) {
@@ -490,14 +559,27 @@ TEST_F(SmallDeviceTest, LimitAndMemoryFractionCapReservedMemory) {
     allocator_.malloc(10 * MiB);
     FAIL() << "the limit was ignored";
   } catch (const OutOfMemory& error) {
-    EXPECT_NE(std::string(error.what()).find("stowage's limit 8.00 MiB"), std::string::npos)
-        << error.what();
+    const std::string message = error.what();
+    EXPECT_NE(message.find("is free. 8.00 MiB allowed; "), std::string::npos) << message;
+    EXPECT_NE(message.find("The request is larger than the cap: raise the allocator's limit"),
+              std::string::npos)
+        << message;
   }
   allocator_.set_limit(AllocatorConfig::kUnlimited);
-  allocator_.set_memory_fraction(0.5);
+  allocator_.set_memory_fraction(0.5);  // as torch's set_per_process_memory_fraction does
   EXPECT_EQ(allocator_.limit(), 32 * MiB);
+  EXPECT_EQ(allocator_.limit_bound(), "torch's per-process memory fraction (0.50)");
   void* fits = allocator_.malloc(30 * MiB);
-  EXPECT_THROW(allocator_.malloc(10 * MiB), OutOfMemory);
+  try {
+    allocator_.malloc(10 * MiB);
+    FAIL() << "the fraction was ignored";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("stowage: The cap is 32.00 MiB, torch's per-process memory fraction (0.50);"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("The cap refused it"), std::string::npos) << message;
+  }
   EXPECT_LE(allocator_.stats().reserved_bytes.all().peak, static_cast<std::int64_t>(32 * MiB));
   EXPECT_THROW(allocator_.set_memory_fraction(-0.1), LogicError);
   EXPECT_THROW(allocator_.set_memory_fraction(1.5), LogicError);

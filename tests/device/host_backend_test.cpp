@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocator/base/errors.hpp"
+#include "allocator/base/sanitizers.hpp"
 #include "tests/conformance/pattern.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"
@@ -169,7 +170,7 @@ TEST(HostBackend, PhysicalMemoryIsReturnedWhenFreed) {
   backend.check_invariants();
 }
 
-#if !defined(__SANITIZE_THREAD__)
+#if !defined(STOWAGE_THREAD_SANITIZER)
 TEST(HostBackendDeathTest, MemoryIsInaccessibleUntilAccessIsSet) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   HostBackend backend(small_device());

@@ -7,7 +7,11 @@
 #             two builds side by side                                              (~2 min)
 #   test      stage 1: the CTest suite (the CUDA cases run instead of skipping) and the self-check
 #             beside the torch suite tests/gpu/python (allocator, activation offload, the offloaded
-#             optimizer, fit, the exactness matrix on the GPU); STOWAGE_GPU_TEST_S bounds it (150)
+#             optimizer, fit, the exactness matrix on the GPU); STOWAGE_GPU_TEST_S bounds it (150).
+#             Then, alone on the GPU, PyTorch's own allocator tests (97 of test/test_cuda.py, from
+#             .gpu-deps/torch-tests) under torch's allocator and under stowage, compared test by
+#             test (tests/gpu/torch_allocator_tests/run.py; about 70-80 s a run, estimated);
+#             STOWAGE_GPU_TORCH_TESTS_S bounds both runs (200)
 #   headline  stage 2: bench/e2e/gpu_headline.py, the largest model (stock against fit) and the
 #             1.1B model's tokens a step (stock with checkpointing against fit), at bracketing
 #             points; STOWAGE_GPU_HEADLINE_S bounds it (270)
@@ -20,7 +24,8 @@
 # is left of it. Results go to a work folder, packed after every stage into OUTDIR/results.tgz
 # (the device tool brings back at most 8 files) beside OUTDIR/console.txt.
 #
-#   tools/fetch-gpu-deps                                 # here, once: .debs and torchao's wheel
+#   tools/fetch-gpu-deps                                 # here, once: .debs, torchao's and
+#                                                        # expecttest's wheels, torch's test_cuda.py
 #   tests/gpu/run.sh [OUTDIR] [build test headline rest bench]   # there, from the repository
 #                                                        # root, .gpu-deps carried; default: the
 #                                                        # first four
@@ -127,6 +132,17 @@ if wants test; then
   tail -4 "$out/selfcheck.txt"; grep -E "tests passed|tests failed|Failed|Timeout|\*\*\*" "$out/ctest.txt" | tail -15
   grep -qE "100% tests passed" "$out/ctest.txt" || status=1
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest-gpu.txt" | tail -25
+  # After the rest, alone on the GPU: these tests fill the device and cap it.
+  limit=$(bound "${STOWAGE_GPU_TORCH_TESTS_S:-200}")
+  if [[ ! -f .gpu-deps/torch-tests/test_cuda.py ]]; then
+    echo "torch's allocator tests: NOT RUN: no .gpu-deps/torch-tests/test_cuda.py (tools/fetch-gpu-deps fetches it; README, GPU tests)"
+  elif (( limit < 30 )); then
+    echo "torch's allocator tests: not run, $limit s left"
+  else
+    timeout $((limit + 30)) "$python" tests/gpu/torch_allocator_tests/run.py --out "$out/torch-allocator-tests" \
+      --budget-s "$limit" >"$out/torch-allocator-tests.txt" 2>&1 || status=1
+    tail -15 "$out/torch-allocator-tests.txt"
+  fi
   stage_done test
 fi
 

@@ -75,6 +75,28 @@ TEST(StepLedger, AStorageMadeAtASavedAddressInForwardChangesNothing) {
   EXPECT_EQ(recording.storages[0].last_forward, 0u);
 }
 
+TEST(StepLedger, AStorageMadeOutsideTheOpsHasNoProducerWhateverLivedAtItsAddressBefore) {
+  StepLedger ledger;
+  ledger.op_ran(Phase::kForward, Keys{}, Keys{100});          // op 0 makes 100, freed unsaved
+  ledger.made_outside_ops(Phase::kForward, Keys{100, 0});     // a lifted constant takes its address
+  const auto lifted = ledger.save(100, 8, kNoRegion);
+  ledger.op_ran(Phase::kForward, Keys{100}, Keys{200});       // op 1 uses it
+  ledger.save(200, 8, kNoRegion);
+  ledger.made_outside_ops(Phase::kForward, Keys{200});        // a saved storage's address in forward: it lives
+  ledger.taken_back(*lifted);
+  ledger.op_ran(Phase::kBackward, Keys{100}, Keys{});         // op 2
+  ledger.made_outside_ops(Phase::kBackward, Keys{100});       // after forward: the saved one was freed
+  ledger.op_ran(Phase::kBackward, Keys{100}, Keys{});         // op 3: not its use
+  EXPECT_EQ(ledger.ops(), 4u);                                // made outside the ops: no op counted
+  const StepRecording recording = ledger.recording(ops_of(ledger), {});
+  ASSERT_EQ(recording.storages.size(), 2u);
+  EXPECT_EQ(recording.storages[0].producer, 1u);  // 200, untouched
+  const RecordedStorage& moved = recording.storages[1];
+  EXPECT_FALSE(moved.producer.has_value());
+  EXPECT_EQ(moved.last_forward, 1u);
+  EXPECT_EQ(moved.last_backward, 2u);
+}
+
 TEST(StepLedger, ABlockWritingItsInputIsSeen) {
   StepLedger ledger;
   ledger.add_fixed(5);
@@ -119,9 +141,17 @@ TEST(StepLedger, RandomStepsAgreeWithAModelOfTheRules) {
       const StepLedger::Key used = 1 + static_cast<StepLedger::Key>(random() % 6);
       const StepLedger::Key made = 1 + static_cast<StepLedger::Key>(random() % 6);
       const std::size_t index = ledger.ops();
-      ledger.op_ran(Phase::kForward, Keys{used}, Keys{made});
-      last_forward[used] = index;
-      if (!saved_at.contains(made)) producer[made] = last_forward[made] = index;
+      if (random() % 5 == 0) {  // made outside the step's ops: no producer, whatever was at the address
+        ledger.made_outside_ops(Phase::kForward, Keys{made});
+        if (!saved_at.contains(made)) {
+          producer.erase(made);
+          last_forward.erase(made);
+        }
+      } else {
+        ledger.op_ran(Phase::kForward, Keys{used}, Keys{made});
+        last_forward[used] = index;
+        if (!saved_at.contains(made)) producer[made] = last_forward[made] = index;
+      }
       if (random() % 3 == 0) {
         const auto storage = ledger.save(made, 8, kNoRegion);
         ASSERT_TRUE(storage);
@@ -138,7 +168,11 @@ TEST(StepLedger, RandomStepsAgreeWithAModelOfTheRules) {
       const StepLedger::Key key = 1 + static_cast<StepLedger::Key>(random() % 6);
       const bool makes = random() % 4 == 0;
       const std::size_t index = ledger.ops();
-      ledger.op_ran(Phase::kBackward, makes ? Keys{} : Keys{key}, makes ? Keys{key} : Keys{});
+      if (makes && random() % 2 == 0) {
+        ledger.made_outside_ops(Phase::kBackward, Keys{key});
+      } else {
+        ledger.op_ran(Phase::kBackward, makes ? Keys{} : Keys{key}, makes ? Keys{key} : Keys{});
+      }
       if (const auto found = alive.find(key); found != alive.end()) {
         if (makes) {
           alive.erase(found);

@@ -150,3 +150,14 @@ def test_the_synthetic_solve_benchmark_solves_under_a_budget_that_fits_and_one_t
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert [r["fits"] for r in results] == [True, False]
     assert all(0 < r["best_s"] <= r["median_s"] for r in results)
+
+
+def test_the_alias_watch_benchmark_reports_both_watches_on_and_off(tmp_path: Path) -> None:
+    output = tmp_path / "watch.json"
+    done = run_script("alias_watch_cost.py", "--layers", "1", "--width", "64", "--batch", "2", "--seq", "32",
+                      "--steps", "1", "--json", str(output))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    for kind in ("offload", "recompute"):
+        assert len(result[kind]["step_ms"]["on"]) == len(result[kind]["step_ms"]["off"]) == 1
+        assert result[kind]["watch_ms"][0] > 0  # the watch ran, and was timed

@@ -104,6 +104,18 @@ def test_the_snapshot_shows_the_live_tensors_and_memory_viz_reads_it(tmp_path) -
     stowage.record_history(False)
 
 
+def test_history_with_torchs_default_bound_keeps_every_event() -> None:
+    # torch.cuda.memory._record_memory_history's default: max_entries=sys.maxsize, keep everything.
+    stowage.record_history(True, stacks="all", max_entries=sys.maxsize)
+    try:
+        kept = [torch.empty(1000 + i, dtype=torch.uint8) for i in range(300)]
+        allocs = [entry for entry in stowage.snapshot()["device_traces"][0]
+                  if entry["action"] == "alloc" and entry["addr"] in {t.data_ptr() for t in kept}]
+        assert len(allocs) == len(kept)
+    finally:
+        stowage.record_history(False)
+
+
 def test_the_summary_has_torchs_layout() -> None:
     summary = stowage.memory_summary()
     assert "Allocated memory" in summary and "from large pool" in summary
@@ -119,8 +131,13 @@ def test_out_of_memory_is_torchs_error_and_training_goes_on() -> None:
             torch.empty(32 << 20, dtype=torch.uint8)
             raise SystemExit("no OOM")
         except torch.OutOfMemoryError as error:
-            message = str(error)
-        assert "stowage: out of memory" in message and "tried to allocate 32.00 MiB" in message, message
+            caught, message = error, str(error)
+        opening = ("CPU out of memory. Tried to allocate 32.00 MiB. The simulated device has a total "
+                   "capacity of 64.00 MiB of which 16.00 MiB is free. ")
+        assert message.startswith(opening) and "stowage:" in message, message
+        # Tools that catch an OOM by its text (accelerate's find_executable_batch_size) see one.
+        from accelerate.utils.memory import should_reduce_batch_size
+        assert should_reduce_batch_size(caught), caught.args
         assert stowage.memory_stats()["num_ooms"] == 1
         del held
         after = torch.empty(32 << 20, dtype=torch.uint8)

@@ -120,6 +120,68 @@ def test_the_pth_hook_installs_stowage_when_torch_is_imported_and_not_before() -
         assert NO_DEVICE in result.stderr
 
 
+# A stand-in for the CUDA driver (libcuda.so.1) that notes every call made into it, and one for
+# NVML that reports one device: torch.cuda.device_count() then says 1 without the driver.
+FAKE_DRIVER = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static void note(const char* what) {
+  int fd = open(getenv("FAKE_DRIVER_CALLS"), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0) return;
+  if (write(fd, what, strlen(what)) < 0 || write(fd, "\n", 1) < 0) {}
+  close(fd);
+}
+int cuInit(unsigned flags) { (void)flags; note("cuInit"); return 100; }
+int cuDriverGetVersion(int* version) { note("cuDriverGetVersion"); *version = 13000; return 0; }
+int cuDeviceGetCount(int* count) { note("cuDeviceGetCount"); *count = 0; return 3; }
+int cuGetProcAddress(const char* symbol, void** fn, int version, unsigned long long flags) {
+  (void)version; (void)flags; note("cuGetProcAddress"); note(symbol); *fn = NULL; return 500;
+}
+int cuGetProcAddress_v2(const char* symbol, void** fn, int version, unsigned long long flags, void* status) {
+  (void)version; (void)flags; (void)status; note("cuGetProcAddress_v2"); note(symbol); *fn = NULL; return 500;
+}
+int cuGetExportTable(const void** table, const void* id) { (void)id; note("cuGetExportTable"); *table = NULL; return 500; }
+"""
+FAKE_NVML = """
+int nvmlInit(void) { return 0; }
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned* count) { *count = 1; return 0; }
+"""
+
+
+@needs_cuda_build
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for the stand-in driver")
+def test_import_torch_with_the_variable_set_calls_no_cuda_driver_function(tmp_path: Path) -> None:
+    """torch initialises CUDA lazily, so a process that has not used CUDA can fork children that
+    do (DataLoader workers); STOWAGE_ALLOC_CONF installs stowage at `import torch`, which must
+    call into the driver no more than torch does: not at all (test_cuda.py's test_lazy_init and
+    test_is_pinned_no_context check it on a GPU)."""
+    for name, source in (("libcuda.so.1", FAKE_DRIVER), ("libnvidia-ml.so.1", FAKE_NVML)):
+        (tmp_path / f"{name}.c").write_text(source)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / name), str(tmp_path / f"{name}.c")],
+                       check=True)
+    calls = tmp_path / "calls"
+    env = {k: v for k, v in os.environ.items() if k != "STOWAGE_ALLOC_CONF"}
+    env.update(STOWAGE_ALLOC_CONF="", FAKE_DRIVER_CALLS=str(calls),
+               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("LD_LIBRARY_PATH")])))
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, torch
+        from stowage import _torch
+        x = torch.randn(10)
+        print(torch.cuda.device_count(), _torch.cuda_enabled(), torch.cuda.is_initialized(), x.is_pinned())
+        print(os.path.exists({str(calls)!r}))
+        torch._C._cuda_getDeviceCount()  # a CUDA runtime call: the stand-in driver notes it
+        print(os.path.exists({str(calls)!r}))
+    """)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    noted = calls.read_text().split() if calls.exists() else []
+    assert result.stdout.splitlines()[:2] == ["1 True False False", "False"], (result.stdout, noted)
+    assert result.stdout.splitlines()[2] == "True", "the stand-in driver notes nothing: the check checks nothing"
+
+
 @needs_cuda_build
 def test_a_bad_configuration_in_the_variable_fails_import_torch_with_stowages_message() -> None:
     result = run_python("import torch", conf="virtual_memory:sometimes")

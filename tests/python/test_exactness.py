@@ -74,3 +74,30 @@ def test_a_refusal_passes_only_naming_in_backward_at_the_first_point_with_torch_
     assert judged(named, 0, "step", moved) == "FAIL"  # the parameters already differ
     assert judge_refusal(FEATURES["adamw.exact"], pattern, Failure(named, 0, "step", start), reference, {},
                          steps).status == "FAIL"  # only update="in_backward" may refuse
+
+
+def test_a_plan_s_refusal_passes_only_naming_the_recomputation_where_the_pattern_shows(caches: Caches) -> None:
+    from exactness.cells import _reference, judge_refusal
+    from exactness.compare import Failure, parameters_at
+    from exactness.features import FEATURES
+    from exactness.models import spec
+    from exactness.patterns import PATTERNS
+
+    pattern = PATTERNS["data_saved_block"]
+    reference = _reference(caches, spec("gpt"), pattern, "adamw", "stowage_allocator")
+    steps = caches.config.steps
+    event = steps // 3
+    at_event = parameters_at(reference, event)
+    named = RuntimeError("stowage.plan: block 'blocks.0' is recomputed in backward, and ... was written after ...")
+
+    def judged(feature: str, error: BaseException, step: int, phase: str) -> str:
+        return judge_refusal(FEATURES[feature], pattern, Failure(error, step, phase, at_event), reference, {},
+                             steps).status
+
+    for feature in ("plan", "plan.recompute", "fit"):
+        assert judged(feature, named, event, "backward 1") == "REFUSED", feature
+    assert judged("plan.recompute", named, event, "forward 1") == "FAIL"  # not where the pattern shows
+    assert judged("plan.recompute", RuntimeError("cannot recompute"), event, "backward 1") == "FAIL"  # unnamed
+    assert judged("activations", named, event, "backward 1") == "FAIL"  # offload must see the write, not refuse
+    assert judge_refusal(FEATURES["plan.recompute"], PATTERNS["plain"], Failure(named, event, "backward 1", at_event),
+                         reference, {}, steps).status == "FAIL"  # only the patterns that write through .data

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,33 @@ def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: An
     assert stowage.memory_allocated() <= start + kept_states + (1 << 20)  # nothing else left behind
     for ours, theirs in zip(model.parameters(), reference_parameters(3, LARGE_STATES)):
         torch.testing.assert_close(ours.detach(), theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_fit_plans_for_the_allocators_limit_below_the_device() -> None:
+    """With the allocator's limit below the device's memory, fit's capacity is the limit: its
+    table says which bound holds, and the step it chose trains under the limit."""
+    in_use, step_bytes = unplanned_step_bytes(LARGE_STATES)
+    parameters = sum(p.numel() * 4 for p in model_and_batch(LARGE_STATES)[0].parameters())
+    limit = (in_use + parameters + step_bytes // 2 + (16 << 20) + (1 << 20) - 1) >> 20 << 20
+    result = subprocess.run([sys.executable, "-c", f"""
+import json, torch, stowage
+from stowage.models.llama import Llama, LlamaShape
+stowage.enable("limit:{limit}", device="cpu", capacity="1GiB")
+torch.manual_seed(0)
+model = Llama(LlamaShape(**{LARGE_STATES.__dict__!r}))
+tokens = torch.randint(0, {LARGE_STATES.vocab}, (4, 128), generator=torch.Generator().manual_seed(1))
+fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **{HYPER!r}), tokens,
+                     loss_fn=lambda m, t: m.chunked_loss(t, chunks=4), cost={COST!r})
+for _ in range(2):
+    fitted.step(tokens)
+print(json.dumps({{"fraction": fitted.device_fraction, "reserved": stowage.max_memory_reserved()}}))
+"""], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    first = next(line for line in result.stdout.splitlines() if line.startswith("stowage.fit on"))
+    assert f": {stowage.format_bytes(limit)} (the allocator's limit), " in first, first
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome["fraction"] < 1.0, "torch's AdamW does not fit under the limit: fit offloads states"
+    assert outcome["reserved"] <= limit
 
 
 def test_the_host_s_room_bounds_the_states_fit_offloads(capsys: Any) -> None:
@@ -186,7 +214,8 @@ def test_a_loop_of_its_own_runs_its_backward_under_the_fit(capsys: Any) -> None:
 def test_what_cannot_fit_is_refused_with_every_share_weighed(capsys: Any) -> None:
     in_use, _ = unplanned_step_bytes()
     with pytest.raises(torch.OutOfMemoryError, match=r"does not fit in .* usable(.|\n)*0% of the states on the "
-                       r"device \(room for the step [0-9.]+ [KM]iB\)"):
+                       r"device \(room for the step [0-9.]+ [KM]iB\)(.|\n)*\(the batch runs whole: micro_batches=1; "
+                       r"micro_batches='auto' lets fit cut it"):
         fitted_for(in_use + (20 << 20), capsys)  # the margin leaves room for the gradients alone
     with pytest.raises(TypeError, match="loss_fn"):  # its forward gives no loss
         stowage.fit(torch.nn.Linear(8, 8), torch.optim.AdamW, torch.zeros(4, 8))
@@ -360,7 +389,7 @@ def test_feature_rows_are_cut_by_rows_only_and_a_step_that_cannot_be_cut_is_refu
     result = subprocess.run([sys.executable, "-c", FEATURE_ROWS_SCRIPT], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "refused: stowage.fit: the step does not fit whole at batch 3072" in result.stdout
-    assert "fails on the cut batch (RuntimeError: shape" in result.stdout
+    assert "could not be recorded at any of them:\n  at batch {2, 3}: RuntimeError: shape" in result.stdout
     assert "step does not fit whole: recorded at batch {2, 3}, planned at batch 3072" in result.stdout
     peaks = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("peak ")]
     assert len(peaks) == 2 and max(peaks) <= 96 << 20

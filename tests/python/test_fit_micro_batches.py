@@ -1,7 +1,8 @@
 """stowage.fit's batch arithmetic: a global batch that does not fit whole runs as the micro-batches
 fit chooses, computing what torch computes for the same accumulation (bit for bit) and the global
-batch's step up to rounding, the loss weighted by rows or tokens as read from the loss; losses
-that are no mean and BatchNorm refuse a cut; a loop of its own cannot run more rows than planned."""
+batch's step up to rounding, the loss weighted by the units the example batch verifies; losses
+that are no mean and BatchNorm refuse a cut; a loop of its own cannot run more rows than planned.
+(The measured cases of losses weighted otherwise: test_fit_loss_units.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ torch = pytest.importorskip("torch")
 import stowage  # noqa: E402
 import stowage.plan  # noqa: E402
 from stowage.fitting.batches import cut  # noqa: E402
-from stowage.fitting.micro_batches import ROWS, TOKENS, asked_micro_rows, split, weighted  # noqa: E402
+from stowage.fitting.loss_units import ROWS, given_units  # noqa: E402
+from stowage.fitting.micro_batches import MicroCut, asked_cut, split, weighted  # noqa: E402
 from stowage.models.llama import Llama, LlamaShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
@@ -67,7 +69,7 @@ def test_a_batch_too_large_to_fit_whole_runs_as_micro_batches_computing_torch_s_
     assert fitted.chosen.micro_batches >= 2 and fitted.chosen.micro_rows <= ROWS_IN_BATCH // 2
     assert f"{fitted.chosen.micro_batches} micro-batches of up to {fitted.chosen.micro_rows} rows" in table
     assert "whole (8)" in table and "no plan fits" in table  # the whole batch was weighed, and does not fit
-    assert fitted.units is ROWS
+    assert fitted.units.name == "rows"
     start = stowage.memory_allocated()
     stowage.reset_peak_stats()
     losses = [fitted.step(tokens) for _ in range(2)]
@@ -128,9 +130,10 @@ def test_a_loss_that_is_no_mean_keeps_the_batch_whole_or_refuses_a_cut_asked_for
     model, rows = SumLoss(), torch.randn(8, 16)
     fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params), rows, micro_batches="auto", cost=COST)
     assert fitted.chosen.micro_batches == 1 and fitted.units is None
-    assert "not cut: the loss is not a mean over rows" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="micro_batches=2 cannot be kept to the global batch's step: the loss is "
-                                         "not a mean over rows.*loss_units="):
+    assert "not cut: the loss of the whole batch" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="micro_batches=2 cannot be kept to the global batch's step: the loss of "
+                                         r"the whole batch \(.*\) is not its micro-batches' weighted by rows.*"
+                                         "loss_units="):
         stowage.fit(model, lambda params: torch.optim.AdamW(params), rows, micro_batches=2, verbose=False)
     # said by the caller, the units are taken as given
     told = stowage.fit(model, lambda params: torch.optim.AdamW(params), rows, micro_batches=2, verbose=False,
@@ -153,13 +156,14 @@ def test_batchnorm_keeps_the_batch_whole_unless_the_caller_allows_a_cut(capsys: 
     fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params), batch, loss_fn=cross_entropy,
                          micro_batches="auto", cost=COST)
     assert fitted.chosen.micro_batches == 1
-    assert "not cut: 1 compute statistics over the rows they see together (BatchNorm)" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="1 compute statistics.*split_batchnorm=True"):
+    assert ("not cut: aten.native_batch_norm in module '1' computes statistics over the rows it sees together"
+            in capsys.readouterr().out)
+    with pytest.raises(ValueError, match="native_batch_norm in module '1' computes statistics.*split_batchnorm=True"):
         stowage.fit(model, lambda params: torch.optim.AdamW(params), batch, loss_fn=cross_entropy, micro_batches=2,
                     verbose=False)
     allowed = stowage.fit(model, lambda params: torch.optim.AdamW(params), batch, loss_fn=cross_entropy,
                           micro_batches=2, split_batchnorm=True, verbose=False, cost=COST)
-    assert allowed.chosen.micro_batches == 2 and allowed.units is ROWS
+    assert allowed.chosen.micro_batches == 2 and allowed.units.name == "rows"
     model.eval()  # in eval mode BatchNorm uses its running statistics: nothing to refuse
     evaluated = stowage.fit(model, lambda params: torch.optim.AdamW(params), batch, loss_fn=cross_entropy,
                             micro_batches=2, verbose=False, cost=COST)
@@ -195,12 +199,12 @@ def test_a_hugging_face_token_loss_is_weighted_by_its_tokens(kind: str) -> None:
     if kind == "causal":  # the loss over labels[..., 1:] (shifted inside the model)
         config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=32,
                                          attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
-        model, expected = transformers.GPT2LMHeadModel(config), "shifted tokens"
+        model, expected = transformers.GPT2LMHeadModel(config), "entries of batch['labels'][:, 1:] not -100"
     else:  # the loss over every label not ignored
         config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                          intermediate_size=128, vocab_size=256, max_position_embeddings=32,
                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        model, expected = transformers.BertForMaskedLM(config), "tokens"
+        model, expected = transformers.BertForMaskedLM(config), "entries of batch['labels'] not -100"
     batch = hf_batch(256, causal=kind == "causal")
     fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params), batch, micro_batches=2, verbose=False,
                          cost=COST)
@@ -227,26 +231,31 @@ def test_a_hugging_face_token_loss_is_weighted_by_its_tokens(kind: str) -> None:
 
 
 def test_micro_batches_are_near_equal_cuts_weighted_by_their_units() -> None:
-    assert asked_micro_rows(16, "auto") is None and asked_micro_rows(3, "auto") == 3  # 3 rows: no cut of 2
-    assert asked_micro_rows(16, 4) == 4 and asked_micro_rows(16, 1) == 16 and asked_micro_rows(13, 2) == 7
+    assert asked_cut(16, "auto") is None and asked_cut(3, "auto") == MicroCut(3, 1, 3)  # 3 rows: no cut of 2
+    assert asked_cut(16, 4) == MicroCut(16, 4, 4) and asked_cut(16, 1) == MicroCut(16, 1, 16)
+    assert asked_cut(13, 2) == MicroCut(13, 2, 7) and asked_cut(16, 5) == MicroCut(16, 5, 4)
     with pytest.raises(ValueError, match="fewer than 2 rows"):
-        asked_micro_rows(6, 4)
+        asked_cut(6, 4)
     with pytest.raises(ValueError, match="'auto' or a count"):
-        asked_micro_rows(6, 0)
+        asked_cut(6, 0)
     rows = torch.arange(13).reshape(13, 1)
     assert [piece.shape[0] for piece in split(rows, 4)] == [3, 3, 3, 4]  # the fewest, near-equal
     assert [piece.shape[0] for piece in split(rows[:20], 13)] == [13]
-    pieces = weighted((rows, torch.zeros(13)), 7, ROWS)
+    pieces = weighted((rows, torch.zeros(13)), MicroCut.of(13, 2), ROWS)
     assert [w for _, w in pieces] == [6 / 13, 7 / 13]
-    # a larger batch than the example runs as more micro-batches of at most the planned rows
+    # a count that does not divide runs as asked; a larger batch as more, none over the rows planned;
+    # a smaller one as up to as many, none under 2 rows
+    five = MicroCut.of(16, 5)
+    assert five.bounds(16) == (0, 3, 6, 9, 12, 16) and len(five.bounds(30)) - 1 == 8 and five.bounds(6) == (0, 2, 4, 6)
     assert [piece.shape[0] for piece in split(torch.zeros(30, 2), 8)] == [7, 8, 7, 8]
     # a micro-batch whose every label is ignored adds nothing to the global mean: left out
     labels = torch.full((4, 5), -100)
     labels[2:, :3] = 1
-    pieces = weighted({"input_ids": torch.zeros(4, 5, dtype=torch.long), "labels": labels}, 2, TOKENS)
+    tokens = given_units("tokens")
+    pieces = weighted({"input_ids": torch.zeros(4, 5, dtype=torch.long), "labels": labels}, MicroCut.of(4, 2), tokens)
     assert len(pieces) == 1 and pieces[0][1] == 1.0 and int((pieces[0][0]["labels"] != -100).sum()) == 6
     with pytest.raises(ValueError, match="no tokens"):
-        weighted({"labels": torch.full((4, 5), -100)}, 2, TOKENS)
+        weighted({"labels": torch.full((4, 5), -100)}, MicroCut.of(4, 2), tokens)
 
 
 class Flipping(torch.nn.Module):

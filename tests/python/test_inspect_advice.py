@@ -260,7 +260,54 @@ def oom_snapshot(free_in_pieces: int) -> dict[str, Any]:
     return {"segments": [segment], "device_traces": [trace]}
 
 
+FREE_IN_PIECES = "out of memory with the bytes free in pieces"
+
+# allocator_settings as torch 2.11 writes them: its own allocator's (stock) ...
+STOCK_SETTINGS = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0,
+                  "expandable_segments": False, "pinned_num_register_threads": 1,
+                  "release_lock_on_cudamalloc": False, "pinned_use_cuda_host_register": False}
+# ... and stowage's CUDA allocator's: torch's keys, the settings string stowage's configuration
+# (python/libtorch/cuda_allocator.cpp's config_metadata)
+STOWAGE_CUDA_SETTINGS = dict(STOCK_SETTINGS, PYTORCH_CUDA_ALLOC_CONF="stowage:reserve_headroom:0.05", max_split_size=0)
+
+
 def test_an_oom_with_the_bytes_free_in_pieces_is_advised_stowage_s_allocator() -> None:
-    advice = rules(inspect_device(oom_snapshot(96 << 20), 0, 5))["out of memory with the bytes free in pieces"]
+    advice = rules(inspect_device(oom_snapshot(96 << 20), 0, 5))[FREE_IN_PIECES]
     assert "stowage's allocator" in advice["advice"] and advice["saving_bytes"] == 32 << 20
-    assert "out of memory with the bytes free in pieces" not in rules(inspect_device(oom_snapshot(0), 0, 5))
+    assert FREE_IN_PIECES not in rules(inspect_device(oom_snapshot(0), 0, 5))
+    stock = dict(oom_snapshot(96 << 20), allocator_settings=STOCK_SETTINGS)
+    assert FREE_IN_PIECES in rules(inspect_device(stock, 0, 5))
+
+
+def test_a_snapshot_stowage_s_cuda_allocator_recorded_is_not_advised_stowage_s_allocator() -> None:
+    under_stowage = dict(oom_snapshot(96 << 20), allocator_settings=STOWAGE_CUDA_SETTINGS)
+    report = inspect_device(under_stowage, 0, 5)
+    assert FREE_IN_PIECES not in rules(report) and report["ooms"][0]["under_stowage"]
+
+
+def test_a_snapshot_stowage_s_cpu_mode_wrote_is_not_advised_stowage_s_allocator() -> None:
+    """A real OOM under CPU mode with half the device cached free in 1 MiB pieces: the snapshot
+    stowage writes gets no advice to use stowage's allocator; the same trace unmarked does."""
+    import gc
+
+    gc.collect()
+    kept: list[Any] = []
+    stowage.record_history(True)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            while True:  # the device filled with small blocks
+                kept.append(torch.empty(1 << 20, dtype=torch.uint8))
+        del kept[::2]  # half of it free, in pieces no 64 MiB request fits
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(64 << 20, dtype=torch.uint8)
+        written = stowage.snapshot()
+    finally:
+        stowage.record_history(False)
+        kept.clear()
+        stowage.empty_cache()
+    assert written["allocator_settings"]["allocator"] == "stowage"
+    report = inspect_device(written, 0, 5)
+    assert report["ooms"] and FREE_IN_PIECES not in rules(report)
+    assert report["ooms"][0]["under_stowage"]
+    unmarked = {key: value for key, value in written.items() if key != "allocator_settings"}
+    assert FREE_IN_PIECES in rules(inspect_device(unmarked, 0, 5))

@@ -14,6 +14,7 @@ bench/results/2026-11-24-cpu-planner.md has the figures per run)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from pathlib import Path
@@ -202,7 +203,7 @@ def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budge
             assert all(torch.equal(a, b) for a, b in zip(grads, reference)), f"step {seed}"
             assert peak <= budget * 1.05, f"step {seed}: measured {peak}, budget {budget}"
             assert plan.mismatches == ["a save in '<Dropout>' the trace does not have"]
-    said = [w for w in caught if "stowage.plan" in str(w.message)]
+    said = [w for w in caught if "stowage.plan" in str(w.message) and w.category is not stowage.plan.RecomputeNotice]
     assert len(said) == 1 and "step 1 does not match the lifetime trace" in str(said[0].message), [str(w.message) for w in said]
     assert "offloaded" in str(said[0].message)
     assert said[0].filename == __file__, f"the warning points at {said[0].filename}, not at the loop"
@@ -226,6 +227,7 @@ def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> N
     _, reference = measured(model, accumulated)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a departure would warn
+        warnings.simplefilter("ignore", stowage.plan.RecomputeNotice)  # (said once a process, not per step)
         peak, grads = measured(model, accumulated, plan)
     assert all(torch.equal(a, b) for a, b in zip(grads, reference))
     assert peak <= budget * 1.05, f"measured {peak}, budget {budget}"
@@ -266,3 +268,37 @@ def test_a_step_that_fails_mid_forward_leaves_nothing_allocated() -> None:
 def _run_under(context: Any, step: Callable[[], None]) -> None:
     with context:
         step()
+
+
+def test_a_recomputing_plan_says_once_that_blocks_run_their_forwards_twice_and_updates_buffers_once(
+        monkeypatch: Any) -> None:
+    """Recomputation runs a block's Python twice (here a forward hook inside it), as torch's
+    checkpoint does: the first plan that recomputes says so, once; BatchNorm's running statistics
+    are still updated once a step."""
+    import stowage.plan.applying
+
+    monkeypatch.setattr(stowage.plan.applying, "_recompute_noticed", False)
+    model, step = cnn_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    decisions = ["recompute" if t.recomputable else "keep" for t in profile.tensors]
+    plan = stowage.plan.Plan(profile, decisions, profile.unconstrained_peak_bytes)
+    calls = []
+    model.blocks[0].conv1.register_forward_hook(lambda *_: calls.append(1))
+    start = copy.deepcopy(model.state_dict())
+
+    def statistics() -> list[torch.Tensor]:
+        return [b.clone() for name, b in model.named_buffers() if "running" in name or "batches" in name]
+
+    measured(model, step)
+    expected, plain_calls = statistics(), len(calls)
+    model.load_state_dict(start)
+    calls.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        measured(model, step, plan)
+        assert all(torch.equal(a, b) for a, b in zip(statistics(), expected))
+        measured(model, step, plan)
+    assert len(calls) == 2 * 2 * plain_calls  # two steps, each running the block's forward twice
+    notices = [w for w in caught if w.category is stowage.plan.RecomputeNotice]
+    assert len(notices) == 1 and "'blocks.0'" in str(notices[0].message)
+    assert "runs twice a step" in str(notices[0].message) and notices[0].filename == __file__

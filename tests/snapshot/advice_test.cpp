@@ -172,6 +172,14 @@ TEST(Advice, AnOutOfMemoryWithTheBytesFreeInPiecesIsAdvisedStowagesAllocator) {
   EXPECT_TRUE(advise(evidence, peak, {}, OomFacts{50, 60, 30, std::nullopt}).empty());   // not short at all
 }
 
+TEST(Advice, AnOutOfMemoryUnderStowagesAllocatorIsNotAdvisedStowagesAllocator) {
+  const Hand h({}, {}, {});
+  const AdviceTrace trace = h.trace();
+  AdviceEvidence evidence(trace);
+  const AdvicePeak peak;
+  EXPECT_TRUE(advise(evidence, peak, {}, OomFacts{100, 60, 50, 1000, /*under_stowage=*/true}).empty());
+}
+
 TEST(Advice, BadArgumentsAreRefusedNamingThem) {
   Hand h = four_categories();
   AdviceTrace trace = h.trace();

@@ -21,7 +21,7 @@ struct Outcome {
 
 inline ReadOptions test_options() {
   ReadOptions options;
-  options.memory_per_byte = kColumnsMemoryPerByte;
+  options.memory.per_byte = kColumnsMemoryPerByte;
   return options;
 }
 

@@ -77,6 +77,7 @@ HostBackend::HostBackend(HostBackendOptions options)
   properties_.total_bytes = options_.capacity_bytes;
   properties_.virtual_memory = true;
   properties_.granularity = options_.granularity;
+  properties_.simulated = true;
 }
 
 HostBackend::~HostBackend() {

@@ -178,6 +178,13 @@ void bind_memory_api(py::module_& module) {
   module.def("capacity",
              [](int device) { return allocator_for(device).backend().properties().total_bytes; },
              py::arg("device") = kCpu);
+  // The most the device's allocator may reserve: the smallest of the device's memory, the
+  // allocator's limit and memory fraction (torch's per-process fraction sets the latter), and
+  // which of them that is.
+  module.def("memory_cap", [](int device) {
+    const CachingAllocator& allocator = allocator_for(device);
+    return py::make_tuple(allocator.limit(), allocator.limit_bound());
+  }, py::arg("device") = kCpu);
   module.def(
       "record_history",
       [](bool enabled, const std::string& stacks_kind, std::size_t max_entries, int device) {

@@ -14,6 +14,7 @@
 #include "python/bindings/torch/module_parts.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 #include "python/bindings/torch/tensor_offloader.hpp"
+#include "python/bindings/torch/weak_storage.hpp"
 
 namespace py = pybind11;
 
@@ -50,6 +51,7 @@ py::dict counts_dict(const PackCounts& counts) {
   out["host_full_bytes"] = counts.host_full;
   out["num_saved"] = counts.num_saved;
   out["num_shared"] = counts.num_shared;
+  out["held_elsewhere_bytes"] = counts.held_elsewhere;
   return out;
 }
 
@@ -79,7 +81,9 @@ at::Tensor unpack_object(const py::object& packed) {
 void bind_offloader(py::module_& module) {
   py::class_<PackedTensor>(module, "PackedTensor")
       .def("__repr__", [](const PackedTensor& packed) {
-        return "<stowage offloaded tensor: buffer " + std::to_string(packed.ref->id()) + ">";
+        const std::shared_ptr<OffloadRef> ref = packed.saved->ref();
+        return ref != nullptr ? "<stowage offloaded tensor: buffer " + std::to_string(ref->id()) + ">"
+                              : std::string("<stowage offloaded tensor: kept on its device since its region ended>");
       });
   py::class_<SavedVersion>(module, "SavedVersion")
       .def(py::init<const at::Tensor&>(), py::arg("tensor"),
@@ -92,6 +96,13 @@ void bind_offloader(py::module_& module) {
           raise_as_torch(error, false);
         }
       }, "Raises torch's 'modified by an inplace operation' RuntimeError when it is not");
+  py::class_<WeakStorage>(module, "WeakStorage")
+      .def(py::init<const at::Tensor&>(), py::arg("tensor"),
+           "The tensor's storage, referred to without keeping it alive")
+      .def("alive", &WeakStorage::alive)
+      .def("is_storage_of", &WeakStorage::is_storage_of, py::arg("tensor"),
+           "Whether the tensor is over this storage (resized or not), not another one")
+      .def("bytes", &WeakStorage::bytes, "The whole storage as bytes (holding it), or None once it was freed");
   py::class_<KeptTensor>(module, "KeptTensor")
       .def_property_readonly("tensor", [](const KeptTensor& self) { return self.tensor; },
                              "The saved tensor, detached (no version check)")
@@ -114,6 +125,11 @@ void bind_offloader(py::module_& module) {
            [](TensorOffloader& self, const std::vector<at::Tensor>& tensors) {
              for (const at::Tensor& tensor : tensors) self.add_parameter(tensor);
            })
+      .def("region_ended", &TensorOffloader::region_ended,
+           "The region ended: the offloaded storages someone else still holds stay on the device, read in place "
+           "by backward (Note [Saved tensors written through an alias])")
+      .def("forward_ended", &TensorOffloader::forward_ended,
+           "The model's forward returned: check mode watches the offloaded storages someone else still holds")
       .def("counts", [](const TensorOffloader& self) {
         py::dict out = counts_dict(self.counts());
         out["live_offloaded_bytes"] = self.live_offloaded_bytes();

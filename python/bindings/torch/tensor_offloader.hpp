@@ -5,13 +5,16 @@
 // min_bytes, is a parameter's (Note [Parameters are not offloaded]), or is memory stowage does not
 // offload (a CPU tensor outside CPU mode); not when the host has no memory for it (it stays, so
 // nothing is lost). Otherwise the whole storage is offloaded, once: a view's base and a tensor
-// saved twice share one buffer while the storage is unchanged (the version counter says so), and
-// unpack() rebuilds each saved view over the storage that comes back.
+// saved twice share one SavedStorage while the storage is unchanged (the version counter says
+// so), and unpack() rebuilds each saved view over the storage: in place where it is still alive
+// or kept, else as it comes back (Note [Saved tensors written through an alias] in
+// saved_storage.hpp: forward_ended() keeps the storages someone else still holds).
 //
 // Every saved tensor, offloaded or kept, carries its SavedVersion: unpacking one changed in place
 // since it was saved raises torch's own error, as torch would without the hooks. In check mode
 // (check_mode.hpp) an offloaded tensor also carries a checksum of its storage's bytes taken on the
-// device as it leaves; the bytes that come back are compared before backward uses them.
+// device as it leaves; bytes that come back from host memory are compared before backward uses
+// them.
 //
 // Contract: one region on one thread packs; unpacks run on autograd's threads. A PackedTensor
 // holds its buffer; the last one to go drops it (a graph freed unused leaves nothing behind).
@@ -21,6 +24,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -29,25 +33,10 @@
 
 #include "offload/offload_engine.hpp"
 #include "python/bindings/torch/parameter_storages.hpp"
+#include "python/bindings/torch/saved_storage.hpp"
 #include "python/bindings/torch/saved_version.hpp"
 
 namespace stowage::torch_offload {
-
-// A buffer and the engine holding it; dropped when the last saved tensor on it goes.
-class OffloadRef {
- public:
-  OffloadRef(OffloadEngine& engine, Offloader::OffloadId id) : engine_(engine), id_(id) {}
-  ~OffloadRef() { engine_.offloader().drop(id_); }
-  OffloadRef(const OffloadRef&) = delete;
-  OffloadRef& operator=(const OffloadRef&) = delete;
-
-  OffloadEngine& engine() const noexcept { return engine_; }
-  Offloader::OffloadId id() const noexcept { return id_; }
-
- private:
-  OffloadEngine& engine_;
-  Offloader::OffloadId id_;
-};
 
 // A saved tensor that stays on the device: detached (see tensor_offloader.cpp, kept()), with the
 // version it was saved at.
@@ -69,11 +58,11 @@ struct OffloadCheck {
   std::int64_t step = 0;
 };
 
-// A saved tensor in the offload engine: its offloaded buffer and the view over its storage.
+// A saved tensor in the offload engine: its offloaded storage and the view over it.
 struct PackedTensor {
   SavedVersion version;
   std::shared_ptr<OffloadCheck> check;  // check mode only
-  std::shared_ptr<OffloadRef> ref;
+  std::shared_ptr<SavedStorage> saved;
   std::vector<std::int64_t> sizes;
   std::vector<std::int64_t> strides;
   std::int64_t storage_offset = 0;
@@ -89,6 +78,7 @@ struct PackCounts {
   std::int64_t small = 0;       // kept: under min_bytes
   std::int64_t elsewhere = 0;   // kept: memory stowage does not offload
   std::int64_t host_full = 0;   // kept: no host memory left
+  std::int64_t held_elsewhere = 0;  // of the offloaded, kept as the region ended: held by someone else
   std::int64_t num_saved = 0;   // pack calls
   std::int64_t num_shared = 0;  // of them, tensors whose storage was offloaded already
 };
@@ -103,6 +93,13 @@ class TensorOffloader {
   // The saved tensor back on its device, usable by the compute that follows; raises torch's
   // error (before any copy) when it was changed in place since it was saved.
   static at::Tensor unpack(const PackedTensor& packed);
+  // The region ended: keeps on the device the offloaded storages someone besides the offloader
+  // still holds, so that backward reads them in place (Note [Saved tensors written through an
+  // alias]).
+  void region_ended();
+  // The model's forward returned: in check mode, watches the offloaded storages someone besides
+  // the offloader holds, for unpack to tell a write through an alias from a corrupted copy.
+  void forward_ended();
   // Never offloads this storage (a parameter or a buffer).
   void add_parameter(const at::Tensor& tensor) { parameters_.add(tensor); }
   const PackCounts& counts() const noexcept { return counts_; }
@@ -112,18 +109,23 @@ class TensorOffloader {
  private:
   enum class Kept : std::uint8_t { kParameter, kSmall, kElsewhere, kHostFull };
   struct Offloaded {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    std::weak_ptr<OffloadRef> ref;
+    std::weak_ptr<SavedStorage> saved;
+    std::size_t bytes = 0;
     std::uint32_t version = 0;
   };
 
   // Counts the storage once, under `kept` or as offloaded (nullopt).
   void count(const c10::Storage& storage, std::optional<Kept> kept);
-  // The offloaded buffer already holding this storage at this version, if any.
-  std::shared_ptr<OffloadRef> shared_ref(const at::Tensor& tensor);
-  static PackedTensor view_of(const at::Tensor& tensor, std::shared_ptr<OffloadRef> ref);
+  // The SavedStorage already holding this storage at this version, if any.
+  std::shared_ptr<SavedStorage> shared_saved(const at::Tensor& tensor);
+  static PackedTensor view_of(const at::Tensor& tensor, std::shared_ptr<SavedStorage> saved);
+  static at::Tensor view_over(const c10::Storage& storage, const PackedTensor& packed);
+  // Calls fn for each offloaded storage still alive, after polling the offloaders.
+  void for_each_alive(const std::function<void(SavedStorage&)>& fn);
   // Check mode: raises when the storage that came back is not the one that left.
   static void verify(const PackedTensor& packed, const c10::Storage& storage);
+  // Check mode: raises when a watched storage let go of before backward was written since saved.
+  static void verify_unwritten(const PackedTensor& packed, const c10::Storage& storage);
 
   const std::size_t min_bytes_;
   ParameterStorages parameters_;

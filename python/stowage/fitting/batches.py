@@ -1,18 +1,25 @@
-"""What `fit` needs to know about a batch: the loss a step computes from it, and the same batch
-cut to smaller sizes (fewer rows, shorter sequences) to profile a step that does not fit whole.
+"""What `fit` needs to know about a batch: the loss a step computes from it, the one description of
+its shape fit works from (`BatchLayout`: its rows, its sequence length, which of its tensors are
+cut with the rows), and the same batch cut to smaller sizes (fewer rows, shorter sequences) to
+profile a step that does not fit whole.
 
 A batch is a tensor, or a tuple / list / dict of them (other leaves pass through unchanged). Its
-batch size is the first dimension of its first tensor; its sequence length, when it has one, the
-second dimension of its first integer tensor of two or more dimensions (token ids). A floating
-point input's second dimension is features or channels, which a model cannot take fewer of, so a
-batch of images or feature rows has no sequence length. Cutting a batch cuts every tensor whose
-first dimension is the batch size, and the second dimension of those whose second is the
-sequence length: input ids, attention masks and labels alike.
+rows are the first dimension of its tensors, which must agree: every tensor of one or more
+dimensions has the batch's rows first, or 1 there when it is shared by every row (it broadcasts
+over them, as ``position_ids`` of shape [1, S] or a mask of [1, 1, S, S] do; such a tensor is
+never cut). A batch whose tensors all have 1 there is a batch of one row; tensors that disagree
+otherwise are refused, naming them. Its sequence length, when it has one, is the second dimension
+of its first integer tensor of two or more dimensions (token ids). A floating point input's
+second dimension is features or channels, which a model cannot take fewer of, so a batch of
+images or feature rows has no sequence length. Cutting a batch cuts every tensor that has the
+rows first, and the second dimension of those whose second is the sequence length: input ids,
+attention masks and labels alike.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
@@ -75,21 +82,63 @@ def _describe_output(output: Any) -> str:
     return f"a {type(output).__name__}"
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    leaves = torch.utils._pytree.tree_leaves(batch)
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+def tensor_leaves(batch: Any) -> list[tuple[str, torch.Tensor]]:
+    """The batch's tensors with their paths as a user writes them (``batch['labels']``,
+    ``batch[1]``, ``batch`` for a tensor batch)."""
+    leaves, _ = torch.utils._pytree.tree_flatten_with_path(batch)
+    return [("batch" + torch.utils._pytree.keystr(path), leaf) for path, leaf in leaves
+            if isinstance(leaf, torch.Tensor)]
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """A batch's shape as fit reads it: its rows, its sequence length (None without one), and the
+    paths of the tensors that have the rows first (the ones cut with the rows; the others are
+    shared by every row: 0-d, or 1 first where the batch has more rows)."""
+
+    rows: int
+    seq: int | None
+    per_row: tuple[str, ...]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"batch": self.rows, **({"seq": self.seq} if self.seq is not None else {})}
+
+
+def describe(batch: Any) -> BatchLayout:
+    """The batch's layout; ValueError naming the tensors when their first dimensions disagree."""
+    leaves = [(path, t) for path, t in tensor_leaves(batch) if t.dim() > 0]
+    if not leaves:
+        raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
+    firsts = {int(t.shape[0]) for _, t in leaves} - {1}
+    if len(firsts) > 1:
+        said = ", ".join(f"{path} has {t.shape[0]}" for path, t in leaves[:6])
+        raise ValueError(
+            f"stowage.fit: the batch's tensors disagree on its rows (their first dimension): {said}. Every tensor "
+            "has the batch's rows first, or 1 when every row shares it (position_ids of [1, S]); pass what is "
+            "not per row (a class-weight table, a lookup) through loss_fn instead of the batch")
+    rows = firsts.pop() if firsts else 1
+    sequences = [t for _, t in leaves if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex())]
+    seq = int(sequences[0].shape[1]) if sequences else None
+    return BatchLayout(rows, seq, tuple(path for path, t in leaves if t.shape[0] == rows))
 
 
 def batch_sizes(batch: Any) -> dict[str, int]:
     """{"batch": rows} and, when the batch has a sequence dimension, {"seq": length}."""
-    tensors = _tensors(batch)
-    if not tensors or tensors[0].dim() == 0:
-        raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
-    sizes = {"batch": int(tensors[0].shape[0])}
-    sequences = [t for t in tensors if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex())]
-    if sequences:
-        sizes["seq"] = int(sequences[0].shape[1])
-    return sizes
+    return describe(batch).sizes
+
+
+def take_rows(batch: Any, start: int, stop: int) -> Any:
+    """Rows start..stop of every tensor that has the batch's rows first (contiguous); the tensors
+    every row shares pass unchanged."""
+    rows = describe(batch).rows
+
+    def take(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == rows:
+            return leaf[start:stop].contiguous()
+        return leaf
+
+    return torch.utils._pytree.tree_map(take, batch)
 
 
 def cut(batch: Any, sizes: Mapping[str, int]) -> Any:

@@ -131,17 +131,22 @@ EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
 
 
 def weigh(trace_at: TraceAt, memory: DeviceMemory, host: HostMemory, rates: UpdateRates, *, rows: int,
-          micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool, reserve: int = 0) -> list[Option]:
+          micro_rows: int | None, smallest: int, can_offload: bool, foreach: bool, reserve: int = 0,
+          micro_count: int | None = None) -> list[Option]:
     """Every share weighed (all of them on the device only, when states cannot move), each at the
     micro-batch size given (``micro_rows``) or, where fit may choose (None), at the largest that
     fits and up to EXTRA_CUTS halvings of it (Note [Choosing a share] in
     planner/share_search.hpp, which searches; each option is solved here). `pick`, or `agree`
     across ranks, takes one. A share whose offloaded states the host cannot hold is not
     feasible, whatever the device. ``reserve``: device bytes kept from every plan (what a tried
-    step added beyond its plan, stowage.fitting.trial)."""
+    step added beyond its plan, stowage.fitting.trial). ``micro_count``: the micro-batches a
+    size asked for runs as (a count that does not divide the rows: more than their rows' share)."""
     solved: dict[Choice, Option] = {}
+    asked = micro_rows
 
     def evaluate(fraction: float, micro_rows: int, micro_batches: int) -> tuple[bool, bool, float]:
+        if micro_count is not None and micro_rows == asked:
+            micro_batches = micro_count
         option = _option(trace_at(micro_rows), memory, host, rates, fraction, foreach, micro_rows, micro_batches,
                          reserve)
         solved[option.key] = option

@@ -4,6 +4,7 @@ under what is left, and hand back the step as fitted (stowage.fitting.fitted).""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -16,16 +17,17 @@ from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
 from stowage.fitting.choosing import Choice, Option, TraceAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
-from stowage.fitting.micro_batches import (MIN_ROWS, LossUnits, asked_micro_rows, batch_dependent, given_units,
-                                           mean_over, weighted)
+from stowage.fitting.cut_check import CutCheck
+from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, LossUnits, given_units
+from stowage.fitting.micro_batches import MIN_ROWS, MicroCut, asked_cut, cut_at, groups
 from stowage.fitting.trial import run_once, without_recompute
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
-from stowage.serving import device_index, serves, torch_module
+from stowage.serving import device_index, memory_cap, serves, torch_module
 from stowage.offload.sharded import local
-from stowage.plan import LifetimeTrace
 from stowage.plan.file_formats import current_cost
+from stowage.plan.sizes import StepsDiffer, grid_points
 
 
 @contextlib.contextmanager
@@ -112,22 +114,24 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
             trace = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
             return (lambda rows: trace), f"step recorded at {_describe(full)}"
         try:
-            sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes={"batch": MICRO_GRID},
+            sized = stowage.plan.profile(_on_cuts(step, batch, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
-        except ValueError as error:  # the step's ops differ between 2 and 3 rows
+        except ValueError as error:  # the step's ops differ between 2 and 3 rows, or it refuses so few
             model.zero_grad(set_to_none=True)
-            raise CannotCut(f"its ops differ with the rows ({str(error).splitlines()[0]})") from None
+            why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
+            raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
         return (lambda rows: sized.at({"batch": rows})), (
             f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{_rest(full)}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
-    sized, shown, failure = _record_smaller(step, batch, full, kind, cost, model)
+    sized, shown, failures = _record_smaller(step, batch, full, kind, cost, model)
     if sized is None:
         model.zero_grad(set_to_none=True)
-        if not failure.startswith("OutOfMemoryError"):
-            raise _cut_fails(full, shown, failure)
+        if not all(isinstance(error, torch.OutOfMemoryError) for _, error in failures):
+            raise _cut_fails(full, failures)
         grid = profiling_grids(full)[-1]
-        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()}, failure)
+        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()},
+                         _first_line(failures[-1][1]))
     grid = sized.sizes
     if cuts:
         return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
@@ -136,29 +140,45 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     return (lambda rows: trace), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
 
 
+def _on_cuts(step: Callable[[Any], None], batch: Any, grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
+    """`step` on the example cut to each point of `grid`, the cuts made before anything is
+    recorded: cutting is no part of the step (recorded, its copies would count in the step's
+    memory and its ops among the step's, and those can change with the point: indexing a
+    dimension to its full length is an alias, or nothing, where a shorter one is a slice)."""
+    pieces = {tuple(point.items()): cut(batch, point) for point in grid_points(grid)}
+    return lambda **sizes: step(pieces[tuple(sizes.items())])
+
+
+Failures = list[tuple[str, Exception]]  # each grid tried (as shown) and why it could not be recorded there
+
+
 def _record_smaller(step: Callable[[Any], None], batch: Any, full: dict[str, int], kind: str,
-                    cost: dict[str, float] | None, model: Any) -> tuple[Any, str, str]:
+                    cost: dict[str, float] | None, model: Any) -> tuple[Any, str, Failures]:
     """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
-    (the sized trace, the grid shown, "") or (None, the last grid tried, why it failed:
-    "OutOfMemoryError: ..." where the smallest grid does not fit)."""
+    (the sized trace, the grid shown, the grids tried before) or (None, "", every grid tried and
+    its failure). A failed recording leaves the device as it found it (stowage.plan.profile), so
+    each grid has the room the first had."""
     import stowage.plan
 
-    failure, shown = "", ""
+    failures: Failures = []
     for grid in profiling_grids(full):
         shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
         try:
-            sized = stowage.plan.profile(lambda **sizes: step(cut(batch, sizes)), sizes=grid, device=kind,
-                                         cost=cost, model=model)
-            return sized, shown, ""
+            sized = stowage.plan.profile(_on_cuts(step, batch, grid), sizes=grid, device=kind, cost=cost,
+                                         model=model)
+            return sized, shown, failures
         except LossFnNeeded:
             model.zero_grad(set_to_none=True)
             raise
-        except torch.OutOfMemoryError as error:  # (the error's frames hold the failed step's tensors)
-            failure = f"OutOfMemoryError: {str(error).splitlines()[0]}"
-        except (RuntimeError, ValueError, TypeError, IndexError) as error:
-            failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        except (torch.OutOfMemoryError, RuntimeError, ValueError, TypeError, IndexError) as error:
+            failures.append((shown, error))
         model.zero_grad(set_to_none=True)
-    return None, shown, failure
+    return None, "", failures
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"
 
 
 def _rest(full: dict[str, int]) -> str:
@@ -170,19 +190,28 @@ def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[s
                failure: str) -> torch.OutOfMemoryError:
     trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return torch.OutOfMemoryError(
-        f"stowage.fit: the step does not fit even cut to {_describe(smallest)}, the smallest size it is recorded "
-        f"at. In use before it: {format_bytes(stowage_memory.memory_allocated(device))} of "
-        f"{format_bytes(capacity)}; its gradients add {format_bytes(trainable)}. The model is too "
-        "large for this device whatever the plan: shard it over more devices (FSDP2) or train it in lower "
-        f"precision.\n({failure})")
+        f"stowage.fit: the step does not fit as it is even cut to {_describe(smallest)}, the smallest size fit "
+        f"records it at (a recording runs the step unplanned, with nothing offloaded). In use before it: "
+        f"{format_bytes(stowage_memory.memory_allocated(device))} of {format_bytes(capacity)}; its gradients add "
+        f"{format_bytes(trainable)}. The device cannot hold the model with the smallest step's activations: shard "
+        "it over more devices (FSDP2), train it in lower precision, or on smaller inputs (shorter sequences, "
+        f"smaller images).\n({failure})")
 
 
-def _cut_fails(full: dict[str, int], shown: str, failure: str) -> ValueError:
+def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
+    tried = "\n".join(f"  at {shown}: {_first_line(error)}" for shown, error in failures)
+    if any(isinstance(error, StepsDiffer) for _, error in failures):
+        advice = ("A step recorded at several sizes must run the same ops at each: a loss computed in a fixed "
+                  "number of chunks (not chunks of a fixed size), no branch on the sizes. Else: "
+                  "micro_batches='auto' (fit then records 2 and 3 rows at the example's own sequence length), an "
+                  "example batch whose step fits whole, or a device or budget the example's step fits in")
+    else:
+        advice = ("fit cuts rows (the first dimension of every tensor with the example's rows) and sequences (the "
+                  "second dimension of integer tensors with the example's length): give a step that takes fewer "
+                  "of them, or a budget the example's step fits in whole")
     return ValueError(
-        f"stowage.fit: the step does not fit whole at {_describe(full)}, so fit records it on the example cut "
-        f"to {shown}, and the step fails on the cut batch ({failure}). fit cuts rows (the first dimension of "
-        "every tensor with the example's rows) and sequences (the second dimension of integer tensors with the "
-        "example's length): give a step that takes fewer of them, or a budget the example's step fits in whole")
+        f"stowage.fit: the step does not fit whole at {_describe(full)}, so fit records it on the example cut to "
+        f"smaller sizes, and it could not be recorded at any of them:\n{tried}\n{advice}")
 
 
 def _describe(sizes: dict[str, int]) -> str:
@@ -253,13 +282,14 @@ class Weighing:
     host: HostMemory
     rates: Any
     rows: int
-    micro: int | None
+    cut: MicroCut | None  # None: fit chooses
     can_offload: bool
     foreach: bool
 
     def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
         return weigh(lambda rows: without_recompute(self.trace_at(rows), no_recompute), self.memory, self.host,
-                     self.rates, rows=self.rows, micro_rows=self.micro, smallest=MIN_ROWS,
+                     self.rates, rows=self.rows, micro_rows=self.cut.most if self.cut else None,
+                     micro_count=self.cut.count if self.cut else None, smallest=MIN_ROWS,
                      can_offload=self.can_offload, foreach=self.foreach, reserve=reserve)
 
 
@@ -283,7 +313,7 @@ def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, batch: Any, units: 
         chosen = next((o for o in options if o.key == choice), None)
         if chosen is None or chosen.plan is None or chosen.keeps_everything or distributed or attempt == TRIALS - 1:
             return options, chosen, "; ".join(found)
-        piece = weighted(batch, chosen.micro_rows, units)[0][0] if units is not None else batch
+        piece = _largest_piece(batch, chosen) if units is not None else batch
         chosen.plan.model = model
         with _trial(device), untouched(model, device):
             outcome = run_once(model, loss_fn, piece, chosen.plan, device)
@@ -299,32 +329,69 @@ def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, batch: Any, units: 
     raise AssertionError("unreachable")
 
 
-def _units(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, micro_batches: int | str,
-           loss_units: str | Callable[[Any], int] | None, split_batchnorm: bool) -> tuple[LossUnits | None, str]:
-    """What the loss is a mean over, so micro-batches can be weighted to the global batch's loss;
-    (None, why) where the batch is not to be cut: layers that see the rows together, or a loss
-    that is a mean over no units fit knows (micro_batches="auto" then keeps the batch whole; a
-    count asked for is refused)."""
-    dependent = [] if split_batchnorm else batch_dependent(model)
-    if dependent:
-        reason = (f"{', '.join(dependent[:3])}{' ...' if len(dependent) > 3 else ''} compute statistics over the rows "
-                  "they see together (BatchNorm); split_batchnorm=True cuts the batch anyway")
-    elif loss_units is not None:
-        return given_units(loss_units), ""
-    else:
-        with _trial(device), untouched(model, device):
-            units, reason = mean_over(model, loss_fn, batch)
-        if units is not None:
-            return units, ""
-        reason += "; pass loss_units= to say what it is a mean over"
-    if micro_batches != "auto":
+def _largest_piece(batch: Any, chosen: Option) -> Any:
+    """The largest of the chosen cut's micro-batches of `batch` (the last: near-equal cuts grow)."""
+    rows = batch_sizes(batch)["batch"]
+    return cut_at(batch, MicroCut(rows, chosen.micro_batches, chosen.micro_rows).bounds(rows))[-1]
+
+
+@dataclass
+class Units:
+    """What fit knows of the loss's units: what a cut is weighted by (None: batches run whole),
+    why not, and what the check verified."""
+
+    units: LossUnits | None
+    why_not: str = ""
+    checked: str = ""
+
+
+def _units(check: CutCheck, asked: MicroCut | None, micro_batches: int | str,
+           loss_units: str | Callable[[Any], float] | None, device: torch.device) -> Units:
+    """What the loss is a mean over, verified on the example batch (stowage.fitting.cut_check) at
+    the finest cut fit may take and the count asked for; or as the caller says, the step checked
+    only for ops that mix rows. Where the batch is not to be cut, micro_batches="auto" keeps it
+    whole and a count asked for is refused."""
+    with _trial(device):
+        if loss_units is not None:
+            why_not = check.mixing()
+            found = Units(None, why_not) if why_not else Units(given_units(loss_units), "", LOSS_UNITS_GIVEN)
+        else:
+            verdict = check.verify([groups(check.rows), *([asked] if asked is not None else [])])
+            found = Units(verdict.units, verdict.why_not, verdict.checked)
+    if found.units is None and micro_batches != "auto":
         raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be kept to the global batch's step: "
-                         f"{reason}")
-    return None, reason
+                         f"{found.why_not}")
+    return found
+
+
+def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, model: Any, loss_fn: LossFn,
+                    batch: Any, device: torch.device) -> tuple[Weighing, Units, tuple[list[Option], Option | None, str]]:
+    """fit's choice, its cut verified on the example batch where fit chose it ("auto", the units
+    not given): a cut the check does not verify (on any rank, under torch.distributed, where the
+    ranks took one choice) is weighed again whole, saying why."""
+    choice = _choose(weighing, model, loss_fn, batch, found.units, device)
+    chosen = choice[1]
+    verify = check is not None and weighing.cut is None and found.checked != LOSS_UNITS_GIVEN
+    if not verify or chosen is None or chosen.micro_batches == 1:
+        return weighing, found, choice
+    assert check is not None
+    with _trial(device):
+        verdict = check.verify([MicroCut(weighing.rows, chosen.micro_batches, chosen.micro_rows)])
+    why_not = verdict.why_not
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # the ranks cut alike, or none does
+        every: list[str] = [""] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every, "" if verdict.units is not None else why_not)
+        why_not = next((said for said in every if said), "")
+        if why_not and verdict.units is not None:
+            why_not = f"another rank's example batch does not verify the cut ({why_not})"
+    if not why_not:
+        return weighing, Units(verdict.units, "", verdict.checked), choice
+    whole = dataclasses.replace(weighing, cut=MicroCut.of(weighing.rows, 1))
+    return whole, Units(None, why_not), _choose(whole, model, loss_fn, batch, None, device)
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
-            tried: str = "") -> torch.OutOfMemoryError:
+            tried: str = "", whole: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
              + f" (room for the step {format_bytes(max(o.activation_budget, 0))}): "
@@ -333,6 +400,8 @@ def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal
         lines.append(f"  (the states cannot move to host memory: {refusal})")
     if tried:
         lines.append(f"  (tried before training: {tried})")
+    if whole:
+        lines.append(f"  (the batch runs whole: {whole})")
     return torch.OutOfMemoryError(
         f"stowage.fit: the step does not fit in {format_bytes(memory.usable)} usable "
         f"({format_bytes(memory.in_use)} in use before it, states "
@@ -348,7 +417,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
         verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True,
         host_budget: int | str | None = None, micro_batches: int | str = 1,
-        loss_units: str | Callable[[Any], int] | None = None, split_batchnorm: bool = False) -> Fitted:
+        loss_units: str | Callable[[Any], float] | None = None, split_batchnorm: bool = False) -> Fitted:
     """Fits ``model``'s training step to its device; see stowage.fitting. ``example_batch``: the
     largest batch the loop trains on (with ``micro_batches``, its global batch). ``budget``: the
     device memory training may use (default: all of it). ``host_budget``: the host memory the
@@ -357,34 +426,37 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     ``offload_optimizer=False`` keeps the factory's optimizer with all its states on the device
     (the plan alone makes room). ``micro_batches``: 1 runs the batch whole; "auto" lets fit cut it
     into the micro-batches that make the fastest step that fits, a count cuts it into that many;
-    ``fitted.step(batch)`` then runs them (stowage.fitting.micro_batches: the loss weighted to the
-    global batch's, by ``loss_units`` when given, else as read from the loss; BatchNorm refuses
-    a cut unless ``split_batchnorm=True``)."""
+    ``fitted.step(batch)`` then runs them (Note [Micro-batches] in stowage.fitting.micro_batches:
+    each loss weighted by its share of the units the example batch verifies, or of
+    ``loss_units`` when given, unchecked; batch norm in training mode refuses a cut unless
+    ``split_batchnorm=True``)."""
     loss_fn = loss_fn or default_loss
     cost = current_cost(cost, "stowage.fit") if cost is not None else None
     parameters = list(model.parameters())
     device = _device_of(parameters)
     check_allocator(device)
     check_parameters_counted(parameters, device)
-    capacity = int(torch_module().capacity(device_index(device)))
-    if budget is not None:
-        capacity = min(capacity, byte_count(budget, "stowage.fit: budget"))
+    capacity, bound = memory_cap(device)
+    if budget is not None and byte_count(budget, "stowage.fit: budget") < capacity:
+        capacity, bound = byte_count(budget, "stowage.fit: budget"), "the budget"
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
     rows = batch_sizes(example_batch)["batch"]
-    micro: int | None = asked_micro_rows(rows, micro_batches)  # None: fit chooses
-    units, not_cut = (None, "") if micro == rows else _units(
-        model, loss_fn, example_batch, device, micro_batches, loss_units, split_batchnorm)
-    if units is None:
-        micro = rows
+    asked = asked_cut(rows, micro_batches)  # None: fit chooses
+    whole = asked is not None and asked.count == 1
+    check = None if whole else CutCheck(model, loss_fn, example_batch, device, split_batchnorm)
+    found = Units(None) if check is None else _units(check, asked, micro_batches, loss_units, device)
+    if found.units is None:
+        asked = MicroCut.of(rows, 1)
     try:
         with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
-            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, units is not None)
+            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost,
+                                          found.units is not None)
     except CannotCut as error:
         if micro_batches != "auto":
             raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
-        units, not_cut, micro = None, str(error), rows
+        found, asked = Units(None, str(error)), MicroCut.of(rows, 1)
         with _trial(device), untouched(model, device):
             trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
@@ -394,16 +466,21 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    weighing = Weighing(trace_at, memory, host, rates, rows, micro, not refusal, uses_foreach(optimizer))
-    options, chosen, tried = _choose(weighing, model, loss_fn, example_batch, units, device)
+    weighing = Weighing(trace_at, memory, host, rates, rows, asked, not refusal, uses_foreach(optimizer))
+    weighing, found, (options, chosen, tried) = _checked_choice(
+        weighing, found, check, model, loss_fn, example_batch, device)
     if chosen is None:
-        raise _no_fit(options, memory, trace_at(micro or rows).unconstrained_peak_bytes, refusal, tried)
+        whole = found.why_not or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
+                                  if micro_batches == 1 and rows > MIN_ROWS else "")
+        raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
+                      whole)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
-             "capacity": capacity, "recorded": recorded, "sizes": batch_sizes(example_batch), "memory": memory,
-             "optimizer": name, "load": load, "units": units, "not_cut": not_cut,
+             "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "sizes": batch_sizes(example_batch),
+             "memory": memory, "optimizer": name, "load": load, "units": found.units, "not_cut": found.why_not,
+             "checked": found.checked,
              "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)

@@ -35,7 +35,8 @@ import torch
 
 from stowage.fitting.batches import LossFn, batch_sizes
 from stowage.fitting.choosing import Option
-from stowage.fitting.micro_batches import LossUnits, weighted
+from stowage.fitting.loss_units import LossUnits
+from stowage.fitting.micro_batches import MicroCut, weighted
 from stowage.fitting.table import decision_table
 from stowage.plan import Plan
 
@@ -54,6 +55,7 @@ class Fitted:
         self._in_step = False  # step() says what came; __exit__ leaves that to it
         self.units: LossUnits | None = facts.get("units")  # None: batches run whole
         self.micro_rows = chosen.micro_rows or facts["sizes"]["batch"]
+        self.cut = MicroCut(facts["sizes"]["batch"], chosen.micro_batches, self.micro_rows)
         self._rows_guard: Any = None
 
     @property
@@ -63,10 +65,14 @@ class Fitted:
 
     def micro_batches(self, batch: Any) -> list[tuple[Any, float]]:
         """`batch` as the micro-batches fit chose, each with the weight its loss takes (its share
-        of the batch's loss units): [(batch, 1.0)] where fit runs batches whole."""
+        of the batch's loss units): [(batch, 1.0)] where fit runs batches whole. A batch of the
+        example's rows runs as the micro-batches chosen, a larger one as more (none over the rows
+        planned), a smaller one as up to as many (stowage.fitting.micro_batches.MicroCut).
+        ValueError, before anything runs, where counts the example could not tell apart weigh
+        this batch's micro-batches differently (Note [Micro-batches])."""
         if self.units is None:
             return [(batch, 1.0)]
-        return weighted(batch, self.micro_rows, self.units)
+        return weighted(batch, self.cut, self.units)
 
     def backward(self, batch: Any) -> torch.Tensor:
         """Forward and backward of ``batch`` under the plan, as the micro-batches fit chose (all

@@ -7,6 +7,7 @@ from typing import Any
 
 from stowage._core import format_bytes
 from stowage.fitting.choosing import Option
+from stowage.fitting.loss_units import LOSS_UNITS_GIVEN
 
 
 def _share(option: Option) -> str:
@@ -32,12 +33,17 @@ def _micro(option: Option, facts: dict[str, Any]) -> str:
     return f"{option.micro_batches} x {option.micro_rows}"
 
 
+def _verified(facts: dict[str, Any]) -> str:
+    checked = facts.get("checked", "")
+    return "as loss_units says" if checked == LOSS_UNITS_GIVEN else f"verified: {checked}"
+
+
 def _batch_row(chosen: Option, facts: dict[str, Any]) -> str:
     rows = facts["sizes"]["batch"]
     units = facts.get("units")
     if chosen.micro_batches > 1:
         said = (f"{chosen.micro_batches} micro-batches of up to {chosen.micro_rows} rows, gradients accumulated, "
-                f"each loss weighted by its share of the batch's {units.name}")
+                f"each loss weighted by its share of the batch's {units.name} ({_verified(facts)})")
     else:
         said = f"run whole ({rows} rows)"
         if units is not None:
@@ -60,7 +66,7 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
     memory = facts["memory"]
     on_device = memory.states_on_device(chosen.fraction)
     rows = [
-        f"stowage.fit on {facts['device']}: {format_bytes(facts['capacity'])}, "
+        f"stowage.fit on {facts['device']}: {format_bytes(facts['capacity'])} ({facts['capacity_bound']}), "
         f"{format_bytes(memory.usable)} usable; {facts['recorded']}",
         f"  {'in use before the step':<24}{format_bytes(memory.in_use):>12}  "
         f"parameters ({memory.parameter_count:,}), buffers, the batch",

@@ -23,6 +23,7 @@ import torch
 
 from stowage.fitting.batches import LossFn
 from stowage.plan import LifetimeTrace, Plan
+from stowage.plan.applying import recompute_unannounced
 
 RECOMPUTE_FAILURE = re.compile(r"stowage\.plan: block '([^']*)' ran .* when recomputed")
 
@@ -53,7 +54,7 @@ def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.
     memory.reset_peak_stats(device)
     floor = 0
     try:
-        with plan:
+        with recompute_unannounced(), plan:  # (training's plan says it recomputes, if it does)
             loss_fn(model, piece).backward()
     except torch.OutOfMemoryError:
         floor = OUT_OF_MEMORY_OVERSHOOT

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from stowage.memory import memory_allocated
-from stowage.serving import device_index, torch_module
+from stowage.serving import memory_cap, torch_module
 from stowage.offload.update_worker import cpus_near
 from stowage.plan.calibration import best_seconds
 
@@ -77,7 +77,7 @@ def _device_ms(device: torch.device, dtype: torch.dtype, numel: int) -> float:
 
 def _device_probe_numel(device: torch.device, dtype: torch.dtype) -> int:
     """The larger probe: as large as DEVICE_PROBE_NUMEL allows within a share of free memory."""
-    free = int(torch_module().capacity(device_index(device))) - int(memory_allocated(device))
+    free = memory_cap(device)[0] - int(memory_allocated(device))
     per_parameter = 2 * dtype.itemsize + 2 * 4  # parameter and gradient, fp32 moments
     smallest, largest = DEVICE_PROBE_NUMEL
     return max(smallest * 4, min(largest, free // DEVICE_PROBE_SHARE // per_parameter))

@@ -49,7 +49,11 @@ class OffloadReport:
     ``forward_bytes`` is what the forward left allocated on the device, counting offloaded storages
     as if they were still there; ``unseen_bytes`` the part of it no saved tensor held (tensors
     an autograd Function keeps as ``ctx`` attributes, outputs, caches): the hooks cannot offload it.
-    Both are read from the allocator's figures at the region's start and end, so they are the
+    ``held_elsewhere_bytes``: offloaded storages something else still held as the region ended (a
+    forward hook's reference, the model's outputs): stowage keeps them on the device from then on
+    and backward reads them in place, as torch does, so that a write through ``.data`` after
+    forward is seen; their host copies are let go. The two forward figures are read from the
+    allocator's figures at the region's start and end, so they are the
     region's own when the step before it has ended (``stowage.mark_step()``).
     """
 
@@ -63,6 +67,7 @@ class OffloadReport:
     num_shared: int = 0
     forward_bytes: int = 0
     unseen_bytes: int = 0
+    held_elsewhere_bytes: int = 0
 
     @property
     def paged_bytes(self) -> int:
@@ -83,6 +88,9 @@ class OffloadReport:
             f"  forward left    {f(self.forward_bytes)} allocated, of which {f(self.unseen_bytes)} "
             "held outside saved tensors",
         ]
+        if self.held_elsewhere_bytes:
+            lines.insert(2, f"    of which {f(self.held_elsewhere_bytes)} still referenced as the region ended (kept, "
+                            "read in place)")
         return "\n".join(lines)
 
 
@@ -180,6 +188,8 @@ class activations:
             self._depth = max(0, self._depth - 1)
             if self._running:
                 self._running.pop()
+            if self._depth == 0:
+                self._offloading.forward_ended()
 
     def _exclusion_entered(self, module: Any, args: Any) -> None:
         self._excluded += 1
@@ -198,6 +208,7 @@ class activations:
         report.host_full_bytes = counts["host_full_bytes"]
         report.num_saved = counts["num_saved"]
         report.num_shared = counts["num_shared"]
+        report.held_elsewhere_bytes = counts["held_elsewhere_bytes"]
         freed_by_offloading = counts["offloaded_bytes"] - counts["live_offloaded_bytes"]
         report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_offloading)
         activations_saved = report.saved_bytes - report.parameter_bytes - report.elsewhere_bytes

@@ -7,7 +7,12 @@ saved-tensor hooks: each tensor autograd saves goes to the region's ``place(tens
 returns ``offloader.pack(tensor, module_path)`` (offloaded to host memory) or ``keep(tensor)`` (kept on
 the device, detached, its version checked at unpack as torch checks its own); unpacking is the
 offloader's. What a region decides, and how it follows modules, is its own: activations offloads by
-size outside excluded modules, a plan by its decisions.
+size outside excluded modules, a plan by its decisions. Backward reads an offloaded storage still
+alive in place, and as the region ends the offloaded storages someone else still holds stay on the
+device for it: a write through ``.data`` or another alias after forward is seen as torch's own
+saved tensor sees it (Note [Saved tensors written through an alias] in
+python/bindings/torch/saved_storage.hpp). Each calls ``forward_ended()`` as its outermost module's
+forward returns (check mode then watches what someone else holds).
 
 Contract: entered and exited once, on the thread that runs the step; the buffers outlive the
 region (the tensors that hold them keep them), its tables do not.
@@ -50,8 +55,17 @@ class SavedTensorOffload:
         self._hooks = hooks
         return self
 
+    def forward_ended(self) -> None:
+        """The model's forward returned (not a recomputation inside backward): check mode watches
+        the offloaded storages someone else still holds."""
+        import torch
+
+        if torch._C._current_graph_task_id() == -1:
+            self.offloader.forward_ended()
+
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         if self._hooks is not None:
+            self.offloader.region_ended()
             self._hooks.__exit__(kind, error, traceback)
             self._hooks = None

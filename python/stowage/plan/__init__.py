@@ -20,7 +20,9 @@ Recomputation runs through torch's non-reentrant checkpoint on the model's block
 its ``nn.ModuleList`` / ``nn.Sequential``) with stowage's own selective contexts (Note [Selective
 recompute] in recompute_modes.py): per op, keep or recompute; state a block's forward writes
 (BatchNorm's statistics) is written once, and a block can be recomputed in each of several
-backwards (``retain_graph=True``). Offload runs
+backwards (``retain_graph=True``). The Python a recomputed block's forward runs (forward hooks of
+its modules, counters, prints) runs twice a step, as under torch's checkpoint; the first ``with
+plan:`` that recomputes says so once (a RecomputeNotice, a UserWarning). Offload runs
 through the offload engine's offloader (``stowage.offload``). A checkpoint keeps what it saves out
 of reach of the offloader, so the planner offers only what the runtime can apply: in a block it
 recomputes, a tensor is kept or recomputed, and the block's inputs are kept or offloaded; in a
@@ -34,13 +36,13 @@ profiling.
 
 from typing import Any
 
-from stowage.plan.applying import Plan, load, solve
+from stowage.plan.applying import Plan, RecomputeNotice, load, solve
 from stowage.plan.lifetimes import LifetimeTrace
 from stowage.plan.recording import profile
 from stowage.plan.sizes import SizedTrace, load_trace
 from stowage.warning_site import old_name
 
-__all__ = ["LifetimeTrace", "Plan", "SizedTrace", "load", "load_trace", "profile", "solve"]
+__all__ = ["LifetimeTrace", "Plan", "RecomputeNotice", "SizedTrace", "load", "load_trace", "profile", "solve"]
 _RENAMED = {"LifetimeProfile": "LifetimeTrace", "SizedProfile": "SizedTrace", "load_profile": "load_trace"}
 
 

@@ -6,12 +6,13 @@ running the step; ``with plan:`` may be entered once at a time, for one step eac
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from stowage import _core
 from stowage.byte_counts import byte_count
@@ -73,6 +74,43 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
                       f"{_core.format_bytes(found.simulation.peak_bytes)}", stacklevel=2)
     return plan
+
+
+class RecomputeNotice(UserWarning):
+    """A plan that recomputes is applied: the recomputed blocks' forwards run twice a step."""
+
+
+_recompute_noticed = False  # the notice is given once a process
+_unannounced = 0  # recompute_unannounced() contexts open
+
+
+@contextlib.contextmanager
+def recompute_unannounced() -> Iterator[None]:
+    """Plans applied inside give no recompute notice and leave it to the next one: for a trial
+    of a plan that training may not run (stowage.fitting.trial), the notice belongs to the plan
+    that training runs under."""
+    global _unannounced
+    _unannounced += 1
+    try:
+        yield
+    finally:
+        _unannounced -= 1
+
+
+def _notice_recompute(blocks: list[str]) -> None:
+    """Says once a process that recomputed blocks run their forwards again in backward, with
+    whatever Python they run: torch.utils.checkpoint's recomputation does the same, silently."""
+    global _recompute_noticed
+    if _recompute_noticed or _unannounced:
+        return
+    _recompute_noticed = True
+    shown = ", ".join(repr(b) for b in blocks[:3]) + (f" and {len(blocks) - 3} more" if len(blocks) > 3 else "")
+    warnings.warn(
+        f"stowage.plan: this plan recomputes blocks ({shown}): each runs its forward again in backward, as "
+        "torch.utils.checkpoint does, so the Python in it runs twice a step: forward hooks of the modules inside "
+        "it, counters, prints. What the step computes is unchanged: random draws are replayed, and buffers the "
+        "forward updates in place (BatchNorm's running statistics) are updated once. Said once.",
+        RecomputeNotice, stacklevel=outside_stowage())
 
 
 class Plan:
@@ -154,8 +192,11 @@ class Plan:
         self.departures.begin_step()
         try:
             self._index_decisions()
+            if self._checkpointed:
+                _notice_recompute(sorted({path for path, _ in self._checkpointed}))
             self._hold_to_budget(torch_module())
-            self._frames = ModuleFrames(on_root=self._found_root, root=self.model, calls=self._recorded_calls)
+            self._frames = ModuleFrames(on_leave=self._left, on_root=self._found_root, root=self.model,
+                                        calls=self._recorded_calls)
             self._frames.install()
             offloading = SavedTensorOffload(self._pack, min_bytes=0, max_prefetch=1 << 40,
                                        prefetch_depth=int(self.trace.cost["prefetch_depth"]))
@@ -223,6 +264,10 @@ class Plan:
         keys += [(region.module, region.call) for region in self.trace.regions]
         for path, call in keys:
             self._recorded_calls[path] = max(self._recorded_calls.get(path, 0), call + 1)
+
+    def _left(self, frame: Frame) -> None:
+        if not self._frames.stack and self._offloading is not None:  # the model's forward returned
+            self._offloading.forward_ended()
 
     def _found_root(self, root: Any) -> None:
         if hasattr(root, "_orig_mod"):

@@ -22,6 +22,16 @@ torch's own selective checkpointing does the same, with three departures that ke
   such as the block's output, is torch's own business after the block.)
 - A cached output changed in place after it was cached (a later op, or code after the block,
   writing into it) is not an error: that op is run again instead, on the replay's own inputs.
+- Writes that bump no version (``t.data.mul_()``, a ``.detach()`` alias kept by a forward hook,
+  ``p.data = ...``) leave nothing for those checks. Without the plan, torch's saved tensors alias
+  what the block read and made, so backward would read such a write where torch saved the
+  tensor, and the values the forward computed from it as they were; a replay can give only one
+  of the two, so it refuses instead (``RecomputeWatch``): it compares the bytes of the tensors
+  from outside the block that the forward read (its inputs and buffers; not parameters, whose
+  bytes a watch would read twice a step, only whether one was given another storage) and of the
+  storages the block made, a later op of it took and that are still alive after it (held until the
+  replay, as torch's saved tensors would hold them) with their bytes as the forward ended, and
+  raises naming the block and the tensor where they differ.
 The cache is read by position, not consumed, so a block can be replayed once per backward
 (``retain_graph=True``). A replay that meets a different op than the forward ran at a position
 raises, naming both (the block's forward is not deterministic in its ops).
@@ -44,7 +54,8 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 # Ops that are no part of a block's sequence of ops: torch's own (SAC_IGNORED_OPS), and a tensor
 # made from a Python constant (aten.lift_fresh), which a module may make once and cache
 # (transformers' Llama in its first forward), so its recompute need not run it again.
-UNMATCHED_OPS = frozenset(SAC_IGNORED_OPS) | {torch.ops.aten.lift_fresh.default}
+LIFTING_OPS = frozenset({torch.ops.aten.lift_fresh.default})  # hand over a tensor made outside the dispatcher
+UNMATCHED_OPS = frozenset(SAC_IGNORED_OPS) | LIFTING_OPS
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -133,6 +144,56 @@ class RecomputeRecord:
     read: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)  # id -> (tensor, version)
     taken: list[Any] = field(default_factory=list)  # SavedVersion of each made-and-taken tensor alive at the end
     written: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # id -> (tensor, before)
+    watch: RecomputeWatch | None = None  # what the forward read and made, as it ended
+
+
+def _described(tensor: torch.Tensor) -> str:
+    return f"[{tensor.type()} {list(tensor.shape)}]"
+
+
+class RecomputeWatch:
+    """The bytes a replay starts from, as the block's forward left them (Note [Selective
+    recompute], its last point): ``watched`` (content checksums, by device) and the storage each
+    read tensor had (``p.data = ...`` gives a parameter another; FSDP's resizing keeps it)."""
+
+    def __init__(self, watched: list[tuple[torch.Tensor, str]], read: list[torch.Tensor]) -> None:
+        """`watched`: (tensor, what it is, for the message); `read`: every tensor from outside the
+        block its forward read."""
+        from stowage.serving import torch_module
+
+        self._checksums = torch_module().content_checksums
+        self.watched = watched
+        self.places = [(t, torch_module().WeakStorage(t)) for t in read]
+        self.sums = self._sums()
+
+    def _sums(self) -> dict[Any, tuple[list[int], torch.Tensor]]:
+        by_device: dict[Any, list[int]] = {}
+        for index, (tensor, _) in enumerate(self.watched):
+            by_device.setdefault(tensor.device, []).append(index)
+        return {device: (indices, self._checksums([self.watched[i][0] for i in indices]))
+                for device, indices in by_device.items()}
+
+    def check(self, where: str) -> None:
+        """Raises where a watched tensor's bytes, or a read tensor's storage, changed."""
+        for tensor, storage in self.places:
+            if not storage.is_storage_of(tensor):
+                raise RuntimeError(
+                    f"stowage.plan: {where} is recomputed in backward, and {_described(tensor)}, which its forward "
+                    "read, was given another storage after it (`.data = ...`): without the plan torch's saved "
+                    "tensors would keep the one the forward read; recomputed, the block would read the new one. "
+                    "Assign it before forward or after backward.")
+        for device, (indices, before) in self.sums.items():
+            now = self._checksums([self.watched[i][0] for i in indices])
+            changed = (now != before).any(1).tolist()
+            if any(changed):
+                _, described = self.watched[indices[changed.index(True)]]
+                raise RuntimeError(
+                    f"stowage.plan: {where} is recomputed in backward, and {described} was "
+                    "written after the block's forward through .data or another alias that does not bump its "
+                    "version. Without the plan, backward would read the written bytes where torch saved that "
+                    "tensor and the values the forward computed from it as they were; recomputed from it, the "
+                    "block cannot give both. Write it before forward or after backward (or write a clone), or "
+                    "plan this block's tensors kept or offloaded instead of recomputed.")
 
 
 class ForwardMode(TorchDispatchMode):
@@ -144,6 +205,7 @@ class ForwardMode(TorchDispatchMode):
         self._record, self._keep = record, keep
         self._made: set[int] = set()  # storages the block's ops made
         self._taken: dict[int, Any] = {}  # weak references to made tensors a later op took
+        self._taken_storages: dict[int, tuple[Any, str]] = {}  # their storages (WeakStorage, described), by address
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -158,6 +220,7 @@ class ForwardMode(TorchDispatchMode):
                 self._record.read.setdefault(id(tensor), (tensor, 0))
             else:
                 self._taken.setdefault(id(tensor), weakref.ref(tensor))
+                self._note_taken_storage(tensor)
         for tensor in written_tensors(func, args, kwargs):
             if _storage_key(tensor) not in self._made and id(tensor) not in self._record.written:
                 self._record.written[id(tensor)] = (tensor, tensor.detach().clone())
@@ -172,6 +235,14 @@ class ForwardMode(TorchDispatchMode):
         self._record.cached.append(_Cached.of(func, out) if keep else None)
         return out
 
+    def _note_taken_storage(self, tensor: torch.Tensor) -> None:
+        from stowage.serving import torch_module
+
+        key = _storage_key(tensor)
+        known = self._taken_storages.get(key)
+        if known is None or not known[0].alive():  # (an address freed and reused within the block)
+            self._taken_storages[key] = (torch_module().WeakStorage(tensor), _described(tensor))
+
     def __exit__(self, *exc: Any) -> Any:
         from stowage.serving import torch_module
 
@@ -180,8 +251,22 @@ class ForwardMode(TorchDispatchMode):
         record.read = {key: (t, t._version) for key, (t, _) in record.read.items() if _storage_key(t) not in written}
         alive = [t for t in (ref() for ref in self._taken.values()) if t is not None]
         record.taken = [torch_module().SavedVersion(t) for t in alive]
-        self._taken = {}
-        return super().__exit__(*exc)
+        result = super().__exit__(*exc)  # first: the watch's checksums are not the block's ops
+        if exc[0] is None:
+            record.watch = self._watch()
+        self._taken, self._taken_storages = {}, {}
+        return result
+
+    def _watch(self) -> RecomputeWatch:
+        read = [t for t, _ in self._record.read.values() if _storage_key(t)]
+        parameters = {_storage_key(t) for t in read if isinstance(t, torch.nn.Parameter)}
+        watched = [(t, _described(t) + ", which its forward read,") for t in read if _storage_key(t) not in parameters]
+        for weak, described in self._taken_storages.values():
+            held = weak.bytes()
+            if held is not None:
+                watched.append((held, f"the storage of {described}, which its forward made and something still "
+                                      "referenced after it,"))
+        return RecomputeWatch(watched, read)
 
 
 class ReplayMode(TorchDispatchMode):
@@ -204,6 +289,8 @@ class ReplayMode(TorchDispatchMode):
                     f"operation: [{tensor.type()} {list(tensor.shape)}], is at version {tensor._version}; expected "
                     f"version {version} instead. ({self._where} reads it and is recomputed in backward under "
                     "stowage's plan.)")
+        if self._record.watch is not None:  # (after torch's own checks: a write that bumped a version is theirs)
+            self._record.watch.check(self._where)
         self._after = [(t, t.detach().clone(), t._version) for t, _ in self._record.written.values()]
         for tensor, before in self._record.written.values():
             _overwrite(tensor, before)

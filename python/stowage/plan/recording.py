@@ -14,9 +14,11 @@ and saves, not to their sizes.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from typing import Any, Callable, Mapping, Sequence
+import traceback
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.calibration import measure_cost
@@ -53,6 +55,17 @@ class _DeviceMeter:
             import torch
 
             torch.cuda.synchronize()
+
+    def release_cache(self) -> None:
+        """Returns the allocator's free cached memory to the device."""
+        import torch
+
+        from stowage import memory
+
+        if memory.is_enabled():
+            memory.empty_cache()
+        elif self._cuda:
+            torch.cuda.empty_cache()
 
 
 def _storage_key(tensor: Any) -> int:
@@ -100,10 +113,12 @@ class StepRecorder:
         self.loose_saves = 0
         self.elsewhere: list[tuple[str, int, int]] = []  # saves of parameters and buffers
         self.start_bytes = 0
+        self.without_gradients: list[Any] = []  # the model's parameters that had no gradient as the step began
 
     # Module frames ------------------------------------------------------------------------
-    def _found_root(self, root: Any) -> None:
+    def _found_root(self, root: Any) -> None:  # (entering the model's forward: before any backward)
         self.blocks |= block_modules(root)
+        self.without_gradients += [p for p in root.parameters() if p.grad is None]
         for tensor in list(root.parameters()) + list(root.buffers()):
             self.ledger.add_fixed(_storage_key(tensor))
 
@@ -160,6 +175,12 @@ class StepRecorder:
                            [] if is_view else [_storage_key(t) for t in outputs])
         return out
 
+    def lifted(self, tensor: Any) -> None:
+        """`tensor` was made outside the dispatcher and lifted into the step (torch.tensor of a
+        Python constant, an index given as a list): no op of the step's made its storage, so the
+        ledger forgets what lived at its address (Note [Keeping the ledger])."""
+        self.ledger.made_outside_ops(PHASES[self.phase()], [_storage_key(tensor)])
+
     def _note_input_writes(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A block that writes its own input in place cannot be recomputed: the checkpoint would
         hold the input as it was before the write and replay from it as it is after."""
@@ -208,7 +229,7 @@ class StepRecorder:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from stowage.plan.recompute_modes import UNMATCHED_OPS
+        from stowage.plan.recompute_modes import LIFTING_OPS, UNMATCHED_OPS
 
         recorder = self
 
@@ -217,7 +238,10 @@ class StepRecorder:
                                    kwargs: dict[str, Any] | None = None) -> Any:
                 kwargs = kwargs or {}
                 if func in UNMATCHED_OPS:
-                    return func(*args, **kwargs)
+                    out = func(*args, **kwargs)
+                    if func in LIFTING_OPS:
+                        recorder.lifted(out)
+                    return out
                 return recorder.run_op(func, args, kwargs)
 
         # Garbage from before the step collected first: freed during it, it would move the memory
@@ -233,19 +257,72 @@ class StepRecorder:
             self.frames.remove()
 
 
-def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorder:
+# Note [A failed recording leaves no trace]
+# fit records a step that may not fit (the example whole), then, when it did not, the same step
+# at smaller sizes. The second recording must see the room the first had. A failed step leaves
+# two things behind: its tensors, alive in the locals of the frames its error's traceback holds
+# (activations, the autograd graph and everything saved in it) for as long as anyone holds the
+# error; and the allocator's cache, cut into blocks of the failed step's sizes, which a step of
+# other sizes cannot use whole (EfficientNet-B0 recorded at 3 rows of 128 x 128 after its 16 rows
+# ran out of a 112 MiB device: out of memory at 105 MiB allocated, 6.8 MiB cached in blocks of at
+# most 1.6 MiB; with the cache returned first, the same recording peaks at 106 MiB and fits). So
+# a failed step's error is stripped of its frames' locals, garbage is collected and the cache is
+# returned to the device before the error goes on.
+
+
+def _let_go(error: BaseException) -> None:
+    """Clears the locals of the finished frames `error` and the errors chained to it hold: a
+    failed step's tensors (its activations, its autograd graph and the tensors saved in it) live in
+    those frames for as long as the error does. Tracebacks still name every file and line."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)  # (frames still running are left as they are)
+        pending += [current.__cause__, current.__context__]
+
+
+def _clean_up(error: BaseException, meter: _DeviceMeter, without_gradients: list[Any]) -> None:
+    _let_go(error)
+    for parameter in without_gradients:
+        parameter.grad = None  # made by the failed step's backward
+    gc.collect()
+    meter.release_cache()
+
+
+@contextlib.contextmanager
+def _failing_cleanly(meter: _DeviceMeter, without_gradients: list[Any]) -> Iterator[None]:
+    """Runs a step that may fail; when it does, the device is left as the step found it before
+    the error goes on: every tensor the step made is freed (the error keeps no frame's locals,
+    the parameters `without_gradients` (had none before it) have none again, garbage is
+    collected), and the memory the allocator cached
+    for it is returned to the device, so that the next step (a recording at smaller sizes) has
+    the room this one had, not a cache cut up to this step's sizes (Note [A failed recording
+    leaves no trace]). An out-of-memory error says how to record the step at sizes that fit."""
     import torch
 
-    recorder = StepRecorder(device, model)
     try:
-        recorder.record(step)
+        yield
     except torch.OutOfMemoryError as error:
+        _clean_up(error, meter, without_gradients)
         raise torch.OutOfMemoryError(
             f"{error}\nstowage.plan.profile: the step does not fit as it is, so it cannot be recorded as it is. "
             "Record it at sizes that fit and plan for the size you train at: "
             "stowage.plan.profile(step, sizes={'batch': (2, 4), 'seq': (128, 256, 384)}) runs "
             "step(batch=..., seq=...) at each point, and stowage.plan.solve(trace, budget, "
             "at={'batch': 8, 'seq': 4096}) plans for the size you give.") from None
+    except BaseException as error:
+        _clean_up(error, meter, without_gradients)
+        raise
+
+
+def _record_one(step: Callable[[], Any], device: str, model: Any) -> StepRecorder:
+    recorder = StepRecorder(device, model)
+    with _failing_cleanly(recorder.meter, recorder.without_gradients):  # (filled as the model is found)
+        recorder.record(step)
     return recorder
 
 
@@ -256,22 +333,28 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
 
     ``sizes``: record the step at a grid of sizes instead, e.g. ``{"batch": (1, 2), "seq":
     (128, 256, 384)}``: ``step_fn(batch=2, seq=128)`` runs at each point of the grid (after one
-    unrecorded run at the first, so every point starts from the same state: gradients allocated,
-    caches warm), and the result is a SizedTrace (stowage.plan.sizes) whose byte counts and
-    times are polynomials in the sizes. That is how a model that does not fit at the size it
-    trains at is profiled, and how one sized trace serves steps of changing length.
+    unrecorded run at the last, the largest, so every point starts from the same state: gradients
+    allocated, caches warm, one grown to the longest sequence it has seen grown), and the result
+    is a SizedTrace (stowage.plan.sizes) whose byte counts and times are polynomials in the
+    sizes. That is how a model that does not fit at the size it trains at is profiled, and how
+    one sized trace serves steps of changing length. A grid whose steps differ is recorded once
+    more (every size then run before, a cache made per size is made); one whose steps still
+    differ raises stowage.plan.sizes.StepsDiffer (a ValueError) naming the first difference.
 
     ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
     mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
     ``to_device_bytes_per_ms``, ``prefetch_depth``); measured when not given. A step that runs
     out of memory raises torch's OutOfMemoryError saying how to record it at smaller sizes.
+    A step that fails (out of memory or otherwise) leaves the device as it found it: its error
+    keeps no tensor of the step (the locals of its traceback's frames are cleared), the model's
+    parameters that had no gradient before it have none after, and the memory the allocator cached
+    for it is returned (Note [A failed recording leaves no trace]).
     ``model``: the model the step trains, needed when the step calls something other than its
     forward (a loss method calling its blocks): module paths and blocks are then the model's (set
     the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
     import torch
 
     from stowage.plan.building import build_trace
-    from stowage.plan.sizes import SizedTrace, grid_points
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
@@ -279,9 +362,32 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     if sizes is None:
         recorder = _record_one(step_fn, device, model)
         return build_trace(recorder, measured if measured is not None else measure_cost(device))
+    return _profile_grid(step_fn, sizes, device, model, measured)
+
+
+def _profile_grid(step_fn: Callable[..., Any], sizes: Mapping[str, Sequence[int]], device: str, model: Any,
+                  measured: dict[str, float] | None) -> Any:
+    """The SizedTrace of `step_fn` at the grid of `sizes`: run once at the largest point first,
+    then recorded at each; recorded once more when the points' steps differ."""
+    from stowage.plan.building import build_trace
+    from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
+
     points = grid_points(sizes)
-    step_fn(**points[0])  # unrecorded: every recorded point starts from the state a step leaves
+    without_gradients = [p for p in model.parameters() if p.grad is None] if model is not None else []
+    with _failing_cleanly(_DeviceMeter(device), without_gradients):  # unrecorded: every recorded point starts
+        step_fn(**points[-1])  # from the state a step leaves, a cache grown to the grid's largest sizes included
+    grid = {name: [int(v) for v in values] for name, values in sizes.items()}
     recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     measured = measured if measured is not None else measure_cost(device)
-    return SizedTrace({name: [int(v) for v in values] for name, values in sizes.items()},
-                      [build_trace(recorder, measured) for recorder in recorders])
+    try:
+        return SizedTrace(grid, [build_trace(recorder, measured) for recorder in recorders])
+    except StepsDiffer:
+        pass
+    # Once more, every size now run before: what a first run at a size makes (a cache kept per
+    # size) is made by now, and a step whose differences were only that agrees with itself.
+    recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
+    try:
+        return SizedTrace(grid, [build_trace(recorder, measured) for recorder in recorders])
+    except StepsDiffer as error:
+        raise StepsDiffer(f"{error}\n(Recorded twice, the second time after a run at every size, so that "
+                          "nothing a first run at a size makes, a cache kept per size, is the difference.)") from None

@@ -18,13 +18,18 @@ at the sizes asked for: each op's memory besides the saved tensors, each tensor'
 this module checks the grid's steps are one step and carries the records.
 
 The ops, saved tensors and checkpoint regions must be the same at every point (a step whose ops
-do not depend on its sizes); a grid whose steps differ is refused, naming the first difference.
+do not depend on its sizes). stowage.plan.profile runs the step once at the grid's largest point
+before recording (a cache grown to the longest sequence seen is grown), and records a grid whose
+steps differ once more (every size then run before: a cache kept per size is made); a grid whose
+steps still differ is refused (StepsDiffer), naming the first difference and the sizes between
+which it lies.
 A plan is keyed to the step's ops and saves, not to their sizes: solved at the largest size a
 training run takes, it serves every smaller step (every quantity grows with the sizes).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -64,27 +69,63 @@ def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
     return [dict(zip(names, (int(v) for v in point))) for point in itertools.product(*sizes.values())]
 
 
-def _same_structure(first: LifetimeTrace, other: LifetimeTrace, where: str) -> None:
-    """ValueError naming the first way `other` is a different step from `first`."""
-    if len(first.ops) != len(other.ops):
-        raise ValueError(f"the step ran {len(first.ops)} ops at the first size and {len(other.ops)} at {where}: "
-                         "profiling at several sizes needs a step whose ops do not depend on its sizes (a size of 1 often "
-                         "changes them: broadcasting over it needs no reduction in backward)")
+class StepsDiffer(ValueError):
+    """The grid's steps are not one step: their ops, saved tensors or checkpoint regions differ
+    (the message names the first difference and the sizes it lies between)."""
+
+
+def _first_op_difference(first: LifetimeTrace, other: LifetimeTrace) -> int:
     for i, (a, b) in enumerate(zip(first.ops, other.ops)):
         if (a.name, a.phase, a.region, a.region_op) != (b.name, b.phase, b.region, b.region_op):
-            raise ValueError(f"op {i} is {a.name} ({a.module}) at the first size and {b.name} ({b.module}) at {where}")
+            return i
+    return min(len(first.ops), len(other.ops))
+
+
+def _op_at(trace: LifetimeTrace, index: int) -> str:
+    if index >= len(trace.ops):
+        return "no op (the step had ended)"
+    op = trace.ops[index]
+    return f"{op.name} ({op.module or 'the model'}, {op.phase})"
+
+
+def _saves_by_module(first: LifetimeTrace, other: LifetimeTrace, at_first: str, at_other: str) -> str:
+    """The modules whose saved tensors differ in number, at most three."""
+    counts = [collections.Counter(t.module for t in trace.tensors) for trace in (first, other)]
+    modules = [m for m in dict.fromkeys([*counts[0], *counts[1]]) if counts[0][m] != counts[1][m]]
+    shown = "; ".join(f"{m or '(the model)'} saved {counts[0][m]} at {at_first} and {counts[1][m]} at {at_other}"
+                      for m in modules[:3])
+    return shown + (f"; {len(modules) - 3} modules more" if len(modules) > 3 else "")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _same_structure(first: LifetimeTrace, other: LifetimeTrace, at_first: str, at_other: str) -> None:
+    """StepsDiffer naming the first way `other` (recorded at `at_other`) is a different step from
+    `first` (at `at_first`)."""
+    op = _first_op_difference(first, other)
+    if op < max(len(first.ops), len(other.ops)):
+        raise StepsDiffer(
+            f"the step ran {len(first.ops)} ops at {at_first} and {len(other.ops)} at {at_other}; the first "
+            f"to differ is op {op}: {_op_at(first, op)} at {at_first}, {_op_at(other, op)} at {at_other}.\n"
+            "Recording at several sizes needs a step whose ops do not depend on its sizes (a size of 1 often "
+            "changes them: broadcasting over it needs no reduction in backward)")
     keys = ("created", "last_forward_use", "first_backward_use", "last_backward_use", "recomputable",
             "offloadable", "recompute_inputs", "region", "packs")
     if len(first.tensors) != len(other.tensors):
-        raise ValueError(f"the step saved {len(first.tensors)} tensors at the first size and "
-                         f"{len(other.tensors)} at {where}")
+        raise StepsDiffer(f"the step saved {len(first.tensors)} tensors at {at_first} and {len(other.tensors)} at "
+                          f"{at_other} ({_saves_by_module(first, other, at_first, at_other)})")
     for i, (a, b) in enumerate(zip(first.tensors, other.tensors)):
         for key in keys:
             if getattr(a, key) != getattr(b, key):
-                raise ValueError(f"saved tensor {i} ({a.module}) differs in {key} between the first size and {where}")
+                raise StepsDiffer(f"saved tensor {i} ({a.module}, made by op {a.created}: "
+                                  f"{first.ops[a.created].name}) differs in {key} between {at_first} "
+                                  f"({_shown(getattr(a, key))}) and {at_other} ({_shown(getattr(b, key))})")
     if [(r.module, r.checkpointable, r.inputs) for r in first.regions] != \
             [(r.module, r.checkpointable, r.inputs) for r in other.regions]:
-        raise ValueError(f"the step's checkpoint regions differ between the first size and {where}")
+        raise StepsDiffer(f"the step's checkpoint regions differ between {at_first} and {at_other}")
 
 
 @dataclass
@@ -102,7 +143,7 @@ class SizedTrace:
         if len(points) != len(self.traces):
             raise ValueError(f"a grid of {len(points)} points needs as many lifetime traces, not {len(self.traces)}")
         for point, trace in zip(points[1:], self.traces[1:]):
-            _same_structure(self.traces[0], trace, _describe(point))
+            _same_structure(self.traces[0], trace, _describe(points[0]), _describe(point))
 
     @property
     def profiles(self) -> list[LifetimeTrace]:

@@ -11,11 +11,15 @@ snapshot/trace_stream.hpp), so its memory is a fraction of the file's size. It l
 of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
 
 Every failure raises SnapshotError naming the file (or ``name``) and the reason. A reading's
-memory is bounded by the pickle's size (stowage.snapshot_reader.guard): within 96 MiB and 3 bytes
-a byte of pickle, for either loader and whatever the layout. A snapshot shaped as torch writes
-it takes about 3.4 times its size as plain data (a dict per event), so load_snapshot reads those
-up to about 100 MB (in about a second a 25 MB); denser ones it refuses by that budget, at once,
-naming load_snapshot_columnar, which reads any of them in a fraction of their size.
+memory is bounded by the pickle's size and a ceiling (stowage.snapshot_reader.guard): within 96
+MiB and 3 bytes a byte of pickle read as plain data, 12 read into columns, and at most 768 MiB
+whatever the file (STOWAGE_SNAPSHOT_MEMORY sets another ceiling), for any layout. A snapshot
+shaped as torch writes it takes about 3.4 times its size as plain data (a dict per event), so
+load_snapshot reads those up to about 100 MB (in about a second a 25 MB); denser ones it refuses
+by that budget, at once, naming load_snapshot_columnar, which reads them in a fraction of their
+size: 0.4 for a training loop's trace, whose events share their frame lists (up to about 1.8 GB
+within the ceiling), up to 11.5 for one whose every event has frames of its own (up to 56 MB; a
+larger one is refused naming the ceiling to set).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any
 
 from stowage.snapshot_reader.columns import columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
-from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE, resident_bytes
+from stowage.snapshot_reader.guard import (COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE, columns_remedy,
+                                           resident_bytes)
 from stowage.snapshot_reader.machine import LoadWhole, read_columns, read_plain
 from stowage.snapshot_reader.reading import FileWindow, open_snapshot, read_again
 
@@ -52,13 +57,16 @@ def _opened(path: Path) -> Iterator[bytes | FileWindow]:
 
 
 def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
-                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0) -> dict[str, Any]:
+                   memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0,
+                   remedy: str | None = None) -> dict[str, Any]:
     """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
     given, hears how far the loading has come; the reading may grow the process's memory by
-    MEMORY_FLOOR and `memory_per_byte` a byte of pickle (stowage.snapshot_reader.guard), over
-    what it was at the start, or at `since` (resident bytes) for a second reading."""
+    MEMORY_FLOOR and `memory_per_byte` a byte of pickle, at most the ceiling
+    (stowage.snapshot_reader.guard), over what it was at the start, or at `since` (resident bytes)
+    for a second reading; `remedy`: what a refusal for memory says to do (default: read into
+    columns)."""
     with _named(name):
-        return read_plain(data, progress, memory_per_byte, since)  # type: ignore[no-any-return]
+        return read_plain(data, progress, memory_per_byte, since, remedy)  # type: ignore[no-any-return]
 
 
 def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
@@ -68,15 +76,16 @@ def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[st
         return loads_snapshot(data, str(path), progress)
 
 
-def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
-                            progress: Progress | None = None) -> dict[str, Any]:
+def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
+                            command: str | None = None) -> dict[str, Any]:
     """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict per
     trace event; a pickle laid out unlike those torch and stowage write is read again as plain
-    data, whose traces then become columns."""
+    data, whose traces then become columns. `command`: the command line reading it (stowage
+    inspect's, diff's, replay's), which a refusal for memory names."""
     start = resident_bytes()
     try:
         with _named(name):
-            return read_columns(data, progress)
+            return read_columns(data, progress, command)
     except LoadWhole:
         pass
     with _named(name):
@@ -84,13 +93,16 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>",
     # Read whole within the commands' memory budget, not load_snapshot's, and counted from where
     # the first reading began (what it left in the process counts): torch and stowage never
     # write such a pickle, and a hostile one must not buy a larger budget by its layout.
-    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE, start)
+    size = again.size if isinstance(again, FileWindow) else len(again)
+    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE, start, columns_remedy(size, command))
     with _named(name):
         return columnar(snapshot)
 
 
-def load_snapshot_columnar(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
-    """load_snapshot with its traces as TraceColumns: memory a fraction of the file's size."""
+def load_snapshot_columnar(path: str | Path, progress: Progress | None = None,
+                           command: str | None = None) -> dict[str, Any]:
+    """load_snapshot with its traces as TraceColumns: memory a fraction of the file's size.
+    `command`: the command line reading it, which a refusal for memory names."""
     path = Path(path)
     with _opened(path) as data:
-        return loads_snapshot_columnar(data, str(path), progress)
+        return loads_snapshot_columnar(data, str(path), progress, command)

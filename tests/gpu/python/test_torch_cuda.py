@@ -589,6 +589,121 @@ def test_record_memory_history_and_snapshot_show_alloc_free_and_oom_events() -> 
     del held
 
 
+def test_a_snapshot_of_stowage_s_memory_carries_its_mark_and_is_not_advised_stowage_s_allocator() -> None:
+    """torch's snapshot of stowage's memory names stowage in allocator_settings (the mark
+    stowage.recorded_by reads), so `stowage inspect` never advises it the allocator it already uses."""
+    from stowage.inspector import inspect_device
+    from stowage.recorded_by import recorded_by_stowage
+
+    settle()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        held = torch.empty(MiB, dtype=torch.uint8, device=DEVICE)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(10 * TiB, dtype=torch.uint8, device=DEVICE)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del held
+    assert snapshot["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"].startswith("stowage:"), snapshot["allocator_settings"]
+    assert recorded_by_stowage(snapshot)
+    report = inspect_device(snapshot, torch.cuda.current_device(), 5)
+    assert report["ooms"] and report["ooms"][0]["under_stowage"]
+
+
+def _history_text(context: str | None) -> str:
+    """The JSON of a snapshot taken after allocating in `thealloc` and freeing in `thefree`, with
+    history recorded under torch's record mode `context`."""
+    x = None
+
+    def thealloc() -> None:
+        nonlocal x
+        x = torch.rand(3, 4, device=DEVICE)
+
+    def thefree() -> None:
+        nonlocal x
+        del x
+
+    settle()
+    torch.cuda.memory._record_memory_history(context=context, stacks="python", max_entries=100_000)
+    try:
+        thealloc()
+        thefree()
+        return json.dumps(torch.cuda.memory._snapshot())
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+
+
+def test_record_memory_history_keeps_the_stacks_its_context_asks_for() -> None:
+    """As torch's test_memory_plots_free_stack: "all" keeps every event's stack, "alloc" only the
+    allocations', "state" only the live blocks' (none in the trace)."""
+    for context in ("alloc", "all", "state"):
+        text = _history_text(context)
+        assert ("thefree" in text) == (context == "all"), context
+        assert ("thealloc" in text) == (context != "state"), context
+
+
+def test_set_memory_metadata_tags_each_event_recorded_while_it_is_set() -> None:
+    """As torch's test_memory_plots_metadata: every event recorded while metadata is set carries
+    it; events recorded after it is cleared do not."""
+    settle()
+    torch.cuda.memory._set_memory_metadata("metadata test")
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        x = torch.rand(3, 4, device=DEVICE)
+        del x
+        settle()
+        torch.cuda.memory._set_memory_metadata("")
+        after = torch.rand(5, 4, device=DEVICE)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._set_memory_metadata("")
+        torch.cuda.memory._record_memory_history(None)
+    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    tags = [event["user_metadata"] for event in trace]
+    set_for = tags.index("") if "" in tags else len(tags)  # the events recorded while it was set, first
+    assert set_for > 0 and tags == ["metadata test"] * set_for + [""] * (len(tags) - set_for), tags
+    assert [e["user_metadata"] for e in trace if e["action"] == "alloc" and e["addr"] == after.data_ptr()] == [""]
+    assert torch.cuda.memory._get_memory_metadata() == ""
+    del after
+
+
+def test_torch_profiler_sees_stowage_s_allocations_and_frees() -> None:
+    """torch.profiler(profile_memory=True) hears of stowage's blocks as of torch's allocator's
+    (torch's test_memory_profiler_viz draws from these events)."""
+    settle()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        x = torch.empty(3 * MiB, dtype=torch.uint8, device=DEVICE)
+        del x
+    usage = [event.device_memory_usage for event in prof.events()]
+    assert max(usage) >= 3 * MiB and min(usage) <= -3 * MiB, usage
+
+
+@pytest.mark.parametrize("fraction", ["0.25", "0.0"])
+def test_pytorch_cuda_alloc_conf_per_process_memory_fraction_caps_stowage(fraction: str) -> None:
+    result = run_python("""
+        import json, torch
+        total = torch.cuda.get_device_properties(0).total_memory
+        outcome = {"backend": torch.cuda.get_allocator_backend(),
+                   "fraction": torch.cuda.get_per_process_memory_fraction(0)}
+        try:
+            torch.empty(int(total * 0.3), dtype=torch.uint8, device="cuda")
+            outcome["capped"] = False
+        except torch.OutOfMemoryError:
+            outcome["capped"] = True
+        print(json.dumps(outcome))
+    """, env={"STOWAGE_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": f"per_process_memory_fraction:{fraction}"})
+    assert last_json_line(result) == {"backend": "stowage", "fraction": float(fraction), "capped": True}
+
+
+def test_a_bad_per_process_memory_fraction_in_pytorch_cuda_alloc_conf_is_refused_as_torch_refuses_it() -> None:
+    result = run_python("""
+        import torch
+        print(torch.cuda.get_per_process_memory_fraction(0))
+    """, env={"STOWAGE_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:1.5"})
+    assert result.returncode != 0 and "per_process_memory_fraction is invalid" in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # cuDNN, CUDA graphs, MemPool
 
@@ -823,3 +938,159 @@ def test_gpt2_small_training_steps() -> None:
     settle()
     # cuBLAS keeps per-thread workspaces (the autograd thread's too) from the caching allocator.
     assert stowage.memory_allocated() - allocated <= 128 * MiB
+
+
+# ---------------------------------------------------------------------------------------------
+# A true drop-in: what PyTorch's own test_cuda.py checks of its allocator, under stowage
+
+
+def test_record_memory_history_with_torchs_defaults_keeps_every_event() -> None:
+    """torch's defaults: max_entries=sys.maxsize (keep everything), context and stacks "all"."""
+    settle()
+    torch.cuda.memory._record_memory_history()
+    try:
+        kept = [torch.empty(1000 + i, dtype=torch.uint8, device=DEVICE) for i in range(100)]
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    addresses = {tensor.data_ptr() for tensor in kept}
+    assert {e["addr"] for e in trace if e["action"] == "alloc"} >= addresses
+
+
+def test_import_torch_with_stowage_creates_no_cuda_context() -> None:
+    """test_cuda.py's test_lazy_init, with STOWAGE_ALLOC_CONF installing stowage at import torch:
+    the device count is read after CUDA_VISIBLE_DEVICES changes, and the driver is still
+    uninitialised (cuDeviceGetCount says CUDA_ERROR_NOT_INITIALIZED, 3)."""
+    conf = {"STOWAGE_ALLOC_CONF": ""}
+    result = run_python("""
+        import os, torch
+        from stowage import _torch
+        os.environ['CUDA_VISIBLE_DEVICES'] = '32'
+        print(torch.cuda.device_count(), _torch.cuda_enabled())
+    """, env=conf)
+    assert result.stdout.strip().splitlines()[-1:] == ["0 True"], result.stdout + result.stderr
+    result = run_python("""
+        import ctypes, torch
+        x = ctypes.c_int(-1)
+        print(ctypes.CDLL('libcuda.so.1').cuDeviceGetCount(ctypes.byref(x)))
+    """, env=conf)
+    assert result.stdout.strip().splitlines()[-1:] == ["3"], result.stdout + result.stderr
+
+
+def test_is_pinned_and_a_forked_child_using_cuda_under_stowage() -> None:
+    """test_cuda.py's test_is_pinned_no_context: is_pinned() on a CPU tensor creates no context,
+    so a child forked afterwards can use CUDA (with stowage as its allocator too)."""
+    result = run_python("""
+        import multiprocessing, torch
+        from stowage import _torch
+
+        def worker(conn):
+            try:
+                x = torch.randn(10)
+                x.is_pinned()
+                dev = torch.accelerator.current_accelerator()
+                conn.send((torch.ones(10, device=dev)[0].item(), _torch.cuda_enabled()))
+            except Exception as e:
+                conn.send(str(e))
+            finally:
+                conn.close()
+
+        x = torch.randn(10)
+        x.is_pinned()
+        parent, child = multiprocessing.get_context("fork").Pipe()
+        process = multiprocessing.get_context("fork").Process(target=worker, args=(child,))
+        process.start()
+        print(parent.recv())
+        process.join()
+    """, env={"STOWAGE_ALLOC_CONF": ""})
+    assert result.stdout.strip().splitlines()[-1:] == ["(1.0, True)"], result.stdout + result.stderr
+
+
+def test_out_of_memory_text_is_torchs() -> None:
+    """test_cuda.py's test_out_of_memory; and what accelerate's batch-size finder looks for."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    tensor = torch.zeros(1024, device=DEVICE)
+    with pytest.raises(RuntimeError, match=f"Tried to allocate 800000000.00 GiB. GPU {tensor.device.index} "
+                                           "has a total capacity of") as raised:
+        torch.empty(1024 * 1024 * 1024 * 800000000, dtype=torch.int8, device=DEVICE)
+    assert str(raised.value).startswith("CUDA out of memory. Tried to allocate 800000000.00 GiB. ")
+    assert should_reduce_batch_size(raised.value)
+    with pytest.raises(RuntimeError, match="Tried to allocate more than 1EB memory"):
+        torch.empty(1024 * 1024 * 1024 * 8000000000, dtype=torch.int8, device=DEVICE)
+    tensor.fill_(1)
+    assert bool((tensor == 1).all())
+
+
+def test_torchs_out_of_memory_retry_then_memory_fraction_tests_in_one_process() -> None:
+    """test_cuda.py's test_out_of_memory_retry, then its test_set_per_process_memory_fraction, as
+    its runner runs them: one after the other in one process."""
+    settle()
+    torch.cuda.empty_cache()
+    total_memory = torch.cuda.get_device_properties(0).total_memory
+    size = int(total_memory * 0.5)
+    a = torch.empty(size, dtype=torch.int8, device=DEVICE)
+    with pytest.raises(RuntimeError, match="Tried to allocate"):
+        b = torch.empty(size, dtype=torch.int8, device=DEVICE)
+    del a
+    b = torch.empty(size, dtype=torch.int8, device=DEVICE)
+    del b
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+    orig = torch.cuda.get_per_process_memory_fraction(0)
+    torch.cuda.reset_peak_memory_stats(0)
+    try:
+        tensor = torch.zeros(1024, device=DEVICE)
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(0.5, 0)
+        application = int(total_memory * 0.499) - torch.cuda.max_memory_reserved()
+        assert application > 0
+        tmp_tensor = torch.empty(application, dtype=torch.int8, device=DEVICE)
+        del tmp_tensor
+        torch.cuda.empty_cache()
+        with pytest.raises(RuntimeError, match="out of memory") as raised:
+            torch.empty(int(total_memory * 0.5), dtype=torch.int8, device=DEVICE)
+        message = str(raised.value)
+        assert " allowed; " in message and "The cap is" in message, message
+        assert "torch's per-process memory fraction (0.50)" in message, message
+        tensor.fill_(1)
+        assert bool((tensor == 1).all())
+    finally:
+        torch.cuda.set_per_process_memory_fraction(orig, 0)
+    assert torch.cuda.get_per_process_memory_fraction(0) == orig
+
+
+def test_caching_allocator_enable_false_serves_the_devices_own_memory_as_torch() -> None:
+    """torch.cuda.caching_allocator_enable(False): each allocation is the device's own, returned
+    when freed and counted in no statistic; tensors made either way are freed the right way
+    after it changes back."""
+    settle()
+    torch.cuda.empty_cache()
+    cached = torch.empty(MiB, dtype=torch.uint8, device=DEVICE)
+    settle()
+    stats = stowage.memory_stats()
+    free_before = torch.cuda.mem_get_info()[0]
+    torch.cuda.caching_allocator_enable(False)
+    try:
+        raw = torch.full((256 * MiB,), 7, dtype=torch.uint8, device=DEVICE)
+        kept = torch.full((64 * MiB,), 5, dtype=torch.uint8, device=DEVICE)
+        pointer = torch.cuda.caching_allocator_alloc(3 * MiB)
+        assert torch.cuda.mem_get_info()[0] <= free_before - 320 * MiB
+        assert torch.cuda.memory_allocated() == stats["allocated_bytes.all.current"]
+        assert torch.cuda.memory_reserved() == stats["reserved_bytes.all.current"]
+        torch.cuda.caching_allocator_delete(pointer)
+        assert bool((raw == 7).all())
+        del raw
+        settle()
+        assert torch.cuda.mem_get_info()[0] >= free_before - 80 * MiB, "freed memory goes back at once"
+        del cached  # allocated with caching on: it goes back to the cache
+    finally:
+        torch.cuda.caching_allocator_enable(True)
+    assert bool((kept == 5).all())
+    del kept  # allocated with caching off: back to the device
+    settle()
+    assert torch.cuda.mem_get_info()[0] >= free_before - 16 * MiB
+    after = stowage.memory_stats()
+    assert after["num_invalid_frees"] == stats["num_invalid_frees"]
+    assert after["allocated_bytes.all.current"] == stats["allocated_bytes.all.current"] - MiB

@@ -339,17 +339,26 @@ def _error_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
+RECOMPUTE_REFUSAL = "is recomputed in backward"
+
+
 def judge_refusal(feature: Feature, pattern: Pattern, failure: Failure, reference: Trace,
                   tolerance: Tolerance | None, steps: int) -> Outcome:
     """An exception in the feature's run: an allowed refusal when update="in_backward" refuses a
-    pattern it may refuse, naming in_backward, at the pattern's first visible point, with the
-    parameters still the reference's there; anything else fails."""
+    pattern it may refuse, naming in_backward, or a plan (plan and fit features) refuses one its
+    recomputation may, naming the block recomputed; either at the pattern's first visible point,
+    with the parameters still the reference's there. Anything else fails."""
     said = f"{_error_line(failure.error)} (step {failure.step}, {failure.phase})"
-    point = pattern.refusal_point(steps) if feature.name.endswith("in_backward") else None
+    if feature.name.endswith("in_backward"):
+        point, named = pattern.refusal_point(steps), "in_backward"
+    elif feature.name.startswith(("plan", "fit")):
+        point, named = pattern.refusal_point(steps, recomputing=True), RECOMPUTE_REFUSAL
+    else:
+        point, named = None, ""
     if point is None or failure.phase == "setup":
         return Outcome("FAIL", f"raised {said}")
-    if "in_backward" not in str(failure.error):
-        return Outcome("FAIL", f"refused without naming in_backward: {said}")
+    if named not in str(failure.error):
+        return Outcome("FAIL", f"refused without naming {named!r}: {said}")
     if (failure.step, failure.phase) != point:
         return Outcome("FAIL", f"refused at step {failure.step}, {failure.phase}; the pattern is first visible "
                                f"at step {point[0]}, {point[1]}: {said}")

@@ -334,11 +334,12 @@ def global_batch(spec: Any, step: int, scale: int) -> Any:
 
 def fit_micro_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
     """stowage.fit told to run the global batch as 2 micro-batches (each the accumulate pattern's
-    micro-batch; BatchNorm allowed to see each alone, as that pattern's torch loop does)."""
+    micro-batch; BatchNorm allowed to see each alone, as that pattern's torch loop does), the
+    loss's units found by fit's check (told only where the check must refuse: ModelSpec)."""
     example = global_batch(env.spec, 0, env.scale)
+    told = {"loss_units": env.spec.fit_loss_units} if env.spec.fit_loss_units else {}
     fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
-                                env.spec, env.scale, COST, micro_batches=2, split_batchnorm=True,
-                                loss_units="rows")
+                                env.spec, env.scale, COST, micro_batches=2, split_batchnorm=True, **told)
     return FitSetup(variant, fitted, changed, micro_batches=2)
 
 

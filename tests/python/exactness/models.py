@@ -9,6 +9,9 @@ GPU (``spec(name, "cuda")``) is the CPU model moved there: the same weights and 
 device. Every op has a deterministic CUDA kernel under torch.use_deterministic_algorithms (a
 mean for adaptive average pooling, a per-pixel loss over flattened pixels: their usual kernels
 have none and raise there).
+``ModelSpec.units`` counts what a batch's loss is a mean over (rows, unless the loss says
+otherwise: BERT's masked tokens, the LSTM's labelled tokens, the ViT's labelled rows, the LoRA
+model's per-row weights), for loops that accumulate micro-batches to weight each loss by.
 Blocks sit in ``nn.ModuleList`` / ``nn.Sequential`` so a plan can recompute them; no parameter
 is mathematically without gradient (a bias before a normalisation), whose rounding noise Adam
 would blow up to whole steps and make the measured tolerance meaningless.
@@ -33,14 +36,23 @@ VOCAB = 128
 @dataclass(frozen=True)
 class ModelSpec:
     """A model of the matrix. ``probe``: the path of a module whose output a later op saves for
-    backward (the in-place pattern changes it between forward and backward)."""
+    backward (the in-place and ``.data`` patterns change it between forward and backward);
+    ``block_probe``: one inside a block (an item of the model's block list, which a plan may
+    recompute) whose output a later op of that block saves (the LSTM has no block list: its
+    blocks are the model's children, and its probe is one of them). ``units``: how many of what
+    its loss averages a batch holds (rows by default). ``fit_loss_units``: what the
+    fit.micro_batches cell tells fit the loss averages, where fit's own check of a cut must refuse
+    (None: fit checks it)."""
 
     name: str
     build: Callable[[int], nn.Module]
     batch: Callable[[int, int], Any]
     loss: Callable[[nn.Module, Any], torch.Tensor]
     probe: str
+    block_probe: str
     device: str = "cpu"
+    units: Callable[[Any], float] = lambda batch: float(_first(batch).shape[0])
+    fit_loss_units: str | None = None
 
     def on(self, device: str) -> ModelSpec:
         """This model on `device` ("cpu": itself): built on the CPU and moved there, its batches
@@ -50,6 +62,15 @@ class ModelSpec:
         build, batch = self.build, self.batch
         return replace(self, build=lambda scale: build(scale).to(device),
                        batch=lambda step, scale: moved(batch(step, scale), device), device=device)
+
+
+def _first(batch: Any) -> torch.Tensor:
+    return batch if isinstance(batch, torch.Tensor) else batch[0]
+
+
+def _labelled(labels: torch.Tensor) -> float:
+    """The entries a loss with ignore_index=-100 averages over."""
+    return float((labels != -100).sum())
 
 
 def moved(batch: Any, device: str) -> Any:
@@ -115,7 +136,8 @@ class Gpt(nn.Module):
 
 def gpt_spec() -> ModelSpec:
     return ModelSpec("gpt", lambda s: Gpt(64, 4, 2, 32 * s), lambda step, s: _tokens(step, 4, 32 * s),
-                     lambda model, tokens: _next_token_loss(model(tokens), tokens), "norm")
+                     lambda model, tokens: _next_token_loss(model(tokens), tokens), "norm",
+                     "blocks.0.mlp.1")
 
 
 # --- the package's Llama-style GQA decoder ----------------------------------------------------
@@ -125,7 +147,8 @@ def llama_spec() -> ModelSpec:
         return Llama(LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, vocab=VOCAB, max_sequence=32 * scale))
 
     return ModelSpec("llama", build, lambda step, s: _tokens(step, 4, 32 * s),
-                     lambda model, tokens: model.chunked_loss(tokens, chunks=2), "blocks.1.mlp_norm")
+                     lambda model, tokens: model.chunked_loss(tokens, chunks=2), "blocks.1.mlp_norm",
+                     "blocks.0.mlp_norm")
 
 
 # --- a BERT-style encoder with dropout (masked tokens) ---------------------------------------
@@ -157,7 +180,8 @@ def bert_spec() -> ModelSpec:
         inputs, labels = batch
         return F.cross_entropy(model(inputs).reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
 
-    return ModelSpec("bert", lambda s: Bert(64, 2, 32 * s), _masked, loss, "norm")
+    return ModelSpec("bert", lambda s: Bert(64, 2, 32 * s), _masked, loss, "norm", "encoder.layers.0.norm1",
+                     units=lambda b: _labelled(b[1]))
 
 
 # --- an encoder-decoder (nn.Transformer) ------------------------------------------------------
@@ -185,7 +209,8 @@ def encdec_spec() -> ModelSpec:
         return _tokens(step, 4, 24 * scale), _tokens(step + 300, 4, 16 * scale)
 
     return ModelSpec("encdec", lambda s: EncoderDecoder(64, 24 * s), batch,
-                     lambda model, b: _next_token_loss(model(*b), b[1]), "transformer.decoder.norm")
+                     lambda model, b: _next_token_loss(model(*b), b[1]), "transformer.decoder.norm",
+                     "transformer.decoder.layers.0.norm1")
 
 
 # --- a ResNet with BatchNorm and in-place ReLU -----------------------------------------------
@@ -241,7 +266,7 @@ def _images(step: int, rows: int, side: int, classes: int = 10) -> tuple[torch.T
 
 def resnet_spec() -> ModelSpec:
     return ModelSpec("resnet", lambda s: ResNet(16 * s), lambda step, s: _images(step, 8, 24 * s),
-                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "pool")
+                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "pool", "layers.0.bn1")
 
 
 # --- a ViT ------------------------------------------------------------------------------------
@@ -275,9 +300,17 @@ class Vit(nn.Module):
         return self.head(self.norm(self.blocks(x))[:, 0])
 
 
+def _padded_images(step: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images whose last 1-3 rows are padding (the end of an epoch), their labels -100."""
+    images, labels = _images(step, 8, side)
+    labels[8 - 1 - step % 3:] = -100
+    return images, labels
+
+
 def vit_spec() -> ModelSpec:
-    return ModelSpec("vit", lambda s: Vit(64, 4, 16 * s), lambda step, s: _images(step, 8, 16 * s),
-                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "norm")
+    return ModelSpec("vit", lambda s: Vit(64, 4, 16 * s), lambda step, s: _padded_images(step, 16 * s),
+                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "norm", "blocks.0.norm2",
+                     units=lambda b: _labelled(b[1]))
 
 
 # --- a UNet with skip concatenations ----------------------------------------------------------
@@ -321,7 +354,8 @@ def unet_spec() -> ModelSpec:
         images, _ = _images(step, 4, 16 * scale)
         return images, torch.randint(0, 4, (4, 16 * scale, 16 * scale), generator=_generator(step + 700))
 
-    return ModelSpec("unet", lambda s: UNet(8 * s), batch, lambda model, b: _pixel_loss(model(b[0]), b[1]), "up.1")
+    return ModelSpec("unet", lambda s: UNet(8 * s), batch, lambda model, b: _pixel_loss(model(b[0]), b[1]), "up.1",
+                     "down.0.1")
 
 
 # --- an LSTM language model -------------------------------------------------------------------
@@ -338,9 +372,19 @@ class LstmLm(nn.Module):
         return self.head(self.norm(self.lstm(self.tokens(tokens))[0]))
 
 
+def _padded_tokens(step: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their labels, rows of different lengths (the labels past a row's end -100)."""
+    tokens = _tokens(step, 4, length)
+    labels = tokens.clone()
+    for row in range(4):
+        labels[row, length - (row + step) % 4 * (length // 6):] = -100
+    return tokens, labels
+
+
 def lstm_spec() -> ModelSpec:
-    return ModelSpec("lstm", lambda s: LstmLm(32 * s), lambda step, s: _tokens(step, 4, 24 * s),
-                     lambda model, tokens: _next_token_loss(model(tokens), tokens), "norm")
+    return ModelSpec("lstm", lambda s: LstmLm(32 * s), lambda step, s: _padded_tokens(step, 24 * s),
+                     lambda model, b: _next_token_loss(model(b[0]), b[1]), "norm", "norm",
+                     units=lambda b: _labelled(b[1][:, 1:]))
 
 
 # --- LoRA: a frozen base with trainable low-rank adapters --------------------------------------
@@ -374,9 +418,20 @@ def _rows(step: int, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.randn(rows, width, generator=generator), torch.randint(0, 10, (rows,), generator=generator)
 
 
+def _weighted_rows(step: int, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    features, labels = _rows(step, rows, width)
+    return features, labels, torch.rand(rows, generator=_generator(step + 900))
+
+
+def _weighted_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Cross-entropy averaged with per-row weights: sum(w * loss) / sum(w)."""
+    features, labels, weights = batch
+    return (F.cross_entropy(model(features), labels, reduction="none") * weights).sum() / weights.sum()
+
+
 def lora_spec() -> ModelSpec:
-    return ModelSpec("lora", lambda s: LoraMlp(128 * s), lambda step, s: _rows(step, 128 * s, 128 * s),
-                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "blocks.2")
+    return ModelSpec("lora", lambda s: LoraMlp(128 * s), lambda step, s: _weighted_rows(step, 128 * s, 128 * s),
+                     _weighted_loss, "blocks.2", "blocks.0.0", units=lambda b: float(b[2].double().sum()))
 
 
 # --- buffers updated in forward ---------------------------------------------------------------
@@ -413,7 +468,8 @@ class RunningMlp(nn.Module):
 
 def running_spec() -> ModelSpec:
     return ModelSpec("running", lambda s: RunningMlp(96 * s), lambda step, s: _rows(step, 256 * s, 96 * s),
-                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "blocks.2")
+                     lambda model, b: F.cross_entropy(model(b[0]), b[1]), "blocks.2", "blocks.0.2",
+                     fit_loss_units="rows")  # its running centre mixes the rows it sees: fit's check refuses a cut
 
 
 MODELS: dict[str, Callable[[], ModelSpec]] = {

@@ -85,6 +85,12 @@ class Run:
         self.trace.record(self.step, "loss", f"forward {micro + 1}", loss)
         return loss
 
+    def share(self, micro: int, micro_batches: int) -> float:
+        """Micro-batch `micro`'s share of this step's loss units (the model's ``units``: what its
+        loss averages), the weight an accumulating loop gives its loss."""
+        counts = [self.spec.units(self.spec.batch(self.step * 4 + index, self.scale)) for index in range(micro_batches)]
+        return counts[micro] / sum(counts)
+
     def backward(self, loss: torch.Tensor, micro: int = 0, **options: Any) -> None:
         self.phase = f"backward {micro + 1}"
         loss.backward(**options)
@@ -123,14 +129,14 @@ Hook = Callable[[Run], None]
 
 def train_step(run: Run, *, micro: int = 1, marked: bool = False, autocast: bool = False,
                after_backward: Hook | None = None, set_to_none: bool = True) -> None:
-    """One step: `micro` forward-backward passes (each loss / micro; with `marked`, all but the
-    last inside the optimizer's ``accumulating()``), `after_backward`, the optimizer's step,
-    zero_grad."""
+    """One step: `micro` forward-backward passes (each loss times its share of the step's loss
+    units, a half each for a mean over rows; with `marked`, all but the last inside the
+    optimizer's ``accumulating()``), `after_backward`, the optimizer's step, zero_grad."""
     for index in range(micro):
         marker = run.accumulating() if marked and index < micro - 1 else contextlib.nullcontext()
         with marker, run.stepping():
             loss = run.forward(index, autocast=autocast)
-            run.backward(loss / micro if micro > 1 else loss, index)
+            run.backward(loss * run.share(index, micro) if micro > 1 else loss, index)
     if after_backward is not None:
         after_backward(run)
     run.optimizer_step()
@@ -342,10 +348,39 @@ def _inplace_loop(run: Run) -> None:
         run.next_step()
 
 
+def _data_saved_step(run: Run, probe: str) -> None:
+    """A forward hook keeps the output of `probe` (an activation a later op saved), and between
+    forward and backward it is written through ``.data``, which bumps no version: torch's saved
+    tensor aliases it, so plain torch's backward uses the written values. The reference is kept
+    until backward has run."""
+    captured: list[torch.Tensor] = []
+    handle = run.model.get_submodule(probe).register_forward_hook(lambda m, a, out: captured.append(out))
+    try:
+        with run.stepping():
+            loss = run.forward()
+            handle.remove()
+            captured[0].data.add_(0.5)
+            run.backward(loss)
+    finally:
+        handle.remove()
+    run.optimizer_step()
+    run.zero_grad()
+
+
+def _data_saved_loop(run: Run, probe: Callable[[Any], str]) -> None:
+    for _ in range(run.steps):
+        if run.step == run.first_event:
+            _data_saved_step(run, probe(run.spec))
+        else:
+            train_step(run)
+        run.next_step()
+
+
 def _fitted_steps(run: Run) -> None:
     """fit's own step: ``fitted.backward`` on the global batch of the accumulate pattern's two
-    micro-batches (fit cuts it into them and weights each loss by half), then the optimizer's
-    step; the reference is the accumulate pattern (each loss / 2 by hand)."""
+    micro-batches (fit cuts it into them and weights each loss by its share of the units fit's
+    check verified), then the optimizer's step; the reference is the accumulate pattern (each
+    loss weighted by the model's own count of its units, by hand)."""
     fitted = getattr(run.setup, "fitted", None)
     if fitted is None:
         loop(run, micro=2)
@@ -378,7 +413,9 @@ class Pattern:
     """A loop pattern. ``needs``: a method of the optimizer without which the pattern is the same
     as another (n/a for features stepping torch's optimizer). ``prepare``: applied to the model
     before the optimizer is made. ``swaps``: runs steps on the other kind of optimizer (held to
-    the host tolerance). ``same_reference_as``: a pattern whose reference run this one shares."""
+    the host tolerance). ``same_reference_as``: a pattern whose reference run this one shares.
+    ``recompute_refusal``: where a plan recomputing a block may refuse it (Note [Selective
+    recompute] in stowage/plan/recompute_modes.py), as ``refusal`` says it for in_backward."""
 
     name: str
     run: Callable[[Run], None]
@@ -387,12 +424,15 @@ class Pattern:
     refusal: tuple[str, str] | None = None
     swaps: bool = False
     same_reference_as: str | None = None
+    recompute_refusal: tuple[str, str] | None = None
 
-    def refusal_point(self, steps: int) -> tuple[int, str] | None:
-        """(step, phase) where update="in_backward" may refuse this pattern, if it may."""
-        if self.refusal is None:
+    def refusal_point(self, steps: int, recomputing: bool = False) -> tuple[int, str] | None:
+        """(step, phase) where update="in_backward" (or, `recomputing`, a plan's recomputation)
+        may refuse this pattern, if it may."""
+        refusal = self.recompute_refusal if recomputing else self.refusal
+        if refusal is None:
             return None
-        when, phase = self.refusal
+        when, phase = refusal
         return (0 if when == "first" else steps // 3), phase
 
 
@@ -422,6 +462,10 @@ def _patterns() -> list[Pattern]:
         Pattern("eval_no_grad", lambda r: loop(r, between=_evaluate)),
         Pattern("retain_graph", _retained, refusal=("first", "backward 2")),
         Pattern("inplace_saved", _inplace_loop),
+        Pattern("data_saved", lambda r: _data_saved_loop(r, lambda spec: spec.probe),
+                recompute_refusal=("event", "backward 1")),
+        Pattern("data_saved_block", lambda r: _data_saved_loop(r, lambda spec: spec.block_probe),
+                recompute_refusal=("event", "backward 1")),
         Pattern("fitted_step", _fitted_steps, same_reference_as="accumulate"),
     ]
 
