@@ -104,6 +104,8 @@ def test_the_fit_search_finds_more_tokens_with_stowage_than_without(tmp_path: Pa
         assert len(batches) == len(set(batches))
         answer = result["most_tokens"]["batch"]
         assert any(p["batch"] == answer + 1 and not p["fits"] for p in result["probes"]["tokens"]) or answer == 64
+        # each probe says how busy the machine was around it (its time is read against that)
+        assert all(len(p["load_before"]) == 3 and len(p["load_after"]) == 3 for p in result["probes"]["tokens"])
     assert "| stowage+plan+optimizer |" in done.stdout
 
 
