@@ -12,9 +12,11 @@
 namespace stowage::offload {
 namespace {
 
-// Elements per pass of the inner loop: 2,048 x 28 bytes stay in L1/L2 between the update and
-// the output conversion.
-constexpr std::size_t kChunk = 2048;
+// Elements per chunk of the path that hands its square roots to a vector function: the chunk's
+// states (256 x 16 bytes, and its roots) stay in L1 between the moments, the square roots and
+// the parameters. Measured on one core of the AMD EPYC of bench/results/2026-11-28-cpu-adamw.md
+// with MKL's square root: 128 to 384 alike, 2,048 a quarter slower (its chunk leaves L1).
+constexpr std::size_t kChunk = 256;
 // Below this many elements a thread costs more to start than it saves.
 constexpr std::size_t kMinPerThread = 1 << 16;
 
@@ -22,7 +24,10 @@ constexpr std::size_t kMinPerThread = 1 << 16;
 struct StepScalars {
   float keep;             // AdamW: 1 - lr * weight_decay (1 for Adam)
   float l2;               // Adam: weight_decay, the penalty added to the gradient (0 for AdamW)
-  float one_minus_beta1;  // the lerp weight of the first moment
+  // torch's lerp of the first moment towards the gradient by w = 1 - beta1: from the moment by w
+  // when w < 0.5 (then > 0), else from the gradient by w - 1 (then <= 0). (The sign says which:
+  // GCC 12 leaves the update's loop scalar when it reads a bool from this struct.)
+  float lerp_weight;
   float beta2;
   float one_minus_beta2;
   float step_size;        // lr / (1 - beta1^step)
@@ -36,9 +41,10 @@ StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
   const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
   const double decay = h.decoupled_weight_decay ? h.weight_decay : 0.0;
+  const auto weight = static_cast<float>(1.0 - h.beta1);
   return {static_cast<float>(1.0 - h.lr * decay),
           static_cast<float>(h.decoupled_weight_decay ? 0.0 : h.weight_decay),
-          static_cast<float>(1.0 - h.beta1),
+          weight < 0.5f ? weight : weight - 1.0f,
           static_cast<float>(h.beta2),
           static_cast<float>(1.0 - h.beta2),
           static_cast<float>(h.lr / bias1),
@@ -48,6 +54,36 @@ StepScalars scalars_of(const AdamWHyperparameters& h, std::int64_t step) {
           h.vector_sqrt};
 }
 
+// fp16 <-> fp32 in integer and float operations the compiler vectorises (GCC 12 leaves a loop
+// that casts _Float16 scalar); the same bits as the F16C instructions (vcvtph2ps, and vcvtps2ph
+// rounding to nearest even), checked over every half and every float.
+[[gnu::always_inline]] inline float from_float16(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t magnitude = h & 0x7FFFu;
+  // Normal, infinite and NaN: the exponent rebiased (all ones stays all ones), a NaN quieted.
+  const std::uint32_t rebiased = (magnitude << 13) + (magnitude >= 0x7C00u ? (255u - 31u) << 23 : (127u - 15u) << 23);
+  const std::uint32_t quieted = magnitude > 0x7C00u ? rebiased | 0x00400000u : rebiased;
+  // Zero and subnormal: the mantissa times 2^-24, exact in float.
+  const float subnormal = static_cast<float>(magnitude) * 0x1p-24f;
+  return std::bit_cast<float>(sign | (magnitude < 0x0400u ? std::bit_cast<std::uint32_t>(subnormal) : quieted));
+}
+
+[[gnu::always_inline]] inline std::uint16_t to_float16(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
+  const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+  // A normal half: the exponent rebiased, the dropped 13 bits rounded to nearest even.
+  const std::uint32_t normal = (magnitude - ((127u - 15u) << 23) + 0x0FFFu + ((magnitude >> 13) & 1u)) >> 13;
+  // A subnormal half (or zero): adding 0.5 leaves the value in 2^-24 steps in the low bits,
+  // rounded to nearest even by the addition.
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(std::bit_cast<float>(magnitude) + 0.5f) - 0x3F000000u;
+  const std::uint32_t nan = 0x7E00u | ((magnitude >> 13) & 0x03FFu);  // quiet, the payload's top bits kept
+  std::uint32_t half = magnitude < 0x38800000u ? subnormal : normal;  // below 2^-14
+  half = magnitude >= 0x477FF000u ? 0x7C00u : half;                   // 65520 and up round to infinity
+  half = magnitude > 0x7F800000u ? nan : half;
+  return static_cast<std::uint16_t>(sign | half);
+}
+
 template <ElementType T>
 [[gnu::always_inline]] inline float load(const void* base, std::size_t i) {
   if constexpr (T == ElementType::kFloat32) {
@@ -55,7 +91,7 @@ template <ElementType T>
   } else if constexpr (T == ElementType::kBFloat16) {
     return std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(base)[i]) << 16);
   } else {
-    return static_cast<float>(static_cast<const _Float16*>(base)[i]);
+    return from_float16(static_cast<const std::uint16_t*>(base)[i]);
   }
 }
 
@@ -74,35 +110,50 @@ template <ElementType T>
   } else if constexpr (T == ElementType::kBFloat16) {
     static_cast<std::uint16_t*>(base)[i] = to_bfloat16(value);
   } else {
-    static_cast<_Float16*>(base)[i] = static_cast<_Float16>(value);
+    static_cast<std::uint16_t*>(base)[i] = to_float16(value);
   }
 }
 
 // Note [torch's roundings]
-// The update rounds where torch's AdamW on a CPU rounds (its foreach path; the single-tensor path
-// gives the same bits): each op of torch's formula one rounding, in its order, a fused
-// multiply-add where torch's vectorised kernels use one (lerp; addcmul; add with alpha), a
-// division where torch divides, and the square root torch takes: torch's CPU sqrt is MKL's
-// vsSqrt, which is not always correctly rounded, so the caller may hand that function in
-// (AdamWHyperparameters::vector_sqrt; stowage's torch layer does); without it, std::sqrt. With
-// it, measured on 200,000 values over every option: bit for bit the same parameters and moments
-// as torch's (its fused path differs from its foreach path in about 1% of elements by an ulp).
+// The update rounds where torch's AdamW on a CPU rounds (its single-tensor path, torch's default
+// for CPU tensors; its foreach path gives the same bits): each op of torch's formula one
+// rounding, in its order, a fused multiply-add where torch's vectorised kernels use one (lerp;
+// addcmul; add with alpha), a division where torch divides, and the square root torch takes.
+// torch's CPU sqrt of a float tensor is MKL's vector math (vmsSqrt, high-accuracy mode), which is
+// not correctly rounded on every CPU: on the AMD EPYC of bench/results/2026-11-28-cpu-adamw.md it
+// differs from the correctly rounded root in 17% of values, by an ulp. So the caller may hand
+// that function in (AdamWHyperparameters::vector_sqrt; stowage's torch layer does for parameters
+// on a CPU), and the kernel then takes its roots over whole chunks, one call each; without it the
+// roots are the correctly rounded ones (std::sqrt, one vector instruction in a single pass), as
+// torch's CUDA AdamW and its fused CPU AdamW take them. Parameters kept in their own precision
+// follow torch's fused AdamW (an fp32 update, each state rounded as it is stored), the path that
+// keeps fp16's eps; its one departure is amsgrad's maximum past its last whole vector, where it
+// keeps the old maximum over a NaN moment (std::max) and the kernel takes NaN (torch.maximum).
 // The file is compiled with -ffp-contract=off so that no other operations fuse.
 
-// torch's lerp(m, g, w) as its vectorised kernel computes it: fma(w, g - m, m) for a small
-// weight, fma(w - 1, g - m, g) otherwise.
-[[gnu::always_inline]] inline float lerp(float m, float g, float w) {
-  return w < 0.5f ? std::fma(w, g - m, m) : std::fma(w - 1.0f, g - m, g);
+// The gradient as the update takes it: scaled (negated to maximize) as it is read, then Adam's
+// penalty. kL2 only where weight_decay is not 0, so that an infinite weight cannot turn a
+// gradient into NaN through 0 * inf.
+template <bool kL2>
+[[gnu::always_inline]] inline float gradient(float raw, float master, const StepScalars& s) {
+  const float g = raw * s.grad_scale;
+  return kL2 ? std::fma(s.l2, master, g) : g;
 }
 
-// Square roots of `count` values in place: the reference's own (Note [torch's roundings]) when
-// given, else std::sqrt.
-[[gnu::always_inline]] inline void square_roots(VectorSqrt vector_sqrt, float* values, std::size_t count) {
-  if (vector_sqrt != nullptr) {
-    vector_sqrt(static_cast<int>(count), values, values);
-    return;
-  }
-  for (std::size_t i = 0; i < count; ++i) values[i] = std::sqrt(values[i]);
+// torch's lerp(m, g, 1 - beta1) as its vectorised kernel computes it: fma(w, g - m, m) for a
+// small weight, fma(w - 1, g - m, g) otherwise.
+[[gnu::always_inline]] inline float first_moment(float m, float g, const StepScalars& s) {
+  return std::fma(s.lerp_weight, g - m, s.lerp_weight > 0.0f ? m : g);
+}
+
+// v * beta2, then addcmul(g, g, 1 - beta2): one fused multiply-add, as torch's.
+[[gnu::always_inline]] inline float second_moment(float v, float g, const StepScalars& s) {
+  return std::fma(s.one_minus_beta2 * g, g, v * s.beta2);
+}
+
+// The parameter after the step, from the square root of the second moment (or its maximum).
+[[gnu::always_inline]] inline float stepped(float master, float m, float root, const StepScalars& s) {
+  return master * s.keep - (s.step_size * m) / (root / s.bias2_sqrt + s.eps);
 }
 
 // The larger of the running maximum and the new second moment; NaN in either stays NaN, as
@@ -111,49 +162,73 @@ template <ElementType T>
   return (seen > now || seen != seen) ? seen : now;
 }
 
-// One chunk: the update, then the output conversion while the masters are still in cache.
-// Restrict-qualified so that the compiler vectorises without alias checks (AdamWBuffers' rule).
-// kL2: Adam's penalty (a weight_decay of 0 takes the branch without it, so an infinite weight
-// cannot turn a gradient into NaN through 0 * inf); kAmsgrad: the running maximum of v.
+// Elements [begin, end) in one pass, each square root correctly rounded (no vector function).
+// Restrict-qualified so that the compiler vectorises without alias checks (AdamWBuffers' rule);
+// `s` is copied so that no store through the buffers can be taken to change it.
 template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
-[[gnu::always_inline]] inline void update_range(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
-                                                std::size_t end) {
-  // Locals, not s's fields: a store through master could otherwise alias them.
-  const float keep = s.keep, l2 = s.l2, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
-  const float step_size = s.step_size, bias2_sqrt = s.bias2_sqrt, eps = s.eps;
-  const float grad_scale = s.grad_scale;
+[[gnu::always_inline]] inline void update_in_one_pass(const StepScalars& scalars, const AdamWBuffers& b,
+                                                      std::size_t begin, std::size_t end) {
+  const StepScalars s = scalars;
   float* __restrict master = b.master;
   float* __restrict m = b.exp_avg;
   float* __restrict v = b.exp_avg_sq;
   float* __restrict v_max = b.max_exp_avg_sq;
   const void* grad = b.grad;
   void* out = b.out;
-  alignas(64) float roots[kChunk];  // the chunk's sqrt(v_hat), taken as the reference takes them
+  for (std::size_t i = begin; i < end; ++i) {
+    const float g = gradient<kL2>(load<G>(grad, i), master[i], s);
+    const float m_new = first_moment(m[i], g, s);
+    const float v_new = second_moment(v[i], g, s);
+    m[i] = m_new;
+    v[i] = v_new;
+    float v_hat = v_new;
+    if constexpr (kAmsgrad) {
+      v_hat = running_max(v_max[i], v_new);
+      v_max[i] = v_hat;
+    }
+    const float updated = stepped(master[i], m_new, std::sqrt(v_hat), s);
+    master[i] = updated;
+    if constexpr (kOut) store<O>(out, i, updated);
+  }
+}
+
+// Elements [begin, end) with the square roots of s.vector_sqrt, in chunks: the moments, then the
+// chunk's roots in one call, then the parameters and their output. The roots are taken straight
+// from the stored second moments (or their maximum).
+template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
+[[gnu::always_inline]] inline void update_in_chunks(const StepScalars& scalars, const AdamWBuffers& b,
+                                                    std::size_t begin, std::size_t end) {
+  const StepScalars s = scalars;
+  float* __restrict master = b.master;
+  float* __restrict m = b.exp_avg;
+  float* __restrict v = b.exp_avg_sq;
+  float* __restrict v_max = b.max_exp_avg_sq;
+  const void* grad = b.grad;
+  void* out = b.out;
+  const float* rooted = kAmsgrad ? v_max : v;
+  alignas(64) float roots[kChunk];
   for (std::size_t start = begin; start < end; start += kChunk) {
     const std::size_t stop = std::min(end, start + kChunk);
     for (std::size_t i = start; i < stop; ++i) {
-      // Note [torch's roundings]: each line one op of torch's, rounded where it rounds.
-      float g = load<G>(grad, i) * grad_scale;
-      if constexpr (kL2) g = std::fma(l2, master[i], g);
-      const float m_new = lerp(m[i], g, w1);
-      const float v_new = std::fma(w2 * g, g, v[i] * beta2);
-      m[i] = m_new;
-      v[i] = v_new;
-      float v_hat = v_new;
-      if constexpr (kAmsgrad) {
-        v_hat = running_max(v_max[i], v_new);
-        v_max[i] = v_hat;
-      }
-      roots[i - start] = v_hat;
+      const float g = gradient<kL2>(load<G>(grad, i), master[i], s);
+      m[i] = first_moment(m[i], g, s);
+      v[i] = second_moment(v[i], g, s);
+      if constexpr (kAmsgrad) v_max[i] = running_max(v_max[i], v[i]);
     }
-    square_roots(s.vector_sqrt, roots, stop - start);
+    s.vector_sqrt(static_cast<int>(stop - start), rooted + start, roots);
     for (std::size_t i = start; i < stop; ++i) {
-      master[i] = master[i] * keep - (step_size * m[i]) / (roots[i - start] / bias2_sqrt + eps);
-    }
-    if constexpr (kOut) {
-      for (std::size_t i = start; i < stop; ++i) store<O>(out, i, master[i]);
+      const float updated = stepped(master[i], m[i], roots[i - start], s);
+      master[i] = updated;
+      if constexpr (kOut) store<O>(out, i, updated);
     }
   }
+}
+
+template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
+[[gnu::always_inline]] inline void update_range(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
+                                                std::size_t end) {
+  if (s.vector_sqrt == nullptr) return update_in_one_pass<G, O, kOut, kL2, kAmsgrad>(s, b, begin, end);
+  update_in_chunks<G, O, kOut, kL2, kAmsgrad>(s, b, begin, end);
 }
 
 // The variant for the step's penalty and amsgrad, chosen once per range.
@@ -171,25 +246,28 @@ template <ElementType G, ElementType O, bool kOut>
 // One range of a parameter kept in its own precision T: every state read as fp32, updated, and
 // rounded to T as it is stored (torch's fused Adam on bf16 / fp16 parameters).
 template <ElementType T, bool kL2, bool kAmsgrad>
-[[gnu::always_inline]] inline void narrow_range(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
-                                                std::size_t end) {
-  const float keep = s.keep, l2 = s.l2, w1 = s.one_minus_beta1, beta2 = s.beta2, w2 = s.one_minus_beta2;
-  const float step_size = s.step_size, bias2_sqrt = s.bias2_sqrt, eps = s.eps;
-  const float grad_scale = s.grad_scale;
+[[gnu::always_inline]] inline void narrow_range(const StepScalars& scalars, const NarrowAdamBuffers& b,
+                                                std::size_t begin, std::size_t end) {
+  // Locals, restrict-qualified, as update_in_one_pass's.
+  const StepScalars s = scalars;
+  std::uint16_t* __restrict param = static_cast<std::uint16_t*>(b.param);
+  std::uint16_t* __restrict m = static_cast<std::uint16_t*>(b.exp_avg);
+  std::uint16_t* __restrict v = static_cast<std::uint16_t*>(b.exp_avg_sq);
+  std::uint16_t* __restrict v_max = static_cast<std::uint16_t*>(b.max_exp_avg_sq);
+  const std::uint16_t* __restrict grad = static_cast<const std::uint16_t*>(b.grad);
   for (std::size_t i = begin; i < end; ++i) {
-    float g = load<T>(b.grad, i) * grad_scale;
-    const float p0 = load<T>(b.param, i);
-    if constexpr (kL2) g = std::fma(l2, p0, g);
-    const float m_new = lerp(load<T>(b.exp_avg, i), g, w1);
-    const float v_new = std::fma(w2 * g, g, load<T>(b.exp_avg_sq, i) * beta2);
-    store<T>(b.exp_avg, i, m_new);
-    store<T>(b.exp_avg_sq, i, v_new);
+    const float p0 = load<T>(param, i);
+    const float g = gradient<kL2>(load<T>(grad, i), p0, s);
+    const float m_new = first_moment(load<T>(m, i), g, s);
+    const float v_new = second_moment(load<T>(v, i), g, s);
+    store<T>(m, i, m_new);
+    store<T>(v, i, v_new);
     float v_hat = v_new;
     if constexpr (kAmsgrad) {
-      v_hat = running_max(load<T>(b.max_exp_avg_sq, i), v_new);
-      store<T>(b.max_exp_avg_sq, i, v_hat);
+      v_hat = running_max(load<T>(v_max, i), v_new);
+      store<T>(v_max, i, v_hat);
     }
-    store<T>(b.param, i, p0 * keep - (step_size * m_new) / (std::sqrt(v_hat) / bias2_sqrt + eps));
+    store<T>(param, i, stepped(p0, m_new, std::sqrt(v_hat), s));
   }
 }
 
@@ -294,6 +372,10 @@ AdamWBuffers slice(const AdamWBuffers& b, std::size_t begin, std::size_t end) {
 float bfloat16_to_float(std::uint16_t bits) noexcept { return load<ElementType::kBFloat16>(&bits, 0); }
 
 std::uint16_t float_to_bfloat16(float value) noexcept { return to_bfloat16(value); }
+
+float float16_to_float(std::uint16_t bits) noexcept { return from_float16(bits); }
+
+std::uint16_t float_to_float16(float value) noexcept { return to_float16(value); }
 
 namespace {
 

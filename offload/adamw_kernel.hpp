@@ -90,5 +90,7 @@ void adam_step_narrow_reference(const AdamWHyperparameters& hyper, std::int64_t 
 // Precision conversions the kernel uses, exposed for tests.
 [[nodiscard]] float bfloat16_to_float(std::uint16_t bits) noexcept;
 [[nodiscard]] std::uint16_t float_to_bfloat16(float value) noexcept;
+[[nodiscard]] float float16_to_float(std::uint16_t bits) noexcept;
+[[nodiscard]] std::uint16_t float_to_float16(float value) noexcept;
 
 }  // namespace stowage::offload

@@ -79,13 +79,6 @@ std::vector<std::pair<std::string, std::int64_t>> offload_stats_entries(const Of
       {"offload.pinned.num_pinnings", pool.segments.num_pinnings},
       {"offload.pinned.pinning_refused", pool.segments.pinning_refused ? 1 : 0},
       {"offload.pinned.num_settles", pool.num_settles},
-      // The previous release's names of offload.buffers, num_offloads, bytes_offloaded,
-      // num_reloads and bytes_reloaded, kept for one release.
-      {"offload.pages", p.buffers},
-      {"offload.num_page_outs", p.num_offloads},
-      {"offload.bytes_paged_out", p.bytes_offloaded},
-      {"offload.num_page_ins", p.num_reloads},
-      {"offload.bytes_paged_in", p.bytes_reloaded},
   };
   return out;
 }

@@ -99,8 +99,7 @@ const SpecPtr& cost_spec() {
         {"to_device_bytes_per_ms", bandwidth()},
         {"prefetch_depth",
          make<IntSpec>(Bound::of(0), Bound::ref(kPrefetchDepth, "the trace's saved tensors (one buffer each: no "
-                                                                "deeper prefetch exists)"))}},
-        RecordSpec::Fields{}, RecordSpec::Renamed{{"prefetch_pages", "prefetch_depth"}});
+                                                                "deeper prefetch exists)"))}});
   }();
   return spec;
 }

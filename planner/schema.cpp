@@ -269,8 +269,8 @@ void RowSpec::walk(DocumentView& view, DocNode value, Bounds bounds) const {
   }
 }
 
-RecordSpec::RecordSpec(Fields required, Fields optional, Renamed renamed)
-    : fields_(std::move(required)), required_(fields_.size()), renamed_(std::move(renamed)) {
+RecordSpec::RecordSpec(Fields required, Fields optional)
+    : fields_(std::move(required)), required_(fields_.size()) {
   for (auto& field : optional) fields_.push_back(std::move(field));
   for (const auto& field : fields_) {
     if (!listed_.empty()) listed_.append(", ");
@@ -279,30 +279,14 @@ RecordSpec::RecordSpec(Fields required, Fields optional, Renamed renamed)
 }
 
 const std::pair<std::string, SpecPtr>* RecordSpec::field_named(std::string_view name) const {
-  for (const auto& [old_name, current] : renamed_) {
-    if (old_name == name) name = current;
-  }
   for (const auto& field : fields_) {
     if (field.first == name) return &field;
   }
   return nullptr;
 }
 
-bool RecordSpec::holds(DocumentView& view, DocNode value, const std::string& field) const {
-  if (view.field(value, field) != nullptr) return true;
-  for (const auto& [old_name, current] : renamed_) {
-    if (current == field && view.field(value, old_name) != nullptr) return true;
-  }
-  return false;
-}
-
 void RecordSpec::walk(DocumentView& view, DocNode value, Bounds bounds) const {
   if (view.kind(value) != DocKind::kDict) throw wrong_kind(view, "an object", value);
-  for (const auto& [old_name, current] : renamed_) {
-    if (view.field(value, old_name) != nullptr && view.field(value, current) != nullptr) {
-      throw Refused{joined({"both '", current, "' and '", old_name, "', its name before; give one"}), {}};
-    }
-  }
   std::size_t cursor = 0;
   DocNode key = nullptr;
   DocNode item = nullptr;
@@ -326,7 +310,7 @@ void RecordSpec::walk(DocumentView& view, DocNode value, Bounds bounds) const {
   }
   if (view.length(value) < fields_.size()) {
     for (std::size_t i = 0; i < required_; ++i) {
-      if (!holds(view, value, fields_[i].first)) {
+      if (view.field(value, fields_[i].first) == nullptr) {
         throw Refused{joined({"missing field '", fields_[i].first, "'"}), {}};
       }
     }

@@ -163,24 +163,19 @@ class RowSpec final : public Spec {
   std::vector<SpecPtr> items_;
 };
 
-// A JSON object with the fields listed and no other. A field renamed since the previous release
-// is still accepted under its old name (`renamed`: old name, current name), but not under both.
+// A JSON object with the fields listed and no other.
 class RecordSpec : public Spec {
  public:
   using Fields = std::vector<std::pair<std::string, SpecPtr>>;
-  using Renamed = std::vector<std::pair<std::string, std::string>>;
-  RecordSpec(Fields required, Fields optional = {}, Renamed renamed = {});
+  RecordSpec(Fields required, Fields optional = {});
   void walk(DocumentView& view, DocNode value, Bounds bounds) const override;
 
  private:
-  // The field `name` is, under its current name or its old one; nullptr for none.
+  // The field `name` is; nullptr for none.
   const std::pair<std::string, SpecPtr>* field_named(std::string_view name) const;
-  // Whether `value` holds the required field `field`, under either name.
-  bool holds(DocumentView& view, DocNode value, const std::string& field) const;
 
   Fields fields_;  // the required ones first
   std::size_t required_;
-  Renamed renamed_;
   std::string listed_;  // "name, module, phase"
 };
 

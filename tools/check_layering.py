@@ -10,14 +10,24 @@ Each C++ source folder is a layer; a layer may include and link only the layers 
       ^  <-  snapshot (the snapshot reader: nothing of the allocator's)
 
 (device/host and device/cuda are the two devices inside the device layer and never include each
-other.) Four things are checked:
+other.) Six things are checked:
 - every ``#include "..."`` of a file in a layer names a file of its own layer or of one it may
   depend on;
 - every ``target_link_libraries`` of a layer's target names only targets it may depend on;
 - each target declares the layers it uses and no other: a layer it links is one its sources
   include, and a layer they include is one it links (or one below a layer it links);
-- the Python package has no import circle (tools/python_imports.py says what counts).
-tests/, bench/ and tools/ sit on top and are not checked.
+- the Python package has no import circle (tools/python_imports.py says what counts);
+- the Python package's parts keep an order (PYTHON_LAYERS, lowest first): a module imports only
+  modules of its own layer or of a lower one, at module level or inside a function, and every
+  module belongs to a layer (a part is a subpackage, such as ``stowage.plan``, or a module directly
+  in the package, such as ``stowage.memory``);
+- tests/ and bench/ include only public headers of the C++ libraries (allocator, with base and
+  device inside it, offload, planner, snapshot): a header (.hpp, .h, .cuh) whose path has no
+  ``detail`` or ``internal`` folder and whose name does not end in ``_impl``, ``_detail`` or
+  ``_internal``; never a library's source file (.cpp, .cu), and nothing of python/ (the bindings
+  and the libtorch glue are the Python modules' insides, not libraries). Their own helpers
+  (tests/..., bench/...) and system headers are theirs to include.
+Otherwise tests/, bench/ and tools/ sit on top and are not checked.
 
     python3 tools/check_layering.py [ROOT]
 
@@ -83,6 +93,27 @@ TARGETS: dict[str, str] = {
     "_torch": "torch bindings",
     "_core": "core bindings",
 }
+
+# The Python package's parts by layer, lowest first: a part imports only its own layer's and lower
+# ones'. "__init__" is the package itself (``import stowage``).
+PYTHON_LAYERS: list[tuple[str, set[str]]] = [
+    ("basics", {"byte_counts", "terminal", "warning_site", "waiting", "validation", "recorded_by",
+                "recompute_estimate"}),
+    ("snapshot files", {"snapshot_reader", "snapshot_loader", "trace", "profiler_trace"}),
+    ("torch serving", {"serving", "step_context", "checking", "tagging"}),
+    ("offload", {"offload"}),
+    ("memory", {"memory"}),
+    ("plan", {"plan"}),
+    ("fitting", {"fitting", "models"}),
+    ("package", {"__init__", "_autoload"}),
+    ("commands", {"inspection", "diff", "replay", "record", "doctor", "demo", "cli", "__main__"}),
+]
+
+# The C++ libraries whose public headers tests/ and bench/ may include.
+LIBRARIES = ("allocator", "offload", "planner", "snapshot")
+HEADERS = (".hpp", ".h", ".cuh")
+PRIVATE_FOLDERS = {"detail", "internal"}
+PRIVATE_SUFFIXES = ("_impl", "_detail", "_internal")
 
 SOURCES = (".cpp", ".hpp", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -225,16 +256,76 @@ def check_python(root: Path) -> list[Violation]:
             for component in python_imports.circles(graph)]
 
 
+def python_part(module: str) -> str:
+    """The part of the package `module` is in: its subpackage, or itself directly in the package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def check_python_layers(root: Path) -> list[Violation]:
+    """Every import of a higher layer's module, and every module of no layer (PYTHON_LAYERS)."""
+    package = root / "python" / "stowage"
+    if not package.is_dir():
+        return []
+    rank = {part: (index, name) for index, (name, parts) in enumerate(PYTHON_LAYERS) for part in parts}
+    files = python_imports.module_files(package)
+    found: list[Violation] = []
+    for module, path in files.items():
+        if python_part(module) not in rank:
+            found.append(Violation(path.relative_to(root).as_posix(),
+                                   f"{module} is in no layer: add {python_part(module)!r} to PYTHON_LAYERS"))
+    for module, line, target in python_imports.imports(package, root / "python" / "bindings"):
+        low, high = rank.get(python_part(module)), rank.get(python_part(target))
+        if low is not None and high is not None and high[0] > low[0]:
+            where = f"{files[module].relative_to(root).as_posix()}:{line}"
+            found.append(Violation(where, f"{module} ({low[1]}) imports {target} of {high[1]}, a higher layer"))
+    return found
+
+
+def public_header_problem(included: str) -> str | None:
+    """Why tests/ and bench/ may not include `included`; None when they may."""
+    parts = included.split("/")
+    if parts[0] == "python":
+        return "a file of the Python bindings, not of a library"
+    if parts[0] not in LIBRARIES:
+        return None  # their own helpers, or a system header
+    name, _, suffix = parts[-1].rpartition(".")
+    if "." + suffix not in HEADERS:
+        return "a library's source file, not a header"
+    if PRIVATE_FOLDERS & set(parts[:-1]) or name.endswith(PRIVATE_SUFFIXES):
+        return "a library's private header"
+    return None
+
+
+def check_public_headers(root: Path) -> list[Violation]:
+    """Every include in tests/ and bench/ of what is not a library's public header."""
+    found: list[Violation] = []
+    for folder in ("tests", "bench"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in SOURCES or not path.is_file():
+                continue
+            text = path.read_text(errors="replace")
+            for match in INCLUDE.finditer(text):
+                problem = public_header_problem(match.group(1))
+                if problem is not None:
+                    line = text.count("\n", 0, match.start()) + 1
+                    found.append(Violation(f"{path.relative_to(root).as_posix()}:{line}",
+                                           f"includes {match.group(1)}: {problem}"))
+    return found
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
-    violations = check_includes(root) + check_links(root) + check_declared(root) + check_python(root)
+    violations = (check_includes(root) + check_links(root) + check_declared(root) + check_python(root)
+                  + check_python_layers(root) + check_public_headers(root))
     for violation in violations:
         print(f"{violation.where}: {violation.what}")
     if violations:
         print(f"check_layering: {len(violations)} dependencies point against the layers")
         return 1
     print("check_layering: every include and link points down the layers, each target links what it uses, "
-          "and the Python package has no import circle")
+          "the Python package has no import circle and keeps its layers, and tests and bench include only "
+          "public headers")
     return 0
 
 

@@ -57,17 +57,25 @@ def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> 
     return names
 
 
-def import_graph(package_root: Path, bindings_root: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (compiled extensions are leaves)."""
+def imports(package_root: Path, bindings_root: Path) -> list[tuple[str, int, str]]:
+    """(module, line, module of the package it imports), for every import of every module."""
     files = module_files(package_root)
     known = set(files) | extension_modules(package_root.name, bindings_root)
-    graph: dict[str, set[str]] = {name: set() for name in files}
+    found: list[tuple[str, int, str]] = []
     for name, path in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             for target in _imported(node, name, path.name == "__init__.py", known):
                 if target in files and target != name:
-                    graph[name].add(target)
+                    found.append((name, node.lineno, target))  # type: ignore[attr-defined]
+    return found
+
+
+def import_graph(package_root: Path, bindings_root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (compiled extensions are leaves)."""
+    graph: dict[str, set[str]] = {name: set() for name in module_files(package_root)}
+    for name, _, target in imports(package_root, bindings_root):
+        graph[name].add(target)
     return graph
 
 

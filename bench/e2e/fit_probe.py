@@ -16,8 +16,9 @@ Configurations (the LM loss is chunked in every one, stowage.models.llama's chun
   stowage+plan            stowage.fit with the optimizer's states kept on the device
   stowage+plan+optimizer  stowage.fit: states where it chooses, activations planned
 FIT_VERBOSE=1 in the environment prints fit's decision table. ``--cost '{"to_host_bytes_per_ms": ...}'``
-gives fit the planner's cost model instead of its measuring one, so that two builds plan alike. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step,
-tokens a second over the steps after the first two (median), peak memory (and, but for fit,
+gives fit the planner's cost model instead of its measuring one, so that two builds plan alike. Prints one JSON line: fits (bool), why not, parameters, tokens a step, the time of every step
+(wall clock, and the process's CPU time over all its threads), tokens a second over the steps
+after the first two (median), peak memory (and, but for fit,
 the peak of the last step's forward and backward), the device's memory,
 the process's resident host memory before fit (or the optimizer) and after the steps.
 """
@@ -105,7 +106,7 @@ def step_function(config: str, model: Any, tokens: Any, device: str, backward_pe
         backward_peaks.append(peak_allocated(device))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -148,6 +149,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"config": args.config, "layers": args.layers, "batch": args.batch, "seq": args.seq,
                               "tokens_per_step": args.batch * args.seq, "fits": False}
     times: list[float] = []
+    cpu_times: list[float] = []  # the process's CPU time a step, every thread's: what a busy host inflates least
     try:
         torch.manual_seed(0)
         model = Llama(shape, device=args.device)
@@ -158,15 +160,17 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         step = step_function(args.config, model, tokens, args.device, backward_peaks,
                              json.loads(args.cost) if args.cost else None)
         for _ in range(args.steps):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             step()
             if args.device == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - start_cpu)
         result["fits"] = True
     except torch.OutOfMemoryError as error:
         result["why"] = str(error).splitlines()[0][:300]
     result["step_s"] = times
+    result["step_cpu_s"] = cpu_times
     steady = times[2:] or times
     if result["fits"] and steady:
         result["tokens_per_s"] = args.batch * args.seq / statistics.median(steady)

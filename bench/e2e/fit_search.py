@@ -11,7 +11,8 @@ Two searches per configuration, each point a fresh process (fit_probe.py):
 Each search brackets (doubling from --start until a point fails) and then bisects between the last
 point that trained and the first that did not, so it probes about 2 log2(answer) points. The table
 gives each answer (parameters, tokens a step), the tokens a second there (median over the steps
-after the first two) and every step's time.
+after the first two) and every step's time; the JSON adds each probe's load averages before and
+after it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -47,7 +49,14 @@ def run_probe(args: argparse.Namespace, config: str, layers: int, batch: int) ->
                "--capacity", args.capacity, "--hidden", str(args.hidden), "--heads", str(args.heads),
                "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--layers", str(layers),
                "--batch", str(batch), "--seq", str(args.seq), "--steps", str(args.steps)]
-    return probe_in_process(command, args.probe_timeout, {"config": config, "layers": layers, "batch": batch})
+    load_before = _load()
+    result = probe_in_process(command, args.probe_timeout, {"config": config, "layers": layers, "batch": batch})
+    return {**result, "load_before": load_before, "load_after": _load()}
+
+
+def _load() -> list[float]:
+    """The host's load averages (1, 5, 15 minutes): how busy the machine was around a probe."""
+    return [round(value, 2) for value in os.getloadavg()]
 
 
 def search(probe: Callable[[int], dict[str, Any]], start: int, limit: int) -> tuple[dict[str, Any] | None, list[dict]]:
@@ -154,8 +163,6 @@ def main() -> int:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
 
 

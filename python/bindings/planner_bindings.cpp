@@ -108,19 +108,7 @@ void bind_results(py::module_& module) {
       .def_readonly("step_ms", &planner::Simulation::step_ms)
       .def_readonly("recompute_ms", &planner::Simulation::recompute_ms)
       .def_readonly("stall_ms", &planner::Simulation::stall_ms)
-      .def_readonly("bytes_at_op", &planner::Simulation::bytes_at_op)
-      // Plan.simulate() and Plan.prediction were dicts: their keys still read, deprecated for one release.
-      .def("__getitem__", [](const py::object& self, const std::string& key) {
-        std::string message = "a plan's simulation is an object now: read .";
-        message.append(key).append(" instead of [\"").append(key).append("\"]");
-        if (PyErr_WarnEx(PyExc_DeprecationWarning, message.c_str(), 1) != 0) {
-          throw py::error_already_set();
-        }
-        if (!py::hasattr(self, key.c_str())) {
-          throw py::key_error(key);
-        }
-        return self.attr(key.c_str());
-      });
+      .def_readonly("bytes_at_op", &planner::Simulation::bytes_at_op);
   py::class_<BudgetPlan>(module, "BudgetPlan")
       .def_readonly("decisions", &BudgetPlan::decisions)
       .def_readonly("simulation", &BudgetPlan::simulation)

@@ -62,11 +62,6 @@ py::dict to_dict(const ReplayResult& result) {
   out["placed_allocations"] = result.placed_allocations;
   out["arena_bytes"] = result.arena_bytes;
   out["layout_live_bytes"] = result.layout_live_bytes;
-  // Deprecated names of layouts_made, placed_allocations and layout_live_bytes, kept for one
-  // release.
-  out["plans_made"] = result.layouts_made;
-  out["planned_allocations"] = result.placed_allocations;
-  out["plan_live_bytes"] = result.layout_live_bytes;
   out["oom"] = result.oom;
   out["oom_event"] = result.oom ? py::object(py::int_(result.oom_event)) : py::object(py::none());
   out["oom_message"] = result.oom ? py::object(py::str(result.oom_message)) : py::object(py::none());

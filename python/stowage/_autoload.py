@@ -14,6 +14,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import warnings
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -21,13 +22,13 @@ _VARIABLE = "STOWAGE_ALLOC_CONF"
 
 
 def _enable_now() -> None:
+    # Here, not at the top: this module runs at interpreter start (the .pth), before torch loads,
+    # and stowage.memory enables stowage in torch, which needs torch.
     from stowage.memory import NoCudaDevice, enable
 
     try:
         enable(os.environ.get(_VARIABLE, ""), device="cuda")
     except NoCudaDevice as error:  # a launcher's environment on a machine without a GPU
-        import warnings
-
         warnings.warn(f"{_VARIABLE} is set, but {error}", RuntimeWarning, stacklevel=2)
 
 

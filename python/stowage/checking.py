@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stowage import step_context
+
 _enabled = os.environ.get("STOWAGE_CHECK", "").strip() not in ("", "0")
 _parameter_names: dict[int, str] = {}
 _named_roots: set[int] = set()
@@ -56,20 +58,20 @@ def step() -> int:
 
 
 def _watch_modules() -> None:
-    """Names every parameter of each model whose forward runs (for the messages)."""
+    """Names every parameter of each model whose forward runs (for the messages), from the
+    step context's module calls (subscribed once, for the process)."""
     global _hook
-    if _hook is not None:
+    if _hook is None:
+        _hook = step_context.module_calls.subscribe(_entered, compiled=True)
+
+
+def _entered(call: step_context.Call, args: Any) -> None:
+    module = call.module
+    if id(module) in _named_roots:
         return
-    import torch
-
-    def entered(module: Any, args: Any) -> None:
-        if id(module) in _named_roots:
-            return
-        _named_roots.add(id(module))
-        for name, parameter in module.named_parameters():
-            _parameter_names.setdefault(id(parameter), name)
-
-    _hook = torch.nn.modules.module.register_module_forward_pre_hook(entered)
+    _named_roots.add(id(module))
+    for name, parameter in module.named_parameters():
+        _parameter_names.setdefault(id(parameter), name)
 
 
 def parameter_name(parameter: Any) -> str | None:

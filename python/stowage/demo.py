@@ -15,11 +15,15 @@ of the fitted steps, which ``stowage inspect --html`` turns into a report.
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 import stowage
+from stowage.serving import torch_module
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -53,7 +57,7 @@ ACTIVATION_FLOATS = 29      # per token, layer and hidden unit, this decoder's s
 def sized(workload: Workload, capacity: int) -> Workload:
     """`workload` with layers and batch for a device of `capacity` bytes: parameters about
     PARAMETER_SHARE of it, the step's activations about ACTIVATION_SHARE."""
-    from stowage.models.llama import LlamaShape
+    from stowage.models.llama import LlamaShape  # here: it imports torch, which `stowage --help` must not
 
     h = workload.hidden
     mlp = LlamaShape(h, 1, workload.heads, workload.kv_heads, workload.vocab).mlp
@@ -66,9 +70,7 @@ def sized(workload: Workload, capacity: int) -> Workload:
 
 def _train_as_it_is(model: Any, tokens: Any, loss_fn: Any) -> str:
     """One step with torch's AdamW and nothing else: what goes wrong, or that it fit."""
-    import gc
-
-    import torch
+    import torch  # here: the stowage command imports this module, and must not import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     phase = "forward and backward"
@@ -86,8 +88,6 @@ def _train_as_it_is(model: Any, tokens: Any, loss_fn: Any) -> str:
 
 
 def _train_fitted(fitted: Any, tokens: Any, steps: int, snapshot: str | None) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
         task = progress.add_task("steps", total=steps)
@@ -108,9 +108,8 @@ def _train_fitted(fitted: Any, tokens: Any, steps: int, snapshot: str | None) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # here, as the models: the stowage command imports this module, and must not import torch
 
-    from stowage.serving import torch_module
     from stowage.models.llama import Llama, LlamaShape
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

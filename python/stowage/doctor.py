@@ -137,7 +137,7 @@ def torch_facts() -> dict[str, Any]:
                         if key in os.environ},
     }
     try:
-        import torch
+        import torch  # here: stowage doctor reports a machine without torch, or a broken one
     except ImportError as error:
         facts["error"] = str(error)
         return facts
@@ -157,7 +157,7 @@ def _stowage_torch(torch_version: str) -> dict[str, Any]:
                              "cuda_torch_versions": [], "cuda_allocator_enabled": False,
                              "cpu_allocator_enabled": False}
     try:
-        from stowage import _torch
+        from stowage import _torch  # as torch: it may be missing or broken, which doctor reports
     except ImportError as error:
         facts["error"] = str(error)
         return facts

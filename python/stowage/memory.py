@@ -30,8 +30,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from stowage import _core, tagging
+from stowage import _core, checking, tagging
 from stowage.byte_counts import MAX_BYTE_COUNT, in_range
+from stowage.offload import summary_lines
 from stowage.serving import (CPU_MODE, device_index, enabled_module, is_cpu_allocator, is_cuda_allocator, torch_module,
                              was_enabled)
 
@@ -70,8 +71,6 @@ def enable(conf: str | None = None, *, device: str = "cuda", capacity: int | str
         raise TypeError(f"conf must be a 'key:value,...' string, not {type(conf).__name__}")
     _install(_core.normalize_allocator_config(conf or ""), device, capacity, copy_bandwidth, pinned_limit)
     if check is not None:  # once installed: a refused enable() changes nothing
-        from stowage import checking
-
         checking.set_enabled(check)
 
 
@@ -105,7 +104,7 @@ class NoCudaDevice(RuntimeError):
 
 
 def _enable_cuda(config: str) -> None:
-    import torch
+    import torch  # here: `import stowage` must not import torch
 
     module = torch_module()
     if not module.has_cuda:
@@ -208,7 +207,7 @@ def empty_cache() -> None:
     """Returns cached memory to the device (on the paged path, every free page)."""
     module = enabled_module()
     if is_cuda_allocator(module):
-        import torch
+        import torch  # here: `import stowage` must not import torch
 
         torch.cuda.empty_cache()  # every device, as torch does
     elif module.cuda_library_in_use():
@@ -234,8 +233,7 @@ def mark_step() -> None:
 def placement_status(device: Any = None) -> dict[str, Any]:
     """Learned placement's state: enabled, phase ("learning", "placed" or "off"), layouts_made (step
     layouts the allocator learned), departures, arena_bytes and layout_live_bytes (of the layout in
-    force) and placed_allocations. plans_made, plan_live_bytes and planned_allocations are the
-    deprecated names of layouts_made, layout_live_bytes and placed_allocations, kept for one release."""
+    force) and placed_allocations."""
     return dict(enabled_module().placement_status(device_index(device)))
 
 
@@ -254,7 +252,7 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
     with ``tags=False``."""
     module = enabled_module()
     if is_cuda_allocator(module):
-        import torch
+        import torch  # here: `import stowage` must not import torch
 
         if stacks not in ("python", "all"):
             raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
@@ -276,7 +274,7 @@ def snapshot() -> dict[str, Any]:
     On a GPU it is torch.cuda.memory._snapshot() itself, which stowage serves."""
     module = enabled_module()
     if is_cuda_allocator(module):
-        import torch
+        import torch  # here: `import stowage` must not import torch
 
         out = dict(torch.cuda.memory._snapshot())
     else:
@@ -303,6 +301,4 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         title = f"stowage memory summary, simulated device of {_core.format_bytes(capacity)}"
     else:
         title = f"stowage memory summary, CUDA device {index} ({_core.format_bytes(capacity)})"
-    from stowage.offload import summary_lines
-
     return str(_core.memory_summary(dict(stats), title, abbreviated, summary_lines(stats)))

@@ -9,8 +9,6 @@ step the mark that stowage.mark_step() writes (a "snapshot" event whose user_met
 allocator has none. The profiler reports allocations as a tree of events;
 events with equal timestamps are put in the one order consistent with the running total of
 allocated bytes that the profiler records beside each event.
-
-torch is imported only when recording.
 """
 
 from __future__ import annotations
@@ -21,6 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torch._C._profiler import _EventType
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
 
 MARK_STEP = "stowage.mark_step"  # the profiler range that ends a step, and the mark's metadata
 
@@ -28,8 +29,6 @@ MARK_STEP = "stowage.mark_step"  # the profiler range that ends a step, and the 
 def _profiled_events(profiler: Any) -> tuple[list[tuple[int, int, int, int]], list[int]]:
     """(time_ns, address, signed size, total after) of every CPU allocation event, in order, and
     the times the steps ended."""
-    from torch._C._profiler import _EventType
-
     raw: list[tuple[int, int, int, int]] = []
     marks: list[int] = []
     stack = list(profiler.profiler.kineto_results.experimental_event_tree())
@@ -69,9 +68,6 @@ def _in_order(raw: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int,
 
 def record(step: Callable[[int], None], steps: int) -> dict[str, Any]:
     """Runs step(0), ..., step(steps - 1) under the profiler; returns the snapshot dict."""
-    from torch.autograd.profiler import record_function
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         for index in range(steps):
             step(index)

@@ -21,6 +21,7 @@ def torch_module() -> Any:
     """stowage._torch, checked to be built against the torch installed; RuntimeError saying how
     to fix it otherwise. Imports torch."""
     try:
+        # Here: `import stowage` must not import torch (the import hook installs stowage before it).
         import torch  # (loads libc10 for stowage._torch)
 
         from stowage import _torch
@@ -78,7 +79,7 @@ def device_index(device: Any) -> int:
         return CPU_MODE
     if not serves_cuda(module):
         return CPU_MODE
-    import torch
+    import torch  # here: `import stowage` must not import torch
 
     return int(torch.cuda._get_device_index(device, optional=True))
 

@@ -25,7 +25,7 @@ The saved-tensor hook cannot serve a backward that builds a graph of its own
 the way out (``record_history(True, tags=False)``), rather than compute different gradients.
 Inside a region with saved-tensor hooks of its own (the user's, torch.utils.checkpoint's,
 stowage's offload and plans), those hooks serve autograd as before; what they are handed is
-noted first (``saved_tensors_hooks.__enter__`` wraps the region's pack hook while recording).
+noted first (stowage.step_context, Note [Seeing every saved tensor]).
 
 Contract: one Tagger at a time (start/stop); hooks run on the threads torch runs them on and
 append under the GIL; module paths are noted for the thread that started the recording.
@@ -37,7 +37,7 @@ import threading
 import warnings
 from typing import Any
 
-from stowage import _core
+from stowage import _core, step_context
 
 CATEGORY_ORDER = ("parameters", "optimizer states", "gradients", "inputs", "activations")
 TAGS_KEY = "stowage_tags"
@@ -51,7 +51,6 @@ class Tagger:
     """The notes of one recording (module docstring)."""
 
     def __init__(self, module: Any, device: int, max_entries: int) -> None:
-        import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._module, self._device, self._max_entries = module, device, max_entries
@@ -65,71 +64,21 @@ class Tagger:
         self._open: list[int] = []  # spans open, innermost last
         self._running: dict[int, str] = {}  # the top-level forward's {id(module): path}
         self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
-            torch.nn.modules.module.register_module_forward_hook(self._left, with_kwargs=True, always_call=True),
-            register_optimizer_step_pre_hook(self._before_step),
-            register_optimizer_step_post_hook(self._after_step),
+            step_context.module_calls.subscribe(self._entered, self._left),
+            register_optimizer_step_pre_hook(self._before_step).remove,
+            register_optimizer_step_post_hook(self._after_step).remove,
         ]
-        # Inside a region with hooks of its own the default hooks cannot go on top of it (its exit
-        # pops the top): then only regions entered from here on are noted.
-        self._pushed = torch._C._autograd._top_saved_tensors_default_hooks(False) is None
-        if self._pushed:
-            torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
-        else:
+        if not step_context.observe_saves(self._observed, self._pack, self._unpack):
             warnings.warn("stowage.record_history started inside a saved_tensors_hooks region: the tensors autograd "
                           "saves outside regions entered from here on are not tagged as activations", stacklevel=4)
-        hooks = torch.autograd.graph.saved_tensors_hooks
-        self._plain_enter = hooks.__enter__
-        tagger = self
-
-        def enter_noting(region: Any) -> None:  # a region's own hooks, its saves noted first
-            own = region.pack_hook
-            if not getattr(own, "_stowage_noting", False):
-                def pack(tensor: Any) -> Any:
-                    if _active is not None:  # (a region entered while recording may outlive it)
-                        _active.note((tensor,), 4, owners=(None,))
-                    return own(tensor)
-                pack._stowage_noting = True  # type: ignore[attr-defined]
-                region.pack_hook = pack
-            tagger._plain_enter(region)
-
-        hooks.__enter__ = enter_noting  # type: ignore[method-assign]
-        self._plain_exit = plain_exit = hooks.__exit__
-
-        def exit_then_pop(region: Any, *error: Any) -> None:  # (captured by each region entered while recording)
-            global _pending_pop
-            plain_exit(region, *error)
-            pending = _pending_pop
-            if pending is not None and pending._on_top():
-                torch._C._autograd._pop_saved_tensors_default_hooks()
-                _pending_pop = None
-
-        hooks.__exit__ = exit_then_pop  # type: ignore[method-assign]
 
     def stop(self) -> None:
         """Removes the hooks. Stopped inside a region with saved-tensor hooks of its own entered
-        while recording, the default hooks lie below the region's: they are popped as soon as the
+        while recording, the default hooks lie below the region's: they come out as soon as the
         region is left (until then they keep tensors as before, noting nothing)."""
-        import torch
-
-        for handle in self._handles:
-            handle.remove()
-        global _pending_pop
-        hooks = torch.autograd.graph.saved_tensors_hooks
-        hooks.__enter__ = self._plain_enter  # type: ignore[method-assign]
-        hooks.__exit__ = self._plain_exit  # type: ignore[method-assign]
-        if not self._pushed:
-            return
-        if self._on_top():
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-        else:  # below a region entered while recording: popped when it is left (its exit_then_pop)
-            _pending_pop = self
-
-    def _on_top(self) -> bool:
-        import torch
-
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-        return top is not None and getattr(top[0], "__self__", None) is self
+        for remove in self._handles:
+            remove()
+        step_context.stop_observing()
 
     # --- notes ---
 
@@ -170,11 +119,10 @@ class Tagger:
 
     # --- hooks ---
 
-    def _entered(self, module: Any, args: Any) -> None:
-        import torch
-
-        if torch.compiler.is_compiling() or threading.get_ident() != self._thread:
+    def _entered(self, call: step_context.Call, args: Any) -> None:
+        if threading.get_ident() != self._thread:
             return
+        module = call.module
         at = self._position()
         if not self._open:
             # (worked out at each top-level forward: modules are added, ids reused)
@@ -207,10 +155,10 @@ class Tagger:
             for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
                 self._owner.setdefault(id(tensor), path_id)
 
-    def _left(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _left(self, call: step_context.Call, args: Any, kwargs: dict[str, Any]) -> None:
         import torch
 
-        if torch.compiler.is_compiling() or threading.get_ident() != self._thread or not self._open:
+        if threading.get_ident() != self._thread or not self._open:
             return
         self.spans[self._open.pop()][1] = at = self._position()
         if not self._open:  # a top-level forward's inputs (its keyword arguments too): what autograd did not make
@@ -225,6 +173,9 @@ class Tagger:
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         pairs = [(value, parameter) for parameter, state in optimizer.state.items() for value in state.values()]
         self.note([value for value, _ in pairs], 1, owners=[parameter for _, parameter in pairs])
+
+    def _observed(self, tensor: Any) -> None:  # a saved tensor some region's hooks take
+        self.note((tensor,), 4, owners=(None,))
 
     def _pack(self, tensor: Any) -> Any:
         if _active is self:  # (left below a region's hooks when recording stopped inside it)
@@ -271,7 +222,6 @@ def _tensors(args: Any) -> list[Any]:
 
 
 _active: Tagger | None = None
-_pending_pop: Tagger | None = None  # a stopped recording whose default hooks wait for a region's exit
 
 
 def start(module: Any, device: int, max_entries: int) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -45,6 +47,4 @@ def literal(text: str) -> str:
 def console(**options: Any) -> Any:
     """A rich Console (options as rich's: stderr, width, soft_wrap) that prints strings as they
     are: no markup, no emoji codes."""
-    from rich.console import Console
-
     return Console(markup=False, emoji=False, **options)

@@ -9,9 +9,7 @@ path of stowage's calls it came through.
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
-from typing import Any
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _LIBRARIES = ("torch", "transformers", "accelerate", "contextlib")
@@ -33,13 +31,3 @@ def outside_stowage() -> int:
         frame = frame.f_back
         level += 1
     return level if frame is not None else 2
-
-
-def old_name(module: str, renamed: dict[str, str], name: str, names: dict[str, Any]) -> Any:
-    """A module's ``__getattr__``: a name of the previous release (`renamed` maps it to its new
-    one) warns with DeprecationWarning and gives the new name's object; the next release drops it."""
-    if name not in renamed:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    warnings.warn(f"{module}.{name} is now {module}.{renamed[name]}; the old name goes in the next release",
-                  DeprecationWarning, stacklevel=3)
-    return names[renamed[name]]

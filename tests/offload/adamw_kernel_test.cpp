@@ -149,6 +149,59 @@ TEST(AdamWKernel, EveryVariantOfTheUpdateMatchesTheReference) {
   }
 }
 
+// The kernel's two paths, one pass with the correctly rounded root and chunks whose roots a
+// vector function takes, give the same bits when that function is the correctly rounded root:
+// random sizes (no multiple of a vector), unaligned starts, every precision and option, values
+// at the edges of float (zeros, denormals, infinities, NaN), one thread and several.
+void correctly_rounded_roots(int count, const float* in, float* out) {
+  for (int i = 0; i < count; ++i) out[i] = std::sqrt(in[i]);
+}
+
+TEST(AdamWKernel, TheChunkedPathGivesTheOnePassBitsWhenHandedTheSameRoot) {
+  std::mt19937 random(23);
+  const float edges[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 1e-45f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN, 1e-20f};
+  std::uniform_int_distribution<std::size_t> size_of(1, 9000), edge_of(0, std::size(edges) - 1);
+  for (int round = 0; round < 48; ++round) {
+    const ElementType grad_type = kTypes[round % 3];
+    const ElementType out_type = kTypes[(round / 3) % 3];
+    const std::size_t count = round == 0 ? 150001 : size_of(random);
+    State one_pass = random_state(count, grad_type, out_type, random);
+    for (std::size_t i = 0; i < count; i += 7) {  // every seventh state an edge value
+      one_pass.master[i] = edges[edge_of(random)];
+      one_pass.m[i + 1] = edges[edge_of(random)];
+      one_pass.v[i] = std::abs(edges[edge_of(random)]);
+    }
+    State chunked = one_pass;
+    std::vector<float> max_one(count + 1, 0.5f), max_chunked(count + 1, 0.5f);
+    AdamWHyperparameters hyper{round % 5 == 0 ? 0.5 : 1e-3, round % 4 == 0 ? 0.3 : 0.9, 0.999,
+                               round % 6 == 0 ? 1e10 : 1e-8, round % 7 == 0 ? 0.0 : 0.1, round % 2 ? 0.37 : 1.0};
+    hyper.decoupled_weight_decay = round % 2 == 0;
+    hyper.maximize = round % 3 == 0;
+    const bool amsgrad = round % 4 < 2;
+    for (std::int64_t step = 1; step <= 2; ++step) {
+      AdamWBuffers a = buffers_of(one_pass, 1, count, grad_type, out_type, round % 5 != 1);
+      AdamWBuffers b = buffers_of(chunked, 1, count, grad_type, out_type, round % 5 != 1);
+      if (amsgrad) {
+        a.max_exp_avg_sq = max_one.data() + 1;
+        b.max_exp_avg_sq = max_chunked.data() + 1;
+      }
+      const int threads = 1 + round % 3;
+      adamw_step(hyper, step, a, threads);
+      AdamWHyperparameters handed = hyper;
+      handed.vector_sqrt = correctly_rounded_roots;
+      adamw_step(handed, step, b, threads);
+    }
+    const auto same_bits = [](const auto& x, const auto& y) {
+      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+    };
+    EXPECT_TRUE(same_bits(one_pass.master, chunked.master)) << "round " << round << ", " << count << " elements";
+    EXPECT_TRUE(same_bits(one_pass.m, chunked.m)) << "round " << round;
+    EXPECT_TRUE(same_bits(one_pass.v, chunked.v)) << "round " << round;
+    EXPECT_TRUE(same_bits(one_pass.out, chunked.out)) << "round " << round;
+    EXPECT_TRUE(same_bits(max_one, max_chunked)) << "round " << round;
+  }
+}
+
 TEST(AdamWKernel, MaximizeIsTheUpdateOfTheNegatedGradientBitForBit) {
   float up[3] = {1.0f, -2.0f, 0.5f}, m1[3] = {}, v1[3] = {};
   float down[3] = {1.0f, -2.0f, 0.5f}, m2[3] = {}, v2[3] = {};
@@ -310,6 +363,42 @@ TEST(AdamWKernel, BFloat16RoundsToNearestEvenAndKeepsNaNAndInfinity) {
   EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::nanf("")))));
   EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::bit_cast<float>(0x7FFFFFFFu)))));
   EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(INFINITY)), INFINITY);
+}
+
+// The kernel's own fp16 conversions (vectorisable) against the compiler's _Float16 casts: every
+// half read, and floats across the whole range written, with every rounding tie and its
+// neighbours; a NaN stays a quiet NaN with its payload's top bits.
+TEST(AdamWKernel, Float16ConvertsAsTheHardwareDoes) {
+  const auto half_bits = [](_Float16 h) { return std::bit_cast<std::uint16_t>(h); };
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float ours = float16_to_float(bits);
+    const float theirs = static_cast<float>(std::bit_cast<_Float16>(bits));
+    if (std::isnan(theirs)) {
+      ASSERT_TRUE(std::isnan(ours)) << h;
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(ours), 0x7FC00000u | ((h & 0x8000u) << 16) | ((h & 0x3FFu) << 13)) << h;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(ours), std::bit_cast<std::uint32_t>(theirs)) << h;
+    // the tie between this half and the next, and a float either side of it
+    const float next = static_cast<float>(std::bit_cast<_Float16>(static_cast<std::uint16_t>(h + 1)));
+    if ((h & 0x7FFFu) >= 0x7C00u || std::isnan(next) || std::isinf(next)) continue;
+    const auto tie = std::bit_cast<std::uint32_t>(static_cast<float>((static_cast<double>(ours) + next) / 2));
+    for (const std::uint32_t f : {tie - 1, tie, tie + 1}) {
+      const float value = std::bit_cast<float>(f);
+      ASSERT_EQ(float_to_float16(value), half_bits(static_cast<_Float16>(value))) << std::hex << f;
+    }
+  }
+  for (std::uint64_t f = 0; f < (1ull << 32); f += 4099) {
+    const auto bits = static_cast<std::uint32_t>(f);
+    const float value = std::bit_cast<float>(bits);
+    const std::uint16_t ours = float_to_float16(value);
+    if (std::isnan(value)) {
+      EXPECT_EQ(ours, ((bits >> 16) & 0x8000u) | 0x7E00u | ((bits >> 13) & 0x3FFu)) << std::hex << f;
+      continue;
+    }
+    ASSERT_EQ(ours, half_bits(static_cast<_Float16>(value))) << std::hex << f;
+  }
 }
 
 TEST(AdamWKernel, BadArgumentsAreRefusedWithTheirReason) {

@@ -159,22 +159,6 @@ TEST(FileFormatsTest, ACostModelIsCheckedAgainstTheTracesTensors) {
   EXPECT_FALSE(check_cost(two, two.root(), 0).has_value());  // the calibration's depth, whatever the trace
 }
 
-TEST(FileFormatsTest, ACostModelOfThePreviousReleaseNamesItsDepthPrefetchPages) {
-  JsonDocument old(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 2})");
-  EXPECT_FALSE(check_cost(old, old.root(), 4).has_value());
-  JsonDocument deep(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 41})");
-  const auto refusal = check_cost(deep, deep.root(), 40);
-  ASSERT_TRUE(refusal.has_value());
-  EXPECT_EQ(refusal->field, "cost.prefetch_pages") << "the field as the file names it";
-  JsonDocument both(
-      R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6, "prefetch_pages": 2, "prefetch_depth": 2})");
-  const auto twice = check_cost(both, both.root(), 4);
-  ASSERT_TRUE(twice.has_value());
-  EXPECT_EQ(twice->problem, "both 'prefetch_depth' and 'prefetch_pages', its name before; give one");
-  JsonDocument neither(R"({"to_host_bytes_per_ms": 1e6, "to_device_bytes_per_ms": 1e6})");
-  EXPECT_EQ(check_cost(neither, neither.root(), 4)->problem, "missing field 'prefetch_depth'");
-}
-
 std::string sized(std::string_view sizes, std::string_view traces) {
   std::string text = R"({"format": "stowage-sized-lifetimes", "version": 1, "sizes": )";
   text.append(sizes).append(R"(, "profiles": [)").append(traces).append("]}");

@@ -64,15 +64,57 @@ def test_a_python_import_circle_is_named_even_through_a_function(tmp_path: Path)
     package = root / "python" / "stowage"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "low.py").write_text("from stowage import _core\n\ndef f():\n    from stowage.high import g\n")
-    (package / "high.py").write_text("from stowage.low import f\n")
-    (package / "apart.py").write_text("import stowage.low\n")
+    # Modules of one layer (check_layering.PYTHON_LAYERS), so that only the circle is wrong.
+    (package / "byte_counts.py").write_text("from stowage import _core\n\ndef f():\n"
+                                            "    from stowage.terminal import g\n")
+    (package / "terminal.py").write_text("from stowage.byte_counts import f\n")
+    (package / "validation.py").write_text("import stowage.byte_counts\n")
     result = run(LAYERING, root)
     assert result.returncode == 1
-    assert "import circle: stowage.high -> stowage.low -> stowage.high (2 modules" in result.stdout
-    assert "apart" not in result.stdout  # importing into a circle is not being in it
-    (package / "low.py").write_text("from stowage import _core\n")
+    assert ("import circle: stowage.byte_counts -> stowage.terminal -> stowage.byte_counts (2 modules"
+            in result.stdout)
+    assert "validation" not in result.stdout  # importing into a circle is not being in it
+    (package / "byte_counts.py").write_text("from stowage import _core\n")
     assert run(LAYERING, root).returncode == 0  # _core is the compiled module, not the package
+
+
+def test_an_import_of_a_higher_python_layer_and_a_module_of_no_layer_are_named(tmp_path: Path) -> None:
+    root = copy_layers(tmp_path)
+    shutil.copytree(REPO / "python" / "stowage", root / "python" / "stowage")
+    assert run(LAYERING, root).returncode == 0
+    low = root / "python" / "stowage" / "recompute_estimate.py"
+    lines = len(low.read_text().splitlines())
+    low.write_text(low.read_text() + "\n\ndef planned():\n    from stowage.plan import file_formats\n")
+    (root / "python" / "stowage" / "unplaced.py").write_text("from stowage import byte_counts\n")
+    result = run(LAYERING, root)
+    assert result.returncode == 1
+    assert (f"python/stowage/recompute_estimate.py:{lines + 4}: stowage.recompute_estimate (basics) imports "
+            "stowage.plan.file_formats of plan, a higher layer") in result.stdout  # inside a function too
+    assert "python/stowage/unplaced.py: stowage.unplaced is in no layer" in result.stdout
+    assert "stowage.plan" not in result.stdout.replace("stowage.plan.file_formats", "")  # downward imports pass
+
+
+def test_tests_and_bench_including_what_is_not_a_public_header_are_named(tmp_path: Path) -> None:
+    root = copy_layers(tmp_path)
+    (root / "bench" / "planner").mkdir(parents=True)
+    (root / "tests" / "planner").mkdir(parents=True)
+    (root / "bench" / "planner" / "fine.cpp").write_text(
+        '#include "planner/simulator.hpp"\n#include "allocator/base/errors.hpp"\n#include "bench_helpers.hpp"\n')
+    assert run(LAYERING, root).returncode == 0
+    (root / "tests" / "planner" / "bad_test.cpp").write_text(
+        '#include "planner/simulator.hpp"\n#include "planner/simulator.cpp"\n'
+        '#include "python/bindings/python_objects.hpp"\n'
+        '#include "allocator/detail/pools.hpp"\n#include "offload/offloader_impl.hpp"\n')
+    result = run(LAYERING, root)
+    assert result.returncode == 1
+    said = [line for line in result.stdout.splitlines() if line.startswith("tests/")]
+    assert said == [
+        "tests/planner/bad_test.cpp:2: includes planner/simulator.cpp: a library's source file, not a header",
+        "tests/planner/bad_test.cpp:3: includes python/bindings/python_objects.hpp: a file of the Python bindings, "
+        "not of a library",
+        "tests/planner/bad_test.cpp:4: includes allocator/detail/pools.hpp: a library's private header",
+        "tests/planner/bad_test.cpp:5: includes offload/offloader_impl.hpp: a library's private header",
+    ]
 
 
 def test_the_tree_keeps_the_size_rules() -> None:

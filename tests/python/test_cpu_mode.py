@@ -329,9 +329,8 @@ def test_learned_placement_trains_the_same_model_and_mark_step_reaches_history_a
         marks = [e for e in snap["device_traces"][0] if e.get("user_metadata") == "stowage.mark_step"]
         pickle.dump(snap, open({str(snapshot)!r}, "wb"), protocol=4)
         replayed = device_events(snap["device_traces"][0]).replay(1 << 32, "placement:learned", False)
-        renamed = (("layouts_made", "plans_made"), ("layout_live_bytes", "plan_live_bytes"),
-                   ("placed_allocations", "planned_allocations"))
-        aliases = all(d[new] == d[old] for d in (status, replayed) for new, old in renamed)
+        old_names = ("plans_made", "plan_live_bytes", "planned_allocations")
+        aliases = any(name in d for d in (status, replayed) for name in old_names)
         print(losses == expected, status["phase"], status["layouts_made"], status["placed_allocations"] > 0,
               len(marks), marks[0]["action"], replayed["layouts_made"], replayed["placed_allocations"] > 0,
               aliases)
@@ -342,9 +341,8 @@ def test_learned_placement_trains_the_same_model_and_mark_step_reaches_history_a
     assert (phase, layouts, placed) == ("placed", "1", "True")
     assert (marks, action) == ("8", "snapshot")
     assert int(replay_layouts) >= 1 and replay_placed == "True"
-    # The deprecated names (plans_made and the rest, kept for one release) are present and equal
-    # to the new ones, in placement_status() and in replay results.
-    assert aliases == "True"
+    # Only the layout's names, in placement_status() and in replay results.
+    assert aliases == "False"
     # The command line replays it too, with the marks.
     replayed = subprocess.run([sys.executable, "-m", "stowage", "replay", str(snapshot), "--json",
                                "--config", "placement:learned"], capture_output=True, text=True,

@@ -337,7 +337,7 @@ def test_fit_s_own_steps_are_marked_in_the_history() -> None:
 def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any) -> None:
     snapshot = tmp_path / "demo.pickle"
     result = subprocess.run([sys.executable, "-m", "stowage", "demo", "--steps", "2", "--snapshot", str(snapshot)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "As it is (torch's AdamW, no plan): out of memory" in result.stdout
     assert "step does not fit whole: recorded at batch" in result.stdout
@@ -346,7 +346,7 @@ def test_the_demo_runs_out_of_memory_as_it_is_and_trains_with_fit(tmp_path: Any)
 
 def test_the_plain_loop_example_trains_where_torch_s_adamw_cannot() -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "plain_loop.py"
-    result = subprocess.run([sys.executable, str(example), "--steps", "2"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, str(example), "--steps", "2"], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "<- chosen" in result.stdout and "step 1: loss" in result.stdout
 
@@ -357,7 +357,7 @@ def test_the_hugging_face_trainer_example_trains_under_fit() -> None:
     pytest.importorskip("transformers", reason="tools/bootstrap installs transformers for this test")
     example = Path(__file__).resolve().parents[2] / "examples" / "hf_trainer.py"
     result = subprocess.run([sys.executable, str(example), "--steps", "2", "--layers", "2", "--seq", "128",
-                             "--capacity", "640MiB"], capture_output=True, text=True, timeout=300)
+                             "--capacity", "640MiB"], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "<- chosen" in result.stdout and "'train_loss'" in result.stdout + result.stderr
     assert "no plan fits" in result.stdout  # torch's AdamW with every state on the device does not fit

@@ -328,13 +328,8 @@ def test_statistics_summary_snapshot_and_inspector_show_the_offload(tmp_path: Pa
                 "offload.to_host.bytes_per_second", "offload.stall_ns"):
         assert key in stats
     assert stats["offload.bytes_offloaded"] > 0
-    # The previous release's names, kept for one release: the same figures.
-    renamed = {"offload.pages": "offload.buffers", "offload.num_page_outs": "offload.num_offloads",
-               "offload.bytes_paged_out": "offload.bytes_offloaded", "offload.num_page_ins": "offload.num_reloads",
-               "offload.bytes_paged_in": "offload.bytes_reloaded"}
-    assert {old: stats[old] for old in renamed} == {old: stats[new] for old, new in renamed.items()}
-    with pytest.warns(DeprecationWarning, match="OffloadReport.paged_bytes is now OffloadReport.offloaded_bytes"):
-        assert report.paged_bytes == report.offloaded_bytes > 0
+    assert not {"offload.pages", "offload.num_page_outs", "offload.bytes_paged_in"} & set(stats)  # buffers, not pages
+    assert report.offloaded_bytes > 0
     assert "Pinned host memory" in stowage.memory_summary()
     assert stowage.snapshot()["offload"]["offload.num_offloads"] == stats["offload.num_offloads"]
     stowage.dump_snapshot(tmp_path / "step.pickle")

@@ -150,10 +150,7 @@ def test_a_plan_survives_saving_and_loading(tmp_path: Path) -> None:
     text = str(plan)
     for point in ("no change", "full checkpointing", "offload everything", "blocks.*"):
         assert point in text
-    with pytest.warns(DeprecationWarning, match="read .peak_bytes"):  # it was a dict: keys still read
-        assert plan.prediction["peak_bytes"] == plan.prediction.peak_bytes == plan.predicted_peak_bytes
-    with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
-        plan.prediction["no such figure"]
+    assert plan.prediction.peak_bytes == plan.predicted_peak_bytes
 
 
 def test_bad_files_are_refused_with_their_reason(tmp_path: Path) -> None:

@@ -1,8 +1,7 @@
 """stowage.plan at several sizes (stowage.plan.sizes): a step recorded at small batches and
 sequence lengths predicts the byte counts of a larger one; a model that runs out of memory at the
 size it trains at is profiled small, planned large and trains under its plan; grids whose steps
-differ, and sizes that cannot be planned, are refused with their reason; the previous release's
-names of a lifetime trace still work and warn."""
+differ, and sizes that cannot be planned, are refused with their reason."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,11 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage.plan  # noqa: E402
-import stowage.plan.file_formats  # noqa: E402
-import stowage.plan.lifetimes  # noqa: E402
 import stowage.plan.sizes  # noqa: E402
 from offload_models import TinyGpt, lm_loss  # noqa: E402
-from plan_files_fuzzer import small_profile, small_sized  # noqa: E402
+from plan_files_fuzzer import small_profile  # noqa: E402
 from stowage.validation import InputError  # noqa: E402
 from test_plan import COST  # noqa: E402
 
@@ -154,57 +150,10 @@ def test_a_model_that_runs_out_of_memory_is_profiled_small_and_trains_under_its_
     assert lines == ["plain: out of memory", "profile: True", "planned: True True True True []"], done.stdout
 
 
-def test_the_previous_release_s_prefetch_pages_still_reads_and_warns(tmp_path: Path) -> None:
-    """The cost model's prefetch_depth was prefetch_pages: files that say so read as they are, and
-    callers that say so get a DeprecationWarning, for one release."""
+def test_a_cost_model_names_its_prefetch_depth_and_nothing_else(tmp_path: Path) -> None:
     document = small_profile(blocks=4)
     document["cost"]["prefetch_pages"] = document["cost"].pop("prefetch_depth")
-    old_file = tmp_path / "old.json"
-    old_file.write_text(json.dumps(document))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a file the previous release wrote: nothing to warn about
-        trace = stowage.plan.load_trace(old_file)
-    assert trace.cost["prefetch_depth"] == 2 and "prefetch_pages" not in trace.cost
-    budget = trace.unconstrained_peak_bytes // 2
-    with pytest.warns(DeprecationWarning, match="stowage.plan.solve: the cost key 'prefetch_pages' is now "
-                                                "'prefetch_depth'"):
-        old = stowage.plan.solve(trace, budget, prefetch_pages=1)
-    new = stowage.plan.solve(trace, budget, prefetch_depth=1)
-    assert old.decisions == new.decisions and old.trace.cost == new.trace.cost
-    with pytest.raises(ValueError, match="gives both 'prefetch_depth' and 'prefetch_pages'"):
-        stowage.plan.solve(trace, budget, prefetch_pages=1, prefetch_depth=1)
-    document["cost"]["prefetch_depth"] = 2
-    both = tmp_path / "both.json"
-    both.write_text(json.dumps(document))
-    with pytest.raises(InputError, match="cost: both 'prefetch_depth' and 'prefetch_pages', its name before"):
-        stowage.plan.load_trace(both)
-    model, batch = torch.nn.Linear(64, 64), torch.randn(8, 64)
-    with pytest.warns(DeprecationWarning, match="stowage.plan.profile: the cost key 'prefetch_pages'"):
-        profiled = stowage.plan.profile(lambda: model(batch).sum().backward(),
-                                        cost={"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6,
-                                              "prefetch_pages": 3})
-    assert profiled.cost["prefetch_depth"] == 3
-    with pytest.warns(DeprecationWarning, match="DEFAULT_PREFETCH_PAGES is now .*DEFAULT_PREFETCH_DEPTH"):
-        assert stowage.plan.file_formats.DEFAULT_PREFETCH_PAGES == stowage.plan.file_formats.DEFAULT_PREFETCH_DEPTH
-
-
-def test_the_previous_release_s_names_of_a_lifetime_trace_still_work_and_warn(tmp_path: Path) -> None:
-    path = tmp_path / "sized.json"
-    path.write_text(json.dumps(small_sized()))
-    with pytest.warns(DeprecationWarning, match="stowage.plan.load_profile is now stowage.plan.load_trace"):
-        sized = stowage.plan.load_profile(path)
-    renamed = [(stowage.plan, "LifetimeProfile", "LifetimeTrace"), (stowage.plan, "SizedProfile", "SizedTrace"),
-               (stowage.plan.lifetimes, "LifetimeProfile", "LifetimeTrace"),
-               (stowage.plan.sizes, "SizedProfile", "SizedTrace"), (stowage.plan.sizes, "load_profile", "load_trace")]
-    for module, old, new in renamed:
-        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} is now {module.__name__}.{new};"):
-            assert getattr(module, old) is getattr(module, new)
-    with pytest.warns(DeprecationWarning, match="SizedTrace.profiles is now SizedTrace.traces"):
-        assert sized.profiles is sized.traces
-    plan = stowage.plan.solve(sized, sized.traces[1].unconstrained_peak_bytes // 2, at={"batch": 4})
-    with pytest.warns(DeprecationWarning, match="Plan.profile is now Plan.trace"):
-        assert plan.profile is plan.trace
-    with pytest.warns(DeprecationWarning, match="LifetimeProfile"):
-        from stowage.plan import LifetimeProfile  # noqa: F401
-    with pytest.raises(AttributeError, match="no attribute 'LifetimeProfiles'"):
-        stowage.plan.LifetimeProfiles
+    path = tmp_path / "renamed.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="cost: unknown field 'prefetch_pages'"):
+        stowage.plan.load_trace(path)

@@ -77,13 +77,3 @@ def test_a_training_step_frees_what_it_allocates() -> None:
             assert entry["addr"] in live or entry["addr"] not in allocated
             live.discard(entry["addr"])
     assert len(allocated) > 10
-
-
-def test_the_old_module_name_still_imports_and_warns() -> None:
-    import importlib
-    import sys
-
-    sys.modules.pop("stowage.recorder", None)
-    with pytest.warns(DeprecationWarning, match="stowage.profiler_trace"):
-        old = importlib.import_module("stowage.recorder")
-    assert old.record is record and old.save_snapshot is save_snapshot

@@ -16,17 +16,52 @@ namespace stowage::torch_offload {
 
 using offload::ElementType;
 
-// torch's own float square root on this CPU: torch takes it from MKL's vector math (vsSqrt)
-// where it was built with MKL, which is not always correctly rounded; the host update takes the
-// same one so that it rounds where torch's AdamW rounds (Note [torch's roundings]). Null where
-// torch has no MKL (its sqrt is then the correctly rounded one, as std::sqrt).
-offload::VectorSqrt torch_vector_sqrt() {
-  static const offload::VectorSqrt found = [] {
+namespace {
+
+using MklVectorSqrt = void (*)(int count, const float* in, float* out, long long mode);
+using MklSetLocalThreads = int (*)(int threads);
+
+// torch's mode for MKL's vector math (ATen/cpu/vml.h), from mkl_vml_defines.h: VML_HA (high
+// accuracy) | VML_FTZDAZ_OFF (denormals kept) | VML_ERRMODE_IGNORE.
+constexpr long long kVmlHighAccuracy = 0x00000002;
+constexpr long long kVmlDenormalsKept = 0x00140000;
+constexpr long long kVmlErrorsIgnored = 0x00000100;
+constexpr long long kTorchVmlMode = kVmlHighAccuracy | kVmlDenormalsKept | kVmlErrorsIgnored;
+
+// MKL's entry points in torch's library; either may be null (a torch without MKL).
+struct TorchMklSqrt {
+  MklVectorSqrt sqrt = nullptr;
+  MklSetLocalThreads set_local_threads = nullptr;
+};
+
+const TorchMklSqrt& torch_mkl_sqrt() {
+  static const TorchMklSqrt found = [] {
     void* library = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
-    void* symbol = library != nullptr ? dlsym(library, "vsSqrt") : nullptr;
-    return reinterpret_cast<offload::VectorSqrt>(symbol);
+    if (library == nullptr) return TorchMklSqrt{};
+    return TorchMklSqrt{reinterpret_cast<MklVectorSqrt>(dlsym(library, "vmsSqrt")),
+                        reinterpret_cast<MklSetLocalThreads>(dlsym(library, "MKL_Set_Num_Threads_Local"))};
   }();
   return found;
+}
+
+// MKL's square root in torch's mode, on the calling thread alone: called from a thread outside
+// any OpenMP region, MKL would otherwise open one per call.
+void mkl_sqrt_here(int count, const float* in, float* out) {
+  const TorchMklSqrt& f = torch_mkl_sqrt();
+  if (f.set_local_threads == nullptr) return f.sqrt(count, in, out, kTorchVmlMode);
+  const int previous = f.set_local_threads(1);
+  f.sqrt(count, in, out, kTorchVmlMode);
+  f.set_local_threads(previous);
+}
+
+}  // namespace
+
+// torch's own float square root on this CPU: torch takes it from MKL's vector math where it was
+// built with MKL, which is not always correctly rounded; the host update takes the same one so
+// that it rounds where torch's AdamW rounds (Note [torch's roundings]). Null where torch has no
+// MKL (its sqrt is then the correctly rounded one, as std::sqrt).
+offload::VectorSqrt torch_vector_sqrt() {
+  return torch_mkl_sqrt().sqrt != nullptr ? &mkl_sqrt_here : nullptr;
 }
 
 namespace {

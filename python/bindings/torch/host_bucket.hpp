@@ -36,7 +36,8 @@ namespace stowage::torch_offload {
 // The kernel's element type of a parameter dtype; LogicError for one the optimizer does not update.
 offload::ElementType element_type_of(at::ScalarType dtype);
 
-// torch's own float square root on this CPU (MKL's vsSqrt where torch has it; null otherwise).
+// torch's own float square root on this CPU (MKL's vmsSqrt in torch's mode, on the calling thread,
+// where torch has it; null otherwise).
 offload::VectorSqrt torch_vector_sqrt();
 
 struct BucketUpdate {

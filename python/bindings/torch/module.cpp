@@ -125,11 +125,6 @@ py::dict to_dict(const CachingAllocator::PlacementStatus& status) {
   out["arena_bytes"] = status.arena_bytes;
   out["layout_live_bytes"] = status.layout_live_bytes;
   out["placed_allocations"] = status.placed_allocations;
-  // Deprecated names of layouts_made, layout_live_bytes and placed_allocations, kept for one
-  // release.
-  out["plans_made"] = status.layouts_made;
-  out["plan_live_bytes"] = status.layout_live_bytes;
-  out["planned_allocations"] = status.placed_allocations;
   return out;
 }
 

@@ -27,6 +27,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from stowage import step_context
+
 aten = torch.ops.aten
 NEVER_MIXING = {aten._native_batch_norm_legit_no_training, aten._batch_norm_no_update}
 ALWAYS_TRAINING = {aten._batch_norm_with_update, aten._batch_norm_with_update_functional, aten.batch_norm_stats,
@@ -72,28 +74,19 @@ class CutCheckDispatch(TorchDispatchMode):
         self.mixing: dict[str, str] = {}
         self.random: set[str] = set()
         self.dtypes: set[torch.dtype] = set()
-        self._modules: list[Any] = []
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
-        """The mode, with the module each op runs in tracked (for the reason a cut is refused)."""
-        before = torch.nn.modules.module.register_module_forward_pre_hook(
-            lambda module, args: self._modules.append(module))
-        after = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: self._left())
+        """The mode, with the module each op runs in followed (for the reason a cut is refused)."""
+        unsubscribe = step_context.module_calls.subscribe(compiled=True)
         try:
             with torch.no_grad(), self:
                 yield
         finally:
-            before.remove()
-            after.remove()
-            self._modules.clear()
-
-    def _left(self) -> None:  # (a forward hook's result would replace the module's output)
-        if self._modules:
-            self._modules.pop()
+            unsubscribe()
 
     def _where(self) -> str:
-        for module in reversed(self._modules):
+        for module in reversed([call.module for call in step_context.module_calls.stack]):
             if id(module) in self.names:
                 name = self.names[id(module)]
                 return f"module '{name}'" if name else "the model's own forward"

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+import stowage.plan
 from stowage import memory as stowage_memory
 from stowage._core import format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
@@ -25,8 +26,10 @@ from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
 from stowage.serving import device_index, memory_cap, serves, torch_module
+from stowage.offload.adam import Adam, AdamW
+from stowage.offload.adam_buckets import bytes_per_parameter
+from stowage.offload.host_memory import host_room
 from stowage.offload.sharded import local
-from stowage.plan.file_formats import current_cost
 from stowage.plan.sizes import StepsDiffer, grid_points
 
 
@@ -101,8 +104,6 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     cut; recorded at 2 and 3 rows of the example's sequences when it may be cut (every cut's
     lifetime trace is then read off the rows' line); else at a grid of smaller sizes cut from the example
     and evaluated at the example's (stowage.plan.sizes)."""
-    import stowage.plan
-
     def step(at: Any) -> None:  # gradients made and let go, as a step then the optimizer's zero_grad do
         loss_fn(model, at).backward()
         model.zero_grad(set_to_none=True)
@@ -158,8 +159,6 @@ def _record_smaller(step: Callable[[Any], None], batch: Any, full: dict[str, int
     (the sized trace, the grid shown, the grids tried before) or (None, "", every grid tried and
     its failure). A failed recording leaves the device as it found it (stowage.plan.profile), so
     each grid has the room the first had."""
-    import stowage.plan
-
     failures: Failures = []
     for grid in profiling_grids(full):
         shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
@@ -234,9 +233,6 @@ def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
 def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> HostMemory:
     """What an offloaded parameter of `optimizer`'s takes on the host (in the default exact mode:
     one gradient staging buffer), and the room the process has there."""
-    from stowage.offload.adam_buckets import bytes_per_parameter
-    from stowage.offload.host_memory import host_room
-
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
     per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
@@ -250,8 +246,6 @@ def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
     """stowage.offload.Adam or AdamW with `optimizer`'s groups and every option they carry,
     `fraction` of the states on the device; attached to DDP's all-reduce when the model is wrapped
     in DDP."""
-    from stowage.offload import Adam, AdamW
-
     twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
     groups = [dict(group) for group in optimizer.param_groups]
     offloaded = twin(groups, device_fraction=fraction, host_memory_limit=host_budget)
@@ -431,7 +425,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     ``loss_units`` when given, unchecked; batch norm in training mode refuses a cut unless
     ``split_batchnorm=True``)."""
     loss_fn = loss_fn or default_loss
-    cost = current_cost(cost, "stowage.fit") if cost is not None else None
+    cost = dict(cost) if cost is not None else None
     parameters = list(model.parameters())
     device = _device_of(parameters)
     check_allocator(device)

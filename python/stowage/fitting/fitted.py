@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from stowage import step_context
 from stowage.fitting.batches import LossFn, batch_sizes
 from stowage.fitting.choosing import Option
 from stowage.fitting.loss_units import LossUnits
@@ -155,8 +156,8 @@ class Fitted:
             # on every module (a loss method may call the model's blocks, not its forward) until
             # the first of the model's with a tensor argument
             ours = {id(module) for module in self.model.modules()}
-            self._rows_guard = torch.nn.modules.module.register_module_forward_pre_hook(
-                lambda module, args: self._refuse_more_rows(args) if id(module) in ours else None)
+            self._rows_guard = step_context.module_calls.subscribe(
+                lambda call, args: self._refuse_more_rows(args) if id(call.module) in ours else None, compiled=True)
         return self
 
     def _refuse_more_rows(self, args: tuple[Any, ...]) -> None:
@@ -166,7 +167,7 @@ class Fitted:
             rows = batch_sizes(args)["batch"]
         except ValueError:
             return
-        self._rows_guard.remove()
+        self._rows_guard()
         self._rows_guard = None
         if rows > self.micro_rows:
             raise RuntimeError(
@@ -180,7 +181,7 @@ class Fitted:
         applied, self._applied = self._applied, None
         assert applied is not None
         if self._rows_guard is not None:
-            self._rows_guard.remove()
+            self._rows_guard()
             self._rows_guard = None
         applied.__exit__(kind, error, traceback)
         if isinstance(error, torch.OutOfMemoryError) and "stowage.fit planned this step" not in str(error) \

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from stowage import memory
 from stowage.fitting.batches import LossFn
 from stowage.plan import LifetimeTrace, Plan
 from stowage.plan.applying import recompute_unannounced
@@ -47,8 +48,6 @@ OUT_OF_MEMORY_OVERSHOOT = 16 << 20  # taken for a tried step that ran out of mem
 
 def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> Outcome:
     """One forward and backward of `piece` under `plan`, its added peak against the prediction."""
-    from stowage import memory
-
     model.zero_grad(set_to_none=True)
     start = memory.memory_allocated(device)
     memory.reset_peak_stats(device)

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stowage import _core
+from stowage.offload import summary_lines
 from stowage.terminal import literal
 
 
@@ -185,8 +186,6 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
     if report["oom_events"] > len(report["ooms"]):
         console.print(f"({report['oom_events'] - len(report['ooms']):,} more OOM events not shown)")
     if report.get("offload"):
-        from stowage.offload import summary_lines  # (only here: it brings torch)
-
         for line in summary_lines(report["offload"]):
             console.print(f"offload: {literal(line)}")
 

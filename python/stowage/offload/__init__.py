@@ -18,7 +18,7 @@ __all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offl
 
 def __getattr__(name: str) -> Any:
     if name in ("Adam", "AdamW"):
-        from stowage.offload import adam
+        from stowage.offload import adam  # here: it imports torch, and `import stowage` must not
 
         return getattr(adam, name)
     raise AttributeError(f"module 'stowage.offload' has no attribute {name!r}")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Iterable
 
-from stowage import _core, checking
+from stowage import _core, checking, step_context
 from stowage.byte_counts import byte_count
 from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
 from stowage.serving import CPU_MODE, is_cpu_allocator, torch_module
@@ -68,13 +68,6 @@ class OffloadReport:
     forward_bytes: int = 0
     unseen_bytes: int = 0
     held_elsewhere_bytes: int = 0
-
-    @property
-    def paged_bytes(self) -> int:
-        """The previous release's name of ``offloaded_bytes``; the next release drops it."""
-        warnings.warn("OffloadReport.paged_bytes is now OffloadReport.offloaded_bytes; the old name goes in the "
-                      "next release", DeprecationWarning, stacklevel=2)
-        return self.offloaded_bytes
 
     def __str__(self) -> str:
         f = _core.format_bytes
@@ -126,8 +119,6 @@ class activations:
         self.report = OffloadReport()
 
     def __enter__(self) -> OffloadReport:
-        import torch
-
         self._offloading = SavedTensorOffload(self._pack, min_bytes=self._min_bytes, prefetch_depth=self._prefetch_depth,
                                          max_prefetch=self._max_prefetch)
         self._excluded = 0
@@ -135,23 +126,19 @@ class activations:
         self._top_level: list[Any] = []
         self._depth = 0
         self._names: dict[int, str] = {}  # check mode: module paths, for its messages
-        self._running: list[str] = []
         self._allocated_before = _allocated()
-        self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._module_entered),
-            torch.nn.modules.module.register_module_forward_hook(self._module_left, always_call=True),
-        ]
+        self._handles = [step_context.module_calls.subscribe(self._module_entered, self._module_left)]
         for excluded in self._exclude:
-            self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered))
-            self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True))
+            self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered).remove)
+            self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True).remove)
         self._offloader = self._offloading.__enter__().offloader
         return self.report
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._offloading.__exit__(kind, error, traceback)
-        for handle in self._handles:
-            handle.remove()
+        for remove in self._handles:
+            remove()
         self._fill_report()
         self._warn_if_compiled_whole()
         del self._offloader, self._offloading  # the packed tensors keep their buffers; the region's tables go
@@ -159,20 +146,19 @@ class activations:
     def _pack(self, tensor: Any) -> Any:
         if self._excluded:
             return keep(tensor)
-        return self._offloader.pack(tensor, self._running[-1] if self._running else "")
+        running = step_context.module_calls.stack
+        if not self._names or not running:
+            return self._offloader.pack(tensor, "")
+        module = running[-1].module
+        return self._offloader.pack(tensor, self._names.get(id(module), type(module).__name__))
 
-    def _module_entered(self, module: Any, args: Any) -> None:
-        import torch
-
-        if torch.compiler.is_compiling():
-            return
+    def _module_entered(self, call: step_context.Call, args: Any) -> None:
+        module = call.module
         if self._depth == 0:
             self._top_level.append(module)
             if checking.enabled():
                 self._names.update({id(m): n or type(module).__name__ for n, m in module.named_modules()})
         self._depth += 1
-        if checking.enabled():
-            self._running.append(self._names.get(id(module), type(module).__name__))
         if id(module) not in self._registered:
             self._registered.add(id(module))
             inner = getattr(module, "_orig_mod", None)  # a compiled module: its whole model
@@ -181,15 +167,10 @@ class activations:
             tensors = list(owner.parameters(recurse=recurse)) + list(owner.buffers(recurse=recurse))
             self._offloader.add_parameters([t for t in tensors if t is not None])
 
-    def _module_left(self, module: Any, args: Any, output: Any) -> None:
-        import torch
-
-        if not torch.compiler.is_compiling():
-            self._depth = max(0, self._depth - 1)
-            if self._running:
-                self._running.pop()
-            if self._depth == 0:
-                self._offloading.forward_ended()
+    def _module_left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._offloading.forward_ended()
 
     def _exclusion_entered(self, module: Any, args: Any) -> None:
         self._excluded += 1

@@ -6,7 +6,7 @@ the buffers of its saved tensors, and the storages it must never offload), and i
 saved-tensor hooks: each tensor autograd saves goes to the region's ``place(tensor)``, which
 returns ``offloader.pack(tensor, module_path)`` (offloaded to host memory) or ``keep(tensor)`` (kept on
 the device, detached, its version checked at unpack as torch checks its own); unpacking is the
-offloader's. What a region decides, and how it follows modules, is its own: activations offloads by
+offloader's (through the step context's SavedTensorRegion). What a region decides, and how it follows modules, is its own: activations offloads by
 size outside excluded modules, a plan by its decisions. Backward reads an offloaded storage still
 alive in place, and as the region ends the offloaded storages someone else still holds stay on the
 device for it: a write through ``.data`` or another alias after forward is seen as torch's own
@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from stowage import checking
 from stowage.serving import torch_module
+from stowage.step_context import SavedTensorRegion, in_backward
 
 
 def keep(tensor: Any) -> Any:
@@ -44,13 +45,11 @@ class SavedTensorOffload:
         self._hooks: Any = None
 
     def __enter__(self) -> SavedTensorOffload:
-        import torch
-
         module = torch_module()
         checking.apply()
         module.offload_configure(self._prefetch_depth, self._max_prefetch)
         self.offloader = module.TensorOffloader(self._min_bytes)
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._place, module.TensorOffloader.unpack)
+        hooks = SavedTensorRegion(self._place, module.TensorOffloader.unpack)
         hooks.__enter__()
         self._hooks = hooks
         return self
@@ -58,9 +57,7 @@ class SavedTensorOffload:
     def forward_ended(self) -> None:
         """The model's forward returned (not a recomputation inside backward): check mode watches
         the offloaded storages someone else still holds."""
-        import torch
-
-        if torch._C._current_graph_task_id() == -1:
+        if not in_backward():
             self.offloader.forward_ended()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

@@ -10,21 +10,16 @@ sharded like their parameters, which is what torch's AdamW holds under FSDP2.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-
-def _dtensor_type() -> Any:
-    if not torch.distributed.is_available():
-        return None
+if torch.distributed.is_available():  # a build without distributed has no DTensor, and nothing sharded
     from torch.distributed.tensor import DTensor
-    return DTensor
+else:
+    DTensor = None
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
-    dtensor = _dtensor_type()
-    return dtensor is not None and isinstance(tensor, dtensor)
+    return DTensor is not None and isinstance(tensor, DTensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -37,5 +32,5 @@ def shaped_like(state: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     a DTensor sharded like it under FSDP2, itself otherwise."""
     if not is_sharded(param):
         return state
-    return _dtensor_type().from_local(state, param.device_mesh, param.placements, run_check=False,
-                                      shape=param.shape, stride=param.stride())
+    return DTensor.from_local(state, param.device_mesh, param.placements, run_check=False,
+                            shape=param.shape, stride=param.stride())

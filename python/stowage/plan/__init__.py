@@ -34,17 +34,9 @@ mechanisms until its forward ends: ``with plan:`` refuses it; compile each block
 profiling.
 """
 
-from typing import Any
-
 from stowage.plan.applying import Plan, RecomputeNotice, load, solve
 from stowage.plan.lifetimes import LifetimeTrace
 from stowage.plan.recording import profile
 from stowage.plan.sizes import SizedTrace, load_trace
-from stowage.warning_site import old_name
 
 __all__ = ["LifetimeTrace", "Plan", "RecomputeNotice", "SizedTrace", "load", "load_trace", "profile", "solve"]
-_RENAMED = {"LifetimeProfile": "LifetimeTrace", "SizedProfile": "SizedTrace", "load_profile": "load_trace"}
-
-
-def __getattr__(name: str) -> Any:  # the previous release's names warn; the next release drops them
-    return old_name(__name__, _RENAMED, name, globals())

@@ -29,22 +29,13 @@ from stowage.warning_site import outside_stowage
 
 def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[str, int] | None = None,
           exact: bool = False, to_host_bytes_per_ms: float | None = None,
-          to_device_bytes_per_ms: float | None = None, prefetch_depth: int | None = None,
-          prefetch_pages: int | None = None) -> Plan:
+          to_device_bytes_per_ms: float | None = None, prefetch_depth: int | None = None) -> Plan:
     """The fastest plan found whose predicted peak (device memory the step adds to what was in
     use when it began) fits ``budget``; the one with the lowest peak, and a warning, when none
     does. ``at``: the sizes to plan for, for a trace recorded at several (stowage.plan.sizes);
     plan for the largest step a run takes and the plan serves the smaller ones. The cost model's
     figures default to the trace's calibration; without ``prefetch_depth`` a plan that fits
-    only with fewer buffers brought back ahead of use takes that depth. ``prefetch_pages`` is the
-    previous release's name of ``prefetch_depth`` (a DeprecationWarning; the next release drops it)."""
-    if prefetch_pages is not None:
-        from stowage.plan.file_formats import current_cost
-
-        named = {"prefetch_pages": prefetch_pages}
-        if prefetch_depth is not None:
-            named["prefetch_depth"] = prefetch_depth  # both: a ValueError
-        prefetch_depth = current_cost(named, "stowage.plan.solve")["prefetch_depth"]
+    only with fewer buffers brought back ahead of use takes that depth."""
     limit = byte_count(budget)
     if limit <= 0:
         raise ValueError(f"the budget must be positive, not {budget!r}")
@@ -129,12 +120,6 @@ class Plan:
         self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
-
-    @property
-    def profile(self) -> LifetimeTrace:
-        """The previous release's name of ``trace``; the next release drops it."""
-        warnings.warn("Plan.profile is now Plan.trace; the old name goes in the next release", DeprecationWarning, 2)
-        return self.trace
 
     def simulate(self, decisions: list[str], ceiling: int | None = None) -> Any:
         """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:

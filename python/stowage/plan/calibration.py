@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from stowage.serving import torch_module
+
 CALIBRATION_BYTES = 64 << 20
 SMALLEST_CALIBRATION_BYTES = 1 << 20
 PREFETCH_DEPTH = 2
@@ -32,7 +34,7 @@ def best_seconds(copy: Any, synchronize: Any, repeats: int = 3) -> float:
 def measure_cost(device: Any) -> dict[str, float]:
     """The cost model for `device` ("cpu" for CPU mode), in bytes per millisecond: measured on
     the largest buffer up to CALIBRATION_BYTES the device has room for."""
-    import torch
+    import torch  # here: stowage plan (the command) imports this module, and must not import torch
 
     size = CALIBRATION_BYTES
     while True:
@@ -45,7 +47,7 @@ def measure_cost(device: Any) -> dict[str, float]:
 
 
 def _measure_at(device: Any, size: int) -> dict[str, float]:
-    import torch
+    import torch  # as in measure_cost
 
     count = size // 4
     if torch.device(device).type == "cuda":
@@ -55,8 +57,6 @@ def _measure_at(device: Any, size: int) -> dict[str, float]:
         to_host = best_seconds(lambda: pinned.copy_(on_device, non_blocking=True), sync)
         to_device = best_seconds(lambda: on_device.copy_(pinned, non_blocking=True), sync)
     else:
-        from stowage.serving import torch_module
-
         module = torch_module()
         module.offload_configure(0, size)
         tensor = torch.ones(count, dtype=torch.float32)

@@ -23,10 +23,14 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from typing import Any
 
 from stowage.byte_counts import byte_count
+from stowage.plan import load_trace, solve
 from stowage.plan.file_formats import MAX_TOTAL_BYTES
+from stowage.plan.plan_text import decisions_by_module, outcomes
+from stowage.plan.sizes import SizedTrace
 from stowage.terminal import literal
 
 
@@ -76,12 +80,6 @@ def parse_sizes(text: str) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
-    from stowage.plan import load_trace, solve
-    from stowage.plan.plan_text import decisions_by_module, outcomes
-    from stowage.plan.sizes import SizedTrace
-
     try:
         trace = load_trace(args.trace)
         if isinstance(trace, SizedTrace):

@@ -22,12 +22,10 @@ as (field, problem), raised here as InputError with the file. The bounds are the
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Mapping
+from typing import Any
 
 from stowage import _core
 from stowage.validation import InputError
-from stowage.warning_site import old_name, outside_stowage
 
 _LIMITS = _core.plan_file_limits
 LIFETIMES: str = _LIMITS.LIFETIMES
@@ -51,34 +49,6 @@ MAX_POINTS: int = _LIMITS.MAX_POINTS
 MAX_GRID_POINTS: int = _LIMITS.MAX_GRID_POINTS
 MAX_SIZE_VALUE: int = _LIMITS.MAX_SIZE_VALUE
 DECISIONS = ("keep", "offload", "recompute")
-# The previous release's names, by their current ones; the next release drops them.
-_RENAMED = {"DEFAULT_PREFETCH_PAGES": "DEFAULT_PREFETCH_DEPTH"}
-_RENAMED_COST_KEYS = {"prefetch_pages": "prefetch_depth"}
-
-
-def __getattr__(name: str) -> Any:
-    return old_name(__name__, _RENAMED, name, globals())
-
-
-def current_cost(cost: Mapping[str, Any], caller: str = "") -> dict[str, Any]:
-    """``cost`` under the current keys: the previous release's ``prefetch_pages`` is
-    ``prefetch_depth``. A file that release wrote reads as it is (its check took either key, not
-    both); a ``caller`` (what was called) that gives the old key gets a DeprecationWarning, and a
-    ValueError for both."""
-    current = dict(cost)
-    for old, new in _RENAMED_COST_KEYS.items():
-        if old not in current:
-            continue
-        if caller and new in current:
-            raise ValueError(f"{caller}: the cost model gives both {new!r} and {old!r}, its name before; give one")
-        if new not in current:
-            current[new] = current.pop(old)
-            if caller:
-                warnings.warn(f"{caller}: the cost key {old!r} is now {new!r}; the old key goes in the next release",
-                              DeprecationWarning, stacklevel=outside_stowage())
-    return current
-
-
 def _read(result: Any, where: str) -> Any:
     """What a reader of stowage._core returned, or InputError for its refusal, (field, problem)."""
     if isinstance(result, tuple):

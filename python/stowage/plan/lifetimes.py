@@ -38,11 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from stowage import _core
-from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace, current_cost
-from stowage.warning_site import old_name
+from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace
 
 FORMAT = LIFETIMES
-_RENAMED = {"LifetimeProfile": "LifetimeTrace"}  # the previous release's names, dropped in the next
 PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
            "optimizer": _core.TracePhase.optimizer}
 
@@ -152,9 +150,5 @@ def trace_of(document: Any) -> LifetimeTrace:
         ops=[OpRecord(**o) for o in document["ops"]],
         tensors=[TensorRecord(**{**t, "packs": [tuple(p) for p in t.get("packs", ())]}) for t in document["tensors"]],
         regions=[RegionRecord(**r) for r in document["regions"]],
-        cost=current_cost(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
+        cost=dict(document["cost"]), unconstrained_peak_bytes=document["unconstrained_peak_bytes"],
         kept_saves=[tuple(p) for p in document.get("kept_saves", [])])
-
-
-def __getattr__(name: str) -> Any:
-    return old_name(__name__, _RENAMED, name, globals())

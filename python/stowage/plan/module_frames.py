@@ -1,6 +1,7 @@
 """Which module is running, by path, and the call numbers a plan keys saved tensors by.
 
-Global module hooks push a frame as each module's forward begins and pop it as it ends. Paths
+The step context's module calls (stowage.step_context) push a frame as each module's forward
+begins and pop it as it ends. Paths
 come from the outermost module's ``named_modules()`` (``""`` is that module): the model, when it
 is given (``root``), as it must be for a step that does not call the model's forward (a loss
 method that calls its blocks); else the first module whose forward runs with none running, and
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from stowage import step_context
+
 
 @dataclass
 class Frame:
@@ -28,12 +31,6 @@ class Frame:
     call: int
     saves: int = 0
     data: dict[str, Any] = field(default_factory=dict)
-
-
-def in_backward() -> bool:
-    import torch
-
-    return bool(torch._C._current_graph_task_id() != -1)
 
 
 class ModuleFrames:
@@ -48,23 +45,18 @@ class ModuleFrames:
         self._calls: dict[str, int] = {}
         self._recorded_calls = calls or {}
         self._on_enter, self._on_leave, self._on_root = on_enter, on_leave, on_root
-        self._handles: list[Any] = []
+        self._unsubscribe: Callable[[], None] | None = None
         self._given_root = root
 
     def install(self) -> None:
-        import torch
-
         if self._given_root is not None and id(self._given_root) not in self.paths:
             self._add_root(self._given_root)
-        self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
-            torch.nn.modules.module.register_module_forward_hook(self._left, always_call=True),
-        ]
+        self._unsubscribe = step_context.module_calls.subscribe(self._entered, self._left, compiled=True)
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     @property
     def top(self) -> Frame | None:
@@ -73,16 +65,17 @@ class ModuleFrames:
     def path_of(self, module: Any) -> str:
         return self.paths.get(id(module), "")
 
-    def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
-        if in_backward():
+    def _entered(self, call: step_context.Call, args: tuple[Any, ...]) -> None:
+        if call.backward:
             return
+        module = call.module
         if not self.stack and id(module) not in self.paths:
             self._add_root(module)
         path = self.paths.get(id(module), f"<{type(module).__name__}>")
-        call = self._calls.get(path, 0)
-        self._calls[path] = call + 1
+        number = self._calls.get(path, 0)
+        self._calls[path] = number + 1
         recorded = self._recorded_calls.get(path)
-        frame = Frame(module, path, call % recorded if recorded else call)
+        frame = Frame(module, path, number % recorded if recorded else number)
         self.stack.append(frame)
         if self._on_enter is not None:
             self._on_enter(frame, args)
@@ -95,8 +88,8 @@ class ModuleFrames:
         if self._on_root is not None:
             self._on_root(module)
 
-    def _left(self, module: Any, args: Any, output: Any) -> None:
-        if in_backward() or not self.stack or self.stack[-1].module is not module:
+    def _left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
+        if call.backward or not self.stack or self.stack[-1].module is not call.module:
             return
         frame = self.stack.pop()
         if self._on_leave is not None:

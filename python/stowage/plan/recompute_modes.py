@@ -51,6 +51,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from stowage.serving import torch_module
+
 # Ops that are no part of a block's sequence of ops: torch's own (SAC_IGNORED_OPS), and a tensor
 # made from a Python constant (aten.lift_fresh), which a module may make once and cache
 # (transformers' Llama in its first forward), so its recompute need not run it again.
@@ -115,8 +117,6 @@ class _Cached:
 
     @staticmethod
     def of(func: Any, out: Any) -> "_Cached":
-        from stowage.serving import torch_module
-
         schema = getattr(func, "_schema", None)
         aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
         keep = torch_module().TensorOffloader.keep
@@ -159,8 +159,6 @@ class RecomputeWatch:
     def __init__(self, watched: list[tuple[torch.Tensor, str]], read: list[torch.Tensor]) -> None:
         """`watched`: (tensor, what it is, for the message); `read`: every tensor from outside the
         block its forward read."""
-        from stowage.serving import torch_module
-
         self._checksums = torch_module().content_checksums
         self.watched = watched
         self.places = [(t, torch_module().WeakStorage(t)) for t in read]
@@ -236,16 +234,12 @@ class ForwardMode(TorchDispatchMode):
         return out
 
     def _note_taken_storage(self, tensor: torch.Tensor) -> None:
-        from stowage.serving import torch_module
-
         key = _storage_key(tensor)
         known = self._taken_storages.get(key)
         if known is None or not known[0].alive():  # (an address freed and reused within the block)
             self._taken_storages[key] = (torch_module().WeakStorage(tensor), _described(tensor))
 
     def __exit__(self, *exc: Any) -> Any:
-        from stowage.serving import torch_module
-
         record = self._record
         written = {_storage_key(t) for t, _ in record.written.values()}
         record.read = {key: (t, t._version) for key, (t, _) in record.read.items() if _storage_key(t) not in written}

@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from stowage import _core
 from stowage.plan.calibration import measure_cost
-from stowage.plan.file_formats import current_cost
 from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
-from stowage.plan.module_frames import Frame, ModuleFrames, block_modules, in_backward
+from stowage.plan.module_frames import Frame, ModuleFrames, block_modules
+from stowage.step_context import SavedTensorRegion, in_backward
 
 
 class _DeviceMeter:
@@ -251,7 +251,7 @@ class StepRecorder:
         self.start_bytes = self.meter.now_and_peak()[0]
         self.frames.install()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), Recording():
+            with SavedTensorRegion(self.pack, self.unpack), Recording():
                 return step()
         finally:
             self.frames.remove()
@@ -358,7 +358,7 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
-    measured = current_cost(cost, "stowage.plan.profile") if cost is not None else None
+    measured = dict(cost) if cost is not None else None
     if sizes is None:
         recorder = _record_one(step_fn, device, model)
         return build_trace(recorder, measured if measured is not None else measure_cost(device))

@@ -33,7 +33,6 @@ import collections
 import dataclasses
 import itertools
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -42,10 +41,8 @@ from stowage import _core
 from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
 from stowage.plan.lifetimes import VERSION, LifetimeTrace, load_trace_document, planner_message, trace_of
 from stowage.validation import InputError, read_json
-from stowage.warning_site import old_name
 
 FORMAT = SIZED
-_RENAMED = {"SizedProfile": "SizedTrace", "load_profile": "load_trace"}  # the previous release's names
 
 
 def grid_points(sizes: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
@@ -145,13 +142,6 @@ class SizedTrace:
         for point, trace in zip(points[1:], self.traces[1:]):
             _same_structure(self.traces[0], trace, _describe(points[0]), _describe(point))
 
-    @property
-    def profiles(self) -> list[LifetimeTrace]:
-        """The previous release's name of ``traces``; the next release drops it."""
-        warnings.warn("SizedTrace.profiles is now SizedTrace.traces; the old name goes in the next release",
-                      DeprecationWarning, 2)
-        return self.traces
-
     def at(self, sizes: Mapping[str, int]) -> LifetimeTrace:
         """The step's lifetime trace at `sizes` (every size of the grid, by name)."""
         missing = set(self.sizes) - set(sizes)
@@ -205,7 +195,3 @@ def load_trace(path: str | Path) -> LifetimeTrace | SizedTrace:
     if isinstance(document, dict) and document.get("format") == SIZED:
         return load_sized_document(document, str(path))
     return load_trace_document(document, str(path))
-
-
-def __getattr__(name: str) -> Any:
-    return old_name(__name__, _RENAMED, name, globals())

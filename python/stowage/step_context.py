@@ -1,0 +1,245 @@
+"""The step context: what stowage observes of a training step as it runs, in one place, for
+recording (stowage.plan.profile), plans (``with plan:``), activation offload, tagging and check
+mode, which subscribe to it.
+
+- Module calls (``module_calls``): one pair of global module forward hooks (before and after,
+  the second always called), registered while anything subscribes, keeps the stack of module
+  forwards running (``Call``: the module, and whether it runs inside a backward, as a
+  checkpoint's recomputation does; not its arguments, which it would keep alive). While
+  torch.compile traces, calls are followed only where a subscriber asks (``compiled=True``):
+  then the hook stops the trace there (torch's graph-task query does) and the module runs
+  eagerly, as it did when each part registered hooks of its own. Subscribers are told as each call begins (``entered(call, args)``, the call on top of
+  the stack) and as it ends (``left(call, args, kwargs)``, the call off the stack; also for a
+  forward that began before anything subscribed), in the order they subscribed.
+- Saved tensors (``SavedTensorRegion``): stowage's saved-tensor regions, each a torch
+  ``saved_tensors_hooks`` region; ``observe_saves`` (tagging) sees every tensor autograd saves
+  while it observes: in stowage's regions, in regions of their own (the user's,
+  torch.utils.checkpoint's), and outside any (Note [Seeing every saved tensor]).
+- ``in_backward()``: whether the calling thread runs inside a backward, as torch's public
+  ModuleTracker reads it.
+
+Contract: one per process; hooks run on the threads torch runs them on and change the stacks
+under the GIL; a subscriber subscribes and unsubscribes on the thread running the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+_backward_probe: Any = None  # a torch.utils.module_tracker.ModuleTracker, never entered: its is_bw
+_is_compiling: Callable[[], bool] = lambda: False  # noqa: E731 (torch.compiler.is_compiling once torch is in)
+
+
+def _load_torch() -> None:
+    global _backward_probe, _is_compiling
+    if _backward_probe is None:
+        import torch
+        from torch.utils.module_tracker import ModuleTracker
+
+        _backward_probe, _is_compiling = ModuleTracker(), torch.compiler.is_compiling
+
+
+def in_backward() -> bool:
+    """Whether the calling thread runs inside a backward (autograd's engine runs a graph task)."""
+    _load_torch()
+    return bool(_backward_probe.is_bw)
+
+
+class Call:
+    """One module forward running; ``backward``: it runs inside a backward (a recomputation)."""
+
+    __slots__ = ("module", "backward")
+
+    def __init__(self, module: Any, backward: bool) -> None:
+        self.module, self.backward = module, backward
+
+
+Entered = Callable[[Call, tuple[Any, ...]], None]  # (the call, its positional arguments)
+Left = Callable[[Call, Any, dict[str, Any]], None]  # (the call, its arguments, its keyword arguments)
+
+
+class ModuleCalls:
+    """The stack of module forwards running (module docstring); one per process."""
+
+    def __init__(self) -> None:
+        self.stack: list[Call] = []
+        self._subscribers: list[tuple[Entered | None, Left | None, bool]] = []
+        self._follow_compiled = False
+        self._handles: list[Any] = []
+
+    def subscribe(self, entered: Entered | None = None, left: Left | None = None, *,
+                  compiled: bool = False) -> Callable[[], None]:
+        """Adds a subscriber; returns what removes it (the hooks go with the last one).
+        `compiled`: also follow calls while torch.compile traces (module docstring)."""
+        import torch
+
+        _load_torch()
+        subscriber = (entered, left, compiled)
+        self._subscribers = self._subscribers + [subscriber]  # (a copy: hooks iterate the old list)
+        self._follow_compiled = any(s[2] for s in self._subscribers)
+        if not self._handles:
+            module = torch.nn.modules.module
+            self._handles = [module.register_module_forward_pre_hook(self._entered),
+                             module.register_module_forward_hook(self._left, with_kwargs=True, always_call=True)]
+
+        def unsubscribe() -> None:
+            self._subscribers = [s for s in self._subscribers if s is not subscriber]
+            self._follow_compiled = any(s[2] for s in self._subscribers)
+            if not self._subscribers:
+                for handle in self._handles:
+                    handle.remove()
+                self._handles = []
+                self.stack = []
+
+        return unsubscribe
+
+    def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
+        if not self._follow_compiled and _is_compiling():
+            return None
+        call = Call(module, _backward_probe.is_bw)
+        self.stack.append(call)
+        for entered, _, _ in self._subscribers:
+            if entered is not None:
+                entered(call, args)
+        return None
+
+    def _left(self, module: Any, args: Any, *kwargs_and_output: Any) -> None:
+        """(kwargs, output); only (output,) where torch calls it after the forward raised)"""
+        if not self._follow_compiled and _is_compiling():
+            return
+        if self.stack and self.stack[-1].module is module:
+            call = self.stack.pop()
+        else:  # a forward that began before anything subscribed
+            call = Call(module, _backward_probe.is_bw)
+        kwargs = kwargs_and_output[0] if len(kwargs_and_output) == 2 else {}
+        for _, left, _ in self._subscribers:
+            if left is not None:
+                left(call, args, kwargs)
+
+
+module_calls = ModuleCalls()
+
+
+# Note [Seeing every saved tensor]
+# torch applies only the innermost saved_tensors_hooks region's hooks (saved_tensors_hooks'
+# documentation: "only the inner-most pair of hooks will be applied"), and offers no public way
+# to observe what another region is handed, nor to ask whether a region is open. Tagging must
+# see every saved tensor. So while something observes:
+# - outside any region, its own hooks (keep the tensor as the offloader keeps one) go at the
+#   bottom of torch's stack, through the public saved_tensors_hooks. A region left open when
+#   observing starts would pop them at its exit: then they are not put in, and only regions
+#   entered from then on are observed. Whether one is open is the one question asked of torch's
+#   private API (torch._C._autograd._top_saved_tensors_default_hooks), here only.
+# - stowage's own regions show the observers each tensor before their pack takes it;
+# - regions of their own (the user's, torch.utils.checkpoint's) entered while observing are seen
+#   the only way torch leaves: saved_tensors_hooks.__enter__ is wrapped, while something observes,
+#   to show the observers what the region's pack is handed. Here only.
+# - observing stops; the bottom hooks come out at once when no region entered while observing
+#   is open, else as soon as the last such region exits (its exit would otherwise pop them).
+
+
+class SavedTensorRegion:
+    """One stowage saved-tensor region: torch's saved_tensors_hooks with `pack` and `unpack`; the
+    observer (if one observes as it is entered) sees each tensor first. Entered once."""
+
+    def __init__(self, pack: Callable[[Any], Any], unpack: Callable[[Any], Any]) -> None:
+        self._pack, self._unpack = pack, unpack
+        self._hooks: Any = None
+
+    def __enter__(self) -> SavedTensorRegion:
+        import torch
+
+        pack = _noting(self._pack) if _observer is not None else self._pack
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
+        hooks.__enter__()
+        self._hooks = hooks
+        return self
+
+    def __exit__(self, *error: Any) -> None:
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            hooks.__exit__(*error)
+
+
+_observer: Callable[[Any], None] | None = None  # what sees each saved tensor (tagging's note)
+_bottom: Any = None  # the observer's saved_tensors_hooks at the bottom of torch's stack
+_pending: Any = None  # an observer's bottom hooks, observing stopped, below a region still open
+_open: list[Any] = []  # regions entered while saved_tensors_hooks is wrapped and not yet left
+_plain: tuple[Any, Any] | None = None  # saved_tensors_hooks' own __enter__ and __exit__, while wrapped
+
+
+def _noting(pack: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def noted(tensor: Any) -> Any:
+        observer = _observer
+        if observer is not None:  # (a region entered while observing may outlive it)
+            observer(tensor)
+        return pack(tensor)
+
+    noted._stowage_noting = True  # type: ignore[attr-defined]
+    return noted
+
+
+def _entered_region(region: Any) -> None:
+    if not getattr(region.pack_hook, "_stowage_noting", False):
+        region.pack_hook = _noting(region.pack_hook)
+    _open.append(region)
+    _plain[0](region)  # type: ignore[index]
+
+
+def _left_region(region: Any, *error: Any) -> None:
+    global _pending
+    plain_exit = _plain[1] if _plain is not None else type(region).__exit__  # (a `with` keeps the wrapped one)
+    plain_exit(region, *error)
+    if region in _open:
+        _open.remove(region)
+    if _pending is not None and not _open:
+        pending, _pending = _pending, None
+        plain_exit(pending, None, None, None)
+    _unwrap()
+
+
+def _unwrap() -> None:
+    """Puts saved_tensors_hooks' own methods back once nothing observes, no bottom hooks wait,
+    and no region entered while wrapped is open."""
+    global _plain
+    if _plain is not None and _observer is None and _pending is None and not _open:
+        import torch
+
+        hooks = torch.autograd.graph.saved_tensors_hooks
+        hooks.__enter__, hooks.__exit__ = _plain  # type: ignore[method-assign]
+        _plain = None
+
+
+def observe_saves(observer: Callable[[Any], None], pack: Callable[[Any], Any],
+                  unpack: Callable[[Any], Any]) -> bool:
+    """Shows `observer` every tensor autograd saves until stop_observing(); outside any region,
+    `pack` and `unpack` serve autograd. False when a region with hooks of its own was open: then
+    only regions entered from here on are observed (Note [Seeing every saved tensor])."""
+    import torch
+
+    global _observer, _bottom, _plain
+    stop_observing()
+    _observer = observer
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    if _plain is None:
+        _plain = (hooks.__enter__, hooks.__exit__)
+        hooks.__enter__, hooks.__exit__ = _entered_region, _left_region  # type: ignore[method-assign]
+    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        return False
+    _bottom = hooks(pack, unpack)
+    _plain[0](_bottom)
+    return True
+
+
+def stop_observing() -> None:
+    """Stops observing saved tensors; the observer's bottom hooks come out now, or as the last
+    region entered while observing exits (its exit would otherwise pop them)."""
+    global _observer, _bottom, _pending
+    _observer = None
+    bottom, _bottom = _bottom, None
+    if bottom is not None:
+        if _open:
+            _pending = bottom
+        else:
+            _plain[1](bottom, None, None, None)  # type: ignore[index]
+    _unwrap()
