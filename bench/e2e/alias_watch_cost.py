@@ -70,7 +70,7 @@ def main() -> None:
     import torch
 
     import stowage
-    from gpt2_model import GPT, GPTConfig
+    from gpt2_model import seeded_model_and_tokens
     from stowage.offload import saved_tensor_offload
     from stowage.plan import recompute_modes
 
@@ -78,10 +78,7 @@ def main() -> None:
         stowage.enable(device="cuda")
     else:
         stowage.enable(device="cpu", capacity="8GiB")
-    torch.manual_seed(0)
-    config = GPTConfig(n_layer=args.layers, n_head=4, n_embd=args.width, vocab_size=8192, block_size=args.seq)
-    model = GPT(config).to(args.device)
-    ids = torch.randint(0, 8192, (args.batch, args.seq), device=args.device)
+    model, ids = seeded_model_and_tokens(args.layers, args.width, args.batch, args.seq, args.device)
 
     def plain_step() -> None:
         model(ids, ids).backward()

@@ -43,17 +43,14 @@ def main() -> None:
 
     import stowage
     import stowage.checking
-    from gpt2_model import GPT, GPTConfig
+    from gpt2_model import seeded_model_and_tokens
 
     if args.device == "cuda":
         stowage.enable(device="cuda")
     else:
         stowage.enable(device="cpu", capacity="8GiB")
-    torch.manual_seed(0)
-    config = GPTConfig(n_layer=args.layers, n_head=4, n_embd=args.width, vocab_size=8192, block_size=args.seq)
-    model = GPT(config).to(args.device)
+    model, ids = seeded_model_and_tokens(args.layers, args.width, args.batch, args.seq, args.device)
     optimizer = stowage.offload.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 8192, (args.batch, args.seq), device=args.device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.device == "cuda" else torch.autocast(
         "cpu", enabled=False)
 

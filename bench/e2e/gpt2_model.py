@@ -125,6 +125,16 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
+def seeded_model_and_tokens(layers: int, width: int, batch: int, seq: int, device: str,
+                             vocab_size: int = 8192) -> tuple[GPT, torch.Tensor]:
+    """A GPT of ``layers`` blocks of ``width`` (4 heads) made from seed 0 on ``device``, and a
+    batch of random tokens for it (the scripts measuring a watch's cost use them as targets too)."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=layers, n_head=4, n_embd=width, vocab_size=vocab_size, block_size=seq)
+    model = GPT(config).to(device)
+    return model, torch.randint(0, vocab_size, (batch, seq), device=device)
+
+
 def make_optimizer(model: nn.Module, lr: float = 6e-4, weight_decay: float = 0.1,
                    fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only, as GPT-2 trainings do."""
