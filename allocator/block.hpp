@@ -28,8 +28,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "allocator/device/backend.hpp"
 #include "allocator/size_policy.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

@@ -4,9 +4,9 @@
 #include <exception>
 #include <new>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/base/numbers.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "base/numbers.hpp"
 
 namespace stowage {
 

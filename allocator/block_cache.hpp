@@ -41,10 +41,10 @@
 #include "allocator/block.hpp"
 #include "allocator/block_map.hpp"
 #include "allocator/block_store.hpp"
-#include "allocator/device/backend.hpp"
 #include "allocator/pool.hpp"
 #include "allocator/stats.hpp"
 #include "allocator/trace_recorder.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

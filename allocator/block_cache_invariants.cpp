@@ -2,9 +2,9 @@
 // segment's blocks and every pool's indexes.
 #include <algorithm>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/numbers.hpp"
 #include "allocator/block_cache.hpp"
+#include "base/errors.hpp"
+#include "base/numbers.hpp"
 
 namespace stowage {
 

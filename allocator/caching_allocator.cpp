@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/base/numbers.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "base/numbers.hpp"
 
 namespace stowage {
 

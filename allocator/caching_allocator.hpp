@@ -75,7 +75,6 @@
 
 #include "allocator/block_cache.hpp"
 #include "allocator/config.hpp"
-#include "allocator/device/backend.hpp"
 #include "allocator/history.hpp"
 #include "allocator/learned_placement.hpp"
 #include "allocator/memory_limit.hpp"
@@ -91,6 +90,7 @@
 #include "allocator/snapshot.hpp"
 #include "allocator/stats.hpp"
 #include "allocator/trace_recorder.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

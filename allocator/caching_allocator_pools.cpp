@@ -1,6 +1,6 @@
 // CachingAllocator: the private pools' public face (Note [Private pools] in private_pools.hpp).
-#include "allocator/base/errors.hpp"
 #include "allocator/caching_allocator.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "allocator/device/backend.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

@@ -5,9 +5,9 @@
 #include <new>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/base/numbers.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "base/numbers.hpp"
 
 namespace stowage {
 

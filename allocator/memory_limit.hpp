@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 

@@ -14,7 +14,7 @@
 
 #include <cstddef>
 
-#include "allocator/device/backend.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

@@ -16,7 +16,6 @@
 
 #include "allocator/block.hpp"
 #include "allocator/block_cache.hpp"
-#include "allocator/device/backend.hpp"
 #include "allocator/memory_limit.hpp"
 #include "allocator/pool.hpp"
 #include "allocator/reserve_budget.hpp"
@@ -24,6 +23,7 @@
 #include "allocator/size_policy.hpp"
 #include "allocator/stats.hpp"
 #include "allocator/trace_recorder.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

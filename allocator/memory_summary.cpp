@@ -6,7 +6,7 @@
 #include <string_view>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 

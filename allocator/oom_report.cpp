@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "allocator/base/byte_units.hpp"
+#include "base/byte_units.hpp"
 
 namespace stowage {
 

@@ -23,7 +23,7 @@
 #include <cstddef>
 #include <string>
 
-#include "allocator/device/backend.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <exception>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/base/numbers.hpp"
-#include "allocator/device_call_timer.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "base/numbers.hpp"
+#include "device_call_timer.hpp"
 
 namespace stowage {
 

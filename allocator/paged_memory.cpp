@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <exception>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/device_call_timer.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "device_call_timer.hpp"
 
 namespace stowage {
 

@@ -5,9 +5,9 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/errors.hpp"
+#include "device/host/host_backend.hpp"
 
 namespace stowage {
 

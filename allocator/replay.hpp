@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "allocator/config.hpp"
-#include "allocator/device/host/host_call_costs.hpp"
+#include "device/host/host_call_costs.hpp"
 
 namespace stowage {
 

@@ -15,8 +15,8 @@
 #include <cstddef>
 #include <string>
 
-#include "allocator/device/backend.hpp"
 #include "allocator/size_policy.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

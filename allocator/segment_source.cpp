@@ -2,9 +2,9 @@
 
 #include <exception>
 
-#include "allocator/base/log.hpp"
-#include "allocator/base/numbers.hpp"
-#include "allocator/device_call_timer.hpp"
+#include "base/log.hpp"
+#include "base/numbers.hpp"
+#include "device_call_timer.hpp"
 
 namespace stowage {
 

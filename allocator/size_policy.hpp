@@ -51,7 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/base/numbers.hpp"
+#include "base/numbers.hpp"
 
 namespace stowage {
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "allocator/block.hpp"
-#include "allocator/device/backend.hpp"
 #include "allocator/history.hpp"
 #include "allocator/pool.hpp"
 #include "allocator/size_policy.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/step_layout.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 

@@ -16,8 +16,8 @@
 #include <functional>
 #include <vector>
 
-#include "allocator/device/backend.hpp"
 #include "allocator/history.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

@@ -1,6 +1,6 @@
 #include "offload/adam_buckets.hpp"
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::offload {
 

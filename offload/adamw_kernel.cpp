@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/sanitizers.hpp"
+#include "base/errors.hpp"
+#include "base/sanitizers.hpp"
 #include "offload/range_workers.hpp"
 
 namespace stowage::offload {

@@ -14,8 +14,8 @@
 // between calls, as torch's current stream does); the backend must outlive it.
 #pragma once
 
-#include "allocator/base/bounded_wait.hpp"
-#include "allocator/device/backend.hpp"
+#include "base/bounded_wait.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

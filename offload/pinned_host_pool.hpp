@@ -44,7 +44,7 @@
 #include <string>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/backend.hpp"
+#include "device/backend.hpp"
 #include "offload/pinned_segments.hpp"
 
 namespace stowage {

@@ -25,9 +25,9 @@
 #include <mutex>
 #include <string>
 
-#include "allocator/device/backend.hpp"
-#include "allocator/device/numa_host_memory.hpp"
 #include "allocator/segment_memory.hpp"
+#include "device/backend.hpp"
+#include "device/numa_host_memory.hpp"
 
 namespace stowage {
 

@@ -32,7 +32,7 @@
 // on the step is finished whatever is raised (each part resumes where it stopped: a bucket
 // submitted or written back is not again) and the error is raised after. Ctrl-C is held for the
 // whole step: Python's handler only notes it and the waits on the step's thread and the update
-// threads go on (InterruptHold, allocator/base/interrupt_watch.hpp) to their deadlines
+// threads go on (InterruptHold, base/interrupt_watch.hpp) to their deadlines
 // (Note [Bounded waits]); KeyboardInterrupt is raised once the step is whole. The host memory
 // an interrupted copy or update still uses is never freed under it: the updates hold their
 // bucket's memory, and the optimizer's end waits for its copies (or leaks what they use).

@@ -4,8 +4,8 @@
 #include <exception>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
 
 namespace stowage {
 

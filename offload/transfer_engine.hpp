@@ -23,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "allocator/base/bounded_wait.hpp"
-#include "allocator/device/backend.hpp"
+#include "base/bounded_wait.hpp"
+#include "device/backend.hpp"
 
 namespace stowage {
 

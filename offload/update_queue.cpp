@@ -8,7 +8,7 @@
 #include <exception>
 #include <sstream>
 
-#include "allocator/device/numa_topology.hpp"
+#include "device/numa_topology.hpp"
 
 namespace stowage::offload {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 

@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/plan.hpp"
 #include "planner/simulator.hpp"
 

@@ -1,6 +1,6 @@
 #include "planner/exhaustive_solver.hpp"
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/greedy_solver.hpp"
 #include "planner/region_use.hpp"
 

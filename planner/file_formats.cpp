@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <optional>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/exhaustive_solver.hpp"
 #include "planner/greedy_solver.hpp"
 #include "planner/simulator.hpp"

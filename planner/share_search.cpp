@@ -4,7 +4,7 @@
 #include <map>
 #include <tuple>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 

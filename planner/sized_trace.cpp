@@ -5,7 +5,7 @@
 #include <set>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/derived_quantities.hpp"
 
 namespace stowage::planner {

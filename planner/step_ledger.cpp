@@ -4,7 +4,7 @@
 #include <numeric>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 

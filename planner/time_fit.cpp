@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
 #include "snapshot/recompute_estimate.hpp"
 
 namespace stowage::snapshot {

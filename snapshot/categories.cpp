@@ -5,7 +5,7 @@
 #include <string_view>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/live_series.hpp"
 
 namespace stowage::snapshot {

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/names.hpp"
 
 namespace stowage::snapshot {

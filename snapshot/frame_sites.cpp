@@ -3,7 +3,7 @@
 #include <array>
 #include <string_view>
 
-#include "allocator/base/byte_units.hpp"
+#include "base/byte_units.hpp"
 
 namespace stowage::snapshot {
 

@@ -2,7 +2,7 @@
 
 #include <unordered_map>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/names.hpp"
 
 namespace stowage::snapshot {

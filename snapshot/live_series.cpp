@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::snapshot {
 

@@ -1,6 +1,6 @@
 #include "snapshot/memo.hpp"
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::snapshot {
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::snapshot {
 

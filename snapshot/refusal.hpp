@@ -5,7 +5,7 @@
 #include <exception>
 #include <string>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::snapshot {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/advice_evidence.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/live_groups.hpp"

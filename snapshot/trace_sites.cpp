@@ -4,7 +4,7 @@
 #include <map>
 #include <optional>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/live_pairs.hpp"
 
 namespace stowage::snapshot {

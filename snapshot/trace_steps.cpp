@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::snapshot {
 

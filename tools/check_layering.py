@@ -45,10 +45,10 @@ import python_imports
 
 # Folder -> layer, longest prefix first.
 LAYERS: dict[str, str] = {
-    "allocator/base": "base",
-    "allocator/device/host": "host device",
-    "allocator/device/cuda": "cuda device",
-    "allocator/device": "device",
+    "base": "base",
+    "device/host": "host device",
+    "device/cuda": "cuda device",
+    "device": "device",
     "allocator/process": "process",
     "allocator": "allocator",
     "offload": "offload",

@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/build_info.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/device/backend.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/build_info.hpp"
+#include "base/errors.hpp"
+#include "device/backend.hpp"
+#include "device/host/host_backend.hpp"
 #if STOWAGE_HAVE_CUDA
-#include "allocator/device/cuda/cuda_backend.hpp"
+#include "device/cuda/cuda_backend.hpp"
 #endif
 
 namespace {

@@ -5,8 +5,8 @@
 #include <exception>
 #include <string>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/process/cuda_allocators.hpp"
+#include "base/errors.hpp"
 
 namespace {
 

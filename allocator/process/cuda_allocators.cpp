@@ -7,9 +7,9 @@
 #include <optional>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/config.hpp"
-#include "allocator/device/cuda/cuda_backend.hpp"
+#include "base/errors.hpp"
+#include "device/cuda/cuda_backend.hpp"
 
 namespace stowage::cuda_allocators {
 

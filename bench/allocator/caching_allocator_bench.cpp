@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "device/host/host_backend.hpp"
 
 namespace {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/build_info.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/build_info.hpp"
+#include "device/host/host_backend.hpp"
 #if STOWAGE_HAVE_CUDA
-#include "allocator/device/cuda/cuda_backend.hpp"
+#include "device/cuda/cuda_backend.hpp"
 #endif
 
 namespace {

@@ -11,7 +11,7 @@ peak of requested bytes) and the smallest one it fits (2 MiB steps, verified):
 - the pages stowage moved (unmapped to be mapped elsewhere), and the device calls it made, after
   warm-up (on the roomy device), with the milliseconds those calls would add to the worst step
   after warm-up under the simulated device's cost model (measured on an H100:
-  allocator/device/host/host_call_costs.hpp).
+  device/host/host_call_costs.hpp).
 
 Steps end at the trace's mark_step events. Warm-up is the first two steps (the first makes the
 optimizer's state, the second is the first to run with it in place) or, when the steps repeat in

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/bounded_wait.hpp"
-#include "allocator/base/build_info.hpp"
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
 #include "allocator/config.hpp"
 #include "allocator/memory_summary.hpp"
+#include "base/bounded_wait.hpp"
+#include "base/build_info.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
 #include "snapshot/tag_resolution.hpp"
 

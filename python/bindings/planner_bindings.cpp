@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/derived_quantities.hpp"
 #include "planner/prefetch_search.hpp"
 #include "planner/share_search.hpp"

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/capacity_search.hpp"
 #include "allocator/config.hpp"
 #include "allocator/replay.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/build_info.hpp"
-#include "allocator/device/cuda_driver_probe.hpp"
-#include "allocator/device/host_memory_probe.hpp"
-#include "allocator/device/numa_topology.hpp"
+#include "base/build_info.hpp"
+#include "device/cuda_driver_probe.hpp"
+#include "device/host_memory_probe.hpp"
+#include "device/numa_topology.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"

@@ -25,8 +25,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/process/cuda_allocators.hpp"
+#include "base/errors.hpp"
 #include "python/libtorch/gathered_contexts.hpp"
 #include "python/libtorch/uncached_allocations.hpp"
 

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "allocator/device/backend.hpp"
+#include "device/backend.hpp"
 
 namespace stowage::torch_cuda {
 

@@ -55,7 +55,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
-# --- CUDA, through the device layer's probes (allocator/device/cuda_driver_probe.hpp) ---------
+# --- CUDA, through the device layer's probes (device/cuda_driver_probe.hpp) ---------
 
 
 def _mapped_library(stem: str) -> str | None:

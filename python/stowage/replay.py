@@ -12,7 +12,7 @@ A trace's steps end at its stowage.mark_step() marks. After the first ``--warmup
 (by default two, the first making the optimizer's state and the second the first to run with it
 in place; or, when the steps repeat in a cycle of shapes, two cycles) the replay reports what the remaining steps asked of the device (pages mapped and
 unmapped, device calls) and what the worst of them would spend in those calls on a GPU, by the
-simulated device's cost model (measured on an H100: allocator/device/host/host_call_costs.hpp).
+simulated device's cost model (measured on an H100: device/host/host_call_costs.hpp).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Bounded waits on the Python side, by the rules of Note [Bounded waits]
-(allocator/base/bounded_wait.hpp): for waits the C++ layer does not make itself, such as on
+(base/bounded_wait.hpp): for waits the C++ layer does not make itself, such as on
 torch's CUDA events and streams.
 
     from stowage.waiting import wait_until

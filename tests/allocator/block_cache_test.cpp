@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/numbers.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/errors.hpp"
+#include "base/numbers.hpp"
+#include "device/host/host_backend.hpp"
 
 namespace stowage {
 namespace {

@@ -31,11 +31,11 @@
 #include <tuple>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/base/sanitizers.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "base/sanitizers.hpp"
+#include "device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {

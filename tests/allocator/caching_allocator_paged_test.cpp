@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {

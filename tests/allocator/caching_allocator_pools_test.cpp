@@ -9,10 +9,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "device/host/host_backend.hpp"
 #include "tests/support/quiet_log.hpp"
 
 namespace stowage {

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/log.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/errors.hpp"
+#include "base/log.hpp"
+#include "device/host/host_backend.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"
 

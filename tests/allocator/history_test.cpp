@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <limits>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/stats.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 namespace {

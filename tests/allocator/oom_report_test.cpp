@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "allocator/base/byte_units.hpp"
+#include "base/byte_units.hpp"
 
 namespace stowage {
 namespace {

@@ -3,9 +3,9 @@
 
 #include <gtest/gtest.h>
 
-#include "allocator/base/numbers.hpp"
 #include "allocator/block_cache.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/numbers.hpp"
+#include "device/host/host_backend.hpp"
 
 namespace stowage {
 namespace {

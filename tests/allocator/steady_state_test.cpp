@@ -7,9 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/byte_units.hpp"
+#include "device/host/host_backend.hpp"
 
 namespace stowage {
 namespace {

@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/step_layout.hpp"
 #include "allocator/step_learner.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 namespace {

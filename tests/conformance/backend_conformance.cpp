@@ -9,8 +9,8 @@
 
 #include <unistd.h>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
 #include "tests/support/gate.hpp"
 
 namespace stowage::testing {

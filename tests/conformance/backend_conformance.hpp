@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/device/backend.hpp"
+#include "device/backend.hpp"
 #include "tests/conformance/pattern.hpp"
 
 namespace stowage::testing {

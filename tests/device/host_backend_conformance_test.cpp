@@ -1,6 +1,6 @@
 // HostBackend joins the DeviceBackend conformance suite, with threaded and with synchronous
 // streams, and with a granularity other than the default.
-#include "allocator/device/host/host_backend.hpp"
+#include "device/host/host_backend.hpp"
 #include "tests/conformance/backend_conformance.hpp"
 
 namespace stowage::testing {

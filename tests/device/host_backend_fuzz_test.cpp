@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/errors.hpp"
+#include "device/host/host_backend.hpp"
 
 namespace stowage {
 namespace {

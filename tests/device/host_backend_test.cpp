@@ -1,6 +1,6 @@
 // What HostBackend does beyond the conformance suite: capacity, RAM cost, CUDA's VMM rules in
 // detail, fault injection, the kernel-mapping limit, bandwidth, synchronous mode.
-#include "allocator/device/host/host_backend.hpp"
+#include "device/host/host_backend.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/sanitizers.hpp"
+#include "base/errors.hpp"
+#include "base/sanitizers.hpp"
 #include "tests/conformance/pattern.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "allocator/device/cuda_driver_probe.hpp"
-#include "allocator/device/host_memory_probe.hpp"
+#include "device/cuda_driver_probe.hpp"
+#include "device/host_memory_probe.hpp"
 
 namespace stowage {
 namespace {

@@ -1,15 +1,15 @@
 // Host memory near a GPU: bound to its NUMA nodes where hwloc can place it, plain memory (with
 // the reason) where it cannot.
-#include "allocator/device/numa_host_memory.hpp"
+#include "device/numa_host_memory.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/device/numa_topology.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "device/numa_topology.hpp"
 
 namespace stowage {
 namespace {

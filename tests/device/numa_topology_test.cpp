@@ -1,9 +1,9 @@
 // The machine's NUMA layout as hwloc reads it, and where a GPU sits in it by PCI bus id.
-#include "allocator/device/numa_topology.hpp"
+#include "device/numa_topology.hpp"
 
 #include <gtest/gtest.h>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage {
 namespace {

@@ -1,7 +1,7 @@
 // CudaBackend joins the DeviceBackend conformance suite on every visible GPU. Without a GPU the
 // factory returns nullptr and every case skips.
-#include "allocator/base/errors.hpp"
-#include "allocator/device/cuda/cuda_backend.hpp"
+#include "base/errors.hpp"
+#include "device/cuda/cuda_backend.hpp"
 #include "tests/conformance/backend_conformance.hpp"
 
 namespace stowage::testing {

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/cuda/cuda_backend.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "device/cuda/cuda_backend.hpp"
 
 namespace stowage {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::offload {
 namespace {

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::offload {
 namespace {

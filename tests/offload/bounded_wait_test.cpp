@@ -2,7 +2,7 @@
 // naming what it waited for, a wait the user interrupts (SIGINT) ends at once and still runs the
 // handler installed before, and the copies go on after either; under an InterruptHold the wait
 // outlasts the interrupt.
-#include "allocator/base/bounded_wait.hpp"
+#include "base/bounded_wait.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/base/interrupt_watch.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "base/interrupt_watch.hpp"
+#include "device/host/host_backend.hpp"
 #include "offload/compute_timeline.hpp"
 #include "offload/transfer_engine.hpp"
 #include "tests/support/gate.hpp"

@@ -6,9 +6,9 @@
 #include <memory>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/byte_units.hpp"
+#include "device/host/host_backend.hpp"
 #include "offload/offload_engine.hpp"
 #include "tests/conformance/pattern.hpp"
 

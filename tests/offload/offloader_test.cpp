@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "tests/offload/offloader_harness.hpp"
 #include "tests/support/gate.hpp"
 

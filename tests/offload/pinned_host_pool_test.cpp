@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/base/numbers.hpp"
-#include "allocator/device/host/host_backend.hpp"
-#include "allocator/device/numa_host_memory.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "base/numbers.hpp"
+#include "device/host/host_backend.hpp"
+#include "device/numa_host_memory.hpp"
 #include "tests/support/captured_log.hpp"
 #include "tests/support/gate.hpp"
 

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "allocator/base/byte_units.hpp"
+#include "base/byte_units.hpp"
 
 namespace stowage {
 namespace {

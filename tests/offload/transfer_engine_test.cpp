@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "base/byte_units.hpp"
+#include "device/host/host_backend.hpp"
 #include "tests/conformance/pattern.hpp"
 #include "tests/support/gate.hpp"
 

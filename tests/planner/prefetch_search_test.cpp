@@ -9,7 +9,7 @@
 #include <optional>
 #include <random>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/greedy_solver.hpp"
 
 namespace stowage::planner {

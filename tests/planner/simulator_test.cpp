@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "planner/derived_quantities.hpp"
 #include "planner/time_fit.hpp"
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/sanitizers.hpp"
+#include "base/errors.hpp"
+#include "base/sanitizers.hpp"
 #include "planner/exhaustive_solver.hpp"
 #include "planner/greedy_solver.hpp"
 

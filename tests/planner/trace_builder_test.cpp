@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::planner {
 namespace {

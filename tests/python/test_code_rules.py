@@ -20,7 +20,7 @@ def run(script: Path, root: Path) -> subprocess.CompletedProcess[str]:
 
 def copy_layers(tmp_path: Path) -> Path:
     root = tmp_path / "tree"
-    for folder in ("allocator", "offload", "planner", "python/bindings", "python/libtorch"):
+    for folder in ("base", "device", "allocator", "offload", "planner", "python/bindings", "python/libtorch"):
         shutil.copytree(REPO / folder, root / folder)
     return root
 
@@ -32,11 +32,11 @@ def test_the_tree_keeps_its_layers() -> None:
 
 BREACHES = [
     # (file, text added at its end, what the check says)
-    ("allocator/device/backend.hpp", '#include "allocator/caching_allocator.hpp"',
+    ("device/backend.hpp", '#include "allocator/caching_allocator.hpp"',
      "device includes allocator/caching_allocator.hpp of allocator"),
-    ("allocator/device/host/host_backend.cpp", '#include "allocator/device/cuda/cuda_backend.hpp"',
-     "host device includes allocator/device/cuda/cuda_backend.hpp of cuda device"),
-    ("allocator/base/CMakeLists.txt", "target_link_libraries(stowage_base PUBLIC stowage_device)",
+    ("device/host/host_backend.cpp", '#include "device/cuda/cuda_backend.hpp"',
+     "host device includes device/cuda/cuda_backend.hpp of cuda device"),
+    ("base/CMakeLists.txt", "target_link_libraries(stowage_base PUBLIC stowage_device)",
      "stowage_base (base) links stowage_device (device)"),
     # A link the target's sources have no use for: allowed by the layers, still a false declaration.
     ("python/libtorch/CMakeLists.txt", "target_link_libraries(stowage_torch PRIVATE stowage_allocator)",
@@ -99,7 +99,7 @@ def test_tests_and_bench_including_what_is_not_a_public_header_are_named(tmp_pat
     (root / "bench" / "planner").mkdir(parents=True)
     (root / "tests" / "planner").mkdir(parents=True)
     (root / "bench" / "planner" / "fine.cpp").write_text(
-        '#include "planner/simulator.hpp"\n#include "allocator/base/errors.hpp"\n#include "bench_helpers.hpp"\n')
+        '#include "planner/simulator.hpp"\n#include "base/errors.hpp"\n#include "bench_helpers.hpp"\n')
     assert run(LAYERING, root).returncode == 0
     (root / "tests" / "planner" / "bad_test.cpp").write_text(
         '#include "planner/simulator.hpp"\n#include "planner/simulator.cpp"\n'

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/base/byte_units.hpp"
-#include "allocator/base/errors.hpp"
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
 #include "snapshot/advice.hpp"
 
 namespace stowage::snapshot {

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/recompute_estimate.hpp"
 

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/live_groups.hpp"
 
 namespace stowage::snapshot {

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/live_pairs.hpp"
 #include "snapshot/names.hpp"
 

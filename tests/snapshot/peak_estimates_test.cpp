@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/peak_estimates.hpp"
 
 namespace stowage::snapshot {

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "snapshot/trace_steps.hpp"
 
 namespace stowage::snapshot {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/base/log.hpp"
+#include "base/log.hpp"
 
 namespace stowage::testing {
 

@@ -4,7 +4,7 @@
 #include <string_view>
 #include <utility>
 
-#include "allocator/base/log.hpp"
+#include "base/log.hpp"
 
 namespace stowage::testing {
 

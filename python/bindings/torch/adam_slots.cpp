@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "allocator/base/bounded_wait.hpp"
-#include "allocator/base/errors.hpp"
+#include "base/bounded_wait.hpp"
+#include "base/errors.hpp"
 #include "offload/adam_buckets.hpp"
 
 namespace stowage::torch_offload {

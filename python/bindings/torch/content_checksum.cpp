@@ -8,7 +8,7 @@
 #include <array>
 #include <cstdint>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::torch_offload {
 

@@ -8,7 +8,7 @@
 
 #include <chrono>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/torch/content_checksum.hpp"
 
 namespace stowage::torch_offload {

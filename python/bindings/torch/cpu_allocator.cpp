@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 
 namespace stowage::torch_cpu {
 

@@ -22,7 +22,7 @@
 #include <c10/core/Storage.h>
 
 #include "allocator/caching_allocator.hpp"
-#include "allocator/device/host/host_backend.hpp"
+#include "device/host/host_backend.hpp"
 #include "python/bindings/torch/stack_table.hpp"
 
 namespace stowage::torch_cpu {

@@ -7,9 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "allocator/base/bounded_wait.hpp"
-#include "allocator/base/errors.hpp"
-#include "allocator/base/interrupt_watch.hpp"
+#include "base/bounded_wait.hpp"
+#include "base/errors.hpp"
+#include "base/interrupt_watch.hpp"
 #include "offload/adam_buckets.hpp"
 
 namespace stowage::torch_offload {

@@ -4,7 +4,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 
 namespace stowage::torch_offload {

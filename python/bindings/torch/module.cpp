@@ -11,8 +11,8 @@
 #include <optional>
 #include <string>
 
-#include "allocator/base/errors.hpp"
 #include "allocator/stats.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/torch/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 #include "python/bindings/torch/snapshot_dict.hpp"

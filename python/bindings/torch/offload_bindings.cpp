@@ -8,7 +8,7 @@
 
 #include <optional>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/torch/check_mode.hpp"
 #include "python/bindings/torch/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"

@@ -6,7 +6,7 @@
 #include <map>
 #include <mutex>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/torch/cpu_allocator.hpp"
 
 #ifdef STOWAGE_TORCH_CUDA
@@ -14,8 +14,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "allocator/device/cuda/cuda_backend.hpp"
 #include "allocator/process/cuda_allocators.hpp"
+#include "device/cuda/cuda_backend.hpp"
 #include "python/libtorch/cuda_allocator.hpp"
 #endif
 

@@ -11,12 +11,12 @@
 #include <vector>
 #include <string>
 
-#include "allocator/base/errors.hpp"
-#include "allocator/base/interrupt_watch.hpp"
-#include "offload/adamw_kernel.hpp"
-#include "python/bindings/torch/content_checksum.hpp"
+#include "base/errors.hpp"
+#include "base/interrupt_watch.hpp"
 #include "offload/adam_buckets.hpp"
+#include "offload/adamw_kernel.hpp"
 #include "offload/update_queue.hpp"
+#include "python/bindings/torch/content_checksum.hpp"
 #include "python/bindings/torch/host_bucket.hpp"
 #include "python/bindings/torch/host_state_store.hpp"
 #include "python/bindings/torch/module_parts.hpp"

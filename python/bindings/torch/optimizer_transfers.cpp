@@ -2,7 +2,7 @@
 
 #include <c10/core/GradMode.h>
 
-#include "allocator/base/errors.hpp"
+#include "base/errors.hpp"
 #include "python/bindings/torch/offload_engines.hpp"
 
 namespace stowage::torch_offload {

@@ -1,6 +1,6 @@
 """What host memory the process may really take, read before the offloaded optimizer takes any:
 the smallest of MemAvailable, the cgroup's room and the caller's limit (the one probe, in
-allocator/device/host_memory_probe.hpp, which `stowage doctor` reports too; RLIMIT_MEMLOCK bounds
+device/host_memory_probe.hpp, which `stowage doctor` reports too; RLIMIT_MEMLOCK bounds
 what is pinned, not what can be allocated)."""
 
 from __future__ import annotations
