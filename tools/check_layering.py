@@ -99,7 +99,7 @@ TARGETS: dict[str, str] = {
 PYTHON_LAYERS: list[tuple[str, set[str]]] = [
     ("basics", {"byte_counts", "terminal", "warning_site", "waiting", "validation", "recorded_by",
                 "recompute_estimate"}),
-    ("snapshot files", {"snapshot_reader", "snapshot_loader", "trace", "profiler_trace"}),
+    ("snapshot files", {"snapshot_reader", "profiler_trace"}),
     ("torch serving", {"serving", "step_context", "checking", "tagging"}),
     ("offload", {"offload"}),
     ("memory", {"memory"}),

@@ -22,6 +22,7 @@
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/inspection.hpp"
+#include "snapshot/native_figures.hpp"
 #include "snapshot/snapshot_diff.hpp"
 
 namespace py = pybind11;
@@ -221,6 +222,11 @@ class Bound {
     class_.def_readonly(name, member);
     return *this;
   }
+  template <typename Method>
+  Bound& method(const char* name, Method method) {
+    class_.def(name, method);
+    return *this;
+  }
   template <typename Getter>
   Bound& computed(const char* name, Getter getter) {
     class_.def_property_readonly(name, getter);
@@ -348,39 +354,72 @@ void bind_inspect(py::module_& module) {
       "report's timelines, and the events after which to say what was live (`moments`).");
 }
 
+// The event columns of one device's trace (TraceColumns) that replay reads, held for the call.
+struct EventColumns {
+  explicit EventColumns(const py::object& trace)
+      : action(Column<std::uint8_t>::ensure(trace.attr("action"))),
+        addr(Column<std::uint64_t>::ensure(trace.attr("addr"))),
+        size(Column<std::uint64_t>::ensure(trace.attr("size"))),
+        stream(Column<std::uint64_t>::ensure(trace.attr("stream"))) {
+    if (!action || !addr || !size || !stream) throw py::error_already_set();
+    const py::str step(snapshot::kMarkStep);
+    for (const auto [index, value] : trace.attr("user_metadata").cast<py::dict>()) {
+      if (py::isinstance<py::str>(value) && value.equal(step)) step_marks.push_back(index.cast<std::int64_t>());
+    }
+    std::sort(step_marks.begin(), step_marks.end());
+  }
+  snapshot::TraceColumnsView view() const { return {span_of(action), span_of(addr), span_of(size), span_of(stream)}; }
+  Column<std::uint8_t> action;
+  Column<std::uint64_t> addr, size, stream;
+  std::vector<std::int64_t> step_marks;  // stowage.mark_step()'s marks, ascending
+};
+
 void bind_device_events(py::module_& module) {
-  using Actions = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>;
-  const auto view = [](const Actions& action, const Bytes& addr, const Bytes& size, const Bytes& stream) {
-    return snapshot::TraceColumnsView{{action.data(), static_cast<std::size_t>(action.size())}, span_of(addr),
-                                      span_of(size), span_of(stream)};
-  };
   module.def(
       "device_event_arrays",
-      [view](const Actions& action, const Bytes& addr, const Bytes& size, const Bytes& stream, const Int64s& marks) {
-        const snapshot::TraceColumnsView columns = view(action, addr, size, stream);
-        const auto n = static_cast<py::ssize_t>(snapshot::count_device_events(columns, span_of(marks)));
+      [](const py::object& trace) {
+        const EventColumns columns(trace);
+        const snapshot::TraceColumnsView view = columns.view();
+        const std::span<const std::int64_t> marks = columns.step_marks;
+        const auto n = static_cast<py::ssize_t>(snapshot::count_device_events(view, marks));
         py::array_t<std::uint8_t> kinds(n);
         py::array_t<std::uint64_t> addrs(n), sizes(n), streams(n);
         const auto out = [n](auto& array) { return std::span(array.mutable_data(), static_cast<std::size_t>(n)); };
-        snapshot::fill_device_events(columns, span_of(marks), out(kinds), out(addrs), out(sizes), out(streams));
+        snapshot::fill_device_events(view, marks, out(kinds), out(addrs), out(sizes), out(streams));
         return py::make_tuple(kinds, addrs, sizes, streams);
       },
-      py::arg("action"), py::arg("addr"), py::arg("size"), py::arg("stream"), py::arg("step_marks"),
-      "A device's alloc, free_completed and step-end events as stowage._core.Trace's arrays.");
+      py::arg("trace"),
+      "A device's alloc, free_completed and step-end events (TraceColumns) as stowage._core.Trace's arrays.");
+  Bound<snapshot::NativeFigures>(module, "NativeFigures", "What the recording allocator did (snapshot/native_figures.hpp).")
+      .computed("peak_reserved", [](const snapshot::NativeFigures& self) {
+        return self.peak_reserved ? py::object(int_of(*self.peak_reserved)) : py::none();
+      })
+      .plain("preexisting_segments", &snapshot::NativeFigures::preexisting_segments)
+      .bytes("preexisting_bytes", &snapshot::NativeFigures::preexisting_bytes)
+      .plain("allocs_in_preexisting", &snapshot::NativeFigures::allocs_in_preexisting)
+      .bytes("bytes_in_preexisting", &snapshot::NativeFigures::bytes_in_preexisting)
+      .method("comparable", [](const snapshot::NativeFigures& self, const py::int_& peak_requested) {
+        return self.comparable(wide_of(peak_requested));
+      });
   module.def(
-      "reserved_peak",
-      [](const Actions& action, const Bytes& addr, const Bytes& size) {
-        const snapshot::ReservedPeak found = snapshot::reserved_peak(
-            {action.data(), static_cast<std::size_t>(action.size())}, span_of(addr), span_of(size));
-        return py::make_tuple(found.peak ? py::object(int_of(*found.peak)) : py::none(), array_of(found.created));
+      "native_figures",
+      [](const py::object& trace, const py::list& segments, std::int64_t device) {
+        const EventColumns columns(trace);
+        std::vector<snapshot::SegmentExtent> extents;
+        const py::int_ index(device);
+        for (const py::handle segment : segments) {
+          if (!segment.attr("get")("device", index).equal(index)) continue;
+          extents.push_back({wide_of(py::int_(segment["address"])), wide_of(py::int_(segment["total_size"]))});
+        }
+        return snapshot::native_figures(span_of(columns.action), span_of(columns.addr), span_of(columns.size), extents);
       },
-      py::arg("action"), py::arg("addr"), py::arg("size"),
-      "The peak of the trace's segment growth (None without segment events), and the addresses of "
-      "the segments it created.");
+      py::arg("trace"), py::arg("segments"), py::arg("device"),
+      "What the allocator that recorded device `device`'s trace (TraceColumns) did, its segments among "
+      "`segments` (the snapshot's dicts).");
   module.def(
       "step_period",
-      [](const Actions& kinds, const Bytes& sizes) -> py::object {
-        const auto found = snapshot::step_period({kinds.data(), static_cast<std::size_t>(kinds.size())}, span_of(sizes));
+      [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {
+        const auto found = snapshot::step_period(span_of(kinds), span_of(sizes));
         return found ? py::object(py::int_(*found)) : py::none();
       },
       py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");

@@ -298,7 +298,7 @@ def test_learned_placement_trains_the_same_model_and_mark_step_reaches_history_a
     snapshot = tmp_path / "steps.pickle"
     result = run_python(f"""
         import pickle, torch, stowage
-        from stowage.trace import device_events
+        from stowage.replay import device_events
 
         def train(steps, mark):
             torch.manual_seed(0)

@@ -17,7 +17,7 @@ from conftest import REPO, MiB, SHARED_TRACES, event, stowage
 from stowage import _core
 from stowage.replay import STEP, min_capacity, replay_snapshot
 from stowage.snapshot_reader import TraceColumns, load_snapshot, load_snapshot_columnar, loads_snapshot_columnar
-from stowage.trace import device_event_arrays, device_events, native_figures, step_period
+from stowage.replay import device_event_arrays, device_events, native_figures, step_period
 
 sys.path.insert(0, str(REPO / "bench" / "replay"))
 import native_rules  # noqa: E402  (bench/replay: PyTorch's allocator's rules, replayed)
@@ -233,7 +233,7 @@ def test_step_marks_in_a_trace_reach_the_allocator(write_snapshot) -> None:
 
 def plain_events(trace: list[dict[str, Any]]) -> _core.Trace:
     """The replayable events made from plain event dicts one at a time: the reference for the
-    arrays that stowage.trace makes from the columns."""
+    arrays that stowage.replay makes from the columns."""
     kinds, addresses, sizes, streams = [], [], [], []
     for entry in trace:
         if entry["action"] in ("alloc", "free_completed"):

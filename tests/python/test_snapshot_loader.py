@@ -715,16 +715,6 @@ def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> No
     assert load(write_snapshot(one + b"\x00" * 16, "padded.pickle.gz"))["segments"] == []
 
 
-def test_the_old_module_names_the_package_objects() -> None:
-    """stowage.snapshot_loader re-exports stowage.snapshot_reader's interface: one meaning per name."""
-    import stowage.snapshot_reader as package
-    from stowage import snapshot_loader
-
-    assert set(snapshot_loader.__all__) == set(package.__all__)
-    for name in package.__all__:
-        assert getattr(snapshot_loader, name) is getattr(package, name), name
-
-
 def test_the_reader_leaves_stowage_snapshot_the_function() -> None:
     """Importing a submodule sets it as an attribute of its package: a reader package named
     stowage.snapshot would replace the function stowage.snapshot()."""

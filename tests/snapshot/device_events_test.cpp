@@ -1,5 +1,6 @@
 // snapshot/device_events: the events replay takes, the recording allocator's reserved peak, and
-// the period of a trace's steps (on random step sequences, the smallest period that holds).
+// the period of a trace's steps (on random step sequences, the smallest period that holds), and
+// the native figures: which allocations landed in segments held before the trace began.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -8,6 +9,7 @@
 #include "base/errors.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/names.hpp"
+#include "snapshot/native_figures.hpp"
 
 namespace stowage::snapshot {
 namespace {
@@ -42,6 +44,24 @@ TEST(DeviceEvents, TheReservedPeakIsTheRunningSumsHighestAndNeverBelowZero) {
   EXPECT_FALSE(reserved_peak(std::vector<std::uint8_t>{code(Name::kAlloc)}, std::vector<std::uint64_t>{1},
                              std::vector<std::uint64_t>{1})
                    .peak.has_value());
+}
+
+TEST(NativeFigures, AllocationsLandInTheLastPreexistingSegmentAtOrBelowThem) {
+  const std::vector<std::uint8_t> action{code(Name::kSegmentAlloc), code(Name::kAlloc), code(Name::kAlloc),
+                                         code(Name::kAlloc), code(Name::kAlloc), code(Name::kAlloc)};
+  const std::vector<std::uint64_t> addr{5000, 5000, 100, 150, 99, ~std::uint64_t{0}}, size{1000, 7, 3, 4, 5, 6};
+  const Wide past = Wide{1} << 70;  // a segment no trace address reaches, counted all the same
+  const std::vector<SegmentExtent> segments{{5000, 1000}, {100, 60}, {100, 20}, {-10, 5}, {past, 8}};
+  const NativeFigures found = native_figures(action, addr, size, segments);
+  ASSERT_TRUE(found.peak_reserved.has_value());
+  EXPECT_TRUE(*found.peak_reserved == 1000);
+  EXPECT_EQ(found.preexisting_segments, 4);  // 5000 was the trace's own
+  EXPECT_TRUE(found.preexisting_bytes == 60 + 20 + 5 + 8);
+  EXPECT_EQ(found.allocs_in_preexisting, 2);  // 100 and 150 in (100, 60); 99 below it, not in (-10, 5)
+  EXPECT_TRUE(found.bytes_in_preexisting == 7);
+  EXPECT_TRUE(found.comparable(7000));
+  EXPECT_FALSE(found.comparable(6999));
+  EXPECT_FALSE(native_figures(std::vector<std::uint8_t>{}, {}, {}, segments).comparable(1 << 30));
 }
 
 TEST(DeviceEvents, TheStepPeriodIsTheSmallestThatHoldsAfterTheFirstStep) {

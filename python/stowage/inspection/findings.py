@@ -13,8 +13,8 @@ from typing import Any
 from stowage import _core
 from stowage.inspection.tags import read_tags
 from stowage.recorded_by import recorded_by_stowage
-from stowage.snapshot_reader import TraceColumns
-from stowage.trace import as_columns, device_events, native_figures
+from stowage.replay import device_events, native_figures
+from stowage.snapshot_reader import TraceColumns, as_columns
 
 EXACT = "exact, noted by stowage while recording"
 INFERRED = "inferred from stacks and lifetimes"
