@@ -429,74 +429,44 @@ using Flags = py::array_t<std::int8_t, py::array::c_style | py::array::forcecast
 using StackColumn = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
 
 void bind_snapshot_diff(py::module_& module) {
+  using namespace snapshot;
+  Bound<SnapshotTotals>(module, "SnapshotTotals", "One snapshot's totals, as stowage diff compares them.")
+      .bytes("allocated", &SnapshotTotals::allocated).bytes("reserved", &SnapshotTotals::reserved)
+      .plain("segments", &SnapshotTotals::segments).bytes("largest_free_block", &SnapshotTotals::largest_free_block)
+      .plain("fragmentation", &SnapshotTotals::fragmentation)
+      .computed("trace_peak", [](const SnapshotTotals& self) {
+        return self.trace_peak ? py::object(int_of(*self.trace_peak)) : py::none();
+      });
+  Bound<SiteChange>(module, "SiteChange", "A site's live bytes at the end, before and after.")
+      .text("site", &SiteChange::site).bytes("before", &SiteChange::before).bytes("after", &SiteChange::after)
+      .bytes("change", &SiteChange::change);
+  Bound<SegmentChange>(module, "SegmentChange", "A segment in both snapshots whose size or live bytes changed.")
+      .bytes("address", &SegmentChange::address).bytes("size_before", &SegmentChange::size_before)
+      .bytes("size_after", &SegmentChange::size_after).bytes("live_before", &SegmentChange::live_before)
+      .bytes("live_after", &SegmentChange::live_after).bytes("live_change", &SegmentChange::live_change);
+  Bound<SegmentsDiff>(module, "SegmentsDiff", "Segments given back, new, and changed in place.")
+      .plain("only_before", &SegmentsDiff::only_before).bytes("only_before_bytes", &SegmentsDiff::only_before_bytes)
+      .plain("only_after", &SegmentsDiff::only_after).bytes("only_after_bytes", &SegmentsDiff::only_after_bytes)
+      .plain("changed", &SegmentsDiff::changed).plain("changed_count", &SegmentsDiff::changed_count);
+  Bound<SnapshotsDiff>(module, "SnapshotsDiff", "Two snapshots of one device compared (snapshot/snapshot_diff.hpp).")
+      .plain("before", &SnapshotsDiff::before).plain("after", &SnapshotsDiff::after)
+      .computed("sites_grew", [](const SnapshotsDiff& self) { return self.sites.grew; })
+      .computed("sites_shrank", [](const SnapshotsDiff& self) { return self.sites.shrank; })
+      .plain("segments", &SnapshotsDiff::segments);
   module.def(
-      "diff_sites",
-      [](const py::list& before, const py::list& after, std::size_t top) {
-        const auto sites = [](const py::list& rows) {
-          std::vector<snapshot::SiteBytes> out;
-          for (const py::handle row : rows) {
-            const auto fields = row.cast<py::tuple>();
-            out.push_back({utf8_of(fields[0]), wide_of(fields[1])});
-          }
-          return out;
-        };
-        const snapshot::SitesDiff found = snapshot::diff_sites(sites(before), sites(after), top);
-        const auto rows = [](const std::vector<snapshot::SiteChange>& changes) {
-          py::list out;
-          for (const snapshot::SiteChange& change : changes) {
-            py::dict row;
-            row["site"] = utf8_str(change.site);
-            row["before"] = int_of(change.before);
-            row["after"] = int_of(change.after);
-            row["change"] = int_of(change.change);
-            out.append(row);
-          }
-          return out;
-        };
-        return py::make_tuple(rows(found.grew), rows(found.shrank));
+      "diff",
+      [](const py::object& before_trace, const py::list& before_segments, const py::object& after_trace,
+         const py::list& after_segments, std::size_t top) {
+        const ColumnsArgument a(before_trace), b(after_trace);
+        const std::vector<SegmentInput> a_segments = segments_of(before_segments, false);
+        const std::vector<SegmentInput> b_segments = segments_of(after_segments, false);
+        py::gil_scoped_release released;
+        return diff_snapshots({a.input, a_segments}, {b.input, b_segments}, top);
       },
-      py::arg("before"), py::arg("after"), py::arg("top"),
-      "Sites' live bytes at the end compared ((site, bytes) rows each): the `top` that grew and "
-      "that shrank, as stowage.diff's rows (snapshot/snapshot_diff.hpp).");
-  module.def(
-      "diff_segments",
-      [](const py::list& before, const py::list& after, std::size_t top) {
-        const auto segments = [](const py::list& rows) {
-          std::vector<snapshot::SegmentFacts> out;
-          for (const py::handle row : rows) {
-            const auto fields = row.cast<py::tuple>();
-            out.push_back({wide_of(fields[0]), wide_of(fields[1]), fields[2].cast<bool>(), wide_of(fields[3])});
-          }
-          return out;
-        };
-        const snapshot::SegmentsDiff found = snapshot::diff_segments(segments(before), segments(after), top);
-        const auto side = [](std::size_t count, snapshot::Wide bytes) {
-          py::dict out;
-          out["count"] = count;
-          out["bytes"] = int_of(bytes);
-          return out;
-        };
-        py::list changed;
-        for (const snapshot::SegmentChange& change : found.changed) {
-          py::dict row;
-          row["address"] = int_of(change.address);
-          row["size_before"] = int_of(change.size_before);
-          row["size_after"] = int_of(change.size_after);
-          row["live_before"] = int_of(change.live_before);
-          row["live_after"] = int_of(change.live_after);
-          row["live_change"] = int_of(change.live_change);
-          changed.append(row);
-        }
-        py::dict out;
-        out["only_before"] = side(found.only_before, found.only_before_bytes);
-        out["only_after"] = side(found.only_after, found.only_after_bytes);
-        out["changed"] = changed;
-        out["changed_count"] = found.changed_count;
-        return out;
-      },
-      py::arg("before"), py::arg("after"), py::arg("top"),
-      "Segments compared ((address, total_size, is_expandable, live bytes) rows each): those given "
-      "back, the new and the `top` changed in place, as stowage.diff's (snapshot/snapshot_diff.hpp).");
+      py::arg("before_trace"), py::arg("before_segments"), py::arg("after_trace"), py::arg("after_segments"),
+      py::arg("top"),
+      "Two snapshots of one device compared: each its trace's columns (TraceColumns) and its segments (the "
+      "snapshot's dicts); the `top` sites that grew and shrank, and segments changed in place.");
 }
 
 }  // namespace
