@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/errors.hpp"
@@ -152,6 +153,15 @@ TEST(RecomputeEstimate, RandomTracesWithoutBlocksOrActivationsKeepTheirPeak) {
     EXPECT_TRUE(checkpointed_peak(series, is_alloc, end, size, own, all, block) <= peak + 100 * static_cast<Wide>(n))
         << round;
   }
+}
+
+TEST(RecomputeEstimate, BlocksAreTheOutermostNumberedModulesWithModulesInside) {
+  const std::vector<std::string> paths = {"GPT",          "GPT.h",       "GPT.h.0",   "GPT.h.0.attn", "GPT.h.1",
+                                          "GPT.h.1.mlp",  "GPT.conv1",   "GPT.head3", "GPT.h.2",      "Net.layer1\n.x"};
+  const PathBlocks found = block_of_paths(paths);
+  EXPECT_EQ(found.blocks, (std::vector<std::string>{"GPT.h.0", "GPT.h.1", "Net.layer1\n"}));
+  // GPT.h.2 and GPT.head3 have no modules inside: no blocks; the root never is one.
+  EXPECT_EQ(found.block_of_path, (std::vector<std::int64_t>{-1, -1, 0, 0, 1, 1, -1, -1, -1, 2}));
 }
 
 }  // namespace
