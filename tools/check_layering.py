@@ -98,7 +98,7 @@ TARGETS: dict[str, str] = {
 # ones'. "__init__" is the package itself (``import stowage``).
 PYTHON_LAYERS: list[tuple[str, set[str]]] = [
     ("basics", {"byte_counts", "terminal", "warning_site", "waiting", "validation", "recorded_by"}),
-    ("snapshot files", {"snapshot_reader", "profiler_trace"}),
+    ("snapshot files", {"snapshot_reader", "profiler_snapshot"}),
     ("torch serving", {"serving", "step_context", "checking", "tagging"}),
     ("offload", {"offload"}),
     ("memory", {"memory"}),

@@ -53,7 +53,7 @@ def after_warmup(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 
 def measure(name: str, arrays: tuple[Any, ...], config: str, warmup: int | None) -> dict[str, Any]:
-    events = _core.Trace(*arrays)
+    events = _core.ReplayEvents(*arrays)
     unbounded = events.replay(UNBOUNDED, config, measure_latency=False)
     peak = unbounded["peak_requested"]
     roomy = events.replay(int(ROOMY * peak), config, measure_latency=False)

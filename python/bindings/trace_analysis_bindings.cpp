@@ -470,7 +470,7 @@ void bind_device_events(py::module_& module) {
         return py::make_tuple(kinds, addrs, sizes, streams);
       },
       py::arg("trace"),
-      "A device's alloc, free_completed and step-end events (TraceColumns) as stowage._core.Trace's arrays.");
+      "A device's alloc, free_completed and step-end events (TraceColumns) as stowage._core.ReplayEvents' arrays.");
   Bound<snapshot::NativeFigures>(module, "NativeFigures", "What the recording allocator did (snapshot/native_figures.hpp).")
       .computed("peak_reserved", [](const snapshot::NativeFigures& self) {
         return self.peak_reserved ? py::object(int_of(*self.peak_reserved)) : py::none();

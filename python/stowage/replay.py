@@ -65,15 +65,15 @@ def add_parser(commands: Any, name: str) -> None:
 TraceLike = TraceColumns | Sequence[dict[str, Any]]
 
 
-def device_events(trace: TraceLike) -> _core.Trace:
+def device_events(trace: TraceLike) -> _core.ReplayEvents:
     """The alloc and free_completed events of one device, and the ends of steps that
-    stowage.mark_step() recorded, in order, as a replayable Trace."""
-    return _core.Trace(*device_event_arrays(trace))
+    stowage.mark_step() recorded, in order, as ReplayEvents."""
+    return _core.ReplayEvents(*device_event_arrays(trace))
 
 
 def device_event_arrays(trace: TraceLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """device_events' arrays: kinds (uint8: 0 alloc, 1 free, 2 a step's end), addresses, sizes
-    and streams (uint64), the arguments of stowage._core.Trace."""
+    and streams (uint64), the arguments of stowage._core.ReplayEvents."""
     return _core.device_event_arrays(as_columns(trace))  # type: ignore[no-any-return]
 
 
@@ -91,7 +91,7 @@ def step_period(kinds: np.ndarray, sizes: np.ndarray) -> int | None:
     return _core.step_period(kinds, sizes)  # type: ignore[no-any-return]
 
 
-def min_capacity(events: _core.Trace, peak_requested: int, config: str, known_fit: int | None,
+def min_capacity(events: _core.ReplayEvents, peak_requested: int, config: str, known_fit: int | None,
                  progress: Progress | None = None) -> dict[str, Any]:
     """The smallest capacity, in 2 MiB steps, on which the replay completes, searched then
     verified (allocator/capacity_search.hpp); known_fit is a capacity already seen to fit, if any."""
@@ -130,7 +130,7 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
     results = []
     for device, trace in enumerate(snapshot.get("device_traces", [])):
         arrays = device_event_arrays(trace)
-        events = _core.Trace(*arrays)
+        events = _core.ReplayEvents(*arrays)
         if len(events) == 0:
             continue
         result: dict[str, Any] = {"trace": str(path), "device": device, "trace_entries": len(trace)}

@@ -288,9 +288,9 @@ def test_enable_and_disable_alternate_as_often_as_asked() -> None:
 
 
 def test_the_profiler_sees_allocations_in_cpu_mode() -> None:
-    from stowage.profiler_trace import record
+    from stowage.profiler_snapshot import profiled_snapshot
 
-    trace = record(lambda step: torch.empty(1000), 2)["device_traces"][0]
+    trace = profiled_snapshot(lambda step: torch.empty(1000), 2)["device_traces"][0]
     assert sum(1 for e in trace if e["action"] == "alloc" and e["size"] >= 4000) >= 2
 
 

@@ -1,6 +1,6 @@
-"""Recording the memory trace of a PyTorch workload on the CPU.
+"""A memory snapshot of a PyTorch workload on the CPU, from torch.profiler.
 
-``record(step, steps)`` runs ``step`` under torch.profiler with memory profiling on, collects
+``profiled_snapshot(step, steps)`` runs ``step`` under torch.profiler with memory profiling on, collects
 every allocation and free of the CPU allocator (address, size, time), puts them in order, and
 returns a snapshot-format dict whose ``device_traces[0]`` holds ``alloc``, ``free_requested``
 and ``free_completed`` events, as torch.cuda.memory._snapshot() would for a GPU, and after each
@@ -66,7 +66,7 @@ def _in_order(raw: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int,
     return ordered
 
 
-def record(step: Callable[[int], None], steps: int) -> dict[str, Any]:
+def profiled_snapshot(step: Callable[[int], None], steps: int) -> dict[str, Any]:
     """Runs step(0), ..., step(steps - 1) under the profiler; returns the snapshot dict."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         for index in range(steps):
@@ -90,7 +90,7 @@ def record(step: Callable[[int], None], steps: int) -> dict[str, Any]:
     return {
         "segments": [],
         "device_traces": [trace],
-        "allocator_settings": {"recorded_by": "stowage.profiler_trace (torch.profiler, CPU)"},
+        "allocator_settings": {"recorded_by": "stowage.profiler_snapshot (torch.profiler, CPU)"},
     }
 
 
