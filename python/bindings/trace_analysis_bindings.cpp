@@ -24,6 +24,7 @@
 #include "snapshot/inspection.hpp"
 #include "snapshot/names.hpp"
 #include "snapshot/native_figures.hpp"
+#include "snapshot/profiler_order.hpp"
 #include "snapshot/recompute_estimate.hpp"
 #include "snapshot/refusal.hpp"
 #include "snapshot/snapshot_diff.hpp"
@@ -497,6 +498,12 @@ void bind_device_events(py::module_& module) {
       py::arg("trace"), py::arg("segments"), py::arg("device"),
       "What the allocator that recorded device `device`'s trace (TraceColumns) did, its segments among "
       "`segments` (the snapshot's dicts).");
+  module.def(
+      "profiler_order",
+      [](const std::vector<std::int64_t>& time_ns, const std::vector<std::int64_t>& size,
+         const std::vector<std::int64_t>& total_after) { return snapshot::profiler_order(time_ns, size, total_after); },
+      py::arg("time_ns"), py::arg("size"), py::arg("total_after"),
+      "torch.profiler's allocation events' indexes in order (snapshot/profiler_order.hpp).");
   module.def(
       "step_period",
       [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {

@@ -1,6 +1,7 @@
 // snapshot/device_events: the events replay takes, the recording allocator's reserved peak, and
 // the period of a trace's steps (on random step sequences, the smallest period that holds), and
-// the native figures: which allocations landed in segments held before the trace began.
+// the native figures: which allocations landed in segments held before the trace began; and
+// torch.profiler's events put in order.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -10,6 +11,7 @@
 #include "snapshot/device_events.hpp"
 #include "snapshot/names.hpp"
 #include "snapshot/native_figures.hpp"
+#include "snapshot/profiler_order.hpp"
 
 namespace stowage::snapshot {
 namespace {
@@ -97,6 +99,17 @@ TEST(DeviceEvents, TheStepPeriodIsTheSmallestThatHoldsAfterTheFirstStep) {
     }
     EXPECT_EQ(step_period(kinds, sizes), expected) << "round " << round;
   }
+}
+
+TEST(ProfilerOrder, EventsOfOneTimestampFollowTheRunningTotal) {
+  // time 5: an alloc of 4 (8 -> 12), a free of 8 (16 -> 8), an alloc of 4 (12 -> 16); then time 9.
+  const std::vector<std::int64_t> time{9, 5, 5, 5}, size{2, 4, -8, 4}, total{10, 12, 8, 16};
+  EXPECT_EQ(profiler_order(time, size, total), (std::vector<std::size_t>{1, 3, 2, 0}));
+  // where nothing follows on, the first left of the timestamp goes next
+  EXPECT_EQ(profiler_order(std::vector<std::int64_t>{1, 1}, std::vector<std::int64_t>{3, 3},
+                           std::vector<std::int64_t>{100, 200}),
+            (std::vector<std::size_t>{0, 1}));
+  EXPECT_THROW(profiler_order(time, size, std::vector<std::int64_t>{1}), LogicError);
 }
 
 }  // namespace
