@@ -5,10 +5,9 @@
   walk, memory);
 - ``schema``: the snapshot format (structural checks naming the first bad field, action codes);
 - ``columns``: trace events as numpy columns (TraceColumns);
-- ``machine``: the one pickle stack machine both loaders run, enforcing the guard, and reading
-  trace events into columns as they are met: in C++ (snapshot/, Note [Reading snapshots] in
-  snapshot/reader.hpp), through stowage._core;
-- ``loading``: the loaders.
+- ``loading``: the loaders, which run the one pickle stack machine, enforcing the guard and
+  reading trace events into columns as they are met: in C++ (snapshot/, Note [Reading snapshots]
+  in snapshot/reader.hpp), through stowage._core.
 
 The names below are the package's interface; stowage.snapshot_loader re-exports them.
 """
