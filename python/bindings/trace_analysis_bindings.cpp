@@ -19,14 +19,14 @@
 
 #include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
+#include "python/bindings/python_objects.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/inspection.hpp"
-#include "snapshot/names.hpp"
 #include "snapshot/native_figures.hpp"
 #include "snapshot/profiler_order.hpp"
 #include "snapshot/recompute_estimate.hpp"
-#include "snapshot/refusal.hpp"
+#include "snapshot/tags_reader.hpp"
 #include "snapshot/snapshot_diff.hpp"
 
 namespace py = pybind11;
@@ -196,86 +196,12 @@ std::vector<snapshot::SegmentInput> segments_of(const py::list& segments, bool e
   return out;
 }
 
-std::string type_name(const py::handle& value) { return py::type::handle_of(value).attr("__name__").cast<std::string>(); }
-
-// A `where` of stowage's tags that is not a list of integers in [low, high): refused, naming the
-// first bad item (an int, not a bool, and in range) and quoting it as Python's repr, cut at 40.
-std::vector<std::int64_t> tag_integers(const py::handle& value, const std::string& where, std::int64_t low,
-                                       std::int64_t high) {
-  if (!py::isinstance<py::list>(value)) SNAPSHOT_REFUSE(where, ": expected a list, got ", type_name(value));
-  std::vector<std::int64_t> out;
-  for (const py::handle item : value) {
-    int overflow = 0;
-    const long long number = PyLong_CheckExact(item.ptr()) ? PyLong_AsLongLongAndOverflow(item.ptr(), &overflow) : 0;
-    if (!PyLong_CheckExact(item.ptr()) || overflow != 0 || number < low || number >= high) {
-      SNAPSHOT_REFUSE(where, "[", out.size(), "]: expected an integer in [", low, ", ", high, "), got ",
-                      utf8_of(py::repr(item)[py::slice(0, 40, 1)]));
-    }
-    out.push_back(number);
-  }
-  return out;
-}
-
-// The categories and module paths stowage noted for device `device` (the snapshot's
-// stowage_tags, tagging.py's format 1), checked against the trace's `action` codes; none where
-// the snapshot carries none for it. A field that does not fit is refused, named.
+// stowage's tags for device `device` (the snapshot's stowage_tags; None: none), read and checked by
+// snapshot/tags_reader.hpp against the trace's `action` codes.
 std::optional<snapshot::ExactTags> tags_of(const py::object& tags, std::int64_t device,
                                            std::span<const std::uint8_t> action) {
-  constexpr std::string_view kKey = "stowage_tags";
-  constexpr py::ssize_t kMaxPath = 4096;  // characters of a module path kept
-  if (tags.is_none()) return std::nullopt;
-  if (!py::isinstance<py::dict>(tags)) SNAPSHOT_REFUSE(kKey, ": expected a dict, got ", type_name(tags));
-  const py::object found = tags.attr("get")(py::str(std::to_string(device)));
-  if (found.is_none()) return std::nullopt;
-  const std::string where = std::string(kKey) + "." + std::to_string(device);
-  if (!py::isinstance<py::dict>(found) || !found.attr("get")("format").equal(py::int_(1))) {
-    SNAPSHOT_REFUSE(where, ": expected a dict of format 1");
-  }
-  const py::object field = found.attr("get"), names = field("categories"), paths = field("modules");
-  std::vector<std::int8_t> numbering;  // the snapshot's category numbers as kCategoryNames'
-  const auto category_index = [](const py::handle& name) -> std::optional<std::int8_t> {
-    if (!py::isinstance<py::str>(name)) return std::nullopt;
-    for (std::size_t k = 0; k < std::size(snapshot::kCategoryNames); ++k) {
-      if (name.equal(py::str(snapshot::kCategoryNames[k]))) return static_cast<std::int8_t>(k);
-    }
-    return std::nullopt;
-  };
-  for (const py::handle name : py::isinstance<py::list>(names) ? names : py::list()) {
-    if (const auto k = category_index(name)) numbering.push_back(*k);
-  }
-  if (!py::isinstance<py::list>(names) || numbering.size() != py::len(names)) {
-    std::string all;
-    for (const char* name : snapshot::kCategoryNames) all += (all.empty() ? "" : ", ") + std::string(name);
-    SNAPSHOT_REFUSE(where, ".categories: expected a list of ", all);
-  }
-  numbering.push_back(static_cast<std::int8_t>(snapshot::Category::kTemporaries));  // -1: untagged, the last
-  snapshot::ExactTags out;
-  bool strings = py::isinstance<py::list>(paths) && py::len(paths) > 0;
-  for (const py::handle path : strings ? paths : py::list()) {
-    strings = strings && py::isinstance<py::str>(path);
-    if (strings) out.paths.push_back(utf8_of(path[py::slice(0, kMaxPath, 1)]));
-  }
-  if (!strings) SNAPSHOT_REFUSE(where, ".modules: expected a non-empty list of strings");
-  const auto count = [](std::size_t n) { return static_cast<std::int64_t>(n); };
-  out.events = tag_integers(field("events"), where + ".events", 0, count(action.size()));
-  const std::vector<std::int64_t> category = tag_integers(field("category"), where + ".category", -1,
-                                                          count(numbering.size() - 1));
-  out.module = tag_integers(field("module"), where + ".module", 0, count(out.paths.size()));
-  if (out.events.size() != category.size() || category.size() != out.module.size()) {
-    SNAPSHOT_REFUSE(where, ": events, category and module differ in length (", out.events.size(), ", ",
-                    category.size(), ", ", out.module.size(), ")");
-  }
-  const std::uint8_t alloc = *snapshot::action_code(snapshot::Name::kAlloc);
-  for (std::size_t i = 0; i < out.events.size(); ++i) {
-    if (action[static_cast<std::size_t>(out.events[i])] != alloc) {
-      SNAPSHOT_REFUSE(where, ".events[", i, "]: event ", out.events[i], " is not an allocation");
-    }
-  }
-  for (const std::int64_t c : category) out.category.push_back(numbering.at(static_cast<std::size_t>(c < 0 ? count(numbering.size()) - 1 : c)));
-  snapshot::PathBlocks blocks = snapshot::block_of_paths(out.paths);
-  out.block_of_path = std::move(blocks.block_of_path);
-  out.blocks = std::move(blocks.blocks);
-  return out;
+  PythonObjects objects;
+  return snapshot::read_tags(objects, tags.ptr(), device, action);
 }
 
 // A bound findings type: byte counts as Python ints, strings as the snapshot held them.
