@@ -9,7 +9,7 @@
   reading trace events into columns as they are met: in C++ (snapshot/, Note [Reading snapshots]
   in snapshot/reader.hpp), through stowage._core.
 
-The names below are the package's interface; stowage.snapshot_loader re-exports them.
+The names below are the package's interface.
 """
 
 from __future__ import annotations
