@@ -1,4 +1,4 @@
-// A device's trace as replay reads it (stowage.trace): the events stowage._core.Trace replays,
+// A device's trace as replay reads it (stowage.replay): the events stowage._core.ReplayEvents replays,
 // the reserved-memory peak of the allocator that recorded it, and the period its steps repeat at.
 //
 // Columns are TraceColumns' (one entry an event). Pure functions; columns of unequal length, or
@@ -14,7 +14,7 @@
 
 namespace stowage::snapshot {
 
-// stowage._core.Trace's event kinds.
+// stowage._core.ReplayEvents' event kinds.
 inline constexpr std::uint8_t kReplayAlloc = 0, kReplayFree = 1, kReplayStepEnd = 2;
 
 struct TraceColumnsView {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
+#include <set>
+#include <string_view>
 #include <vector>
 
 #include "base/errors.hpp"
@@ -10,6 +13,12 @@
 namespace stowage::snapshot {
 
 namespace {
+
+// Whether a module's name ends in a number (r"\d+$": "$" also before a final newline).
+bool numbered(std::string_view name) {
+  if (name.ends_with('\n')) name.remove_suffix(1);
+  return !name.empty() && name.back() >= '0' && name.back() <= '9';
+}
 
 std::size_t at(std::int64_t position) { return static_cast<std::size_t>(position); }
 
@@ -81,6 +90,32 @@ Wide checkpointed_peak(const LiveSeries& live, std::span<const std::uint8_t> is_
   }
   if (!run.members.empty()) checkpoint_run(run, end, size, own, is_activation, delta);
   return changed_peak_wide(live, delta);
+}
+
+PathBlocks block_of_paths(std::span<const std::string> paths) {
+  std::set<std::string_view> containers;  // modules with modules inside
+  for (const std::string& path : paths) {
+    if (const std::size_t dot = path.rfind('.'); dot != std::string::npos) containers.insert(std::string_view(path).substr(0, dot));
+  }
+  PathBlocks found;
+  std::map<std::string, std::int64_t> index;
+  for (const std::string& path : paths) {
+    std::int64_t block = -1;
+    // each proper prefix ending at a dot's end (depth >= 1: the root is never a block)
+    for (std::size_t start = path.find('.'); start != std::string::npos && block < 0;) {
+      const std::size_t end = path.find('.', start + 1);
+      const std::string_view prefix = std::string_view(path).substr(0, end);
+      const std::string_view name = std::string_view(path).substr(start + 1, end == std::string::npos ? end : end - start - 1);
+      if (numbered(name) && containers.contains(prefix)) {
+        const auto [at, added] = index.emplace(std::string(prefix), static_cast<std::int64_t>(found.blocks.size()));
+        if (added) found.blocks.emplace_back(prefix);
+        block = at->second;
+      }
+      start = end;
+    }
+    found.block_of_path.push_back(block);
+  }
+  return found;
 }
 
 }  // namespace stowage::snapshot

@@ -4,6 +4,8 @@
 #include <map>
 #include <utility>
 
+#include "snapshot/inspection.hpp"
+
 namespace stowage::snapshot {
 
 namespace {
@@ -90,6 +92,41 @@ SegmentsDiff diff_segments(const std::vector<SegmentFacts>& before, const std::v
   found.changed_count = found.changed.size();
   keep_top(found.changed, top);
   return found;
+}
+
+namespace {
+
+constexpr std::size_t kEverySite = std::size_t{1} << 30;  // sites listed: all a snapshot has
+
+// A snapshot's totals, and its live bytes by site at the end (every site).
+std::pair<SnapshotTotals, std::vector<SiteBytes>> findings_of(const SnapshotInput& snapshot) {
+  const Findings found = inspect(snapshot.trace, snapshot.segments, {kEverySite, false, std::nullopt, false, {}});
+  const Totals& totals = found.totals;
+  SnapshotTotals out{totals.allocated, totals.reserved, totals.largest_free_block, totals.segments,
+                     totals.fragmentation, std::nullopt};
+  if (!snapshot.trace.action.empty()) out.trace_peak = found.trace.peak.live_bytes;
+  std::vector<SiteBytes> sites;
+  for (const SiteLive& site : found.sites_at_end) sites.push_back({site.site, site.bytes});
+  return {out, std::move(sites)};
+}
+
+std::vector<SegmentFacts> facts_of(const std::vector<SegmentInput>& segments) {
+  std::vector<SegmentFacts> out;
+  for (const SegmentInput& segment : segments) {
+    Wide live = 0;
+    for (const BlockFacts& block : segment.blocks) live += block.state == "active_allocated" ? block.size : 0;
+    out.push_back({segment.address, segment.total, segment.expandable, live});
+  }
+  return out;
+}
+
+}  // namespace
+
+SnapshotsDiff diff_snapshots(const SnapshotInput& before, const SnapshotInput& after, std::size_t top) {
+  auto [before_totals, before_sites] = findings_of(before);
+  auto [after_totals, after_sites] = findings_of(after);
+  return {before_totals, after_totals, diff_sites(before_sites, after_sites, top),
+          diff_segments(facts_of(before.segments), facts_of(after.segments), top)};
 }
 
 }  // namespace stowage::snapshot

@@ -10,6 +10,10 @@
 //   size or live bytes changed are listed by how much their live bytes changed, most first (ties
 //   in A's order). Where two segments of one snapshot share a key, the later one stands for it.
 //
+// - Totals: each snapshot's allocated, reserved, segments, largest free block and fragmentation
+//   (segment_findings.hpp) and its trace's live peak (none for an empty trace), as inspect finds
+//   them; diff_snapshots compares all three in one call.
+//
 // Byte counts are summed in 128 bits (Note [Live bytes in 128 bits]). Pure functions, no state.
 #pragma once
 
@@ -18,6 +22,8 @@
 #include <vector>
 
 #include "snapshot/live_series.hpp"
+#include "snapshot/segment_findings.hpp"
+#include "snapshot/trace_findings.hpp"
 
 namespace stowage::snapshot {
 
@@ -56,5 +62,26 @@ struct SegmentsDiff {
 
 SegmentsDiff diff_segments(const std::vector<SegmentFacts>& before, const std::vector<SegmentFacts>& after,
                            std::size_t top);
+
+// One snapshot of the device, as inspect reads it.
+struct SnapshotInput {
+  const TraceInput& trace;
+  const std::vector<SegmentInput>& segments;
+};
+
+struct SnapshotTotals {
+  Wide allocated = 0, reserved = 0, largest_free_block = 0;
+  std::int64_t segments = 0;
+  double fragmentation = 0.0;
+  std::optional<Wide> trace_peak;  // none: the trace has no events
+};
+
+struct SnapshotsDiff {
+  SnapshotTotals before, after;
+  SitesDiff sites;
+  SegmentsDiff segments;
+};
+
+SnapshotsDiff diff_snapshots(const SnapshotInput& before, const SnapshotInput& after, std::size_t top);
 
 }  // namespace stowage::snapshot

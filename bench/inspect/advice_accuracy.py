@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import batch_models  # noqa: E402
 
 import stowage  # noqa: E402
+from stowage import _core  # noqa: E402
 from stowage._core import advice_loss_chunks as LOSS_CHUNKS  # noqa: E402
 from stowage.inspection.findings import inspect_device  # noqa: E402
-from stowage.recompute_estimate import block_of_paths  # noqa: E402
 
 MODELS = ("gpt2", "hf_llama", "opt", "bert", "vit", "convnext", "resnet18", "mlp", "llama")
 ROWS = {"mlp": 256, "resnet18": 16, "vit": 16, "convnext": 8}
@@ -49,15 +49,15 @@ def checkpoint_blocks(model: Any) -> int:
     """Checkpoints each block as a user would: a transformers model by its own
     gradient_checkpointing_enable() (non-reentrant; it also turns the key/value cache off, which
     a checkpointed block would otherwise keep through its arguments); elsewhere each block's
-    forward (stowage.recompute_estimate's blocks) wrapped in torch.utils.checkpoint."""
+    forward (snapshot/recompute_estimate.hpp's blocks) wrapped in torch.utils.checkpoint."""
     if hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return -1
     root = type(model).__name__
     named = [(f"{root}.{n}" if n else root, m) for n, m in model.named_modules()]
-    of_path, blocks = block_of_paths([path for path, _ in named])
+    of_path, blocks = _core.block_of_paths([path for path, _ in named])
     wrapped = 0
-    for (path, module), block in zip(named, of_path.tolist()):
+    for (path, module), block in zip(named, of_path):
         if block >= 0 and path == blocks[block]:
             module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
             wrapped += 1

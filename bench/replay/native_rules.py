@@ -168,7 +168,7 @@ class NativeResult:
 
 def replay(kinds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, streams: np.ndarray,
            capacity: int | None = None) -> NativeResult:
-    """Replays device_event_arrays' arrays (stowage.trace) under torch's rules."""
+    """Replays device_event_arrays' arrays (stowage.replay) under torch's rules."""
     allocator = NativeAllocator(capacity)
     live: dict[int, tuple[Block | None, int]] = {}
     requested = peak = 0
@@ -193,7 +193,7 @@ def replay(kinds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, streams:
 
 def main() -> None:
     from stowage.snapshot_reader import load_snapshot_columnar
-    from stowage.trace import device_event_arrays
+    from stowage.replay import device_event_arrays
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from stowage.snapshot_reader import load_snapshot_columnar
-from stowage.trace import device_events
+from stowage.replay import device_events
 
 CAPACITY = 1 << 40
 LEARNED = "placement:learned"

@@ -67,7 +67,7 @@ def main() -> None:
         return
     from stowage import _core
     from stowage.snapshot_reader import load_snapshot_columnar
-    from stowage.trace import device_event_arrays
+    from stowage.replay import device_event_arrays
 
     rows = []  # (name, entries, events, load seconds)
     saved: dict[str, np.ndarray] = {}

@@ -15,7 +15,7 @@ peak of requested bytes) and the smallest one it fits (2 MiB steps, verified):
 
 Steps end at the trace's mark_step events. Warm-up is the first two steps (the first makes the
 optimizer's state, the second is the first to run with it in place) or, when the steps repeat in
-a cycle of shapes, two cycles (stowage.trace.step_period), as ``stowage replay`` counts it,
+a cycle of shapes, two cycles (stowage.replay.step_period), as ``stowage replay`` counts it,
 unless ``--warmup`` names another count for a trace. A trace of one step has no steady state to
 judge ("-"). Marks: **over** where stowage reserves more than PyTorch, or needs a
 device of more than 1.02 times the peak, or calls the device after warm-up.
@@ -35,7 +35,7 @@ from native_rules import replay as native_replay  # noqa: E402
 from stowage import _core  # noqa: E402
 from stowage.replay import min_capacity  # noqa: E402
 from stowage.snapshot_reader import load_snapshot_columnar  # noqa: E402
-from stowage.trace import device_event_arrays, step_period  # noqa: E402
+from stowage.replay import device_event_arrays, step_period  # noqa: E402
 
 UNBOUNDED = 1 << 40
 ROOMY = 1.25
@@ -53,7 +53,7 @@ def after_warmup(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 
 def measure(name: str, arrays: tuple[Any, ...], config: str, warmup: int | None) -> dict[str, Any]:
-    events = _core.Trace(*arrays)
+    events = _core.ReplayEvents(*arrays)
     unbounded = events.replay(UNBOUNDED, config, measure_latency=False)
     peak = unbounded["peak_requested"]
     roomy = events.replay(int(ROOMY * peak), config, measure_latency=False)

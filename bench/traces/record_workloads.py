@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from stowage.profiler_trace import record, save_snapshot
+from stowage.profiler_snapshot import profiled_snapshot, save_snapshot
 
 HERE = Path(__file__).resolve().parent
 
@@ -195,7 +195,7 @@ def main(names: list[str]) -> int:
     torch.manual_seed(0)
     for name in names or list(WORKLOADS):
         make, steps = WORKLOADS[name]
-        snapshot = record(make(), steps)
+        snapshot = profiled_snapshot(make(), steps)
         path = HERE / f"{name}.pickle.gz"
         save_snapshot(snapshot, path)
         events = snapshot["device_traces"][0]

@@ -1,4 +1,4 @@
-// stowage._core.Trace: a recorded trace, replayed in C++ with the GIL released.
+// stowage._core.ReplayEvents: one device's alloc, free and step-end events, replayed in C++ without the GIL.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -111,8 +111,9 @@ py::dict min_capacity(const Trace& trace, std::uint64_t peak_requested, const st
 void bind_replay(py::module_& module) {
   module.attr("capacity_search_step") = CapacitySearchLimits{}.step;
   module.attr("capacity_search_max") = CapacitySearchLimits{}.max_capacity;
-  py::class_<Trace>(module, "Trace",
-                    "The alloc (kind 0) and free (kind 1) events of one device, in order.")
+  py::class_<Trace>(module, "ReplayEvents",
+                    "The alloc (kind 0), free (kind 1) and step-end (kind 2) events of one device, in order, "
+                    "to replay (allocator/replay.hpp's Trace).")
       .def(py::init(&make_trace), py::arg("kinds"), py::arg("addresses"), py::arg("sizes"),
            py::arg("streams"))
       .def("__len__", [](const Trace& trace) { return trace.events().size(); })
@@ -131,7 +132,7 @@ void bind_replay(py::module_& module) {
           },
           py::arg("capacity"), py::arg("config") = "", py::arg("measure_latency") = true,
           py::arg("costs") = "h100",
-          "Replays the trace through a CachingAllocator on a simulated device of `capacity` "
+          "Replays the events through a CachingAllocator on a simulated device of `capacity` "
           "bytes; returns the figures as a dict, with what each step asked of the device and "
           "what that would cost a GPU (costs: 'h100', measured on one, or 'none').")
       .def("min_capacity", &min_capacity, py::arg("peak_requested"), py::arg("config") = "",

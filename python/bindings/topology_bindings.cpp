@@ -1,6 +1,7 @@
 // Facts about the machine, as plain dicts and lists (JSON-ready, for `stowage doctor`):
-// stowage._core.numa_topology, build_info, cuda_driver, cuda_runtime and host_memory; and
-// host_room, the host memory the process may still take (the offloaded optimizer's check).
+// stowage._core.numa_topology, build_info, cuda_driver, cuda_runtime and host_memory; the
+// doctor's advice over them (machine_advice); and host_room, the host memory the process may
+// still take (the offloaded optimizer's check).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,6 +13,7 @@
 #include "base/build_info.hpp"
 #include "device/cuda_driver_probe.hpp"
 #include "device/host_memory_probe.hpp"
+#include "device/machine_advice.hpp"
 #include "device/numa_topology.hpp"
 #include "python/bindings/bindings.hpp"
 
@@ -135,9 +137,64 @@ void bind_machine_probes(py::module_& module) {
       "The smallest of MemAvailable, the cgroup's room and limit_bytes (a HostRoom).");
 }
 
+// A report's text fact: None unknown, anything else as str() writes it.
+std::optional<std::string> text_of(const py::handle& value) {
+  if (value.is_none()) return std::nullopt;
+  return py::str(value).cast<std::string>();
+}
+
+bool truthy(const py::handle& value) {
+  const int truth = PyObject_IsTrue(value.ptr());
+  if (truth < 0) throw py::error_already_set();
+  return truth == 1;
+}
+
+AdvisedGpu gpu_of(const py::handle& gpu) {
+  const py::handle vmm = gpu["virtual_memory_management"], nodes = gpu["numa_nodes"];
+  return {gpu["index"].cast<std::int64_t>(), text_of(gpu["name"]), py::str("nvidia-smi").equal(gpu["source"]),
+          py::isinstance<py::bool_>(vmm) ? std::optional<bool>(vmm.cast<bool>()) : std::nullopt,
+          text_of(gpu["pci_bus_id"]),
+          nodes.is_none() ? std::nullopt : std::optional(nodes.cast<std::vector<std::int64_t>>()),
+          text_of(gpu["near_cpus"])};
+}
+
+// `stowage doctor`'s report (stowage.doctor.gather's dict) as the advice reads it.
+MachineFacts facts_of(const py::dict& report) {
+  MachineFacts facts;
+  facts.stowage_with_cuda = truthy(report["stowage"]["with_cuda"]);
+  const py::handle driver = report["cuda"]["driver"], runtime = report["cuda"]["runtime"];
+  facts.driver_error = text_of(driver["error"]);
+  facts.driver_version = text_of(driver["version"]);
+  facts.runtime_version = text_of(runtime["version"]);
+  facts.runtime_library = text_of(runtime["library"]);
+  const py::object visible = py::module_::import("os").attr("environ").attr("get")("CUDA_VISIBLE_DEVICES");
+  if (!visible.is_none()) facts.cuda_visible_devices = py::repr(visible).cast<std::string>();
+  for (const py::handle gpu : report["gpus"]) facts.gpus.push_back(gpu_of(gpu));
+  const py::handle torch = report["torch"];
+  const py::object module = truthy(torch["stowage_module"]) ? py::reinterpret_borrow<py::object>(torch["stowage_module"])
+                                                            : py::dict();
+  const py::object field = module.attr("get");
+  facts.torch = {truthy(torch["installed"]), text_of(torch["version"]), text_of(torch["cuda_build"]),
+                 truthy(field("importable")), text_of(field("error")), text_of(field("built_for_torch")),
+                 truthy(field("matches_torch")), truthy(field("cuda_allocator_built"))};
+  const py::handle memory = report["host_memory"];
+  facts.memlock_soft = memory["memlock_soft"].cast<std::optional<std::uint64_t>>();
+  facts.memlock_hard = memory["memlock_hard"].cast<std::optional<std::uint64_t>>();
+  facts.total_memory = memory["total"].cast<std::uint64_t>();
+  const py::handle numa = report["numa"];
+  facts.numa_error = text_of(numa["error"]);
+  facts.process_cpus = text_of(numa["process_cpus"]);
+  facts.process_numa_nodes = numa["process_numa_nodes"].cast<std::vector<std::int64_t>>();
+  return facts;
+}
+
 }  // namespace
 
 void bind_topology(py::module_& module) {
+  module.def(
+      "machine_advice", [](const py::dict& report) { return machine_advice(facts_of(report)); }, py::arg("report"),
+      "stowage doctor's advice (device/machine_advice.hpp) over its report (stowage.doctor.gather's dict): one "
+      "line per thing on this machine that limits stowage.");
   bind_machine_probes(module);
   module.def(
       "numa_topology",

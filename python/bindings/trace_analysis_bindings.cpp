@@ -19,9 +19,14 @@
 
 #include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
+#include "python/bindings/python_objects.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/inspection.hpp"
+#include "snapshot/native_figures.hpp"
+#include "snapshot/profiler_order.hpp"
+#include "snapshot/recompute_estimate.hpp"
+#include "snapshot/tags_reader.hpp"
 #include "snapshot/snapshot_diff.hpp"
 
 namespace py = pybind11;
@@ -191,16 +196,12 @@ std::vector<snapshot::SegmentInput> segments_of(const py::list& segments, bool e
   return out;
 }
 
-// stowage.inspection.tags' tags: (events, category, module, paths, block_of_path, blocks).
-snapshot::ExactTags tags_of(const py::tuple& tags) {
-  snapshot::ExactTags out;
-  out.events = tags[0].cast<std::vector<std::int64_t>>();
-  out.category = tags[1].cast<std::vector<std::int8_t>>();
-  out.module = tags[2].cast<std::vector<std::int64_t>>();
-  for (const py::handle path : tags[3]) out.paths.push_back(utf8_of(path));
-  out.block_of_path = tags[4].cast<std::vector<std::int64_t>>();
-  for (const py::handle block : tags[5]) out.blocks.push_back(utf8_of(block));
-  return out;
+// stowage's tags for device `device` (the snapshot's stowage_tags; None: none), read and checked by
+// snapshot/tags_reader.hpp against the trace's `action` codes.
+std::optional<snapshot::ExactTags> tags_of(const py::object& tags, std::int64_t device,
+                                           std::span<const std::uint8_t> action) {
+  PythonObjects objects;
+  return snapshot::read_tags(objects, tags.ptr(), device, action);
 }
 
 // A bound findings type: byte counts as Python ints, strings as the snapshot held them.
@@ -219,6 +220,11 @@ class Bound {
   template <typename Field>
   Bound& plain(const char* name, Field T::*member) {
     class_.def_readonly(name, member);
+    return *this;
+  }
+  template <typename Method>
+  Bound& method(const char* name, Method method) {
+    class_.def(name, method);
     return *this;
   }
   template <typename Getter>
@@ -330,57 +336,104 @@ void bind_inspect(py::module_& module) {
   bind_segment_findings(module);
   bind_trace_findings(module);
   module.def(
+      "block_of_paths",
+      [](const std::vector<std::string>& paths) {
+        snapshot::PathBlocks found = snapshot::block_of_paths(paths);
+        return py::make_tuple(std::move(found.block_of_path), std::move(found.blocks));
+      },
+      py::arg("paths"), "The model's blocks among module paths, and each path's (snapshot/recompute_estimate.hpp).");
+  module.def(
       "inspect",
       [](const py::object& columns, const py::list& segments, std::size_t top, bool under_stowage,
-         const py::object& tags, bool timelines, std::vector<std::int64_t> moments) {
+         const py::object& tags, std::int64_t device, bool timelines, std::vector<std::int64_t> moments) {
         const ColumnsArgument trace(columns);
-        snapshot::InspectOptions options{top, under_stowage, std::nullopt, timelines, std::move(moments)};
-        if (!tags.is_none()) options.tags = tags_of(tags.cast<py::tuple>());
+        snapshot::InspectOptions options{top, under_stowage, tags_of(tags, device, trace.input.action), timelines,
+                                         std::move(moments)};
         const std::vector<snapshot::SegmentInput> read = segments_of(segments, timelines);
         py::gil_scoped_release released;
         return snapshot::inspect(trace.input, read, std::move(options));
       },
       py::arg("columns"), py::arg("segments"), py::arg("top"), py::arg("under_stowage"), py::arg("tags"),
-      py::arg("timelines") = false, py::arg("moments") = std::vector<std::int64_t>{},
+      py::arg("device"), py::arg("timelines") = false, py::arg("moments") = std::vector<std::int64_t>{},
       "stowage inspect's findings about one device: its trace's columns (TraceColumns), its segments "
       "(the snapshot's dicts), the sites listed (`top`), whether stowage's allocator recorded it, "
-      "stowage's tags (stowage.inspection.tags.read_tags', or None), whether to draw the HTML "
+      "the snapshot's stowage_tags (None: none) and the device's number in them (SnapshotRefused naming a "
+      "field that does not fit), whether to draw the HTML "
       "report's timelines, and the events after which to say what was live (`moments`).");
 }
 
+// The event columns of one device's trace (TraceColumns) that replay reads, held for the call.
+struct EventColumns {
+  explicit EventColumns(const py::object& trace)
+      : action(Column<std::uint8_t>::ensure(trace.attr("action"))),
+        addr(Column<std::uint64_t>::ensure(trace.attr("addr"))),
+        size(Column<std::uint64_t>::ensure(trace.attr("size"))),
+        stream(Column<std::uint64_t>::ensure(trace.attr("stream"))) {
+    if (!action || !addr || !size || !stream) throw py::error_already_set();
+    const py::str step(snapshot::kMarkStep);
+    for (const auto [index, value] : trace.attr("user_metadata").cast<py::dict>()) {
+      if (py::isinstance<py::str>(value) && value.equal(step)) step_marks.push_back(index.cast<std::int64_t>());
+    }
+    std::sort(step_marks.begin(), step_marks.end());
+  }
+  snapshot::TraceColumnsView view() const { return {span_of(action), span_of(addr), span_of(size), span_of(stream)}; }
+  Column<std::uint8_t> action;
+  Column<std::uint64_t> addr, size, stream;
+  std::vector<std::int64_t> step_marks;  // stowage.mark_step()'s marks, ascending
+};
+
 void bind_device_events(py::module_& module) {
-  using Actions = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>;
-  const auto view = [](const Actions& action, const Bytes& addr, const Bytes& size, const Bytes& stream) {
-    return snapshot::TraceColumnsView{{action.data(), static_cast<std::size_t>(action.size())}, span_of(addr),
-                                      span_of(size), span_of(stream)};
-  };
   module.def(
       "device_event_arrays",
-      [view](const Actions& action, const Bytes& addr, const Bytes& size, const Bytes& stream, const Int64s& marks) {
-        const snapshot::TraceColumnsView columns = view(action, addr, size, stream);
-        const auto n = static_cast<py::ssize_t>(snapshot::count_device_events(columns, span_of(marks)));
+      [](const py::object& trace) {
+        const EventColumns columns(trace);
+        const snapshot::TraceColumnsView view = columns.view();
+        const std::span<const std::int64_t> marks = columns.step_marks;
+        const auto n = static_cast<py::ssize_t>(snapshot::count_device_events(view, marks));
         py::array_t<std::uint8_t> kinds(n);
         py::array_t<std::uint64_t> addrs(n), sizes(n), streams(n);
         const auto out = [n](auto& array) { return std::span(array.mutable_data(), static_cast<std::size_t>(n)); };
-        snapshot::fill_device_events(columns, span_of(marks), out(kinds), out(addrs), out(sizes), out(streams));
+        snapshot::fill_device_events(view, marks, out(kinds), out(addrs), out(sizes), out(streams));
         return py::make_tuple(kinds, addrs, sizes, streams);
       },
-      py::arg("action"), py::arg("addr"), py::arg("size"), py::arg("stream"), py::arg("step_marks"),
-      "A device's alloc, free_completed and step-end events as stowage._core.Trace's arrays.");
+      py::arg("trace"),
+      "A device's alloc, free_completed and step-end events (TraceColumns) as stowage._core.ReplayEvents' arrays.");
+  Bound<snapshot::NativeFigures>(module, "NativeFigures", "What the recording allocator did (snapshot/native_figures.hpp).")
+      .computed("peak_reserved", [](const snapshot::NativeFigures& self) {
+        return self.peak_reserved ? py::object(int_of(*self.peak_reserved)) : py::none();
+      })
+      .plain("preexisting_segments", &snapshot::NativeFigures::preexisting_segments)
+      .bytes("preexisting_bytes", &snapshot::NativeFigures::preexisting_bytes)
+      .plain("allocs_in_preexisting", &snapshot::NativeFigures::allocs_in_preexisting)
+      .bytes("bytes_in_preexisting", &snapshot::NativeFigures::bytes_in_preexisting)
+      .method("comparable", [](const snapshot::NativeFigures& self, const py::int_& peak_requested) {
+        return self.comparable(wide_of(peak_requested));
+      });
   module.def(
-      "reserved_peak",
-      [](const Actions& action, const Bytes& addr, const Bytes& size) {
-        const snapshot::ReservedPeak found = snapshot::reserved_peak(
-            {action.data(), static_cast<std::size_t>(action.size())}, span_of(addr), span_of(size));
-        return py::make_tuple(found.peak ? py::object(int_of(*found.peak)) : py::none(), array_of(found.created));
+      "native_figures",
+      [](const py::object& trace, const py::list& segments, std::int64_t device) {
+        const EventColumns columns(trace);
+        std::vector<snapshot::SegmentExtent> extents;
+        const py::int_ index(device);
+        for (const py::handle segment : segments) {
+          if (!segment.attr("get")("device", index).equal(index)) continue;
+          extents.push_back({wide_of(py::int_(segment["address"])), wide_of(py::int_(segment["total_size"]))});
+        }
+        return snapshot::native_figures(span_of(columns.action), span_of(columns.addr), span_of(columns.size), extents);
       },
-      py::arg("action"), py::arg("addr"), py::arg("size"),
-      "The peak of the trace's segment growth (None without segment events), and the addresses of "
-      "the segments it created.");
+      py::arg("trace"), py::arg("segments"), py::arg("device"),
+      "What the allocator that recorded device `device`'s trace (TraceColumns) did, its segments among "
+      "`segments` (the snapshot's dicts).");
+  module.def(
+      "profiler_order",
+      [](const std::vector<std::int64_t>& time_ns, const std::vector<std::int64_t>& size,
+         const std::vector<std::int64_t>& total_after) { return snapshot::profiler_order(time_ns, size, total_after); },
+      py::arg("time_ns"), py::arg("size"), py::arg("total_after"),
+      "torch.profiler's allocation events' indexes in order (snapshot/profiler_order.hpp).");
   module.def(
       "step_period",
-      [](const Actions& kinds, const Bytes& sizes) -> py::object {
-        const auto found = snapshot::step_period({kinds.data(), static_cast<std::size_t>(kinds.size())}, span_of(sizes));
+      [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {
+        const auto found = snapshot::step_period(span_of(kinds), span_of(sizes));
         return found ? py::object(py::int_(*found)) : py::none();
       },
       py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");
@@ -390,74 +443,44 @@ using Flags = py::array_t<std::int8_t, py::array::c_style | py::array::forcecast
 using StackColumn = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
 
 void bind_snapshot_diff(py::module_& module) {
+  using namespace snapshot;
+  Bound<SnapshotTotals>(module, "SnapshotTotals", "One snapshot's totals, as stowage diff compares them.")
+      .bytes("allocated", &SnapshotTotals::allocated).bytes("reserved", &SnapshotTotals::reserved)
+      .plain("segments", &SnapshotTotals::segments).bytes("largest_free_block", &SnapshotTotals::largest_free_block)
+      .plain("fragmentation", &SnapshotTotals::fragmentation)
+      .computed("trace_peak", [](const SnapshotTotals& self) {
+        return self.trace_peak ? py::object(int_of(*self.trace_peak)) : py::none();
+      });
+  Bound<SiteChange>(module, "SiteChange", "A site's live bytes at the end, before and after.")
+      .text("site", &SiteChange::site).bytes("before", &SiteChange::before).bytes("after", &SiteChange::after)
+      .bytes("change", &SiteChange::change);
+  Bound<SegmentChange>(module, "SegmentChange", "A segment in both snapshots whose size or live bytes changed.")
+      .bytes("address", &SegmentChange::address).bytes("size_before", &SegmentChange::size_before)
+      .bytes("size_after", &SegmentChange::size_after).bytes("live_before", &SegmentChange::live_before)
+      .bytes("live_after", &SegmentChange::live_after).bytes("live_change", &SegmentChange::live_change);
+  Bound<SegmentsDiff>(module, "SegmentsDiff", "Segments given back, new, and changed in place.")
+      .plain("only_before", &SegmentsDiff::only_before).bytes("only_before_bytes", &SegmentsDiff::only_before_bytes)
+      .plain("only_after", &SegmentsDiff::only_after).bytes("only_after_bytes", &SegmentsDiff::only_after_bytes)
+      .plain("changed", &SegmentsDiff::changed).plain("changed_count", &SegmentsDiff::changed_count);
+  Bound<SnapshotsDiff>(module, "SnapshotsDiff", "Two snapshots of one device compared (snapshot/snapshot_diff.hpp).")
+      .plain("before", &SnapshotsDiff::before).plain("after", &SnapshotsDiff::after)
+      .computed("sites_grew", [](const SnapshotsDiff& self) { return self.sites.grew; })
+      .computed("sites_shrank", [](const SnapshotsDiff& self) { return self.sites.shrank; })
+      .plain("segments", &SnapshotsDiff::segments);
   module.def(
-      "diff_sites",
-      [](const py::list& before, const py::list& after, std::size_t top) {
-        const auto sites = [](const py::list& rows) {
-          std::vector<snapshot::SiteBytes> out;
-          for (const py::handle row : rows) {
-            const auto fields = row.cast<py::tuple>();
-            out.push_back({utf8_of(fields[0]), wide_of(fields[1])});
-          }
-          return out;
-        };
-        const snapshot::SitesDiff found = snapshot::diff_sites(sites(before), sites(after), top);
-        const auto rows = [](const std::vector<snapshot::SiteChange>& changes) {
-          py::list out;
-          for (const snapshot::SiteChange& change : changes) {
-            py::dict row;
-            row["site"] = utf8_str(change.site);
-            row["before"] = int_of(change.before);
-            row["after"] = int_of(change.after);
-            row["change"] = int_of(change.change);
-            out.append(row);
-          }
-          return out;
-        };
-        return py::make_tuple(rows(found.grew), rows(found.shrank));
+      "diff",
+      [](const py::object& before_trace, const py::list& before_segments, const py::object& after_trace,
+         const py::list& after_segments, std::size_t top) {
+        const ColumnsArgument a(before_trace), b(after_trace);
+        const std::vector<SegmentInput> a_segments = segments_of(before_segments, false);
+        const std::vector<SegmentInput> b_segments = segments_of(after_segments, false);
+        py::gil_scoped_release released;
+        return diff_snapshots({a.input, a_segments}, {b.input, b_segments}, top);
       },
-      py::arg("before"), py::arg("after"), py::arg("top"),
-      "Sites' live bytes at the end compared ((site, bytes) rows each): the `top` that grew and "
-      "that shrank, as stowage.diff's rows (snapshot/snapshot_diff.hpp).");
-  module.def(
-      "diff_segments",
-      [](const py::list& before, const py::list& after, std::size_t top) {
-        const auto segments = [](const py::list& rows) {
-          std::vector<snapshot::SegmentFacts> out;
-          for (const py::handle row : rows) {
-            const auto fields = row.cast<py::tuple>();
-            out.push_back({wide_of(fields[0]), wide_of(fields[1]), fields[2].cast<bool>(), wide_of(fields[3])});
-          }
-          return out;
-        };
-        const snapshot::SegmentsDiff found = snapshot::diff_segments(segments(before), segments(after), top);
-        const auto side = [](std::size_t count, snapshot::Wide bytes) {
-          py::dict out;
-          out["count"] = count;
-          out["bytes"] = int_of(bytes);
-          return out;
-        };
-        py::list changed;
-        for (const snapshot::SegmentChange& change : found.changed) {
-          py::dict row;
-          row["address"] = int_of(change.address);
-          row["size_before"] = int_of(change.size_before);
-          row["size_after"] = int_of(change.size_after);
-          row["live_before"] = int_of(change.live_before);
-          row["live_after"] = int_of(change.live_after);
-          row["live_change"] = int_of(change.live_change);
-          changed.append(row);
-        }
-        py::dict out;
-        out["only_before"] = side(found.only_before, found.only_before_bytes);
-        out["only_after"] = side(found.only_after, found.only_after_bytes);
-        out["changed"] = changed;
-        out["changed_count"] = found.changed_count;
-        return out;
-      },
-      py::arg("before"), py::arg("after"), py::arg("top"),
-      "Segments compared ((address, total_size, is_expandable, live bytes) rows each): those given "
-      "back, the new and the `top` changed in place, as stowage.diff's (snapshot/snapshot_diff.hpp).");
+      py::arg("before_trace"), py::arg("before_segments"), py::arg("after_trace"), py::arg("after_segments"),
+      py::arg("top"),
+      "Two snapshots of one device compared: each its trace's columns (TraceColumns) and its segments (the "
+      "snapshot's dicts); the `top` sites that grew and shrank, and segments changed in place.");
 }
 
 }  // namespace

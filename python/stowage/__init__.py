@@ -2,7 +2,7 @@
 
 The C++ core lives in ``stowage._core``; this package is the thin Python layer over it: the
 memory API, activation offload (``stowage.offload``), the safe snapshot loader, the trace
-recorder (stowage.profiler_trace), ``stowage.fit`` (stowage.fitting) and the ``stowage`` command.
+recorder (stowage.profiler_snapshot), ``stowage.fit`` (stowage.fitting) and the ``stowage`` command.
 """
 
 from typing import Any

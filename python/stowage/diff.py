@@ -4,7 +4,7 @@ Both snapshots go through the safe loader. For one device it compares the totals
 reserved, largest free block, fragmentation, the trace's live peak), the live bytes by allocation
 site at the end (sites as ``stowage inspect`` names them), and the segments: those only in A
 (given back), only in B (new), and those in both whose size or live bytes changed, matched by
-address. The matching is C++ (snapshot/snapshot_diff.hpp, which says how); this module reads
+address. The comparison is one C++ call (snapshot/snapshot_diff.hpp, which says how); this module reads
 the snapshots and words the report.
 """
 
@@ -25,8 +25,6 @@ from stowage.inspection.findings import device_segments, device_trace, devices_w
 from stowage.snapshot_reader import SnapshotError
 from stowage.terminal import console, literal
 
-_ALL_SITES = 1 << 30
-
 
 def add_parser(commands: Any, name: str) -> None:
     parser = commands.add_parser(
@@ -42,36 +40,27 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 
-def _live(segment: dict[str, Any]) -> int:
-    return sum(int(b["size"]) for b in segment.get("blocks", []) if b.get("state") == "active_allocated")
-
-
-def _segment_rows(snapshot: dict[str, Any], device: int) -> list[tuple[int, int, bool, int]]:
-    return [(int(s["address"]), int(s["total_size"]), bool(s.get("is_expandable")), _live(s))
-            for s in device_segments(snapshot, device)]
-
-
-def _findings(snapshot: dict[str, Any], device: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:
-    """The snapshot's figures, and its live bytes by site at the end (every site)."""
-    trace = device_trace(snapshot, device)
-    found = _core.inspect(trace, device_segments(snapshot, device), _ALL_SITES, False, None)
-    totals = found.totals
-    figures = {"allocated": totals.allocated, "reserved": totals.reserved, "segments": totals.segments,
-               "largest_free_block": totals.largest_free_block, "fragmentation": totals.fragmentation,
-               "trace_peak": found.peak.live_bytes if len(trace) else None}
-    return figures, [(row.site, row.bytes) for row in found.sites_at_end]
+TOTALS = ("allocated", "reserved", "segments", "largest_free_block", "fragmentation", "trace_peak")
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> dict[str, Any]:
-    """The comparison (snapshot/snapshot_diff.hpp matches sites and segments) as one dict."""
-    (a_figures, a_sites), (b_figures, b_sites) = _findings(before, device), _findings(after, device)
-    totals = {key: {"before": a_figures[key], "after": b_figures[key],
-                    "change": (None if a_figures[key] is None or b_figures[key] is None
-                               else b_figures[key] - a_figures[key])}
-              for key in a_figures}
-    grew, shrank = _core.diff_sites(a_sites, b_sites, top)
-    segments = _core.diff_segments(_segment_rows(before, device), _segment_rows(after, device), top)
-    return {"device": device, "totals": totals, "sites_grew": grew, "sites_shrank": shrank, "segments": segments}
+    """The comparison (snapshot/snapshot_diff.hpp, one call) as one JSON-ready dict."""
+    found = _core.diff(device_trace(before, device), device_segments(before, device), device_trace(after, device),
+                       device_segments(after, device), top)
+    totals = {}
+    for key in TOTALS:
+        a, b = getattr(found.before, key), getattr(found.after, key)
+        totals[key] = {"before": a, "after": b, "change": None if a is None or b is None else b - a}
+    sites = [[{"site": row.site, "before": row.before, "after": row.after, "change": row.change} for row in rows]
+             for rows in (found.sites_grew, found.sites_shrank)]
+    seg = found.segments
+    segments = {"only_before": {"count": seg.only_before, "bytes": seg.only_before_bytes},
+                "only_after": {"count": seg.only_after, "bytes": seg.only_after_bytes},
+                "changed": [{key: getattr(row, key) for key in (
+                    "address", "size_before", "size_after", "live_before", "live_after", "live_change")}
+                    for row in seg.changed],
+                "changed_count": seg.changed_count}
+    return {"device": device, "totals": totals, "sites_grew": sites[0], "sites_shrank": sites[1], "segments": segments}
 
 
 def _signed(value: int) -> str:

@@ -3,7 +3,8 @@
 Each device trace of each snapshot is replayed (its alloc and free_completed events) through
 stowage's CachingAllocator on a simulated device, in C++. The snapshot is read as inspect reads
 it (load_snapshot_columnar), and the replay's arrays and the native figures are made from the
-trace's columns (stowage.trace), so memory stays a fraction of the file's size. The figures are
+trace's columns, in C++ over whole columns (snapshot/device_events.hpp and native_figures.hpp: no
+Python object per event), so memory stays a fraction of the file's size. The figures are
 printed as a table, or as one JSON object per trace and device with ``--json``. With
 ``--min-capacity`` the smallest device, in 2 MiB steps, on which the replay completes is
 searched and then verified: the replay completes at that capacity and fails 2 MiB below it.
@@ -13,6 +14,13 @@ A trace's steps end at its stowage.mark_step() marks. After the first ``--warmup
 in place; or, when the steps repeat in a cycle of shapes, two cycles) the replay reports what the remaining steps asked of the device (pages mapped and
 unmapped, device calls) and what the worst of them would spend in those calls on a GPU, by the
 simulated device's cost model (measured on an H100: device/host/host_call_costs.hpp).
+
+The replayed events are a device's ``alloc`` events, its ``free_completed`` events (the moment
+memory really became free; ``free_requested`` only says a free was asked for) and the ends of
+steps that stowage.mark_step() recorded. The native figures are what the allocator that recorded
+the trace did: the peak of its reserved memory, and the segments that held memory before the
+trace began, which make that figure incomparable with a replay from empty when the trace's own
+allocations land in them.
 """
 
 from __future__ import annotations
@@ -20,17 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from stowage import _core
-from stowage.snapshot_reader import SnapshotError, load_snapshot_columnar
+from stowage.snapshot_reader import SnapshotError, TraceColumns, as_columns, load_snapshot_columnar
 from stowage.terminal import console, literal
-from stowage.trace import device_event_arrays, native_figures, step_period
 
 STEP = _core.capacity_search_step  # capacities are searched in 2 MiB steps
 MAX_CAPACITY = _core.capacity_search_max  # 16 TiB: the simulated device reserves twice its size in address space
@@ -52,7 +62,36 @@ def add_parser(commands: Any, name: str) -> None:
                         help="steps before the steady state is judged (default: 2, or two cycles)")
 
 
-def min_capacity(events: _core.Trace, peak_requested: int, config: str, known_fit: int | None,
+TraceLike = TraceColumns | Sequence[dict[str, Any]]
+
+
+def device_events(trace: TraceLike) -> _core.ReplayEvents:
+    """The alloc and free_completed events of one device, and the ends of steps that
+    stowage.mark_step() recorded, in order, as ReplayEvents."""
+    return _core.ReplayEvents(*device_event_arrays(trace))
+
+
+def device_event_arrays(trace: TraceLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """device_events' arrays: kinds (uint8: 0 alloc, 1 free, 2 a step's end), addresses, sizes
+    and streams (uint64), the arguments of stowage._core.ReplayEvents."""
+    return _core.device_event_arrays(as_columns(trace))  # type: ignore[no-any-return]
+
+
+def native_figures(snapshot: dict[str, Any], device: int) -> _core.NativeFigures:
+    """What the allocator that recorded the device's trace did (snapshot/native_figures.hpp)."""
+    traces = snapshot.get("device_traces", [])
+    return _core.native_figures(as_columns(traces[device] if device < len(traces) else []),
+                                snapshot.get("segments", []), device)
+
+
+def step_period(kinds: np.ndarray, sizes: np.ndarray) -> int | None:
+    """The number of steps after which the trace's steps repeat (1: every step alike; 4: a cycle
+    of four shapes), judged by the sizes each step allocates in order, leaving out the first step
+    (it makes the optimizer's state); None when they never repeat. Steps end at the marks."""
+    return _core.step_period(kinds, sizes)  # type: ignore[no-any-return]
+
+
+def min_capacity(events: _core.ReplayEvents, peak_requested: int, config: str, known_fit: int | None,
                  progress: Progress | None = None) -> dict[str, Any]:
     """The smallest capacity, in 2 MiB steps, on which the replay completes, searched then
     verified (allocator/capacity_search.hpp); known_fit is a capacity already seen to fit, if any."""
@@ -91,7 +130,7 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
     results = []
     for device, trace in enumerate(snapshot.get("device_traces", [])):
         arrays = device_event_arrays(trace)
-        events = _core.Trace(*arrays)
+        events = _core.ReplayEvents(*arrays)
         if len(events) == 0:
             continue
         result: dict[str, Any] = {"trace": str(path), "device": device, "trace_entries": len(trace)}

@@ -1,6 +1,6 @@
 // The machine probes `stowage doctor` and the offloaded optimizer share: host memory (cgroup
 // limits read from a directory laid out as the kernel's) and the CUDA driver and runtime
-// (dlopen, so they answer on machines without either).
+// (dlopen, so they answer on machines without either); and the doctor's advice drawn from them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 
 #include "device/cuda_driver_probe.hpp"
 #include "device/host_memory_probe.hpp"
+#include "device/machine_advice.hpp"
 
 namespace stowage {
 namespace {
@@ -131,6 +132,34 @@ TEST(CudaProbes, TheDriverAnswersOrSaysWhyNot) {
       EXPECT_TRUE(gpu.total_memory.has_value());
     }
   }
+}
+
+// Versions compare by their first two numbers; a GPU off the process's NUMA nodes is advised
+// numactl, one that shares a node is not; an unknown topology says so and names no node.
+TEST(MachineAdvice, ComparesVersionsAndPlacesGpusByNumaNode) {
+  MachineFacts facts;
+  facts.stowage_with_cuda = true;
+  facts.torch = {true, "2.11.0", "13.0", true, std::nullopt, "2.11.0", true, true};
+  facts.total_memory = 1ULL << 35;
+  facts.driver_version = "12.10";
+  facts.runtime_version = "12.9.1";
+  facts.gpus.push_back({3, "H200", false, true, "0000:3b:00.0", std::vector<std::int64_t>{1}, "8-15"});
+  facts.process_numa_nodes = {0};
+  facts.process_cpus = "0-7";
+  std::vector<std::string> advice = machine_advice(facts);
+  ASSERT_EQ(advice.size(), 1U) << advice.front();
+  EXPECT_NE(advice[0].find("GPU 3 is nearest NUMA node 1 (CPUs 8-15), but this process runs on CPUs 0-7 (node 0)"),
+            std::string::npos);
+  facts.process_numa_nodes = {1, 0};
+  facts.runtime_version = "13.0";
+  advice = machine_advice(facts);
+  ASSERT_EQ(advice.size(), 1U);
+  EXPECT_EQ(advice[0].rfind("The driver supports CUDA up to 12.10 but the runtime is 13.0", 0), 0U);
+  facts.runtime_version = "12.10";
+  facts.numa_error = "hwloc: broken";
+  advice = machine_advice(facts);
+  ASSERT_EQ(advice.size(), 1U);
+  EXPECT_EQ(advice[0].rfind("The NUMA topology is unknown (hwloc: broken)", 0), 0U);
 }
 
 }  // namespace

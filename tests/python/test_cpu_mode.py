@@ -288,9 +288,9 @@ def test_enable_and_disable_alternate_as_often_as_asked() -> None:
 
 
 def test_the_profiler_sees_allocations_in_cpu_mode() -> None:
-    from stowage.profiler_trace import record
+    from stowage.profiler_snapshot import profiled_snapshot
 
-    trace = record(lambda step: torch.empty(1000), 2)["device_traces"][0]
+    trace = profiled_snapshot(lambda step: torch.empty(1000), 2)["device_traces"][0]
     assert sum(1 for e in trace if e["action"] == "alloc" and e["size"] >= 4000) >= 2
 
 
@@ -298,7 +298,7 @@ def test_learned_placement_trains_the_same_model_and_mark_step_reaches_history_a
     snapshot = tmp_path / "steps.pickle"
     result = run_python(f"""
         import pickle, torch, stowage
-        from stowage.trace import device_events
+        from stowage.replay import device_events
 
         def train(steps, mark):
             torch.manual_seed(0)

@@ -294,7 +294,7 @@ def inspected(trace: TraceColumns, requested_at_end: int | None, top: int) -> _c
     segments = [] if requested_at_end is None else [
         {"address": 0, "total_size": requested_at_end,
          "blocks": [{"size": requested_at_end, "requested_size": requested_at_end, "state": "active_allocated"}]}]
-    return _core.inspect(trace, segments, top, False, None, True)
+    return _core.inspect(trace, segments, top, False, None, 0, timelines=True)
 
 
 def timeline(trace: TraceColumns, requested_at_end: int | None, top: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(REPO / "bench" / "replay"))
 import native_rules  # noqa: E402
 
 from stowage.snapshot_reader import load_snapshot_columnar  # noqa: E402
-from stowage.trace import device_event_arrays  # noqa: E402
+from stowage.replay import device_event_arrays  # noqa: E402
 
 ALLOC, FREE = 0, 1
 

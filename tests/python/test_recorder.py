@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stowage.profiler_trace import record, save_snapshot  # noqa: E402
+from stowage.profiler_snapshot import profiled_snapshot, save_snapshot  # noqa: E402
 from stowage.snapshot_reader import load_snapshot  # noqa: E402
 
 
@@ -21,7 +21,7 @@ def test_allocation_count_and_peak_match_a_count_by_hand(tmp_path) -> None:
         held = [torch.empty(1000, dtype=torch.float32) for _ in range(5)]
         del held
 
-    snapshot = record(step, 3)
+    snapshot = profiled_snapshot(step, 3)
     trace = snapshot["device_traces"][0]
     allocs = [e for e in trace if e["action"] == "alloc" and e["size"] == 4000]
     frees = [e for e in trace if e["action"] == "free_completed" and e["size"] == 4000]
@@ -65,7 +65,7 @@ def test_a_training_step_frees_what_it_allocates() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    trace = record(step, 3)["device_traces"][0]
+    trace = profiled_snapshot(step, 3)["device_traces"][0]
     allocated = {e["addr"] for e in trace if e["action"] == "alloc"}
     # Every free in the trace is of an address allocated earlier in it, except tensors made
     # before recording began (none here: the model's parameters are never freed).

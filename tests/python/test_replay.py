@@ -17,7 +17,7 @@ from conftest import REPO, MiB, SHARED_TRACES, event, stowage
 from stowage import _core
 from stowage.replay import STEP, min_capacity, replay_snapshot
 from stowage.snapshot_reader import TraceColumns, load_snapshot, load_snapshot_columnar, loads_snapshot_columnar
-from stowage.trace import device_event_arrays, device_events, native_figures, step_period
+from stowage.replay import device_event_arrays, device_events, native_figures, step_period
 
 sys.path.insert(0, str(REPO / "bench" / "replay"))
 import native_rules  # noqa: E402  (bench/replay: PyTorch's allocator's rules, replayed)
@@ -106,7 +106,7 @@ def test_min_capacity_is_verified_on_both_sides() -> None:
             kinds.append(1)
             addresses.append(0x10000 + j * 0x1000)
             event_sizes.append(0)
-    trace = _core.Trace(np.array(kinds, np.uint8), np.array(addresses, np.uint64),
+    trace = _core.ReplayEvents(np.array(kinds, np.uint8), np.array(addresses, np.uint64),
                         np.array(event_sizes, np.uint64), np.zeros(len(kinds), np.uint64))
     first = trace.replay(1 << 40)
     found = min_capacity(trace, first["peak_requested"], "", first["peak_reserved"])
@@ -136,10 +136,10 @@ def test_the_table_shows_the_figures(write_snapshot) -> None:
 
 def test_trace_arrays_must_agree() -> None:
     with pytest.raises(ValueError, match="same length"):
-        _core.Trace(np.zeros(2, np.uint8), np.zeros(1, np.uint64), np.zeros(2, np.uint64),
+        _core.ReplayEvents(np.zeros(2, np.uint8), np.zeros(1, np.uint64), np.zeros(2, np.uint64),
                     np.zeros(2, np.uint64))
     with pytest.raises(ValueError, match="kind 7"):
-        _core.Trace(np.full(1, 7, np.uint8), np.zeros(1, np.uint64), np.zeros(1, np.uint64),
+        _core.ReplayEvents(np.full(1, 7, np.uint8), np.zeros(1, np.uint64), np.zeros(1, np.uint64),
                     np.zeros(1, np.uint64))
 
 
@@ -185,7 +185,7 @@ def test_the_memory_targets_hold_on_every_recorded_trace(trace: Path) -> None:
     arrays = device_event_arrays(load_snapshot_columnar(trace)["device_traces"][0])
     assert record["peak_reserved"] <= native_rules.replay(*arrays).peak_reserved
     roomy = int(1.25 * requested)
-    on_roomy = _core.Trace(*arrays).replay(roomy, "", measure_latency=False)
+    on_roomy = _core.ReplayEvents(*arrays).replay(roomy, "", measure_latency=False)
     assert on_roomy["peak_reserved"] <= native_rules.replay(*arrays, capacity=roomy).peak_reserved
     warm = record["after_warmup"]
     if record["step_period"] is not None and warm["steps"] >= 2 * record["step_period"]:
@@ -231,9 +231,9 @@ def test_step_marks_in_a_trace_reach_the_allocator(write_snapshot) -> None:
 # --- replay reads the columns: the same figures as from plain event dicts ---
 
 
-def plain_events(trace: list[dict[str, Any]]) -> _core.Trace:
+def plain_events(trace: list[dict[str, Any]]) -> _core.ReplayEvents:
     """The replayable events made from plain event dicts one at a time: the reference for the
-    arrays that stowage.trace makes from the columns."""
+    arrays that stowage.replay makes from the columns."""
     kinds, addresses, sizes, streams = [], [], [], []
     for entry in trace:
         if entry["action"] in ("alloc", "free_completed"):
@@ -246,7 +246,7 @@ def plain_events(trace: list[dict[str, Any]]) -> _core.Trace:
             addresses.append(0)
             sizes.append(0)
             streams.append(0)
-    return _core.Trace(np.array(kinds, np.uint8), np.array(addresses, np.uint64), np.array(sizes, np.uint64),
+    return _core.ReplayEvents(np.array(kinds, np.uint8), np.array(addresses, np.uint64), np.array(sizes, np.uint64),
                        np.array(streams, np.uint64))
 
 
@@ -399,7 +399,7 @@ def test_each_step_reports_its_device_calls_and_their_cost(write_snapshot) -> No
     assert record["step_period"] == 1
     assert record["after_warmup"] == {"warmup_steps": 2, "steps": 2, "maps": 0, "unmaps": 0,
                                       "device_calls": 0, "worst_step_ms": 0.0}
-    free = _core.Trace(*device_event_arrays(load_snapshot_columnar(path)["device_traces"][0]))
+    free = _core.ReplayEvents(*device_event_arrays(load_snapshot_columnar(path)["device_traces"][0]))
     assert free.replay(1 << 40, "", costs="none")["steps"][0]["charged_ns"] == 0
     assert json.loads(stowage("replay", str(path), "--json", "--warmup", "0").stdout)[
         "after_warmup"]["maps"] == 2

@@ -23,7 +23,7 @@ from conftest import REPO, SHARED_TRACES, event, stowage
 from stowage.snapshot_reader import (ACTION_CODES, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES, HAS_SIZE, HAS_STREAM,
                                      TIME_BOOL, TIME_FLOAT, TIME_INT, SnapshotError, TraceColumns, columnar,
                                      load_snapshot, load_snapshot_columnar, loading, loads_snapshot,
-                                     loads_snapshot_columnar, machine, reading)
+                                     loads_snapshot_columnar, reading)
 
 VALID = {"segments": [], "device_traces": [[event("alloc", 4096, 100), event("free_completed", 4096, 100)]]}
 TRACES = sorted((REPO / "bench" / "traces").glob("*.pickle.gz")) + sorted(SHARED_TRACES.glob("*.pickle"))
@@ -104,7 +104,7 @@ def test_the_machine_refuses_globals_even_when_handed_a_pickle_directly(tmp_path
     marker = tmp_path / "pwned"
     data = pickle.dumps(Payload(marker))
     with pytest.raises(SnapshotError, match="opcode STACK_GLOBAL at byte [0-9]+ would build objects"):
-        (machine.read_columns if streaming else machine.read_plain)(data)
+        (loads_snapshot_columnar if streaming else loads_snapshot)(data)
     assert not marker.exists()
 
 
@@ -387,7 +387,7 @@ def test_every_pickle_protocol_and_layout_reads_alike(write_snapshot, monkeypatc
 
 def test_a_large_file_is_mapped_given_back_as_read_and_reads_alike(write_snapshot, monkeypatch) -> None:
     monkeypatch.setattr(reading, "_MAP_AT_LEAST", 1 << 12)
-    monkeypatch.setattr(machine, "_RELEASE_EVERY", 1 << 16)
+    monkeypatch.setattr(loading, "_RELEASE_EVERY", 1 << 16)
     path = write_snapshot(pickle.dumps(varied_snapshot(), protocol=4))
     assert path.stat().st_size > 1 << 17
     same_snapshots(load_snapshot(path), load_snapshot_columnar(path))
@@ -713,16 +713,6 @@ def test_joined_gzip_files_are_refused_not_half_read(write_snapshot, load) -> No
     with pytest.raises(SnapshotError, match="after the end of the gzip stream"):
         load(write_snapshot(one + one, "joined.pickle.gz"))
     assert load(write_snapshot(one + b"\x00" * 16, "padded.pickle.gz"))["segments"] == []
-
-
-def test_the_old_module_names_the_package_objects() -> None:
-    """stowage.snapshot_loader re-exports stowage.snapshot_reader's interface: one meaning per name."""
-    import stowage.snapshot_reader as package
-    from stowage import snapshot_loader
-
-    assert set(snapshot_loader.__all__) == set(package.__all__)
-    for name in package.__all__:
-        assert getattr(snapshot_loader, name) is getattr(package, name), name
 
 
 def test_the_reader_leaves_stowage_snapshot_the_function() -> None:

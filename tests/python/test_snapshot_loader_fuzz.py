@@ -19,7 +19,7 @@ import pytest
 from conftest import event
 
 from stowage.snapshot_reader import (ACTIONS, SnapshotError, TraceColumns, columnar, load_snapshot,
-                                     load_snapshot_columnar, loads_snapshot, loads_snapshot_columnar, machine,
+                                     load_snapshot_columnar, loading, loads_snapshot, loads_snapshot_columnar,
                                      reading)
 
 KEPT = ("action", "addr", "size", "stream", "time_us", "frames", "device_free", "user_metadata")
@@ -147,7 +147,7 @@ def test_a_large_file_read_as_the_reader_goes_loads_alike(tmp_path: Path, monkey
     """Read a few KiB ahead and given back behind (protocol 0's opcodes whose argument is a line
     too), or, with an event written twice, read once, then again whole as plain data."""
     for module, name, value in ((reading, "_MAP_AT_LEAST", 1 << 12), (reading, "_FILL_AHEAD", 1 << 12),
-                                (machine, "_RELEASE_EVERY", 1 << 13), (machine, "_REPORT_EVERY", 1 << 12)):
+                                (loading, "_RELEASE_EVERY", 1 << 13), (loading, "_REPORT_EVERY", 1 << 12)):
         monkeypatch.setattr(module, name, value)
     value = snapshot()
     if shared_event:

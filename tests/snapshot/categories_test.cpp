@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/errors.hpp"
@@ -151,6 +152,41 @@ TEST(RecomputeEstimate, RandomTracesWithoutBlocksOrActivationsKeepTheirPeak) {
     EXPECT_TRUE(checkpointed_peak(series, is_alloc, end, size, own, all, outside) == peak) << round;
     EXPECT_TRUE(checkpointed_peak(series, is_alloc, end, size, own, all, block) <= peak + 100 * static_cast<Wide>(n))
         << round;
+  }
+}
+
+TEST(RecomputeEstimate, BlocksAreTheOutermostNumberedModulesWithModulesInside) {
+  const std::vector<std::string> paths = {"GPT",          "GPT.h",       "GPT.h.0",   "GPT.h.0.attn", "GPT.h.1",
+                                          "GPT.h.1.mlp",  "GPT.conv1",   "GPT.head3", "GPT.h.2",      "Net.layer1\n.x"};
+  const PathBlocks found = block_of_paths(paths);
+  EXPECT_EQ(found.blocks, (std::vector<std::string>{"GPT.h.0", "GPT.h.1", "Net.layer1\n"}));
+  // GPT.h.2 and GPT.head3 have no modules inside: no blocks; the root never is one.
+  EXPECT_EQ(found.block_of_path, (std::vector<std::int64_t>{-1, -1, 0, 0, 1, 1, -1, -1, -1, 2}));
+}
+
+TEST(RecomputeEstimate, RandomPathsGetBlocksThatArePrefixesOfThemWithModulesInside) {
+  std::mt19937_64 rng(17);
+  const std::vector<std::string> names = {"h", "3", "layer1", "", "x\n", "blocks", "10", "\xff", "a1b"};
+  for (int round = 0; round < 500; ++round) {
+    std::vector<std::string> paths;
+    for (std::size_t p = rng() % 12; p > 0; --p) {
+      std::string path = "M";
+      for (std::size_t d = rng() % 5; d > 0; --d) path += "." + names[rng() % names.size()];
+      paths.push_back(path);
+    }
+    const PathBlocks found = block_of_paths(paths);
+    ASSERT_EQ(found.block_of_path.size(), paths.size());
+    for (std::size_t p = 0; p < paths.size(); ++p) {
+      const std::int64_t b = found.block_of_path[p];
+      if (b < 0) continue;
+      ASSERT_LT(static_cast<std::size_t>(b), found.blocks.size());
+      const std::string& block = found.blocks[static_cast<std::size_t>(b)];
+      ASSERT_EQ(paths[p].rfind(block, 0), 0U);  // a prefix, ending at a dot or the path's end
+      ASSERT_TRUE(paths[p].size() == block.size() || paths[p][block.size()] == '.');
+      ASSERT_TRUE(std::any_of(paths.begin(), paths.end(), [&](const std::string& q) {
+        return q.size() > block.size() && q.rfind(block + ".", 0) == 0;
+      }));  // with modules inside
+    }
   }
 }
 

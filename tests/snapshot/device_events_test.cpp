@@ -1,5 +1,7 @@
 // snapshot/device_events: the events replay takes, the recording allocator's reserved peak, and
-// the period of a trace's steps (on random step sequences, the smallest period that holds).
+// the period of a trace's steps (on random step sequences, the smallest period that holds), and
+// the native figures: which allocations landed in segments held before the trace began; and
+// torch.profiler's events put in order.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -8,6 +10,8 @@
 #include "base/errors.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/names.hpp"
+#include "snapshot/native_figures.hpp"
+#include "snapshot/profiler_order.hpp"
 
 namespace stowage::snapshot {
 namespace {
@@ -44,6 +48,24 @@ TEST(DeviceEvents, TheReservedPeakIsTheRunningSumsHighestAndNeverBelowZero) {
                    .peak.has_value());
 }
 
+TEST(NativeFigures, AllocationsLandInTheLastPreexistingSegmentAtOrBelowThem) {
+  const std::vector<std::uint8_t> action{code(Name::kSegmentAlloc), code(Name::kAlloc), code(Name::kAlloc),
+                                         code(Name::kAlloc), code(Name::kAlloc), code(Name::kAlloc)};
+  const std::vector<std::uint64_t> addr{5000, 5000, 100, 150, 99, ~std::uint64_t{0}}, size{1000, 7, 3, 4, 5, 6};
+  const Wide past = Wide{1} << 70;  // a segment no trace address reaches, counted all the same
+  const std::vector<SegmentExtent> segments{{5000, 1000}, {100, 60}, {100, 20}, {-10, 5}, {past, 8}};
+  const NativeFigures found = native_figures(action, addr, size, segments);
+  ASSERT_TRUE(found.peak_reserved.has_value());
+  EXPECT_TRUE(*found.peak_reserved == 1000);
+  EXPECT_EQ(found.preexisting_segments, 4);  // 5000 was the trace's own
+  EXPECT_TRUE(found.preexisting_bytes == 60 + 20 + 5 + 8);
+  EXPECT_EQ(found.allocs_in_preexisting, 2);  // 100 and 150 in (100, 60); 99 below it, not in (-10, 5)
+  EXPECT_TRUE(found.bytes_in_preexisting == 7);
+  EXPECT_TRUE(found.comparable(7000));
+  EXPECT_FALSE(found.comparable(6999));
+  EXPECT_FALSE(native_figures(std::vector<std::uint8_t>{}, {}, {}, segments).comparable(1 << 30));
+}
+
 TEST(DeviceEvents, TheStepPeriodIsTheSmallestThatHoldsAfterTheFirstStep) {
   std::mt19937_64 rng(9);
   for (int round = 0; round < 300; ++round) {
@@ -77,6 +99,17 @@ TEST(DeviceEvents, TheStepPeriodIsTheSmallestThatHoldsAfterTheFirstStep) {
     }
     EXPECT_EQ(step_period(kinds, sizes), expected) << "round " << round;
   }
+}
+
+TEST(ProfilerOrder, EventsOfOneTimestampFollowTheRunningTotal) {
+  // time 5: an alloc of 4 (8 -> 12), a free of 8 (16 -> 8), an alloc of 4 (12 -> 16); then time 9.
+  const std::vector<std::int64_t> time{9, 5, 5, 5}, size{2, 4, -8, 4}, total{10, 12, 8, 16};
+  EXPECT_EQ(profiler_order(time, size, total), (std::vector<std::size_t>{1, 3, 2, 0}));
+  // where nothing follows on, the first left of the timestamp goes next
+  EXPECT_EQ(profiler_order(std::vector<std::int64_t>{1, 1}, std::vector<std::int64_t>{3, 3},
+                           std::vector<std::int64_t>{100, 200}),
+            (std::vector<std::size_t>{0, 1}));
+  EXPECT_THROW(profiler_order(time, size, std::vector<std::int64_t>{1}), LogicError);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // snapshot/snapshot_diff: sites that grew and shrank, segments given back, new and changed in
-// place (an expandable one matched by its start), the order of each list and its cut at `top`.
+// place (an expandable one matched by its start), the order of each list and its cut at `top`;
+// and two snapshots compared in one call (totals, live bytes from active_allocated blocks).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -63,6 +64,24 @@ TEST(SnapshotDiff, TwoSegmentsSharingAKeyCountOnceTheLaterStandingForIt) {
   EXPECT_EQ(found.only_after, 0u);
   EXPECT_EQ(found.changed_count, 0u);
   EXPECT_EQ(diff_segments(after, {}, 10).only_before_bytes, 1024);
+}
+
+TEST(SnapshotDiff, SnapshotsAreComparedByTotalsSitesAndSegmentsInOneCall) {
+  const TraceInput empty{};
+  const std::vector<SegmentInput> before = {{0x1000, 4096, false, {{1024, 1000, "active_allocated", "a.py:1"},
+                                                                  {3072, 3072, "inactive", std::nullopt}}}};
+  const std::vector<SegmentInput> after = {{0x1000, 4096, false, {{4096, 4096, "active_allocated", "a.py:1"}}},
+                                           {0x9000, 2048, false, {{2048, 2048, "inactive", std::nullopt}}}};
+  const SnapshotsDiff found = diff_snapshots({empty, before}, {empty, after}, 10);
+  EXPECT_TRUE(found.before.reserved == 4096 && found.after.reserved == 6144);
+  EXPECT_EQ(found.before.segments, 1);
+  EXPECT_EQ(found.after.segments, 2);
+  EXPECT_FALSE(found.before.trace_peak.has_value());  // no trace events: no peak to compare
+  EXPECT_EQ(found.segments.only_after, 1u);
+  ASSERT_EQ(found.segments.changed.size(), 1u);
+  EXPECT_TRUE(found.segments.changed[0].live_before == 1024 && found.segments.changed[0].live_after == 4096);
+  ASSERT_EQ(found.sites.grew.size(), 1u);
+  EXPECT_TRUE(found.sites.grew[0].change == 3072);
 }
 
 }  // namespace

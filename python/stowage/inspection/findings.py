@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from stowage import _core
-from stowage.inspection.tags import read_tags
 from stowage.recorded_by import recorded_by_stowage
-from stowage.snapshot_reader import TraceColumns
-from stowage.trace import as_columns, device_events, native_figures
+from stowage.replay import device_events, native_figures
+from stowage.snapshot_reader import SnapshotError, TraceColumns, as_columns
+from stowage.tagging import TAGS_KEY
 
 EXACT = "exact, noted by stowage while recording"
 INFERRED = "inferred from stacks and lifetimes"
@@ -40,8 +40,11 @@ def inspect(snapshot: dict[str, Any], device: int, top: int, timelines: bool = F
     """The device's findings (with the HTML report's timelines, and what was live just after each
     event of `moments`, where asked), and its trace's columns."""
     trace = device_trace(snapshot, device)
-    found = _core.inspect(trace, device_segments(snapshot, device), top, recorded_by_stowage(snapshot),
-                          read_tags(snapshot, device, trace.action), timelines, moments or [])
+    try:
+        found = _core.inspect(trace, device_segments(snapshot, device), top, recorded_by_stowage(snapshot),
+                              snapshot.get(TAGS_KEY), device, timelines, moments or [])
+    except _core.SnapshotRefused as error:  # stowage's tags, a field that does not fit
+        raise SnapshotError(str(error)) from None
     return found, trace
 
 

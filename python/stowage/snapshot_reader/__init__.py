@@ -5,17 +5,16 @@
   walk, memory);
 - ``schema``: the snapshot format (structural checks naming the first bad field, action codes);
 - ``columns``: trace events as numpy columns (TraceColumns);
-- ``machine``: the one pickle stack machine both loaders run, enforcing the guard, and reading
-  trace events into columns as they are met: in C++ (snapshot/, Note [Reading snapshots] in
-  snapshot/reader.hpp), through stowage._core;
-- ``loading``: the loaders.
+- ``loading``: the loaders, which run the one pickle stack machine, enforcing the guard and
+  reading trace events into columns as they are met: in C++ (snapshot/, Note [Reading snapshots]
+  in snapshot/reader.hpp), through stowage._core.
 
-The names below are the package's interface; stowage.snapshot_loader re-exports them.
+The names below are the package's interface.
 """
 
 from __future__ import annotations
 
-from stowage.snapshot_reader.columns import TraceColumns, columnar
+from stowage.snapshot_reader.columns import TraceColumns, as_columns, columnar
 from stowage.snapshot_reader.errors import Progress, SnapshotError
 from stowage.snapshot_reader.guard import MAX_DEPTH, MAX_NUMBER
 from stowage.snapshot_reader.loading import (load_snapshot, load_snapshot_columnar, loads_snapshot,
@@ -29,6 +28,6 @@ __all__ = [
     "ACTIONS", "ACTION_CODES", "HAS_ADDR", "HAS_DEVICE_FREE", "HAS_FRAMES", "HAS_SIZE", "HAS_STREAM",
     "MAX_DEPTH", "MAX_DEVICES", "MAX_EXPANSION", "MAX_NUMBER", "MAX_SIZE", "MAX_STREAM_BYTES",
     "MIN_DECOMPRESSED_LIMIT", "TIME_BOOL", "TIME_FLOAT", "TIME_INT", "TRACE_ACTIONS", "Progress",
-    "SnapshotError", "TraceColumns", "check_structure", "columnar", "load_snapshot",
+    "SnapshotError", "TraceColumns", "as_columns", "check_structure", "columnar", "load_snapshot",
     "load_snapshot_columnar", "loads_snapshot", "loads_snapshot_columnar",
 ]

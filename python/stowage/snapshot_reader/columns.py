@@ -121,6 +121,12 @@ class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
         return self._events(0, len(self))
 
 
+def as_columns(trace: TraceColumns | Sequence[dict[str, Any]]) -> TraceColumns:
+    """The trace as columns; a list of event dicts (a live stowage.snapshot()'s) is checked and made
+    columns."""
+    return trace if isinstance(trace, TraceColumns) else TraceColumns.from_events(trace)
+
+
 def time_of(flags: int, bits: int) -> int | float | bool | None:
     kind = flags & TIME_KINDS
     if kind == TIME_INT:

@@ -2,7 +2,7 @@
 read as the reader goes.
 
 ``open_snapshot(path)`` gives the pickle's bytes (gunzipped if the file is gzip), or for a large
-uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot_reader.machine)
+uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot_reader.loading)
 reads as it goes, filling it through ``fill_to`` and giving its pages back behind it. Every failure is a SnapshotError: a file that cannot be read, broken or
 concatenated gzip data, gzip data that expands more than a snapshot does (a gzip bomb), a pipe
 or device that does not start as a snapshot or does not end, a file that changes while it is

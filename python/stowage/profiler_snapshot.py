@@ -1,6 +1,6 @@
-"""Recording the memory trace of a PyTorch workload on the CPU.
+"""A memory snapshot of a PyTorch workload on the CPU, from torch.profiler.
 
-``record(step, steps)`` runs ``step`` under torch.profiler with memory profiling on, collects
+``profiled_snapshot(step, steps)`` runs ``step`` under torch.profiler with memory profiling on, collects
 every allocation and free of the CPU allocator (address, size, time), puts them in order, and
 returns a snapshot-format dict whose ``device_traces[0]`` holds ``alloc``, ``free_requested``
 and ``free_completed`` events, as torch.cuda.memory._snapshot() would for a GPU, and after each
@@ -23,12 +23,14 @@ from torch._C._profiler import _EventType
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from stowage import _core
+
 MARK_STEP = "stowage.mark_step"  # the profiler range that ends a step, and the mark's metadata
 
 
 def _profiled_events(profiler: Any) -> tuple[list[tuple[int, int, int, int]], list[int]]:
-    """(time_ns, address, signed size, total after) of every CPU allocation event, in order, and
-    the times the steps ended."""
+    """(time_ns, address, signed size, total after) of every CPU allocation event, in order
+    (snapshot/profiler_order.hpp), and the times the steps ended."""
     raw: list[tuple[int, int, int, int]] = []
     marks: list[int] = []
     stack = list(profiler.profiler.kineto_results.experimental_event_tree())
@@ -41,32 +43,11 @@ def _profiled_events(profiler: Any) -> tuple[list[tuple[int, int, int, int]], li
         elif node.name == MARK_STEP:
             marks.append(node.start_time_ns)
         stack.extend(node.children)
-    return _in_order(raw), sorted(marks)
+    order = _core.profiler_order([e[0] for e in raw], [e[2] for e in raw], [e[3] for e in raw])
+    return [raw[i] for i in order], sorted(marks)
 
 
-def _in_order(raw: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
-    """The allocation events by time, ties broken by the running total of allocated bytes."""
-    raw.sort(key=lambda event: event[0])
-    # Within one timestamp, chain events by the running total: each event's total minus its
-    # size is the total after the event before it.
-    ordered: list[tuple[int, int, int, int]] = []
-    running = raw[0][3] - raw[0][2] if raw else 0
-    i = 0
-    while i < len(raw):
-        j = i
-        while j < len(raw) and raw[j][0] == raw[i][0]:
-            j += 1
-        group = raw[i:j]
-        while group:
-            pick = next((k for k, e in enumerate(group) if e[3] - e[2] == running), 0)
-            event = group.pop(pick)
-            ordered.append(event)
-            running = event[3]
-        i = j
-    return ordered
-
-
-def record(step: Callable[[int], None], steps: int) -> dict[str, Any]:
+def profiled_snapshot(step: Callable[[int], None], steps: int) -> dict[str, Any]:
     """Runs step(0), ..., step(steps - 1) under the profiler; returns the snapshot dict."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         for index in range(steps):
@@ -90,7 +71,7 @@ def record(step: Callable[[int], None], steps: int) -> dict[str, Any]:
     return {
         "segments": [],
         "device_traces": [trace],
-        "allocator_settings": {"recorded_by": "stowage.profiler_trace (torch.profiler, CPU)"},
+        "allocator_settings": {"recorded_by": "stowage.profiler_snapshot (torch.profiler, CPU)"},
     }
 
 
