@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 namespace stowage::planner {
@@ -44,8 +45,8 @@ TEST(LossUnits, CountsTheLossesCannotTellApartAreRefusedNamingThem) {
   const Counts rows{2, 2}, tokens{3, 5}, means{1.0, 1.0};  // equal losses: every weighting holds
   const auto judged = judge_loss_units({cut_by(rows, means)}, {{"rows", {rows}}, {"tokens", {tokens}}}, 1e-6, "");
   EXPECT_TRUE(judged.alike.empty());
-  EXPECT_EQ(judged.why_not.rfind("the example batch cannot tell whether the loss is a mean over rows or over tokens", 0),
-            0U);
+  const std::string said = "the example batch cannot tell whether the loss is a mean over rows or over tokens";
+  EXPECT_EQ(judged.why_not.rfind(said, 0), 0U);
 }
 
 TEST(LossUnits, WhereNoneHoldsTheFirstMissIsSaidWithTheRandomDraws) {

@@ -143,8 +143,8 @@ class Fitted:
             return said + "."
         cut = {"batch"} if self.units is not None else set()  # rows beyond the example's run as more micro-batches
         if any(came.get(name, 0) > value for name, value in planned.items() if name not in cut):
-            return (said + f"; this batch is {shown(came)}, larger. Give fit the largest batch the loop trains on as its "
-                    "example (stowage.fit(model, factory, largest_batch)), or cut this one.")
+            return (said + f"; this batch is {shown(came)}, larger. Give fit the largest batch the loop trains on "
+                    "as its example (stowage.fit(model, factory, largest_batch)), or cut this one.")
         departed = self.plan.departed_steps if self.plan is not None else 0
         return (said + f"; this batch is {shown(came)}, no larger: the step needed more than planned ("
                 f"{departed} steps departed from the plan's lifetime trace). Fit again with a budget below the device's "
