@@ -243,6 +243,8 @@ def test_micro_batches_are_near_equal_cuts_weighted_by_their_units() -> None:
         asked_cut(6, 4)
     with pytest.raises(ValueError, match="'auto' or a count"):
         asked_cut(6, 0)
+    with pytest.raises(ValueError, match="the example batch has no rows"):
+        asked_cut(0, 1)
     rows = torch.arange(13).reshape(13, 1)
     assert [piece.shape[0] for piece in split(rows, 4)] == [3, 3, 3, 4]  # the fewest, near-equal
     assert [piece.shape[0] for piece in split(rows[:20], 13)] == [13]

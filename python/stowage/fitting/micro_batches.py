@@ -65,6 +65,9 @@ class ExampleBatch:
         count is run as asked, or refused: never another."""
         layout = BatchLayout.of(batch)
         rows = layout.rows
+        if rows < 1:
+            raise ValueError("stowage.fit: the example batch has no rows (its tensors' first dimension is 0); give "
+                             "fit the largest batch the loop trains on")
         if micro_batches == "auto":
             return ExampleBatch(batch, layout, None if rows >= 2 * MIN_ROWS else MicroCut.of(rows, 1))
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
