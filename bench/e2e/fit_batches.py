@@ -64,9 +64,9 @@ def _stock_step(torch: Any, model: Any, optimizer: Any, loss_fn: Any, pieces: li
 
 
 def _rows(batch: Any) -> int:
-    from stowage.fitting.batches import batch_sizes
+    from stowage.fitting.batches import BatchLayout
 
-    return batch_sizes(batch)["batch"]
+    return BatchLayout.of(batch).rows
 
 
 def point(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,7 @@
 namespace stowage::python {
 
 void bind_planner(pybind11::module_& module);
+void bind_batches(pybind11::module_& module);
 void bind_plan_files(pybind11::module_& module);
 void bind_replay(pybind11::module_& module);
 void bind_snapshot(pybind11::module_& module);

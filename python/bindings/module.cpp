@@ -69,6 +69,7 @@ PYBIND11_MODULE(_core, module) {
       "path, parent or -1) resolved to the allocation events at `positions` / `addresses` "
       "(snapshot/tag_resolution.hpp).");
   stowage::python::bind_planner(module);
+  stowage::python::bind_batches(module);
   stowage::python::bind_plan_files(module);
   stowage::python::bind_replay(module);
   stowage::python::bind_snapshot(module);

@@ -365,13 +365,13 @@ def test_the_hugging_face_trainer_example_trains_under_fit() -> None:
 
 FEATURE_ROWS_SCRIPT = """
 import torch, stowage
-from stowage.fitting.batches import batch_sizes
+from stowage.fitting.batches import BatchLayout
 stowage.enable(device="cpu", capacity="96MiB")
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(1024, 1024), torch.nn.GELU())],
                             torch.nn.Linear(1024, 10))
 rows = (torch.randn(3072, 1024), torch.randint(0, 10, (3072,)))
-assert batch_sizes(rows) == {"batch": 3072}  # a feature row's width is not a sequence
+assert BatchLayout.of(rows).sizes == {"batch": 3072}  # a feature row's width is not a sequence
 loss = lambda m, batch: torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
 try:  # a step that takes only the example's rows cannot be recorded at fewer
     stowage.fit(model, torch.optim.AdamW, rows, loss_fn=lambda m, batch: m(batch[0]).view(3072, 10).sum())

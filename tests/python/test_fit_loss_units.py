@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
 import stowage.plan  # noqa: E402
-from stowage.fitting.batches import batch_sizes, cut  # noqa: E402
+from stowage.fitting.batches import BatchLayout  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
@@ -194,11 +194,11 @@ def test_micro_batches_auto_cuts_a_token_mean_by_its_tokens() -> None:
 def lowest_peaks(model: Any, batch: Any, loss_fn: Any) -> tuple[int, int]:
     """The lowest planned peak of the step on the whole batch and on half of it, as fit profiles them."""
     def step(**sizes: int) -> None:
-        loss_fn(model, cut(batch, sizes)).backward()
+        loss_fn(model, BatchLayout.of(batch).at(batch, sizes)).backward()
         model.zero_grad(set_to_none=True)
 
     sized = stowage.plan.profile(step, sizes={"batch": (2, 3)}, cost=COST, model=model)
-    rows = batch_sizes(batch)["batch"]
+    rows = BatchLayout.of(batch).rows
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         whole, half = (stowage.plan.solve(sized.at({"batch": r}), 1).predicted_peak_bytes for r in (rows, rows // 2))
@@ -258,16 +258,17 @@ def test_a_count_that_does_not_divide_the_rows_runs_as_asked_weighted_by_rows() 
 
 
 def test_rows_are_read_from_every_tensor_a_leading_one_shared_by_every_row() -> None:
-    from stowage.fitting.micro_batches import MicroCut, cut_at
+    from stowage._core import MicroCut
 
     ids = torch.zeros(4, 10, dtype=torch.long)
     batch = {"position_ids": torch.arange(10)[None], "input_ids": ids, "labels": ids}
-    assert batch_sizes(batch) == {"batch": 4, "seq": 10}
-    pieces = cut_at(batch, MicroCut.of(4, 2).bounds(4))  # the shared tensor goes whole with every micro-batch
+    layout = BatchLayout.of(batch)
+    assert layout.sizes == {"batch": 4, "seq": 10}
+    pieces = layout.pieces(batch, MicroCut.of(4, 2).bounds(4))  # the shared tensor goes whole with every micro-batch
     assert [(p["position_ids"].shape[0], p["input_ids"].shape[0]) for p in pieces] == [(1, 2), (1, 2)]
     with pytest.raises(ValueError, match=r"disagree on its rows.*batch\['a'\] has 4, batch\['b'\] has 3"):
-        batch_sizes({"a": torch.zeros(4, 2), "b": torch.zeros(3, 2)})
-    assert batch_sizes(torch.zeros(1, 5, dtype=torch.long)) == {"batch": 1, "seq": 5}
+        BatchLayout.of({"a": torch.zeros(4, 2), "b": torch.zeros(3, 2)})
+    assert BatchLayout.of(torch.zeros(1, 5, dtype=torch.long)).sizes == {"batch": 1, "seq": 5}
 
 
 def test_a_bf16_step_is_checked_within_its_measured_rounding_telling_shifted_tokens_from_tokens() -> None:
@@ -335,7 +336,8 @@ def test_a_step_drawing_random_numbers_other_than_dropout_keeps_the_batch_whole_
 
 def test_where_the_whole_batch_s_forward_runs_out_of_memory_the_cut_is_checked_in_spans() -> None:
     from stowage.fitting.cut_check import CutCheck
-    from stowage.fitting.micro_batches import MicroCut
+    from stowage._core import MicroCut
+    from stowage.fitting.micro_batches import ExampleBatch
 
     model, batch = classifier(), rows_and_labels()
 
@@ -346,15 +348,16 @@ def test_where_the_whole_batch_s_forward_runs_out_of_memory_the_cut_is_checked_i
             return F.cross_entropy(m(b[0]), b[1])
         return loss
 
-    verdict = CutCheck(model, fits(8), batch, torch.device("cpu"), False).verify([MicroCut.of(16, 8)])
+    verdict = CutCheck(model, fits(8), ExampleBatch.of(batch, "auto"), torch.device("cpu"), False).verify([MicroCut.of(16, 8)])
     assert verdict.units is not None and verdict.units.name == "rows"
     assert "in spans of consecutive ones (the whole batch's forward does not fit" in verdict.checked
-    unweighted = CutCheck(model, fits(8), (batch[0], batch[1], torch.arange(16.0)), torch.device("cpu"), False)
+    unweighted = CutCheck(model, fits(8), ExampleBatch.of((batch[0], batch[1], torch.arange(16.0)), "auto"),
+                          torch.device("cpu"), False)
     assert unweighted.verify([MicroCut.of(16, 8)]).units.name == "rows"  # the weights are no part of the loss here
-    refused = CutCheck(model, fits(3), batch, torch.device("cpu"), False).verify([MicroCut.of(16, 8)])
-    assert refused.units is None and "nor does one of two micro-batches together" in refused.why_not
-    too_large = CutCheck(model, fits(3), batch, torch.device("cpu"), False).verify([MicroCut.of(16, 4)])
-    assert too_large.units is None and "a micro-batch of 4 rows does not fit in a forward of its own" in too_large.why_not
+    refused = CutCheck(model, fits(3), ExampleBatch.of(batch, "auto"), torch.device("cpu"), False).verify([MicroCut.of(16, 8)])
+    assert refused.units is None and "nor does one of two micro-batches together" in refused.not_cut
+    too_large = CutCheck(model, fits(3), ExampleBatch.of(batch, "auto"), torch.device("cpu"), False).verify([MicroCut.of(16, 4)])
+    assert too_large.units is None and "a micro-batch of 4 rows does not fit in a forward of its own" in too_large.not_cut
 
 
 def test_loss_units_given_are_taken_unchecked_but_a_step_mixing_rows_is_still_refused() -> None:
@@ -362,7 +365,7 @@ def test_loss_units_given_are_taken_unchecked_but_a_step_mixing_rows_is_still_re
     told = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), batch, micro_batches=2, verbose=False,
                        loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="sum"), loss_units="rows",
                        cost=COST)
-    assert told.units.name == "rows" and told.facts["checked"] == "loss_units as given"
+    assert told.units.name == "rows" and told.example.checked == "loss_units as given"
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="native_batch_norm in the model's own forward computes statistics"):
         stowage.fit(FunctionalNorm(), lambda params: torch.optim.SGD(params, lr=0.1), batch, micro_batches=2,

@@ -16,9 +16,11 @@ torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
 import stowage.plan  # noqa: E402
-from stowage.fitting.batches import cut  # noqa: E402
+from stowage.fitting import batches  # noqa: E402
+from stowage.fitting.batches import BatchLayout  # noqa: E402
 from stowage.fitting.loss_units import ROWS, given_units  # noqa: E402
-from stowage.fitting.micro_batches import MicroCut, asked_cut, split, weighted  # noqa: E402
+from stowage._core import MicroCut  # noqa: E402
+from stowage.fitting.micro_batches import ExampleBatch, split, weighted  # noqa: E402
 from stowage.models.llama import Llama, LlamaShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
@@ -44,7 +46,7 @@ def lowest_peaks() -> tuple[int, int]:
     model, tokens = llama_and_batch()
 
     def step(batch: int) -> None:
-        loss_fn(model, cut(tokens, {"batch": batch})).backward()
+        loss_fn(model, BatchLayout.of(tokens).at(tokens, {"batch": batch})).backward()
         model.zero_grad(set_to_none=True)
 
     sized = stowage.plan.profile(step, sizes={"batch": (2, 3)}, cost=COST, model=model)
@@ -231,6 +233,9 @@ def test_a_hugging_face_token_loss_is_weighted_by_its_tokens(kind: str) -> None:
 
 
 def test_micro_batches_are_near_equal_cuts_weighted_by_their_units() -> None:
+    def asked_cut(rows: int, micro_batches: int | str) -> MicroCut | None:
+        return ExampleBatch.of(torch.zeros(rows, 1), micro_batches).cut
+
     assert asked_cut(16, "auto") is None and asked_cut(3, "auto") == MicroCut(3, 1, 3)  # 3 rows: no cut of 2
     assert asked_cut(16, 4) == MicroCut(16, 4, 4) and asked_cut(16, 1) == MicroCut(16, 1, 16)
     assert asked_cut(13, 2) == MicroCut(13, 2, 7) and asked_cut(16, 5) == MicroCut(16, 5, 4)
@@ -238,6 +243,8 @@ def test_micro_batches_are_near_equal_cuts_weighted_by_their_units() -> None:
         asked_cut(6, 4)
     with pytest.raises(ValueError, match="'auto' or a count"):
         asked_cut(6, 0)
+    with pytest.raises(ValueError, match="the example batch has no rows"):
+        asked_cut(0, 1)
     rows = torch.arange(13).reshape(13, 1)
     assert [piece.shape[0] for piece in split(rows, 4)] == [3, 3, 3, 4]  # the fewest, near-equal
     assert [piece.shape[0] for piece in split(rows[:20], 13)] == [13]
@@ -305,3 +312,16 @@ def test_a_block_whose_recompute_runs_other_ops_is_found_before_training_and_not
     assert fitted.plan is None or "recompute" not in fitted.plan.decisions
     losses = [fitted.step(rows) for _ in range(2)]
     assert all(torch.isfinite(loss) for loss in losses)
+
+
+def test_fit_reads_the_example_batch_s_layout_once(monkeypatch: Any) -> None:
+    """Checking the cut, recording at 2 and 3 rows and trying the choice all take the example as
+    fit described it first, not its tensors read again."""
+    model, tokens = llama_and_batch()
+    reads = []
+    read = batches.tensor_leaves
+    monkeypatch.setattr(batches, "tensor_leaves", lambda batch: reads.append(batch is tokens) or read(batch))
+    fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
+                         loss_fn=loss_fn, cost=COST, micro_batches=2, offload_optimizer=False, verbose=False)
+    assert fitted.chosen.micro_batches == 2 and fitted.units is not None
+    assert reads.count(True) == 1, reads

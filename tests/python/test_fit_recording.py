@@ -176,13 +176,13 @@ EFFICIENTNET = """
     import torch, torchvision, stowage
     stowage.enable(device="cpu", capacity="112MiB")
     import stowage.plan
-    from stowage.fitting.batches import cut
+    from stowage.fitting.batches import BatchLayout
 
     COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
     torch.manual_seed(0)
     model = torchvision.models.efficientnet_b0(num_classes=10)
     images, labels = torch.randn(16, 3, 128, 128), torch.randint(0, 10, (16,))
-    pieces = {rows: cut((images, labels), {"batch": rows}) for rows in (2, 3, 16)}
+    pieces = {rows: BatchLayout.of((images, labels)).at((images, labels), {"batch": rows}) for rows in (2, 3, 16)}
 
     def step(batch):
         piece = pieces[batch]

@@ -92,83 +92,83 @@ def tensor_leaves(batch: Any) -> list[tuple[str, torch.Tensor]]:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """A batch's shape as fit reads it: its rows, its sequence length (None without one), and the
-    paths of the tensors that have the rows first (the ones cut with the rows; the others are
-    shared by every row: 0-d, or 1 first where the batch has more rows)."""
+    """A batch's shape as fit reads it (the module's contract): its rows, its sequence length
+    (None without one), and the paths of the tensors that have the rows first (the ones cut with
+    the rows; the others are shared by every row: 0-d, or 1 first where the batch has more rows).
+    Read once per batch (`of`); its methods cut that same batch."""
 
     rows: int
     seq: int | None
     per_row: tuple[str, ...]
 
+    @staticmethod
+    def of(batch: Any) -> BatchLayout:
+        """The batch's layout; ValueError naming the tensors when their first dimensions disagree."""
+        leaves = [(path, t) for path, t in tensor_leaves(batch) if t.dim() > 0]
+        if not leaves:
+            raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
+        firsts = {int(t.shape[0]) for _, t in leaves} - {1}
+        if len(firsts) > 1:
+            said = ", ".join(f"{path} has {t.shape[0]}" for path, t in leaves[:6])
+            raise ValueError(
+                f"stowage.fit: the batch's tensors disagree on its rows (their first dimension): {said}. Every "
+                "tensor has the batch's rows first, or 1 when every row shares it (position_ids of [1, S]); pass "
+                "what is not per row (a class-weight table, a lookup) through loss_fn instead of the batch")
+        rows = firsts.pop() if firsts else 1
+        sequences = [t for _, t in leaves if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex())]
+        seq = int(sequences[0].shape[1]) if sequences else None
+        return BatchLayout(rows, seq, tuple(path for path, t in leaves if t.shape[0] == rows))
+
     @property
     def sizes(self) -> dict[str, int]:
+        """{"batch": rows} and, when the batch has a sequence dimension, {"seq": length}."""
         return {"batch": self.rows, **({"seq": self.seq} if self.seq is not None else {})}
 
-
-def describe(batch: Any) -> BatchLayout:
-    """The batch's layout; ValueError naming the tensors when their first dimensions disagree."""
-    leaves = [(path, t) for path, t in tensor_leaves(batch) if t.dim() > 0]
-    if not leaves:
-        raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
-    firsts = {int(t.shape[0]) for _, t in leaves} - {1}
-    if len(firsts) > 1:
-        said = ", ".join(f"{path} has {t.shape[0]}" for path, t in leaves[:6])
-        raise ValueError(
-            f"stowage.fit: the batch's tensors disagree on its rows (their first dimension): {said}. Every tensor "
-            "has the batch's rows first, or 1 when every row shares it (position_ids of [1, S]); pass what is "
-            "not per row (a class-weight table, a lookup) through loss_fn instead of the batch")
-    rows = firsts.pop() if firsts else 1
-    sequences = [t for _, t in leaves if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex())]
-    seq = int(sequences[0].shape[1]) if sequences else None
-    return BatchLayout(rows, seq, tuple(path for path, t in leaves if t.shape[0] == rows))
-
-
-def batch_sizes(batch: Any) -> dict[str, int]:
-    """{"batch": rows} and, when the batch has a sequence dimension, {"seq": length}."""
-    return describe(batch).sizes
-
-
-def take_rows(batch: Any, start: int, stop: int) -> Any:
-    """Rows start..stop of every tensor that has the batch's rows first (contiguous); the tensors
-    every row shares pass unchanged."""
-    rows = describe(batch).rows
-
-    def take(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == rows:
-            return leaf[start:stop].contiguous()
-        return leaf
-
-    return torch.utils._pytree.tree_map(take, batch)
-
-
-def cut(batch: Any, sizes: Mapping[str, int]) -> Any:
-    """``batch`` with ``sizes["batch"]`` rows and sequences of ``sizes["seq"]`` (each at most the
-    batch's own); the example's rows are reused, so the cut batch holds real inputs."""
-    full = batch_sizes(batch)
-
-    def cut_one(leaf: Any) -> Any:
-        if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+    def take(self, batch: Any, start: int, stop: int) -> Any:
+        """Rows start..stop of every tensor of `batch` that has its rows first (contiguous); the
+        tensors every row shares pass unchanged."""
+        def take(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == self.rows:
+                return leaf[start:stop].contiguous()
             return leaf
-        if leaf.shape[0] == full["batch"] and "batch" in sizes:
-            leaf = leaf[:sizes["batch"]]
-        if leaf.dim() >= 2 and "seq" in full and leaf.shape[1] == full["seq"] and "seq" in sizes:
-            leaf = leaf[:, :sizes["seq"]]
-        return leaf.contiguous()
 
-    return torch.utils._pytree.tree_map(cut_one, batch)
+        return torch.utils._pytree.tree_map(take, batch)
+
+    def pieces(self, batch: Any, bounds: tuple[int, ...]) -> list[Any]:
+        """`batch` cut at `bounds` (each piece's first row, the rows last)."""
+        return [self.take(batch, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+    def at(self, batch: Any, sizes: Mapping[str, int]) -> Any:
+        """`batch` cut to ``sizes["batch"]`` rows and sequences of ``sizes["seq"]`` (each at most the
+        batch's own); the batch's rows are reused, so the cut batch holds real inputs."""
+        def cut_one(leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+                return leaf
+            if leaf.shape[0] == self.rows and "batch" in sizes:
+                leaf = leaf[:sizes["batch"]]
+            if leaf.dim() >= 2 and self.seq is not None and leaf.shape[1] == self.seq and "seq" in sizes:
+                leaf = leaf[:, :sizes["seq"]]
+            return leaf.contiguous()
+
+        return torch.utils._pytree.tree_map(cut_one, batch)
+
+
+def shown(sizes: Mapping[str, int]) -> str:
+    """Sizes as fit's messages show them: ``batch 8 x seq 512``."""
+    return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
 SEQUENCE_GRIDS = ((4, 5, 6), (2, 3, 4), (1, 2, 3))  # eighths of the example's sequence, nearest it first
 
 
-def profiling_grids(full: Mapping[str, int]) -> list[dict[str, tuple[int, ...]]]:
+def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
     """Grids to record a step at when it does not fit whole, nearest the example first (the less
     a size is extrapolated, the less it can miss): two small batch sizes (from 2: one row
     broadcasts where more do not, so its ops differ), and three sequence lengths (attention is
     quadratic in it) from a half, a quarter, then an eighth of the example's up. A size the
     example cannot vary is left out (its value is the example's at every point)."""
-    rows: dict[str, tuple[int, ...]] = {"batch": (2, 3)} if full["batch"] >= 3 else {}
-    seq = full.get("seq", 0)
+    rows: dict[str, tuple[int, ...]] = {"batch": (2, 3)} if layout.rows >= 3 else {}
+    seq = layout.seq or 0
     grids = []
     if seq >= 24:
         for eighths in SEQUENCE_GRIDS:
@@ -178,7 +178,7 @@ def profiling_grids(full: Mapping[str, int]) -> list[dict[str, tuple[int, ...]]]
     elif rows:
         grids.append(rows)
     if not grids:
-        raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {dict(full)}, and they are "
+        raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {layout.sizes}, and they are "
                          "too small to record it smaller (a batch of 3 or more rows, or sequences of 24 or "
                          "more); give a larger example batch")
     return grids

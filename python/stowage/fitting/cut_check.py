@@ -3,8 +3,9 @@
 
 A cut is verified on the example batch itself, on every row: the loss of the whole batch
 (forward only, without a graph) against its micro-batches' losses weighted by their shares of a
-count the batch's tensors offer (stowage.fitting.loss_units); the two agree within the rounding
-measured on the step itself, relative to the losses' magnitude (`NOISE_MARGIN`). Where the
+count the batch's tensors offer (stowage.fitting.loss_units; planner/loss_units.hpp judges which
+hold); the two agree within the rounding measured on the step itself, relative to the losses'
+magnitude (`NOISE_MARGIN`). Where the
 whole batch's forward runs out of memory, the micro-batches are checked in spans (as many
 consecutive micro-batches as a forward holds, at least two): each span's loss against its
 micro-batches', which verifies the cut inside every span but not how the spans add up, which is
@@ -27,10 +28,11 @@ from typing import Any
 
 import torch
 
-from stowage.fitting.batches import LossFn, LossFnNeeded, describe, take_rows
+from stowage._core import MicroCut, judge_loss_units
+from stowage.fitting.batches import LossFn, LossFnNeeded
 from stowage.fitting.cut_check_dispatch import CutCheckDispatch
-from stowage.fitting.loss_units import SHARES_ALIKE, LossUnits, candidates
-from stowage.fitting.micro_batches import MicroCut, cut_at
+from stowage.fitting.loss_units import LossUnits, candidates
+from stowage.fitting.micro_batches import ExampleBatch
 from stowage.fitting.side_effects import untouched
 
 # The relative difference between the whole batch's loss and its micro-batches' weighted sum
@@ -43,16 +45,6 @@ from stowage.fitting.side_effects import untouched
 NOISE_MARGIN = 16
 FLOOR = {torch.float64: 1e-13, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 CEILING = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A check's outcome: the units a cut is weighted by (None: the batch is not to be cut),
-    why not, and what was verified (for the table)."""
-
-    units: LossUnits | None
-    why_not: str = ""
-    checked: str = ""
 
 
 class Unverifiable(Exception):
@@ -73,11 +65,12 @@ class CutCheck:
     kept), `mixing` alone where the caller gives the units. Owns nothing of the model's: every
     forward leaves it as it found it."""
 
-    def __init__(self, model: Any, loss_fn: LossFn, batch: Any, device: torch.device, split_batchnorm: bool) -> None:
-        self.model, self.loss_fn, self.batch, self.device = model, loss_fn, batch, device
-        self.rows = describe(batch).rows
+    def __init__(self, model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device,
+                 split_batchnorm: bool) -> None:
+        self.model, self.loss_fn, self.device, self.example = model, loss_fn, device, example
+        self.batch, self.layout, self.rows = example.batch, example.layout, example.rows
         self.mode = CutCheckDispatch(model, neutralise_batch_norm=split_batchnorm)
-        self.candidates = candidates(batch)
+        self.candidates = candidates(example.batch, example.layout)
         self._losses: dict[tuple[int, int], float] = {}
         self._out_of_memory_at = self.rows + 1  # the fewest rows a forward ran out of memory at
         self._verified: list[tuple[MicroCut, _Equations]] = []
@@ -98,20 +91,21 @@ class CutCheck:
         return (f"{ops} computes statistics over the rows it sees together (batch norm in training mode); "
                 "split_batchnorm=True cuts the batch anyway, each micro-batch's statistics its own")
 
-    def verify(self, cuts: list[MicroCut]) -> Verdict:
-        """The units every cut in `cuts` (and every cut verified before) keeps the step by."""
+    def verify(self, cuts: list[MicroCut]) -> ExampleBatch:
+        """The example with the units every cut in `cuts` (and every cut verified before) keeps the
+        step by, and what was verified; else run whole, saying why."""
         try:
             whole = self._loss(0, self.rows)
             mixing = self.mixing()
             if mixing:
-                return Verdict(None, mixing)
+                return self.example.whole(mixing)
             if whole is not None and not math.isfinite(whole):
-                return Verdict(None, f"the example batch's loss is not finite ({whole})")
+                return self.example.whole(f"the example batch's loss is not finite ({whole})")
             for cut in cuts:
                 if all(cut.bounds(self.rows) != known.bounds(self.rows) for known, _ in self._verified):
                     self._verified.append((cut, self._equations(cut, whole)))
         except Unverifiable as error:
-            return Verdict(None, str(error))
+            return self.example.whole(str(error))
         return self._judge(whole)
 
     def _loss(self, start: int, stop: int) -> float | None:
@@ -119,7 +113,7 @@ class CutCheck:
         if (start, stop) not in self._losses:
             if stop - start >= self._out_of_memory_at:
                 return None
-            piece = self.batch if (start, stop) == (0, self.rows) else take_rows(self.batch, start, stop)
+            piece = self.batch if (start, stop) == (0, self.rows) else self.layout.take(self.batch, start, stop)
             loss = self._forward(piece, f"rows {start}..{stop} of the example batch")
             if loss is None:
                 self._out_of_memory_at = stop - start
@@ -148,7 +142,7 @@ class CutCheck:
         losses = [self._loss(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
         if any(loss is None for loss in losses):
             raise Unverifiable(f"a micro-batch of {cut.most} rows does not fit in a forward of its own")
-        equations = _Equations(cut_at(self.batch, bounds), losses)  # type: ignore[arg-type]
+        equations = _Equations(self.layout.pieces(self.batch, bounds), losses)  # type: ignore[arg-type]
         count = len(losses)
         if whole is not None:
             equations.spans.append((0, count, whole))
@@ -165,57 +159,18 @@ class CutCheck:
         raise Unverifiable("the whole batch's forward does not fit on the device, nor does one of two micro-batches "
                            "together, so no cut of it can be checked; pass loss_units= to cut it anyway")
 
-    def _judge(self, whole: float | None) -> Verdict:
+    def _judge(self, whole: float | None) -> ExampleBatch:
+        """The units the verified cuts' equations hold by (planner/loss_units.hpp judges them)."""
         tolerance = self._tolerance()
-        verified: list[tuple[LossUnits, list[list[float]]]] = []
-        worst = ""
-        for units in self.candidates:
-            shares, miss = self._holds(units, tolerance)
-            if shares is not None:
-                verified.append((units, shares))
-            elif not worst:
-                worst = miss
-        classes: list[list[tuple[LossUnits, list[list[float]]]]] = []
-        for entry in verified:
-            for members in classes:
-                if _alike(members[0][1], entry[1]):
-                    members.append(entry)
-                    break
-            else:
-                classes.append([entry])
+        cuts = [(equations.losses, equations.spans) for _, equations in self._verified]
+        counted = [(units.name, [[float(units.count(piece)) for piece in equations.pieces]
+                                 for _, equations in self._verified]) for units in self.candidates]
+        alike, why_not = judge_loss_units(cuts, counted, tolerance, ", ".join(sorted(self.mode.random)[:3]))
+        if not alike:
+            return self.example.whole(why_not)
+        first, *rest = [self.candidates[index] for index in alike]
         checked = f"{self._checked(whole)}, agreeing within {tolerance:.0e} of the loss"
-        if len(classes) == 1:
-            first, *rest = [units for units, _ in classes[0]]
-            return Verdict(LossUnits(first.name, first.count, tuple(rest)), "", checked)
-        if classes:
-            names = " or over ".join(members[0][0].name for members in classes[:3])
-            return Verdict(None, f"the example batch cannot tell whether the loss is a mean over {names}: each weighs "
-                                 "its micro-batches' losses to the whole's within rounding, though differently (their "
-                                 "losses are too alike); pass loss_units= to say which", checked)
-        said = f"{worst}, nor by any other count its tensors offer" if len(self.candidates) > 1 else worst
-        if self.mode.random:
-            said += (f"; the step draws random numbers ({', '.join(sorted(self.mode.random)[:3])}) that a cut "
-                     "draws differently")
-        return Verdict(None, f"{said}; pass loss_units= to say what it is a mean over", checked)
-
-    def _holds(self, units: LossUnits, tolerance: float) -> tuple[list[list[float]] | None, str]:
-        """Each verified cut's shares by `units`, where every span's equation holds; else why not."""
-        shares = []
-        for _, equations in self._verified:
-            counts = [float(units.count(piece)) for piece in equations.pieces]
-            for first, end, loss in equations.spans:
-                parts = [(c, equations.losses[i]) for i, c in enumerate(counts[first:end], first) if c > 0]
-                total = sum(c for c, _ in parts)
-                if not total > 0:
-                    return None, f"the example batch holds no {units.name}"
-                predicted = sum(c * part for c, part in parts) / total
-                scale = max([abs(loss), *(abs(part) for _, part in parts)])
-                if not (math.isfinite(predicted) and abs(loss - predicted) <= tolerance * scale):
-                    return None, (f"the loss of {'the whole batch' if end - first == len(counts) else 'a span'} "
-                                  f"({loss:.7g}) is not its micro-batches' weighted by {units.name} ({predicted:.7g})")
-            total = sum(counts)
-            shares.append([c / total for c in counts])
-        return shares, ""
+        return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)), checked)
 
     def _tolerance(self) -> float:
         dtypes = set(self.mode.dtypes) or {torch.float32}
@@ -271,7 +226,3 @@ def _repeated(batch: Any, rows: int, times: int) -> Any:
         return leaf
 
     return torch.utils._pytree.tree_map(repeat, batch)
-
-
-def _alike(ours: list[list[float]], theirs: list[list[float]]) -> bool:
-    return all(abs(a - b) <= SHARES_ALIKE for x, y in zip(ours, theirs) for a, b in zip(x, y))

@@ -13,14 +13,14 @@ import torch
 
 import stowage.plan
 from stowage import memory as stowage_memory
-from stowage._core import format_bytes
+from stowage._core import MIN_ROWS, MicroCut, format_bytes
 from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
-from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
+from stowage.fitting.batches import LossFn, LossFnNeeded, default_loss, profiling_grids, shown
 from stowage.fitting.choosing import Choice, Option, TraceAt, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.cut_check import CutCheck
-from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, LossUnits, given_units
-from stowage.fitting.micro_batches import MIN_ROWS, MicroCut, asked_cut, cut_at, groups
+from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, given_units
+from stowage.fitting.micro_batches import ExampleBatch
 from stowage.fitting.trial import run_once, without_recompute
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
@@ -98,8 +98,8 @@ class CannotCut(Exception):
 Profiled = tuple[TraceAt, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
 
 
-def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capacity: int,
-             cost: dict[str, float] | None, cuts: bool) -> Profiled:
+def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device, capacity: int,
+             cost: dict[str, float] | None) -> Profiled:
     """The step's lifetime trace: recorded whole at the example when it fits and is not to be
     cut; recorded at 2 and 3 rows of the example's sequences when it may be cut (every cut's
     lifetime trace is then read off the rows' line); else at a grid of smaller sizes cut from the example
@@ -109,68 +109,70 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
         model.zero_grad(set_to_none=True)
 
     kind = "cuda" if device.type == "cuda" else "cpu"
-    full = batch_sizes(batch)
+    full = example.layout.sizes
     try:
-        if not cuts:
-            trace = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
-            return (lambda rows: trace), f"step recorded at {_describe(full)}"
+        if example.units is None:
+            trace = stowage.plan.profile(lambda: step(example.batch), device=kind, cost=cost, model=model)
+            return (lambda rows: trace), f"step recorded at {shown(full)}"
         try:
-            sized = stowage.plan.profile(_on_cuts(step, batch, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
+            sized = stowage.plan.profile(_on_cuts(step, example, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
         except ValueError as error:  # the step's ops differ between 2 and 3 rows, or it refuses so few
             model.zero_grad(set_to_none=True)
             why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
             raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
+        rest = f" x seq {example.layout.seq}" if example.layout.seq is not None else ""
         return (lambda rows: sized.at({"batch": rows})), (
-            f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{_rest(full)}, planned per micro-batch")
+            f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{rest}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
-    sized, shown, failures = _record_smaller(step, batch, full, kind, cost, model)
+    sized, grid_shown, failures = _record_smaller(step, example, kind, cost, model)
     if sized is None:
         model.zero_grad(set_to_none=True)
         if not all(isinstance(error, torch.OutOfMemoryError) for _, error in failures):
             raise _cut_fails(full, failures)
-        grid = profiling_grids(full)[-1]
+        grid = profiling_grids(example.layout)[-1]
         raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()},
                          _first_line(failures[-1][1]))
     grid = sized.sizes
-    if cuts:
+    if example.units is not None:
         return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
-            f"step does not fit at 2 rows: recorded at {shown}, planned per micro-batch")
+            f"step does not fit at 2 rows: recorded at {grid_shown}, planned per micro-batch")
     trace = sized.at({name: full[name] for name in grid})
-    return (lambda rows: trace), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+    return (lambda rows: trace), f"step does not fit whole: recorded at {grid_shown}, planned at {shown(full)}"
 
 
-def _on_cuts(step: Callable[[Any], None], batch: Any, grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
+def _on_cuts(step: Callable[[Any], None], example: ExampleBatch,
+             grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
     """`step` on the example cut to each point of `grid`, the cuts made before anything is
     recorded: cutting is no part of the step (recorded, its copies would count in the step's
     memory and its ops among the step's, and those can change with the point: indexing a
     dimension to its full length is an alias, or nothing, where a shorter one is a slice)."""
-    pieces = {tuple(point.items()): cut(batch, point) for point in grid_points(grid)}
+    pieces = {tuple(point.items()): example.layout.at(example.batch, point) for point in grid_points(grid)}
     return lambda **sizes: step(pieces[tuple(sizes.items())])
 
 
 Failures = list[tuple[str, Exception]]  # each grid tried (as shown) and why it could not be recorded there
 
 
-def _record_smaller(step: Callable[[Any], None], batch: Any, full: dict[str, int], kind: str,
-                    cost: dict[str, float] | None, model: Any) -> tuple[Any, str, Failures]:
+def _record_smaller(step: Callable[[Any], None], example: ExampleBatch, kind: str, cost: dict[str, float] | None,
+                    model: Any) -> tuple[Any, str, Failures]:
     """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
     (the sized trace, the grid shown, the grids tried before) or (None, "", every grid tried and
     its failure). A failed recording leaves the device as it found it (stowage.plan.profile), so
     each grid has the room the first had."""
     failures: Failures = []
-    for grid in profiling_grids(full):
-        shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
+    for grid in profiling_grids(example.layout):
+        grid_shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
         try:
-            sized = stowage.plan.profile(_on_cuts(step, batch, grid), sizes=grid, device=kind, cost=cost,
+            sized = stowage.plan.profile(_on_cuts(step, example, grid), sizes=grid, device=kind, cost=cost,
                                          model=model)
-            return sized, shown, failures
+            return sized, grid_shown, failures
         except LossFnNeeded:
             model.zero_grad(set_to_none=True)
             raise
         except (torch.OutOfMemoryError, RuntimeError, ValueError, TypeError, IndexError) as error:
-            failures.append((shown, error))
+            failures.append((grid_shown, error))
         model.zero_grad(set_to_none=True)
     return None, "", failures
 
@@ -180,16 +182,11 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-def _rest(full: dict[str, int]) -> str:
-    rest = {name: value for name, value in full.items() if name != "batch"}
-    return f" x {_describe(rest)}" if rest else ""
-
-
 def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[str, int],
                failure: str) -> torch.OutOfMemoryError:
     trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return torch.OutOfMemoryError(
-        f"stowage.fit: the step does not fit as it is even cut to {_describe(smallest)}, the smallest size fit "
+        f"stowage.fit: the step does not fit as it is even cut to {shown(smallest)}, the smallest size fit "
         f"records it at (a recording runs the step unplanned, with nothing offloaded). In use before it: "
         f"{format_bytes(stowage_memory.memory_allocated(device))} of {format_bytes(capacity)}; its gradients add "
         f"{format_bytes(trainable)}. The device cannot hold the model with the smallest step's activations: shard "
@@ -198,7 +195,7 @@ def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[s
 
 
 def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
-    tried = "\n".join(f"  at {shown}: {_first_line(error)}" for shown, error in failures)
+    tried = "\n".join(f"  at {grid}: {_first_line(error)}" for grid, error in failures)
     if any(isinstance(error, StepsDiffer) for _, error in failures):
         advice = ("A step recorded at several sizes must run the same ops at each: a loss computed in a fixed "
                   "number of chunks (not chunks of a fixed size), no branch on the sizes. Else: "
@@ -209,12 +206,8 @@ def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
                   "second dimension of integer tensors with the example's length): give a step that takes fewer "
                   "of them, or a budget the example's step fits in whole")
     return ValueError(
-        f"stowage.fit: the step does not fit whole at {_describe(full)}, so fit records it on the example cut to "
+        f"stowage.fit: the step does not fit whole at {shown(full)}, so fit records it on the example cut to "
         f"smaller sizes, and it could not be recorded at any of them:\n{tried}\n{advice}")
-
-
-def _describe(sizes: dict[str, int]) -> str:
-    return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
 def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
@@ -290,7 +283,7 @@ class Weighing:
 TRIALS = 3  # choices tried at most (stowage.fitting.trial)
 
 
-def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, batch: Any, units: LossUnits | None,
+def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatch,
             device: torch.device) -> tuple[list[Option], Option | None, str]:
     """The options and the one taken, its plan tried once on the example's first micro-batch
     (stowage.fitting.trial): a step that adds more than predicted is weighed again with the
@@ -307,7 +300,8 @@ def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, batch: Any, units: 
         chosen = next((o for o in options if o.key == choice), None)
         if chosen is None or chosen.plan is None or chosen.keeps_everything or distributed or attempt == TRIALS - 1:
             return options, chosen, "; ".join(found)
-        piece = _largest_piece(batch, chosen) if units is not None else batch
+        piece = example.batch if example.units is None else \
+            example.last_piece(MicroCut(example.rows, chosen.micro_batches, chosen.micro_rows))
         chosen.plan.model = model
         with _trial(device), untouched(model, device):
             outcome = run_once(model, loss_fn, piece, chosen.plan, device)
@@ -323,65 +317,49 @@ def _choose(weighing: Weighing, model: Any, loss_fn: LossFn, batch: Any, units: 
     raise AssertionError("unreachable")
 
 
-def _largest_piece(batch: Any, chosen: Option) -> Any:
-    """The largest of the chosen cut's micro-batches of `batch` (the last: near-equal cuts grow)."""
-    rows = batch_sizes(batch)["batch"]
-    return cut_at(batch, MicroCut(rows, chosen.micro_batches, chosen.micro_rows).bounds(rows))[-1]
-
-
-@dataclass
-class Units:
-    """What fit knows of the loss's units: what a cut is weighted by (None: batches run whole),
-    why not, and what the check verified."""
-
-    units: LossUnits | None
-    why_not: str = ""
-    checked: str = ""
-
-
-def _units(check: CutCheck, asked: MicroCut | None, micro_batches: int | str,
-           loss_units: str | Callable[[Any], float] | None, device: torch.device) -> Units:
-    """What the loss is a mean over, verified on the example batch (stowage.fitting.cut_check) at
-    the finest cut fit may take and the count asked for; or as the caller says, the step checked
+def _units(check: CutCheck, example: ExampleBatch, micro_batches: int | str,
+           loss_units: str | Callable[[Any], float] | None, device: torch.device) -> ExampleBatch:
+    """The example with what its loss is a mean over, verified on it (stowage.fitting.cut_check)
+    at the finest cut fit may take and the count asked for; or as the caller says, the step checked
     only for ops that mix rows. Where the batch is not to be cut, micro_batches="auto" keeps it
     whole and a count asked for is refused."""
     with _trial(device):
         if loss_units is not None:
             why_not = check.mixing()
-            found = Units(None, why_not) if why_not else Units(given_units(loss_units), "", LOSS_UNITS_GIVEN)
+            found = example.whole(why_not) if why_not else example.with_units(given_units(loss_units), LOSS_UNITS_GIVEN)
         else:
-            verdict = check.verify([groups(check.rows), *([asked] if asked is not None else [])])
-            found = Units(verdict.units, verdict.why_not, verdict.checked)
+            found = check.verify([MicroCut.finest(example.rows), *([example.cut] if example.cut else [])])
     if found.units is None and micro_batches != "auto":
         raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be kept to the global batch's step: "
-                         f"{found.why_not}")
+                         f"{found.not_cut}")
     return found
 
 
-def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, model: Any, loss_fn: LossFn,
-                    batch: Any, device: torch.device) -> tuple[Weighing, Units, tuple[list[Option], Option | None, str]]:
+def _checked_choice(weighing: Weighing, example: ExampleBatch, check: CutCheck | None, model: Any, loss_fn: LossFn,
+                    device: torch.device) -> tuple[Weighing, ExampleBatch, tuple[list[Option], Option | None, str]]:
     """fit's choice, its cut verified on the example batch where fit chose it ("auto", the units
     not given): a cut the check does not verify (on any rank, under torch.distributed, where the
     ranks took one choice) is weighed again whole, saying why."""
-    choice = _choose(weighing, model, loss_fn, batch, found.units, device)
+    choice = _choose(weighing, model, loss_fn, example, device)
     chosen = choice[1]
-    verify = check is not None and weighing.cut is None and found.checked != LOSS_UNITS_GIVEN
+    verify = check is not None and weighing.cut is None and example.checked != LOSS_UNITS_GIVEN
     if not verify or chosen is None or chosen.micro_batches == 1:
-        return weighing, found, choice
+        return weighing, example, choice
     assert check is not None
     with _trial(device):
-        verdict = check.verify([MicroCut(weighing.rows, chosen.micro_batches, chosen.micro_rows)])
-    why_not = verdict.why_not
+        verified = check.verify([MicroCut(weighing.rows, chosen.micro_batches, chosen.micro_rows)])
+    why_not = verified.not_cut
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # the ranks cut alike, or none does
         every: list[str] = [""] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(every, "" if verdict.units is not None else why_not)
+        torch.distributed.all_gather_object(every, why_not)
         why_not = next((said for said in every if said), "")
-        if why_not and verdict.units is not None:
+        if why_not and verified.units is not None:
             why_not = f"another rank's example batch does not verify the cut ({why_not})"
     if not why_not:
-        return weighing, Units(verdict.units, "", verdict.checked), choice
-    whole = dataclasses.replace(weighing, cut=MicroCut.of(weighing.rows, 1))
-    return whole, Units(None, why_not), _choose(whole, model, loss_fn, batch, None, device)
+        return weighing, verified, choice
+    whole = example.whole(why_not)
+    weighing = dataclasses.replace(weighing, cut=whole.cut)
+    return weighing, whole, _choose(weighing, model, loss_fn, whole, device)
 
 
 def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
@@ -436,23 +414,19 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     optimizer = optimizer_factory(parameters)
     if any(optimizer.state.values()):
         raise ValueError("stowage.fit: the optimizer already holds states; give a factory that makes a fresh one")
-    rows = batch_sizes(example_batch)["batch"]
-    asked = asked_cut(rows, micro_batches)  # None: fit chooses
-    whole = asked is not None and asked.count == 1
-    check = None if whole else CutCheck(model, loss_fn, example_batch, device, split_batchnorm)
-    found = Units(None) if check is None else _units(check, asked, micro_batches, loss_units, device)
-    if found.units is None:
-        asked = MicroCut.of(rows, 1)
+    example = ExampleBatch.of(example_batch, micro_batches)
+    check = None if example.runs_whole else CutCheck(model, loss_fn, example, device, split_batchnorm)
+    if check is not None:
+        example = _units(check, example, micro_batches, loss_units, device)
     try:
         with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
-            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost,
-                                          found.units is not None)
+            trace_at, recorded = _profile(model, loss_fn, example, device, capacity, cost)
     except CannotCut as error:
         if micro_batches != "auto":
             raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
-        found, asked = Units(None, str(error)), MicroCut.of(rows, 1)
+        example = example.whole(str(error))
         with _trial(device), untouched(model, device):
-            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
+            trace_at, recorded = _profile(model, loss_fn, example, device, capacity, cost)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
     memory = measure(ordered, stowage_memory.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
@@ -460,24 +434,22 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    weighing = Weighing(trace_at, memory, host, rates, rows, asked, not refusal, uses_foreach(optimizer))
-    weighing, found, (options, chosen, tried) = _checked_choice(
-        weighing, found, check, model, loss_fn, example_batch, device)
+    weighing = Weighing(trace_at, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer))
+    weighing, example, (options, chosen, tried) = _checked_choice(weighing, example, check, model, loss_fn, device)
     if chosen is None:
-        whole = found.why_not or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
-                                  if micro_batches == 1 and rows > MIN_ROWS else "")
-        raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
-                      whole)
+        whole = example.not_cut or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
+                                    if micro_batches == 1 and example.rows > MIN_ROWS else "")
+        unplanned = trace_at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
+        raise _no_fit(options, memory, unplanned, refusal, tried, whole)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
-             "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "sizes": batch_sizes(example_batch),
-             "memory": memory, "optimizer": name, "load": load, "units": found.units, "not_cut": found.why_not,
-             "checked": found.checked,
-             "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
+             "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "memory": memory,
+             "optimizer": name, "load": load, "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried}
-    fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
+    example = example.cut_into(chosen.micro_batches, chosen.micro_rows or example.rows)
+    fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts)
     if verbose:
         print(fitted)
     return fitted

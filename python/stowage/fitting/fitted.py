@@ -34,19 +34,19 @@ from typing import Any
 import torch
 
 from stowage import step_context
-from stowage.fitting.batches import LossFn, batch_sizes
+from stowage.fitting.batches import BatchLayout, LossFn, shown
 from stowage.fitting.choosing import Option
 from stowage.fitting.loss_units import LossUnits
-from stowage.fitting.micro_batches import MicroCut, weighted
+from stowage.fitting.micro_batches import ExampleBatch, weighted
 from stowage.fitting.table import decision_table
 from stowage.plan import Plan
 
 
 class Fitted:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, loss_fn: LossFn, chosen: Option,
-                 options: list[Option], facts: dict[str, Any]) -> None:
+                 options: list[Option], example: ExampleBatch, facts: dict[str, Any]) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self.chosen, self.options, self.facts = chosen, options, facts
+        self.chosen, self.options, self.example, self.facts = chosen, options, example, facts
         plan = chosen.plan
         # A plan that keeps every tensor changes nothing: the step then runs without hooks.
         self.plan: Plan | None = plan if plan is not None and any(d != "keep" for d in plan.decisions) else None
@@ -54,10 +54,14 @@ class Fitted:
             self.plan.model = model  # the step may call the model's blocks without its forward
         self._applied: contextlib.AbstractContextManager[Any] | None = None
         self._in_step = False  # step() says what came; __exit__ leaves that to it
-        self.units: LossUnits | None = facts.get("units")  # None: batches run whole
-        self.micro_rows = chosen.micro_rows or facts["sizes"]["batch"]
-        self.cut = MicroCut(facts["sizes"]["batch"], chosen.micro_batches, self.micro_rows)
+        assert example.cut is not None  # fit hands over the cut it chose
+        self.cut = example.cut
         self._rows_guard: Any = None
+
+    @property
+    def units(self) -> LossUnits | None:
+        """What a batch's loss is a mean over, its micro-batches weighted by; None: batches run whole."""
+        return self.example.units
 
     @property
     def device_fraction(self) -> float:
@@ -127,23 +131,22 @@ class Fitted:
 
     def _out_of_memory(self, error: BaseException, batch: Any = None) -> str:
         """`error`'s message, then what fit planned for and what came."""
-        fitted = " x ".join(f"{name} {value}" for name, value in self.facts["sizes"].items())
-        said = f"{error}\nstowage.fit planned this step for {fitted} (its example batch)"
+        planned = self.example.layout.sizes
+        said = f"{error}\nstowage.fit planned this step for {shown(planned)} (its example batch)"
         if self.units is not None:
-            said += f" in micro-batches of up to {self.micro_rows} rows"
+            said += f" in micro-batches of up to {self.cut.most} rows"
         if batch is None:
             return said + ": a larger batch needs stowage.fit again with it as the example."
         try:
-            came = batch_sizes(batch)
+            came = BatchLayout.of(batch).sizes
         except ValueError:  # no tensor with rows in it: nothing to compare
             return said + "."
-        shown = " x ".join(f"{name} {value}" for name, value in came.items())
         cut = {"batch"} if self.units is not None else set()  # rows beyond the example's run as more micro-batches
-        if any(came.get(name, 0) > value for name, value in self.facts["sizes"].items() if name not in cut):
-            return (said + f"; this batch is {shown}, larger. Give fit the largest batch the loop trains on as its "
-                    "example (stowage.fit(model, factory, largest_batch)), or cut this one.")
+        if any(came.get(name, 0) > value for name, value in planned.items() if name not in cut):
+            return (said + f"; this batch is {shown(came)}, larger. Give fit the largest batch the loop trains on "
+                    "as its example (stowage.fit(model, factory, largest_batch)), or cut this one.")
         departed = self.plan.departed_steps if self.plan is not None else 0
-        return (said + f"; this batch is {shown}, no larger: the step needed more than planned ("
+        return (said + f"; this batch is {shown(came)}, no larger: the step needed more than planned ("
                 f"{departed} steps departed from the plan's lifetime trace). Fit again with a budget below the device's "
                 "(stowage.fit(..., budget=...)) to leave more room.")
 
@@ -152,7 +155,7 @@ class Fitted:
             raise RuntimeError("stowage.fit: a step is already running under this fit")
         self._applied = self.plan if self.plan is not None else contextlib.nullcontext()
         self._applied.__enter__()
-        if self.micro_rows < self.facts["sizes"]["batch"] and not self._in_step:
+        if self.cut.most < self.example.rows and not self._in_step:
             # on every module (a loss method may call the model's blocks, not its forward) until
             # the first of the model's with a tensor argument
             ours = {id(module) for module in self.model.modules()}
@@ -164,15 +167,15 @@ class Fitted:
         """The first forward under ``with fitted:`` (a loop of its own) of more rows than fit
         planned a micro-batch for: refused before it runs, as the plan would not hold it."""
         try:
-            rows = batch_sizes(args)["batch"]
+            rows = BatchLayout.of(args).rows
         except ValueError:
             return
         self._rows_guard()
         self._rows_guard = None
-        if rows > self.micro_rows:
+        if rows > self.cut.most:
             raise RuntimeError(
-                f"stowage.fit: this forward has {rows} rows; fit planned micro-batches of {self.micro_rows} rows "
-                f"(micro_batches={self.chosen.micro_batches} for the example's {self.facts['sizes']['batch']}). Run "
+                f"stowage.fit: this forward has {rows} rows; fit planned micro-batches of {self.cut.most} rows "
+                f"(micro_batches={self.cut.count} for the example's {self.example.rows}). Run "
                 "the batch through fitted.step(batch) or fitted.backward(batch), or loop over "
                 "fitted.micro_batches(batch) (each micro-batch's loss times its weight), or fit with micro_batches=1")
 
@@ -189,4 +192,4 @@ class Fitted:
             raise torch.OutOfMemoryError(self._out_of_memory(error)) from None
 
     def __str__(self) -> str:
-        return decision_table(self.chosen, self.options, self.facts)
+        return decision_table(self.chosen, self.options, self.example, self.facts)

@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-from stowage.fitting.batches import describe, tensor_leaves
+from stowage._core import SHARES_ALIKE
+from stowage.fitting.batches import BatchLayout, tensor_leaves
 
 IGNORE_INDEX = -100
 LOSS_UNITS_GIVEN = "loss_units as given"  # what was verified, where the caller said the units
@@ -56,7 +57,6 @@ class LossUnits:
         return shares
 
 
-SHARES_ALIKE = 1e-9  # shares of one batch's pieces told apart (counts are integers or sums of weights)
 
 
 def _normalised(counts: list[float], name: str) -> list[float]:
@@ -71,7 +71,7 @@ def _shown(shares: list[float]) -> str:
 
 
 def _rows(batch: Any) -> float:
-    return float(describe(batch).rows)
+    return float(BatchLayout.of(batch).rows)
 
 
 ROWS = LossUnits("rows", _rows)
@@ -101,9 +101,8 @@ def _integer(path: str, leaf: torch.Tensor) -> list[LossUnits]:
     return found
 
 
-def candidates(batch: Any) -> list[LossUnits]:
-    """The counts a loss on `batch` may be a mean over (rows first), from its tensors."""
-    layout = describe(batch)
+def candidates(batch: Any, layout: BatchLayout) -> list[LossUnits]:
+    """The counts a loss on `batch` (of `layout`) may be a mean over (rows first), from its tensors."""
     found = [ROWS]
     for path, leaf in tensor_leaves(batch):
         if path not in layout.per_row or leaf.dim() == 0:

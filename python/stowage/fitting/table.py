@@ -8,6 +8,7 @@ from typing import Any
 from stowage._core import format_bytes
 from stowage.fitting.choosing import Option
 from stowage.fitting.loss_units import LOSS_UNITS_GIVEN
+from stowage.fitting.micro_batches import ExampleBatch
 
 
 def _share(option: Option) -> str:
@@ -26,30 +27,25 @@ def _activations(option: Option, unplanned: int) -> str:
             f"planned (saved bytes: {split})")
 
 
-def _micro(option: Option, facts: dict[str, Any]) -> str:
-    rows = facts["sizes"]["batch"]
+def _micro(option: Option, example: ExampleBatch) -> str:
     if option.micro_batches <= 1:
-        return f"whole ({rows})"
+        return f"whole ({example.rows})"
     return f"{option.micro_batches} x {option.micro_rows}"
 
 
-def _verified(facts: dict[str, Any]) -> str:
-    checked = facts.get("checked", "")
-    return "as loss_units says" if checked == LOSS_UNITS_GIVEN else f"verified: {checked}"
-
-
-def _batch_row(chosen: Option, facts: dict[str, Any]) -> str:
-    rows = facts["sizes"]["batch"]
-    units = facts.get("units")
+def _batch_row(chosen: Option, example: ExampleBatch) -> str:
+    rows, units = example.rows, example.units
     if chosen.micro_batches > 1:
+        assert units is not None
+        verified = "as loss_units says" if example.checked == LOSS_UNITS_GIVEN else f"verified: {example.checked}"
         said = (f"{chosen.micro_batches} micro-batches of up to {chosen.micro_rows} rows, gradients accumulated, "
-                f"each loss weighted by its share of the batch's {units.name} ({_verified(facts)})")
+                f"each loss weighted by its share of the batch's {units.name} ({verified})")
     else:
         said = f"run whole ({rows} rows)"
         if units is not None:
             said += f"; cut into micro-batches where that is faster (the loss a mean over {units.name})"
-    if facts.get("not_cut"):
-        said += f"; not cut: {facts['not_cut']}"
+    if example.not_cut:
+        said += f"; not cut: {example.not_cut}"
     return f"  {'batch':<24}{rows:>12}  {said}"
 
 
@@ -62,7 +58,7 @@ def busy_host_note(load: tuple[float, int] | None) -> str:
             f"{load[0] / load[1]:.1f}x long, every share's alike, so the choice between them holds")
 
 
-def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any]) -> str:
+def decision_table(chosen: Option, options: list[Option], example: ExampleBatch, facts: dict[str, Any]) -> str:
     memory = facts["memory"]
     on_device = memory.states_on_device(chosen.fraction)
     rows = [
@@ -78,7 +74,7 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
         + _activations(chosen, facts["unplanned_peak"]),
         f"  {'host memory':<24}{format_bytes(chosen.host_bytes):>12}  for the offloaded states and activations, of "
         f"{format_bytes(facts['host'].available)} the process may take ({facts['host'].limited_by})",
-        _batch_row(chosen, facts),
+        _batch_row(chosen, example),
         *([f"  {'tried before training':<24}{'':>12}  {facts['tried']}"] if facts.get("tried") else []),
         f"  {'predicted step':<24}{chosen.step_ms:>9.0f} ms  "
         f"(forward and backward {chosen.step_ms - chosen.update_ms:.0f} ms, optimizer update {chosen.update_ms:.0f} ms)"
@@ -90,6 +86,6 @@ def decision_table(chosen: Option, options: list[Option], facts: dict[str, Any])
     for option in options:
         outcome = f"{option.step_ms:>13.0f} ms" if option.feasible else f"  {option.reason}"
         mark = "  <- chosen" if option is chosen else ""
-        rows.append(f"  {_share(option):<30}{_micro(option, facts):>14}{format_bytes(max(option.activation_budget, 0)):>18}"
+        rows.append(f"  {_share(option):<30}{_micro(option, example):>14}{format_bytes(max(option.activation_budget, 0)):>18}"
                     f"{format_bytes(option.host_bytes):>14}{outcome}{mark}")
     return "\n".join(rows)

@@ -140,7 +140,7 @@ class Caches:
     def micro_profile(self, model: ModelSpec, scale: int) -> tuple[Any, int]:
         """One micro-batch's profile and lowest planned peak as fit makes them for the fitted_step
         pattern (its global batch recorded at 2 and 3 rows, read at half its rows)."""
-        from stowage.fitting.batches import batch_sizes, cut
+        from stowage.fitting.batches import BatchLayout
         from stowage.fitting.fit import MICRO_GRID
 
         key = ("micro", model.name)
@@ -148,14 +148,15 @@ class Caches:
             torch.manual_seed(SEED)
             scratch = model.build(scale)
             batch = global_batch(model, 0, scale)
+            layout = BatchLayout.of(batch)
 
             def step(**sizes: int) -> None:
-                model.loss(scratch, cut(batch, sizes)).backward()
+                model.loss(scratch, layout.at(batch, sizes)).backward()
                 scratch.zero_grad(set_to_none=True)
 
             sized = stowage.plan.profile(step, sizes={"batch": MICRO_GRID}, cost=COST, model=scratch,
                                          device=self.config.device)
-            profile = sized.at({"batch": batch_sizes(batch)["batch"] // 2})
+            profile = sized.at({"batch": layout.rows // 2})
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._profiles[key] = (profile, stowage.plan.solve(profile, 1).predicted_peak_bytes)

@@ -1,0 +1,37 @@
+#include "planner/micro_cut.hpp"
+
+#include <algorithm>
+
+#include "base/errors.hpp"
+
+namespace stowage::planner {
+namespace {
+
+std::int64_t ceil_div(std::int64_t value, std::int64_t divisor) { return (value + divisor - 1) / divisor; }
+
+}  // namespace
+
+MicroCut MicroCut::of(std::int64_t rows, std::int64_t count) {
+  STOWAGE_CHECK(rows >= 1 && count >= 1, "MicroCut: rows and count must be positive, not ", rows, " and ", count);
+  return {rows, count, ceil_div(rows, count)};
+}
+
+MicroCut MicroCut::finest(std::int64_t rows) {
+  return of(rows, std::max(std::min(rows / kMinRows, kCheckGroups), std::int64_t{1}));
+}
+
+std::int64_t MicroCut::count_at(std::int64_t batch_rows) const {
+  STOWAGE_CHECK(batch_rows >= 0 && most >= 1, "MicroCut: a batch of ", batch_rows, " rows cut at most ", most);
+  const std::int64_t up_to = std::min(count, std::max(batch_rows / kMinRows, std::int64_t{1}));
+  return std::max({ceil_div(batch_rows, most), up_to, std::int64_t{1}});
+}
+
+std::vector<std::int64_t> MicroCut::bounds(std::int64_t batch_rows) const {
+  const std::int64_t pieces = count_at(batch_rows);
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(pieces) + 1);
+  for (std::int64_t i = 0; i <= pieces; ++i) out.push_back(batch_rows * i / pieces);
+  return out;
+}
+
+}  // namespace stowage::planner

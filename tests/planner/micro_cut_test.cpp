@@ -1,0 +1,65 @@
+// How fit cuts a batch (planner/micro_cut.hpp): near-equal micro-batches, sizes differing by at
+// most one, a larger batch as more (none over the plan's rows), a smaller one as up to as many
+// (none under kMinRows where more pieces than the plan's rows need), checked on every batch size
+// up to three times the example's for every cut fit makes of it.
+#include "planner/micro_cut.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/errors.hpp"
+
+namespace stowage::planner {
+namespace {
+
+using Bounds = std::vector<std::int64_t>;
+
+TEST(MicroCut, ACountThatDoesNotDivideTheRowsRunsAsAskedInNearEqualCuts) {
+  EXPECT_EQ(MicroCut::of(13, 2), (MicroCut{13, 2, 7}));
+  EXPECT_EQ(MicroCut::of(16, 5).bounds(16), (Bounds{0, 3, 6, 9, 12, 16}));
+  EXPECT_EQ(MicroCut::of(16, 5).bounds(30).size(), 9U);  // a larger batch: 8 of at most 4 rows
+  EXPECT_EQ(MicroCut::of(16, 5).bounds(6), (Bounds{0, 2, 4, 6}));  // a smaller one: none under 2 rows
+  EXPECT_EQ(MicroCut::of(16, 1).bounds(16), (Bounds{0, 16}));
+  EXPECT_EQ(MicroCut::of(16, 4).bounds(0), (Bounds{0, 0}));  // an empty batch: one empty piece
+}
+
+TEST(MicroCut, TheFinestCutIsRowGroupsOfTwoAtMostThirtyTwoOfThem) {
+  EXPECT_EQ(MicroCut::finest(3), (MicroCut{3, 1, 3}));
+  EXPECT_EQ(MicroCut::finest(16), (MicroCut{16, 8, 2}));
+  EXPECT_EQ(MicroCut::finest(100), (MicroCut{100, 32, 4}));
+}
+
+TEST(MicroCut, EveryBatchIsCutIntoContiguousPiecesWithinTheirBounds) {
+  for (std::int64_t rows = 1; rows <= 40; ++rows) {
+    for (std::int64_t count = 1; count <= std::max(rows / kMinRows, std::int64_t{1}); ++count) {  // the cuts fit makes
+      const MicroCut cut = MicroCut::of(rows, count);
+      EXPECT_EQ(static_cast<std::int64_t>(cut.bounds(rows).size()) - 1, count) << rows << " / " << count;
+      for (std::int64_t batch = 1; batch <= 3 * rows; ++batch) {
+        const Bounds bounds = cut.bounds(batch);
+        ASSERT_EQ(bounds.front(), 0);
+        ASSERT_EQ(bounds.back(), batch);
+        std::int64_t smallest = batch, largest = 0;
+        for (std::size_t i = 1; i < bounds.size(); ++i) {
+          smallest = std::min(smallest, bounds[i] - bounds[i - 1]);
+          largest = std::max(largest, bounds[i] - bounds[i - 1]);
+        }
+        ASSERT_LE(largest - smallest, 1) << rows << " / " << count << " at " << batch;
+        ASSERT_LE(largest, cut.most) << rows << " / " << count << " at " << batch;
+        if (cut.count_at(batch) > (batch + cut.most - 1) / cut.most) {  // more pieces than `most` needs
+          ASSERT_GE(smallest, kMinRows) << rows << " / " << count << " at " << batch;
+        }
+      }
+    }
+  }
+}
+
+TEST(MicroCut, ACutOfNoRowsIsRefused) {
+  EXPECT_THROW(MicroCut::of(0, 1), LogicError);
+  EXPECT_THROW(MicroCut::of(4, 0), LogicError);
+  EXPECT_THROW((MicroCut{4, 2, 0}).bounds(4), LogicError);
+}
+
+}  // namespace
+}  // namespace stowage::planner
