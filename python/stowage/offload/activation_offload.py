@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from stowage import _core, checking, step_context
 from stowage.byte_counts import byte_count
 from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
-from stowage.serving import CPU_MODE, is_cpu_allocator, torch_module
+from stowage.serving import CPU_MODE, device_index, is_cpu_allocator, torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_PREFETCH = 1 << 30
@@ -92,8 +92,7 @@ def _allocated() -> int:
     module = torch_module()
     if is_cpu_allocator(module):
         return int(module.memory_stats(CPU_MODE)["allocated_bytes.all.current"])
-    import torch
-
+    torch = step_context.loaded_torch()
     return int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
 
 
@@ -179,18 +178,11 @@ class activations:
         self._excluded = max(0, self._excluded - 1)
 
     def _fill_report(self) -> None:
-        counts = self._offloader.counts()
+        counts = self._offloader.counts()  # the report's fields (but the two forward ones), and live_offloaded_bytes
         report = self.report
-        report.saved_bytes = counts["seen_bytes"]
-        report.offloaded_bytes = counts["offloaded_bytes"]
-        report.parameter_bytes = counts["parameter_bytes"]
-        report.small_bytes = counts["small_bytes"]
-        report.elsewhere_bytes = counts["elsewhere_bytes"]
-        report.host_full_bytes = counts["host_full_bytes"]
-        report.num_saved = counts["num_saved"]
-        report.num_shared = counts["num_shared"]
-        report.held_elsewhere_bytes = counts["held_elsewhere_bytes"]
-        freed_by_offloading = counts["offloaded_bytes"] - counts["live_offloaded_bytes"]
+        freed_by_offloading = counts["offloaded_bytes"] - counts.pop("live_offloaded_bytes")
+        for field, value in counts.items():
+            setattr(report, field, value)
         report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_offloading)
         activations_saved = report.saved_bytes - report.parameter_bytes - report.elsewhere_bytes
         report.unseen_bytes = max(0, report.forward_bytes - activations_saved)
@@ -218,8 +210,6 @@ def end_step() -> None:
 def stats(device: Any = None) -> dict[str, int]:
     """The offload engine's statistics for ``device`` (as in ``stowage.memory_stats()``); empty
     before anything was offloaded there."""
-    from stowage.serving import device_index
-
     return dict(torch_module().offload_stats(device_index(device)))
 
 

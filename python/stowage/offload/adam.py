@@ -284,8 +284,8 @@ class Adam(torch.optim.Optimizer):
             return
         self._backward_end.arm()
         previous, self._deferred = self._deferred, None
-        if previous is not None:
-            self._arrive_final(previous)
+        if previous is not None and previous.grad is not None:  # (a hook may have dropped it)
+            self._arrive(previous, previous.grad)
         if self._hooks_follow(param):
             self._deferred = param
         else:
@@ -298,10 +298,6 @@ class Adam(torch.optim.Optimizer):
         if not hooks:
             return True
         return next(reversed(hooks)) != self._hook_ids.get(param)
-
-    def _arrive_final(self, param: torch.Tensor) -> None:
-        if param.grad is not None:  # (a hook may have dropped it)
-            self._arrive(param, param.grad)
 
     def _arrive(self, param: torch.Tensor, gradient: torch.Tensor) -> None:
         if self._accumulating:
@@ -328,8 +324,8 @@ class Adam(torch.optim.Optimizer):
     def _backward_ended(self) -> None:
         """Every hook has run: the gradient whose copy waited for its hooks is final."""
         deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            self._arrive_final(deferred)
+        if deferred is not None and deferred.grad is not None:  # (a hook may have dropped it)
+            self._arrive(deferred, deferred.grad)
 
     def _backward_abandoned(self) -> None:
         """A backward that copied gradients (and, in_backward, updated buckets) raised: nothing of
@@ -373,9 +369,7 @@ class Adam(torch.optim.Optimizer):
         """in_backward updated buckets before the norm over all gradients existed: those updates
         are undone, and step() updates every bucket with the clipping coefficient, exactly, as
         "exact" would (the work backward did is done again: use update='exact' to clip)."""
-        with self._lock:
-            if self._slots.any_provisional():
-                self._roll_back()
+        self._undo_provisional()
         if not self._warned_clip:
             self._warned_clip = True
             warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): clip_grad_norm_ undoes the "
@@ -440,7 +434,7 @@ class Adam(torch.optim.Optimizer):
             self._at_point("device")
             self._step_on_device()
         except BaseException:
-            self._abandon_step()
+            self._undo_provisional()  # the arrivals stay: step() may be called again
             raise
         return scale
 
@@ -478,9 +472,8 @@ class Adam(torch.optim.Optimizer):
             self._slots.written_back()
         self._end_step()
 
-    def _abandon_step(self) -> None:
-        """An error before the step changed any state: in_backward's provisional updates are
-        undone; the arrivals stay."""
+    def _undo_provisional(self) -> None:
+        """in_backward's updates made during a backward whose step() has not come are undone."""
         with self._lock:
             if self._slots.any_provisional():
                 self._roll_back()
@@ -637,10 +630,9 @@ class Adam(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
         (and, in_backward, its provisional updates) are dropped as torch's would be."""
+        self._deferred = None
+        self._undo_provisional()
         with self._lock:
-            self._deferred = None
-            if self._slots.any_provisional():
-                self._roll_back()
             self._slots.reset_arrivals()
             self._backward_end.disarm()
         super().zero_grad(set_to_none)
@@ -654,9 +646,7 @@ class Adam(torch.optim.Optimizer):
         between backward and step() (a KeyboardInterrupt's handler) pairs the states with the
         parameters they belong to."""
         with interrupts_held():
-            with self._lock:
-                if self._slots.any_provisional():
-                    self._roll_back()
+            self._undo_provisional()
             self._slots.finish_pending()
             self._take_written_parameters(self._slots.pending_slots())
             self._write_back_pending()

@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,10 +46,6 @@ class BackwardEnd:
         self._on_end = on_end
         self._on_abandoned = on_abandoned
         self._armed_task: int | None = None  # the graph task armed for, while it runs
-
-    @property
-    def armed(self) -> bool:
-        return self._armed_task is not None
 
     def arm(self) -> None:
         task = int(torch._C._current_graph_task_id())
@@ -86,8 +83,6 @@ def make_ddp_comm_hook(arrive: Callable[[torch.Tensor, torch.Tensor], None],
     """A DDP communication hook that averages the bucket like DDP's default (all-reduce, divide
     by the world size) and, once the reduction is done, hands each parameter's reduced gradient
     to `arrive(param, gradient)`."""
-    import torch.distributed as dist
-
     def hook(state: Any, bucket: Any) -> Any:
         backward_end.arm()
         buffer = bucket.buffer()
