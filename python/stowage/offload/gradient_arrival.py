@@ -13,6 +13,15 @@ which compares the gradients' bytes with what was copied. DDP copies its buckets
 in a final callback of its own, queued when its last bucket is ready, after the first hook of
 ours; so ours queues itself once more from its own callback (the engine runs callbacks queued
 while it runs them) and runs after DDP's.
+
+torch 2.11 has no public call for either thing the end of backward needs, so the private ones
+torch's own code uses are used here, and only here: the running graph task's id
+(torch._C._current_graph_task_id, as torch/autograd/graph.py's register_multi_grad_hook and
+torch/utils/checkpoint.py read it) and a callback queued for the end of backward
+(Variable._execution_engine.queue_callback, as FSDP2 queues its own in
+torch/distributed/fsdp/_fully_shard/_fsdp_state.py). Likewise stowage.offload.adam reads a
+parameter's post-accumulate hooks where torch keeps them, in order (Tensor._post_accumulate_grad_hooks,
+torch/_tensor.py): no public call lists them.
 """
 
 from __future__ import annotations
