@@ -114,7 +114,7 @@ class activations:
             raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
         self._prefetch_depth = None if prefetch == "auto" else int(prefetch)
         self._max_prefetch = byte_count(max_prefetch, "max_prefetch")
-        self._exclude = list(exclude)
+        self._exclude = {id(module): module for module in exclude}
         self.report = OffloadReport()
 
     def __enter__(self) -> OffloadReport:
@@ -126,18 +126,14 @@ class activations:
         self._depth = 0
         self._names: dict[int, str] = {}  # check mode: module paths, for its messages
         self._allocated_before = _allocated()
-        self._handles = [step_context.module_calls.subscribe(self._module_entered, self._module_left)]
-        for excluded in self._exclude:
-            self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered).remove)
-            self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True).remove)
+        self._unsubscribe = step_context.module_calls.subscribe(self._module_entered, self._module_left)
         self._offloader = self._offloading.__enter__().offloader
         return self.report
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._offloading.__exit__(kind, error, traceback)
-        for remove in self._handles:
-            remove()
+        self._unsubscribe()
         self._fill_report()
         self._warn_if_compiled_whole()
         del self._offloader, self._offloading  # the packed tensors keep their buffers; the region's tables go
@@ -153,6 +149,7 @@ class activations:
 
     def _module_entered(self, call: step_context.Call, args: Any) -> None:
         module = call.module
+        self._excluded += id(module) in self._exclude
         if self._depth == 0:
             self._top_level.append(module)
             if checking.enabled():
@@ -167,15 +164,11 @@ class activations:
             self._offloader.add_parameters([t for t in tensors if t is not None])
 
     def _module_left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
+        if id(call.module) in self._exclude:
+            self._excluded = max(0, self._excluded - 1)
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             self._offloading.forward_ended()
-
-    def _exclusion_entered(self, module: Any, args: Any) -> None:
-        self._excluded += 1
-
-    def _exclusion_left(self, module: Any, args: Any, output: Any) -> None:
-        self._excluded = max(0, self._excluded - 1)
 
     def _fill_report(self) -> None:
         counts = self._offloader.counts()  # the report's fields (but the two forward ones), and live_offloaded_bytes

@@ -242,11 +242,14 @@ class Adam(torch.optim.Optimizer):
         start their states at their first step."""
         self._join([(p, g) for p, g in self._waiting if p.grad is not None])
 
-    def _name(self, param: torch.Tensor) -> str:
-        return torch_module().describe_parameter(self.param_groups, param)
-
     def _slot_name(self, index: int) -> str:
-        return self._name(self._params[index])
+        """'parameter 3 (group 0, shape [64, 24])'"""
+        return torch_module().describe_parameter(self.param_groups, self._params[index])
+
+    def _checked_name(self, index: int) -> str:
+        """The slot's name in check mode's messages: its path in the model first, where known."""
+        name = checking.parameter_name(self._params[index])
+        return f"parameter {name!r}, {self._slot_name(index)}" if name else self._slot_name(index)
 
     def _shards(self, slots: Iterable[int] | None = None) -> list[torch.Tensor]:
         """The local shards (FSDP2) of the slots' parameters as they are now (all by default)."""
@@ -509,9 +512,8 @@ class Adam(torch.optim.Optimizer):
             return
         index = self._slots.first_changed_gradient(shards)
         if index >= 0:
-            name = checking.parameter_name(self._params[index])
             raise RuntimeError(
-                f"stowage check: the gradient of {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)} "
+                f"stowage check: the gradient of {self._checked_name(index)} "
                 f"copied out at step {checking.step()} is not, bit for bit, the gradient present at step(): it "
                 "was changed in a way the content watch did not see, or the copy out corrupted it. Nothing of "
                 "the step was applied.")
@@ -595,9 +597,8 @@ class Adam(torch.optim.Optimizer):
         index = self._slots.first_changed_arrival(slots, self._shards(slots))
         if index < 0:
             return
-        name = checking.parameter_name(self._params[index])
         raise RuntimeError(
-            f"stowage check: {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)}, arrived changed "
+            f"stowage check: {self._checked_name(index)}, arrived changed "
             f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
             "(the link, or host memory) corrupted it; the step was finished and its update stands on the host.")
 
