@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 from stowage import step_context
+from stowage.serving import torch_module
 
 _enabled = os.environ.get("STOWAGE_CHECK", "").strip() not in ("", "0")
 _parameter_names: dict[int, str] = {}
@@ -43,8 +44,6 @@ def set_enabled(on: bool) -> None:
 
 def apply() -> None:
     """Hands the switch to the C++ side and starts naming parameters (called once torch loads)."""
-    from stowage.serving import torch_module
-
     torch_module().set_check_mode(_enabled)
     if _enabled:
         _watch_modules()
@@ -52,8 +51,6 @@ def apply() -> None:
 
 def step() -> int:
     """The steps ended so far in this process (the number of the step running now)."""
-    from stowage.serving import torch_module
-
     return int(torch_module().offload_steps_ended())
 
 

@@ -26,22 +26,28 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+_torch: Any = None  # the torch module, once loaded (loaded_torch)
 _backward_probe: Any = None  # a torch.utils.module_tracker.ModuleTracker, never entered: its is_bw
 _is_compiling: Callable[[], bool] = lambda: False  # noqa: E731 (torch.compiler.is_compiling once torch is in)
 
 
-def _load_torch() -> None:
-    global _backward_probe, _is_compiling
-    if _backward_probe is None:
-        import torch
+def loaded_torch() -> Any:
+    """torch, imported on first use: `import stowage` must not import torch (the import hook
+    installs stowage as torch's allocator before torch first loads). The modules `import stowage`
+    loads that observe torch (this one, tagging) take it from here."""
+    global _torch, _backward_probe, _is_compiling
+    if _torch is None:
+        import torch  # here: keeps torch out of `import stowage` (above)
         from torch.utils.module_tracker import ModuleTracker
 
         _backward_probe, _is_compiling = ModuleTracker(), torch.compiler.is_compiling
+        _torch = torch
+    return _torch
 
 
 def in_backward() -> bool:
     """Whether the calling thread runs inside a backward (autograd's engine runs a graph task)."""
-    _load_torch()
+    loaded_torch()
     return bool(_backward_probe.is_bw)
 
 
@@ -71,9 +77,7 @@ class ModuleCalls:
                   compiled: bool = False) -> Callable[[], None]:
         """Adds a subscriber; returns what removes it (the hooks go with the last one).
         `compiled`: also follow calls while torch.compile traces (module docstring)."""
-        import torch
-
-        _load_torch()
+        torch = loaded_torch()
         subscriber = (entered, left, compiled)
         self._subscribers = self._subscribers + [subscriber]  # (a copy: hooks iterate the old list)
         self._follow_compiled = any(s[2] for s in self._subscribers)
@@ -122,20 +126,27 @@ module_calls = ModuleCalls()
 
 # Note [Seeing every saved tensor]
 # torch applies only the innermost saved_tensors_hooks region's hooks (saved_tensors_hooks'
-# documentation: "only the inner-most pair of hooks will be applied"), and offers no public way
-# to observe what another region is handed, nor to ask whether a region is open. Tagging must
-# see every saved tensor. So while something observes:
+# documentation: "only the inner-most pair of hooks will be applied"). Tagging must see every
+# saved tensor, also those handed to regions that are not stowage's (the user's,
+# torch.utils.checkpoint's), which stowage cannot route through a stack of its own: they enter
+# torch's directly. torch 2.11 offers no public way to do that (torch/autograd/graph.py, read for
+# this: saved_tensors_hooks.__enter__ and __exit__ are torch._C._autograd's private
+# _push_saved_tensors_default_hooks and _pop_saved_tensors_default_hooks, the stack lives in C++
+# (SavedTensorDefaultHooks) with no public query, observer or event; disable_saved_tensors_hooks
+# only makes entering a region raise; Node and Tensor hooks run in backward, after the pack). So,
+# only while something observes, and here only:
 # - outside any region, its own hooks (keep the tensor as the offloader keeps one) go at the
 #   bottom of torch's stack, through the public saved_tensors_hooks. A region left open when
-#   observing starts would pop them at its exit: then they are not put in, and only regions
-#   entered from then on are observed. Whether one is open is the one question asked of torch's
-#   private API (torch._C._autograd._top_saved_tensors_default_hooks), here only.
+#   observing starts would pop them at its exit (__exit__ pops the top, whichever it is): then
+#   they are not put in, and only regions entered from then on are observed. Whether one is open
+#   is the one question asked of torch's private API (_top_saved_tensors_default_hooks).
 # - stowage's own regions show the observers each tensor before their pack takes it;
-# - regions of their own (the user's, torch.utils.checkpoint's) entered while observing are seen
-#   the only way torch leaves: saved_tensors_hooks.__enter__ is wrapped, while something observes,
-#   to show the observers what the region's pack is handed. Here only.
+# - regions of their own entered while observing are seen the only way torch leaves:
+#   saved_tensors_hooks.__enter__ is wrapped to show the observers what the region's pack is
+#   handed (and __exit__, to know when the last such region closes).
 # - observing stops; the bottom hooks come out at once when no region entered while observing
 #   is open, else as soon as the last such region exits (its exit would otherwise pop them).
+# Without observing (no recording with tags), torch is neither patched nor asked.
 
 
 class SavedTensorRegion:
@@ -147,10 +158,8 @@ class SavedTensorRegion:
         self._hooks: Any = None
 
     def __enter__(self) -> SavedTensorRegion:
-        import torch
-
         pack = _noting(self._pack) if _observer is not None else self._pack
-        hooks = torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
+        hooks = loaded_torch().autograd.graph.saved_tensors_hooks(pack, self._unpack)
         hooks.__enter__()
         self._hooks = hooks
         return self
@@ -203,9 +212,7 @@ def _unwrap() -> None:
     and no region entered while wrapped is open."""
     global _plain
     if _plain is not None and _observer is None and _pending is None and not _open:
-        import torch
-
-        hooks = torch.autograd.graph.saved_tensors_hooks
+        hooks = loaded_torch().autograd.graph.saved_tensors_hooks
         hooks.__enter__, hooks.__exit__ = _plain  # type: ignore[method-assign]
         _plain = None
 
@@ -215,9 +222,8 @@ def observe_saves(observer: Callable[[Any], None], pack: Callable[[Any], Any],
     """Shows `observer` every tensor autograd saves until stop_observing(); outside any region,
     `pack` and `unpack` serve autograd. False when a region with hooks of its own was open: then
     only regions entered from here on are observed (Note [Seeing every saved tensor])."""
-    import torch
-
     global _observer, _bottom, _plain
+    torch = loaded_torch()
     stop_observing()
     _observer = observer
     hooks = torch.autograd.graph.saved_tensors_hooks

@@ -51,6 +51,7 @@ class Tagger:
     """The notes of one recording (module docstring)."""
 
     def __init__(self, module: Any, device: int, max_entries: int) -> None:
+        # Here: keeps torch out of `import stowage` (step_context.loaded_torch).
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._module, self._device, self._max_entries = module, device, max_entries
@@ -92,8 +93,7 @@ class Tagger:
     def note(self, tensors: Any, category: int, position: int | None = None, owners: Any = None) -> None:
         """Notes `tensors`' storages as `category`; `owners`, one per tensor, the tensors whose
         module made them (a gradient's or a state's parameter)."""
-        import torch
-
+        torch = step_context.loaded_torch()
         at = self._position() if position is None else position
         tensors = list(tensors)
         for tensor, owner in zip(tensors, tensors if owners is None else owners):
@@ -156,14 +156,12 @@ class Tagger:
                 self._owner.setdefault(id(tensor), path_id)
 
     def _left(self, call: step_context.Call, args: Any, kwargs: dict[str, Any]) -> None:
-        import torch
-
         if threading.get_ident() != self._thread or not self._open:
             return
         self.spans[self._open.pop()][1] = at = self._position()
         if not self._open:  # a top-level forward's inputs (its keyword arguments too): what autograd did not make
             made_here = [t for t in _tensors(args) + _tensors(kwargs) if t.grad_fn is None
-                         and not isinstance(t, torch.nn.Parameter)]
+                         and not isinstance(t, step_context.loaded_torch().nn.Parameter)]
             self.note(made_here, 3, at)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -183,10 +181,8 @@ class Tagger:
         return self._module.TensorOffloader.keep(tensor), tensor.requires_grad
 
     def _unpack(self, packed: Any) -> Any:
-        import torch
-
         kept, requires_grad = packed
-        if requires_grad and torch.is_grad_enabled():
+        if requires_grad and step_context.loaded_torch().is_grad_enabled():
             raise CreateGraphRefused(
                 "stowage.record_history's saved-tensor tags cannot serve a backward that builds a graph "
                 "(create_graph=True, or torch.autograd.grad of a saved tensor with grad mode on): its "
@@ -208,8 +204,7 @@ class Tagger:
 
 
 def _tensors(args: Any) -> list[Any]:
-    import torch
-
+    torch = step_context.loaded_torch()
     out: list[Any] = []
     for value in args if isinstance(args, (tuple, list)) else (args,):
         if isinstance(value, torch.Tensor):

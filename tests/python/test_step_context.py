@@ -49,6 +49,23 @@ def test_one_pair_of_module_hooks_serves_recording_offload_and_plans() -> None:
     assert max(calls) == 3 and calls[0] == 1  # the model, a block, its layers: the stack's depth as each began
 
 
+def test_activation_offload_follows_excluded_modules_from_the_step_context_alone() -> None:
+    """exclude= puts no hooks on the excluded modules (the step context's module calls say when
+    they run), and what they save stays: excluding every block offloads nothing, excluding none
+    offloads."""
+    torch.manual_seed(0)
+    model = MlpStack(blocks=2, width=32, hidden=64)
+    x = torch.randn(16, 32)
+    for exclude in ([], list(model.blocks)):
+        hooks_during: list[int] = []
+        with stowage.offload.activations(min_bytes=0, exclude=exclude) as report:
+            hooks_during += [len(b._forward_pre_hooks) + len(b._forward_hooks) for b in model.blocks]
+            loss = model(x).sum()
+        loss.backward()
+        assert hooks_during == [0, 0]
+        assert (report.offloaded_bytes > 0) == (not exclude), str(report)
+
+
 def region_hooks() -> Any:
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
 

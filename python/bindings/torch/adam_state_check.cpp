@@ -1,7 +1,7 @@
 // The offloaded optimizer's state_dict layout, for stowage.offload.Adam (Note [Offloaded
 // optimizer state_dict]): describe_parameter names a parameter as state_dicts number it;
-// check_adam_state checks a whole saved state_dict, each param group (check_adam_group) and each
-// parameter's entry (check_adam_entry), before anything of it is taken; split_device_state gives
+// check_adam_state checks a whole saved state_dict, each param group (check_group) and each
+// parameter's entry (check_entry), before anything of it is taken; split_device_state gives
 // the optimizer that keeps states on the device its part, in its own numbering. The checks raise
 // ValueError naming the field and what is wrong with it; Python's repr names the values, so a
 // message reads the same whatever wrote the state_dict. Entries are checked with their tensors
@@ -231,11 +231,6 @@ py::dict split_state(const py::list& inner_groups, const py::dict& by_param) {
 namespace stowage::python {
 
 void bind_adam_state_check(py::module_& module) {
-  module.def("check_adam_group", &torch_offload::check_group, py::arg("ours"), py::arg("saved"), py::arg("number"),
-             py::arg("where"), "Raises ValueError naming what is wrong with a saved Adam param group");
-  module.def("check_adam_entry", &torch_offload::check_entry, py::arg("entry"), py::arg("numel"), py::arg("amsgrad"),
-             py::arg("where"),
-             "Raises ValueError naming the field of a saved Adam state entry (its tensors local) that is wrong");
   module.def("describe_parameter", &torch_offload::describe_parameter, py::arg("param_groups"), py::arg("param"),
              "'parameter 3 (group 0, shape [64, 24])': a parameter as state_dicts number it");
   module.def("check_adam_state", &torch_offload::check_state, py::arg("param_groups"), py::arg("state_dict"),

@@ -102,9 +102,6 @@ void bind_cuda(py::module_& module) {
                   "cannot find where libstowage.so was loaded from");
     return std::string(info.dli_fname);
   });
-  module.def("device_name", [](int device) {
-    return stowage::cuda_allocators::get(device).backend().properties().name;
-  });
 #else
   module.attr("has_cuda") = false;
   module.attr("cuda_torch_versions") = "";

@@ -43,7 +43,7 @@ void apply(const PrefetchSettings& settings, OffloadEngine& engine) {
 
 py::dict counts_dict(const PackCounts& counts) {
   py::dict out;
-  out["seen_bytes"] = counts.seen;
+  out["saved_bytes"] = counts.seen;
   out["offloaded_bytes"] = counts.offloaded;
   out["parameter_bytes"] = counts.parameters;
   out["small_bytes"] = counts.small;
@@ -137,29 +137,7 @@ void bind_offloader(py::module_& module) {
       });
 }
 
-// CPU mode: copies between the simulated device's memory and host memory go over the device's
-// link (its offload engine, at copy_bandwidth, counted in its statistics and subject to its
-// injected faults), as they would over PCIe on a GPU; false when neither side is the device's.
-bool copy_over_link(const at::Tensor& destination, const at::Tensor& source) {
-  STOWAGE_CHECK(destination.is_contiguous() && source.is_contiguous() && destination.nbytes() == source.nbytes(),
-                "a copy over the link takes two contiguous tensors of the same size");
-  const c10::Device device(c10::DeviceType::CPU);
-  const bool to_device = offloadable(device, destination.const_data_ptr());
-  if (!to_device && !offloadable(device, source.const_data_ptr())) return false;
-  OffloadEngine* engine = engine_for(device);
-  if (engine == nullptr) return false;
-  const py::gil_scoped_release release;
-  const TransferHandle transfer =
-      engine->transfers().copy(to_device ? TransferDirection::kToDevice : TransferDirection::kToHost,
-                               destination.data_ptr(), source.const_data_ptr(), destination.nbytes(), std::nullopt);
-  engine->transfers().wait(transfer);
-  return true;
-}
-
 void bind_engines(py::module_& module) {
-  module.def("copy_over_link", &copy_over_link, py::arg("destination"), py::arg("source"),
-             "CPU mode: copies `source` into `destination` over the simulated device's link when one "
-             "of them is device memory (True), else does nothing (False)");
   module.def(
       "offload_configure",
       [](std::optional<std::size_t> buffers, std::size_t max_bytes) {
@@ -205,15 +183,7 @@ void bind_engines(py::module_& module) {
       },
       py::arg("nth"),
       "Tests of check mode: the nth copy from now on CPU mode's simulated device flips one byte it writes");
-  module.def("check_mode", &check_mode);
   module.def("offload_steps_ended", &steps_ended);
-  module.def("offload_placement", [](int device) {
-    std::string placement;
-    for_each_engine([&](int index, OffloadEngine& engine) {
-      if (index == device) placement = engine.pool().placement();
-    });
-    return placement;
-  }, py::arg("device"));
 }
 
 }  // namespace

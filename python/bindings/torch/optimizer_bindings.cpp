@@ -155,8 +155,7 @@ void bind_store(py::module_& module) {
   py::class_<HostStateStore>(module, "HostStateStore")
       .def(py::init([](const std::string& device) { return HostStateStore(c10::Device(device)); }),
            py::arg("device"))
-      .def("empty", &HostStateStore::empty, py::arg("numel"), py::arg("dtype"))
-      .def("placement", &HostStateStore::placement);
+      .def("empty", &HostStateStore::empty, py::arg("numel"), py::arg("dtype"));
 }
 
 

@@ -18,7 +18,6 @@ import torch
 
 from stowage.memory import memory_allocated
 from stowage.serving import memory_cap, torch_module
-from stowage.offload.update_worker import cpus_near
 from stowage.plan.calibration import best_seconds
 
 HOST_PROBE_NUMEL = 1 << 22  # beyond the caches, as the states are
@@ -48,7 +47,7 @@ def _host_ms(device: torch.device, dtype: torch.dtype) -> float:
     master, grad = store.empty(HOST_PROBE_NUMEL, state), store.empty(HOST_PROBE_NUMEL, dtype)
     moments = [store.empty(HOST_PROBE_NUMEL, state).zero_() for _ in range(2)]
     master.fill_(1.0), grad.fill_(1e-3)
-    threads = len(cpus_near(None))
+    threads = len(torch_module().cpus_near(""))  # every CPU the process may use
     steps = iter(range(1, 1 << 30))
     beta1, beta2 = HYPER["betas"]
     hyper = dict(lr=HYPER["lr"], beta1=beta1, beta2=beta2, eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],

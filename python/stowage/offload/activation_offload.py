@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from stowage import _core, checking, step_context
 from stowage.byte_counts import byte_count
 from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
-from stowage.serving import CPU_MODE, is_cpu_allocator, torch_module
+from stowage.serving import CPU_MODE, device_index, is_cpu_allocator, torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_PREFETCH = 1 << 30
@@ -92,8 +92,7 @@ def _allocated() -> int:
     module = torch_module()
     if is_cpu_allocator(module):
         return int(module.memory_stats(CPU_MODE)["allocated_bytes.all.current"])
-    import torch
-
+    torch = step_context.loaded_torch()
     return int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
 
 
@@ -115,7 +114,7 @@ class activations:
             raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
         self._prefetch_depth = None if prefetch == "auto" else int(prefetch)
         self._max_prefetch = byte_count(max_prefetch, "max_prefetch")
-        self._exclude = list(exclude)
+        self._exclude = {id(module): module for module in exclude}
         self.report = OffloadReport()
 
     def __enter__(self) -> OffloadReport:
@@ -127,18 +126,14 @@ class activations:
         self._depth = 0
         self._names: dict[int, str] = {}  # check mode: module paths, for its messages
         self._allocated_before = _allocated()
-        self._handles = [step_context.module_calls.subscribe(self._module_entered, self._module_left)]
-        for excluded in self._exclude:
-            self._handles.append(excluded.register_forward_pre_hook(self._exclusion_entered).remove)
-            self._handles.append(excluded.register_forward_hook(self._exclusion_left, always_call=True).remove)
+        self._unsubscribe = step_context.module_calls.subscribe(self._module_entered, self._module_left)
         self._offloader = self._offloading.__enter__().offloader
         return self.report
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._offloading.__exit__(kind, error, traceback)
-        for remove in self._handles:
-            remove()
+        self._unsubscribe()
         self._fill_report()
         self._warn_if_compiled_whole()
         del self._offloader, self._offloading  # the packed tensors keep their buffers; the region's tables go
@@ -154,6 +149,7 @@ class activations:
 
     def _module_entered(self, call: step_context.Call, args: Any) -> None:
         module = call.module
+        self._excluded += id(module) in self._exclude
         if self._depth == 0:
             self._top_level.append(module)
             if checking.enabled():
@@ -168,29 +164,18 @@ class activations:
             self._offloader.add_parameters([t for t in tensors if t is not None])
 
     def _module_left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
+        if id(call.module) in self._exclude:
+            self._excluded = max(0, self._excluded - 1)
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             self._offloading.forward_ended()
 
-    def _exclusion_entered(self, module: Any, args: Any) -> None:
-        self._excluded += 1
-
-    def _exclusion_left(self, module: Any, args: Any, output: Any) -> None:
-        self._excluded = max(0, self._excluded - 1)
-
     def _fill_report(self) -> None:
-        counts = self._offloader.counts()
+        counts = self._offloader.counts()  # the report's fields (but the two forward ones), and live_offloaded_bytes
         report = self.report
-        report.saved_bytes = counts["seen_bytes"]
-        report.offloaded_bytes = counts["offloaded_bytes"]
-        report.parameter_bytes = counts["parameter_bytes"]
-        report.small_bytes = counts["small_bytes"]
-        report.elsewhere_bytes = counts["elsewhere_bytes"]
-        report.host_full_bytes = counts["host_full_bytes"]
-        report.num_saved = counts["num_saved"]
-        report.num_shared = counts["num_shared"]
-        report.held_elsewhere_bytes = counts["held_elsewhere_bytes"]
-        freed_by_offloading = counts["offloaded_bytes"] - counts["live_offloaded_bytes"]
+        freed_by_offloading = counts["offloaded_bytes"] - counts.pop("live_offloaded_bytes")
+        for field, value in counts.items():
+            setattr(report, field, value)
         report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_offloading)
         activations_saved = report.saved_bytes - report.parameter_bytes - report.elsewhere_bytes
         report.unseen_bytes = max(0, report.forward_bytes - activations_saved)
@@ -218,8 +203,6 @@ def end_step() -> None:
 def stats(device: Any = None) -> dict[str, int]:
     """The offload engine's statistics for ``device`` (as in ``stowage.memory_stats()``); empty
     before anything was offloaded there."""
-    from stowage.serving import device_index
-
     return dict(torch_module().offload_stats(device_index(device)))
 
 

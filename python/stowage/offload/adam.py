@@ -242,11 +242,14 @@ class Adam(torch.optim.Optimizer):
         start their states at their first step."""
         self._join([(p, g) for p, g in self._waiting if p.grad is not None])
 
-    def _name(self, param: torch.Tensor) -> str:
-        return torch_module().describe_parameter(self.param_groups, param)
-
     def _slot_name(self, index: int) -> str:
-        return self._name(self._params[index])
+        """'parameter 3 (group 0, shape [64, 24])'"""
+        return torch_module().describe_parameter(self.param_groups, self._params[index])
+
+    def _checked_name(self, index: int) -> str:
+        """The slot's name in check mode's messages: its path in the model first, where known."""
+        name = checking.parameter_name(self._params[index])
+        return f"parameter {name!r}, {self._slot_name(index)}" if name else self._slot_name(index)
 
     def _shards(self, slots: Iterable[int] | None = None) -> list[torch.Tensor]:
         """The local shards (FSDP2) of the slots' parameters as they are now (all by default)."""
@@ -284,8 +287,8 @@ class Adam(torch.optim.Optimizer):
             return
         self._backward_end.arm()
         previous, self._deferred = self._deferred, None
-        if previous is not None:
-            self._arrive_final(previous)
+        if previous is not None and previous.grad is not None:  # (a hook may have dropped it)
+            self._arrive(previous, previous.grad)
         if self._hooks_follow(param):
             self._deferred = param
         else:
@@ -298,10 +301,6 @@ class Adam(torch.optim.Optimizer):
         if not hooks:
             return True
         return next(reversed(hooks)) != self._hook_ids.get(param)
-
-    def _arrive_final(self, param: torch.Tensor) -> None:
-        if param.grad is not None:  # (a hook may have dropped it)
-            self._arrive(param, param.grad)
 
     def _arrive(self, param: torch.Tensor, gradient: torch.Tensor) -> None:
         if self._accumulating:
@@ -328,8 +327,8 @@ class Adam(torch.optim.Optimizer):
     def _backward_ended(self) -> None:
         """Every hook has run: the gradient whose copy waited for its hooks is final."""
         deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            self._arrive_final(deferred)
+        if deferred is not None and deferred.grad is not None:  # (a hook may have dropped it)
+            self._arrive(deferred, deferred.grad)
 
     def _backward_abandoned(self) -> None:
         """A backward that copied gradients (and, in_backward, updated buckets) raised: nothing of
@@ -373,9 +372,7 @@ class Adam(torch.optim.Optimizer):
         """in_backward updated buckets before the norm over all gradients existed: those updates
         are undone, and step() updates every bucket with the clipping coefficient, exactly, as
         "exact" would (the work backward did is done again: use update='exact' to clip)."""
-        with self._lock:
-            if self._slots.any_provisional():
-                self._roll_back()
+        self._undo_provisional()
         if not self._warned_clip:
             self._warned_clip = True
             warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): clip_grad_norm_ undoes the "
@@ -440,7 +437,7 @@ class Adam(torch.optim.Optimizer):
             self._at_point("device")
             self._step_on_device()
         except BaseException:
-            self._abandon_step()
+            self._undo_provisional()  # the arrivals stay: step() may be called again
             raise
         return scale
 
@@ -478,9 +475,8 @@ class Adam(torch.optim.Optimizer):
             self._slots.written_back()
         self._end_step()
 
-    def _abandon_step(self) -> None:
-        """An error before the step changed any state: in_backward's provisional updates are
-        undone; the arrivals stay."""
+    def _undo_provisional(self) -> None:
+        """in_backward's updates made during a backward whose step() has not come are undone."""
         with self._lock:
             if self._slots.any_provisional():
                 self._roll_back()
@@ -516,9 +512,8 @@ class Adam(torch.optim.Optimizer):
             return
         index = self._slots.first_changed_gradient(shards)
         if index >= 0:
-            name = checking.parameter_name(self._params[index])
             raise RuntimeError(
-                f"stowage check: the gradient of {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)} "
+                f"stowage check: the gradient of {self._checked_name(index)} "
                 f"copied out at step {checking.step()} is not, bit for bit, the gradient present at step(): it "
                 "was changed in a way the content watch did not see, or the copy out corrupted it. Nothing of "
                 "the step was applied.")
@@ -602,9 +597,8 @@ class Adam(torch.optim.Optimizer):
         index = self._slots.first_changed_arrival(slots, self._shards(slots))
         if index < 0:
             return
-        name = checking.parameter_name(self._params[index])
         raise RuntimeError(
-            f"stowage check: {f'parameter {name!r}, ' if name else ''}{self._slot_name(index)}, arrived changed "
+            f"stowage check: {self._checked_name(index)}, arrived changed "
             f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
             "(the link, or host memory) corrupted it; the step was finished and its update stands on the host.")
 
@@ -637,10 +631,9 @@ class Adam(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
         (and, in_backward, its provisional updates) are dropped as torch's would be."""
+        self._deferred = None
+        self._undo_provisional()
         with self._lock:
-            self._deferred = None
-            if self._slots.any_provisional():
-                self._roll_back()
             self._slots.reset_arrivals()
             self._backward_end.disarm()
         super().zero_grad(set_to_none)
@@ -654,9 +647,7 @@ class Adam(torch.optim.Optimizer):
         between backward and step() (a KeyboardInterrupt's handler) pairs the states with the
         parameters they belong to."""
         with interrupts_held():
-            with self._lock:
-                if self._slots.any_provisional():
-                    self._roll_back()
+            self._undo_provisional()
             self._slots.finish_pending()
             self._take_written_parameters(self._slots.pending_slots())
             self._write_back_pending()

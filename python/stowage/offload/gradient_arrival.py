@@ -13,6 +13,15 @@ which compares the gradients' bytes with what was copied. DDP copies its buckets
 in a final callback of its own, queued when its last bucket is ready, after the first hook of
 ours; so ours queues itself once more from its own callback (the engine runs callbacks queued
 while it runs them) and runs after DDP's.
+
+torch 2.11 has no public call for either thing the end of backward needs, so the private ones
+torch's own code uses are used here, and only here: the running graph task's id
+(torch._C._current_graph_task_id, as torch/autograd/graph.py's register_multi_grad_hook and
+torch/utils/checkpoint.py read it) and a callback queued for the end of backward
+(Variable._execution_engine.queue_callback, as FSDP2 queues its own in
+torch/distributed/fsdp/_fully_shard/_fsdp_state.py). Likewise stowage.offload.adam reads a
+parameter's post-accumulate hooks where torch keeps them, in order (Tensor._post_accumulate_grad_hooks,
+torch/_tensor.py): no public call lists them.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,10 +55,6 @@ class BackwardEnd:
         self._on_end = on_end
         self._on_abandoned = on_abandoned
         self._armed_task: int | None = None  # the graph task armed for, while it runs
-
-    @property
-    def armed(self) -> bool:
-        return self._armed_task is not None
 
     def arm(self) -> None:
         task = int(torch._C._current_graph_task_id())
@@ -86,8 +92,6 @@ def make_ddp_comm_hook(arrive: Callable[[torch.Tensor, torch.Tensor], None],
     """A DDP communication hook that averages the bucket like DDP's default (all-reduce, divide
     by the world size) and, once the reduction is done, hands each parameter's reduced gradient
     to `arrive(param, gradient)`."""
-    import torch.distributed as dist
-
     def hook(state: Any, bucket: Any) -> Any:
         backward_end.arm()
         buffer = bucket.buffer()

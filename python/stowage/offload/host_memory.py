@@ -7,20 +7,18 @@ from __future__ import annotations
 
 from stowage import _core
 
-HostRoom = _core.HostRoom  # available_bytes, limited_by, lockable_bytes
-
 
 class HostMemoryError(MemoryError):
     """The offloaded optimizer would need more host memory than the process may use."""
 
 
-def host_room(limit_bytes: int | None = None) -> HostRoom:
+def host_room(limit_bytes: int | None = None) -> _core.HostRoom:
     """The host memory this process may still take (the smallest of the limits above);
     `limit_bytes` caps it further. Read by the C++ probe `stowage doctor` reports too."""
     return _core.host_room(limit_bytes)
 
 
-def check_host_room(needed_bytes: int, what: str, limit_bytes: int | None = None) -> HostRoom:
+def check_host_room(needed_bytes: int, what: str, limit_bytes: int | None = None) -> _core.HostRoom:
     """Raises HostMemoryError, with the bytes needed and available, when `needed_bytes` do not
     fit in what the process may take."""
     room = host_room(limit_bytes)
