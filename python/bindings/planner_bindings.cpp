@@ -8,13 +8,13 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "base/errors.hpp"
 #include "planner/derived_quantities.hpp"
 #include "planner/prefetch_search.hpp"
+#include "planner/fit_weighing.hpp"
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
@@ -208,26 +208,72 @@ std::optional<ChoiceTuple> as_tuple(const std::optional<planner::ShareChoice>& c
   return ChoiceTuple{choice->fraction, choice->micro_rows};
 }
 
-void bind_share_search(py::module_& module) {
+void bind_fit_weighing(py::module_& module) {
+  py::class_<planner::StepTraces>(module, "StepTraces", "One micro-batch's lifetime trace by its rows.")
+      .def(py::init<planner::LifetimeTrace, planner::CostModel>(), py::arg("trace"), py::arg("cost"))
+      .def(py::init<planner::SizedTrace, std::vector<std::int64_t>, std::size_t, planner::CostModel>(),
+           py::arg("sized"), py::arg("values"), py::arg("rows_size"), py::arg("cost"))
+      .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"))
+      .def("at", &planner::StepTraces::at, py::arg("rows"));
+  py::class_<planner::FitMemory>(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).")
+      .def(py::init([](std::int64_t usable, std::int64_t in_use, std::int64_t parameter_count, std::int64_t gradients,
+                       std::int64_t foreach_temporary, std::int64_t largest_parameter, std::vector<std::int64_t> numels,
+                       std::vector<std::int64_t> state_bytes) {
+             return planner::FitMemory{usable, in_use, parameter_count, gradients, foreach_temporary,
+                                       largest_parameter, std::move(numels), std::move(state_bytes)};
+           }),
+           py::kw_only(), py::arg("usable"), py::arg("in_use"), py::arg("parameter_count"), py::arg("gradients"),
+           py::arg("foreach_temporary"), py::arg("largest_parameter"), py::arg("numels"), py::arg("state_bytes"))
+      .def_readonly("usable", &planner::FitMemory::usable)
+      .def_readonly("in_use", &planner::FitMemory::in_use)
+      .def_readonly("parameter_count", &planner::FitMemory::parameter_count)
+      .def_readonly("gradients", &planner::FitMemory::gradients)
+      .def_readonly("numels", &planner::FitMemory::numels)
+      .def_property_readonly("states", &planner::FitMemory::states);
+  py::class_<planner::FitHost>(module, "FitHost")
+      .def(py::init<std::int64_t, std::int64_t, std::string>(), py::arg("bytes_per_parameter"), py::arg("available"),
+           py::arg("limited_by"))
+      .def_readonly("available", &planner::FitHost::available)
+      .def_readonly("limited_by", &planner::FitHost::limited_by);
+  py::class_<planner::UpdateRates>(module, "UpdateRates")
+      .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"))
+      .def_readonly("host_ms_per_parameter", &planner::UpdateRates::host_ms_per_parameter)
+      .def_readonly("device_ms_per_parameter", &planner::UpdateRates::device_ms_per_parameter);
+  py::class_<planner::FitOption>(module, "FitOption")
+      .def_readonly("fraction", &planner::FitOption::fraction)
+      .def_readonly("micro_rows", &planner::FitOption::micro_rows)
+      .def_readonly("micro_batches", &planner::FitOption::micro_batches)
+      .def_readonly("activation_budget", &planner::FitOption::activation_budget)
+      .def_readonly("device_state_bytes", &planner::FitOption::device_state_bytes)
+      .def_readonly("optimizer_peak", &planner::FitOption::optimizer_peak)
+      .def_readonly("host_bytes", &planner::FitOption::host_bytes)
+      .def_readonly("update_ms", &planner::FitOption::update_ms)
+      .def_readonly("reason", &planner::FitOption::reason)
+      .def_readonly("solved", &planner::FitOption::solved)
+      .def_property_readonly("decisions", [](const planner::FitOption& o) { return decision_names(o.decisions); })
+      .def_readonly("prefetch_depth", &planner::FitOption::prefetch_depth)
+      .def_readonly("prediction", &planner::FitOption::prediction)
+      .def_property_readonly("feasible", &planner::FitOption::feasible)
+      .def_property_readonly("keeps_everything", &planner::FitOption::keeps_everything)
+      .def_property_readonly("step_ms", &planner::FitOption::step_ms);
   module.def(
-      "weigh_shares",
-      [](const std::vector<double>& fractions, std::int64_t rows, std::optional<std::int64_t> micro_rows,
-         std::int64_t smallest, int extra_cuts, const py::function& evaluate) {
-        const planner::EvaluateOption call = [&](double fraction, std::int64_t at_rows, std::int64_t batches) {
-          const auto [feasible, keeps_everything, step_ms] =
-              evaluate(fraction, at_rows, batches).cast<std::tuple<bool, bool, double>>();
-          return planner::WeighedOption{feasible, keeps_everything, step_ms};
-        };
-        std::vector<ChoiceTuple> listed;
-        for (const auto& choice : planner::weigh_shares(fractions, {rows, micro_rows, smallest, extra_cuts}, call)) {
-          listed.emplace_back(choice.fraction, choice.micro_rows);
-        }
-        return listed;
+      "weigh_fit",
+      [](const planner::StepTraces& traces, const planner::FitMemory& memory, const planner::FitHost& host,
+         const planner::UpdateRates& rates, const std::vector<std::pair<double, std::size_t>>& shares,
+         const planner::ShareSearch& search, std::optional<std::int64_t> micro_count, bool foreach,
+         std::int64_t reserve) {
+        planner::FitInputs inputs{traces, memory, host, rates, {}, search, micro_count, foreach, reserve};
+        for (const auto& [fraction, kept] : shares) inputs.shares.push_back({fraction, kept});
+        const py::gil_scoped_release release;
+        return planner::weigh_fit(inputs);
       },
-      py::arg("fractions"), py::arg("rows"), py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"),
-      py::arg("evaluate"),
-      "The options fit weighs, as (share, micro-batch rows), in order (Note [Choosing a share]); "
-      "evaluate(share, rows, micro_batches) -> (feasible, keeps_everything, step_ms), called once per option.");
+      py::arg("traces"), py::arg("memory"), py::arg("host"), py::arg("rates"), py::arg("shares"), py::arg("search"),
+      py::arg("micro_count"), py::arg("foreach"), py::arg("reserve"),
+      "fit's options weighed, in order (Note [Weighing fit's options]); shares: (fraction, parameters kept), "
+      "largest first.");
+  py::class_<planner::ShareSearch>(module, "ShareSearch")
+      .def(py::init<std::int64_t, std::optional<std::int64_t>, std::int64_t, int>(), py::arg("rows"),
+           py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"));
   module.def(
       "pick_choice",
       [](const std::map<ChoiceTuple, double>& step_ms, double tie) {
@@ -250,7 +296,7 @@ void bind_planner(py::module_& module) {
   bind_values(module);
   bind_results(module);
   bind_recording(module);
-  bind_share_search(module);
+  bind_fit_weighing(module);
   module.def(
       "plan_simulate",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,

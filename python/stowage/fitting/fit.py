@@ -14,14 +14,15 @@ import torch
 import stowage.plan
 from stowage import memory as stowage_memory
 from stowage._core import format_bytes
-from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
+from stowage import _core
+from stowage.fitting.accounting import measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, batch_sizes, cut, default_loss, profiling_grids
-from stowage.fitting.choosing import Choice, Option, TraceAt, agree, feasible_times, pick, weigh
+from stowage.fitting.choosing import Choice, Option, StepTraces, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, LossUnits, given_units
 from stowage.fitting.micro_batches import MIN_ROWS, MicroCut, asked_cut, cut_at, groups
-from stowage.fitting.trial import run_once, without_recompute
+from stowage.fitting.trial import regions_of_kinds, run_once
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
@@ -95,7 +96,7 @@ class CannotCut(Exception):
     """The step cannot be planned per micro-batch (the reason); fit keeps the batch whole."""
 
 
-Profiled = tuple[TraceAt, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
+Profiled = tuple[StepTraces, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
 
 
 def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capacity: int,
@@ -113,7 +114,7 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
     try:
         if not cuts:
             trace = stowage.plan.profile(lambda: step(batch), device=kind, cost=cost, model=model)
-            return (lambda rows: trace), f"step recorded at {_describe(full)}"
+            return StepTraces.whole(trace), f"step recorded at {_describe(full)}"
         try:
             sized = stowage.plan.profile(_on_cuts(step, batch, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
@@ -121,7 +122,7 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
             model.zero_grad(set_to_none=True)
             why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
             raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
-        return (lambda rows: sized.at({"batch": rows})), (
+        return StepTraces.by_rows(sized, {}), (
             f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{_rest(full)}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
@@ -135,10 +136,10 @@ def _profile(model: Any, loss_fn: LossFn, batch: Any, device: torch.device, capa
                          _first_line(failures[-1][1]))
     grid = sized.sizes
     if cuts:
-        return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
+        return StepTraces.by_rows(sized, {name: full[name] for name in grid}), (
             f"step does not fit at 2 rows: recorded at {shown}, planned per micro-batch")
     trace = sized.at({name: full[name] for name in grid})
-    return (lambda rows: trace), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
+    return StepTraces.whole(trace), f"step does not fit whole: recorded at {shown}, planned at {_describe(full)}"
 
 
 def _on_cuts(step: Callable[[Any], None], batch: Any, grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
@@ -230,15 +231,15 @@ def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
     return ""
 
 
-def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> HostMemory:
+def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> Any:
     """What an offloaded parameter of `optimizer`'s takes on the host (in the default exact mode:
-    one gradient staging buffer), and the room the process has there."""
+    one gradient staging buffer), and the room the process has there (a _core.FitHost)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
     per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
     room = host_room(None if host_budget is None else byte_count(host_budget, "stowage.fit: host_budget"))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
-    return HostMemory(per_parameter, room.available_bytes, limited_by)
+    return _core.FitHost(per_parameter, room.available_bytes, limited_by)
 
 
 def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
@@ -271,20 +272,20 @@ def _agreed(options: list[Option]) -> Choice | None:
 class Weighing:
     """What every weighing of the options takes (stowage.fitting.choosing.weigh)."""
 
-    trace_at: TraceAt
-    memory: DeviceMemory
-    host: HostMemory
-    rates: Any
+    traces: StepTraces
+    memory: Any  # _core.FitMemory
+    host: Any    # _core.FitHost
+    rates: Any   # _core.UpdateRates
     rows: int
     cut: MicroCut | None  # None: fit chooses
     can_offload: bool
     foreach: bool
 
     def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
-        return weigh(lambda rows: without_recompute(self.trace_at(rows), no_recompute), self.memory, self.host,
-                     self.rates, rows=self.rows, micro_rows=self.cut.most if self.cut else None,
-                     micro_count=self.cut.count if self.cut else None, smallest=MIN_ROWS,
-                     can_offload=self.can_offload, foreach=self.foreach, reserve=reserve)
+        return weigh(self.traces, self.memory, self.host, self.rates, rows=self.rows,
+                     micro_rows=self.cut.most if self.cut else None, micro_count=self.cut.count if self.cut else None,
+                     smallest=MIN_ROWS, can_offload=self.can_offload, foreach=self.foreach, reserve=reserve,
+                     not_recomputed=regions_of_kinds(self.traces.regions, no_recompute))
 
 
 TRIALS = 3  # choices tried at most (stowage.fitting.trial)
@@ -384,7 +385,7 @@ def _checked_choice(weighing: Weighing, found: Units, check: CutCheck | None, mo
     return whole, Units(None, why_not), _choose(whole, model, loss_fn, batch, None, device)
 
 
-def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
+def _no_fit(options: list[Option], memory: Any, unplanned: int, refusal: str,
             tried: str = "", whole: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
@@ -445,14 +446,14 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         asked = MicroCut.of(rows, 1)
     try:
         with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
-            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost,
+            traces, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost,
                                           found.units is not None)
     except CannotCut as error:
         if micro_batches != "auto":
             raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
         found, asked = Units(None, str(error)), MicroCut.of(rows, 1)
         with _trial(device), untouched(model, device):
-            trace_at, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
+            traces, recorded = _profile(model, loss_fn, example_batch, device, capacity, cost, False)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
     memory = measure(ordered, stowage_memory.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
@@ -460,13 +461,13 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    weighing = Weighing(trace_at, memory, host, rates, rows, asked, not refusal, uses_foreach(optimizer))
+    weighing = Weighing(traces, memory, host, rates, rows, asked, not refusal, uses_foreach(optimizer))
     weighing, found, (options, chosen, tried) = _checked_choice(
         weighing, found, check, model, loss_fn, example_batch, device)
     if chosen is None:
         whole = found.why_not or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
                                   if micro_batches == 1 and rows > MIN_ROWS else "")
-        raise _no_fit(options, memory, trace_at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
+        raise _no_fit(options, memory, traces.at(asked.most if asked else rows).unconstrained_peak_bytes, refusal, tried,
                       whole)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
@@ -475,7 +476,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
              "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "sizes": batch_sizes(example_batch),
              "memory": memory, "optimizer": name, "load": load, "units": found.units, "not_cut": found.why_not,
              "checked": found.checked,
-             "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
+             "unplanned_peak": traces.at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried}
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, facts)
     if verbose:

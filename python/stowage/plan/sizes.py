@@ -150,10 +150,8 @@ class SizedTrace:
             raise ValueError(f"the trace was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
         if any(type(value) is not int or not 0 < value <= MAX_SIZE_VALUE for value in sizes.values()):
             raise ValueError(f"sizes must be integers from 1 to {MAX_SIZE_VALUE:,}: {dict(sizes)}")
-        if self._native is None:
-            self._native = _core.SizedTrace(list(self.sizes.items()), [t.native_trace() for t in self.traces])
         try:
-            point = self._native.at([sizes[name] for name in self.sizes])
+            point = self.native().at([sizes[name] for name in self.sizes])
         except ValueError as error:
             raise ValueError(planner_message(error)) from None
         first = self.traces[0]
@@ -162,6 +160,12 @@ class SizedTrace:
         tensors = [dataclasses.replace(t, bytes=n.bytes, recompute_ms=n.recompute_ms)
                    for t, n in zip(first.tensors, point.trace.tensors)]
         return dataclasses.replace(first, ops=ops, tensors=tensors, unconstrained_peak_bytes=point.unconstrained_peak_bytes)
+
+    def native(self) -> Any:
+        """The sized trace as the C++ planner takes it (stowage._core.SizedTrace)."""
+        if self._native is None:
+            self._native = _core.SizedTrace(list(self.sizes.items()), [t.native_trace() for t in self.traces])
+        return self._native
 
     def document(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "sizes": self.sizes,
