@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "base/errors.hpp"
-#include "planner/derived_quantities.hpp"
 #include "planner/prefetch_search.hpp"
 #include "planner/fit_weighing.hpp"
 #include "planner/share_search.hpp"
@@ -67,32 +66,14 @@ void bind_recording(py::module_& module) {
       .def_readonly("region_checkpointable", &planner::BuiltTrace::region_checkpointable)
       .def_readonly("region_inputs", &planner::BuiltTrace::region_inputs)
       .def_readonly("unconstrained_peak_bytes", &planner::BuiltTrace::unconstrained_peak_bytes);
-  using Keys = std::vector<planner::StepLedger::Key>;
   py::class_<planner::StepLedger>(module, "StepLedger",
                                   "The storages of a step as it is recorded (Note [Keeping the ledger]).")
       .def(py::init<>())
       .def("add_fixed", &planner::StepLedger::add_fixed, py::arg("key"))
-      .def(
-          "op_ran",
-          [](planner::StepLedger& ledger, planner::Phase phase, const Keys& used, const Keys& made) {
-            ledger.op_ran(phase, used, made);
-          },
-          py::arg("phase"), py::arg("used"), py::arg("made"))
-      .def(
-          "made_outside_ops",
-          [](planner::StepLedger& ledger, planner::Phase phase, const Keys& made) {
-            ledger.made_outside_ops(phase, made);
-          },
-          py::arg("phase"), py::arg("made"))
-      .def(
-          "enter_region", [](planner::StepLedger& ledger, const Keys& inputs) { return ledger.enter_region(inputs); },
-          py::arg("inputs"))
-      .def(
-          "writes_input",
-          [](const planner::StepLedger& ledger, std::int32_t region, const Keys& written) {
-            return ledger.writes_input(region, written);
-          },
-          py::arg("region"), py::arg("written"))
+      .def("op_ran", &planner::StepLedger::op_ran, py::arg("phase"), py::arg("used"), py::arg("made"))
+      .def("made_outside_ops", &planner::StepLedger::made_outside_ops, py::arg("phase"), py::arg("made"))
+      .def("enter_region", &planner::StepLedger::enter_region, py::arg("inputs"))
+      .def("writes_input", &planner::StepLedger::writes_input, py::arg("region"), py::arg("written"))
       .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"))
       .def("taken_back", &planner::StepLedger::taken_back, py::arg("storage"))
       .def("storage_order", &planner::StepLedger::storage_order)
@@ -136,13 +117,8 @@ void bind_values(py::module_& module) {
       .value("backward", planner::Phase::kBackward)
       .value("optimizer", planner::Phase::kOptimizer);
   py::class_<planner::TraceOp>(module, "TraceOp")
-      .def(py::init<>())
-      .def(py::init([](std::string name, std::string module_path, planner::Phase phase, double duration_ms,
-                       std::uint64_t other_bytes, std::int32_t region, std::int64_t in_use_bytes,
-                       std::uint64_t io_bytes) {
-             return planner::TraceOp{std::move(name), std::move(module_path), phase, duration_ms, other_bytes, region,
-                                     in_use_bytes, io_bytes};
-           }),
+      .def(py::init<std::string, std::string, planner::Phase, double, std::uint64_t, std::int32_t, std::int64_t,
+                    std::uint64_t>(),
            py::arg("name"), py::arg("module"), py::arg("phase"), py::arg("duration_ms"), py::arg("other_bytes"),
            py::arg("region"), py::arg("in_use_bytes"), py::arg("io_bytes"))
       .def_readwrite("name", &planner::TraceOp::name)
@@ -154,15 +130,8 @@ void bind_values(py::module_& module) {
       .def_readwrite("in_use_bytes", &planner::TraceOp::in_use_bytes)
       .def_readwrite("io_bytes", &planner::TraceOp::io_bytes);
   py::class_<planner::SavedTensor>(module, "SavedTensor")
-      .def(py::init<>())
-      .def(py::init([](std::string module_path, std::uint64_t bytes, std::size_t created, std::size_t last_forward_use,
-                       std::size_t first_backward_use, std::size_t last_backward_use, double recompute_ms,
-                       bool recomputable, bool offloadable, std::vector<std::size_t> recompute_inputs,
-                       std::int32_t region) {
-             return planner::SavedTensor{std::move(module_path), bytes, created, last_forward_use, first_backward_use,
-                                         last_backward_use, recompute_ms, recomputable, offloadable,
-                                         std::move(recompute_inputs), region};
-           }),
+      .def(py::init<std::string, std::uint64_t, std::size_t, std::size_t, std::size_t, std::size_t, double, bool, bool,
+                    std::vector<std::size_t>, std::int32_t>(),
            py::arg("module"), py::arg("bytes"), py::arg("created"), py::arg("last_forward_use"),
            py::arg("first_backward_use"), py::arg("last_backward_use"), py::arg("recompute_ms"),
            py::arg("recomputable"), py::arg("offloadable"), py::arg("recompute_inputs"), py::arg("region"))
@@ -180,12 +149,7 @@ void bind_values(py::module_& module) {
   py::class_<planner::LifetimeTrace>(module, "LifetimeTrace")
       .def(py::init<>())
       .def_readwrite("ops", &planner::LifetimeTrace::ops)
-      .def_readwrite("tensors", &planner::LifetimeTrace::tensors)
-      .def("compute_ms", &planner::LifetimeTrace::compute_ms)
-      .def("derive_other_bytes", [](planner::LifetimeTrace& trace) { planner::derive_other_bytes(trace); },
-           "Each op's other_bytes from its in_use_bytes less the saved tensors live then.")
-      .def("derive_recompute_times", [](planner::LifetimeTrace& trace) { planner::derive_recompute_times(trace); },
-           "Each region tensor's recompute_ms from its region's forward ops since the one before it.");
+      .def_readwrite("tensors", &planner::LifetimeTrace::tensors);
   py::class_<planner::CostModel>(module, "CostModel")
       .def(py::init<double, double, std::size_t>(), py::arg("to_host_bytes_per_ms"),
            py::arg("to_device_bytes_per_ms"), py::arg("prefetch_depth") = 2)
@@ -208,20 +172,15 @@ std::optional<ChoiceTuple> as_tuple(const std::optional<planner::ShareChoice>& c
   return ChoiceTuple{choice->fraction, choice->micro_rows};
 }
 
-void bind_fit_weighing(py::module_& module) {
+void bind_fit_option(py::module_& module) {
   py::class_<planner::StepTraces>(module, "StepTraces", "One micro-batch's lifetime trace by its rows.")
       .def(py::init<planner::LifetimeTrace, planner::CostModel>(), py::arg("trace"), py::arg("cost"))
       .def(py::init<planner::SizedTrace, std::vector<std::int64_t>, std::size_t, planner::CostModel>(),
            py::arg("sized"), py::arg("values"), py::arg("rows_size"), py::arg("cost"))
-      .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"))
-      .def("at", &planner::StepTraces::at, py::arg("rows"));
+      .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"));
   py::class_<planner::FitMemory>(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).")
-      .def(py::init([](std::int64_t usable, std::int64_t in_use, std::int64_t parameter_count, std::int64_t gradients,
-                       std::int64_t foreach_temporary, std::int64_t largest_parameter, std::vector<std::int64_t> numels,
-                       std::vector<std::int64_t> state_bytes) {
-             return planner::FitMemory{usable, in_use, parameter_count, gradients, foreach_temporary,
-                                       largest_parameter, std::move(numels), std::move(state_bytes)};
-           }),
+      .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                    std::vector<std::int64_t>, std::vector<std::int64_t>>(),
            py::kw_only(), py::arg("usable"), py::arg("in_use"), py::arg("parameter_count"), py::arg("gradients"),
            py::arg("foreach_temporary"), py::arg("largest_parameter"), py::arg("numels"), py::arg("state_bytes"))
       .def_readonly("usable", &planner::FitMemory::usable)
@@ -236,26 +195,26 @@ void bind_fit_weighing(py::module_& module) {
       .def_readonly("available", &planner::FitHost::available)
       .def_readonly("limited_by", &planner::FitHost::limited_by);
   py::class_<planner::UpdateRates>(module, "UpdateRates")
-      .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"))
-      .def_readonly("host_ms_per_parameter", &planner::UpdateRates::host_ms_per_parameter)
-      .def_readonly("device_ms_per_parameter", &planner::UpdateRates::device_ms_per_parameter);
+      .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"));
   py::class_<planner::FitOption>(module, "FitOption")
       .def_readonly("fraction", &planner::FitOption::fraction)
       .def_readonly("micro_rows", &planner::FitOption::micro_rows)
       .def_readonly("micro_batches", &planner::FitOption::micro_batches)
       .def_readonly("activation_budget", &planner::FitOption::activation_budget)
       .def_readonly("device_state_bytes", &planner::FitOption::device_state_bytes)
-      .def_readonly("optimizer_peak", &planner::FitOption::optimizer_peak)
       .def_readonly("host_bytes", &planner::FitOption::host_bytes)
       .def_readonly("update_ms", &planner::FitOption::update_ms)
       .def_readonly("reason", &planner::FitOption::reason)
       .def_readonly("solved", &planner::FitOption::solved)
       .def_property_readonly("decisions", [](const planner::FitOption& o) { return decision_names(o.decisions); })
       .def_readonly("prefetch_depth", &planner::FitOption::prefetch_depth)
-      .def_readonly("prediction", &planner::FitOption::prediction)
       .def_property_readonly("feasible", &planner::FitOption::feasible)
       .def_property_readonly("keeps_everything", &planner::FitOption::keeps_everything)
       .def_property_readonly("step_ms", &planner::FitOption::step_ms);
+}
+
+void bind_fit_weighing(py::module_& module) {
+  bind_fit_option(module);
   module.def(
       "weigh_fit",
       [](const planner::StepTraces& traces, const planner::FitMemory& memory, const planner::FitHost& host,
@@ -325,9 +284,8 @@ void bind_planner(py::module_& module) {
       },
       py::arg("trace"), py::arg("cost"), py::arg("budget"), py::arg("exact") = false,
       py::arg("shallowest_prefetch_depth") = py::none(),
-      "A BudgetPlan: the fastest plan found whose peak fits the budget (greedy, or exhaustive for up to 16 "
-      "saved tensors), solved at the cost model's prefetch depth and, while none fits, at shallower ones "
-      "down to `shallowest_prefetch_depth` (Note [Prefetch depth]); the lowest peak found when none fits.");
+      "A BudgetPlan: the fastest plan found whose peak fits the budget, searched down to the shallowest "
+      "prefetch depth (Note [Prefetch depth]); the lowest peak found when none fits.");
 }
 
 }  // namespace stowage::python

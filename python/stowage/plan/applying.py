@@ -16,14 +16,16 @@ from typing import Any, Iterator, Mapping
 
 from stowage import _core
 from stowage.byte_counts import byte_count
+from stowage.memory import is_enabled
 from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
-from stowage.serving import torch_module
+from stowage.serving import device_index, torch_module
 from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeTrace, trace_of
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.plan_text import comparison_plans, describe
 from stowage.plan.region_policy import RegionPolicy
 from stowage.plan.sizes import SizedTrace
+from stowage.validation import read_json
 from stowage.warning_site import outside_stowage
 
 
@@ -50,10 +52,8 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
                  "prefetch_depth": prefetch_depth}
     given = {name: value for name, value in overrides.items() if value is not None}
     if given:  # the plan's own cost model; the trace keeps its calibration
-        from stowage.plan.file_formats import check_cost
-
         cost_model = {**trace.cost, **given}
-        check_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
+        _core.check_plan_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
         trace = dataclasses.replace(trace, cost=cost_model)
     native, cost = trace.native_trace(), trace.native_cost()
     found = _core.plan_solve(native, cost, limit, exact, cost.prefetch_depth if prefetch_depth is not None else 0)
@@ -157,12 +157,10 @@ class Plan:
 
     # Applying ----------------------------------------------------------------------------
     def __enter__(self) -> Plan:
-        from stowage.plan.file_formats import decision_problem
-
         if self._active:
             raise RuntimeError("stowage.plan: this plan is already applied to a step")
         for t, (tensor, decision) in enumerate(zip(self.trace.tensors, self.decisions)):
-            problem = decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
+            problem = _core.plan_decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
             if problem is None and not -1 <= tensor.region < len(self.trace.regions):
                 problem = f"region {tensor.region} is not one of the trace's {len(self.trace.regions)} regions"
             if problem is not None:
@@ -220,9 +218,6 @@ class Plan:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
         in allocator/caching_allocator.hpp): an allocation that would pass it first waits for the
         offloads the simulation counted as done, where the copies run late."""
-        from stowage.memory import is_enabled
-        from stowage.serving import device_index
-
         self._ceiling: tuple[int, int | None] | None = None
         if not is_enabled():
             return
@@ -269,7 +264,7 @@ class Plan:
             module.forward = self._checkpointing(module, module.forward)
 
     def _checkpointing(self, module: Any, original: Any) -> Any:
-        import torch
+        import torch  # (here, and recompute_modes, which imports it: stowage.plan loads without torch)
         from torch.utils.checkpoint import checkpoint
 
         from stowage.plan.recompute_modes import recompute_contexts
@@ -328,10 +323,7 @@ def load(path: str | Path) -> Plan:
     """A plan saved by ``Plan.save``; InputError (a ValueError) naming the file, the field, the
     value and the bound for a file that is not one (stowage.plan.file_formats), checked whole
     before anything is built from it."""
-    from stowage.plan.file_formats import check_plan
-    from stowage.validation import read_json
-
     document = read_json(path, "a stowage plan")
-    native = check_plan(document, str(path))  # its lifetime trace and decisions too
+    native = _core.read_plan_document(document, str(path))  # its lifetime trace and decisions too
     trace = trace_of(document["profile"])
     return Plan(trace, document["decisions"], document["budget"], native=(native, trace.native_cost()))

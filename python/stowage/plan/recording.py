@@ -10,6 +10,9 @@ module path. The step runs as it would without stowage.plan: nothing is changed,
 A model that does not fit at the size it trains at is recorded at sizes that do, a grid of them
 (stowage.plan.sizes), and planned for the size it trains at: a plan is keyed to the step's ops
 and saves, not to their sizes.
+
+Functions import torch (and recompute_modes, which imports it) where they run: the package loads
+without torch (``stowage plan``, the command, reads and solves traces).
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from stowage import _core
+from stowage import _core, memory
+from stowage.plan.building import build_trace
 from stowage.plan.calibration import measure_cost
 from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
 from stowage.plan.module_frames import Frame, ModuleFrames, block_modules
+from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
+from stowage.serving import torch_module
 from stowage.step_context import SavedTensorRegion, in_backward
 
 
@@ -32,8 +38,6 @@ class _DeviceMeter:
 
     def __init__(self, device: str) -> None:
         import torch
-
-        from stowage import memory
 
         self._cuda = device == "cuda"
         if memory.is_enabled() or not self._cuda:
@@ -59,8 +63,6 @@ class _DeviceMeter:
     def release_cache(self) -> None:
         """Returns the allocator's free cached memory to the device."""
         import torch
-
-        from stowage import memory
 
         if memory.is_enabled():
             memory.empty_cache()
@@ -191,8 +193,6 @@ class StepRecorder:
 
     # Saved tensors ------------------------------------------------------------------------
     def pack(self, tensor: Any) -> Any:
-        from stowage.serving import torch_module
-
         keep = torch_module().TensorOffloader.keep  # detached, its version checked at unpack as torch does
         if in_backward():
             return keep(tensor)
@@ -215,8 +215,6 @@ class StepRecorder:
         return (storage, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
-        from stowage.serving import torch_module
-
         unpack = torch_module().TensorOffloader.unpack
         if not isinstance(packed, tuple):
             return unpack(packed)
@@ -354,8 +352,6 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
     import torch
 
-    from stowage.plan.building import build_trace
-
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
     measured = dict(cost) if cost is not None else None
@@ -369,9 +365,6 @@ def _profile_grid(step_fn: Callable[..., Any], sizes: Mapping[str, Sequence[int]
                   measured: dict[str, float] | None) -> Any:
     """The SizedTrace of `step_fn` at the grid of `sizes`: run once at the largest point first,
     then recorded at each; recorded once more when the points' steps differ."""
-    from stowage.plan.building import build_trace
-    from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
-
     points = grid_points(sizes)
     without_gradients = [p for p in model.parameters() if p.grad is None] if model is not None else []
     with _failing_cleanly(_DeviceMeter(device), without_gradients):  # unrecorded: every recorded point starts

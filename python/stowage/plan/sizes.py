@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stowage import _core
-from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
+from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED
 from stowage.plan.lifetimes import VERSION, LifetimeTrace, load_trace_document, planner_message, trace_of
 from stowage.validation import InputError, read_json
 
@@ -183,7 +183,7 @@ def load_sized_document(document: dict[str, Any], where: str) -> SizedTrace:
     """A SizedTrace from its JSON document; InputError (a ValueError) naming the file, the
     field, the value and the bound (stowage.plan.file_formats), or the first way its grid's
     steps differ."""
-    check_sized(document, where)  # its lifetime traces too ("profiles[3]")
+    _core.read_sized_lifetimes(document, where)  # its lifetime traces too ("profiles[3]")
     traces = [trace_of(p) for p in document["profiles"]]
     try:
         return SizedTrace({name: list(points) for name, points in document["sizes"].items()}, traces)
