@@ -68,7 +68,9 @@ class Option:
     def __init__(self, weighed: Any, trace_at: TraceAt) -> None:
         self._weighed, self._trace_at = weighed, trace_at
 
-    def __getattr__(self, name: str) -> Any:  # the weighed figures
+    def __getattr__(self, name: str) -> Any:  # the weighed figures (not its own: a copy being made has none yet)
+        if name.startswith("_"):
+            raise AttributeError(name)
         return getattr(self._weighed, name)
 
     @property

@@ -104,22 +104,38 @@ def _notice_recompute(blocks: list[str]) -> None:
         RecomputeNotice, stacklevel=outside_stowage())
 
 
+def _check_decisions(trace: LifetimeTrace, decisions: list[str]) -> None:
+    """ValueError naming the first saved tensor the runtime cannot apply its decision to."""
+    if len(decisions) != len(trace.tensors):
+        raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for {len(trace.tensors)}")
+    for t, (tensor, decision) in enumerate(zip(trace.tensors, decisions)):
+        problem = _core.plan_decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
+        if problem is None and not -1 <= tensor.region < len(trace.regions):
+            problem = f"region {tensor.region} is not one of the trace's {len(trace.regions)} regions"
+        if problem is not None:
+            raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
+
+
 class Plan:
-    """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome."""
+    """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome;
+    its decisions checked once, when it is made."""
 
     def __init__(self, trace: LifetimeTrace, decisions: list[str], budget: int, *,
                  native: tuple[Any, Any] | None = None) -> None:
         """``native``: the lifetime trace and cost model as the C++ planner takes them, where the
         caller has converted them already (they are built once and simulated often)."""
-        if len(decisions) != len(trace.tensors):
-            raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for "
-                             f"{len(trace.tensors)}")
-        self.trace, self.decisions, self.budget = trace, list(decisions), budget
+        _check_decisions(trace, decisions)
+        self.trace, self._decisions, self.budget = trace, tuple(decisions), budget
         self._native = native or (trace.native_trace(), trace.native_cost())
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
+
+    @property
+    def decisions(self) -> list[str]:
+        """One per saved tensor, checked when the plan was made (fixed since)."""
+        return list(self._decisions)
 
     def simulate(self, decisions: list[str], ceiling: int | None = None) -> Any:
         """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:
@@ -159,12 +175,6 @@ class Plan:
     def __enter__(self) -> Plan:
         if self._active:
             raise RuntimeError("stowage.plan: this plan is already applied to a step")
-        for t, (tensor, decision) in enumerate(zip(self.trace.tensors, self.decisions)):
-            problem = _core.plan_decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
-            if problem is None and not -1 <= tensor.region < len(self.trace.regions):
-                problem = f"region {tensor.region} is not one of the trace's {len(self.trace.regions)} regions"
-            if problem is not None:
-                raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
         # What __exit__ takes down, set as each part is put in place: an error on the way in
         # takes down what was put in place and leaves the plan inactive.
         self._offloading: SavedTensorOffload | None = None
@@ -232,11 +242,11 @@ class Plan:
         for index, tensor in enumerate(self.trace.tensors):
             for save in tensor.packs:
                 self._unit_of_save[tuple(save)] = index  # type: ignore[index]
-        recomputed = {t.region for t, d in zip(self.trace.tensors, self.decisions) if d == "recompute"}
+        recomputed = {t.region for t, d in zip(self.trace.tensors, self._decisions) if d == "recompute"}
         self._checkpointed: dict[tuple[str, int], tuple[int, set[int]]] = {}
         for r in recomputed:
             region = self.trace.regions[r]
-            kept = {self.trace.ops[t.created].region_op for t, d in zip(self.trace.tensors, self.decisions)
+            kept = {self.trace.ops[t.created].region_op for t, d in zip(self.trace.tensors, self._decisions)
                     if t.region == r and d != "recompute"}
             self._checkpointed[(region.module, region.call)] = (r, kept)
         self._recorded_calls: dict[str, int] = {}  # each module's forward calls in the profiled step
@@ -309,7 +319,7 @@ class Plan:
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
-        if unit is not None and self.decisions[unit] == "offload":
+        if unit is not None and self._decisions[unit] == "offload":
             frame = self._frames.top
             return self._offloader.pack(tensor, frame.path if frame is not None else "")
         return keep(tensor)
