@@ -65,7 +65,7 @@ for name in sys.argv[1:]:
                 rows = []
                 for o in options:
                     plan = o.plan
-                    rows.append([o.fraction, o.micro_rows, o.micro_batches, o.activation_budget, o.optimizer_peak,
+                    rows.append([o.fraction, o.micro_rows, o.micro_batches, o.activation_budget,
                                  repr(o.update_ms), o.host_bytes, o.reason, o.feasible, o.keeps_everything,
                                  repr(o.step_ms) if o.feasible else None,
                                  None if plan is None else hashlib.sha1(",".join(plan.decisions).encode()).hexdigest()[:12],
