@@ -37,7 +37,7 @@ class _DeviceMeter:
     """The allocator's bytes in use, and their peak since the last reset, on the step's device."""
 
     def __init__(self, device: str) -> None:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
 
         self._cuda = device == "cuda"
         if memory.is_enabled() or not self._cuda:
@@ -56,13 +56,13 @@ class _DeviceMeter:
 
     def synchronize(self) -> None:
         if self._cuda:
-            import torch
+            import torch  # (see the module's note: the package loads without torch)
 
             torch.cuda.synchronize()
 
     def release_cache(self) -> None:
         """Returns the allocator's free cached memory to the device."""
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
 
         if memory.is_enabled():
             memory.empty_cache()
@@ -125,7 +125,7 @@ class StepRecorder:
             self.ledger.add_fixed(_storage_key(tensor))
 
     def _entered(self, frame: Frame, args: tuple[Any, ...]) -> None:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
 
         if self.active_region >= 0 or id(frame.module) not in self.blocks:
             return
@@ -146,7 +146,7 @@ class StepRecorder:
         return "optimizer" if self.seen_backward else "forward"
 
     def run_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
 
         phase = self.phase()
         self.meter.synchronize()
@@ -224,7 +224,7 @@ class StepRecorder:
 
     # The step ---------------------------------------------------------------------------
     def record(self, step: Callable[[], Any]) -> Any:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
         from torch.utils._python_dispatch import TorchDispatchMode
 
         from stowage.plan.recompute_modes import LIFTING_OPS, UNMATCHED_OPS
@@ -300,7 +300,7 @@ def _failing_cleanly(meter: _DeviceMeter, without_gradients: list[Any]) -> Itera
     for it is returned to the device, so that the next step (a recording at smaller sizes) has
     the room this one had, not a cache cut up to this step's sizes (Note [A failed recording
     leaves no trace]). An out-of-memory error says how to record the step at sizes that fit."""
-    import torch
+    import torch  # (see the module's note: the package loads without torch)
 
     try:
         yield
@@ -350,7 +350,7 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     ``model``: the model the step trains, needed when the step calls something other than its
     forward (a loss method calling its blocks): module paths and blocks are then the model's (set
     the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
-    import torch
+    import torch  # (see the module's note: the package loads without torch)
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
