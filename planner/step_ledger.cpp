@@ -8,7 +8,7 @@
 
 namespace stowage::planner {
 
-void StepLedger::op_ran(Phase phase, std::span<const Key> used, std::span<const Key> made_keys) {
+void StepLedger::op_ran(Phase phase, const Keys& used, const Keys& made_keys) {
   const std::size_t index = ops_++;
   for (const Key key : used) {
     if (phase == Phase::kForward) {
@@ -20,7 +20,7 @@ void StepLedger::op_ran(Phase phase, std::span<const Key> used, std::span<const 
   for (const Key key : made_keys) made(key, index, phase);
 }
 
-void StepLedger::made_outside_ops(Phase phase, std::span<const Key> made_keys) {
+void StepLedger::made_outside_ops(Phase phase, const Keys& made_keys) {
   for (const Key key : made_keys) made(key, std::nullopt, phase);
 }
 
@@ -56,7 +56,7 @@ void StepLedger::move_out(Key key) {
   for (std::vector<Key>& inputs : region_inputs_) std::replace(inputs.begin(), inputs.end(), key, own);
 }
 
-std::int32_t StepLedger::enter_region(std::span<const Key> inputs) {
+std::int32_t StepLedger::enter_region(const Keys& inputs) {
   std::vector<Key>& kept = region_inputs_.emplace_back();
   for (const Key key : inputs) {
     if (key != 0 && !fixed_.contains(key)) kept.push_back(key);
@@ -64,7 +64,7 @@ std::int32_t StepLedger::enter_region(std::span<const Key> inputs) {
   return static_cast<std::int32_t>(region_inputs_.size() - 1);
 }
 
-bool StepLedger::writes_input(std::int32_t region, std::span<const Key> written) const {
+bool StepLedger::writes_input(std::int32_t region, const Keys& written) const {
   STOWAGE_CHECK(region >= 0 && static_cast<std::size_t>(region) < region_inputs_.size(), "region ", region,
                 " was never entered (", region_inputs_.size(), " were)");
   const std::vector<Key>& inputs = region_inputs_[static_cast<std::size_t>(region)];

@@ -28,7 +28,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -42,24 +41,25 @@ namespace stowage::planner {
 class StepLedger {
  public:
   using Key = std::int64_t;
+  using Keys = std::vector<Key>;
 
   // A parameter's or buffer's storage: never saved by the step.
   void add_fixed(Key key) { fixed_.insert(key); }
 
   // The next op (its index is the number of ops reported before it) ran in `phase`, taking the
   // storages `used` and, unless it is a view, making `made`.
-  void op_ran(Phase phase, std::span<const Key> used, std::span<const Key> made);
+  void op_ran(Phase phase, const Keys& used, const Keys& made);
 
   // Storages `made` came into being in `phase` by no op of the step's (not counted as an op): a
   // tensor made outside the dispatcher and lifted into the step (aten::lift_fresh).
-  void made_outside_ops(Phase phase, std::span<const Key> made);
+  void made_outside_ops(Phase phase, const Keys& made);
 
   // A checkpointable block begins; `inputs`: the storages of its tensor arguments (keys 0 and
   // fixed ones are dropped). Returns its region's index.
-  std::int32_t enter_region(std::span<const Key> inputs);
+  std::int32_t enter_region(const Keys& inputs);
 
   // Whether an op of `region` wrote one of the region's inputs (`written`: the storages it wrote).
-  [[nodiscard]] bool writes_input(std::int32_t region, std::span<const Key> written) const;
+  [[nodiscard]] bool writes_input(std::int32_t region, const Keys& written) const;
 
   // Autograd saves `key` (of `bytes`) after the ops so far, in `region` (kNoRegion: none).
   // Returns the saved storage's index, or none for a fixed storage or key 0 (no decision

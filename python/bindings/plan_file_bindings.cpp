@@ -1,7 +1,7 @@
 // stowage._core's planner files: a lifetime trace, a sized one and a plan, as json.loads gave
 // them, checked against their schemas and bounds and read into the planner's traces
-// (planner/file_formats.hpp), walked as Python objects without copying them. A refusal comes
-// back as (field, problem); Python adds the file (stowage.validation.InputError).
+// (planner/file_formats.hpp), walked as Python objects without copying them. A refusal is raised
+// as stowage.validation's InputError naming the file and the field.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -137,16 +137,20 @@ class PythonDocument final : public planner::DocumentView {
   std::string scratch_;
 };
 
-// The traces read, or the refusal as (field, problem).
-py::object result(planner::ReadDocument read, bool one) {
-  if (read.refusal) return py::make_tuple(read.refusal->field, read.refusal->problem);
-  if (one) return py::cast(std::move(read.traces.front()));
-  return py::cast(std::move(read.traces));
+// Raises a refusal as stowage.validation's InputError: the file (`where`), the field, the problem.
+void raise_refusal(const std::optional<planner::Refusal>& refused, const std::string& where) {
+  if (!refused) return;
+  const py::object error =
+      py::module_::import("stowage.validation.errors").attr("InputError")(where, refused->field, refused->problem);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  throw py::error_already_set();
 }
 
-py::object refusal(const std::optional<planner::Refusal>& refused) {
-  if (!refused) return py::none();
-  return py::make_tuple(refused->field, refused->problem);
+// The traces read (the first alone where `one`), or the refusal raised.
+py::object result(planner::ReadDocument read, const std::string& where, bool one) {
+  raise_refusal(read.refusal, where);
+  if (one) return py::cast(std::move(read.traces.front()));
+  return py::cast(std::move(read.traces));
 }
 
 }  // namespace
@@ -154,55 +158,44 @@ py::object refusal(const std::optional<planner::Refusal>& refused) {
 void bind_plan_files(py::module_& module) {
   module.def(
       "read_lifetimes",
-      [](const py::object& document, const std::string& field) {
+      [](const py::object& document, const std::string& where, const std::string& field) {
         PythonDocument view;
-        return result(planner::read_lifetimes(view, document.ptr(), field), true);
+        return result(planner::read_lifetimes(view, document.ptr(), field), where, true);
       },
-      py::arg("document"), py::arg("field") = "",
-      "A lifetime trace document checked and read: its LifetimeTrace, or the refusal (field, problem).");
+      py::arg("document"), py::arg("where"), py::arg("field") = "",
+      "A lifetime trace document checked and read into its LifetimeTrace; InputError naming `where` and the field.");
   module.def(
       "read_sized_lifetimes",
-      [](const py::object& document) {
+      [](const py::object& document, const std::string& where) {
         PythonDocument view;
-        return result(planner::read_sized(view, document.ptr()), false);
+        return result(planner::read_sized(view, document.ptr()), where, false);
       },
-      py::arg("document"), "A sized trace document checked and read: a LifetimeTrace per grid point, or the refusal.");
+      py::arg("document"), py::arg("where"), "A sized trace document checked and read: a LifetimeTrace per grid point.");
   module.def(
       "read_plan_document",
-      [](const py::object& document) {
+      [](const py::object& document, const std::string& where) {
         PythonDocument view;
-        return result(planner::read_plan(view, document.ptr()), true);
+        return result(planner::read_plan(view, document.ptr()), where, true);
       },
-      py::arg("document"), "A plan document checked and read: its lifetime trace's LifetimeTrace, or the refusal.");
+      py::arg("document"), py::arg("where"), "A plan document checked and read: its lifetime trace's LifetimeTrace.");
   module.def(
       "check_plan_cost",
-      [](const py::object& cost, std::size_t tensors) {
+      [](const py::object& cost, const std::string& where, std::size_t tensors) {
         PythonDocument view;
-        return refusal(planner::check_cost(view, cost.ptr(), tensors));
+        raise_refusal(planner::check_cost(view, cost.ptr(), tensors), where);
       },
-      py::arg("cost"), py::arg("tensors"), "The refusal (field, problem) for a cost model outside its bounds, or None.");
+      py::arg("cost"), py::arg("where"), py::arg("tensors"), "InputError for a cost model outside its bounds.");
   module.def("plan_decision_problem", &planner::decision_problem, py::arg("decision"), py::arg("recomputable"),
              py::arg("offloadable"), py::arg("region"));
 
   py::module_ limits =
-      module.def_submodule("plan_file_limits", "The bounds of the planner's files (planner/file_formats.hpp).");
+      module.def_submodule("plan_file_limits", "The planner files' formats and the bounds Python checks before reading (planner/file_formats.hpp).");
   limits.attr("LIFETIMES") = std::string(planner::kLifetimesFormat);
   limits.attr("SIZED") = std::string(planner::kSizedFormat);
   limits.attr("PLAN") = std::string(planner::kPlanFormat);
   limits.attr("VERSION") = planner::kFormatVersion;
-  limits.attr("MAX_BYTES") = planner::kMaxBytes;
   limits.attr("MAX_TOTAL_BYTES") = planner::kMaxTotalBytes;
-  limits.attr("MAX_MS") = planner::kMaxMs;
-  limits.attr("MAX_OPS") = planner::kMaxOps;
-  limits.attr("MAX_TENSORS") = planner::kMaxTensors;
-  limits.attr("MAX_REGIONS") = planner::kMaxRegions;
-  limits.attr("MAX_TEXT") = planner::kMaxText;
-  limits.attr("MAX_CALLS") = planner::kMaxCalls;
-  limits.attr("MIN_BYTES_PER_MS") = planner::kMinBytesPerMs;
-  limits.attr("MAX_BYTES_PER_MS") = planner::kMaxBytesPerMs;
-  limits.attr("DEFAULT_PREFETCH_DEPTH") = planner::kDefaultPrefetchDepth;
   limits.attr("MAX_SIZES") = planner::kMaxSizes;
-  limits.attr("MIN_POINTS") = planner::kMinPoints;
   limits.attr("MAX_POINTS") = planner::kMaxPoints;
   limits.attr("MAX_GRID_POINTS") = planner::kMaxGridPoints;
   limits.attr("MAX_SIZE_VALUE") = planner::kMaxSizeValue;

@@ -8,13 +8,12 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "base/errors.hpp"
-#include "planner/derived_quantities.hpp"
 #include "planner/prefetch_search.hpp"
+#include "planner/fit_weighing.hpp"
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
@@ -67,32 +66,14 @@ void bind_recording(py::module_& module) {
       .def_readonly("region_checkpointable", &planner::BuiltTrace::region_checkpointable)
       .def_readonly("region_inputs", &planner::BuiltTrace::region_inputs)
       .def_readonly("unconstrained_peak_bytes", &planner::BuiltTrace::unconstrained_peak_bytes);
-  using Keys = std::vector<planner::StepLedger::Key>;
   py::class_<planner::StepLedger>(module, "StepLedger",
                                   "The storages of a step as it is recorded (Note [Keeping the ledger]).")
       .def(py::init<>())
       .def("add_fixed", &planner::StepLedger::add_fixed, py::arg("key"))
-      .def(
-          "op_ran",
-          [](planner::StepLedger& ledger, planner::Phase phase, const Keys& used, const Keys& made) {
-            ledger.op_ran(phase, used, made);
-          },
-          py::arg("phase"), py::arg("used"), py::arg("made"))
-      .def(
-          "made_outside_ops",
-          [](planner::StepLedger& ledger, planner::Phase phase, const Keys& made) {
-            ledger.made_outside_ops(phase, made);
-          },
-          py::arg("phase"), py::arg("made"))
-      .def(
-          "enter_region", [](planner::StepLedger& ledger, const Keys& inputs) { return ledger.enter_region(inputs); },
-          py::arg("inputs"))
-      .def(
-          "writes_input",
-          [](const planner::StepLedger& ledger, std::int32_t region, const Keys& written) {
-            return ledger.writes_input(region, written);
-          },
-          py::arg("region"), py::arg("written"))
+      .def("op_ran", &planner::StepLedger::op_ran, py::arg("phase"), py::arg("used"), py::arg("made"))
+      .def("made_outside_ops", &planner::StepLedger::made_outside_ops, py::arg("phase"), py::arg("made"))
+      .def("enter_region", &planner::StepLedger::enter_region, py::arg("inputs"))
+      .def("writes_input", &planner::StepLedger::writes_input, py::arg("region"), py::arg("written"))
       .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"))
       .def("taken_back", &planner::StepLedger::taken_back, py::arg("storage"))
       .def("storage_order", &planner::StepLedger::storage_order)
@@ -136,13 +117,8 @@ void bind_values(py::module_& module) {
       .value("backward", planner::Phase::kBackward)
       .value("optimizer", planner::Phase::kOptimizer);
   py::class_<planner::TraceOp>(module, "TraceOp")
-      .def(py::init<>())
-      .def(py::init([](std::string name, std::string module_path, planner::Phase phase, double duration_ms,
-                       std::uint64_t other_bytes, std::int32_t region, std::int64_t in_use_bytes,
-                       std::uint64_t io_bytes) {
-             return planner::TraceOp{std::move(name), std::move(module_path), phase, duration_ms, other_bytes, region,
-                                     in_use_bytes, io_bytes};
-           }),
+      .def(py::init<std::string, std::string, planner::Phase, double, std::uint64_t, std::int32_t, std::int64_t,
+                    std::uint64_t>(),
            py::arg("name"), py::arg("module"), py::arg("phase"), py::arg("duration_ms"), py::arg("other_bytes"),
            py::arg("region"), py::arg("in_use_bytes"), py::arg("io_bytes"))
       .def_readwrite("name", &planner::TraceOp::name)
@@ -154,15 +130,8 @@ void bind_values(py::module_& module) {
       .def_readwrite("in_use_bytes", &planner::TraceOp::in_use_bytes)
       .def_readwrite("io_bytes", &planner::TraceOp::io_bytes);
   py::class_<planner::SavedTensor>(module, "SavedTensor")
-      .def(py::init<>())
-      .def(py::init([](std::string module_path, std::uint64_t bytes, std::size_t created, std::size_t last_forward_use,
-                       std::size_t first_backward_use, std::size_t last_backward_use, double recompute_ms,
-                       bool recomputable, bool offloadable, std::vector<std::size_t> recompute_inputs,
-                       std::int32_t region) {
-             return planner::SavedTensor{std::move(module_path), bytes, created, last_forward_use, first_backward_use,
-                                         last_backward_use, recompute_ms, recomputable, offloadable,
-                                         std::move(recompute_inputs), region};
-           }),
+      .def(py::init<std::string, std::uint64_t, std::size_t, std::size_t, std::size_t, std::size_t, double, bool, bool,
+                    std::vector<std::size_t>, std::int32_t>(),
            py::arg("module"), py::arg("bytes"), py::arg("created"), py::arg("last_forward_use"),
            py::arg("first_backward_use"), py::arg("last_backward_use"), py::arg("recompute_ms"),
            py::arg("recomputable"), py::arg("offloadable"), py::arg("recompute_inputs"), py::arg("region"))
@@ -180,12 +149,7 @@ void bind_values(py::module_& module) {
   py::class_<planner::LifetimeTrace>(module, "LifetimeTrace")
       .def(py::init<>())
       .def_readwrite("ops", &planner::LifetimeTrace::ops)
-      .def_readwrite("tensors", &planner::LifetimeTrace::tensors)
-      .def("compute_ms", &planner::LifetimeTrace::compute_ms)
-      .def("derive_other_bytes", [](planner::LifetimeTrace& trace) { planner::derive_other_bytes(trace); },
-           "Each op's other_bytes from its in_use_bytes less the saved tensors live then.")
-      .def("derive_recompute_times", [](planner::LifetimeTrace& trace) { planner::derive_recompute_times(trace); },
-           "Each region tensor's recompute_ms from its region's forward ops since the one before it.");
+      .def_readwrite("tensors", &planner::LifetimeTrace::tensors);
   py::class_<planner::CostModel>(module, "CostModel")
       .def(py::init<double, double, std::size_t>(), py::arg("to_host_bytes_per_ms"),
            py::arg("to_device_bytes_per_ms"), py::arg("prefetch_depth") = 2)
@@ -208,26 +172,67 @@ std::optional<ChoiceTuple> as_tuple(const std::optional<planner::ShareChoice>& c
   return ChoiceTuple{choice->fraction, choice->micro_rows};
 }
 
-void bind_share_search(py::module_& module) {
+void bind_fit_option(py::module_& module) {
+  py::class_<planner::StepTraces>(module, "StepTraces", "One micro-batch's lifetime trace by its rows.")
+      .def(py::init<planner::LifetimeTrace, planner::CostModel>(), py::arg("trace"), py::arg("cost"))
+      .def(py::init<planner::SizedTrace, std::vector<std::int64_t>, std::size_t, planner::CostModel>(),
+           py::arg("sized"), py::arg("values"), py::arg("rows_size"), py::arg("cost"))
+      .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"));
+  py::class_<planner::FitMemory>(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).")
+      .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                    std::vector<std::int64_t>, std::vector<std::int64_t>>(),
+           py::kw_only(), py::arg("usable"), py::arg("in_use"), py::arg("parameter_count"), py::arg("gradients"),
+           py::arg("foreach_temporary"), py::arg("largest_parameter"), py::arg("numels"), py::arg("state_bytes"))
+      .def_readonly("usable", &planner::FitMemory::usable)
+      .def_readonly("in_use", &planner::FitMemory::in_use)
+      .def_readonly("parameter_count", &planner::FitMemory::parameter_count)
+      .def_readonly("gradients", &planner::FitMemory::gradients)
+      .def_readonly("numels", &planner::FitMemory::numels)
+      .def_property_readonly("states", &planner::FitMemory::states);
+  py::class_<planner::FitHost>(module, "FitHost")
+      .def(py::init<std::int64_t, std::int64_t, std::string>(), py::arg("bytes_per_parameter"), py::arg("available"),
+           py::arg("limited_by"))
+      .def_readonly("available", &planner::FitHost::available)
+      .def_readonly("limited_by", &planner::FitHost::limited_by);
+  py::class_<planner::UpdateRates>(module, "UpdateRates")
+      .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"));
+  py::class_<planner::FitOption>(module, "FitOption")
+      .def_readonly("fraction", &planner::FitOption::fraction)
+      .def_readonly("micro_rows", &planner::FitOption::micro_rows)
+      .def_readonly("micro_batches", &planner::FitOption::micro_batches)
+      .def_readonly("activation_budget", &planner::FitOption::activation_budget)
+      .def_readonly("device_state_bytes", &planner::FitOption::device_state_bytes)
+      .def_readonly("host_bytes", &planner::FitOption::host_bytes)
+      .def_readonly("update_ms", &planner::FitOption::update_ms)
+      .def_readonly("reason", &planner::FitOption::reason)
+      .def_readonly("solved", &planner::FitOption::solved)
+      .def_property_readonly("decisions", [](const planner::FitOption& o) { return decision_names(o.decisions); })
+      .def_readonly("prefetch_depth", &planner::FitOption::prefetch_depth)
+      .def_property_readonly("feasible", &planner::FitOption::feasible)
+      .def_property_readonly("keeps_everything", &planner::FitOption::keeps_everything)
+      .def_property_readonly("step_ms", &planner::FitOption::step_ms);
+}
+
+void bind_fit_weighing(py::module_& module) {
+  bind_fit_option(module);
   module.def(
-      "weigh_shares",
-      [](const std::vector<double>& fractions, std::int64_t rows, std::optional<std::int64_t> micro_rows,
-         std::int64_t smallest, int extra_cuts, const py::function& evaluate) {
-        const planner::EvaluateOption call = [&](double fraction, std::int64_t at_rows, std::int64_t batches) {
-          const auto [feasible, keeps_everything, step_ms] =
-              evaluate(fraction, at_rows, batches).cast<std::tuple<bool, bool, double>>();
-          return planner::WeighedOption{feasible, keeps_everything, step_ms};
-        };
-        std::vector<ChoiceTuple> listed;
-        for (const auto& choice : planner::weigh_shares(fractions, {rows, micro_rows, smallest, extra_cuts}, call)) {
-          listed.emplace_back(choice.fraction, choice.micro_rows);
-        }
-        return listed;
+      "weigh_fit",
+      [](const planner::StepTraces& traces, const planner::FitMemory& memory, const planner::FitHost& host,
+         const planner::UpdateRates& rates, const std::vector<std::pair<double, std::size_t>>& shares,
+         const planner::ShareSearch& search, std::optional<std::int64_t> micro_count, bool foreach,
+         std::int64_t reserve) {
+        planner::FitInputs inputs{traces, memory, host, rates, {}, search, micro_count, foreach, reserve};
+        for (const auto& [fraction, kept] : shares) inputs.shares.push_back({fraction, kept});
+        const py::gil_scoped_release release;
+        return planner::weigh_fit(inputs);
       },
-      py::arg("fractions"), py::arg("rows"), py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"),
-      py::arg("evaluate"),
-      "The options fit weighs, as (share, micro-batch rows), in order (Note [Choosing a share]); "
-      "evaluate(share, rows, micro_batches) -> (feasible, keeps_everything, step_ms), called once per option.");
+      py::arg("traces"), py::arg("memory"), py::arg("host"), py::arg("rates"), py::arg("shares"), py::arg("search"),
+      py::arg("micro_count"), py::arg("foreach"), py::arg("reserve"),
+      "fit's options weighed, in order (Note [Weighing fit's options]); shares: (fraction, parameters kept), "
+      "largest first.");
+  py::class_<planner::ShareSearch>(module, "ShareSearch")
+      .def(py::init<std::int64_t, std::optional<std::int64_t>, std::int64_t, int>(), py::arg("rows"),
+           py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"));
   module.def(
       "pick_choice",
       [](const std::map<ChoiceTuple, double>& step_ms, double tie) {
@@ -250,7 +255,7 @@ void bind_planner(py::module_& module) {
   bind_values(module);
   bind_results(module);
   bind_recording(module);
-  bind_share_search(module);
+  bind_fit_weighing(module);
   module.def(
       "plan_simulate",
       [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,
@@ -279,9 +284,8 @@ void bind_planner(py::module_& module) {
       },
       py::arg("trace"), py::arg("cost"), py::arg("budget"), py::arg("exact") = false,
       py::arg("shallowest_prefetch_depth") = py::none(),
-      "A BudgetPlan: the fastest plan found whose peak fits the budget (greedy, or exhaustive for up to 16 "
-      "saved tensors), solved at the cost model's prefetch depth and, while none fits, at shallower ones "
-      "down to `shallowest_prefetch_depth` (Note [Prefetch depth]); the lowest peak found when none fits.");
+      "A BudgetPlan: the fastest plan found whose peak fits the budget, searched down to the shallowest "
+      "prefetch depth (Note [Prefetch depth]); the lowest peak found when none fits.");
 }
 
 }  // namespace stowage::python

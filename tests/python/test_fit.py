@@ -82,7 +82,7 @@ def test_a_step_over_its_budget_trains_under_it_with_adamw_s_numerics(capsys: An
         stowage.reset_peak_stats()
         fitted.step(tokens)
         assert stowage.max_memory_allocated() <= budget * 1.05  # CPU mode counts torch's first-use buffers
-    kept_states = fitted.facts["memory"].states_on_device(fitted.device_fraction)
+    kept_states = fitted.chosen.device_state_bytes
     assert stowage.memory_allocated() <= start + kept_states + (1 << 20)  # nothing else left behind
     for ours, theirs in zip(model.parameters(), reference_parameters(3, LARGE_STATES)):
         torch.testing.assert_close(ours.detach(), theirs, rtol=1e-5, atol=1e-6)
@@ -133,7 +133,7 @@ def test_the_host_s_room_bounds_the_states_fit_offloads(capsys: Any) -> None:
     offloaded = sum(t.bytes for t, d in zip(fitted.plan.trace.tensors, fitted.plan.decisions) if d == "offload") \
         if fitted.plan is not None else 0
     assert fitted.chosen.host_bytes == 16 * (count - sum(p.numel() for p in kept)) + offloaded
-    assert fitted.facts["memory"].states_on_device(fitted.device_fraction) == sum(8 * p.numel() for p in kept)
+    assert fitted.chosen.device_state_bytes == sum(8 * p.numel() for p in kept)
     shares = [o.fraction for o in fitted.options]
     assert len(set(o.host_bytes for o in fitted.options)) == len(shares)  # no two shares place the same
     del fitted, model, kept

@@ -160,25 +160,39 @@ def test_a_plan_recomputing_a_tensor_of_no_region_is_refused_at_load(tmp_path: P
         stowage.plan.load(saved_plan(tmp_path, recompute_outside))
 
 
-def test_a_with_plan_that_raises_leaves_the_plan_inactive() -> None:
+def test_a_plan_the_runtime_cannot_apply_is_refused_when_made_and_its_decisions_stay_as_checked() -> None:
     import dataclasses
 
     profile = stowage.plan.load_trace(RECORDED)
-    plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
     recomputed = next(t for t, tensor in enumerate(profile.tensors) if tensor.recomputable)
-    plan.decisions = ["keep"] * len(plan.decisions)
-    plan.decisions[recomputed] = "recompute"
-    plan.trace.tensors[recomputed] = dataclasses.replace(plan.trace.tensors[recomputed], region=9)
+    decisions = ["keep"] * len(profile.tensors)
+    decisions[recomputed] = "recompute"
+    for region, said in ((9, f"saved tensor {recomputed} .*region 9 is not one of"), (-1, "cannot be recomputed")):
+        tensors = list(profile.tensors)
+        tensors[recomputed] = dataclasses.replace(tensors[recomputed], region=region)
+        with pytest.raises(ValueError, match=said):
+            stowage.plan.Plan(dataclasses.replace(profile, tensors=tensors), decisions, 1 << 30)
+    plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
+    before = plan.decisions
+    plan.decisions[recomputed] = "recompute" if before[recomputed] == "keep" else "keep"  # a copy's
+    assert plan.decisions == before  # the plan keeps the decisions it checked
+
+
+def test_a_with_plan_that_raises_on_the_way_in_leaves_the_plan_inactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stowage.plan.applying
+
+    class Refusing:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("no offloader here")
+
+    profile = stowage.plan.load_trace(RECORDED)
+    plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
+    monkeypatch.setattr(stowage.plan.applying, "SavedTensorOffload", Refusing)
     for _ in range(2):  # the same refusal each time: never "already applied"
-        with pytest.raises(ValueError, match=f"saved tensor {recomputed} .*region 9 is not one of"):
+        with pytest.raises(RuntimeError, match="no offloader here"):
             with plan:
                 pass
         assert not plan._active
-    plan.trace.tensors[recomputed] = dataclasses.replace(plan.trace.tensors[recomputed], region=-1)
-    with pytest.raises(ValueError, match="cannot be recomputed"):
-        with plan:
-            pass
-    assert not plan._active
 
 
 def test_a_plan_mixing_recompute_and_offload_in_one_region_is_refused_at_load(tmp_path: Path) -> None:

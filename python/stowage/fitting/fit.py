@@ -14,14 +14,15 @@ import torch
 import stowage.plan
 from stowage import memory as stowage_memory
 from stowage._core import MIN_ROWS, MicroCut, format_bytes
-from stowage.fitting.accounting import DeviceMemory, HostMemory, measure, state_copies, uses_foreach
+from stowage import _core
+from stowage.fitting.accounting import measure, state_copies, uses_foreach
 from stowage.fitting.batches import LossFn, LossFnNeeded, default_loss, profiling_grids, shown
-from stowage.fitting.choosing import Choice, Option, TraceAt, agree, feasible_times, pick, weigh
+from stowage.fitting.choosing import Choice, Option, StepTraces, agree, feasible_times, pick, weigh
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, given_units
 from stowage.fitting.micro_batches import ExampleBatch
-from stowage.fitting.trial import run_once, without_recompute
+from stowage.fitting.trial import regions_of_kinds, run_once
 from stowage.fitting.side_effects import untouched
 from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
@@ -95,7 +96,7 @@ class CannotCut(Exception):
     """The step cannot be planned per micro-batch (the reason); fit keeps the batch whole."""
 
 
-Profiled = tuple[TraceAt, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
+Profiled = tuple[StepTraces, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
 
 
 def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device, capacity: int,
@@ -113,7 +114,7 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
     try:
         if example.units is None:
             trace = stowage.plan.profile(lambda: step(example.batch), device=kind, cost=cost, model=model)
-            return (lambda rows: trace), f"step recorded at {shown(full)}"
+            return StepTraces.whole(trace), f"step recorded at {shown(full)}"
         try:
             sized = stowage.plan.profile(_on_cuts(step, example, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
@@ -122,7 +123,7 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
             why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
             raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
         rest = f" x seq {example.layout.seq}" if example.layout.seq is not None else ""
-        return (lambda rows: sized.at({"batch": rows})), (
+        return StepTraces.by_rows(sized, {}), (
             f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{rest}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
@@ -136,10 +137,10 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
                          _first_line(failures[-1][1]))
     grid = sized.sizes
     if example.units is not None:
-        return (lambda rows: sized.at({**{name: full[name] for name in grid}, "batch": rows})), (
+        return StepTraces.by_rows(sized, {name: full[name] for name in grid}), (
             f"step does not fit at 2 rows: recorded at {grid_shown}, planned per micro-batch")
     trace = sized.at({name: full[name] for name in grid})
-    return (lambda rows: trace), f"step does not fit whole: recorded at {grid_shown}, planned at {shown(full)}"
+    return StepTraces.whole(trace), f"step does not fit whole: recorded at {grid_shown}, planned at {shown(full)}"
 
 
 def _on_cuts(step: Callable[[Any], None], example: ExampleBatch,
@@ -223,15 +224,15 @@ def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
     return ""
 
 
-def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> HostMemory:
+def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> Any:
     """What an offloaded parameter of `optimizer`'s takes on the host (in the default exact mode:
-    one gradient staging buffer), and the room the process has there."""
+    one gradient staging buffer), and the room the process has there (a _core.FitHost)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
     per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
     room = host_room(None if host_budget is None else byte_count(host_budget, "stowage.fit: host_budget"))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
-    return HostMemory(per_parameter, room.available_bytes, limited_by)
+    return _core.FitHost(per_parameter, room.available_bytes, limited_by)
 
 
 def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
@@ -264,20 +265,20 @@ def _agreed(options: list[Option]) -> Choice | None:
 class Weighing:
     """What every weighing of the options takes (stowage.fitting.choosing.weigh)."""
 
-    trace_at: TraceAt
-    memory: DeviceMemory
-    host: HostMemory
-    rates: Any
+    traces: StepTraces
+    memory: Any  # _core.FitMemory
+    host: Any    # _core.FitHost
+    rates: Any   # _core.UpdateRates
     rows: int
     cut: MicroCut | None  # None: fit chooses
     can_offload: bool
     foreach: bool
 
     def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
-        return weigh(lambda rows: without_recompute(self.trace_at(rows), no_recompute), self.memory, self.host,
-                     self.rates, rows=self.rows, micro_rows=self.cut.most if self.cut else None,
-                     micro_count=self.cut.count if self.cut else None, smallest=MIN_ROWS,
-                     can_offload=self.can_offload, foreach=self.foreach, reserve=reserve)
+        return weigh(self.traces, self.memory, self.host, self.rates, rows=self.rows,
+                     micro_rows=self.cut.most if self.cut else None, micro_count=self.cut.count if self.cut else None,
+                     smallest=MIN_ROWS, can_offload=self.can_offload, foreach=self.foreach, reserve=reserve,
+                     not_recomputed=regions_of_kinds(self.traces.regions, no_recompute))
 
 
 TRIALS = 3  # choices tried at most (stowage.fitting.trial)
@@ -362,7 +363,7 @@ def _checked_choice(weighing: Weighing, example: ExampleBatch, check: CutCheck |
     return weighing, whole, _choose(weighing, model, loss_fn, whole, device)
 
 
-def _no_fit(options: list[Option], memory: DeviceMemory, unplanned: int, refusal: str,
+def _no_fit(options: list[Option], memory: Any, unplanned: int, refusal: str,
             tried: str = "", whole: str = "") -> torch.OutOfMemoryError:
     lines = [f"  {o.fraction:.0%} of the states on the device"
              + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
@@ -420,13 +421,13 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         example = _units(check, example, micro_batches, loss_units, device)
     try:
         with _trial(device), untouched(model, device):  # the recorded step leaves no trace in training
-            trace_at, recorded = _profile(model, loss_fn, example, device, capacity, cost)
+            traces, recorded = _profile(model, loss_fn, example, device, capacity, cost)
     except CannotCut as error:
         if micro_batches != "auto":
             raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
         example = example.whole(str(error))
         with _trial(device), untouched(model, device):
-            trace_at, recorded = _profile(model, loss_fn, example, device, capacity, cost)
+            traces, recorded = _profile(model, loss_fn, example, device, capacity, cost)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]  # the order shares split by
     memory = measure(ordered, stowage_memory.memory_allocated(device), capacity, state_copies(optimizer))
     with _trial(device):
@@ -434,19 +435,19 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    weighing = Weighing(trace_at, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer))
+    weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer))
     weighing, example, (options, chosen, tried) = _checked_choice(weighing, example, check, model, loss_fn, device)
     if chosen is None:
         whole = example.not_cut or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
                                     if micro_batches == 1 and example.rows > MIN_ROWS else "")
-        unplanned = trace_at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
+        unplanned = traces.at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
         raise _no_fit(options, memory, unplanned, refusal, tried, whole)
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "memory": memory,
-             "optimizer": name, "load": load, "unplanned_peak": trace_at(chosen.micro_rows).unconstrained_peak_bytes,
+             "optimizer": name, "load": load, "unplanned_peak": traces.at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried}
     example = example.cut_into(chosen.micro_batches, chosen.micro_rows or example.rows)
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts)

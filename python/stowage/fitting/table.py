@@ -60,7 +60,7 @@ def busy_host_note(load: tuple[float, int] | None) -> str:
 
 def decision_table(chosen: Option, options: list[Option], example: ExampleBatch, facts: dict[str, Any]) -> str:
     memory = facts["memory"]
-    on_device = memory.states_on_device(chosen.fraction)
+    on_device = chosen.device_state_bytes
     rows = [
         f"stowage.fit on {facts['device']}: {format_bytes(facts['capacity'])} ({facts['capacity_bound']}), "
         f"{format_bytes(memory.usable)} usable; {facts['recorded']}",

@@ -68,11 +68,15 @@ def run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.
     return Outcome(max(added - plan.predicted_peak_bytes, floor), "")
 
 
-def without_recompute(trace: LifetimeTrace, kinds: set[str]) -> LifetimeTrace:
-    """`trace` with the blocks of `kinds` not recomputable (their tensors kept or offloaded)."""
-    if not kinds:
+def regions_of_kinds(regions: list[Any], kinds: set[str]) -> frozenset[int]:
+    """The checkpoint regions (their indices) whose blocks are of `kinds`."""
+    return frozenset(index for index, region in enumerate(regions) if block_kind(region.module) in kinds)
+
+
+def without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> LifetimeTrace:
+    """`trace` with the blocks of the `excluded` regions not recomputable (their tensors kept or offloaded)."""
+    if not excluded:
         return trace
-    excluded = {index for index, region in enumerate(trace.regions) if block_kind(region.module) in kinds}
     tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in trace.tensors]
     regions = [dataclasses.replace(r, checkpointable=False) if i in excluded else r
                for i, r in enumerate(trace.regions)]

@@ -11,11 +11,11 @@ there only for a model as small as the probe."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from stowage import _core
 from stowage.memory import memory_allocated
 from stowage.serving import memory_cap, torch_module
 from stowage.plan.calibration import best_seconds
@@ -24,12 +24,6 @@ HOST_PROBE_NUMEL = 1 << 22  # beyond the caches, as the states are
 DEVICE_PROBE_NUMEL = (1 << 18, 1 << 24)  # the smallest and largest of the device's larger probe
 DEVICE_PROBE_SHARE = 16  # the larger probe's four buffers take at most this share of free memory
 HYPER = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-
-
-@dataclass(frozen=True)
-class UpdateRates:
-    host_ms_per_parameter: float
-    device_ms_per_parameter: float
 
 
 def _best_ms(run: Callable[[], None], synchronize: Callable[[], None]) -> float:
@@ -93,12 +87,12 @@ def _device_ms_per_parameter(device: torch.device, dtype: torch.dtype) -> float:
     return slope if slope > 0 else large_ms / large
 
 
-def measure_rates(device: torch.device, dtype: torch.dtype) -> UpdateRates:
-    """Both rates for parameters of `dtype` on `device`. A device too full for the probes is
+def measure_rates(device: torch.device, dtype: torch.dtype) -> Any:
+    """Both rates (a _core.UpdateRates) for parameters of `dtype` on `device`. A device too full for the probes is
     taken to update as fast as the host."""
     host = _host_ms(device, dtype) / HOST_PROBE_NUMEL
     try:
         on_device = _device_ms_per_parameter(device, dtype)
     except torch.OutOfMemoryError:
         on_device = host
-    return UpdateRates(host, on_device)
+    return _core.UpdateRates(host, on_device)

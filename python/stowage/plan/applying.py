@@ -16,14 +16,16 @@ from typing import Any, Iterator, Mapping
 
 from stowage import _core
 from stowage.byte_counts import byte_count
+from stowage.memory import is_enabled
 from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
-from stowage.serving import torch_module
+from stowage.serving import device_index, torch_module
 from stowage.plan.departures import Departures
 from stowage.plan.lifetimes import VERSION, LifetimeTrace, trace_of
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.plan_text import comparison_plans, describe
 from stowage.plan.region_policy import RegionPolicy
 from stowage.plan.sizes import SizedTrace
+from stowage.validation import read_json
 from stowage.warning_site import outside_stowage
 
 
@@ -50,10 +52,8 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
                  "prefetch_depth": prefetch_depth}
     given = {name: value for name, value in overrides.items() if value is not None}
     if given:  # the plan's own cost model; the trace keeps its calibration
-        from stowage.plan.file_formats import check_cost
-
         cost_model = {**trace.cost, **given}
-        check_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
+        _core.check_plan_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
         trace = dataclasses.replace(trace, cost=cost_model)
     native, cost = trace.native_trace(), trace.native_cost()
     found = _core.plan_solve(native, cost, limit, exact, cost.prefetch_depth if prefetch_depth is not None else 0)
@@ -104,22 +104,38 @@ def _notice_recompute(blocks: list[str]) -> None:
         RecomputeNotice, stacklevel=outside_stowage())
 
 
+def _check_decisions(trace: LifetimeTrace, decisions: list[str]) -> None:
+    """ValueError naming the first saved tensor the runtime cannot apply its decision to."""
+    if len(decisions) != len(trace.tensors):
+        raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for {len(trace.tensors)}")
+    for t, (tensor, decision) in enumerate(zip(trace.tensors, decisions)):
+        problem = _core.plan_decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
+        if problem is None and not -1 <= tensor.region < len(trace.regions):
+            problem = f"region {tensor.region} is not one of the trace's {len(trace.regions)} regions"
+        if problem is not None:
+            raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
+
+
 class Plan:
-    """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome."""
+    """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome;
+    its decisions checked once, when it is made."""
 
     def __init__(self, trace: LifetimeTrace, decisions: list[str], budget: int, *,
                  native: tuple[Any, Any] | None = None) -> None:
         """``native``: the lifetime trace and cost model as the C++ planner takes them, where the
         caller has converted them already (they are built once and simulated often)."""
-        if len(decisions) != len(trace.tensors):
-            raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for "
-                             f"{len(trace.tensors)}")
-        self.trace, self.decisions, self.budget = trace, list(decisions), budget
+        _check_decisions(trace, decisions)
+        self.trace, self._decisions, self.budget = trace, tuple(decisions), budget
         self._native = native or (trace.native_trace(), trace.native_cost())
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
+
+    @property
+    def decisions(self) -> list[str]:
+        """One per saved tensor, checked when the plan was made (fixed since)."""
+        return list(self._decisions)
 
     def simulate(self, decisions: list[str], ceiling: int | None = None) -> Any:
         """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:
@@ -157,16 +173,8 @@ class Plan:
 
     # Applying ----------------------------------------------------------------------------
     def __enter__(self) -> Plan:
-        from stowage.plan.file_formats import decision_problem
-
         if self._active:
             raise RuntimeError("stowage.plan: this plan is already applied to a step")
-        for t, (tensor, decision) in enumerate(zip(self.trace.tensors, self.decisions)):
-            problem = decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
-            if problem is None and not -1 <= tensor.region < len(self.trace.regions):
-                problem = f"region {tensor.region} is not one of the trace's {len(self.trace.regions)} regions"
-            if problem is not None:
-                raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
         # What __exit__ takes down, set as each part is put in place: an error on the way in
         # takes down what was put in place and leaves the plan inactive.
         self._offloading: SavedTensorOffload | None = None
@@ -220,9 +228,6 @@ class Plan:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]
         in allocator/caching_allocator.hpp): an allocation that would pass it first waits for the
         offloads the simulation counted as done, where the copies run late."""
-        from stowage.memory import is_enabled
-        from stowage.serving import device_index
-
         self._ceiling: tuple[int, int | None] | None = None
         if not is_enabled():
             return
@@ -237,11 +242,11 @@ class Plan:
         for index, tensor in enumerate(self.trace.tensors):
             for save in tensor.packs:
                 self._unit_of_save[tuple(save)] = index  # type: ignore[index]
-        recomputed = {t.region for t, d in zip(self.trace.tensors, self.decisions) if d == "recompute"}
+        recomputed = {t.region for t, d in zip(self.trace.tensors, self._decisions) if d == "recompute"}
         self._checkpointed: dict[tuple[str, int], tuple[int, set[int]]] = {}
         for r in recomputed:
             region = self.trace.regions[r]
-            kept = {self.trace.ops[t.created].region_op for t, d in zip(self.trace.tensors, self.decisions)
+            kept = {self.trace.ops[t.created].region_op for t, d in zip(self.trace.tensors, self._decisions)
                     if t.region == r and d != "recompute"}
             self._checkpointed[(region.module, region.call)] = (r, kept)
         self._recorded_calls: dict[str, int] = {}  # each module's forward calls in the profiled step
@@ -269,7 +274,7 @@ class Plan:
             module.forward = self._checkpointing(module, module.forward)
 
     def _checkpointing(self, module: Any, original: Any) -> Any:
-        import torch
+        import torch  # (here, and recompute_modes, which imports it: stowage.plan loads without torch)
         from torch.utils.checkpoint import checkpoint
 
         from stowage.plan.recompute_modes import recompute_contexts
@@ -314,7 +319,7 @@ class Plan:
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
-        if unit is not None and self.decisions[unit] == "offload":
+        if unit is not None and self._decisions[unit] == "offload":
             frame = self._frames.top
             return self._offloader.pack(tensor, frame.path if frame is not None else "")
         return keep(tensor)
@@ -328,10 +333,7 @@ def load(path: str | Path) -> Plan:
     """A plan saved by ``Plan.save``; InputError (a ValueError) naming the file, the field, the
     value and the bound for a file that is not one (stowage.plan.file_formats), checked whole
     before anything is built from it."""
-    from stowage.plan.file_formats import check_plan
-    from stowage.validation import read_json
-
     document = read_json(path, "a stowage plan")
-    native = check_plan(document, str(path))  # its lifetime trace and decisions too
+    native = _core.read_plan_document(document, str(path))  # its lifetime trace and decisions too
     trace = trace_of(document["profile"])
     return Plan(trace, document["decisions"], document["budget"], native=(native, trace.native_cost()))

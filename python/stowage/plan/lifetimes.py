@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stowage import _core
-from stowage.plan.file_formats import LIFETIMES, VERSION, check_trace
+from stowage.plan.file_formats import LIFETIMES, VERSION
 
 FORMAT = LIFETIMES
 PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
@@ -140,7 +140,7 @@ def load_trace_document(document: Any, where: str, field: str = "") -> LifetimeT
     """A lifetime trace from its JSON document; InputError (a ValueError) naming the file (``where``),
     the field, the value and the bound for a document outside stowage.plan.file_formats' schema
     or the trace's rules. ``field``: where the document sits in a larger one."""
-    check_trace(document, where, field)
+    _core.read_lifetimes(document, where, field)
     return trace_of(document)
 
 

@@ -100,7 +100,7 @@ def block_modules(root: Any) -> set[int]:
     """The modules a plan may run under selective checkpointing: the outermost items of an
     ``nn.ModuleList`` or ``nn.Sequential`` below the root (a model's repeated blocks); the root's
     children when it has none."""
-    import torch
+    import torch  # here: stowage.plan loads without torch (`stowage plan`, the command)
 
     containers = (torch.nn.ModuleList, torch.nn.Sequential)
     found: set[int] = set()

@@ -10,6 +10,9 @@ module path. The step runs as it would without stowage.plan: nothing is changed,
 A model that does not fit at the size it trains at is recorded at sizes that do, a grid of them
 (stowage.plan.sizes), and planned for the size it trains at: a plan is keyed to the step's ops
 and saves, not to their sizes.
+
+Functions import torch (and recompute_modes, which imports it) where they run: the package loads
+without torch (``stowage plan``, the command, reads and solves traces).
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from stowage import _core
+from stowage import _core, memory
+from stowage.plan.building import build_trace
 from stowage.plan.calibration import measure_cost
 from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
 from stowage.plan.module_frames import Frame, ModuleFrames, block_modules
+from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
+from stowage.serving import torch_module
 from stowage.step_context import SavedTensorRegion, in_backward
 
 
@@ -31,9 +37,7 @@ class _DeviceMeter:
     """The allocator's bytes in use, and their peak since the last reset, on the step's device."""
 
     def __init__(self, device: str) -> None:
-        import torch
-
-        from stowage import memory
+        import torch  # (see the module's note: the package loads without torch)
 
         self._cuda = device == "cuda"
         if memory.is_enabled() or not self._cuda:
@@ -52,15 +56,13 @@ class _DeviceMeter:
 
     def synchronize(self) -> None:
         if self._cuda:
-            import torch
+            import torch  # (see the module's note: the package loads without torch)
 
             torch.cuda.synchronize()
 
     def release_cache(self) -> None:
         """Returns the allocator's free cached memory to the device."""
-        import torch
-
-        from stowage import memory
+        import torch  # (see the module's note: the package loads without torch)
 
         if memory.is_enabled():
             memory.empty_cache()
@@ -123,7 +125,7 @@ class StepRecorder:
             self.ledger.add_fixed(_storage_key(tensor))
 
     def _entered(self, frame: Frame, args: tuple[Any, ...]) -> None:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
 
         if self.active_region >= 0 or id(frame.module) not in self.blocks:
             return
@@ -144,7 +146,7 @@ class StepRecorder:
         return "optimizer" if self.seen_backward else "forward"
 
     def run_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
 
         phase = self.phase()
         self.meter.synchronize()
@@ -191,8 +193,6 @@ class StepRecorder:
 
     # Saved tensors ------------------------------------------------------------------------
     def pack(self, tensor: Any) -> Any:
-        from stowage.serving import torch_module
-
         keep = torch_module().TensorOffloader.keep  # detached, its version checked at unpack as torch does
         if in_backward():
             return keep(tensor)
@@ -215,8 +215,6 @@ class StepRecorder:
         return (storage, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
-        from stowage.serving import torch_module
-
         unpack = torch_module().TensorOffloader.unpack
         if not isinstance(packed, tuple):
             return unpack(packed)
@@ -226,7 +224,7 @@ class StepRecorder:
 
     # The step ---------------------------------------------------------------------------
     def record(self, step: Callable[[], Any]) -> Any:
-        import torch
+        import torch  # (see the module's note: the package loads without torch)
         from torch.utils._python_dispatch import TorchDispatchMode
 
         from stowage.plan.recompute_modes import LIFTING_OPS, UNMATCHED_OPS
@@ -302,7 +300,7 @@ def _failing_cleanly(meter: _DeviceMeter, without_gradients: list[Any]) -> Itera
     for it is returned to the device, so that the next step (a recording at smaller sizes) has
     the room this one had, not a cache cut up to this step's sizes (Note [A failed recording
     leaves no trace]). An out-of-memory error says how to record the step at sizes that fit."""
-    import torch
+    import torch  # (see the module's note: the package loads without torch)
 
     try:
         yield
@@ -352,9 +350,7 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     ``model``: the model the step trains, needed when the step calls something other than its
     forward (a loss method calling its blocks): module paths and blocks are then the model's (set
     the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
-    import torch
-
-    from stowage.plan.building import build_trace
+    import torch  # (see the module's note: the package loads without torch)
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
@@ -369,9 +365,6 @@ def _profile_grid(step_fn: Callable[..., Any], sizes: Mapping[str, Sequence[int]
                   measured: dict[str, float] | None) -> Any:
     """The SizedTrace of `step_fn` at the grid of `sizes`: run once at the largest point first,
     then recorded at each; recorded once more when the points' steps differ."""
-    from stowage.plan.building import build_trace
-    from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
-
     points = grid_points(sizes)
     without_gradients = [p for p in model.parameters() if p.grad is None] if model is not None else []
     with _failing_cleanly(_DeviceMeter(device), without_gradients):  # unrecorded: every recorded point starts

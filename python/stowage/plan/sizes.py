@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stowage import _core
-from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED, check_sized
+from stowage.plan.file_formats import MAX_GRID_POINTS, MAX_POINTS, MAX_SIZE_VALUE, MAX_SIZES, SIZED
 from stowage.plan.lifetimes import VERSION, LifetimeTrace, load_trace_document, planner_message, trace_of
 from stowage.validation import InputError, read_json
 
@@ -150,10 +150,8 @@ class SizedTrace:
             raise ValueError(f"the trace was recorded at sizes {sorted(self.sizes)}; got {sorted(sizes)}")
         if any(type(value) is not int or not 0 < value <= MAX_SIZE_VALUE for value in sizes.values()):
             raise ValueError(f"sizes must be integers from 1 to {MAX_SIZE_VALUE:,}: {dict(sizes)}")
-        if self._native is None:
-            self._native = _core.SizedTrace(list(self.sizes.items()), [t.native_trace() for t in self.traces])
         try:
-            point = self._native.at([sizes[name] for name in self.sizes])
+            point = self.native().at([sizes[name] for name in self.sizes])
         except ValueError as error:
             raise ValueError(planner_message(error)) from None
         first = self.traces[0]
@@ -162,6 +160,12 @@ class SizedTrace:
         tensors = [dataclasses.replace(t, bytes=n.bytes, recompute_ms=n.recompute_ms)
                    for t, n in zip(first.tensors, point.trace.tensors)]
         return dataclasses.replace(first, ops=ops, tensors=tensors, unconstrained_peak_bytes=point.unconstrained_peak_bytes)
+
+    def native(self) -> Any:
+        """The sized trace as the C++ planner takes it (stowage._core.SizedTrace)."""
+        if self._native is None:
+            self._native = _core.SizedTrace(list(self.sizes.items()), [t.native_trace() for t in self.traces])
+        return self._native
 
     def document(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "sizes": self.sizes,
@@ -179,7 +183,7 @@ def load_sized_document(document: dict[str, Any], where: str) -> SizedTrace:
     """A SizedTrace from its JSON document; InputError (a ValueError) naming the file, the
     field, the value and the bound (stowage.plan.file_formats), or the first way its grid's
     steps differ."""
-    check_sized(document, where)  # its lifetime traces too ("profiles[3]")
+    _core.read_sized_lifetimes(document, where)  # its lifetime traces too ("profiles[3]")
     traces = [trace_of(p) for p in document["profiles"]]
     try:
         return SizedTrace({name: list(points) for name, points in document["sizes"].items()}, traces)

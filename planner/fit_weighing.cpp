@@ -1,0 +1,144 @@
+#include "planner/fit_weighing.hpp"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <utility>
+
+#include "base/byte_units.hpp"
+#include "base/errors.hpp"
+#include "planner/prefetch_search.hpp"
+
+namespace stowage::planner {
+
+std::int64_t FitMemory::states() const { return std::accumulate(state_bytes.begin(), state_bytes.end(), std::int64_t{0}); }
+
+std::int64_t FitMemory::states_on_device(std::size_t kept) const {
+  const auto end = state_bytes.begin() + static_cast<std::ptrdiff_t>(std::min(kept, state_bytes.size()));
+  return std::accumulate(state_bytes.begin(), end, std::int64_t{0});
+}
+
+std::int64_t FitMemory::offloaded_parameters(std::size_t kept) const {
+  std::int64_t count = 0;
+  for (std::size_t i = kept; i < numels.size() && i < state_bytes.size(); ++i) {
+    if (state_bytes[i] != 0) count += numels[i];
+  }
+  return count;
+}
+
+bool FitOption::keeps_everything() const noexcept {
+  return solved && std::all_of(decisions.begin(), decisions.end(), [](Decision d) { return d == Decision::kKeep; });
+}
+
+double FitOption::step_ms() const noexcept {
+  return static_cast<double>(micro_batches) * prediction.step_ms + update_ms;
+}
+
+namespace {
+
+std::string bytes_text(std::int64_t bytes) { return format_bytes(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 0))); }
+
+std::string host_refusal(const char* what, std::int64_t needed, const FitHost& host) {
+  return std::string("the host cannot hold the offloaded ") + what + ": " + bytes_text(needed) + " needed, " +
+         bytes_text(host.available) + " available (" + host.limited_by + ")";
+}
+
+std::int64_t offloaded_bytes(const LifetimeTrace& trace, const Plan& plan) {
+  std::int64_t bytes = 0;
+  for (std::size_t t = 0; t < plan.size(); ++t) {
+    if (plan[t] == Decision::kOffload) bytes += static_cast<std::int64_t>(trace.tensors[t].bytes);
+  }
+  return bytes;
+}
+
+// One option: its memory arithmetic, and its plan where the memory leaves room for one (Note
+// [Weighing fit's options]).
+FitOption weigh_option(const FitInputs& in, const FitShare& share, std::int64_t micro_rows,
+                       std::int64_t micro_batches) {
+  const FitMemory& memory = in.memory;
+  const double fraction = share.fraction;
+  FitOption option;
+  option.fraction = fraction;
+  option.micro_rows = micro_rows;
+  option.micro_batches = micro_batches;
+  option.device_state_bytes = memory.states_on_device(share.kept_parameters);
+  option.activation_budget = memory.usable - memory.in_use - option.device_state_bytes - in.reserve;
+  if (micro_batches > 1) option.activation_budget -= memory.gradients;
+  option.host_bytes = memory.offloaded_parameters(share.kept_parameters) * in.host.bytes_per_parameter;
+  const bool foreach = in.foreach && fraction == 1.0;
+  const auto temporary = static_cast<double>(foreach ? memory.foreach_temporary : memory.largest_parameter);
+  option.optimizer_peak = memory.in_use + memory.gradients + option.device_state_bytes +
+                          static_cast<std::int64_t>(temporary * fraction);
+  const double write_back_ms =
+      (1 - fraction) * static_cast<double>(memory.gradients) / in.traces.cost().to_device_bytes_per_ms;
+  option.update_ms = static_cast<double>(memory.parameter_count) *
+                     (fraction * in.rates.device_ms_per_parameter + (1 - fraction) * in.rates.host_ms_per_parameter);
+  option.update_ms += write_back_ms;  // the updated parameters cross back after the update
+  if (option.host_bytes > in.host.available) {
+    option.reason = host_refusal("states", option.host_bytes, in.host);
+    return option;
+  }
+  if (option.activation_budget <= 0) {
+    option.reason = "the states alone fill the device";
+    return option;
+  }
+  const LifetimeTrace trace = in.traces.at(micro_rows);
+  const auto budget = static_cast<std::uint64_t>(option.activation_budget);
+  const DepthSolution found = solve_over_depths(trace, in.traces.cost(), budget, false, 0);
+  CostModel at_depth = in.traces.cost();
+  at_depth.prefetch_depth = found.prefetch_depth;
+  option.solved = true;
+  option.decisions = found.solution.plan;
+  option.prefetch_depth = found.prefetch_depth;
+  option.prediction = Simulator(trace, at_depth, budget).simulate(option.decisions);
+  if (option.prediction.peak_bytes > budget) {
+    option.reason = "no plan fits: the lowest step peak found is " + format_bytes(option.prediction.peak_bytes);
+    return option;
+  }
+  option.host_bytes += offloaded_bytes(trace, option.decisions);
+  if (option.host_bytes > in.host.available) {
+    option.reason = host_refusal("states and activations", option.host_bytes, in.host);
+  } else if (option.optimizer_peak > memory.usable) {
+    option.reason = "the optimizer's step does not fit";
+  }
+  return option;
+}
+
+// The shares that place states differently: of shares keeping the same states only the smallest
+// is weighed (the one that names what is kept); torch's own optimizer (1.0) is never replaced.
+std::vector<FitShare> distinct(const std::vector<FitShare>& shares, const FitMemory& memory) {
+  std::map<std::int64_t, FitShare> by_states;
+  for (const FitShare& share : shares) {  // largest first
+    const auto [found, added] = by_states.try_emplace(memory.states_on_device(share.kept_parameters), share);
+    if (!added && found->second.fraction != 1.0) found->second = share;
+  }
+  std::vector<FitShare> out;
+  for (const auto& [states, share] : by_states) out.push_back(share);
+  std::sort(out.begin(), out.end(), [](const FitShare& a, const FitShare& b) { return a.fraction > b.fraction; });
+  return out;
+}
+
+}  // namespace
+
+std::vector<FitOption> weigh_fit(const FitInputs& in) {
+  STOWAGE_CHECK(!in.shares.empty(), "weigh_fit: no share to weigh");
+  const std::vector<FitShare> shares = distinct(in.shares, in.memory);
+  std::vector<double> fractions;
+  for (const FitShare& share : shares) fractions.push_back(share.fraction);
+  std::map<std::pair<double, std::int64_t>, FitOption> solved;
+  const EvaluateOption evaluate = [&](double fraction, std::int64_t micro_rows, std::int64_t micro_batches) {
+    if (in.micro_count && in.search.micro_rows && micro_rows == *in.search.micro_rows) micro_batches = *in.micro_count;
+    const auto share = std::find_if(shares.begin(), shares.end(), [&](const FitShare& s) { return s.fraction == fraction; });
+    FitOption option = weigh_option(in, *share, micro_rows, micro_batches);
+    const WeighedOption weighed{option.feasible(), option.keeps_everything(), option.feasible() ? option.step_ms() : 0.0};
+    solved.insert_or_assign({fraction, micro_rows}, std::move(option));
+    return weighed;
+  };
+  std::vector<FitOption> listed;
+  for (const ShareChoice& choice : weigh_shares(fractions, in.search, evaluate)) {
+    listed.push_back(solved.at({choice.fraction, choice.micro_rows}));
+  }
+  return listed;
+}
+
+}  // namespace stowage::planner

@@ -1,0 +1,109 @@
+// stowage.fit's weighing: every share of the optimizer's states kept on the device and every
+// micro-batch size it searches (Note [Choosing a share] in share_search.hpp), each solved by the
+// planner under the memory it leaves, with the memory arithmetic and the predicted step time.
+//
+// Note [Weighing fit's options]
+// Between steps the device holds what was in use when fit ran (parameters, buffers, what the
+// caller keeps) and the states of the parameters a share keeps (the leading ones in the
+// optimizer's order, as the offloaded optimizer splits them: fit counts them, torch-side). A
+// step adds what its lifetime trace records, which the plan bounds: its budget is the usable
+// memory less those, less the `reserve` a tried step added beyond its plan, and less the
+// gradients where the batch runs as micro-batches (they are there from the second one's start).
+// The optimizer's step holds the gradients, the kept states and a temporary: the multi-tensor
+// path (foreach, torch's optimizer alone) one copy of every parameter's, else the largest
+// parameter's, for the share kept. The host holds the offloaded parameters' states and the
+// plan's offloaded activations (all on the host at once where the step turns). An option is
+// feasible when the host holds them, a plan fits, and the optimizer's step fits. Its step time
+// is the micro-batches' planned steps plus the update: the kept share's parameters at the
+// device's measured rate, the rest at the host's, and the rest's parameters crossing back.
+//
+// Contract: pure functions of their inputs (the solver runs on the calling thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "planner/plan.hpp"
+#include "planner/share_search.hpp"
+#include "planner/simulator.hpp"
+#include "planner/step_traces.hpp"
+
+namespace stowage::planner {
+
+// The device's figures for one fit, in bytes: the model and optimizer as built.
+struct FitMemory {
+  std::int64_t usable = 0;  // what the device may hold in all, less fit's margin
+  std::int64_t in_use = 0;  // when fit ran: parameters, buffers, the example batch
+  std::int64_t parameter_count = 0;  // trainable parameters
+  std::int64_t gradients = 0;        // one gradient per trainable parameter, in its dtype
+  std::int64_t foreach_temporary = 0;
+  std::int64_t largest_parameter = 0;
+  std::vector<std::int64_t> numels;       // every parameter, in the optimizer's order
+  std::vector<std::int64_t> state_bytes;  // each one's states (none for a frozen one)
+
+  std::int64_t states() const;
+  // The states of the first `kept` parameters.
+  std::int64_t states_on_device(std::size_t kept) const;
+  // Parameters with states past the first `kept`.
+  std::int64_t offloaded_parameters(std::size_t kept) const;
+};
+
+// The host's side: what an offloaded parameter takes there, what the process may take, and which limit that is.
+struct FitHost {
+  std::int64_t bytes_per_parameter = 0;
+  std::int64_t available = 0;
+  std::string limited_by;
+};
+
+// AdamW's measured update time a parameter on each side.
+struct UpdateRates {
+  double host_ms_per_parameter = 0;
+  double device_ms_per_parameter = 0;
+};
+
+// A share of the states on the device and the parameters it keeps there (their count, leading).
+struct FitShare {
+  double fraction = 1.0;
+  std::size_t kept_parameters = 0;
+};
+
+struct FitInputs {
+  StepTraces traces;
+  FitMemory memory;
+  FitHost host;
+  UpdateRates rates;
+  std::vector<FitShare> shares;  // largest first; those keeping the same states weighed once
+  ShareSearch search;
+  std::optional<std::int64_t> micro_count;  // the micro-batches the size asked for runs as
+  bool foreach = false;                     // torch's optimizer steps through its multi-tensor path
+  std::int64_t reserve = 0;                 // device bytes kept from every plan
+};
+
+struct FitOption {
+  double fraction = 1.0;
+  std::int64_t micro_rows = 0;
+  std::int64_t micro_batches = 1;
+  std::int64_t activation_budget = 0;
+  std::int64_t device_state_bytes = 0;
+  std::int64_t optimizer_peak = 0;  // device bytes during the optimizer's step
+  std::int64_t host_bytes = 0;      // offloaded states, and the plan's offloaded activations
+  double update_ms = 0;
+  std::string reason;               // why it does not fit, or ""
+  bool solved = false;              // a plan was solved (decisions, prefetch_depth and prediction hold)
+  Plan decisions;
+  std::size_t prefetch_depth = 0;
+  Simulation prediction;            // the plan's step under its budget as ceiling
+
+  bool feasible() const noexcept { return reason.empty(); }
+  bool keeps_everything() const noexcept;
+  double step_ms() const noexcept;
+};
+
+// The options weighed, in the order they are listed (Note [Choosing a share]).
+std::vector<FitOption> weigh_fit(const FitInputs& inputs);
+
+}  // namespace stowage::planner

@@ -1,0 +1,44 @@
+// One micro-batch's lifetime trace by its rows, as stowage.fit weighs micro-batch sizes: a step
+// recorded once (the same trace at any rows: a batch fit does not cut) or at a grid of sizes
+// (evaluated with the rows in one size and the others fixed, Note [Sized traces]), with the cost
+// model the step was measured under, and the checkpoint regions left out of recomputation (a
+// block whose forward runs other ops when recomputed: stowage.fitting.trial).
+//
+// Contract: a value; immutable once built; `at` is const and safe to call from several threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "planner/cost_model.hpp"
+#include "planner/lifetime_trace.hpp"
+#include "planner/sized_trace.hpp"
+
+namespace stowage::planner {
+
+class StepTraces {
+ public:
+  // The step recorded once: `trace` at any rows.
+  StepTraces(LifetimeTrace trace, CostModel cost);
+  // The step recorded at a grid: `sized` at `values` (one per size) with `rows_size`'s replaced by the rows.
+  StepTraces(SizedTrace sized, std::vector<std::int64_t> values, std::size_t rows_size, CostModel cost);
+
+  // The same traces with the saved tensors of `regions` not recomputable (kept or offloaded).
+  StepTraces without_recompute(const std::set<std::int32_t>& regions) const;
+
+  LifetimeTrace at(std::int64_t rows) const;
+  const CostModel& cost() const noexcept { return cost_; }
+
+ private:
+  std::optional<LifetimeTrace> whole_;
+  std::optional<SizedTrace> sized_;
+  std::vector<std::int64_t> values_;
+  std::size_t rows_size_ = 0;
+  CostModel cost_;
+  std::set<std::int32_t> not_recomputed_;
+};
+
+}  // namespace stowage::planner

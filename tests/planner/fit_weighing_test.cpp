@@ -1,0 +1,107 @@
+// fit's weighing (planner/fit_weighing) against figures worked out by hand, and its invariants
+// over random memory figures: a feasible option's plan fits its budget, the host holds what it
+// offloads, the optimizer's step fits, and shares keeping the same states are weighed once.
+#include "planner/fit_weighing.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <set>
+
+namespace stowage::planner {
+namespace {
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+
+// `n` forward ops each saving one offloadable (not recomputable) 1 MiB tensor used again in the
+// mirrored backward op: the step adds n MiB at its turn unless the plan offloads.
+LifetimeTrace offloadable_step(std::size_t n) {
+  LifetimeTrace trace;
+  for (std::size_t i = 0; i < n; ++i) trace.ops.push_back({"f", "m", Phase::kForward, 1.0, 0});
+  for (std::size_t i = 0; i < n; ++i) trace.ops.push_back({"b", "m", Phase::kBackward, 1.0, 0});
+  for (std::size_t i = 0; i < n; ++i) {
+    SavedTensor s;
+    s.module = "m";
+    s.bytes = static_cast<std::uint64_t>(kMiB);
+    s.created = i;
+    s.last_forward_use = i;
+    s.first_backward_use = 2 * n - 1 - i;
+    s.last_backward_use = 2 * n - 1 - i;
+    s.recomputable = false;
+    trace.tensors.push_back(s);
+  }
+  return trace;
+}
+
+// Two parameters of 1M elements, 4 bytes each, two moments: 8 MiB of states each.
+FitInputs two_parameters(std::int64_t usable, std::int64_t host_available) {
+  const CostModel cost{1e6, 2e6, 2};
+  FitMemory memory{usable, 20 * kMiB, 2 * kMiB, 8 * kMiB, 8 * kMiB, 4 * kMiB, {kMiB, kMiB}, {8 * kMiB, 8 * kMiB}};
+  return FitInputs{StepTraces(offloadable_step(8), cost),
+                   memory,
+                   FitHost{16, host_available, "MemAvailable"},
+                   UpdateRates{1e-5, 1e-6},
+                   {{1.0, 2}, {0.5, 1}, {0.0, 0}},
+                   ShareSearch{4, 4, 1, 3},
+                   std::nullopt,
+                   true,
+                   0};
+}
+
+TEST(PlannerFitWeighing, WorksOutEachShareAsByHand) {
+  const std::vector<FitOption> options = weigh_fit(two_parameters(60 * kMiB, std::int64_t{1} << 40));
+  ASSERT_EQ(options.size(), 3u);
+  const FitOption& all = options[0];
+  EXPECT_EQ(all.activation_budget, 60 * kMiB - 20 * kMiB - 16 * kMiB);
+  EXPECT_EQ(all.optimizer_peak, 20 * kMiB + 8 * kMiB + 16 * kMiB + 8 * kMiB);  // foreach: a copy of every parameter
+  EXPECT_EQ(all.host_bytes, 0);
+  EXPECT_DOUBLE_EQ(all.update_ms, 2.0 * kMiB * 1e-6);
+  EXPECT_TRUE(all.feasible() && all.keeps_everything());
+  const FitOption& half = options[1];
+  EXPECT_EQ(half.activation_budget, 60 * kMiB - 20 * kMiB - 8 * kMiB);
+  EXPECT_EQ(half.optimizer_peak, 20 * kMiB + 8 * kMiB + 8 * kMiB + 2 * kMiB);  // the largest parameter's, halved
+  EXPECT_EQ(half.host_bytes, 16 * kMiB);
+  EXPECT_DOUBLE_EQ(half.update_ms, 2.0 * kMiB * (0.5 * 1e-6 + 0.5 * 1e-5) + 0.5 * 8.0 * kMiB / 2e6);
+  EXPECT_DOUBLE_EQ(half.step_ms(), half.prediction.step_ms + half.update_ms);
+}
+
+TEST(PlannerFitWeighing, SaysWhyAnOptionIsOut) {
+  const std::vector<FitOption> tight = weigh_fit(two_parameters(36 * kMiB, 20 * kMiB));
+  EXPECT_EQ(tight[0].reason, "the states alone fill the device");
+  EXPECT_FALSE(tight[0].solved);
+  EXPECT_EQ(tight[2].reason, "the host cannot hold the offloaded states: 32.00 MiB needed, 20.00 MiB available "
+                             "(MemAvailable)");
+  const std::vector<FitOption> small = weigh_fit(two_parameters(36 * kMiB + kMiB / 2, std::int64_t{1} << 40));
+  EXPECT_EQ(small[0].reason.rfind("no plan fits: the lowest step peak found is ", 0), 0u) << small[0].reason;
+  EXPECT_TRUE(small[0].solved);
+}
+
+TEST(PlannerFitWeighing, FeasibleOptionsFitEverywhereAndSameStatesAreWeighedOnce) {
+  std::mt19937 random(11);
+  std::uniform_int_distribution<std::int64_t> usable(30 * kMiB, 80 * kMiB);
+  std::uniform_int_distribution<std::int64_t> host(0, 64 * kMiB);
+  std::uniform_int_distribution<std::int64_t> reserve(0, 4 * kMiB);
+  for (int round = 0; round < 80; ++round) {
+    FitInputs inputs = two_parameters(usable(random), host(random));
+    inputs.reserve = reserve(random);
+    inputs.search = ShareSearch{8, std::nullopt, 1, 3};
+    inputs.shares.insert(inputs.shares.end() - 1, {0.25, 0});  // keeps what 0.0 keeps: weighed as one of them
+    const std::vector<FitOption> options = weigh_fit(inputs);
+    std::set<double> fractions;
+    for (const FitOption& option : options) {
+      fractions.insert(option.fraction);
+      EXPECT_EQ(option.micro_batches, (8 + option.micro_rows - 1) / option.micro_rows);
+      if (!option.feasible()) continue;
+      EXPECT_LE(option.prediction.peak_bytes, static_cast<std::uint64_t>(option.activation_budget));
+      EXPECT_LE(option.host_bytes, inputs.host.available);
+      EXPECT_LE(option.optimizer_peak, inputs.memory.usable);
+      EXPECT_EQ(option.activation_budget, inputs.memory.usable - 20 * kMiB - option.device_state_bytes -
+                                              inputs.reserve - (option.micro_batches > 1 ? 2 * kMiB : 0));
+    }
+    EXPECT_FALSE(fractions.contains(0.0) && fractions.contains(0.25)) << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace stowage::planner
