@@ -66,7 +66,8 @@ def decide(python: str, tree: str, model: str, rows: int, capacity: str) -> dict
     found = json.loads(lines[-1])
     lines = found.pop("table").splitlines()
     header = next(i for i, line in enumerate(lines) if line.strip().startswith("states on the device"))
-    found["options"] = [re.sub(r"\d+ ms", "T ms", line.strip()) for line in lines[header + 1:] if line.strip()]
+    found["options"] = [re.sub(r"\s+", " ", re.sub(r"\d+ ms", "T ms", line)).strip()
+                        for line in lines[header + 1:] if line.strip()]
     counts = {d: found["decisions"].count(d) for d in sorted(set(found["decisions"]))}
     found["plan"] = f"{counts} #{hashlib.sha1(' '.join(found.pop('decisions')).encode()).hexdigest()[:8]}"
     return found
