@@ -9,6 +9,8 @@
 #include <random>
 #include <set>
 
+#include "tests/planner/mirrored_step.hpp"
+
 namespace stowage::planner {
 namespace {
 
@@ -17,21 +19,7 @@ constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 // `n` forward ops each saving one offloadable (not recomputable) 1 MiB tensor used again in the
 // mirrored backward op: the step adds n MiB at its turn unless the plan offloads.
 LifetimeTrace offloadable_step(std::size_t n) {
-  LifetimeTrace trace;
-  for (std::size_t i = 0; i < n; ++i) trace.ops.push_back({"f", "m", Phase::kForward, 1.0, 0});
-  for (std::size_t i = 0; i < n; ++i) trace.ops.push_back({"b", "m", Phase::kBackward, 1.0, 0});
-  for (std::size_t i = 0; i < n; ++i) {
-    SavedTensor s;
-    s.module = "m";
-    s.bytes = static_cast<std::uint64_t>(kMiB);
-    s.created = i;
-    s.last_forward_use = i;
-    s.first_backward_use = 2 * n - 1 - i;
-    s.last_backward_use = 2 * n - 1 - i;
-    s.recomputable = false;
-    trace.tensors.push_back(s);
-  }
-  return trace;
+  return mirrored_step(n, [] { return 1.0; }, 0, [] { return static_cast<std::uint64_t>(kMiB); });
 }
 
 // Two parameters of 1M elements, 4 bytes each, two moments: 8 MiB of states each.

@@ -11,6 +11,7 @@
 
 #include "base/errors.hpp"
 #include "planner/greedy_solver.hpp"
+#include "tests/planner/mirrored_step.hpp"
 
 namespace stowage::planner {
 namespace {
@@ -21,21 +22,7 @@ namespace {
 LifetimeTrace offload_only(std::mt19937& random, std::size_t n) {
   std::uniform_int_distribution<std::uint64_t> bytes(1, 8);
   std::uniform_real_distribution<double> ms(0.1, 1.0);
-  LifetimeTrace trace;
-  for (std::size_t i = 0; i < n; ++i) trace.ops.push_back({"f", "m", Phase::kForward, ms(random), 4});
-  for (std::size_t i = 0; i < n; ++i) trace.ops.push_back({"b", "m", Phase::kBackward, ms(random), 4});
-  for (std::size_t i = 0; i < n; ++i) {
-    SavedTensor s;
-    s.module = "m";
-    s.bytes = bytes(random) << 10;
-    s.created = i;
-    s.last_forward_use = i;
-    s.first_backward_use = 2 * n - 1 - i;
-    s.last_backward_use = 2 * n - 1 - i;
-    s.recomputable = false;
-    trace.tensors.push_back(s);
-  }
-  return trace;
+  return mirrored_step(n, [&] { return ms(random); }, 4, [&] { return bytes(random) << 10; });
 }
 
 TEST(PlannerPrefetchSearch, TakesTheDeepestDepthThatFitsElseTheLowestPeak) {
