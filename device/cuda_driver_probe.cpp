@@ -29,23 +29,26 @@ class Library {
     }
   }
   bool loaded() const { return handle_ != nullptr; }
-  // The entry point `name` as a function pointer of type F; nullptr when the library lacks it.
+  // The entry point `name` as a function pointer of type F; nullptr when the library lacks it, and
+  // then `name` is the first it lacks (missing()).
   template <typename F>
-  F entry(const char* name) const {
-    return reinterpret_cast<F>(dlsym(handle_, name));
+  F entry(const char* name) {
+    void* symbol = dlsym(handle_, name);
+    if (symbol == nullptr && missing_.empty()) missing_ = name;
+    return reinterpret_cast<F>(symbol);
   }
+  const std::string& missing() const { return missing_; }
   // The path of the file the entry point `name` was loaded from.
   std::optional<std::string> path_of(const char* name) const {
     Dl_info info{};
     void* symbol = dlsym(handle_, name);
-    if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) {
-      return std::nullopt;
-    }
+    if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return std::nullopt;
     return std::string(info.dli_fname);
   }
 
  private:
   void* handle_;
+  std::string missing_;
 };
 
 using GetInt = int (*)(int*);
@@ -56,7 +59,7 @@ using DeviceTotalMem = int (*)(std::size_t*, int);
 using DeviceGetAttribute = int (*)(int*, int, int);
 using Init = int (*)(unsigned);
 
-std::string driver_error(const Library& lib, int status) {
+std::string driver_error(Library& lib, int status) {
   auto name_of = lib.entry<GetErrorName>("cuGetErrorName");
   const char* name = nullptr;
   if (name_of != nullptr && name_of(status, &name) == 0 && name != nullptr) {
@@ -102,22 +105,12 @@ GpuFacts gpu_facts(const DeviceQueries& calls, int index, int device) {
 }
 
 // The GPUs of an initialised driver, or the name of the entry point it lacks.
-std::string ask_gpus(const Library& lib, int count, std::vector<GpuFacts>& gpus) {
+std::string ask_gpus(Library& lib, int count, std::vector<GpuFacts>& gpus) {
   const DeviceQueries calls{lib.entry<DeviceGet>("cuDeviceGet"), lib.entry<DeviceGetText>("cuDeviceGetName"),
                             lib.entry<DeviceGetText>("cuDeviceGetPCIBusId"),
                             lib.entry<DeviceTotalMem>("cuDeviceTotalMem_v2"),
                             lib.entry<DeviceGetAttribute>("cuDeviceGetAttribute")};
-  const std::array<std::pair<const void*, const char*>, 5> needed{
-      {{reinterpret_cast<const void*>(calls.get), "cuDeviceGet"},
-       {reinterpret_cast<const void*>(calls.name), "cuDeviceGetName"},
-       {reinterpret_cast<const void*>(calls.bus_id), "cuDeviceGetPCIBusId"},
-       {reinterpret_cast<const void*>(calls.total_memory), "cuDeviceTotalMem_v2"},
-       {reinterpret_cast<const void*>(calls.attribute), "cuDeviceGetAttribute"}}};
-  for (const auto& [entry, name] : needed) {
-    if (entry == nullptr) {
-      return name;
-    }
-  }
+  if (!lib.missing().empty()) return lib.missing();
   for (int index = 0; index < count; ++index) {
     int device = 0;
     if (calls.get(&device, index) == 0) {
@@ -135,7 +128,7 @@ std::string cuda_version_text(int encoded) {
 
 CudaDriverFacts probe_cuda_driver() {
   CudaDriverFacts facts;
-  const Library lib("libcuda.so.1");
+  Library lib("libcuda.so.1");
   if (!lib.loaded()) {
     facts.error = "no NVIDIA driver (libcuda.so.1 cannot be loaded)";
     return facts;
@@ -174,7 +167,7 @@ CudaRuntimeFacts probe_cuda_runtime(const std::vector<std::string>& candidates) 
   using ErrorName = const char* (*)(int);
   CudaRuntimeFacts facts;
   for (const std::string& candidate : candidates) {
-    const Library lib(candidate);
+    Library lib(candidate);
     if (!lib.loaded()) {
       continue;
     }

@@ -1,7 +1,9 @@
 #include "snapshot/tags_reader.hpp"
 
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -80,41 +82,43 @@ class TagsReader {
     return out;
   }
 
+  // Each item of the list `value` as `read` makes it (none: an item that does not fit), or a refusal
+  // naming `field` and what it `expects` where `value` is no such list (or an empty one, `nonempty`).
+  template <typename Read>
+  auto items(Handle value, const char* field, const std::string& expects, bool nonempty, Read read) {
+    std::vector<typename std::invoke_result_t<Read, Handle>::value_type> out;
+    const bool listed = value != nullptr && objects_.kind_of(value) == Kind::kList;
+    for (std::size_t i = 0; listed && i < objects_.length(value); ++i) {
+      auto item = read(objects_.item(value, i));
+      if (!item) break;
+      out.push_back(std::move(*item));
+    }
+    if (!listed || (nonempty && out.empty()) || out.size() != objects_.length(value)) {
+      SNAPSHOT_REFUSE(where_, ".", field, ": expected ", expects);
+    }
+    return out;
+  }
+
   // The categories' numbers as kCategoryNames', and -1's (no hook saw it: temporaries) last.
   std::vector<std::int8_t> numbering(Handle names) {
-    std::vector<std::int8_t> out;
-    const bool listed = names != nullptr && objects_.kind_of(names) == Kind::kList;
-    for (std::size_t i = 0; listed && i < objects_.length(names); ++i) {
-      const Handle name = objects_.item(names, i);
+    std::string all;
+    for (const char* name : kCategoryNames) all += (all.empty() ? "" : ", ") + std::string(name);
+    std::vector<std::int8_t> out = items(names, "categories", "a list of " + all, false, [&](Handle name) {
       const std::string text = objects_.kind_of(name) == Kind::kStr ? objects_.utf8_of(name) : std::string();
       for (std::size_t k = 0; k < std::size(kCategoryNames); ++k) {
-        if (objects_.kind_of(name) == Kind::kStr && text == kCategoryNames[k]) {
-          out.push_back(static_cast<std::int8_t>(k));
-          break;
-        }
+        if (objects_.kind_of(name) == Kind::kStr && text == kCategoryNames[k]) return std::optional(static_cast<std::int8_t>(k));
       }
-    }
-    if (!listed || out.size() != objects_.length(names)) {
-      std::string all;
-      for (const char* name : kCategoryNames) all += (all.empty() ? "" : ", ") + std::string(name);
-      SNAPSHOT_REFUSE(where_, ".categories: expected a list of ", all);
-    }
+      return std::optional<std::int8_t>();
+    });
     out.push_back(static_cast<std::int8_t>(Category::kTemporaries));
     return out;
   }
 
   std::vector<std::string> paths(Handle modules) {
-    std::vector<std::string> out;
-    const bool listed = modules != nullptr && objects_.kind_of(modules) == Kind::kList;
-    for (std::size_t i = 0; listed && i < objects_.length(modules); ++i) {
-      const Handle path = objects_.item(modules, i);
-      if (objects_.kind_of(path) != Kind::kStr) break;
-      out.push_back(first_characters(objects_.utf8_of(path), kMaxPath));
-    }
-    if (!listed || out.empty() || out.size() != objects_.length(modules)) {
-      SNAPSHOT_REFUSE(where_, ".modules: expected a non-empty list of strings");
-    }
-    return out;
+    return items(modules, "modules", "a non-empty list of strings", true, [&](Handle path) {
+      if (objects_.kind_of(path) != Kind::kStr) return std::optional<std::string>();
+      return std::optional(first_characters(objects_.utf8_of(path), kMaxPath));
+    });
   }
 
   const std::string& where() const { return where_; }

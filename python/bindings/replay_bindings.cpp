@@ -15,6 +15,7 @@
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace stowage::python {
 
@@ -44,42 +45,24 @@ Trace make_trace(const Kinds& kinds, const Bytes& addresses, const Bytes& sizes,
 }
 
 py::dict to_dict(const ReplayResult& result) {
-  py::dict out;
-  out["events"] = result.events;
-  out["allocs"] = result.allocs;
-  out["frees"] = result.frees;
-  out["skipped_frees"] = result.skipped_frees;
-  out["zero_size"] = result.zero_size;
-  out["implicit_frees"] = result.implicit_frees;
-  out["peak_requested"] = result.peak_requested;
-  out["peak_allocated"] = result.peak_allocated;
-  out["peak_reserved"] = result.peak_reserved;
-  out["peak_mapped_pages"] = result.peak_mapped_pages;
-  out["maps"] = result.maps;
-  out["unmaps"] = result.unmaps;
-  out["layouts_made"] = result.layouts_made;
-  out["departures"] = result.departures;
-  out["placed_allocations"] = result.placed_allocations;
-  out["arena_bytes"] = result.arena_bytes;
-  out["layout_live_bytes"] = result.layout_live_bytes;
-  out["oom"] = result.oom;
-  out["oom_event"] = result.oom ? py::object(py::int_(result.oom_event)) : py::object(py::none());
-  out["oom_message"] = result.oom ? py::object(py::str(result.oom_message)) : py::object(py::none());
-  out["ns_per_call_p50"] = result.ns_per_call_p50;
-  out["ns_per_call_p99"] = result.ns_per_call_p99;
-  out["seconds"] = result.seconds;
   py::list steps;
   for (const ReplayStep& step : result.steps) {
-    py::dict entry;
-    entry["maps"] = step.maps;
-    entry["unmaps"] = step.unmaps;
-    entry["device_calls"] = step.device_calls;
-    entry["charged_ns"] = step.charged_ns;
-    entry["reserved"] = step.reserved;
-    steps.append(entry);
+    steps.append(py::dict("maps"_a = step.maps, "unmaps"_a = step.unmaps, "device_calls"_a = step.device_calls,
+                          "charged_ns"_a = step.charged_ns, "reserved"_a = step.reserved));
   }
-  out["steps"] = steps;
-  return out;
+  const auto if_oom = [&result](auto value) { return result.oom ? py::cast(value) : py::object(py::none()); };
+  return py::dict(
+      "events"_a = result.events, "allocs"_a = result.allocs, "frees"_a = result.frees,
+      "skipped_frees"_a = result.skipped_frees, "zero_size"_a = result.zero_size,
+      "implicit_frees"_a = result.implicit_frees, "peak_requested"_a = result.peak_requested,
+      "peak_allocated"_a = result.peak_allocated, "peak_reserved"_a = result.peak_reserved,
+      "peak_mapped_pages"_a = result.peak_mapped_pages, "maps"_a = result.maps, "unmaps"_a = result.unmaps,
+      "layouts_made"_a = result.layouts_made, "departures"_a = result.departures,
+      "placed_allocations"_a = result.placed_allocations, "arena_bytes"_a = result.arena_bytes,
+      "layout_live_bytes"_a = result.layout_live_bytes, "oom"_a = result.oom,
+      "oom_event"_a = if_oom(result.oom_event), "oom_message"_a = if_oom(result.oom_message),
+      "ns_per_call_p50"_a = result.ns_per_call_p50, "ns_per_call_p99"_a = result.ns_per_call_p99,
+      "seconds"_a = result.seconds, "steps"_a = steps);
 }
 
 HostCallCosts costs_named(const std::string& name) {
@@ -99,11 +82,8 @@ py::dict min_capacity(const Trace& trace, std::uint64_t peak_requested, const st
   std::function<void(std::uint64_t, std::uint64_t)> report;
   if (!progress.is_none()) report = [&](std::uint64_t done, std::uint64_t total) { progress(done, total); };
   const CapacitySearchResult found = search_min_capacity(fits, peak_requested, known_fit, {}, report);
-  py::dict out;
-  out["min_capacity"] = found.min_capacity ? py::object(py::int_(*found.min_capacity)) : py::object(py::none());
-  out["min_capacity_verified"] = found.verified;
-  out["replays"] = found.replays;
-  return out;
+  return py::dict("min_capacity"_a = found.min_capacity, "min_capacity_verified"_a = found.verified,
+                  "replays"_a = found.replays);
 }
 
 }  // namespace

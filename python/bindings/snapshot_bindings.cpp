@@ -17,9 +17,9 @@
 #include "snapshot/memory_budget.hpp"
 #include "snapshot/reader.hpp"
 #include "snapshot/refusal.hpp"
-#include "snapshot/structure.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace stowage::python {
 
@@ -153,11 +153,6 @@ py::object columns_of(const py::object& snapshot, const py::object& make_trace, 
   return columns_result(reading, make_trace, make_stack);
 }
 
-void check_structure(const py::object& snapshot) {
-  PythonObjects objects;
-  snapshot::check_structure(snapshot.ptr(), objects, nullptr);
-}
-
 }  // namespace
 
 void bind_snapshot(py::module_& module) {
@@ -172,20 +167,13 @@ void bind_snapshot(py::module_& module) {
       PyErr_SetString(read_whole.ptr(), error.what());
     }
   });
-  py::dict limits;
-  limits["max_depth"] = snapshot::kMaxDepth;
-  limits["max_number"] = snapshot::kMaxNumber;
-  limits["nodes_per_byte"] = snapshot::kNodesPerByte;
-  limits["min_node_budget"] = snapshot::kMinNodeBudget;
-  limits["memory_floor"] = snapshot::kMemoryFloor;
-  limits["columns_memory_per_byte"] = snapshot::kColumnsMemoryPerByte;
-  limits["plain_memory_per_byte"] = snapshot::kPlainMemoryPerByte;
-  limits["memory_ceiling"] = snapshot::kMemoryCeiling;
-  limits["report_every"] = snapshot::kReportEvery;
-  limits["release_every"] = snapshot::kReleaseEvery;
-  limits["max_size"] = snapshot::kMaxSize;
-  limits["max_devices"] = snapshot::kMaxDevices;
-  module.attr("snapshot_limits") = limits;
+  using namespace snapshot;
+  module.attr("snapshot_limits") = py::dict(
+      "max_depth"_a = kMaxDepth, "max_number"_a = kMaxNumber, "nodes_per_byte"_a = kNodesPerByte,
+      "min_node_budget"_a = kMinNodeBudget, "memory_floor"_a = kMemoryFloor,
+      "columns_memory_per_byte"_a = kColumnsMemoryPerByte, "plain_memory_per_byte"_a = kPlainMemoryPerByte,
+      "memory_ceiling"_a = kMemoryCeiling, "report_every"_a = kReportEvery, "release_every"_a = kReleaseEvery,
+      "max_size"_a = kMaxSize, "max_devices"_a = kMaxDevices);
   module.def("read_snapshot", &read, py::arg("data"), py::arg("columns"), py::arg("memory_per_byte"),
              py::arg("memory_ceiling"), py::arg("memory_remedy"), py::arg("memory_start"), py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
              py::arg("make_trace"), py::arg("make_stack"),
@@ -200,8 +188,6 @@ void bind_snapshot(py::module_& module) {
       "The process's resident memory in bytes (0 where it cannot be read).");
   module.def("snapshot_columns", &columns_of, py::arg("snapshot"), py::arg("make_trace"), py::arg("make_stack"),
              "A snapshot read as plain data with its traces as make_trace(...) of columns.");
-  module.def("check_snapshot_structure", &check_structure, py::arg("snapshot"),
-             "Raises SnapshotRefused naming the first field that does not fit the snapshot format.");
   bind_trace_analysis(module);  // the analyses over the columns a reading makes
 }
 

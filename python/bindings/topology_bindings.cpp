@@ -18,94 +18,58 @@
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace stowage::python {
 
 namespace {
 
 py::dict to_dict(const NumaNode& node) {
-  py::dict out;
-  out["os_index"] = node.os_index;
-  out["local_memory"] = node.local_memory;
-  out["cpus"] = node.cpus;
-  out["allowed"] = node.allowed;
-  return out;
+  return py::dict("os_index"_a = node.os_index, "local_memory"_a = node.local_memory, "cpus"_a = node.cpus,
+                  "allowed"_a = node.allowed);
 }
 
 py::dict to_dict(const PciLocality& device) {
-  py::dict out;
-  out["bus_id"] = device.bus_id;
-  out["found"] = device.found;
-  out["vendor_id"] = device.vendor_id;
-  out["device_id"] = device.device_id;
-  out["numa_nodes"] = device.numa_nodes;
-  out["cpus"] = device.cpus;
+  return py::dict("bus_id"_a = device.bus_id, "found"_a = device.found, "vendor_id"_a = device.vendor_id,
+                  "device_id"_a = device.device_id, "numa_nodes"_a = device.numa_nodes, "cpus"_a = device.cpus);
+}
+
+py::dict to_dict(const GpuFacts& gpu) {
+  return py::dict("index"_a = gpu.index, "name"_a = gpu.name, "total_memory"_a = gpu.total_memory,
+                  "pci_bus_id"_a = gpu.pci_bus_id, "compute_capability"_a = gpu.compute_capability,
+                  "virtual_memory_management"_a = gpu.virtual_memory_management, "source"_a = "driver");
+}
+
+template <typename T>
+py::list dicts_of(const std::vector<T>& rows) {
+  py::list out;
+  for (const T& row : rows) out.append(to_dict(row));
   return out;
 }
 
 py::dict to_dict(const NumaTopology& topology) {
-  py::dict out;
-  out["hwloc_api_version"] = topology.hwloc_api_version;
-  out["packages"] = topology.packages;
-  out["cores"] = topology.cores;
-  out["processing_units"] = topology.processing_units;
-  py::list nodes;
-  for (const NumaNode& node : topology.nodes) {
-    nodes.append(to_dict(node));
-  }
-  out["nodes"] = nodes;
-  out["process_cpus"] = topology.process_cpus;
-  out["process_numa_nodes"] = topology.process_numa_nodes;
-  py::list devices;
-  for (const PciLocality& device : topology.pci_devices) {
-    devices.append(to_dict(device));
-  }
-  out["pci_devices"] = devices;
-  return out;
-}
-
-py::dict to_dict(const GpuFacts& gpu) {
-  py::dict out;
-  out["index"] = gpu.index;
-  out["name"] = gpu.name;
-  out["total_memory"] = gpu.total_memory;
-  out["pci_bus_id"] = gpu.pci_bus_id;
-  out["compute_capability"] = gpu.compute_capability;
-  out["virtual_memory_management"] = gpu.virtual_memory_management;
-  out["source"] = "driver";
-  return out;
+  return py::dict("hwloc_api_version"_a = topology.hwloc_api_version, "packages"_a = topology.packages,
+                  "cores"_a = topology.cores, "processing_units"_a = topology.processing_units,
+                  "nodes"_a = dicts_of(topology.nodes), "process_cpus"_a = topology.process_cpus,
+                  "process_numa_nodes"_a = topology.process_numa_nodes,
+                  "pci_devices"_a = dicts_of(topology.pci_devices));
 }
 
 py::tuple to_python(const CudaDriverFacts& facts) {
-  py::dict out;
-  out["library"] = facts.library;
-  out["version"] = facts.version;
-  out["device_count"] = facts.device_count;
-  out["error"] = facts.error;
-  py::list gpus;
-  for (const GpuFacts& gpu : facts.gpus) {
-    gpus.append(to_dict(gpu));
-  }
-  return py::make_tuple(out, gpus);
+  return py::make_tuple(py::dict("library"_a = facts.library, "version"_a = facts.version,
+                                 "device_count"_a = facts.device_count, "error"_a = facts.error),
+                        dicts_of(facts.gpus));
 }
 
 py::dict to_dict(const CudaRuntimeFacts& facts) {
-  py::dict out;
-  out["library"] = facts.library;
-  out["version"] = facts.version;
-  out["device_count"] = facts.device_count;
-  out["error"] = facts.error;
-  return out;
+  return py::dict("library"_a = facts.library, "version"_a = facts.version, "device_count"_a = facts.device_count,
+                  "error"_a = facts.error);
 }
 
 py::dict to_dict(const HostMemoryFacts& facts) {
-  py::dict out;
-  out["total"] = facts.physical_bytes;
-  out["available"] = facts.available_bytes;
-  out["cgroup_room"] = facts.cgroup_room_bytes;
-  out["memlock_soft"] = facts.memlock_soft;
-  out["memlock_hard"] = facts.memlock_hard;
-  return out;
+  return py::dict("total"_a = facts.physical_bytes, "available"_a = facts.available_bytes,
+                  "cgroup_room"_a = facts.cgroup_room_bytes, "memlock_soft"_a = facts.memlock_soft,
+                  "memlock_hard"_a = facts.memlock_hard);
 }
 
 void bind_machine_probes(py::module_& module) {
@@ -213,16 +177,13 @@ void bind_topology(py::module_& module) {
   module.def(
       "build_info",
       [] {
-        py::dict out;
-        out["version"] = std::string(build_info::kVersion);
-        out["build_type"] = std::string(build_info::kBuildType);
-        out["compiler"] = std::string(build_info::kCompiler);
-        out["sanitizer"] = std::string(build_info::kSanitizer);
-        out["with_cuda"] = build_info::kWithCuda;
-        out["cuda_version"] = std::string(build_info::kCudaVersion);
-        out["with_torch"] = build_info::kWithTorch;
-        out["torch_version"] = std::string(build_info::kTorchVersion);
-        return out;
+        return py::dict("version"_a = std::string(build_info::kVersion),
+                        "build_type"_a = std::string(build_info::kBuildType),
+                        "compiler"_a = std::string(build_info::kCompiler),
+                        "sanitizer"_a = std::string(build_info::kSanitizer), "with_cuda"_a = build_info::kWithCuda,
+                        "cuda_version"_a = std::string(build_info::kCudaVersion),
+                        "with_torch"_a = build_info::kWithTorch,
+                        "torch_version"_a = std::string(build_info::kTorchVersion));
       },
       "How this copy of stowage was built: version, build type, compiler, sanitizer, and the "
       "CUDA toolkit and torch it was built with.");

@@ -70,12 +70,6 @@ def _mapped_library(stem: str) -> str | None:
     return None
 
 
-def cuda_driver() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The driver (libcuda.so.1) and the GPUs it reports; an "error" says why there are none."""
-    facts, gpus = _core.cuda_driver()
-    return dict(facts), [dict(gpu) for gpu in gpus]
-
-
 def nvidia_smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
     """The GPUs nvidia-smi lists (in PCI order, ignoring CUDA_VISIBLE_DEVICES), and an error."""
     program = shutil.which("nvidia-smi")
@@ -116,11 +110,6 @@ def _runtime_candidates() -> list[str]:
     if (system := ctypes.util.find_library("cudart")) is not None:
         found.append(system)
     return found
-
-
-def cuda_runtime() -> dict[str, Any]:
-    """The CUDA runtime (libcudart): its version and the devices it sees, or why none."""
-    return dict(_core.cuda_runtime(_runtime_candidates()))
 
 
 # --- torch and stowage ----------------------------------------------------------------------
@@ -174,10 +163,9 @@ def _stowage_torch(torch_version: str) -> dict[str, Any]:
 # --- host memory and NUMA -------------------------------------------------------------------
 
 
-def host_memory() -> dict[str, Any]:
-    """Physical and available memory, the cgroup's room and the locked-memory limit (bytes;
-    None: unknown, or unlimited for the limits): the probe the offloaded optimizer sizes by."""
-    return dict(_core.host_memory())
+# Physical and available memory, the cgroup's room and the locked-memory limit (bytes; None:
+# unknown, or unlimited for the limits): the probe the offloaded optimizer sizes by.
+host_memory = _core.host_memory
 
 
 _BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -201,12 +189,12 @@ def gather() -> dict[str, Any]:
     """Every fact the report shows, and the advice drawn from them, as one JSON-ready dict."""
     build = dict(_core.build_info())
     torch = torch_facts()  # first: then the runtime found is the one torch loaded
-    driver, gpus = cuda_driver()
+    driver, gpus = _core.cuda_driver()  # (the driver, libcuda.so.1, and its GPUs; an "error" says why none)
     if not gpus:
         gpus, smi_error = nvidia_smi_gpus()
         if smi_error:
             driver["nvidia_smi_error"] = smi_error
-    runtime = cuda_runtime()
+    runtime = _core.cuda_runtime(_runtime_candidates())
     topology = numa([gpu["pci_bus_id"] for gpu in gpus if gpu["pci_bus_id"]])
     located = {device["bus_id"]: device for device in topology["pci_devices"]}
     for gpu in gpus:
@@ -229,10 +217,9 @@ def _bytes(value: int | None) -> str:
     return "unlimited" if value is None else _core.format_bytes(value)
 
 
-def advise(report: dict[str, Any]) -> list[str]:
-    """One line per thing on this machine that limits stowage, stated as fact plus remedy
-    (device/machine_advice.hpp)."""
-    return list(_core.machine_advice(report))
+# One line per thing on this machine that limits stowage, stated as fact plus remedy
+# (device/machine_advice.hpp), over gather()'s report.
+advise = _core.machine_advice
 
 
 def _facts_table(title: str, rows: list[tuple[str, str]]) -> Table:

@@ -1,26 +1,21 @@
 """``stowage replay``: how much memory a recorded training step needs under stowage.
 
-Each device trace of each snapshot is replayed (its alloc and free_completed events) through
-stowage's CachingAllocator on a simulated device, in C++. The snapshot is read as inspect reads
-it (load_snapshot_columnar), and the replay's arrays and the native figures are made from the
-trace's columns, in C++ over whole columns (snapshot/device_events.hpp and native_figures.hpp: no
-Python object per event), so memory stays a fraction of the file's size. The figures are
-printed as a table, or as one JSON object per trace and device with ``--json``. With
-``--min-capacity`` the smallest device, in 2 MiB steps, on which the replay completes is
-searched and then verified: the replay completes at that capacity and fails 2 MiB below it.
+Each device trace of each snapshot (read as inspect reads it, load_snapshot_columnar) is replayed
+through stowage's CachingAllocator on a simulated device, in C++ over whole columns
+(snapshot/device_events.hpp, native_figures.hpp: no Python object per event): its ``alloc``
+events, its ``free_completed`` events (when memory really became free) and the ends of steps at
+its stowage.mark_step() marks. The figures are printed as a table, or as one JSON object per trace
+and device with ``--json``. ``--min-capacity`` searches the smallest device, in 2 MiB steps, on
+which the replay completes, then verifies it: it completes there and fails 2 MiB below.
 
-A trace's steps end at its stowage.mark_step() marks. After the first ``--warmup`` steps
-(by default two, the first making the optimizer's state and the second the first to run with it
-in place; or, when the steps repeat in a cycle of shapes, two cycles) the replay reports what the remaining steps asked of the device (pages mapped and
-unmapped, device calls) and what the worst of them would spend in those calls on a GPU, by the
-simulated device's cost model (measured on an H100: device/host/host_call_costs.hpp).
-
-The replayed events are a device's ``alloc`` events, its ``free_completed`` events (the moment
-memory really became free; ``free_requested`` only says a free was asked for) and the ends of
-steps that stowage.mark_step() recorded. The native figures are what the allocator that recorded
-the trace did: the peak of its reserved memory, and the segments that held memory before the
-trace began, which make that figure incomparable with a replay from empty when the trace's own
-allocations land in them.
+After the first ``--warmup`` steps (by default two, the first making the optimizer's state and
+the second the first to run with it; or two cycles when the steps repeat in a cycle of shapes)
+the replay reports what the remaining steps asked of the device (pages mapped and unmapped,
+device calls) and what the worst of them would spend in those calls on a GPU, by the simulated
+device's cost model (measured on an H100: device/host/host_call_costs.hpp). The native figures are
+what the allocator that recorded the trace did: the peak of its reserved memory, and the segments
+that held memory before the trace began, which make that figure incomparable with a replay from
+empty when the trace's own allocations land in them.
 """
 
 from __future__ import annotations
@@ -84,11 +79,10 @@ def native_figures(snapshot: dict[str, Any], device: int) -> _core.NativeFigures
                                 snapshot.get("segments", []), device)
 
 
-def step_period(kinds: np.ndarray, sizes: np.ndarray) -> int | None:
-    """The number of steps after which the trace's steps repeat (1: every step alike; 4: a cycle
-    of four shapes), judged by the sizes each step allocates in order, leaving out the first step
-    (it makes the optimizer's state); None when they never repeat. Steps end at the marks."""
-    return _core.step_period(kinds, sizes)  # type: ignore[no-any-return]
+# step_period(kinds, sizes): the number of steps after which the trace's steps repeat (1: every
+# step alike; 4: a cycle of four shapes), judged by the sizes each step allocates in order, leaving
+# out the first step (it makes the optimizer's state); None when they never repeat.
+step_period = _core.step_period
 
 
 def min_capacity(events: _core.ReplayEvents, peak_requested: int, config: str, known_fit: int | None,

@@ -19,7 +19,7 @@ import pytest
 from conftest import event, stowage
 
 from stowage.snapshot_reader import SnapshotError, load_snapshot, load_snapshot_columnar
-from stowage.snapshot_reader.guard import COLUMNS_MEMORY_PER_BYTE, MEMORY_FLOOR
+from stowage.snapshot_reader.loading import COLUMNS_MEMORY_PER_BYTE, MEMORY_FLOOR
 
 MiB = 1 << 20
 HAS_GPU = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(torch.cuda.device_count() == 0)"],

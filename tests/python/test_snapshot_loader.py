@@ -277,7 +277,7 @@ def test_the_columnar_loader_reads_every_recorded_trace_as_the_plain_loader_does
 
 def reference_columns(events: list[dict[str, Any]]) -> dict[str, Any]:
     """What TraceColumns must hold of a list of event dicts, written out here from the format
-    (stowage.snapshot_reader.schema) rather than taken from the reader."""
+    (stowage.snapshot_reader.columns) rather than taken from the reader."""
     columns: dict[str, Any] = {name: [] for name in ("action", "flags", "addr", "size", "stream", "time_us")}
     columns.update(frames=[], device_free={}, user_metadata={}, empty_metadata=[])
     for k, entry in enumerate(events):

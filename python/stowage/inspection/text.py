@@ -20,16 +20,59 @@ def bytes_text(value: int) -> str:
     return _core.format_bytes(value) if value >= 0 else "-" + _core.format_bytes(-value)
 
 
-def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("live", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("allocs", justify="right")
-    table.add_column("site")
-    for site in sites:
-        share = f"{100 * site['bytes'] / total:.1f}%" if total else "-"
-        table.add_row(bytes_text(site["bytes"]), share, f"{site['allocations']:,}", literal(site["site"]))
+# The tables the terminal and the HTML report share: (header, rows) builders, cells as strings.
+LEFT_COLUMNS = {"what", "site", "category", "module", "size"}
+
+
+def share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%"
+
+
+def site_rows(sites: list[dict[str, Any]], total: int) -> list[list[str]]:
+    return [[bytes_text(s["bytes"]), share(s["bytes"], total) if total else "-", f"{s['allocations']:,}", s["site"]]
+            for s in sites]
+
+
+def category_rows(peak: dict[str, Any], before_trace: bool) -> list[list[str]]:
+    """By category, largest first; `before_trace`: with the bytes live before the trace began."""
+    rows = sorted(peak["categories"].items(), key=lambda item: item[1], reverse=True)
+    before = peak["live_bytes"] - sum(peak["categories"].values())
+    if before_trace and before > 0:
+        rows.append(("(live before the trace began)", before))
+    return [[bytes_text(value), share(value, max(peak["live_bytes"], 1)), name] for name, value in rows]
+
+
+def module_rows(peak: dict[str, Any]) -> list[list[str]]:
+    return [[bytes_text(row["bytes"]), share(row["bytes"], max(peak["live_bytes"], 1)),
+             row["module"] or "(outside any module's forward)"] for row in peak["modules"]]
+
+
+def held_rows(report: dict[str, Any]) -> list[list[str]]:
+    return [[bytes_text(r["segment_bytes"]), bytes_text(r["live_bytes"]), bytes_text(r["held_back"]), r["site"]]
+            for r in report["segments"]["held_by_one_small_block"]]
+
+
+def step_rows(steps: list[dict[str, Any]]) -> list[list[str]]:
+    return [[str(s["number"]), f"{s['first_event']:,}-{s['last_event']:,}", bytes_text(s["peak_bytes"]),
+             bytes_text(s["end_bytes"])] for s in steps]
+
+
+SITES = ["live", "share", "allocs", "site"]
+HELD = ["segment", "live", "held back", "site"]
+STEPS = ["step", "events", "peak", "at its end"]
+
+
+def _table(title: str, header: list[str], rows: list[list[str]], show_header: bool = True) -> Table:
+    table = Table(title=title, title_justify="left", show_header=show_header)
+    for name in header:
+        table.add_column(name, justify="left" if name in LEFT_COLUMNS else "right")
+    for row in rows:
+        table.add_row(*map(literal, row))
     return table
+
+
+def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
+    return _table(title, SITES, site_rows(sites, total))
 
 
 def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
@@ -61,31 +104,6 @@ def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, An
         console.print(f"  - the allocator that recorded it had reserved up to {bytes_text(oom['native_peak_reserved'])}")
 
 
-def _categories_table(peak: dict[str, Any], source: str) -> Table:
-    table = Table(title=f"live at the peak, by what it is ({source})", title_justify="left")
-    table.add_column("live", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("category")
-    rows = sorted(peak["categories"].items(), key=lambda item: item[1], reverse=True)
-    before = peak["live_bytes"] - sum(peak["categories"].values())
-    if before > 0:
-        rows.append(("(live before the trace began)", before))
-    for name, value in rows:
-        table.add_row(bytes_text(value), f"{100 * value / max(peak['live_bytes'], 1):.1f}%", name)
-    return table
-
-
-def _modules_table(peak: dict[str, Any]) -> Table:
-    table = Table(title="live at the peak, by the module that made it", title_justify="left")
-    table.add_column("live", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("module")
-    for row in peak["modules"]:
-        table.add_row(bytes_text(row["bytes"]), f"{100 * row['bytes'] / max(peak['live_bytes'], 1):.1f}%",
-                      literal(row["module"] or "(outside any module's forward)"))
-    return table
-
-
 SHOWN_STEPS = 12  # steps listed one by one; more are summarised
 
 
@@ -99,14 +117,8 @@ def _print_steps(report: dict[str, Any], console: Console) -> None:
     run = [step for step in steps if not step["fit_trial"]]
     if not run:
         return
-    table = Table(title=f"steps ({len(run)}, found by {report['steps_found_by']})", title_justify="left")
-    for name in ("step", "events", "peak", "at its end"):
-        table.add_column(name, justify="right")
     shown = run if len(run) <= SHOWN_STEPS else run[:SHOWN_STEPS // 2] + run[-SHOWN_STEPS // 2:]
-    for step in shown:
-        table.add_row(str(step["number"]), f"{step['first_event']:,}-{step['last_event']:,}", bytes_text(step["peak_bytes"]),
-                      bytes_text(step["end_bytes"]))
-    console.print(table)
+    console.print(_table(f"steps ({len(run)}, found by {report['steps_found_by']})", STEPS, step_rows(shown)))
     if len(run) > SHOWN_STEPS:
         peaks = sorted(step["peak_bytes"] for step in run)
         console.print(f"({len(run) - len(shown)} steps not shown; peaks from {bytes_text(peaks[0])} to {bytes_text(peaks[-1])}, "
@@ -127,40 +139,22 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
     totals = report["totals"]
     console.print(Text.assemble((literal(path.name), "bold"), f", device {report['device']}: "
                                 f"{report['trace_events']:,} trace events, {totals['segments']:,} segments"))
-    table = Table(title="totals", title_justify="left", show_header=False)
-    table.add_column("what")
-    table.add_column("bytes", justify="right")
-    for label, key in (("allocated", "allocated"), ("active (allocated + waiting for streams)", "active"),
-                       ("requested by callers", "requested"), ("reserved", "reserved"),
-                       ("reserved but unallocated", "reserved_unallocated"),
-                       ("largest free block", "largest_free_block")):
-        table.add_row(label, bytes_text(totals[key]))
-    table.add_row("fragmentation: 1 - largest free block / free reserved bytes",
-                  f"{100 * totals['fragmentation']:.1f}%")
-    console.print(table)
+    rows = [[label, bytes_text(totals[key])] for label, key in (
+        ("allocated", "allocated"), ("active (allocated + waiting for streams)", "active"),
+        ("requested by callers", "requested"), ("reserved", "reserved"),
+        ("reserved but unallocated", "reserved_unallocated"), ("largest free block", "largest_free_block"))]
+    rows.append(["fragmentation: 1 - largest free block / free reserved bytes", share(totals["fragmentation"], 1)])
+    console.print(_table("totals", ["what", "bytes"], rows, show_header=False))
     _print_advice(report, console)
 
     segments = report["segments"]
     if segments["count"]:
-        sizes = Table(title="segments", title_justify="left")
-        sizes.add_column("size")
-        sizes.add_column("count", justify="right")
-        sizes.add_column("bytes", justify="right")
-        for row in segments["by_size"]:
-            sizes.add_row(row["size"], f"{row['count']:,}", bytes_text(row["bytes"]))
-        console.print(sizes)
+        console.print(_table("segments", ["size", "count", "bytes"], [
+            [row["size"], f"{row['count']:,}", bytes_text(row["bytes"])] for row in segments["by_size"]]))
         q = segments["fill_quartiles"]
         console.print(f"fill (live / segment): quartiles {100 * q[0]:.0f}% / {100 * q[1]:.0f}% / {100 * q[2]:.0f}%")
-        held = segments["held_by_one_small_block"]
-        if held:
-            kept = Table(title="segments held by one small live block", title_justify="left")
-            kept.add_column("segment", justify="right")
-            kept.add_column("live", justify="right")
-            kept.add_column("held back", justify="right")
-            kept.add_column("site")
-            for row in held:
-                kept.add_row(bytes_text(row["segment_bytes"]), bytes_text(row["live_bytes"]), bytes_text(row["held_back"]), literal(row["site"]))
-            console.print(kept)
+        if segments["held_by_one_small_block"]:
+            console.print(_table("segments held by one small live block", HELD, held_rows(report)))
     if report["sites_at_end"]:
         console.print(_sites_table("live at the end, by site", report["sites_at_end"], totals["allocated"]))
 
@@ -176,9 +170,11 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         baseline = f"; {bytes_text(peak['baseline'])} were live before the trace began" if peak["baseline"] else ""
         console.print(f"peak: {bytes_text(peak['live_bytes'])} live at {when}{baseline}")
         if peak.get("categories"):
-            console.print(_categories_table(peak, report.get("category_source", "inferred")))
+            console.print(_table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
+                                 ["live", "share", "category"], category_rows(peak, before_trace=True)))
         if peak.get("modules"):
-            console.print(_modules_table(peak))
+            console.print(_table("live at the peak, by the module that made it", ["live", "share", "module"],
+                                 module_rows(peak)))
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
     _print_steps(report, console)
     for oom in report["ooms"]:

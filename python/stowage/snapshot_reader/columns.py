@@ -1,26 +1,37 @@
-"""Trace events as columns: TraceColumns, what inspect, diff, the HTML report and replay read of
-a device's trace, without a Python object per event.
+"""The snapshot format, and trace events as columns: TraceColumns, what inspect, diff, the HTML
+report and replay read of a device's trace, without a Python object per event.
 
-A TraceColumns holds one device's events in order as numpy arrays (action code, flags, address,
-size, stream, time, an index into the distinct stacks) and, by event index, the few fields that
-are rarely there (device_free, user_metadata). The C++ reader makes them (snapshot/trace_columns
-.hpp, through stowage._core), storing each distinct frames list once as a Stack; ``columnar``
-turns a snapshot whose traces are lists of event dicts (already checked) into one whose traces
-are TraceColumns, with the same checks.
+The C++ reader makes the columns (snapshot/trace_columns.hpp, through stowage._core), storing each
+distinct frames list once as a Stack; ``columnar`` turns a snapshot whose traces are lists of event
+dicts into one whose traces are TraceColumns. Both check the format as the C++ reader does
+(snapshot/structure.hpp, snapshot/event_row.hpp), raising SnapshotError naming the first field
+that does not fit (``device_traces[0][12].size: expected int, got str``).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from stowage import _core
-from stowage.snapshot_reader.errors import SnapshotError
-from stowage.snapshot_reader.schema import (ACTIONS, FLOAT_BITS, HAS_ADDR, HAS_DEVICE_FREE, HAS_FRAMES, HAS_SIZE,
-                                            HAS_STREAM, INT_BITS, TIME_BOOL, TIME_FLOAT, TIME_INT, TIME_KINDS,
-                                            CheckedTrace)
+from stowage.snapshot_reader.reading import SnapshotError
+
+# Trace actions in the order of their codes in TraceColumns.action (snapshot/names.hpp's order).
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "snapshot", "oom")
+ACTION_CODES = {action: code for code, action in enumerate(ACTIONS)}
+
+# TraceColumns.flags: which optional fields an event had, and the type of its time
+# (snapshot/trace_columns.hpp).
+HAS_ADDR, HAS_SIZE, HAS_STREAM, HAS_DEVICE_FREE = 1, 2, 4, 8
+TIME_INT, TIME_FLOAT, TIME_BOOL = 16, 32, 64
+HAS_FRAMES = 128  # a frames field (a list: stack -1 when it is empty; None: stack -2)
+TIME_KINDS = TIME_INT | TIME_FLOAT | TIME_BOOL
+FLOAT_BITS = struct.Struct("<d")
+INT_BITS = struct.Struct("<q")
 
 
 class Stack(list):  # type: ignore[type-arg]
@@ -34,7 +45,7 @@ class Stack(list):  # type: ignore[type-arg]
         self.stack_id = stack_id
 
 
-class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
+class TraceColumns(Sequence[dict[str, Any]]):
     """One device's trace events as columns, in order; what inspect, diff and the HTML report
     read of them, without a dict per event.
 
@@ -54,12 +65,11 @@ class TraceColumns(CheckedTrace, Sequence[dict[str, Any]]):
     def __init__(self, action: np.ndarray, flags: np.ndarray, addr: np.ndarray, size: np.ndarray,
                  stream: np.ndarray, time_us: np.ndarray, stack: np.ndarray, stacks: list[Stack],
                  device_free: dict[int, int], user_metadata: dict[int, Any],
-                 empty_metadata: np.ndarray | None = None, error: str | None = None) -> None:
+                 empty_metadata: np.ndarray | None = None) -> None:
         self.action, self.flags, self.addr, self.size = action, flags, addr, size
         self.stream, self.time_us, self.stack, self.stacks = stream, time_us, stack, stacks
         self.device_free, self.user_metadata = device_free, user_metadata
         self.empty_metadata = empty_metadata  # (bool by event: its user_metadata is "", as torch writes every one)
-        self.error = error  # the first malformed event, when the trace has one
 
     @classmethod
     def from_events(cls, events: Sequence[Any], device: int = 0) -> TraceColumns:
@@ -151,3 +161,4 @@ def columnar(snapshot: dict[str, Any]) -> dict[str, Any]:
         return _core.snapshot_columns(snapshot, TraceColumns, Stack)  # type: ignore[no-any-return]
     except _core.SnapshotRefused as error:
         raise SnapshotError(str(error)) from None
+

@@ -1,50 +1,83 @@
 """Loading memory snapshots safely: every loader runs the one pickle stack machine, in C++
 (snapshot/machine.hpp and Note [Reading snapshots] in snapshot/reader.hpp, through stowage._core),
-over the bytes stowage.snapshot_reader.reading gives (a large file's window read as it goes).
-Reading into columns, the events of device_traces become rows of TraceColumns as they are met
-(Note [Streaming traces] in snapshot/trace_stream.hpp); a pickle laid out unlike those torch and
-stowage write is read again as plain data. Either way the result is walked (memo bombs, depth,
-cycles) and checked against the format (stowage.snapshot_reader.schema) before it is returned.
+over the bytes stowage.snapshot_reader.reading gives (a large file's window read as it goes). No
+snapshot is given to ``pickle.load``: the machine builds plain data itself, refusing every opcode
+but those that build it, memo indices beyond the file, huge numbers and NaN, opcodes past their
+FRAME, deep tuples and tuple keys; the result is walked once without recursion within a node and
+depth budget (memo bombs). Reading into columns, the events of device_traces become rows of
+TraceColumns as they are met (Note [Streaming traces] in snapshot/trace_stream.hpp); a pickle laid
+out unlike those torch and stowage write is read again as plain data.
 
-A snapshot is a pickle (optionally gzipped) of the dict that ``torch.cuda.memory._snapshot()``
-returns, written by ``torch.cuda.memory._dump_snapshot`` or by stowage. ``load_snapshot`` returns
-it as plain Python data. ``load_snapshot_columnar`` returns the same dict with each device's
-trace as TraceColumns (stowage.snapshot_reader.columns), which is what ``stowage inspect``, ``diff`` and
-``replay`` read: it never holds a dict per trace event (Note [Streaming traces], in
-snapshot/trace_stream.hpp), so its memory is a fraction of the file's size. It loads what
-``load_snapshot`` loads and refuses what it refuses, and also refuses frames that are not lists
-of dicts (the columns keep them as stacks), which ``load_snapshot`` does not look at.
+``load_snapshot`` returns the snapshot (the dict ``torch.cuda.memory._snapshot()`` returns) as
+plain Python data; ``load_snapshot_columnar`` the same dict with each device's trace as
+TraceColumns (what ``stowage inspect``, ``diff`` and ``replay`` read), and also refuses frames that
+are not lists of dicts. Every failure raises SnapshotError naming the file (or ``name``) and the
+reason.
 
-Every failure raises SnapshotError naming the file (or ``name``) and the reason: a refused opcode
-or value, or, for anything the bytes do not make sense as, "not a readable pickle (...); is the
-file truncated?". A reading's
-memory is bounded by the pickle's size and a ceiling (stowage.snapshot_reader.guard): within 96
-MiB and 3 bytes a byte of pickle read as plain data, 12 read into columns, and at most 768 MiB
-whatever the file (STOWAGE_SNAPSHOT_MEMORY sets another ceiling), for any layout. A snapshot
-shaped as torch writes it takes about 3.4 times its size as plain data (a dict per event), so
-load_snapshot reads those up to about 100 MB (in about a second a 25 MB); denser ones it refuses
-by that budget, at once, naming load_snapshot_columnar, which reads them in a fraction of their
-size: 0.4 for a training loop's trace, whose events share their frame lists (up to about 1.8 GB
-within the ceiling), up to 11.5 for one whose every event has frames of its own (up to 56 MB; a
-larger one is refused naming the ceiling to set).
+Memory: every RESIDENT_CHECK_EVERY bytes read the machine measures the process's resident memory,
+and refuses a reading that grew it by more than MEMORY_FLOOR plus COLUMNS_MEMORY_PER_BYTE (into
+columns) or PLAIN_MEMORY_PER_BYTE (plain data) bytes a byte of pickle, or by more than the ceiling
+(MEMORY_CEILING; STOWAGE_SNAPSHOT_MEMORY, a size such as "2GiB", sets another: memory_ceiling()),
+its message saying what to do instead. Read into columns, real snapshots take 0.35-0.42 bytes a
+byte (frame lists shared between events), up to 11.5 for a trace whose every event has frames of
+its own: 12 a byte reads those up to the ceiling (768 MiB: 56 MB of them, 1.9 GB of real
+snapshots) and keeps a hostile file of any size under 1 GB. Read as plain data a snapshot shaped as
+torch writes it takes about 3.4 times its size (a dict per event): within 3 a byte and the floor up
+to about 100 MB; denser ones are refused, naming load_snapshot_columnar.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stowage import _core
+from stowage.byte_counts import in_range
 from stowage.snapshot_reader.columns import Stack, TraceColumns, columnar
-from stowage.snapshot_reader.errors import Progress, SnapshotError
-from stowage.snapshot_reader.guard import (COLUMNS_MEMORY_PER_BYTE, PLAIN_MEMORY_PER_BYTE, RESIDENT_CHECK_EVERY,
-                                           columns_remedy, memory_ceiling, plain_remedy, resident_bytes)
-from stowage.snapshot_reader.reading import FileWindow, open_snapshot, read_again
+from stowage.snapshot_reader.reading import FileWindow, Progress, SnapshotError, open_snapshot, read_again
 
-_REPORT_EVERY = RESIDENT_CHECK_EVERY  # bytes between progress reports and memory checks
-_RELEASE_EVERY = _core.snapshot_limits["release_every"]  # bytes of a large file's window given back at a time
+_LIMITS = _core.snapshot_limits
+MEMORY_FLOOR: int = _LIMITS["memory_floor"]
+COLUMNS_MEMORY_PER_BYTE: int = _LIMITS["columns_memory_per_byte"]
+PLAIN_MEMORY_PER_BYTE: int = _LIMITS["plain_memory_per_byte"]
+MEMORY_CEILING: int = _LIMITS["memory_ceiling"]
+RESIDENT_CHECK_EVERY: int = _LIMITS["report_every"]  # bytes of pickle between measurements and progress reports
+_RELEASE_EVERY = _LIMITS["release_every"]  # bytes of a large file's window given back at a time
+CEILING_VARIABLE = "STOWAGE_SNAPSHOT_MEMORY"
+
+
+def memory_ceiling() -> int:
+    """The most a reading may grow the process's memory: the environment's STOWAGE_SNAPSHOT_MEMORY
+    (a size such as "2GiB", from 16 MiB to 1 TiB) where it is set, else MEMORY_CEILING;
+    SnapshotError naming the variable for one that is not such a size."""
+    text = os.environ.get(CEILING_VARIABLE, "")
+    if not text:
+        return MEMORY_CEILING
+    try:
+        return in_range(text, CEILING_VARIABLE, 16 << 20, 1 << 40, "a size from 16MiB to 1TiB")
+    except (TypeError, ValueError) as error:
+        raise SnapshotError(str(error)) from None
+
+
+PLAIN_REMEDY = ("read as plain data (a dict per trace event) a large snapshot takes several times its size, where "
+                "load_snapshot_columnar, which stowage inspect, diff and replay read with, takes a fraction of it "
+                "(a file of one repeated opcode grows memory this fast too)")
+
+
+def columns_remedy(size: int, command: str | None) -> str:
+    """What a refusal of a reading into columns says to do, for a file of `size` bytes read by
+    `command` (the command line that read it; None: a program's call)."""
+    needed = MEMORY_FLOOR + COLUMNS_MEMORY_PER_BYTE * size
+    suggested = f"{max(2, -(-needed // (1 << 30)))}GiB"
+    where = f"{CEILING_VARIABLE}={suggested} {command}" if command else \
+        f"{CEILING_VARIABLE}={suggested} in the environment of the program that reads it"
+    return (f"a trace whose events carry stack frames of their own takes up to {COLUMNS_MEMORY_PER_BYTE} bytes a "
+            f"byte read into columns, and no snapshot more (a file of one repeated opcode does); to read a larger "
+            f"one, raise the ceiling: {where}; or record fewer frames "
+            "(torch.cuda.memory._record_memory_history(stacks=\"python\"), or a smaller max_entries)")
 
 
 class _LoadWhole(Exception):
@@ -55,11 +88,11 @@ def _read(data: bytes | FileWindow, columns: bool, progress: Progress | None, me
           remedy: str) -> Any:
     """The machine's reading of `data`, plain or into columns, its memory growth from `since`
     (resident bytes; 0: now) within MEMORY_FLOOR and `memory_per_byte` a byte of pickle, at most
-    the ceiling (guard.memory_ceiling()); `remedy` ends a refusal for memory."""
+    the ceiling (memory_ceiling()); `remedy` ends a refusal for memory."""
     buffer, fill = (data.buffer, data.fill_to) if isinstance(data, FileWindow) else (data, None)
     try:
         return _core.read_snapshot(buffer, columns, memory_per_byte, memory_ceiling(), remedy, since,
-                                   _REPORT_EVERY, _RELEASE_EVERY, fill, progress, TraceColumns, Stack)
+                                   RESIDENT_CHECK_EVERY, _RELEASE_EVERY, fill, progress, TraceColumns, Stack)
     except _core.SnapshotRefused as error:
         raise SnapshotError(str(error)) from None
     except _core.SnapshotReadWhole:
@@ -91,12 +124,12 @@ def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>", progress: Pr
     """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
     given, hears how far the loading has come; the reading may grow the process's memory by
     MEMORY_FLOOR and `memory_per_byte` a byte of pickle, at most the ceiling
-    (stowage.snapshot_reader.guard), over what it was at the start, or at `since` (resident bytes)
+    (memory_ceiling()), over what it was at the start, or at `since` (resident bytes)
     for a second reading; `remedy`: what a refusal for memory says to do (default: read into
     columns)."""
     with _named(name):
         return _read(data, False, progress, memory_per_byte, since,  # type: ignore[no-any-return]
-                     plain_remedy() if remedy is None else remedy)
+                     PLAIN_REMEDY if remedy is None else remedy)
 
 
 def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
@@ -112,7 +145,7 @@ def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>", pro
     trace event; a pickle laid out unlike those torch and stowage write is read again as plain
     data, whose traces then become columns. `command`: the command line reading it (stowage
     inspect's, diff's, replay's), which a refusal for memory names."""
-    start = resident_bytes()
+    start = _core.resident_bytes()
     size = data.size if isinstance(data, FileWindow) else len(data)
     try:
         with _named(name):

@@ -1,11 +1,11 @@
-"""Reading a snapshot file's pickle bytes: plain files, gzip, pipes and devices, and large files
-read as the reader goes.
+"""Reading a snapshot file's pickle bytes (plain, gzip, pipes and devices), and SnapshotError,
+what every part of the snapshot reader raises.
 
 ``open_snapshot(path)`` gives the pickle's bytes (gunzipped if the file is gzip), or for a large
 uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot_reader.loading)
-reads as it goes, filling it through ``fill_to`` and giving its pages back behind it. Every failure is a SnapshotError: a file that cannot be read, broken or
-concatenated gzip data, gzip data that expands more than a snapshot does (a gzip bomb), a pipe
-or device that does not start as a snapshot or does not end, a file that changes while it is
+reads as it goes, filling it through ``fill_to`` and giving its pages back behind it. Every failure
+is a SnapshotError: a file that cannot be read, broken or concatenated gzip data, a gzip bomb, a
+pipe or device that does not start as a snapshot or does not end, a file that changes while it is
 read. The messages name the file, except FileWindow's, which the loaders prefix with it.
 """
 
@@ -15,9 +15,23 @@ import mmap
 import os
 import zlib
 from pathlib import Path
+from collections.abc import Callable
 from typing import BinaryIO
 
-from stowage.snapshot_reader.errors import SnapshotError
+from stowage.validation import InputError
+
+
+class SnapshotError(InputError):
+    """A snapshot that cannot be loaded: unreadable, hostile, or not a snapshot. Its message (control
+    characters escaped) names the file, once the loaders have prefixed it, and the reason; no other
+    exception leaves the loaders."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("", "", message)
+
+
+# Reports a phase's progress: (phase, bytes done, bytes in all).
+Progress = Callable[[str, int, int], None]
 
 # gzip: decompressed bytes per compressed byte. Real snapshots expand 6 to 25 times; at about 70
 # bytes of objects a byte of pickle, 64 bounds what a hostile file can make the loaders build to
@@ -33,6 +47,11 @@ MIN_DECOMPRESSED_LIMIT = 8 << 20
 _MEASURE_CHUNK = 16 << 20  # bytes of gzip output measured, then dropped, at a time
 
 
+def _bomb(path: Path) -> SnapshotError:
+    return SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times, which no recorded "
+                         "snapshot does (a gzip bomb?); if this is a real snapshot, gunzip it and pass the .pickle")
+
+
 def _expanded_size(raw: bytes, path: Path, limit: int) -> None:
     """Decompresses `raw` once, keeping nothing, to refuse a gzip bomb before its expansion is
     held in memory (reading it whole first took up to 64 times the file's size to refuse it)."""
@@ -43,9 +62,7 @@ def _expanded_size(raw: bytes, path: Path, limit: int) -> None:
             total += len(inflater.decompress(pending, _MEASURE_CHUNK))
             pending = inflater.unconsumed_tail
             if total > limit:
-                raise SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times, which no "
-                                    "recorded snapshot does (a gzip bomb?); if this is a real snapshot, "
-                                    "gunzip it and pass the .pickle")
+                raise _bomb(path)
     except zlib.error as error:
         raise SnapshotError(f"{path}: broken gzip data: {error}") from error
 
@@ -59,9 +76,7 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
     except zlib.error as error:
         raise SnapshotError(f"{path}: broken gzip data: {error}") from error
     if len(data) > limit or inflater.unconsumed_tail:
-        raise SnapshotError(f"{path}: gzip data expands more than {MAX_EXPANSION} times, which no "
-                            "recorded snapshot does (a gzip bomb?); if this is a real snapshot, "
-                            "gunzip it and pass the .pickle")
+        raise _bomb(path)
     if not inflater.eof:
         raise SnapshotError(f"{path}: broken gzip data: truncated")
     if inflater.unused_data.strip(b"\x00"):

@@ -1,8 +1,14 @@
-"""Reading a JSON file stowage did not write in this process, with what it may cost bounded
-before anything is built.
+"""The one validation layer every reader of a file stowage did not write in this process goes through.
 
-``read_json(path, kind)`` returns the parsed document, or raises InputError naming the file and
-the bound it breaks:
+``InputError`` is what every refusal raises (the snapshot reader's SnapshotError is one): one
+message naming the file, the field, the value and the bound it breaks (``step.json:
+cost.prefetch_depth: 100000 is above 38, the trace's saved tensors``), its parts kept as
+attributes; a command catches it for "bad input" (exit status 2). The formats' schemas, with their
+bounds, are checked in C++ where the formats are read (planner/schema.hpp, planner/file_formats.hpp;
+snapshot/ for snapshots).
+
+``read_json(path, kind)`` returns a JSON file's document with what it may cost bounded before
+anything is built, or raises InputError naming the file and the bound it breaks:
 
 - its size, MAX_JSON_BYTES (64 MiB), checked before it is read;
 - how densely it packs values, checked on its bytes before it is parsed (bytes.count, at memory
@@ -24,7 +30,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stowage.validation.errors import InputError
+from stowage.terminal import literal
+
+
+class InputError(ValueError):
+    """A file (or a value given for one) that stowage refuses to read: unreadable, hostile, or
+    not what it claims to be. ``where`` the file, ``field`` the path of the field in it (empty
+    when the whole file is refused), ``problem`` what is wrong (the value and the bound)."""
+
+    def __init__(self, where: str, field: str, problem: str) -> None:
+        self.where, self.field, self.problem = where, field, problem
+        parts = [str(where)] if where else []
+        if field:
+            parts.append(field)
+        super().__init__(literal(": ".join([*parts, problem])))
+
 
 # A lifetime trace of a real step is 0.1-3 MB, a sized one a few times that. The densest file the bounds
 # below admit (an object of distinct 11-character keys) costs json.loads 12.5 times its size and
@@ -71,11 +91,6 @@ def read_json(path: str | Path, kind: str) -> Any:
     if len(raw) > MAX_JSON_BYTES:  # a pipe or a device: no size to check first
         raise InputError(where, "", f"more than {MAX_JSON_BYTES:,} bytes (64 MiB), the largest file stowage "
                                     f"reads as {kind}")
-    return parse_json(raw, where, kind)
-
-
-def parse_json(raw: bytes, where: str, kind: str) -> Any:
-    """`raw` parsed, within the bounds of read_json."""
     problem = _density_problem(raw)
     if problem is not None:
         raise InputError(where, "", f"not {kind}: {problem}")
