@@ -8,7 +8,7 @@ namespace stowage::snapshot {
 
 // The bytes of one pickle, from the start. data() stays valid for the whole reading, but only
 // the bytes fill() has made readable may be read; a large file is read into them as the machine
-// goes and its pages given back behind it (stowage.snapshot_reader.reading.FileWindow). fill()
+// goes and its pages given back behind it (snapshot/file_window.hpp). fill()
 // and release() may throw (a file that changes while it is read), which ends the reading.
 class ByteSource {
  public:

@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -13,7 +12,6 @@
 
 #include "allocator/config.hpp"
 #include "allocator/memory_summary.hpp"
-#include "base/bounded_wait.hpp"
 #include "base/build_info.hpp"
 #include "base/byte_units.hpp"
 #include "base/errors.hpp"
@@ -28,9 +26,6 @@ PYBIND11_MODULE(_core, module) {
   py::register_exception<stowage::LogicError>(module, "LogicError", PyExc_ValueError);
   py::register_exception<stowage::OutOfMemory>(module, "OutOfMemory", PyExc_MemoryError);
   py::register_exception<stowage::BackendError>(module, "BackendError", PyExc_RuntimeError);
-  // Note [Bounded waits]: the deadline's parts, for the Python side's waits (stowage.waiting).
-  module.attr("wait_floor_bytes_per_second") = stowage::kFloorBytesPerSecond;
-  module.attr("wait_slack_seconds") = std::chrono::duration<double>(stowage::kWaitSlack).count();
 
   module.def(
       "normalize_allocator_config",

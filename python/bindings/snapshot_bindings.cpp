@@ -1,9 +1,8 @@
-// stowage._core's snapshot reader (snapshot/): a snapshot's pickle bytes read as Python's plain
-// data, or with its traces as columns; conversions only. stowage.snapshot_reader wraps them.
+// stowage._core's snapshot reader (snapshot/): a snapshot's pickle bytes (or a large file's window)
+// read as Python's plain data, or with its traces as columns; conversions only. stowage.snapshot_reader wraps them.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +12,7 @@
 
 #include "python/bindings/bindings.hpp"
 #include "python/bindings/python_objects.hpp"
+#include "snapshot/file_window.hpp"
 #include "snapshot/limits.hpp"
 #include "snapshot/memory_budget.hpp"
 #include "snapshot/reader.hpp"
@@ -26,38 +26,6 @@ namespace stowage::python {
 namespace {
 
 using snapshot::Handle;
-
-// The pickle's bytes: a buffer (bytes, or a large file's window, which `fill` fills as the
-// reader goes and whose pages behind it are given back).
-class PythonBytes final : public snapshot::ByteSource {
- public:
-  PythonBytes(const py::buffer& data, py::object fill) : fill_(std::move(fill)), view_(data.request()) {
-    data_ = static_cast<const std::uint8_t*>(view_.ptr);
-    size_ = static_cast<std::size_t>(view_.size * view_.itemsize);
-    window_ = !fill_.is_none();
-  }
-  const std::uint8_t* data() const override { return data_; }
-  std::size_t size() const override { return size_; }
-  std::size_t fill(std::size_t upto) override {
-    if (!window_) return size_;
-    return fill_(upto).cast<std::size_t>();
-  }
-  void release(std::size_t upto) override {
-    if (!window_ || upto <= released_) return;
-    // The window is an anonymous private mapping: its pages, once given back, read as zeros
-    // and cost nothing (the reader never reads them again).
-    ::madvise(const_cast<std::uint8_t*>(data_) + released_, upto - released_, MADV_DONTNEED);
-    released_ = upto;
-  }
-
- private:
-  py::object fill_;
-  py::buffer_info view_;  // held for the reading: the buffer stays where it is
-  const std::uint8_t* data_ = nullptr;
-  std::size_t size_ = 0;
-  std::size_t released_ = 0;
-  bool window_ = false;
-};
 
 snapshot::ReadOptions options_of(snapshot::MemoryBound memory, std::uint64_t memory_start,
                                  std::uint64_t report_every, std::uint64_t release_every,
@@ -132,11 +100,18 @@ py::object columns_result(snapshot::Reading& reading, const py::object& make_tra
   return copied;
 }
 
-py::object read(const py::buffer& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t memory_ceiling,
+// `data`: the pickle's bytes (a buffer), or a large file's window (FileWindow), read as the machine goes.
+py::object read(const py::object& data, bool columns, std::uint64_t memory_per_byte, std::uint64_t memory_ceiling,
                 const std::string& memory_remedy, std::uint64_t memory_start, std::uint64_t report_every,
-                std::uint64_t release_every, const py::object& fill, const py::object& progress,
-                const py::object& make_trace, const py::object& make_stack) {
-  PythonBytes source(data, fill);
+                std::uint64_t release_every, const py::object& progress, const py::object& make_trace,
+                const py::object& make_stack) {
+  std::optional<py::buffer_info> held;  // for the reading: the buffer stays where it is
+  std::optional<snapshot::MemoryBytes> bytes;
+  if (!py::isinstance<snapshot::FileWindow>(data)) {
+    held = py::reinterpret_borrow<py::buffer>(data).request();
+    bytes.emplace(static_cast<const std::uint8_t*>(held->ptr), static_cast<std::size_t>(held->size * held->itemsize));
+  }
+  snapshot::ByteSource& source = bytes ? static_cast<snapshot::ByteSource&>(*bytes) : data.cast<snapshot::FileWindow&>();
   PythonObjects objects;
   snapshot::Reading reading(objects);
   const snapshot::ReadOptions options = options_of({memory_per_byte, memory_ceiling, memory_remedy}, memory_start,
@@ -174,11 +149,19 @@ void bind_snapshot(py::module_& module) {
       "columns_memory_per_byte"_a = kColumnsMemoryPerByte, "plain_memory_per_byte"_a = kPlainMemoryPerByte,
       "memory_ceiling"_a = kMemoryCeiling, "report_every"_a = kReportEvery, "release_every"_a = kReleaseEvery,
       "max_size"_a = kMaxSize, "max_devices"_a = kMaxDevices);
+  py::class_<snapshot::FileWindow>(module, "FileWindow", "A large snapshot file read as the reader goes "
+                                   "(snapshot/file_window.hpp).")
+      .def("__len__", &snapshot::FileWindow::size)
+      .def("rewind", &snapshot::FileWindow::rewind, "To be read again from the start.")
+      .def("close", &snapshot::FileWindow::close, "Gives back the mapping and the file now.");
+  module.def("open_file_window", &snapshot::FileWindow::open, py::arg("path"), py::arg("fill_ahead"),
+             "The FileWindow over `path`, None where there is no room for its mapping; SnapshotRefused where "
+             "the file cannot be read.");
   module.def("read_snapshot", &read, py::arg("data"), py::arg("columns"), py::arg("memory_per_byte"),
-             py::arg("memory_ceiling"), py::arg("memory_remedy"), py::arg("memory_start"), py::arg("report_every"), py::arg("release_every"), py::arg("fill"), py::arg("progress"),
-             py::arg("make_trace"), py::arg("make_stack"),
-             "Reads a snapshot's pickle (a buffer; `fill(upto) -> filled` for a window read as it "
-             "goes) as plain data, or with its traces as make_trace(...) of columns, its memory "
+             py::arg("memory_ceiling"), py::arg("memory_remedy"), py::arg("memory_start"), py::arg("report_every"),
+             py::arg("release_every"), py::arg("progress"), py::arg("make_trace"), py::arg("make_stack"),
+             "Reads a snapshot's pickle (a buffer, or a FileWindow read as it goes) as plain data, or "
+             "with its traces as make_trace(...) of columns, its memory "
              "growth from memory_start (resident bytes; 0: now) within the budget (96 MiB and "
              "memory_per_byte a byte, at most memory_ceiling; memory_remedy ends its refusal); raises "
              "SnapshotRefused naming the reason, or SnapshotReadWhole (columns only) for a pickle "

@@ -362,17 +362,3 @@ def test_byte_counts_from_other_modules_are_held_to_their_bounds_too() -> None:
         package.offload.AdamW([torch.nn.Parameter(torch.zeros(4))], host_memory_limit=-1)
     with pytest.raises(ValueError, match="must be from 0 to 2\\*\\*60 bytes"):
         package.offload.activations(min_bytes=2**70)
-
-
-def test_the_python_side_waits_by_the_same_rules() -> None:
-    """stowage.waiting: for waits on torch's CUDA events (the offloaded optimizer's write-back)."""
-    from stowage.waiting import FLOOR_BYTES_PER_SECOND, WAIT_SLACK_SECONDS, deadline_seconds, wait_until
-
-    assert (FLOOR_BYTES_PER_SECOND, WAIT_SLACK_SECONDS) == (10e6, 10.0)
-    assert deadline_seconds(100_000_000) == 20.0
-    calls = iter([False, False, True])
-    wait_until(lambda: next(calls), "three polls")
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"gave up waiting for a stuck copy \(1.00 MiB\)"):
-        wait_until(lambda: False, "a stuck copy", MiB, floor_bytes_per_second=1e9, slack_seconds=0.05)
-    assert time.monotonic() - start < 1

@@ -14,7 +14,7 @@ TraceColumns (what ``stowage inspect``, ``diff`` and ``replay`` read), and also 
 are not lists of dicts. Every failure raises SnapshotError naming the file (or ``name``) and the
 reason.
 
-Memory: every RESIDENT_CHECK_EVERY bytes read the machine measures the process's resident memory,
+Memory: every _REPORT_EVERY bytes read the machine measures the process's resident memory,
 and refuses a reading that grew it by more than MEMORY_FLOOR plus COLUMNS_MEMORY_PER_BYTE (into
 columns) or PLAIN_MEMORY_PER_BYTE (plain data) bytes a byte of pickle, or by more than the ceiling
 (MEMORY_CEILING; STOWAGE_SNAPSHOT_MEMORY, a size such as "2GiB", sets another: memory_ceiling()),
@@ -37,14 +37,16 @@ from typing import Any
 from stowage import _core
 from stowage.byte_counts import in_range
 from stowage.snapshot_reader.columns import Stack, TraceColumns, columnar
-from stowage.snapshot_reader.reading import FileWindow, Progress, SnapshotError, open_snapshot, read_again
+from stowage.snapshot_reader.reading import Progress, SnapshotError, open_snapshot
+
+Pickle = bytes | _core.FileWindow  # a large file's window is read as the machine goes
 
 _LIMITS = _core.snapshot_limits
 MEMORY_FLOOR: int = _LIMITS["memory_floor"]
 COLUMNS_MEMORY_PER_BYTE: int = _LIMITS["columns_memory_per_byte"]
 PLAIN_MEMORY_PER_BYTE: int = _LIMITS["plain_memory_per_byte"]
 MEMORY_CEILING: int = _LIMITS["memory_ceiling"]
-RESIDENT_CHECK_EVERY: int = _LIMITS["report_every"]  # bytes of pickle between measurements and progress reports
+_REPORT_EVERY: int = _LIMITS["report_every"]  # bytes of pickle between memory measurements and progress reports
 _RELEASE_EVERY = _LIMITS["release_every"]  # bytes of a large file's window given back at a time
 CEILING_VARIABLE = "STOWAGE_SNAPSHOT_MEMORY"
 
@@ -84,15 +86,14 @@ class _LoadWhole(Exception):
     """The pickle is laid out unlike those torch and stowage write: read it again as plain data."""
 
 
-def _read(data: bytes | FileWindow, columns: bool, progress: Progress | None, memory_per_byte: int, since: int,
+def _read(data: Pickle, columns: bool, progress: Progress | None, memory_per_byte: int, since: int,
           remedy: str) -> Any:
     """The machine's reading of `data`, plain or into columns, its memory growth from `since`
     (resident bytes; 0: now) within MEMORY_FLOOR and `memory_per_byte` a byte of pickle, at most
     the ceiling (memory_ceiling()); `remedy` ends a refusal for memory."""
-    buffer, fill = (data.buffer, data.fill_to) if isinstance(data, FileWindow) else (data, None)
     try:
-        return _core.read_snapshot(buffer, columns, memory_per_byte, memory_ceiling(), remedy, since,
-                                   RESIDENT_CHECK_EVERY, _RELEASE_EVERY, fill, progress, TraceColumns, Stack)
+        return _core.read_snapshot(data, columns, memory_per_byte, memory_ceiling(), remedy, since,
+                                   _REPORT_EVERY, _RELEASE_EVERY, progress, TraceColumns, Stack)
     except _core.SnapshotRefused as error:
         raise SnapshotError(str(error)) from None
     except _core.SnapshotReadWhole:
@@ -109,16 +110,16 @@ def _named(name: str) -> Iterator[None]:
 
 
 @contextmanager
-def _opened(path: Path) -> Iterator[bytes | FileWindow]:
+def _opened(path: Path) -> Iterator[Pickle]:
     data = open_snapshot(path)
     try:
         yield data
     finally:
-        if isinstance(data, FileWindow):
+        if isinstance(data, _core.FileWindow):
             data.close()
 
 
-def loads_snapshot(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
+def loads_snapshot(data: Pickle, name: str = "<bytes>", progress: Progress | None = None,
                    memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0,
                    remedy: str | None = None) -> dict[str, Any]:
     """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
@@ -139,27 +140,29 @@ def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[st
         return loads_snapshot(data, str(path), progress)
 
 
-def loads_snapshot_columnar(data: bytes | FileWindow, name: str = "<bytes>", progress: Progress | None = None,
+def loads_snapshot_columnar(data: Pickle, name: str = "<bytes>", progress: Progress | None = None,
                             command: str | None = None) -> dict[str, Any]:
     """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict per
     trace event; a pickle laid out unlike those torch and stowage write is read again as plain
     data, whose traces then become columns. `command`: the command line reading it (stowage
     inspect's, diff's, replay's), which a refusal for memory names."""
     start = _core.resident_bytes()
-    size = data.size if isinstance(data, FileWindow) else len(data)
     try:
         with _named(name):
             return _read(data, True, progress, COLUMNS_MEMORY_PER_BYTE, 0,  # type: ignore[no-any-return]
-                         columns_remedy(size, command))
+                         columns_remedy(len(data), command))
     except _LoadWhole:
         pass
-    with _named(name):
-        again = read_again(data)
+    if isinstance(data, _core.FileWindow):  # read again as the machine goes: no more memory than the first time
+        try:
+            data.rewind()
+        except _core.SnapshotRefused as error:
+            raise SnapshotError(f"{name}: {error}") from None
     # Read whole within the commands' memory budget, not load_snapshot's, and counted from where
     # the first reading began (what it left in the process counts): torch and stowage never
     # write such a pickle, and a hostile one must not buy a larger budget by its layout.
-    size = again.size if isinstance(again, FileWindow) else len(again)
-    snapshot = loads_snapshot(again, name, progress, COLUMNS_MEMORY_PER_BYTE, start, columns_remedy(size, command))
+    snapshot = loads_snapshot(data, name, progress, COLUMNS_MEMORY_PER_BYTE, start,
+                              columns_remedy(len(data), command))
     with _named(name):
         return columnar(snapshot)
 

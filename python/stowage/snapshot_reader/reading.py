@@ -2,8 +2,8 @@
 what every part of the snapshot reader raises.
 
 ``open_snapshot(path)`` gives the pickle's bytes (gunzipped if the file is gzip), or for a large
-uncompressed regular file a ``FileWindow`` that the stack machine (stowage.snapshot_reader.loading)
-reads as it goes, filling it through ``fill_to`` and giving its pages back behind it. Every failure
+uncompressed regular file a ``FileWindow`` (snapshot/file_window.hpp) that the stack machine
+(stowage.snapshot_reader.loading) reads as it goes, giving its pages back behind it. Every failure
 is a SnapshotError: a file that cannot be read, broken or concatenated gzip data, a gzip bomb, a
 pipe or device that does not start as a snapshot or does not end, a file that changes while it is
 read. The messages name the file, except FileWindow's, which the loaders prefix with it.
@@ -11,13 +11,11 @@ read. The messages name the file, except FileWindow's, which the loaders prefix 
 
 from __future__ import annotations
 
-import mmap
-import os
 import zlib
-from pathlib import Path
 from collections.abc import Callable
-from typing import BinaryIO
+from pathlib import Path
 
+from stowage import _core
 from stowage.validation import InputError
 
 
@@ -121,96 +119,20 @@ def read_bytes(path: Path) -> bytes:
 
 _MAP_AT_LEAST = 8 << 20  # files this large are read as the stack machine goes, not at once
 _FILL_AHEAD = 8 << 20  # bytes of such a file read ahead of the reader at a time
-# An anonymous mapping whose pages, once given back (MADV_DONTNEED), are freed: private, and
-# not counted against the machine's memory until written.
-_WINDOW_FLAGS = (getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-                 | getattr(mmap, "MAP_NORESERVE", 0))
 
 
-class FileWindow:
-    """A large uncompressed file read as the stack machine goes: an anonymous mapping of the
-    file's size, filled _FILL_AHEAD bytes ahead of the reader and given back behind it, so that
-    its pages cost memory only while they are read.
-
-    The file itself used to be mapped, which costs the same, but a page read after the file had
-    shrunk below it ended the process (SIGBUS), as when a snapshot is rewritten in place
-    (torch.cuda.memory._dump_snapshot truncates, then writes) while inspect reads it. Here such a
-    read comes up short, and a file whose size or time changed is refused: a SnapshotError."""
-
-    def __init__(self, file: BinaryIO, size: int) -> None:
-        self.file, self.size = file, size
-        self.buffer = mmap.mmap(-1, size, flags=_WINDOW_FLAGS)
-        self.filled = 0  # bytes read into the buffer, from the start
-        self.stat = self._stat()
-
-    def _stat(self) -> tuple[int, int, int]:
-        stat = os.fstat(self.file.fileno())
-        return stat.st_size, stat.st_mtime_ns, stat.st_ino
-
-    def _unchanged(self) -> None:
-        if self._stat() != self.stat:
-            raise SnapshotError("the file changed while it was read")
-
-    def fill(self, upto: int) -> None:
-        """Reads the file into the buffer up to `upto` at least, _FILL_AHEAD beyond what is read."""
-        end = min(self.size, max(upto, self.filled + _FILL_AHEAD))
-        try:
-            with memoryview(self.buffer) as view:
-                while self.filled < end:
-                    count = self.file.readinto(view[self.filled:end])
-                    if not count:  # the file shrank
-                        raise SnapshotError("the file changed while it was read")
-                    self.filled += count
-            self._unchanged()
-        except OSError as error:
-            raise SnapshotError(f"cannot read: {error.strerror or error}") from error
-
-    def fill_to(self, upto: int) -> int:
-        """Fills the buffer up to `upto` at least; returns how far it is filled (the machine reads
-        no further)."""
-        self.fill(upto)
-        return self.filled
-
-    def rewind(self) -> FileWindow:
-        """The window, to be read again from the start (its pages behind were given back)."""
-        self._unchanged()
-        self.file.seek(0)
-        self.filled = 0
-        return self
-
-    def close(self) -> None:
-        self.buffer.close()
-        self.file.close()
-
-
-def open_snapshot(path: Path) -> bytes | FileWindow:
-    """The pickle's bytes: a large uncompressed regular file as a FileWindow, others read."""
+def open_snapshot(path: Path) -> bytes | _core.FileWindow:
+    """The pickle's bytes: a large uncompressed regular file as a FileWindow (snapshot/file_window.hpp:
+    read as the machine goes, its pages given back behind it), others read."""
     try:
-        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST and _WINDOW_FLAGS:
-            file = path.open("rb", buffering=0)
-            try:
-                if file.read(2) != b"\x1f\x8b":
-                    file.seek(0)
-                    try:
-                        return FileWindow(file, os.fstat(file.fileno()).st_size)  # type: ignore[arg-type]
-                    except OSError:  # no room for the anonymous mapping: read it all
-                        pass
-            except BaseException:
-                file.close()
-                raise
-            file.close()
+        if path.is_file() and path.stat().st_size >= _MAP_AT_LEAST:
+            with path.open("rb") as file:
+                compressed = file.read(2) == b"\x1f\x8b"
+            window = None if compressed else _core.open_file_window(str(path), _FILL_AHEAD)
+            if window is not None:  # (None: no room for its mapping: read it all)
+                return window
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read: {error.strerror or error}") from error
+    except _core.SnapshotRefused as error:
+        raise SnapshotError(f"{path}: {error}") from None
     return read_bytes(path)
-
-
-def read_again(data: bytes | FileWindow) -> bytes | FileWindow:
-    """The pickle's bytes for a second reading: a FileWindow's file is read again as the machine
-    goes (the window gave back what was read), so that a second reading takes no more memory
-    than the first."""
-    if not isinstance(data, FileWindow):
-        return data
-    try:
-        return data.rewind()
-    except OSError as error:
-        raise SnapshotError(f"cannot read: {error.strerror or error}") from error
