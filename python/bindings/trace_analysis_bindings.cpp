@@ -121,36 +121,46 @@ std::vector<snapshot::Frame> frames_of(const py::handle& stack, const py::object
   return frames;
 }
 
-// The columns of one device's trace, held for the call.
-struct ColumnsArgument {
-  explicit ColumnsArgument(const py::object& columns)
-      : action(Column<std::uint8_t>::ensure(columns.attr("action"))),
-        addr(Column<std::uint64_t>::ensure(columns.attr("addr"))),
-        size(Column<std::uint64_t>::ensure(columns.attr("size"))),
-        stack(Column<std::int32_t>::ensure(columns.attr("stack"))) {
-    if (!action || !addr || !size || !stack) throw py::error_already_set();
-    const py::object missing = py::module_::import("builtins").attr("object")();
-    for (const py::handle frames : columns.attr("stacks")) stacks.push_back(frames_of(frames, missing));
-    input = {span_of(action), span_of(addr), span_of(size), span_of(stack), stacks, {}, {}};
-    input.marks.events = static_cast<std::int64_t>(action.size());
+// The event columns of one device's trace (TraceColumns), held for the call, and its marks.
+struct EventColumns {
+  explicit EventColumns(const py::object& trace)
+      : action(Column<std::uint8_t>::ensure(trace.attr("action"))),
+        addr(Column<std::uint64_t>::ensure(trace.attr("addr"))),
+        size(Column<std::uint64_t>::ensure(trace.attr("size"))),
+        stream(Column<std::uint64_t>::ensure(trace.attr("stream"))) {
+    if (!action || !addr || !size || !stream) throw py::error_already_set();
+    marks.events = static_cast<std::int64_t>(action.size());
     const py::str step(snapshot::kMarkStep), begin(snapshot::kTrialBegin), end(snapshot::kTrialEnd);
-    for (const auto [index, value] : columns.attr("user_metadata").cast<py::dict>()) {
+    for (const auto [index, value] : trace.attr("user_metadata").cast<py::dict>()) {
       if (!py::isinstance<py::str>(value)) continue;
       const auto event = index.cast<std::int64_t>();
-      if (value.equal(step)) input.marks.steps.push_back(event);
-      if (value.equal(begin)) input.marks.trial_begins.push_back(event);
-      if (value.equal(end)) input.marks.trial_ends.push_back(event);
+      if (value.equal(step)) marks.steps.push_back(event);
+      if (value.equal(begin)) marks.trial_begins.push_back(event);
+      if (value.equal(end)) marks.trial_ends.push_back(event);
     }
-    for (auto* marks : {&input.marks.steps, &input.marks.trial_begins, &input.marks.trial_ends}) {
-      std::sort(marks->begin(), marks->end());
-    }
+    for (auto* events : {&marks.steps, &marks.trial_begins, &marks.trial_ends}) std::sort(events->begin(), events->end());
+  }
+  snapshot::TraceColumnsView view() const { return {span_of(action), span_of(addr), span_of(size), span_of(stream)}; }
+  Column<std::uint8_t> action;
+  Column<std::uint64_t> addr, size, stream;
+  snapshot::StepMarks marks;  // stowage.mark_step()'s and fit's trials', each ascending
+};
+
+// The columns of one device's trace as the findings read them (its stacks' frames, device_free).
+struct ColumnsArgument {
+  explicit ColumnsArgument(const py::object& columns)
+      : events(columns), stack(Column<std::int32_t>::ensure(columns.attr("stack"))) {
+    if (!stack) throw py::error_already_set();
+    const py::object missing = py::module_::import("builtins").attr("object")();
+    for (const py::handle frames : columns.attr("stacks")) stacks.push_back(frames_of(frames, missing));
+    input = {span_of(events.action), span_of(events.addr), span_of(events.size), span_of(stack), stacks,
+             events.marks, {}};
     for (const auto [index, value] : columns.attr("device_free").cast<py::dict>()) {
       const py::int_ bytes(py::reinterpret_borrow<py::object>(value));
       input.device_free.emplace(index.cast<std::int64_t>(), wide_of(bytes));
     }
   }
-  Column<std::uint8_t> action;
-  Column<std::uint64_t> addr, size;
+  EventColumns events;
   Column<std::int32_t> stack;
   std::vector<std::vector<snapshot::Frame>> stacks;
   snapshot::TraceInput input;
@@ -356,33 +366,13 @@ void bind_inspect(py::module_& module) {
       "field that does not fit), and whether to draw the HTML report's timelines.");
 }
 
-// The event columns of one device's trace (TraceColumns) that replay reads, held for the call.
-struct EventColumns {
-  explicit EventColumns(const py::object& trace)
-      : action(Column<std::uint8_t>::ensure(trace.attr("action"))),
-        addr(Column<std::uint64_t>::ensure(trace.attr("addr"))),
-        size(Column<std::uint64_t>::ensure(trace.attr("size"))),
-        stream(Column<std::uint64_t>::ensure(trace.attr("stream"))) {
-    if (!action || !addr || !size || !stream) throw py::error_already_set();
-    const py::str step(snapshot::kMarkStep);
-    for (const auto [index, value] : trace.attr("user_metadata").cast<py::dict>()) {
-      if (py::isinstance<py::str>(value) && value.equal(step)) step_marks.push_back(index.cast<std::int64_t>());
-    }
-    std::sort(step_marks.begin(), step_marks.end());
-  }
-  snapshot::TraceColumnsView view() const { return {span_of(action), span_of(addr), span_of(size), span_of(stream)}; }
-  Column<std::uint8_t> action;
-  Column<std::uint64_t> addr, size, stream;
-  std::vector<std::int64_t> step_marks;  // stowage.mark_step()'s marks, ascending
-};
-
 void bind_device_events(py::module_& module) {
   module.def(
       "device_event_arrays",
       [](const py::object& trace) {
         const EventColumns columns(trace);
         const snapshot::TraceColumnsView view = columns.view();
-        const std::span<const std::int64_t> marks = columns.step_marks;
+        const std::span<const std::int64_t> marks = columns.marks.steps;
         const auto n = static_cast<py::ssize_t>(snapshot::count_device_events(view, marks));
         py::array_t<std::uint8_t> kinds(n);
         py::array_t<std::uint64_t> addrs(n), sizes(n), streams(n);

@@ -1,23 +1,14 @@
 """``stowage inspect``: what held the memory, from a PyTorch memory snapshot.
 
 Reads a snapshot written by ``torch.cuda.memory._dump_snapshot`` or by stowage (through the safe
-loader, which runs no code) and explains one device's memory in the terminal, or as JSON:
-
-- totals: allocated, active, reserved, reserved but unallocated, the largest free block, and
-  fragmentation = 1 - largest free block / free reserved bytes (reserved minus active; 0 when
-  nothing is free): the share of free cached memory that a single request could not use;
-- segments: how many, their sizes, how full, and those held by one small live block (a segment
-  that cannot go back to the device for the sake of a few bytes);
-- allocation sites by live bytes at the end and at the peak of the trace: stacks grouped by
-  their innermost frames in user code (frames of torch and of Python's own library left out);
-  without frames, by size class;
-- the live-bytes timeline of the trace (alloc adds, free_completed subtracts): its peak, when
-  (time_us, or the event index when the trace has no times), and what was live then;
-- ``--html OUT``: the same as one self-contained HTML file with a stacked live-memory timeline by
-  site and a segment map (stowage/inspection/html.py);
-- for an ``oom`` event: what was asked, what the device had free, what was live and where from,
-  and what would have helped: the same trace replayed through stowage, and the sites that
-  offloading or recomputing could remove.
+loader, which runs no code) and explains one device's memory in the terminal, as JSON, or with
+``--html OUT`` also as one self-contained HTML file (stowage/inspection/html.py): totals and
+fragmentation = 1 - largest free block / free reserved bytes (reserved minus active; 0 when
+nothing is free), the share of free cached memory that a single request could not use; segments
+and those held by one small live block; allocation sites by live bytes at the end and at the
+trace's live-bytes peak (stacks grouped by their innermost frames in user code; without frames,
+by size class); what the peak's bytes are and which module made them; the trace's steps; advice;
+and for an ``oom`` event what was asked, what was free, what was live and what would have helped.
 """
 
 from __future__ import annotations

@@ -14,16 +14,12 @@ TraceColumns (what ``stowage inspect``, ``diff`` and ``replay`` read), and also 
 are not lists of dicts. Every failure raises SnapshotError naming the file (or ``name``) and the
 reason.
 
-Memory: every _REPORT_EVERY bytes read the machine measures the process's resident memory,
-and refuses a reading that grew it by more than MEMORY_FLOOR plus COLUMNS_MEMORY_PER_BYTE (into
-columns) or PLAIN_MEMORY_PER_BYTE (plain data) bytes a byte of pickle, or by more than the ceiling
-(MEMORY_CEILING; STOWAGE_SNAPSHOT_MEMORY, a size such as "2GiB", sets another: memory_ceiling()),
-its message saying what to do instead. Read into columns, real snapshots take 0.35-0.42 bytes a
-byte (frame lists shared between events), up to 11.5 for a trace whose every event has frames of
-its own: 12 a byte reads those up to the ceiling (768 MiB: 56 MB of them, 1.9 GB of real
-snapshots) and keeps a hostile file of any size under 1 GB. Read as plain data a snapshot shaped as
-torch writes it takes about 3.4 times its size (a dict per event): within 3 a byte and the floor up
-to about 100 MB; denser ones are refused, naming load_snapshot_columnar.
+Memory: every _REPORT_EVERY bytes read the machine measures the process's resident memory, and
+refuses a reading that grew it by more than MEMORY_FLOOR plus COLUMNS_MEMORY_PER_BYTE (into columns:
+real snapshots take 0.35-0.42 bytes a byte, one whose every event has frames of its own up to 11.5)
+or PLAIN_MEMORY_PER_BYTE (plain data: about 3.4 as torch writes them, so load_snapshot reads those
+up to about 100 MB and refuses denser ones naming load_snapshot_columnar) bytes a byte of pickle,
+or by more than the ceiling (memory_ceiling()), its message saying what to do instead.
 """
 
 from __future__ import annotations
