@@ -89,11 +89,7 @@ void bind_machine_probes(py::module_& module) {
   py::class_<HostRoom>(module, "HostRoom", "The host memory the process may still take, and which limit set it.")
       .def_readonly("available_bytes", &HostRoom::available_bytes)
       .def_readonly("limited_by", &HostRoom::limited_by)
-      .def_readonly("lockable_bytes", &HostRoom::lockable_bytes, "RLIMIT_MEMLOCK; None: unlimited")
-      .def("__repr__", [](const HostRoom& room) {
-        return "HostRoom(available_bytes=" + std::to_string(room.available_bytes) + ", limited_by='" +
-               room.limited_by + "')";
-      });
+      .def_readonly("lockable_bytes", &HostRoom::lockable_bytes, "RLIMIT_MEMLOCK; None: unlimited");
   module.def(
       "host_room",
       [](std::optional<std::uint64_t> limit_bytes) { return host_room(read_host_memory(), limit_bytes); },

@@ -1,26 +1,12 @@
-"""The memory API: stowage's counterpart of torch.cuda's memory functions.
+"""The memory API: stowage's counterpart of torch.cuda's memory functions (README: "CPU mode and
+the memory API").
 
 The names and meanings follow torch.cuda (memory_stats keys, memory_summary's layout, the
 snapshot dict), so code and tools written for one read the other. On a GPU, stowage is torch's
-CUDA allocator, and torch.cuda's own functions report the same figures::
-
-    import torch, stowage
-    stowage.enable()                           # or STOWAGE_ALLOC_CONF="" in the environment
-    ...
-    torch.cuda.memory_stats() == stowage.memory_stats() minus stowage's extra keys
-
-The API is the same in CPU mode, where stowage is torch's CPU allocator over a simulated device
-of a chosen capacity::
-
-    import stowage, torch
-    stowage.enable(device="cpu", capacity="4GiB")
-    model = torchvision.models.resnet18()      # every CPU tensor now comes from stowage
-    ...
-    print(stowage.memory_summary())
-    stowage.dump_snapshot("step.pickle")       # readable by torch.cuda._memory_viz
-
-Tensors allocated before enable() keep their old allocator and are freed by it; tensors from
-stowage stay valid after disable().
+CUDA allocator, and torch.cuda's own functions report the same figures (stowage.memory_stats()
+adds stowage's keys); in CPU mode stowage is torch's CPU allocator over a simulated device of a
+chosen capacity, with the same API. Tensors allocated before enable() keep their old allocator
+and are freed by it; tensors from stowage stay valid after disable().
 """
 
 from __future__ import annotations
