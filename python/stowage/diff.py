@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from stowage import _core
 from stowage.inspection.command import load_with_progress
 from stowage.inspection.findings import device_segments, device_trace, devices_with_data
+from stowage.inspection.text import rows_table
 from stowage.snapshot_reader import SnapshotError
 from stowage.terminal import console, literal
 
@@ -71,50 +71,33 @@ def _signed(value: int) -> str:
 def print_report(a: Path, b: Path, report: dict[str, Any], console: Console) -> None:
     console.print(Text.assemble((literal(a.name), "bold"), " -> ", (literal(b.name), "bold"),
                                 f", device {report['device']}"))
-    totals = Table(title="totals", title_justify="left")
-    for column in ("", "before", "after", "change"):
-        totals.add_column(column, justify="right" if column else "left")
+    cell = lambda v: "-" if v is None else _core.format_bytes(int(v))  # noqa: E731
+    rows = []
     for key, label in (("allocated", "allocated"), ("reserved", "reserved"),
                        ("largest_free_block", "largest free block"), ("trace_peak", "live peak of the trace")):
         row = report["totals"][key]
-        if row["before"] is None and row["after"] is None:
-            continue
-        cell = lambda v: "-" if v is None else _core.format_bytes(int(v))  # noqa: E731
-        totals.add_row(label, cell(row["before"]), cell(row["after"]),
-                       "-" if row["change"] is None else _signed(row["change"]))
-    segments = report["totals"]["segments"]
-    totals.add_row("segments", f"{segments['before']:,}", f"{segments['after']:,}", f"{segments['change']:+,}")
-    fragmentation = report["totals"]["fragmentation"]
-    totals.add_row("fragmentation", f"{100 * fragmentation['before']:.1f}%", f"{100 * fragmentation['after']:.1f}%",
-                   f"{100 * fragmentation['change']:+.1f} points")
-    console.print(totals)
+        if row["before"] is not None or row["after"] is not None:
+            rows.append([label, cell(row["before"]), cell(row["after"]),
+                         "-" if row["change"] is None else _signed(row["change"])])
+    segments, fragmentation = report["totals"]["segments"], report["totals"]["fragmentation"]
+    rows.append(["segments", f"{segments['before']:,}", f"{segments['after']:,}", f"{segments['change']:+,}"])
+    rows.append(["fragmentation", f"{100 * fragmentation['before']:.1f}%", f"{100 * fragmentation['after']:.1f}%",
+                 f"{100 * fragmentation['change']:+.1f} points"])
+    console.print(rows_table("totals", ["", "before", "after", "change"], rows, left={""}))
     for title, key in (("grew, by site", "sites_grew"), ("shrank, by site", "sites_shrank")):
-        rows = report[key]
-        if not rows:
-            continue
-        table = Table(title=title, title_justify="left")
-        for column in ("change", "before", "after"):
-            table.add_column(column, justify="right")
-        table.add_column("site")
-        for row in rows:
-            table.add_row(_signed(row["change"]), _core.format_bytes(row["before"]),
-                          _core.format_bytes(row["after"]), literal(row["site"]))
-        console.print(table)
+        if report[key]:
+            console.print(rows_table(title, ["change", "before", "after", "site"], [
+                [_signed(row["change"]), cell(row["before"]), cell(row["after"]), row["site"]] for row in report[key]]))
     seg = report["segments"]
     console.print(f"segments: {seg['only_before']['count']:,} given back ({_core.format_bytes(seg['only_before']['bytes'])}), "
                   f"{seg['only_after']['count']:,} new ({_core.format_bytes(seg['only_after']['bytes'])}), "
                   f"{seg['changed_count']:,} changed in place")
     if seg["changed"]:
-        table = Table(title="segments changed in place", title_justify="left")
-        for column in ("address", "size", "live before", "live after", "change"):
-            table.add_column(column, justify="right")
-        for row in seg["changed"]:
-            size = _core.format_bytes(row["size_after"])
-            if row["size_after"] != row["size_before"]:
-                size = f"{_core.format_bytes(row['size_before'])} -> {size}"
-            table.add_row(f"0x{row['address']:x}", size, _core.format_bytes(row["live_before"]),
-                          _core.format_bytes(row["live_after"]), _signed(row["live_change"]))
-        console.print(table)
+        header = ["address", "size", "live before", "live after", "change"]
+        console.print(rows_table("segments changed in place", header, left=set(), rows=[
+            [f"0x{row['address']:x}", cell(row["size_after"]) if row["size_after"] == row["size_before"]
+             else f"{cell(row['size_before'])} -> {cell(row['size_after'])}", cell(row["live_before"]),
+             cell(row["live_after"]), _signed(row["live_change"])] for row in seg["changed"]]))
 
 
 def run(args: argparse.Namespace) -> int:

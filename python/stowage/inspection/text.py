@@ -62,17 +62,20 @@ HELD = ["segment", "live", "held back", "site"]
 STEPS = ["step", "events", "peak", "at its end"]
 
 
-def _table(title: str, header: list[str], rows: list[list[str]], show_header: bool = True) -> Table:
+def rows_table(title: str, header: list[str], rows: list[list[str]], show_header: bool = True,
+               left: set[str] = LEFT_COLUMNS) -> Table:
+    """A table of `rows` under `header`, the columns named in `left` justified left, the others right;
+    every cell shown literally."""
     table = Table(title=title, title_justify="left", show_header=show_header)
     for name in header:
-        table.add_column(name, justify="left" if name in LEFT_COLUMNS else "right")
+        table.add_column(name, justify="left" if name in left else "right")
     for row in rows:
         table.add_row(*map(literal, row))
     return table
 
 
 def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
-    return _table(title, SITES, site_rows(sites, total))
+    return rows_table(title, SITES, site_rows(sites, total))
 
 
 def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
@@ -118,7 +121,7 @@ def _print_steps(report: dict[str, Any], console: Console) -> None:
     if not run:
         return
     shown = run if len(run) <= SHOWN_STEPS else run[:SHOWN_STEPS // 2] + run[-SHOWN_STEPS // 2:]
-    console.print(_table(f"steps ({len(run)}, found by {report['steps_found_by']})", STEPS, step_rows(shown)))
+    console.print(rows_table(f"steps ({len(run)}, found by {report['steps_found_by']})", STEPS, step_rows(shown)))
     if len(run) > SHOWN_STEPS:
         peaks = sorted(step["peak_bytes"] for step in run)
         console.print(f"({len(run) - len(shown)} steps not shown; peaks from {bytes_text(peaks[0])} to {bytes_text(peaks[-1])}, "
@@ -144,17 +147,17 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         ("requested by callers", "requested"), ("reserved", "reserved"),
         ("reserved but unallocated", "reserved_unallocated"), ("largest free block", "largest_free_block"))]
     rows.append(["fragmentation: 1 - largest free block / free reserved bytes", share(totals["fragmentation"], 1)])
-    console.print(_table("totals", ["what", "bytes"], rows, show_header=False))
+    console.print(rows_table("totals", ["what", "bytes"], rows, show_header=False))
     _print_advice(report, console)
 
     segments = report["segments"]
     if segments["count"]:
-        console.print(_table("segments", ["size", "count", "bytes"], [
+        console.print(rows_table("segments", ["size", "count", "bytes"], [
             [row["size"], f"{row['count']:,}", bytes_text(row["bytes"])] for row in segments["by_size"]]))
         q = segments["fill_quartiles"]
         console.print(f"fill (live / segment): quartiles {100 * q[0]:.0f}% / {100 * q[1]:.0f}% / {100 * q[2]:.0f}%")
         if segments["held_by_one_small_block"]:
-            console.print(_table("segments held by one small live block", HELD, held_rows(report)))
+            console.print(rows_table("segments held by one small live block", HELD, held_rows(report)))
     if report["sites_at_end"]:
         console.print(_sites_table("live at the end, by site", report["sites_at_end"], totals["allocated"]))
 
@@ -170,10 +173,10 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         baseline = f"; {bytes_text(peak['baseline'])} were live before the trace began" if peak["baseline"] else ""
         console.print(f"peak: {bytes_text(peak['live_bytes'])} live at {when}{baseline}")
         if peak.get("categories"):
-            console.print(_table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
+            console.print(rows_table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
                                  ["live", "share", "category"], category_rows(peak, before_trace=True)))
         if peak.get("modules"):
-            console.print(_table("live at the peak, by the module that made it", ["live", "share", "module"],
+            console.print(rows_table("live at the peak, by the module that made it", ["live", "share", "module"],
                                  module_rows(peak)))
         console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
     _print_steps(report, console)
