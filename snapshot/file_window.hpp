@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <ctime>
 #include <memory>
 #include <string>
 
@@ -54,9 +53,9 @@ class FileWindow final : public ByteSource {
   int fd_;
   std::uint8_t* buffer_;
   std::size_t size_, fill_ahead_;
-  Identity identity_;            // the file's when opened
-  std::size_t filled_ = 0;       // bytes read into the buffer, from the start
-  std::size_t released_ = 0;     // bytes given back, from the start
+  Identity identity_;         // the file's when opened
+  std::size_t filled_ = 0;    // bytes read into the buffer, from the start
+  std::size_t released_ = 0;  // bytes given back, from the start
 };
 
 }  // namespace stowage::snapshot
