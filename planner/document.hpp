@@ -49,7 +49,7 @@ class DocumentView {
   // parse JSON): its text, in brackets when `index` (an integer).
   virtual std::string path_text(DocNode key, bool& index) = 0;
 
-  // How a refusal quotes a value (stowage.validation.errors.shown): short, control characters
+  // How a refusal quotes a value (stowage.validation.shown): short, control characters
   // escaped; and how it describes one of a kind it did not expect: its kind, then the value
   // quoted unless it is a list, an object or null ("an integer (3)", "a list").
   virtual std::string shown(DocNode node) = 0;

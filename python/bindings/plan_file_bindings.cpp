@@ -30,7 +30,7 @@ PyObject* object_of(DocNode node) { return const_cast<PyObject*>(static_cast<con
 // stowage.validation's shown and kind_of, as the refusals always named them.
 class PythonDocument final : public planner::DocumentView {
  public:
-  PythonDocument() : errors_(py::module_::import("stowage.validation.errors")) {}
+  PythonDocument() : errors_(py::module_::import("stowage.validation")) {}
 
   DocKind kind(DocNode node) override {
     PyObject* value = object_of(node);
@@ -141,7 +141,7 @@ class PythonDocument final : public planner::DocumentView {
 void raise_refusal(const std::optional<planner::Refusal>& refused, const std::string& where) {
   if (!refused) return;
   const py::object error =
-      py::module_::import("stowage.validation.errors").attr("InputError")(where, refused->field, refused->problem);
+      py::module_::import("stowage.validation").attr("InputError")(where, refused->field, refused->problem);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw py::error_already_set();
 }

@@ -309,6 +309,9 @@ void bind_trace_findings(py::module_& module) {
   Bound<Timelines>(module, "Timelines", "The HTML report's timelines: by site, by category, by module.")
       .plain("by_site", &Timelines::by_site).plain("by_category", &Timelines::by_category)
       .plain("by_module", &Timelines::by_module);
+  Bound<LiveMoment>(module, "LiveMoment", "The allocations live just after an event, and what each is.")
+      .plain("event_index", &LiveMoment::event_index).plain("events", &LiveMoment::events)
+      .plain("categories", &LiveMoment::categories);
   Bound<Findings>(module, "Findings", "stowage inspect's findings about one device (snapshot/inspection.hpp).")
       .plain("totals", &Findings::totals).plain("segments", &Findings::segments)
       .plain("sites_at_end", &Findings::sites_at_end)
@@ -322,6 +325,7 @@ void bind_trace_findings(py::module_& module) {
       .computed("advice", [](const Findings& self) { return self.trace.advice; })
       .computed("exact_categories", [](const Findings& self) { return self.trace.exact_categories; })
       .computed("timelines", [](const Findings& self) { return self.trace.timelines; })
+      .computed("moments", [](const Findings& self) { return self.trace.moments; })
       .computed("block_sites", [](const Findings& self) {
         py::list segments;
         for (const auto& sites : self.block_sites) {
@@ -351,19 +355,21 @@ void bind_inspect(py::module_& module) {
   module.def(
       "inspect",
       [](const py::object& columns, const py::list& segments, std::size_t top, bool under_stowage,
-         const py::object& tags, std::int64_t device, bool timelines) {
+         const py::object& tags, std::int64_t device, bool timelines, std::vector<std::int64_t> moments) {
         const ColumnsArgument trace(columns);
-        snapshot::InspectOptions options{top, under_stowage, tags_of(tags, device, trace.input.action), timelines, {}};
+        snapshot::InspectOptions options{top, under_stowage, tags_of(tags, device, trace.input.action), timelines,
+                                         std::move(moments)};
         const std::vector<snapshot::SegmentInput> read = segments_of(segments, timelines);
         py::gil_scoped_release released;
         return snapshot::inspect(trace.input, read, std::move(options));
       },
       py::arg("columns"), py::arg("segments"), py::arg("top"), py::arg("under_stowage"), py::arg("tags"),
-      py::arg("device"), py::arg("timelines") = false,
+      py::arg("device"), py::arg("timelines") = false, py::arg("moments") = std::vector<std::int64_t>{},
       "stowage inspect's findings about one device: its trace's columns (TraceColumns), its segments "
       "(the snapshot's dicts), the sites listed (`top`), whether stowage's allocator recorded it, "
       "the snapshot's stowage_tags (None: none) and the device's number in them (SnapshotRefused naming a "
-      "field that does not fit), and whether to draw the HTML report's timelines.");
+      "field that does not fit), whether to draw the HTML report's timelines, and the events after which to say "
+      "what was live (`moments`: the categories benches check them by).");
 }
 
 void bind_device_events(py::module_& module) {

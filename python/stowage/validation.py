@@ -5,7 +5,9 @@ message naming the file, the field, the value and the bound it breaks (``step.js
 cost.prefetch_depth: 100000 is above 38, the trace's saved tensors``), its parts kept as
 attributes; a command catches it for "bad input" (exit status 2). The formats' schemas, with their
 bounds, are checked in C++ where the formats are read (planner/schema.hpp, planner/file_formats.hpp;
-snapshot/ for snapshots).
+snapshot/ for snapshots). ``shown(value)`` and ``kind_of(value)`` are how a refusal quotes a value
+taken from a file (short, control characters escaped) and names its JSON kind; the plan files'
+C++ reader (python/bindings/plan_file_bindings.cpp) quotes through them.
 
 ``read_json(path, kind)`` returns a JSON file's document with what it may cost bounded before
 anything is built, or raises InputError naming the file and the bound it breaks:
@@ -32,6 +34,9 @@ from typing import Any
 
 from stowage.terminal import literal
 
+_SHOWN_CHARS = 60  # of a string quoted in a message
+_SHOWN_DIGITS = 40  # of an integer quoted in a message
+
 
 class InputError(ValueError):
     """A file (or a value given for one) that stowage refuses to read: unreadable, hostile, or
@@ -44,6 +49,47 @@ class InputError(ValueError):
         if field:
             parts.append(field)
         super().__init__(literal(": ".join([*parts, problem])))
+
+
+def shown(value: Any) -> str:
+    """`value` as a refusal quotes it: numbers and short strings as written, longer ones cut,
+    containers by their kind and size, every control character escaped."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, int):
+        text = str(value) if value.bit_length() < 128 else f"an integer of {value.bit_length():,} bits"
+        return text if len(text) <= _SHOWN_DIGITS else text[:_SHOWN_DIGITS] + "..."
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        cut = value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "..."
+        return "'" + literal(cut).replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value):,} items"
+    if isinstance(value, dict):
+        return f"an object of {len(value):,} fields"
+    return f"a {type(value).__name__}"
+
+
+def kind_of(value: Any) -> str:
+    """A value's JSON kind, as a refusal names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
 
 
 # A lifetime trace of a real step is 0.1-3 MB, a sized one a few times that. The densest file the bounds

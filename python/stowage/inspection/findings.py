@@ -35,13 +35,14 @@ def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
     return sorted(devices)
 
 
-def inspect(snapshot: dict[str, Any], device: int, top: int,
-            timelines: bool = False) -> tuple[_core.Findings, TraceColumns]:
-    """The device's findings (with the HTML report's timelines, where asked), and its trace's columns."""
+def inspect(snapshot: dict[str, Any], device: int, top: int, timelines: bool = False,
+            moments: list[int] | None = None) -> tuple[_core.Findings, TraceColumns]:
+    """The device's findings (with the HTML report's timelines, and what was live just after each
+    event of `moments`, where asked), and its trace's columns."""
     trace = device_trace(snapshot, device)
     try:
         found = _core.inspect(trace, device_segments(snapshot, device), top, recorded_by_stowage(snapshot),
-                              snapshot.get(TAGS_KEY), device, timelines)
+                              snapshot.get(TAGS_KEY), device, timelines, moments or [])
     except _core.SnapshotRefused as error:  # stowage's tags, a field that does not fit
         raise SnapshotError(str(error)) from None
     return found, trace
