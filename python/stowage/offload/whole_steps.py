@@ -6,12 +6,7 @@ replaced by one that only notes the signal, and the thread's waits outlast it (t
 InterruptHold; their deadlines still end them). When the block ends the handler is put back and,
 if the signal came, called: the default raises KeyboardInterrupt there, once the block's work is
 whole (and ahead of any error the block raised, which it then carries as its context).
-
-``run_whole(parts)`` runs a step's parts in order to the end whatever one of them raises: the
-part that raised runs once more (each resumes where it stopped: a bucket already submitted or
-written back is not again), then the others, and the first error is raised after the last. An
-error from the second run ends the step where it stands (a device that is stuck: Note [Bounded
-waits]).
+(The step's parts run whole in C++: AdamSlots::run_whole, python/bindings/torch/adam_step.cpp.)
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from stowage.serving import torch_module
@@ -43,16 +38,3 @@ def interrupts_held() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
             if noted:
                 previous(*noted[0])
-
-
-def run_whole(parts: Iterable[Callable[[], None]]) -> None:
-    """Runs every part, each once more where it raised, then raises the first error."""
-    first: BaseException | None = None
-    for part in parts:
-        try:
-            part()
-        except BaseException as error:  # (KeyboardInterrupt too: the step is finished first)
-            first = error if first is None else first
-            part()
-    if first is not None:
-        raise first
