@@ -113,11 +113,18 @@ py::dict host_stats(AdamSlots& self) {
   return out;
 }
 
-// What step() sees of torch, as prepare_step and commit_step take it.
-AdamSlots::StepInputs step_inputs(const OptionalTensors& grads, const OptionalTensors& grad_shards,
-                                  const OptionalTensors& shards, const std::vector<py::dict>& groups,
-                                  double grad_scale, bool inf_checked, bool skip) {
-  return {defined(grads), defined(grad_shards), defined(shards), options_of(groups), grad_scale, inf_checked, skip};
+// A step() call (prepare_step, commit_step) taking what step() sees of torch
+// (AdamSlots::StepInputs), the GIL released while it runs.
+template <typename Call>
+auto step_call(Call call) {
+  return [call](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& grad_shards,
+                const OptionalTensors& shards, const std::vector<py::dict>& groups, double grad_scale, bool inf_checked,
+                bool skip) {
+    const AdamSlots::StepInputs inputs{defined(grads), defined(grad_shards), defined(shards), options_of(groups),
+                                       grad_scale, inf_checked, skip};
+    const py::gil_scoped_release release;
+    return call(self, inputs);
+  };
 }
 
 void bind_slot_queries(py::class_<AdamSlots>& slots) {
@@ -141,9 +148,8 @@ namespace stowage::python {
 
 void bind_adam_slots(py::module_& module) {
   using torch_offload::AdamSlots;
-  using torch_offload::OptionalTensors;
   using torch_offload::Release;
-  using torch_offload::step_inputs;
+  using torch_offload::step_call;
   py::class_<AdamSlots> slots(module, "AdamSlots",
                               "The offloaded optimizer's parameters in host memory and its step's bookkeeping "
                               "(python/bindings/torch/adam_slots.hpp)");
@@ -168,25 +174,12 @@ void bind_adam_slots(py::module_& module) {
            },
            py::arg("bucket"), py::arg("group"), py::arg("grad_scale"))
       .def("group_of", &AdamSlots::group_of, py::arg("bucket"))
-      .def("prepare_step",
-           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& grad_shards,
-              const OptionalTensors& shards, const std::vector<py::dict>& groups, double grad_scale, bool inf_checked,
-              bool skip) {
-             const AdamSlots::StepInputs inputs = step_inputs(grads, grad_shards, shards, groups, grad_scale,
-                                                              inf_checked, skip);
-             const py::gil_scoped_release release;
+      .def("prepare_step", step_call([](AdamSlots& self, const AdamSlots::StepInputs& inputs) {
              const AdamSlots::Prepared prepared = self.prepare_step(inputs);
              return std::make_tuple(prepared.skipped, prepared.recopied, prepared.redone);
-           })
+           }))
       .def("commit_step",
-           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& grad_shards,
-              const OptionalTensors& shards, const std::vector<py::dict>& groups, double grad_scale, bool inf_checked,
-              bool skip) {
-             const AdamSlots::StepInputs inputs = step_inputs(grads, grad_shards, shards, groups, grad_scale,
-                                                              inf_checked, skip);
-             const py::gil_scoped_release release;
-             self.commit_step(inputs);
-           })
+           step_call([](AdamSlots& self, const AdamSlots::StepInputs& inputs) { self.commit_step(inputs); }))
       .def("clip_by", &AdamSlots::clip_by, py::arg("coefficient"))
       .def("flush", &AdamSlots::flush, py::arg("shards"), Release())
       .def("take_state_changes", &AdamSlots::take_state_changes)

@@ -7,6 +7,7 @@ would, the update modes, accumulation, DDP, FSDP2, clipping and what they refuse
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import warnings
 from typing import Any, Callable, Iterable, Iterator
@@ -16,14 +17,38 @@ import torch
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
-from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, kept_on_device
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.host_memory import check_host_room
 from stowage.offload.sharded import is_sharded, local, shaped_like
-from stowage.offload.whole_steps import interrupts_held
 from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
+DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C is acted on when the block ends, not inside it (Note [Whole steps]): on the main
+    thread Python's SIGINT handler is replaced by one that only notes the signal, and the thread's
+    waits outlast it (the C++ InterruptHold; their deadlines still end them). When the block ends
+    the handler is put back and, if the signal came, called: the default raises KeyboardInterrupt
+    there, once the block's work is whole (and ahead of any error the block raised, which it then
+    carries as its context)."""
+    noted: list[tuple[int, Any]] = []
+    previous: Callable[[int, Any], Any] | None = None
+    if threading.current_thread() is threading.main_thread():
+        current = signal.getsignal(signal.SIGINT)
+        if callable(current):  # (not SIG_DFL or SIG_IGN, nor a handler installed outside Python)
+            previous = current
+            signal.signal(signal.SIGINT, lambda signum, frame: noted.append((signum, frame)))
+    try:
+        with torch_module().InterruptHold():
+            yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if noted:
+                previous(*noted[0])
 
 
 class Adam(torch.optim.Optimizer):
@@ -119,9 +144,9 @@ class Adam(torch.optim.Optimizer):
     def _split_by_fraction(self, fraction: float) -> tuple[list[tuple[torch.Tensor, dict[str, Any]]],
                                                            list[tuple[torch.Tensor, dict[str, Any]]]]:
         """(offloaded, kept on the device): the first parameters up to `fraction` of the count stay
-        (adam_buckets.kept_on_device, which fit's accounting uses too)."""
+        (offload/adam_buckets.hpp's kept_on_device, which fit's accounting uses too)."""
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
-        kept = kept_on_device([p.numel() for p, _ in pairs], fraction)
+        kept = torch_module().kept_on_device([p.numel() for p, _ in pairs], fraction)
         return pairs[kept:], pairs[:kept]
 
     def _make_device_optimizer(self, kept: list[tuple[torch.Tensor, dict[str, Any]]]) -> torch.optim.Optimizer | None:
@@ -403,9 +428,7 @@ class Adam(torch.optim.Optimizer):
             for name in ("grad_scale", "found_inf"):
                 if hasattr(inner, name):
                     delattr(inner, name)
-        for param in self._device_parameters():
-            if param in inner.state:
-                self.state[param] = inner.state[param]
+        self.state.update({p: inner.state[p] for p in self._device_parameters() if p in inner.state})
 
     def _undo_provisional(self) -> None:
         """in_backward's updates made during a backward whose step() has not come are undone."""
@@ -467,9 +490,8 @@ class Adam(torch.optim.Optimizer):
         if self._device_optimizer is not None:
             inner_state = torch_module().split_device_state(self._device_optimizer.param_groups, by_param)
             self._device_optimizer.load_state_dict(inner_state)
-            for param in self._device_parameters():
-                if param in self._device_optimizer.state:
-                    self.state[param] = self._device_optimizer.state[param]
+            inner = self._device_optimizer.state
+            self.state.update({p: inner[p] for p in self._device_parameters() if p in inner})
 
     def host_stats(self) -> dict[str, Any]:
         """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the whole
@@ -487,18 +509,12 @@ class Adam(torch.optim.Optimizer):
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW (decoupled weight decay) with host-resident states; see stowage.offload.adam."""
+    """torch.optim.AdamW (decoupled weight decay) with host-resident states: Adam's keyword
+    options (update=, device_fraction=, ...), torch's AdamW defaults."""
 
     _torch_class = torch.optim.AdamW
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 amsgrad: bool = False, *, foreach: bool | None = None, maximize: bool = False,
-                 capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
-                 update: str = "exact", device_fraction: float = 0.0, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 host_memory_limit: int | str | None = None, master_weights: bool = False) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
-                         capturable=capturable, differentiable=differentiable, fused=fused,
-                         decoupled_weight_decay=True, update=update, device_fraction=device_fraction,
-                         bucket_numel=bucket_numel, host_memory_limit=host_memory_limit,
-                         master_weights=master_weights)
+                 amsgrad: bool = False, **options: Any) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, decoupled_weight_decay=True, **options)
