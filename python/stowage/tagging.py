@@ -108,8 +108,7 @@ class Tagger:
         at = self._position()
         if not self._open:
             # (worked out at each top-level forward: modules are added, ids reused)
-            root = type(module).__name__
-            self._running = names = {id(m): f"{root}.{n}" if n else root for n, m in module.named_modules()}
+            self._running = names = step_context.module_paths(module, qualified=True)
             self._own(module, names)
             self.note(list(module.parameters()) + list(module.buffers()), 0, at)
             with_grad = [p for p in module.parameters() if p.grad is not None]

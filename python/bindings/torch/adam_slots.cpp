@@ -127,10 +127,9 @@ SlotStates AdamSlots::states(std::size_t slot) const {
 void AdamSlots::copy_out(std::size_t slot, const at::Tensor& shard) {
   Slot& s = slots_.at(slot);
   if (shard.numel() != s.numel) {
-    std::string message = where();
-    message.append(": the gradient of ").append(name_of_(slot)).append(" has ").append(std::to_string(shard.numel()));
-    message.append(" elements where the parameter has ").append(std::to_string(s.numel));
-    throw std::invalid_argument(message);
+    throw std::invalid_argument(where() + ": the gradient of " + name_of_(slot) + " has " +
+                                std::to_string(shard.numel()) + " elements where the parameter has " +
+                                std::to_string(s.numel));
   }
   const HostBucket& host = *buckets_[s.bucket].host;
   const auto buffer = static_cast<std::size_t>(book_.grad_buffer());
@@ -139,15 +138,16 @@ void AdamSlots::copy_out(std::size_t slot, const at::Tensor& shard) {
   book_.arrive(slot, shard._version());
 }
 
+void AdamSlots::refuse_sparse(std::size_t slot, const at::Tensor& gradient) const {
+  if (!gradient.is_sparse()) return;
+  throw std::runtime_error(where() + ": " + name_of_(slot) + " has a sparse gradient (an nn.Embedding(sparse=True)?), "
+                           "which Adam does not take (torch's refuses it too): use torch.optim.SparseAdam for it, or "
+                           "a dense embedding");
+}
+
 std::int64_t AdamSlots::arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
   const std::size_t bucket = book_.bucket_of(slot);
-  if (gradient.is_sparse()) {
-    std::string message = where();
-    message.append(": ").append(name_of_(slot)).append(
-        " has a sparse gradient (an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it "
-        "too): use torch.optim.SparseAdam for it, or a dense embedding");
-    throw std::runtime_error(message);
-  }
+  refuse_sparse(slot, gradient);
   if (book_.mode() == offload::UpdateMode::kInBackward && book_.updated(bucket)) return kArrivedTwice;
   copy_out(slot, shard);
   if (!book_.ready(bucket)) return -1;
@@ -186,13 +186,7 @@ bool AdamSlots::collect_late(const Tensors& grads, const Tensors& shards) {
       if (arrived) book_.drop(slot);
       continue;
     }
-    if (grads[slot].is_sparse()) {
-      std::string message = where();
-      message.append(": ").append(name_of_(slot)).append(
-          " has a sparse gradient (an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it "
-          "too): use torch.optim.SparseAdam for it, or a dense embedding");
-      throw std::runtime_error(message);
-    }
+    refuse_sparse(slot, grads[slot]);
     if (arrived && !changed[slot]) continue;
     recopied = recopied || arrived;
     copy_out(slot, shards[slot]);
@@ -248,11 +242,9 @@ AdamSlots::Indices AdamSlots::take_written(const Indices& slots, const Tensors& 
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const Slot& slot = slots_.at(slots[i]);
     if (shards[i].numel() == slot.numel) continue;
-    std::string message = where();
-    message.append(": ").append(name_of_(slots[i])).append(" was replaced by a tensor of ");
-    message.append(std::to_string(shards[i].numel())).append(" elements where it had ");
-    message.append(std::to_string(slot.numel)).append("; make a new optimizer for parameters of a new shape");
-    throw std::invalid_argument(message);
+    throw std::invalid_argument(where() + ": " + name_of_(slots[i]) + " was replaced by a tensor of " +
+                                std::to_string(shards[i].numel()) + " elements where it had " +
+                                std::to_string(slot.numel) + "; make a new optimizer for parameters of a new shape");
   }
   const at::NoGradGuard no_grad;
   const std::vector<bool> flags = parameters_.changed(rows(slots), shards);

@@ -223,6 +223,8 @@ class AdamSlots {
   void at_point(const std::string& name) const;
   std::string where() const { return "stowage.offload." + owner_; }
   void copy_out(std::size_t slot, const at::Tensor& shard);
+  // Refuses (runtime_error, naming the parameter) a sparse gradient, as torch's Adam does.
+  void refuse_sparse(std::size_t slot, const at::Tensor& gradient) const;
   void clear_update(std::size_t bucket);
   // Waits until the bucket's update has ended (done or thrown), without taking its outcome.
   void wait_ended(std::size_t bucket);

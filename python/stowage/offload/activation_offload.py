@@ -131,7 +131,7 @@ class activations:
         if self._depth == 0:
             self._top_level.append(module)
             if checking.enabled():
-                self._names.update({id(m): n or type(module).__name__ for n, m in module.named_modules()})
+                self._names.update(step_context.module_paths(module))
         self._depth += 1
         if id(module) not in self._registered:
             self._registered.add(id(module))
