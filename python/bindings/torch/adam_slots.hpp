@@ -21,13 +21,15 @@
 // A step() is two calls (Note [Whole steps]): prepare_step() does all that comes before the host
 // states change (the checks, the gradients and parameters taken) and, raising, leaves nothing
 // applied; the caller then updates the device share (torch's optimizer) and commit_step() runs the
-// host part to its end whatever is raised in it. `at_point`, called with the name of each point of
-// a step ("update <bucket>", "write_back <bucket>", "end"), is a test seam that may throw there.
+// host part (in offload/step_order.hpp's order) to its end whatever is raised in it. `at_point`,
+// called with the name of each point of a step ("update <bucket>", "write_back <bucket>", "end"),
+// is a test seam that may throw there.
 //
 // Contract: one thread at a time (the optimizer's, under its lock). Every call may wait for the
-// host update or the copies and may be made without the GIL (name_of and at_point take it back). Each call either does all it says or, when it throws, leaves the book as it was or
-// resumable by calling it again (Note [Whole steps]). The destructor waits for the copies still
-// using the host buffers.
+// host update or the copies and may be made without the GIL (name_of and at_point take it back).
+// Each call either does all it says or, when it throws, leaves the book as it was or resumable by
+// calling it again (Note [Whole steps]). The destructor waits for the copies still using the host
+// buffers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +44,7 @@
 
 #include "offload/adam_buckets.hpp"
 #include "offload/slot_book.hpp"
+#include "offload/step_order.hpp"
 #include "offload/update_queue.hpp"
 #include "python/bindings/torch/content_watch.hpp"
 #include "python/bindings/torch/host_bucket.hpp"
@@ -205,22 +208,19 @@ class AdamSlots {
   void end_step();
   // A skipped step: nothing of it applied (pending updates stay).
   void discard_step();
-  // Runs every part, each once more where it threw, then rethrows the first error.
-  static void run_whole(const std::vector<std::function<void()>>& parts);
   std::vector<offload::BucketPlan> plan(const Tensors& shards, const Indices& groups) const;
   void take_parameters_for_step(const StepInputs& inputs);
   void check_in_backward_exact(const StepInputs& inputs, double scale);
   bool redo_outdated_updates(const StepInputs& inputs);
-  // The step's part that writes back `bucket`'s update (none: done already, or none made),
-  // adding its slots to `written_slots`.
-  std::function<void()> write_back_part(std::size_t bucket, const Tensors& shards, Indices& written_slots);
+  // What the step's parts do (offload/step_order.hpp): `update`, the write-backs of `shards`
+  // (their slots added to `written_slots`), the end.
+  offload::StepWork step_work(const Tensors& shards, Indices& written_slots, std::function<void(std::size_t)> update);
   void write_back_pending(const Tensors& shards);
   void check_gradients_copied(const Tensors& grad_shards);
   void check_arrivals(const Indices& slots, const Tensors& shards);
   // in_backward's refusals: the updates made undone and the step discarded, then thrown.
   [[noreturn]] void refuse(const std::string& message);
   double step_scale(const StepInputs& inputs) const;
-  void at_point(const std::string& name) const;
   std::string where() const { return "stowage.offload." + owner_; }
   void copy_out(std::size_t slot, const at::Tensor& shard);
   // Refuses (runtime_error, naming the parameter) a sparse gradient, as torch's Adam does.

@@ -1,6 +1,5 @@
-// AdamSlots' step(): the order of its checks, copies, updates and write-backs, and what makes it
-// whole (Note [Whole steps], adam_slots.hpp).
-#include <exception>
+// AdamSlots' step(): the order of its checks and copies, and the work of the parts
+// offload/step_order.hpp runs whole (Note [Whole steps], adam_slots.hpp).
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -20,23 +19,6 @@ AdamSlots::Tensors subset(const AdamSlots::Tensors& tensors, const AdamSlots::In
 }
 
 }  // namespace
-
-void AdamSlots::run_whole(const std::vector<std::function<void()>>& parts) {
-  std::exception_ptr first;
-  for (const std::function<void()>& part : parts) {
-    try {
-      part();
-    } catch (...) {  // (an interrupt too: the step is finished first)
-      if (first == nullptr) first = std::current_exception();
-      part();  // resumes where it stopped; a second error ends the step where it stands
-    }
-  }
-  if (first != nullptr) std::rethrow_exception(first);
-}
-
-void AdamSlots::at_point(const std::string& name) const {
-  if (at_point_) at_point_(name);
-}
 
 double AdamSlots::step_scale(const StepInputs& inputs) const {
   if (inputs.skip) return 1.0;
@@ -135,49 +117,38 @@ void AdamSlots::check_gradients_copied(const Tensors& grad_shards) {
                            "the copy out corrupted it. Nothing of the step was applied.");
 }
 
-void AdamSlots::commit_step(const StepInputs& inputs) {
-  const double scale = step_scale(inputs);
-  const bool delayed = book_.mode() == offload::UpdateMode::kDelayed;
-  Indices written_slots;
-  std::vector<std::function<void()>> parts;
-  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) {
-    parts.emplace_back([this, bucket, scale, &inputs] {
-      at_point("update " + std::to_string(bucket));
-      if (!book_.updated(bucket)) submit(bucket, inputs.groups.at(buckets_[bucket].group), scale);
-    });
-  }
-  for (std::size_t bucket = 0; !delayed && bucket < buckets_.size(); ++bucket) {
-    parts.push_back(write_back_part(bucket, inputs.shards, written_slots));
-  }
-  parts.emplace_back([this, delayed] {
-    at_point("end");
-    if (delayed) {
-      book_.hold_pending();
-    } else {
-      transfers_->written_back();
-    }
-    end_step();
-  });
-  run_whole(parts);
-  check_arrivals(written_slots, inputs.shards);
+offload::StepWork AdamSlots::step_work(const Tensors& shards, Indices& written_slots,
+                                      std::function<void(std::size_t)> update) {
+  return {std::move(update),
+          [this, &shards, &written_slots](std::size_t bucket) {
+            const Indices slots = book_.updated_slots(bucket);
+            write_back(bucket, shards);
+            written_slots.insert(written_slots.end(), slots.begin(), slots.end());
+          },
+          [this] {
+            if (book_.mode() == offload::UpdateMode::kDelayed) {
+              book_.hold_pending();
+            } else {
+              transfers_->written_back();
+            }
+            end_step();
+          },
+          at_point_};
 }
 
-std::function<void()> AdamSlots::write_back_part(std::size_t bucket, const Tensors& shards, Indices& written_slots) {
-  return [this, bucket, &shards, &written_slots] {
-    at_point("write_back " + std::to_string(bucket));
-    if (!book_.updated(bucket)) return;  // written back already, or no update made
-    const Indices slots = book_.updated_slots(bucket);
-    write_back(bucket, shards);
-    written_slots.insert(written_slots.end(), slots.begin(), slots.end());
-  };
+void AdamSlots::commit_step(const StepInputs& inputs) {
+  const double scale = step_scale(inputs);
+  Indices written_slots;
+  offload::run_step(book_, step_work(inputs.shards, written_slots, [this, scale, &inputs](std::size_t bucket) {
+                      submit(bucket, inputs.groups.at(buckets_[bucket].group), scale);
+                    }));
+  check_arrivals(written_slots, inputs.shards);
 }
 
 // delayed: the last step's updates written back, whole.
 void AdamSlots::write_back_pending(const Tensors& shards) {
   Indices written_slots;
-  std::vector<std::function<void()>> parts;
-  for (const std::size_t bucket : book_.pending_buckets()) parts.push_back(write_back_part(bucket, shards, written_slots));
-  run_whole(parts);
+  offload::run_pending_write_backs(book_, step_work(shards, written_slots, nullptr));
   book_.clear_pending();
   transfers_->written_back();
   check_arrivals(written_slots, shards);
