@@ -72,9 +72,9 @@ def host_bytes_per_parameter() -> int:
     """What stowage's offloaded optimizer takes on the host for an fp32 parameter."""
     import torch
 
-    from stowage.offload.adam_buckets import bytes_per_parameter
+    from stowage.serving import torch_module
 
-    return bytes_per_parameter(torch.float32, 1)
+    return int(torch_module().bytes_per_parameter(torch.float32, 1))
 
 
 def host_available_bytes() -> int:

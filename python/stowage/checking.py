@@ -1,17 +1,5 @@
-"""Check mode: every byte stowage moves away from where training left it is verified when it
-comes back. Turn it on first when a loss curve differs from the one without stowage.
-
-    STOWAGE_CHECK=1 python train.py        # or stowage.enable(..., check=True), or set_enabled(True)
-
-- A tensor the offload engine offloads (``stowage.offload.activations()``, a plan's offload) has
-  a checksum of its bytes taken on the device as it leaves, compared with the bytes that come
-  back before backward uses them (python/bindings/torch/tensor_offloader.cpp).
-- A parameter the offloaded optimizer updated on the host is compared, once written back, with
-  the host's result (stowage.offload.adam).
-A mismatch raises RuntimeError naming the tensor, the module it belongs to and the step
-(``stowage.mark_step()`` / ``stowage.offload.end_step()`` count steps). Off by default: it reads
-every offloaded and updated byte once more and waits for the comparisons
-(bench/results/2026-11-26-cpu-exactness.md has its cost).
+"""Check mode's switch (``STOWAGE_CHECK=1``, ``stowage.enable(..., check=True)``, set_enabled) and
+the names its messages give parameters; what it verifies: README's "Check mode".
 
 Contract: one process-wide switch; set it between steps.
 """

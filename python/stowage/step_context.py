@@ -60,6 +60,14 @@ class Call:
         self.module, self.backward = module, backward
 
 
+def module_paths(root: Any, qualified: bool = False) -> dict[int, str]:
+    """The one naming of module paths: each module under `root`, by id, as its dotted path from
+    root ("3", "blocks.0.attn"; root itself: its class name); `qualified`: each after root's class
+    name ("Sequential.3"), as snapshots' tags name them. Check mode's messages take the first."""
+    root_name = type(root).__name__
+    return {id(m): (f"{root_name}.{n}" if qualified else n) if n else root_name for n, m in root.named_modules()}
+
+
 Entered = Callable[[Call, tuple[Any, ...]], None]  # (the call, its positional arguments)
 Left = Callable[[Call, Any, dict[str, Any]], None]  # (the call, its arguments, its keyword arguments)
 

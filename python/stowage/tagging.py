@@ -1,31 +1,13 @@
-"""What each allocation is, and which module made it, noted while stowage records history, so
-that the snapshots stowage writes carry exact categories and module paths.
+"""What each allocation is, and which module made it, noted while stowage records history (README's
+"Inspecting a snapshot" lists what is noted and when), so that its snapshots carry exact
+categories and module paths (``GPT2LMHeadModel.transformer.h.3.attn``).
 
-While ``stowage.record_history(True)`` records (CPU mode, or a GPU through stowage's C library,
-where stowage keeps the history), hooks note, for the storages of the recorded device:
-- parameters and buffers: each time a top-level module's forward begins (a module called
-  outside any other's forward), its parameters and buffers;
-- inputs: that forward's tensor arguments that autograd did not make (no grad_fn, not a
-  parameter);
-- gradients: every parameter's ``.grad`` before an optimizer's step, and at a top-level forward
-  (gradients kept from the step before);
-- optimizer states: every tensor in an optimizer's state after its step;
-- saved activations: every tensor autograd saves for backward (a saved-tensor hook, which keeps
-  the tensor as stowage's offloader does: detached, its version checked when backward takes it) and
-  those stowage's own saved-tensor hooks take (``offload.activations``, a plan);
-- module paths: where each module's forward begins and ends (``GPT2LMHeadModel.transformer.h.3.attn``).
 A note is (position, address): the history's event count when it was made, and the storage's
 address; it is about the latest allocation at that address recorded before it. At a snapshot
 the notes become the snapshot's ``stowage_tags``: for each allocation event they name, its
 category (a storage noted twice takes the first of CATEGORY_ORDER) and the module running when
-it was allocated. Readers that do not know the key ignore it.
-
-The saved-tensor hook cannot serve a backward that builds a graph of its own
-(``create_graph=True``): it refuses there, at the first saved tensor such a backward takes, with
-the way out (``record_history(True, tags=False)``), rather than compute different gradients.
-Inside a region with saved-tensor hooks of its own (the user's, torch.utils.checkpoint's,
-stowage's offload and plans), those hooks serve autograd as before; what they are handed is
-noted first (stowage.step_context, Note [Seeing every saved tensor]).
+it was allocated. Readers that do not know the key ignore it. The saved-tensor hook refuses a
+backward that builds a graph of its own (``create_graph=True``) at its first saved tensor.
 
 Contract: one Tagger at a time (start/stop); hooks run on the threads torch runs them on and
 append under the GIL; module paths are noted for the thread that started the recording.
@@ -126,8 +108,7 @@ class Tagger:
         at = self._position()
         if not self._open:
             # (worked out at each top-level forward: modules are added, ids reused)
-            root = type(module).__name__
-            self._running = names = {id(m): f"{root}.{n}" if n else root for n, m in module.named_modules()}
+            self._running = names = step_context.module_paths(module, qualified=True)
             self._own(module, names)
             self.note(list(module.parameters()) + list(module.buffers()), 0, at)
             with_grad = [p for p in module.parameters() if p.grad is not None]

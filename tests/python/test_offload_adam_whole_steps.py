@@ -263,7 +263,8 @@ ref_optimizer.step()
 
 def interrupt_soon(frame, event, arg):
     # as step() begins writing parameters back: the signal comes while it waits for the copies
-    if event == "call" and frame.f_code.co_name == "_write_back" and not timers:
+    if (event == "call" and frame.f_code.co_name == "_at_point" and frame.f_locals["name"].startswith("write_back")
+            and not timers):
         timers.append(threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)))
         timers[0].start()
 

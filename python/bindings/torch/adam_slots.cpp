@@ -30,9 +30,9 @@ at::Tensor bits(const at::Tensor& tensor) {
 
 AdamSlots::AdamSlots(const c10::Device& device, std::string owner, offload::UpdateMode mode,
                      const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
-                     std::function<std::string(std::size_t)> name_of)
+                     std::function<std::string(std::size_t)> name_of, Point at_point)
     : device_(device), owner_(std::move(owner)), master_weights_(master_weights), bucket_numel_(bucket_numel),
-      name_of_(std::move(name_of)), book_(mode), store_(std::make_unique<HostStateStore>(device)),
+      name_of_(std::move(name_of)), at_point_(std::move(at_point)), book_(mode), store_(std::make_unique<HostStateStore>(device)),
       transfers_(std::make_unique<OptimizerTransfers>(device)), parameters_(device), gradients_(device),
       queue_(std::make_shared<offload::UpdateQueue>(cpus)) {
   STOWAGE_CHECK(bucket_numel >= 1, "bucket_numel must be positive, not ", bucket_numel);
@@ -127,10 +127,9 @@ SlotStates AdamSlots::states(std::size_t slot) const {
 void AdamSlots::copy_out(std::size_t slot, const at::Tensor& shard) {
   Slot& s = slots_.at(slot);
   if (shard.numel() != s.numel) {
-    std::string message = where();
-    message.append(": the gradient of ").append(name_of_(slot)).append(" has ").append(std::to_string(shard.numel()));
-    message.append(" elements where the parameter has ").append(std::to_string(s.numel));
-    throw std::invalid_argument(message);
+    throw std::invalid_argument(where() + ": the gradient of " + name_of_(slot) + " has " +
+                                std::to_string(shard.numel()) + " elements where the parameter has " +
+                                std::to_string(s.numel));
   }
   const HostBucket& host = *buckets_[s.bucket].host;
   const auto buffer = static_cast<std::size_t>(book_.grad_buffer());
@@ -139,15 +138,16 @@ void AdamSlots::copy_out(std::size_t slot, const at::Tensor& shard) {
   book_.arrive(slot, shard._version());
 }
 
+void AdamSlots::refuse_sparse(std::size_t slot, const at::Tensor& gradient) const {
+  if (!gradient.is_sparse()) return;
+  throw std::runtime_error(where() + ": " + name_of_(slot) + " has a sparse gradient (an nn.Embedding(sparse=True)?), "
+                           "which Adam does not take (torch's refuses it too): use torch.optim.SparseAdam for it, or "
+                           "a dense embedding");
+}
+
 std::int64_t AdamSlots::arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
   const std::size_t bucket = book_.bucket_of(slot);
-  if (gradient.is_sparse()) {
-    std::string message = where();
-    message.append(": ").append(name_of_(slot)).append(
-        " has a sparse gradient (an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it "
-        "too): use torch.optim.SparseAdam for it, or a dense embedding");
-    throw std::runtime_error(message);
-  }
+  refuse_sparse(slot, gradient);
   if (book_.mode() == offload::UpdateMode::kInBackward && book_.updated(bucket)) return kArrivedTwice;
   copy_out(slot, shard);
   if (!book_.ready(bucket)) return -1;
@@ -186,13 +186,7 @@ bool AdamSlots::collect_late(const Tensors& grads, const Tensors& shards) {
       if (arrived) book_.drop(slot);
       continue;
     }
-    if (grads[slot].is_sparse()) {
-      std::string message = where();
-      message.append(": ").append(name_of_(slot)).append(
-          " has a sparse gradient (an nn.Embedding(sparse=True)?), which Adam does not take (torch's refuses it "
-          "too): use torch.optim.SparseAdam for it, or a dense embedding");
-      throw std::runtime_error(message);
-    }
+    refuse_sparse(slot, grads[slot]);
     if (arrived && !changed[slot]) continue;
     recopied = recopied || arrived;
     copy_out(slot, shards[slot]);
@@ -248,11 +242,9 @@ AdamSlots::Indices AdamSlots::take_written(const Indices& slots, const Tensors& 
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const Slot& slot = slots_.at(slots[i]);
     if (shards[i].numel() == slot.numel) continue;
-    std::string message = where();
-    message.append(": ").append(name_of_(slots[i])).append(" was replaced by a tensor of ");
-    message.append(std::to_string(shards[i].numel())).append(" elements where it had ");
-    message.append(std::to_string(slot.numel)).append("; make a new optimizer for parameters of a new shape");
-    throw std::invalid_argument(message);
+    throw std::invalid_argument(where() + ": " + name_of_(slots[i]) + " was replaced by a tensor of " +
+                                std::to_string(shards[i].numel()) + " elements where it had " +
+                                std::to_string(slot.numel) + "; make a new optimizer for parameters of a new shape");
   }
   const at::NoGradGuard no_grad;
   const std::vector<bool> flags = parameters_.changed(rows(slots), shards);
@@ -314,6 +306,7 @@ AdamSlots::Indices AdamSlots::submit(std::size_t bucket, const GroupOptions& opt
   b.options = options;
   Indices slots = book_.submitted(bucket);
   if (b.ticket == nullptr) book_.clear_update(bucket);  // parameters without elements: nothing to run
+  for (const std::size_t slot : slots) state_changes_.emplace_back(slot, true);
   return slots;
 }
 
@@ -343,14 +336,16 @@ void AdamSlots::write_back(std::size_t bucket, const Tensors& shards) {
   Bucket& b = buckets_[bucket];
   const at::Tensor& source = b.host->out().defined() ? b.host->out() : b.host->master();
   const Indices slots = book_.updated_slots(bucket);
-  STOWAGE_CHECK(shards.size() == slots.size(), shards.size(), " parameters written back for ", slots.size());
+  STOWAGE_CHECK(shards.size() == slots_.size(), shards.size(), " parameters for ", slots_.size(), " slots");
+  Tensors targets;
   Tensors views;
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    views.push_back(source.narrow(0, slots_[slots[i]].offset, slots_[slots[i]].numel).view(shards[i].sizes()));
+  for (const std::size_t slot : slots) {
+    targets.push_back(shards[slot]);
+    views.push_back(source.narrow(0, slots_[slot].offset, slots_[slot].numel).view(shards[slot].sizes()));
   }
-  b.returned = transfers_->write_back(shards, views);
+  b.returned = transfers_->write_back(targets, views);
   transfers_->written_back();  // the checksums below read the parameters written back
-  parameters_are(slots, shards);
+  parameters_are(slots, targets);
   clear_update(bucket);
 }
 
@@ -370,26 +365,22 @@ std::int64_t AdamSlots::first_changed_arrival(const Indices& slots, const Tensor
   return -1;
 }
 
-AdamSlots::Indices AdamSlots::roll_back() { return roll_back(book_.provisional()); }
-
-AdamSlots::Indices AdamSlots::roll_back(const Indices& buckets) {
+void AdamSlots::roll_back(const Indices& buckets) {
   const Indices provisional = book_.provisional();
   for (const std::size_t bucket : buckets) {
     STOWAGE_CHECK(std::find(provisional.begin(), provisional.end(), bucket) != provisional.end(), "bucket ", bucket,
                   " has no provisional update to undo");
   }
   for (const std::size_t bucket : buckets) wait_ended(bucket);  // (an update that threw is undone too)
-  Indices unstepped;
   for (const std::size_t bucket : buckets) {
     if (buckets_[bucket].host->restore()) {
       const std::size_t first = book_.first_slot(bucket);
       for (std::size_t slot = first; slot < first + book_.size(bucket); ++slot) {
-        if (slots_[slot].states.step.item<float>() == 0.0F) unstepped.push_back(slot);
+        if (slots_[slot].states.step.item<float>() == 0.0F) state_changes_.emplace_back(slot, false);
       }
     }
     clear_update(bucket);
   }
-  return unstepped;
 }
 
 void AdamSlots::clear_update(std::size_t bucket) {
@@ -403,6 +394,7 @@ void AdamSlots::end_step() {
     bucket.host->forget();
   }
   book_.end_step();
+  clip_ = at::Tensor();
 }
 
 void AdamSlots::discard_step() {
@@ -411,16 +403,5 @@ void AdamSlots::discard_step() {
     if (!book_.pending(bucket)) clear_update(bucket);
   }
 }
-
-AdamSlots::Indices AdamSlots::pending_slots() const {
-  Indices out;
-  for (const std::size_t bucket : book_.pending_buckets()) {
-    const std::size_t first = book_.first_slot(bucket);
-    for (std::size_t slot = first; slot < first + book_.size(bucket); ++slot) out.push_back(slot);
-  }
-  return out;
-}
-
-void AdamSlots::synchronize() { transfers_->synchronize(); }
 
 }  // namespace stowage::torch_offload

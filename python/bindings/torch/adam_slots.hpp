@@ -18,12 +18,18 @@
 // (group 0, shape [64, 24])") and come as std::invalid_argument (ValueError) or
 // std::runtime_error (RuntimeError); misuse by the caller is LogicError.
 //
-// Contract: one thread at a time (the optimizer's, under its lock). finish(), write_back(),
-// roll_back(), first_changed_arrival(), first_changed_gradient() and synchronize() wait for the
-// host update or the copies and may be called without the GIL; name_of is called only from the
-// others. Each call either does all it says or, when it throws, leaves the book as it was or
-// resumable by calling it again (Note [Whole steps]). The destructor waits for the copies still
-// using the host buffers.
+// A step() is two calls (Note [Whole steps]): prepare_step() does all that comes before the host
+// states change (the checks, the gradients and parameters taken) and, raising, leaves nothing
+// applied; the caller then updates the device share (torch's optimizer) and commit_step() runs the
+// host part (in offload/step_order.hpp's order) to its end whatever is raised in it. `at_point`,
+// called with the name of each point of a step ("update <bucket>", "write_back <bucket>", "end"),
+// is a test seam that may throw there.
+//
+// Contract: one thread at a time (the optimizer's, under its lock). Every call may wait for the
+// host update or the copies and may be made without the GIL (name_of and at_point take it back).
+// Each call either does all it says or, when it throws, leaves the book as it was or resumable by
+// calling it again (Note [Whole steps]). The destructor waits for the copies still using the host
+// buffers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +44,7 @@
 
 #include "offload/adam_buckets.hpp"
 #include "offload/slot_book.hpp"
+#include "offload/step_order.hpp"
 #include "offload/update_queue.hpp"
 #include "python/bindings/torch/content_watch.hpp"
 #include "python/bindings/torch/host_bucket.hpp"
@@ -66,8 +73,10 @@ class AdamSlots {
   using Tensors = std::vector<at::Tensor>;
   using Indices = std::vector<std::size_t>;
 
+  using Point = std::function<void(const std::string&)>;
   AdamSlots(const c10::Device& device, std::string owner, offload::UpdateMode mode, const std::vector<int>& cpus,
-            bool master_weights, std::int64_t bucket_numel, std::function<std::string(std::size_t)> name_of);
+            bool master_weights, std::int64_t bucket_numel, std::function<std::string(std::size_t)> name_of,
+            Point at_point);
   ~AdamSlots();
   AdamSlots(const AdamSlots&) = delete;
   AdamSlots& operator=(const AdamSlots&) = delete;
@@ -94,63 +103,57 @@ class AdamSlots {
   // in_backward already updated the bucket.
   static constexpr std::int64_t kArrivedTwice = -2;
   std::int64_t arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard);
-  // Per slot: whether it arrived and the gradient present now is not, byte for byte, the one
-  // copied out (dropped, or changed since by anyone; one pass over them and one sync).
-  std::vector<bool> changed_gradients(const Tensors& grads, const Tensors& shards);
-  // At step(): copies the gradients not copied out in backward, or changed since, and forgets
-  // those dropped. Returns whether an arrived gradient had to be copied again.
-  bool collect_late(const Tensors& grads, const Tensors& shards);
-  // in_backward: how many of the gradients the updates made in backward read changed since
-  // (-1: no update was made in backward).
-  std::int64_t stale_gradients(const Tensors& grads, const Tensors& shards);
-  // Check mode: after the copies, the first arrived slot whose host copy of its gradient is not
-  // bit for bit the gradient's local shard now (`shards`; -1: none). Sees what the content
-  // watch cannot: a change its checksums miss, a copy corrupted on the way out.
-  std::int64_t first_changed_gradient(const Tensors& shards);
 
   // --- parameters written by someone else ---
-  // The slots whose parameter's bytes changed since they were last written back or taken.
-  Indices written(const Indices& slots, const Tensors& shards);
-  // Those become the masters (and the outputs a delayed write-back sends); returns them.
+  // The slots whose parameter's bytes changed since they were last written back or taken become
+  // the masters (and the outputs a delayed write-back sends); returns them.
   Indices take_written(const Indices& slots, const Tensors& shards);
   // The slots' parameters as they are now are the reference.
   void parameters_are(const Indices& slots, const Tensors& shards);
 
+  // --- a step() ---
+  // What step() sees of torch: each slot's gradient and its local shard (undefined: none), each
+  // slot's parameter shard, the param groups' options, the GradScaler's scale, whether it handed
+  // over an inf check and whether that found one (the step is skipped).
+  struct StepInputs {
+    Tensors grads, grad_shards, shards;
+    std::vector<GroupOptions> groups;
+    double grad_scale = 1.0;
+    bool inf_checked = false, skip = false;
+  };
+  // What the caller warns of: the step was skipped; gradients changed after backward were copied
+  // out again; in_backward's updates made with outdated options were undone, to be made again.
+  struct Prepared {
+    bool skipped = false, recopied = false, redone = false;
+  };
+  // Before the host states change: delayed's pending update written back, parameters written
+  // since taken as masters, gradients not copied out (or changed since) copied, check mode's
+  // comparison of the gradients, the options checked. in_backward refuses (runtime_error, the
+  // step discarded) a parameter written after its bucket was updated, and gradients changed
+  // after the updates that read them. Throwing, it leaves nothing applied (provisional updates
+  // undone, the arrivals kept: step() may be called again).
+  Prepared prepare_step(const StepInputs& inputs);
+  // Each bucket's update not made yet, then (not delayed) each bucket's write-back, then the end:
+  // each part runs again where it threw and the first error is rethrown after the last. Check
+  // mode compares each parameter written back with the host's result.
+  void commit_step(const StepInputs& inputs);
+  // optimizer.clip_grad_norm_'s coefficient (a tensor, read at step()); the step's end forgets it.
+  void clip_by(const at::Tensor& coefficient);
+  // Makes states and parameters those of the last step(): provisional updates undone, delayed's
+  // pending update waited for and written back (parameters written since taken first).
+  void flush(const Tensors& shards);
+  // The slots whose state entry began (true: their first update was submitted) or went (false:
+  // an undo took their step count back to 0) since the last call, in order.
+  std::vector<std::pair<std::size_t, bool>> take_state_changes();
+
   // --- updates ---
-  // Refuses (invalid_argument) options the host states cannot take (amsgrad turned on after
-  // the states were made), before anything of a step is submitted.
-  void check_options(const std::vector<GroupOptions>& groups) const;
-  // in_backward: the provisional updates made with options other than their group's now (a
-  // scheduler stepped, or lr set, between backward and step()).
-  Indices outdated_updates(const std::vector<GroupOptions>& groups) const;
   // Queues the bucket's update when it has gradients (the gradients scaled by `grad_scale`; its
   // step counts incremented now); returns the slots updated.
   Indices submit(std::size_t bucket, const GroupOptions& options, double grad_scale);
-  // Waits for the bucket's update (Note [Bounded waits]) and rethrows what it threw.
-  void finish(std::size_t bucket);
-  void finish_pending();
-  // Waits for the update and starts writing back its slots' parameters (`shards`, in the order
-  // of book().updated_slots(bucket)).
-  void write_back(std::size_t bucket, const Tensors& shards);
-  // Check mode: after the copies, the first slot whose parameter is not bit for bit what the
-  // update made (-1: none).
-  std::int64_t first_changed_arrival(const Indices& slots, const Tensors& shards);
-  // Undoes in_backward's provisional updates (all, or those of `buckets`): waits for them to
-  // end, however they ended, and restores the states and step counts they began from. Returns
-  // the slots whose step count is back to 0.
-  Indices roll_back();
-  Indices roll_back(const Indices& buckets);
+  // Undoes in_backward's provisional updates: waits for them to end, however they ended, and
+  // restores the states and step counts they began from.
+  void roll_back() { roll_back(book_.provisional()); }
   void reset_arrivals() noexcept { book_.reset_arrivals(); }
-  // The step's updates stand; the arrivals go.
-  void end_step();
-  // A skipped step: nothing of it applied (pending updates stay).
-  void discard_step();
-  // delayed: this step's updates wait for the next step.
-  void hold_pending() { book_.hold_pending(); }
-  void clear_pending() noexcept { book_.clear_pending(); }
-  Indices pending_slots() const;
-  void written_back() { transfers_->written_back(); }
-  void synchronize();
 
  private:
   struct Slot {
@@ -169,9 +172,59 @@ class AdamSlots {
     GroupOptions options;  // its update's, while it has one
   };
 
+  // Per slot: whether it arrived and the gradient present now is not, byte for byte, the one
+  // copied out (dropped, or changed since by anyone; one pass over them and one sync).
+  std::vector<bool> changed_gradients(const Tensors& grads, const Tensors& shards);
+  // At step(): copies the gradients not copied out in backward, or changed since, and forgets
+  // those dropped. Returns whether an arrived gradient had to be copied again.
+  bool collect_late(const Tensors& grads, const Tensors& shards);
+  // in_backward: how many of the gradients the updates made in backward read changed since
+  // (-1: no update was made in backward).
+  std::int64_t stale_gradients(const Tensors& grads, const Tensors& shards);
+  // Check mode: after the copies, the first arrived slot whose host copy of its gradient is not
+  // bit for bit the gradient's local shard now (`shards`; -1: none). Sees what the content
+  // watch cannot: a change its checksums miss, a copy corrupted on the way out.
+  std::int64_t first_changed_gradient(const Tensors& shards);
+  // The slots whose parameter's bytes changed since they were last written back or taken.
+  Indices written(const Indices& slots, const Tensors& shards);
+  // Refuses (invalid_argument) options the host states cannot take (amsgrad turned on after
+  // the states were made), before anything of a step is submitted.
+  void check_options(const std::vector<GroupOptions>& groups) const;
+  // in_backward: the provisional updates made with options other than their group's now (a
+  // scheduler stepped, or lr set, between backward and step()).
+  Indices outdated_updates(const std::vector<GroupOptions>& groups) const;
+  // Waits for the bucket's update (Note [Bounded waits]) and rethrows what it threw.
+  void finish(std::size_t bucket);
+  void finish_pending();
+  // Waits for the update and starts writing back its slots' parameters (`shards`: every slot's).
+  void write_back(std::size_t bucket, const Tensors& shards);
+  // Check mode: after the copies, the first slot whose parameter is not bit for bit what the
+  // update made (-1: none).
+  std::int64_t first_changed_arrival(const Indices& slots, const Tensors& shards);
+  // Undoes the provisional updates of `buckets` (roll_back()); the slots whose step count is back
+  // to 0 lose their state entry.
+  void roll_back(const Indices& buckets);
+  // The step's updates stand; the arrivals and the clipping coefficient go.
+  void end_step();
+  // A skipped step: nothing of it applied (pending updates stay).
+  void discard_step();
   std::vector<offload::BucketPlan> plan(const Tensors& shards, const Indices& groups) const;
+  void take_parameters_for_step(const StepInputs& inputs);
+  void check_in_backward_exact(const StepInputs& inputs, double scale);
+  bool redo_outdated_updates(const StepInputs& inputs);
+  // What the step's parts do (offload/step_order.hpp): `update`, the write-backs of `shards`
+  // (their slots added to `written_slots`), the end.
+  offload::StepWork step_work(const Tensors& shards, Indices& written_slots, std::function<void(std::size_t)> update);
+  void write_back_pending(const Tensors& shards);
+  void check_gradients_copied(const Tensors& grad_shards);
+  void check_arrivals(const Indices& slots, const Tensors& shards);
+  // in_backward's refusals: the updates made undone and the step discarded, then thrown.
+  [[noreturn]] void refuse(const std::string& message);
+  double step_scale(const StepInputs& inputs) const;
   std::string where() const { return "stowage.offload." + owner_; }
   void copy_out(std::size_t slot, const at::Tensor& shard);
+  // Refuses (runtime_error, naming the parameter) a sparse gradient, as torch's Adam does.
+  void refuse_sparse(std::size_t slot, const at::Tensor& gradient) const;
   void clear_update(std::size_t bucket);
   // Waits until the bucket's update has ended (done or thrown), without taking its outcome.
   void wait_ended(std::size_t bucket);
@@ -182,6 +235,9 @@ class AdamSlots {
   bool master_weights_;
   std::int64_t bucket_numel_;
   std::function<std::string(std::size_t)> name_of_;
+  Point at_point_;
+  at::Tensor clip_;  // the step's clipping coefficient, until its end
+  std::vector<std::pair<std::size_t, bool>> state_changes_;
   offload::SlotBook book_;
   std::unique_ptr<HostStateStore> store_;
   std::unique_ptr<OptimizerTransfers> transfers_;

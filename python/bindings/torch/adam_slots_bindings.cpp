@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "python/bindings/torch/adam_slots.hpp"
@@ -112,16 +113,26 @@ py::dict host_stats(AdamSlots& self) {
   return out;
 }
 
+// A step() call (prepare_step, commit_step) taking what step() sees of torch
+// (AdamSlots::StepInputs), the GIL released while it runs.
+template <typename Call>
+auto step_call(Call call) {
+  return [call](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& grad_shards,
+                const OptionalTensors& shards, const std::vector<py::dict>& groups, double grad_scale, bool inf_checked,
+                bool skip) {
+    const AdamSlots::StepInputs inputs{defined(grads), defined(grad_shards), defined(shards), options_of(groups),
+                                       grad_scale, inf_checked, skip};
+    const py::gil_scoped_release release;
+    return call(self, inputs);
+  };
+}
+
 void bind_slot_queries(py::class_<AdamSlots>& slots) {
   slots.def("__len__", &AdamSlots::size)
       .def_property_readonly("allocated_bytes", [](AdamSlots& self) { return self.store().allocated_bytes(); })
       .def_property_readonly("bucket_count", [](const AdamSlots& self) { return self.book().bucket_count(); })
       .def("updated", [](const AdamSlots& self, std::size_t bucket) { return self.book().updated(bucket); })
-      .def("updated_slots", [](const AdamSlots& self, std::size_t b) { return self.book().updated_slots(b); })
-      .def("slots_updated", [](const AdamSlots& self, bool updated) { return self.book().slots_updated(updated); })
-      .def("any_provisional", [](const AdamSlots& self) { return !self.book().provisional().empty(); })
       .def("arrived", [](const AdamSlots& self, std::size_t slot) { return self.book().arrived(slot); })
-      .def_property_readonly("pending_buckets", [](const AdamSlots& self) { return self.book().pending_buckets(); })
       .def_property_readonly("parameters_checked",
                              [](const AdamSlots& self) { return self.book().parameters_checked(); })
       .def("host_stats", &host_stats)
@@ -137,42 +148,24 @@ namespace stowage::python {
 
 void bind_adam_slots(py::module_& module) {
   using torch_offload::AdamSlots;
-  using torch_offload::defined;
-  using torch_offload::options_of;
-  using torch_offload::OptionalTensors;
   using torch_offload::Release;
+  using torch_offload::step_call;
   py::class_<AdamSlots> slots(module, "AdamSlots",
                               "The offloaded optimizer's parameters in host memory and its step's bookkeeping "
                               "(python/bindings/torch/adam_slots.hpp)");
   slots.def(py::init([](const std::string& device, std::string owner, const std::string& update,
                         const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
-                        std::function<std::string(std::size_t)> name_of) {
+                        std::function<std::string(std::size_t)> name_of, AdamSlots::Point at_point) {
               return std::make_unique<AdamSlots>(c10::Device(device), std::move(owner),
                                                  offload::parse_update_mode(update), cpus, master_weights,
-                                                 bucket_numel, std::move(name_of));
+                                                 bucket_numel, std::move(name_of), std::move(at_point));
             }),
             py::arg("device"), py::arg("owner"), py::arg("update"), py::arg("cpus"), py::arg("master_weights"),
-            py::arg("bucket_numel"), py::arg("name_of"))
+            py::arg("bucket_numel"), py::arg("name_of"), py::arg("at_point"))
       .def("host_bytes", &AdamSlots::host_bytes, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
       .def("join", &AdamSlots::join, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
       .def("arrive", &AdamSlots::arrive, py::arg("slot"), py::arg("gradient"), py::arg("shard"), Release())
       .def("set_parameters_checked", [](AdamSlots& self) { self.book_mutable().set_parameters_checked(); })
-      .def("collect_late",
-           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
-             const py::gil_scoped_release release;
-             return self.collect_late(defined(grads), defined(shards));
-           })
-      .def("stale_gradients",
-           [](AdamSlots& self, const OptionalTensors& grads, const OptionalTensors& shards) {
-             const py::gil_scoped_release release;
-             return self.stale_gradients(defined(grads), defined(shards));
-           })
-      .def("first_changed_gradient",
-           [](AdamSlots& self, const OptionalTensors& shards) {
-             const py::gil_scoped_release release;
-             return self.first_changed_gradient(defined(shards));
-           })
-      .def("written", &AdamSlots::written, py::arg("slots"), py::arg("shards"), Release())
       .def("take_written", &AdamSlots::take_written, py::arg("slots"), py::arg("shards"), Release())
       .def("parameters_are", &AdamSlots::parameters_are, py::arg("slots"), py::arg("shards"), Release())
       .def("submit",
@@ -180,29 +173,18 @@ void bind_adam_slots(py::module_& module) {
              return self.submit(bucket, torch_offload::options_of(group), scale);
            },
            py::arg("bucket"), py::arg("group"), py::arg("grad_scale"))
-      .def("check_options",
-           [](const AdamSlots& self, const std::vector<py::dict>& groups) { self.check_options(options_of(groups)); },
-           py::arg("groups"))
-      .def("outdated_updates",
-           [](const AdamSlots& self, const std::vector<py::dict>& groups) {
-             return self.outdated_updates(options_of(groups));
-           },
-           py::arg("groups"))
       .def("group_of", &AdamSlots::group_of, py::arg("bucket"))
-      .def("finish_pending", &AdamSlots::finish_pending, Release())
-      .def("write_back", &AdamSlots::write_back, py::arg("bucket"), py::arg("shards"), Release())
-      .def("first_changed_arrival", &AdamSlots::first_changed_arrival, py::arg("slots"), py::arg("shards"), Release())
+      .def("prepare_step", step_call([](AdamSlots& self, const AdamSlots::StepInputs& inputs) {
+             const AdamSlots::Prepared prepared = self.prepare_step(inputs);
+             return std::make_tuple(prepared.skipped, prepared.recopied, prepared.redone);
+           }))
+      .def("commit_step",
+           step_call([](AdamSlots& self, const AdamSlots::StepInputs& inputs) { self.commit_step(inputs); }))
+      .def("clip_by", &AdamSlots::clip_by, py::arg("coefficient"))
+      .def("flush", &AdamSlots::flush, py::arg("shards"), Release())
+      .def("take_state_changes", &AdamSlots::take_state_changes)
       .def("roll_back", py::overload_cast<>(&AdamSlots::roll_back), Release())
-      .def("roll_back_buckets", py::overload_cast<const AdamSlots::Indices&>(&AdamSlots::roll_back),
-           py::arg("buckets"), Release())
-      .def("reset_arrivals", &AdamSlots::reset_arrivals)
-      .def("end_step", &AdamSlots::end_step)
-      .def("discard_step", &AdamSlots::discard_step)
-      .def("hold_pending", &AdamSlots::hold_pending)
-      .def("clear_pending", &AdamSlots::clear_pending)
-      .def("pending_slots", &AdamSlots::pending_slots)
-      .def("written_back", &AdamSlots::written_back, Release())
-      .def("synchronize", &AdamSlots::synchronize, Release());
+      .def("reset_arrivals", &AdamSlots::reset_arrivals);
   torch_offload::bind_slot_queries(slots);
 }
 

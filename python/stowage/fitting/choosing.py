@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from stowage import _core
 from stowage.fitting.trial import without_recompute
-from stowage.offload.adam_buckets import kept_on_device
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
+from stowage.serving import torch_module
 
 FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
 TIE = 0.03
@@ -114,7 +114,7 @@ def weigh(traces: StepTraces, memory: Any, host: Any, rates: Any, *, rows: int, 
     that does not divide the rows: more than their rows' share). ``not_recomputed``: checkpoint
     regions whose tensors are kept or offloaded."""
     fractions = FRACTIONS if can_offload else (1.0,)
-    shares = [(fraction, kept_on_device(memory.numels, fraction)) for fraction in fractions]
+    shares = [(fraction, torch_module().kept_on_device(memory.numels, fraction)) for fraction in fractions]
     native = traces.native.without_recompute(set(not_recomputed))
     weighed = _core.weigh_fit(native, memory, host, rates, shares, _core.ShareSearch(rows, micro_rows, smallest,
                               EXTRA_CUTS), micro_count, foreach, reserve)

@@ -29,7 +29,6 @@ from stowage.fitting.update_rates import measure_rates
 from stowage.byte_counts import byte_count
 from stowage.serving import device_index, memory_cap, serves, torch_module
 from stowage.offload.adam import Adam, AdamW
-from stowage.offload.adam_buckets import bytes_per_parameter
 from stowage.offload.host_memory import host_room
 from stowage.offload.sharded import local
 from stowage.plan.sizes import StepsDiffer, grid_points
@@ -230,7 +229,7 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     one gradient staging buffer), and the room the process has there (a _core.FitHost)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
-    per_parameter = max((bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
+    per_parameter = max((torch_module().bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
     room = host_room(None if host_budget is None else byte_count(host_budget, "stowage.fit: host_budget"))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
     return _core.FitHost(per_parameter, room.available_bytes, limited_by)

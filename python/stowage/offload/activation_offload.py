@@ -1,28 +1,6 @@
-"""Activation offload: tensors saved for backward go to pinned host memory during forward and
-come back ahead of backward, on copy streams of their own.
-
-    import stowage
-
-    with stowage.offload.activations() as report:
-        loss = model(batch)          # saved tensors are offloaded as forward goes
-    loss.backward()                  # and brought back, in reverse order, ahead of use
-    stowage.offload.end_step()       # between steps (or stowage.mark_step(), which calls it)
-    print(report)
-
-On a GPU the copies overlap compute and nothing waits on the host: an offload starts once its
-producer is done, its device memory is freed when the copy completes, and backward's compute
-waits on an event for each buffer it uses. In CPU mode (``stowage.enable(device="cpu", ...)``) the
-same engine runs on the simulated device, its link as fast as ``copy_bandwidth``.
-
-What is not offloaded (Note [Parameters are not offloaded] in the C++ sources): storages under
-``min_bytes``; parameters, buffers and their views and autocast casts (decided by storage and
-autograd history, so ``weight.t()`` and bf16 casts stay); tensors inside modules given in
-``exclude``. A storage saved several times, or through several views, is offloaded once. Used around
-a model whose blocks run under ``torch.utils.checkpoint``, only the checkpoints' inputs are saved,
-so only they are offloaded. A model compiled as a whole (``torch.compile(model)``) gets no benefit:
-torch hands a compiled region's saved tensors to the hooks only after its forward and takes them
-all back at the start of its backward; compile each block instead.
-"""
+"""Activation offload (``stowage.offload.activations``): tensors saved for backward go to pinned
+host memory during forward and come back ahead of backward. What is offloaded and what is not, and
+how the copies overlap compute: README's "Offloading activations"."""
 
 from __future__ import annotations
 
@@ -153,7 +131,7 @@ class activations:
         if self._depth == 0:
             self._top_level.append(module)
             if checking.enabled():
-                self._names.update({id(m): n or type(module).__name__ for n, m in module.named_modules()})
+                self._names.update(step_context.module_paths(module))
         self._depth += 1
         if id(module) not in self._registered:
             self._registered.add(id(module))

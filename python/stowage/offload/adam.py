@@ -1,78 +1,13 @@
 """stowage.offload.Adam and stowage.offload.AdamW: torch.optim.Adam and torch.optim.AdamW with
-their fp32 master weights and moments in host memory, updated on the CPU while the GPU goes on.
-
-    optimizer = stowage.offload.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    for batch in data:
-        loss_of(model, batch).backward()   # gradients are copied out as they become final
-        optimizer.step()                   # the host update; parameters stream back
-        optimizer.zero_grad()
-
-Each gradient is copied to pinned host memory as soon as it is final (grouped in buckets); the
-update runs in one pass over the host states (the C++ kernel, torch's update with every option:
-Adam's L2 penalty or AdamW's decoupled decay, ``maximize``, ``amsgrad``); updated parameters
-stream back on a copy stream. The states are those torch's optimizer would keep: fp32 for fp32
-parameters, the parameter's own precision for bf16 and fp16 ones (torch's Adam keeps bf16
-moments for a bf16 parameter). ``master_weights=True`` keeps fp32 masters and moments for bf16 /
-fp16 parameters instead (the mixed-precision recipe, 16 host bytes a parameter instead of 8):
-more exact than torch's optimizer on those parameters, so not what it computes.
-
-What torch's optimizer would do, this one does (Note [Offloaded optimizer semantics]):
-- a parameter is updated if and only if its ``.grad`` is not None at step(); frozen parameters
-  (``requires_grad=False``) take no hook and no host memory until they have a gradient, then join;
-- the gradient used is the one present at step(), whoever changed it: a gradient is copied out
-  once every post-accumulate hook of its parameter has run (those registered after the
-  optimizer's included), and one replaced (``p.grad = ...``) or written after that (clipping,
-  unscaling, ``p.grad.data.clamp_()``) is copied again (its bytes are compared with a checksum
-  taken as it was copied; check mode compares them bit for bit);
-- the options used are the param group's at step() (a scheduler stepped, or lr set, after
-  backward);
-- a write to a parameter between steps wins, ``p.data.clamp_()`` and ``p.data.copy_()`` included
-  (they leave no trace in the version counter: the parameters' bytes are compared on the device,
-  python/bindings/torch/content_watch.hpp), and the write becomes the master weights;
-- a backward that raises leaves nothing applied; sparse gradients and bad state_dicts are refused
-  at first sight, naming the parameter or the field;
-- a step() is all or nothing (Note [Whole steps]): Ctrl-C is acted on once the step is whole, and an
-  error leaves parameters and states both as before the step or both as after it.
-
-When the update runs (``update=``):
-- ``"exact"`` (default): in step(), once gradient clipping and the GradScaler's inf check are
-  known, bucket after bucket, each bucket's write-back overlapping the next one's update. The
-  copies out overlap backward; the update itself does not (it adds its time to the step).
-- ``"in_backward"``: a bucket is updated as soon as its gradients have arrived, hidden behind
-  the rest of backward; the update is provisional until step() (zero_grad() without step(), or a
-  backward that raises, undoes it: host copies of the states, 12-16 bytes a parameter). Exact
-  only when nothing changes the gradients after backward: step() raises if a GradScaler,
-  ``clip_grad_norm_`` or anything else did, or replaced or dropped one; and a second backward
-  before step() is refused unless its micro-batches are marked (``accumulating()``). Options
-  changed between backward and step() (a scheduler's step) are honoured: the updates made with
-  the old ones are undone and made again in step() (warned once: that work is done twice).
-- ``"delayed"``: step() hands this step's update to the host and returns; its parameters are
-  written back at the next step(), so forward and backward run on parameters one update behind
-  (ZeRO-Offload's delayed parameter update): hides the update fully, and changes the numerics.
-  A write to parameters between steps replaces their masters, and the update still pending for
-  them is dropped (their moments keep it).
-
-Gradient accumulation: run the micro-batches before the last inside ``optimizer.accumulating()``
-(gradients are not final there, so nothing is copied); unmarked, ``"exact"`` copies them again
-at step(). Under DDP, call ``optimizer.attach(ddp)``: the gradients are then taken after DDP's
-all-reduce, and DDP's own ``no_sync()`` marks the micro-batches. Under FSDP2 (``fully_shard``)
-nothing is needed: FSDP2 calls the hooks after each reduce-scatter, and each rank holds and
-updates only its shards (states are DTensors in state_dict, sharded like the parameters).
-Clipping: ``optimizer.clip_grad_norm_(max_norm)`` folds the coefficient into the update;
-``torch.nn.utils.clip_grad_norm_`` also works, at the cost of copying every gradient again in
-step(). A GradScaler's inf check skips the step with nothing applied.
-
-``device_fraction``: the share of parameters (by count; the first ones, whose gradients arrive
-last in backward) whose states stay on the device, updated there by torch's own optimizer with
-the options given (bitwise torch's). ``state_dict()`` is torch's format; with master_weights,
-parameters that are not fp32 add their fp32 masters under ``"master"``. Not supported:
-``differentiable=True``, parameters on several devices.
-"""
+their states in host memory, updated on the CPU while the GPU goes on. What they do as torch's
+would, the update modes, accumulation, DDP, FSDP2, clipping and what they refuse: README's
+"Offloading the optimizer"; the bookkeeping's rules: Note [Offloaded optimizer semantics]
+(offload/slot_book.hpp) and Note [Whole steps]."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import signal
 import threading
 import warnings
 from typing import Any, Callable, Iterable, Iterator
@@ -82,14 +17,38 @@ import torch
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
-from stowage.offload.adam_buckets import DEFAULT_BUCKET_NUMEL, kept_on_device
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.host_memory import check_host_room
 from stowage.offload.sharded import is_sharded, local, shaped_like
-from stowage.offload.whole_steps import interrupts_held, run_whole
 from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
+DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C is acted on when the block ends, not inside it (Note [Whole steps]): on the main
+    thread Python's SIGINT handler is replaced by one that only notes the signal, and the thread's
+    waits outlast it (the C++ InterruptHold; their deadlines still end them). When the block ends
+    the handler is put back and, if the signal came, called: the default raises KeyboardInterrupt
+    there, once the block's work is whole (and ahead of any error the block raised, which it then
+    carries as its context)."""
+    noted: list[tuple[int, Any]] = []
+    previous: Callable[[int, Any], Any] | None = None
+    if threading.current_thread() is threading.main_thread():
+        current = signal.getsignal(signal.SIGINT)
+        if callable(current):  # (not SIG_DFL or SIG_IGN, nor a handler installed outside Python)
+            previous = current
+            signal.signal(signal.SIGINT, lambda signum, frame: noted.append((signum, frame)))
+    try:
+        with torch_module().InterruptHold():
+            yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if noted:
+                previous(*noted[0])
 
 
 class Adam(torch.optim.Optimizer):
@@ -139,7 +98,7 @@ class Adam(torch.optim.Optimizer):
         self._device_optimizer = self._make_device_optimizer(kept)
         self._slots = torch_module().AdamSlots(
             str(self._device), type(self).__name__, update, torch_module().cpus_near(self._store_bus_id() or ""),
-            self.master_weights, bucket_numel, weak_method(self._slot_name))
+            self.master_weights, bucket_numel, weak_method(self._slot_name), weak_method(self._at_point))
         self._params: list[torch.Tensor] = []  # by slot number
         self._index: dict[torch.Tensor, int] = {}  # slot number by parameter
         self._groups: list[dict[str, Any]] = []  # by the group numbers the slots hold
@@ -148,10 +107,9 @@ class Adam(torch.optim.Optimizer):
         self._hook_ids: dict[torch.Tensor, int] = {}  # our post-accumulate hook's, by parameter
         self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
         checking.apply()
-        self._lock = threading.Lock()  # DDP's hook callbacks may run on the process group's threads
+        self._lock = threading.RLock()  # DDP's hook callbacks may run on the process group's threads
         self._accumulating = 0
         self._ddp_attached = False
-        self._clip_coefficient: torch.Tensor | None = None
         self._deferred: torch.Tensor | None = None  # the parameter whose later hooks may still run
         self._warned_recopy = False
         self._warned_clip = False
@@ -186,9 +144,9 @@ class Adam(torch.optim.Optimizer):
     def _split_by_fraction(self, fraction: float) -> tuple[list[tuple[torch.Tensor, dict[str, Any]]],
                                                            list[tuple[torch.Tensor, dict[str, Any]]]]:
         """(offloaded, kept on the device): the first parameters up to `fraction` of the count stay
-        (adam_buckets.kept_on_device, which fit's accounting uses too)."""
+        (offload/adam_buckets.hpp's kept_on_device, which fit's accounting uses too)."""
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
-        kept = kept_on_device([p.numel() for p, _ in pairs], fraction)
+        kept = torch_module().kept_on_device([p.numel() for p, _ in pairs], fraction)
         return pairs[kept:], pairs[:kept]
 
     def _make_device_optimizer(self, kept: list[tuple[torch.Tensor, dict[str, Any]]]) -> torch.optim.Optimizer | None:
@@ -243,23 +201,26 @@ class Adam(torch.optim.Optimizer):
         self._join([(p, g) for p, g in self._waiting if p.grad is not None])
 
     def _slot_name(self, index: int) -> str:
-        """'parameter 3 (group 0, shape [64, 24])'"""
-        return torch_module().describe_parameter(self.param_groups, self._params[index])
-
-    def _checked_name(self, index: int) -> str:
-        """The slot's name in check mode's messages: its path in the model first, where known."""
-        name = checking.parameter_name(self._params[index])
-        return f"parameter {name!r}, {self._slot_name(index)}" if name else self._slot_name(index)
+        """'parameter 3 (group 0, shape [64, 24])', after its path in the model where check mode
+        knows it ("parameter 'blocks.0.attn.q.weight', parameter 3 (...)")."""
+        name = torch_module().describe_parameter(self.param_groups, self._params[index])
+        path = checking.parameter_name(self._params[index])
+        return f"parameter {path!r}, {name}" if path else name
 
     def _shards(self, slots: Iterable[int] | None = None) -> list[torch.Tensor]:
         """The local shards (FSDP2) of the slots' parameters as they are now (all by default)."""
         params = self._params if slots is None else [self._params[i] for i in slots]
         return [local(p) for p in params]
 
-    def _gradients(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """Each slot's gradient now, and its local shard."""
-        grads = [p.grad for p in self._params]
-        return grads, [None if g is None else local(g) for g in grads]
+    def _sync_states(self) -> None:
+        """self.state follows the slots: an entry (views of the host states, made once) from a
+        slot's first update, none once an undo took its step count back to 0."""
+        for index, has_state in self._slots.take_state_changes():
+            param = self._params[index]
+            if not has_state:
+                self.state.pop(param, None)
+            elif param not in self.state:
+                self.state[param] = self._slots.state_entry(index)
 
     # --- gradients as they become final -------------------------------------------------------
 
@@ -311,7 +272,7 @@ class Adam(torch.optim.Optimizer):
         with self._lock:
             ready = self._slots.arrive(index, gradient, local(gradient))
             if ready == -2:  # in_backward: its bucket was already updated from the first
-                self._roll_back()
+                self._undo_provisional()
                 raise RuntimeError(
                     f"stowage.offload.{type(self).__name__}(update='in_backward'): a gradient arrived twice in one "
                     "step, and its bucket was already updated from the first: a second backward before step() "
@@ -322,7 +283,8 @@ class Adam(torch.optim.Optimizer):
                     self._slots.set_parameters_checked()
                     self._take_written_parameters(range(len(self._params)))
                 if ready >= 0:
-                    self._submit(ready, 1.0)
+                    self._slots.submit(ready, self._groups[self._slots.group_of(ready)], 1.0)
+                    self._sync_states()
 
     def _backward_ended(self) -> None:
         """Every hook has run: the gradient whose copy waited for its hooks is final."""
@@ -335,7 +297,7 @@ class Adam(torch.optim.Optimizer):
         it may count."""
         self._deferred = None
         with self._lock:
-            self._roll_back()
+            self._undo_provisional()
             self._slots.reset_arrivals()
 
     # --- parameters written by someone else ---------------------------------------------------
@@ -365,7 +327,7 @@ class Adam(torch.optim.Optimizer):
         kept = [local(p.grad) for p in self._device_parameters() if p.grad is not None]
         if kept:
             torch._foreach_mul_(kept, coefficient.to(kept[0].device))
-        self._clip_coefficient = coefficient if self._clip_coefficient is None else self._clip_coefficient * coefficient
+        self._slots.clip_by(coefficient)
         return total
 
     def _clip_in_backward(self) -> None:
@@ -384,19 +346,6 @@ class Adam(torch.optim.Optimizer):
             return []
         return [p for g in self._device_optimizer.param_groups for p in g["params"]]
 
-    def _gradient_scale(self) -> tuple[float, bool]:
-        """(the factor the host update applies to the gradients, whether to skip the step)."""
-        found_inf = getattr(self, "found_inf", None)
-        if found_inf is not None and float(found_inf) > 0:
-            return 1.0, True
-        scale = 1.0
-        grad_scale = getattr(self, "grad_scale", None)
-        if grad_scale is not None:
-            scale /= float(grad_scale)
-        if self._clip_coefficient is not None:
-            scale *= float(self._clip_coefficient)
-        return scale, False
-
     # --- the step (Note [Whole steps]: all or nothing) -----------------------------------------
 
     @torch.no_grad()
@@ -407,116 +356,62 @@ class Adam(torch.optim.Optimizer):
                 loss = closure()
         with interrupts_held():  # Ctrl-C is acted on once the step is whole
             self._deferred = None  # (not copied in backward: collected below as any late gradient)
-            scale = self._prepare_step()
-            if scale is not None:
-                self._commit_step(scale)
+            try:
+                if not self._prepare_step():
+                    return loss
+            finally:
+                self._sync_states()
+            try:
+                with self._lock:
+                    self._slots.commit_step(*self._step_inputs())
+            finally:
+                self._sync_states()
+                self._backward_end.disarm()
         return loss
 
-    def _prepare_step(self) -> float | None:
-        """What comes before the host states change: the checks, the gradients and parameters
-        taken, and last the states kept on the device updated by torch's optimizer. Returns the
-        gradients' scale (None: the step is skipped). An error here leaves nothing of the step
-        applied on the host (in_backward's provisional updates undone, the arrivals kept: step()
-        may be called again)."""
+    def _step_inputs(self) -> tuple[Any, ...]:
+        """What the slots' step takes of torch (AdamSlots::StepInputs): the gradients, their and
+        the parameters' local shards, the param groups, the GradScaler's scale and inf check."""
+        grads = [p.grad for p in self._params]
+        found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
+        return (grads, [None if g is None else local(g) for g in grads], self._shards(), self._groups,
+                1.0 if grad_scale is None else float(grad_scale), found_inf is not None,
+                found_inf is not None and float(found_inf) > 0)
+
+    def _prepare_step(self) -> bool:
+        """What comes before the host states change (AdamSlots::prepare_step), then the states
+        kept on the device updated by torch's optimizer; False: the step is skipped. An error
+        leaves nothing applied (provisional updates undone, the arrivals kept)."""
         try:
             self._join_waiting()
-            scale, skip = self._gradient_scale()
-            if self.update_mode == "delayed":
-                self._slots.finish_pending()
-            self._take_parameters_for_step()
-            if self.update_mode == "in_backward":
-                self._check_in_backward_exact(scale)
-                self._redo_outdated_updates()
-            if self.update_mode == "delayed":
-                self._write_back_pending()
-            if skip:
-                self._discard_step()
-                return None
-            self._collect_gradients()
-            self._slots.check_options(self._groups)
+            with self._lock:
+                skipped, recopied, redone = self._slots.prepare_step(*self._step_inputs())
+            if redone and not self._warned_options:
+                self._warned_options = True
+                warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): a param group's options "
+                              "(lr, betas, ...) changed between backward and step(), so step() undoes the updates "
+                              "made during backward with the old ones and makes them again; change them after "
+                              "step() (a scheduler's step() included) to keep the overlap.", stacklevel=outside_stowage())
+            if skipped:
+                self._backward_end.disarm()
+                return False
+            if recopied and not self._warned_recopy:
+                self._warned_recopy = True
+                warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
+                              "or unscaling through torch?), so step() copies them out again. "
+                              "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
             self._at_point("device")
             self._step_on_device()
         except BaseException:
-            self._undo_provisional()  # the arrivals stay: step() may be called again
+            self._undo_provisional()
             raise
-        return scale
-
-    def _commit_step(self, scale: float) -> None:
-        """The host part, finished whatever is raised in it (the first error raised after):
-        each bucket's update, then (not delayed) each bucket's write-back, then the end."""
-        buckets = range(self._slots.bucket_count)
-        written: list[int] = []
-        parts: list[Callable[[], None]] = [functools.partial(self._submit_for_step, b, scale) for b in buckets]
-        if self.update_mode != "delayed":
-            parts += [functools.partial(self._write_back_for_step, b, written) for b in buckets]
-        parts.append(self._finish_step)
-        run_whole(parts)
-        self._check_arrivals(written)
+        return True
 
     def _at_point(self, name: str) -> None:
+        """The test seam: `_at_step_point`, where set, is called with the name of each point of
+        step() (Note [Whole steps]: "device", "update <bucket>", "write_back <bucket>", "end")."""
         if self._at_step_point is not None:
             self._at_step_point(name)
-
-    def _submit_for_step(self, bucket: int, scale: float) -> None:
-        self._at_point(f"update {bucket}")
-        with self._lock:
-            if not self._slots.updated(bucket):
-                self._submit(bucket, scale)
-
-    def _write_back_for_step(self, bucket: int, written: list[int]) -> None:
-        self._at_point(f"write_back {bucket}")
-        written += self._write_back(bucket)
-
-    def _finish_step(self) -> None:
-        self._at_point("end")
-        if self.update_mode == "delayed":
-            self._slots.hold_pending()
-        else:
-            self._slots.written_back()
-        self._end_step()
-
-    def _undo_provisional(self) -> None:
-        """in_backward's updates made during a backward whose step() has not come are undone."""
-        with self._lock:
-            if self._slots.any_provisional():
-                self._roll_back()
-
-    def _take_parameters_for_step(self) -> None:
-        """Written parameters become masters before this step's updates read them. In_backward,
-        a bucket already updated cannot take a write made after its update: refused."""
-        slots: Iterable[int] = range(len(self._params))
-        if self.update_mode == "in_backward":
-            updated = self._slots.slots_updated(True)
-            late = self._slots.written(updated, self._shards(updated))
-            if late:
-                self._roll_back()
-                self._discard_step()
-                raise RuntimeError(
-                    f"stowage.offload.{type(self).__name__}(update='in_backward'): {self._slot_name(late[0])} was "
-                    "written after backward updated it, before step(); that update does not see the write. Write "
-                    "parameters after step() (or before backward), or use update='exact'. Nothing was applied.")
-            slots = self._slots.slots_updated(False)
-        self._take_written_parameters(slots)
-
-    def _collect_gradients(self) -> None:
-        """The gradients present now are the step's: those not copied out yet, or changed since
-        they were (by a hook, clipping, a write), are copied; in check mode every one copied is
-        compared, bit for bit, with the gradient present."""
-        grads, shards = self._gradients()
-        if self._slots.collect_late(grads, shards) and not self._warned_recopy:
-            self._warned_recopy = True
-            warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
-                          "or unscaling through torch?), so step() copies them out again. "
-                          "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
-        if not checking.enabled():
-            return
-        index = self._slots.first_changed_gradient(shards)
-        if index >= 0:
-            raise RuntimeError(
-                f"stowage check: the gradient of {self._checked_name(index)} "
-                f"copied out at step {checking.step()} is not, bit for bit, the gradient present at step(): it "
-                "was changed in a way the content watch did not see, or the copy out corrupted it. Nothing of "
-                "the step was applied.")
 
     def _step_on_device(self) -> None:
         inner = self._device_optimizer
@@ -533,100 +428,13 @@ class Adam(torch.optim.Optimizer):
             for name in ("grad_scale", "found_inf"):
                 if hasattr(inner, name):
                     delattr(inner, name)
-        for param in self._device_parameters():
-            if param in inner.state:
-                self.state[param] = inner.state[param]
+        self.state.update({p: inner.state[p] for p in self._device_parameters() if p in inner.state})
 
-    def _check_in_backward_exact(self, scale: float) -> None:
-        """Buckets updated during backward took the gradients as they were copied out, unscaled:
-        refused (nothing applied) when the step needs something else of them."""
-        stale = self._slots.stale_gradients(*self._gradients())
-        if stale < 0:
-            return  # nothing ran ahead: step() updates every bucket as "exact" would
-        if scale != 1.0 or getattr(self, "found_inf", None) is not None or stale:
-            self._roll_back()
-            self._discard_step()
-            raise RuntimeError(
-                f"stowage.offload.{type(self).__name__}(update='in_backward') already updated from the gradients as "
-                "backward left them, but they were changed afterwards (a GradScaler, clipping through torch, or "
-                f"{stale} gradients replaced, dropped or written after backward): that update does not match "
-                "them. Use update='exact' (the default) with loss scaling or gradient edits, or clip with "
-                "optimizer.clip_grad_norm_(). Nothing was applied.")
-
-    def _redo_outdated_updates(self) -> None:
-        """in_backward: updates made during backward with options their param group no longer has
-        (a scheduler stepped, or lr set, between backward and step()) are undone, and step() makes
-        them again with the options it finds, as "exact" would (the work backward did is done
-        again: step the scheduler after step(), or use update='exact')."""
-        with self._lock:
-            outdated = self._slots.outdated_updates(self._groups)
-            if not outdated:
-                return
-            for index in self._slots.roll_back_buckets(outdated):
-                self.state.pop(self._params[index], None)
-        if not self._warned_options:
-            self._warned_options = True
-            warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): a param group's options "
-                          "(lr, betas, ...) changed between backward and step(), so step() undoes the updates "
-                          "made during backward with the old ones and makes them again; change them after step() "
-                          "(a scheduler's step() included) to keep the overlap.", stacklevel=outside_stowage())
-
-    def _submit(self, bucket: int, scale: float) -> None:
-        """Queues `bucket`'s host update (its step counts incremented, the update's runs and, in_backward,
-        its undo copies made in C++)."""
-        self._add_state_entries(self._slots.submit(bucket, self._groups[self._slots.group_of(bucket)], scale))
-
-    def _add_state_entries(self, slots: list[int]) -> None:
-        for index in slots:
-            if self._params[index] not in self.state:  # the entry's views, made once
-                self.state[self._params[index]] = self._slots.state_entry(index)
-
-    def _write_back(self, bucket: int) -> list[int]:
-        """Waits for `bucket`'s update and starts writing its parameters back; returns its slots
-        (none when it has no update: written back already, or none made)."""
-        if not self._slots.updated(bucket):
-            return []
-        slots = self._slots.updated_slots(bucket)
-        self._slots.write_back(bucket, self._shards(slots))
-        return slots
-
-    def _check_arrivals(self, slots: list[int]) -> None:
-        """Check mode: each parameter written back is, bit for bit, what the host update made."""
-        if not checking.enabled() or not slots:
-            return
-        index = self._slots.first_changed_arrival(slots, self._shards(slots))
-        if index < 0:
-            return
-        raise RuntimeError(
-            f"stowage check: {self._checked_name(index)}, arrived changed "
-            f"at step {checking.step()}: its bytes on the device differ from the host update's. The copy back "
-            "(the link, or host memory) corrupted it; the step was finished and its update stands on the host.")
-
-    def _write_back_pending(self) -> None:
-        """delayed: the last step's updates written back, whole."""
-        written: list[int] = []
-        run_whole([functools.partial(self._write_back_for_step, b, written) for b in self._slots.pending_buckets])
-        self._slots.clear_pending()
-        self._slots.written_back()
-        self._check_arrivals(written)
-
-    def _roll_back(self) -> None:
-        """Undoes the provisional (in_backward) updates of this step: waits for them, restores
-        the states and step counts they changed."""
-        with interrupts_held():
-            for index in self._slots.roll_back():
-                self.state.pop(self._params[index], None)
-
-    def _discard_step(self) -> None:
-        """Forgets this step's gradients (a skipped step): nothing was applied."""
-        self._slots.discard_step()
-        self._clip_coefficient = None
-        self._backward_end.disarm()
-
-    def _end_step(self) -> None:
-        self._slots.end_step()
-        self._clip_coefficient = None
-        self._backward_end.disarm()
+    def _undo_provisional(self) -> None:
+        """in_backward's updates made during a backward whose step() has not come are undone."""
+        with self._lock, interrupts_held():
+            self._slots.roll_back()
+            self._sync_states()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
@@ -646,12 +454,11 @@ class Adam(torch.optim.Optimizer):
         step() has not come are undone (step() makes them again), so that a state_dict taken
         between backward and step() (a KeyboardInterrupt's handler) pairs the states with the
         parameters they belong to."""
-        with interrupts_held():
-            self._undo_provisional()
-            self._slots.finish_pending()
-            self._take_written_parameters(self._slots.pending_slots())
-            self._write_back_pending()
-            self._slots.synchronize()
+        with self._lock, interrupts_held():
+            try:
+                self._slots.flush(self._shards())
+            finally:
+                self._sync_states()
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
@@ -683,9 +490,8 @@ class Adam(torch.optim.Optimizer):
         if self._device_optimizer is not None:
             inner_state = torch_module().split_device_state(self._device_optimizer.param_groups, by_param)
             self._device_optimizer.load_state_dict(inner_state)
-            for param in self._device_parameters():
-                if param in self._device_optimizer.state:
-                    self.state[param] = self._device_optimizer.state[param]
+            inner = self._device_optimizer.state
+            self.state.update({p: inner[p] for p in self._device_parameters() if p in inner})
 
     def host_stats(self) -> dict[str, Any]:
         """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the whole
@@ -703,18 +509,12 @@ class Adam(torch.optim.Optimizer):
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW (decoupled weight decay) with host-resident states; see stowage.offload.adam."""
+    """torch.optim.AdamW (decoupled weight decay) with host-resident states: Adam's keyword
+    options (update=, device_fraction=, ...), torch's AdamW defaults."""
 
     _torch_class = torch.optim.AdamW
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 amsgrad: bool = False, *, foreach: bool | None = None, maximize: bool = False,
-                 capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
-                 update: str = "exact", device_fraction: float = 0.0, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 host_memory_limit: int | str | None = None, master_weights: bool = False) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
-                         capturable=capturable, differentiable=differentiable, fused=fused,
-                         decoupled_weight_decay=True, update=update, device_fraction=device_fraction,
-                         bucket_numel=bucket_numel, host_memory_limit=host_memory_limit,
-                         master_weights=master_weights)
+                 amsgrad: bool = False, **options: Any) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, decoupled_weight_decay=True, **options)

@@ -6,13 +6,11 @@ the buffers of its saved tensors, and the storages it must never offload), and i
 saved-tensor hooks: each tensor autograd saves goes to the region's ``place(tensor)``, which
 returns ``offloader.pack(tensor, module_path)`` (offloaded to host memory) or ``keep(tensor)`` (kept on
 the device, detached, its version checked at unpack as torch checks its own); unpacking is the
-offloader's (through the step context's SavedTensorRegion). What a region decides, and how it follows modules, is its own: activations offloads by
-size outside excluded modules, a plan by its decisions. Backward reads an offloaded storage still
-alive in place, and as the region ends the offloaded storages someone else still holds stay on the
-device for it: a write through ``.data`` or another alias after forward is seen as torch's own
-saved tensor sees it (Note [Saved tensors written through an alias] in
-python/bindings/torch/saved_storage.hpp). Each calls ``forward_ended()`` as its outermost module's
-forward returns (check mode then watches what someone else holds).
+offloader's (through the step context's SavedTensorRegion). What a region decides, and how it
+follows modules, is its own. What happens to storages written through an alias: README's
+"Offloading activations" and Note [Saved tensors written through an alias]
+(python/bindings/torch/saved_storage.hpp). Each calls ``forward_ended()`` as its outermost
+module's forward returns (check mode then watches what someone else holds).
 
 Contract: entered and exited once, on the thread that runs the step; the buffers outlive the
 region (the tensors that hold them keep them), its tables do not.

@@ -6,8 +6,8 @@ happens. No seam in stowage is needed, so the same interruption reaches any vers
 
     with CtrlC(at_line=40) as ctrl_c:      # the 40th line stowage's code runs from here
         optimizer.step()
-    with CtrlC(in_function="_write_back"):  # the first line of the first call of _write_back
-        optimizer.step()
+    with CtrlC(in_function="_at_point", argument="write_back"):  # the first line of the first
+        optimizer.step()                     # call of _at_point with an argument "write_back..."
     CtrlC().lines                           # (at_line=0: counts the lines, sends nothing)
 
 Contract: main thread only (Python runs signal handlers there); one signal at most. Python's own
@@ -34,8 +34,8 @@ class CtrlC:
     """A context sending SIGINT once at the chosen line (see the module's documentation); `lines`
     and `sent_at` say how many lines ran and where the signal went."""
 
-    def __init__(self, at_line: int = 0, in_function: str | None = None) -> None:
-        self.at_line, self.in_function = at_line, in_function
+    def __init__(self, at_line: int = 0, in_function: str | None = None, argument: str | None = None) -> None:
+        self.at_line, self.in_function, self.argument = at_line, in_function, argument
         self.lines = 0  # lines of stowage's code run so far
         self.sent_at: tuple[str, int] | None = None  # (function, line) where SIGINT was sent
         self._previous: Any = None
@@ -68,7 +68,12 @@ class CtrlC:
         if event != "line" or self.sent_at is not None:
             return self._line
         self.lines += 1
-        if self.lines == self.at_line or frame.f_code.co_name == self.in_function:
+        if self.lines == self.at_line or (frame.f_code.co_name == self.in_function and self._called_with(frame)):
             self.sent_at = (frame.f_code.co_name, frame.f_lineno)
             signal.raise_signal(signal.SIGINT)  # Python's handler runs now (KeyboardInterrupt, if it is torch's)
         return self._line
+
+    def _called_with(self, frame: FrameType) -> bool:
+        """Whether the call has a string argument beginning with `argument` (any, without one)."""
+        return self.argument is None or any(isinstance(value, str) and value.startswith(self.argument)
+                                            for value in frame.f_locals.values())

@@ -449,10 +449,10 @@ def _hyper_between(run: Run) -> None:
 
 
 @contextlib.contextmanager
-def _interrupting(optimizer: Any, function: str) -> Any:
-    """Ctrl-C inside the optimizer's step(): for stowage's, SIGINT at the first line of its step's
-    `function` (exactness.interrupts.CtrlC: no seam, so any version of it is interrupted there),
-    or at its end if it has none; for torch's, KeyboardInterrupt after its update (torch does not
+def _interrupting(optimizer: Any, point: str) -> Any:
+    """Ctrl-C inside the optimizer's step(): for stowage's, SIGINT as its step reaches `point`
+    ("update", "write_back": the first call of the Python its C++ step calls back at each point,
+    exactness.interrupts.CtrlC), or at its end if it reaches none; for torch's, KeyboardInterrupt after its update (torch does not
     hold the signal, and an update it breaks off is no reference)."""
     if not type(optimizer).__module__.startswith("stowage"):
         original = optimizer.step
@@ -467,13 +467,13 @@ def _interrupting(optimizer: Any, function: str) -> Any:
         finally:
             del optimizer.step
         return
-    with CtrlC(in_function=function) as ctrl_c:
+    with CtrlC(in_function="_at_point", argument=point) as ctrl_c:
         yield
     if ctrl_c.sent_at is None:
-        raise KeyboardInterrupt(f"interrupted at the end of step() ({function} did not run)")
+        raise KeyboardInterrupt(f"interrupted at the end of step() (no {point} point)")
 
 
-def _interrupted_step(run: Run, function: str) -> None:
+def _interrupted_step(run: Run, point: str) -> None:
     """A step whose optimizer step() is interrupted (KeyboardInterrupt); the handler saves a
     checkpoint, which a fresh optimizer loads, stepping again (and checkpointing again) if the
     step was not taken."""
@@ -483,7 +483,7 @@ def _interrupted_step(run: Run, function: str) -> None:
     run.record_grads()
     run.phase = "step"
     try:
-        with _interrupting(run.optimizer, function):
+        with _interrupting(run.optimizer, point):
             run.optimizer.step()
     except KeyboardInterrupt:
         run.event("KeyboardInterrupt")
@@ -508,7 +508,7 @@ def _interrupted_loop(run: Run) -> None:
     back yet; under update="delayed", the last step's update's)."""
     for _ in range(run.steps):
         if run.step in (run.first_event, run.second_event):
-            _interrupted_step(run, "_add_state_entries" if run.step == run.first_event else "_write_back")
+            _interrupted_step(run, "update" if run.step == run.first_event else "write_back")
         else:
             train_step(run)
         run.next_step()
