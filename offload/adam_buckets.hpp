@@ -1,7 +1,7 @@
 // The offloaded optimizer's layout, as numbers: which parameters keep their states on the device,
 // how the offloaded ones are grouped in buckets, what a parameter costs in host memory, and the
 // runs one bucket's update is made of. Nothing here knows about tensors or torch: the torch layer
-// (python/bindings/torch/host_bucket.hpp) lays out host memory by these plans.
+// (python/tensors/host_bucket.hpp) lays out host memory by these plans.
 //
 // Note [Optimizer buckets]
 // A bucket holds parameters of one param group, one device and one dtype, in the order their

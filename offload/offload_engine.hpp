@@ -1,7 +1,7 @@
 // OffloadEngine: one device's offload machinery, composed: the pinned host pool, the transfer
 // engine and the offloader over them, registered as its device allocator's pressure handler.
 //
-// The torch layer makes one per device it offloads from (python/bindings/torch/offload/) and
+// The torch layer makes one per device it offloads from (python/tensors/offload_engines.hpp) and
 // reads its statistics into stowage.memory_stats() under "offload." keys.
 //
 // Contract: thread-safe (its parts are). The backend and the allocator must outlive it; it

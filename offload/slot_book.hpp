@@ -4,7 +4,7 @@
 // their gradients (ready for an update), which buckets have an update submitted and which slots it
 // covers, which updates are provisional (update="in_backward", undone by a rollback) or pending
 // (update="delayed", written back at the next step), and which gradient staging buffer this step
-// uses. Nothing here knows about tensors: the torch layer (python/bindings/torch/adam_slots.hpp)
+// uses. Nothing here knows about tensors: the torch layer (python/tensors/adam_slots.hpp)
 // copies, updates and writes back by what the book says.
 //
 // Note [Offloaded optimizer semantics]

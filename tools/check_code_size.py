@@ -22,7 +22,8 @@ except ImportError:  # tools/requirements.txt installs it; a bare GPU machine ma
 
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 800
-FOLDERS = ("allocator", "offload", "planner", "snapshot", "python/bindings", "python/libtorch", "python/stowage")
+FOLDERS = ("base", "device", "allocator", "offload", "planner", "snapshot", "python/bindings", "python/libtorch",
+           "python/tensors", "python/stowage")
 SUFFIXES = (".cpp", ".hpp", ".h", ".cu", ".py")
 
 # (file, function) -> why it is longer than MAX_FUNCTION_LINES. (The snapshot reader's Python

@@ -3,7 +3,7 @@
 
 Each C++ source folder is a layer; a layer may include and link only the layers below it:
 
-    base  <-  device  <-  allocator  <-  process  <-  libtorch  <-  torch bindings
+    base  <-  device  <-  allocator  <-  process  <-  libtorch  <-  tensors  <-  torch bindings
       ^                        ^  <-  offload  <-----------------------------'
       ^                        ^  <-  core bindings (planner and snapshot too)
       ^  <-  planner (the step's model: nothing of the allocator's or the engine's)
@@ -55,6 +55,7 @@ LAYERS: dict[str, str] = {
     "planner": "planner",
     "snapshot": "snapshot",
     "python/libtorch": "libtorch",
+    "python/tensors": "tensors",
     "python/bindings/torch": "torch bindings",
     "python/bindings": "core bindings",
 }
@@ -70,7 +71,8 @@ DIRECT: dict[str, set[str]] = {
     "offload": {"allocator"},
     "planner": {"base"},
     "libtorch": {"process"},
-    "torch bindings": {"libtorch", "offload", "host device"},  # CPU mode
+    "tensors": {"libtorch", "offload", "host device"},  # CPU mode
+    "torch bindings": {"tensors"},
     "snapshot": {"base"},
     "core bindings": {"allocator", "planner", "snapshot"},
 }
@@ -90,6 +92,7 @@ TARGETS: dict[str, str] = {
     "stowage_planner_objects": "planner",
     "stowage_snapshot": "snapshot",
     "stowage_torch": "libtorch",
+    "stowage_tensors": "tensors",
     "_torch": "torch bindings",
     "_core": "core bindings",
 }

@@ -1,4 +1,4 @@
-"""Content checksums (python/bindings/torch/content_checksum.hpp): the host loop gives the
+"""Content checksums (python/tensors/content_checksum.hpp): the host loop gives the
 documented sums, equal bytes give equal rows whatever the layout, and the changes training code
 makes (one bit, one element, a swap within a row or a column, a permutation) change them."""
 

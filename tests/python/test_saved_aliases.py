@@ -3,7 +3,7 @@ forward and backward. torch's saved tensor aliases the storage, so its backward 
 bytes; stowage's offload reads a storage still alive in place (and keeps those still referenced as
 an activations region ends), and a plan refuses to recompute a block from what was written since
 its forward (Note [Saved tensors written through an alias] in
-python/bindings/torch/saved_storage.hpp; Note [Selective recompute] in
+python/tensors/saved_storage.hpp; Note [Selective recompute] in
 stowage/plan/recompute_modes.py). CPU mode; check mode in fresh processes."""
 
 from __future__ import annotations

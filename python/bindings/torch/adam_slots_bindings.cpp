@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "python/bindings/torch/adam_slots.hpp"
+#include "python/tensors/adam_slots.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 
 namespace py = pybind11;
@@ -152,7 +152,7 @@ void bind_adam_slots(py::module_& module) {
   using torch_offload::step_call;
   py::class_<AdamSlots> slots(module, "AdamSlots",
                               "The offloaded optimizer's parameters in host memory and its step's bookkeeping "
-                              "(python/bindings/torch/adam_slots.hpp)");
+                              "(python/tensors/adam_slots.hpp)");
   slots.def(py::init([](const std::string& device, std::string owner, const std::string& update,
                         const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
                         std::function<std::string(std::size_t)> name_of, AdamSlots::Point at_point) {

@@ -13,10 +13,10 @@
 
 #include "allocator/stats.hpp"
 #include "base/errors.hpp"
-#include "python/bindings/torch/cpu_allocator.hpp"
+#include "python/tensors/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 #include "python/bindings/torch/snapshot_dict.hpp"
-#include "python/bindings/torch/stack_table.hpp"
+#include "python/tensors/stack_table.hpp"
 
 #ifdef STOWAGE_TORCH_CUDA
 #include "allocator/process/c_api.h"

@@ -9,12 +9,12 @@
 #include <optional>
 
 #include "base/errors.hpp"
-#include "python/bindings/torch/check_mode.hpp"
-#include "python/bindings/torch/cpu_allocator.hpp"
+#include "python/tensors/check_mode.hpp"
+#include "python/tensors/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"
-#include "python/bindings/torch/offload_engines.hpp"
-#include "python/bindings/torch/tensor_offloader.hpp"
-#include "python/bindings/torch/weak_storage.hpp"
+#include "python/tensors/offload_engines.hpp"
+#include "python/tensors/tensor_offloader.hpp"
+#include "python/tensors/weak_storage.hpp"
 
 namespace py = pybind11;
 

@@ -16,9 +16,9 @@
 #include "offload/adam_buckets.hpp"
 #include "offload/adamw_kernel.hpp"
 #include "offload/update_queue.hpp"
-#include "python/bindings/torch/content_checksum.hpp"
-#include "python/bindings/torch/host_bucket.hpp"
-#include "python/bindings/torch/host_state_store.hpp"
+#include "python/tensors/content_checksum.hpp"
+#include "python/tensors/host_bucket.hpp"
+#include "python/tensors/host_state_store.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 
 namespace py = pybind11;
@@ -203,7 +203,7 @@ void bind_optimizer(py::module_& module) {
              "Whether the host update takes torch's own (MKL's) square root");
   module.def("content_checksums", &torch_offload::content_checksums, py::arg("tensors"),
              "[len(tensors), 3] int64 checksums of the tensors' bytes, on their device "
-             "(python/bindings/torch/content_checksum.hpp): equal bytes give equal rows.");
+             "(python/tensors/content_checksum.hpp): equal bytes give equal rows.");
   torch_offload::bind_update(module);
   torch_offload::bind_narrow_update(module);
   torch_offload::bind_store(module);

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "allocator/snapshot.hpp"
-#include "python/bindings/torch/stack_table.hpp"
+#include "python/tensors/stack_table.hpp"
 
 namespace stowage::python {
 

@@ -1,4 +1,4 @@
-#include "python/bindings/torch/stack_table.hpp"
+#include "python/tensors/stack_table.hpp"
 
 #include <Python.h>
 #include <cxxabi.h>

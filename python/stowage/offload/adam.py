@@ -55,7 +55,7 @@ class Adam(torch.optim.Optimizer):
     """torch.optim.Adam (its update, options and state_dict) with host-resident states; see the
     module's documentation. Contract: used from one thread, as torch's optimizers.
 
-    The bookkeeping is C++'s (python/bindings/torch/adam_slots.hpp, Note [Offloaded optimizer
+    The bookkeeping is C++'s (python/tensors/adam_slots.hpp, Note [Offloaded optimizer
     semantics] in offload/slot_book.hpp): each offloaded parameter is a slot numbered in bucket
     order, ``_params[i]`` its parameter; this class observes torch (hooks, gradients, parameters'
     local shards) and hands what it sees to the slots."""

@@ -9,7 +9,7 @@ the device, detached, its version checked at unpack as torch checks its own); un
 offloader's (through the step context's SavedTensorRegion). What a region decides, and how it
 follows modules, is its own. What happens to storages written through an alias: README's
 "Offloading activations" and Note [Saved tensors written through an alias]
-(python/bindings/torch/saved_storage.hpp). Each calls ``forward_ended()`` as its outermost
+(python/tensors/saved_storage.hpp). Each calls ``forward_ended()`` as its outermost
 module's forward returns (check mode then watches what someone else holds).
 
 Contract: entered and exited once, on the thread that runs the step; the buffers outlive the

@@ -1,4 +1,4 @@
-#include "python/bindings/torch/parameter_storages.hpp"
+#include "python/tensors/parameter_storages.hpp"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>

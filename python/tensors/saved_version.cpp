@@ -1,4 +1,4 @@
-#include "python/bindings/torch/saved_version.hpp"
+#include "python/tensors/saved_version.hpp"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>

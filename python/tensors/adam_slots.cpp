@@ -1,4 +1,4 @@
-#include "python/bindings/torch/adam_slots.hpp"
+#include "python/tensors/adam_slots.hpp"
 
 #include <ATen/ops/equal.h>
 #include <ATen/core/grad_mode.h>

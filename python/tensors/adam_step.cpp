@@ -4,8 +4,8 @@
 #include <string>
 #include <utility>
 
-#include "python/bindings/torch/adam_slots.hpp"
-#include "python/bindings/torch/check_mode.hpp"
+#include "python/tensors/adam_slots.hpp"
+#include "python/tensors/check_mode.hpp"
 
 namespace stowage::torch_offload {
 

@@ -28,8 +28,8 @@
 
 #include "offload/adamw_kernel.hpp"
 #include "offload/update_queue.hpp"
-#include "python/bindings/torch/host_state_store.hpp"
-#include "python/bindings/torch/optimizer_transfers.hpp"
+#include "python/tensors/host_state_store.hpp"
+#include "python/tensors/optimizer_transfers.hpp"
 
 namespace stowage::torch_offload {
 

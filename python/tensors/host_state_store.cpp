@@ -1,11 +1,11 @@
-#include "python/bindings/torch/host_state_store.hpp"
+#include "python/tensors/host_state_store.hpp"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 
 #include "base/errors.hpp"
-#include "python/bindings/torch/offload_engines.hpp"
+#include "python/tensors/offload_engines.hpp"
 
 namespace stowage::torch_offload {
 

@@ -1,4 +1,4 @@
-#include "python/bindings/torch/host_bucket.hpp"
+#include "python/tensors/host_bucket.hpp"
 
 #include <ATen/ops/zeros.h>
 #include <dlfcn.h>

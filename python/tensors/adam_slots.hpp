@@ -46,10 +46,10 @@
 #include "offload/slot_book.hpp"
 #include "offload/step_order.hpp"
 #include "offload/update_queue.hpp"
-#include "python/bindings/torch/content_watch.hpp"
-#include "python/bindings/torch/host_bucket.hpp"
-#include "python/bindings/torch/host_state_store.hpp"
-#include "python/bindings/torch/optimizer_transfers.hpp"
+#include "python/tensors/content_watch.hpp"
+#include "python/tensors/host_bucket.hpp"
+#include "python/tensors/host_state_store.hpp"
+#include "python/tensors/optimizer_transfers.hpp"
 
 namespace stowage::torch_offload {
 

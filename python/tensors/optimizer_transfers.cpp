@@ -1,9 +1,9 @@
-#include "python/bindings/torch/optimizer_transfers.hpp"
+#include "python/tensors/optimizer_transfers.hpp"
 
 #include <c10/core/GradMode.h>
 
 #include "base/errors.hpp"
-#include "python/bindings/torch/offload_engines.hpp"
+#include "python/tensors/offload_engines.hpp"
 
 namespace stowage::torch_offload {
 

@@ -1,4 +1,4 @@
-#include "python/bindings/torch/offload_engines.hpp"
+#include "python/tensors/offload_engines.hpp"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/Storage.h>
@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "base/errors.hpp"
-#include "python/bindings/torch/cpu_allocator.hpp"
+#include "python/tensors/cpu_allocator.hpp"
 
 #ifdef STOWAGE_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,4 +1,4 @@
-#include "python/bindings/torch/content_checksum.hpp"
+#include "python/tensors/content_checksum.hpp"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/tensor.h>

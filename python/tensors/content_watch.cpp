@@ -1,4 +1,4 @@
-#include "python/bindings/torch/content_watch.hpp"
+#include "python/tensors/content_watch.hpp"
 
 #include <ATen/ops/any.h>
 #include <ATen/ops/cat.h>
@@ -9,7 +9,7 @@
 #include <chrono>
 
 #include "base/errors.hpp"
-#include "python/bindings/torch/content_checksum.hpp"
+#include "python/tensors/content_checksum.hpp"
 
 namespace stowage::torch_offload {
 

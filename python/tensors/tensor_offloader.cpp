@@ -1,4 +1,4 @@
-#include "python/bindings/torch/tensor_offloader.hpp"
+#include "python/tensors/tensor_offloader.hpp"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/Storage.h>
@@ -7,9 +7,9 @@
 #include <sstream>
 #include <utility>
 
-#include "python/bindings/torch/check_mode.hpp"
-#include "python/bindings/torch/content_checksum.hpp"
-#include "python/bindings/torch/offload_engines.hpp"
+#include "python/tensors/check_mode.hpp"
+#include "python/tensors/content_checksum.hpp"
+#include "python/tensors/offload_engines.hpp"
 
 namespace stowage::torch_offload {
 

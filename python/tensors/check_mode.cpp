@@ -1,4 +1,4 @@
-#include "python/bindings/torch/check_mode.hpp"
+#include "python/tensors/check_mode.hpp"
 
 #include <atomic>
 

@@ -23,7 +23,7 @@
 
 #include "allocator/caching_allocator.hpp"
 #include "device/host/host_backend.hpp"
-#include "python/bindings/torch/stack_table.hpp"
+#include "python/tensors/stack_table.hpp"
 
 namespace stowage::torch_cpu {
 

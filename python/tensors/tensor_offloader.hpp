@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "offload/offload_engine.hpp"
-#include "python/bindings/torch/parameter_storages.hpp"
-#include "python/bindings/torch/saved_storage.hpp"
-#include "python/bindings/torch/saved_version.hpp"
+#include "python/tensors/parameter_storages.hpp"
+#include "python/tensors/saved_storage.hpp"
+#include "python/tensors/saved_version.hpp"
 
 namespace stowage::torch_offload {
 

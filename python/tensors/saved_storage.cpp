@@ -1,4 +1,4 @@
-#include "python/bindings/torch/saved_storage.hpp"
+#include "python/tensors/saved_storage.hpp"
 
 #include <utility>
 

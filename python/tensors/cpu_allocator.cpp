@@ -1,4 +1,4 @@
-#include "python/bindings/torch/cpu_allocator.hpp"
+#include "python/tensors/cpu_allocator.hpp"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
