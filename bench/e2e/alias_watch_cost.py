@@ -1,5 +1,5 @@
 """What seeing writes through aliases to saved activations costs a training step (Note [Saved
-tensors written through an alias] in python/bindings/torch/saved_storage.hpp; Note [Selective
+tensors written through an alias] in python/tensors/saved_storage.hpp; Note [Selective
 recompute] in stowage/plan/recompute_modes.py): each watch on and patched out, interleaved in one
 process, every step's time reported.
 
