@@ -1,5 +1,5 @@
 // What a loss is a mean over, judged on the example batch (Note [Micro-batches] in
-// python/stowage/fitting/micro_batches.py): fit ran the step's forward on the example and on
+// planner/micro_cut.hpp): fit ran the step's forward on the example and on
 // its micro-batches, and each count its tensors offer (rows, entries not -100, masks, per-row
 // weights) is a candidate. A candidate holds where, for every cut checked, each span's loss (the
 // whole batch's, or consecutive micro-batches' where the whole does not fit) equals its

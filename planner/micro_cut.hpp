@@ -1,8 +1,19 @@
-// How stowage.fit cuts a global batch into micro-batches (Note [Micro-batches] in
-// python/stowage/fitting/micro_batches.py): the example's `rows` as `count` near-equal
+// How stowage.fit cuts a global batch into micro-batches: the example's `rows` as `count` near-equal
 // micro-batches (sizes differ by at most one; `count` need not divide the rows); a larger batch as
 // more, none over `most` (the rows the plan is for); a smaller one as up to `count`, none under
 // kMinRows rows (a single row broadcasts where more do not, so its ops differ from the trace's).
+//
+// Note [Micro-batches]
+// A step of k micro-batches runs, in order, forward and backward of each, its loss multiplied by
+// its share of the global batch's loss units, gradients accumulating; then the optimizer's step:
+// what torch computes for the same accumulation written by hand, bit for bit, and the global
+// batch's step up to the rounding of a sum taken in pieces exactly when the global batch's loss is
+// the micro-batches' losses weighted by those shares. fit never takes that on trust: it cuts only
+// where the example batch's own losses verify it (planner/loss_units.hpp judges them; the forwards
+// run in python/stowage/fitting/cut_check.py), on the finest cut it may take (row groups of
+// kMinRows rows, at most kCheckGroups) and the one it takes; README's "A global batch as
+// micro-batches" lists what keeps a batch whole. A micro-batch holding no units (every label
+// ignored) is left out: it adds nothing to the global mean, where its own mean would be 0/0.
 //
 // Contract: a value type; every function is pure.
 #pragma once

@@ -1,25 +1,7 @@
 """What `fit` returns: the model's training step as fitted (the optimizer it chose, the plan for
-its activations), for a loop to use unchanged.
-
-    fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, lr=3e-4), batch)
-    for batch in data:
-        loss = fitted.step(batch)            # forward, backward, optimizer step, zero_grad
-
-With ``micro_batches="auto"`` fit may run each batch as micro-batches (stowage.fitting.micro_batches):
-``fitted.step(batch)`` and ``fitted.backward(batch)`` cut and weight them; a loop of its own takes
-``fitted.micro_batches(batch)`` (pairs of micro-batch and loss weight), and a forward of more rows
-than fit planned for under ``with fitted:`` is refused before it runs.
-
-or, for a loop that runs its own backward (gradient clipping, accumulation, a GradScaler, a
-Trainer), the same loop whatever fit chose:
-
-    optimizer = fitted.optimizer             # a torch.optim.Optimizer: schedulers, state_dict
-    for index, micro in enumerate(micro_batches):
-        with fitted, (fitted.accumulating() if index < len(micro_batches) - 1 else nullcontext()):
-            loss = loss_fn(model, micro) / len(micro_batches)
-            loss.backward()
-    fitted.clip_grad_norm_(1.0)
-    optimizer.step(); optimizer.zero_grad(set_to_none=True)
+its activations, the micro-batches it cuts a batch into), for a loop to use unchanged:
+``fitted.step(batch)``, or a loop's own forward and backward under ``with fitted:`` with
+``fitted.optimizer`` (README's "Fitting a larger model" shows both loops).
 
 Contract: used from the thread that trains, one step at a time (``with fitted:`` is not
 re-entrant). It owns the optimizer it returns; the model stays the caller's.
@@ -34,10 +16,8 @@ from typing import Any
 import torch
 
 from stowage import step_context
-from stowage.fitting.batches import BatchLayout, LossFn, shown
+from stowage.fitting.batches import BatchLayout, ExampleBatch, LossFn, LossUnits, shown, weighted
 from stowage.fitting.choosing import Option
-from stowage.fitting.loss_units import LossUnits
-from stowage.fitting.micro_batches import ExampleBatch, weighted
 from stowage.fitting.table import decision_table
 from stowage.plan import Plan
 
@@ -72,7 +52,7 @@ class Fitted:
         """`batch` as the micro-batches fit chose, each with the weight its loss takes (its share
         of the batch's loss units): [(batch, 1.0)] where fit runs batches whole. A batch of the
         example's rows runs as the micro-batches chosen, a larger one as more (none over the rows
-        planned), a smaller one as up to as many (stowage.fitting.micro_batches.MicroCut).
+        planned), a smaller one as up to as many (MicroCut).
         ValueError, before anything runs, where counts the example could not tell apart weigh
         this batch's micro-batches differently (Note [Micro-batches])."""
         if self.units is None:

@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import torch
 
+from stowage.serving import device_index, torch_module
+
 
 @contextlib.contextmanager
 def untouched(model: Any, device: torch.device) -> Iterator[None]:
@@ -38,3 +40,16 @@ def untouched(model: Any, device: torch.device) -> Iterator[None]:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, device)
+
+
+@contextlib.contextmanager
+def fit_trial(device: torch.device) -> Iterator[None]:
+    """fit's own steps (its recording of the step, its probes, its trials), marked in the device's
+    history ("snapshot" markers stowage.fit.trial_begin / trial_end) so that an inspection of the
+    run can tell them from training (an out-of-memory while recording is fit's, not the run's)."""
+    module, index = torch_module(), device_index(device)
+    module.mark_fit_trial(True, index)
+    try:
+        yield
+    finally:
+        module.mark_fit_trial(False, index)

@@ -8,7 +8,7 @@ from typing import Any
 from stowage._core import format_bytes
 from stowage.fitting.choosing import Option
 from stowage.fitting.loss_units import LOSS_UNITS_GIVEN
-from stowage.fitting.micro_batches import ExampleBatch
+from stowage.fitting.batches import ExampleBatch
 
 
 def _share(option: Option) -> str:
