@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace stowage::planner {
@@ -43,5 +45,17 @@ struct MicroCut {
 
   friend bool operator==(const MicroCut&, const MicroCut&) = default;
 };
+
+// A grid of sizes fit records a step at when it does not fit whole: each size it varies ("batch",
+// "seq") with its values; a size left out keeps the example's value at every point.
+using RecordingGrid = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
+
+// The grids to record a step at, nearest the example of `rows` rows and sequences of `seq` (0:
+// none) first, the less a size is extrapolated the less it can miss: two small batch sizes
+// (kMinRows and one more: one row broadcasts where more do not, so its ops differ), and three
+// sequence lengths (attention is quadratic in them) from a half, a quarter, then an eighth of the
+// example's up. Empty where the example is too small to record smaller (fewer than 3 rows and
+// sequences under 24).
+std::vector<RecordingGrid> recording_grids(std::int64_t rows, std::int64_t seq);
 
 }  // namespace stowage::planner

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from stowage._core import MIN_ROWS, SHARES_ALIKE, MicroCut
+from stowage._core import MIN_ROWS, MicroCut, recording_grids, unit_shares
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -153,25 +153,10 @@ def shown(sizes: Mapping[str, int]) -> str:
     return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
-SEQUENCE_GRIDS = ((4, 5, 6), (2, 3, 4), (1, 2, 3))  # eighths of the example's sequence, nearest it first
-
-
 def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
-    """Grids to record a step at when it does not fit whole, nearest the example first (the less
-    a size is extrapolated, the less it can miss): two small batch sizes (from 2: one row
-    broadcasts where more do not, so its ops differ), and three sequence lengths (attention is
-    quadratic in it) from a half, a quarter, then an eighth of the example's up. A size the
-    example cannot vary is left out (its value is the example's at every point)."""
-    rows: dict[str, tuple[int, ...]] = {"batch": (2, 3)} if layout.rows >= 3 else {}
-    seq = layout.seq or 0
-    grids = []
-    if seq >= 24:
-        for eighths in SEQUENCE_GRIDS:
-            points = tuple(dict.fromkeys(max(seq * e // 8, 1) for e in eighths))
-            if len(points) == 3:
-                grids.append({**rows, "seq": points})
-    elif rows:
-        grids.append(rows)
+    """Grids to record a step at when it does not fit whole, nearest the example first
+    (planner/micro_cut.hpp); a size the example cannot vary is left out."""
+    grids = [{name: tuple(values) for name, values in grid} for grid in recording_grids(layout.rows, layout.seq or 0)]
     if not grids:
         raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {layout.sizes}, and they are "
                          "too small to record it smaller (a batch of 3 or more rows, or sequences of 24 or "
@@ -183,37 +168,11 @@ def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
 class LossUnits:
     """What a batch's loss is a mean over, and how many of them a batch holds. ``alike``: counts
     the example batch could not tell from this one (they weighed every cut of it alike); a batch
-    they weigh differently is refused (`shares`)."""
+    they weigh differently is refused (`weighted`)."""
 
     name: str
     count: Callable[[Any], float]
     alike: tuple[LossUnits, ...] = ()
-
-    def shares(self, pieces: list[Any]) -> list[float]:
-        """Each piece's share of the pieces' units; ValueError where a count the example could not
-        tell from this one weighs them differently."""
-        counts = [float(self.count(piece)) for piece in pieces]
-        shares = _normalised(counts, self.name)
-        for other in self.alike:
-            theirs = _normalised([float(other.count(piece)) for piece in pieces], other.name)
-            if any(abs(a - b) > SHARES_ALIKE for a, b in zip(shares, theirs)):
-                raise ValueError(
-                    f"stowage.fit: this batch's micro-batches weigh {_shown(shares)} by {self.name} and "
-                    f"{_shown(theirs)} by {other.name}, and the example batch could not tell which of them the "
-                    "loss is a mean over (it weighed its own micro-batches alike by both). Give fit an example "
-                    "batch like this one (its padding, its masks), or say which: loss_units=...")
-        return shares
-
-
-def _normalised(counts: list[float], name: str) -> list[float]:
-    total = sum(counts)
-    if not total > 0:
-        raise ValueError(f"stowage.fit: the batch holds no {name} to average the loss over")
-    return [count / total for count in counts]
-
-
-def _shown(shares: list[float]) -> str:
-    return "/".join(f"{share:.3f}" for share in shares)
 
 
 @dataclass(frozen=True)
@@ -289,5 +248,8 @@ def weighted(batch: Any, cut: MicroCut, units: LossUnits) -> list[tuple[Any, flo
     pieces = layout.pieces(batch, cut.bounds(layout.rows))
     if len(pieces) == 1:
         return [(batch, 1.0)]
-    shares = units.shares(pieces)
+    counted = [(each.name, [float(each.count(piece)) for piece in pieces]) for each in (units, *units.alike)]
+    shares, why_not = unit_shares(*counted[0], counted[1:])
+    if why_not:
+        raise ValueError(why_not)
     return [(piece, share) for piece, share in zip(pieces, shares) if share > 0]

@@ -1,21 +1,13 @@
 """`fit`'s choice: the share of optimizer states kept on the device, the micro-batches the global
 batch runs as and the plan for the step's activations under what those leave, weighed together in
 one call into the planner (Note [Weighing fit's options] in planner/fit_weighing.hpp; Note
-[Choosing a share] in planner/share_search.hpp takes the fastest predicted step that fits), then
-tried once before training.
+[Choosing a share] in planner/share_search.hpp), then tried once before training (README's
+"Fitting a larger model" says what a trial catches). An overshoot found is kept back from every
+plan weighed again: the planner's error on this step, taken to be as large on the next plan, so a
+plan that then overshoots by no more than what was kept back fits.
 
-The trial runs the chosen plan for one step (one micro-batch) and holds its measured peak to the
-plan's prediction, catching what a recording cannot show: a step that adds more at its peak than
-predicted (the overshoot becomes a reserve every option is weighed with again: the planner's
-error on this step, taken to be as large on the next plan, so a plan that then overshoots by no
-more than what was kept back fits), and a block whose forward runs other ops when recomputed (a
-kernel chosen differently in backward, state cached by its first call): every block of its kind
-(its path with the list indices taken out) is then left out of recomputation. Under
-torch.distributed the ranks take one choice untried (a retry on one rank alone would leave the
-others waiting).
-
-Contract: the trial restores what the step changes (stowage.fitting.side_effects.untouched); one
-trial at a time, on the thread that trains.
+Contract: the trial restores what the step changes (stowage.fitting.side_effects); one trial at a
+time, on the thread that trains.
 """
 
 from __future__ import annotations

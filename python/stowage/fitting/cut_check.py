@@ -25,18 +25,6 @@ from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, LossUnit
 from stowage.fitting.loss_units import candidates
 from stowage.fitting.side_effects import untouched
 
-# The relative difference between the whole batch's loss and its micro-batches' weighted sum
-# taken as rounding: measured on the step itself (`_noise`: a micro-batch's loss against the loss
-# of the same rows repeated to the whole batch's size, equal for any mean whatever its units, so
-# what differs is what kernels blocked for another row count and sums taken in another order
-# change), NOISE_MARGIN times over; at least what the loss's own dtype rounds (FLOOR), at most
-# what the least precise dtype the forwards made rounds (CEILING; tf32 where a GPU's float32
-# matmuls or convolutions may use it), and CEILING where nothing was measured.
-NOISE_MARGIN = 16
-FLOOR = {torch.float64: 1e-13, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-CEILING = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
 aten = torch.ops.aten
 NEVER_MIXING = {aten._native_batch_norm_legit_no_training, aten._batch_norm_no_update}
 ALWAYS_TRAINING = {aten._batch_norm_with_update, aten._batch_norm_with_update_functional, aten.batch_norm_stats,
@@ -255,30 +243,24 @@ class CutCheck:
                            "together, so no cut of it can be checked; pass loss_units= to cut it anyway")
 
     def _judge(self, whole: float | None) -> ExampleBatch:
-        """The units the verified cuts' equations hold by (planner/loss_units.hpp judges them)."""
-        tolerance = self._tolerance()
+        """The units the verified cuts' equations hold by, within the rounding measured on the step
+        (planner/loss_units.hpp judges them)."""
         cuts = [(equations.losses, equations.spans) for _, equations in self._verified]
         counted = [(units.name, [[float(units.count(piece)) for piece in equations.pieces]
                                  for _, equations in self._verified]) for units in self.candidates]
-        alike, why_not = judge_loss_units(cuts, counted, tolerance, ", ".join(sorted(self.mode.random)[:3]))
+        # the dtypes the forwards made and the loss's, read before the noise's own forward adds to them
+        dtypes = [str(dtype).removeprefix("torch.") for dtype in (*self.mode.dtypes, self._loss_dtype)]
+        tf32 = self.device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+                                               or torch.get_float32_matmul_precision() != "highest")
+        if self._noise_measured is False:
+            self._noise_measured = self._noise()
+        alike, why_not, tolerance = judge_loss_units(cuts, counted, dtypes[:-1], dtypes[-1], tf32, self._noise_measured,
+                                                     ", ".join(sorted(self.mode.random)[:3]))
         if not alike:
             return self.example.whole(why_not)
         first, *rest = [self.candidates[index] for index in alike]
         checked = f"{self._checked(whole)}, agreeing within {tolerance:.0e} of the loss"
         return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)), checked)
-
-    def _tolerance(self) -> float:
-        dtypes = set(self.mode.dtypes) or {torch.float32}
-        if torch.float32 in dtypes and self.device.type == "cuda" and (
-                torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
-                or torch.get_float32_matmul_precision() != "highest"):
-            dtypes.add(torch.float16)  # tf32 keeps float16's mantissa
-        ceiling = max(CEILING.get(dtype, CEILING[torch.float32]) for dtype in dtypes)
-        floor = FLOOR.get(self._loss_dtype, FLOOR[torch.float32])
-        if self._noise_measured is False:
-            self._noise_measured = self._noise()
-        noise = self._noise_measured
-        return ceiling if noise is None else min(ceiling, max(floor, NOISE_MARGIN * noise))
 
     def _noise(self) -> float | None:
         """The relative difference between the first micro-batch with a finite loss and the same

@@ -1,12 +1,7 @@
-"""What `fit` measures of the model, the optimizer and the device, the figures its weighing takes
-(the arithmetic on them is the planner's: Note [Weighing fit's options] in
-planner/fit_weighing.hpp): the device's memory (`measure`) and how long AdamW's update takes a
-parameter on the host (stowage's kernel, as the offloaded optimizer runs it) and on the device
-(torch's fused AdamW), timed when `fit` runs (`measure_rates`).
-
-AdamW keeps two moments a parameter, in the parameter's dtype; its multi-tensor path (``foreach``,
-torch's default on a GPU) makes one more copy of the squared moments to take their square root,
-its fused and single-tensor paths one parameter's at most.
+"""What `fit` measures, the figures its weighing takes (the arithmetic on them is the planner's:
+Note [Weighing fit's options] in planner/fit_weighing.hpp): the device's memory (`measure`) and
+how long AdamW's update takes a parameter on the host (stowage's kernel, as the offloaded
+optimizer runs it) and on the device (torch's fused AdamW), timed when `fit` runs.
 
 The device's rate is the slope between two sizes of probe, not one probe's time over its size:
 a fused step's fixed cost (Python, the launch: about 0.1 ms on a GPU) would otherwise be spread
