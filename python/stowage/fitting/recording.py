@@ -138,8 +138,6 @@ def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
         f"smaller sizes, and it could not be recorded at any of them:\n{tried}\n{advice}")
 
 
-
-
 def record(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device, capacity: int,
            cost: dict[str, float] | None, micro_batches: int | str) -> tuple[StepTraces, str, ExampleBatch]:
     """The step recorded as one of fit's trials, leaving no trace in training; a step that cannot
