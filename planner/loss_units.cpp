@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <map>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "base/errors.hpp"
 
@@ -61,6 +63,41 @@ std::optional<Shares> holds(const std::vector<CutLosses>& cuts, const LossCandid
   return shares;
 }
 
+// What one rounding of each dtype is worth, relative: the floor a loss of it holds to, the ceiling
+// the forwards' least precise dtype sets.
+struct Rounding {
+  double floor;
+  double ceiling;
+};
+
+Rounding rounding_of(const std::string& dtype) {
+  static const std::map<std::string, Rounding> known{{"float64", {1e-13, 1e-10}},
+                                                     {"float32", {1e-6, 1e-5}},
+                                                     {"float16", {2e-3, 2e-3}},
+                                                     {"bfloat16", {1.6e-2, 1.6e-2}}};
+  const auto found = known.find(dtype);
+  return found == known.end() ? known.at("float32") : found->second;
+}
+
+std::optional<std::vector<double>> normalised(const UnitCounts& units, std::string& why_not) {
+  double total = 0.0;
+  for (const double count : units.counts) total += count;
+  if (!(total > 0)) {
+    why_not = "stowage.fit: the batch holds no " + units.name + " to average the loss over";
+    return std::nullopt;
+  }
+  std::vector<double> shares;
+  for (const double count : units.counts) shares.push_back(count / total);
+  return shares;
+}
+
+std::string shares_shown(const std::vector<double>& shares) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(3);
+  for (std::size_t i = 0; i < shares.size(); ++i) out << (i ? "/" : "") << shares[i];
+  return out.str();
+}
+
 bool alike(const Shares& ours, const Shares& theirs) {
   for (std::size_t cut = 0; cut < std::min(ours.size(), theirs.size()); ++cut) {
     for (std::size_t i = 0; i < std::min(ours[cut].size(), theirs[cut].size()); ++i) {
@@ -109,6 +146,39 @@ UnitsJudgement judge_loss_units(const std::vector<CutLosses>& cuts, const std::v
     said += "; the step draws random numbers (" + random_ops + ") that a cut draws differently";
   }
   return {{}, said + "; pass loss_units= to say what it is a mean over"};
+}
+
+double loss_tolerance(const std::vector<std::string>& dtypes, const std::string& loss_dtype, bool tf32,
+                      std::optional<double> noise) {
+  double ceiling = 0.0;
+  for (const std::string& dtype : dtypes.empty() ? std::vector<std::string>{"float32"} : dtypes) {
+    ceiling = std::max(ceiling, rounding_of(dtype).ceiling);
+    if (dtype == "float32" && tf32) ceiling = std::max(ceiling, rounding_of("float16").ceiling);
+  }
+  if (!noise) return ceiling;
+  return std::min(ceiling, std::max(rounding_of(loss_dtype).floor, kNoiseMargin * *noise));
+}
+
+UnitShares unit_shares(const UnitCounts& units, const std::vector<UnitCounts>& alike) {
+  UnitShares found;
+  auto shares = normalised(units, found.why_not);
+  if (!shares) return found;
+  for (const UnitCounts& other : alike) {
+    auto theirs = normalised(other, found.why_not);
+    if (!theirs) return found;
+    for (std::size_t i = 0; i < std::min(shares->size(), theirs->size()); ++i) {
+      if (std::abs((*shares)[i] - (*theirs)[i]) > kSharesAlike) {
+        found.why_not = "stowage.fit: this batch's micro-batches weigh " + shares_shown(*shares) + " by " + units.name +
+                        " and " + shares_shown(*theirs) + " by " + other.name +
+                        ", and the example batch could not tell which of them the loss is a mean over (it weighed its "
+                        "own micro-batches alike by both). Give fit an example batch like this one (its padding, its "
+                        "masks), or say which: loss_units=...";
+        return found;
+      }
+    }
+  }
+  found.shares = std::move(*shares);
+  return found;
 }
 
 }  // namespace stowage::planner

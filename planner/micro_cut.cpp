@@ -1,6 +1,7 @@
 #include "planner/micro_cut.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "base/errors.hpp"
 
@@ -32,6 +33,29 @@ std::vector<std::int64_t> MicroCut::bounds(std::int64_t batch_rows) const {
   out.reserve(static_cast<std::size_t>(pieces) + 1);
   for (std::int64_t i = 0; i <= pieces; ++i) out.push_back(batch_rows * i / pieces);
   return out;
+}
+
+std::vector<RecordingGrid> recording_grids(std::int64_t rows, std::int64_t seq) {
+  static constexpr std::int64_t kEighths[3][3] = {{4, 5, 6}, {2, 3, 4}, {1, 2, 3}};  // nearest the example first
+  RecordingGrid by_rows;
+  if (rows >= kMinRows + 1) by_rows.push_back({"batch", {kMinRows, kMinRows + 1}});
+  std::vector<RecordingGrid> grids;
+  if (seq < 24) {
+    if (!by_rows.empty()) grids.push_back(by_rows);
+    return grids;
+  }
+  for (const auto& eighths : kEighths) {
+    std::vector<std::int64_t> points;
+    for (const std::int64_t eighth : eighths) {
+      const std::int64_t point = std::max(seq * eighth / 8, std::int64_t{1});
+      if (std::find(points.begin(), points.end(), point) == points.end()) points.push_back(point);
+    }
+    if (points.size() < 3) continue;
+    RecordingGrid grid = by_rows;
+    grid.push_back({"seq", std::move(points)});
+    grids.push_back(std::move(grid));
+  }
+  return grids;
 }
 
 }  // namespace stowage::planner

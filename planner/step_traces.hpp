@@ -2,7 +2,7 @@
 // recorded once (the same trace at any rows: a batch fit does not cut) or at a grid of sizes
 // (evaluated with the rows in one size and the others fixed, Note [Sized traces]), with the cost
 // model the step was measured under, and the checkpoint regions left out of recomputation (a
-// block whose forward runs other ops when recomputed: stowage.fitting.trial).
+// block whose forward runs other ops when recomputed: stowage.fitting.choosing).
 //
 // Contract: a value; immutable once built; `at` is const and safe to call from several threads.
 #pragma once

@@ -74,7 +74,7 @@ def point(args: argparse.Namespace) -> dict[str, Any]:
     of ACCUMULATION of them, as many steps as a timed run takes), in this fresh process."""
     torch, model, batches, loss_fn, kind = _setup(args)
     from batch_models import full_checkpointing
-    from stowage.fitting.micro_batches import split
+    from stowage.fitting.batches import split
 
     blocks = full_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch, model, batches, loss_fn, kind = _setup(args)
     import stowage
-    from stowage.fitting.micro_batches import split
+    from stowage.fitting.batches import split
     from stowage.serving import device_index, torch_module
 
     batch = batches(args.rows)

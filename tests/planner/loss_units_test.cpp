@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -84,6 +85,31 @@ TEST(LossUnits, RandomCutsOfAMeanOverTokensHoldByTokensAlone) {
     ASSERT_FALSE(judged.alike.empty()) << trial << ": " << judged.why_not;
     ASSERT_EQ(judged.alike.back(), 1U) << trial;  // tokens always holds; rows only where the shares agree
   }
+}
+
+TEST(LossUnits, TheToleranceIsTheMeasuredNoiseWithinTheDtypesRounding) {
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float32"}, "float32", false, 1e-7), 16 * 1e-7);
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float32"}, "float32", false, 1e-9), 1e-6);  // at least the loss's rounding
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float32"}, "float32", false, 1e-3), 1e-5);  // at most the forwards'
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float32"}, "float32", false, std::nullopt), 1e-5);  // nothing measured
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float32", "bfloat16"}, "float32", false, 1.0), 1.6e-2);
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float32"}, "float32", true, 1.0), 2e-3);  // tf32 keeps float16's mantissa
+  EXPECT_DOUBLE_EQ(loss_tolerance({}, "float64", true, std::nullopt), 2e-3);  // nothing made: float32
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float64"}, "float64", false, 0.0), 1e-13);
+  EXPECT_DOUBLE_EQ(loss_tolerance({"float8_e4m3fn"}, "float8_e4m3fn", false, 0.0), 1e-6);  // unknown: float32's
+}
+
+TEST(LossUnits, ABatchIsWeightedByItsUnitsUnlessAnAlikeCountWeighsItOtherwise) {
+  const auto shares = unit_shares({"tokens", {3, 1, 0}}, {{"rows", {6, 2, 0}}});
+  EXPECT_EQ(shares.shares, (std::vector<double>{0.75, 0.25, 0.0}));
+  EXPECT_EQ(shares.why_not, "");
+  EXPECT_EQ(unit_shares({"tokens", {0, 0}}, {}).why_not,
+            "stowage.fit: the batch holds no tokens to average the loss over");
+  const auto refused = unit_shares({"tokens", {3, 1}}, {{"rows", {2, 2}}});
+  EXPECT_TRUE(refused.shares.empty());
+  EXPECT_EQ(refused.why_not.rfind("stowage.fit: this batch's micro-batches weigh 0.750/0.250 by tokens and "
+                                  "0.500/0.500 by rows, and the example batch could not tell", 0),
+            0U);
 }
 
 }  // namespace

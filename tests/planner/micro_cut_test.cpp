@@ -61,5 +61,25 @@ TEST(MicroCut, ACutOfNoRowsIsRefused) {
   EXPECT_THROW((MicroCut{4, 2, 0}).bounds(4), LogicError);
 }
 
+TEST(MicroCut, AStepIsRecordedNearestTheExampleFirstAtSizesItCanVary) {
+  using Grid = RecordingGrid;
+  const auto grids = recording_grids(8, 512);
+  ASSERT_EQ(grids.size(), 3U);
+  EXPECT_EQ(grids[0], (Grid{{"batch", {2, 3}}, {"seq", {256, 320, 384}}}));
+  EXPECT_EQ(grids[1], (Grid{{"batch", {2, 3}}, {"seq", {128, 192, 256}}}));
+  EXPECT_EQ(grids[2], (Grid{{"batch", {2, 3}}, {"seq", {64, 128, 192}}}));
+  EXPECT_EQ(recording_grids(2, 24).front(), (Grid{{"seq", {12, 15, 18}}}));  // 2 rows: the rows stay
+  EXPECT_EQ(recording_grids(16, 0), (std::vector<Grid>{{{"batch", {2, 3}}}}));  // no sequence: rows alone
+  EXPECT_EQ(recording_grids(16, 23), (std::vector<Grid>{{{"batch", {2, 3}}}}));
+  EXPECT_TRUE(recording_grids(2, 23).empty());  // too small to record smaller
+  for (std::int64_t seq = 24; seq <= 600; ++seq) {
+    for (const Grid& grid : recording_grids(4, seq)) {
+      const auto& points = grid.back().second;
+      ASSERT_EQ(points.size(), 3U);
+      ASSERT_TRUE(points[0] < points[1] && points[1] < points[2] && points[2] < seq) << seq;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stowage::planner

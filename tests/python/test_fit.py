@@ -403,7 +403,7 @@ def test_feature_rows_are_cut_by_rows_only_and_a_step_that_cannot_be_cut_is_refu
 
 
 def test_a_busy_host_is_named_beside_the_predicted_times() -> None:
-    from stowage.fitting.table import busy_host_note
+    from stowage.fitting.fitted import busy_host_note
 
     assert busy_host_note((1.5, 2)) == "" and busy_host_note(None) == ""
     note = busy_host_note((6.0, 2))

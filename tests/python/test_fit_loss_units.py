@@ -337,7 +337,7 @@ def test_a_step_drawing_random_numbers_other_than_dropout_keeps_the_batch_whole_
 def test_where_the_whole_batch_s_forward_runs_out_of_memory_the_cut_is_checked_in_spans() -> None:
     from stowage.fitting.cut_check import CutCheck
     from stowage._core import MicroCut
-    from stowage.fitting.micro_batches import ExampleBatch
+    from stowage.fitting.batches import ExampleBatch
 
     model, batch = classifier(), rows_and_labels()
 

@@ -20,7 +20,7 @@ from stowage.fitting import batches  # noqa: E402
 from stowage.fitting.batches import BatchLayout  # noqa: E402
 from stowage.fitting.loss_units import ROWS, given_units  # noqa: E402
 from stowage._core import MicroCut  # noqa: E402
-from stowage.fitting.micro_batches import ExampleBatch, split, weighted  # noqa: E402
+from stowage.fitting.batches import ExampleBatch, split, weighted  # noqa: E402
 from stowage.models.llama import Llama, LlamaShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
@@ -292,7 +292,7 @@ class FlippingNet(torch.nn.Module):
 
 
 def test_a_block_whose_recompute_runs_other_ops_is_found_before_training_and_not_recomputed(capsys: Any) -> None:
-    from stowage.fitting.trial import block_kind
+    from stowage.fitting.choosing import block_kind
 
     assert block_kind("model.layers.5") == "model.layers.*" and block_kind("0.attn") == "*.attn"
     torch.manual_seed(0)

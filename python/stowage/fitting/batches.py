@@ -1,28 +1,21 @@
-"""What `fit` needs to know about a batch: the loss a step computes from it, the one description of
-its shape fit works from (`BatchLayout`: its rows, its sequence length, which of its tensors are
-cut with the rows), and the same batch cut to smaller sizes (fewer rows, shorter sequences) to
-profile a step that does not fit whole.
-
-A batch is a tensor, or a tuple / list / dict of them (other leaves pass through unchanged). Its
-rows are the first dimension of its tensors, which must agree: every tensor of one or more
-dimensions has the batch's rows first, or 1 there when it is shared by every row (it broadcasts
-over them, as ``position_ids`` of shape [1, S] or a mask of [1, 1, S, S] do; such a tensor is
-never cut). A batch whose tensors all have 1 there is a batch of one row; tensors that disagree
-otherwise are refused, naming them. Its sequence length, when it has one, is the second dimension
-of its first integer tensor of two or more dimensions (token ids). A floating point input's
-second dimension is features or channels, which a model cannot take fewer of, so a batch of
-images or feature rows has no sequence length. Cutting a batch cuts every tensor that has the
-rows first, and the second dimension of those whose second is the sequence length: input ids,
-attention masks and labels alike.
+"""The example batch as fit works from it, described once (`ExampleBatch`): the loss a step
+computes from it, its shape (`BatchLayout`: rows, sequence length, the tensors cut with the rows,
+as README's "A global batch as micro-batches" defines them), how it cuts into micro-batches
+(planner/micro_cut.hpp, bound as MicroCut; Note [Micro-batches] there says what a cut computes)
+and what its loss is a mean over (stowage.fitting.loss_units); and the same batch cut to smaller
+sizes to record a step that does not fit whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
+
+from stowage._core import MIN_ROWS, MicroCut, recording_grids, unit_shares
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -92,10 +85,12 @@ def tensor_leaves(batch: Any) -> list[tuple[str, torch.Tensor]]:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """A batch's shape as fit reads it (the module's contract): its rows, its sequence length
-    (None without one), and the paths of the tensors that have the rows first (the ones cut with
-    the rows; the others are shared by every row: 0-d, or 1 first where the batch has more rows).
-    Read once per batch (`of`); its methods cut that same batch."""
+    """A batch's shape as fit reads it. The batch is a tensor, or a tuple / list / dict of them
+    (other leaves pass unchanged). ``rows``: the first dimension of every tensor of one or more
+    dimensions, which must agree (1 there: shared by every row, never cut). ``seq``: the second
+    dimension of its first integer tensor of two or more (token ids; a float input's second is
+    features or channels, never cut); None without one. ``per_row``: the paths of the tensors cut
+    with the rows. Read once per batch (`of`); its methods cut that same batch."""
 
     rows: int
     seq: int | None
@@ -158,27 +153,103 @@ def shown(sizes: Mapping[str, int]) -> str:
     return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
-SEQUENCE_GRIDS = ((4, 5, 6), (2, 3, 4), (1, 2, 3))  # eighths of the example's sequence, nearest it first
-
-
 def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
-    """Grids to record a step at when it does not fit whole, nearest the example first (the less
-    a size is extrapolated, the less it can miss): two small batch sizes (from 2: one row
-    broadcasts where more do not, so its ops differ), and three sequence lengths (attention is
-    quadratic in it) from a half, a quarter, then an eighth of the example's up. A size the
-    example cannot vary is left out (its value is the example's at every point)."""
-    rows: dict[str, tuple[int, ...]] = {"batch": (2, 3)} if layout.rows >= 3 else {}
-    seq = layout.seq or 0
-    grids = []
-    if seq >= 24:
-        for eighths in SEQUENCE_GRIDS:
-            points = tuple(dict.fromkeys(max(seq * e // 8, 1) for e in eighths))
-            if len(points) == 3:
-                grids.append({**rows, "seq": points})
-    elif rows:
-        grids.append(rows)
+    """Grids to record a step at when it does not fit whole, nearest the example first
+    (planner/micro_cut.hpp); a size the example cannot vary is left out."""
+    grids = [{name: tuple(values) for name, values in grid} for grid in recording_grids(layout.rows, layout.seq or 0)]
     if not grids:
         raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {layout.sizes}, and they are "
                          "too small to record it smaller (a batch of 3 or more rows, or sequences of 24 or "
                          "more); give a larger example batch")
     return grids
+
+
+@dataclass(frozen=True)
+class LossUnits:
+    """What a batch's loss is a mean over, and how many of them a batch holds. ``alike``: counts
+    the example batch could not tell from this one (they weighed every cut of it alike); a batch
+    they weigh differently is refused (`weighted`)."""
+
+    name: str
+    count: Callable[[Any], float]
+    alike: tuple[LossUnits, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExampleBatch:
+    """The example batch as fit works from it, described once where fit first sees it and handed
+    to every later step (recording, the cut check, the trial, the fitted step, the table): the
+    batch, its layout (rows, sequence length), what its loss is a mean over (`units`; None: it
+    runs whole), how it cuts (`cut`; None while fit is to choose), why it is not cut, and what the
+    cut check verified. Frozen: what fit learns later makes a new one."""
+
+    batch: Any
+    layout: BatchLayout
+    cut: MicroCut | None
+    units: LossUnits | None = None
+    not_cut: str = ""
+    checked: str = ""
+
+    @staticmethod
+    def of(batch: Any, micro_batches: int | str) -> ExampleBatch:
+        """The example with the cut asked for: none where fit is to choose ("auto" on a batch it can
+        cut into micro-batches of at least MIN_ROWS rows), else a count's (1: the whole batch). A
+        count is run as asked, or refused: never another."""
+        layout = BatchLayout.of(batch)
+        rows = layout.rows
+        if rows < 1:
+            raise ValueError("stowage.fit: the example batch has no rows (its tensors' first dimension is 0); give "
+                             "fit the largest batch the loop trains on")
+        if micro_batches == "auto":
+            return ExampleBatch(batch, layout, None if rows >= 2 * MIN_ROWS else MicroCut.of(rows, 1))
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ValueError(f"stowage.fit: micro_batches is 'auto' or a count of 1 or more, not {micro_batches!r}")
+        if micro_batches > 1 and rows // micro_batches < MIN_ROWS:
+            raise ValueError(f"stowage.fit: {micro_batches} micro-batches of a batch of {rows} rows leave "
+                             f"fewer than {MIN_ROWS} rows in one")
+        return ExampleBatch(batch, layout, MicroCut.of(rows, micro_batches))
+
+    @property
+    def rows(self) -> int:
+        return self.layout.rows
+
+    @property
+    def runs_whole(self) -> bool:
+        return self.cut is not None and self.cut.count == 1
+
+    def with_units(self, units: LossUnits, checked: str) -> ExampleBatch:
+        """The example cut by `units`, `checked` saying how they were found."""
+        return dataclasses.replace(self, units=units, checked=checked, not_cut="")
+
+    def whole(self, why: str = "") -> ExampleBatch:
+        """The example run whole, `why` it is not cut."""
+        return dataclasses.replace(self, cut=MicroCut.of(self.rows, 1), units=None, not_cut=why, checked="")
+
+    def cut_into(self, count: int, most: int) -> ExampleBatch:
+        """The example cut as fit chose: `count` micro-batches of at most `most` rows."""
+        return dataclasses.replace(self, cut=MicroCut(self.rows, count, most))
+
+    def last_piece(self, cut: MicroCut) -> Any:
+        """The largest of `cut`'s micro-batches of the example (the last: near-equal cuts grow)."""
+        bounds = cut.bounds(self.rows)
+        return self.layout.take(self.batch, bounds[-2], bounds[-1])
+
+
+def split(batch: Any, micro_rows: int) -> list[Any]:
+    """`batch` cut into the fewest near-equal micro-batches of at most `micro_rows` rows."""
+    layout = BatchLayout.of(batch)
+    return layout.pieces(batch, MicroCut(layout.rows, 1, micro_rows).bounds(layout.rows))
+
+
+def weighted(batch: Any, cut: MicroCut, units: LossUnits) -> list[tuple[Any, float]]:
+    """The micro-batches and each one's share of the global loss; a micro-batch with no units is
+    left out: it adds nothing to the global mean, where its own would be 0/0."""
+    layout = BatchLayout.of(batch)
+    pieces = layout.pieces(batch, cut.bounds(layout.rows))
+    if len(pieces) == 1:
+        return [(batch, 1.0)]
+    counted = [(each.name, [float(each.count(piece)) for piece in pieces]) for each in (units, *units.alike)]
+    shares, why_not = unit_shares(*counted[0], counted[1:])
+    if why_not:
+        raise ValueError(why_not)
+    return [(piece, share) for piece, share in zip(pieces, shares) if share > 0]

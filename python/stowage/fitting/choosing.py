@@ -1,38 +1,48 @@
 """`fit`'s choice: the share of optimizer states kept on the device, the micro-batches the global
-batch runs as, and the plan for the step's activations under what those leave, taken together as
-the fastest predicted step that fits.
+batch runs as and the plan for the step's activations under what those leave, weighed together in
+one call into the planner (Note [Weighing fit's options] in planner/fit_weighing.hpp; Note
+[Choosing a share] in planner/share_search.hpp), then tried once before training (README's
+"Fitting a larger model" says what a trial catches). An overshoot found is kept back from every
+plan weighed again: the planner's error on this step, taken to be as large on the next plan, so a
+plan that then overshoots by no more than what was kept back fits.
 
-For each share of states kept on the device (all of them, torch's optimizer unchanged; then less,
-down to none: stowage.offload.AdamW with that ``device_fraction``) and each micro-batch size (the
-whole batch; with ``micro_batches="auto"`` cuts into 2, 4, 8 ... micro-batches,
-stowage.fitting.micro_batches) the planner solves one micro-batch's step under the memory the
-share leaves, and works out whether the optimizer's step and the host's states fit and the
-step's predicted time (measured rates, stowage.fitting.update_rates): one call, Note [Weighing
-fit's options] in planner/fit_weighing.hpp. Predictions within 3% of the fastest count as a tie,
-won by the fewest micro-batches, then the most states on the device (the least changed; Note
-[Choosing a share] in planner/share_search.hpp). More states on the device or larger
-micro-batches leave less room for activations (more recompute and offload); fewer add host time
-or steps: the choice weighs them on this model rather than by a fixed rule.
+Contract: the trial restores what the step changes (stowage.fitting.side_effects); one trial at a
+time, on the thread that trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from stowage import _core
-from stowage.fitting.trial import without_recompute
+import torch
+
+from stowage import _core, memory
+from stowage._core import MIN_ROWS, MicroCut, format_bytes
+from stowage.fitting.batches import ExampleBatch, LossFn
+from stowage.fitting.cut_check import CutCheck
+from stowage.fitting.loss_units import LOSS_UNITS_GIVEN
+from stowage.fitting.side_effects import fit_trial, untouched
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
+from stowage.plan.applying import recompute_unannounced
 from stowage.serving import torch_module
 
 FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
 TIE = 0.03
 EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
+TRIALS = 3  # choices tried at most
+OUT_OF_MEMORY_OVERSHOOT = 16 << 20  # taken for a tried step that ran out of memory (at least; fit's margin)
+RECOMPUTE_FAILURE = re.compile(r"stowage\.plan: block '([^']*)' ran .* when recomputed")
 
 Choice = tuple[float, int]  # (share of states on the device, rows of a micro-batch)
 TraceAt = Callable[[int], LifetimeTrace]  # one micro-batch's lifetime trace, by its rows
+
+
+def distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 @dataclass(frozen=True)
@@ -88,8 +98,8 @@ class Option:
 
 
 def pick(step_ms: dict[Choice, float]) -> Choice | None:
-    """The choice to take, from the feasible choices' predicted step times (Note [Choosing a share]
-    in planner/share_search.hpp: the fastest, within TIE the most rows, then the most states)."""
+    """The fastest of the feasible choices' predicted step times; within TIE the most rows, then
+    the most states."""
     return _core.pick_choice(step_ms, TIE)
 
 
@@ -98,24 +108,143 @@ def agree(per_rank: list[dict[Choice, float]]) -> Choice | None:
     return _core.agree_choice(per_rank, TIE)
 
 
-def feasible_times(options: list[Option]) -> dict[Choice, float]:
-    return {o.key: o.step_ms for o in options if o.feasible}
+def _agreed(options: list[Option]) -> Choice | None:
+    """The choice this process takes. Under torch.distributed every rank takes the same one (where
+    the update runs changes its rounding, parameters must stay identical across ranks, and the
+    ranks' micro-batches meet in one all-reduce)."""
+    mine = {o.key: o.step_ms for o in options if o.feasible}
+    if not distributed():
+        return pick(mine)
+    every: list[dict[Choice, float]] = [{} for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather_object(every, mine)
+    return agree(every)
 
 
-def weigh(traces: StepTraces, memory: Any, host: Any, rates: Any, *, rows: int, micro_rows: int | None,
-          smallest: int, can_offload: bool, foreach: bool, reserve: int = 0, micro_count: int | None = None,
-          not_recomputed: frozenset[int] = frozenset()) -> list[Option]:
-    """Every share weighed (all of them on the device only, when states cannot move), each at the
-    micro-batch size given (``micro_rows``) or, where fit may choose (None), at the largest that
-    fits and up to EXTRA_CUTS halvings of it (Note [Choosing a share]); `pick`, or `agree` across
-    ranks, takes one. ``memory``, ``host``, ``rates``: _core.FitMemory, FitHost, UpdateRates.
-    ``reserve``: device bytes kept from every plan (what a tried step added beyond its plan,
-    stowage.fitting.trial). ``micro_count``: the micro-batches a size asked for runs as (a count
-    that does not divide the rows: more than their rows' share). ``not_recomputed``: checkpoint
-    regions whose tensors are kept or offloaded."""
-    fractions = FRACTIONS if can_offload else (1.0,)
-    shares = [(fraction, torch_module().kept_on_device(memory.numels, fraction)) for fraction in fractions]
-    native = traces.native.without_recompute(set(not_recomputed))
-    weighed = _core.weigh_fit(native, memory, host, rates, shares, _core.ShareSearch(rows, micro_rows, smallest,
-                              EXTRA_CUTS), micro_count, foreach, reserve)
-    return [Option(option, lambda at: without_recompute(traces.at(at), not_recomputed)) for option in weighed]
+def block_kind(path: str) -> str:
+    """A block's path with its list indices wild: "model.layers.5" -> "model.layers.*"."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", path)
+
+
+def _without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> LifetimeTrace:
+    """`trace` with the blocks of the `excluded` regions not recomputable (their tensors kept or offloaded)."""
+    if not excluded:
+        return trace
+    tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in trace.tensors]
+    regions = [dataclasses.replace(r, checkpointable=False) if i in excluded else r
+               for i, r in enumerate(trace.regions)]
+    return dataclasses.replace(trace, tensors=tensors, regions=regions)
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """What every weighing of the options takes: ``memory``, ``host``, ``rates`` are
+    _core.FitMemory, FitHost, UpdateRates; ``cut`` None where fit chooses the micro-batches."""
+
+    traces: StepTraces
+    memory: Any
+    host: Any
+    rates: Any
+    rows: int
+    cut: MicroCut | None
+    can_offload: bool
+    foreach: bool
+
+    def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
+        """Every share weighed (all on the device only, when states cannot move), at the cut asked
+        for or, where fit chooses, at the largest micro-batch that fits and up to EXTRA_CUTS halvings
+        of it; ``reserve``: device bytes kept from every plan; ``no_recompute``: block kinds whose
+        tensors are kept or offloaded."""
+        fractions = FRACTIONS if self.can_offload else (1.0,)
+        shares = [(f, torch_module().kept_on_device(self.memory.numels, f)) for f in fractions]
+        excluded = frozenset(i for i, region in enumerate(self.traces.regions)
+                             if block_kind(region.module) in no_recompute)
+        search = _core.ShareSearch(self.rows, self.cut.most if self.cut else None, MIN_ROWS, EXTRA_CUTS)
+        weighed = _core.weigh_fit(self.traces.native.without_recompute(set(excluded)), self.memory, self.host,
+                                  self.rates, shares, search, self.cut.count if self.cut else None, self.foreach,
+                                  reserve)
+        return [Option(option, lambda at: _without_recompute(self.traces.at(at), excluded)) for option in weighed]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one trial found: the bytes the step added beyond the prediction (0 where it held),
+    and the block kind whose recompute failed ("" where none did)."""
+
+    overshoot: int
+    failed_block_kind: str
+
+
+def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> Outcome:
+    """One forward and backward of `piece` under `plan`, its added peak against the prediction."""
+    model.zero_grad(set_to_none=True)
+    start = memory.memory_allocated(device)
+    memory.reset_peak_stats(device)
+    floor = 0
+    try:
+        with recompute_unannounced(), plan:  # (training's plan says it recomputes, if it does)
+            loss_fn(model, piece).backward()
+    except torch.OutOfMemoryError:
+        floor = OUT_OF_MEMORY_OVERSHOOT
+    except RuntimeError as error:
+        found = RECOMPUTE_FAILURE.search(str(error))
+        if found is None:
+            raise
+        return Outcome(0, block_kind(found.group(1)))
+    finally:
+        model.zero_grad(set_to_none=True)
+    added = memory.max_memory_allocated(device) - start
+    return Outcome(max(added - plan.predicted_peak_bytes, floor), "")
+
+
+Chosen = tuple[list[Option], Option | None, str]  # the options, the one taken, what the trials found
+
+
+def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device) -> Chosen:
+    """The options and the one taken, its plan tried on the example's largest micro-batch."""
+    reserve, no_recompute, found = 0, set(), []
+    for attempt in range(TRIALS):
+        options = weighing.options(reserve, no_recompute)
+        choice = _agreed(options)
+        chosen = next((o for o in options if o.key == choice), None)
+        if chosen is None or chosen.plan is None or chosen.keeps_everything or distributed() or attempt == TRIALS - 1:
+            return options, chosen, "; ".join(found)
+        piece = example.batch if example.units is None else \
+            example.last_piece(MicroCut(example.rows, chosen.micro_batches, chosen.micro_rows))
+        chosen.plan.model = model
+        with fit_trial(device), untouched(model, device):
+            outcome = _run_once(model, loss_fn, piece, chosen.plan, device)
+        if outcome.failed_block_kind:
+            no_recompute.add(outcome.failed_block_kind)
+            found.append(f"{outcome.failed_block_kind} runs other ops when recomputed: not recomputed")
+        elif outcome.overshoot > reserve:  # (a plan made with `reserve` kept back may overshoot by as much)
+            reserve = outcome.overshoot
+            found.append(f"the step added {format_bytes(outcome.overshoot)} more than planned: weighed again with it "
+                         "kept back")
+        else:
+            return options, chosen, "; ".join(found)
+    raise AssertionError("unreachable")
+
+
+def checked_choice(weighing: Weighing, example: ExampleBatch, check: CutCheck | None, model: Any, loss_fn: LossFn,
+                   device: torch.device) -> tuple[ExampleBatch, Chosen]:
+    """fit's choice, its cut verified on the example batch where fit chose it ("auto", the units
+    not given): a cut the check does not verify (on any rank, under torch.distributed, where the
+    ranks took one choice) is weighed again whole, saying why."""
+    choice = choose(weighing, model, loss_fn, example, device)
+    chosen = choice[1]
+    verify = check is not None and weighing.cut is None and example.checked != LOSS_UNITS_GIVEN
+    if check is None or not verify or chosen is None or chosen.micro_batches == 1:
+        return example, choice
+    with fit_trial(device):
+        verified = check.verify([MicroCut(weighing.rows, chosen.micro_batches, chosen.micro_rows)])
+    why_not = verified.not_cut
+    if distributed():  # the ranks cut alike, or none does
+        every: list[str] = [""] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every, why_not)
+        why_not = next((said for said in every if said), "")
+        if why_not and verified.units is not None:
+            why_not = f"another rank's example batch does not verify the cut ({why_not})"
+    if not why_not:
+        return verified, choice
+    whole = example.whole(why_not)
+    return whole, choose(dataclasses.replace(weighing, cut=whole.cut), model, loss_fn, whole, device)

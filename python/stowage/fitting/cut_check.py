@@ -1,20 +1,9 @@
-"""Whether cutting the example batch keeps its step: the check behind every cut fit takes
-(Note [Micro-batches] in stowage.fitting.micro_batches).
-
-A cut is verified on the example batch itself, on every row: the loss of the whole batch
-(forward only, without a graph) against its micro-batches' losses weighted by their shares of a
-count the batch's tensors offer (stowage.fitting.loss_units; planner/loss_units.hpp judges which
-hold); the two agree within the rounding measured on the step itself, relative to the losses'
-magnitude (`NOISE_MARGIN`). Where the
-whole batch's forward runs out of memory, the micro-batches are checked in spans (as many
-consecutive micro-batches as a forward holds, at least two): each span's loss against its
-micro-batches', which verifies the cut inside every span but not how the spans add up, which is
-said; a cut whose two micro-batches do not fit in one forward cannot be checked and is refused.
-
-The forwards run in the model's own mode under CutCheckDispatch (dropout keeps everything; batch norm
-watched), each from the same state: buffers, module modes and the random generators are put
-back after each (stowage.fitting.side_effects.untouched), so nothing the check runs reaches
-training.
+"""Whether cutting the example batch keeps its step: the check behind every cut fit takes (Note
+[Micro-batches] in planner/micro_cut.hpp; README's "A global batch as micro-batches" says what it
+runs and what keeps a batch whole). The forwards run here, without a graph, in the model's own
+mode under `CutCheckDispatch`, each from the same state (stowage.fitting.side_effects.untouched);
+planner/loss_units.hpp judges their losses. Where the whole batch's forward runs out of memory,
+the micro-batches are checked in spans (as many consecutive ones as a forward holds, at least two).
 
 Contract: one CutCheck per example batch; `verify` may be called for several cuts, each loss
 computed once; not thread-safe.
@@ -22,29 +11,123 @@ computed once; not thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from stowage import step_context
 from stowage._core import MicroCut, judge_loss_units
-from stowage.fitting.batches import LossFn, LossFnNeeded
-from stowage.fitting.cut_check_dispatch import CutCheckDispatch
-from stowage.fitting.loss_units import LossUnits, candidates
-from stowage.fitting.micro_batches import ExampleBatch
+from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, LossUnits
+from stowage.fitting.loss_units import candidates
 from stowage.fitting.side_effects import untouched
 
-# The relative difference between the whole batch's loss and its micro-batches' weighted sum
-# taken as rounding: measured on the step itself (`_noise`: a micro-batch's loss against the loss
-# of the same rows repeated to the whole batch's size, equal for any mean whatever its units, so
-# what differs is what kernels blocked for another row count and sums taken in another order
-# change), NOISE_MARGIN times over; at least what the loss's own dtype rounds (FLOOR), at most
-# what the least precise dtype the forwards made rounds (CEILING; tf32 where a GPU's float32
-# matmuls or convolutions may use it), and CEILING where nothing was measured.
-NOISE_MARGIN = 16
-FLOOR = {torch.float64: 1e-13, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-CEILING = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+aten = torch.ops.aten
+NEVER_MIXING = {aten._native_batch_norm_legit_no_training, aten._batch_norm_no_update}
+ALWAYS_TRAINING = {aten._batch_norm_with_update, aten._batch_norm_with_update_functional, aten.batch_norm_stats,
+                   aten.batch_norm_gather_stats, aten.batch_norm_gather_stats_with_counts}
+DROPOUT_ARGUMENTS = ("dropout_p", "dropout")
+
+
+def _index(func: Any, name: str) -> int | None:
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return index
+    return None
+
+
+def _argument(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any = None) -> Any:
+    index = _index(func, name)
+    if index is None:
+        return default
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if index < len(args) else default
+
+
+def _replaced(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str,
+              value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    index = _index(func, name)
+    if index is None:
+        return args, kwargs
+    if index < len(args):
+        return args[:index] + (value,) + args[index + 1:], kwargs
+    return args, {**kwargs, name: value}
+
+
+class CutCheckDispatch(TorchDispatchMode):
+    """The check's forwards at the level of torch's ops (whatever module or function calls them):
+    dropout keeps every element (``native_dropout``, ``_fused_dropout`` return their input,
+    ``bernoulli`` draws are all ones, an op's ``dropout`` or ``dropout_p`` argument is 0), so the
+    whole batch and its micro-batches compute one deterministic function of their rows. Found:
+    ``mixing``, the row-mixing ops seen (batch norm in training mode on more than one row, or
+    SyncBatchNorm's statistics), each with the module it ran in; with `neutralise_batch_norm`
+    batch norm runs on its running statistics where it has them instead; ``random``, random draws
+    that stayed random (``aten.rand`` ...: a cut draws them differently); ``dtypes``, the floating
+    point dtypes the ops made. Entered only by the check: it never changes a training step."""
+
+    def __init__(self, model: Any, neutralise_batch_norm: bool) -> None:
+        super().__init__()
+        self.neutralise = neutralise_batch_norm
+        self.names = {id(module): name for name, module in model.named_modules()}
+        self.mixing: dict[str, str] = {}
+        self.random: set[str] = set()
+        self.dtypes: set[torch.dtype] = set()
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """The mode, with the module each op runs in followed (for the reason a cut is refused)."""
+        unsubscribe = step_context.module_calls.subscribe(compiled=True)
+        try:
+            with torch.no_grad(), self:
+                yield
+        finally:
+            unsubscribe()
+
+    def _where(self) -> str:
+        for module in reversed([call.module for call in step_context.module_calls.stack]):
+            if id(module) in self.names:
+                name = self.names[id(module)]
+                return f"module '{name}'" if name else "the model's own forward"
+        return "the loss function"
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        packet = func.overloadpacket
+        if "batch_norm" in packet.__name__ and packet not in NEVER_MIXING:
+            args, kwargs = self._batch_norm(func, args, kwargs)
+        elif packet in (aten.native_dropout, aten._fused_dropout) and \
+                _argument(func, args, kwargs, "train", True) is not False:
+            kept = args[0].clone()
+            return kept, torch.ones_like(kept, dtype=torch.bool if packet is aten.native_dropout else torch.uint8)
+        elif packet in (aten.bernoulli, aten.bernoulli_):
+            result = func(*args, **kwargs)
+            return result.fill_(1)
+        for name in DROPOUT_ARGUMENTS:
+            if isinstance(_argument(func, args, kwargs, name), float):
+                args, kwargs = _replaced(func, args, kwargs, name, 0.0)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random.add(str(packet))
+        result = func(*args, **kwargs)
+        for leaf in torch.utils._pytree.tree_leaves(result):
+            if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                self.dtypes.add(leaf.dtype)
+        return result
+
+    def _batch_norm(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict]:
+        always = func.overloadpacket in ALWAYS_TRAINING
+        training = always or bool(_argument(func, args, kwargs, "training", False))
+        first = args[0] if args else None
+        if not training or not isinstance(first, torch.Tensor) or first.dim() == 0 or first.shape[0] <= 1:
+            return args, kwargs
+        statistics = [_argument(func, args, kwargs, name) for name in ("running_mean", "running_var")]
+        if self.neutralise and not always and all(isinstance(s, torch.Tensor) for s in statistics):
+            return _replaced(func, args, kwargs, "training", False)
+        self.mixing.setdefault(str(func.overloadpacket), self._where())
+        return args, kwargs
 
 
 class Unverifiable(Exception):
@@ -160,30 +243,24 @@ class CutCheck:
                            "together, so no cut of it can be checked; pass loss_units= to cut it anyway")
 
     def _judge(self, whole: float | None) -> ExampleBatch:
-        """The units the verified cuts' equations hold by (planner/loss_units.hpp judges them)."""
-        tolerance = self._tolerance()
+        """The units the verified cuts' equations hold by, within the rounding measured on the step
+        (planner/loss_units.hpp judges them)."""
         cuts = [(equations.losses, equations.spans) for _, equations in self._verified]
         counted = [(units.name, [[float(units.count(piece)) for piece in equations.pieces]
                                  for _, equations in self._verified]) for units in self.candidates]
-        alike, why_not = judge_loss_units(cuts, counted, tolerance, ", ".join(sorted(self.mode.random)[:3]))
+        # the dtypes the forwards made and the loss's, read before the noise's own forward adds to them
+        dtypes = [str(dtype).removeprefix("torch.") for dtype in (*self.mode.dtypes, self._loss_dtype)]
+        tf32 = self.device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+                                               or torch.get_float32_matmul_precision() != "highest")
+        if self._noise_measured is False:
+            self._noise_measured = self._noise()
+        alike, why_not, tolerance = judge_loss_units(cuts, counted, dtypes[:-1], dtypes[-1], tf32, self._noise_measured,
+                                                     ", ".join(sorted(self.mode.random)[:3]))
         if not alike:
             return self.example.whole(why_not)
         first, *rest = [self.candidates[index] for index in alike]
         checked = f"{self._checked(whole)}, agreeing within {tolerance:.0e} of the loss"
         return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)), checked)
-
-    def _tolerance(self) -> float:
-        dtypes = set(self.mode.dtypes) or {torch.float32}
-        if torch.float32 in dtypes and self.device.type == "cuda" and (
-                torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
-                or torch.get_float32_matmul_precision() != "highest"):
-            dtypes.add(torch.float16)  # tf32 keeps float16's mantissa
-        ceiling = max(CEILING.get(dtype, CEILING[torch.float32]) for dtype in dtypes)
-        floor = FLOOR.get(self._loss_dtype, FLOOR[torch.float32])
-        if self._noise_measured is False:
-            self._noise_measured = self._noise()
-        noise = self._noise_measured
-        return ceiling if noise is None else min(ceiling, max(floor, NOISE_MARGIN * noise))
 
     def _noise(self) -> float | None:
         """The relative difference between the first micro-batch with a finite loss and the same

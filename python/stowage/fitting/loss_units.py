@@ -1,73 +1,20 @@
-"""What a loss may be a mean over, read off the example batch's tensors: the counts fit weighs
-micro-batches by. None of these is taken on trust: stowage.fitting.cut_check keeps only the ones
-the example batch's own losses verify (Note [Micro-batches]).
-
-The candidates, in this order (the first of those a check cannot tell apart names them):
-
-- rows: a loss averaged over the batch's rows;
-- for each integer tensor with the batch's rows: its entries that are not -100 (``ignore_index``:
-  padded labels, padded rows of class labels), and for one of two or more dimensions those of
-  ``[:, 1:]`` (a causal LM shifts its labels); where its values are all 0 or 1, its nonzero
-  entries (an attention mask), and of ``[:, 1:]``;
-- for each bool tensor with the batch's rows: its true entries (a mask of the rows or tokens
-  that count);
-- for each floating point tensor of one dimension with the batch's rows, none of them negative:
-  its sum (per-row weights, ``(w * losses).sum() / w.sum()``).
-
-A count is looked up in a later batch by the same path; a batch without it is refused.
+"""The counts a loss on the example batch may be a mean over, read off its tensors in README's
+order ("A global batch as micro-batches": rows; integer entries not -100, of [:, 1:] too; 0/1
+entries that are nonzero; bool entries that are true; a one-dimensional non-negative float's sum);
+stowage.fitting.cut_check keeps those the example's own losses verify. A count is looked up in a
+later batch by the same path; a batch without it is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from stowage._core import SHARES_ALIKE
-from stowage.fitting.batches import BatchLayout, tensor_leaves
+from stowage.fitting.batches import BatchLayout, LossUnits, tensor_leaves
 
 IGNORE_INDEX = -100
 LOSS_UNITS_GIVEN = "loss_units as given"  # what was verified, where the caller said the units
-
-
-@dataclass(frozen=True)
-class LossUnits:
-    """What a batch's loss is a mean over, and how many of them a batch holds. ``alike``: counts
-    the example batch could not tell from this one (they weighed every cut of it alike); a batch
-    they weigh differently is refused (`shares`)."""
-
-    name: str
-    count: Callable[[Any], float]
-    alike: tuple[LossUnits, ...] = ()
-
-    def shares(self, pieces: list[Any]) -> list[float]:
-        """Each piece's share of the pieces' units; ValueError where a count the example could not
-        tell from this one weighs them differently."""
-        counts = [float(self.count(piece)) for piece in pieces]
-        shares = _normalised(counts, self.name)
-        for other in self.alike:
-            theirs = _normalised([float(other.count(piece)) for piece in pieces], other.name)
-            if any(abs(a - b) > SHARES_ALIKE for a, b in zip(shares, theirs)):
-                raise ValueError(
-                    f"stowage.fit: this batch's micro-batches weigh {_shown(shares)} by {self.name} and "
-                    f"{_shown(theirs)} by {other.name}, and the example batch could not tell which of them the "
-                    "loss is a mean over (it weighed its own micro-batches alike by both). Give fit an example "
-                    "batch like this one (its padding, its masks), or say which: loss_units=...")
-        return shares
-
-
-
-
-def _normalised(counts: list[float], name: str) -> list[float]:
-    total = sum(counts)
-    if not total > 0:
-        raise ValueError(f"stowage.fit: the batch holds no {name} to average the loss over")
-    return [count / total for count in counts]
-
-
-def _shown(shares: list[float]) -> str:
-    return "/".join(f"{share:.3f}" for share in shares)
 
 
 def _rows(batch: Any) -> float:

@@ -1,11 +1,9 @@
-"""What recording a step must not leave behind: `fit` runs the model's step to record it, and
-that step updates the model's buffers (BatchNorm's running statistics and counters, anything a
-forward writes into a buffer), draws from the random number generators (dropout) and leaves
-gradients; training after `fit` must start from exactly where it would have started without it.
+"""What fit's own steps (its recording, the cut check's forwards, its trials) must not leave
+behind: training after `fit` starts from exactly where it would have started without it.
 
-Contract: ``untouched(model, device)`` wraps the recording; on leaving (raised or not) every
-buffer holds its bytes from before, the CPU and the device's generators their states, each
-parameter its gradient as it was and each module its train/eval mode.
+Contract: on leaving ``untouched(model, device)`` (raised or not) every buffer holds its bytes
+from before (BatchNorm's running statistics, anything a forward writes), the CPU and the device's
+generators their states, each parameter its gradient as it was and each module its mode.
 """
 
 from __future__ import annotations
@@ -14,6 +12,8 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
+
+from stowage.serving import device_index, torch_module
 
 
 @contextlib.contextmanager
@@ -38,3 +38,16 @@ def untouched(model: Any, device: torch.device) -> Iterator[None]:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, device)
+
+
+@contextlib.contextmanager
+def fit_trial(device: torch.device) -> Iterator[None]:
+    """fit's own steps (its recording of the step, its probes, its trials), marked in the device's
+    history ("snapshot" markers stowage.fit.trial_begin / trial_end) so that an inspection of the
+    run can tell them from training (an out-of-memory while recording is fit's, not the run's)."""
+    module, index = torch_module(), device_index(device)
+    module.mark_fit_trial(True, index)
+    try:
+        yield
+    finally:
+        module.mark_fit_trial(False, index)

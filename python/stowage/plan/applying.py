@@ -78,7 +78,7 @@ _unannounced = 0  # recompute_unannounced() contexts open
 @contextlib.contextmanager
 def recompute_unannounced() -> Iterator[None]:
     """Plans applied inside give no recompute notice and leave it to the next one: for a trial
-    of a plan that training may not run (stowage.fitting.trial), the notice belongs to the plan
+    of a plan that training may not run (stowage.fitting.choosing), the notice belongs to the plan
     that training runs under."""
     global _unannounced
     _unannounced += 1

@@ -141,7 +141,7 @@ class Caches:
         """One micro-batch's profile and lowest planned peak as fit makes them for the fitted_step
         pattern (its global batch recorded at 2 and 3 rows, read at half its rows)."""
         from stowage.fitting.batches import BatchLayout
-        from stowage.fitting.fit import MICRO_GRID
+        from stowage.fitting.recording import MICRO_GRID
 
         key = ("micro", model.name)
         if key not in self._profiles:
@@ -181,7 +181,7 @@ class Caches:
         return self._plans[key]
 
     def rates(self, device: Any, dtype: Any) -> Any:
-        from stowage.fitting.update_rates import measure_rates
+        from stowage.fitting.measuring import measure_rates
 
         if (str(device), dtype) not in self._rates:
             self._rates[(str(device), dtype)] = measure_rates(device, dtype)

@@ -1,0 +1,153 @@
+"""`fit`'s recording of the step: whole at the example when it fits and is not to be cut; at 2
+and 3 rows of the example's sequences when it may be cut (every cut's lifetime trace is then read
+off the rows' line); else at the first grid of smaller sizes cut from the example that it fits
+and runs the same ops at (`profiling_grids`), evaluated at the example's (stowage.plan.sizes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+import stowage.plan
+from stowage import memory as stowage_memory
+from stowage._core import MIN_ROWS, format_bytes
+from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, profiling_grids, shown
+from stowage.fitting.choosing import StepTraces
+from stowage.fitting.side_effects import fit_trial, untouched
+from stowage.offload.sharded import local
+from stowage.plan.sizes import StepsDiffer, grid_points
+
+MICRO_GRID = (MIN_ROWS, MIN_ROWS + 1)  # rows a step that may be cut is recorded at
+
+
+class CannotCut(Exception):
+    """The step cannot be planned per micro-batch (the reason); fit keeps the batch whole."""
+
+
+Profiled = tuple[StepTraces, str]  # a micro-batch's lifetime trace by its rows, and how it was recorded
+
+
+def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device, capacity: int,
+             cost: dict[str, float] | None) -> Profiled:
+    """The step's lifetime trace (see the module's contract), and how it was recorded."""
+    def step(at: Any) -> None:  # gradients made and let go, as a step then the optimizer's zero_grad do
+        loss_fn(model, at).backward()
+        model.zero_grad(set_to_none=True)
+
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    full = example.layout.sizes
+    try:
+        if example.units is None:
+            trace = stowage.plan.profile(lambda: step(example.batch), device=kind, cost=cost, model=model)
+            return StepTraces.whole(trace), f"step recorded at {shown(full)}"
+        try:
+            sized = stowage.plan.profile(_on_cuts(step, example, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
+                                         device=kind, cost=cost, model=model)
+        except ValueError as error:  # the step's ops differ between 2 and 3 rows, or it refuses so few
+            model.zero_grad(set_to_none=True)
+            why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
+            raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
+        rest = f" x seq {example.layout.seq}" if example.layout.seq is not None else ""
+        return StepTraces.by_rows(sized, {}), (
+            f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{rest}, planned per micro-batch")
+    except torch.OutOfMemoryError:
+        model.zero_grad(set_to_none=True)
+    sized, grid_shown, failures = _record_smaller(step, example, kind, cost, model)
+    if sized is None:
+        model.zero_grad(set_to_none=True)
+        if not all(isinstance(error, torch.OutOfMemoryError) for _, error in failures):
+            raise _cut_fails(full, failures)
+        grid = profiling_grids(example.layout)[-1]
+        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()},
+                         _first_line(failures[-1][1]))
+    grid = sized.sizes
+    if example.units is not None:
+        return StepTraces.by_rows(sized, {name: full[name] for name in grid}), (
+            f"step does not fit at 2 rows: recorded at {grid_shown}, planned per micro-batch")
+    trace = sized.at({name: full[name] for name in grid})
+    return StepTraces.whole(trace), f"step does not fit whole: recorded at {grid_shown}, planned at {shown(full)}"
+
+
+def _on_cuts(step: Callable[[Any], None], example: ExampleBatch,
+             grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
+    """`step` on the example cut to each point of `grid`, the cuts made before anything is
+    recorded: cutting is no part of the step (recorded, its copies would count in the step's
+    memory and its ops among the step's, and those can change with the point: indexing a
+    dimension to its full length is an alias, or nothing, where a shorter one is a slice)."""
+    pieces = {tuple(point.items()): example.layout.at(example.batch, point) for point in grid_points(grid)}
+    return lambda **sizes: step(pieces[tuple(sizes.items())])
+
+
+Failures = list[tuple[str, Exception]]  # each grid tried (as shown) and why it could not be recorded there
+
+
+def _record_smaller(step: Callable[[Any], None], example: ExampleBatch, kind: str, cost: dict[str, float] | None,
+                    model: Any) -> tuple[Any, str, Failures]:
+    """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
+    (the sized trace, the grid shown, the grids tried before) or (None, "", every grid tried and
+    its failure). A failed recording leaves the device as it found it (stowage.plan.profile), so
+    each grid has the room the first had."""
+    failures: Failures = []
+    for grid in profiling_grids(example.layout):
+        grid_shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
+        try:
+            sized = stowage.plan.profile(_on_cuts(step, example, grid), sizes=grid, device=kind, cost=cost,
+                                         model=model)
+            return sized, grid_shown, failures
+        except LossFnNeeded:
+            model.zero_grad(set_to_none=True)
+            raise
+        except (torch.OutOfMemoryError, RuntimeError, ValueError, TypeError, IndexError) as error:
+            failures.append((grid_shown, error))
+        model.zero_grad(set_to_none=True)
+    return None, "", failures
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"
+
+
+def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[str, int],
+               failure: str) -> torch.OutOfMemoryError:
+    trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return torch.OutOfMemoryError(
+        f"stowage.fit: the step does not fit as it is even cut to {shown(smallest)}, the smallest size fit "
+        f"records it at (a recording runs the step unplanned, with nothing offloaded). In use before it: "
+        f"{format_bytes(stowage_memory.memory_allocated(device))} of {format_bytes(capacity)}; its gradients add "
+        f"{format_bytes(trainable)}. The device cannot hold the model with the smallest step's activations: shard "
+        "it over more devices (FSDP2), train it in lower precision, or on smaller inputs (shorter sequences, "
+        f"smaller images).\n({failure})")
+
+
+def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
+    tried = "\n".join(f"  at {grid}: {_first_line(error)}" for grid, error in failures)
+    if any(isinstance(error, StepsDiffer) for _, error in failures):
+        advice = ("A step recorded at several sizes must run the same ops at each: a loss computed in a fixed "
+                  "number of chunks (not chunks of a fixed size), no branch on the sizes. Else: "
+                  "micro_batches='auto' (fit then records 2 and 3 rows at the example's own sequence length), an "
+                  "example batch whose step fits whole, or a device or budget the example's step fits in")
+    else:
+        advice = ("fit cuts rows (the first dimension of every tensor with the example's rows) and sequences (the "
+                  "second dimension of integer tensors with the example's length): give a step that takes fewer "
+                  "of them, or a budget the example's step fits in whole")
+    return ValueError(
+        f"stowage.fit: the step does not fit whole at {shown(full)}, so fit records it on the example cut to "
+        f"smaller sizes, and it could not be recorded at any of them:\n{tried}\n{advice}")
+
+
+def record(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device, capacity: int,
+           cost: dict[str, float] | None, micro_batches: int | str) -> tuple[StepTraces, str, ExampleBatch]:
+    """The step recorded as one of fit's trials, leaving no trace in training; a step that cannot
+    be planned per micro-batch runs whole under micro_batches="auto" (a count asked for is refused)."""
+    try:
+        with fit_trial(device), untouched(model, device):
+            return (*_profile(model, loss_fn, example, device, capacity, cost), example)
+    except CannotCut as error:
+        if micro_batches != "auto":
+            raise ValueError(f"stowage.fit: micro_batches={micro_batches} cannot be planned: {error}") from None
+        example = example.whole(str(error))
+        with fit_trial(device), untouched(model, device):
+            return (*_profile(model, loss_fn, example, device, capacity, cost), example)
