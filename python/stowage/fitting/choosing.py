@@ -17,7 +17,6 @@ or steps: the choice weighs them on this model rather than by a fixed rule.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,6 +25,7 @@ from stowage import _core
 from stowage.fitting.trial import without_recompute
 from stowage.offload.adam_buckets import kept_on_device
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
+from stowage.plan.applying import with_cost
 
 FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
 TIE = 0.03
@@ -48,15 +48,14 @@ class StepTraces:
     @staticmethod
     def whole(trace: LifetimeTrace) -> StepTraces:
         """A step recorded once, the same at any rows."""
-        return StepTraces(lambda rows: trace, _core.StepTraces(trace.native_trace(), trace.native_cost()),
-                          trace.regions)
+        return StepTraces(lambda rows: trace, _core.StepTraces(trace, trace.cost), trace.regions)
 
     @staticmethod
     def by_rows(sized: SizedTrace, sizes: dict[str, int], rows_size: str = "batch") -> StepTraces:
         """A step recorded at a grid: at `sizes`, the rows in `rows_size`."""
         first = sized.traces[0]
-        native = _core.StepTraces(sized.native(), [sizes.get(name, 0) for name in sized.sizes],
-                                  list(sized.sizes).index(rows_size), first.native_cost())
+        native = _core.StepTraces(sized.native, [sizes.get(name, 0) for name in sized.sizes],
+                                  list(sized.sizes).index(rows_size), first.cost)
         return StepTraces(lambda rows: sized.at({**sizes, rows_size: rows}), native, first.regions)
 
 
@@ -83,8 +82,9 @@ class Option:
         if not self._weighed.solved:
             return None
         trace = self._trace_at(self.micro_rows)
-        trace = dataclasses.replace(trace, cost={**trace.cost, "prefetch_depth": self._weighed.prefetch_depth})
-        return Plan(trace, self._weighed.decisions, self.activation_budget)
+        cost = trace.cost
+        cost = _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms, self._weighed.prefetch_depth)
+        return Plan(with_cost(trace, cost), self._weighed.decisions, self.activation_budget)
 
 
 def pick(step_ms: dict[Choice, float]) -> Choice | None:

@@ -14,7 +14,7 @@ one trial at a time, on the thread that trains.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -77,7 +77,10 @@ def without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> Lifetim
     """`trace` with the blocks of the `excluded` regions not recomputable (their tensors kept or offloaded)."""
     if not excluded:
         return trace
-    tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in trace.tensors]
-    regions = [dataclasses.replace(r, checkpointable=False) if i in excluded else r
-               for i, r in enumerate(trace.regions)]
-    return dataclasses.replace(trace, tensors=tensors, regions=regions)
+    trace, tensors, regions = copy.copy(trace), trace.tensors, trace.regions  # (the lists are copies)
+    for tensor in tensors:
+        tensor.recomputable = tensor.recomputable and tensor.region not in excluded
+    for index in excluded:
+        regions[index].checkpointable = False
+    trace.tensors, trace.regions = tensors, regions
+    return trace
