@@ -466,6 +466,24 @@ std::optional<std::string> decision_problem(std::string_view decision, bool reco
   return std::nullopt;
 }
 
+std::optional<std::string> plan_problem(const LifetimeTrace& trace, const std::vector<std::string>& decisions) {
+  if (decisions.size() != trace.tensors.size()) {
+    return joined({"a plan needs one decision per saved tensor: ", std::to_string(decisions.size()), " for ",
+                   std::to_string(trace.tensors.size())});
+  }
+  for (std::size_t t = 0; t < decisions.size(); ++t) {
+    const SavedTensor& tensor = trace.tensors[t];
+    std::optional<std::string> problem =
+        decision_problem(decisions[t], tensor.recomputable, tensor.offloadable, tensor.region);
+    if (!problem && static_cast<std::size_t>(tensor.region + 1) > trace.regions.size()) {
+      problem = joined({"region ", std::to_string(tensor.region), " is not one of the trace's ",
+                        std::to_string(trace.regions.size()), " regions"});
+    }
+    if (problem) return joined({"stowage.plan: saved tensor ", std::to_string(t), " (", tensor.module, "): ", *problem});
+  }
+  return std::nullopt;
+}
+
 namespace {
 
 // One decision per saved tensor, each one the runtime can apply to its tensor, and no region both

@@ -174,8 +174,8 @@ void bind_plan_files(py::module_& module) {
         raise_refusal(planner::check_cost(view, cost.ptr(), tensors), where);
       },
       py::arg("cost"), py::arg("where"), py::arg("tensors"), "InputError for a cost model outside its bounds.");
-  module.def("plan_decision_problem", &planner::decision_problem, py::arg("decision"), py::arg("recomputable"),
-             py::arg("offloadable"), py::arg("region"));
+  module.def("plan_problem", &planner::plan_problem, py::arg("trace"), py::arg("decisions"),
+             "Why the runtime cannot apply these decisions to the trace's tensors (the first), or None.");
 
   py::module_ limits =
       module.def_submodule("plan_file_limits", "The planner files' formats and the bounds Python checks before reading (planner/file_formats.hpp).");

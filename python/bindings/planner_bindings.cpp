@@ -69,8 +69,6 @@ void bind_recording(py::module_& module) {
            }),
            py::arg("module"), py::arg("call"))
       .def_readwrite("checkpointable", &planner::RecordedRegion::checkpointable);
-  // What StepLedger.recording() hands build_trace; Python only passes it on.
-  py::class_<planner::StepRecording>(module, "StepRecording");
   py::class_<planner::StepLedger>(module, "StepLedger",
                                   "The storages of a step as it is recorded (Note [Keeping the ledger]).")
       .def(py::init<>())
@@ -81,10 +79,13 @@ void bind_recording(py::module_& module) {
       .def("writes_input", &planner::StepLedger::writes_input, py::arg("region"), py::arg("written"))
       .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"), py::arg("site"))
       .def("taken_back", &planner::StepLedger::taken_back, py::arg("storage"))
-      .def("recording", &planner::StepLedger::recording, py::arg("ops"), py::arg("regions"));
-  module.def(
-      "build_trace", [](const planner::StepRecording& recording) { return planner::build_trace(recording).trace; },
-      py::arg("recording"), "The lifetime trace of a recorded step (Note [Building a trace]).");
+      .def(
+          "trace",
+          [](const planner::StepLedger& ledger, std::vector<planner::TraceOp> ops,
+             std::vector<planner::RecordedRegion> regions) {
+            return planner::build_trace(ledger.recording(std::move(ops), std::move(regions))).trace;
+          },
+          py::arg("ops"), py::arg("regions"), "The recorded step's lifetime trace (Note [Building a trace]).");
 }
 
 void bind_results(py::module_& module) {

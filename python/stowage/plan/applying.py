@@ -150,30 +150,20 @@ def _notice_recompute(blocks: list[str]) -> None:
         RecomputeNotice, stacklevel=outside_stowage())
 
 
-def _check_decisions(trace: Any, decisions: list[str]) -> None:
-    """ValueError naming the first saved tensor the runtime cannot apply its decision to."""
-    tensors, regions = trace.tensors, len(trace.regions)
-    if len(decisions) != len(tensors):
-        raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for {len(tensors)}")
-    for t, (tensor, decision) in enumerate(zip(tensors, decisions)):
-        problem = _core.plan_decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
-        if problem is None and not -1 <= tensor.region < regions:
-            problem = f"region {tensor.region} is not one of the trace's {regions} regions"
-        if problem is not None:
-            raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
-
-
 class Plan:
     """Keep / offload / recompute per saved tensor of a lifetime trace (a stowage._core.LifetimeTrace,
     under its cost model), with its predicted outcome; its decisions checked once, when it is made."""
 
     def __init__(self, trace: Any, decisions: list[str], budget: int) -> None:
-        _check_decisions(trace, decisions)
+        problem = _core.plan_problem(trace, decisions)
+        if problem is not None:
+            raise ValueError(problem)
         self.trace, self._decisions, self.budget = trace, tuple(decisions), budget
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
+        self._index_decisions()  # once: the trace's lists cross from C++ as copies
 
     @property
     def decisions(self) -> list[str]:
@@ -226,7 +216,6 @@ class Plan:
         self._active = True
         self.departures.begin_step()
         try:
-            self._index_decisions()
             if self._checkpointed:
                 _notice_recompute(sorted({path for path, _ in self._checkpointed}))
             self._hold_to_budget(torch_module())

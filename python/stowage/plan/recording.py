@@ -241,7 +241,7 @@ class StepRecorder:
 
     def trace(self, cost: Mapping[str, float]) -> Any:
         """The recorded step's lifetime trace (a stowage._core.LifetimeTrace) under `cost`."""
-        trace = _core.build_trace(self.ledger.recording(self.ops, self.regions))
+        trace = self.ledger.trace(self.ops, self.regions)
         trace.cost = _core.CostModel(**cost)
         return trace
 
