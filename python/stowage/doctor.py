@@ -43,6 +43,10 @@ def add_parser(commands: Any, name: str) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_arguments(parser)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -347,9 +351,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m stowage.doctor``: the same as ``stowage doctor``."""
-    parser = argparse.ArgumentParser(prog="stowage")
-    add_parser(parser.add_subparsers(), "doctor")
-    return run(parser.parse_args(["doctor", *(sys.argv[1:] if argv is None else argv)]))
+    parser = argparse.ArgumentParser(prog="stowage doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
