@@ -11,13 +11,30 @@ from __future__ import annotations
 from typing import Any
 
 from stowage import _core
-from stowage.recorded_by import recorded_by_stowage
 from stowage.replay import device_events, native_figures
 from stowage.snapshot_reader import SnapshotError, TraceColumns, as_columns
 from stowage.tagging import TAGS_KEY
 
+# Which allocator recorded a snapshot: stowage's as torch's CUDA allocator (python/libtorch/cuda_allocator.cpp)
+# fills torch's own settings, written as allocator_settings["PYTORCH_CUDA_ALLOC_CONF"] = "stowage:" and its
+# configuration; stowage's CPU mode (python/bindings/torch/snapshot_dict.cpp) writes allocator_settings =
+# {"allocator": "stowage", "config": ...}. Stock torch writes its PYTORCH_CUDA_ALLOC_CONF there (often empty);
+# older snapshots, and stowage's profiler recordings of torch's CPU allocator, have other settings or none.
+CUDA_MARK = "stowage:"
+
 EXACT = "exact, noted by stowage while recording"
 INFERRED = "inferred from stacks and lifetimes"
+
+
+def recorded_by_stowage(snapshot: dict[str, Any]) -> bool:
+    """Whether stowage's allocator (CUDA or CPU mode) recorded `snapshot`."""
+    settings = snapshot.get("allocator_settings")
+    if not isinstance(settings, dict):
+        return False
+    if settings.get("allocator") == "stowage":
+        return True
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    return isinstance(conf, str) and conf.startswith(CUDA_MARK)
 
 
 def device_segments(snapshot: dict[str, Any], device: int) -> list[dict[str, Any]]:
