@@ -154,6 +154,13 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
     return f"<h3>{_e(title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _timeline_section(title: str, data: dict[str, Any], colors: dict[str, str]) -> list[str]:
+    """A timeline under its title, with its legend."""
+    legend = "".join(f'<span class="key"><span class="swatch" style="background:{colors[k]}"></span>{_e(k)}</span>'
+                     for k in data["series"])
+    return [f"<h2>{_e(title)}</h2>", f'<div class="legend">{legend}</div>', _timeline_svg(data, colors)]
+
+
 def _more_timelines(timelines: _core.Timelines, report: dict[str, Any]) -> list[str]:
     """The timelines by category and by module, each with its legend."""
     by_category = timeline_dict(timelines.by_category)
@@ -163,10 +170,7 @@ def _more_timelines(timelines: _core.Timelines, report: dict[str, Any]) -> list[
                         ("Live memory by the module that made it", by_module)):
         if data is None or not data["x"]:
             continue
-        colors = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(data["series"])}
-        legend = "".join(f'<span class="key"><span class="swatch" style="background:{c}"></span>{_e(k)}</span>'
-                         for k, c in colors.items())
-        out += [f"<h2>{_e(title)}</h2>", f'<div class="legend">{legend}</div>', _timeline_svg(data, colors)]
+        out += _timeline_section(title, data, {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(data["series"])})
     return out
 
 
@@ -179,8 +183,6 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
     colors = {site: PALETTE[k % len(PALETTE)] for k, site in enumerate(data["series"])}
     colors["other"] = OTHER
     totals = report["totals"]
-    legend = "".join(f'<span class="key"><span class="swatch" style="background:{colors[site]}"></span>{_e(site)}</span>'
-                     for site in data["series"])
     total_rows = [[label, bytes_text(totals[key])] for label, key in (
         ("allocated", "allocated"), ("active", "active"), ("requested", "requested"), ("reserved", "reserved"),
         ("reserved but unallocated", "reserved_unallocated"), ("largest free block", "largest_free_block"))]
@@ -191,8 +193,7 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
         f"<p>{report['trace_events']:,} trace events, {totals['segments']:,} segments. "
         f"Peak: {_e(bytes_text(peak['live_bytes']))} live at event {peak['event_index']:,}.</p>",
         *_more_timelines(found.timelines, report),
-        "<h2>Live memory by allocation site</h2>", f'<div class="legend">{legend}</div>',
-        _timeline_svg(data, colors),
+        *_timeline_section("Live memory by allocation site", data, colors),
         f"<p class=\"small\">{len(data['x']):,} samples of the trace's events; totals and tables use every event.</p>",
         "<h2>Totals</h2>", _table("", ["", "bytes"], total_rows),
         "<h2>Segments</h2>", _segment_map_svg(segments, found.block_sites, colors),
