@@ -100,7 +100,7 @@ TARGETS: dict[str, str] = {
 # The Python package's parts by layer, lowest first: a part imports only its own layer's and lower
 # ones'. "__init__" is the package itself (``import stowage``).
 PYTHON_LAYERS: list[tuple[str, set[str]]] = [
-    ("basics", {"byte_counts", "terminal", "warning_site", "validation", "recorded_by"}),
+    ("basics", {"byte_counts", "terminal", "warning_site", "validation"}),
     ("snapshot files", {"snapshot_reader", "profiler_snapshot"}),
     ("torch serving", {"serving", "step_context", "checking", "tagging"}),
     ("offload", {"offload"}),

@@ -24,10 +24,7 @@ def parsed(value: int | str, name: str) -> int:
 def byte_count(value: int | str, name: str = "a size in bytes") -> int:
     """A byte count from an int or a size such as "4GiB"; TypeError or ValueError naming `name`
     for anything else, or for a count outside 0 to MAX_BYTE_COUNT."""
-    size = parsed(value, name)
-    if not 0 <= size <= MAX_BYTE_COUNT:
-        raise ValueError(f"{name} must be from 0 to 2**60 bytes, not {value!r}")
-    return size
+    return in_range(value, name, 0, MAX_BYTE_COUNT, "from 0 to 2**60 bytes")
 
 
 def in_range(value: int | str, name: str, low: int, high: int, bounds: str) -> int:

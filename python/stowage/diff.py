@@ -20,7 +20,7 @@ from rich.text import Text
 
 from stowage import _core
 from stowage.inspection.command import load_with_progress
-from stowage.inspection.findings import device_segments, device_trace, devices_with_data
+from stowage.inspection.findings import as_data, device_segments, device_trace, devices_with_data
 from stowage.inspection.text import rows_table
 from stowage.snapshot_reader import SnapshotError
 from stowage.terminal import console, literal
@@ -51,16 +51,12 @@ def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int
     for key in TOTALS:
         a, b = getattr(found.before, key), getattr(found.after, key)
         totals[key] = {"before": a, "after": b, "change": None if a is None or b is None else b - a}
-    sites = [[{"site": row.site, "before": row.before, "after": row.after, "change": row.change} for row in rows]
-             for rows in (found.sites_grew, found.sites_shrank)]
     seg = found.segments
     segments = {"only_before": {"count": seg.only_before, "bytes": seg.only_before_bytes},
                 "only_after": {"count": seg.only_after, "bytes": seg.only_after_bytes},
-                "changed": [{key: getattr(row, key) for key in (
-                    "address", "size_before", "size_after", "live_before", "live_after", "live_change")}
-                    for row in seg.changed],
-                "changed_count": seg.changed_count}
-    return {"device": device, "totals": totals, "sites_grew": sites[0], "sites_shrank": sites[1], "segments": segments}
+                "changed": as_data(seg.changed), "changed_count": seg.changed_count}
+    return {"device": device, "totals": totals, "sites_grew": as_data(found.sites_grew),
+            "sites_shrank": as_data(found.sites_shrank), "segments": segments}
 
 
 def _signed(value: int) -> str:

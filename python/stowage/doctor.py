@@ -1,18 +1,13 @@
-"""``stowage doctor``: this machine as it concerns stowage, with advice where something limits it.
+"""``stowage doctor``: this machine as it concerns stowage (how this copy was built, the CUDA driver
+and runtime, the GPUs, torch, host memory and its locked-memory limit, NUMA), with advice where
+something limits it. A report, not a check: the exit status is 0 whatever it finds, non-zero only
+when the doctor itself fails; ``--json`` prints the same as one JSON object.
 
-Sections: stowage (how this copy was built), CUDA (driver, runtime), GPUs (name, memory, PCI bus
-id, compute capability, virtual memory management, nearest NUMA node), torch (its CUDA build,
-whether stowage's allocator was built for it and is in use), host memory (the locked-memory
-limit, ulimit -l), NUMA (hwloc: the nodes, where this process runs), and advice. A report, not a
-check: the exit status is 0 whatever it finds, non-zero only when the doctor itself fails.
-``--json`` prints the same facts and advice as one JSON object.
-
-The driver and the runtime are asked by the device layer's probes (stowage._core.cuda_driver and
-cuda_runtime: dlopen, the driver's ABI-stable entry points, no CUDA context), so torch's CUDA
-state is never initialised: stowage.enable() still works in the same process afterwards. A GPU's NUMA node is found through its PCI bus id, since
-Debian's hwloc has no CUDA plugin.
+The driver and the runtime are asked by the device layer's probes (dlopen, no CUDA context), so
+torch's CUDA state is never initialised: stowage.enable() still works in the same process
+afterwards. A GPU's NUMA node is found through its PCI bus id, since Debian's hwloc has no CUDA
+plugin.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -58,18 +53,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- CUDA, through the device layer's probes (device/cuda_driver_probe.hpp) ---------
 
 
-def _mapped_library(stem: str) -> str | None:
-    """The path of a loaded library whose file name starts with ``stem + '.so'``, if any."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for path in re.findall(r"(/\S+)$", maps, flags=re.MULTILINE):
-        if Path(path).name.startswith(stem + ".so"):
-            return str(path)
-    return None
-
-
 def nvidia_smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
     """The GPUs nvidia-smi lists (in PCI order, ignoring CUDA_VISIBLE_DEVICES), and an error."""
     program = shutil.which("nvidia-smi")
@@ -103,7 +86,12 @@ def nvidia_smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
 def _runtime_candidates() -> list[str]:
     """libcudart in the order a stowage process would use it: loaded already (by torch), the
     one torch's wheels bring (site-packages/nvidia/*/lib), then the system's."""
-    found = [path] if (path := _mapped_library("libcudart")) else []
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    found = [path for path in re.findall(r"(/\S+)$", maps, flags=re.MULTILINE)
+             if Path(path).name.startswith("libcudart.so")][:1]
     for entry in sys.path:
         found.extend(sorted(str(p) for p in Path(entry or ".").glob("nvidia/*/lib/libcudart.so.*")))
     found.append("libcudart.so")
@@ -163,11 +151,6 @@ def _stowage_torch(torch_version: str) -> dict[str, Any]:
 # --- host memory and NUMA -------------------------------------------------------------------
 
 
-# Physical and available memory, the cgroup's room and the locked-memory limit (bytes; None:
-# unknown, or unlimited for the limits): the probe the offloaded optimizer sizes by.
-host_memory = _core.host_memory
-
-
 _BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
@@ -206,7 +189,7 @@ def gather() -> dict[str, Any]:
         "cuda": {"driver": driver, "runtime": runtime},
         "gpus": gpus,
         "torch": torch,
-        "host_memory": host_memory(),
+        "host_memory": _core.host_memory(),  # (the probe the offloaded optimizer sizes by)
         "numa": topology,
     }
     report["advice"] = advise(report)

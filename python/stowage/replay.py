@@ -1,23 +1,14 @@
 """``stowage replay``: how much memory a recorded training step needs under stowage.
 
-Each device trace of each snapshot (read as inspect reads it, load_snapshot_columnar) is replayed
-through stowage's CachingAllocator on a simulated device, in C++ over whole columns
-(snapshot/device_events.hpp, native_figures.hpp: no Python object per event): its ``alloc``
-events, its ``free_completed`` events (when memory really became free) and the ends of steps at
-its stowage.mark_step() marks. The figures are printed as a table, or as one JSON object per trace
-and device with ``--json``. ``--min-capacity`` searches the smallest device, in 2 MiB steps, on
-which the replay completes, then verifies it: it completes there and fails 2 MiB below.
-
-After the first ``--warmup`` steps (by default two, the first making the optimizer's state and
-the second the first to run with it; or two cycles when the steps repeat in a cycle of shapes)
-the replay reports what the remaining steps asked of the device (pages mapped and unmapped,
-device calls) and what the worst of them would spend in those calls on a GPU, by the simulated
-device's cost model (measured on an H100: device/host/host_call_costs.hpp). The native figures are
-what the allocator that recorded the trace did: the peak of its reserved memory, and the segments
-that held memory before the trace began, which make that figure incomparable with a replay from
-empty when the trace's own allocations land in them.
+Each device trace of each snapshot (read as inspect reads it) is replayed through stowage's
+CachingAllocator on a simulated device, in C++ over whole columns (snapshot/device_events.hpp: no
+Python object per event): its ``alloc`` and ``free_completed`` events and the ends of steps at its
+stowage.mark_step() marks. ``--min-capacity`` searches the smallest device, in 2 MiB steps, on
+which the replay completes, then verifies it there and 2 MiB below. The figures after ``--warmup``
+steps are costed by the simulated device's model (device/host/host_call_costs.hpp); the native
+figures (snapshot/native_figures.hpp) are what the allocator that recorded the trace did. README:
+"Replaying your own snapshots" lists the figures.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -89,19 +80,14 @@ def min_capacity(events: _core.ReplayEvents, peak_requested: int, config: str, k
                  progress: Progress | None = None) -> dict[str, Any]:
     """The smallest capacity, in 2 MiB steps, on which the replay completes, searched then
     verified (allocator/capacity_search.hpp); known_fit is a capacity already seen to fit, if any."""
-    task: list[Any] = []
-
-    def advance(done: int, total: int) -> None:
-        if progress is not None:
-            if not task:
-                task.append(progress.add_task("min capacity", total=total))
-            progress.update(task[0], completed=done)
-
+    if progress is None:
+        return events.min_capacity(peak_requested, config, known_fit, lambda done, total: None)
+    task = progress.add_task("min capacity", total=None)
     try:
-        return events.min_capacity(peak_requested, config, known_fit, advance)
+        return events.min_capacity(peak_requested, config, known_fit,
+                                   lambda done, total: progress.update(task, completed=done, total=total))
     finally:
-        if task and progress is not None:
-            progress.remove_task(task[0])
+        progress.remove_task(task)
 
 
 def after_warmup(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -130,22 +116,16 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
         result: dict[str, Any] = {"trace": str(path), "device": device, "trace_entries": len(trace)}
         replayed = events.replay(capacity, config)
         throughput = events.replay(capacity, config, measure_latency=False)
-        result.update(replayed)
-        result["capacity"] = capacity
-        result["config"] = config
-        result["step_period"] = step_period(arrays[0], arrays[2])
-        default_warmup = 2 * (result["step_period"] or 1)
-        result["after_warmup"] = after_warmup(replayed["steps"],
-                                              default_warmup if warmup is None else warmup)
+        period = step_period(arrays[0], arrays[2])
+        result.update(replayed, capacity=capacity, config=config, step_period=period,
+                      after_warmup=after_warmup(replayed["steps"], 2 * (period or 1) if warmup is None else warmup))
         result["events_per_second"] = len(events) / throughput["seconds"] if throughput["seconds"] else None
         native = native_figures(snapshot, device)
-        result["native_peak_reserved"] = native.peak_reserved
-        result["preexisting_segments"] = native.preexisting_segments
-        result["preexisting_segment_bytes"] = native.preexisting_bytes
-        result["allocs_in_preexisting_segments"] = native.allocs_in_preexisting
-        result["bytes_in_preexisting_segments"] = native.bytes_in_preexisting
-        result["native_comparable"] = native.comparable(replayed["peak_requested"])
-        result["min_capacity"] = None
+        result.update(native_peak_reserved=native.peak_reserved, preexisting_segments=native.preexisting_segments,
+                      preexisting_segment_bytes=native.preexisting_bytes,
+                      allocs_in_preexisting_segments=native.allocs_in_preexisting,
+                      bytes_in_preexisting_segments=native.bytes_in_preexisting,
+                      native_comparable=native.comparable(replayed["peak_requested"]), min_capacity=None)
         if search:
             known_fit = replayed["peak_reserved"] if not replayed["oom"] else None
             result.update(min_capacity(events, replayed["peak_requested"], config, known_fit, progress))

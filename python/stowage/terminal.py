@@ -22,26 +22,12 @@ from typing import Any
 
 from rich.console import Console
 
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(char: str) -> str:
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
 
 def literal(text: str) -> str:
     """`text` with every character that is not printable escaped (``\\x1b``, ``\\u202e``)."""
     if text.isprintable():
         return text
-    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
 
 
 def console(**options: Any) -> Any:

@@ -1,13 +1,9 @@
 """The one validation layer every reader of a file stowage did not write in this process goes through.
 
-``InputError`` is what every refusal raises (the snapshot reader's SnapshotError is one): one
-message naming the file, the field, the value and the bound it breaks (``step.json:
-cost.prefetch_depth: 100000 is above 38, the trace's saved tensors``), its parts kept as
-attributes; a command catches it for "bad input" (exit status 2). The formats' schemas, with their
-bounds, are checked in C++ where the formats are read (planner/schema.hpp, planner/file_formats.hpp;
-snapshot/ for snapshots). ``shown(value)`` and ``kind_of(value)`` are how a refusal quotes a value
-taken from a file (short, control characters escaped) and names its JSON kind; the plan files'
-C++ reader (python/bindings/plan_file_bindings.cpp) quotes through them.
+``InputError`` is what every refusal raises (README: "How the code is kept"); the formats' schemas
+are checked in C++ where the formats are read. ``shown(value)`` and ``kind_of(value)`` are how a
+refusal quotes a value taken from a file and names its JSON kind; the plan files' C++ reader
+(python/bindings/plan_file_bindings.cpp) quotes through them.
 
 ``read_json(path, kind)`` returns a JSON file's document with what it may cost bounded before
 anything is built, or raises InputError naming the file and the bound it breaks:

@@ -86,13 +86,13 @@ def test_an_import_of_a_higher_python_layer_and_a_module_of_no_layer_are_named(t
     root = copy_layers(tmp_path)
     shutil.copytree(REPO / "python" / "stowage", root / "python" / "stowage")
     assert run(LAYERING, root).returncode == 0
-    low = root / "python" / "stowage" / "recorded_by.py"
+    low = root / "python" / "stowage" / "warning_site.py"
     lines = len(low.read_text().splitlines())
     low.write_text(low.read_text() + "\n\ndef planned():\n    from stowage.plan import file_formats\n")
     (root / "python" / "stowage" / "unplaced.py").write_text("from stowage import byte_counts\n")
     result = run(LAYERING, root)
     assert result.returncode == 1
-    assert (f"python/stowage/recorded_by.py:{lines + 4}: stowage.recorded_by (basics) imports "
+    assert (f"python/stowage/warning_site.py:{lines + 4}: stowage.warning_site (basics) imports "
             "stowage.plan.file_formats of plan, a higher layer") in result.stdout  # inside a function too
     assert "python/stowage/unplaced.py: stowage.unplaced is in no layer" in result.stdout
     assert "stowage.plan" not in result.stdout.replace("stowage.plan.file_formats", "")  # downward imports pass

@@ -136,7 +136,7 @@ def test_internal_error_is_reported(monkeypatch: pytest.MonkeyPatch,
     def broken() -> None:
         raise KeyError("boom")
 
-    monkeypatch.setattr(doctor, "host_memory", broken)
+    monkeypatch.setattr(doctor, "torch_facts", broken)
     assert doctor.main(["--json"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""

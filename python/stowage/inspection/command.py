@@ -2,13 +2,10 @@
 
 Reads a snapshot written by ``torch.cuda.memory._dump_snapshot`` or by stowage (through the safe
 loader, which runs no code) and explains one device's memory in the terminal, as JSON, or with
-``--html OUT`` also as one self-contained HTML file (stowage/inspection/html.py): totals and
-fragmentation = 1 - largest free block / free reserved bytes (reserved minus active; 0 when
-nothing is free), the share of free cached memory that a single request could not use; segments
-and those held by one small live block; allocation sites by live bytes at the end and at the
-trace's live-bytes peak (stacks grouped by their innermost frames in user code; without frames,
-by size class); what the peak's bytes are and which module made them; the trace's steps; advice;
-and for an ``oom`` event what was asked, what was free, what was live and what would have helped.
+``--html OUT`` also as one self-contained HTML file: totals and fragmentation, segments, allocation
+sites by live bytes at the end and at the trace's peak, what the peak's bytes are and which module
+made them, the trace's steps, advice, and for an ``oom`` event what would have helped (README:
+"Inspecting a snapshot").
 """
 
 from __future__ import annotations

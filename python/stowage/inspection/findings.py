@@ -11,13 +11,30 @@ from __future__ import annotations
 from typing import Any
 
 from stowage import _core
-from stowage.recorded_by import recorded_by_stowage
 from stowage.replay import device_events, native_figures
 from stowage.snapshot_reader import SnapshotError, TraceColumns, as_columns
 from stowage.tagging import TAGS_KEY
 
+# Which allocator recorded a snapshot: stowage's as torch's CUDA allocator (python/libtorch/cuda_allocator.cpp)
+# fills torch's own settings, written as allocator_settings["PYTORCH_CUDA_ALLOC_CONF"] = "stowage:" and its
+# configuration; stowage's CPU mode (python/bindings/torch/snapshot_dict.cpp) writes allocator_settings =
+# {"allocator": "stowage", "config": ...}. Stock torch writes its PYTORCH_CUDA_ALLOC_CONF there (often empty);
+# older snapshots, and stowage's profiler recordings of torch's CPU allocator, have other settings or none.
+CUDA_MARK = "stowage:"
+
 EXACT = "exact, noted by stowage while recording"
 INFERRED = "inferred from stacks and lifetimes"
+
+
+def recorded_by_stowage(snapshot: dict[str, Any]) -> bool:
+    """Whether stowage's allocator (CUDA or CPU mode) recorded `snapshot`."""
+    settings = snapshot.get("allocator_settings")
+    if not isinstance(settings, dict):
+        return False
+    if settings.get("allocator") == "stowage":
+        return True
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    return isinstance(conf, str) and conf.startswith(CUDA_MARK)
 
 
 def device_segments(snapshot: dict[str, Any], device: int) -> list[dict[str, Any]]:
@@ -48,20 +65,27 @@ def inspect(snapshot: dict[str, Any], device: int, top: int, timelines: bool = F
     return found, trace
 
 
-def _sites(rows: list[Any]) -> list[dict[str, Any]]:
-    return [{"site": row.site, "bytes": row.bytes, "allocations": row.allocations} for row in rows]
+def as_data(value: Any) -> Any:
+    """A bound finding (stowage._core's) as JSON-ready data: a dict of its fields in the order the
+    bindings define them (python/bindings/trace_analysis_bindings.cpp), a list item by item."""
+    if isinstance(value, list):
+        return [as_data(item) for item in value]
+    if type(value).__module__ != _core.__name__:
+        return value
+    return {name: as_data(getattr(value, name)) for name, field in vars(type(value)).items()
+            if isinstance(field, property)}
 
 
 def peak_dict(peak: _core.Peak, trace: TraceColumns) -> dict[str, Any]:
     return {"live_bytes": peak.live_bytes, "event_index": peak.event_index,
             "time_us": trace.time_at(peak.event_index) if peak.event_index >= 0 else None,
-            "baseline": peak.baseline, "sites": _sites(peak.sites), "categories": dict(peak.categories),
-            "modules": [{"module": row.module, "bytes": row.bytes} for row in peak.modules]}
+            "baseline": peak.baseline, "sites": as_data(peak.sites), "categories": dict(peak.categories),
+            "modules": as_data(peak.modules)}
 
 
 def oom_dict(oom: _core.OomFinding) -> dict[str, Any]:
     return {"event_index": oom.event_index, "requested": oom.requested, "device_free": oom.device_free,
-            "live_bytes": oom.live_bytes, "sites": _sites(oom.sites), "stowage_peak_reserved": None,
+            "live_bytes": oom.live_bytes, "sites": as_data(oom.sites), "stowage_peak_reserved": None,
             "stowage_peak_requested": None, "native_peak_reserved": None, "in_fit_trial": oom.in_fit_trial,
             "under_stowage": oom.under_stowage}
 
@@ -82,14 +106,6 @@ def _replayed(snapshot: dict[str, Any], device: int, trace: TraceColumns, ooms: 
             oom["native_peak_reserved"] = native.peak_reserved
 
 
-def advice_dict(row: _core.Advice) -> dict[str, Any]:
-    out = {"rule": row.rule, "waste_bytes": row.waste_bytes, "saving_bytes": row.saving_bytes}
-    if row.upper_bound is not None:
-        out["upper_bound"] = row.upper_bound
-    out["advice"] = row.advice
-    return out
-
-
 def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str, Any]:
     """The device's report (`report_of` its findings)."""
     return report_of(snapshot, device, *inspect(snapshot, device, top))
@@ -98,36 +114,26 @@ def inspect_device(snapshot: dict[str, Any], device: int, top: int) -> dict[str,
 def report_of(snapshot: dict[str, Any], device: int, found: _core.Findings, trace: TraceColumns) -> dict[str, Any]:
     """The device's findings as JSON-ready values, in the order `stowage inspect --json` prints
     them."""
-    totals, segments = found.totals, found.segments
     ooms = [oom_dict(oom) for oom in found.ooms]
     _replayed(snapshot, device, trace, ooms)
     trial = found.fit_trial_peak
     return {
         "device": device,
-        "totals": {name: getattr(totals, name) for name in (
-            "allocated", "active", "requested", "reserved", "reserved_unallocated", "largest_free_block",
-            "fragmentation", "segments")},
-        "segments": {"count": segments.count,
-                     "by_size": [{"size": row.size, "count": row.count, "bytes": row.bytes} for row in segments.by_size],
-                     "fill_quartiles": list(segments.fill_quartiles),
-                     "held_by_one_small_block": [
-                         {"address": row.address, "segment_bytes": row.segment_bytes, "live_bytes": row.live_bytes,
-                          "held_back": row.held_back, "site": row.site} for row in segments.held_by_one_small_block]},
-        "sites_at_end": _sites(found.sites_at_end),
+        "totals": as_data(found.totals),
+        "segments": as_data(found.segments),
+        "sites_at_end": as_data(found.sites_at_end),
         "trace_events": len(trace),
         "trace_start_us": trace.first_time(),
         "peak": peak_dict(found.peak, trace),
         "ooms": ooms,
         "oom_events": found.oom_events,
-        "steps": [{"number": s.number, "first_event": s.first_event, "last_event": s.last_event,
-                   "peak_bytes": s.peak_bytes, "peak_event": s.peak_event, "end_bytes": s.end_bytes,
-                   "fit_trial": s.fit_trial} for s in found.steps],
+        "steps": as_data(found.steps),
         "steps_found_by": found.steps_found_by,
-        "growing": [{"site": row.site, "bytes_per_step": row.bytes_per_step, "steps": row.steps}
-                    for row in found.growing],
+        "growing": as_data(found.growing),
         "fit_trial_peak": peak_dict(trial, trace) if trial is not None else None,
         "category_source": EXACT if found.exact_categories else INFERRED,
-        "advice": [advice_dict(row) for row in found.advice],
+        "advice": [{key: value for key, value in as_data(row).items() if key != "upper_bound" or value is not None}
+                   for row in found.advice],  # (upper_bound only where the saving is one)
         # stowage's snapshots of a device with activation offload carry its statistics.
         "offload": {k: int(v) for k, v in snapshot.get("offload", {}).items()} or None,
     }

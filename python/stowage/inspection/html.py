@@ -23,8 +23,8 @@ from typing import Any
 
 from stowage import _core
 from stowage.inspection.findings import device_segments
-from stowage.inspection.text import (HELD, SITES, STEPS, category_rows, held_rows, module_rows, share, site_rows,
-                                     step_rows)
+from stowage.inspection.text import (HELD, SITES, STEPS, bytes_text, category_rows, held_rows, module_rows, share,
+                                     site_rows, step_rows)
 from stowage.terminal import literal
 
 MAX_SEGMENT_ROWS = 300  # segments drawn in the map (the largest, if there are more)
@@ -33,10 +33,6 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
            "#ff9da7", "#9c755f", "#bab0ac")
 OTHER = "#cfcfcf"
 FREE = "#ececec"
-
-
-def _b(value: int) -> str:
-    return _core.format_bytes(int(value))
 
 
 def _e(text: object) -> str:
@@ -84,13 +80,13 @@ def _timeline_svg(data: dict[str, Any], colors: dict[str, str]) -> str:
         forward = " ".join(f"{px(x):.1f},{py(u):.1f}" for x, u in zip(xs, upper))
         backward = " ".join(f"{px(x):.1f},{py(lo):.1f}" for x, lo in zip(reversed(xs), reversed(lower)))
         parts.append(f'<path class="area" d="M{forward} L{backward} Z" fill="{colors[site]}">'
-                     f"<title>{_e(site)}: up to {_b(max(values))}</title></path>")
+                     f"<title>{_e(site)}: up to {bytes_text(max(values))}</title></path>")
         lower = upper
     for fraction in (0, 0.25, 0.5, 0.75, 1):
         y = py(highest * fraction)
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#999" '
                      f'stroke-width="0.5"/><text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                     f"{_e(_b(int(highest * fraction)))}</text>")
+                     f"{_e(bytes_text(int(highest * fraction)))}</text>")
     peak_x = px(data["peak_index"])
     parts.append(f'<line x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="10" y2="{10 + plot_h}" stroke="#000" '
                  f'stroke-dasharray="4 3"/><text x="{peak_x + 4:.1f}" y="22">peak</text>')
@@ -123,7 +119,7 @@ def _segment_map_svg(segments: list[dict[str, Any]], block_sites: list[list[str]
         total = int(segment["total_size"])
         width = max(2.0, total / largest * bar_w)
         y = 2 + r * row
-        parts.append(f'<text x="{left - 6}" y="{y + row - 1}" text-anchor="end" style="font-size:9px">{_e(_b(total))}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + row - 1}" text-anchor="end" style="font-size:9px">{_e(bytes_text(total))}</text>')
         x = float(left)
         pending_free = 0.0
         for block, site in zip(segment.get("blocks", []), sites):
@@ -141,7 +137,7 @@ def _segment_map_svg(segments: list[dict[str, Any]], block_sites: list[list[str]
                 continue
             color = colors.get(site, colors["other"])
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.2f}" height="{row - 1}" fill="{color}">'
-                         f"<title>{_e(_b(int(block['size'])))} {_e(state)}: {_e(site)}</title></rect>")
+                         f"<title>{_e(bytes_text(int(block['size'])))} {_e(state)}: {_e(site)}</title></rect>")
             x += w
         if pending_free:
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{pending_free:.2f}" height="{row - 1}" fill="{FREE}"/>')
@@ -158,6 +154,13 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
     return f"<h3>{_e(title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _timeline_section(title: str, data: dict[str, Any], colors: dict[str, str]) -> list[str]:
+    """A timeline under its title, with its legend."""
+    legend = "".join(f'<span class="key"><span class="swatch" style="background:{colors[k]}"></span>{_e(k)}</span>'
+                     for k in data["series"])
+    return [f"<h2>{_e(title)}</h2>", f'<div class="legend">{legend}</div>', _timeline_svg(data, colors)]
+
+
 def _more_timelines(timelines: _core.Timelines, report: dict[str, Any]) -> list[str]:
     """The timelines by category and by module, each with its legend."""
     by_category = timeline_dict(timelines.by_category)
@@ -167,10 +170,7 @@ def _more_timelines(timelines: _core.Timelines, report: dict[str, Any]) -> list[
                         ("Live memory by the module that made it", by_module)):
         if data is None or not data["x"]:
             continue
-        colors = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(data["series"])}
-        legend = "".join(f'<span class="key"><span class="swatch" style="background:{c}"></span>{_e(k)}</span>'
-                         for k, c in colors.items())
-        out += [f"<h2>{_e(title)}</h2>", f'<div class="legend">{legend}</div>', _timeline_svg(data, colors)]
+        out += _timeline_section(title, data, {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(data["series"])})
     return out
 
 
@@ -183,9 +183,7 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
     colors = {site: PALETTE[k % len(PALETTE)] for k, site in enumerate(data["series"])}
     colors["other"] = OTHER
     totals = report["totals"]
-    legend = "".join(f'<span class="key"><span class="swatch" style="background:{colors[site]}"></span>{_e(site)}</span>'
-                     for site in data["series"])
-    total_rows = [[label, _b(totals[key])] for label, key in (
+    total_rows = [[label, bytes_text(totals[key])] for label, key in (
         ("allocated", "allocated"), ("active", "active"), ("requested", "requested"), ("reserved", "reserved"),
         ("reserved but unallocated", "reserved_unallocated"), ("largest free block", "largest_free_block"))]
     total_rows.append(["fragmentation (1 - largest free block / free reserved bytes)", share(totals["fragmentation"], 1)])
@@ -193,10 +191,9 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
     sections = [
         f"<h1>{_e(name)}, device {device}</h1>",
         f"<p>{report['trace_events']:,} trace events, {totals['segments']:,} segments. "
-        f"Peak: {_e(_b(peak['live_bytes']))} live at event {peak['event_index']:,}.</p>",
+        f"Peak: {_e(bytes_text(peak['live_bytes']))} live at event {peak['event_index']:,}.</p>",
         *_more_timelines(found.timelines, report),
-        "<h2>Live memory by allocation site</h2>", f'<div class="legend">{legend}</div>',
-        _timeline_svg(data, colors),
+        *_timeline_section("Live memory by allocation site", data, colors),
         f"<p class=\"small\">{len(data['x']):,} samples of the trace's events; totals and tables use every event.</p>",
         "<h2>Totals</h2>", _table("", ["", "bytes"], total_rows),
         "<h2>Segments</h2>", _segment_map_svg(segments, found.block_sites, colors),
@@ -211,7 +208,7 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
         sections.insert(3, _table("live at the peak, by the module that made it", ["live", "share", "module"],
                                   module_rows(peak)))
     if report.get("advice"):
-        items = "".join(f"<li><b>{'up to ' if row.get('upper_bound') else ''}{_e(_b(row['saving_bytes']))}</b> of the "
+        items = "".join(f"<li><b>{'up to ' if row.get('upper_bound') else ''}{_e(bytes_text(row['saving_bytes']))}</b> of the "
                         f"peak (re-simulated): {_e(row['advice'])}</li>" for row in report["advice"])
         sections.insert(2, f"<h2>Advice</h2><ul>{items}</ul>")
     run_steps = [step for step in report.get("steps") or [] if not step["fit_trial"]]
@@ -220,8 +217,8 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
                                step_rows(run_steps[:200])))
     for oom in report["ooms"]:
         sections.append(f"<h2>Out of memory at event {oom['event_index']:,}</h2><p>asked for "
-                        f"{_e(_b(oom['requested']))}; the device had {_e(_b(oom['device_free']))} free; "
-                        f"{_e(_b(oom['live_bytes']))} were live.</p>")
+                        f"{_e(bytes_text(oom['requested']))}; the device had {_e(bytes_text(oom['device_free']))} free; "
+                        f"{_e(bytes_text(oom['live_bytes']))} were live.</p>")
         sections.append(_table("live at the OOM, by site", SITES, site_rows(oom["sites"], oom["live_bytes"])))
     style = ("body{font:14px sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}"
              "td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:last-child{text-align:left}"

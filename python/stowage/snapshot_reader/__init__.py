@@ -1,10 +1,6 @@
-"""Reading memory snapshots safely, by concern:
-
-- ``reading``: a file's pickle bytes (gzip, pipes and devices, large files read as the reader
-  goes), and SnapshotError;
-- ``columns``: the snapshot format's trace events as numpy columns (TraceColumns);
-- ``loading``: the loaders, which run the one pickle stack machine in C++ (snapshot/, Note [Reading
-  snapshots] in snapshot/reader.hpp) within their memory budget.
+"""Reading memory snapshots safely: ``reading`` (a file's bytes, SnapshotError), ``columns`` (trace
+events as numpy columns), ``loading`` (the loaders and their memory budget); README: "Replaying
+your own snapshots".
 """
 
 from __future__ import annotations

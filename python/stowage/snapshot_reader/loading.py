@@ -1,18 +1,10 @@
 """Loading memory snapshots safely: every loader runs the one pickle stack machine, in C++
-(snapshot/machine.hpp and Note [Reading snapshots] in snapshot/reader.hpp, through stowage._core),
-over the bytes stowage.snapshot_reader.reading gives (a large file's window read as it goes). No
-snapshot is given to ``pickle.load``: the machine builds plain data itself, refusing every opcode
-but those that build it, memo indices beyond the file, huge numbers and NaN, opcodes past their
-FRAME, deep tuples and tuple keys; the result is walked once without recursion within a node and
-depth budget (memo bombs). Reading into columns, the events of device_traces become rows of
-TraceColumns as they are met (Note [Streaming traces] in snapshot/trace_stream.hpp); a pickle laid
-out unlike those torch and stowage write is read again as plain data.
-
-``load_snapshot`` returns the snapshot (the dict ``torch.cuda.memory._snapshot()`` returns) as
-plain Python data; ``load_snapshot_columnar`` the same dict with each device's trace as
-TraceColumns (what ``stowage inspect``, ``diff`` and ``replay`` read), and also refuses frames that
-are not lists of dicts. Every failure raises SnapshotError naming the file (or ``name``) and the
-reason.
+(snapshot/machine.hpp, Note [Reading snapshots] in snapshot/reader.hpp), over the bytes
+stowage.snapshot_reader.reading gives; no snapshot is given to ``pickle.load``. ``load_snapshot``
+returns plain Python data; ``load_snapshot_columnar`` the same dict with each device's trace as
+TraceColumns, its events made rows as they are met (Note [Streaming traces] in
+snapshot/trace_stream.hpp; a pickle laid out unlike those torch and stowage write is read again as
+plain data). Every failure raises SnapshotError naming the file (or ``name``) and the reason.
 
 Memory: every _REPORT_EVERY bytes read the machine measures the process's resident memory, and
 refuses a reading that grew it by more than MEMORY_FLOOR plus COLUMNS_MEMORY_PER_BYTE (into columns:

@@ -591,9 +591,8 @@ def test_record_memory_history_and_snapshot_show_alloc_free_and_oom_events() -> 
 
 def test_a_snapshot_of_stowage_s_memory_carries_its_mark_and_is_not_advised_stowage_s_allocator() -> None:
     """torch's snapshot of stowage's memory names stowage in allocator_settings (the mark
-    stowage.recorded_by reads), so `stowage inspect` never advises it the allocator it already uses."""
-    from stowage.inspection.findings import inspect_device
-    from stowage.recorded_by import recorded_by_stowage
+    stowage.inspection.findings reads), so `stowage inspect` never advises it the allocator it already uses."""
+    from stowage.inspection.findings import inspect_device, recorded_by_stowage
 
     settle()
     torch.cuda.memory._record_memory_history(max_entries=100_000)
