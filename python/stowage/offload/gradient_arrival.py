@@ -1,27 +1,19 @@
-"""When a gradient is final, for the offloaded optimizer: per-parameter hooks, DDP's communication
-hook, and the end of backward.
+"""When a gradient is final, for the offloaded optimizer (Note [Offloaded optimizer semantics]):
+per-parameter hooks, DDP's communication hook, and the end of backward.
 
-``register_post_accumulate_grad_hook`` fires once a parameter's gradient is accumulated for this
-backward, but before DDP has reduced it (ranks would update from different gradients and drift
-apart), so under DDP the gradients are taken from the reduced bucket in the communication hook's
-future instead. The engine runs a parameter's post-accumulate hooks one after another, the
-optimizer's among them: hooks registered after it still have to run when it fires, so where
-there are some the optimizer copies that gradient when the next parameter's hook fires, or at
-the end of backward (Note [Offloaded optimizer semantics]). What changes a gradient after its copy (clipping
-or unscaling through torch, another micro-batch, a hook of another parameter) is seen at step(),
-which compares the gradients' bytes with what was copied. DDP copies its buckets into ``.grad``
+``register_post_accumulate_grad_hook`` fires before DDP has reduced the gradient (ranks would
+update from different gradients and drift apart), so under DDP the gradients are taken from the
+reduced bucket in the communication hook's future instead. DDP copies its buckets into ``.grad``
 in a final callback of its own, queued when its last bucket is ready, after the first hook of
 ours; so ours queues itself once more from its own callback (the engine runs callbacks queued
 while it runs them) and runs after DDP's.
 
 torch 2.11 has no public call for either thing the end of backward needs, so the private ones
 torch's own code uses are used here, and only here: the running graph task's id
-(torch._C._current_graph_task_id, as torch/autograd/graph.py's register_multi_grad_hook and
-torch/utils/checkpoint.py read it) and a callback queued for the end of backward
-(Variable._execution_engine.queue_callback, as FSDP2 queues its own in
-torch/distributed/fsdp/_fully_shard/_fsdp_state.py). Likewise stowage.offload.adam reads a
-parameter's post-accumulate hooks where torch keeps them, in order (Tensor._post_accumulate_grad_hooks,
-torch/_tensor.py): no public call lists them.
+(torch._C._current_graph_task_id, as register_multi_grad_hook and torch.utils.checkpoint read it)
+and a callback queued for the end of backward (Variable._execution_engine.queue_callback, as FSDP2
+queues its own). Likewise stowage.offload.adam reads a parameter's post-accumulate hooks where
+torch keeps them, in order (Tensor._post_accumulate_grad_hooks): no public call lists them.
 """
 
 from __future__ import annotations
