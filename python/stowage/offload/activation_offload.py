@@ -29,28 +29,28 @@ def keep(tensor: Any) -> Any:
     return torch_module().TensorOffloader.keep(tensor)
 
 
-class SavedTensorOffload:
-    """The one saved-tensor front end of the offload engine: configures the engine's look-ahead,
-    makes the region's offloader (the buffers of its saved tensors, and the storages it must never
-    offload) and enters a step-context SavedTensorRegion whose pack is ``place(tensor)``: the
-    offloader's ``pack(tensor, module_path)`` or ``keep(tensor)``; unpacking is the offloader's.
-    Its user calls ``forward_ended()`` as its outermost module's forward returns.
+class SavedTensorOffload(step_context.SavedTensorRegion):
+    """The one saved-tensor front end of the offload engine: a step-context saved-tensor region
+    whose pack is ``place(tensor)`` (the offloader's ``pack(tensor, module_path)``, or
+    ``keep(tensor)``) and whose unpack is the offloader's. Entering it configures the engine's
+    look-ahead and makes the region's offloader (the buffers of its saved tensors, and the
+    storages it must never offload). Its user calls ``forward_ended()`` as its outermost module's
+    forward returns.
 
     Contract: entered and exited once, on the thread that runs the step; the buffers outlive the
     region (the tensors that hold them keep them), its tables do not."""
 
     def __init__(self, place: Callable[[Any], Any], *, min_bytes: int, prefetch_depth: int | None,
                  max_prefetch: int) -> None:
-        self._place, self._min_bytes = place, min_bytes
-        self._prefetch_depth, self._max_prefetch = prefetch_depth, max_prefetch
-        self._hooks: Any = None
+        super().__init__(place, torch_module().TensorOffloader.unpack)
+        self._min_bytes, self._prefetch_depth, self._max_prefetch = min_bytes, prefetch_depth, max_prefetch
 
     def __enter__(self) -> SavedTensorOffload:
         module = torch_module()
         checking.apply()
         module.offload_configure(self._prefetch_depth, self._max_prefetch)
         self.offloader = module.TensorOffloader(self._min_bytes)
-        self._hooks = step_context.SavedTensorRegion(self._place, module.TensorOffloader.unpack).__enter__()
+        super().__enter__()
         return self
 
     def forward_ended(self) -> None:
@@ -59,12 +59,10 @@ class SavedTensorOffload:
         if not step_context.in_backward():
             self.offloader.forward_ended()
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, *error: Any) -> None:
         if self._hooks is not None:
             self.offloader.region_ended()
-            self._hooks.__exit__(kind, error, traceback)
-            self._hooks = None
+        super().__exit__(*error)
 
 
 @dataclass

@@ -40,8 +40,8 @@ def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
 class BackwardEnd:
     """Calls `on_end` once at the end of each backward during which arm() was called, after the
     final callbacks already queued (DDP's included); calls `on_abandoned` when a backward that
-    armed it never reached its end (it raised) and another begins, or when abandon() is asked.
-    Contract: arm() from the backward thread; disarm() and abandon() between backwards."""
+    armed it never reached its end (it raised) and another begins.
+    Contract: arm() from the backward thread; disarm() between backwards."""
 
     def __init__(self, on_end: Callable[[], None], on_abandoned: Callable[[], None]) -> None:
         self._on_end = on_end
@@ -53,7 +53,8 @@ class BackwardEnd:
         if self._armed_task is not None:
             if self._armed_task == task:
                 return
-            self.abandon()  # the backward armed for raised before its end: this is a new one
+            self._armed_task = None  # the backward armed for raised before its end: this is a new one
+            self._on_abandoned()
         engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
         try:
             engine.queue_callback(self._requeue)
@@ -64,12 +65,6 @@ class BackwardEnd:
     def disarm(self) -> None:
         """The step took what this backward gave (step() ran): nothing is pending."""
         self._armed_task = None
-
-    def abandon(self) -> None:
-        """The armed backward will not end (it raised): tells `on_abandoned` once."""
-        if self._armed_task is not None:
-            self._armed_task = None
-            self._on_abandoned()
 
     def _requeue(self) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(self._end)  # type: ignore[attr-defined]
