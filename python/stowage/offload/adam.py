@@ -226,9 +226,7 @@ class Adam(torch.optim.Optimizer):
         self._ddp_attached = True
 
     def _gradient_accumulated(self, param: torch.Tensor) -> None:
-        """`param`'s gradient is copied now, or, when hooks registered after this one have yet to
-        run on it, when the next parameter's gradient arrives (the engine runs each parameter's
-        hooks together) or at the end of backward (Note [Offloaded optimizer semantics])."""
+        """`param`'s gradient is copied once final (Note [Offloaded optimizer semantics])."""
         if self._accumulating or self._ddp_attached or param.grad is None:
             return
         self._backward_end.arm()
