@@ -71,7 +71,7 @@ def main() -> None:
 
     import stowage
     from gpt2_model import seeded_model_and_tokens
-    from stowage.offload import saved_tensor_offload
+    from stowage.offload import activation_offload
     from stowage.plan import recompute_modes
 
     if args.device == "cuda":
@@ -90,7 +90,7 @@ def main() -> None:
         "offload": lambda: stowage.offload.activations(min_bytes=0),
         "recompute": lambda: plan,
     }
-    watches = {"offload": [(saved_tensor_offload.SavedTensorOffload, "__exit__", _exit_without_sweep)],
+    watches = {"offload": [(activation_offload.SavedTensorOffload, "__exit__", _exit_without_sweep)],
                "recompute": [(recompute_modes.ForwardMode, "_watch", lambda self: None),
                              (recompute_modes.RecomputeWatch, "check", lambda self, where: None)]}
     spent = [0.0]

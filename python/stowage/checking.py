@@ -31,22 +31,12 @@ def set_enabled(on: bool) -> None:
 
 
 def apply() -> None:
-    """Hands the switch to the C++ side and starts naming parameters (called once torch loads)."""
-    torch_module().set_check_mode(_enabled)
-    if _enabled:
-        _watch_modules()
-
-
-def step() -> int:
-    """The steps ended so far in this process (the number of the step running now)."""
-    return int(torch_module().offload_steps_ended())
-
-
-def _watch_modules() -> None:
-    """Names every parameter of each model whose forward runs (for the messages), from the
-    step context's module calls (subscribed once, for the process)."""
+    """Hands the switch to the C++ side and, on, names every parameter of each model whose forward
+    runs, for the messages (from the step context's module calls, subscribed once for the process;
+    called once torch loads)."""
     global _hook
-    if _hook is None:
+    torch_module().set_check_mode(_enabled)
+    if _enabled and _hook is None:
         _hook = step_context.module_calls.subscribe(_entered, compiled=True)
 
 

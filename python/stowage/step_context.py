@@ -1,20 +1,15 @@
-"""The step context: what stowage observes of a training step as it runs, in one place, for
-recording (stowage.plan.profile), plans (``with plan:``), activation offload, tagging and check
-mode, which subscribe to it.
+"""The step context: what stowage observes of a training step as it runs, in one place; recording,
+plans, activation offload, tagging and check mode subscribe to it.
 
-- Module calls (``module_calls``): one pair of global module forward hooks (before and after,
-  the second always called), registered while anything subscribes, keeps the stack of module
-  forwards running (``Call``: the module, and whether it runs inside a backward, as a
-  checkpoint's recomputation does; not its arguments, which it would keep alive). While
-  torch.compile traces, calls are followed only where a subscriber asks (``compiled=True``):
-  then the hook stops the trace there (torch's graph-task query does) and the module runs
-  eagerly, as it did when each part registered hooks of its own. Subscribers are told as each call begins (``entered(call, args)``, the call on top of
-  the stack) and as it ends (``left(call, args, kwargs)``, the call off the stack; also for a
-  forward that began before anything subscribed), in the order they subscribed.
-- Saved tensors (``SavedTensorRegion``): stowage's saved-tensor regions, each a torch
-  ``saved_tensors_hooks`` region; ``observe_saves`` (tagging) sees every tensor autograd saves
-  while it observes: in stowage's regions, in regions of their own (the user's,
-  torch.utils.checkpoint's), and outside any (Note [Seeing every saved tensor]).
+- ``module_calls``: the stack of module forwards running, from one pair of global module forward
+  hooks (before, and after: always called) registered while anything subscribes. Subscribers are
+  told as each call begins (``entered(call, args)``, the call on top of the stack) and ends
+  (``left(call, args, kwargs)``, the call off the stack; also for a forward that began before
+  anything subscribed), in the order they subscribed. While torch.compile traces, calls are
+  followed only where a subscriber asks (``compiled=True``): the hook then stops the trace there
+  and the module runs eagerly.
+- ``SavedTensorRegion``: stowage's saved-tensor regions; ``observe_saves`` (tagging) sees every
+  tensor autograd saves while it observes (Note [Seeing every saved tensor]).
 - ``in_backward()``: whether the calling thread runs inside a backward, as torch's public
   ModuleTracker reads it.
 
@@ -73,7 +68,7 @@ Left = Callable[[Call, Any, dict[str, Any]], None]  # (the call, its arguments, 
 
 
 class ModuleCalls:
-    """The stack of module forwards running (module docstring); one per process."""
+    """The stack of module forwards running (module docstring)."""
 
     def __init__(self) -> None:
         self.stack: list[Call] = []
@@ -83,8 +78,7 @@ class ModuleCalls:
 
     def subscribe(self, entered: Entered | None = None, left: Left | None = None, *,
                   compiled: bool = False) -> Callable[[], None]:
-        """Adds a subscriber; returns what removes it (the hooks go with the last one).
-        `compiled`: also follow calls while torch.compile traces (module docstring)."""
+        """Adds a subscriber; returns what removes it (the hooks go with the last one)."""
         torch = loaded_torch()
         subscriber = (entered, left, compiled)
         self._subscribers = self._subscribers + [subscriber]  # (a copy: hooks iterate the old list)

@@ -1,13 +1,10 @@
-"""What each allocation is, and which module made it, noted while stowage records history (README's
-"Inspecting a snapshot" lists what is noted and when), so that its snapshots carry exact
-categories and module paths (``GPT2LMHeadModel.transformer.h.3.attn``).
+"""What each allocation is, and which module made it, noted while stowage records history (what is
+noted and when: README's "Inspecting a snapshot"), carried by its snapshots as ``stowage_tags``.
 
 A note is (position, address): the history's event count when it was made, and the storage's
-address; it is about the latest allocation at that address recorded before it. At a snapshot
-the notes become the snapshot's ``stowage_tags``: for each allocation event they name, its
-category (a storage noted twice takes the first of CATEGORY_ORDER) and the module running when
-it was allocated. Readers that do not know the key ignore it. The saved-tensor hook refuses a
-backward that builds a graph of its own (``create_graph=True``) at its first saved tensor.
+address; it is about the latest allocation at that address recorded before it. At a snapshot the
+notes resolve to each allocation event's category (a storage noted twice takes the first of
+CATEGORY_ORDER) and the module running when it was allocated.
 
 Contract: one Tagger at a time (start/stop); hooks run on the threads torch runs them on and
 append under the GIL; module paths are noted for the thread that started the recording.
@@ -30,7 +27,7 @@ class CreateGraphRefused(RuntimeError):
 
 
 class Tagger:
-    """The notes of one recording (module docstring)."""
+    """The notes of one recording."""
 
     def __init__(self, module: Any, device: int, max_entries: int) -> None:
         # Here: keeps torch out of `import stowage` (step_context.loaded_torch).

@@ -183,7 +183,6 @@ void bind_engines(py::module_& module) {
       },
       py::arg("nth"),
       "Tests of check mode: the nth copy from now on CPU mode's simulated device flips one byte it writes");
-  module.def("offload_steps_ended", &steps_ended);
 }
 
 }  // namespace

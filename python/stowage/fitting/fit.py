@@ -21,8 +21,8 @@ from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, given_units
 from stowage.fitting.measuring import measure, measure_rates, state_copies, uses_foreach
 from stowage.fitting.recording import record
 from stowage.fitting.side_effects import fit_trial
+from stowage.offload import host_room
 from stowage.offload.adam import Adam, AdamW
-from stowage.offload.host_memory import host_room
 from stowage.offload.sharded import local
 from stowage.serving import memory_cap, serves, torch_module
 

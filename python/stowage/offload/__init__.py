@@ -8,16 +8,22 @@ before torch first loads), so the optimizers, whose module needs torch, are impo
 
 from typing import Any
 
+from stowage import _core
 from stowage.offload import activation_offload
 from stowage.offload.activation_offload import OffloadReport, activations, end_step, stats, summary_lines
-from stowage.offload.host_memory import HostMemoryError, host_room
 
 __all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
            "host_room", "stats", "summary_lines"]
 
 
+# The host memory this process may still take: the smallest of MemAvailable, the cgroup's room and
+# the limit given (the C++ probe, device/host_memory_probe.hpp, that `stowage doctor` reports too;
+# RLIMIT_MEMLOCK bounds what is pinned, not what can be allocated).
+host_room = _core.host_room
+
+
 def __getattr__(name: str) -> Any:
-    if name in ("Adam", "AdamW"):
+    if name in ("Adam", "AdamW", "HostMemoryError"):
         from stowage.offload import adam  # here: it imports torch, and `import stowage` must not
 
         return getattr(adam, name)

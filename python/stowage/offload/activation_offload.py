@@ -1,17 +1,19 @@
 """Activation offload (``stowage.offload.activations``): tensors saved for backward go to pinned
-host memory during forward and come back ahead of backward. What is offloaded and what is not, and
-how the copies overlap compute: README's "Offloading activations"."""
+host memory during forward and come back ahead of backward. What is offloaded and what is not, how
+the copies overlap compute, and what happens to storages written through an alias: README's
+"Offloading activations" and Note [Saved tensors written through an alias]
+(python/tensors/saved_storage.hpp). Its saved-tensor front end, SavedTensorOffload, is shared
+with ``with plan:``."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from stowage import _core, checking, step_context
 from stowage.byte_counts import byte_count
-from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
 from stowage.serving import CPU_MODE, device_index, is_cpu_allocator, torch_module
 
 DEFAULT_MIN_BYTES = 1 << 20
@@ -20,20 +22,57 @@ DEFAULT_MAX_PREFETCH = 1 << 30
 _warned_compiled = False
 
 
+def keep(tensor: Any) -> Any:
+    """A saved tensor kept on the device as the offloader keeps one (tensor_offloader.cpp): detached, so
+    that an op's saved output does not hold its own graph node through a cycle Python's collector
+    cannot see, its version checked when backward unpacks it."""
+    return torch_module().TensorOffloader.keep(tensor)
+
+
+class SavedTensorOffload(step_context.SavedTensorRegion):
+    """The one saved-tensor front end of the offload engine: a step-context saved-tensor region
+    whose pack is ``place(tensor)`` (the offloader's ``pack(tensor, module_path)``, or
+    ``keep(tensor)``) and whose unpack is the offloader's. Entering it configures the engine's
+    look-ahead and makes the region's offloader (the buffers of its saved tensors, and the
+    storages it must never offload). Its user calls ``forward_ended()`` as its outermost module's
+    forward returns.
+
+    Contract: entered and exited once, on the thread that runs the step; the buffers outlive the
+    region (the tensors that hold them keep them), its tables do not."""
+
+    def __init__(self, place: Callable[[Any], Any], *, min_bytes: int, prefetch_depth: int | None,
+                 max_prefetch: int) -> None:
+        super().__init__(place, torch_module().TensorOffloader.unpack)
+        self._min_bytes, self._prefetch_depth, self._max_prefetch = min_bytes, prefetch_depth, max_prefetch
+
+    def __enter__(self) -> SavedTensorOffload:
+        module = torch_module()
+        checking.apply()
+        module.offload_configure(self._prefetch_depth, self._max_prefetch)
+        self.offloader = module.TensorOffloader(self._min_bytes)
+        super().__enter__()
+        return self
+
+    def forward_ended(self) -> None:
+        """The model's forward returned (not a recomputation inside backward): check mode watches
+        the offloaded storages someone else still holds."""
+        if not step_context.in_backward():
+            self.offloader.forward_ended()
+
+    def __exit__(self, *error: Any) -> None:
+        if self._hooks is not None:
+            self.offloader.region_ended()
+        super().__exit__(*error)
+
+
 @dataclass
 class OffloadReport:
-    """What one offload region did, in bytes (each storage counted once).
-
-    ``forward_bytes`` is what the forward left allocated on the device, counting offloaded storages
-    as if they were still there; ``unseen_bytes`` the part of it no saved tensor held (tensors
-    an autograd Function keeps as ``ctx`` attributes, outputs, caches): the hooks cannot offload it.
-    ``held_elsewhere_bytes``: offloaded storages something else still held as the region ended (a
-    forward hook's reference, the model's outputs): stowage keeps them on the device from then on
-    and backward reads them in place, as torch does, so that a write through ``.data`` after
-    forward is seen; their host copies are let go. The two forward figures are read from the
-    allocator's figures at the region's start and end, so they are the
-    region's own when the step before it has ended (``stowage.mark_step()``).
-    """
+    """What one offload region did, in bytes (each storage counted once). ``forward_bytes``: what the
+    forward left allocated on the device, counting offloaded storages as if still there (read from
+    the allocator at the region's start and end: the region's own once the step before it has
+    ended); ``unseen_bytes``: the part no saved tensor held (``ctx`` attributes, outputs, caches);
+    ``held_elsewhere_bytes``: offloaded storages still referenced as the region ended, kept on the
+    device from then on (README's "Offloading activations")."""
 
     saved_bytes: int = 0
     offloaded_bytes: int = 0

@@ -14,11 +14,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from stowage import checking
+from stowage import _core, checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
-from stowage.offload.host_memory import check_host_room
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.warning_site import outside_stowage
 
@@ -26,14 +25,16 @@ UPDATE_MODES = ("exact", "in_backward", "delayed")
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
 
 
+class HostMemoryError(MemoryError):
+    """The offloaded optimizer would need more host memory than the process may use."""
+
+
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
     """Ctrl-C is acted on when the block ends, not inside it (Note [Whole steps]): on the main
-    thread Python's SIGINT handler is replaced by one that only notes the signal, and the thread's
-    waits outlast it (the C++ InterruptHold; their deadlines still end them). When the block ends
-    the handler is put back and, if the signal came, called: the default raises KeyboardInterrupt
-    there, once the block's work is whole (and ahead of any error the block raised, which it then
-    carries as its context)."""
+    thread Python's SIGINT handler only notes the signal meanwhile, and the C++ waits outlast it
+    (InterruptHold); then the handler is put back and, if the signal came, called (ahead of any
+    error the block raised, which it then carries as its context)."""
     noted: list[tuple[int, Any]] = []
     previous: Callable[[int, Any], Any] | None = None
     if threading.current_thread() is threading.main_thread():
@@ -77,8 +78,6 @@ class Adam(torch.optim.Optimizer):
             raise ValueError(f"update must be one of {UPDATE_MODES}, not {update!r}")
         if not 0.0 <= device_fraction <= 1.0:
             raise ValueError(f"device_fraction must lie in [0, 1], not {device_fraction!r}")
-        if bucket_numel < 1:
-            raise ValueError(f"bucket_numel must be positive, not {bucket_numel!r}")
         hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, foreach=foreach,
                      maximize=maximize, capturable=capturable, fused=fused)
         if self._torch_class is torch.optim.Adam:
@@ -93,11 +92,10 @@ class Adam(torch.optim.Optimizer):
         self.master_weights = bool(master_weights)
         self._limit = None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit")
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
-        offloaded, kept = self._split_by_fraction(device_fraction)
-        self._device_group_sources: list[dict[str, Any]] = []
-        self._device_optimizer = self._make_device_optimizer(kept)
+        offloaded = self._keep_share_on_device(device_fraction)
+        bus_id = torch.cuda.get_device_properties(self._device).pci_bus_id if self._device.type == "cuda" else ""
         self._slots = torch_module().AdamSlots(
-            str(self._device), type(self).__name__, update, torch_module().cpus_near(self._store_bus_id() or ""),
+            str(self._device), type(self).__name__, update, torch_module().cpus_near(str(bus_id or "")),
             self.master_weights, bucket_numel, weak_method(self._slot_name), weak_method(self._at_point))
         self._params: list[torch.Tensor] = []  # by slot number
         self._index: dict[torch.Tensor, int] = {}  # slot number by parameter
@@ -111,9 +109,7 @@ class Adam(torch.optim.Optimizer):
         self._accumulating = 0
         self._ddp_attached = False
         self._deferred: torch.Tensor | None = None  # the parameter whose later hooks may still run
-        self._warned_recopy = False
-        self._warned_clip = False
-        self._warned_options = False
+        self._warned: set[str] = set()  # the warnings given once, by what they are about
         # A test seam: called with the name of each point of step() where a test interrupts it
         # (Note [Whole steps]: "device", "update <bucket>", "write_back <bucket>", "end").
         self._at_step_point: Callable[[str], None] | None = None
@@ -141,28 +137,18 @@ class Adam(torch.optim.Optimizer):
                                  f"parameters, not {p.dtype}")
         return devices.pop()
 
-    def _split_by_fraction(self, fraction: float) -> tuple[list[tuple[torch.Tensor, dict[str, Any]]],
-                                                           list[tuple[torch.Tensor, dict[str, Any]]]]:
-        """(offloaded, kept on the device): the first parameters up to `fraction` of the count stay
-        (offload/adam_buckets.hpp's kept_on_device, which fit's accounting uses too)."""
+    def _keep_share_on_device(self, fraction: float) -> list[tuple[torch.Tensor, dict[str, Any]]]:
+        """The first parameters up to `fraction` of the count stay on the device
+        (offload/adam_buckets.hpp's kept_on_device, which fit's accounting uses too), updated by
+        torch's own optimizer with the options given; returns the (parameter, group) pairs offloaded."""
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
-        kept = torch_module().kept_on_device([p.numel() for p, _ in pairs], fraction)
-        return pairs[kept:], pairs[:kept]
-
-    def _make_device_optimizer(self, kept: list[tuple[torch.Tensor, dict[str, Any]]]) -> torch.optim.Optimizer | None:
-        """torch's own optimizer, with the options given, for the parameters kept on the device."""
-        if not kept:
-            return None
-        sources = [g for g in self.param_groups if any(pg is g for _, pg in kept)]
-        self._device_group_sources = sources  # our group behind each of the inner optimizer's
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [p for p, pg in kept if pg is g]}
-                  for g in sources]
-        return self._torch_class(groups)  # type: ignore[call-arg]
-
-    def _store_bus_id(self) -> str | None:
-        if self._device.type != "cuda":
-            return None
-        return str(torch.cuda.get_device_properties(self._device).pci_bus_id) or None
+        count = torch_module().kept_on_device([p.numel() for p, _ in pairs], fraction)
+        kept = pairs[:count]
+        self._device_group_sources = [g for g in self.param_groups if any(pg is g for _, pg in kept)]
+        self._device_optimizer = None if not kept else self._torch_class(  # type: ignore[call-arg]
+            [{**{k: v for k, v in g.items() if k != "params"}, "params": [p for p, pg in kept if pg is g]}
+             for g in self._device_group_sources])
+        return pairs[count:]
 
     def _offer(self, pairs: list[tuple[torch.Tensor, dict[str, Any]]]) -> None:
         """Lays out host states for the parameters that train; the frozen ones wait."""
@@ -181,24 +167,24 @@ class Adam(torch.optim.Optimizer):
         numbers = [next(i for i, g in enumerate(self._groups) if g is group) for _, group in pairs]
         amsgrad = [bool(g.get("amsgrad")) for _, g in pairs]
         limit = None if self._limit is None else self._limit - self._slots.allocated_bytes
-        check_host_room(self._slots.host_bytes(shards, numbers, amsgrad), "stowage.offload.AdamW's host states",
-                        limit)
+        needed, room = self._slots.host_bytes(shards, numbers, amsgrad), _core.host_room(limit)
+        if needed > room.available_bytes:
+            f = _core.format_bytes
+            raise HostMemoryError(
+                f"stowage.offload.{type(self).__name__}'s host states need {f(needed)} of host memory ({needed} "
+                f"bytes) but the process may take only {f(room.available_bytes)} ({room.available_bytes} bytes), "
+                f"set by {room.limited_by}. Keep more states on the device (device_fraction=), offload fewer "
+                "parameters, or free host memory.")
         joined = [pairs[i][0] for i in self._slots.join(shards, numbers, amsgrad)]
-        for param in joined:
-            self._index[param] = len(self._params)
-            self._params.append(param)
         ids = {id(p) for p in joined}
         self._waiting = [(p, g) for p, g in self._waiting if id(p) not in ids]
         for param in joined:
+            self._index[param] = len(self._params)
+            self._params.append(param)
             if param.requires_grad:
                 handle = param.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated))
                 self._hooks.append(handle)
                 self._hook_ids[param] = handle.id
-
-    def _join_waiting(self) -> None:
-        """Frozen parameters that now have a gradient (unfrozen) join, as torch's optimizer would
-        start their states at their first step."""
-        self._join([(p, g) for p, g in self._waiting if p.grad is not None])
 
     def _slot_name(self, index: int) -> str:
         """'parameter 3 (group 0, shape [64, 24])', after its path in the model where check mode
@@ -207,10 +193,9 @@ class Adam(torch.optim.Optimizer):
         path = checking.parameter_name(self._params[index])
         return f"parameter {path!r}, {name}" if path else name
 
-    def _shards(self, slots: Iterable[int] | None = None) -> list[torch.Tensor]:
-        """The local shards (FSDP2) of the slots' parameters as they are now (all by default)."""
-        params = self._params if slots is None else [self._params[i] for i in slots]
-        return [local(p) for p in params]
+    def _shards(self) -> list[torch.Tensor]:
+        """The local shards (FSDP2) of the slots' parameters as they are now."""
+        return [local(p) for p in self._params]
 
     def _sync_states(self) -> None:
         """self.state follows the slots: an entry (views of the host states, made once) from a
@@ -241,27 +226,20 @@ class Adam(torch.optim.Optimizer):
         self._ddp_attached = True
 
     def _gradient_accumulated(self, param: torch.Tensor) -> None:
-        """`param`'s gradient is copied now, or, when hooks registered after this one have yet to
-        run on it, when the next parameter's gradient arrives (the engine runs each parameter's
-        hooks together) or at the end of backward (Note [Offloaded optimizer semantics])."""
+        """`param`'s gradient is copied once final (Note [Offloaded optimizer semantics])."""
         if self._accumulating or self._ddp_attached or param.grad is None:
             return
         self._backward_end.arm()
         previous, self._deferred = self._deferred, None
         if previous is not None and previous.grad is not None:  # (a hook may have dropped it)
             self._arrive(previous, previous.grad)
-        if self._hooks_follow(param):
+        # Hooks registered after ours still to run on `param` (torch keeps them in order; where it
+        # does not say, assumed): its copy waits.
+        hooks = getattr(param, "_post_accumulate_grad_hooks", None)
+        if not hooks or next(reversed(hooks)) != self._hook_ids.get(param):
             self._deferred = param
         else:
             self._arrive(param, param.grad)
-
-    def _hooks_follow(self, param: torch.Tensor) -> bool:
-        """Whether post-accumulate hooks registered after ours are on `param` (torch keeps them
-        in order; where it does not say, assumed)."""
-        hooks = getattr(param, "_post_accumulate_grad_hooks", None)
-        if not hooks:
-            return True
-        return next(reversed(hooks)) != self._hook_ids.get(param)
 
     def _arrive(self, param: torch.Tensor, gradient: torch.Tensor) -> None:
         if self._accumulating:
@@ -279,9 +257,9 @@ class Adam(torch.optim.Optimizer):
                     "(gradient accumulation that is not marked). Run the micro-batches before the last inside "
                     "optimizer.accumulating() (or DDP's no_sync()), or use update='exact'. Nothing was applied.")
             if self.update_mode == "in_backward":
-                if not self._slots.parameters_checked:
+                if not self._slots.parameters_checked:  # parameters written since (a loaded checkpoint, ...)
                     self._slots.set_parameters_checked()
-                    self._take_written_parameters(range(len(self._params)))
+                    self._slots.take_written(list(range(len(self._params))), self._shards())
                 if ready >= 0:
                     self._slots.submit(ready, self._groups[self._slots.group_of(ready)], 1.0)
                     self._sync_states()
@@ -300,15 +278,6 @@ class Adam(torch.optim.Optimizer):
             self._undo_provisional()
             self._slots.reset_arrivals()
 
-    # --- parameters written by someone else ---------------------------------------------------
-
-    def _take_written_parameters(self, slots: Iterable[int]) -> None:
-        """Parameters whose bytes changed since their last write-back (``.data`` writes, a loaded
-        checkpoint, DDP's broadcast) become the masters (and the outputs a delayed write-back
-        would send)."""
-        slots = list(slots)
-        self._slots.take_written(slots, self._shards(slots))
-
     # --- clipping and loss scaling ------------------------------------------------------------
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -316,7 +285,11 @@ class Adam(torch.optim.Optimizer):
         offloaded ones: their coefficient is applied as the host update reads them. Returns the
         total norm."""
         if self.update_mode == "in_backward":
-            self._clip_in_backward()
+            # Buckets updated in backward before the norm existed are undone; step() updates every
+            # bucket with the coefficient, exactly, as "exact" would.
+            self._undo_provisional()
+            self._warn_once("clip", "clip_grad_norm_ undoes the updates made during backward and step() makes "
+                            "them again with the clipping coefficient; update='exact' clips without that work.")
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
         if is_sharded(total):
@@ -330,16 +303,11 @@ class Adam(torch.optim.Optimizer):
         self._slots.clip_by(coefficient)
         return total
 
-    def _clip_in_backward(self) -> None:
-        """in_backward updated buckets before the norm over all gradients existed: those updates
-        are undone, and step() updates every bucket with the clipping coefficient, exactly, as
-        "exact" would (the work backward did is done again: use update='exact' to clip)."""
-        self._undo_provisional()
-        if not self._warned_clip:
-            self._warned_clip = True
-            warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): clip_grad_norm_ undoes the "
-                          "updates made during backward and step() makes them again with the clipping "
-                          "coefficient; update='exact' clips without that work.", stacklevel=outside_stowage())
+    def _warn_once(self, about: str, message: str) -> None:
+        if about not in self._warned:
+            self._warned.add(about)
+            mode = "" if about == "recopy" else "(update='in_backward')"
+            warnings.warn(f"stowage.offload.{type(self).__name__}{mode}: {message}", stacklevel=outside_stowage())
 
     def _device_parameters(self) -> list[torch.Tensor]:
         if self._device_optimizer is None:
@@ -383,23 +351,21 @@ class Adam(torch.optim.Optimizer):
         kept on the device updated by torch's optimizer; False: the step is skipped. An error
         leaves nothing applied (provisional updates undone, the arrivals kept)."""
         try:
-            self._join_waiting()
+            self._join([(p, g) for p, g in self._waiting if p.grad is not None])  # unfrozen: states start now
             with self._lock:
                 skipped, recopied, redone = self._slots.prepare_step(*self._step_inputs())
-            if redone and not self._warned_options:
-                self._warned_options = True
-                warnings.warn(f"stowage.offload.{type(self).__name__}(update='in_backward'): a param group's options "
-                              "(lr, betas, ...) changed between backward and step(), so step() undoes the updates "
-                              "made during backward with the old ones and makes them again; change them after "
-                              "step() (a scheduler's step() included) to keep the overlap.", stacklevel=outside_stowage())
+            if redone:
+                self._warn_once("options", "a param group's options (lr, betas, ...) changed between backward and "
+                                "step(), so step() undoes the updates made during backward with the old ones and "
+                                "makes them again; change them after step() (a scheduler's step() included) to keep "
+                                "the overlap.")
             if skipped:
                 self._backward_end.disarm()
                 return False
-            if recopied and not self._warned_recopy:
-                self._warned_recopy = True
-                warnings.warn(f"stowage.offload.{type(self).__name__}: gradients changed after backward (clipping "
-                              "or unscaling through torch?), so step() copies them out again. "
-                              "optimizer.clip_grad_norm_() clips without that copy.", stacklevel=outside_stowage())
+            if recopied:
+                self._warn_once("recopy", "gradients changed after backward (clipping or unscaling through "
+                                "torch?), so step() copies them out again. optimizer.clip_grad_norm_() clips "
+                                "without that copy.")
             self._at_point("device")
             self._step_on_device()
         except BaseException:
@@ -408,8 +374,6 @@ class Adam(torch.optim.Optimizer):
         return True
 
     def _at_point(self, name: str) -> None:
-        """The test seam: `_at_step_point`, where set, is called with the name of each point of
-        step() (Note [Whole steps]: "device", "update <bucket>", "write_back <bucket>", "end")."""
         if self._at_step_point is not None:
             self._at_step_point(name)
 

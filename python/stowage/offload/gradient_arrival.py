@@ -1,27 +1,19 @@
-"""When a gradient is final, for the offloaded optimizer: per-parameter hooks, DDP's communication
-hook, and the end of backward.
+"""When a gradient is final, for the offloaded optimizer (Note [Offloaded optimizer semantics]):
+per-parameter hooks, DDP's communication hook, and the end of backward.
 
-``register_post_accumulate_grad_hook`` fires once a parameter's gradient is accumulated for this
-backward, but before DDP has reduced it (ranks would update from different gradients and drift
-apart), so under DDP the gradients are taken from the reduced bucket in the communication hook's
-future instead. The engine runs a parameter's post-accumulate hooks one after another, the
-optimizer's among them: hooks registered after it still have to run when it fires, so where
-there are some the optimizer copies that gradient when the next parameter's hook fires, or at
-the end of backward (Note [Offloaded optimizer semantics]). What changes a gradient after its copy (clipping
-or unscaling through torch, another micro-batch, a hook of another parameter) is seen at step(),
-which compares the gradients' bytes with what was copied. DDP copies its buckets into ``.grad``
+``register_post_accumulate_grad_hook`` fires before DDP has reduced the gradient (ranks would
+update from different gradients and drift apart), so under DDP the gradients are taken from the
+reduced bucket in the communication hook's future instead. DDP copies its buckets into ``.grad``
 in a final callback of its own, queued when its last bucket is ready, after the first hook of
 ours; so ours queues itself once more from its own callback (the engine runs callbacks queued
 while it runs them) and runs after DDP's.
 
 torch 2.11 has no public call for either thing the end of backward needs, so the private ones
 torch's own code uses are used here, and only here: the running graph task's id
-(torch._C._current_graph_task_id, as torch/autograd/graph.py's register_multi_grad_hook and
-torch/utils/checkpoint.py read it) and a callback queued for the end of backward
-(Variable._execution_engine.queue_callback, as FSDP2 queues its own in
-torch/distributed/fsdp/_fully_shard/_fsdp_state.py). Likewise stowage.offload.adam reads a
-parameter's post-accumulate hooks where torch keeps them, in order (Tensor._post_accumulate_grad_hooks,
-torch/_tensor.py): no public call lists them.
+(torch._C._current_graph_task_id, as register_multi_grad_hook and torch.utils.checkpoint read it)
+and a callback queued for the end of backward (Variable._execution_engine.queue_callback, as FSDP2
+queues its own). Likewise stowage.offload.adam reads a parameter's post-accumulate hooks where
+torch keeps them, in order (Tensor._post_accumulate_grad_hooks): no public call lists them.
 """
 
 from __future__ import annotations
@@ -48,8 +40,8 @@ def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
 class BackwardEnd:
     """Calls `on_end` once at the end of each backward during which arm() was called, after the
     final callbacks already queued (DDP's included); calls `on_abandoned` when a backward that
-    armed it never reached its end (it raised) and another begins, or when abandon() is asked.
-    Contract: arm() from the backward thread; disarm() and abandon() between backwards."""
+    armed it never reached its end (it raised) and another begins.
+    Contract: arm() from the backward thread; disarm() between backwards."""
 
     def __init__(self, on_end: Callable[[], None], on_abandoned: Callable[[], None]) -> None:
         self._on_end = on_end
@@ -61,7 +53,8 @@ class BackwardEnd:
         if self._armed_task is not None:
             if self._armed_task == task:
                 return
-            self.abandon()  # the backward armed for raised before its end: this is a new one
+            self._armed_task = None  # the backward armed for raised before its end: this is a new one
+            self._on_abandoned()
         engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
         try:
             engine.queue_callback(self._requeue)
@@ -72,12 +65,6 @@ class BackwardEnd:
     def disarm(self) -> None:
         """The step took what this backward gave (step() ran): nothing is pending."""
         self._armed_task = None
-
-    def abandon(self) -> None:
-        """The armed backward will not end (it raised): tells `on_abandoned` once."""
-        if self._armed_task is not None:
-            self._armed_task = None
-            self._on_abandoned()
 
     def _requeue(self) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(self._end)  # type: ignore[attr-defined]

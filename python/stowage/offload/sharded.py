@@ -1,12 +1,8 @@
-"""FSDP2's sharded parameters, for the offloaded optimizer: each rank keeps and updates only its
-shard.
-
-Under ``fully_shard`` the parameters and their gradients are DTensors whose local tensor is this
-rank's shard; FSDP2 calls the parameters' post-accumulate-grad hooks once a gradient's
-reduce-scatter is done, on the stream it ran on, so a gradient is final there (the copy out waits
-for that stream). The optimizer works on the local tensors and hands states out as DTensors
-sharded like their parameters, which is what torch's AdamW holds under FSDP2.
-"""
+"""FSDP2's sharded parameters, for the offloaded optimizer: under ``fully_shard`` parameters and
+gradients are DTensors whose local tensor is this rank's shard, and the post-accumulate-grad hooks
+run once a gradient's reduce-scatter is done (on its stream, which the copy out waits for). The
+optimizer keeps and updates the local shards and hands states out as DTensors sharded like their
+parameters, as torch's AdamW holds them under FSDP2."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 from stowage import _core
 from stowage.byte_counts import byte_count
 from stowage.memory import is_enabled
-from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
+from stowage.offload.activation_offload import SavedTensorOffload, keep
 from stowage.serving import device_index, torch_module
 from stowage.plan.file_formats import PLAN, VERSION, save_document
 from stowage.plan.module_frames import Frame, ModuleFrames
