@@ -7,6 +7,7 @@ Contract: one process-wide switch; set it between steps.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from stowage import step_context
@@ -26,7 +27,7 @@ def set_enabled(on: bool) -> None:
     """Turns check mode on or off (between steps)."""
     global _enabled
     _enabled = bool(on)
-    if _enabled:
+    if _enabled or "stowage._torch" in sys.modules:  # (off before torch loads: nothing to hand over yet)
         apply()
 
 

@@ -92,6 +92,23 @@ def test_a_gradient_corrupted_on_its_way_out_is_caught_naming_it_with_nothing_ap
     assert "copied out at step 1 is not, bit for bit," in result.stdout, result.stdout
 
 
+def test_check_mode_turned_off_checks_nothing_more() -> None:
+    """set_enabled(False) reaches the engines too, with no new optimizer or activations() to hand
+    it over: a gradient changed where only check mode's comparison would see it is not compared."""
+    result = run("""
+        optimizer = stowage.offload.AdamW(model.parameters(), update="in_backward")
+        step(optimizer)
+        stowage.checking.set_enabled(False)
+        model(batch).mean().backward()
+        words = model[2].weight.grad.view(-1).view(torch.int32)
+        for index, delta in ((0, 1), (1, -1), (1024, -1), (1025, 1)):
+            words[index] += delta
+        optimizer.step()
+        print("not checked")
+    """)
+    assert result.returncode == 0 and "not checked" in result.stdout, result.stderr
+
+
 def test_a_gradient_change_the_content_watch_cannot_see_is_caught() -> None:
     """+1 and -1 on the corners of a rectangle of 32-bit words leave every sum of the checksum as
     it was, so only check mode's comparison of the bytes sees the change."""
