@@ -1,20 +1,23 @@
 // Facts about the machine, as plain dicts and lists (JSON-ready, for `stowage doctor`):
-// stowage._core.numa_topology, build_info, cuda_driver, cuda_runtime and host_memory; the
-// doctor's advice over them (machine_advice); and host_room, the host memory the process may
-// still take (the offloaded optimizer's check).
+// stowage._core.numa_topology, build_info, cuda_driver, nvidia_smi_gpus, cuda_runtime and host_memory;
+// the doctor's advice and tables over them (machine_advice, machine_report_tables); and host_room, the
+// host memory the process may still take (the offloaded optimizer's check).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/build_info.hpp"
 #include "device/cuda_driver_probe.hpp"
 #include "device/host_memory_probe.hpp"
 #include "device/machine_advice.hpp"
+#include "device/machine_report.hpp"
 #include "device/numa_topology.hpp"
+#include "device/nvidia_smi_listing.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
@@ -34,10 +37,10 @@ py::dict to_dict(const PciLocality& device) {
                   "device_id"_a = device.device_id, "numa_nodes"_a = device.numa_nodes, "cpus"_a = device.cpus);
 }
 
-py::dict to_dict(const GpuFacts& gpu) {
+py::dict to_dict(const GpuFacts& gpu, const char* source = "driver") {
   return py::dict("index"_a = gpu.index, "name"_a = gpu.name, "total_memory"_a = gpu.total_memory,
                   "pci_bus_id"_a = gpu.pci_bus_id, "compute_capability"_a = gpu.compute_capability,
-                  "virtual_memory_management"_a = gpu.virtual_memory_management, "source"_a = "driver");
+                  "virtual_memory_management"_a = gpu.virtual_memory_management, "source"_a = source);
 }
 
 template <typename T>
@@ -78,6 +81,16 @@ void bind_machine_probes(py::module_& module) {
       "(facts, gpus): the NVIDIA driver (library, version, device_count, error: why there are no "
       "GPUs) and each GPU it reports (index, name, total_memory, pci_bus_id, compute_capability, "
       "virtual_memory_management), asked through dlopen; creates no CUDA context.");
+  module.def(
+      "nvidia_smi_gpus",
+      [](std::string_view listing) {
+        py::list gpus;
+        for (const GpuFacts& gpu : nvidia_smi_gpus(listing)) gpus.append(to_dict(gpu, "nvidia-smi"));
+        return gpus;
+      },
+      py::arg("listing"),
+      "The GPUs in nvidia-smi's --query-gpu=index,name,memory.total,pci.bus_id,compute_cap "
+      "--format=csv,noheader,nounits output (device/nvidia_smi_listing.hpp), as cuda_driver's gpus.");
   module.def(
       "cuda_runtime", [](const std::vector<std::string>& candidates) { return to_dict(probe_cuda_runtime(candidates)); },
       py::arg("candidates"),
@@ -148,9 +161,80 @@ MachineFacts facts_of(const py::dict& report) {
   return facts;
 }
 
+template <typename T>
+T field_of(const py::handle& dict, const char* key) {
+  return dict[key].cast<T>();
+}
+
+GpuFacts gpu_facts_of(const py::handle& gpu) {
+  return {field_of<int>(gpu, "index"), text_of(gpu["name"]),
+          field_of<std::optional<std::uint64_t>>(gpu, "total_memory"), text_of(gpu["pci_bus_id"]),
+          text_of(gpu["compute_capability"]), field_of<std::optional<bool>>(gpu, "virtual_memory_management")};
+}
+
+TorchReport torch_report_of(const py::handle& torch) {
+  TorchReport out{truthy(torch["installed"]), text_of(torch["error"]), text_of(torch["version"]),
+                  text_of(torch["cuda_build"]), field_of<std::optional<std::int64_t>>(torch, "cuda_device_count"),
+                  {}, {}};
+  for (const auto& [name, value] : torch["environment"].cast<py::dict>()) {
+    out.environment.emplace_back(py::str(name).cast<std::string>(), py::repr(value).cast<std::string>());
+  }
+  if (!out.installed) return out;
+  const py::handle module = torch["stowage_module"];
+  out.module = {truthy(module["importable"]), text_of(module["error"]), text_of(module["built_for_torch"]),
+                truthy(module["matches_torch"]), truthy(module["cuda_allocator_built"]),
+                field_of<std::vector<std::string>>(module, "cuda_torch_versions"),
+                truthy(module["cuda_allocator_enabled"]), truthy(module["cpu_allocator_enabled"])};
+  return out;
+}
+
+// `stowage doctor`'s report (stowage.doctor.gather's dict) as its tables read it.
+MachineReport report_of(const py::dict& report) {
+  MachineReport out;
+  const py::handle driver = report["cuda"]["driver"], runtime = report["cuda"]["runtime"];
+  out.driver = {text_of(driver["library"]), text_of(driver["version"]), field_of<int>(driver, "device_count"),
+                text_of(driver["error"]), {}};
+  out.runtime = {text_of(runtime["library"]), text_of(runtime["version"]),
+                 field_of<std::optional<int>>(runtime, "device_count"), text_of(runtime["error"])};
+  for (const py::handle gpu : report["gpus"]) {
+    out.gpus.push_back({gpu_facts_of(gpu), field_of<std::optional<std::vector<std::int64_t>>>(gpu, "numa_nodes")});
+  }
+  out.torch = torch_report_of(report["torch"]);
+  const py::handle memory = report["host_memory"], numa = report["numa"];
+  out.memory = {field_of<std::uint64_t>(memory, "total"), field_of<std::optional<std::uint64_t>>(memory, "available"),
+                field_of<std::optional<std::uint64_t>>(memory, "cgroup_room"),
+                field_of<std::optional<std::uint64_t>>(memory, "memlock_soft"),
+                field_of<std::optional<std::uint64_t>>(memory, "memlock_hard")};
+  out.numa_error = text_of(numa["error"]);
+  if (out.numa_error) return out;
+  out.numa.hwloc_api_version = field_of<std::string>(numa, "hwloc_api_version");
+  out.numa.packages = field_of<unsigned>(numa, "packages");
+  out.numa.cores = field_of<unsigned>(numa, "cores");
+  out.numa.processing_units = field_of<unsigned>(numa, "processing_units");
+  out.numa.process_cpus = field_of<std::string>(numa, "process_cpus");
+  out.numa.process_numa_nodes = field_of<std::vector<unsigned>>(numa, "process_numa_nodes");
+  for (const py::handle node : numa["nodes"]) {
+    out.numa.nodes.push_back({field_of<unsigned>(node, "os_index"), field_of<std::uint64_t>(node, "local_memory"),
+                              field_of<std::string>(node, "cpus"), truthy(node["allowed"])});
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_topology(py::module_& module) {
+  module.def(
+      "machine_report_tables",
+      [](const py::dict& report) {
+        py::list tables;
+        for (const FactsTable& table : machine_report_tables(report_of(report))) {
+          tables.append(py::make_tuple(table.title, table.columns, table.rows));
+        }
+        return tables;
+      },
+      py::arg("report"),
+      "stowage doctor's report (stowage.doctor.gather's dict) as the tables it prints "
+      "(device/machine_report.hpp): (title, columns, rows) each, no columns for a table of (fact, value) rows.");
   module.def(
       "machine_advice", [](const py::dict& report) { return machine_advice(facts_of(report)); }, py::arg("report"),
       "stowage doctor's advice (device/machine_advice.hpp) over its report (stowage.doctor.gather's dict): one "

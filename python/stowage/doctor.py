@@ -11,7 +11,6 @@ plugin.
 from __future__ import annotations
 
 import argparse
-import csv
 import ctypes.util
 import json
 import os
@@ -66,21 +65,7 @@ def nvidia_smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
         return [], f"nvidia-smi: {error}"
     if done.returncode != 0:
         return [], f"nvidia-smi: {(done.stdout + done.stderr).strip() or f'exit status {done.returncode}'}"
-    gpus = []
-    for row in csv.reader(done.stdout.splitlines(), skipinitialspace=True):
-        if len(row) != 5:
-            continue
-        index, name, memory, bus_id, capability = row
-        gpus.append({
-            "index": int(index) if index.isdigit() else len(gpus),
-            "name": name,
-            "total_memory": int(memory) << 20 if memory.isdigit() else None,
-            "pci_bus_id": bus_id,
-            "compute_capability": capability if re.fullmatch(r"\d+\.\d+", capability) else None,
-            "virtual_memory_management": None,
-            "source": "nvidia-smi",
-        })
-    return gpus, None
+    return _core.nvidia_smi_gpus(done.stdout), None
 
 
 def _runtime_candidates() -> list[str]:
@@ -196,141 +181,22 @@ def gather() -> dict[str, Any]:
     return report
 
 
-def _bytes(value: int | None) -> str:
-    return "unlimited" if value is None else _core.format_bytes(value)
-
-
 # One line per thing on this machine that limits stowage, stated as fact plus remedy
 # (device/machine_advice.hpp), over gather()'s report.
 advise = _core.machine_advice
 
 
-def _facts_table(title: str, rows: list[tuple[str, str]]) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left", title_style="bold")
-    table.add_column("fact", style="cyan", no_wrap=True)
-    table.add_column("value")
-    for key, value in rows:
-        table.add_row(key, literal(str(value)))  # driver, library and error texts from the system
-    return table
-
-
-def _yes(value: bool | None) -> str:
-    return "unknown" if value is None else "yes" if value else "no"
-
-
-def _nodes(indexes: list[int]) -> str:
-    return ",".join(map(str, indexes))
-
-
-def _stowage_rows(build: dict[str, Any], module: dict[str, Any]) -> list[tuple[str, str]]:
-    versions = ", ".join(module.get("cuda_torch_versions") or [])
-    allocator = "not built"
-    if module.get("cuda_allocator_built"):
-        allocator = f"built for torch {versions}" if versions else "built"
-    sanitizer = f", sanitizer {build['sanitizer']}" if build["sanitizer"] else ""
-    return [
-        ("version", build["version"]),
-        ("build type", build["build_type"] + sanitizer),
-        ("compiler", build["compiler"]),
-        ("CUDA backend", f"built (CUDA {build['cuda_version']})" if build["with_cuda"] else "not built"),
-        ("torch integration",
-         f"built for torch {build['torch_version']}" if build["with_torch"] else "not built"),
-        ("torch CUDA allocator", allocator),
-    ]
-
-
-def _cuda_rows(driver: dict[str, Any], runtime: dict[str, Any]) -> list[tuple[str, str]]:
-    driver_devices = str(driver["device_count"])
-    if driver["version"] and driver["error"]:
-        driver_devices += f" ({driver['error']})"
-    return [
-        ("driver", f"CUDA {driver['version']} ({driver['library']})" if driver["version"]
-         else driver["error"] or "unknown"),
-        ("driver devices", driver_devices),
-        ("runtime", f"CUDA {runtime['version']} ({runtime['library']})" if runtime["version"]
-         else runtime["error"] or "unknown"),
-        ("runtime devices", str(runtime["device_count"]) if runtime["device_count"] is not None
-         else f"none ({runtime['error']})"),
-    ]
-
-
-def _print_gpus(gpus: list[dict[str, Any]], driver: dict[str, Any], console: Console) -> None:
-    if not gpus:
-        console.print(_facts_table("GPUs", [("none", driver["error"] or "the driver reports no GPU")]))
-        return
-    table = Table(title="GPUs", title_justify="left", title_style="bold")
-    for column in ("#", "name", "memory", "PCI bus id", "compute capability", "VMM", "NUMA node"):
-        table.add_column(column)
-    for gpu in gpus:
-        table.add_row(str(gpu["index"]), literal(gpu["name"] or "?"),
-                      "?" if gpu["total_memory"] is None else _bytes(gpu["total_memory"]),
-                      gpu["pci_bus_id"] or "?", gpu["compute_capability"] or "?",
-                      _yes(gpu["virtual_memory_management"]),
-                      "unknown" if gpu["numa_nodes"] is None else _nodes(gpu["numa_nodes"]))
-    console.print(table)
-
-
-def _torch_rows(torch: dict[str, Any]) -> list[tuple[str, str]]:
-    if not torch["installed"]:
-        return [("installed", f"no ({torch['error']})")]
-    module = torch["stowage_module"]
-    if module["importable"]:
-        built = f"built for torch {module['built_for_torch']}"
-        built += "" if module["matches_torch"] else " (not this torch)"
-    else:
-        built = f"cannot be imported: {module['error']}"
-    count = torch["cuda_device_count"]
-    rows = [
-        ("version", torch["version"]),
-        ("CUDA build", torch["cuda_build"] or "none (CPU-only build)"),
-        ("GPUs torch sees", "-" if count is None else str(count)),
-        ("stowage._torch", built),
-        ("stowage is the CUDA allocator", _yes(module["cuda_allocator_enabled"])),
-        ("stowage is the CPU allocator", _yes(module["cpu_allocator_enabled"])),
-    ]
-    return rows + [(key, repr(value)) for key, value in torch["environment"].items()]
-
-
-def _memory_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
-    return [
-        ("physical", _bytes(memory["total"])),
-        ("available", "unknown" if memory["available"] is None else _bytes(memory["available"])),
-        ("cgroup's room", "no limit" if memory["cgroup_room"] is None else _bytes(memory["cgroup_room"])),
-        ("locked-memory limit (ulimit -l)",
-         f"{_bytes(memory['memlock_soft'])} (hard: {_bytes(memory['memlock_hard'])})"),
-    ]
-
-
-def _print_numa(topology: dict[str, Any], console: Console) -> None:
-    if topology["error"]:
-        console.print(_facts_table("NUMA", [("hwloc", topology["error"])]))
-        return
-    console.print(_facts_table("NUMA", [
-        ("hwloc", topology["hwloc_api_version"]),
-        ("machine", f"{topology['packages']} package(s), {topology['cores']} cores, "
-                    f"{topology['processing_units']} hardware threads, "
-                    f"{len(topology['nodes'])} NUMA node(s)"),
-        ("this process", f"CPUs {topology['process_cpus']}, NUMA node "
-                         f"{_nodes(topology['process_numa_nodes'])}"),
-    ]))
-    nodes = Table(title="NUMA nodes", title_justify="left", title_style="bold")
-    for column in ("node", "memory", "CPUs", "allowed"):
-        nodes.add_column(column)
-    for node in topology["nodes"]:
-        nodes.add_row(str(node["os_index"]), _bytes(node["local_memory"]), node["cpus"],
-                      _yes(node["allowed"]))
-    console.print(nodes)
-
-
 def print_report(report: dict[str, Any], console: Console) -> None:
-    driver, runtime = report["cuda"]["driver"], report["cuda"]["runtime"]
-    console.print(_facts_table("stowage", _stowage_rows(report["stowage"],
-                                                        report["torch"]["stowage_module"] or {})))
-    console.print(_facts_table("CUDA", _cuda_rows(driver, runtime)))
-    _print_gpus(report["gpus"], driver, console)
-    console.print(_facts_table("torch", _torch_rows(report["torch"])))
-    console.print(_facts_table("host memory", _memory_rows(report["host_memory"])))
-    _print_numa(report["numa"], console)
+    for title, columns, rows in _core.machine_report_tables(report):  # (device/machine_report.hpp)
+        table = Table(title=title, show_header=bool(columns), title_justify="left", title_style="bold")
+        if not columns:  # (fact, value) rows
+            table.add_column("fact", style="cyan", no_wrap=True)
+            table.add_column("value")
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*map(literal, row))  # driver, library and error texts from the system
+        console.print(table)
     text = "\n".join(f"- {literal(line)}" for line in report["advice"]) or "Nothing here limits stowage."
     console.print(Panel(text, title="advice", title_align="left"))
 
