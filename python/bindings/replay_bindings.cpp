@@ -1,8 +1,11 @@
-// stowage._core.ReplayEvents: one device's alloc, free and step-end events, replayed in C++ without the GIL.
+// stowage._core.ReplayEvents: one device's alloc, free and step-end events, replayed in C++ without the GIL;
+// after_warmup, the figures of the steps after the warm-up.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -65,6 +68,24 @@ py::dict to_dict(const ReplayResult& result) {
       "seconds"_a = result.seconds, "steps"_a = steps);
 }
 
+// `stowage replay`'s "after_warmup": what the steps after the first `warmup` of replay()'s "steps" asked
+// of the device, and the worst step's cost on a GPU.
+py::dict after_warmup(const py::list& steps, std::int64_t warmup) {
+  STOWAGE_CHECK(warmup >= 0, "warmup must be 0 or more steps, not ", warmup);
+  const std::size_t first = std::min(static_cast<std::size_t>(warmup), steps.size());
+  std::size_t maps = 0, unmaps = 0, device_calls = 0;
+  std::uint64_t worst_ns = 0;
+  for (std::size_t i = first; i < steps.size(); ++i) {
+    const py::handle step = steps[i];
+    maps += step["maps"].cast<std::size_t>();
+    unmaps += step["unmaps"].cast<std::size_t>();
+    device_calls += step["device_calls"].cast<std::size_t>();
+    worst_ns = std::max(worst_ns, step["charged_ns"].cast<std::uint64_t>());
+  }
+  return py::dict("warmup_steps"_a = first, "steps"_a = steps.size() - first, "maps"_a = maps, "unmaps"_a = unmaps,
+                  "device_calls"_a = device_calls, "worst_step_ms"_a = static_cast<double>(worst_ns) / 1e6);
+}
+
 HostCallCosts costs_named(const std::string& name) {
   if (name == "h100") return HostCallCosts::measured_h100();
   STOWAGE_CHECK(name == "none", "costs must be 'h100' (measured on an H100) or 'none', not '",
@@ -91,6 +112,10 @@ py::dict min_capacity(const Trace& trace, std::uint64_t peak_requested, const st
 void bind_replay(py::module_& module) {
   module.attr("capacity_search_step") = CapacitySearchLimits{}.step;
   module.attr("capacity_search_max") = CapacitySearchLimits{}.max_capacity;
+  module.def("after_warmup", &after_warmup, py::arg("steps"), py::arg("warmup"),
+             "What the steps of ReplayEvents.replay()'s 'steps' after the first `warmup` asked of the device: "
+             "{warmup_steps, steps, maps, unmaps, device_calls, worst_step_ms}. Raises LogicError for a negative "
+             "warmup.");
   py::class_<Trace>(module, "ReplayEvents",
                     "The alloc (kind 0), free (kind 1) and step-end (kind 2) events of one device, in order, "
                     "to replay (allocator/replay.hpp's Trace).")

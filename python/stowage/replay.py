@@ -90,19 +90,6 @@ def min_capacity(events: _core.ReplayEvents, peak_requested: int, config: str, k
         progress.remove_task(task)
 
 
-def after_warmup(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
-    """What the steps after the first `warmup` asked of the device, and the worst step's cost."""
-    rest = steps[warmup:]
-    return {
-        "warmup_steps": min(warmup, len(steps)),
-        "steps": len(rest),
-        "maps": sum(step["maps"] for step in rest),
-        "unmaps": sum(step["unmaps"] for step in rest),
-        "device_calls": sum(step["device_calls"] for step in rest),
-        "worst_step_ms": max((step["charged_ns"] for step in rest), default=0) / 1e6,
-    }
-
-
 def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config: str,
                     search: bool, progress: Progress | None = None,
                     warmup: int | None = None) -> list[dict[str, Any]]:
@@ -117,8 +104,8 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
         replayed = events.replay(capacity, config)
         throughput = events.replay(capacity, config, measure_latency=False)
         period = step_period(arrays[0], arrays[2])
-        result.update(replayed, capacity=capacity, config=config, step_period=period,
-                      after_warmup=after_warmup(replayed["steps"], 2 * (period or 1) if warmup is None else warmup))
+        warm = _core.after_warmup(replayed["steps"], 2 * (period or 1) if warmup is None else warmup)
+        result.update(replayed, capacity=capacity, config=config, step_period=period, after_warmup=warm)
         result["events_per_second"] = len(events) / throughput["seconds"] if throughput["seconds"] else None
         native = native_figures(snapshot, device)
         result.update(native_peak_reserved=native.peak_reserved, preexisting_segments=native.preexisting_segments,

@@ -403,3 +403,5 @@ def test_each_step_reports_its_device_calls_and_their_cost(write_snapshot) -> No
     assert free.replay(1 << 40, "", costs="none")["steps"][0]["charged_ns"] == 0
     assert json.loads(stowage("replay", str(path), "--json", "--warmup", "0").stdout)[
         "after_warmup"]["maps"] == 2
+    refused = stowage("replay", str(path), "--json", "--warmup", "-1")  # not the last step counted as warm
+    assert refused.returncode == 2 and "warmup must be 0 or more steps, not -1" in refused.stderr
