@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/build_info.hpp"
+#include "base/errors.hpp"
 #include "device/cuda_driver_probe.hpp"
 #include "device/host_memory_probe.hpp"
 #include "device/machine_advice.hpp"
@@ -254,6 +255,17 @@ void bind_topology(py::module_& module) {
       "The NUMA nodes (os_index, local_memory bytes, cpus, allowed), the CPU and NUMA nodes this "
       "process runs on, and for each PCI bus id ('0000:3b:00.0') its nearest NUMA nodes, read "
       "through hwloc. Raises LogicError for a malformed bus id, BackendError if hwloc fails.");
+  module.def(
+      "is_pci_bus_id",
+      [](const std::string& text) {
+        try {
+          parse_pci_bus_id(text);
+          return true;
+        } catch (const LogicError&) {
+          return false;
+        }
+      },
+      py::arg("text"), "Whether `text` is a PCI bus id numa_topology takes ([domain:]bus:device.function, hex).");
   module.def(
       "build_info",
       [] {

@@ -136,14 +136,11 @@ def _stowage_torch(torch_version: str) -> dict[str, Any]:
 # --- host memory and NUMA -------------------------------------------------------------------
 
 
-_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-
-
 def numa(bus_ids: list[str]) -> dict[str, Any]:
     """hwloc's view: NUMA nodes, this process's CPUs, and each bus id's nearest nodes. A bus id
     that is not one (nvidia-smi prints "[N/A]" for some) is left out rather than failing all."""
     try:
-        return dict(_core.numa_topology([b for b in bus_ids if _BUS_ID.match(b)]), error=None)
+        return dict(_core.numa_topology([b for b in bus_ids if _core.is_pci_bus_id(b)]), error=None)
     except (RuntimeError, ValueError) as error:
         return {"error": f"hwloc: {error}", "nodes": [], "pci_devices": [], "process_cpus": None,
                 "process_numa_nodes": [], "hwloc_api_version": None, "packages": None,

@@ -58,8 +58,7 @@ def device_events(trace: TraceLike) -> _core.ReplayEvents:
 
 
 def device_event_arrays(trace: TraceLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """device_events' arrays: kinds (uint8: 0 alloc, 1 free, 2 a step's end), addresses, sizes
-    and streams (uint64), the arguments of stowage._core.ReplayEvents."""
+    """device_events' arrays (uint8 kinds; uint64 addresses, sizes, streams): ReplayEvents' arguments."""
     return _core.device_event_arrays(as_columns(trace))  # type: ignore[no-any-return]
 
 

@@ -228,6 +228,7 @@ def test_pci_device_locality() -> None:
     expected = [numa_node] if numa_node >= 0 else [node["os_index"] for node in topology["nodes"]]
     assert first["numa_nodes"] == expected
     assert absent["found"] is False and absent["numa_nodes"] == []
+    assert all(_core.is_pci_bus_id(good) for good in (bus_id, short, long, "0000:ff:1f.7"))
 
 
 @pytest.mark.parametrize("bad", ["", "3b", "0000:3b:00", "0000:3b:20.0", "0000:3b:00.8",
@@ -235,6 +236,7 @@ def test_pci_device_locality() -> None:
 def test_bad_bus_id_raises(bad: str) -> None:
     with pytest.raises(ValueError, match="is not a PCI bus id"):
         _core.numa_topology([bad])
+    assert not _core.is_pci_bus_id(bad)  # doctor leaves it out rather than failing the NUMA report
 
 
 # --- the command ----------------------------------------------------------------------------
