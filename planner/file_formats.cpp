@@ -249,6 +249,37 @@ std::string text_field(DocumentView& view, DocNode record, std::string_view name
   return std::string(view.as_str(view.field(record, name), characters));
 }
 
+std::int64_t integer_at(DocumentView& view, DocNode list, std::size_t index) {
+  std::int64_t value = 0;
+  bool negative = false;
+  view.as_int(view.item(list, index), value, negative);
+  return value;
+}
+
+std::vector<std::size_t> indices_field(DocumentView& view, DocNode record, std::string_view name) {
+  std::vector<std::size_t> indices;
+  if (const DocNode list = view.field(record, name); list != nullptr) {
+    for (std::size_t i = 0; i < view.length(list); ++i) {
+      indices.push_back(static_cast<std::size_t>(integer_at(view, list, i)));
+    }
+  }
+  return indices;
+}
+
+// A list of save sites ([module, call, save], schema-checked), absent as none.
+std::vector<SaveSite> sites_field(DocumentView& view, DocNode record, std::string_view name) {
+  std::vector<SaveSite> sites;
+  if (const DocNode list = view.field(record, name); list != nullptr) {
+    for (std::size_t i = 0; i < view.length(list); ++i) {
+      const DocNode site = view.item(list, i);
+      std::size_t characters = 0;
+      sites.emplace_back(std::string(view.as_str(view.item(site, 0), characters)), integer_at(view, site, 1),
+                         integer_at(view, site, 2));
+    }
+  }
+  return sites;
+}
+
 }  // namespace
 
 namespace {
@@ -284,6 +315,7 @@ std::optional<Refusal> read_ops(DocumentView& view, DocNode document, const std:
     made.region = static_cast<std::int32_t>(region);
     made.in_use_bytes = integer_field(view, op, "in_use_bytes", 0);
     made.io_bytes = static_cast<std::uint64_t>(integer_field(view, op, "io_bytes", 0));
+    made.region_op = static_cast<std::int32_t>(region_op);
   }
   return std::nullopt;
 }
@@ -301,16 +333,8 @@ SavedTensor read_tensor(DocumentView& view, DocNode tensor) {
   made.recomputable = bool_field(view, tensor, "recomputable", false);
   made.offloadable = bool_field(view, tensor, "offloadable", true);
   made.region = static_cast<std::int32_t>(integer_field(view, tensor, "region", kNoRegion));
-  if (const DocNode inputs = view.field(tensor, "recompute_inputs"); inputs != nullptr) {
-    const std::size_t count = view.length(inputs);
-    made.recompute_inputs.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      std::int64_t input = 0;
-      bool negative = false;
-      view.as_int(view.item(inputs, i), input, negative);
-      made.recompute_inputs.push_back(static_cast<std::size_t>(input));
-    }
-  }
+  made.recompute_inputs = indices_field(view, tensor, "recompute_inputs");
+  made.packs = sites_field(view, tensor, "packs");
   return made;
 }
 
@@ -341,6 +365,31 @@ std::optional<Refusal> read_tensors(DocumentView& view, DocNode document, const 
 
 ReadDocument refused(Refusal refusal) { return ReadDocument{{}, std::move(refusal)}; }
 
+// The regions, kept saves, cost model and unconstrained peak (schema-checked).
+void read_rest(DocumentView& view, DocNode document, LifetimeTrace& trace) {
+  const DocNode regions = view.field(document, "regions");
+  for (std::size_t r = 0; r < view.length(regions); ++r) {
+    const DocNode region = view.item(regions, r);
+    TraceRegion& made = trace.regions.emplace_back();
+    made.module = text_field(view, region, "module");
+    made.call = integer_field(view, region, "call", 0);
+    made.checkpointable = bool_field(view, region, "checkpointable", false);
+    const DocNode ops = view.field(region, "ops");
+    for (std::size_t i = 0; i < view.length(ops); ++i) {
+      std::size_t characters = 0;
+      made.ops.emplace_back(view.as_str(view.item(ops, i), characters));
+    }
+    made.inputs = indices_field(view, region, "inputs");
+  }
+  trace.kept_saves = sites_field(view, document, "kept_saves");
+  const DocNode cost = view.field(document, "cost");
+  trace.cost.to_host_bytes_per_ms = real_field(view, cost, "to_host_bytes_per_ms");
+  trace.cost.to_device_bytes_per_ms = real_field(view, cost, "to_device_bytes_per_ms");
+  trace.cost.prefetch_depth = static_cast<std::size_t>(integer_field(view, cost, "prefetch_depth", 0));
+  trace.unconstrained_peak_bytes =
+      static_cast<std::uint64_t>(integer_field(view, document, "unconstrained_peak_bytes", 0));
+}
+
 }  // namespace
 
 ReadDocument read_lifetimes(DocumentView& view, DocNode document, const std::string& field) {
@@ -357,6 +406,7 @@ ReadDocument read_lifetimes(DocumentView& view, DocNode document, const std::str
   LifetimeTrace trace;
   if (auto refusal = read_ops(view, document, field, trace)) return refused(std::move(*refusal));
   if (auto refusal = read_tensors(view, document, field, trace)) return refused(std::move(*refusal));
+  read_rest(view, document, trace);
   try {
     trace.validate();
   } catch (const LogicError& error) {  // the trace's rules, naming the tensor and its values
@@ -413,6 +463,24 @@ std::optional<std::string> decision_problem(std::string_view decision, bool reco
     return "'recompute' for a tensor that cannot be recomputed (not recomputable, or in no checkpoint region)";
   }
   if (decision == "offload" && !offloadable) return "'offload' for a tensor that cannot be offloaded";
+  return std::nullopt;
+}
+
+std::optional<std::string> plan_problem(const LifetimeTrace& trace, const std::vector<std::string>& decisions) {
+  if (decisions.size() != trace.tensors.size()) {
+    return joined({"a plan needs one decision per saved tensor: ", std::to_string(decisions.size()), " for ",
+                   std::to_string(trace.tensors.size())});
+  }
+  for (std::size_t t = 0; t < decisions.size(); ++t) {
+    const SavedTensor& tensor = trace.tensors[t];
+    std::optional<std::string> problem =
+        decision_problem(decisions[t], tensor.recomputable, tensor.offloadable, tensor.region);
+    if (!problem && static_cast<std::size_t>(tensor.region + 1) > trace.regions.size()) {
+      problem = joined({"region ", std::to_string(tensor.region), " is not one of the trace's ",
+                        std::to_string(trace.regions.size()), " regions"});
+    }
+    if (problem) return joined({"stowage.plan: saved tensor ", std::to_string(t), " (", tensor.module, "): ", *problem});
+  }
   return std::nullopt;
 }
 

@@ -94,4 +94,9 @@ std::optional<Refusal> check_cost(DocumentView& view, DocNode cost, std::size_t 
 std::optional<std::string> decision_problem(std::string_view decision, bool recomputable, bool offloadable,
                                             std::int32_t region);
 
+// Why the runtime cannot apply `decisions` to `trace`'s tensors, naming the first tensor it
+// cannot apply its decision to: one decision per tensor, each one the runtime can apply, in a
+// region the trace has. A plan is checked so once, when it is made.
+std::optional<std::string> plan_problem(const LifetimeTrace& trace, const std::vector<std::string>& decisions);
+
 }  // namespace stowage::planner

@@ -20,13 +20,22 @@
 // saves in storage of its own, out of reach of the offloader). A tensor of no region (kNoRegion) is
 // made again alone, before the first op that needs it.
 //
+// A recorded trace also carries what the runtime finds tensors by and what a file holds beside
+// them: where autograd saved each tensor (`packs`), the saves no decision moves (`kept_saves`:
+// parameters, tensors made before the step), the checkpoint regions (each op's place in its
+// region, `region_op`), the cost model it was measured under, and the step's unconstrained peak
+// (planner/derived_quantities.hpp). The solvers and the simulator read the ops and tensors alone.
+//
 // Contract: a value type; validate() checks every rule above and names the first one broken.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include "planner/cost_model.hpp"
 
 namespace stowage::planner {
 
@@ -47,7 +56,12 @@ struct TraceOp {
   std::int32_t region = kNoRegion;  // the checkpoint region a forward op ran in
   std::int64_t in_use_bytes = 0;
   std::uint64_t io_bytes = 0;
+  std::int32_t region_op = -1;  // its place among its region's ops
 };
+
+// Where autograd saved a tensor: (module path, the module's call number, the save's number
+// within that call), which is how a plan finds the tensor again in a later step.
+using SaveSite = std::tuple<std::string, std::int64_t, std::int64_t>;
 
 struct SavedTensor {
   std::string module;  // the producer's module path
@@ -61,11 +75,25 @@ struct SavedTensor {
   bool offloadable = true;
   std::vector<std::size_t> recompute_inputs;
   std::int32_t region = kNoRegion;
+  std::vector<SaveSite> packs;  // sorted
+};
+
+// A module a plan may run under selective checkpointing, one call of it.
+struct TraceRegion {
+  std::string module;
+  std::int64_t call = 0;
+  bool checkpointable = true;
+  std::vector<std::string> ops;       // its ops' names, as the checkpoint's policy sees them
+  std::vector<std::size_t> inputs;    // the saved tensors it receives, per tensor argument
 };
 
 struct LifetimeTrace {
   std::vector<TraceOp> ops;
   std::vector<SavedTensor> tensors;
+  std::vector<TraceRegion> regions;
+  std::vector<SaveSite> kept_saves;
+  CostModel cost;
+  std::uint64_t unconstrained_peak_bytes = 0;
 
   // Throws LogicError naming the first broken rule of Note [Lifetime trace].
   void validate() const;

@@ -100,6 +100,7 @@ SizedPoint SizedTrace::at(const std::vector<std::int64_t>& values) const {
   derive_other_bytes(trace);
   derive_recompute_times(trace);
   point.unconstrained_peak_bytes = planner::unconstrained_peak_bytes(trace);
+  trace.unconstrained_peak_bytes = point.unconstrained_peak_bytes;
   return point;
 }
 

@@ -72,8 +72,12 @@ bool StepLedger::writes_input(std::int32_t region, const Keys& written) const {
                      [&](Key key) { return std::find(inputs.begin(), inputs.end(), key) != inputs.end(); });
 }
 
-std::optional<std::size_t> StepLedger::save(Key key, std::uint64_t bytes, std::int32_t region) {
-  if (key == 0 || fixed_.contains(key)) return std::nullopt;
+std::optional<std::size_t> StepLedger::save(Key key, std::uint64_t bytes, std::int32_t region,
+                                            const SaveSite& site) {
+  if (key == 0 || fixed_.contains(key)) {
+    if (std::get<1>(site) >= 0) fixed_saves_.push_back(site);
+    return std::nullopt;
+  }
   auto [found, inserted] = saved_.try_emplace(key, storages_.size());
   if (inserted) {
     Storage& fresh = storages_.emplace_back();
@@ -83,6 +87,7 @@ std::optional<std::size_t> StepLedger::save(Key key, std::uint64_t bytes, std::i
   }
   RecordedStorage& recorded = storages_[found->second].recorded;
   recorded.save_ops.push_back(static_cast<std::int64_t>(ops_) - 1);
+  recorded.sites.push_back(site);
   auto& regions = recorded.save_regions;
   if (const auto at = std::lower_bound(regions.begin(), regions.end(), region); at == regions.end() || *at != region) {
     regions.insert(at, region);
@@ -133,6 +138,7 @@ StepRecording StepLedger::recording(std::vector<TraceOp> ops, std::vector<Record
     }
   }
   recording.regions = std::move(regions);
+  recording.fixed_saves = fixed_saves_;
   return recording;
 }
 

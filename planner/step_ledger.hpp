@@ -38,6 +38,8 @@
 
 namespace stowage::planner {
 
+inline const SaveSite kOutsideModules{"", -1, 0};
+
 class StepLedger {
  public:
   using Key = std::int64_t;
@@ -61,10 +63,11 @@ class StepLedger {
   // Whether an op of `region` wrote one of the region's inputs (`written`: the storages it wrote).
   [[nodiscard]] bool writes_input(std::int32_t region, const Keys& written) const;
 
-  // Autograd saves `key` (of `bytes`) after the ops so far, in `region` (kNoRegion: none).
-  // Returns the saved storage's index, or none for a fixed storage or key 0 (no decision
-  // reaches those).
-  std::optional<std::size_t> save(Key key, std::uint64_t bytes, std::int32_t region);
+  // Autograd saves `key` (of `bytes`) after the ops so far, in `region` (kNoRegion: none), at
+  // `site` (call -1: outside any module). Returns the saved storage's index, or none for a fixed
+  // storage or key 0 (no decision reaches those: their sites in a module are kept saves).
+  std::optional<std::size_t> save(Key key, std::uint64_t bytes, std::int32_t region,
+                                  const SaveSite& site = kOutsideModules);
 
   // Backward unpacked saved storage `storage`; the first time sets its first backward use.
   void taken_back(std::size_t storage);
@@ -95,6 +98,7 @@ class StepLedger {
   std::unordered_map<Key, std::size_t> saved_;  // key -> index in storages_
   std::vector<Storage> storages_;
   std::vector<std::vector<Key>> region_inputs_;
+  std::vector<SaveSite> fixed_saves_;
   std::size_t ops_ = 0;
   std::uint64_t next_order_ = 0;
   Key moved_ = 0;  // the last own key given (-1, -2, ...)

@@ -122,6 +122,35 @@ void link_regions(const StepRecording& recording, BuiltTrace& built) {
   }
 }
 
+// What the runtime finds tensors and regions by: packs, kept saves, the regions' ops and calls.
+void attach_sites(const StepRecording& recording, BuiltTrace& built) {
+  LifetimeTrace& trace = built.trace;
+  for (std::size_t t = 0; t < trace.tensors.size(); ++t) {
+    std::vector<SaveSite>& packs = trace.tensors[t].packs;
+    for (const std::size_t s : built.storages_of_tensor[t]) {
+      const auto& sites = recording.storages[s].sites;
+      packs.insert(packs.end(), sites.begin(), sites.end());
+    }
+    std::sort(packs.begin(), packs.end());  // whatever the addresses' order
+  }
+  trace.kept_saves = recording.fixed_saves;
+  for (const std::size_t s : built.left_out) {
+    const auto& sites = recording.storages[s].sites;
+    trace.kept_saves.insert(trace.kept_saves.end(), sites.begin(), sites.end());
+  }
+  for (std::size_t r = 0; r < recording.regions.size(); ++r) {
+    const RecordedRegion& region = recording.regions[r];
+    trace.regions.push_back({region.module, region.call, built.region_checkpointable[r], {},
+                             built.region_inputs[r]});
+  }
+  for (TraceOp& op : trace.ops) {
+    if (op.region < 0) continue;
+    std::vector<std::string>& ops = trace.regions[static_cast<std::size_t>(op.region)].ops;
+    op.region_op = static_cast<std::int32_t>(ops.size());
+    ops.push_back(op.name);
+  }
+}
+
 }  // namespace
 
 BuiltTrace build_trace(const StepRecording& recording) {
@@ -132,6 +161,8 @@ BuiltTrace build_trace(const StepRecording& recording) {
   link_regions(recording, built);
   built.trace.validate();
   built.unconstrained_peak_bytes = planner::unconstrained_peak_bytes(built.trace);
+  built.trace.unconstrained_peak_bytes = built.unconstrained_peak_bytes;
+  attach_sites(recording, built);
   return built;
 }
 

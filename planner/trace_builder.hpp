@@ -18,7 +18,9 @@
 //   planner/derived_quantities.hpp, over the regions as recorded), and needs the region's inputs
 //   recorded before the tensor back first;
 // - each op's memory besides the saved tensors follows from the memory in use during it, and the
-//   step's unconstrained peak from the trace (planner/derived_quantities.hpp).
+//   step's unconstrained peak from the trace (planner/derived_quantities.hpp);
+// - a tensor's packs are its storages' save sites; the saves of storages left out, and of fixed
+//   ones, are the trace's kept saves; each region lists its ops as they ran (region_op).
 //
 // Contract: a free function over a recording it only reads; throws LogicError naming a recording
 // whose indices point outside it, or a trace that breaks Note [Lifetime trace].
@@ -42,18 +44,21 @@ struct RecordedStorage {
   std::optional<std::size_t> last_backward;   // none: its first backward use
   std::vector<std::int64_t> save_ops;         // the op before each save (-1: before the step's first)
   std::vector<std::int32_t> save_regions;     // the region of each save (kNoRegion: none)
+  std::vector<SaveSite> sites;                // where each save happened, where it was in a module
 };
 
 struct RecordedRegion {
   std::string module;
   bool checkpointable = true;  // as recorded: false for a block that writes its input, or cannot replay
   std::vector<std::int64_t> inputs;  // the storages it receives (indices; -1: no saved storage)
+  std::int64_t call = 0;             // the module's call number in the step
 };
 
 struct StepRecording {
   std::vector<TraceOp> ops;  // with in_use_bytes and region; other_bytes is derived
   std::vector<RecordedStorage> storages;
   std::vector<RecordedRegion> regions;
+  std::vector<SaveSite> fixed_saves;  // saves of storages no decision reaches (parameters, buffers)
 };
 
 struct BuiltTrace {

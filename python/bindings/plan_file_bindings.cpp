@@ -157,27 +157,16 @@ py::object result(planner::ReadDocument read, const std::string& where, bool one
 
 void bind_plan_files(py::module_& module) {
   module.def(
-      "read_lifetimes",
-      [](const py::object& document, const std::string& where, const std::string& field) {
+      "read_plan_file",
+      [](const py::object& document, const std::string& where, const std::string& format) {
         PythonDocument view;
-        return result(planner::read_lifetimes(view, document.ptr(), field), where, true);
+        if (format == planner::kSizedFormat) return result(planner::read_sized(view, document.ptr()), where, false);
+        if (format == planner::kPlanFormat) return result(planner::read_plan(view, document.ptr()), where, true);
+        return result(planner::read_lifetimes(view, document.ptr()), where, true);
       },
-      py::arg("document"), py::arg("where"), py::arg("field") = "",
-      "A lifetime trace document checked and read into its LifetimeTrace; InputError naming `where` and the field.");
-  module.def(
-      "read_sized_lifetimes",
-      [](const py::object& document, const std::string& where) {
-        PythonDocument view;
-        return result(planner::read_sized(view, document.ptr()), where, false);
-      },
-      py::arg("document"), py::arg("where"), "A sized trace document checked and read: a LifetimeTrace per grid point.");
-  module.def(
-      "read_plan_document",
-      [](const py::object& document, const std::string& where) {
-        PythonDocument view;
-        return result(planner::read_plan(view, document.ptr()), where, true);
-      },
-      py::arg("document"), py::arg("where"), "A plan document checked and read: its lifetime trace's LifetimeTrace.");
+      py::arg("document"), py::arg("where"), py::arg("format"),
+      "A planner file's document (a lifetime trace, a sized one, a plan: by `format`) checked and read: its "
+      "LifetimeTrace (a sized trace's, one per grid point); InputError naming `where` and the field.");
   module.def(
       "check_plan_cost",
       [](const py::object& cost, const std::string& where, std::size_t tensors) {
@@ -185,20 +174,20 @@ void bind_plan_files(py::module_& module) {
         raise_refusal(planner::check_cost(view, cost.ptr(), tensors), where);
       },
       py::arg("cost"), py::arg("where"), py::arg("tensors"), "InputError for a cost model outside its bounds.");
-  module.def("plan_decision_problem", &planner::decision_problem, py::arg("decision"), py::arg("recomputable"),
-             py::arg("offloadable"), py::arg("region"));
+  module.def("plan_problem", &planner::plan_problem, py::arg("trace"), py::arg("decisions"),
+             "Why the runtime cannot apply these decisions to the trace's tensors (the first), or None.");
 
   py::module_ limits =
       module.def_submodule("plan_file_limits", "The planner files' formats and the bounds Python checks before reading (planner/file_formats.hpp).");
   limits.attr("LIFETIMES") = std::string(planner::kLifetimesFormat);
   limits.attr("SIZED") = std::string(planner::kSizedFormat);
   limits.attr("PLAN") = std::string(planner::kPlanFormat);
-  limits.attr("VERSION") = planner::kFormatVersion;
+  for (const auto& [name, value] : {std::pair{"VERSION", planner::kFormatVersion}, {"MAX_SIZES", planner::kMaxSizes},
+                                    {"MAX_POINTS", planner::kMaxPoints}, {"MAX_GRID_POINTS", planner::kMaxGridPoints},
+                                    {"MAX_SIZE_VALUE", planner::kMaxSizeValue}}) {
+    limits.attr(name) = value;
+  }
   limits.attr("MAX_TOTAL_BYTES") = planner::kMaxTotalBytes;
-  limits.attr("MAX_SIZES") = planner::kMaxSizes;
-  limits.attr("MAX_POINTS") = planner::kMaxPoints;
-  limits.attr("MAX_GRID_POINTS") = planner::kMaxGridPoints;
-  limits.attr("MAX_SIZE_VALUE") = planner::kMaxSizeValue;
 }
 
 }  // namespace stowage::python

@@ -17,6 +17,7 @@
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
+#include "planner/step_difference.hpp"
 #include "planner/step_ledger.hpp"
 #include "planner/trace_builder.hpp"
 #include "python/bindings/bindings.hpp"
@@ -43,6 +44,15 @@ std::vector<std::string> decision_names(const planner::Plan& plan) {
   return names;
 }
 
+// Binds (name, member) pairs as read-only attributes: a struct's fields, written once.
+template <typename Class>
+void readonly(Class& /*bound*/) {}
+template <typename Class, typename Member, typename... Rest>
+void readonly(Class& bound, const char* name, Member member, Rest... rest) {
+  bound.def_readonly(name, member);
+  readonly(bound, rest...);
+}
+
 // A plan solved under a budget: its decisions, their simulation, whether it fits, and the
 // prefetch depth it was solved at (Note [Prefetch depth]).
 struct BudgetPlan {
@@ -54,18 +64,11 @@ struct BudgetPlan {
 
 void bind_recording(py::module_& module) {
   py::class_<planner::RecordedRegion>(module, "RecordedRegion")
-      .def(py::init<>())
-      .def_readwrite("module", &planner::RecordedRegion::module)
+      .def(py::init([](std::string path, std::int64_t call) {
+             return planner::RecordedRegion{std::move(path), true, {}, call};
+           }),
+           py::arg("module"), py::arg("call"))
       .def_readwrite("checkpointable", &planner::RecordedRegion::checkpointable);
-  // What StepLedger.recording() hands build_trace; Python only passes it on.
-  py::class_<planner::StepRecording>(module, "StepRecording");
-  py::class_<planner::BuiltTrace>(module, "BuiltTrace")
-      .def_readonly("trace", &planner::BuiltTrace::trace)
-      .def_readonly("storages_of_tensor", &planner::BuiltTrace::storages_of_tensor)
-      .def_readonly("left_out", &planner::BuiltTrace::left_out)
-      .def_readonly("region_checkpointable", &planner::BuiltTrace::region_checkpointable)
-      .def_readonly("region_inputs", &planner::BuiltTrace::region_inputs)
-      .def_readonly("unconstrained_peak_bytes", &planner::BuiltTrace::unconstrained_peak_bytes);
   py::class_<planner::StepLedger>(module, "StepLedger",
                                   "The storages of a step as it is recorded (Note [Keeping the ledger]).")
       .def(py::init<>())
@@ -74,30 +77,28 @@ void bind_recording(py::module_& module) {
       .def("made_outside_ops", &planner::StepLedger::made_outside_ops, py::arg("phase"), py::arg("made"))
       .def("enter_region", &planner::StepLedger::enter_region, py::arg("inputs"))
       .def("writes_input", &planner::StepLedger::writes_input, py::arg("region"), py::arg("written"))
-      .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"))
+      .def("save", &planner::StepLedger::save, py::arg("key"), py::arg("bytes"), py::arg("region"), py::arg("site"))
       .def("taken_back", &planner::StepLedger::taken_back, py::arg("storage"))
-      .def("storage_order", &planner::StepLedger::storage_order)
-      .def("recording", &planner::StepLedger::recording, py::arg("ops"), py::arg("regions"));
-  module.def("build_trace", &planner::build_trace, py::arg("recording"),
-             "The lifetime trace of a recorded step (Note [Building a trace]).");
+      .def(
+          "trace",
+          [](const planner::StepLedger& ledger, std::vector<planner::TraceOp> ops,
+             std::vector<planner::RecordedRegion> regions) {
+            return planner::build_trace(ledger.recording(std::move(ops), std::move(regions))).trace;
+          },
+          py::arg("ops"), py::arg("regions"), "The recorded step's lifetime trace (Note [Building a trace]).");
 }
 
 void bind_results(py::module_& module) {
-  py::class_<planner::Simulation>(module, "Simulation")
-      .def_readonly("peak_bytes", &planner::Simulation::peak_bytes)
-      .def_readonly("peak_op", &planner::Simulation::peak_op)
-      .def_readonly("step_ms", &planner::Simulation::step_ms)
-      .def_readonly("recompute_ms", &planner::Simulation::recompute_ms)
-      .def_readonly("stall_ms", &planner::Simulation::stall_ms)
-      .def_readonly("bytes_at_op", &planner::Simulation::bytes_at_op);
-  py::class_<BudgetPlan>(module, "BudgetPlan")
-      .def_readonly("decisions", &BudgetPlan::decisions)
-      .def_readonly("simulation", &BudgetPlan::simulation)
-      .def_readonly("fits", &BudgetPlan::fits)
-      .def_readonly("prefetch_depth", &BudgetPlan::prefetch_depth);
-  py::class_<planner::SizedPoint>(module, "SizedPoint")
-      .def_readonly("trace", &planner::SizedPoint::trace)
-      .def_readonly("unconstrained_peak_bytes", &planner::SizedPoint::unconstrained_peak_bytes);
+  module.def("step_difference", &planner::step_difference, py::arg("first"), py::arg("other"), py::arg("at_first"),
+             py::arg("at_other"), "How two recordings of a step at other sizes differ, or None (one step).");
+  using planner::Simulation;
+  py::class_<Simulation> simulation(module, "Simulation");
+  readonly(simulation, "peak_bytes", &Simulation::peak_bytes, "peak_op", &Simulation::peak_op, "step_ms",
+           &Simulation::step_ms, "recompute_ms", &Simulation::recompute_ms, "stall_ms", &Simulation::stall_ms,
+           "bytes_at_op", &Simulation::bytes_at_op);
+  py::class_<BudgetPlan> budget_plan(module, "BudgetPlan");
+  readonly(budget_plan, "decisions", &BudgetPlan::decisions, "simulation", &BudgetPlan::simulation, "fits",
+           &BudgetPlan::fits, "prefetch_depth", &BudgetPlan::prefetch_depth);
   py::class_<planner::SizedTrace>(module, "SizedTrace")
       .def(py::init([](const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& sizes,
                        std::vector<planner::LifetimeTrace> traces) {
@@ -106,56 +107,65 @@ void bind_results(py::module_& module) {
              return planner::SizedTrace(std::move(grid), std::move(traces));
            }),
            py::arg("sizes"), py::arg("traces"))
-      .def("at", &planner::SizedTrace::at, py::arg("values"),
-           "The trace at these sizes (one value per size, in the grid's order) and its unconstrained peak "
-           "(Note [Sized traces]).");
+      .def(
+          "at", [](const planner::SizedTrace& sized, const std::vector<std::int64_t>& values) {
+            return sized.at(values).trace;
+          },
+          py::arg("values"), "The trace at these sizes (one value per size, in the grid's order) (Note [Sized traces]).");
 }
 
+py::module_ plan_files() { return py::module_::import("stowage.plan.file_formats"); }
+
+// The trace's parts, read-only in Python but for what a trial changes (recomputable, region,
+// checkpointable, a copy's tensors, regions and cost): lists cross as copies.
 void bind_values(py::module_& module) {
   py::enum_<planner::Phase>(module, "TracePhase")
       .value("forward", planner::Phase::kForward)
       .value("backward", planner::Phase::kBackward)
       .value("optimizer", planner::Phase::kOptimizer);
-  py::class_<planner::TraceOp>(module, "TraceOp")
-      .def(py::init<std::string, std::string, planner::Phase, double, std::uint64_t, std::int32_t, std::int64_t,
+  using planner::TraceOp;
+  py::class_<TraceOp> op(module, "TraceOp");
+  op.def(py::init<std::string, std::string, planner::Phase, double, std::uint64_t, std::int32_t, std::int64_t,
                     std::uint64_t>(),
            py::arg("name"), py::arg("module"), py::arg("phase"), py::arg("duration_ms"), py::arg("other_bytes"),
            py::arg("region"), py::arg("in_use_bytes"), py::arg("io_bytes"))
-      .def_readwrite("name", &planner::TraceOp::name)
-      .def_readwrite("module", &planner::TraceOp::module)
-      .def_readwrite("phase", &planner::TraceOp::phase)
-      .def_readwrite("duration_ms", &planner::TraceOp::duration_ms)
-      .def_readwrite("other_bytes", &planner::TraceOp::other_bytes)
-      .def_readwrite("region", &planner::TraceOp::region)
-      .def_readwrite("in_use_bytes", &planner::TraceOp::in_use_bytes)
-      .def_readwrite("io_bytes", &planner::TraceOp::io_bytes);
-  py::class_<planner::SavedTensor>(module, "SavedTensor")
-      .def(py::init<std::string, std::uint64_t, std::size_t, std::size_t, std::size_t, std::size_t, double, bool, bool,
-                    std::vector<std::size_t>, std::int32_t>(),
-           py::arg("module"), py::arg("bytes"), py::arg("created"), py::arg("last_forward_use"),
-           py::arg("first_backward_use"), py::arg("last_backward_use"), py::arg("recompute_ms"),
-           py::arg("recomputable"), py::arg("offloadable"), py::arg("recompute_inputs"), py::arg("region"))
-      .def_readwrite("module", &planner::SavedTensor::module)
-      .def_readwrite("bytes", &planner::SavedTensor::bytes)
-      .def_readwrite("created", &planner::SavedTensor::created)
-      .def_readwrite("last_forward_use", &planner::SavedTensor::last_forward_use)
-      .def_readwrite("first_backward_use", &planner::SavedTensor::first_backward_use)
-      .def_readwrite("last_backward_use", &planner::SavedTensor::last_backward_use)
-      .def_readwrite("recompute_ms", &planner::SavedTensor::recompute_ms)
-      .def_readwrite("recomputable", &planner::SavedTensor::recomputable)
-      .def_readwrite("offloadable", &planner::SavedTensor::offloadable)
-      .def_readwrite("recompute_inputs", &planner::SavedTensor::recompute_inputs)
-      .def_readwrite("region", &planner::SavedTensor::region);
-  py::class_<planner::LifetimeTrace>(module, "LifetimeTrace")
-      .def(py::init<>())
-      .def_readwrite("ops", &planner::LifetimeTrace::ops)
-      .def_readwrite("tensors", &planner::LifetimeTrace::tensors);
+      .def_readonly("name", &TraceOp::name);
+  readonly(op, "module", &TraceOp::module, "phase", &TraceOp::phase, "duration_ms", &TraceOp::duration_ms,
+           "other_bytes", &TraceOp::other_bytes, "region", &TraceOp::region, "region_op", &TraceOp::region_op,
+           "in_use_bytes", &TraceOp::in_use_bytes, "io_bytes", &TraceOp::io_bytes);
+  using planner::SavedTensor;
+  py::class_<SavedTensor> tensor(module, "SavedTensor");
+  tensor.def_readwrite("recomputable", &SavedTensor::recomputable).def_readwrite("region", &SavedTensor::region);
+  readonly(tensor, "module", &SavedTensor::module, "bytes", &SavedTensor::bytes, "created", &SavedTensor::created,
+           "last_forward_use", &SavedTensor::last_forward_use, "first_backward_use", &SavedTensor::first_backward_use,
+           "last_backward_use", &SavedTensor::last_backward_use, "recompute_ms", &SavedTensor::recompute_ms,
+           "offloadable", &SavedTensor::offloadable, "recompute_inputs", &SavedTensor::recompute_inputs, "packs",
+           &SavedTensor::packs);
+  using planner::TraceRegion;
+  py::class_<TraceRegion> region(module, "TraceRegion");
+  region.def_readwrite("checkpointable", &TraceRegion::checkpointable);
+  readonly(region, "module", &TraceRegion::module, "call", &TraceRegion::call, "ops", &TraceRegion::ops, "inputs",
+           &TraceRegion::inputs);
+  using planner::LifetimeTrace;
+  py::class_<LifetimeTrace> trace(module, "LifetimeTrace", "One recorded step (Note [Lifetime trace]).");
+  trace.def_readwrite("tensors", &LifetimeTrace::tensors)
+      .def_readwrite("regions", &LifetimeTrace::regions)
+      .def_readwrite("cost", &LifetimeTrace::cost)
+      .def("__copy__", [](const LifetimeTrace& self) { return self; })
+      .def("document", [](const py::object& self) { return plan_files().attr("trace_document")(self); })
+      .def(
+          "save", [](const py::object& self, const py::object& path) {
+            plan_files().attr("save_document")(self.attr("document")(), path);
+          },
+          py::arg("path"), "Writes the trace's file (stowage.plan.file_formats).");
+  readonly(trace, "ops", &LifetimeTrace::ops, "kept_saves", &LifetimeTrace::kept_saves, "unconstrained_peak_bytes",
+           &LifetimeTrace::unconstrained_peak_bytes);
   py::class_<planner::CostModel>(module, "CostModel")
       .def(py::init<double, double, std::size_t>(), py::arg("to_host_bytes_per_ms"),
            py::arg("to_device_bytes_per_ms"), py::arg("prefetch_depth") = 2)
-      .def_readwrite("to_host_bytes_per_ms", &planner::CostModel::to_host_bytes_per_ms)
-      .def_readwrite("to_device_bytes_per_ms", &planner::CostModel::to_device_bytes_per_ms)
-      .def_readwrite("prefetch_depth", &planner::CostModel::prefetch_depth);
+      .def_readonly("to_host_bytes_per_ms", &planner::CostModel::to_host_bytes_per_ms)
+      .def_readonly("to_device_bytes_per_ms", &planner::CostModel::to_device_bytes_per_ms)
+      .def_readonly("prefetch_depth", &planner::CostModel::prefetch_depth);
 }
 
 // stowage.fit's choice (planner/share_search.hpp): choices cross as (share, micro-batch rows) tuples.
@@ -178,16 +188,14 @@ void bind_fit_option(py::module_& module) {
       .def(py::init<planner::SizedTrace, std::vector<std::int64_t>, std::size_t, planner::CostModel>(),
            py::arg("sized"), py::arg("values"), py::arg("rows_size"), py::arg("cost"))
       .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"));
-  py::class_<planner::FitMemory>(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).")
-      .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+  using planner::FitMemory;
+  py::class_<FitMemory> memory(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).");
+  readonly(memory, "usable", &FitMemory::usable, "in_use", &FitMemory::in_use, "parameter_count",
+           &FitMemory::parameter_count, "gradients", &FitMemory::gradients, "numels", &FitMemory::numels);
+  memory.def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                     std::vector<std::int64_t>, std::vector<std::int64_t>>(),
            py::kw_only(), py::arg("usable"), py::arg("in_use"), py::arg("parameter_count"), py::arg("gradients"),
            py::arg("foreach_temporary"), py::arg("largest_parameter"), py::arg("numels"), py::arg("state_bytes"))
-      .def_readonly("usable", &planner::FitMemory::usable)
-      .def_readonly("in_use", &planner::FitMemory::in_use)
-      .def_readonly("parameter_count", &planner::FitMemory::parameter_count)
-      .def_readonly("gradients", &planner::FitMemory::gradients)
-      .def_readonly("numels", &planner::FitMemory::numels)
       .def_property_readonly("states", &planner::FitMemory::states);
   py::class_<planner::FitHost>(module, "FitHost")
       .def(py::init<std::int64_t, std::int64_t, std::string>(), py::arg("bytes_per_parameter"), py::arg("available"),
@@ -196,21 +204,16 @@ void bind_fit_option(py::module_& module) {
       .def_readonly("limited_by", &planner::FitHost::limited_by);
   py::class_<planner::UpdateRates>(module, "UpdateRates")
       .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"));
-  py::class_<planner::FitOption>(module, "FitOption")
-      .def_readonly("fraction", &planner::FitOption::fraction)
-      .def_readonly("micro_rows", &planner::FitOption::micro_rows)
-      .def_readonly("micro_batches", &planner::FitOption::micro_batches)
-      .def_readonly("activation_budget", &planner::FitOption::activation_budget)
-      .def_readonly("device_state_bytes", &planner::FitOption::device_state_bytes)
-      .def_readonly("host_bytes", &planner::FitOption::host_bytes)
-      .def_readonly("update_ms", &planner::FitOption::update_ms)
-      .def_readonly("reason", &planner::FitOption::reason)
-      .def_readonly("solved", &planner::FitOption::solved)
-      .def_property_readonly("decisions", [](const planner::FitOption& o) { return decision_names(o.decisions); })
-      .def_readonly("prefetch_depth", &planner::FitOption::prefetch_depth)
-      .def_property_readonly("feasible", &planner::FitOption::feasible)
-      .def_property_readonly("keeps_everything", &planner::FitOption::keeps_everything)
-      .def_property_readonly("step_ms", &planner::FitOption::step_ms);
+  using planner::FitOption;
+  py::class_<FitOption> option(module, "FitOption");
+  readonly(option, "fraction", &FitOption::fraction, "micro_rows", &FitOption::micro_rows, "micro_batches",
+           &FitOption::micro_batches, "activation_budget", &FitOption::activation_budget, "device_state_bytes",
+           &FitOption::device_state_bytes, "host_bytes", &FitOption::host_bytes, "update_ms", &FitOption::update_ms,
+           "reason", &FitOption::reason, "solved", &FitOption::solved, "prefetch_depth", &FitOption::prefetch_depth);
+  option.def_property_readonly("decisions", [](const FitOption& o) { return decision_names(o.decisions); })
+      .def_property_readonly("feasible", &FitOption::feasible)
+      .def_property_readonly("keeps_everything", &FitOption::keeps_everything)
+      .def_property_readonly("step_ms", &FitOption::step_ms);
 }
 
 void bind_fit_weighing(py::module_& module) {
@@ -258,34 +261,33 @@ void bind_planner(py::module_& module) {
   bind_fit_weighing(module);
   module.def(
       "plan_simulate",
-      [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, const std::vector<std::string>& names,
+      [](const planner::LifetimeTrace& trace, const std::vector<std::string>& names,
          std::optional<std::uint64_t> ceiling) {
         planner::Plan plan;
         plan.reserve(names.size());
         for (const auto& name : names) plan.push_back(decision_named(name));
-        planner::Simulator simulator(trace, cost, ceiling.value_or(planner::Simulator::kNoCeiling));
+        planner::Simulator simulator(trace, trace.cost, ceiling.value_or(planner::Simulator::kNoCeiling));
         return simulator.simulate(plan);
       },
-      py::arg("trace"), py::arg("cost"), py::arg("decisions"), py::arg("ceiling") = py::none(),
-      "The Simulation of a plan (one decision name per saved tensor), run under an allocated ceiling of "
-      "`ceiling` bytes when given.");
+      py::arg("trace"), py::arg("decisions"), py::arg("ceiling") = py::none(),
+      "The Simulation of a plan (one decision name per saved tensor) under the trace's cost model, run under an "
+      "allocated ceiling of `ceiling` bytes when given.");
   module.def(
       "plan_solve",
-      [](const planner::LifetimeTrace& trace, const planner::CostModel& cost, std::uint64_t budget, bool exact,
+      [](const planner::LifetimeTrace& trace, std::uint64_t budget, bool exact,
          std::optional<std::size_t> shallowest_prefetch_depth) {
         planner::DepthSolution found;
         {
           const py::gil_scoped_release release;
-          found = planner::solve_over_depths(trace, cost, budget, exact,
-                                             shallowest_prefetch_depth.value_or(cost.prefetch_depth));
+          found = planner::solve_over_depths(trace, trace.cost, budget, exact,
+                                             shallowest_prefetch_depth.value_or(trace.cost.prefetch_depth));
         }
         return BudgetPlan{decision_names(found.solution.plan), found.solution.simulation, found.solution.fits,
                           found.prefetch_depth};
       },
-      py::arg("trace"), py::arg("cost"), py::arg("budget"), py::arg("exact") = false,
-      py::arg("shallowest_prefetch_depth") = py::none(),
-      "A BudgetPlan: the fastest plan found whose peak fits the budget, searched down to the shallowest "
-      "prefetch depth (Note [Prefetch depth]); the lowest peak found when none fits.");
+      py::arg("trace"), py::arg("budget"), py::arg("exact") = false, py::arg("shallowest_prefetch_depth") = py::none(),
+      "A BudgetPlan: the fastest plan found whose peak fits the budget under the trace's cost model, searched down "
+      "to the shallowest prefetch depth (Note [Prefetch depth]); the lowest peak found when none fits.");
 }
 
 }  // namespace stowage::python

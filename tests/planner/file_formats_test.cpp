@@ -81,6 +81,19 @@ TEST(FileFormatsTest, ALifetimeTraceDocumentIsReadIntoItsTrace) {
   EXPECT_FALSE(trace.tensors[2].recomputable);
   EXPECT_TRUE(trace.tensors[2].offloadable);
   EXPECT_EQ(trace.tensors[2].region, kNoRegion);
+  // What the runtime finds tensors by, and what the file holds beside them.
+  EXPECT_EQ(trace.ops[1].region_op, 1);
+  EXPECT_EQ(trace.ops[2].region_op, -1);
+  EXPECT_EQ(trace.tensors[0].packs, (std::vector<SaveSite>{{"b.fc0", 0, 0}}));
+  EXPECT_TRUE(trace.tensors[1].packs.empty());
+  ASSERT_EQ(trace.regions.size(), 1u);
+  EXPECT_EQ(trace.regions[0].module, "b");
+  EXPECT_TRUE(trace.regions[0].checkpointable);
+  EXPECT_EQ(trace.regions[0].ops, (std::vector<std::string>{"aten.addmm.default", "aten.addmm.default"}));
+  EXPECT_EQ(trace.kept_saves, (std::vector<SaveSite>{{"tokens", 0, 0}}));
+  EXPECT_EQ(trace.cost.to_device_bytes_per_ms, 8e6);
+  EXPECT_EQ(trace.cost.prefetch_depth, 2u);
+  EXPECT_EQ(trace.unconstrained_peak_bytes, 262144u);
 }
 
 TEST(FileFormatsTest, AnotherFileIsNamedByItsFormatAndVersion) {
@@ -232,6 +245,18 @@ TEST(FileFormatsTest, DecisionProblemsNameWhyTheRuntimeCannotApplyOne) {
   EXPECT_TRUE(decision_problem("recompute", true, true, kNoRegion).has_value());
   EXPECT_TRUE(decision_problem("offload", true, false, 0).has_value());
   EXPECT_FALSE(decision_problem("keep", false, false, kNoRegion).has_value());
+}
+
+TEST(FileFormatsTest, APlanMadeInMemoryIsCheckedAgainstItsTraceOnce) {
+  JsonDocument document(kTrace);
+  LifetimeTrace trace = read_lifetimes(document, document.root()).traces.front();
+  EXPECT_EQ(plan_problem(trace, {"recompute", "keep", "offload"}), std::nullopt);
+  EXPECT_EQ(plan_problem(trace, {"keep"}), "a plan needs one decision per saved tensor: 1 for 3");
+  EXPECT_EQ(plan_problem(trace, {"keep", "offload", "keep"}),
+            "stowage.plan: saved tensor 1 (b.fc1): 'offload' for a tensor that cannot be offloaded");
+  trace.tensors[0].region = 9;
+  EXPECT_EQ(plan_problem(trace, {"keep", "keep", "keep"}),
+            "stowage.plan: saved tensor 0 (b.fc0): region 9 is not one of the trace's 1 regions");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "base/errors.hpp"
 #include "planner/derived_quantities.hpp"
+#include "planner/step_difference.hpp"
 #include "planner/time_fit.hpp"
 
 namespace stowage::planner {
@@ -132,6 +133,44 @@ TEST(PlannerSizedTrace, RefusesSavedTensorsWhoseTotalPasses64Bits) {
   } catch (const LogicError& error) {
     EXPECT_NE(std::string(error.what()).find("far beyond those recorded"), std::string::npos) << error.what();
   }
+}
+
+// Whether a grid's recordings are one step (planner/step_difference.hpp): byte counts and times
+// may differ, nothing else; the message names the first difference as the user reads it.
+TEST(PlannerStepDifference, OnlyFiguresMayDifferAndTheFirstDifferenceIsNamed) {
+  const LifetimeTrace first = three_and_three(100, 8, 0);
+  EXPECT_EQ(step_difference(first, three_and_three(400, 64, 512), "batch=2", "batch=4"), std::nullopt);
+
+  LifetimeTrace other = first;
+  other.ops[4].name = "aten::mul.Tensor";
+  EXPECT_EQ(step_difference(first, other, "batch=2", "batch=4"),
+            "the step ran 6 ops at batch=2 and 6 at batch=4; the first to differ is op 4: op (m, backward) at "
+            "batch=2, aten::mul.Tensor (m, backward) at batch=4.\nRecording at several sizes needs a step whose "
+            "ops do not depend on its sizes (a size of 1 often changes them: broadcasting over it needs no "
+            "reduction in backward)");
+  other = first;
+  other.ops.pop_back();
+  EXPECT_NE(step_difference(first, other, "a", "b")->find("the first to differ is op 5: op (m, backward) at a, "
+                                                          "no op (the step had ended) at b"),
+            std::string::npos);
+
+  other = first;
+  other.tensors.pop_back();
+  EXPECT_EQ(step_difference(first, other, "batch=2", "batch=4"),
+            "the step saved 2 tensors at batch=2 and 1 at batch=4 (b saved 1 at batch=2 and 0 at batch=4)");
+
+  other = first;
+  other.tensors[1].packs = {{"it's", 0, 1}};
+  EXPECT_EQ(step_difference(first, other, "batch=2", "batch=4"),
+            "saved tensor 1 (b, made by op 2: op) differs in packs between batch=2 ([]) and batch=4 "
+            "([(\"it's\", 0, 1)])");
+  other.tensors[1].recomputable = false;
+  EXPECT_NE(step_difference(first, other, "x", "y")->find("differs in recomputable between x (True) and y (False)"),
+            std::string::npos);
+
+  other = first;
+  other.regions.push_back({"blocks.0", 0, true, {}, {}});
+  EXPECT_EQ(step_difference(first, other, "a", "b"), "the step's checkpoint regions differ between a and b");
 }
 
 }  // namespace

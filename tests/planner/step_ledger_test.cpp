@@ -43,6 +43,20 @@ TEST(StepLedger, ParametersAndStoragelessTensorsAreNeverSaved) {
   EXPECT_TRUE(ledger.recording({}, {}).storages.empty());
 }
 
+TEST(StepLedger, EachSaveKeepsItsSiteAndAFixedStoragesSitesInAModuleAreKeptSaves) {
+  StepLedger ledger;
+  ledger.add_fixed(7);
+  ledger.op_ran(Phase::kForward, Keys{}, Keys{100});
+  const auto saved = ledger.save(100, 64, kNoRegion, {"blocks.0", 0, 1});
+  ledger.save(100, 64, kNoRegion, {"blocks.1", 0, 0});
+  EXPECT_FALSE(ledger.save(7, 8, kNoRegion, {"blocks.0", 0, 0}));
+  EXPECT_FALSE(ledger.save(7, 8, kNoRegion, kOutsideModules));  // outside modules: no plan looks for it
+  const StepRecording recording = ledger.recording(ops_of(ledger), {});
+  ASSERT_TRUE(saved);
+  EXPECT_EQ(recording.storages[0].sites, (std::vector<SaveSite>{{"blocks.0", 0, 1}, {"blocks.1", 0, 0}}));
+  EXPECT_EQ(recording.fixed_saves, (std::vector<SaveSite>{{"blocks.0", 0, 0}}));
+}
+
 TEST(StepLedger, ASavedStorageFreedInBackwardMovesOutOfItsAddress) {
   StepLedger ledger;
   ledger.op_ran(Phase::kForward, Keys{}, Keys{100});  // op 0

@@ -87,6 +87,28 @@ TEST(PlannerTraceBuilder, ABlockIsCheckpointableOnlyWhenItsInputsAreSavedWithinI
   EXPECT_FALSE(built.region_checkpointable[0]);
 }
 
+TEST(PlannerTraceBuilder, TheTraceCarriesWhereEachTensorWasSavedTheKeptSavesAndTheRegionsOps) {
+  StepRecording recording = six_ops();
+  recording.storages = {storage(100, 1, 4, {0}), storage(10, std::nullopt, 3, {kNoRegion}), storage(50, 1, 3, {0})};
+  recording.storages[0].sites = {{"blocks.0", 0, 2}};
+  recording.storages[1].sites = {{"tokens", 0, 0}};
+  recording.storages[2].sites = {{"blocks.0", 0, 0}, {"blocks.0.fc", 0, 0}};
+  recording.fixed_saves = {{"blocks.0.fc", 0, 1}};
+  recording.regions[0].call = 3;
+  const LifetimeTrace trace = build_trace(recording).trace;
+  ASSERT_EQ(trace.tensors.size(), 1u);
+  EXPECT_EQ(trace.tensors[0].packs,
+            (std::vector<SaveSite>{{"blocks.0", 0, 0}, {"blocks.0", 0, 2}, {"blocks.0.fc", 0, 0}}));  // sorted
+  EXPECT_EQ(trace.kept_saves, (std::vector<SaveSite>{{"blocks.0.fc", 0, 1}, {"tokens", 0, 0}}));
+  ASSERT_EQ(trace.regions.size(), 1u);
+  EXPECT_EQ(trace.regions[0].module, "blocks.0");
+  EXPECT_EQ(trace.regions[0].call, 3);
+  EXPECT_EQ(trace.regions[0].ops, (std::vector<std::string>{"op1", "op2"}));
+  EXPECT_EQ(trace.ops[2].region_op, 1);
+  EXPECT_EQ(trace.ops[3].region_op, -1);
+  EXPECT_EQ(trace.unconstrained_peak_bytes, 1000u);
+}
+
 TEST(PlannerTraceBuilder, RefusesARecordingThatPointsOutsideItself) {
   StepRecording recording = six_ops();
   recording.storages = {storage(100, 9, 3, {0})};

@@ -73,7 +73,7 @@ def small_sized() -> dict[str, Any]:
 
 def small_plan() -> dict[str, Any]:
     import stowage.plan
-    from stowage.plan.lifetimes import load_trace_document
+    from stowage.plan.file_formats import load_trace_document
 
     profile = load_trace_document(small_profile(), "<corpus>")
     plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2)

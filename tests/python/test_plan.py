@@ -129,7 +129,7 @@ def test_a_tight_budget_takes_a_plan_that_brings_fewer_buffers_back_ahead() -> N
     with pytest.warns(UserWarning, match="no plan fits"):
         assert not stowage.plan.solve(profile, budget, prefetch_depth=COST["prefetch_depth"]).fits
     plan = stowage.plan.solve(profile, budget)
-    assert plan.fits and plan.trace.cost["prefetch_depth"] < COST["prefetch_depth"]
+    assert plan.fits and plan.trace.cost.prefetch_depth < COST["prefetch_depth"]
     reference_peak, reference = measured(model, step)
     peak, grads = measured(model, step, plan)
     assert peak <= budget * 1.05 < reference_peak, f"measured {peak}, budget {budget}"

@@ -12,6 +12,7 @@ time, on the thread that trains.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import re
@@ -26,7 +27,7 @@ from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.side_effects import fit_trial, untouched
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
-from stowage.plan.applying import recompute_unannounced
+from stowage.plan.applying import recompute_unannounced, with_cost
 from stowage.serving import torch_module
 
 FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
@@ -57,15 +58,14 @@ class StepTraces:
     @staticmethod
     def whole(trace: LifetimeTrace) -> StepTraces:
         """A step recorded once, the same at any rows."""
-        return StepTraces(lambda rows: trace, _core.StepTraces(trace.native_trace(), trace.native_cost()),
-                          trace.regions)
+        return StepTraces(lambda rows: trace, _core.StepTraces(trace, trace.cost), trace.regions)
 
     @staticmethod
     def by_rows(sized: SizedTrace, sizes: dict[str, int], rows_size: str = "batch") -> StepTraces:
         """A step recorded at a grid: at `sizes`, the rows in `rows_size`."""
         first = sized.traces[0]
-        native = _core.StepTraces(sized.native(), [sizes.get(name, 0) for name in sized.sizes],
-                                  list(sized.sizes).index(rows_size), first.native_cost())
+        native = _core.StepTraces(sized.native, [sizes.get(name, 0) for name in sized.sizes],
+                                  list(sized.sizes).index(rows_size), first.cost)
         return StepTraces(lambda rows: sized.at({**sizes, rows_size: rows}), native, first.regions)
 
 
@@ -92,8 +92,9 @@ class Option:
         if not self.weighed.solved:
             return None
         trace = self._trace_at(self.micro_rows)
-        trace = dataclasses.replace(trace, cost={**trace.cost, "prefetch_depth": self.weighed.prefetch_depth})
-        return Plan(trace, self.weighed.decisions, self.activation_budget)
+        cost = trace.cost
+        cost = _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms, self.weighed.prefetch_depth)
+        return Plan(with_cost(trace, cost), self.weighed.decisions, self.activation_budget)
 
 
 def _agreed(options: list[Option]) -> Choice | None:
@@ -118,10 +119,13 @@ def _without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> Lifeti
     """`trace` with the blocks of the `excluded` regions not recomputable (their tensors kept or offloaded)."""
     if not excluded:
         return trace
-    tensors = [dataclasses.replace(t, recomputable=False) if t.region in excluded else t for t in trace.tensors]
-    regions = [dataclasses.replace(r, checkpointable=False) if i in excluded else r
-               for i, r in enumerate(trace.regions)]
-    return dataclasses.replace(trace, tensors=tensors, regions=regions)
+    trace, tensors, regions = copy.copy(trace), trace.tensors, trace.regions  # (the lists are copies)
+    for tensor in tensors:
+        tensor.recomputable = tensor.recomputable and tensor.region not in excluded
+    for index in excluded:
+        regions[index].checkpointable = False
+    trace.tensors, trace.regions = tensors, regions
+    return trace
 
 
 @dataclass(frozen=True)

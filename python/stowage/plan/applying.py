@@ -7,8 +7,7 @@ running the step; ``with plan:`` may be entered once at a time, for one step eac
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
+import copy
 import warnings
 from pathlib import Path
 from types import TracebackType
@@ -19,17 +18,57 @@ from stowage.byte_counts import byte_count
 from stowage.memory import is_enabled
 from stowage.offload.saved_tensor_offload import SavedTensorOffload, keep
 from stowage.serving import device_index, torch_module
-from stowage.plan.departures import Departures
-from stowage.plan.lifetimes import VERSION, LifetimeTrace, trace_of
+from stowage.plan.file_formats import PLAN, VERSION, save_document
 from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.plan_text import comparison_plans, describe
-from stowage.plan.region_policy import RegionPolicy
 from stowage.plan.sizes import SizedTrace
 from stowage.validation import read_json
 from stowage.warning_site import outside_stowage
 
 
-def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[str, int] | None = None,
+SHOWN = 3  # departures named in a warning; the rest are counted
+
+
+class Departures:
+    """Where the steps a plan is applied to depart from its trace, and what the user hears of it:
+    one warning the first time the steps depart in a given way, not one a step (README, "Planning
+    keep / offload / recompute"). `this_step` holds the current (or last) step's departures, each
+    once; `seen` how many steps each has been in."""
+
+    def __init__(self) -> None:
+        self.this_step: list[str] = []
+        self.seen: dict[str, int] = {}
+        self.steps = 0           # steps the plan ran to their end
+        self.departed_steps = 0  # of those, steps with a departure
+
+    def begin_step(self) -> None:
+        self.this_step = []
+
+    def note(self, what: str) -> None:
+        if what not in self.this_step:
+            self.this_step.append(what)
+
+    def end_step(self) -> str | None:
+        """Counts a step that ran to its end; the warning to give where it departs in a way no
+        earlier step did, else None."""
+        self.steps += 1
+        if not self.this_step:
+            return None
+        self.departed_steps += 1
+        new = [what for what in self.this_step if what not in self.seen]
+        for what in self.this_step:
+            self.seen[what] = self.seen.get(what, 0) + 1
+        if not new:
+            return None
+        named = "; ".join(new[:SHOWN]) + (f"; and {len(new) - SHOWN} more" if len(new) > SHOWN else "")
+        return (f"stowage.plan: step {self.steps} does not match the lifetime trace the plan was made from ({named}). "
+                "What the plan cannot place is offloaded: the numbers are the same and the budget holds, at the "
+                "cost of copies the plan did not weigh. Profile the step as it runs now (stowage.plan.profile, or "
+                "stowage.fit again) for a plan that places it. Said once for these; plan.departed_steps counts "
+                f"the steps that depart ({self.departed_steps} of {self.steps} so far).")
+
+
+def solve(trace: Any, budget: int | str, *, at: Mapping[str, int] | None = None,
           exact: bool = False, to_host_bytes_per_ms: float | None = None,
           to_device_bytes_per_ms: float | None = None, prefetch_depth: int | None = None) -> Plan:
     """The fastest plan found whose predicted peak (device memory the step adds to what was in
@@ -52,19 +91,26 @@ def solve(trace: LifetimeTrace | SizedTrace, budget: int | str, *, at: Mapping[s
                  "prefetch_depth": prefetch_depth}
     given = {name: value for name, value in overrides.items() if value is not None}
     if given:  # the plan's own cost model; the trace keeps its calibration
-        cost_model = {**trace.cost, **given}
-        _core.check_plan_cost(cost_model, "stowage.plan.solve", len(trace.tensors))
-        trace = dataclasses.replace(trace, cost=cost_model)
-    native, cost = trace.native_trace(), trace.native_cost()
-    found = _core.plan_solve(native, cost, limit, exact, cost.prefetch_depth if prefetch_depth is not None else 0)
-    if found.prefetch_depth != cost.prefetch_depth:  # the plan carries its depth to the offloader
-        trace = dataclasses.replace(trace, cost={**trace.cost, "prefetch_depth": found.prefetch_depth})
-        cost = trace.native_cost()
-    plan = Plan(trace, found.decisions, limit, native=(native, cost))
+        cost = {name: getattr(trace.cost, name) for name in overrides} | given
+        _core.check_plan_cost(cost, "stowage.plan.solve", len(trace.tensors))
+        trace = with_cost(trace, _core.CostModel(**cost))
+    found = _core.plan_solve(trace, limit, exact, trace.cost.prefetch_depth if prefetch_depth is not None else 0)
+    if found.prefetch_depth != trace.cost.prefetch_depth:  # the plan carries its depth to the offloader
+        cost = trace.cost
+        trace = with_cost(trace, _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms,
+                                                 found.prefetch_depth))
+    plan = Plan(trace, found.decisions, limit)
     if not found.fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
                       f"{_core.format_bytes(found.simulation.peak_bytes)}", stacklevel=2)
     return plan
+
+
+def with_cost(trace: Any, cost: Any) -> Any:
+    """A copy of `trace` under the cost model `cost` (a stowage._core.CostModel)."""
+    trace = copy.copy(trace)
+    trace.cost = cost
+    return trace
 
 
 class RecomputeNotice(UserWarning):
@@ -104,33 +150,20 @@ def _notice_recompute(blocks: list[str]) -> None:
         RecomputeNotice, stacklevel=outside_stowage())
 
 
-def _check_decisions(trace: LifetimeTrace, decisions: list[str]) -> None:
-    """ValueError naming the first saved tensor the runtime cannot apply its decision to."""
-    if len(decisions) != len(trace.tensors):
-        raise ValueError(f"a plan needs one decision per saved tensor: {len(decisions)} for {len(trace.tensors)}")
-    for t, (tensor, decision) in enumerate(zip(trace.tensors, decisions)):
-        problem = _core.plan_decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region)
-        if problem is None and not -1 <= tensor.region < len(trace.regions):
-            problem = f"region {tensor.region} is not one of the trace's {len(trace.regions)} regions"
-        if problem is not None:
-            raise ValueError(f"stowage.plan: saved tensor {t} ({tensor.module}): {problem}")
-
-
 class Plan:
-    """Keep / offload / recompute per saved tensor of a lifetime trace, with its predicted outcome;
-    its decisions checked once, when it is made."""
+    """Keep / offload / recompute per saved tensor of a lifetime trace (a stowage._core.LifetimeTrace,
+    under its cost model), with its predicted outcome; its decisions checked once, when it is made."""
 
-    def __init__(self, trace: LifetimeTrace, decisions: list[str], budget: int, *,
-                 native: tuple[Any, Any] | None = None) -> None:
-        """``native``: the lifetime trace and cost model as the C++ planner takes them, where the
-        caller has converted them already (they are built once and simulated often)."""
-        _check_decisions(trace, decisions)
+    def __init__(self, trace: Any, decisions: list[str], budget: int) -> None:
+        problem = _core.plan_problem(trace, decisions)
+        if problem is not None:
+            raise ValueError(problem)
         self.trace, self._decisions, self.budget = trace, tuple(decisions), budget
-        self._native = native or (trace.native_trace(), trace.native_cost())
         self.prediction = self.simulate(self.decisions, ceiling=budget)
         self.departures = Departures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
+        self._index_decisions()  # once: the trace's lists cross from C++ as copies
 
     @property
     def decisions(self) -> list[str]:
@@ -141,7 +174,7 @@ class Plan:
         """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:
         peak_bytes, peak_op, step_ms, recompute_ms, stall_ms, bytes_at_op), run under an allocated
         ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
-        return _core.plan_simulate(*self._native, decisions, ceiling)
+        return _core.plan_simulate(self.trace, decisions, ceiling)
 
     @property
     def mismatches(self) -> list[str]:
@@ -150,7 +183,7 @@ class Plan:
 
     @property
     def departed_steps(self) -> int:
-        """Steps under this plan that departed from its trace (stowage.plan.departures)."""
+        """Steps under this plan that departed from its trace (Departures)."""
         return self.departures.departed_steps
 
     @property
@@ -167,9 +200,8 @@ class Plan:
 
     # Saving ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        document = {"format": "stowage-plan", "version": VERSION, "budget": self.budget,
-                    "decisions": self.decisions, "profile": self.trace.document()}
-        Path(path).write_text(json.dumps(document))
+        save_document({"format": PLAN, "version": VERSION, "budget": self.budget, "decisions": self.decisions,
+                       "profile": self.trace.document()}, path)
 
     # Applying ----------------------------------------------------------------------------
     def __enter__(self) -> Plan:
@@ -184,7 +216,6 @@ class Plan:
         self._active = True
         self.departures.begin_step()
         try:
-            self._index_decisions()
             if self._checkpointed:
                 _notice_recompute(sorted({path for path, _ in self._checkpointed}))
             self._hold_to_budget(torch_module())
@@ -192,7 +223,7 @@ class Plan:
                                         calls=self._recorded_calls)
             self._frames.install()
             offloading = SavedTensorOffload(self._pack, min_bytes=0, max_prefetch=1 << 40,
-                                       prefetch_depth=int(self.trace.cost["prefetch_depth"]))
+                                       prefetch_depth=self.trace.cost.prefetch_depth)
             self._offloading = offloading.__enter__()
             self._offloader = offloading.offloader  # pack is on the hot path: one lookup, not two
         except BaseException as error:
@@ -237,21 +268,19 @@ class Plan:
         module.set_allocated_ceiling(in_use + self.budget, index)
 
     def _index_decisions(self) -> None:
-        self._kept_saves = {tuple(save) for save in self.trace.kept_saves}
-        self._unit_of_save: dict[tuple[str, int, int], int] = {}
-        for index, tensor in enumerate(self.trace.tensors):
-            for save in tensor.packs:
-                self._unit_of_save[tuple(save)] = index  # type: ignore[index]
-        recomputed = {t.region for t, d in zip(self.trace.tensors, self._decisions) if d == "recompute"}
+        trace = self.trace
+        tensors, ops, regions = trace.tensors, trace.ops, trace.regions
+        self._regions = regions
+        self._kept_saves = set(trace.kept_saves)
+        self._unit_of_save = {save: index for index, tensor in enumerate(tensors) for save in tensor.packs}
+        recomputed = {t.region for t, d in zip(tensors, self._decisions) if d == "recompute"}
         self._checkpointed: dict[tuple[str, int], tuple[int, set[int]]] = {}
         for r in recomputed:
-            region = self.trace.regions[r]
-            kept = {self.trace.ops[t.created].region_op for t, d in zip(self.trace.tensors, self._decisions)
-                    if t.region == r and d != "recompute"}
-            self._checkpointed[(region.module, region.call)] = (r, kept)
+            kept = {ops[t.created].region_op for t, d in zip(tensors, self._decisions) if t.region == r and d != "recompute"}
+            self._checkpointed[(regions[r].module, regions[r].call)] = (r, kept)
         self._recorded_calls: dict[str, int] = {}  # each module's forward calls in the profiled step
-        keys = [(path, call) for path, call, _ in self._unit_of_save] + [(path, call) for path, call, _ in self._kept_saves]
-        keys += [(region.module, region.call) for region in self.trace.regions]
+        keys = [(path, call) for path, call, _ in [*self._unit_of_save, *self._kept_saves]]
+        keys += [(region.module, region.call) for region in regions]
         for path, call in keys:
             self._recorded_calls[path] = max(self._recorded_calls.get(path, 0), call + 1)
 
@@ -277,7 +306,7 @@ class Plan:
         import torch  # (here, and recompute_modes, which imports it: stowage.plan loads without torch)
         from torch.utils.checkpoint import checkpoint
 
-        from stowage.plan.recompute_modes import recompute_contexts
+        from stowage.plan.recompute_modes import RegionPolicy, recompute_contexts
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             frame = self._frames.top
@@ -285,7 +314,7 @@ class Plan:
             if frame is None or frame.module is not module or found is None or not torch.is_grad_enabled():
                 return original(*args, **kwargs)
             r, kept = found
-            region = self.trace.regions[r]
+            region = self._regions[r]
             tensors = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
             frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
                                     if i < len(region.inputs)}
@@ -334,6 +363,5 @@ def load(path: str | Path) -> Plan:
     value and the bound for a file that is not one (stowage.plan.file_formats), checked whole
     before anything is built from it."""
     document = read_json(path, "a stowage plan")
-    native = _core.read_plan_document(document, str(path))  # its lifetime trace and decisions too
-    trace = trace_of(document["profile"])
-    return Plan(trace, document["decisions"], document["budget"], native=(native, trace.native_cost()))
+    trace = _core.read_plan_file(document, str(path), PLAN)  # its lifetime trace and decisions too
+    return Plan(trace, document["decisions"], document["budget"])

@@ -5,16 +5,10 @@
     stowage plan step.lifetimes.json --budget 6GiB --save plan.json   # for stowage.plan.load
     stowage plan sized.lifetimes.json --budget 6GiB --at batch=8,seq=4096
 
-TRACE is a lifetime trace file written by ``stowage.plan.profile(step).save(path)``. The budget is
-a size (``6GiB``, ``512MiB``, bytes) or a percentage of the step's unconstrained peak. Printed:
-the bytes each module group keeps, offloads and recomputes, and the predicted peak and step
-time of the plan beside no change, full activation checkpointing and offload everything.
-A sized trace (recorded at several sizes: ``stowage.plan.profile(step, sizes=...)``) is planned
-for the sizes ``--at`` names. Exit status: 0 when the plan fits the budget, 1 when none does
-(the lowest peak found is printed), 2 for a file, budget or size that cannot be read: a file is
-checked against its schema and bounds (stowage.plan.file_formats) before anything is built from
-it, and a refusal names the file, the field, the value and the bound. Names from the file are
-printed literally (stowage.terminal).
+TRACE is a lifetime trace file (``stowage.plan.profile(step).save(path)``, or one recorded at
+several sizes, planned for the sizes ``--at`` names); the budget a size or a percentage of the
+step's unconstrained peak. Exit status: 0 when the plan fits, 1 when none does, 2 for a file,
+budget or size that cannot be read (README, "Planning keep / offload / recompute").
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""``stowage.plan.profile``: runs one training step and records its lifetime trace
-(stowage.plan.lifetimes): every op with its duration and the device memory in use during it,
-every tensor saved for backward with the ops that make, save and use it, and the model's blocks
-a plan may run under selective checkpointing.
+"""``stowage.plan.profile``: runs one training step and records its lifetime trace.
 
 A dispatch mode (below autograd, where selective checkpointing's policy also sees ops) times each
 op, reads the allocator's peak during it, and follows storages from op to op; saved-tensor hooks
-see what autograd saves and when backward takes it back; module hooks give each op and save its
-module path. The step runs as it would without stowage.plan: nothing is changed, so it must fit.
-A model that does not fit at the size it trains at is recorded at sizes that do, a grid of them
-(stowage.plan.sizes), and planned for the size it trains at: a plan is keyed to the step's ops
-and saves, not to their sizes.
+see what autograd saves and when backward takes it back; the step context's module calls give
+each op and save its module path. The step runs as it would without stowage.plan: nothing is
+changed, so it must fit (or be recorded at sizes that do, stowage.plan.sizes).
 
 Functions import torch (and recompute_modes, which imports it) where they run: the package loads
 without torch (``stowage plan``, the command, reads and solves traces).
@@ -24,13 +19,14 @@ import traceback
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from stowage import _core, memory
-from stowage.plan.building import build_trace
 from stowage.plan.calibration import measure_cost
-from stowage.plan.lifetimes import PHASES, OpRecord, RegionRecord
 from stowage.plan.module_frames import Frame, ModuleFrames, block_modules
 from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
 from stowage.serving import torch_module
 from stowage.step_context import SavedTensorRegion, in_backward
+
+PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
+          "optimizer": _core.TracePhase.optimizer}
 
 
 class _DeviceMeter:
@@ -97,23 +93,21 @@ NOT_REPLAYABLE = ("aten::_cudnn_rnn", "aten::miopen_rnn", "aten::_cudnn_init_dro
 
 
 class StepRecorder:
-    """Records one step; ``profile()`` builds its LifetimeTrace. One step, one thread. Which op
-    made, used and saved which storage is kept by the planner's StepLedger (Note [Keeping the
-    ledger] in planner/step_ledger.hpp), by storage address; where each save happened, here."""
+    """Records one step; ``trace(cost)`` builds its lifetime trace. One step, one thread. Which op
+    made, used and saved which storage, and where each save happened, is kept by the planner's
+    StepLedger (Note [Keeping the ledger] in planner/step_ledger.hpp), by storage address; the
+    planner builds the trace from it (Note [Building a trace] in planner/trace_builder.hpp)."""
 
     def __init__(self, device: str, model: Any = None) -> None:
         self.meter = _DeviceMeter(device)
-        self.ops: list[OpRecord] = []
-        self.peaks: list[int] = []
+        self.ops: list[Any] = []  # _core.TraceOp
         self.frames = ModuleFrames(self._entered, self._left, self._found_root, root=model)
         self.blocks: set[int] = set()
         self.ledger = _core.StepLedger()
-        self.sites: list[list[tuple[str, int, int]]] = []  # per saved storage, where it was saved
-        self.regions: list[RegionRecord] = []
+        self.regions: list[Any] = []  # _core.RecordedRegion
         self.active_region = -1
         self.seen_backward = False
         self.loose_saves = 0
-        self.elsewhere: list[tuple[str, int, int]] = []  # saves of parameters and buffers
         self.start_bytes = 0
         self.without_gradients: list[Any] = []  # the model's parameters that had no gradient as the step began
 
@@ -132,7 +126,7 @@ class StepRecorder:
         self.active_region = self.ledger.enter_region(
             [_storage_key(a) for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)])
         frame.data["region"] = self.active_region
-        self.regions.append(RegionRecord(frame.path, frame.call, True, [], []))
+        self.regions.append(_core.RecordedRegion(frame.path, frame.call))
 
     def _left(self, frame: Frame) -> None:
         if frame.data.get("region", -1) == self.active_region:
@@ -157,20 +151,17 @@ class StepRecorder:
         duration_ms = (time.perf_counter() - start) * 1e3
         top = self.frames.top
         module = (top.path if top is not None else "(outside modules)") if phase == "forward" else phase
-        op = OpRecord(str(func), module, phase, duration_ms)
-        if phase == "forward" and self.active_region >= 0:
-            op.region = self.active_region
-            op.region_op = len(self.regions[op.region].ops)
-            self.regions[op.region].ops.append(op.name)
+        region = self.active_region if phase == "forward" else -1
+        if region >= 0:
             self._note_input_writes(func, args, kwargs)
             if getattr(getattr(func, "_schema", None), "name", "") in NOT_REPLAYABLE:
-                self.regions[op.region].checkpointable = False
-        self.ops.append(op)
-        self.peaks.append(self.meter.now_and_peak()[1] - self.start_bytes)
+                self.regions[region].checkpointable = False
+        in_use = self.meter.now_and_peak()[1] - self.start_bytes  # below 0 where the step freed what it began with
         leaves = torch.utils._pytree.tree_leaves
         inputs = [t for t in leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in leaves(out) if isinstance(t, torch.Tensor)]
-        op.io_bytes = sum(t.numel() * t.element_size() for t in inputs + outputs)
+        io_bytes = sum(t.numel() * t.element_size() for t in inputs + outputs)
+        self.ops.append(_core.TraceOp(str(func), module, PHASES[phase], duration_ms, 0, region, in_use, io_bytes))
         schema = getattr(func, "_schema", None)
         is_view = schema is not None and any(r.alias_info is not None for r in schema.returns)
         self.ledger.op_ran(PHASES[phase], [_storage_key(t) for t in inputs],
@@ -198,20 +189,14 @@ class StepRecorder:
             return keep(tensor)
         top = self.frames.top
         key, nbytes = _storage_key_and_bytes(tensor)
-        storage = self.ledger.save(key, nbytes, self.active_region)
         site = ("", -1, self.loose_saves) if top is None else (top.path, top.call, top.saves)
-        if storage is None:  # a parameter's or buffer's, or no storage: no decision reaches it
-            if top is not None:
-                self.elsewhere.append(site)
-                top.saves += 1
-            return keep(tensor)
-        if top is None:
-            self.loose_saves += 1
-        else:
+        storage = self.ledger.save(key, nbytes, self.active_region, site)
+        if top is not None:
             top.saves += 1
-        if storage == len(self.sites):
-            self.sites.append([])
-        self.sites[storage].append(site)
+        elif storage is not None:
+            self.loose_saves += 1
+        if storage is None:  # a parameter's or buffer's, or no storage: no decision reaches it
+            return keep(tensor)
         return (storage, keep(tensor))  # see _kept in plan/applying.py: no cycle through autograd
 
     def unpack(self, packed: Any) -> Any:
@@ -254,6 +239,12 @@ class StepRecorder:
         finally:
             self.frames.remove()
 
+    def trace(self, cost: Mapping[str, float]) -> Any:
+        """The recorded step's lifetime trace (a stowage._core.LifetimeTrace) under `cost`."""
+        trace = self.ledger.trace(self.ops, self.regions)
+        trace.cost = _core.CostModel(**cost)
+        return trace
+
 
 # Note [A failed recording leaves no trace]
 # fit records a step that may not fit (the example whole), then, when it did not, the same step
@@ -294,12 +285,9 @@ def _clean_up(error: BaseException, meter: _DeviceMeter, without_gradients: list
 @contextlib.contextmanager
 def _failing_cleanly(meter: _DeviceMeter, without_gradients: list[Any]) -> Iterator[None]:
     """Runs a step that may fail; when it does, the device is left as the step found it before
-    the error goes on: every tensor the step made is freed (the error keeps no frame's locals,
-    the parameters `without_gradients` (had none before it) have none again, garbage is
-    collected), and the memory the allocator cached
-    for it is returned to the device, so that the next step (a recording at smaller sizes) has
-    the room this one had, not a cache cut up to this step's sizes (Note [A failed recording
-    leaves no trace]). An out-of-memory error says how to record the step at sizes that fit."""
+    the error goes on (Note [A failed recording leaves no trace]; `without_gradients`: the
+    parameters that had no gradient before it). An out-of-memory error says how to record the
+    step at sizes that fit."""
     import torch  # (see the module's note: the package loads without torch)
 
     try:
@@ -330,23 +318,13 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     has one) once and records its lifetime trace (a LifetimeTrace).
 
     ``sizes``: record the step at a grid of sizes instead, e.g. ``{"batch": (1, 2), "seq":
-    (128, 256, 384)}``: ``step_fn(batch=2, seq=128)`` runs at each point of the grid (after one
-    unrecorded run at the last, the largest, so every point starts from the same state: gradients
-    allocated, caches warm, one grown to the longest sequence it has seen grown), and the result
-    is a SizedTrace (stowage.plan.sizes) whose byte counts and times are polynomials in the
-    sizes. That is how a model that does not fit at the size it trains at is profiled, and how
-    one sized trace serves steps of changing length. A grid whose steps differ is recorded once
-    more (every size then run before, a cache made per size is made); one whose steps still
-    differ raises stowage.plan.sizes.StepsDiffer (a ValueError) naming the first difference.
-
+    (128, 256, 384)}``: ``step_fn(batch=2, seq=128)`` runs at each point of the grid, after one
+    unrecorded run at the largest (so every point starts from the state a step leaves), and the
+    result is a SizedTrace (stowage.plan.sizes; README, "Planning keep / offload / recompute").
     ``device``: "cuda" or "cpu" (default: cuda when stowage or torch serves CUDA memory, else CPU
     mode). ``cost``: the cost model's figures (``to_host_bytes_per_ms``,
-    ``to_device_bytes_per_ms``, ``prefetch_depth``); measured when not given. A step that runs
-    out of memory raises torch's OutOfMemoryError saying how to record it at smaller sizes.
-    A step that fails (out of memory or otherwise) leaves the device as it found it: its error
-    keeps no tensor of the step (the locals of its traceback's frames are cleared), the model's
-    parameters that had no gradient before it have none after, and the memory the allocator cached
-    for it is returned (Note [A failed recording leaves no trace]).
+    ``to_device_bytes_per_ms``, ``prefetch_depth``); measured when not given. A step that fails
+    leaves the device as it found it (Note [A failed recording leaves no trace]).
     ``model``: the model the step trains, needed when the step calls something other than its
     forward (a loss method calling its blocks): module paths and blocks are then the model's (set
     the plan's ``model`` too). Without it the first module whose forward runs is taken for it."""
@@ -357,7 +335,7 @@ def profile(step_fn: Callable[..., Any], *, sizes: Mapping[str, Sequence[int]] |
     measured = dict(cost) if cost is not None else None
     if sizes is None:
         recorder = _record_one(step_fn, device, model)
-        return build_trace(recorder, measured if measured is not None else measure_cost(device))
+        return recorder.trace(measured if measured is not None else measure_cost(device))
     return _profile_grid(step_fn, sizes, device, model, measured)
 
 
@@ -373,14 +351,14 @@ def _profile_grid(step_fn: Callable[..., Any], sizes: Mapping[str, Sequence[int]
     recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     measured = measured if measured is not None else measure_cost(device)
     try:
-        return SizedTrace(grid, [build_trace(recorder, measured) for recorder in recorders])
+        return SizedTrace(grid, [recorder.trace(measured) for recorder in recorders])
     except StepsDiffer:
         pass
     # Once more, every size now run before: what a first run at a size makes (a cache kept per
     # size) is made by now, and a step whose differences were only that agrees with itself.
     recorders = [_record_one(lambda: step_fn(**point), device, model) for point in points]
     try:
-        return SizedTrace(grid, [build_trace(recorder, measured) for recorder in recorders])
+        return SizedTrace(grid, [recorder.trace(measured) for recorder in recorders])
     except StepsDiffer as error:
         raise StepsDiffer(f"{error}\n(Recorded twice, the second time after a run at every size, so that "
                           "nothing a first run at a size makes, a cache kept per size, is the difference.)") from None
