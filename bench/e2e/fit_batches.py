@@ -63,6 +63,15 @@ def _stock_step(torch: Any, model: Any, optimizer: Any, loss_fn: Any, pieces: li
     optimizer.zero_grad(set_to_none=True)
 
 
+def split(batch: Any, micro_rows: int) -> list[Any]:
+    """`batch` cut into the fewest near-equal micro-batches of at most `micro_rows` rows (MicroCut)."""
+    from stowage._core import MicroCut
+    from stowage.fitting.batches import BatchLayout
+
+    layout = BatchLayout.of(batch)
+    return layout.pieces(batch, MicroCut(layout.rows, 1, micro_rows).bounds(layout.rows))
+
+
 def _rows(batch: Any) -> int:
     from stowage.fitting.batches import BatchLayout
 
@@ -74,7 +83,6 @@ def point(args: argparse.Namespace) -> dict[str, Any]:
     of ACCUMULATION of them, as many steps as a timed run takes), in this fresh process."""
     torch, model, batches, loss_fn, kind = _setup(args)
     from batch_models import full_checkpointing
-    from stowage.fitting.batches import split
 
     blocks = full_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -119,7 +127,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch, model, batches, loss_fn, kind = _setup(args)
     import stowage
-    from stowage.fitting.batches import split
     from stowage.serving import device_index, torch_module
 
     batch = batches(args.rows)

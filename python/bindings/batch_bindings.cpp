@@ -1,5 +1,6 @@
 // stowage._core's part for stowage.fit's example batch: how it cuts (planner/micro_cut.hpp), what its loss
-// is a mean over (planner/loss_units.hpp). Cuts cross as a typed value; judgements as (what holds, why not).
+// is a mean over (planner/loss_units.hpp), and what fit says of its weighing (planner/fit_weighing_table.hpp).
+// Cuts cross as a typed value; judgements as (what holds, why not); the table and the refusal as text.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/fit_weighing_table.hpp"
 #include "planner/loss_units.hpp"
 #include "planner/micro_cut.hpp"
 #include "python/bindings/bindings.hpp"
@@ -21,6 +23,40 @@ namespace stowage::python {
 
 using Spans = std::vector<std::tuple<std::size_t, std::size_t, double>>;
 template <typename Counts> using Named = std::vector<std::pair<std::string, Counts>>;  // (what it counts, its counts)
+
+namespace {
+
+void bind_fit_table(py::module_& module) {
+  using planner::FitFacts;
+  py::class_<FitFacts>(module, "FitFacts", "What fit knows beside its options (planner/fit_weighing_table.hpp).")
+      .def(py::init([](std::string device, std::int64_t capacity, std::string capacity_bound, std::string recorded,
+                       std::string optimizer, std::string states_kept_because, std::string tried,
+                       std::optional<planner::HostLoad> load, planner::FitMemory memory, planner::FitHost host,
+                       std::int64_t unplanned_peak) {
+             return FitFacts{std::move(device), capacity, std::move(capacity_bound), std::move(recorded),
+                             std::move(optimizer), std::move(states_kept_because), std::move(tried), load,
+                             std::move(memory), std::move(host), unplanned_peak};
+           }),
+           py::kw_only(), py::arg("device"), py::arg("capacity"), py::arg("capacity_bound"), py::arg("recorded"),
+           py::arg("optimizer"), py::arg("states_kept_because"), py::arg("tried"), py::arg("load"), py::arg("memory"),
+           py::arg("host"), py::arg("unplanned_peak"));
+  module.def(
+      "fit_table",
+      [](const std::vector<planner::FitOption>& options, std::size_t chosen, std::int64_t predicted_peak,
+         std::vector<std::int64_t> saved_bytes, const FitFacts& facts, std::int64_t rows,
+         std::optional<std::string> units, bool units_given, std::string checked, std::string not_cut) {
+        return planner::fit_table(options, chosen, {predicted_peak, std::move(saved_bytes)}, facts,
+                                  {rows, std::move(units), units_given, std::move(checked), std::move(not_cut)});
+      },
+      py::arg("options"), py::arg("chosen"), py::arg("predicted_peak"), py::arg("saved_bytes"), py::arg("facts"),
+      py::kw_only(), py::arg("rows"), py::arg("units"), py::arg("units_given"), py::arg("checked"),
+      py::arg("not_cut"), "The table fit prints: `options[chosen]` taken, its plan's peak and saved bytes.");
+  module.def("no_fit_message", &planner::no_fit_message, py::arg("options"), py::arg("memory"), py::arg("unplanned"),
+             py::arg("states_kept_because"), py::arg("tried"), py::arg("whole"), "Why no option fits.");
+  module.def("busy_host_note", &planner::busy_host_note, py::arg("load"));
+}
+
+}  // namespace
 
 void bind_batches(py::module_& module) {
   using planner::MicroCut;
@@ -62,6 +98,7 @@ void bind_batches(py::module_& module) {
       },
       py::arg("cuts"), py::arg("candidates"), py::arg("dtypes"), py::arg("loss_dtype"), py::arg("tf32"),
       py::arg("noise"), py::arg("random_ops"), "(the candidates that hold; why none; the tolerance)");
+  bind_fit_table(module);
 }
 
 }  // namespace stowage::python

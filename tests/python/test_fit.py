@@ -238,7 +238,14 @@ def test_what_cannot_fit_is_refused_with_every_share_weighed(capsys: Any) -> Non
 
 
 def test_ranks_agree_on_a_share_every_rank_fits_timed_by_the_slowest() -> None:
-    from stowage.fitting.choosing import agree, pick
+    from stowage._core import agree_choice, pick_choice
+    from stowage.fitting.choosing import TIE
+
+    def pick(step_ms):
+        return pick_choice(step_ms, TIE)
+
+    def agree(per_rank):
+        return agree_choice(per_rank, TIE)
 
     # choices are (share of states on the device, rows of a micro-batch)
     assert pick({(1.0, 8): 100.0, (0.5, 8): 99.0, (0.0, 8): 90.0}) == (0.0, 8)  # the fastest, beyond the tie
@@ -403,7 +410,7 @@ def test_feature_rows_are_cut_by_rows_only_and_a_step_that_cannot_be_cut_is_refu
 
 
 def test_a_busy_host_is_named_beside_the_predicted_times() -> None:
-    from stowage.fitting.fitted import busy_host_note
+    from stowage._core import busy_host_note
 
     assert busy_host_note((1.5, 2)) == "" and busy_host_note(None) == ""
     note = busy_host_note((6.0, 2))

@@ -2,8 +2,10 @@
 computes from it, its shape (`BatchLayout`: rows, sequence length, the tensors cut with the rows,
 as README's "A global batch as micro-batches" defines them), how it cuts into micro-batches
 (planner/micro_cut.hpp, bound as MicroCut; Note [Micro-batches] there says what a cut computes)
-and what its loss is a mean over (stowage.fitting.loss_units); and the same batch cut to smaller
-sizes to record a step that does not fit whole.
+and what its loss is a mean over (the counts it may be, read off its tensors in README's order,
+"A global batch as micro-batches"; stowage.fitting.cut_check keeps those the example's own losses
+verify, and a later batch without a count is refused); and the same batch cut to smaller sizes to
+record a step that does not fit whole.
 """
 
 from __future__ import annotations
@@ -62,17 +64,13 @@ def default_loss(model: Any, batch: Any) -> torch.Tensor:
     if isinstance(output, Mapping) and loss is None:
         loss = output.get("loss")
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape_or_type = f"a tensor of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor) \
+            else f"a {type(output).__name__}"
         raise LossFnNeeded(f"stowage.fit: without loss_fn, fit calls {call} and takes its output as the loss, but "
                            f"the output is not a loss (one number, or an output with .loss: it is "
-                           f"{_describe_output(output)}); pass loss_fn=lambda model, batch: ... returning the "
+                           f"{shape_or_type}); pass loss_fn=lambda model, batch: ... returning the "
                            "step's loss")
     return loss
-
-
-def _describe_output(output: Any) -> str:
-    if isinstance(output, torch.Tensor):
-        return f"a tensor of shape {tuple(output.shape)}"
-    return f"a {type(output).__name__}"
 
 
 def tensor_leaves(batch: Any) -> list[tuple[str, torch.Tensor]]:
@@ -235,12 +233,6 @@ class ExampleBatch:
         return self.layout.take(self.batch, bounds[-2], bounds[-1])
 
 
-def split(batch: Any, micro_rows: int) -> list[Any]:
-    """`batch` cut into the fewest near-equal micro-batches of at most `micro_rows` rows."""
-    layout = BatchLayout.of(batch)
-    return layout.pieces(batch, MicroCut(layout.rows, 1, micro_rows).bounds(layout.rows))
-
-
 def weighted(batch: Any, cut: MicroCut, units: LossUnits) -> list[tuple[Any, float]]:
     """The micro-batches and each one's share of the global loss; a micro-batch with no units is
     left out: it adds nothing to the global mean, where its own would be 0/0."""
@@ -253,3 +245,64 @@ def weighted(batch: Any, cut: MicroCut, units: LossUnits) -> list[tuple[Any, flo
     if why_not:
         raise ValueError(why_not)
     return [(piece, share) for piece, share in zip(pieces, shares) if share > 0]
+
+
+IGNORE_INDEX = -100
+LOSS_UNITS_GIVEN = "loss_units as given"  # what was verified, where the caller said the units
+
+
+ROWS = LossUnits("rows", lambda batch: float(BatchLayout.of(batch).rows))
+
+
+def _leaf(batch: Any, path: str) -> torch.Tensor:
+    for found, leaf in tensor_leaves(batch):
+        if found == path:
+            return leaf
+    raise ValueError(f"stowage.fit: this batch has no {path}, whose entries the loss was verified to be a mean over "
+                     "on the example batch")
+
+
+def _counted(name: str, path: str, measure: Callable[[torch.Tensor], torch.Tensor]) -> LossUnits:
+    return LossUnits(name, lambda batch: float(measure(_leaf(batch, path)).sum()))
+
+
+def _integer(path: str, leaf: torch.Tensor) -> list[LossUnits]:
+    found = [_counted(f"entries of {path} not {IGNORE_INDEX}", path, lambda t: t != IGNORE_INDEX)]
+    if leaf.dim() >= 2:
+        found.append(_counted(f"entries of {path}[:, 1:] not {IGNORE_INDEX}", path,
+                              lambda t: t[:, 1:] != IGNORE_INDEX))
+    if bool(((leaf == 0) | (leaf == 1)).all()):
+        found.append(_counted(f"nonzero entries of {path}", path, lambda t: t != 0))
+        if leaf.dim() >= 2:
+            found.append(_counted(f"nonzero entries of {path}[:, 1:]", path, lambda t: t[:, 1:] != 0))
+    return found
+
+
+def candidates(batch: Any, layout: BatchLayout) -> list[LossUnits]:
+    """The counts a loss on `batch` (of `layout`) may be a mean over (rows first), from its tensors."""
+    found = [ROWS]
+    for path, leaf in tensor_leaves(batch):
+        if path not in layout.per_row or leaf.dim() == 0:
+            continue
+        if leaf.dtype == torch.bool:
+            found.append(_counted(f"true entries of {path}", path, lambda t: t))
+        elif not (leaf.is_floating_point() or leaf.is_complex()):
+            found.extend(_integer(path, leaf))
+        elif leaf.dim() == 1 and bool(torch.isfinite(leaf).all()) and bool((leaf >= 0).all()):
+            found.append(_counted(f"the sum of {path}", path, lambda t: t.double()))
+    return found
+
+
+def given_units(loss_units: str | Callable[[Any], float]) -> LossUnits:
+    """The caller's own word for the loss's units, taken without a check: "rows", "tokens" (the
+    entries of ``batch['labels']`` not -100), "shifted tokens" (of ``batch['labels'][:, 1:]``) or
+    a function counting a batch's."""
+    if callable(loss_units):
+        return LossUnits("units", lambda batch: float(loss_units(batch)))  # type: ignore[operator]
+    named = {"rows": ROWS,
+             "tokens": _counted("tokens", "batch['labels']", lambda t: t != IGNORE_INDEX),
+             "shifted tokens": _counted("shifted tokens", "batch['labels']", lambda t: t[:, 1:] != IGNORE_INDEX)}
+    if loss_units not in named:
+        raise ValueError(f"stowage.fit: loss_units is one of {sorted(named)} or a function counting a batch's "
+                         f"units, not {loss_units!r}")
+    return named[loss_units]

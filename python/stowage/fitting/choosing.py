@@ -23,9 +23,8 @@ import torch
 
 from stowage import _core, memory
 from stowage._core import MIN_ROWS, MicroCut, format_bytes
-from stowage.fitting.batches import ExampleBatch, LossFn
+from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn
 from stowage.fitting.cut_check import CutCheck
-from stowage.fitting.loss_units import LOSS_UNITS_GIVEN
 from stowage.fitting.side_effects import fit_trial, untouched
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
 from stowage.plan.applying import recompute_unannounced, with_cost
@@ -76,12 +75,12 @@ class Option:
     plan, made from its decisions where it was solved."""
 
     def __init__(self, weighed: Any, trace_at: TraceAt) -> None:
-        self._weighed, self._trace_at = weighed, trace_at
+        self.weighed, self._trace_at = weighed, trace_at
 
     def __getattr__(self, name: str) -> Any:  # the weighed figures (not its own: a copy being made has none yet)
-        if name.startswith("_"):
+        if name.startswith("_") or name == "weighed":
             raise AttributeError(name)
-        return getattr(self._weighed, name)
+        return getattr(self.weighed, name)
 
     @property
     def key(self) -> Choice:
@@ -90,35 +89,25 @@ class Option:
     @functools.cached_property
     def plan(self) -> Plan | None:
         """The option's plan (None where none was solved: the states alone fill a device or host)."""
-        if not self._weighed.solved:
+        if not self.weighed.solved:
             return None
         trace = self._trace_at(self.micro_rows)
         cost = trace.cost
-        cost = _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms, self._weighed.prefetch_depth)
-        return Plan(with_cost(trace, cost), self._weighed.decisions, self.activation_budget)
-
-
-def pick(step_ms: dict[Choice, float]) -> Choice | None:
-    """The fastest of the feasible choices' predicted step times; within TIE the most rows, then
-    the most states."""
-    return _core.pick_choice(step_ms, TIE)
-
-
-def agree(per_rank: list[dict[Choice, float]]) -> Choice | None:
-    """One choice for ranks that train in step: feasible on every rank, timed by its slowest."""
-    return _core.agree_choice(per_rank, TIE)
+        cost = _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms, self.weighed.prefetch_depth)
+        return Plan(with_cost(trace, cost), self.weighed.decisions, self.activation_budget)
 
 
 def _agreed(options: list[Option]) -> Choice | None:
-    """The choice this process takes. Under torch.distributed every rank takes the same one (where
-    the update runs changes its rounding, parameters must stay identical across ranks, and the
-    ranks' micro-batches meet in one all-reduce)."""
+    """The choice this process takes: the fastest feasible one, within TIE the most rows, then the
+    most states (planner/share_search.hpp). Under torch.distributed every rank takes the same one,
+    feasible on every rank and timed by its slowest (where the update runs changes its rounding,
+    parameters must stay identical across ranks, and the ranks' micro-batches meet in one all-reduce)."""
     mine = {o.key: o.step_ms for o in options if o.feasible}
     if not distributed():
-        return pick(mine)
+        return _core.pick_choice(mine, TIE)
     every: list[dict[Choice, float]] = [{} for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather_object(every, mine)
-    return agree(every)
+    return _core.agree_choice(every, TIE)
 
 
 def block_kind(path: str) -> str:
@@ -169,17 +158,9 @@ class Weighing:
         return [Option(option, lambda at: _without_recompute(self.traces.at(at), excluded)) for option in weighed]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one trial found: the bytes the step added beyond the prediction (0 where it held),
-    and the block kind whose recompute failed ("" where none did)."""
-
-    overshoot: int
-    failed_block_kind: str
-
-
-def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> Outcome:
-    """One forward and backward of `piece` under `plan`, its added peak against the prediction."""
+def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> tuple[int, str]:
+    """One forward and backward of `piece` under `plan`: the bytes it added beyond the prediction
+    (0 where it held), and the block kind whose recompute failed ("" where none did)."""
     model.zero_grad(set_to_none=True)
     start = memory.memory_allocated(device)
     memory.reset_peak_stats(device)
@@ -193,11 +174,11 @@ def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch
         found = RECOMPUTE_FAILURE.search(str(error))
         if found is None:
             raise
-        return Outcome(0, block_kind(found.group(1)))
+        return 0, block_kind(found.group(1))
     finally:
         model.zero_grad(set_to_none=True)
     added = memory.max_memory_allocated(device) - start
-    return Outcome(max(added - plan.predicted_peak_bytes, floor), "")
+    return max(added - plan.predicted_peak_bytes, floor), ""
 
 
 Chosen = tuple[list[Option], Option | None, str]  # the options, the one taken, what the trials found
@@ -216,14 +197,13 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
             example.last_piece(MicroCut(example.rows, chosen.micro_batches, chosen.micro_rows))
         chosen.plan.model = model
         with fit_trial(device), untouched(model, device):
-            outcome = _run_once(model, loss_fn, piece, chosen.plan, device)
-        if outcome.failed_block_kind:
-            no_recompute.add(outcome.failed_block_kind)
-            found.append(f"{outcome.failed_block_kind} runs other ops when recomputed: not recomputed")
-        elif outcome.overshoot > reserve:  # (a plan made with `reserve` kept back may overshoot by as much)
-            reserve = outcome.overshoot
-            found.append(f"the step added {format_bytes(outcome.overshoot)} more than planned: weighed again with it "
-                         "kept back")
+            overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen.plan, device)
+        if failed_block_kind:
+            no_recompute.add(failed_block_kind)
+            found.append(f"{failed_block_kind} runs other ops when recomputed: not recomputed")
+        elif overshoot > reserve:  # (a plan made with `reserve` kept back may overshoot by as much)
+            reserve = overshoot
+            found.append(f"the step added {format_bytes(overshoot)} more than planned: weighed again with it kept back")
         else:
             return options, chosen, "; ".join(found)
     raise AssertionError("unreachable")

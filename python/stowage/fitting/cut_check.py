@@ -21,8 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from stowage import step_context
 from stowage._core import MicroCut, judge_loss_units
-from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, LossUnits
-from stowage.fitting.loss_units import candidates
+from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, LossUnits, candidates
 from stowage.fitting.side_effects import untouched
 
 aten = torch.ops.aten
@@ -273,7 +272,7 @@ class CutCheck:
             else:
                 continue
             rows = bounds[index + 1] - bounds[index]
-            times = max(self._most_rows() // rows, 2)
+            times = max(max(stop - start for start, stop in self._losses) // rows, 2)
             while times >= 2:
                 repeated = self._forward(_repeated(equations.pieces[index], rows, times))
                 if repeated is not None:
@@ -282,9 +281,6 @@ class CutCheck:
                 times //= 2
             return None
         return None
-
-    def _most_rows(self) -> int:
-        return max(stop - start for (start, stop), loss in self._losses.items())
 
     def _checked(self, whole: float | None) -> str:
         cuts = " and ".join(str(len(e.pieces)) for _, e in self._verified)

@@ -13,11 +13,10 @@ from stowage import _core
 from stowage import memory as stowage_memory
 from stowage._core import MIN_ROWS, MicroCut, format_bytes
 from stowage.byte_counts import byte_count
-from stowage.fitting.batches import ExampleBatch, LossFn, default_loss
-from stowage.fitting.choosing import Option, Weighing, checked_choice
+from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn, default_loss, given_units
+from stowage.fitting.choosing import Weighing, checked_choice
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.fitted import Fitted
-from stowage.fitting.loss_units import LOSS_UNITS_GIVEN, given_units
 from stowage.fitting.measuring import measure, measure_rates, state_copies, uses_foreach
 from stowage.fitting.recording import record
 from stowage.fitting.side_effects import fit_trial
@@ -25,13 +24,6 @@ from stowage.offload import host_room
 from stowage.offload.adam import Adam, AdamW
 from stowage.offload.sharded import local
 from stowage.serving import memory_cap, serves, torch_module
-
-
-def _device_of(parameters: list[torch.nn.Parameter]) -> torch.device:
-    devices = {p.device for p in parameters}
-    if len(devices) != 1:
-        raise ValueError(f"stowage.fit takes a model on one device, not {sorted(map(str, devices))}")
-    return devices.pop()
 
 
 def check_allocator(device: torch.device) -> None:
@@ -124,29 +116,6 @@ def _units(check: CutCheck, example: ExampleBatch, micro_batches: int | str,
     return found
 
 
-def _no_fit(options: list[Option], memory: Any, unplanned: int, refusal: str,
-            tried: str = "", whole: str = "") -> torch.OutOfMemoryError:
-    lines = [f"  {o.fraction:.0%} of the states on the device"
-             + (f", {o.micro_batches} micro-batches of {o.micro_rows} rows" if o.micro_batches > 1 else "")
-             + f" (room for the step {format_bytes(max(o.activation_budget, 0))}): "
-             f"{o.reason or 'fits here, not on every rank'}" for o in options]
-    if refusal:
-        lines.append(f"  (the states cannot move to host memory: {refusal})")
-    if tried:
-        lines.append(f"  (tried before training: {tried})")
-    if whole:
-        lines.append(f"  (the batch runs whole: {whole})")
-    return torch.OutOfMemoryError(
-        f"stowage.fit: the step does not fit in {format_bytes(memory.usable)} usable "
-        f"({format_bytes(memory.in_use)} in use before it, states "
-        f"{format_bytes(memory.states)}, gradients {format_bytes(memory.gradients)}, "
-        f"the step adding {format_bytes(unplanned)} unplanned) with any share of optimizer "
-        "states on the device:\n" + "\n".join(lines) +
-        "\nTrain on a smaller batch or sequence, or on a larger device"
-        + (", or give the offloaded states more host memory." if any("the host cannot" in o.reason for o in options)
-           else "."))
-
-
 def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
         example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
         verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True,
@@ -163,7 +132,10 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     loss_fn = loss_fn or default_loss
     cost = dict(cost) if cost is not None else None
     parameters = list(model.parameters())
-    device = _device_of(parameters)
+    devices = {p.device for p in parameters}
+    if len(devices) != 1:
+        raise ValueError(f"stowage.fit takes a model on one device, not {sorted(map(str, devices))}")
+    device = devices.pop()
     check_allocator(device)
     check_parameters_counted(parameters, device)
     capacity, bound = memory_cap(device)
@@ -193,7 +165,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         whole = example.not_cut or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
                                     if micro_batches == 1 and example.rows > MIN_ROWS else "")
         unplanned = traces.at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
-        raise _no_fit(options, memory, unplanned, refusal, tried, whole)
+        raise torch.OutOfMemoryError(_core.no_fit_message([o.weighed for o in options], memory, unplanned, refusal,
+                                                          tried, whole))
     if chosen.fraction < 1.0:
         optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__

@@ -112,19 +112,15 @@ def _device_ms(device: torch.device, dtype: torch.dtype, numel: int) -> float:
     return _best_ms(optimizer.step, synchronize)
 
 
-def _device_probe_numel(device: torch.device, dtype: torch.dtype) -> int:
-    """The larger probe: as large as DEVICE_PROBE_NUMEL allows within a share of free memory."""
-    free = memory_cap(device)[0] - int(memory_allocated(device))
-    per_parameter = 2 * dtype.itemsize + 2 * 4  # parameter and gradient, fp32 moments
-    smallest, largest = DEVICE_PROBE_NUMEL
-    return max(smallest * 4, min(largest, free // DEVICE_PROBE_SHARE // per_parameter))
-
-
 def _device_ms_per_parameter(device: torch.device, dtype: torch.dtype) -> float:
     """The time a parameter adds to the device's step: the slope between a probe and one four
     times its size (never below what the larger probe's time over its size says, where noise
-    makes the slope smaller than that)."""
-    large = _device_probe_numel(device, dtype)
+    makes the slope smaller than that). The larger probe is as large as DEVICE_PROBE_NUMEL allows
+    within a share of free memory."""
+    free = memory_cap(device)[0] - int(memory_allocated(device))
+    per_parameter = 2 * dtype.itemsize + 2 * 4  # parameter and gradient, fp32 moments
+    smallest, largest = DEVICE_PROBE_NUMEL
+    large = max(smallest * 4, min(largest, free // DEVICE_PROBE_SHARE // per_parameter))
     small = large // 4
     large_ms = _device_ms(device, dtype, large)
     slope = (large_ms - _device_ms(device, dtype, small)) / (large - small)

@@ -1,0 +1,103 @@
+// What stowage.fit says of its weighing (planner/fit_weighing_table): the table's rows and the
+// refusal, word for word where Python's format specs are mirrored (widths, percentages, thousands).
+#include "planner/fit_weighing_table.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stowage::planner {
+namespace {
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+
+FitOption option(double fraction, std::int64_t micro_batches, std::int64_t micro_rows, std::string reason) {
+  FitOption weighed;
+  weighed.fraction = fraction;
+  weighed.micro_batches = micro_batches;
+  weighed.micro_rows = micro_rows;
+  weighed.activation_budget = 64 * kMiB;
+  weighed.device_state_bytes = fraction == 1.0 ? 16 * kMiB : 8 * kMiB;
+  weighed.host_bytes = fraction == 1.0 ? 0 : 8 * kMiB;
+  weighed.update_ms = 2.0;
+  weighed.reason = std::move(reason);
+  weighed.solved = weighed.reason.empty();
+  weighed.decisions = {Decision::kKeep, Decision::kRecompute, Decision::kOffload, Decision::kRecompute};
+  weighed.prediction.step_ms = 10.5;
+  return weighed;
+}
+
+FitFacts facts() {
+  FitMemory memory{512 * kMiB, 20 * kMiB, 1048576, 4 * kMiB, 4 * kMiB, 4 * kMiB, {1048576}, {16 * kMiB}};
+  return FitFacts{"cpu", 600 * kMiB, "the budget", "step recorded at batch 8", "torch.optim.adamw.AdamW", "", "",
+                  HostLoad{6.0, 2}, memory, FitHost{16, 1024 * kMiB, "MemAvailable"}, 3 * kMiB};
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> found(1);
+  for (char c : text) {
+    if (c == '\n') {
+      found.emplace_back();
+    } else {
+      found.back().push_back(c);
+    }
+  }
+  return found;
+}
+
+TEST(PlannerFitWeighingTable, NamesABusyHostOnlyWhenTheLoadExceedsTheCores) {
+  EXPECT_EQ(busy_host_note(HostLoad{1.5, 2}), "");
+  EXPECT_EQ(busy_host_note(std::nullopt), "");
+  const std::string note = busy_host_note(HostLoad{6.0, 2});
+  EXPECT_NE(note.find("busy host (load 6.0 on 2 cores)"), std::string::npos) << note;
+  EXPECT_NE(note.find("up to 3.0x long"), std::string::npos) << note;
+}
+
+TEST(PlannerFitWeighingTable, WritesEachRowAsFitPrintsIt) {
+  const std::vector<FitOption> options{option(1.0, 1, 8, "the plan does not fit"), option(0.5, 2, 4, "")};
+  const ChosenPlan plan{40 * kMiB, {kMiB, kMiB, 2 * kMiB, 0}};
+  const FitBatch batch{8, "rows", false, "the whole example batch's loss", ""};
+  const auto table = lines(fit_table(options, 1, plan, facts(), batch));
+  ASSERT_EQ(table.size(), 12u);
+  EXPECT_EQ(table[0], "stowage.fit on cpu: 600.00 MiB (the budget), 512.00 MiB usable; step recorded at batch 8");
+  EXPECT_EQ(table[1], "  in use before the step     20.00 MiB  parameters (1,048,576), buffers, the batch");
+  EXPECT_EQ(table[3], "  optimizer states            8.00 MiB  on the device; 8.00 MiB in host memory "
+                      "(torch.optim.adamw.AdamW)");
+  EXPECT_EQ(table[4], "  activations                64.00 MiB  budget; step adds 3.00 MiB unplanned -> 40.00 MiB "
+                      "planned (saved bytes: keep 25%, recompute 25%, offload 50%)");
+  EXPECT_EQ(table[6], "  batch                              8  2 micro-batches of up to 4 rows, gradients accumulated, "
+                      "each loss weighted by its share of the batch's rows (verified: the whole example batch's loss)");
+  EXPECT_EQ(table[7].substr(0, 41), "  predicted step                 23 ms  (");
+  EXPECT_NE(table[7].find("(forward and backward 21 ms, optimizer update 2 ms); measured on a busy host"),
+            std::string::npos);
+  EXPECT_EQ(table[8], "");
+  EXPECT_EQ(table[10], "  all (the factory's optimizer)      whole (8)         64.00 MiB           0 B  the plan does "
+                       "not fit");
+  EXPECT_EQ(table[11], "  50%                                    2 x 4         64.00 MiB      8.00 MiB           23 ms"
+                       "  <- chosen");
+}
+
+TEST(PlannerFitWeighingTable, RefusesNamingEveryOptionAndWhatKeptTheStates) {
+  const std::vector<FitOption> options{option(1.0, 1, 8, "the host cannot hold the offloaded states"),
+                                       option(0.5, 2, 4, "")};
+  const std::string said = no_fit_message(options, facts().memory, 3 * kMiB, "offload_optimizer=False", "", "why");
+  const auto found = lines(said);
+  EXPECT_EQ(found[0], "stowage.fit: the step does not fit in 512.00 MiB usable (20.00 MiB in use before it, states "
+                      "16.00 MiB, gradients 4.00 MiB, the step adding 3.00 MiB unplanned) with any share of optimizer "
+                      "states on the device:");
+  EXPECT_EQ(found[1], "  100% of the states on the device (room for the step 64.00 MiB): the host cannot hold the "
+                      "offloaded states");
+  EXPECT_EQ(found[2], "  50% of the states on the device, 2 micro-batches of 4 rows (room for the step 64.00 MiB): "
+                      "fits here, not on every rank");
+  EXPECT_EQ(found[3], "  (the states cannot move to host memory: offload_optimizer=False)");
+  EXPECT_EQ(found[4], "  (the batch runs whole: why)");
+  EXPECT_EQ(found[5], "Train on a smaller batch or sequence, or on a larger device, or give the offloaded states more "
+                      "host memory.");
+  const std::string plain = no_fit_message({options[1]}, facts().memory, 0, "", "", "");
+  EXPECT_EQ(plain.substr(plain.rfind('\n') + 1), "Train on a smaller batch or sequence, or on a larger device.");
+}
+
+}  // namespace
+}  // namespace stowage::planner
