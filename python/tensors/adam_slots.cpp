@@ -8,7 +8,9 @@
 #include <utility>
 
 #include "base/bounded_wait.hpp"
+#include "base/byte_units.hpp"
 #include "base/errors.hpp"
+#include "device/host_memory_probe.hpp"
 #include "offload/adam_buckets.hpp"
 
 namespace stowage::torch_offload {
@@ -30,8 +32,10 @@ at::Tensor bits(const at::Tensor& tensor) {
 
 AdamSlots::AdamSlots(const c10::Device& device, std::string owner, offload::UpdateMode mode,
                      const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
-                     std::function<std::string(std::size_t)> name_of, Point at_point)
+                     std::optional<std::uint64_t> host_memory_limit, std::function<std::string(std::size_t)> name_of,
+                     Point at_point)
     : device_(device), owner_(std::move(owner)), master_weights_(master_weights), bucket_numel_(bucket_numel),
+      host_memory_limit_(host_memory_limit),
       name_of_(std::move(name_of)), at_point_(std::move(at_point)), book_(mode), store_(std::make_unique<HostStateStore>(device)),
       transfers_(std::make_unique<OptimizerTransfers>(device)), parameters_(device), gradients_(device),
       queue_(std::make_shared<offload::UpdateQueue>(cpus)) {
@@ -71,8 +75,24 @@ std::int64_t AdamSlots::host_bytes(const Tensors& shards, const Indices& groups,
   return needed;
 }
 
+void AdamSlots::check_host_room(std::uint64_t needed) const {
+  std::optional<std::uint64_t> limit;
+  if (host_memory_limit_) {
+    const auto taken = static_cast<std::uint64_t>(store_->allocated_bytes());
+    limit = *host_memory_limit_ > taken ? *host_memory_limit_ - taken : 0;
+  }
+  const HostRoom room = host_room(read_host_memory(), limit);
+  if (needed <= room.available_bytes) return;
+  throw HostMemoryShortage(where() + "'s host states need " + format_bytes(needed) + " of host memory (" +
+                           std::to_string(needed) + " bytes) but the process may take only " +
+                           format_bytes(room.available_bytes) + " (" + std::to_string(room.available_bytes) +
+                           " bytes), set by " + room.limited_by +
+                           ". Keep more states on the device (device_fraction=), offload fewer parameters, or free "
+                           "host memory.");
+}
+
 AdamSlots::Indices AdamSlots::join(const Tensors& shards, const Indices& groups, const std::vector<bool>& amsgrad) {
-  STOWAGE_CHECK(amsgrad.size() == shards.size(), amsgrad.size(), " amsgrad flags for ", shards.size(), " parameters");
+  check_host_room(static_cast<std::uint64_t>(host_bytes(shards, groups, amsgrad)));
   const at::NoGradGuard no_grad;
   Indices order;
   Indices joined;

@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,13 @@
 #include "python/tensors/optimizer_transfers.hpp"
 
 namespace stowage::torch_offload {
+
+// The host states of parameters joining would take more host memory than the process may use
+// (bound as stowage.offload.HostMemoryError, a MemoryError).
+class HostMemoryShortage : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // A param group's options, as the update takes them.
 struct GroupOptions {
@@ -75,8 +83,8 @@ class AdamSlots {
 
   using Point = std::function<void(const std::string&)>;
   AdamSlots(const c10::Device& device, std::string owner, offload::UpdateMode mode, const std::vector<int>& cpus,
-            bool master_weights, std::int64_t bucket_numel, std::function<std::string(std::size_t)> name_of,
-            Point at_point);
+            bool master_weights, std::int64_t bucket_numel, std::optional<std::uint64_t> host_memory_limit,
+            std::function<std::string(std::size_t)> name_of, Point at_point);
   ~AdamSlots();
   AdamSlots(const AdamSlots&) = delete;
   AdamSlots& operator=(const AdamSlots&) = delete;
@@ -92,7 +100,9 @@ class AdamSlots {
   // Host bytes their buckets would take (Note [Optimizer buckets]).
   std::int64_t host_bytes(const Tensors& shards, const Indices& groups, const std::vector<bool>& amsgrad) const;
   // Lays out their buckets; masters start from the shards. Returns, for each new slot in number
-  // order, the position in `shards` of its parameter.
+  // order, the position in `shards` of its parameter. Throws HostMemoryShortage, nothing joined,
+  // when the buckets need more than the host room (device/host_memory_probe.hpp) left under the
+  // host memory limit by the states already laid out.
   Indices join(const Tensors& shards, const Indices& groups, const std::vector<bool>& amsgrad);
   std::size_t group_of(std::size_t bucket) const;
   SlotStates states(std::size_t slot) const;
@@ -209,6 +219,7 @@ class AdamSlots {
   // A skipped step: nothing of it applied (pending updates stay).
   void discard_step();
   std::vector<offload::BucketPlan> plan(const Tensors& shards, const Indices& groups) const;
+  void check_host_room(std::uint64_t needed) const;
   void take_parameters_for_step(const StepInputs& inputs);
   void check_in_backward_exact(const StepInputs& inputs, double scale);
   bool redo_outdated_updates(const StepInputs& inputs);
@@ -234,6 +245,7 @@ class AdamSlots {
   std::string owner_;
   bool master_weights_;
   std::int64_t bucket_numel_;
+  std::optional<std::uint64_t> host_memory_limit_;  // the bytes all the states may take; nullopt: no limit
   std::function<std::string(std::size_t)> name_of_;
   Point at_point_;
   at::Tensor clip_;  // the step's clipping coefficient, until its end

@@ -1,6 +1,6 @@
 // stowage._torch.AdamSlots: the offloaded optimizer's slots (adam_slots.hpp) for
 // stowage.offload.Adam, with what crosses into Python here: param groups read as the update's
-// options, state entries as torch's dicts, a saved entry loaded into a slot. The calls that wait
+// options, state entries as torch's dicts, a state_dict's entries loaded into the slots. The calls that wait
 // or copy release the GIL (name_of takes it back when an error names a parameter).
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/errors.hpp"
 #include "python/tensors/adam_slots.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 
@@ -70,7 +71,7 @@ py::dict state_entry(const AdamSlots& self, std::size_t slot) {
 
 // Fills a slot's states from one parameter's checked entry (None: a fresh state); `local` gives a
 // saved tensor's local part (FSDP2), `shard` is the parameter's.
-void load_state(const AdamSlots& self, std::size_t slot, const py::object& saved, const at::Tensor& shard,
+void load_slot(const AdamSlots& self, std::size_t slot, const py::object& saved, const at::Tensor& shard,
                 const py::function& local) {
   const SlotStates states = self.states(slot);
   const at::NoGradGuard no_grad;
@@ -95,6 +96,26 @@ void load_state(const AdamSlots& self, std::size_t slot, const py::object& saved
   } else {
     states.master.copy_(shard.detach());
   }
+}
+
+// A checked state_dict's entries loaded, one per slot in number order (None: a fresh state), and the
+// parameters' shards as they are now taken as the reference; returns each slot's state entry
+// (None for a fresh one).
+std::vector<py::object> load_states(AdamSlots& self, const std::vector<py::object>& saved,
+                                    const AdamSlots::Tensors& shards, const py::function& local) {
+  STOWAGE_CHECK(saved.size() == self.size() && shards.size() == self.size(), saved.size(), " entries and ",
+                shards.size(), " shards for ", self.size(), " slots");
+  std::vector<py::object> entries;
+  AdamSlots::Indices slots;
+  for (std::size_t slot = 0; slot < self.size(); ++slot) {
+    load_slot(self, slot, saved[slot], shards[slot], local);
+    const bool fresh = saved[slot].is_none() || !py::bool_(saved[slot]);
+    entries.push_back(fresh ? py::none() : py::object(state_entry(self, slot)));
+    slots.push_back(slot);
+  }
+  const py::gil_scoped_release release;
+  self.parameters_are(slots, shards);
+  return entries;
 }
 
 py::dict host_stats(AdamSlots& self) {
@@ -137,7 +158,7 @@ void bind_slot_queries(py::class_<AdamSlots>& slots) {
                              [](const AdamSlots& self) { return self.book().parameters_checked(); })
       .def("host_stats", &host_stats)
       .def("state_entry", &state_entry, py::arg("slot"))
-      .def("load", &load_state, py::arg("slot"), py::arg("saved"), py::arg("shard"), py::arg("local"));
+      .def("load", &load_states, py::arg("saved"), py::arg("shards"), py::arg("local"));
 }
 
 }  // namespace
@@ -148,6 +169,7 @@ namespace stowage::python {
 
 void bind_adam_slots(py::module_& module) {
   using torch_offload::AdamSlots;
+  py::register_exception<torch_offload::HostMemoryShortage>(module, "HostMemoryError", PyExc_MemoryError);
   using torch_offload::Release;
   using torch_offload::step_call;
   py::class_<AdamSlots> slots(module, "AdamSlots",
@@ -155,14 +177,15 @@ void bind_adam_slots(py::module_& module) {
                               "(python/tensors/adam_slots.hpp)");
   slots.def(py::init([](const std::string& device, std::string owner, const std::string& update,
                         const std::vector<int>& cpus, bool master_weights, std::int64_t bucket_numel,
+                        std::optional<std::uint64_t> host_memory_limit,
                         std::function<std::string(std::size_t)> name_of, AdamSlots::Point at_point) {
               return std::make_unique<AdamSlots>(c10::Device(device), std::move(owner),
                                                  offload::parse_update_mode(update), cpus, master_weights,
-                                                 bucket_numel, std::move(name_of), std::move(at_point));
+                                                 bucket_numel, host_memory_limit, std::move(name_of),
+                                                 std::move(at_point));
             }),
             py::arg("device"), py::arg("owner"), py::arg("update"), py::arg("cpus"), py::arg("master_weights"),
-            py::arg("bucket_numel"), py::arg("name_of"), py::arg("at_point"))
-      .def("host_bytes", &AdamSlots::host_bytes, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
+            py::arg("bucket_numel"), py::arg("host_memory_limit"), py::arg("name_of"), py::arg("at_point"))
       .def("join", &AdamSlots::join, py::arg("shards"), py::arg("groups"), py::arg("amsgrad"))
       .def("arrive", &AdamSlots::arrive, py::arg("slot"), py::arg("gradient"), py::arg("shard"), Release())
       .def("set_parameters_checked", [](AdamSlots& self) { self.book_mutable().set_parameters_checked(); })

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from stowage import _core, checking
+from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
 from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
@@ -23,10 +23,8 @@ from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
-
-
-class HostMemoryError(MemoryError):
-    """The offloaded optimizer would need more host memory than the process may use."""
+# The offloaded optimizer would need more host memory than the process may use (a MemoryError).
+HostMemoryError = torch_module().HostMemoryError
 
 
 @contextlib.contextmanager
@@ -53,13 +51,10 @@ def interrupts_held() -> Iterator[None]:
 
 
 class Adam(torch.optim.Optimizer):
-    """torch.optim.Adam (its update, options and state_dict) with host-resident states; see the
-    module's documentation. Contract: used from one thread, as torch's optimizers.
-
-    The bookkeeping is C++'s (python/tensors/adam_slots.hpp, Note [Offloaded optimizer
-    semantics] in offload/slot_book.hpp): each offloaded parameter is a slot numbered in bucket
-    order, ``_params[i]`` its parameter; this class observes torch (hooks, gradients, parameters'
-    local shards) and hands what it sees to the slots."""
+    """torch.optim.Adam (its update, options and state_dict) with host-resident states. Contract:
+    used from one thread, as torch's optimizers. The bookkeeping is C++'s (adam_slots.hpp): each
+    offloaded parameter is a slot numbered in bucket order, ``_params[i]`` its parameter; this
+    class observes torch (hooks, gradients, local shards) and hands what it sees to the slots."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf
     _torch_class: type[torch.optim.Optimizer] = torch.optim.Adam
@@ -90,13 +85,14 @@ class Adam(torch.optim.Optimizer):
         self.update_mode = update
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
-        self._limit = None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit")
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
         offloaded = self._keep_share_on_device(device_fraction)
         bus_id = torch.cuda.get_device_properties(self._device).pci_bus_id if self._device.type == "cuda" else ""
         self._slots = torch_module().AdamSlots(
             str(self._device), type(self).__name__, update, torch_module().cpus_near(str(bus_id or "")),
-            self.master_weights, bucket_numel, weak_method(self._slot_name), weak_method(self._at_point))
+            self.master_weights, bucket_numel,
+            None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit"),
+            weak_method(self._slot_name), weak_method(self._at_point))
         self._params: list[torch.Tensor] = []  # by slot number
         self._index: dict[torch.Tensor, int] = {}  # slot number by parameter
         self._groups: list[dict[str, Any]] = []  # by the group numbers the slots hold
@@ -138,9 +134,8 @@ class Adam(torch.optim.Optimizer):
         return devices.pop()
 
     def _keep_share_on_device(self, fraction: float) -> list[tuple[torch.Tensor, dict[str, Any]]]:
-        """The first parameters up to `fraction` of the count stay on the device
-        (offload/adam_buckets.hpp's kept_on_device, which fit's accounting uses too), updated by
-        torch's own optimizer with the options given; returns the (parameter, group) pairs offloaded."""
+        """The first parameters up to `fraction` of the count (adam_buckets.hpp's kept_on_device)
+        stay on the device, updated by torch's optimizer; returns the (parameter, group) pairs offloaded."""
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
         count = torch_module().kept_on_device([p.numel() for p, _ in pairs], fraction)
         kept = pairs[:count]
@@ -150,32 +145,20 @@ class Adam(torch.optim.Optimizer):
              for g in self._device_group_sources])
         return pairs[count:]
 
-    def _offer(self, pairs: list[tuple[torch.Tensor, dict[str, Any]]]) -> None:
-        """Lays out host states for the parameters that train; the frozen ones wait."""
+    def _offer(self, pairs: list[tuple[torch.Tensor, dict[str, Any]]]) -> None:  # frozen ones wait for a gradient
         self._waiting.extend((p, g) for p, g in pairs if not p.requires_grad)
         self._join([(p, g) for p, g in pairs if p.requires_grad])
 
     def _join(self, pairs: list[tuple[torch.Tensor, dict[str, Any]]]) -> None:
-        """Host states (after checking the host has room for them), watches and hooks for `pairs`
-        (parameters offloaded from now on); the masters start from the parameters."""
+        """Host states (HostMemoryError when the host has no room), watches and hooks for `pairs`."""
         if not pairs:
             return
         for _, group in pairs:
             if not any(g is group for g in self._groups):
                 self._groups.append(group)
-        shards = [local(p) for p, _ in pairs]
         numbers = [next(i for i, g in enumerate(self._groups) if g is group) for _, group in pairs]
-        amsgrad = [bool(g.get("amsgrad")) for _, g in pairs]
-        limit = None if self._limit is None else self._limit - self._slots.allocated_bytes
-        needed, room = self._slots.host_bytes(shards, numbers, amsgrad), _core.host_room(limit)
-        if needed > room.available_bytes:
-            f = _core.format_bytes
-            raise HostMemoryError(
-                f"stowage.offload.{type(self).__name__}'s host states need {f(needed)} of host memory ({needed} "
-                f"bytes) but the process may take only {f(room.available_bytes)} ({room.available_bytes} bytes), "
-                f"set by {room.limited_by}. Keep more states on the device (device_fraction=), offload fewer "
-                "parameters, or free host memory.")
-        joined = [pairs[i][0] for i in self._slots.join(shards, numbers, amsgrad)]
+        joined = [pairs[i][0] for i in self._slots.join([local(p) for p, _ in pairs], numbers,
+                                                        [bool(g.get("amsgrad")) for _, g in pairs])]
         ids = {id(p) for p in joined}
         self._waiting = [(p, g) for p, g in self._waiting if id(p) not in ids]
         for param in joined:
@@ -193,13 +176,12 @@ class Adam(torch.optim.Optimizer):
         path = checking.parameter_name(self._params[index])
         return f"parameter {path!r}, {name}" if path else name
 
-    def _shards(self) -> list[torch.Tensor]:
-        """The local shards (FSDP2) of the slots' parameters as they are now."""
+    def _shards(self) -> list[torch.Tensor]:  # (FSDP2: this rank's)
         return [local(p) for p in self._params]
 
     def _sync_states(self) -> None:
-        """self.state follows the slots: an entry (views of the host states, made once) from a
-        slot's first update, none once an undo took its step count back to 0."""
+        """self.state follows the slots: an entry (views of the host states) from a slot's first
+        update, none once an undo took its step count back to 0."""
         for index, has_state in self._slots.take_state_changes():
             param = self._params[index]
             if not has_state:
@@ -211,8 +193,7 @@ class Adam(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
-        """Micro-batches run inside are not the last of the step: their gradients are not final
-        and nothing is copied out."""
+        """Micro-batches run inside are not the last of the step: nothing is copied out."""
         self._accumulating += 1
         try:
             yield
@@ -265,14 +246,12 @@ class Adam(torch.optim.Optimizer):
                     self._sync_states()
 
     def _backward_ended(self) -> None:
-        """Every hook has run: the gradient whose copy waited for its hooks is final."""
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.grad is not None:  # (a hook may have dropped it)
             self._arrive(deferred, deferred.grad)
 
     def _backward_abandoned(self) -> None:
-        """A backward that copied gradients (and, in_backward, updated buckets) raised: nothing of
-        it may count."""
+        """A backward that copied gradients (and, in_backward, updated buckets) raised."""
         self._deferred = None
         with self._lock:
             self._undo_provisional()
@@ -337,9 +316,7 @@ class Adam(torch.optim.Optimizer):
                 self._backward_end.disarm()
         return loss
 
-    def _step_inputs(self) -> tuple[Any, ...]:
-        """What the slots' step takes of torch (AdamSlots::StepInputs): the gradients, their and
-        the parameters' local shards, the param groups, the GradScaler's scale and inf check."""
+    def _step_inputs(self) -> tuple[Any, ...]:  # AdamSlots::StepInputs
         grads = [p.grad for p in self._params]
         found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
         return (grads, [None if g is None else local(g) for g in grads], self._shards(), self._groups,
@@ -347,9 +324,8 @@ class Adam(torch.optim.Optimizer):
                 found_inf is not None and float(found_inf) > 0)
 
     def _prepare_step(self) -> bool:
-        """What comes before the host states change (AdamSlots::prepare_step), then the states
-        kept on the device updated by torch's optimizer; False: the step is skipped. An error
-        leaves nothing applied (provisional updates undone, the arrivals kept)."""
+        """AdamSlots::prepare_step, then the device share's update; False: the step is skipped. An
+        error leaves nothing applied (provisional updates undone, the arrivals kept)."""
         try:
             self._join([(p, g) for p, g in self._waiting if p.grad is not None])  # unfrozen: states start now
             with self._lock:
@@ -413,11 +389,8 @@ class Adam(torch.optim.Optimizer):
     # --- checkpoints and the end --------------------------------------------------------------
 
     def flush(self) -> None:
-        """Makes the states and parameters those of the last step(): delayed updates write the
-        pending update's parameters back now; in_backward's updates made during a backward whose
-        step() has not come are undone (step() makes them again), so that a state_dict taken
-        between backward and step() (a KeyboardInterrupt's handler) pairs the states with the
-        parameters they belong to."""
+        """Makes the states and parameters those of the last step() (AdamSlots::flush), so that a
+        state_dict taken between backward and step() pairs the states with their parameters."""
         with self._lock, interrupts_held():
             try:
                 self._slots.flush(self._shards())
@@ -443,14 +416,12 @@ class Adam(torch.optim.Optimizer):
         for ours, saved in zip(self.param_groups, state_dict["param_groups"]):
             ours.update({k: v for k, v in saved.items() if k != "params"})
         self._join([(p, g) for p, g in self._waiting if by_param.get(p)])
-        for index, param in enumerate(self._params):
-            saved = by_param.get(param)
-            self._slots.load(index, saved, local(param), local)
-            if saved:
-                self.state[param] = self._slots.state_entry(index)
-            else:
+        entries = self._slots.load([by_param.get(p) for p in self._params], self._shards(), local)
+        for param, entry in zip(self._params, entries):
+            if entry is None:
                 self.state.pop(param, None)
-        self._slots.parameters_are(range(len(self._params)), self._shards())
+            else:
+                self.state[param] = entry
         if self._device_optimizer is not None:
             inner_state = torch_module().split_device_state(self._device_optimizer.param_groups, by_param)
             self._device_optimizer.load_state_dict(inner_state)
@@ -458,10 +429,9 @@ class Adam(torch.optim.Optimizer):
             self.state.update({p: inner[p] for p in self._device_parameters() if p in inner})
 
     def host_stats(self) -> dict[str, Any]:
-        """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the whole
-        device's pinned pool's, which the activations' offloaded buffers share), where it is placed, the
-        CPUs that update it, the time spent in host updates so far and the time spent comparing
-        parameters' and gradients' bytes (seconds)."""
+        """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the device's
+        pinned pool's, shared with offloaded activations), its placement, the updating CPUs, and the
+        seconds spent in host updates and in comparing parameters' and gradients' bytes."""
         return self._slots.host_stats()
 
     def close(self) -> None:
