@@ -26,10 +26,13 @@ def _enable_now() -> None:
     # and stowage.memory enables stowage in torch, which needs torch.
     from stowage.memory import NoCudaDevice, enable
 
+    value = os.environ.get(_VARIABLE, "")
     try:
-        enable(os.environ.get(_VARIABLE, ""), device="cuda")
+        enable(value, device="cuda")
     except NoCudaDevice as error:  # a launcher's environment on a machine without a GPU
         warnings.warn(f"{_VARIABLE} is set, but {error}", RuntimeWarning, stacklevel=2)
+    except ValueError as error:  # a configuration stowage cannot use: name where it came from
+        raise ValueError(f"{_VARIABLE}={value!r}: {error}") from None
 
 
 class _EnableAfterExec(importlib.abc.Loader):

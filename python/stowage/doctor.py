@@ -100,7 +100,7 @@ def torch_facts() -> dict[str, Any]:
     }
     try:
         import torch  # here: stowage doctor reports a machine without torch, or a broken one
-    except ImportError as error:
+    except (ImportError, ValueError) as error:  # (ValueError: STOWAGE_ALLOC_CONF refused as torch loads)
         facts["error"] = str(error)
         return facts
     facts.update(installed=True, version=str(torch.__version__), cuda_build=torch.version.cuda)

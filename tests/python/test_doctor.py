@@ -265,6 +265,17 @@ def test_stowage_doctor_command() -> None:
 
 
 
+def test_a_configuration_torch_loads_with_refused_is_reported_not_a_doctor_failure() -> None:
+    """STOWAGE_ALLOC_CONF makes `import torch` fail when stowage cannot use it; doctor is what a
+    user runs then, so it reports the refusal, naming the variable, and exits 0."""
+    env = {**os.environ, "STOWAGE_ALLOC_CONF": "bogus:1"}
+    result = subprocess.run([sys.executable, "-m", "stowage", "doctor", "--json"], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    error = json.loads(result.stdout)["torch"]["error"]
+    assert "STOWAGE_ALLOC_CONF='bogus:1'" in error and "unknown key 'bogus'" in error, error
+
+
 def test_a_bus_id_that_is_not_one_leaves_the_numa_report_standing() -> None:
     """nvidia-smi prints "[N/A]" for some GPUs' bus ids."""
     from stowage import doctor
