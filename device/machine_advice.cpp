@@ -78,8 +78,9 @@ void advise_torch(const MachineFacts& facts, std::vector<std::string>& advice) {
   const TorchFacts& torch = facts.torch;
   const std::string version = shown(torch.version);
   if (!torch.installed) {
-    advice.push_back("torch is not installed: stowage's torch allocator and CPU mode need it; `stowage replay` "
-                     "and the C++ library work without.");
+    advice.push_back("torch cannot be imported (" + shown(torch.import_error) +
+                     "): stowage's torch allocator and CPU mode need it; `stowage replay` and the C++ library "
+                     "work without.");
   } else if (!torch.module_importable) {
     advice.push_back("stowage._torch cannot be imported (" + shown(torch.module_error) +
                      "): reinstall stowage against this torch (tools/install).");

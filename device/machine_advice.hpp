@@ -30,6 +30,7 @@ struct TorchFacts {
   bool module_importable = false;  // stowage._torch
   std::optional<std::string> module_error, built_for_torch;
   bool matches_torch = false, cuda_allocator_built = false;
+  std::optional<std::string> import_error;  // why `import torch` failed, where it did
 };
 
 struct MachineFacts {

@@ -150,7 +150,7 @@ MachineFacts facts_of(const py::dict& report) {
   const py::object field = module.attr("get");
   facts.torch = {truthy(torch["installed"]), text_of(torch["version"]), text_of(torch["cuda_build"]),
                  truthy(field("importable")), text_of(field("error")), text_of(field("built_for_torch")),
-                 truthy(field("matches_torch")), truthy(field("cuda_allocator_built"))};
+                 truthy(field("matches_torch")), truthy(field("cuda_allocator_built")), text_of(torch["error"])};
   const py::handle memory = report["host_memory"];
   facts.memlock_soft = memory["memlock_soft"].cast<std::optional<std::uint64_t>>();
   facts.memlock_hard = memory["memlock_hard"].cast<std::optional<std::uint64_t>>();

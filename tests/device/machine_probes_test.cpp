@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -139,7 +140,7 @@ TEST(CudaProbes, TheDriverAnswersOrSaysWhyNot) {
 TEST(MachineAdvice, ComparesVersionsAndPlacesGpusByNumaNode) {
   MachineFacts facts;
   facts.stowage_with_cuda = true;
-  facts.torch = {true, "2.11.0", "13.0", true, std::nullopt, "2.11.0", true, true};
+  facts.torch = {true, "2.11.0", "13.0", true, std::nullopt, "2.11.0", true, true, std::nullopt};
   facts.total_memory = 1ULL << 35;
   facts.driver_version = "12.10";
   facts.runtime_version = "12.9.1";
@@ -160,6 +161,19 @@ TEST(MachineAdvice, ComparesVersionsAndPlacesGpusByNumaNode) {
   advice = machine_advice(facts);
   ASSERT_EQ(advice.size(), 1U);
   EXPECT_EQ(advice[0].rfind("The NUMA topology is unknown (hwloc: broken)", 0), 0U);
+}
+
+// torch that cannot be imported is advised with the reason import torch gave: not installed, or
+// a STOWAGE_ALLOC_CONF stowage refuses as torch loads.
+TEST(MachineAdvice, TorchThatCannotBeImportedIsAdvisedWithWhy) {
+  MachineFacts facts;
+  facts.total_memory = 1ULL << 35;
+  facts.torch.import_error = "STOWAGE_ALLOC_CONF='bogus:1': allocator config: unknown key 'bogus'";
+  const std::vector<std::string> advice = machine_advice(facts);
+  const auto said = std::find_if(advice.begin(), advice.end(), [](const std::string& line) {
+    return line.rfind("torch cannot be imported (STOWAGE_ALLOC_CONF='bogus:1': allocator config: unknown key", 0) == 0;
+  });
+  EXPECT_NE(said, advice.end()) << advice.size();
 }
 
 }  // namespace

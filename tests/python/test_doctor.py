@@ -272,8 +272,10 @@ def test_a_configuration_torch_loads_with_refused_is_reported_not_a_doctor_failu
     result = subprocess.run([sys.executable, "-m", "stowage", "doctor", "--json"], capture_output=True, text=True,
                             timeout=300, env=env)
     assert result.returncode == 0, result.stderr
-    error = json.loads(result.stdout)["torch"]["error"]
+    report = json.loads(result.stdout)
+    error = report["torch"]["error"]
     assert "STOWAGE_ALLOC_CONF='bogus:1'" in error and "unknown key 'bogus'" in error, error
+    assert any(line.startswith("torch cannot be imported (STOWAGE_ALLOC_CONF='bogus:1'") for line in report["advice"])
 
 
 def test_a_bus_id_that_is_not_one_leaves_the_numa_report_standing() -> None:
