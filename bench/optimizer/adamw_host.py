@@ -168,7 +168,10 @@ CHECK_BOUNDS: dict[tuple[int, str, float], dict[str, float]] = {
     # OpenMP region per call, cost many times the work. torch's count its threads' spinning after
     # each region: healthy, the kernel costs a third of torch's or less; with a region per call,
     # 7x torch's.
-    (2, "process", 20.0): {"fp32_vs_torch_fused_paired_median": 0.8,
+    # fp32 with CPU roundings (MKL's root) varies most with load: its bound sits between what the
+    # healthy kernel measured under the suite's load and what a region per call costs
+    # (bench/results/2026-11-29-adamw-check-bound.md).
+    (2, "process", 20.0): {"fp32_vs_torch_fused_paired_median": 0.4,
                            "mixed_vs_torch_composition_paired_median": 0.8},
 }
 
