@@ -71,7 +71,7 @@ for name in sys.argv[1:]:
                                  None if plan is None else hashlib.sha1(",".join(plan.decisions).encode()).hexdigest()[:12],
                                  None if plan is None else plan.predicted_peak_bytes,
                                  None if plan is None else repr(plan.predicted_step_ms),
-                                 None if plan is None else plan.trace.cost["prefetch_depth"]])
+                                 None if plan is None else (lambda c: c["prefetch_depth"] if isinstance(c, dict) else c.prefetch_depth)(plan.trace.cost)])
                 out.append({"model": name, "extra": extra, "states": states, "foreach": foreach, "host": host_room, "case": case,
                             "pick": choosing.pick(choosing.feasible_times(options)), "options": rows})
     timing[name] = spent
