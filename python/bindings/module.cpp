@@ -16,7 +16,7 @@
 #include "base/byte_units.hpp"
 #include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
-#include "snapshot/tag_resolution.hpp"
+#include "snapshot/tag_book.hpp"
 
 namespace py = pybind11;
 
@@ -46,23 +46,19 @@ PYBIND11_MODULE(_core, module) {
       .def_readonly("allocation", &stowage::ResolvedTags::allocation)
       .def_readonly("category", &stowage::ResolvedTags::category)
       .def_readonly("module", &stowage::ResolvedTags::module);
-  module.def(
-      "resolve_tags",
-      [](const std::vector<std::int64_t>& positions, const std::vector<std::uint64_t>& addresses,
-         const std::vector<std::tuple<std::int64_t, std::uint64_t, std::int64_t, std::int64_t>>& notes,
-         const std::vector<stowage::ModuleSpan>& spans, std::int64_t num_categories) {
-        std::vector<stowage::TagNote> rows;
-        rows.reserve(notes.size());
-        for (const auto& [position, address, category, owner] : notes) {
-          rows.push_back({position, address, category, owner});
-        }
-        py::gil_scoped_release unlocked;
-        return stowage::resolve_tags(positions, addresses, rows, spans, num_categories);
-      },
-      py::arg("positions"), py::arg("addresses"), py::arg("notes"), py::arg("spans"), py::arg("num_categories"),
-      "stowage's notes (position, address, category, owner or -1) and module spans (begin, end or -1, "
-      "path, parent or -1) resolved to the allocation events at `positions` / `addresses` "
-      "(snapshot/tag_resolution.hpp).");
+  py::class_<stowage::TagBook>(module, "TagBook",
+                                "One recording's notes and module spans, bounded, resolved at a snapshot "
+                                "(snapshot/tag_book.hpp).")
+      .def(py::init<std::int64_t>(), py::arg("max_entries"))
+      .def("own", &stowage::TagBook::own, py::arg("paths"), py::arg("keys"))
+      .def("note", &stowage::TagBook::note, py::arg("position"), py::arg("addresses"), py::arg("category"),
+           py::arg("owner_keys"))
+      .def("enter", &stowage::TagBook::enter, py::arg("position"), py::arg("path"), py::arg("type_name"))
+      .def("leave", &stowage::TagBook::leave, py::arg("position"))
+      .def_property_readonly("in_forward", &stowage::TagBook::in_forward)
+      .def_property_readonly("paths", &stowage::TagBook::paths)
+      .def("resolve", &stowage::TagBook::resolve, py::arg("positions"), py::arg("addresses"),
+           py::arg("num_categories"));
   stowage::python::bind_planner(module);
   stowage::python::bind_batches(module);
   stowage::python::bind_plan_files(module);

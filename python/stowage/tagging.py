@@ -2,9 +2,8 @@
 noted and when: README's "Inspecting a snapshot"), carried by its snapshots as ``stowage_tags``.
 
 A note is (position, address): the history's event count when it was made, and the storage's
-address; it is about the latest allocation at that address recorded before it. At a snapshot the
-notes resolve to each allocation event's category (a storage noted twice takes the first of
-CATEGORY_ORDER) and the module running when it was allocated.
+address; the notes, module spans and their resolution to a snapshot's events are _core.TagBook's
+(snapshot/tag_book.hpp): a storage noted twice takes the first of CATEGORY_ORDER.
 
 Contract: one Tagger at a time (start/stop); hooks run on the threads torch runs them on and
 append under the GIL; module paths are noted for the thread that started the recording.
@@ -33,15 +32,9 @@ class Tagger:
         # Here: keeps torch out of `import stowage` (step_context.loaded_torch).
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._module, self._device, self._max_entries = module, device, max_entries
+        self._module, self._device = module, device
         self._thread = threading.get_ident()
-        # (position, address, CATEGORY_ORDER index, owning module's path id or -1)
-        self.notes: list[tuple[int, int, int, int]] = []
-        self._owner: dict[int, int] = {}  # id(parameter or buffer) -> its module's path id
-        self.paths: list[str] = [""]
-        self._path_ids: dict[str, int] = {"": 0}
-        self.spans: list[list[int]] = []  # [begin, end (-1: open), path id, parent span (-1)]
-        self._open: list[int] = []  # spans open, innermost last
+        self._book = _core.TagBook(max_entries)  # owners keyed by id(parameter or buffer)
         self._running: dict[int, str] = {}  # the top-level forward's {id(module): path}
         self._handles = [
             step_context.module_calls.subscribe(self._entered, self._left),
@@ -73,8 +66,8 @@ class Tagger:
         """Notes `tensors`' storages as `category`; `owners`, one per tensor, the tensors whose
         module made them (a gradient's or a state's parameter)."""
         torch = step_context.loaded_torch()
-        at = self._position() if position is None else position
         tensors = list(tensors)
+        addresses, keys = [], []
         for tensor, owner in zip(tensors, tensors if owners is None else owners):
             if isinstance(tensor, torch.Tensor) and self._on_device(tensor):
                 try:
@@ -82,19 +75,9 @@ class Tagger:
                 except (RuntimeError, NotImplementedError):  # no storage: sparse, nested, a subclass
                     continue
                 if address:
-                    self.notes.append((at, address, category, self._owner.get(id(owner), -1)))
-        if len(self.notes) > 4 * self._max_entries + 1024:
-            self._forget_old()
-
-    def _forget_old(self) -> None:
-        """Drops notes, and module spans that ended, about events the history no longer holds (it
-        keeps the newest max_entries)."""
-        oldest = self._position() - self._max_entries
-        self.notes = [note for note in self.notes if note[0] >= oldest]
-        kept = [i for i, span in enumerate(self.spans) if span[1] < 0 or span[1] >= oldest]
-        renumbered = {old: new for new, old in enumerate(kept)}  # (a span kept has its parent kept: spans nest)
-        self.spans = [[b, e, path, renumbered.get(parent, -1)] for b, e, path, parent in (self.spans[i] for i in kept)]
-        self._open = [renumbered[i] for i in self._open]
+                    addresses.append(address)
+                    keys.append(id(owner))
+        self._book.note(self._position() if position is None else position, addresses, category, keys)
 
     # --- hooks ---
 
@@ -103,41 +86,22 @@ class Tagger:
             return
         module = call.module
         at = self._position()
-        if not self._open:
+        if not self._book.in_forward:
             # (worked out at each top-level forward: modules are added, ids reused)
             self._running = names = step_context.module_paths(module, qualified=True)
-            self._own(module, names)
+            modules = list(module.modules())  # each parameter and buffer owned by the first that lists it
+            self._book.own([names.get(id(m), type(m).__name__) for m in modules],
+                           [[id(t) for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]] for m in modules])
             self.note(list(module.parameters()) + list(module.buffers()), 0, at)
             with_grad = [p for p in module.parameters() if p.grad is not None]
             self.note([p.grad for p in with_grad], 2, at, with_grad)
-            path = names[id(module)]
-        else:
-            parent = self.paths[self.spans[self._open[-1]][2]]
-            path = self._running.get(id(module)) or f"{parent}.{type(module).__name__}"
-        path_id = self._path_id(path)
-        self.spans.append([at, -1, path_id, self._open[-1] if self._open else -1])
-        self._open.append(len(self.spans) - 1)
-        if len(self.spans) > 4 * self._max_entries + 1024:
-            self._forget_old()
-
-    def _path_id(self, path: str) -> int:
-        path_id = self._path_ids.setdefault(path, len(self.paths))
-        if path_id == len(self.paths):
-            self.paths.append(path)
-        return path_id
-
-    def _own(self, root: Any, names: dict[int, str]) -> None:
-        """Which module holds each parameter and buffer of `root` (the first that lists it)."""
-        for module in root.modules():
-            path_id = self._path_id(names.get(id(module), type(module).__name__))
-            for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
-                self._owner.setdefault(id(tensor), path_id)
+        self._book.enter(at, self._running.get(id(module)), type(module).__name__)
 
     def _left(self, call: step_context.Call, args: Any, kwargs: dict[str, Any]) -> None:
-        if threading.get_ident() != self._thread or not self._open:
+        if threading.get_ident() != self._thread or not self._book.in_forward:
             return
-        self.spans[self._open.pop()][1] = at = self._position()
-        if not self._open:  # a top-level forward's inputs (its keyword arguments too): what autograd did not make
+        at = self._position()
+        if self._book.leave(at):  # a top-level forward's inputs (its keyword arguments too): what autograd did not make
             made_here = [t for t in _tensors(args) + _tensors(kwargs) if t.grad_fn is None
                          and not isinstance(t, step_context.loaded_torch().nn.Parameter)]
             self.note(made_here, 3, at)
@@ -170,13 +134,12 @@ class Tagger:
     # --- the snapshot's stowage_tags ---
 
     def tags(self, trace: list[dict[str, Any]], recorded: int) -> dict[str, Any]:
-        """The stowage_tags of a device trace whose last event was the (recorded - 1)-th
-        (the notes resolved to its events by snapshot/tag_resolution.hpp)."""
+        """The stowage_tags of a device trace whose last event was the (recorded - 1)-th."""
         base = recorded - len(trace)
         allocs = [i for i, event in enumerate(trace) if event.get("action") == "alloc"]
-        resolved = _core.resolve_tags([i + base for i in allocs], [int(trace[i]["addr"]) for i in allocs],
-                                      self.notes, self.spans, len(CATEGORY_ORDER))
-        return {"format": 1, "categories": list(CATEGORY_ORDER), "modules": list(self.paths),
+        resolved = self._book.resolve([i + base for i in allocs], [int(trace[i]["addr"]) for i in allocs],
+                                      len(CATEGORY_ORDER))
+        return {"format": 1, "categories": list(CATEGORY_ORDER), "modules": list(self._book.paths),
                 "events": [allocs[a] for a in resolved.allocation], "category": list(resolved.category),
                 "module": list(resolved.module)}
 
