@@ -6,9 +6,13 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "base/errors.hpp"
+#include "offload/offload_report.hpp"
 #include "python/tensors/check_mode.hpp"
 #include "python/tensors/cpu_allocator.hpp"
 #include "python/bindings/torch/module_parts.hpp"
@@ -41,18 +45,52 @@ void apply(const PrefetchSettings& settings, OffloadEngine& engine) {
   engine.offloader().set_prefetch_policy(make_prefetch_policy(options));
 }
 
-py::dict counts_dict(const PackCounts& counts) {
-  py::dict out;
-  out["saved_bytes"] = counts.seen;
-  out["offloaded_bytes"] = counts.offloaded;
-  out["parameter_bytes"] = counts.parameters;
-  out["small_bytes"] = counts.small;
-  out["elsewhere_bytes"] = counts.elsewhere;
-  out["host_full_bytes"] = counts.host_full;
-  out["num_saved"] = counts.num_saved;
-  out["num_shared"] = counts.num_shared;
-  out["held_elsewhere_bytes"] = counts.held_elsewhere;
-  return out;
+// The report's fields that a region's user reads and sets, as Python names them.
+constexpr std::pair<const char*, std::int64_t offload::OffloadReport::*> kReportFields[] = {
+    {"saved_bytes", &offload::OffloadReport::saved_bytes},
+    {"offloaded_bytes", &offload::OffloadReport::offloaded_bytes},
+    {"parameter_bytes", &offload::OffloadReport::parameter_bytes},
+    {"small_bytes", &offload::OffloadReport::small_bytes},
+    {"elsewhere_bytes", &offload::OffloadReport::elsewhere_bytes},
+    {"host_full_bytes", &offload::OffloadReport::host_full_bytes},
+    {"num_saved", &offload::OffloadReport::num_saved},
+    {"num_shared", &offload::OffloadReport::num_shared},
+    {"forward_bytes", &offload::OffloadReport::forward_bytes},
+    {"unseen_bytes", &offload::OffloadReport::unseen_bytes},
+    {"held_elsewhere_bytes", &offload::OffloadReport::held_elsewhere_bytes},
+};
+
+// The region's counts and the forward's figures (OffloadReport::account_forward) into `report`.
+void fill_report(const TensorOffloader& offloader, offload::OffloadReport& report, std::int64_t allocated_before,
+                 std::int64_t allocated_after) {
+  const PackCounts& counts = offloader.counts();
+  report.saved_bytes = counts.seen;
+  report.offloaded_bytes = counts.offloaded;
+  report.parameter_bytes = counts.parameters;
+  report.small_bytes = counts.small;
+  report.elsewhere_bytes = counts.elsewhere;
+  report.host_full_bytes = counts.host_full;
+  report.num_saved = counts.num_saved;
+  report.num_shared = counts.num_shared;
+  report.held_elsewhere_bytes = counts.held_elsewhere;
+  report.account_forward(allocated_before, allocated_after, offloader.live_offloaded_bytes());
+}
+
+void bind_report(py::module_& module) {
+  using offload::OffloadReport;
+  py::class_<OffloadReport> report(module, "OffloadReport",
+                                   "What one offload region did, in bytes (offload/offload_report.hpp)");
+  report.def(py::init<>())
+      .def("__str__", &OffloadReport::text)
+      .def("__eq__", [](const OffloadReport& self, const OffloadReport& other) { return self == other; })
+      .def("__repr__", [](const OffloadReport& self) {
+        std::string out = "OffloadReport(";
+        for (const auto& [name, field] : kReportFields) {
+          out += std::string(out.back() == '(' ? "" : ", ") + name + "=" + std::to_string(self.*field);
+        }
+        return out + ")";
+      });
+  for (const auto& [name, field] : kReportFields) report.def_readwrite(name, field);
 }
 
 // A c10 error as torch's own ops raise it: RuntimeError with torch's message, without the C++
@@ -130,11 +168,8 @@ void bind_offloader(py::module_& module) {
            "by backward (Note [Saved tensors written through an alias])")
       .def("forward_ended", &TensorOffloader::forward_ended,
            "The model's forward returned: check mode watches the offloaded storages someone else still holds")
-      .def("counts", [](const TensorOffloader& self) {
-        py::dict out = counts_dict(self.counts());
-        out["live_offloaded_bytes"] = self.live_offloaded_bytes();
-        return out;
-      });
+      .def("fill_report", &fill_report, py::arg("report"), py::arg("allocated_before"), py::arg("allocated_after"),
+           "The region's counts and the forward's figures into `report`");
 }
 
 void bind_engines(py::module_& module) {
@@ -192,6 +227,7 @@ void bind_engines(py::module_& module) {
 namespace stowage::python {
 
 void bind_offload(py::module_& module) {
+  torch_offload::bind_report(module);
   torch_offload::bind_offloader(module);
   torch_offload::bind_engines(module);
 }

@@ -9,8 +9,9 @@ before torch first loads), so the optimizers, whose module needs torch, are impo
 from typing import Any
 
 from stowage import _core
+from stowage.serving import torch_module
 from stowage.offload import activation_offload
-from stowage.offload.activation_offload import OffloadReport, activations, end_step, stats, summary_lines
+from stowage.offload.activation_offload import activations, end_step, stats, summary_lines
 
 __all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
            "host_room", "stats", "summary_lines"]
@@ -23,6 +24,8 @@ host_room = _core.host_room
 
 
 def __getattr__(name: str) -> Any:
+    if name == "OffloadReport":  # what one activations() region did; stowage._torch's, which imports torch
+        return torch_module().OffloadReport
     if name in ("Adam", "AdamW", "HostMemoryError"):
         from stowage.offload import adam  # here: it imports torch, and `import stowage` must not
 

@@ -8,7 +8,6 @@ with ``with plan:``."""
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Callable, Iterable
 
@@ -65,45 +64,6 @@ class SavedTensorOffload(step_context.SavedTensorRegion):
         super().__exit__(*error)
 
 
-@dataclass
-class OffloadReport:
-    """What one offload region did, in bytes (each storage counted once). ``forward_bytes``: what the
-    forward left allocated on the device, counting offloaded storages as if still there (read from
-    the allocator at the region's start and end: the region's own once the step before it has
-    ended); ``unseen_bytes``: the part no saved tensor held (``ctx`` attributes, outputs, caches);
-    ``held_elsewhere_bytes``: offloaded storages still referenced as the region ended, kept on the
-    device from then on (README's "Offloading activations")."""
-
-    saved_bytes: int = 0
-    offloaded_bytes: int = 0
-    parameter_bytes: int = 0
-    small_bytes: int = 0
-    elsewhere_bytes: int = 0
-    host_full_bytes: int = 0
-    num_saved: int = 0
-    num_shared: int = 0
-    forward_bytes: int = 0
-    unseen_bytes: int = 0
-    held_elsewhere_bytes: int = 0
-
-    def __str__(self) -> str:
-        f = _core.format_bytes
-        kept = self.saved_bytes - self.offloaded_bytes - self.parameter_bytes
-        lines = [
-            f"offload: {self.num_saved} saved tensors, {f(self.saved_bytes)} in distinct storages",
-            f"  offloaded       {f(self.offloaded_bytes)}",
-            f"  parameters      {f(self.parameter_bytes)} (never offloaded)",
-            f"  kept            {f(kept)} (small {f(self.small_bytes)}, no host memory "
-            f"{f(self.host_full_bytes)}, not stowage's memory {f(self.elsewhere_bytes)})",
-            f"  forward left    {f(self.forward_bytes)} allocated, of which {f(self.unseen_bytes)} "
-            "held outside saved tensors",
-        ]
-        if self.held_elsewhere_bytes:
-            lines.insert(2, f"    of which {f(self.held_elsewhere_bytes)} still referenced as the region ended (kept, "
-                            "read in place)")
-        return "\n".join(lines)
-
-
 def _allocated() -> int:
     """Bytes allocated on the device that offload moves tensors from: CPU mode's, else the current GPU's."""
     module = torch_module()
@@ -132,9 +92,9 @@ class activations:
         self._prefetch_depth = None if prefetch == "auto" else int(prefetch)
         self._max_prefetch = byte_count(max_prefetch, "max_prefetch")
         self._exclude = {id(module): module for module in exclude}
-        self.report = OffloadReport()
+        self.report = torch_module().OffloadReport()  # what the region did (offload/offload_report.hpp)
 
-    def __enter__(self) -> OffloadReport:
+    def __enter__(self) -> Any:
         self._offloading = SavedTensorOffload(self._pack, min_bytes=self._min_bytes, prefetch_depth=self._prefetch_depth,
                                          max_prefetch=self._max_prefetch)
         self._excluded = 0
@@ -151,7 +111,7 @@ class activations:
                  traceback: TracebackType | None) -> None:
         self._offloading.__exit__(kind, error, traceback)
         self._unsubscribe()
-        self._fill_report()
+        self._offloader.fill_report(self.report, self._allocated_before, _allocated())
         self._warn_if_compiled_whole()
         del self._offloader, self._offloading  # the packed tensors keep their buffers; the region's tables go
 
@@ -186,16 +146,6 @@ class activations:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             self._offloading.forward_ended()
-
-    def _fill_report(self) -> None:
-        counts = self._offloader.counts()  # the report's fields (but the two forward ones), and live_offloaded_bytes
-        report = self.report
-        freed_by_offloading = counts["offloaded_bytes"] - counts.pop("live_offloaded_bytes")
-        for field, value in counts.items():
-            setattr(report, field, value)
-        report.forward_bytes = max(0, _allocated() - self._allocated_before + freed_by_offloading)
-        activations_saved = report.saved_bytes - report.parameter_bytes - report.elsewhere_bytes
-        report.unseen_bytes = max(0, report.forward_bytes - activations_saved)
 
     def _warn_if_compiled_whole(self) -> None:
         global _warned_compiled
