@@ -19,7 +19,7 @@ under the GIL; a subscriber subscribes and unsubscribes on the thread running th
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 _torch: Any = None  # the torch module, once loaded (loaded_torch)
 _backward_probe: Any = None  # a torch.utils.module_tracker.ModuleTracker, never entered: its is_bw
@@ -46,13 +46,11 @@ def in_backward() -> bool:
     return bool(_backward_probe.is_bw)
 
 
-class Call:
+class Call(NamedTuple):
     """One module forward running; ``backward``: it runs inside a backward (a recomputation)."""
 
-    __slots__ = ("module", "backward")
-
-    def __init__(self, module: Any, backward: bool) -> None:
-        self.module, self.backward = module, backward
+    module: Any
+    backward: bool
 
 
 def module_paths(root: Any, qualified: bool = False) -> dict[int, str]:

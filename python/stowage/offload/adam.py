@@ -10,14 +10,15 @@ import contextlib
 import signal
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
-from stowage.offload.gradient_arrival import BackwardEnd, make_ddp_comm_hook, weak_method
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.warning_site import outside_stowage
 
@@ -25,6 +26,100 @@ UPDATE_MODES = ("exact", "in_backward", "delayed")
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
 # The offloaded optimizer would need more host memory than the process may use (a MemoryError).
 HostMemoryError = torch_module().HostMemoryError
+
+
+# When a gradient is final, for the offloaded optimizer (Note [Offloaded optimizer semantics]):
+# per-parameter hooks, DDP's communication hook, and the end of backward.
+#
+# ``register_post_accumulate_grad_hook`` fires before DDP has reduced the gradient (ranks would
+# update from different gradients and drift apart), so under DDP the gradients are taken from the
+# reduced bucket in the communication hook's future instead. DDP copies its buckets into ``.grad``
+# in a final callback of its own, queued when its last bucket is ready, after the first hook of
+# ours; so ours queues itself once more from its own callback (the engine runs callbacks queued
+# while it runs them) and runs after DDP's.
+#
+# torch 2.11 has no public call for either thing the end of backward needs, so the private ones
+# torch's own code uses are used here, and only here: the running graph task's id
+# (torch._C._current_graph_task_id, as register_multi_grad_hook and torch.utils.checkpoint read it)
+# and a callback queued for the end of backward (Variable._execution_engine.queue_callback, as FSDP2
+# queues its own). Likewise Adam reads a parameter's post-accumulate hooks where
+# torch keeps them, in order (Tensor._post_accumulate_grad_hooks): no public call lists them.
+
+
+def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method` (a bound method) called through a weak reference to its object: a hook that
+    holds it keeps nothing alive, and does nothing (returns None) once the object is gone. Hooks
+    registered on a model's parameters live as long as the model; the optimizer must not."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+    return call
+
+
+class BackwardEnd:
+    """Calls `on_end` once at the end of each backward during which arm() was called, after the
+    final callbacks already queued (DDP's included); calls `on_abandoned` when a backward that
+    armed it never reached its end (it raised) and another begins.
+    Contract: arm() from the backward thread; disarm() between backwards."""
+
+    def __init__(self, on_end: Callable[[], None], on_abandoned: Callable[[], None]) -> None:
+        self._on_end = on_end
+        self._on_abandoned = on_abandoned
+        self._armed_task: int | None = None  # the graph task armed for, while it runs
+
+    def arm(self) -> None:
+        task = int(torch._C._current_graph_task_id())
+        if self._armed_task is not None:
+            if self._armed_task == task:
+                return
+            self._armed_task = None  # the backward armed for raised before its end: this is a new one
+            self._on_abandoned()
+        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+        try:
+            engine.queue_callback(self._requeue)
+        except RuntimeError:
+            return  # not inside a backward (a gradient set by hand): step() records versions
+        self._armed_task = task
+
+    def disarm(self) -> None:
+        """The step took what this backward gave (step() ran): nothing is pending."""
+        self._armed_task = None
+
+    def _requeue(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)  # type: ignore[attr-defined]
+
+    def _end(self) -> None:
+        self._armed_task = None
+        self._on_end()
+
+
+def make_ddp_comm_hook(arrive: Callable[[torch.Tensor, torch.Tensor], None],
+                       backward_end: BackwardEnd, process_group: Any) -> Callable[[Any, Any], Any]:
+    """A DDP communication hook that averages the bucket like DDP's default (all-reduce, divide
+    by the world size) and, once the reduction is done, hands each parameter's reduced gradient
+    to `arrive(param, gradient)`."""
+    def hook(state: Any, bucket: Any) -> Any:
+        backward_end.arm()
+        buffer = bucket.buffer()
+        buffer.div_(process_group.size() if process_group is not None else dist.get_world_size())
+        params = list(bucket.parameters())
+        grads = list(bucket.gradients())  # views of the buffer: reduced in place
+        future = dist.all_reduce(buffer, group=process_group, async_op=True).get_future()
+
+        def reduced(done: Any) -> torch.Tensor:
+            value = done.value()[0]
+            for param, grad in zip(params, grads):
+                arrive(param, grad)
+            return value
+
+        return future.then(reduced)
+
+    # DDP checks a hook's annotations as objects (this module's are strings).
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+    return hook
 
 
 @contextlib.contextmanager
@@ -86,7 +181,14 @@ class Adam(torch.optim.Optimizer):
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
-        offloaded = self._keep_share_on_device(device_fraction)
+        # The first parameters up to device_fraction of the count (adam_buckets.hpp's kept_on_device) stay on the
+        # device, updated by torch's optimizer.
+        pairs = [(p, g) for g in self.param_groups for p in g["params"]]
+        kept = pairs[:torch_module().kept_on_device([p.numel() for p, _ in pairs], device_fraction)]
+        self._device_group_sources = [g for g in self.param_groups if any(pg is g for _, pg in kept)]
+        self._device_optimizer = None if not kept else self._torch_class(  # type: ignore[call-arg]
+            [{**{k: v for k, v in g.items() if k != "params"}, "params": [p for p, pg in kept if pg is g]}
+             for g in self._device_group_sources])
         bus_id = torch.cuda.get_device_properties(self._device).pci_bus_id if self._device.type == "cuda" else ""
         self._slots = torch_module().AdamSlots(
             str(self._device), type(self).__name__, update, torch_module().cpus_near(str(bus_id or "")),
@@ -95,7 +197,6 @@ class Adam(torch.optim.Optimizer):
             weak_method(self._slot_name), weak_method(self._at_point))
         self._params: list[torch.Tensor] = []  # by slot number
         self._index: dict[torch.Tensor, int] = {}  # slot number by parameter
-        self._groups: list[dict[str, Any]] = []  # by the group numbers the slots hold
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
         self._hooks: list[Any] = []
         self._hook_ids: dict[torch.Tensor, int] = {}  # our post-accumulate hook's, by parameter
@@ -109,7 +210,7 @@ class Adam(torch.optim.Optimizer):
         # A test seam: called with the name of each point of step() where a test interrupts it
         # (Note [Whole steps]: "device", "update <bucket>", "write_back <bucket>", "end").
         self._at_step_point: Callable[[str], None] | None = None
-        self._offer(offloaded)
+        self._offer(pairs[len(kept):])
 
     # --- construction -------------------------------------------------------------------------
 
@@ -133,18 +234,6 @@ class Adam(torch.optim.Optimizer):
                                  f"parameters, not {p.dtype}")
         return devices.pop()
 
-    def _keep_share_on_device(self, fraction: float) -> list[tuple[torch.Tensor, dict[str, Any]]]:
-        """The first parameters up to `fraction` of the count (adam_buckets.hpp's kept_on_device)
-        stay on the device, updated by torch's optimizer; returns the (parameter, group) pairs offloaded."""
-        pairs = [(p, g) for g in self.param_groups for p in g["params"]]
-        count = torch_module().kept_on_device([p.numel() for p, _ in pairs], fraction)
-        kept = pairs[:count]
-        self._device_group_sources = [g for g in self.param_groups if any(pg is g for _, pg in kept)]
-        self._device_optimizer = None if not kept else self._torch_class(  # type: ignore[call-arg]
-            [{**{k: v for k, v in g.items() if k != "params"}, "params": [p for p, pg in kept if pg is g]}
-             for g in self._device_group_sources])
-        return pairs[count:]
-
     def _offer(self, pairs: list[tuple[torch.Tensor, dict[str, Any]]]) -> None:  # frozen ones wait for a gradient
         self._waiting.extend((p, g) for p, g in pairs if not p.requires_grad)
         self._join([(p, g) for p, g in pairs if p.requires_grad])
@@ -153,10 +242,7 @@ class Adam(torch.optim.Optimizer):
         """Host states (HostMemoryError when the host has no room), watches and hooks for `pairs`."""
         if not pairs:
             return
-        for _, group in pairs:
-            if not any(g is group for g in self._groups):
-                self._groups.append(group)
-        numbers = [next(i for i, g in enumerate(self._groups) if g is group) for _, group in pairs]
+        numbers = [next(i for i, g in enumerate(self.param_groups) if g is group) for _, group in pairs]
         joined = [pairs[i][0] for i in self._slots.join([local(p) for p, _ in pairs], numbers,
                                                         [bool(g.get("amsgrad")) for _, g in pairs])]
         ids = {id(p) for p in joined}
@@ -242,7 +328,7 @@ class Adam(torch.optim.Optimizer):
                     self._slots.set_parameters_checked()
                     self._slots.take_written(list(range(len(self._params))), self._shards())
                 if ready >= 0:
-                    self._slots.submit(ready, self._groups[self._slots.group_of(ready)], 1.0)
+                    self._slots.submit(ready, self.param_groups[self._slots.group_of(ready)], 1.0)
                     self._sync_states()
 
     def _backward_ended(self) -> None:
@@ -319,7 +405,7 @@ class Adam(torch.optim.Optimizer):
     def _step_inputs(self) -> tuple[Any, ...]:  # AdamSlots::StepInputs
         grads = [p.grad for p in self._params]
         found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
-        return (grads, [None if g is None else local(g) for g in grads], self._shards(), self._groups,
+        return (grads, [None if g is None else local(g) for g in grads], self._shards(), self.param_groups,
                 1.0 if grad_scale is None else float(grad_scale), found_inf is not None,
                 found_inf is not None and float(found_inf) > 0)
 
