@@ -15,6 +15,7 @@
 #include "base/build_info.hpp"
 #include "base/byte_units.hpp"
 #include "base/errors.hpp"
+#include "offload/offload_summary.hpp"
 #include "python/bindings/bindings.hpp"
 #include "snapshot/tag_book.hpp"
 
@@ -40,6 +41,9 @@ PYBIND11_MODULE(_core, module) {
              py::arg("abbreviated"), py::arg("extra_lines"),
              "memory_stats()'s dict as torch.cuda.memory_summary()'s table, titled, with extra_lines "
              "boxed below; raises LogicError naming a missing key.");
+  module.def("offload_summary_lines", &stowage::offload::offload_summary_lines, py::arg("stats"),
+             "The offload engine's statistics as memory_summary's lines (offload/offload_summary.hpp); none "
+             "before anything was offloaded.");
   py::class_<stowage::ResolvedTags>(module, "ResolvedTags",
                                     "The allocations something is known about (indices), their categories "
                                     "(-1: none) and module path ids (0: none).")

@@ -11,7 +11,7 @@ from typing import Any
 from stowage import _core
 from stowage.serving import torch_module
 from stowage.offload import activation_offload
-from stowage.offload.activation_offload import activations, end_step, stats, summary_lines
+from stowage.offload.activation_offload import activations, end_step, stats
 
 __all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
            "host_room", "stats", "summary_lines"]
@@ -21,6 +21,8 @@ __all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offl
 # the limit given (the C++ probe, device/host_memory_probe.hpp, that `stowage doctor` reports too;
 # RLIMIT_MEMLOCK bounds what is pinned, not what can be allocated).
 host_room = _core.host_room
+# The offload part of stowage.memory_summary() (offload/offload_summary.hpp); nothing before anything was offloaded.
+summary_lines = _core.offload_summary_lines
 
 
 def __getattr__(name: str) -> Any:

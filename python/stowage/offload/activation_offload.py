@@ -11,7 +11,7 @@ import warnings
 from types import TracebackType
 from typing import Any, Callable, Iterable
 
-from stowage import _core, checking, step_context
+from stowage import checking, step_context
 from stowage.byte_counts import byte_count
 from stowage.serving import CPU_MODE, device_index, is_cpu_allocator, torch_module
 
@@ -171,26 +171,3 @@ def stats(device: Any = None) -> dict[str, int]:
     """The offload engine's statistics for ``device`` (as in ``stowage.memory_stats()``); empty
     before anything was offloaded there."""
     return dict(torch_module().offload_stats(device_index(device)))
-
-
-def summary_lines(stats: dict[str, int]) -> list[str]:
-    """The offload part of ``stowage.memory_summary()``; nothing before anything was offloaded."""
-    if not stats.get("offload.num_offloads"):
-        return []
-    f = _core.format_bytes
-
-    def rate(key: str) -> str:
-        return f"{f(stats[key])}/s" if stats[key] else "-"
-
-    return [
-        f"Offloaded: {f(stats['offload.offloaded_bytes.current'])} now, "
-        f"{f(stats['offload.offloaded_bytes.peak'])} at most",
-        f"Pinned host memory: {f(stats['offload.pinned.reserved_bytes.current'])} "
-        f"(peak {f(stats['offload.pinned.reserved_bytes.peak'])}, "
-        f"{stats['offload.pinned.num_pinnings']} pinnings, "
-        f"pageable {f(stats['offload.pinned.pageable_bytes'])})",
-        f"Offloaded {f(stats['offload.bytes_offloaded'])} at {rate('offload.to_host.bytes_per_second')}, "
-        f"reloaded {f(stats['offload.bytes_reloaded'])} at {rate('offload.to_device.bytes_per_second')}",
-        f"Stalls: {stats['offload.num_stalls']}, {stats['offload.stall_ns'] / 1e6:.1f} ms; "
-        f"prefetched {stats['offload.num_prefetched']}; syncs {stats['offload.num_syncs']}",
-    ]
