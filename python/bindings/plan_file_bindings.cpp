@@ -161,12 +161,17 @@ void bind_plan_files(py::module_& module) {
       [](const py::object& document, const std::string& where, const std::string& format) {
         PythonDocument view;
         if (format == planner::kSizedFormat) return result(planner::read_sized(view, document.ptr()), where, false);
-        if (format == planner::kPlanFormat) return result(planner::read_plan(view, document.ptr()), where, true);
+        if (format == planner::kPlanFormat) {
+          planner::ReadDocument read = planner::read_plan(view, document.ptr());
+          raise_refusal(read.refusal, where);
+          return py::object(py::make_tuple(std::move(read.traces.front()), std::move(read.decisions)));
+        }
         return result(planner::read_lifetimes(view, document.ptr()), where, true);
       },
       py::arg("document"), py::arg("where"), py::arg("format"),
       "A planner file's document (a lifetime trace, a sized one, a plan: by `format`) checked and read: its "
-      "LifetimeTrace (a sized trace's, one per grid point); InputError naming `where` and the field.");
+      "LifetimeTrace (a sized trace's, one per grid point; a plan's with its decisions); InputError naming "
+      "`where` and the field.");
   module.def(
       "check_plan_cost",
       [](const py::object& cost, const std::string& where, std::size_t tensors) {

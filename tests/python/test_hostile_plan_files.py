@@ -165,8 +165,8 @@ def test_a_plan_the_runtime_cannot_apply_is_refused_when_made_and_its_decisions_
 
     profile = stowage.plan.load_trace(RECORDED)
     recomputed = next(t for t, tensor in enumerate(profile.tensors) if tensor.recomputable)
-    decisions = ["keep"] * len(profile.tensors)
-    decisions[recomputed] = "recompute"
+    decisions = [stowage.plan.Decision.keep] * len(profile.tensors)
+    decisions[recomputed] = stowage.plan.Decision.recompute
     for region, said in ((9, f"saved tensor {recomputed} .*region 9 is not one of"), (-1, "cannot be recomputed")):
         edited, tensors = copy.copy(profile), profile.tensors
         tensors[recomputed].region = region
@@ -175,7 +175,7 @@ def test_a_plan_the_runtime_cannot_apply_is_refused_when_made_and_its_decisions_
             stowage.plan.Plan(edited, decisions, 1 << 30)
     plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
     before = plan.decisions
-    plan.decisions[recomputed] = "recompute" if before[recomputed] == "keep" else "keep"  # a copy's
+    plan.decisions[recomputed] = stowage.plan.Decision.offload  # a copy's
     assert plan.decisions == before  # the plan keeps the decisions it checked
 
 

@@ -215,7 +215,7 @@ def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> N
     profile = stowage.plan.profile(step, cost=COST)
     budget = int(profile.unconstrained_peak_bytes * 0.5)
     plan = stowage.plan.solve(profile, budget)
-    assert "recompute" in plan.decisions or "offload" in plan.decisions
+    assert stowage.plan.Decision.recompute in plan.decisions or stowage.plan.Decision.offload in plan.decisions
 
     def accumulated() -> None:
         for _ in range(3):
@@ -277,7 +277,8 @@ def test_a_recomputing_plan_says_once_that_blocks_run_their_forwards_twice_and_u
     monkeypatch.setattr(stowage.plan.applying, "_recompute_noticed", False)
     model, step = cnn_step()
     profile = stowage.plan.profile(step, cost=COST)
-    decisions = ["recompute" if t.recomputable else "keep" for t in profile.tensors]
+    decisions = [stowage.plan.Decision.recompute if t.recomputable else stowage.plan.Decision.keep
+                 for t in profile.tensors]
     plan = stowage.plan.Plan(profile, decisions, profile.unconstrained_peak_bytes)
     calls = []
     model.blocks[0].conv1.register_forward_hook(lambda *_: calls.append(1))
