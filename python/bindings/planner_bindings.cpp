@@ -7,6 +7,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "planner/fit_weighing.hpp"
 #include "planner/plan_lookup.hpp"
 #include "planner/plan_report.hpp"
+#include "planner/region_policy.hpp"
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
@@ -42,8 +44,10 @@ void readonly(Class& bound, const char* name, Member member, Rest... rest) {
 }
 
 // A plan solved under a budget: its decisions, their simulation, whether it fits, and the
-// prefetch depth it was solved at (Note [Prefetch depth]).
+// prefetch depth it was solved at (Note [Prefetch depth]), with the trace under that depth (the
+// plan carries its depth to the offloader).
 struct BudgetPlan {
+  planner::LifetimeTrace trace;
   planner::Plan decisions;
   planner::Simulation simulation;
   bool fits = false;
@@ -86,7 +90,7 @@ void bind_results(py::module_& module) {
            "bytes_at_op", &Simulation::bytes_at_op);
   py::class_<BudgetPlan> budget_plan(module, "BudgetPlan");
   readonly(budget_plan, "decisions", &BudgetPlan::decisions, "simulation", &BudgetPlan::simulation, "fits",
-           &BudgetPlan::fits, "prefetch_depth", &BudgetPlan::prefetch_depth);
+           &BudgetPlan::fits, "prefetch_depth", &BudgetPlan::prefetch_depth, "trace", &BudgetPlan::trace);
   py::class_<planner::SizedTrace>(module, "SizedTrace")
       .def(py::init([](const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& sizes,
                        std::vector<planner::LifetimeTrace> traces) {
@@ -311,6 +315,11 @@ void bind_plan_bookkeeping(py::module_& module) {
       .def_property_readonly("this_step", &StepDepartures::this_step)
       .def_property_readonly("steps", &StepDepartures::steps)
       .def_property_readonly("departed_steps", &StepDepartures::departed_steps);
+  py::class_<planner::RegionPolicy>(module, "RegionPolicy", "Which ops of a checkpointed block call keep their outputs.")
+      .def(py::init<std::vector<std::string>, std::set<std::int32_t>, StepDepartures&, std::string>(),
+           py::arg("recorded_ops"), py::arg("kept"), py::arg("departures"), py::arg("where"), py::keep_alive<1, 4>())
+      .def("keep", &planner::RegionPolicy::keep, py::arg("op"),
+           "Whether the forward's next op, by its name, keeps its outputs (else it is recomputed).");
 }
 
 void bind_planner(py::module_& module) {
@@ -342,8 +351,10 @@ void bind_planner(py::module_& module) {
           found = planner::solve_over_depths(trace, trace.cost, budget, exact,
                                              shallowest_prefetch_depth.value_or(trace.cost.prefetch_depth));
         }
-        return BudgetPlan{std::move(found.solution.plan), found.solution.simulation, found.solution.fits,
-                          found.prefetch_depth};
+        planner::LifetimeTrace planned = trace;
+        planned.cost.prefetch_depth = found.prefetch_depth;
+        return BudgetPlan{std::move(planned), std::move(found.solution.plan), found.solution.simulation,
+                          found.solution.fits, found.prefetch_depth};
       },
       py::arg("trace"), py::arg("budget"), py::arg("exact") = false, py::arg("shallowest_prefetch_depth") = py::none(),
       "A BudgetPlan: the fastest plan found whose peak fits the budget under the trace's cost model, searched down "

@@ -1,10 +1,12 @@
 // What applying and printing a plan reads off its trace: the lookups a step is applied by
-// (plan_lookup), the bytes per module group and the reference plans (plan_report), and the
-// departures told once each way (step_departures).
+// (plan_lookup), which ops of a checkpointed call keep their outputs (region_policy), the bytes
+// per module group and the reference plans (plan_report), and the departures told once each way
+// (step_departures).
 #include <gtest/gtest.h>
 
 #include "planner/plan_lookup.hpp"
 #include "planner/plan_report.hpp"
+#include "planner/region_policy.hpp"
 #include "planner/step_departures.hpp"
 
 namespace stowage::planner {
@@ -61,6 +63,22 @@ TEST(PlanLookup, FindsEachSaveCheckpointsTheRecomputedCallsAndKeepsTheirOtherOps
   EXPECT_EQ(lookup.recorded_calls, (std::map<std::string, std::int64_t>{
                                        {"", 0}, {"blocks.0", 2}, {"blocks.0.fc", 2}, {"embed", 1}}));
   EXPECT_TRUE(plan_lookup(trace, {K, K, K, K, K, K}).checkpointed.empty());
+}
+
+TEST(RegionPolicy, KeepsThePlansOpsAndEveryOpFromTheFirstOneNotRecordedThere) {
+  StepDepartures departures;
+  departures.begin_step();
+  RegionPolicy policy({"aten::mm", "aten::gelu", "aten::mm", "aten::add"}, {0, 3}, departures, "blocks.2");
+  EXPECT_TRUE(policy.keep("aten::mm"));
+  EXPECT_FALSE(policy.keep("aten::gelu"));  // recomputed, as planned
+  EXPECT_TRUE(policy.keep("aten::relu"));   // not the op recorded here: kept from here on
+  EXPECT_TRUE(policy.keep("aten::add"));
+  EXPECT_TRUE(policy.keep("aten::add"));    // past the recorded ops: kept, and not told again
+  EXPECT_EQ(departures.this_step(), std::vector<std::string>{"blocks.2: op 2 is aten::relu, recorded aten::mm"});
+  RegionPolicy longer({"aten::mm"}, {}, departures, "b");
+  EXPECT_FALSE(longer.keep("aten::mm"));
+  EXPECT_TRUE(longer.keep("aten::mm"));
+  EXPECT_EQ(departures.this_step().back(), "b: op 1 is aten::mm, recorded nothing");
 }
 
 TEST(PlanReport, FoldsBlockIndicesAndDropsTheLeaf) {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -205,6 +206,28 @@ def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budge
     assert "offloaded" in str(said[0].message)
     assert said[0].filename == __file__, f"the warning points at {said[0].filename}, not at the loop"
     assert plan.departed_steps == 3 and plan.departures.steps == 3
+
+
+def test_a_recomputed_block_whose_ops_changed_after_profiling_computes_the_same_and_says_where() -> None:
+    """A checkpointed block that runs another op than the one profiled at a place keeps every op
+    from there on (stowage._core.RegionPolicy): the gradients are torch's, and the departure names
+    the block, the op's place, what ran and what was recorded."""
+    model, step = cnn_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    Decision = stowage.plan.Decision
+    full = [Decision.recompute if t.recomputable else Decision.keep for t in profile.tensors]
+    plan = stowage.plan.Plan(profile, full, profile.unconstrained_peak_bytes)
+    block = model.blocks[0]
+    block.forward = lambda x: F.relu(x + block.norm2(block.conv2(F.gelu(block.norm1(block.conv1(x))))))
+    _, reference = measured(model, step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, grads = measured(model, step, plan)
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+    assert len(plan.mismatches) == 1, plan.mismatches
+    assert re.fullmatch(r"blocks\.0: op \d+ is aten\.gelu\.default, recorded aten\.relu\.default", plan.mismatches[0])
+    said = [str(w.message) for w in caught if "does not match the lifetime trace" in str(w.message)]
+    assert len(said) == 1 and f"({plan.mismatches[0]})" in said[0], said
 
 
 def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> None:

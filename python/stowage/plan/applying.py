@@ -24,9 +24,6 @@ from stowage.validation import read_json
 from stowage.warning_site import outside_stowage
 
 
-OFFLOAD = _core.Decision.offload
-
-
 def solve(trace: Any, budget: int | str, *, at: Mapping[str, int] | None = None,
           exact: bool = False, to_host_bytes_per_ms: float | None = None,
           to_device_bytes_per_ms: float | None = None, prefetch_depth: int | None = None) -> Plan:
@@ -54,11 +51,7 @@ def solve(trace: Any, budget: int | str, *, at: Mapping[str, int] | None = None,
         _core.check_plan_cost(cost, "stowage.plan.solve", len(trace.tensors))
         trace = trace.with_cost(_core.CostModel(**cost))
     found = _core.plan_solve(trace, limit, exact, trace.cost.prefetch_depth if prefetch_depth is not None else 0)
-    if found.prefetch_depth != trace.cost.prefetch_depth:  # the plan carries its depth to the offloader
-        cost = trace.cost
-        trace = trace.with_cost(_core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms,
-                                                found.prefetch_depth))
-    plan = Plan(trace, found.decisions, limit)
+    plan = Plan(found.trace, found.decisions, limit)
     if not found.fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
                       f"{_core.format_bytes(found.simulation.peak_bytes)}", stacklevel=2)
@@ -111,24 +104,21 @@ class Plan:
         if problem is not None:
             raise ValueError(problem)
         self.trace, self._decisions, self.budget = trace, tuple(decisions), budget
-        self.prediction = self.simulate(self.decisions, ceiling=budget)
+        # Its simulated outcome (a stowage._core.Simulation: peak_bytes, peak_op, step_ms, recompute_ms,
+        # stall_ms, bytes_at_op) under the allocated ceiling ``with plan:`` sets at the budget.
+        self.prediction = _core.plan_simulate(trace, decisions, budget)
         self.departures = _core.StepDepartures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
-        self._lookup = _core.plan_lookup(trace, decisions)  # once: its maps cross from C++ as copies
-        self._regions, self._checkpointed = trace.regions, self._lookup.checkpointed
-        self._offloaded = self._lookup.offloaded
+        lookup = _core.plan_lookup(trace, decisions)  # read once: each read of a field is a new copy
+        self._unit_of_save, self._kept_saves, self._offloaded = lookup.unit_of_save, lookup.kept_saves, lookup.offloaded
+        self._checkpointed, self._recorded_calls = lookup.checkpointed, lookup.recorded_calls
+        self._checkpointed_modules, self._regions = lookup.checkpointed_modules, trace.regions
 
     @property
     def decisions(self) -> list[Any]:
         """One per saved tensor, checked when the plan was made (fixed since)."""
         return list(self._decisions)
-
-    def simulate(self, decisions: list[Any], ceiling: int | None = None) -> Any:
-        """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:
-        peak_bytes, peak_op, step_ms, recompute_ms, stall_ms, bytes_at_op), run under an allocated
-        ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
-        return _core.plan_simulate(self.trace, decisions, ceiling)
 
     @property
     def mismatches(self) -> list[str]:
@@ -171,10 +161,10 @@ class Plan:
         self.departures.begin_step()
         try:
             if self._checkpointed:
-                _notice_recompute(self._lookup.checkpointed_modules)
+                _notice_recompute(self._checkpointed_modules)
             self._hold_to_budget(torch_module())
             self._frames = ModuleFrames(on_leave=self._left, on_root=self._found_root, root=self.model,
-                                        calls=self._lookup.recorded_calls)
+                                        calls=self._recorded_calls)
             self._frames.install()
             offloading = SavedTensorOffload(self._pack, min_bytes=0, max_prefetch=1 << 40,
                                        prefetch_depth=self.trace.cost.prefetch_depth)
@@ -231,7 +221,7 @@ class Plan:
                                "tensors reach neither checkpointing nor offload until its forward ends. "
                                "Compile each block instead (after profiling).")
         by_path = {self._frames.path_of(m): m for m in root.modules()}
-        for path in self._lookup.checkpointed_modules:
+        for path in self._checkpointed_modules:
             module = by_path.get(path)
             if module is None:
                 self.departures.note(f"no module {path!r}")
@@ -243,7 +233,7 @@ class Plan:
         import torch  # (here, and recompute_modes, which imports it: stowage.plan loads without torch)
         from torch.utils.checkpoint import checkpoint
 
-        from stowage.plan.recompute_modes import RegionPolicy, recompute_contexts
+        from stowage.plan.recompute_modes import recompute_contexts
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             frame = self._frames.top
@@ -253,13 +243,13 @@ class Plan:
             r, kept = found
             region = self._regions[r]
             tensors = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-            frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
-                                    if i < len(region.inputs)}
-            policy = RegionPolicy(region.ops, kept, lambda where: self.departures.note(f"{frame.path}: {where}"))
+            inputs = region.inputs
+            frame.data["inputs"] = {id(t): inputs[i] for i, t in enumerate(tensors) if i < len(inputs)}
+            policy = _core.RegionPolicy(region.ops, kept, self.departures, frame.path)
             where = f"block {frame.path!r}"
             versions = [t._version for t in tensors]
             out = checkpoint(original, *args, use_reentrant=False,
-                             context_fn=lambda: recompute_contexts(policy.keep, where), **kwargs)
+                             context_fn=lambda: recompute_contexts(lambda op: policy.keep(str(op)), where), **kwargs)
             if any(t._version != v for t, v in zip(tensors, versions)):
                 raise RuntimeError(
                     f"stowage.plan: {where} wrote its input in place, which the step the plan was made from did "
@@ -278,8 +268,8 @@ class Plan:
             return keep(tensor)
         save = (frame.path, frame.call, frame.saves)
         frame.saves += 1
-        unit = self._lookup.unit_of_save.get(save)
-        if unit is None and save not in self._lookup.kept_saves:  # a departure: offloaded, so the budget holds
+        unit = self._unit_of_save.get(save)
+        if unit is None and save not in self._kept_saves:  # a departure: offloaded, so the budget holds
             self.departures.note(f"a save in {frame.path!r} the trace does not have")
             return self._offloader.pack(tensor, frame.path)
         return self._place(tensor, unit)

@@ -103,12 +103,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"budget_bytes": budget, "fits": plan.fits, "decisions": [d.name for d in plan.decisions],
                           "by_module": plan.bytes_by_module(), "outcomes": plan.outcomes()}))
     else:
-        print(literal_lines(str(plan)))
+        print("\n".join(literal(line) for line in str(plan).split("\n")))  # what a file put in it, literally
         if args.save:
             print(f"\nsaved the plan to {args.save}")
     return 0 if plan.fits else 1
-
-
-def literal_lines(text: str) -> str:
-    """`text`'s lines, each with what a file put in it shown literally (stowage.terminal)."""
-    return "\n".join(literal(line) for line in text.split("\n"))
