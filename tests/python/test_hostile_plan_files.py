@@ -179,6 +179,17 @@ def test_a_plan_the_runtime_cannot_apply_is_refused_when_made_and_its_decisions_
     assert plan.decisions == before  # the plan keeps the decisions it checked
 
 
+def test_a_plan_made_of_anything_but_decisions_is_refused_naming_the_first() -> None:
+    profile = stowage.plan.load_trace(RECORDED)
+    Decision = stowage.plan.Decision
+    for decisions, said in ((["keep"] * len(profile.tensors), "decision 0 is 'keep', not a stowage.plan.Decision"),
+                            ([Decision.keep, "x" * 10_000], "decision 1 is 'xxxx"),
+                            ([Decision.keep, 1], "decision 1 is 1, not")):
+        with pytest.raises(ValueError, match=said) as refused:
+            stowage.plan.Plan(profile, decisions, 1 << 30)
+        assert len(str(refused.value)) < 200
+
+
 def test_a_with_plan_that_raises_on_the_way_in_leaves_the_plan_inactive(monkeypatch: pytest.MonkeyPatch) -> None:
     import stowage.plan.applying
 
