@@ -363,7 +363,7 @@ std::optional<Refusal> read_tensors(DocumentView& view, DocNode document, const 
   return std::nullopt;
 }
 
-ReadDocument refused(Refusal refusal) { return ReadDocument{{}, std::move(refusal)}; }
+ReadDocument refused(Refusal refusal) { return ReadDocument{{}, {}, std::move(refusal)}; }
 
 // The regions, kept saves, cost model and unconstrained peak (schema-checked).
 void read_rest(DocumentView& view, DocNode document, LifetimeTrace& trace) {
@@ -457,16 +457,16 @@ ReadDocument read_sized(DocumentView& view, DocNode document) {
   return read;
 }
 
-std::optional<std::string> decision_problem(std::string_view decision, bool recomputable, bool offloadable,
+std::optional<std::string> decision_problem(Decision decision, bool recomputable, bool offloadable,
                                             std::int32_t region) {
-  if (decision == "recompute" && (!recomputable || region < 0)) {
+  if (decision == Decision::kRecompute && (!recomputable || region < 0)) {
     return "'recompute' for a tensor that cannot be recomputed (not recomputable, or in no checkpoint region)";
   }
-  if (decision == "offload" && !offloadable) return "'offload' for a tensor that cannot be offloaded";
+  if (decision == Decision::kOffload && !offloadable) return "'offload' for a tensor that cannot be offloaded";
   return std::nullopt;
 }
 
-std::optional<std::string> plan_problem(const LifetimeTrace& trace, const std::vector<std::string>& decisions) {
+std::optional<std::string> plan_problem(const LifetimeTrace& trace, const Plan& decisions) {
   if (decisions.size() != trace.tensors.size()) {
     return joined({"a plan needs one decision per saved tensor: ", std::to_string(decisions.size()), " for ",
                    std::to_string(trace.tensors.size())});
@@ -487,8 +487,9 @@ std::optional<std::string> plan_problem(const LifetimeTrace& trace, const std::v
 namespace {
 
 // One decision per saved tensor, each one the runtime can apply to its tensor, and no region both
-// recomputing and offloading.
-std::optional<Refusal> check_decisions(DocumentView& view, DocNode decisions, const LifetimeTrace& trace) {
+// recomputing and offloading; read into `read`.
+std::optional<Refusal> check_decisions(DocumentView& view, DocNode decisions, const LifetimeTrace& trace,
+                                       Plan& read) {
   const std::size_t count = view.length(decisions);
   if (count != trace.tensors.size()) {
     return refuse("", {at_name("decisions")},
@@ -499,16 +500,18 @@ std::optional<Refusal> check_decisions(DocumentView& view, DocNode decisions, co
   std::unordered_map<std::int32_t, std::size_t> offloaded;
   for (std::size_t t = 0; t < count; ++t) {
     std::size_t characters = 0;
-    const std::string decision(view.as_str(view.item(decisions, t), characters));
+    const std::string_view name = view.as_str(view.item(decisions, t), characters);
+    const Decision decision = decision_named(name).value_or(Decision::kKeep);  // (the schema's choices)
+    read.push_back(decision);
     const SavedTensor& tensor = trace.tensors[t];
     std::optional<std::string> problem =
         decision_problem(decision, tensor.recomputable, tensor.offloadable, tensor.region);
-    if (!problem && tensor.region >= 0 && decision != "keep") {
-      const bool recompute = decision == "recompute";
+    if (!problem && tensor.region >= 0 && decision != Decision::kKeep) {
+      const bool recompute = decision == Decision::kRecompute;
       (recompute ? recomputed : offloaded).try_emplace(tensor.region, t);
       const auto& other = recompute ? offloaded : recomputed;
       if (const auto found = other.find(tensor.region); found != other.end()) {
-        problem = joined({"'", decision, "' in region ", std::to_string(tensor.region), ", where saved tensor ",
+        problem = joined({"'", name, "' in region ", std::to_string(tensor.region), ", where saved tensor ",
                           std::to_string(found->second), " is ", recompute ? "offloaded" : "recomputed",
                           ": a region recomputes or offloads, never both (a checkpoint keeps what it saves out "
                           "of the offloader's reach)"});
@@ -533,7 +536,7 @@ ReadDocument read_plan(DocumentView& view, DocNode document) {
   if (auto refusal = check(view, document, *spec)) return refused(std::move(*refusal));
   ReadDocument read = read_lifetimes(view, view.field(document, "profile"), "profile");
   if (read.refusal) return read;
-  if (auto refusal = check_decisions(view, view.field(document, "decisions"), read.traces.front())) {
+  if (auto refusal = check_decisions(view, view.field(document, "decisions"), read.traces.front(), read.decisions)) {
     return refused(std::move(*refusal));
   }
   return read;

@@ -42,6 +42,7 @@
 
 #include "planner/document.hpp"
 #include "planner/lifetime_trace.hpp"
+#include "planner/plan.hpp"
 #include "planner/schema.hpp"
 #include "planner/sized_trace.hpp"
 
@@ -71,6 +72,7 @@ inline constexpr std::int64_t kMaxSizeValue = std::int64_t{1} << 31;
 // A document read: what it holds, or why it was refused (then `traces` is empty).
 struct ReadDocument {
   std::vector<LifetimeTrace> traces;  // a lifetime trace's one, a sized one's per grid point, a plan's one
+  Plan decisions;                     // a plan's
   std::optional<Refusal> refusal;
 };
 
@@ -91,12 +93,12 @@ ReadDocument read_plan(DocumentView& view, DocNode document);
 std::optional<Refusal> check_cost(DocumentView& view, DocNode cost, std::size_t tensors);
 
 // Why the runtime cannot apply `decision` to a tensor, if it cannot.
-std::optional<std::string> decision_problem(std::string_view decision, bool recomputable, bool offloadable,
+std::optional<std::string> decision_problem(Decision decision, bool recomputable, bool offloadable,
                                             std::int32_t region);
 
 // Why the runtime cannot apply `decisions` to `trace`'s tensors, naming the first tensor it
 // cannot apply its decision to: one decision per tensor, each one the runtime can apply, in a
 // region the trace has. A plan is checked so once, when it is made.
-std::optional<std::string> plan_problem(const LifetimeTrace& trace, const std::vector<std::string>& decisions);
+std::optional<std::string> plan_problem(const LifetimeTrace& trace, const Plan& decisions);
 
 }  // namespace stowage::planner

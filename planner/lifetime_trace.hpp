@@ -41,6 +41,11 @@ namespace stowage::planner {
 
 enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer };
 
+// A phase as the trace file and messages name it.
+constexpr const char* phase_name(Phase phase) noexcept {
+  return phase == Phase::kForward ? "forward" : phase == Phase::kBackward ? "backward" : "optimizer";
+}
+
 inline constexpr std::int32_t kNoRegion = -1;
 
 // The measured figures `other_bytes` and each tensor's `recompute_ms` follow from

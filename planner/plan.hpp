@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -22,6 +23,15 @@ constexpr std::string_view decision_name(Decision d) noexcept {
     case Decision::kRecompute: return "recompute";
   }
   return "?";
+}
+
+// The decision of this name ("keep", "offload", "recompute": the names the plan file and the
+// printed plan use), or none.
+constexpr std::optional<Decision> decision_named(std::string_view name) noexcept {
+  for (const Decision d : {Decision::kKeep, Decision::kOffload, Decision::kRecompute}) {
+    if (decision_name(d) == name) return d;
+  }
+  return std::nullopt;
 }
 
 }  // namespace stowage::planner

@@ -9,10 +9,6 @@
 namespace stowage::planner {
 namespace {
 
-const char* phase_name(Phase phase) {
-  return phase == Phase::kForward ? "forward" : phase == Phase::kBackward ? "backward" : "optimizer";
-}
-
 std::string op_at(const LifetimeTrace& trace, std::size_t index) {
   if (index >= trace.ops.size()) return "no op (the step had ended)";
   const TraceOp& op = trace.ops[index];

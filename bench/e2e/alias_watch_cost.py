@@ -59,7 +59,8 @@ def recompute_plan(model: Any, step: Callable[[], None]) -> Any:
     import stowage.plan
 
     trace = stowage.plan.profile(step, model=model)
-    decisions = ["recompute" if t.recomputable else "offload" if t.offloadable else "keep" for t in trace.tensors]
+    keep, offload, recompute = stowage.plan.Decision.keep, stowage.plan.Decision.offload, stowage.plan.Decision.recompute
+    decisions = [recompute if t.recomputable else offload if t.offloadable else keep for t in trace.tensors]
     plan = stowage.plan.Plan(trace, decisions, trace.unconstrained_peak_bytes)
     plan.model = model
     return plan

@@ -52,7 +52,8 @@ def main() -> int:
     from test_plan import COST, gpt_step
 
     import stowage.plan
-    from stowage.plan.applying import Plan, comparison_plans
+    from stowage import _core
+    from stowage.plan import Plan
 
     model, step = gpt_step()
     profile = stowage.plan.profile(step, cost=COST)
@@ -62,8 +63,8 @@ def main() -> int:
           f"{reference_peak / mib:.1f} MiB, {reference_seconds * 1e3:.0f} ms")
     print("plan                repeat  predicted MiB  measured MiB  measured/budget  step ms  grads equal")
     whole = profile.unconstrained_peak_bytes
-    points = [(f"{name} ", Plan(profile, decisions, whole))
-              for name, decisions in comparison_plans(profile).items() if name != "no change"]
+    points = [(f"{r.name} ", Plan(profile, r.decisions, whole)) for r in _core.reference_plans(profile)
+              if r.name != "no change"]
     points += [(f"budget {fraction:.0%}", stowage.plan.solve(profile, int(whole * fraction)))
                for fraction in (0.7, 0.5, 0.3)]
     runs: dict[str, list[tuple[int, float]]] = {}

@@ -161,12 +161,17 @@ void bind_plan_files(py::module_& module) {
       [](const py::object& document, const std::string& where, const std::string& format) {
         PythonDocument view;
         if (format == planner::kSizedFormat) return result(planner::read_sized(view, document.ptr()), where, false);
-        if (format == planner::kPlanFormat) return result(planner::read_plan(view, document.ptr()), where, true);
+        if (format == planner::kPlanFormat) {
+          planner::ReadDocument read = planner::read_plan(view, document.ptr());
+          raise_refusal(read.refusal, where);
+          return py::object(py::make_tuple(std::move(read.traces.front()), std::move(read.decisions)));
+        }
         return result(planner::read_lifetimes(view, document.ptr()), where, true);
       },
       py::arg("document"), py::arg("where"), py::arg("format"),
       "A planner file's document (a lifetime trace, a sized one, a plan: by `format`) checked and read: its "
-      "LifetimeTrace (a sized trace's, one per grid point); InputError naming `where` and the field.");
+      "LifetimeTrace (a sized trace's, one per grid point; a plan's with its decisions); InputError naming "
+      "`where` and the field.");
   module.def(
       "check_plan_cost",
       [](const py::object& cost, const std::string& where, std::size_t tensors) {
@@ -174,8 +179,25 @@ void bind_plan_files(py::module_& module) {
         raise_refusal(planner::check_cost(view, cost.ptr(), tensors), where);
       },
       py::arg("cost"), py::arg("where"), py::arg("tensors"), "InputError for a cost model outside its bounds.");
-  module.def("plan_problem", &planner::plan_problem, py::arg("trace"), py::arg("decisions"),
-             "Why the runtime cannot apply these decisions to the trace's tensors (the first), or None.");
+  module.def(
+      "plan_problem",
+      [](const planner::LifetimeTrace& trace, const py::sequence& decisions) -> std::optional<std::string> {
+        planner::Plan plan;
+        plan.reserve(decisions.size());
+        for (const py::handle item : decisions) {
+          if (!py::isinstance<planner::Decision>(item)) {
+            std::string shown = py::repr(item).cast<std::string>();
+            if (shown.size() > 60) shown.resize(60);
+            return "stowage.plan: decision " + std::to_string(plan.size()) + " is " + shown +
+                   ", not a stowage.plan.Decision (Decision.keep, Decision.offload or Decision.recompute)";
+          }
+          plan.push_back(item.cast<planner::Decision>());
+        }
+        return planner::plan_problem(trace, plan);
+      },
+      py::arg("trace"), py::arg("decisions"),
+      "Why the runtime cannot apply these decisions (a sequence of Decision) to the trace's tensors (the "
+      "first), or None.");
 
   py::module_ limits =
       module.def_submodule("plan_file_limits", "The planner files' formats and the bounds Python checks before reading (planner/file_formats.hpp).");

@@ -1,48 +1,38 @@
 // stowage._core's planner part: the lifetime trace, the cost model, what follows from a trace's
 // measured figures, a step recorded at a grid of sizes, simulating a plan, and one call from a
-// budget to a plan (planner/). Decisions cross as their names ("keep", "offload", "recompute");
-// results as typed, read-only objects.
+// budget to a plan, and what applying and printing a plan reads off its trace (planner/).
+// Decisions cross as the Decision enum; results as typed, read-only objects.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/errors.hpp"
 #include "planner/prefetch_search.hpp"
+#include "planner/file_formats.hpp"
 #include "planner/fit_weighing.hpp"
+#include "planner/plan_lookup.hpp"
+#include "planner/plan_report.hpp"
+#include "planner/region_policy.hpp"
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
 #include "planner/sized_trace.hpp"
+#include "planner/step_departures.hpp"
 #include "planner/step_difference.hpp"
 #include "planner/step_ledger.hpp"
 #include "planner/trace_builder.hpp"
 #include "python/bindings/bindings.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace stowage::python {
 namespace {
-
-using planner::Decision;
-
-Decision decision_named(const std::string& name) {
-  for (const Decision d : {Decision::kKeep, Decision::kOffload, Decision::kRecompute}) {
-    if (planner::decision_name(d) == name) return d;
-  }
-  STOWAGE_CHECK(false, "a decision is keep, offload or recompute, not '", name, "'");
-  return Decision::kKeep;
-}
-
-std::vector<std::string> decision_names(const planner::Plan& plan) {
-  std::vector<std::string> names;
-  names.reserve(plan.size());
-  for (const Decision d : plan) names.emplace_back(planner::decision_name(d));
-  return names;
-}
 
 // Binds (name, member) pairs as read-only attributes: a struct's fields, written once.
 template <typename Class>
@@ -54,9 +44,11 @@ void readonly(Class& bound, const char* name, Member member, Rest... rest) {
 }
 
 // A plan solved under a budget: its decisions, their simulation, whether it fits, and the
-// prefetch depth it was solved at (Note [Prefetch depth]).
+// prefetch depth it was solved at (Note [Prefetch depth]), with the trace under that depth (the
+// plan carries its depth to the offloader).
 struct BudgetPlan {
-  std::vector<std::string> decisions;
+  planner::LifetimeTrace trace;
+  planner::Plan decisions;
   planner::Simulation simulation;
   bool fits = false;
   std::size_t prefetch_depth = 0;
@@ -98,7 +90,7 @@ void bind_results(py::module_& module) {
            "bytes_at_op", &Simulation::bytes_at_op);
   py::class_<BudgetPlan> budget_plan(module, "BudgetPlan");
   readonly(budget_plan, "decisions", &BudgetPlan::decisions, "simulation", &BudgetPlan::simulation, "fits",
-           &BudgetPlan::fits, "prefetch_depth", &BudgetPlan::prefetch_depth);
+           &BudgetPlan::fits, "prefetch_depth", &BudgetPlan::prefetch_depth, "trace", &BudgetPlan::trace);
   py::class_<planner::SizedTrace>(module, "SizedTrace")
       .def(py::init([](const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& sizes,
                        std::vector<planner::LifetimeTrace> traces) {
@@ -115,6 +107,37 @@ void bind_results(py::module_& module) {
 }
 
 py::module_ plan_files() { return py::module_::import("stowage.plan.file_formats"); }
+
+// A lifetime trace as its JSON document (stowage.plan.file_formats describes it), its fields in
+// the file's order.
+py::dict trace_document(const planner::LifetimeTrace& trace) {
+  py::list ops;
+  for (const planner::TraceOp& o : trace.ops) {
+    ops.append(py::dict("name"_a = o.name, "module"_a = o.module, "phase"_a = planner::phase_name(o.phase),
+                        "duration_ms"_a = o.duration_ms, "other_bytes"_a = o.other_bytes, "region"_a = o.region,
+                        "region_op"_a = o.region_op, "io_bytes"_a = o.io_bytes, "in_use_bytes"_a = o.in_use_bytes));
+  }
+  py::list tensors;
+  for (const planner::SavedTensor& t : trace.tensors) {
+    tensors.append(py::dict("module"_a = t.module, "bytes"_a = t.bytes, "created"_a = t.created,
+                            "last_forward_use"_a = t.last_forward_use, "first_backward_use"_a = t.first_backward_use,
+                            "last_backward_use"_a = t.last_backward_use, "recompute_ms"_a = t.recompute_ms,
+                            "recomputable"_a = t.recomputable, "offloadable"_a = t.offloadable,
+                            "recompute_inputs"_a = t.recompute_inputs, "region"_a = t.region, "packs"_a = t.packs));
+  }
+  py::list regions;
+  for (const planner::TraceRegion& r : trace.regions) {
+    regions.append(py::dict("module"_a = r.module, "call"_a = r.call, "checkpointable"_a = r.checkpointable,
+                            "ops"_a = r.ops, "inputs"_a = r.inputs));
+  }
+  const planner::CostModel& cost = trace.cost;
+  return py::dict("format"_a = planner::kLifetimesFormat, "version"_a = planner::kFormatVersion, "ops"_a = ops,
+                  "tensors"_a = tensors, "regions"_a = regions,
+                  "cost"_a = py::dict("to_host_bytes_per_ms"_a = cost.to_host_bytes_per_ms,
+                                      "to_device_bytes_per_ms"_a = cost.to_device_bytes_per_ms,
+                                      "prefetch_depth"_a = cost.prefetch_depth),
+                  "unconstrained_peak_bytes"_a = trace.unconstrained_peak_bytes, "kept_saves"_a = trace.kept_saves);
+}
 
 // The trace's parts, read-only in Python but for what a trial changes (recomputable, region,
 // checkpointable, a copy's tensors, regions and cost): lists cross as copies.
@@ -152,7 +175,14 @@ void bind_values(py::module_& module) {
       .def_readwrite("regions", &LifetimeTrace::regions)
       .def_readwrite("cost", &LifetimeTrace::cost)
       .def("__copy__", [](const LifetimeTrace& self) { return self; })
-      .def("document", [](const py::object& self) { return plan_files().attr("trace_document")(self); })
+      .def(
+          "with_cost",
+          [](LifetimeTrace self, const planner::CostModel& cost) {
+            self.cost = cost;
+            return self;
+          },
+          py::arg("cost"), "A copy of the trace under the cost model `cost`.")
+      .def("document", &trace_document, "The trace as its JSON document (stowage.plan.file_formats).")
       .def(
           "save", [](const py::object& self, const py::object& path) {
             plan_files().attr("save_document")(self.attr("document")(), path);
@@ -210,7 +240,7 @@ void bind_fit_option(py::module_& module) {
            &FitOption::micro_batches, "activation_budget", &FitOption::activation_budget, "device_state_bytes",
            &FitOption::device_state_bytes, "host_bytes", &FitOption::host_bytes, "update_ms", &FitOption::update_ms,
            "reason", &FitOption::reason, "solved", &FitOption::solved, "prefetch_depth", &FitOption::prefetch_depth);
-  option.def_property_readonly("decisions", [](const FitOption& o) { return decision_names(o.decisions); })
+  option.def_readonly("decisions", &FitOption::decisions)
       .def_property_readonly("feasible", &FitOption::feasible)
       .def_property_readonly("keeps_everything", &FitOption::keeps_everything)
       .def_property_readonly("step_ms", &FitOption::step_ms);
@@ -254,23 +284,62 @@ void bind_fit_weighing(py::module_& module) {
 
 }  // namespace
 
+// What applying and printing a plan reads off its trace (planner/plan_lookup, plan_report,
+// step_departures).
+void bind_plan_bookkeeping(py::module_& module) {
+  using planner::PlanLookup;
+  py::class_<PlanLookup> lookup(module, "PlanLookup");
+  readonly(lookup, "unit_of_save", &PlanLookup::unit_of_save, "kept_saves", &PlanLookup::kept_saves, "offloaded",
+           &PlanLookup::offloaded, "checkpointed", &PlanLookup::checkpointed, "checkpointed_modules",
+           &PlanLookup::checkpointed_modules, "recorded_calls", &PlanLookup::recorded_calls);
+  module.def("plan_lookup", &planner::plan_lookup, py::arg("trace"), py::arg("decisions"),
+             "What applying a checked plan looks up as the step runs (planner/plan_lookup.hpp).");
+  using planner::ModuleBytes;
+  py::class_<ModuleBytes> bytes(module, "ModuleBytes");
+  readonly(bytes, "group", &ModuleBytes::group, "keep", &ModuleBytes::keep, "offload", &ModuleBytes::offload,
+           "recompute", &ModuleBytes::recompute);
+  module.def("bytes_by_module", &planner::bytes_by_module, py::arg("trace"), py::arg("decisions"),
+             "The saved bytes under each decision per module group (blocks.3.mlp.fc1 -> blocks.*.mlp), by group.");
+  using planner::ReferencePlan;
+  py::class_<ReferencePlan> reference(module, "ReferencePlan");
+  readonly(reference, "name", &ReferencePlan::name, "decisions", &ReferencePlan::decisions, "simulation",
+           &ReferencePlan::simulation);
+  module.def("reference_plans", &planner::reference_plans, py::arg("trace"),
+             "No change, full checkpointing and offload everything, each with its Simulation.");
+  using planner::StepDepartures;
+  py::class_<StepDepartures>(module, "StepDepartures", "Where a plan's steps depart from its trace, told once each way.")
+      .def(py::init<>())
+      .def("begin_step", &StepDepartures::begin_step)
+      .def("note", &StepDepartures::note, py::arg("what"))
+      .def("end_step", &StepDepartures::end_step, "Counts a finished step; the warning to give, or None.")
+      .def_property_readonly("this_step", &StepDepartures::this_step)
+      .def_property_readonly("steps", &StepDepartures::steps)
+      .def_property_readonly("departed_steps", &StepDepartures::departed_steps);
+  py::class_<planner::RegionPolicy>(module, "RegionPolicy", "Which ops of a checkpointed block call keep their outputs.")
+      .def(py::init<std::vector<std::string>, std::set<std::int32_t>, StepDepartures&, std::string>(),
+           py::arg("recorded_ops"), py::arg("kept"), py::arg("departures"), py::arg("where"), py::keep_alive<1, 4>())
+      .def("keep", &planner::RegionPolicy::keep, py::arg("op"),
+           "Whether the forward's next op, by its name, keeps its outputs (else it is recomputed).");
+}
+
 void bind_planner(py::module_& module) {
+  py::enum_<planner::Decision>(module, "Decision", "What a plan does with one saved tensor.")
+      .value("keep", planner::Decision::kKeep)
+      .value("offload", planner::Decision::kOffload)
+      .value("recompute", planner::Decision::kRecompute);
   bind_values(module);
+  bind_plan_bookkeeping(module);
   bind_results(module);
   bind_recording(module);
   bind_fit_weighing(module);
   module.def(
       "plan_simulate",
-      [](const planner::LifetimeTrace& trace, const std::vector<std::string>& names,
-         std::optional<std::uint64_t> ceiling) {
-        planner::Plan plan;
-        plan.reserve(names.size());
-        for (const auto& name : names) plan.push_back(decision_named(name));
+      [](const planner::LifetimeTrace& trace, const planner::Plan& plan, std::optional<std::uint64_t> ceiling) {
         planner::Simulator simulator(trace, trace.cost, ceiling.value_or(planner::Simulator::kNoCeiling));
         return simulator.simulate(plan);
       },
       py::arg("trace"), py::arg("decisions"), py::arg("ceiling") = py::none(),
-      "The Simulation of a plan (one decision name per saved tensor) under the trace's cost model, run under an "
+      "The Simulation of a plan (one Decision per saved tensor) under the trace's cost model, run under an "
       "allocated ceiling of `ceiling` bytes when given.");
   module.def(
       "plan_solve",
@@ -282,8 +351,10 @@ void bind_planner(py::module_& module) {
           found = planner::solve_over_depths(trace, trace.cost, budget, exact,
                                              shallowest_prefetch_depth.value_or(trace.cost.prefetch_depth));
         }
-        return BudgetPlan{decision_names(found.solution.plan), found.solution.simulation, found.solution.fits,
-                          found.prefetch_depth};
+        planner::LifetimeTrace planned = trace;
+        planned.cost.prefetch_depth = found.prefetch_depth;
+        return BudgetPlan{std::move(planned), std::move(found.solution.plan), found.solution.simulation,
+                          found.solution.fits, found.prefetch_depth};
       },
       py::arg("trace"), py::arg("budget"), py::arg("exact") = false, py::arg("shallowest_prefetch_depth") = py::none(),
       "A BudgetPlan: the fastest plan found whose peak fits the budget under the trace's cost model, searched down "

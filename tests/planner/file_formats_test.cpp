@@ -221,6 +221,8 @@ std::string plan_verdict(const std::string& text) {
 
 TEST(FileFormatsTest, APlansDecisionsAreCheckedAgainstItsTrace) {
   EXPECT_EQ(plan_verdict(plan(R"("recompute", "recompute", "offload")")), "read");
+  JsonDocument read(plan(R"("recompute", "keep", "offload")"));
+  EXPECT_EQ(read_plan(read, read.root()).decisions, (Plan{Decision::kRecompute, Decision::kKeep, Decision::kOffload}));
   EXPECT_EQ(plan_verdict(plan(R"("keep", "keep", "keep")", "0")),
             "budget: 0 is below 1");
   EXPECT_EQ(plan_verdict(plan(R"("keep", "keep")")), "decisions: 2 decisions for 3 saved tensors");
@@ -241,21 +243,22 @@ TEST(FileFormatsTest, APlansDecisionsAreCheckedAgainstItsTrace) {
 }
 
 TEST(FileFormatsTest, DecisionProblemsNameWhyTheRuntimeCannotApplyOne) {
-  EXPECT_FALSE(decision_problem("recompute", true, false, 0).has_value());
-  EXPECT_TRUE(decision_problem("recompute", true, true, kNoRegion).has_value());
-  EXPECT_TRUE(decision_problem("offload", true, false, 0).has_value());
-  EXPECT_FALSE(decision_problem("keep", false, false, kNoRegion).has_value());
+  EXPECT_FALSE(decision_problem(Decision::kRecompute, true, false, 0).has_value());
+  EXPECT_TRUE(decision_problem(Decision::kRecompute, true, true, kNoRegion).has_value());
+  EXPECT_TRUE(decision_problem(Decision::kOffload, true, false, 0).has_value());
+  EXPECT_FALSE(decision_problem(Decision::kKeep, false, false, kNoRegion).has_value());
 }
 
 TEST(FileFormatsTest, APlanMadeInMemoryIsCheckedAgainstItsTraceOnce) {
   JsonDocument document(kTrace);
   LifetimeTrace trace = read_lifetimes(document, document.root()).traces.front();
-  EXPECT_EQ(plan_problem(trace, {"recompute", "keep", "offload"}), std::nullopt);
-  EXPECT_EQ(plan_problem(trace, {"keep"}), "a plan needs one decision per saved tensor: 1 for 3");
-  EXPECT_EQ(plan_problem(trace, {"keep", "offload", "keep"}),
+  constexpr auto K = Decision::kKeep;
+  EXPECT_EQ(plan_problem(trace, {Decision::kRecompute, K, Decision::kOffload}), std::nullopt);
+  EXPECT_EQ(plan_problem(trace, {K}), "a plan needs one decision per saved tensor: 1 for 3");
+  EXPECT_EQ(plan_problem(trace, {K, Decision::kOffload, K}),
             "stowage.plan: saved tensor 1 (b.fc1): 'offload' for a tensor that cannot be offloaded");
   trace.tensors[0].region = 9;
-  EXPECT_EQ(plan_problem(trace, {"keep", "keep", "keep"}),
+  EXPECT_EQ(plan_problem(trace, {K, K, K}),
             "stowage.plan: saved tensor 0 (b.fc0): region 9 is not one of the trace's 1 regions");
 }
 

@@ -77,7 +77,7 @@ def small_plan() -> dict[str, Any]:
 
     profile = load_trace_document(small_profile(), "<corpus>")
     plan = stowage.plan.solve(profile, profile.unconstrained_peak_bytes // 2)
-    return {"format": "stowage-plan", "version": 1, "budget": plan.budget, "decisions": plan.decisions,
+    return {"format": "stowage-plan", "version": 1, "budget": plan.budget, "decisions": [d.name for d in plan.decisions],
             "profile": profile.document()}
 
 

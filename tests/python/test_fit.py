@@ -137,7 +137,7 @@ def test_the_host_s_room_bounds_the_states_fit_offloads(capsys: Any) -> None:
     assert "host memory" in table and "(host_budget)" in table
     kept = [p for g in fitted.optimizer._device_optimizer.param_groups for p in g["params"]] \
         if fitted.optimizer._device_optimizer is not None else []
-    offloaded = sum(t.bytes for t, d in zip(fitted.plan.trace.tensors, fitted.plan.decisions) if d == "offload") \
+    offloaded = sum(t.bytes for t, d in zip(fitted.plan.trace.tensors, fitted.plan.decisions) if d == stowage.plan.Decision.offload) \
         if fitted.plan is not None else 0
     assert fitted.chosen.host_bytes == 16 * (count - sum(p.numel() for p in kept)) + offloaded
     assert fitted.chosen.device_state_bytes == sum(8 * p.numel() for p in kept)

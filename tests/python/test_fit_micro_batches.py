@@ -317,7 +317,7 @@ def test_a_block_whose_recompute_runs_other_ops_is_found_before_training_and_not
     # with room to offload instead, fit trains without recomputing it
     fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows, cost=COST,
                          budget=start + (16 << 20) + (46 << 20) // 10, offload_optimizer=False)
-    assert fitted.plan is None or "recompute" not in fitted.plan.decisions
+    assert fitted.plan is None or stowage.plan.Decision.recompute not in fitted.plan.decisions
     losses = [fitted.step(rows) for _ in range(2)]
     assert all(torch.isfinite(loss) for loss in losses)
 

@@ -330,7 +330,7 @@ def test_a_fit_whose_plan_recomputes_says_so_at_the_first_training_step_not_in_i
         fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows,
                              loss_fn=lambda m, batch: m(batch).square().mean(), cost=slow_copies, budget=budget,
                              offload_optimizer=False, verbose=False)
-        assert fitted.plan is not None and "recompute" in fitted.plan.decisions
+        assert fitted.plan is not None and stowage.plan.Decision.recompute in fitted.plan.decisions
         assert not [w for w in caught if w.category is stowage.plan.RecomputeNotice]  # the trial's plan: not said
         for _ in range(2):
             fitted.step(rows)

@@ -165,8 +165,8 @@ def test_a_plan_the_runtime_cannot_apply_is_refused_when_made_and_its_decisions_
 
     profile = stowage.plan.load_trace(RECORDED)
     recomputed = next(t for t, tensor in enumerate(profile.tensors) if tensor.recomputable)
-    decisions = ["keep"] * len(profile.tensors)
-    decisions[recomputed] = "recompute"
+    decisions = [stowage.plan.Decision.keep] * len(profile.tensors)
+    decisions[recomputed] = stowage.plan.Decision.recompute
     for region, said in ((9, f"saved tensor {recomputed} .*region 9 is not one of"), (-1, "cannot be recomputed")):
         edited, tensors = copy.copy(profile), profile.tensors
         tensors[recomputed].region = region
@@ -175,8 +175,19 @@ def test_a_plan_the_runtime_cannot_apply_is_refused_when_made_and_its_decisions_
             stowage.plan.Plan(edited, decisions, 1 << 30)
     plan = stowage.plan.solve(profile, int(profile.unconstrained_peak_bytes * 0.5))
     before = plan.decisions
-    plan.decisions[recomputed] = "recompute" if before[recomputed] == "keep" else "keep"  # a copy's
+    plan.decisions[recomputed] = stowage.plan.Decision.offload  # a copy's
     assert plan.decisions == before  # the plan keeps the decisions it checked
+
+
+def test_a_plan_made_of_anything_but_decisions_is_refused_naming_the_first() -> None:
+    profile = stowage.plan.load_trace(RECORDED)
+    Decision = stowage.plan.Decision
+    for decisions, said in ((["keep"] * len(profile.tensors), "decision 0 is 'keep', not a stowage.plan.Decision"),
+                            ([Decision.keep, "x" * 10_000], "decision 1 is 'xxxx"),
+                            ([Decision.keep, 1], "decision 1 is 1, not")):
+        with pytest.raises(ValueError, match=said) as refused:
+            stowage.plan.Plan(profile, decisions, 1 << 30)
+        assert len(str(refused.value)) < 200
 
 
 def test_a_with_plan_that_raises_on_the_way_in_leaves_the_plan_inactive(monkeypatch: pytest.MonkeyPatch) -> None:

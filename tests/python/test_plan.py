@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -207,6 +208,28 @@ def test_a_step_that_departs_from_the_profile_computes_the_same_within_the_budge
     assert plan.departed_steps == 3 and plan.departures.steps == 3
 
 
+def test_a_recomputed_block_whose_ops_changed_after_profiling_computes_the_same_and_says_where() -> None:
+    """A checkpointed block that runs another op than the one profiled at a place keeps every op
+    from there on (stowage._core.RegionPolicy): the gradients are torch's, and the departure names
+    the block, the op's place, what ran and what was recorded."""
+    model, step = cnn_step()
+    profile = stowage.plan.profile(step, cost=COST)
+    Decision = stowage.plan.Decision
+    full = [Decision.recompute if t.recomputable else Decision.keep for t in profile.tensors]
+    plan = stowage.plan.Plan(profile, full, profile.unconstrained_peak_bytes)
+    block = model.blocks[0]
+    block.forward = lambda x: F.relu(x + block.norm2(block.conv2(F.gelu(block.norm1(block.conv1(x))))))
+    _, reference = measured(model, step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, grads = measured(model, step, plan)
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+    assert len(plan.mismatches) == 1, plan.mismatches
+    assert re.fullmatch(r"blocks\.0: op \d+ is aten\.gelu\.default, recorded aten\.relu\.default", plan.mismatches[0])
+    said = [str(w.message) for w in caught if "does not match the lifetime trace" in str(w.message)]
+    assert len(said) == 1 and f"({plan.mismatches[0]})" in said[0], said
+
+
 def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> None:
     """Gradient accumulation with one ``with plan:`` around the micro-batches: each forward pass
     is placed as the profiled one, so no step departs, the gradients are torch's accumulated ones
@@ -215,7 +238,7 @@ def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> N
     profile = stowage.plan.profile(step, cost=COST)
     budget = int(profile.unconstrained_peak_bytes * 0.5)
     plan = stowage.plan.solve(profile, budget)
-    assert "recompute" in plan.decisions or "offload" in plan.decisions
+    assert stowage.plan.Decision.recompute in plan.decisions or stowage.plan.Decision.offload in plan.decisions
 
     def accumulated() -> None:
         for _ in range(3):
@@ -277,7 +300,8 @@ def test_a_recomputing_plan_says_once_that_blocks_run_their_forwards_twice_and_u
     monkeypatch.setattr(stowage.plan.applying, "_recompute_noticed", False)
     model, step = cnn_step()
     profile = stowage.plan.profile(step, cost=COST)
-    decisions = ["recompute" if t.recomputable else "keep" for t in profile.tensors]
+    decisions = [stowage.plan.Decision.recompute if t.recomputable else stowage.plan.Decision.keep
+                 for t in profile.tensors]
     plan = stowage.plan.Plan(profile, decisions, profile.unconstrained_peak_bytes)
     calls = []
     model.blocks[0].conv1.register_forward_hook(lambda *_: calls.append(1))

@@ -54,8 +54,8 @@ def test_json_output_and_the_saved_plan_agree_with_the_library(profile_path: Pat
     assert report["budget_bytes"] == budget and report["fits"]
     assert set(report["outcomes"]) == {"plan", "no change", "full checkpointing", "offload everything"}
     assert report["outcomes"]["plan"]["peak_bytes"] <= budget
-    assert report["decisions"] == stowage.plan.solve(profile, budget).decisions
-    assert stowage.plan.load(tmp_path / "plan.json").decisions == report["decisions"]
+    assert report["decisions"] == [d.name for d in stowage.plan.solve(profile, budget).decisions]
+    assert [d.name for d in stowage.plan.load(tmp_path / "plan.json").decisions] == report["decisions"]
     kept = sum(row["keep"] for row in report["by_module"].values())
     assert 0 < kept < sum(t.bytes for t in profile.tensors)
 

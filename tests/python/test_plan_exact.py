@@ -16,7 +16,7 @@ nn = torch.nn
 
 import stowage  # noqa: E402
 import stowage.plan  # noqa: E402
-from stowage.plan.applying import Plan, comparison_plans  # noqa: E402
+from stowage.plan import Decision, Plan  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -56,7 +56,8 @@ def recomputing_plan(model: Any, step: Callable[[Any], None], profiled: Any = No
     of the model (or of `profiled`)."""
     probe = copy.deepcopy(profiled if profiled is not None else model)
     profile = stowage.plan.profile(lambda: step(probe), cost=COST, model=probe)
-    plan = Plan(profile, comparison_plans(profile)["full checkpointing"], profile.unconstrained_peak_bytes)
+    full = [Decision.recompute if t.recomputable else Decision.keep for t in profile.tensors]  # full checkpointing
+    plan = Plan(profile, full, profile.unconstrained_peak_bytes)
     plan.model = model
     return plan
 
@@ -80,7 +81,7 @@ def test_recomputed_blocks_update_batchnorm_once_and_give_torch_s_gradients(in_p
     model, reference, step = make(in_place_input)
     plan = recomputing_plan(model, step)
     # A block writing its input in place is left out of recomputation (the profile sees it).
-    assert plan.decisions.count("recompute") == (0 if in_place_input else 5)
+    assert plan.decisions.count(Decision.recompute) == (0 if in_place_input else 5)
     for _ in range(3):
         with plan:
             step(model)

@@ -155,8 +155,9 @@ def recorded_plans(model: Blocks, batch: Any) -> dict[str, stowage.plan.Plan]:
 
     trace = stowage.plan.profile(step, cost=COST, model=model)
     stowage.mark_step()
-    recompute = ["recompute" if t.recomputable else "offload" if t.offloadable else "keep" for t in trace.tensors]
-    offload = ["offload" if t.offloadable else "keep" for t in trace.tensors]
+    keep, offload, recompute = stowage.plan.Decision.keep, stowage.plan.Decision.offload, stowage.plan.Decision.recompute
+    recompute = [recompute if t.recomputable else offload if t.offloadable else keep for t in trace.tensors]
+    offload = [offload if t.offloadable else keep for t in trace.tensors]
     plans = {"recompute": stowage.plan.Plan(trace, recompute, trace.unconstrained_peak_bytes),
              "offload": stowage.plan.Plan(trace, offload, trace.unconstrained_peak_bytes)}
     for plan in plans.values():

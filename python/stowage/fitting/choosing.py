@@ -27,7 +27,7 @@ from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.side_effects import fit_trial, untouched
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
-from stowage.plan.applying import recompute_unannounced, with_cost
+from stowage.plan.applying import recompute_unannounced
 from stowage.serving import torch_module
 
 FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
@@ -94,7 +94,7 @@ class Option:
         trace = self._trace_at(self.micro_rows)
         cost = trace.cost
         cost = _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms, self.weighed.prefetch_depth)
-        return Plan(with_cost(trace, cost), self.weighed.decisions, self.activation_budget)
+        return Plan(trace.with_cost(cost), self.weighed.decisions, self.activation_budget)
 
 
 def _agreed(options: list[Option]) -> Choice | None:

@@ -28,7 +28,7 @@ class Fitted:
         self.chosen, self.options, self.example, self.facts = chosen, options, example, facts
         plan = chosen.plan
         # A plan that keeps every tensor changes nothing: the step then runs without hooks.
-        self.plan: Plan | None = plan if plan is not None and any(d != "keep" for d in plan.decisions) else None
+        self.plan: Plan | None = plan if plan is not None and any(d != _core.Decision.keep for d in plan.decisions) else None
         if self.plan is not None:
             self.plan.model = model  # the step may call the model's blocks without its forward
         self._applied: contextlib.AbstractContextManager[Any] | None = None

@@ -12,9 +12,9 @@ own selective contexts (Note [Selective recompute] in recompute_modes.py); offlo
 offload engine's offloader (stowage.offload).
 """
 
-from stowage._core import LifetimeTrace
+from stowage._core import Decision, LifetimeTrace
 from stowage.plan.applying import Plan, RecomputeNotice, load, solve
 from stowage.plan.recording import profile
 from stowage.plan.sizes import SizedTrace, load_trace
 
-__all__ = ["LifetimeTrace", "Plan", "RecomputeNotice", "SizedTrace", "load", "load_trace", "profile", "solve"]
+__all__ = ["Decision", "LifetimeTrace", "Plan", "RecomputeNotice", "SizedTrace", "load", "load_trace", "profile", "solve"]

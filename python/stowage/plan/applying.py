@@ -7,7 +7,6 @@ running the step; ``with plan:`` may be entered once at a time, for one step eac
 from __future__ import annotations
 
 import contextlib
-import copy
 import warnings
 from pathlib import Path
 from types import TracebackType
@@ -20,52 +19,9 @@ from stowage.offload.activation_offload import SavedTensorOffload, keep
 from stowage.serving import device_index, torch_module
 from stowage.plan.file_formats import PLAN, VERSION, save_document
 from stowage.plan.module_frames import Frame, ModuleFrames
-from stowage.plan.plan_text import comparison_plans, describe
 from stowage.plan.sizes import SizedTrace
 from stowage.validation import read_json
 from stowage.warning_site import outside_stowage
-
-
-SHOWN = 3  # departures named in a warning; the rest are counted
-
-
-class Departures:
-    """Where the steps a plan is applied to depart from its trace, and what the user hears of it:
-    one warning the first time the steps depart in a given way, not one a step (README, "Planning
-    keep / offload / recompute"). `this_step` holds the current (or last) step's departures, each
-    once; `seen` how many steps each has been in."""
-
-    def __init__(self) -> None:
-        self.this_step: list[str] = []
-        self.seen: dict[str, int] = {}
-        self.steps = 0           # steps the plan ran to their end
-        self.departed_steps = 0  # of those, steps with a departure
-
-    def begin_step(self) -> None:
-        self.this_step = []
-
-    def note(self, what: str) -> None:
-        if what not in self.this_step:
-            self.this_step.append(what)
-
-    def end_step(self) -> str | None:
-        """Counts a step that ran to its end; the warning to give where it departs in a way no
-        earlier step did, else None."""
-        self.steps += 1
-        if not self.this_step:
-            return None
-        self.departed_steps += 1
-        new = [what for what in self.this_step if what not in self.seen]
-        for what in self.this_step:
-            self.seen[what] = self.seen.get(what, 0) + 1
-        if not new:
-            return None
-        named = "; ".join(new[:SHOWN]) + (f"; and {len(new) - SHOWN} more" if len(new) > SHOWN else "")
-        return (f"stowage.plan: step {self.steps} does not match the lifetime trace the plan was made from ({named}). "
-                "What the plan cannot place is offloaded: the numbers are the same and the budget holds, at the "
-                "cost of copies the plan did not weigh. Profile the step as it runs now (stowage.plan.profile, or "
-                "stowage.fit again) for a plan that places it. Said once for these; plan.departed_steps counts "
-                f"the steps that depart ({self.departed_steps} of {self.steps} so far).")
 
 
 def solve(trace: Any, budget: int | str, *, at: Mapping[str, int] | None = None,
@@ -93,24 +49,13 @@ def solve(trace: Any, budget: int | str, *, at: Mapping[str, int] | None = None,
     if given:  # the plan's own cost model; the trace keeps its calibration
         cost = {name: getattr(trace.cost, name) for name in overrides} | given
         _core.check_plan_cost(cost, "stowage.plan.solve", len(trace.tensors))
-        trace = with_cost(trace, _core.CostModel(**cost))
+        trace = trace.with_cost(_core.CostModel(**cost))
     found = _core.plan_solve(trace, limit, exact, trace.cost.prefetch_depth if prefetch_depth is not None else 0)
-    if found.prefetch_depth != trace.cost.prefetch_depth:  # the plan carries its depth to the offloader
-        cost = trace.cost
-        trace = with_cost(trace, _core.CostModel(cost.to_host_bytes_per_ms, cost.to_device_bytes_per_ms,
-                                                 found.prefetch_depth))
-    plan = Plan(trace, found.decisions, limit)
+    plan = Plan(found.trace, found.decisions, limit)
     if not found.fits:
         warnings.warn(f"stowage.plan: no plan fits {_core.format_bytes(limit)}; the lowest peak found is "
                       f"{_core.format_bytes(found.simulation.peak_bytes)}", stacklevel=2)
     return plan
-
-
-def with_cost(trace: Any, cost: Any) -> Any:
-    """A copy of `trace` under the cost model `cost` (a stowage._core.CostModel)."""
-    trace = copy.copy(trace)
-    trace.cost = cost
-    return trace
 
 
 class RecomputeNotice(UserWarning):
@@ -154,27 +99,26 @@ class Plan:
     """Keep / offload / recompute per saved tensor of a lifetime trace (a stowage._core.LifetimeTrace,
     under its cost model), with its predicted outcome; its decisions checked once, when it is made."""
 
-    def __init__(self, trace: Any, decisions: list[str], budget: int) -> None:
+    def __init__(self, trace: Any, decisions: list[Any], budget: int) -> None:
         problem = _core.plan_problem(trace, decisions)
         if problem is not None:
             raise ValueError(problem)
         self.trace, self._decisions, self.budget = trace, tuple(decisions), budget
-        self.prediction = self.simulate(self.decisions, ceiling=budget)
-        self.departures = Departures()
+        # Its simulated outcome (a stowage._core.Simulation: peak_bytes, peak_op, step_ms, recompute_ms,
+        # stall_ms, bytes_at_op) under the allocated ceiling ``with plan:`` sets at the budget.
+        self.prediction = _core.plan_simulate(trace, decisions, budget)
+        self.departures = _core.StepDepartures()
         self.model: Any = None  # the model given to stowage.plan.profile(model=...), if any
         self._active = False
-        self._index_decisions()  # once: the trace's lists cross from C++ as copies
+        lookup = _core.plan_lookup(trace, decisions)  # read once: each read of a field is a new copy
+        self._unit_of_save, self._kept_saves, self._offloaded = lookup.unit_of_save, lookup.kept_saves, lookup.offloaded
+        self._checkpointed, self._recorded_calls = lookup.checkpointed, lookup.recorded_calls
+        self._checkpointed_modules, self._regions = lookup.checkpointed_modules, trace.regions
 
     @property
-    def decisions(self) -> list[str]:
+    def decisions(self) -> list[Any]:
         """One per saved tensor, checked when the plan was made (fixed since)."""
         return list(self._decisions)
-
-    def simulate(self, decisions: list[str], ceiling: int | None = None) -> Any:
-        """The simulated outcome of `decisions` on this plan's trace (a stowage._core.Simulation:
-        peak_bytes, peak_op, step_ms, recompute_ms, stall_ms, bytes_at_op), run under an allocated
-        ceiling of `ceiling` bytes (what ``with plan:`` sets at the budget) or none."""
-        return _core.plan_simulate(self.trace, decisions, ceiling)
 
     @property
     def mismatches(self) -> list[str]:
@@ -183,7 +127,7 @@ class Plan:
 
     @property
     def departed_steps(self) -> int:
-        """Steps under this plan that departed from its trace (Departures)."""
+        """Steps under this plan that departed from its trace (stowage._core.StepDepartures)."""
         return self.departures.departed_steps
 
     @property
@@ -200,8 +144,8 @@ class Plan:
 
     # Saving ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        save_document({"format": PLAN, "version": VERSION, "budget": self.budget, "decisions": self.decisions,
-                       "profile": self.trace.document()}, path)
+        save_document({"format": PLAN, "version": VERSION, "budget": self.budget,
+                       "decisions": [d.name for d in self._decisions], "profile": self.trace.document()}, path)
 
     # Applying ----------------------------------------------------------------------------
     def __enter__(self) -> Plan:
@@ -217,7 +161,7 @@ class Plan:
         self.departures.begin_step()
         try:
             if self._checkpointed:
-                _notice_recompute(sorted({path for path, _ in self._checkpointed}))
+                _notice_recompute(self._checkpointed_modules)
             self._hold_to_budget(torch_module())
             self._frames = ModuleFrames(on_leave=self._left, on_root=self._found_root, root=self.model,
                                         calls=self._recorded_calls)
@@ -267,23 +211,6 @@ class Plan:
         in_use = int(module.memory_stats(index)["allocated_bytes.all.current"])
         module.set_allocated_ceiling(in_use + self.budget, index)
 
-    def _index_decisions(self) -> None:
-        trace = self.trace
-        tensors, ops, regions = trace.tensors, trace.ops, trace.regions
-        self._regions = regions
-        self._kept_saves = set(trace.kept_saves)
-        self._unit_of_save = {save: index for index, tensor in enumerate(tensors) for save in tensor.packs}
-        recomputed = {t.region for t, d in zip(tensors, self._decisions) if d == "recompute"}
-        self._checkpointed: dict[tuple[str, int], tuple[int, set[int]]] = {}
-        for r in recomputed:
-            kept = {ops[t.created].region_op for t, d in zip(tensors, self._decisions) if t.region == r and d != "recompute"}
-            self._checkpointed[(regions[r].module, regions[r].call)] = (r, kept)
-        self._recorded_calls: dict[str, int] = {}  # each module's forward calls in the profiled step
-        keys = [(path, call) for path, call, _ in [*self._unit_of_save, *self._kept_saves]]
-        keys += [(region.module, region.call) for region in regions]
-        for path, call in keys:
-            self._recorded_calls[path] = max(self._recorded_calls.get(path, 0), call + 1)
-
     def _left(self, frame: Frame) -> None:
         if not self._frames.stack and self._offloading is not None:  # the model's forward returned
             self._offloading.forward_ended()
@@ -294,7 +221,7 @@ class Plan:
                                "tensors reach neither checkpointing nor offload until its forward ends. "
                                "Compile each block instead (after profiling).")
         by_path = {self._frames.path_of(m): m for m in root.modules()}
-        for path in {path for path, _ in self._checkpointed}:
+        for path in self._checkpointed_modules:
             module = by_path.get(path)
             if module is None:
                 self.departures.note(f"no module {path!r}")
@@ -306,7 +233,7 @@ class Plan:
         import torch  # (here, and recompute_modes, which imports it: stowage.plan loads without torch)
         from torch.utils.checkpoint import checkpoint
 
-        from stowage.plan.recompute_modes import RegionPolicy, recompute_contexts
+        from stowage.plan.recompute_modes import recompute_contexts
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             frame = self._frames.top
@@ -316,13 +243,13 @@ class Plan:
             r, kept = found
             region = self._regions[r]
             tensors = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-            frame.data["inputs"] = {id(t): region.inputs[i] for i, t in enumerate(tensors)
-                                    if i < len(region.inputs)}
-            policy = RegionPolicy(region.ops, kept, lambda where: self.departures.note(f"{frame.path}: {where}"))
+            inputs = region.inputs
+            frame.data["inputs"] = {id(t): inputs[i] for i, t in enumerate(tensors) if i < len(inputs)}
+            policy = _core.RegionPolicy(region.ops, kept, self.departures, frame.path)
             where = f"block {frame.path!r}"
             versions = [t._version for t in tensors]
             out = checkpoint(original, *args, use_reentrant=False,
-                             context_fn=lambda: recompute_contexts(policy.keep, where), **kwargs)
+                             context_fn=lambda: recompute_contexts(lambda op: policy.keep(str(op)), where), **kwargs)
             if any(t._version != v for t, v in zip(tensors, versions)):
                 raise RuntimeError(
                     f"stowage.plan: {where} wrote its input in place, which the step the plan was made from did "
@@ -348,14 +275,34 @@ class Plan:
         return self._place(tensor, unit)
 
     def _place(self, tensor: Any, unit: int | None) -> Any:
-        if unit is not None and self._decisions[unit] == "offload":
+        if unit in self._offloaded:
             frame = self._frames.top
             return self._offloader.pack(tensor, frame.path if frame is not None else "")
         return keep(tensor)
 
     # Reading -----------------------------------------------------------------------------
+    def bytes_by_module(self) -> dict[str, dict[str, int]]:
+        """Saved bytes per decision for each module group (blocks.3.mlp.fc1 -> blocks.*.mlp)."""
+        return {row.group: {"keep": row.keep, "offload": row.offload, "recompute": row.recompute}
+                for row in _core.bytes_by_module(self.trace, self._decisions)}
+
+    def outcomes(self) -> dict[str, dict[str, Any]]:
+        """Predicted peak and step time of the plan and of the reference plans it is judged
+        against: no change, full checkpointing, offload everything."""
+        rows = [("plan", self.prediction)] + [(r.name, r.simulation) for r in _core.reference_plans(self.trace)]
+        return {name: {"peak_bytes": int(s.peak_bytes), "step_ms": float(s.step_ms)} for name, s in rows}
+
     def __str__(self) -> str:
-        return describe(self)
+        f = _core.format_bytes
+        lines = [f"stowage plan: budget {f(self.budget)}, {len(self._decisions)} saved tensors "
+                 f"({'fits' if self.fits else 'does not fit'})", "",
+                 f"{'module':<40} {'keep':>12} {'offload':>12} {'recompute':>12}"]
+        for module, by in sorted(self.bytes_by_module().items()):
+            lines.append(f"{module:<40} {f(by['keep']):>12} {f(by['offload']):>12} {f(by['recompute']):>12}")
+        lines += ["", f"{'':<20} {'peak':>12} {'step':>12}"]
+        for name, row in self.outcomes().items():
+            lines.append(f"{name:<20} {f(row['peak_bytes']):>12} {row['step_ms']:>10.1f}ms")
+        return "\n".join(lines)
 
 
 def load(path: str | Path) -> Plan:
@@ -363,5 +310,5 @@ def load(path: str | Path) -> Plan:
     value and the bound for a file that is not one (stowage.plan.file_formats), checked whole
     before anything is built from it."""
     document = read_json(path, "a stowage plan")
-    trace = _core.read_plan_file(document, str(path), PLAN)  # its lifetime trace and decisions too
-    return Plan(trace, document["decisions"], document["budget"])
+    trace, decisions = _core.read_plan_file(document, str(path), PLAN)
+    return Plan(trace, decisions, document["budget"])

@@ -23,7 +23,6 @@ from typing import Any
 from stowage.byte_counts import byte_count
 from stowage.plan import load_trace, solve
 from stowage.plan.file_formats import MAX_TOTAL_BYTES
-from stowage.plan.plan_text import decisions_by_module, outcomes
 from stowage.plan.sizes import SizedTrace
 from stowage.terminal import literal
 
@@ -101,15 +100,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"stowage plan: cannot write {literal(args.save)}: {error.strerror or error}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps({"budget_bytes": budget, "fits": plan.fits, "decisions": plan.decisions,
-                          "by_module": decisions_by_module(plan), "outcomes": outcomes(plan)}))
+        print(json.dumps({"budget_bytes": budget, "fits": plan.fits, "decisions": [d.name for d in plan.decisions],
+                          "by_module": plan.bytes_by_module(), "outcomes": plan.outcomes()}))
     else:
-        print(literal_lines(str(plan)))
+        print("\n".join(literal(line) for line in str(plan).split("\n")))  # what a file put in it, literally
         if args.save:
             print(f"\nsaved the plan to {args.save}")
     return 0 if plan.fits else 1
-
-
-def literal_lines(text: str) -> str:
-    """`text`'s lines, each with what a file put in it shown literally (stowage.terminal)."""
-    return "\n".join(literal(line) for line in text.split("\n"))

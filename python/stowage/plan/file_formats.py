@@ -1,7 +1,8 @@
 """The planner's files: a lifetime trace (``stowage-lifetimes``), a step recorded at several
 sizes (``stowage-sized-lifetimes``) and a plan (``stowage-plan``), read into and written from
 the planner's own trace (stowage._core.LifetimeTrace: ops, saved tensors, regions, cost model,
-kept saves, Note [Lifetime trace] in planner/lifetime_trace.hpp).
+kept saves, Note [Lifetime trace] in planner/lifetime_trace.hpp; its ``document()`` is the first
+format's JSON document).
 
     {"format": "stowage-lifetimes", "version": 1,
      "ops":     [{"name": "aten::mm", "module": "blocks.0.mlp", "phase": "forward",
@@ -59,31 +60,6 @@ MAX_SIZES: int = _LIMITS.MAX_SIZES
 MAX_POINTS: int = _LIMITS.MAX_POINTS
 MAX_GRID_POINTS: int = _LIMITS.MAX_GRID_POINTS
 MAX_SIZE_VALUE: int = _LIMITS.MAX_SIZE_VALUE
-
-_OP_FIELDS = ("name", "module", "phase", "duration_ms", "other_bytes", "region", "region_op", "io_bytes",
-              "in_use_bytes")
-_TENSOR_FIELDS = ("module", "bytes", "created", "last_forward_use", "first_backward_use", "last_backward_use",
-                  "recompute_ms", "recomputable", "offloadable", "recompute_inputs", "region", "packs")
-_REGION_FIELDS = ("module", "call", "checkpointable", "ops", "inputs")
-
-
-def _record(value: Any, fields: tuple[str, ...]) -> dict[str, Any]:
-    record = {name: getattr(value, name) for name in fields}
-    if "phase" in record:
-        record["phase"] = record["phase"].name
-    return record
-
-
-def trace_document(trace: Any) -> dict[str, Any]:
-    """A lifetime trace (stowage._core.LifetimeTrace) as its JSON document."""
-    cost = trace.cost
-    return {"format": LIFETIMES, "version": VERSION, "ops": [_record(o, _OP_FIELDS) for o in trace.ops],
-            "tensors": [_record(t, _TENSOR_FIELDS) for t in trace.tensors],
-            "regions": [_record(r, _REGION_FIELDS) for r in trace.regions],
-            "cost": {"to_host_bytes_per_ms": cost.to_host_bytes_per_ms,
-                     "to_device_bytes_per_ms": cost.to_device_bytes_per_ms, "prefetch_depth": cost.prefetch_depth},
-            "unconstrained_peak_bytes": trace.unconstrained_peak_bytes, "kept_saves": trace.kept_saves}
-
 
 def save_document(document: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(document))

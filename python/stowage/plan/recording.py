@@ -25,8 +25,7 @@ from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
 from stowage.serving import torch_module
 from stowage.step_context import SavedTensorRegion, in_backward
 
-PHASES = {"forward": _core.TracePhase.forward, "backward": _core.TracePhase.backward,
-          "optimizer": _core.TracePhase.optimizer}
+PHASES = _core.TracePhase.__members__  # "forward", "backward", "optimizer"
 
 
 class _DeviceMeter:

@@ -85,22 +85,15 @@ def _describe(point: Mapping[str, int]) -> str:
     return ", ".join(f"{name}={value}" for name, value in point.items())
 
 
-def load_sized_document(document: dict[str, Any], where: str) -> SizedTrace:
-    """A SizedTrace from its JSON document; InputError (a ValueError) naming the file, the
-    field, the value and the bound (stowage.plan.file_formats), or the first way its grid's
-    steps differ."""
-    traces = _core.read_plan_file(document, where, SIZED)  # its lifetime traces too ("profiles[3]")
-    try:
-        return SizedTrace({name: list(points) for name, points in document["sizes"].items()}, traces)
-    except ValueError as error:
-        raise InputError(where, "profiles", str(error)) from None
-
-
 def load_trace(path: str | Path) -> Any:
     """Reads a lifetime trace file: a LifetimeTrace, or a SizedTrace for a step recorded at
     several sizes; InputError (a ValueError) naming what is wrong with a file that is neither,
-    within the bounds of stowage.validation."""
+    within the bounds of stowage.validation, or the first way a sized trace's grid's steps differ."""
     document = read_json(path, "a stowage lifetime trace")
-    if isinstance(document, dict) and document.get("format") == SIZED:
-        return load_sized_document(document, str(path))
-    return load_trace_document(document, str(path))
+    if not (isinstance(document, dict) and document.get("format") == SIZED):
+        return load_trace_document(document, str(path))
+    traces = _core.read_plan_file(document, str(path), SIZED)  # its lifetime traces too ("profiles[3]")
+    try:
+        return SizedTrace({name: list(points) for name, points in document["sizes"].items()}, traces)
+    except ValueError as error:
+        raise InputError(str(path), "profiles", str(error)) from None

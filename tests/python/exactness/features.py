@@ -272,8 +272,9 @@ def recompute_plan(profile: Any) -> stowage.plan.Plan:
     every other one outside those blocks that can be offloaded offloaded: both of the plan's
     mechanisms at once (a recomputed block keeps what it does not recompute)."""
     recomputed = {t.region for t in profile.tensors if t.recomputable}
-    decisions = ["recompute" if t.recomputable else "keep" if t.region in recomputed and t.region >= 0
-                 else "offload" if t.offloadable else "keep" for t in profile.tensors]
+    keep, offload, recompute = stowage.plan.Decision.keep, stowage.plan.Decision.offload, stowage.plan.Decision.recompute
+    decisions = [recompute if t.recomputable else keep if t.region in recomputed and t.region >= 0
+                 else offload if t.offloadable else keep for t in profile.tensors]
     return stowage.plan.Plan(profile, decisions, profile.unconstrained_peak_bytes)
 
 
