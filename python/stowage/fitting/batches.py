@@ -114,14 +114,12 @@ class BatchLayout:
         return torch.utils._pytree.tree_map(cut_one, batch)
 
 
-def shown(sizes: Mapping[str, int]) -> str:
-    """Sizes as fit's messages show them: ``batch 8 x seq 512``."""
+def shown(sizes: Mapping[str, int]) -> str:  # as fit's messages show them: "batch 8 x seq 512"
     return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
 def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
-    """Grids to record a step at when it does not fit whole, nearest the example first
-    (planner/micro_cut.hpp); a size the example cannot vary is left out."""
+    """Grids to record a step at when it does not fit whole, nearest the example first (planner/micro_cut.hpp)."""
     grids = [{name: tuple(values) for name, values in grid} for grid in recording_grids(layout.rows, layout.seq or 0)]
     if not grids:
         raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {layout.sizes}, and they are "

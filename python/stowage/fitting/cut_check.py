@@ -245,8 +245,12 @@ class CutCheck:
         if not alike:
             return self.example.whole(why_not)
         first, *rest = [self.candidates[index] for index in alike]
-        checked = f"{self._checked(whole)}, agreeing within {tolerance:.0e} of the loss"
-        return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)), checked)
+        cuts = " and ".join(str(len(e.pieces)) for _, e in self._verified)
+        checked = (f"the whole example batch's loss against its micro-batches' (cut into {cuts})" if whole is not None
+                   else f"the example batch's micro-batches (cut into {cuts}) in spans of consecutive ones (the whole "
+                   "batch's forward does not fit on the device: how the spans add up is not checked)")
+        return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)),
+                                       f"{checked}, agreeing within {tolerance:.0e} of the loss")
 
     def _noise(self) -> float | None:
         """The relative difference between the first finite micro-batch's loss and its rows repeated
@@ -268,13 +272,6 @@ class CutCheck:
                 times //= 2
             return None
         return None
-
-    def _checked(self, whole: float | None) -> str:
-        cuts = " and ".join(str(len(e.pieces)) for _, e in self._verified)
-        if whole is not None:
-            return f"the whole example batch's loss against its micro-batches' (cut into {cuts})"
-        return (f"the example batch's micro-batches (cut into {cuts}) in spans of consecutive ones (the whole batch's "
-                "forward does not fit on the device: how the spans add up is not checked)")
 
 
 def _repeated(batch: Any, rows: int, times: int) -> Any:
