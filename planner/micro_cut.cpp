@@ -1,6 +1,8 @@
 #include "planner/micro_cut.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "base/errors.hpp"
@@ -19,6 +21,24 @@ MicroCut MicroCut::of(std::int64_t rows, std::int64_t count) {
 
 MicroCut MicroCut::finest(std::int64_t rows) {
   return of(rows, std::max(std::min(rows / kMinRows, kCheckGroups), std::int64_t{1}));
+}
+
+std::optional<MicroCut> MicroCut::asked(std::int64_t rows, std::optional<std::int64_t> count) {
+  if (rows < 1) {
+    throw std::invalid_argument("stowage.fit: the example batch has no rows (its tensors' first dimension is 0); "
+                                "give fit the largest batch the loop trains on");
+  }
+  if (!count) return rows >= 2 * kMinRows ? std::nullopt : std::optional<MicroCut>{of(rows, 1)};
+  if (*count < 1) {
+    throw std::invalid_argument("stowage.fit: micro_batches is 'auto' or a count of 1 or more, not " +
+                                std::to_string(*count));
+  }
+  if (*count > 1 && rows / *count < kMinRows) {
+    throw std::invalid_argument("stowage.fit: " + std::to_string(*count) + " micro-batches of a batch of " +
+                                std::to_string(rows) + " rows leave fewer than " + std::to_string(kMinRows) +
+                                " rows in one");
+  }
+  return of(rows, *count);
 }
 
 std::int64_t MicroCut::count_at(std::int64_t batch_rows) const {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,10 @@ struct MicroCut {
   static MicroCut of(std::int64_t rows, std::int64_t count);
   // The finest cut fit checks: row groups of at least kMinRows rows, at most kCheckGroups.
   static MicroCut finest(std::int64_t rows);
+  // The cut asked of an example of `rows` rows: `count`'s, run as asked (1: whole) or refused
+  // (std::invalid_argument: no rows, a count under 1, micro-batches under kMinRows rows); nullopt
+  // ("auto") where fit is to choose, whole where the rows are too few to cut.
+  static std::optional<MicroCut> asked(std::int64_t rows, std::optional<std::int64_t> count);
 
   // How many micro-batches a batch of `batch_rows` runs as.
   std::int64_t count_at(std::int64_t batch_rows) const;

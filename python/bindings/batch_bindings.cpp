@@ -1,6 +1,8 @@
-// stowage._core's part for stowage.fit's example batch: how it cuts (planner/micro_cut.hpp), what its loss
-// is a mean over (planner/loss_units.hpp), and what fit says of its weighing (planner/fit_weighing_table.hpp).
-// Cuts cross as a typed value; judgements as (what holds, why not); the table and the refusal as text.
+// stowage._core's part for stowage.fit's example batch: its layout (planner/batch_layout.hpp), how it cuts
+// (planner/micro_cut.hpp), what its loss is a mean over (planner/loss_units.hpp), and what fit says of its
+// weighing and of a step it cannot record or that outgrows its plan (planner/fit_weighing_table.hpp,
+// fit_refusals.hpp). Cuts cross as a typed value; judgements as (what holds, why not); a batch fit cannot
+// read or cut as ValueError; the table and the refusals as text.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "planner/batch_layout.hpp"
+#include "planner/fit_refusals.hpp"
 #include "planner/fit_weighing_table.hpp"
 #include "planner/loss_units.hpp"
 #include "planner/micro_cut.hpp"
@@ -54,6 +58,13 @@ void bind_fit_table(py::module_& module) {
   module.def("no_fit_message", &planner::no_fit_message, py::arg("options"), py::arg("memory"), py::arg("unplanned"),
              py::arg("states_kept_because"), py::arg("tried"), py::arg("whole"), "Why no option fits.");
   module.def("busy_host_note", &planner::busy_host_note, py::arg("load"));
+  module.def("too_large_message", &planner::too_large_message, py::arg("smallest"), py::arg("in_use"),
+             py::arg("capacity"), py::arg("gradients"), py::arg("failure"));
+  module.def("unrecordable_message", &planner::unrecordable_message, py::arg("full"), py::arg("tried"),
+             py::arg("steps_differ"));
+  module.def("fitted_out_of_memory", &planner::fitted_out_of_memory, py::arg("error"), py::arg("planned"),
+             py::arg("cut"), py::arg("came"), py::arg("departed"));
+  module.def("more_rows_refusal", &planner::more_rows_refusal, py::arg("rows"), py::arg("cut"));
 }
 
 }  // namespace
@@ -65,11 +76,21 @@ void bind_batches(py::module_& module) {
       .def(py::init<std::int64_t, std::int64_t, std::int64_t>(), py::arg("rows"), py::arg("count"), py::arg("most"))
       .def_static("of", &MicroCut::of, py::arg("rows"), py::arg("count"))
       .def_static("finest", &MicroCut::finest, py::arg("rows"))
+      .def_static("asked", &MicroCut::asked, py::arg("rows"), py::arg("count"), "None where fit chooses")
       .def_readonly("count", &MicroCut::count).def_readonly("most", &MicroCut::most)
       .def(
           "bounds", [](const MicroCut& cut, std::int64_t rows) { return py::tuple(py::cast(cut.bounds(rows))); },
           py::arg("rows"), "The micro-batches' first rows, and `rows` last: near-equal cuts.")
       .def("__eq__", [](const MicroCut& cut, const MicroCut& other) { return cut == other; }, py::is_operator());
+  module.def(
+      "batch_layout",
+      [](const std::vector<std::tuple<std::string, std::vector<std::int64_t>, bool>>& tensors) {
+        std::vector<planner::BatchTensor> read;
+        for (const auto& [path, shape, integer] : tensors) read.push_back({path, shape, integer});
+        auto layout = planner::batch_layout(read);
+        return std::make_tuple(layout.rows, layout.seq, layout.per_row);
+      },
+      py::arg("tensors"), "(rows, seq or None, per_row paths) of [(path, shape, integer)]");
   module.def("recording_grids", &planner::recording_grids, py::arg("rows"), py::arg("seq"), "[(size, values)] each");
   module.def(
       "unit_shares",

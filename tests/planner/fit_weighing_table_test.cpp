@@ -1,12 +1,16 @@
 // What stowage.fit says of its weighing (planner/fit_weighing_table): the table's rows and the
-// refusal, word for word where Python's format specs are mirrored (widths, percentages, thousands).
+// refusal, word for word where Python's format specs are mirrored (widths, percentages, thousands);
+// and of a fitted step that outgrows its plan (planner/fit_refusals).
 #include "planner/fit_weighing_table.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "planner/fit_refusals.hpp"
 
 namespace stowage::planner {
 namespace {
@@ -97,6 +101,34 @@ TEST(PlannerFitWeighingTable, RefusesNamingEveryOptionAndWhatKeptTheStates) {
                       "host memory.");
   const std::string plain = no_fit_message({options[1]}, facts().memory, 0, "", "", "");
   EXPECT_EQ(plain.substr(plain.rfind('\n') + 1), "Train on a smaller batch or sequence, or on a larger device.");
+}
+
+TEST(FitRefusals, AFittedStepOutOfMemorySaysWhatWasPlannedBesideWhatCame) {
+  const BatchSizes planned{{"batch", 8}, {"seq", 512}};
+  const std::string head = "OOM\nstowage.fit planned this step for batch 8 x seq 512 (its example batch)";
+  EXPECT_EQ(fitted_out_of_memory("OOM", planned, std::nullopt, std::nullopt, 0),
+            head + ": a larger batch needs stowage.fit again with it as the example.");
+  EXPECT_EQ(fitted_out_of_memory("OOM", planned, std::nullopt, BatchSizes{}, 0), head + ".");
+  const std::string larger = fitted_out_of_memory("OOM", planned, std::nullopt, BatchSizes{{"batch", 9}}, 0);
+  EXPECT_NE(larger.find("; this batch is batch 9, larger."), std::string::npos) << larger;
+  // cut into micro-batches, more rows run as more of them: only a longer sequence is larger
+  const MicroCut cut{8, 2, 4};
+  const std::string more_rows = fitted_out_of_memory("OOM", planned, cut, BatchSizes{{"batch", 16}, {"seq", 512}}, 3);
+  EXPECT_NE(more_rows.find(" in micro-batches of up to 4 rows; this batch is batch 16 x seq 512, no larger"),
+            std::string::npos) << more_rows;
+  EXPECT_NE(more_rows.find("(3 steps departed"), std::string::npos) << more_rows;
+  const std::string longer = fitted_out_of_memory("OOM", planned, cut, BatchSizes{{"batch", 2}, {"seq", 513}}, 0);
+  EXPECT_NE(longer.find("x seq 513, larger."), std::string::npos) << longer;
+}
+
+TEST(FitRefusals, AStepThatCannotBeRecordedListsEachGridTried) {
+  const std::string said = unrecordable_message({{"batch", 8}}, {{"batch {2, 3}", "RuntimeError: no"}}, false);
+  EXPECT_NE(said.find("does not fit whole at batch 8, so fit records"), std::string::npos) << said;
+  EXPECT_NE(said.find(":\n  at batch {2, 3}: RuntimeError: no\nfit cuts rows"), std::string::npos) << said;
+  EXPECT_NE(unrecordable_message({{"batch", 8}}, {}, true).find("must run the same ops at each"), std::string::npos);
+  EXPECT_NE(more_rows_refusal(9, MicroCut{16, 4, 4}).find("has 9 rows; fit planned micro-batches of 4 rows "
+                                                          "(micro_batches=4 for the example's 16)"),
+            std::string::npos);
 }
 
 }  // namespace

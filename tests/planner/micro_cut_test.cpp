@@ -7,9 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "base/errors.hpp"
+#include "planner/batch_layout.hpp"
 
 namespace stowage::planner {
 namespace {
@@ -79,6 +83,41 @@ TEST(MicroCut, AStepIsRecordedNearestTheExampleFirstAtSizesItCanVary) {
       ASSERT_TRUE(points[0] < points[1] && points[1] < points[2] && points[2] < seq) << seq;
     }
   }
+}
+
+TEST(MicroCut, TheCutAskedIsRunAsAskedOrRefusedNeverAnother) {
+  EXPECT_EQ(MicroCut::asked(8, std::nullopt), std::nullopt);               // "auto": fit chooses
+  EXPECT_EQ(MicroCut::asked(3, std::nullopt), (MicroCut{3, 1, 3}));        // too few rows to cut: whole
+  EXPECT_EQ(MicroCut::asked(13, 2), (MicroCut{13, 2, 7}));
+  EXPECT_EQ(MicroCut::asked(1, 1), (MicroCut{1, 1, 1}));
+  EXPECT_THROW(MicroCut::asked(0, std::nullopt), std::invalid_argument);  // no rows
+  EXPECT_THROW(MicroCut::asked(8, 0), std::invalid_argument);
+  EXPECT_THROW(MicroCut::asked(7, 4), std::invalid_argument);             // a micro-batch of 1 row
+  EXPECT_NO_THROW(MicroCut::asked(8, 4));
+}
+
+TEST(BatchLayout, RowsAreTheFirstDimensionEveryTensorSharesOrHasAsOne) {
+  const BatchLayout layout = batch_layout({{"batch['input_ids']", {4, 10}, true},
+                                           {"batch['position_ids']", {1, 10}, true},
+                                           {"batch['pixel_values']", {4, 3, 8}, false},
+                                           {"batch['scale']", {}, false}});
+  EXPECT_EQ(layout.rows, 4);
+  EXPECT_EQ(layout.seq, 10);
+  EXPECT_EQ(layout.per_row, (std::vector<std::string>{"batch['input_ids']", "batch['pixel_values']"}));
+  EXPECT_EQ(batch_layout({{"batch", {1, 5}, true}}).rows, 1);        // one row, shared or not
+  EXPECT_EQ(batch_layout({{"batch", {6, 3072}, false}}).seq, std::nullopt);  // a float's width is no sequence
+  EXPECT_EQ(batch_layout({{"batch[0]", {6, 3}, false}, {"batch[1]", {6, 7}, true}}).seq, 7);
+}
+
+TEST(BatchLayout, TensorsThatDisagreeOnTheRowsOrNoneWithRowsAreRefusedNamingThem) {
+  try {
+    batch_layout({{"batch[0]", {4, 2}, false}, {"batch[1]", {5}, true}});
+    FAIL() << "rows that disagree were taken";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("batch[0] has 4, batch[1] has 5"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(batch_layout({{"batch", {}, true}}), std::invalid_argument);
+  EXPECT_THROW(batch_layout({}), std::invalid_argument);
 }
 
 }  // namespace

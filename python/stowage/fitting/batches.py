@@ -1,11 +1,7 @@
 """The example batch as fit works from it, described once (`ExampleBatch`): the loss a step
-computes from it, its shape (`BatchLayout`: rows, sequence length, the tensors cut with the rows,
-as README's "A global batch as micro-batches" defines them), how it cuts into micro-batches
-(planner/micro_cut.hpp, bound as MicroCut; Note [Micro-batches] there says what a cut computes)
-and what its loss is a mean over (the counts it may be, read off its tensors in README's order,
-"A global batch as micro-batches"; stowage.fitting.cut_check keeps those the example's own losses
-verify, and a later batch without a count is refused); and the same batch cut to smaller sizes to
-record a step that does not fit whole.
+computes from it, its layout (planner/batch_layout.hpp), how it cuts (planner/micro_cut.hpp) and
+what its loss is a mean over (the counts it may be, read off its tensors; stowage.fitting.cut_check
+keeps those the example's own losses verify; README's "A global batch as micro-batches").
 """
 
 from __future__ import annotations
@@ -17,48 +13,36 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from stowage._core import MIN_ROWS, MicroCut, recording_grids, unit_shares
+from stowage._core import MicroCut, batch_layout, recording_grids, unit_shares
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 class LossFnNeeded(TypeError):
-    """The default loss cannot train on this model and batch: the model does not take the batch
-    as it comes, or its output is not a loss. fit passes it on as it is, wherever it arises (not
-    as a failure of a batch it cut)."""
-
-
-def _call_arguments(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], str]:
-    if isinstance(batch, Mapping):
-        return (), dict(batch), "model(**batch)"
-    if isinstance(batch, (tuple, list)):
-        return tuple(batch), {}, "model(*batch)"
-    return (batch,), {}, "model(batch)"
-
-
-def _check_callable_on(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], call: str) -> None:
-    """Raises LossFnNeeded when the model's forward does not take these arguments (binding its
-    signature: nothing runs), e.g. an (images, labels) batch for a model that takes images."""
-    forward = getattr(model, "forward", model)
-    try:
-        signature = inspect.signature(forward)
-    except (TypeError, ValueError):  # no signature to read (a builtin): the call will tell
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as error:
-        raise LossFnNeeded(
-            f"stowage.fit: without loss_fn, fit calls {call}, and {type(model).__name__}.forward does not take "
-            f"that batch ({error}). Pass loss_fn=lambda model, batch: ... returning the step's loss, e.g. for "
-            "(images, labels): loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])") from None
+    """The default loss cannot train on this model and batch; fit passes it on wherever it arises."""
 
 
 def default_loss(model: Any, batch: Any) -> torch.Tensor:
     """The loss of ``model`` on ``batch`` as most training code computes it: ``model(**batch)``
     for a dict, ``model(*batch)`` for a tuple or list, ``model(batch)`` for a tensor; the output
     itself when it is one number, else its ``loss`` (Hugging Face models given labels)."""
-    args, kwargs, call = _call_arguments(batch)
-    _check_callable_on(model, args, kwargs, call)
+    if isinstance(batch, Mapping):
+        args, kwargs, call = (), dict(batch), "model(**batch)"
+    else:
+        args, kwargs, call = (tuple(batch), {}, "model(*batch)") if isinstance(batch, (tuple, list)) \
+            else ((batch,), {}, "model(batch)")
+    try:
+        signature: inspect.Signature | None = inspect.signature(getattr(model, "forward", model))
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call will tell
+        signature = None
+    try:  # binding it (nothing runs): an (images, labels) batch for a model taking images is refused here
+        if signature is not None:
+            signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise LossFnNeeded(
+            f"stowage.fit: without loss_fn, fit calls {call}, and {type(model).__name__}.forward does not take "
+            f"that batch ({error}). Pass loss_fn=lambda model, batch: ... returning the step's loss, e.g. for "
+            "(images, labels): loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])") from None
     output = model(*args, **kwargs)
     loss = output if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
     if isinstance(output, Mapping) and loss is None:
@@ -83,12 +67,9 @@ def tensor_leaves(batch: Any) -> list[tuple[str, torch.Tensor]]:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """A batch's shape as fit reads it. The batch is a tensor, or a tuple / list / dict of them
-    (other leaves pass unchanged). ``rows``: the first dimension of every tensor of one or more
-    dimensions, which must agree (1 there: shared by every row, never cut). ``seq``: the second
-    dimension of its first integer tensor of two or more (token ids; a float input's second is
-    features or channels, never cut); None without one. ``per_row``: the paths of the tensors cut
-    with the rows. Read once per batch (`of`); its methods cut that same batch."""
+    """A batch's shape as fit reads it (planner/batch_layout.hpp): ``rows``, ``seq`` (None without
+    one), ``per_row`` (the paths of the tensors cut with the rows). Read once per batch (`of`); its
+    methods cut that same batch (a tensor, or a tuple / list / dict of them; other leaves pass)."""
 
     rows: int
     seq: int | None
@@ -97,20 +78,9 @@ class BatchLayout:
     @staticmethod
     def of(batch: Any) -> BatchLayout:
         """The batch's layout; ValueError naming the tensors when their first dimensions disagree."""
-        leaves = [(path, t) for path, t in tensor_leaves(batch) if t.dim() > 0]
-        if not leaves:
-            raise ValueError("stowage.fit: the example batch holds no tensor with a batch dimension")
-        firsts = {int(t.shape[0]) for _, t in leaves} - {1}
-        if len(firsts) > 1:
-            said = ", ".join(f"{path} has {t.shape[0]}" for path, t in leaves[:6])
-            raise ValueError(
-                f"stowage.fit: the batch's tensors disagree on its rows (their first dimension): {said}. Every "
-                "tensor has the batch's rows first, or 1 when every row shares it (position_ids of [1, S]); pass "
-                "what is not per row (a class-weight table, a lookup) through loss_fn instead of the batch")
-        rows = firsts.pop() if firsts else 1
-        sequences = [t for _, t in leaves if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex())]
-        seq = int(sequences[0].shape[1]) if sequences else None
-        return BatchLayout(rows, seq, tuple(path for path, t in leaves if t.shape[0] == rows))
+        rows, seq, per_row = batch_layout([(path, list(t.shape), not (t.is_floating_point() or t.is_complex()))
+                                           for path, t in tensor_leaves(batch)])
+        return BatchLayout(rows, seq, tuple(per_row))
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -118,8 +88,7 @@ class BatchLayout:
         return {"batch": self.rows, **({"seq": self.seq} if self.seq is not None else {})}
 
     def take(self, batch: Any, start: int, stop: int) -> Any:
-        """Rows start..stop of every tensor of `batch` that has its rows first (contiguous); the
-        tensors every row shares pass unchanged."""
+        """Rows start..stop of every tensor of `batch` with its rows first (contiguous); the rest pass."""
         def take(leaf: Any) -> Any:
             if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == self.rows:
                 return leaf[start:stop].contiguous()
@@ -132,8 +101,7 @@ class BatchLayout:
         return [self.take(batch, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
     def at(self, batch: Any, sizes: Mapping[str, int]) -> Any:
-        """`batch` cut to ``sizes["batch"]`` rows and sequences of ``sizes["seq"]`` (each at most the
-        batch's own); the batch's rows are reused, so the cut batch holds real inputs."""
+        """`batch` cut to ``sizes["batch"]`` rows and sequences of ``sizes["seq"]``: real inputs."""
         def cut_one(leaf: Any) -> Any:
             if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
                 return leaf
@@ -146,14 +114,12 @@ class BatchLayout:
         return torch.utils._pytree.tree_map(cut_one, batch)
 
 
-def shown(sizes: Mapping[str, int]) -> str:
-    """Sizes as fit's messages show them: ``batch 8 x seq 512``."""
+def shown(sizes: Mapping[str, int]) -> str:  # as fit's messages show them: "batch 8 x seq 512"
     return " x ".join(f"{name} {value}" for name, value in sizes.items())
 
 
 def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
-    """Grids to record a step at when it does not fit whole, nearest the example first
-    (planner/micro_cut.hpp); a size the example cannot vary is left out."""
+    """Grids to record a step at when it does not fit whole, nearest the example first (planner/micro_cut.hpp)."""
     grids = [{name: tuple(values) for name, values in grid} for grid in recording_grids(layout.rows, layout.seq or 0)]
     if not grids:
         raise ValueError(f"stowage.fit: the step does not fit at the example's sizes {layout.sizes}, and they are "
@@ -164,9 +130,8 @@ def profiling_grids(layout: BatchLayout) -> list[dict[str, tuple[int, ...]]]:
 
 @dataclass(frozen=True)
 class LossUnits:
-    """What a batch's loss is a mean over, and how many of them a batch holds. ``alike``: counts
-    the example batch could not tell from this one (they weighed every cut of it alike); a batch
-    they weigh differently is refused (`weighted`)."""
+    """What a batch's loss is a mean over, and how many a batch holds. ``alike``: counts the example
+    could not tell from this one; a batch they weigh differently is refused (`weighted`)."""
 
     name: str
     count: Callable[[Any], float]
@@ -175,11 +140,10 @@ class LossUnits:
 
 @dataclass(frozen=True)
 class ExampleBatch:
-    """The example batch as fit works from it, described once where fit first sees it and handed
-    to every later step (recording, the cut check, the trial, the fitted step, the table): the
-    batch, its layout (rows, sequence length), what its loss is a mean over (`units`; None: it
-    runs whole), how it cuts (`cut`; None while fit is to choose), why it is not cut, and what the
-    cut check verified. Frozen: what fit learns later makes a new one."""
+    """The example batch, described once and handed to every later step of fit: the batch, its
+    layout, what its loss is a mean over (`units`; None: it runs whole), how it cuts (`cut`; None
+    while fit is to choose), why it is not cut, what the cut check verified. Frozen: what fit
+    learns later makes a new one."""
 
     batch: Any
     layout: BatchLayout
@@ -190,22 +154,13 @@ class ExampleBatch:
 
     @staticmethod
     def of(batch: Any, micro_batches: int | str) -> ExampleBatch:
-        """The example with the cut asked for: none where fit is to choose ("auto" on a batch it can
-        cut into micro-batches of at least MIN_ROWS rows), else a count's (1: the whole batch). A
-        count is run as asked, or refused: never another."""
+        """The example with the cut asked for (MicroCut.asked): a count is run as asked, or refused."""
         layout = BatchLayout.of(batch)
-        rows = layout.rows
-        if rows < 1:
-            raise ValueError("stowage.fit: the example batch has no rows (its tensors' first dimension is 0); give "
-                             "fit the largest batch the loop trains on")
-        if micro_batches == "auto":
-            return ExampleBatch(batch, layout, None if rows >= 2 * MIN_ROWS else MicroCut.of(rows, 1))
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        wrong = micro_batches != "auto" and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int))
+        cut = MicroCut.asked(layout.rows, None if wrong or micro_batches == "auto" else micro_batches)  # rows first
+        if wrong:
             raise ValueError(f"stowage.fit: micro_batches is 'auto' or a count of 1 or more, not {micro_batches!r}")
-        if micro_batches > 1 and rows // micro_batches < MIN_ROWS:
-            raise ValueError(f"stowage.fit: {micro_batches} micro-batches of a batch of {rows} rows leave "
-                             f"fewer than {MIN_ROWS} rows in one")
-        return ExampleBatch(batch, layout, MicroCut.of(rows, micro_batches))
+        return ExampleBatch(batch, layout, cut)
 
     @property
     def rows(self) -> int:
@@ -215,27 +170,22 @@ class ExampleBatch:
     def runs_whole(self) -> bool:
         return self.cut is not None and self.cut.count == 1
 
-    def with_units(self, units: LossUnits, checked: str) -> ExampleBatch:
-        """The example cut by `units`, `checked` saying how they were found."""
+    def with_units(self, units: LossUnits, checked: str) -> ExampleBatch:  # `checked`: how they were found
         return dataclasses.replace(self, units=units, checked=checked, not_cut="")
 
     def whole(self, why: str = "") -> ExampleBatch:
-        """The example run whole, `why` it is not cut."""
         return dataclasses.replace(self, cut=MicroCut.of(self.rows, 1), units=None, not_cut=why, checked="")
 
     def cut_into(self, count: int, most: int) -> ExampleBatch:
-        """The example cut as fit chose: `count` micro-batches of at most `most` rows."""
         return dataclasses.replace(self, cut=MicroCut(self.rows, count, most))
 
-    def last_piece(self, cut: MicroCut) -> Any:
-        """The largest of `cut`'s micro-batches of the example (the last: near-equal cuts grow)."""
+    def last_piece(self, cut: MicroCut) -> Any:  # the largest micro-batch: the last (near-equal cuts grow)
         bounds = cut.bounds(self.rows)
         return self.layout.take(self.batch, bounds[-2], bounds[-1])
 
 
 def weighted(batch: Any, cut: MicroCut, units: LossUnits) -> list[tuple[Any, float]]:
-    """The micro-batches and each one's share of the global loss; a micro-batch with no units is
-    left out: it adds nothing to the global mean, where its own would be 0/0."""
+    """The micro-batches and each one's share of the global loss (one with no units left out: its own mean is 0/0)."""
     layout = BatchLayout.of(batch)
     pieces = layout.pieces(batch, cut.bounds(layout.rows))
     if len(pieces) == 1:

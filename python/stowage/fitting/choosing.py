@@ -1,13 +1,11 @@
-"""`fit`'s choice: the share of optimizer states kept on the device, the micro-batches the global
-batch runs as and the plan for the step's activations under what those leave, weighed together in
-one call into the planner (Note [Weighing fit's options] in planner/fit_weighing.hpp; Note
-[Choosing a share] in planner/share_search.hpp), then tried once before training (README's
-"Fitting a larger model" says what a trial catches). An overshoot found is kept back from every
-plan weighed again: the planner's error on this step, taken to be as large on the next plan, so a
-plan that then overshoots by no more than what was kept back fits.
+"""`fit`'s choice: the share of optimizer states on the device, the micro-batches and the plan for
+the activations, weighed in one call into the planner (Note [Weighing fit's options] in planner/
+fit_weighing.hpp), then tried once before training (README's "Fitting a larger model"). An
+overshoot found is kept back from every plan weighed again: the planner's error on this step, taken
+to be as large on the next plan.
 
-Contract: the trial restores what the step changes (stowage.fitting.side_effects); one trial at a
-time, on the thread that trains.
+Contract: the trial restores what the step changes (side_effects); one trial at a time, on the
+thread that trains.
 """
 
 from __future__ import annotations
@@ -47,22 +45,20 @@ def distributed() -> bool:
 
 @dataclass(frozen=True)
 class StepTraces:
-    """One micro-batch's lifetime trace by its rows: as records (`at`: the plan applied keeps
-    them) and as the planner's (`native`, a _core.StepTraces: what is weighed). ``regions``: the
-    step's checkpoint regions, alike at any rows."""
+    """One micro-batch's lifetime trace by its rows: `at` (what a plan applies) and `native` (a
+    _core.StepTraces: what is weighed); ``regions``: its checkpoint regions, alike at any rows."""
 
     at: TraceAt
     native: Any
     regions: list[Any]
 
     @staticmethod
-    def whole(trace: LifetimeTrace) -> StepTraces:
-        """A step recorded once, the same at any rows."""
+    def whole(trace: LifetimeTrace) -> StepTraces:  # a step recorded once, the same at any rows
         return StepTraces(lambda rows: trace, _core.StepTraces(trace, trace.cost), trace.regions)
 
     @staticmethod
     def by_rows(sized: SizedTrace, sizes: dict[str, int], rows_size: str = "batch") -> StepTraces:
-        """A step recorded at a grid: at `sizes`, the rows in `rows_size`."""
+        """A step recorded at a grid, at `sizes`, the rows in `rows_size`."""
         first = sized.traces[0]
         native = _core.StepTraces(sized.native, [sizes.get(name, 0) for name in sized.sizes],
                                   list(sized.sizes).index(rows_size), first.cost)
@@ -70,9 +66,7 @@ class StepTraces:
 
 
 class Option:
-    """One weighed option (a _core.FitOption: share, micro-batch rows and count, activation budget,
-    optimizer peak, host bytes, update and step times, the reason it does not fit or "") and its
-    plan, made from its decisions where it was solved."""
+    """One weighed option (its _core.FitOption's figures) and its plan, made where it was solved."""
 
     def __init__(self, weighed: Any, trace_at: TraceAt) -> None:
         self.weighed, self._trace_at = weighed, trace_at
@@ -87,8 +81,7 @@ class Option:
         return (self.fraction, self.micro_rows)
 
     @functools.cached_property
-    def plan(self) -> Plan | None:
-        """The option's plan (None where none was solved: the states alone fill a device or host)."""
+    def plan(self) -> Plan | None:  # None where none was solved (the states alone fill a device or host)
         if not self.weighed.solved:
             return None
         trace = self._trace_at(self.micro_rows)
@@ -110,13 +103,12 @@ def _agreed(options: list[Option]) -> Choice | None:
     return _core.agree_choice(every, TIE)
 
 
-def block_kind(path: str) -> str:
-    """A block's path with its list indices wild: "model.layers.5" -> "model.layers.*"."""
+def block_kind(path: str) -> str:  # "model.layers.5" -> "model.layers.*"
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", path)
 
 
 def _without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> LifetimeTrace:
-    """`trace` with the blocks of the `excluded` regions not recomputable (their tensors kept or offloaded)."""
+    """`trace` with the `excluded` regions' blocks not recomputable (their tensors kept or offloaded)."""
     if not excluded:
         return trace
     trace, tensors, regions = copy.copy(trace), trace.tensors, trace.regions  # (the lists are copies)
@@ -130,8 +122,8 @@ def _without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> Lifeti
 
 @dataclass(frozen=True)
 class Weighing:
-    """What every weighing of the options takes: ``memory``, ``host``, ``rates`` are
-    _core.FitMemory, FitHost, UpdateRates; ``cut`` None where fit chooses the micro-batches."""
+    """What every weighing takes (``memory``, ``host``, ``rates``: _core.FitMemory, FitHost,
+    UpdateRates); ``cut`` None where fit chooses the micro-batches."""
 
     traces: StepTraces
     memory: Any
@@ -143,10 +135,9 @@ class Weighing:
     foreach: bool
 
     def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
-        """Every share weighed (all on the device only, when states cannot move), at the cut asked
-        for or, where fit chooses, at the largest micro-batch that fits and up to EXTRA_CUTS halvings
-        of it; ``reserve``: device bytes kept from every plan; ``no_recompute``: block kinds whose
-        tensors are kept or offloaded."""
+        """Every share weighed at the cut asked for, or where fit chooses, at the largest micro-batch
+        that fits and up to EXTRA_CUTS halvings; ``reserve``: device bytes kept from every plan;
+        ``no_recompute``: block kinds whose tensors are kept or offloaded."""
         fractions = FRACTIONS if self.can_offload else (1.0,)
         shares = [(f, torch_module().kept_on_device(self.memory.numels, f)) for f in fractions]
         excluded = frozenset(i for i, region in enumerate(self.traces.regions)
@@ -159,8 +150,8 @@ class Weighing:
 
 
 def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> tuple[int, str]:
-    """One forward and backward of `piece` under `plan`: the bytes it added beyond the prediction
-    (0 where it held), and the block kind whose recompute failed ("" where none did)."""
+    """`piece`'s forward and backward under `plan`: the bytes added beyond the prediction (0 where
+    it held), and the block kind whose recompute failed ("" where none did)."""
     model.zero_grad(set_to_none=True)
     start = memory.memory_allocated(device)
     memory.reset_peak_stats(device)
@@ -211,9 +202,8 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
 
 def checked_choice(weighing: Weighing, example: ExampleBatch, check: CutCheck | None, model: Any, loss_fn: LossFn,
                    device: torch.device) -> tuple[ExampleBatch, Chosen]:
-    """fit's choice, its cut verified on the example batch where fit chose it ("auto", the units
-    not given): a cut the check does not verify (on any rank, under torch.distributed, where the
-    ranks took one choice) is weighed again whole, saying why."""
+    """fit's choice, its cut verified on the example where fit chose it ("auto", units not given):
+    a cut not verified (on any rank, under torch.distributed) is weighed again whole, saying why."""
     choice = choose(weighing, model, loss_fn, example, device)
     chosen = choice[1]
     verify = check is not None and weighing.cut is None and example.checked != LOSS_UNITS_GIVEN

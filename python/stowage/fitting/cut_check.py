@@ -1,12 +1,10 @@
-"""Whether cutting the example batch keeps its step: the check behind every cut fit takes (Note
-[Micro-batches] in planner/micro_cut.hpp; README's "A global batch as micro-batches" says what it
-runs and what keeps a batch whole). The forwards run here, without a graph, in the model's own
-mode under `CutCheckDispatch`, each from the same state (stowage.fitting.side_effects.untouched);
-planner/loss_units.hpp judges their losses. Where the whole batch's forward runs out of memory,
-the micro-batches are checked in spans (as many consecutive ones as a forward holds, at least two).
+"""Whether cutting the example batch keeps its step (Note [Micro-batches] in planner/micro_cut.hpp;
+README's "A global batch as micro-batches"): the forwards run here, without a graph, in the model's
+own mode under `CutCheckDispatch`, each from the same state (side_effects.untouched); planner/
+loss_units.hpp judges their losses. Where the whole batch's forward runs out of memory, the
+micro-batches are checked in spans (as many consecutive ones as a forward holds, at least two).
 
-Contract: one CutCheck per example batch; `verify` may be called for several cuts, each loss
-computed once; not thread-safe.
+Contract: one CutCheck per example batch; each loss computed once; not thread-safe.
 """
 
 from __future__ import annotations
@@ -58,15 +56,12 @@ def _replaced(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: st
 
 
 class CutCheckDispatch(TorchDispatchMode):
-    """The check's forwards at the level of torch's ops (whatever module or function calls them):
-    dropout keeps every element (``native_dropout``, ``_fused_dropout`` return their input,
-    ``bernoulli`` draws are all ones, an op's ``dropout`` or ``dropout_p`` argument is 0), so the
-    whole batch and its micro-batches compute one deterministic function of their rows. Found:
-    ``mixing``, the row-mixing ops seen (batch norm in training mode on more than one row, or
-    SyncBatchNorm's statistics), each with the module it ran in; with `neutralise_batch_norm`
-    batch norm runs on its running statistics where it has them instead; ``random``, random draws
-    that stayed random (``aten.rand`` ...: a cut draws them differently); ``dtypes``, the floating
-    point dtypes the ops made. Entered only by the check: it never changes a training step."""
+    """The check's forwards at the level of torch's ops: dropout keeps every element (so the whole
+    batch and its micro-batches compute one deterministic function of their rows). Found:
+    ``mixing``, the row-mixing ops seen (batch norm training on more than one row, SyncBatchNorm's
+    statistics) by the module they ran in (with `neutralise_batch_norm`, batch norm runs on its
+    running statistics where it has them instead); ``random``, draws that stayed random (a cut
+    draws them differently); ``dtypes``, the floating point dtypes made. Entered only by the check."""
 
     def __init__(self, model: Any, neutralise_batch_norm: bool) -> None:
         super().__init__()
@@ -77,8 +72,7 @@ class CutCheckDispatch(TorchDispatchMode):
         self.dtypes: set[torch.dtype] = set()
 
     @contextlib.contextmanager
-    def watching(self) -> Iterator[None]:
-        """The mode, with the module each op runs in followed (for the reason a cut is refused)."""
+    def watching(self) -> Iterator[None]:  # the module each op runs in followed, for a refusal's reason
         unsubscribe = step_context.module_calls.subscribe(compiled=True)
         try:
             with torch.no_grad(), self:
@@ -134,8 +128,7 @@ class Unverifiable(Exception):
 
 
 @dataclass
-class _Equations:
-    """One cut's equations: for each span (consecutive micro-batches), its loss and its pieces'."""
+class _Equations:  # one cut's: its pieces' losses, and each span's (consecutive pieces)
 
     pieces: list[Any]
     losses: list[float]
@@ -143,9 +136,8 @@ class _Equations:
 
 
 class CutCheck:
-    """The check on one example batch: `verify` a list of cuts (their losses computed once and
-    kept), `mixing` alone where the caller gives the units. Owns nothing of the model's: every
-    forward leaves it as it found it."""
+    """The check on one example batch: `verify` cuts, or `mixing` alone where the caller gives the
+    units. Every forward leaves the model as it found it."""
 
     def __init__(self, model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device,
                  split_batchnorm: bool) -> None:
@@ -160,8 +152,7 @@ class CutCheck:
         self._noise_measured: float | None | bool = False  # False: not measured yet
 
     def mixing(self) -> str:
-        """Why the step may not be cut for the rows it mixes ("" where it mixes none): runs the
-        first micro-batch of the finest cut when nothing ran yet."""
+        """Why the step may not be cut for the rows it mixes ("" where it mixes none)."""
         if not self._losses:
             self._loss(0, min(self.rows, 2))
         if not self.mode.mixing:
@@ -174,8 +165,7 @@ class CutCheck:
                 "split_batchnorm=True cuts the batch anyway, each micro-batch's statistics its own")
 
     def verify(self, cuts: list[MicroCut]) -> ExampleBatch:
-        """The example with the units every cut in `cuts` (and every cut verified before) keeps the
-        step by, and what was verified; else run whole, saying why."""
+        """The example with the units every cut verified keeps the step by; else run whole, saying why."""
         try:
             whole = self._loss(0, self.rows)
             mixing = self.mixing()
@@ -190,8 +180,7 @@ class CutCheck:
             return self.example.whole(str(error))
         return self._judge(whole)
 
-    def _loss(self, start: int, stop: int) -> float | None:
-        """The loss of rows start..stop, from the check's state; None where it runs out of memory."""
+    def _loss(self, start: int, stop: int) -> float | None:  # rows start..stop's; None: out of memory
         if (start, stop) not in self._losses:
             if stop - start >= self._out_of_memory_at:
                 return None
@@ -241,9 +230,7 @@ class CutCheck:
         raise Unverifiable("the whole batch's forward does not fit on the device, nor does one of two micro-batches "
                            "together, so no cut of it can be checked; pass loss_units= to cut it anyway")
 
-    def _judge(self, whole: float | None) -> ExampleBatch:
-        """The units the verified cuts' equations hold by, within the rounding measured on the step
-        (planner/loss_units.hpp judges them)."""
+    def _judge(self, whole: float | None) -> ExampleBatch:  # the units every verified cut's equations hold by
         cuts = [(equations.losses, equations.spans) for _, equations in self._verified]
         counted = [(units.name, [[float(units.count(piece)) for piece in equations.pieces]
                                  for _, equations in self._verified]) for units in self.candidates]
@@ -258,12 +245,16 @@ class CutCheck:
         if not alike:
             return self.example.whole(why_not)
         first, *rest = [self.candidates[index] for index in alike]
-        checked = f"{self._checked(whole)}, agreeing within {tolerance:.0e} of the loss"
-        return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)), checked)
+        cuts = " and ".join(str(len(e.pieces)) for _, e in self._verified)
+        checked = (f"the whole example batch's loss against its micro-batches' (cut into {cuts})" if whole is not None
+                   else f"the example batch's micro-batches (cut into {cuts}) in spans of consecutive ones (the whole "
+                   "batch's forward does not fit on the device: how the spans add up is not checked)")
+        return self.example.with_units(LossUnits(first.name, first.count, tuple(rest)),
+                                       f"{checked}, agreeing within {tolerance:.0e} of the loss")
 
     def _noise(self) -> float | None:
-        """The relative difference between the first micro-batch with a finite loss and the same
-        rows repeated to the most rows a forward ran at; None where it cannot be measured."""
+        """The relative difference between the first finite micro-batch's loss and its rows repeated
+        (to the most rows a forward ran at); None where it cannot be measured."""
         for cut, equations in self._verified:
             bounds = cut.bounds(self.rows)
             for index, loss in enumerate(equations.losses):
@@ -282,17 +273,9 @@ class CutCheck:
             return None
         return None
 
-    def _checked(self, whole: float | None) -> str:
-        cuts = " and ".join(str(len(e.pieces)) for _, e in self._verified)
-        if whole is not None:
-            return f"the whole example batch's loss against its micro-batches' (cut into {cuts})"
-        return (f"the example batch's micro-batches (cut into {cuts}) in spans of consecutive ones (the whole batch's "
-                "forward does not fit on the device: how the spans add up is not checked)")
-
 
 def _repeated(batch: Any, rows: int, times: int) -> Any:
     """`batch` (of `rows` rows) with every row repeated `times` times, in order."""
-
     def repeat(leaf: Any) -> Any:
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == rows:
             return leaf.repeat(times, *([1] * (leaf.dim() - 1)))

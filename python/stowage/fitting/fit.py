@@ -43,10 +43,8 @@ def check_allocator(device: torch.device) -> None:
 
 
 def check_parameters_counted(parameters: list[torch.nn.Parameter], device: torch.device) -> None:
-    """Raises, saying how to fix it, when parameters lie outside the memory stowage serves (in
-    CPU mode, a model built before stowage.enable(): the simulated device does not hold them, so
-    the budget would leave them out). On a GPU every CUDA tensor is stowage's: enable() must come
-    before CUDA starts."""
+    """Raises, saying how to fix it, when parameters lie outside CPU mode's simulated device (a model
+    built before stowage.enable(): the budget would leave them out)."""
     if device.type != "cpu":
         return
     module = torch_module()
@@ -75,8 +73,7 @@ def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> Any:
-    """What an offloaded parameter of `optimizer`'s takes on the host (in the default exact mode:
-    one gradient staging buffer), and the room the process has there (a _core.FitHost)."""
+    """A _core.FitHost: what an offloaded parameter takes on the host, and the process's room there."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
     per_parameter = max((torch_module().bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
@@ -85,25 +82,11 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     return _core.FitHost(per_parameter, room.available_bytes, limited_by)
 
 
-def _offloaded(optimizer: torch.optim.Optimizer, fraction: float, model: Any,
-               host_budget: int | str | None = None) -> torch.optim.Optimizer:
-    """stowage.offload.Adam or AdamW with `optimizer`'s groups and every option they carry,
-    `fraction` of the states on the device; attached to DDP's all-reduce when the model is wrapped
-    in DDP."""
-    twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
-    groups = [dict(group) for group in optimizer.param_groups]
-    offloaded = twin(groups, device_fraction=fraction, host_memory_limit=host_budget)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        offloaded.attach(model)
-    return offloaded
-
-
 def _units(check: CutCheck, example: ExampleBatch, micro_batches: int | str,
            loss_units: str | Callable[[Any], float] | None, device: torch.device) -> ExampleBatch:
-    """The example with what its loss is a mean over, verified on it (stowage.fitting.cut_check)
-    at the finest cut fit may take and the count asked for; or as the caller says, the step checked
-    only for ops that mix rows. Where the batch is not to be cut, micro_batches="auto" keeps it
-    whole and a count asked for is refused."""
+    """The example with what its loss is a mean over, verified (cut_check) at the finest cut and the
+    count asked for, or as the caller says (then checked only for ops that mix rows). A batch not
+    to be cut runs whole under micro_batches="auto"; a count asked for is refused."""
     with fit_trial(device):
         if loss_units is not None:
             why_not = check.mixing()
@@ -167,8 +150,13 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         unplanned = traces.at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
         raise torch.OutOfMemoryError(_core.no_fit_message([o.weighed for o in options], memory, unplanned, refusal,
                                                           tried, whole))
-    if chosen.fraction < 1.0:
-        optimizer = _offloaded(optimizer, chosen.fraction, model, host_budget)
+    if chosen.fraction < 1.0:  # the offloaded twin with the factory's groups, on DDP's all-reduce under DDP
+        twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
+        offloaded = twin([dict(group) for group in optimizer.param_groups], device_fraction=chosen.fraction,
+                         host_memory_limit=host_budget)
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            offloaded.attach(model)
+        optimizer = offloaded
     name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "memory": memory,

@@ -1,7 +1,6 @@
-"""What `fit` returns: the model's training step as fitted (the optimizer it chose, the plan for
-its activations, the micro-batches it cuts a batch into), for a loop to use unchanged:
-``fitted.step(batch)``, or a loop's own forward and backward under ``with fitted:`` with
-``fitted.optimizer`` (README's "Fitting a larger model" shows both loops).
+"""What `fit` returns: the training step as fitted (the optimizer, the plan, the micro-batches) for a
+loop to use: ``fitted.step(batch)``, or its own forward and backward under ``with fitted:`` with
+``fitted.optimizer`` (README's "Fitting a larger model").
 
 Contract: used from the thread that trains, one step at a time (``with fitted:`` is not
 re-entrant). It owns the optimizer it returns; the model stays the caller's.
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from stowage import _core, step_context
-from stowage.fitting.batches import LOSS_UNITS_GIVEN, BatchLayout, ExampleBatch, LossFn, LossUnits, shown, weighted
+from stowage.fitting.batches import LOSS_UNITS_GIVEN, BatchLayout, ExampleBatch, LossFn, LossUnits, weighted
 from stowage.fitting.choosing import Option
 from stowage.plan import Plan
 
@@ -38,31 +37,26 @@ class Fitted:
         self._rows_guard: Any = None
 
     @property
-    def units(self) -> LossUnits | None:
-        """What a batch's loss is a mean over, its micro-batches weighted by; None: batches run whole."""
+    def units(self) -> LossUnits | None:  # what a batch's loss is a mean over; None: batches run whole
         return self.example.units
 
     @property
-    def device_fraction(self) -> float:
-        """The share of optimizer states on the device (1.0: the optimizer the factory made)."""
+    def device_fraction(self) -> float:  # the share of optimizer states on the device (1.0: the factory's)
         return self.chosen.fraction
 
     def micro_batches(self, batch: Any) -> list[tuple[Any, float]]:
-        """`batch` as the micro-batches fit chose, each with the weight its loss takes (its share
-        of the batch's loss units): [(batch, 1.0)] where fit runs batches whole. A batch of the
-        example's rows runs as the micro-batches chosen, a larger one as more (none over the rows
-        planned), a smaller one as up to as many (MicroCut).
-        ValueError, before anything runs, where counts the example could not tell apart weigh
-        this batch's micro-batches differently (Note [Micro-batches])."""
+        """`batch` as the micro-batches fit chose (MicroCut: a larger batch as more), each with its
+        share of the batch's loss units; [(batch, 1.0)] where fit runs batches whole. ValueError,
+        before anything runs, where counts the example could not tell apart weigh this batch's
+        micro-batches differently (Note [Micro-batches])."""
         if self.units is None:
             return [(batch, 1.0)]
         return weighted(batch, self.cut, self.units)
 
     def backward(self, batch: Any) -> torch.Tensor:
-        """Forward and backward of ``batch`` under the plan, as the micro-batches fit chose (all
-        but the last under ``accumulating()``), each loss weighted by its share: the gradients of
-        the batch's loss, accumulated into ``.grad``. Returns the batch's loss, detached. Out of
-        memory, the error says the sizes fit planned for beside this batch's."""
+        """Forward and backward of ``batch`` under the plan, as the micro-batches fit chose (all but
+        the last under ``accumulating()``), each loss weighted by its share, gradients accumulated
+        into ``.grad``. Returns the batch's loss, detached."""
         pieces = self.micro_batches(batch)
         total: torch.Tensor | None = None
         self._in_step = True
@@ -92,9 +86,7 @@ class Fitted:
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
         """torch.nn.utils.clip_grad_norm_ over the optimizer's parameters, whichever optimizer fit
-        chose: torch's clips them where they are; the offloaded one scales the offloaded gradients
-        as its host update reads them (stowage.offload.AdamW.clip_grad_norm_). Returns the total
-        norm."""
+        chose (the offloaded one's: stowage.offload.AdamW.clip_grad_norm_). Returns the total norm."""
         clip = getattr(self.optimizer, "clip_grad_norm_", None)
         if clip is not None:
             return clip(max_norm, norm_type, error_if_nonfinite)  # type: ignore[no-any-return]
@@ -102,32 +94,22 @@ class Fitted:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)
 
     def accumulating(self) -> contextlib.AbstractContextManager[Any]:
-        """Marks the micro-batches that are not a step's last, whichever optimizer fit chose: the
-        offloaded one then copies no gradient out until the last (its ``accumulating()``);
-        torch's needs no mark. Unmarked accumulation computes the same, with more copies."""
+        """Marks the micro-batches that are not a step's last: the offloaded optimizer then copies no
+        gradient out until the last; torch's needs no mark. Unmarked, the same with more copies."""
         marker = getattr(self.optimizer, "accumulating", None)
         return marker() if marker is not None else contextlib.nullcontext()
 
     def _out_of_memory(self, error: BaseException, batch: Any = None) -> str:
-        """`error`'s message, then what fit planned for and what came."""
-        planned = self.example.layout.sizes
-        said = f"{error}\nstowage.fit planned this step for {shown(planned)} (its example batch)"
-        if self.units is not None:
-            said += f" in micro-batches of up to {self.cut.most} rows"
-        if batch is None:
-            return said + ": a larger batch needs stowage.fit again with it as the example."
-        try:
-            came = BatchLayout.of(batch).sizes
-        except ValueError:  # no tensor with rows in it: nothing to compare
-            return said + "."
-        cut = {"batch"} if self.units is not None else set()  # rows beyond the example's run as more micro-batches
-        if any(came.get(name, 0) > value for name, value in planned.items() if name not in cut):
-            return (said + f"; this batch is {shown(came)}, larger. Give fit the largest batch the loop trains on "
-                    "as its example (stowage.fit(model, factory, largest_batch)), or cut this one.")
+        """`error`'s message, then what fit planned for and what came (planner/fit_refusals.hpp)."""
+        came = None
+        if batch is not None:
+            try:
+                came = list(BatchLayout.of(batch).sizes.items())
+            except ValueError:  # no tensor with rows in it: nothing to compare
+                came = []
         departed = self.plan.departed_steps if self.plan is not None else 0
-        return (said + f"; this batch is {shown(came)}, no larger: the step needed more than planned ("
-                f"{departed} steps departed from the plan's lifetime trace). Fit again with a budget below the device's "
-                "(stowage.fit(..., budget=...)) to leave more room.")
+        return _core.fitted_out_of_memory(str(error), list(self.example.layout.sizes.items()),
+                                          self.cut if self.units is not None else None, came, departed)
 
     def __enter__(self) -> Fitted:
         if self._applied is not None:
@@ -143,8 +125,7 @@ class Fitted:
         return self
 
     def _refuse_more_rows(self, args: tuple[Any, ...]) -> None:
-        """The first forward under ``with fitted:`` (a loop of its own) of more rows than fit
-        planned a micro-batch for: refused before it runs, as the plan would not hold it."""
+        """The first forward under ``with fitted:`` of more rows than a micro-batch: refused before it runs."""
         try:
             rows = BatchLayout.of(args).rows
         except ValueError:
@@ -152,11 +133,7 @@ class Fitted:
         self._rows_guard()
         self._rows_guard = None
         if rows > self.cut.most:
-            raise RuntimeError(
-                f"stowage.fit: this forward has {rows} rows; fit planned micro-batches of {self.cut.most} rows "
-                f"(micro_batches={self.cut.count} for the example's {self.example.rows}). Run "
-                "the batch through fitted.step(batch) or fitted.backward(batch), or loop over "
-                "fitted.micro_batches(batch) (each micro-batch's loss times its weight), or fit with micro_batches=1")
+            raise RuntimeError(_core.more_rows_refusal(rows, self.cut))
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:

@@ -1,12 +1,6 @@
-"""What `fit` measures, the figures its weighing takes (the arithmetic on them is the planner's:
-Note [Weighing fit's options] in planner/fit_weighing.hpp): the device's memory (`measure`) and
-how long AdamW's update takes a parameter on the host (stowage's kernel, as the offloaded
-optimizer runs it) and on the device (torch's fused AdamW), timed when `fit` runs.
-
-The device's rate is the slope between two sizes of probe, not one probe's time over its size:
-a fused step's fixed cost (Python, the launch: about 0.1 ms on a GPU) would otherwise be spread
-over the probe's parameters and make a GPU's update look several times slower than the host's
-(measured on an H200: bench/results/2026-11-26-h200-gpu.md).
+"""What `fit` measures for its weighing (Note [Weighing fit's options] in planner/fit_weighing.hpp):
+the device's memory (`measure`) and how long AdamW's update takes a parameter on the host
+(stowage's kernel, as the offloaded optimizer runs it) and on the device (torch's fused AdamW).
 """
 
 from __future__ import annotations
@@ -29,10 +23,8 @@ PAGE_BYTES = 2 << 20
 
 
 def state_copies(optimizer: Any) -> int:
-    """Copies of each parameter the optimizer keeps as state: two for Adam and AdamW (their
-    moments; three with amsgrad's maximum), one for SGD with momentum, none for plain SGD; two for
-    any other (a guess on the side of room: give such an optimizer's factory a budget with room to
-    spare)."""
+    """Copies of each parameter the optimizer keeps as state: Adam's and AdamW's two moments (three
+    with amsgrad), SGD's momentum; two for any other (a guess: give it a budget with room to spare)."""
     if isinstance(optimizer, torch.optim.SGD):
         return 1 if any(g.get("momentum", 0) for g in optimizer.param_groups) else 0
     if isinstance(optimizer, torch.optim.Adam) and any(g.get("amsgrad") for g in optimizer.param_groups):
@@ -41,10 +33,8 @@ def state_copies(optimizer: Any) -> int:
 
 
 def measure(parameters: list[torch.nn.Parameter], in_use: int, capacity: int, copies: int = 2) -> Any:
-    """The device's figures (a _core.FitMemory): `parameters` in the optimizer's order (its
-    groups'), which decides what a share keeps; ``in_use``: bytes when fit ran (parameters,
-    buffers, the example batch); ``usable``: the capacity less a margin for the allocator's
-    rounding and for what torch allocates outside the step."""
+    """The device's figures (a _core.FitMemory): `parameters` in the optimizer's order (what a share
+    keeps follows it); ``in_use``: bytes when fit ran; ``usable``: the capacity less the margin (MARGIN_*)."""
     trainable = [local(p) for p in parameters if p.requires_grad]  # under FSDP2, this rank's shards
     sizes = [p.numel() * p.element_size() for p in trainable]
     return _core.FitMemory(
@@ -113,10 +103,10 @@ def _device_ms(device: torch.device, dtype: torch.dtype, numel: int) -> float:
 
 
 def _device_ms_per_parameter(device: torch.device, dtype: torch.dtype) -> float:
-    """The time a parameter adds to the device's step: the slope between a probe and one four
-    times its size (never below what the larger probe's time over its size says, where noise
-    makes the slope smaller than that). The larger probe is as large as DEVICE_PROBE_NUMEL allows
-    within a share of free memory."""
+    """The time a parameter adds to the device's step: the slope between a probe and one four times
+    its size (never below the larger's time over its size), not one probe's time over its size: a
+    fused step's fixed cost (the launch: about 0.1 ms on a GPU) would make a GPU's update look
+    several times slower than the host's (bench/results/2026-11-26-h200-gpu.md)."""
     free = memory_cap(device)[0] - int(memory_allocated(device))
     per_parameter = 2 * dtype.itemsize + 2 * 4  # parameter and gradient, fp32 moments
     smallest, largest = DEVICE_PROBE_NUMEL
@@ -128,8 +118,7 @@ def _device_ms_per_parameter(device: torch.device, dtype: torch.dtype) -> float:
 
 
 def measure_rates(device: torch.device, dtype: torch.dtype) -> Any:
-    """Both rates (a _core.UpdateRates) for parameters of `dtype` on `device`. A device too full for the probes is
-    taken to update as fast as the host."""
+    """Both rates (a _core.UpdateRates); a device too full for the probes is taken as fast as the host."""
     host = _host_ms(device, dtype) / HOST_PROBE_NUMEL
     try:
         on_device = _device_ms_per_parameter(device, dtype)

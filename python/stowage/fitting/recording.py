@@ -1,7 +1,6 @@
-"""`fit`'s recording of the step: whole at the example when it fits and is not to be cut; at 2
-and 3 rows of the example's sequences when it may be cut (every cut's lifetime trace is then read
-off the rows' line); else at the first grid of smaller sizes cut from the example that it fits
-and runs the same ops at (`profiling_grids`), evaluated at the example's (stowage.plan.sizes).
+"""`fit`'s recording of the step: whole at the example when it fits and is not to be cut; at 2 and 3
+rows when it may be cut (every cut's trace read off the rows' line); else at the first smaller grid
+(`profiling_grids`) it fits and runs the same ops at, evaluated at the example's (stowage.plan.sizes).
 """
 
 from __future__ import annotations
@@ -11,8 +10,9 @@ from typing import Any, Callable
 import torch
 
 import stowage.plan
+from stowage import _core
 from stowage import memory as stowage_memory
-from stowage._core import MIN_ROWS, format_bytes
+from stowage._core import MIN_ROWS
 from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, profiling_grids, shown
 from stowage.fitting.choosing import StepTraces
 from stowage.fitting.side_effects import fit_trial, untouched
@@ -58,10 +58,12 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
     if sized is None:
         model.zero_grad(set_to_none=True)
         if not all(isinstance(error, torch.OutOfMemoryError) for _, error in failures):
-            raise _cut_fails(full, failures)
-        grid = profiling_grids(example.layout)[-1]
-        raise _too_large(model, device, capacity, {name: values[0] for name, values in grid.items()},
-                         _first_line(failures[-1][1]))
+            raise ValueError(_core.unrecordable_message(list(full.items()), [(g, _first_line(e)) for g, e in failures],
+                                                        any(isinstance(e, StepsDiffer) for _, e in failures)))
+        smallest = [(name, values[0]) for name, values in profiling_grids(example.layout)[-1].items()]
+        gradients = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        raise torch.OutOfMemoryError(_core.too_large_message(
+            smallest, stowage_memory.memory_allocated(device), capacity, gradients, _first_line(failures[-1][1])))
     grid = sized.sizes
     if example.units is not None:
         return StepTraces.by_rows(sized, {name: full[name] for name in grid}), (
@@ -72,10 +74,9 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
 
 def _on_cuts(step: Callable[[Any], None], example: ExampleBatch,
              grid: dict[str, tuple[int, ...]]) -> Callable[..., None]:
-    """`step` on the example cut to each point of `grid`, the cuts made before anything is
-    recorded: cutting is no part of the step (recorded, its copies would count in the step's
-    memory and its ops among the step's, and those can change with the point: indexing a
-    dimension to its full length is an alias, or nothing, where a shorter one is a slice)."""
+    """`step` on the example cut to each point of `grid`, cut before anything is recorded: cutting
+    is no part of the step (its copies and ops would count, and differ by point: a full-length
+    index is an alias where a shorter one is a slice)."""
     pieces = {tuple(point.items()): example.layout.at(example.batch, point) for point in grid_points(grid)}
     return lambda **sizes: step(pieces[tuple(sizes.items())])
 
@@ -85,10 +86,9 @@ Failures = list[tuple[str, Exception]]  # each grid tried (as shown) and why it 
 
 def _record_smaller(step: Callable[[Any], None], example: ExampleBatch, kind: str, cost: dict[str, float] | None,
                     model: Any) -> tuple[Any, str, Failures]:
-    """The step recorded at the first of profiling_grids that it fits and runs the same ops at:
-    (the sized trace, the grid shown, the grids tried before) or (None, "", every grid tried and
-    its failure). A failed recording leaves the device as it found it (stowage.plan.profile), so
-    each grid has the room the first had."""
+    """The step recorded at the first of profiling_grids that it fits and runs the same ops at (the
+    sized trace, the grid shown, the grids tried before), or (None, "", every grid tried and why).
+    A failed recording leaves the device as it found it, so each grid has the first's room."""
     failures: Failures = []
     for grid in profiling_grids(example.layout):
         grid_shown = " x ".join(f"{name} {{{', '.join(map(str, values))}}}" for name, values in grid.items())
@@ -106,42 +106,13 @@ def _record_smaller(step: Callable[[Any], None], example: ExampleBatch, kind: st
 
 
 def _first_line(error: Exception) -> str:
-    text = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {text}"
-
-
-def _too_large(model: Any, device: torch.device, capacity: int, smallest: dict[str, int],
-               failure: str) -> torch.OutOfMemoryError:
-    trainable = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return torch.OutOfMemoryError(
-        f"stowage.fit: the step does not fit as it is even cut to {shown(smallest)}, the smallest size fit "
-        f"records it at (a recording runs the step unplanned, with nothing offloaded). In use before it: "
-        f"{format_bytes(stowage_memory.memory_allocated(device))} of {format_bytes(capacity)}; its gradients add "
-        f"{format_bytes(trainable)}. The device cannot hold the model with the smallest step's activations: shard "
-        "it over more devices (FSDP2), train it in lower precision, or on smaller inputs (shorter sequences, "
-        f"smaller images).\n({failure})")
-
-
-def _cut_fails(full: dict[str, int], failures: Failures) -> ValueError:
-    tried = "\n".join(f"  at {grid}: {_first_line(error)}" for grid, error in failures)
-    if any(isinstance(error, StepsDiffer) for _, error in failures):
-        advice = ("A step recorded at several sizes must run the same ops at each: a loss computed in a fixed "
-                  "number of chunks (not chunks of a fixed size), no branch on the sizes. Else: "
-                  "micro_batches='auto' (fit then records 2 and 3 rows at the example's own sequence length), an "
-                  "example batch whose step fits whole, or a device or budget the example's step fits in")
-    else:
-        advice = ("fit cuts rows (the first dimension of every tensor with the example's rows) and sequences (the "
-                  "second dimension of integer tensors with the example's length): give a step that takes fewer "
-                  "of them, or a budget the example's step fits in whole")
-    return ValueError(
-        f"stowage.fit: the step does not fit whole at {shown(full)}, so fit records it on the example cut to "
-        f"smaller sizes, and it could not be recorded at any of them:\n{tried}\n{advice}")
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def record(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device, capacity: int,
            cost: dict[str, float] | None, micro_batches: int | str) -> tuple[StepTraces, str, ExampleBatch]:
-    """The step recorded as one of fit's trials, leaving no trace in training; a step that cannot
-    be planned per micro-batch runs whole under micro_batches="auto" (a count asked for is refused)."""
+    """The step recorded as one of fit's trials; one that cannot be planned per micro-batch runs
+    whole under micro_batches="auto" (a count asked for is refused)."""
     try:
         with fit_trial(device), untouched(model, device):
             return (*_profile(model, loss_fn, example, device, capacity, cost), example)

@@ -1,9 +1,9 @@
-"""What fit's own steps (its recording, the cut check's forwards, its trials) must not leave
-behind: training after `fit` starts from exactly where it would have started without it.
+"""What fit's own steps (recording, the cut check, trials) must not leave behind: training after
+`fit` starts exactly where it would have without it.
 
-Contract: on leaving ``untouched(model, device)`` (raised or not) every buffer holds its bytes
-from before (BatchNorm's running statistics, anything a forward writes), the CPU and the device's
-generators their states, each parameter its gradient as it was and each module its mode.
+Contract: on leaving ``untouched(model, device)`` (raised or not) every buffer holds its bytes from
+before (BatchNorm's running statistics), the CPU's and device's generators their states, each
+parameter its gradient and each module its mode.
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ def untouched(model: Any, device: torch.device) -> Iterator[None]:
 
 @contextlib.contextmanager
 def fit_trial(device: torch.device) -> Iterator[None]:
-    """fit's own steps (its recording of the step, its probes, its trials), marked in the device's
-    history ("snapshot" markers stowage.fit.trial_begin / trial_end) so that an inspection of the
-    run can tell them from training (an out-of-memory while recording is fit's, not the run's)."""
+    """fit's own steps, marked in the device's history (stowage.fit.trial_begin / trial_end) so that
+    an inspection tells them from training (an out-of-memory while recording is fit's)."""
     module, index = torch_module(), device_index(device)
     module.mark_fit_trial(True, index)
     try:
