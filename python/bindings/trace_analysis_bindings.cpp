@@ -22,6 +22,7 @@
 #include "python/bindings/python_objects.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
+#include "snapshot/diff_report.hpp"
 #include "snapshot/inspection.hpp"
 #include "snapshot/native_figures.hpp"
 #include "snapshot/profiler_order.hpp"
@@ -30,6 +31,7 @@
 #include "snapshot/snapshot_diff.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace stowage::python {
 
@@ -421,6 +423,26 @@ void bind_device_events(py::module_& module) {
       py::arg("time_ns"), py::arg("size"), py::arg("total_after"),
       "torch.profiler's allocation events' indexes in order (snapshot/profiler_order.hpp).");
   module.def(
+      "profiled_trace",
+      [](const std::vector<std::int64_t>& time_ns, const std::vector<std::uint64_t>& address,
+         const std::vector<std::int64_t>& size, const std::vector<std::int64_t>& total_after,
+         std::vector<std::int64_t> marks, const std::string& mark_metadata) {
+        static constexpr const char* kActions[] = {"alloc", "free_requested", "free_completed", "snapshot"};
+        py::list trace;
+        for (const snapshot::ProfiledEvent& event : snapshot::profiled_trace(time_ns, address, size, total_after,
+                                                                             std::move(marks))) {
+          py::dict entry("action"_a = kActions[static_cast<int>(event.kind)], "addr"_a = event.address,
+                         "size"_a = event.size, "stream"_a = 0, "time_us"_a = event.time_us);
+          if (event.kind == snapshot::ProfiledEvent::Kind::kStepEnd) entry["user_metadata"] = mark_metadata;
+          trace.append(std::move(entry));
+        }
+        return trace;
+      },
+      py::arg("time_ns"), py::arg("address"), py::arg("size"), py::arg("total_after"), py::arg("marks"),
+      py::arg("mark_metadata"),
+      "torch.profiler's allocation events (signed sizes) and the steps' ends as a snapshot's device trace of "
+      "event dicts (snapshot/profiler_order.hpp); a step end is a 'snapshot' event with `mark_metadata`.");
+  module.def(
       "step_period",
       [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {
         const auto found = snapshot::step_period(span_of(kinds), span_of(sizes));
@@ -468,6 +490,28 @@ void bind_snapshot_diff(py::module_& module) {
       py::arg("top"),
       "Two snapshots of one device compared: each its trace's columns (TraceColumns) and its segments (the "
       "snapshot's dicts); the `top` sites that grew and shrank, and segments changed in place.");
+  module.def(
+      "diff_report",
+      [](const SnapshotsDiff& diff) {
+        const auto table_of = [](const TextTable& table) {
+          py::list rows;
+          for (const std::vector<std::string>& row : table.rows) {
+            py::list cells;
+            for (const std::string& cell : row) cells.append(utf8_str(cell));  // (sites as the snapshot held them)
+            rows.append(cells);
+          }
+          return py::make_tuple(table.title, table.columns, table.left, rows);
+        };
+        const DiffReport report = diff_report(diff);
+        py::list sites;
+        for (const TextTable& table : report.sites) sites.append(table_of(table));
+        const py::object changed = report.changed_segments ? py::object(table_of(*report.changed_segments)) : py::none();
+        return py::make_tuple(table_of(report.totals), sites, report.segments, changed);
+      },
+      py::arg("diff"),
+      "stowage diff's report as the terminal shows it (snapshot/diff_report.hpp): (totals, the sites' tables, "
+      "the line on segments, the changed segments' table or none), each table (title, columns, columns justified "
+      "left, rows of text cells).");
 }
 
 }  // namespace
