@@ -2,32 +2,19 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 
 #include "base/byte_units.hpp"
+#include "snapshot/findings_rows.hpp"
 
 namespace stowage::snapshot {
 
 namespace {
 
-// A byte count as format_bytes writes it, a negative one after "-"; one past 64 bits (a hostile
-// snapshot's) in plain bytes.
-std::string bytes(Wide value) {
-  const Wide magnitude = value < 0 ? -value : value;
-  std::string out = value < 0 ? "-" : "";
-  if (magnitude <= static_cast<Wide>(std::numeric_limits<std::size_t>::max())) {
-    return out.append(format_bytes(static_cast<std::size_t>(magnitude)));
-  }
-  std::string digits;
-  for (Wide rest = magnitude; rest > 0; rest /= 10) digits.push_back(static_cast<char>('0' + static_cast<int>(rest % 10)));
-  return out.append(digits.rbegin(), digits.rend()).append(" B");
-}
-
-std::string bytes(std::optional<Wide> value) { return value ? bytes(*value) : "-"; }
+std::string bytes(std::optional<Wide> value) { return value ? bytes_text(*value) : "-"; }
 
 std::string signed_bytes(Wide value) {
   std::string out = value > 0 ? "+" : "";
-  return out.append(bytes(value));
+  return out.append(bytes_text(value));
 }
 
 // As Python's f"0x{value:x}", all 128 bits.
@@ -74,7 +61,7 @@ TextTable totals_table(const SnapshotTotals& a, const SnapshotTotals& b) {
 TextTable sites_table(const char* title, const std::vector<SiteChange>& sites) {
   TextTable table{title, {"change", "before", "after", "site"}, {"site"}, {}};
   for (const SiteChange& site : sites) {
-    table.rows.push_back({signed_bytes(site.change), bytes(site.before), bytes(site.after), site.site});
+    table.rows.push_back({signed_bytes(site.change), bytes_text(site.before), bytes_text(site.after), site.site});
   }
   return table;
 }
@@ -84,9 +71,9 @@ TextTable changed_table(const std::vector<SegmentChange>& changed) {
   for (const SegmentChange& segment : changed) {
     table.rows.push_back({address_text(segment.address),
                           segment.size_after == segment.size_before
-                              ? bytes(segment.size_after)
-                              : bytes(segment.size_before) + " -> " + bytes(segment.size_after),
-                          bytes(segment.live_before), bytes(segment.live_after), signed_bytes(segment.live_change)});
+                              ? bytes_text(segment.size_after)
+                              : bytes_text(segment.size_before) + " -> " + bytes_text(segment.size_after),
+                          bytes_text(segment.live_before), bytes_text(segment.live_after), signed_bytes(segment.live_change)});
   }
   return table;
 }
@@ -99,8 +86,8 @@ DiffReport diff_report(const SnapshotsDiff& diff) {
   if (!diff.sites.shrank.empty()) report.sites.push_back(sites_table("shrank, by site", diff.sites.shrank));
   const SegmentsDiff& segments = diff.segments;
   report.segments = "segments: " + with_commas(segments.only_before) + " given back (" +
-                    bytes(segments.only_before_bytes) + "), " + with_commas(segments.only_after) + " new (" +
-                    bytes(segments.only_after_bytes) + "), " + with_commas(segments.changed_count) +
+                    bytes_text(segments.only_before_bytes) + "), " + with_commas(segments.only_after) + " new (" +
+                    bytes_text(segments.only_after_bytes) + "), " + with_commas(segments.changed_count) +
                     " changed in place";
   if (!segments.changed.empty()) report.changed_segments = changed_table(segments.changed);
   return report;

@@ -23,6 +23,7 @@
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
 #include "snapshot/diff_report.hpp"
+#include "snapshot/findings_rows.hpp"
 #include "snapshot/inspection.hpp"
 #include "snapshot/native_figures.hpp"
 #include "snapshot/profiler_order.hpp"
@@ -214,6 +215,17 @@ std::optional<snapshot::ExactTags> tags_of(const py::object& tags, std::int64_t 
                                            std::span<const std::uint8_t> action) {
   PythonObjects objects;
   return snapshot::read_tags(objects, tags.ptr(), device, action);
+}
+
+// Rows of text cells as lists of str, each cell as the snapshot held it (a lone surrogate too).
+py::list text_rows(const snapshot::TextRows& rows) {
+  py::list out;
+  for (const std::vector<std::string>& row : rows) {
+    py::list cells;
+    for (const std::string& cell : row) cells.append(utf8_str(cell));
+    out.append(cells);
+  }
+  return out;
 }
 
 // A bound findings type: byte counts as Python ints, strings as the snapshot held them.
@@ -451,6 +463,29 @@ void bind_device_events(py::module_& module) {
       py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");
 }
 
+// The rows inspect's terminal and HTML reports share (snapshot/findings_rows.hpp).
+void bind_findings_rows(py::module_& module) {
+  using namespace snapshot;
+  module.def(
+      "site_rows", [](const std::vector<SiteLive>& sites, const py::int_& total) {
+        return text_rows(site_rows(sites, wide_of(total)));
+      },
+      py::arg("sites"), py::arg("total"), "Sites (SiteLive) as rows: live, share of `total`, allocations, site.");
+  module.def(
+      "category_rows", [](const Peak& peak, bool before_trace) { return text_rows(category_rows(peak, before_trace)); },
+      py::arg("peak"), py::arg("before_trace"),
+      "A peak's categories as rows, largest first: live, share, category (and the bytes live before the trace).");
+  module.def(
+      "module_rows", [](const Peak& peak) { return text_rows(module_rows(peak)); }, py::arg("peak"),
+      "A peak's modules as rows: live, share, module.");
+  module.def(
+      "held_rows", [](const std::vector<HeldSegment>& held) { return text_rows(held_rows(held)); }, py::arg("held"),
+      "Segments held by one small block as rows: segment, live, held back, site.");
+  module.def(
+      "step_rows", [](const std::vector<Step>& steps) { return text_rows(step_rows(steps)); }, py::arg("steps"),
+      "Steps as rows: step, events, peak, at its end.");
+}
+
 void bind_snapshot_diff(py::module_& module) {
   using namespace snapshot;
   Bound<SnapshotTotals>(module, "SnapshotTotals", "One snapshot's totals, as stowage diff compares them.")
@@ -494,13 +529,7 @@ void bind_snapshot_diff(py::module_& module) {
       "diff_report",
       [](const SnapshotsDiff& diff) {
         const auto table_of = [](const TextTable& table) {
-          py::list rows;
-          for (const std::vector<std::string>& row : table.rows) {
-            py::list cells;
-            for (const std::string& cell : row) cells.append(utf8_str(cell));  // (sites as the snapshot held them)
-            rows.append(cells);
-          }
-          return py::make_tuple(table.title, table.columns, table.left, rows);
+          return py::make_tuple(table.title, table.columns, table.left, text_rows(table.rows));
         };
         const DiffReport report = diff_report(diff);
         py::list sites;
@@ -519,6 +548,7 @@ void bind_snapshot_diff(py::module_& module) {
 void bind_trace_analysis(py::module_& module) {
   bind_inspect(module);
   bind_snapshot_diff(module);
+  bind_findings_rows(module);
   bind_device_events(module);
 }
 
