@@ -40,6 +40,8 @@ PYBIND11_MODULE(_core, module) {
              py::arg("abbreviated"), py::arg("extra_lines"),
              "memory_stats()'s dict as torch.cuda.memory_summary()'s table, titled, with extra_lines "
              "boxed below; raises LogicError naming a missing key.");
+  module.def("memory_summary_title", &stowage::memory_summary_title, py::arg("device"), py::arg("capacity"),
+             "The summary's title for CUDA device `device`, or CPU mode's simulated device (-1), of `capacity` bytes.");
   py::class_<stowage::ResolvedTags>(module, "ResolvedTags",
                                     "The allocations something is known about (indices), their categories "
                                     "(-1: none) and module path ids (0: none).")
