@@ -467,6 +467,9 @@ void bind_device_events(py::module_& module) {
 void bind_findings_rows(py::module_& module) {
   using namespace snapshot;
   module.def(
+      "bytes_text", [](const py::object& value) { return bytes_text(wide_of(py::int_(value))); }, py::arg("value"),
+      "int(value) bytes as format_bytes writes them, '-' before a negative count ('-1.50 MiB').");
+  module.def(
       "site_rows", [](const std::vector<SiteLive>& sites, const py::int_& total) {
         return text_rows(site_rows(sites, wide_of(total)));
       },

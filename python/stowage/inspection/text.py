@@ -15,12 +15,9 @@ from stowage.offload import summary_lines
 from stowage.terminal import literal
 
 
-def bytes_text(value: int) -> str:
-    value = int(value)
-    return _core.format_bytes(value) if value >= 0 else "-" + _core.format_bytes(-value)
-
-
-# The tables the terminal and the HTML report share: their rows are _core's (snapshot/findings_rows.hpp).
+# The tables the terminal and the HTML report share: their rows, and byte counts, are _core's
+# (snapshot/findings_rows.hpp).
+bytes_text = _core.bytes_text
 LEFT_COLUMNS = {"what", "site", "category", "module", "size"}
 SITES = ["live", "share", "allocs", "site"]
 HELD = ["segment", "live", "held back", "site"]
@@ -39,10 +36,6 @@ def rows_table(title: str, header: list[str], rows: list[list[str]], show_header
     return table
 
 
-def _sites_table(title: str, sites: list[_core.SiteLive], total: int) -> Table:
-    return rows_table(title, SITES, _core.site_rows(sites, total))
-
-
 def _print_oom(oom: dict[str, Any], finding: _core.OomFinding, report: dict[str, Any], console: Console) -> None:
     if oom.get("in_fit_trial"):
         console.print(f"out of memory at event {oom['event_index']:,} in stowage.fit's own trial step (fit tried a "
@@ -56,7 +49,7 @@ def _print_oom(oom: dict[str, Any], finding: _core.OomFinding, report: dict[str,
         console.print(f"at the snapshot, stowage's or torch's cache held {bytes_text(totals['reserved_unallocated'])} "
                       f"reserved but unallocated, the largest free block {bytes_text(totals['largest_free_block'])} "
                       f"(a snapshot dumped at the OOM shows the cache as the request found it)")
-    console.print(_sites_table("live at the OOM, by site", finding.sites, oom["live_bytes"]))
+    console.print(rows_table("live at the OOM, by site", SITES, _core.site_rows(finding.sites, oom["live_bytes"])))
     console.print("what would have helped:")
     short = oom["requested"] - oom["device_free"]
     if short > 0 and oom["sites"]:
@@ -125,7 +118,8 @@ def print_report(path: Path, report: dict[str, Any], found: _core.Findings, cons
             console.print(rows_table("segments held by one small live block", HELD,
                                      _core.held_rows(found.segments.held_by_one_small_block)))
     if report["sites_at_end"]:
-        console.print(_sites_table("live at the end, by site", found.sites_at_end, totals["allocated"]))
+        console.print(rows_table("live at the end, by site", SITES,
+                                 _core.site_rows(found.sites_at_end, totals["allocated"])))
 
     peak = report["peak"]
     if report["trace_events"]:
@@ -144,7 +138,8 @@ def print_report(path: Path, report: dict[str, Any], found: _core.Findings, cons
         if peak.get("modules"):
             console.print(rows_table("live at the peak, by the module that made it", ["live", "share", "module"],
                                  _core.module_rows(found.peak)))
-        console.print(_sites_table("live at the peak, by site", found.peak.sites, peak["live_bytes"]))
+        console.print(rows_table("live at the peak, by site", SITES,
+                                 _core.site_rows(found.peak.sites, peak["live_bytes"])))
     _print_steps(report, found, console)
     for oom, finding in zip(report["ooms"], found.ooms):
         _print_oom(oom, finding, report, console)
