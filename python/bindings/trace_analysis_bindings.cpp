@@ -412,6 +412,14 @@ void bind_device_events(py::module_& module) {
       .bytes("bytes_in_preexisting", &snapshot::NativeFigures::bytes_in_preexisting)
       .method("comparable", [](const snapshot::NativeFigures& self, const py::int_& peak_requested) {
         return self.comparable(wide_of(peak_requested));
+      })
+      .method("replay_fields", [](const snapshot::NativeFigures& self, const py::int_& peak_requested) {
+        const py::object peak_reserved = self.peak_reserved ? py::object(int_of(*self.peak_reserved)) : py::none();
+        return py::dict("native_peak_reserved"_a = peak_reserved, "preexisting_segments"_a = self.preexisting_segments,
+                        "preexisting_segment_bytes"_a = int_of(self.preexisting_bytes),
+                        "allocs_in_preexisting_segments"_a = self.allocs_in_preexisting,
+                        "bytes_in_preexisting_segments"_a = int_of(self.bytes_in_preexisting),
+                        "native_comparable"_a = self.comparable(wide_of(peak_requested)));
       });
   module.def(
       "native_figures",
@@ -537,7 +545,8 @@ void bind_snapshot_diff(py::module_& module) {
         const DiffReport report = diff_report(diff);
         py::list sites;
         for (const TextTable& table : report.sites) sites.append(table_of(table));
-        const py::object changed = report.changed_segments ? py::object(table_of(*report.changed_segments)) : py::none();
+        const py::object changed =
+            report.changed_segments ? py::object(table_of(*report.changed_segments)) : py::none();
         return py::make_tuple(table_of(report.totals), sites, report.segments, changed);
       },
       py::arg("diff"),

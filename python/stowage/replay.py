@@ -105,12 +105,7 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
         warm = _core.after_warmup(replayed["steps"], 2 * (period or 1) if warmup is None else warmup)
         result.update(replayed, capacity=capacity, config=config, step_period=period, after_warmup=warm)
         result["events_per_second"] = len(events) / throughput["seconds"] if throughput["seconds"] else None
-        native = native_figures(snapshot, device)
-        result.update(native_peak_reserved=native.peak_reserved, preexisting_segments=native.preexisting_segments,
-                      preexisting_segment_bytes=native.preexisting_bytes,
-                      allocs_in_preexisting_segments=native.allocs_in_preexisting,
-                      bytes_in_preexisting_segments=native.bytes_in_preexisting,
-                      native_comparable=native.comparable(replayed["peak_requested"]), min_capacity=None)
+        result.update(native_figures(snapshot, device).replay_fields(replayed["peak_requested"]), min_capacity=None)
         if search:
             known_fit = replayed["peak_reserved"] if not replayed["oom"] else None
             result.update(min_capacity(events, replayed["peak_requested"], config, known_fit, progress))
