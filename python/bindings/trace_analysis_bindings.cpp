@@ -437,6 +437,17 @@ void bind_device_events(py::module_& module) {
       "What the allocator that recorded device `device`'s trace (TraceColumns) did, its segments among "
       "`segments` (the snapshot's dicts).");
   module.def(
+      "step_period",
+      [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {
+        const auto found = snapshot::step_period(span_of(kinds), span_of(sizes));
+        return found ? py::object(py::int_(*found)) : py::none();
+      },
+      py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");
+}
+
+// torch.profiler's allocation events as a snapshot's trace (snapshot/profiler_order.hpp).
+void bind_profiler_trace(py::module_& module) {
+  module.def(
       "profiler_order",
       [](const std::vector<std::int64_t>& time_ns, const std::vector<std::int64_t>& size,
          const std::vector<std::int64_t>& total_after) { return snapshot::profiler_order(time_ns, size, total_after); },
@@ -462,13 +473,6 @@ void bind_device_events(py::module_& module) {
       py::arg("mark_metadata"),
       "torch.profiler's allocation events (signed sizes) and the steps' ends as a snapshot's device trace of "
       "event dicts (snapshot/profiler_order.hpp); a step end is a 'snapshot' event with `mark_metadata`.");
-  module.def(
-      "step_period",
-      [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {
-        const auto found = snapshot::step_period(span_of(kinds), span_of(sizes));
-        return found ? py::object(py::int_(*found)) : py::none();
-      },
-      py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");
 }
 
 // The rows inspect's terminal and HTML reports share (snapshot/findings_rows.hpp).
@@ -562,6 +566,7 @@ void bind_trace_analysis(py::module_& module) {
   bind_snapshot_diff(module);
   bind_findings_rows(module);
   bind_device_events(module);
+  bind_profiler_trace(module);
 }
 
 }  // namespace stowage::python
