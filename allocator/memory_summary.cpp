@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "base/byte_units.hpp"
 #include "base/errors.hpp"
 
 namespace stowage {
@@ -158,6 +159,12 @@ std::string memory_summary(const std::map<std::string, std::int64_t>& stats, con
     out.append("|").append(line).append("|\n");
   }
   return out;
+}
+
+std::string memory_summary_title(std::int64_t device, std::size_t capacity) {
+  std::string title = "stowage memory summary, ";
+  if (device < 0) return title.append("simulated device of ").append(format_bytes(capacity));
+  return title.append("CUDA device ").append(std::to_string(device)).append(" (").append(format_bytes(capacity)).append(")");
 }
 
 }  // namespace stowage

@@ -11,6 +11,7 @@
 // Contract: a pure function; throws LogicError naming a missing key.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -20,5 +21,9 @@ namespace stowage {
 
 std::string memory_summary(const std::map<std::string, std::int64_t>& stats, const std::string& title,
                            bool abbreviated, const std::vector<std::string>& extra_lines);
+
+// The title stowage.memory_summary() gives the table of a device: CUDA device `device` of
+// `capacity` bytes, or CPU mode's simulated device (`device` -1).
+std::string memory_summary_title(std::int64_t device, std::size_t capacity);
 
 }  // namespace stowage

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,5 +21,8 @@ inline constexpr std::size_t kGiB = std::size_t{1} << 30;
 
 std::size_t parse_byte_size(std::string_view text);
 std::string format_bytes(std::size_t bytes);
+
+// 1234567 -> "1,234,567", as Python's format(n, ",").
+std::string with_commas(std::uint64_t value);
 
 }  // namespace stowage

@@ -27,6 +27,7 @@ inline constexpr std::uint64_t kMemoryFloor = std::uint64_t{96} << 20;
 inline constexpr std::uint64_t kColumnsMemoryPerByte = 12;
 inline constexpr std::uint64_t kPlainMemoryPerByte = 3;
 inline constexpr std::uint64_t kMemoryCeiling = std::uint64_t{768} << 20;
+inline constexpr const char* kCeilingVariable = "STOWAGE_SNAPSHOT_MEMORY";  // sets the ceiling in the environment
 inline constexpr std::uint64_t kReportEvery = std::uint64_t{256} << 10;
 // A large file's bytes behind the reader are given back this many at a time.
 inline constexpr std::uint64_t kReleaseEvery = std::uint64_t{8} << 20;

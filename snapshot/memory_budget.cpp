@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -53,6 +54,24 @@ void MemoryBudget::check(std::uint64_t position, std::uint64_t planned) const {
                   with_commas(position), " (its budget: ", kMemoryFloor >> 20, " MiB and ", bound_.per_byte,
                   " bytes a byte of pickle, at most ", with_commas(bound_.ceiling >> 20), " MiB): refused",
                   bound_.remedy.empty() ? "" : "; ", bound_.remedy);
+}
+
+std::string columns_remedy(std::uint64_t pickle_size, const std::string& command) {
+  // ceil((kMemoryFloor + kColumnsMemoryPerByte * pickle_size) / 1 GiB), a pickle's whole GiB apart: no wrap
+  const std::uint64_t whole = pickle_size >> 30, rest = pickle_size & ((std::uint64_t{1} << 30) - 1);
+  const std::uint64_t gib = std::max<std::uint64_t>(
+      2, kColumnsMemoryPerByte * whole + ((kMemoryFloor + kColumnsMemoryPerByte * rest + (std::uint64_t{1} << 30) - 1) >> 30));
+  std::string out = "a trace whose events carry stack frames of their own takes up to ";
+  out.append(std::to_string(kColumnsMemoryPerByte))
+      .append(" bytes a byte read into columns, and no snapshot more (a file of one repeated opcode does); to read a "
+              "larger one, raise the ceiling: ")
+      .append(kCeilingVariable)
+      .append("=")
+      .append(std::to_string(gib))
+      .append("GiB")
+      .append(command.empty() ? std::string(" in the environment of the program that reads it") : " " + command);
+  return out.append("; or record fewer frames (torch.cuda.memory._record_memory_history(stacks=\"python\"), or a "
+                    "smaller max_entries)");
 }
 
 }  // namespace stowage::snapshot

@@ -22,6 +22,11 @@ struct MemoryBound {
   std::string remedy;
 };
 
+// What a refusal of a reading into columns says to do, for a pickle of `pickle_size` bytes read by
+// `command` (the command line that read it; empty: a program's call): the ceiling to set, in whole
+// GiB (2 at least), and where to set it.
+std::string columns_remedy(std::uint64_t pickle_size, const std::string& command);
+
 // The budget of one reading (MemoryBound). check() measures it, with what the reading will still
 // make of what it holds (`planned`: Python's dicts of a trace's rare fields, its stacks as lists),
 // and throws Refused once the two pass the budget.

@@ -37,4 +37,37 @@ std::vector<std::size_t> profiler_order(std::span<const std::int64_t> time_ns, s
   return ordered;
 }
 
+namespace {
+
+std::int64_t microseconds(std::int64_t ns) { return ns / 1000 - (ns % 1000 < 0 ? 1 : 0); }  // as Python's //
+
+}  // namespace
+
+std::vector<ProfiledEvent> profiled_trace(std::span<const std::int64_t> time_ns, std::span<const std::uint64_t> address,
+                                          std::span<const std::int64_t> size, std::span<const std::int64_t> total_after,
+                                          std::vector<std::int64_t> marks) {
+  STOWAGE_CHECK(address.size() == time_ns.size(), "the columns time_ns (", time_ns.size(), ") and address (",
+                address.size(), ") must have one entry an event");
+  std::sort(marks.begin(), marks.end());
+  std::vector<ProfiledEvent> trace;
+  trace.reserve(2 * time_ns.size() + marks.size());
+  std::size_t next_mark = 0;
+  const auto mark = [&trace](std::int64_t ns) {
+    trace.push_back({ProfiledEvent::Kind::kStepEnd, 0, 0, microseconds(ns)});
+  };
+  for (const std::size_t e : profiler_order(time_ns, size, total_after)) {
+    for (; next_mark < marks.size() && marks[next_mark] <= time_ns[e]; ++next_mark) mark(marks[next_mark]);
+    const std::uint64_t bytes = size[e] < 0 ? 0 - static_cast<std::uint64_t>(size[e]) : static_cast<std::uint64_t>(size[e]);
+    const std::int64_t time_us = microseconds(time_ns[e]);
+    if (size[e] > 0) {
+      trace.push_back({ProfiledEvent::Kind::kAlloc, address[e], bytes, time_us});
+    } else {
+      trace.push_back({ProfiledEvent::Kind::kFreeRequested, address[e], bytes, time_us});
+      trace.push_back({ProfiledEvent::Kind::kFreeCompleted, address[e], bytes, time_us});
+    }
+  }
+  for (; next_mark < marks.size(); ++next_mark) mark(marks[next_mark]);
+  return trace;
+}
+
 }  // namespace stowage::snapshot

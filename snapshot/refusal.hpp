@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 
+#include "base/byte_units.hpp"  // with_commas, which every refusal quoting a count uses
 #include "base/errors.hpp"
 
 namespace stowage::snapshot {
@@ -22,9 +23,6 @@ class ReadWhole : public std::exception {
  public:
   const char* what() const noexcept override { return "read the pickle again as plain data"; }
 };
-
-// 1234567 -> "1,234,567", as Python's format(n, ",").
-std::string with_commas(std::uint64_t value);
 
 // "not a readable pickle (<reason>); is the file truncated?": every malformed pickle's message.
 [[noreturn]] void refuse_unreadable(const std::string& reason);

@@ -1,5 +1,5 @@
 // `stowage diff A B`: what grew or shrank between two memory snapshots of one device (the
-// wording and the totals are stowage.diff's; this is the comparison).
+// wording is diff_report.hpp's; this is the comparison).
 //
 // - Sites: the live bytes by allocation site at the end (sites as `stowage inspect` names them)
 //   in A and in B; the sites that grew, most first, and those that shrank, most first (ties in

@@ -27,10 +27,14 @@ def main() -> None:
     html = Path(tempfile.mkdtemp()) / "report.html"
     commands = {
         f"inspect --json {deepseek.name}": ["inspect", "--json", str(deepseek)],
+        f"inspect {deepseek.name}": ["inspect", str(deepseek)],
         f"inspect --html OUT {transformer.name}": ["inspect", "--html", str(html), str(transformer)],
         f"diff --json {deepseek.name} {transformer.name}": ["diff", "--json", str(deepseek), str(transformer)],
+        f"diff {deepseek.name} {transformer.name}": ["diff", str(deepseek), str(transformer)],
         "replay --json cpu_resnet50_b16_3steps.pickle": ["replay", "--json", str(traces / "cpu_resnet50_b16_3steps.pickle")],
+        "replay cpu_resnet50_b16_3steps.pickle": ["replay", str(traces / "cpu_resnet50_b16_3steps.pickle")],
         "doctor --json": ["doctor", "--json"],
+        "doctor": ["doctor"],
     }
     if len(sys.argv) > 4:
         commands[f"inspect --json {Path(sys.argv[4]).name}"] = ["inspect", "--json", sys.argv[4]]

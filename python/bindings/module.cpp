@@ -44,6 +44,8 @@ PYBIND11_MODULE(_core, module) {
   module.def("offload_summary_lines", &stowage::offload::offload_summary_lines, py::arg("stats"),
              "The offload engine's statistics as memory_summary's lines (offload/offload_summary.hpp); none "
              "before anything was offloaded.");
+  module.def("memory_summary_title", &stowage::memory_summary_title, py::arg("device"), py::arg("capacity"),
+             "The summary's title for CUDA device `device`, or CPU mode's simulated device (-1), of `capacity` bytes.");
   py::class_<stowage::ResolvedTags>(module, "ResolvedTags",
                                     "The allocations something is known about (indices), their categories "
                                     "(-1: none) and module path ids (0: none).")

@@ -143,7 +143,7 @@ std::string PythonObjects::number_shown(PyObject* integer) {
   const long long count = bits != nullptr ? PyLong_AsLongLong(bits) : -1;
   Py_XDECREF(bits);
   PyErr_Clear();
-  if (count >= 4000) return "of " + snapshot::with_commas(static_cast<std::uint64_t>(count)) + " bits";
+  if (count >= 4000) return "of " + with_commas(static_cast<std::uint64_t>(count)) + " bits";
   return repr(integer);
 }
 

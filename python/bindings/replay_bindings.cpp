@@ -1,5 +1,5 @@
 // stowage._core.ReplayEvents: one device's alloc, free and step-end events, replayed in C++ without the GIL;
-// after_warmup, the figures of the steps after the warm-up.
+// after_warmup, the figures of the steps after the warm-up; replay_table, the rows `stowage replay` prints.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -14,6 +14,7 @@
 #include "allocator/capacity_search.hpp"
 #include "allocator/config.hpp"
 #include "allocator/replay.hpp"
+#include "allocator/replay_table.hpp"
 #include "base/errors.hpp"
 #include "python/bindings/bindings.hpp"
 
@@ -107,6 +108,37 @@ py::dict min_capacity(const Trace& trace, std::uint64_t peak_requested, const st
                   "replays"_a = found.replays);
 }
 
+// One of stowage.replay.replay_snapshot's results as its table row reads it.
+ReplayTableRow table_row_of(const py::handle& result) {
+  const py::handle warm = result["after_warmup"];
+  ReplayTableRow row;
+  row.trace = result["trace"].cast<std::string>();
+  row.device = result["device"].cast<std::int64_t>();
+  row.events = result["events"].cast<std::uint64_t>();
+  row.skipped_frees = result["skipped_frees"].cast<std::uint64_t>();
+  row.peak_requested = result["peak_requested"].cast<std::uint64_t>();
+  row.peak_reserved = result["peak_reserved"].cast<std::uint64_t>();
+  row.min_capacity = result["min_capacity"].cast<std::optional<std::uint64_t>>();
+  row.native_peak_reserved = result["native_peak_reserved"].cast<std::optional<std::uint64_t>>();
+  row.native_comparable = result["native_comparable"].cast<bool>();
+  row.maps = result["maps"].cast<std::uint64_t>();
+  row.unmaps = result["unmaps"].cast<std::uint64_t>();
+  row.steps = py::len(result["steps"]);
+  row.steps_after_warmup = warm["steps"].cast<std::uint64_t>();
+  row.device_calls_after_warmup = warm["device_calls"].cast<std::uint64_t>();
+  row.worst_step_ms = warm["worst_step_ms"].cast<double>();
+  row.ns_per_call_p50 = result["ns_per_call_p50"].cast<double>();
+  row.ns_per_call_p99 = result["ns_per_call_p99"].cast<double>();
+  row.events_per_second = result["events_per_second"].cast<std::optional<double>>();
+  row.oom = result["oom"].cast<bool>();
+  row.layouts_made = result["layouts_made"].cast<std::uint64_t>();
+  row.departures = result["departures"].cast<std::uint64_t>();
+  row.placed_allocations = result["placed_allocations"].cast<std::uint64_t>();
+  row.arena_bytes = result["arena_bytes"].cast<std::uint64_t>();
+  row.layout_live_bytes = result["layout_live_bytes"].cast<std::uint64_t>();
+  return row;
+}
+
 }  // namespace
 
 void bind_replay(py::module_& module) {
@@ -116,6 +148,17 @@ void bind_replay(py::module_& module) {
              "What the steps of ReplayEvents.replay()'s 'steps' after the first `warmup` asked of the device: "
              "{warmup_steps, steps, maps, unmaps, device_calls, worst_step_ms}. Raises LogicError for a negative "
              "warmup.");
+  module.def(
+      "replay_table",
+      [](const py::list& results) {
+        std::vector<ReplayTableRow> rows;
+        for (const py::handle result : results) rows.push_back(table_row_of(result));
+        const ReplayTable table = replay_table(rows);
+        return py::make_tuple(table.columns, table.rows, table.notes);
+      },
+      py::arg("results"),
+      "stowage replay's table over replay_snapshot's results (allocator/replay_table.hpp): (columns, rows of text "
+      "cells, notes to print under it).");
   py::class_<Trace>(module, "ReplayEvents",
                     "The alloc (kind 0), free (kind 1) and step-end (kind 2) events of one device, in order, "
                     "to replay (allocator/replay.hpp's Trace).")

@@ -147,7 +147,8 @@ void bind_snapshot(py::module_& module) {
       "max_depth"_a = kMaxDepth, "max_number"_a = kMaxNumber, "nodes_per_byte"_a = kNodesPerByte,
       "min_node_budget"_a = kMinNodeBudget, "memory_floor"_a = kMemoryFloor,
       "columns_memory_per_byte"_a = kColumnsMemoryPerByte, "plain_memory_per_byte"_a = kPlainMemoryPerByte,
-      "memory_ceiling"_a = kMemoryCeiling, "report_every"_a = kReportEvery, "release_every"_a = kReleaseEvery,
+      "memory_ceiling"_a = kMemoryCeiling, "ceiling_variable"_a = kCeilingVariable, "report_every"_a = kReportEvery,
+      "release_every"_a = kReleaseEvery,
       "max_size"_a = kMaxSize, "max_devices"_a = kMaxDevices);
   py::class_<snapshot::FileWindow>(module, "FileWindow", "A large snapshot file read as the reader goes "
                                    "(snapshot/file_window.hpp).")
@@ -166,6 +167,16 @@ void bind_snapshot(py::module_& module) {
              "memory_per_byte a byte, at most memory_ceiling; memory_remedy ends its refusal); raises "
              "SnapshotRefused naming the reason, or SnapshotReadWhole (columns only) for a pickle "
              "to read again as plain data.");
+  module.def(
+      "columns_remedy",
+      [](std::uint64_t pickle_size, const py::object& command) {
+        // the command line as typed, a file name's undecodable bytes (surrogates) and all
+        const std::string typed = command.is_none() ? "" : py::bytes(command.attr("encode")("utf-8", "surrogatepass"));
+        return py::bytes(snapshot::columns_remedy(pickle_size, typed)).attr("decode")("utf-8", "surrogatepass");
+      },
+      py::arg("pickle_size"), py::arg("command"),
+      "What a refusal of a reading into columns says to do, for a pickle of `pickle_size` bytes read by `command` "
+      "(the command line; None: a program's call) (snapshot/memory_budget.hpp).");
   module.def(
       "resident_bytes", [] { return snapshot::resident_bytes().value_or(0); },
       "The process's resident memory in bytes (0 where it cannot be read).");

@@ -22,6 +22,8 @@
 #include "python/bindings/python_objects.hpp"
 #include "snapshot/categories.hpp"
 #include "snapshot/device_events.hpp"
+#include "snapshot/diff_report.hpp"
+#include "snapshot/findings_rows.hpp"
 #include "snapshot/inspection.hpp"
 #include "snapshot/native_figures.hpp"
 #include "snapshot/profiler_order.hpp"
@@ -30,6 +32,7 @@
 #include "snapshot/snapshot_diff.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace stowage::python {
 
@@ -212,6 +215,17 @@ std::optional<snapshot::ExactTags> tags_of(const py::object& tags, std::int64_t 
                                            std::span<const std::uint8_t> action) {
   PythonObjects objects;
   return snapshot::read_tags(objects, tags.ptr(), device, action);
+}
+
+// Rows of text cells as lists of str, each cell as the snapshot held it (a lone surrogate too).
+py::list text_rows(const snapshot::TextRows& rows) {
+  py::list out;
+  for (const std::vector<std::string>& row : rows) {
+    py::list cells;
+    for (const std::string& cell : row) cells.append(utf8_str(cell));
+    out.append(cells);
+  }
+  return out;
 }
 
 // A bound findings type: byte counts as Python ints, strings as the snapshot held them.
@@ -398,6 +412,14 @@ void bind_device_events(py::module_& module) {
       .bytes("bytes_in_preexisting", &snapshot::NativeFigures::bytes_in_preexisting)
       .method("comparable", [](const snapshot::NativeFigures& self, const py::int_& peak_requested) {
         return self.comparable(wide_of(peak_requested));
+      })
+      .method("replay_fields", [](const snapshot::NativeFigures& self, const py::int_& peak_requested) {
+        const py::object peak_reserved = self.peak_reserved ? py::object(int_of(*self.peak_reserved)) : py::none();
+        return py::dict("native_peak_reserved"_a = peak_reserved, "preexisting_segments"_a = self.preexisting_segments,
+                        "preexisting_segment_bytes"_a = int_of(self.preexisting_bytes),
+                        "allocs_in_preexisting_segments"_a = self.allocs_in_preexisting,
+                        "bytes_in_preexisting_segments"_a = int_of(self.bytes_in_preexisting),
+                        "native_comparable"_a = self.comparable(wide_of(peak_requested)));
       });
   module.def(
       "native_figures",
@@ -415,18 +437,68 @@ void bind_device_events(py::module_& module) {
       "What the allocator that recorded device `device`'s trace (TraceColumns) did, its segments among "
       "`segments` (the snapshot's dicts).");
   module.def(
-      "profiler_order",
-      [](const std::vector<std::int64_t>& time_ns, const std::vector<std::int64_t>& size,
-         const std::vector<std::int64_t>& total_after) { return snapshot::profiler_order(time_ns, size, total_after); },
-      py::arg("time_ns"), py::arg("size"), py::arg("total_after"),
-      "torch.profiler's allocation events' indexes in order (snapshot/profiler_order.hpp).");
-  module.def(
       "step_period",
       [](const Column<std::uint8_t>& kinds, const Bytes& sizes) -> py::object {
         const auto found = snapshot::step_period(span_of(kinds), span_of(sizes));
         return found ? py::object(py::int_(*found)) : py::none();
       },
       py::arg("kinds"), py::arg("sizes"), "The number of steps after which the steps repeat, or None.");
+}
+
+// torch.profiler's allocation events as a snapshot's trace (snapshot/profiler_order.hpp).
+void bind_profiler_trace(py::module_& module) {
+  module.def(
+      "profiler_order",
+      [](const std::vector<std::int64_t>& time_ns, const std::vector<std::int64_t>& size,
+         const std::vector<std::int64_t>& total_after) { return snapshot::profiler_order(time_ns, size, total_after); },
+      py::arg("time_ns"), py::arg("size"), py::arg("total_after"),
+      "torch.profiler's allocation events' indexes in order (snapshot/profiler_order.hpp).");
+  module.def(
+      "profiled_trace",
+      [](const std::vector<std::int64_t>& time_ns, const std::vector<std::uint64_t>& address,
+         const std::vector<std::int64_t>& size, const std::vector<std::int64_t>& total_after,
+         std::vector<std::int64_t> marks, const std::string& mark_metadata) {
+        static constexpr const char* kActions[] = {"alloc", "free_requested", "free_completed", "snapshot"};
+        py::list trace;
+        for (const snapshot::ProfiledEvent& event : snapshot::profiled_trace(time_ns, address, size, total_after,
+                                                                             std::move(marks))) {
+          py::dict entry("action"_a = kActions[static_cast<int>(event.kind)], "addr"_a = event.address,
+                         "size"_a = event.size, "stream"_a = 0, "time_us"_a = event.time_us);
+          if (event.kind == snapshot::ProfiledEvent::Kind::kStepEnd) entry["user_metadata"] = mark_metadata;
+          trace.append(std::move(entry));
+        }
+        return trace;
+      },
+      py::arg("time_ns"), py::arg("address"), py::arg("size"), py::arg("total_after"), py::arg("marks"),
+      py::arg("mark_metadata"),
+      "torch.profiler's allocation events (signed sizes) and the steps' ends as a snapshot's device trace of "
+      "event dicts (snapshot/profiler_order.hpp); a step end is a 'snapshot' event with `mark_metadata`.");
+}
+
+// The rows inspect's terminal and HTML reports share (snapshot/findings_rows.hpp).
+void bind_findings_rows(py::module_& module) {
+  using namespace snapshot;
+  module.def(
+      "bytes_text", [](const py::object& value) { return bytes_text(wide_of(py::int_(value))); }, py::arg("value"),
+      "int(value) bytes as format_bytes writes them, '-' before a negative count ('-1.50 MiB').");
+  module.def(
+      "site_rows", [](const std::vector<SiteLive>& sites, const py::int_& total) {
+        return text_rows(site_rows(sites, wide_of(total)));
+      },
+      py::arg("sites"), py::arg("total"), "Sites (SiteLive) as rows: live, share of `total`, allocations, site.");
+  module.def(
+      "category_rows", [](const Peak& peak, bool before_trace) { return text_rows(category_rows(peak, before_trace)); },
+      py::arg("peak"), py::arg("before_trace"),
+      "A peak's categories as rows, largest first: live, share, category (and the bytes live before the trace).");
+  module.def(
+      "module_rows", [](const Peak& peak) { return text_rows(module_rows(peak)); }, py::arg("peak"),
+      "A peak's modules as rows: live, share, module.");
+  module.def(
+      "held_rows", [](const std::vector<HeldSegment>& held) { return text_rows(held_rows(held)); }, py::arg("held"),
+      "Segments held by one small block as rows: segment, live, held back, site.");
+  module.def(
+      "step_rows", [](const std::vector<Step>& steps) { return text_rows(step_rows(steps)); }, py::arg("steps"),
+      "Steps as rows: step, events, peak, at its end.");
 }
 
 void bind_snapshot_diff(py::module_& module) {
@@ -468,6 +540,23 @@ void bind_snapshot_diff(py::module_& module) {
       py::arg("top"),
       "Two snapshots of one device compared: each its trace's columns (TraceColumns) and its segments (the "
       "snapshot's dicts); the `top` sites that grew and shrank, and segments changed in place.");
+  module.def(
+      "diff_report",
+      [](const SnapshotsDiff& diff) {
+        const auto table_of = [](const TextTable& table) {
+          return py::make_tuple(table.title, table.columns, table.left, text_rows(table.rows));
+        };
+        const DiffReport report = diff_report(diff);
+        py::list sites;
+        for (const TextTable& table : report.sites) sites.append(table_of(table));
+        const py::object changed =
+            report.changed_segments ? py::object(table_of(*report.changed_segments)) : py::none();
+        return py::make_tuple(table_of(report.totals), sites, report.segments, changed);
+      },
+      py::arg("diff"),
+      "stowage diff's report as the terminal shows it (snapshot/diff_report.hpp): (totals, the sites' tables, "
+      "the line on segments, the changed segments' table or none), each table (title, columns, columns justified "
+      "left, rows of text cells).");
 }
 
 }  // namespace
@@ -475,7 +564,9 @@ void bind_snapshot_diff(py::module_& module) {
 void bind_trace_analysis(py::module_& module) {
   bind_inspect(module);
   bind_snapshot_diff(module);
+  bind_findings_rows(module);
   bind_device_events(module);
+  bind_profiler_trace(module);
 }
 
 }  // namespace stowage::python

@@ -4,8 +4,8 @@ Both snapshots go through the safe loader. For one device it compares the totals
 reserved, largest free block, fragmentation, the trace's live peak), the live bytes by allocation
 site at the end (sites as ``stowage inspect`` names them), and the segments: those only in A
 (given back), only in B (new), and those in both whose size or live bytes changed, matched by
-address. The comparison is one C++ call (snapshot/snapshot_diff.hpp, which says how); this module reads
-the snapshots and words the report.
+address. The comparison is one C++ call (snapshot/snapshot_diff.hpp, which says how), its text's cells
+another (snapshot/diff_report.hpp); this module reads the snapshots and lays the report out.
 """
 
 from __future__ import annotations
@@ -43,10 +43,14 @@ def add_parser(commands: Any, name: str) -> None:
 TOTALS = ("allocated", "reserved", "segments", "largest_free_block", "fragmentation", "trace_peak")
 
 
-def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> dict[str, Any]:
-    """The comparison (snapshot/snapshot_diff.hpp, one call) as one JSON-ready dict."""
-    found = _core.diff(device_trace(before, device), device_segments(before, device), device_trace(after, device),
-                       device_segments(after, device), top)
+def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int) -> _core.SnapshotsDiff:
+    """The comparison (snapshot/snapshot_diff.hpp, one call)."""
+    return _core.diff(device_trace(before, device), device_segments(before, device), device_trace(after, device),
+                      device_segments(after, device), top)
+
+
+def as_report(found: _core.SnapshotsDiff, device: int) -> dict[str, Any]:
+    """The comparison as `stowage diff --json` prints it."""
     totals = {}
     for key in TOTALS:
         a, b = getattr(found.before, key), getattr(found.after, key)
@@ -59,41 +63,16 @@ def compare(before: dict[str, Any], after: dict[str, Any], device: int, top: int
             "sites_shrank": as_data(found.sites_shrank), "segments": segments}
 
 
-def _signed(value: int) -> str:
-    sign = "+" if value > 0 else "-" if value < 0 else ""
-    return f"{sign}{_core.format_bytes(abs(int(value)))}"
-
-
-def print_report(a: Path, b: Path, report: dict[str, Any], console: Console) -> None:
-    console.print(Text.assemble((literal(a.name), "bold"), " -> ", (literal(b.name), "bold"),
-                                f", device {report['device']}"))
-    cell = lambda v: "-" if v is None else _core.format_bytes(int(v))  # noqa: E731
-    rows = []
-    for key, label in (("allocated", "allocated"), ("reserved", "reserved"),
-                       ("largest_free_block", "largest free block"), ("trace_peak", "live peak of the trace")):
-        row = report["totals"][key]
-        if row["before"] is not None or row["after"] is not None:
-            rows.append([label, cell(row["before"]), cell(row["after"]),
-                         "-" if row["change"] is None else _signed(row["change"])])
-    segments, fragmentation = report["totals"]["segments"], report["totals"]["fragmentation"]
-    rows.append(["segments", f"{segments['before']:,}", f"{segments['after']:,}", f"{segments['change']:+,}"])
-    rows.append(["fragmentation", f"{100 * fragmentation['before']:.1f}%", f"{100 * fragmentation['after']:.1f}%",
-                 f"{100 * fragmentation['change']:+.1f} points"])
-    console.print(rows_table("totals", ["", "before", "after", "change"], rows, left={""}))
-    for title, key in (("grew, by site", "sites_grew"), ("shrank, by site", "sites_shrank")):
-        if report[key]:
-            console.print(rows_table(title, ["change", "before", "after", "site"], [
-                [_signed(row["change"]), cell(row["before"]), cell(row["after"]), row["site"]] for row in report[key]]))
-    seg = report["segments"]
-    console.print(f"segments: {seg['only_before']['count']:,} given back ({_core.format_bytes(seg['only_before']['bytes'])}), "
-                  f"{seg['only_after']['count']:,} new ({_core.format_bytes(seg['only_after']['bytes'])}), "
-                  f"{seg['changed_count']:,} changed in place")
-    if seg["changed"]:
-        header = ["address", "size", "live before", "live after", "change"]
-        console.print(rows_table("segments changed in place", header, left=set(), rows=[
-            [f"0x{row['address']:x}", cell(row["size_after"]) if row["size_after"] == row["size_before"]
-             else f"{cell(row['size_before'])} -> {cell(row['size_after'])}", cell(row["live_before"]),
-             cell(row["live_after"]), _signed(row["live_change"])] for row in seg["changed"]]))
+def print_report(a: Path, b: Path, device: int, found: _core.SnapshotsDiff, console: Console) -> None:
+    """The comparison as the terminal shows it (snapshot/diff_report.hpp makes the cells)."""
+    console.print(Text.assemble((literal(a.name), "bold"), " -> ", (literal(b.name), "bold"), f", device {device}"))
+    totals, sites, segments, changed = _core.diff_report(found)
+    for title, header, left, rows in [totals, *sites]:
+        console.print(rows_table(title, header, rows, left=set(left)))
+    console.print(segments)
+    if changed is not None:
+        title, header, left, rows = changed
+        console.print(rows_table(title, header, rows, left=set(left)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,13 +98,14 @@ def run(args: argparse.Namespace) -> int:
         err.print("stowage diff: no device has data in both snapshots")
         return 2
     try:
-        report = compare(snapshots[0], snapshots[1], common[0], args.top)
+        found = compare(snapshots[0], snapshots[1], common[0], args.top)
     except (KeyError, TypeError, ValueError) as error:
         err.print(f"stowage diff: malformed snapshot ({type(error).__name__}: {literal(str(error))})")
         return 2
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(as_report(found, common[0])))
     else:
         out = console()
-        print_report(Path(args.before), Path(args.after), report, out if out.is_terminal else console(width=160))
+        print_report(Path(args.before), Path(args.after), common[0], found,
+                     out if out.is_terminal else console(width=160))
     return 0

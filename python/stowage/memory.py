@@ -280,11 +280,6 @@ def dump_snapshot(path: str | Path) -> None:
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """The statistics as a table in torch.cuda.memory_summary()'s layout."""
-    stats = memory_stats(device)
-    index = device_index(device)
-    capacity = enabled_module().capacity(index)
-    if index == CPU_MODE:
-        title = f"stowage memory summary, simulated device of {_core.format_bytes(capacity)}"
-    else:
-        title = f"stowage memory summary, CUDA device {index} ({_core.format_bytes(capacity)})"
+    stats, index = memory_stats(device), device_index(device)
+    title = _core.memory_summary_title(index, enabled_module().capacity(index))
     return str(_core.memory_summary(dict(stats), title, abbreviated, summary_lines(stats)))

@@ -28,25 +28,6 @@ from stowage import _core
 MARK_STEP = "stowage.mark_step"  # the profiler range that ends a step, and the mark's metadata
 
 
-def _profiled_events(profiler: Any) -> tuple[list[tuple[int, int, int, int]], list[int]]:
-    """(time_ns, address, signed size, total after) of every CPU allocation event, in order
-    (snapshot/profiler_order.hpp), and the times the steps ended."""
-    raw: list[tuple[int, int, int, int]] = []
-    marks: list[int] = []
-    stack = list(profiler.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            fields = node.extra_fields
-            if str(fields.device) == "cpu" and fields.alloc_size != 0:
-                raw.append((node.start_time_ns, fields.ptr, fields.alloc_size, fields.total_allocated))
-        elif node.name == MARK_STEP:
-            marks.append(node.start_time_ns)
-        stack.extend(node.children)
-    order = _core.profiler_order([e[0] for e in raw], [e[2] for e in raw], [e[3] for e in raw])
-    return [raw[i] for i in order], sorted(marks)
-
-
 def profiled_snapshot(step: Callable[[int], None], steps: int) -> dict[str, Any]:
     """Runs step(0), ..., step(steps - 1) under the profiler; returns the snapshot dict."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
@@ -54,30 +35,25 @@ def profiled_snapshot(step: Callable[[int], None], steps: int) -> dict[str, Any]
             step(index)
             with record_function(MARK_STEP):
                 pass
-    events, marks = _profiled_events(profiler)
-    trace: list[dict[str, Any]] = []
-    next_mark = 0
-    for time_ns, address, size, _ in events:
-        while next_mark < len(marks) and marks[next_mark] <= time_ns:
-            trace.append(_mark(marks[next_mark]))
-            next_mark += 1
-        entry = {"addr": address, "size": abs(size), "stream": 0, "time_us": time_ns // 1000}
-        if size > 0:
-            trace.append({"action": "alloc", **entry})
-        else:
-            trace.append({"action": "free_requested", **entry})
-            trace.append({"action": "free_completed", **entry})
-    trace.extend(_mark(time_ns) for time_ns in marks[next_mark:])
+    columns: tuple[list[int], ...] = ([], [], [], [])  # time_ns, address, signed size, total after
+    marks: list[int] = []
+    stack = list(profiler.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            if str(fields.device) == "cpu" and fields.alloc_size != 0:
+                for column, value in zip(columns, (node.start_time_ns, fields.ptr, fields.alloc_size,
+                                                   fields.total_allocated)):
+                    column.append(value)
+        elif node.name == MARK_STEP:
+            marks.append(node.start_time_ns)
+        stack.extend(node.children)
     return {
         "segments": [],
-        "device_traces": [trace],
+        "device_traces": [_core.profiled_trace(*columns, marks, MARK_STEP)],  # (snapshot/profiler_order.hpp)
         "allocator_settings": {"recorded_by": "stowage.profiler_snapshot (torch.profiler, CPU)"},
     }
-
-
-def _mark(time_ns: int) -> dict[str, Any]:
-    return {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": time_ns // 1000,
-            "user_metadata": MARK_STEP}
 
 
 def save_snapshot(snapshot: dict[str, Any], path: str | Path) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,12 +105,7 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
         warm = _core.after_warmup(replayed["steps"], 2 * (period or 1) if warmup is None else warmup)
         result.update(replayed, capacity=capacity, config=config, step_period=period, after_warmup=warm)
         result["events_per_second"] = len(events) / throughput["seconds"] if throughput["seconds"] else None
-        native = native_figures(snapshot, device)
-        result.update(native_peak_reserved=native.peak_reserved, preexisting_segments=native.preexisting_segments,
-                      preexisting_segment_bytes=native.preexisting_bytes,
-                      allocs_in_preexisting_segments=native.allocs_in_preexisting,
-                      bytes_in_preexisting_segments=native.bytes_in_preexisting,
-                      native_comparable=native.comparable(replayed["peak_requested"]), min_capacity=None)
+        result.update(native_figures(snapshot, device).replay_fields(replayed["peak_requested"]), min_capacity=None)
         if search:
             known_fit = replayed["peak_reserved"] if not replayed["oom"] else None
             result.update(min_capacity(events, replayed["peak_requested"], config, known_fit, progress))
@@ -119,60 +113,17 @@ def replay_snapshot(path: Path, snapshot: dict[str, Any], capacity: int, config:
     return results
 
 
-def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 2**20:,.0f}"
-
-
-def _warm_calls(warm: dict[str, Any]) -> str:
-    if warm["steps"] == 0:
-        return "-"
-    calls = f"{warm['device_calls']:,}"
-    return calls if warm["device_calls"] == 0 else f"{calls} ({warm['worst_step_ms']:.1f} ms)"
-
-
-def _ratio(value: int | None, base: int) -> str:
-    return "" if value is None or base == 0 else f" ({value / base:.3f}x)"
-
-
 def print_table(results: list[dict[str, Any]], console: Console) -> None:
+    """The results as stowage replay's table (allocator/replay_table.hpp makes the cells) and its notes."""
+    columns, rows, notes = _core.replay_table(results)
     table = Table(title="stowage replay (MiB; ratios to the peak of requested bytes)")
-    for column in ("trace", "dev", "events", "skipped frees", "peak requested", "stowage reserved",
-                   "min capacity", "native reserved", "maps/unmaps", "steps", "calls once warm",
-                   "p50/p99 ns", "M events/s", "oom"):
+    for column in columns:
         table.add_column(column, justify="left" if column == "trace" else "right")
-    for r in results:
-        base = r["peak_requested"]
-        native = _mib(r["native_peak_reserved"]) + _ratio(r["native_peak_reserved"], base)
-        if r["native_peak_reserved"] is not None and not r["native_comparable"]:
-            native += " *"
-        rate = r["events_per_second"]
-        table.add_row(
-            literal(Path(r["trace"]).name.split(".pickle")[0]),
-            str(r["device"]),
-            f"{r['events']:,}",
-            f"{r['skipped_frees']:,}",
-            _mib(base),
-            _mib(r["peak_reserved"]) + _ratio(r["peak_reserved"], base),
-            _mib(r["min_capacity"]) + _ratio(r["min_capacity"], base),
-            native,
-            f"{r['maps']:,}/{r['unmaps']:,}",
-            f"{len(r['steps'])}",
-            _warm_calls(r["after_warmup"]),
-            f"{r['ns_per_call_p50']:.0f}/{r['ns_per_call_p99']:.0f}",
-            "-" if rate is None else f"{rate / 1e6:.1f}",
-            "yes" if r["oom"] else "no",
-        )
+    for row in rows:
+        table.add_row(*map(literal, row))
     console.print(table)
-    for r in results:
-        if r.get("layouts_made") or r.get("departures"):
-            arena = (f"; the layout in force packs {_mib(r['layout_live_bytes'])} MiB live into "
-                     f"{_mib(r['arena_bytes'])} MiB" if r.get("arena_bytes") else "")
-            console.print(f"{literal(Path(r['trace']).name)}: learned placement made {r['layouts_made']} "
-                          f"step layout(s), left {r['departures']}, placed "
-                          f"{r['placed_allocations']:,} request(s){arena}.")
-    if any(r["native_peak_reserved"] is not None and not r["native_comparable"] for r in results):
-        console.print("* the trace's allocations reused memory cached before it began: the native "
-                      "figure is not comparable with a replay from empty.")
+    for line in notes:
+        console.print(literal(line))
 
 
 def run(args: argparse.Namespace) -> int:

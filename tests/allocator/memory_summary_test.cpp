@@ -74,5 +74,10 @@ TEST(MemorySummary, AMissingStatisticIsNamed) {
   }
 }
 
+TEST(MemorySummary, TheTitleNamesTheCudaDeviceOrCpuModesSimulatedOne) {
+  EXPECT_EQ(memory_summary_title(-1, std::size_t{4} << 30), "stowage memory summary, simulated device of 4.00 GiB");
+  EXPECT_EQ(memory_summary_title(1, std::size_t{80} << 30), "stowage memory summary, CUDA device 1 (80.00 GiB)");
+}
+
 }  // namespace
 }  // namespace stowage

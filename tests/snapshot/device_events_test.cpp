@@ -112,5 +112,24 @@ TEST(ProfilerOrder, EventsOfOneTimestampFollowTheRunningTotal) {
   EXPECT_THROW(profiler_order(time, size, std::vector<std::int64_t>{1}), LogicError);
 }
 
+TEST(ProfilerOrder, TheTraceHasAFreeAsTwoEventsAndEachStepEndBeforeTheFirstEventAtOrAfterIt) {
+  const std::vector<std::int64_t> time{9'999, 5'000, 5'000, 5'000}, size{2, 4, -8, 4}, total{10, 12, 8, 16};
+  const std::vector<std::uint64_t> address{0xd, 0xa, 0xb, 0xc};
+  using Kind = ProfiledEvent::Kind;
+  const std::vector<ProfiledEvent> trace = profiled_trace(time, address, size, total, {12'345, 5'000, 7'000});
+  const std::vector<Kind> kinds{Kind::kStepEnd, Kind::kAlloc, Kind::kAlloc, Kind::kFreeRequested,
+                                Kind::kFreeCompleted, Kind::kStepEnd, Kind::kAlloc, Kind::kStepEnd};
+  ASSERT_EQ(trace.size(), kinds.size());
+  for (std::size_t i = 0; i < kinds.size(); ++i) EXPECT_EQ(trace[i].kind, kinds[i]) << i;
+  EXPECT_EQ(trace[0].time_us, 5);   // the mark at 5,000 ns comes before the events at 5,000
+  EXPECT_EQ(trace[3].address, 0xbu);
+  EXPECT_EQ(trace[3].size, 8u);     // a free's size is positive
+  EXPECT_EQ(trace[5].time_us, 7);
+  EXPECT_EQ(trace[6].time_us, 9);   // 9,999 ns rounds down
+  EXPECT_EQ(trace[7].time_us, 12);  // marks after the last event close the trace
+  EXPECT_EQ(trace[7].size, 0u);
+  EXPECT_THROW(profiled_trace(time, std::vector<std::uint64_t>{1}, size, total, {}), LogicError);
+}
+
 }  // namespace
 }  // namespace stowage::snapshot

@@ -47,5 +47,19 @@ TEST(MemoryBudget, ARefusalNamesTheBudgetTheCeilingAndTheRemedy) {
   EXPECT_EQ(grown[grown.size() / 2], 1);
 }
 
+TEST(MemoryBudget, TheColumnsRemedyNamesTheCeilingInWholeGibAndWhereToSetIt) {
+  const std::string small = columns_remedy(1000, "stowage inspect a.pickle");
+  EXPECT_NE(small.find("up to 12 bytes a byte"), std::string::npos) << small;
+  EXPECT_NE(small.find("raise the ceiling: STOWAGE_SNAPSHOT_MEMORY=2GiB stowage inspect a.pickle; or record"),
+            std::string::npos)
+      << small;
+  // 96 MiB and 12 bytes a byte of 1 GiB: 12.09 GiB, rounded up
+  EXPECT_NE(columns_remedy(std::uint64_t{1} << 30, "").find(
+                "STOWAGE_SNAPSHOT_MEMORY=13GiB in the environment of the program that reads it; or"),
+            std::string::npos);
+  EXPECT_NE(columns_remedy(std::numeric_limits<std::uint64_t>::max(), "").find("=206158430209GiB"), std::string::npos)
+      << "no wrap past 64 bits";
+}
+
 }  // namespace
 }  // namespace stowage::snapshot

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         out = console()
-        print_report(path, report, out if out.is_terminal else console(width=160))
+        print_report(path, report, found, out if out.is_terminal else console(width=160))
     return 0
 
 

@@ -23,8 +23,7 @@ from typing import Any
 
 from stowage import _core
 from stowage.inspection.findings import device_segments
-from stowage.inspection.text import (HELD, SITES, STEPS, bytes_text, category_rows, held_rows, module_rows, share,
-                                     site_rows, step_rows)
+from stowage.inspection.text import HELD, SITES, STEPS, bytes_text
 from stowage.terminal import literal
 
 MAX_SEGMENT_ROWS = 300  # segments drawn in the map (the largest, if there are more)
@@ -186,7 +185,8 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
     total_rows = [[label, bytes_text(totals[key])] for label, key in (
         ("allocated", "allocated"), ("active", "active"), ("requested", "requested"), ("reserved", "reserved"),
         ("reserved but unallocated", "reserved_unallocated"), ("largest free block", "largest_free_block"))]
-    total_rows.append(["fragmentation (1 - largest free block / free reserved bytes)", share(totals["fragmentation"], 1)])
+    total_rows.append(["fragmentation (1 - largest free block / free reserved bytes)",
+                       f"{100 * totals['fragmentation']:.1f}%"])
     peak = report["peak"]
     sections = [
         f"<h1>{_e(name)}, device {device}</h1>",
@@ -197,29 +197,29 @@ def render(name: str, report: dict[str, Any], snapshot: dict[str, Any], found: _
         f"<p class=\"small\">{len(data['x']):,} samples of the trace's events; totals and tables use every event.</p>",
         "<h2>Totals</h2>", _table("", ["", "bytes"], total_rows),
         "<h2>Segments</h2>", _segment_map_svg(segments, found.block_sites, colors),
-        _table("segments held by one small live block", HELD, held_rows(report)),
-        _table("live at the end, by site", SITES, site_rows(report["sites_at_end"], totals["allocated"])),
-        _table("live at the peak, by site", SITES, site_rows(peak["sites"], peak["live_bytes"])),
+        _table("segments held by one small live block", HELD, _core.held_rows(found.segments.held_by_one_small_block)),
+        _table("live at the end, by site", SITES, _core.site_rows(found.sites_at_end, totals["allocated"])),
+        _table("live at the peak, by site", SITES, _core.site_rows(found.peak.sites, peak["live_bytes"])),
     ]
     if peak.get("categories"):
         sections.insert(2, _table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
-                                  ["live", "share", "category"], category_rows(peak, before_trace=False)))
+                                  ["live", "share", "category"], _core.category_rows(found.peak, before_trace=False)))
     if peak.get("modules"):
         sections.insert(3, _table("live at the peak, by the module that made it", ["live", "share", "module"],
-                                  module_rows(peak)))
+                                  _core.module_rows(found.peak)))
     if report.get("advice"):
         items = "".join(f"<li><b>{'up to ' if row.get('upper_bound') else ''}{_e(bytes_text(row['saving_bytes']))}</b> of the "
                         f"peak (re-simulated): {_e(row['advice'])}</li>" for row in report["advice"])
         sections.insert(2, f"<h2>Advice</h2><ul>{items}</ul>")
-    run_steps = [step for step in report.get("steps") or [] if not step["fit_trial"]]
+    run_steps = [step for step in found.steps if not step.fit_trial]
     if run_steps:
         sections.append(_table(f"steps ({len(run_steps)}, found by {report['steps_found_by']})", STEPS,
-                               step_rows(run_steps[:200])))
-    for oom in report["ooms"]:
+                               _core.step_rows(run_steps[:200])))
+    for oom, finding in zip(report["ooms"], found.ooms):
         sections.append(f"<h2>Out of memory at event {oom['event_index']:,}</h2><p>asked for "
                         f"{_e(bytes_text(oom['requested']))}; the device had {_e(bytes_text(oom['device_free']))} free; "
                         f"{_e(bytes_text(oom['live_bytes']))} were live.</p>")
-        sections.append(_table("live at the OOM, by site", SITES, site_rows(oom["sites"], oom["live_bytes"])))
+        sections.append(_table("live at the OOM, by site", SITES, _core.site_rows(finding.sites, oom["live_bytes"])))
     style = ("body{font:14px sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}"
              "td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:last-child{text-align:left}"
              "svg text{font:11px sans-serif;fill:#333}.small{font-size:11px;color:#555}"

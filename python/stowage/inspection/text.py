@@ -15,48 +15,10 @@ from stowage.offload import summary_lines
 from stowage.terminal import literal
 
 
-def bytes_text(value: int) -> str:
-    value = int(value)
-    return _core.format_bytes(value) if value >= 0 else "-" + _core.format_bytes(-value)
-
-
-# The tables the terminal and the HTML report share: (header, rows) builders, cells as strings.
+# The tables the terminal and the HTML report share: their rows, and byte counts, are _core's
+# (snapshot/findings_rows.hpp).
+bytes_text = _core.bytes_text
 LEFT_COLUMNS = {"what", "site", "category", "module", "size"}
-
-
-def share(part: int, whole: int) -> str:
-    return f"{100 * part / whole:.1f}%"
-
-
-def site_rows(sites: list[dict[str, Any]], total: int) -> list[list[str]]:
-    return [[bytes_text(s["bytes"]), share(s["bytes"], total) if total else "-", f"{s['allocations']:,}", s["site"]]
-            for s in sites]
-
-
-def category_rows(peak: dict[str, Any], before_trace: bool) -> list[list[str]]:
-    """By category, largest first; `before_trace`: with the bytes live before the trace began."""
-    rows = sorted(peak["categories"].items(), key=lambda item: item[1], reverse=True)
-    before = peak["live_bytes"] - sum(peak["categories"].values())
-    if before_trace and before > 0:
-        rows.append(("(live before the trace began)", before))
-    return [[bytes_text(value), share(value, max(peak["live_bytes"], 1)), name] for name, value in rows]
-
-
-def module_rows(peak: dict[str, Any]) -> list[list[str]]:
-    return [[bytes_text(row["bytes"]), share(row["bytes"], max(peak["live_bytes"], 1)),
-             row["module"] or "(outside any module's forward)"] for row in peak["modules"]]
-
-
-def held_rows(report: dict[str, Any]) -> list[list[str]]:
-    return [[bytes_text(r["segment_bytes"]), bytes_text(r["live_bytes"]), bytes_text(r["held_back"]), r["site"]]
-            for r in report["segments"]["held_by_one_small_block"]]
-
-
-def step_rows(steps: list[dict[str, Any]]) -> list[list[str]]:
-    return [[str(s["number"]), f"{s['first_event']:,}-{s['last_event']:,}", bytes_text(s["peak_bytes"]),
-             bytes_text(s["end_bytes"])] for s in steps]
-
-
 SITES = ["live", "share", "allocs", "site"]
 HELD = ["segment", "live", "held back", "site"]
 STEPS = ["step", "events", "peak", "at its end"]
@@ -74,11 +36,7 @@ def rows_table(title: str, header: list[str], rows: list[list[str]], show_header
     return table
 
 
-def _sites_table(title: str, sites: list[dict[str, Any]], total: int) -> Table:
-    return rows_table(title, SITES, site_rows(sites, total))
-
-
-def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, Any], console: Console) -> None:
+def _print_oom(oom: dict[str, Any], finding: _core.OomFinding, report: dict[str, Any], console: Console) -> None:
     if oom.get("in_fit_trial"):
         console.print(f"out of memory at event {oom['event_index']:,} in stowage.fit's own trial step (fit tried a "
                       f"size that did not fit, and went on): asked for {bytes_text(oom['requested'])}, not the run's")
@@ -86,11 +44,12 @@ def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, An
     console.print(Text.assemble(("out of memory", "bold red"),
                                 f" at event {oom['event_index']:,}: asked for {bytes_text(oom['requested'])}; the device had "
                                 f"{bytes_text(oom['device_free'])} free; {bytes_text(oom['live_bytes'])} were live."))
+    totals = report["totals"]
     if totals["segments"]:
         console.print(f"at the snapshot, stowage's or torch's cache held {bytes_text(totals['reserved_unallocated'])} "
                       f"reserved but unallocated, the largest free block {bytes_text(totals['largest_free_block'])} "
                       f"(a snapshot dumped at the OOM shows the cache as the request found it)")
-    console.print(_sites_table("live at the OOM, by site", oom["sites"], oom["live_bytes"]))
+    console.print(rows_table("live at the OOM, by site", SITES, _core.site_rows(finding.sites, oom["live_bytes"])))
     console.print("what would have helped:")
     short = oom["requested"] - oom["device_free"]
     if short > 0 and oom["sites"]:
@@ -110,20 +69,19 @@ def _print_oom(oom: dict[str, Any], totals: dict[str, Any], report: dict[str, An
 SHOWN_STEPS = 12  # steps listed one by one; more are summarised
 
 
-def _print_steps(report: dict[str, Any], console: Console) -> None:
+def _print_steps(report: dict[str, Any], found: _core.Findings, console: Console) -> None:
     """The steps' peaks (fit's own trial steps apart), and the sites that grew step over step."""
-    steps = report.get("steps") or []
     trial = report.get("fit_trial_peak")
     if trial is not None:
         console.print(f"stowage.fit's own trial steps (left out of the peak above): peak {bytes_text(trial['live_bytes'])} "
                       f"at event {trial['event_index']:,}")
-    run = [step for step in steps if not step["fit_trial"]]
+    run = [step for step in found.steps if not step.fit_trial]
     if not run:
         return
     shown = run if len(run) <= SHOWN_STEPS else run[:SHOWN_STEPS // 2] + run[-SHOWN_STEPS // 2:]
-    console.print(rows_table(f"steps ({len(run)}, found by {report['steps_found_by']})", STEPS, step_rows(shown)))
+    console.print(rows_table(f"steps ({len(run)}, found by {report['steps_found_by']})", STEPS, _core.step_rows(shown)))
     if len(run) > SHOWN_STEPS:
-        peaks = sorted(step["peak_bytes"] for step in run)
+        peaks = sorted(step.peak_bytes for step in run)
         console.print(f"({len(run) - len(shown)} steps not shown; peaks from {bytes_text(peaks[0])} to {bytes_text(peaks[-1])}, "
                       f"median {bytes_text(peaks[len(peaks) // 2])})")
     for row in report.get("growing") or []:
@@ -138,7 +96,7 @@ def _print_advice(report: dict[str, Any], console: Console) -> None:
                                     f"(re-simulated): {literal(row['advice'])}"))
 
 
-def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
+def print_report(path: Path, report: dict[str, Any], found: _core.Findings, console: Console) -> None:
     totals = report["totals"]
     console.print(Text.assemble((literal(path.name), "bold"), f", device {report['device']}: "
                                 f"{report['trace_events']:,} trace events, {totals['segments']:,} segments"))
@@ -146,7 +104,7 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         ("allocated", "allocated"), ("active (allocated + waiting for streams)", "active"),
         ("requested by callers", "requested"), ("reserved", "reserved"),
         ("reserved but unallocated", "reserved_unallocated"), ("largest free block", "largest_free_block"))]
-    rows.append(["fragmentation: 1 - largest free block / free reserved bytes", share(totals["fragmentation"], 1)])
+    rows.append(["fragmentation: 1 - largest free block / free reserved bytes", f"{100 * totals['fragmentation']:.1f}%"])
     console.print(rows_table("totals", ["what", "bytes"], rows, show_header=False))
     _print_advice(report, console)
 
@@ -157,9 +115,11 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         q = segments["fill_quartiles"]
         console.print(f"fill (live / segment): quartiles {100 * q[0]:.0f}% / {100 * q[1]:.0f}% / {100 * q[2]:.0f}%")
         if segments["held_by_one_small_block"]:
-            console.print(rows_table("segments held by one small live block", HELD, held_rows(report)))
+            console.print(rows_table("segments held by one small live block", HELD,
+                                     _core.held_rows(found.segments.held_by_one_small_block)))
     if report["sites_at_end"]:
-        console.print(_sites_table("live at the end, by site", report["sites_at_end"], totals["allocated"]))
+        console.print(rows_table("live at the end, by site", SITES,
+                                 _core.site_rows(found.sites_at_end, totals["allocated"])))
 
     peak = report["peak"]
     if report["trace_events"]:
@@ -174,14 +134,15 @@ def print_report(path: Path, report: dict[str, Any], console: Console) -> None:
         console.print(f"peak: {bytes_text(peak['live_bytes'])} live at {when}{baseline}")
         if peak.get("categories"):
             console.print(rows_table(f"live at the peak, by what it is ({report.get('category_source', 'inferred')})",
-                                 ["live", "share", "category"], category_rows(peak, before_trace=True)))
+                                 ["live", "share", "category"], _core.category_rows(found.peak, before_trace=True)))
         if peak.get("modules"):
             console.print(rows_table("live at the peak, by the module that made it", ["live", "share", "module"],
-                                 module_rows(peak)))
-        console.print(_sites_table("live at the peak, by site", peak["sites"], peak["live_bytes"]))
-    _print_steps(report, console)
-    for oom in report["ooms"]:
-        _print_oom(oom, totals, report, console)
+                                 _core.module_rows(found.peak)))
+        console.print(rows_table("live at the peak, by site", SITES,
+                                 _core.site_rows(found.peak.sites, peak["live_bytes"])))
+    _print_steps(report, found, console)
+    for oom, finding in zip(report["ooms"], found.ooms):
+        _print_oom(oom, finding, report, console)
     if report["oom_events"] > len(report["ooms"]):
         console.print(f"({report['oom_events'] - len(report['ooms']):,} more OOM events not shown)")
     if report.get("offload"):

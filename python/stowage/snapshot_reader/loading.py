@@ -36,7 +36,7 @@ PLAIN_MEMORY_PER_BYTE: int = _LIMITS["plain_memory_per_byte"]
 MEMORY_CEILING: int = _LIMITS["memory_ceiling"]
 _REPORT_EVERY: int = _LIMITS["report_every"]  # bytes of pickle between memory measurements and progress reports
 _RELEASE_EVERY = _LIMITS["release_every"]  # bytes of a large file's window given back at a time
-CEILING_VARIABLE = "STOWAGE_SNAPSHOT_MEMORY"
+CEILING_VARIABLE: str = _LIMITS["ceiling_variable"]  # STOWAGE_SNAPSHOT_MEMORY
 
 
 def memory_ceiling() -> int:
@@ -55,19 +55,6 @@ def memory_ceiling() -> int:
 PLAIN_REMEDY = ("read as plain data (a dict per trace event) a large snapshot takes several times its size, where "
                 "load_snapshot_columnar, which stowage inspect, diff and replay read with, takes a fraction of it "
                 "(a file of one repeated opcode grows memory this fast too)")
-
-
-def columns_remedy(size: int, command: str | None) -> str:
-    """What a refusal of a reading into columns says to do, for a file of `size` bytes read by
-    `command` (the command line that read it; None: a program's call)."""
-    needed = MEMORY_FLOOR + COLUMNS_MEMORY_PER_BYTE * size
-    suggested = f"{max(2, -(-needed // (1 << 30)))}GiB"
-    where = f"{CEILING_VARIABLE}={suggested} {command}" if command else \
-        f"{CEILING_VARIABLE}={suggested} in the environment of the program that reads it"
-    return (f"a trace whose events carry stack frames of their own takes up to {COLUMNS_MEMORY_PER_BYTE} bytes a "
-            f"byte read into columns, and no snapshot more (a file of one repeated opcode does); to read a larger "
-            f"one, raise the ceiling: {where}; or record fewer frames "
-            "(torch.cuda.memory._record_memory_history(stacks=\"python\"), or a smaller max_entries)")
 
 
 class _LoadWhole(Exception):
@@ -110,12 +97,8 @@ def _opened(path: Path) -> Iterator[Pickle]:
 def loads_snapshot(data: Pickle, name: str = "<bytes>", progress: Progress | None = None,
                    memory_per_byte: int = PLAIN_MEMORY_PER_BYTE, since: int = 0,
                    remedy: str | None = None) -> dict[str, Any]:
-    """Loads a snapshot from pickle bytes (not gzipped) as plain Python data. `progress`, if
-    given, hears how far the loading has come; the reading may grow the process's memory by
-    MEMORY_FLOOR and `memory_per_byte` a byte of pickle, at most the ceiling
-    (memory_ceiling()), over what it was at the start, or at `since` (resident bytes)
-    for a second reading; `remedy`: what a refusal for memory says to do (default: read into
-    columns)."""
+    """Loads a snapshot from pickle bytes (not gzipped) as plain Python data, as _read reads it (`since`:
+    a second reading's start); `progress` hears how far it has come; `remedy` defaults to reading into columns."""
     with _named(name):
         return _read(data, False, progress, memory_per_byte, since,  # type: ignore[no-any-return]
                      PLAIN_REMEDY if remedy is None else remedy)
@@ -130,15 +113,13 @@ def load_snapshot(path: str | Path, progress: Progress | None = None) -> dict[st
 
 def loads_snapshot_columnar(data: Pickle, name: str = "<bytes>", progress: Progress | None = None,
                             command: str | None = None) -> dict[str, Any]:
-    """Loads a snapshot with its traces as TraceColumns, in one pass that never holds a dict per
-    trace event; a pickle laid out unlike those torch and stowage write is read again as plain
-    data, whose traces then become columns. `command`: the command line reading it (stowage
-    inspect's, diff's, replay's), which a refusal for memory names."""
+    """Loads a snapshot with its traces as TraceColumns, as the module docstring says; `command`: the
+    command line reading it (stowage inspect's, diff's, replay's), which a refusal for memory names."""
     start = _core.resident_bytes()
     try:
         with _named(name):
             return _read(data, True, progress, COLUMNS_MEMORY_PER_BYTE, 0,  # type: ignore[no-any-return]
-                         columns_remedy(len(data), command))
+                         _core.columns_remedy(len(data), command))
     except _LoadWhole:
         pass
     if isinstance(data, _core.FileWindow):  # read again as the machine goes: no more memory than the first time
@@ -150,7 +131,7 @@ def loads_snapshot_columnar(data: Pickle, name: str = "<bytes>", progress: Progr
     # the first reading began (what it left in the process counts): torch and stowage never
     # write such a pickle, and a hostile one must not buy a larger budget by its layout.
     snapshot = loads_snapshot(data, name, progress, COLUMNS_MEMORY_PER_BYTE, start,
-                              columns_remedy(len(data), command))
+                              _core.columns_remedy(len(data), command))
     with _named(name):
         return columnar(snapshot)
 
