@@ -34,6 +34,9 @@ LifetimeTrace StepTraces::at(std::int64_t rows) const {
   for (SavedTensor& tensor : trace.tensors) {
     if (not_recomputed_.contains(tensor.region)) tensor.recomputable = false;
   }
+  for (std::size_t r = 0; r < trace.regions.size(); ++r) {
+    if (not_recomputed_.contains(static_cast<std::int32_t>(r))) trace.regions[r].checkpointable = false;
+  }
   return trace;
 }
 

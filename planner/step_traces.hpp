@@ -26,9 +26,11 @@ class StepTraces {
   // The step recorded at a grid: `sized` at `values` (one per size) with `rows_size`'s replaced by the rows.
   StepTraces(SizedTrace sized, std::vector<std::int64_t> values, std::size_t rows_size, CostModel cost);
 
-  // The same traces with the saved tensors of `regions` not recomputable (kept or offloaded).
+  // The same traces with `regions` not checkpointable and their saved tensors not recomputable
+  // (kept or offloaded).
   StepTraces without_recompute(const std::set<std::int32_t>& regions) const;
 
+  // The trace of a micro-batch of `rows` rows (the recorded one where the step was recorded once).
   LifetimeTrace at(std::int64_t rows) const;
   const CostModel& cost() const noexcept { return cost_; }
 

@@ -217,7 +217,8 @@ void bind_fit_option(py::module_& module) {
       .def(py::init<planner::LifetimeTrace, planner::CostModel>(), py::arg("trace"), py::arg("cost"))
       .def(py::init<planner::SizedTrace, std::vector<std::int64_t>, std::size_t, planner::CostModel>(),
            py::arg("sized"), py::arg("values"), py::arg("rows_size"), py::arg("cost"))
-      .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"));
+      .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"))
+      .def("at", &planner::StepTraces::at, py::arg("rows"), "The lifetime trace of a micro-batch of `rows` rows.");
   using planner::FitMemory;
   py::class_<FitMemory> memory(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).");
   readonly(memory, "usable", &FitMemory::usable, "in_use", &FitMemory::in_use, "parameter_count",

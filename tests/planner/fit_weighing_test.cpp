@@ -37,6 +37,23 @@ FitInputs two_parameters(std::int64_t usable, std::int64_t host_available) {
                    0};
 }
 
+TEST(PlannerStepTraces, RegionsLeftOutOfRecomputeAreNeitherCheckpointedNorRecomputedAtAnyRows) {
+  LifetimeTrace trace = offloadable_step(4);
+  trace.regions = {TraceRegion{"a", 0, true, {}, {}}, TraceRegion{"b", 0, true, {}, {}}};
+  for (std::size_t t = 0; t < trace.tensors.size(); ++t) {
+    trace.tensors[t].recomputable = true;
+    trace.tensors[t].region = static_cast<std::int32_t>(t % 2);
+  }
+  const StepTraces whole(trace, CostModel{1e6, 2e6, 2});
+  const LifetimeTrace left_out = whole.without_recompute({1}).at(8);
+  EXPECT_TRUE(left_out.regions[0].checkpointable);
+  EXPECT_FALSE(left_out.regions[1].checkpointable);
+  for (const SavedTensor& tensor : left_out.tensors) EXPECT_EQ(tensor.recomputable, tensor.region == 0);
+  const LifetimeTrace unchanged = whole.at(8);  // the original is a value, untouched
+  EXPECT_TRUE(unchanged.regions[1].checkpointable);
+  for (const SavedTensor& tensor : unchanged.tensors) EXPECT_TRUE(tensor.recomputable);
+}
+
 TEST(PlannerFitWeighing, WorksOutEachShareAsByHand) {
   const std::vector<FitOption> options = weigh_fit(two_parameters(60 * kMiB, std::int64_t{1} << 40));
   ASSERT_EQ(options.size(), 3u);

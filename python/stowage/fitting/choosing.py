@@ -10,7 +10,6 @@ thread that trains.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import re
@@ -45,16 +44,18 @@ def distributed() -> bool:
 
 @dataclass(frozen=True)
 class StepTraces:
-    """One micro-batch's lifetime trace by its rows: `at` (what a plan applies) and `native` (a
-    _core.StepTraces: what is weighed); ``regions``: its checkpoint regions, alike at any rows."""
+    """One micro-batch's lifetime trace by its rows (``native``: a _core.StepTraces, what is
+    weighed and what a plan applies); ``regions``: its checkpoint regions, alike at any rows."""
 
-    at: TraceAt
     native: Any
     regions: list[Any]
 
+    def at(self, rows: int) -> LifetimeTrace:
+        return self.native.at(rows)
+
     @staticmethod
     def whole(trace: LifetimeTrace) -> StepTraces:  # a step recorded once, the same at any rows
-        return StepTraces(lambda rows: trace, _core.StepTraces(trace, trace.cost), trace.regions)
+        return StepTraces(_core.StepTraces(trace, trace.cost), trace.regions)
 
     @staticmethod
     def by_rows(sized: SizedTrace, sizes: dict[str, int], rows_size: str = "batch") -> StepTraces:
@@ -62,7 +63,7 @@ class StepTraces:
         first = sized.traces[0]
         native = _core.StepTraces(sized.native, [sizes.get(name, 0) for name in sized.sizes],
                                   list(sized.sizes).index(rows_size), first.cost)
-        return StepTraces(lambda rows: sized.at({**sizes, rows_size: rows}), native, first.regions)
+        return StepTraces(native, first.regions)
 
 
 class Option:
@@ -107,19 +108,6 @@ def block_kind(path: str) -> str:  # "model.layers.5" -> "model.layers.*"
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", path)
 
 
-def _without_recompute(trace: LifetimeTrace, excluded: frozenset[int]) -> LifetimeTrace:
-    """`trace` with the `excluded` regions' blocks not recomputable (their tensors kept or offloaded)."""
-    if not excluded:
-        return trace
-    trace, tensors, regions = copy.copy(trace), trace.tensors, trace.regions  # (the lists are copies)
-    for tensor in tensors:
-        tensor.recomputable = tensor.recomputable and tensor.region not in excluded
-    for index in excluded:
-        regions[index].checkpointable = False
-    trace.tensors, trace.regions = tensors, regions
-    return trace
-
-
 @dataclass(frozen=True)
 class Weighing:
     """What every weighing takes (``memory``, ``host``, ``rates``: _core.FitMemory, FitHost,
@@ -140,13 +128,12 @@ class Weighing:
         ``no_recompute``: block kinds whose tensors are kept or offloaded."""
         fractions = FRACTIONS if self.can_offload else (1.0,)
         shares = [(f, torch_module().kept_on_device(self.memory.numels, f)) for f in fractions]
-        excluded = frozenset(i for i, region in enumerate(self.traces.regions)
-                             if block_kind(region.module) in no_recompute)
+        excluded = {i for i, region in enumerate(self.traces.regions) if block_kind(region.module) in no_recompute}
         search = _core.ShareSearch(self.rows, self.cut.most if self.cut else None, MIN_ROWS, EXTRA_CUTS)
-        weighed = _core.weigh_fit(self.traces.native.without_recompute(set(excluded)), self.memory, self.host,
-                                  self.rates, shares, search, self.cut.count if self.cut else None, self.foreach,
-                                  reserve)
-        return [Option(option, lambda at: _without_recompute(self.traces.at(at), excluded)) for option in weighed]
+        traces = self.traces.native.without_recompute(excluded)
+        weighed = _core.weigh_fit(traces, self.memory, self.host, self.rates, shares, search,
+                                  self.cut.count if self.cut else None, self.foreach, reserve)
+        return [Option(option, traces.at) for option in weighed]
 
 
 def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> tuple[int, str]:
