@@ -97,13 +97,12 @@ class ModuleCalls:
 
     def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
         if not self._follow_compiled and _torch.compiler.is_compiling():
-            return None
+            return
         call = Call(module, _backward_probe.is_bw)
         self.stack.append(call)
         for entered, _, _ in self._subscribers:
             if entered is not None:
                 entered(call, args)
-        return None
 
     def _left(self, module: Any, args: Any, *kwargs_and_output: Any) -> None:
         """(kwargs, output); only (output,) where torch calls it after the forward raised)"""
