@@ -58,17 +58,14 @@ class Tagger:
     def _position(self) -> int:
         return int(self._module.history_recorded(self._device))
 
-    def _on_device(self, tensor: Any) -> bool:
-        device = tensor.device
-        return device.type == "cpu" if self._device < 0 else device.type == "cuda" and device.index == self._device
-
     def note(self, tensors: Any, category: int, position: int | None = None, owners: Any = None) -> None:
         """Notes `tensors`' storages (a sequence) as `category`; `owners`, one per tensor, the tensors whose
         module made them (a gradient's or a state's parameter)."""
         torch = step_context.loaded_torch()
+        device = torch.device("cpu") if self._device < 0 else torch.device("cuda", self._device)
         addresses, keys = [], []
         for tensor, owner in zip(tensors, tensors if owners is None else owners):
-            if isinstance(tensor, torch.Tensor) and self._on_device(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.device == device:
                 try:
                     address = tensor.untyped_storage().data_ptr()
                 except (RuntimeError, NotImplementedError):  # no storage: sparse, nested, a subclass
