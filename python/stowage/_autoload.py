@@ -39,8 +39,7 @@ class _EnableAfterExec(importlib.abc.Loader):
     """Wraps torch's loader: runs it, then enables stowage and removes the hook."""
 
     def __init__(self, loader: Any, hook: _TorchImportHook) -> None:
-        self._loader = loader
-        self._hook = hook
+        self._loader, self._hook = loader, hook
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._loader, "create_module", None)

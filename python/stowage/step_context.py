@@ -23,20 +23,18 @@ from typing import Any, Callable, NamedTuple
 
 _torch: Any = None  # the torch module, once loaded (loaded_torch)
 _backward_probe: Any = None  # a torch.utils.module_tracker.ModuleTracker, never entered: its is_bw
-_is_compiling: Callable[[], bool] = lambda: False  # noqa: E731 (torch.compiler.is_compiling once torch is in)
 
 
 def loaded_torch() -> Any:
     """torch, imported on first use: `import stowage` must not import torch (the import hook
     installs stowage as torch's allocator before torch first loads). The modules `import stowage`
     loads that observe torch (this one, tagging) take it from here."""
-    global _torch, _backward_probe, _is_compiling
+    global _torch, _backward_probe
     if _torch is None:
         import torch  # here: keeps torch out of `import stowage` (above)
         from torch.utils.module_tracker import ModuleTracker
 
-        _backward_probe, _is_compiling = ModuleTracker(), torch.compiler.is_compiling
-        _torch = torch
+        _backward_probe, _torch = ModuleTracker(), torch
     return _torch
 
 
@@ -98,18 +96,17 @@ class ModuleCalls:
         return unsubscribe
 
     def _entered(self, module: Any, args: tuple[Any, ...]) -> None:
-        if not self._follow_compiled and _is_compiling():
-            return None
+        if not self._follow_compiled and _torch.compiler.is_compiling():
+            return
         call = Call(module, _backward_probe.is_bw)
         self.stack.append(call)
         for entered, _, _ in self._subscribers:
             if entered is not None:
                 entered(call, args)
-        return None
 
     def _left(self, module: Any, args: Any, *kwargs_and_output: Any) -> None:
         """(kwargs, output); only (output,) where torch calls it after the forward raised)"""
-        if not self._follow_compiled and _is_compiling():
+        if not self._follow_compiled and _torch.compiler.is_compiling():
             return
         if self.stack and self.stack[-1].module is module:
             call = self.stack.pop()
@@ -158,8 +155,8 @@ class SavedTensorRegion:
         self._hooks: Any = None
 
     def __enter__(self) -> SavedTensorRegion:
-        pack = _noting(self._pack) if _observer is not None else self._pack
-        hooks = loaded_torch().autograd.graph.saved_tensors_hooks(pack, self._unpack)
+        # (while something observes, torch's __enter__ is _entered_region: it shows the observer each tensor)
+        hooks = loaded_torch().autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         self._hooks = hooks
         return self

@@ -58,18 +58,14 @@ class Tagger:
     def _position(self) -> int:
         return int(self._module.history_recorded(self._device))
 
-    def _on_device(self, tensor: Any) -> bool:
-        device = tensor.device
-        return device.type == "cpu" if self._device < 0 else device.type == "cuda" and device.index == self._device
-
     def note(self, tensors: Any, category: int, position: int | None = None, owners: Any = None) -> None:
-        """Notes `tensors`' storages as `category`; `owners`, one per tensor, the tensors whose
+        """Notes `tensors`' storages (a sequence) as `category`; `owners`, one per tensor, the tensors whose
         module made them (a gradient's or a state's parameter)."""
         torch = step_context.loaded_torch()
-        tensors = list(tensors)
+        device = torch.device("cpu") if self._device < 0 else torch.device("cuda", self._device)
         addresses, keys = [], []
         for tensor, owner in zip(tensors, tensors if owners is None else owners):
-            if isinstance(tensor, torch.Tensor) and self._on_device(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.device == device:
                 try:
                     address = tensor.untyped_storage().data_ptr()
                 except (RuntimeError, NotImplementedError):  # no storage: sparse, nested, a subclass
@@ -147,13 +143,9 @@ class Tagger:
 def _tensors(args: Any) -> list[Any]:
     torch = step_context.loaded_torch()
     out: list[Any] = []
-    for value in args if isinstance(args, (tuple, list)) else (args,):
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-        elif isinstance(value, (tuple, list)):
-            out.extend(v for v in value if isinstance(v, torch.Tensor))
-        elif isinstance(value, dict):
-            out.extend(v for v in value.values() if isinstance(v, torch.Tensor))
+    for value in args if isinstance(args, (tuple, list)) else (args,):  # each, or in a tuple, list or dict
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else (value,)
+        out.extend(v for v in inner if isinstance(v, torch.Tensor))
     return out
 
 

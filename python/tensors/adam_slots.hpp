@@ -131,10 +131,12 @@ class AdamSlots {
     double grad_scale = 1.0;
     bool inf_checked = false, skip = false;
   };
-  // What the caller warns of: the step was skipped; gradients changed after backward were copied
-  // out again; in_backward's updates made with outdated options were undone, to be made again.
+  // Whether the step was skipped, and what the caller warns of (once per optimizer each, the caller's
+  // choice): in_backward's updates made with outdated options were undone, to be made again;
+  // gradients changed after backward were copied out again.
   struct Prepared {
-    bool skipped = false, recopied = false, redone = false;
+    bool skipped = false;
+    std::vector<std::string> warnings;
   };
   // Before the host states change: delayed's pending update written back, parameters written
   // since taken as masters, gradients not copied out (or changed since) copied, check mode's

@@ -50,7 +50,12 @@ AdamSlots::Prepared AdamSlots::prepare_step(const StepInputs& inputs) {
     take_parameters_for_step(inputs);
     if (in_backward) {
       check_in_backward_exact(inputs, step_scale(inputs));
-      prepared.redone = redo_outdated_updates(inputs);
+      if (redo_outdated_updates(inputs)) {
+        prepared.warnings.push_back(
+            where() + "(update='in_backward'): a param group's options (lr, betas, ...) changed between backward and "
+            "step(), so step() undoes the updates made during backward with the old ones and makes them again; "
+            "change them after step() (a scheduler's step() included) to keep the overlap.");
+      }
     }
     if (delayed) write_back_pending(inputs.shards);
     if (inputs.skip) {
@@ -58,7 +63,11 @@ AdamSlots::Prepared AdamSlots::prepare_step(const StepInputs& inputs) {
       prepared.skipped = true;
       return prepared;
     }
-    prepared.recopied = collect_late(inputs.grads, inputs.grad_shards);
+    if (collect_late(inputs.grads, inputs.grad_shards)) {
+      prepared.warnings.push_back(where() + ": gradients changed after backward (clipping or unscaling through "
+                                  "torch?), so step() copies them out again. optimizer.clip_grad_norm_() clips "
+                                  "without that copy.");
+    }
     check_gradients_copied(inputs.grad_shards);
     check_options(inputs.groups);
   } catch (...) {

@@ -195,8 +195,8 @@ def test_parameters_and_their_autocast_casts_are_never_offloaded() -> None:
     offloaded: list[Any] = []
 
     class Spy(stowage.offload.activations):
-        def _pack(self, tensor: Any) -> Any:
-            packed = super()._pack(tensor)
+        def _place(self, tensor: Any) -> Any:
+            packed = super()._place(tensor)
             if isinstance(packed, stowage._torch.PackedTensor):  # not a tensor kept on the device
                 offloaded.append(tensor)
             return packed

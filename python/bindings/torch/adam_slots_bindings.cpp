@@ -199,7 +199,7 @@ void bind_adam_slots(py::module_& module) {
       .def("group_of", &AdamSlots::group_of, py::arg("bucket"))
       .def("prepare_step", step_call([](AdamSlots& self, const AdamSlots::StepInputs& inputs) {
              const AdamSlots::Prepared prepared = self.prepare_step(inputs);
-             return std::make_tuple(prepared.skipped, prepared.recopied, prepared.redone);
+             return std::make_tuple(prepared.skipped, prepared.warnings);
            }))
       .def("commit_step",
            step_call([](AdamSlots& self, const AdamSlots::StepInputs& inputs) { self.commit_step(inputs); }))

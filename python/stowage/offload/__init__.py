@@ -1,9 +1,8 @@
 """Offload: activations offloaded to host memory during forward and back ahead of backward
 (``stowage.offload.activations``), and Adam / AdamW with their states in host memory, updated on
-the CPU (``stowage.offload.Adam``, ``stowage.offload.AdamW``).
-
-``import stowage`` must not import torch (the import hook installs stowage as torch's allocator
-before torch first loads), so the optimizers, whose module needs torch, are imported on first use.
+the CPU (``stowage.offload.Adam``, ``stowage.offload.AdamW``), imported on first use: their module
+imports torch, and ``import stowage`` must not (the import hook installs stowage as torch's
+allocator before torch first loads).
 """
 
 from typing import Any
@@ -29,7 +28,7 @@ def __getattr__(name: str) -> Any:
     if name == "OffloadReport":  # what one activations() region did; stowage._torch's, which imports torch
         return torch_module().OffloadReport
     if name in ("Adam", "AdamW", "HostMemoryError"):
-        from stowage.offload import adam  # here: it imports torch, and `import stowage` must not
+        from stowage.offload import adam  # here: it imports torch (above)
 
         return getattr(adam, name)
     raise AttributeError(f"module 'stowage.offload' has no attribute {name!r}")

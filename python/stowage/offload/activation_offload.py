@@ -8,7 +8,6 @@ with ``with plan:``."""
 from __future__ import annotations
 
 import warnings
-from types import TracebackType
 from typing import Any, Callable, Iterable
 
 from stowage import checking, step_context
@@ -73,7 +72,7 @@ def _allocated() -> int:
     return int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
 
 
-class activations:
+class activations(SavedTensorOffload):
     """Offloads the tensors autograd saves during the ``with`` block to host memory.
 
     ``min_bytes``: storages smaller stay on the device (default 1 MiB). ``prefetch``: "auto"
@@ -84,19 +83,17 @@ class activations:
 
     def __init__(self, min_bytes: int | str = DEFAULT_MIN_BYTES, prefetch: int | str = "auto",
                  max_prefetch: int | str = DEFAULT_MAX_PREFETCH, exclude: Iterable[Any] = ()) -> None:
-        self._min_bytes = byte_count(min_bytes, "min_bytes")
-        if self._min_bytes < 0:
+        least = byte_count(min_bytes, "min_bytes")
+        if least < 0:
             raise ValueError(f"min_bytes must not be negative, not {min_bytes!r}")
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be 'auto' or a number of tensors >= 0, not {prefetch!r}")
-        self._prefetch_depth = None if prefetch == "auto" else int(prefetch)
-        self._max_prefetch = byte_count(max_prefetch, "max_prefetch")
+        super().__init__(self._place, min_bytes=least, prefetch_depth=None if prefetch == "auto" else int(prefetch),
+                         max_prefetch=byte_count(max_prefetch, "max_prefetch"))
         self._exclude = {id(module): module for module in exclude}
         self.report = torch_module().OffloadReport()  # what the region did (offload/offload_report.hpp)
 
     def __enter__(self) -> Any:
-        self._offloading = SavedTensorOffload(self._pack, min_bytes=self._min_bytes, prefetch_depth=self._prefetch_depth,
-                                         max_prefetch=self._max_prefetch)
         self._excluded = 0
         self._registered: set[int] = set()
         self._top_level: list[Any] = []
@@ -104,25 +101,33 @@ class activations:
         self._names: dict[int, str] = {}  # check mode: module paths, for its messages
         self._allocated_before = _allocated()
         self._unsubscribe = step_context.module_calls.subscribe(self._module_entered, self._module_left)
-        self._offloader = self._offloading.__enter__().offloader
+        super().__enter__()
         return self.report
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self._offloading.__exit__(kind, error, traceback)
+    def __exit__(self, *error: Any) -> None:
+        global _warned_compiled
+        super().__exit__(*error)
         self._unsubscribe()
-        self._offloader.fill_report(self.report, self._allocated_before, _allocated())
-        self._warn_if_compiled_whole()
-        del self._offloader, self._offloading  # the packed tensors keep their buffers; the region's tables go
+        self.offloader.fill_report(self.report, self._allocated_before, _allocated())
+        del self.offloader  # the packed tensors keep their buffers; the region's tables go
+        whole = len(self._top_level) == 1 and hasattr(self._top_level[0], "_orig_mod")
+        if whole and not _warned_compiled:
+            _warned_compiled = True
+            warnings.warn(
+                "stowage.offload.activations: the model is compiled as a whole (torch.compile), and "
+                "torch gives a compiled region's saved tensors to the hooks only after its forward "
+                "and takes them all back at the start of its backward, so offload frees nothing "
+                "inside it. Compile each block instead (block = torch.compile(block)): offload then "
+                "offloads at block boundaries.", stacklevel=2)
 
-    def _pack(self, tensor: Any) -> Any:
+    def _place(self, tensor: Any) -> Any:
         if self._excluded:
             return keep(tensor)
         running = step_context.module_calls.stack
         if not self._names or not running:
-            return self._offloader.pack(tensor, "")
+            return self.offloader.pack(tensor, "")
         module = running[-1].module
-        return self._offloader.pack(tensor, self._names.get(id(module), type(module).__name__))
+        return self.offloader.pack(tensor, self._names.get(id(module), type(module).__name__))
 
     def _module_entered(self, call: step_context.Call, args: Any) -> None:
         module = call.module
@@ -135,29 +140,16 @@ class activations:
         if id(module) not in self._registered:
             self._registered.add(id(module))
             inner = getattr(module, "_orig_mod", None)  # a compiled module: its whole model
-            recurse = inner is not None
-            owner = inner if recurse else module
+            owner, recurse = (module, False) if inner is None else (inner, True)
             tensors = list(owner.parameters(recurse=recurse)) + list(owner.buffers(recurse=recurse))
-            self._offloader.add_parameters([t for t in tensors if t is not None])
+            self.offloader.add_parameters([t for t in tensors if t is not None])
 
     def _module_left(self, call: step_context.Call, args: Any, kwargs: Any) -> None:
         if id(call.module) in self._exclude:
             self._excluded = max(0, self._excluded - 1)
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
-            self._offloading.forward_ended()
-
-    def _warn_if_compiled_whole(self) -> None:
-        global _warned_compiled
-        whole = len(self._top_level) == 1 and hasattr(self._top_level[0], "_orig_mod")
-        if whole and not _warned_compiled:
-            _warned_compiled = True
-            warnings.warn(
-                "stowage.offload.activations: the model is compiled as a whole (torch.compile), and "
-                "torch gives a compiled region's saved tensors to the hooks only after its forward "
-                "and takes them all back at the start of its backward, so offload frees nothing "
-                "inside it. Compile each block instead (block = torch.compile(block)): offload then "
-                "offloads at block boundaries.", stacklevel=3)
+            self.forward_ended()
 
 
 def end_step() -> None:

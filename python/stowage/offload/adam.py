@@ -174,9 +174,7 @@ class Adam(torch.optim.Optimizer):
             hyper["decoupled_weight_decay"] = decoupled_weight_decay
         # torch's own checks and group keys, so that state_dicts move between the two.
         defaults = dict(self._torch_class([torch.zeros(1)], **hyper).defaults)  # type: ignore[arg-type]
-        self._constructing = True
-        super().__init__(params, defaults)
-        self._constructing = False
+        super().__init__(params, defaults)  # (its add_param_group calls come before the slots exist)
         self.update_mode = update
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
@@ -200,13 +198,13 @@ class Adam(torch.optim.Optimizer):
         self._waiting: list[tuple[torch.Tensor, dict[str, Any]]] = []  # frozen: no states until a gradient
         self._hooks: list[Any] = []
         self._hook_ids: dict[torch.Tensor, int] = {}  # our post-accumulate hook's, by parameter
-        self._backward_end = BackwardEnd(weak_method(self._backward_ended), weak_method(self._backward_abandoned))
+        self._backward_end = BackwardEnd(weak_method(self._deferred_arrives), weak_method(self._backward_abandoned))
         checking.apply()
         self._lock = threading.RLock()  # DDP's hook callbacks may run on the process group's threads
         self._accumulating = 0
         self._ddp_attached = False
         self._deferred: torch.Tensor | None = None  # the parameter whose later hooks may still run
-        self._warned: set[str] = set()  # the warnings given once, by what they are about
+        self._warned: set[str] = set()  # the warnings given, each once
         # A test seam: called with the name of each point of step() where a test interrupts it
         # (Note [Whole steps]: "device", "update <bucket>", "write_back <bucket>", "end").
         self._at_step_point: Callable[[str], None] | None = None
@@ -216,7 +214,7 @@ class Adam(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
-        if getattr(self, "_constructing", True):
+        if not hasattr(self, "_slots"):
             return
         group = self.param_groups[-1]
         self._check_parameters(group["params"])
@@ -297,9 +295,7 @@ class Adam(torch.optim.Optimizer):
         if self._accumulating or self._ddp_attached or param.grad is None:
             return
         self._backward_end.arm()
-        previous, self._deferred = self._deferred, None
-        if previous is not None and previous.grad is not None:  # (a hook may have dropped it)
-            self._arrive(previous, previous.grad)
+        self._deferred_arrives()
         # Hooks registered after ours still to run on `param` (torch keeps them in order; where it
         # does not say, assumed): its copy waits.
         hooks = getattr(param, "_post_accumulate_grad_hooks", None)
@@ -331,13 +327,14 @@ class Adam(torch.optim.Optimizer):
                     self._slots.submit(ready, self.param_groups[self._slots.group_of(ready)], 1.0)
                     self._sync_states()
 
-    def _backward_ended(self) -> None:
+    def _deferred_arrives(self) -> None:  # (the next hook came, or the backward ended)
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.grad is not None:  # (a hook may have dropped it)
             self._arrive(deferred, deferred.grad)
 
     def _backward_abandoned(self) -> None:
-        """A backward that copied gradients (and, in_backward, updated buckets) raised."""
+        """A backward that copied gradients (and, in_backward, updated buckets) raised, or zero_grad()
+        drops them: the arrivals and provisional updates go."""
         self._deferred = None
         with self._lock:
             self._undo_provisional()
@@ -353,8 +350,9 @@ class Adam(torch.optim.Optimizer):
             # Buckets updated in backward before the norm existed are undone; step() updates every
             # bucket with the coefficient, exactly, as "exact" would.
             self._undo_provisional()
-            self._warn_once("clip", "clip_grad_norm_ undoes the updates made during backward and step() makes "
-                            "them again with the clipping coefficient; update='exact' clips without that work.")
+            self._warn_once(f"stowage.offload.{type(self).__name__}(update='in_backward'): clip_grad_norm_ undoes "
+                            "the updates made during backward and step() makes them again with the clipping "
+                            "coefficient; update='exact' clips without that work.")
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
         if is_sharded(total):
@@ -368,16 +366,14 @@ class Adam(torch.optim.Optimizer):
         self._slots.clip_by(coefficient)
         return total
 
-    def _warn_once(self, about: str, message: str) -> None:
-        if about not in self._warned:
-            self._warned.add(about)
-            mode = "" if about == "recopy" else "(update='in_backward')"
-            warnings.warn(f"stowage.offload.{type(self).__name__}{mode}: {message}", stacklevel=outside_stowage())
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(message, stacklevel=outside_stowage())
 
     def _device_parameters(self) -> list[torch.Tensor]:
-        if self._device_optimizer is None:
-            return []
-        return [p for g in self._device_optimizer.param_groups for p in g["params"]]
+        inner = self._device_optimizer
+        return [] if inner is None else [p for g in inner.param_groups for p in g["params"]]
 
     # --- the step (Note [Whole steps]: all or nothing) -----------------------------------------
 
@@ -415,19 +411,12 @@ class Adam(torch.optim.Optimizer):
         try:
             self._join([(p, g) for p, g in self._waiting if p.grad is not None])  # unfrozen: states start now
             with self._lock:
-                skipped, recopied, redone = self._slots.prepare_step(*self._step_inputs())
-            if redone:
-                self._warn_once("options", "a param group's options (lr, betas, ...) changed between backward and "
-                                "step(), so step() undoes the updates made during backward with the old ones and "
-                                "makes them again; change them after step() (a scheduler's step() included) to keep "
-                                "the overlap.")
+                skipped, messages = self._slots.prepare_step(*self._step_inputs())
+            for message in messages:
+                self._warn_once(message)
             if skipped:
                 self._backward_end.disarm()
                 return False
-            if recopied:
-                self._warn_once("recopy", "gradients changed after backward (clipping or unscaling through "
-                                "torch?), so step() copies them out again. optimizer.clip_grad_norm_() clips "
-                                "without that copy.")
             self._at_point("device")
             self._step_on_device()
         except BaseException:
@@ -465,11 +454,8 @@ class Adam(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
         (and, in_backward, its provisional updates) are dropped as torch's would be."""
-        self._deferred = None
-        self._undo_provisional()
-        with self._lock:
-            self._slots.reset_arrivals()
-            self._backward_end.disarm()
+        self._backward_abandoned()
+        self._backward_end.disarm()
         super().zero_grad(set_to_none)
 
     # --- checkpoints and the end --------------------------------------------------------------
