@@ -62,7 +62,14 @@ PYBIND11_MODULE(_core, module) {
       .def("enter", &stowage::TagBook::enter, py::arg("position"), py::arg("path"), py::arg("type_name"))
       .def("leave", &stowage::TagBook::leave, py::arg("position"))
       .def_property_readonly("in_forward", &stowage::TagBook::in_forward)
-      .def_property_readonly("paths", &stowage::TagBook::paths)
+      .def_property_readonly(
+          "paths",
+          [](const stowage::TagBook& book) {
+            py::list paths;  // bytes: a module path may hold lone surrogates, passed as UTF-8 by surrogatepass
+            for (const std::string& path : book.paths()) paths.append(py::bytes(path));
+            return paths;
+          },
+          "The module paths by id, as the UTF-8 bytes `own` and `enter` were given.")
       .def("resolve", &stowage::TagBook::resolve, py::arg("positions"), py::arg("addresses"),
            py::arg("num_categories"));
   stowage::python::bind_planner(module);

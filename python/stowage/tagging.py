@@ -86,12 +86,13 @@ class Tagger:
             # (worked out at each top-level forward: modules are added, ids reused)
             self._running = names = step_context.module_paths(module, qualified=True)
             modules = list(module.modules())  # each parameter and buffer owned by the first that lists it
-            self._book.own([names.get(id(m), type(m).__name__) for m in modules],
+            self._book.own([_utf8(names.get(id(m), type(m).__name__)) for m in modules],
                            [[id(t) for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]] for m in modules])
             self.note(list(module.parameters()) + list(module.buffers()), 0, at)
             with_grad = [p for p in module.parameters() if p.grad is not None]
             self.note([p.grad for p in with_grad], 2, at, with_grad)
-        self._book.enter(at, self._running.get(id(module)), type(module).__name__)
+        path = self._running.get(id(module))
+        self._book.enter(at, None if path is None else _utf8(path), _utf8(type(module).__name__))
 
     def _left(self, call: step_context.Call, args: Any, kwargs: dict[str, Any]) -> None:
         if threading.get_ident() != self._thread or not self._book.in_forward:
@@ -135,9 +136,14 @@ class Tagger:
         allocs = [i for i, event in enumerate(trace) if event.get("action") == "alloc"]
         resolved = self._book.resolve([i + base for i in allocs], [int(trace[i]["addr"]) for i in allocs],
                                       len(CATEGORY_ORDER))
-        return {"format": 1, "categories": list(CATEGORY_ORDER), "modules": list(self._book.paths),
+        return {"format": 1, "categories": list(CATEGORY_ORDER),
+                "modules": [path.decode("utf-8", "surrogatepass") for path in self._book.paths],
                 "events": [allocs[a] for a in resolved.allocation], "category": list(resolved.category),
                 "module": list(resolved.module)}
+
+
+def _utf8(text: str) -> bytes:  # a module's name may hold lone surrogates: kept as they are, never refused
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _tensors(args: Any) -> list[Any]:
