@@ -287,36 +287,55 @@ class Flipping(torch.nn.Module):
         return x + torch.nn.functional.gelu(self.linear(y))
 
 
-class FlippingNet(torch.nn.Module):
+class Appending(torch.nn.Module):
+    """A block whose recompute makes tensors of other shapes: it attends over a cache its forward
+    appends to, as transformers' layers with use_cache=True in training do."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = torch.nn.ModuleList(Flipping() for _ in range(4))
+        self.linear = torch.nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor, cache: list[torch.Tensor]) -> torch.Tensor:
+        cache.append(self.linear(x))
+        keys = torch.cat(cache)
+        return x + torch.nn.functional.gelu(torch.softmax(x @ keys.T, dim=-1) @ keys)
+
+
+class FlippingNet(torch.nn.Module):
+    def __init__(self, block: type[torch.nn.Module] = Flipping) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(block() for _ in range(4))
         self.head = torch.nn.Linear(256, 8)
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
-            rows = block(rows)
+            rows = block(rows) if isinstance(block, Flipping) else block(rows, [])
         return self.head(rows).square().mean()
 
 
-def test_a_block_whose_recompute_runs_other_ops_is_found_before_training_and_not_recomputed(capsys: Any) -> None:
+@pytest.mark.parametrize(("block", "room"), [(Flipping, (46 << 20) // 10), (Appending, (91 << 20) // 10)])
+def test_a_block_whose_recompute_computes_otherwise_is_found_before_training_and_not_recomputed(
+        block: type[torch.nn.Module], room: int) -> None:
     from stowage.fitting.choosing import block_kind
 
     assert block_kind("model.layers.5") == "model.layers.*" and block_kind("0.attn") == "*.attn"
     torch.manual_seed(0)
-    model, rows = FlippingNet(), torch.randn(512, 256)
+    model, rows = FlippingNet(block), torch.randn(512, 256)
     slow_copies = {"to_host_bytes_per_ms": 1e3, "to_device_bytes_per_ms": 1e3, "prefetch_depth": 2}  # recompute wins
     gc.collect()  # earlier tests' garbage, out of the memory in use the budget is counted from
     start = stowage.memory_allocated()
     # only recomputing a block makes the step fit: refused before training, naming the block, where
     # its backward would have raised mid-training
-    with pytest.raises(torch.OutOfMemoryError, match=r"tried before training: blocks\.\* runs other ops when "
-                                                      r"recomputed: not recomputed"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"tried before training: blocks\.\* computes otherwise "
+                                                      r"when recomputed: not recomputed"):
         stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows, cost=slow_copies,
-                    budget=start + (16 << 20) + (46 << 20) // 10, offload_optimizer=False)
-    # with room to offload instead, fit trains without recomputing it
+                    budget=start + (16 << 20) + room, offload_optimizer=False)
+    # with room to offload instead, fit trains without recomputing it (from what is in use now: a
+    # cache-appending block's failed recompute leaves its tensors in a cycle through autograd's
+    # nodes, as it does under torch.utils.checkpoint alone)
+    start = stowage.memory_allocated()
     fitted = stowage.fit(model, lambda params: torch.optim.SGD(params, lr=0.1), rows, cost=COST,
-                         budget=start + (16 << 20) + (46 << 20) // 10, offload_optimizer=False)
+                         budget=start + (16 << 20) + room, offload_optimizer=False)
     assert fitted.plan is None or stowage.plan.Decision.recompute not in fitted.plan.decisions
     losses = [fitted.step(rows) for _ in range(2)]
     assert all(torch.isfinite(loss) for loss in losses)

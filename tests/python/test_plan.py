@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 import stowage
 import stowage.plan
+from stowage.fitting.choosing import RECOMPUTE_FAILURE
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -228,6 +229,54 @@ def test_a_recomputed_block_whose_ops_changed_after_profiling_computes_the_same_
     assert re.fullmatch(r"blocks\.0: op \d+ is aten\.gelu\.default, recorded aten\.relu\.default", plan.mismatches[0])
     said = [str(w.message) for w in caught if "does not match the lifetime trace" in str(w.message)]
     assert len(said) == 1 and f"({plan.mismatches[0]})" in said[0], said
+
+
+class CacheAppendingBlock(nn.Module):
+    """Attends over a cache its forward appends to (a key-value cache, as transformers' with
+    use_cache=True in training): run again in backward, it reads twice the keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, cache: list[torch.Tensor]) -> torch.Tensor:
+        cache.append(self.proj(x))
+        keys = torch.cat(cache, dim=1)
+        return x + torch.softmax(x @ keys.transpose(1, 2), dim=-1) @ keys
+
+
+class CachedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CacheAppendingBlock() for _ in range(2))
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, [])
+        return self.head(x).sum()
+
+
+def test_a_recomputed_block_that_reads_a_cache_it_appended_to_is_named_as_fit_reads_it() -> None:
+    """torch's CheckpointError (the recomputed keys twice as long) comes out as the block's own
+    recompute failure, in the words fit's trial reads to leave that block kind out of recompute."""
+    torch.manual_seed(0)
+    model, x = CachedNet(), torch.randn(4, 8, 16)
+
+    def step() -> None:
+        model(x).backward()
+
+    profile = stowage.plan.profile(step, cost=COST)
+    Decision = stowage.plan.Decision
+    full = [Decision.recompute if t.recomputable else Decision.keep for t in profile.tensors]
+    assert Decision.recompute in full
+    plan = stowage.plan.Plan(profile, full, profile.unconstrained_peak_bytes)
+    with pytest.raises(RuntimeError) as raised:
+        measured(model, step, plan)
+    said = str(raised.value)
+    found = RECOMPUTE_FAILURE.search(said)
+    assert found is not None and re.fullmatch(r"blocks\.[01]", found.group(1)), said
+    assert "torch: torch.utils.checkpoint: Recomputed values" in said
 
 
 def test_micro_batches_under_one_plan_are_placed_as_the_profiled_step_was() -> None:

@@ -178,7 +178,7 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
             overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen.plan, device)
         if failed_block_kind:
             no_recompute.add(failed_block_kind)
-            found.append(f"{failed_block_kind} runs other ops when recomputed: not recomputed")
+            found.append(f"{failed_block_kind} computes otherwise when recomputed: not recomputed")
         elif overshoot > reserve:  # (a plan made with `reserve` kept back may overshoot by as much)
             reserve = overshoot
             found.append(f"the step added {format_bytes(overshoot)} more than planned: weighed again with it kept back")

@@ -198,6 +198,12 @@ class Plan:
             warning = self.departures.end_step()
             if warning is not None:
                 warnings.warn(warning, stacklevel=outside_stowage())
+        elif self._checkpointed:
+            from stowage.plan.recompute_modes import recompute_failure  # (torch: as in _checkpointing)
+
+            failure = recompute_failure(error)
+            if failure is not None:
+                raise failure from error
 
     def _hold_to_budget(self, module: Any) -> None:
         """The allocator's ceiling at the budget above what is in use now (Note [Allocated ceiling]

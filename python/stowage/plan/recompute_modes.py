@@ -263,6 +263,22 @@ class ForwardMode(TorchDispatchMode):
         return RecomputeWatch(watched, read)
 
 
+_replayed: list[str] = []  # the block recomputed last (autograd may recompute on a thread of its own)
+
+
+def recompute_failure(error: BaseException | None) -> RuntimeError | None:
+    """torch's CheckpointError after a block this process recomputed as that block's failure, named
+    as fit's trial reads it (its tensors then kept or offloaded); None for any other error. torch
+    raises it when a recomputed tensor's shape or dtype differs from the forward's: the block reads
+    state its forward changed outside its tensors (a key-value cache appended to)."""
+    if not isinstance(error, torch.utils.checkpoint.CheckpointError) or not _replayed:
+        return None
+    return RuntimeError(f"stowage.plan: {_replayed.pop()} ran with other tensor shapes or dtypes when recomputed in "
+                        "backward: its forward reads state it changes outside its tensors (a key-value cache? "
+                        "use_cache=False in training); leave it out of the plan's recompute. torch: "
+                        + str(error).splitlines()[0])
+
+
 class ReplayMode(TorchDispatchMode):
     """The block's forward again, in backward: cached outputs where kept and intact, every other
     op run; outside state the forward wrote restored at the end (Note [Selective recompute])."""
@@ -289,6 +305,7 @@ class ReplayMode(TorchDispatchMode):
         for tensor, before in self._record.written.values():
             _overwrite(tensor, before)
         self._position = 0
+        _replayed[:] = [self._where]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
