@@ -7,7 +7,8 @@ first alternates too), each in a fresh process, so that the machine's noise fall
     python3 bench/e2e/fit_batches_before_after.py --before-tree OLD --before-python OLD_VENV/bin/python
 
 Every run gets the same cost model (``COST``: fit measures none), so that a plan depends on the
-build and the step's recorded op times only. Reported per model and build: the choice (share of
+build and the step's recorded op times only; those move a plan from run to run (an idle machine's
+runs of one build differ), so ``--fixed-times`` times every op and probe 0.1 ms. Reported per model and build: the choice (share of
 states on the device, micro-batches x rows, loss units), the plan's decisions (keep / offload /
 recompute per saved tensor, as a count and a digest), every option's line of fit's table (its predicted time left out), and the time fit
 took to decide, each run's. A model whose decisions differ between the builds is marked.
@@ -40,14 +41,17 @@ sys.path.insert(0, sys.argv[1] + "/bench/e2e")
 from fit_batches import _setup
 args = argparse.Namespace(model=sys.argv[2], capacity=sys.argv[3])
 torch, model, batches, loss_fn, kind = _setup(args)
+if sys.argv[6] == "fixed":  # every interval timed by perf_counter (an op, a probe) 0.1 ms long
+    ticks = iter(range(1, 1 << 62))
+    time.perf_counter = lambda: next(ticks) * 1e-4
 import stowage
 batch = batches(int(sys.argv[4]))
 table = io.StringIO()
-started = time.perf_counter()
+started = time.monotonic()
 with contextlib.redirect_stdout(table):
     fitted = stowage.fit(model, lambda ps: torch.optim.AdamW(ps, lr=1e-4), batch, loss_fn=loss_fn,
                          micro_batches="auto", split_batchnorm=True, cost=json.loads(sys.argv[5]))
-decision_s = time.perf_counter() - started
+decision_s = time.monotonic() - started
 plan = fitted.plan
 decisions = [str(getattr(d, "name", d)).lower() for d in plan.decisions] if plan is not None else []
 print(json.dumps({"decision_s": decision_s, "device_fraction": fitted.device_fraction,
@@ -57,8 +61,8 @@ print(json.dumps({"decision_s": decision_s, "device_fraction": fitted.device_fra
 """
 
 
-def decide(python: str, tree: str, model: str, rows: int, capacity: str) -> dict[str, Any]:
-    done = subprocess.run([python, "-c", CHILD, tree, model, capacity, str(rows), json.dumps(COST)],
+def decide(python: str, tree: str, model: str, rows: int, capacity: str, times: str) -> dict[str, Any]:
+    done = subprocess.run([python, "-c", CHILD, tree, model, capacity, str(rows), json.dumps(COST), times],
                           capture_output=True, text=True, check=False, cwd=tree)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -85,6 +89,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--models", nargs="+", choices=sorted(TABLE), default=list(TABLE))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--fixed-times", action="store_true",
+                        help="every op and probe timed 0.1 ms (perf_counter replaced in the child), so that the "
+                             "step's measured times, which move the plan run to run, are the same in every run")
     args = parser.parse_args()
     builds = {"before": (args.before_python, args.before_tree), "after": (sys.executable, str(HERE.parents[1]))}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -96,7 +103,8 @@ def main() -> int:
         runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
         for run in range(args.runs):
             for build in (("before", "after") if run % 2 == 0 else ("after", "before")):
-                runs[build].append(decide(*builds[build], model, rows, capacity))
+                runs[build].append(decide(*builds[build], model, rows, capacity,
+                                          "fixed" if args.fixed_times else "measured"))
         results[model] = runs
         same = {choice(r) for r in runs["before"]} == {choice(r) for r in runs["after"]}
         for build in ("before", "after"):
