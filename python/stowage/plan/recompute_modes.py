@@ -266,6 +266,12 @@ class ForwardMode(TorchDispatchMode):
 _replayed: list[str] = []  # the block recomputed last (autograd may recompute on a thread of its own)
 
 
+def _failed(where: str, how: str, error: BaseException) -> RuntimeError:
+    return RuntimeError(f"stowage.plan: {where} ran {how} when recomputed in backward: its forward reads state "
+                        "it changes outside its tensors (a key-value cache? use_cache=False in training); leave "
+                        "it out of the plan's recompute. torch: " + str(error).splitlines()[0])
+
+
 def recompute_failure(error: BaseException | None) -> RuntimeError | None:
     """torch's CheckpointError after a block this process recomputed as that block's failure, named
     as fit's trial reads it (its tensors then kept or offloaded); None for any other error. torch
@@ -273,10 +279,7 @@ def recompute_failure(error: BaseException | None) -> RuntimeError | None:
     state its forward changed outside its tensors (a key-value cache appended to)."""
     if not isinstance(error, torch.utils.checkpoint.CheckpointError) or not _replayed:
         return None
-    return RuntimeError(f"stowage.plan: {_replayed.pop()} ran with other tensor shapes or dtypes when recomputed in "
-                        "backward: its forward reads state it changes outside its tensors (a key-value cache? "
-                        "use_cache=False in training); leave it out of the plan's recompute. torch: "
-                        + str(error).splitlines()[0])
+    return _failed(_replayed.pop(), "with other tensor shapes or dtypes", error)
 
 
 class ReplayMode(TorchDispatchMode):
@@ -313,6 +316,12 @@ class ReplayMode(TorchDispatchMode):
         for tensor, after, version in self._after:
             _overwrite(tensor, after, version)
         self._after = []
+        error = exc[1]
+        if isinstance(error, RuntimeError) and not isinstance(error, torch.OutOfMemoryError) \
+                and not str(error).startswith("stowage.plan:"):
+            # an op the forward ran failed here: the block computes otherwise (a kept output of one
+            # shape meeting a new input of another)
+            raise _failed(self._where, "into an error", error) from error
         return result
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
