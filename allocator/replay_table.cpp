@@ -1,21 +1,13 @@
 #include "allocator/replay_table.hpp"
 
 #include <cmath>
-#include <cstdio>
 
 #include "base/byte_units.hpp"
+#include "base/fixed_point.hpp"
 
 namespace stowage {
 
 namespace {
-
-// `value` with `decimals` decimals, as Python's f"{value:.Nf}" (printf rounds the exact binary value
-// half to even, as Python does).
-std::string fixed(double value, int decimals) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.*f", decimals, value);
-  return buffer;
-}
 
 // Whole MiB with thousands commas, as f"{value / 2**20:,.0f}" (nearbyint: half to even, as Python).
 std::string mib(std::optional<std::uint64_t> value) {
@@ -26,7 +18,7 @@ std::string mib(std::optional<std::uint64_t> value) {
 // " (1.031x)": `value` over the row's peak of requested bytes; nothing without either.
 std::string ratio(std::optional<std::uint64_t> value, std::uint64_t base) {
   if (!value || base == 0) return "";
-  return " (" + fixed(static_cast<double>(*value) / static_cast<double>(base), 3) + "x)";
+  return " (" + fixed_point(static_cast<double>(*value) / static_cast<double>(base), 3) + "x)";
 }
 
 std::string file_name(const std::string& path) {
@@ -39,7 +31,7 @@ std::string file_name(const std::string& path) {
 std::string calls_once_warm(const ReplayTableRow& row) {
   if (row.steps_after_warmup == 0) return "-";
   const std::string calls = with_commas(row.device_calls_after_warmup);
-  return row.device_calls_after_warmup == 0 ? calls : calls + " (" + fixed(row.worst_step_ms, 1) + " ms)";
+  return row.device_calls_after_warmup == 0 ? calls : calls + " (" + fixed_point(row.worst_step_ms, 1) + " ms)";
 }
 
 bool native_starred(const ReplayTableRow& row) { return row.native_peak_reserved && !row.native_comparable; }
@@ -58,8 +50,8 @@ std::vector<std::string> cells(const ReplayTableRow& row) {
           with_commas(row.maps) + "/" + with_commas(row.unmaps),
           std::to_string(row.steps),
           calls_once_warm(row),
-          fixed(row.ns_per_call_p50, 0) + "/" + fixed(row.ns_per_call_p99, 0),
-          row.events_per_second ? fixed(*row.events_per_second / 1e6, 1) : "-",
+          fixed_point(row.ns_per_call_p50, 0) + "/" + fixed_point(row.ns_per_call_p99, 0),
+          row.events_per_second ? fixed_point(*row.events_per_second / 1e6, 1) : "-",
           row.oom ? "yes" : "no"};
 }
 

@@ -1,9 +1,8 @@
 #include "offload/offload_summary.hpp"
 
-#include <cstdio>
-
 #include "base/byte_units.hpp"
 #include "base/errors.hpp"
+#include "base/fixed_point.hpp"
 
 namespace stowage::offload {
 
@@ -31,8 +30,7 @@ std::string rate(const std::map<std::string, std::int64_t>& stats, const std::st
 std::vector<std::string> offload_summary_lines(const std::map<std::string, std::int64_t>& stats) {
   const auto offloads = stats.find("offload.num_offloads");
   if (offloads == stats.end() || offloads->second == 0) return {};
-  char stall_ms[32];
-  std::snprintf(stall_ms, sizeof(stall_ms), "%.1f", static_cast<double>(value(stats, "offload.stall_ns")) / 1e6);
+  const std::string stall_ms = fixed_point(static_cast<double>(value(stats, "offload.stall_ns")) / 1e6, 1);
   const auto count = [&stats](const std::string& key) { return std::to_string(value(stats, key)); };
   return {
       "Offloaded: " + bytes(stats, "offload.offloaded_bytes.current") + " now, " +

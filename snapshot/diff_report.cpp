@@ -1,9 +1,10 @@
 #include "snapshot/diff_report.hpp"
 
 #include <cstdint>
-#include <cstdio>
+#include <cmath>
 
 #include "base/byte_units.hpp"
+#include "base/fixed_point.hpp"
 #include "snapshot/findings_rows.hpp"
 
 namespace stowage::snapshot {
@@ -27,10 +28,11 @@ std::string address_text(Wide value) {
   return out.append(digits.rbegin(), digits.rend());
 }
 
-std::string fixed(const char* format, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), format, value);
-  return buffer;
+// As printf's "%+.1f points": a sign always (a negative zero's own).
+std::string signed_points(double value) {
+  std::string text = fixed_point(value, 1);
+  if (!std::signbit(value)) text.insert(0, 1, '+');
+  return text.append(" points");
 }
 
 std::string signed_count(std::int64_t value) {
@@ -52,9 +54,9 @@ TextTable totals_table(const SnapshotTotals& a, const SnapshotTotals& b) {
   add("live peak of the trace", a.trace_peak, b.trace_peak);
   table.rows.push_back({"segments", with_commas(static_cast<std::uint64_t>(a.segments)),
                         with_commas(static_cast<std::uint64_t>(b.segments)), signed_count(b.segments - a.segments)});
-  table.rows.push_back({"fragmentation", fixed("%.1f%%", 100 * a.fragmentation),
-                        fixed("%.1f%%", 100 * b.fragmentation),
-                        fixed("%+.1f points", 100 * (b.fragmentation - a.fragmentation))});
+  table.rows.push_back({"fragmentation", fixed_point(100 * a.fragmentation, 1) + "%",
+                        fixed_point(100 * b.fragmentation, 1) + "%",
+                        signed_points(100 * (b.fragmentation - a.fragmentation))});
   return table;
 }
 

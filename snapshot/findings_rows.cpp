@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <utility>
 
 #include "base/byte_units.hpp"
+#include "base/fixed_point.hpp"
 
 namespace stowage::snapshot {
 
@@ -14,9 +14,7 @@ namespace {
 
 // "12.5%", as Python's f"{100 * part / whole:.1f}%" (`whole` > 0).
 std::string share(Wide part, Wide whole) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.1f%%", static_cast<double>(100 * part) / static_cast<double>(whole));
-  return buffer;
+  return fixed_point(static_cast<double>(100 * part) / static_cast<double>(whole), 1) + "%";
 }
 
 std::string count_text(std::int64_t value) {
