@@ -22,7 +22,7 @@ import weakref
 from typing import Any, Iterable
 
 from stowage import step_context
-from stowage.serving import CPU_MODE, device_index, is_cpu_allocator, torch_module
+from stowage.serving import is_cpu_allocator, torch_module
 
 # The parameters an open handle holds: id(param) -> the handle.
 _held: dict[int, weakref.ReferenceType[Any]] = {}
@@ -40,7 +40,8 @@ def parameters(model: Any, units: Iterable[Any] | None = None, prefetch: int = 1
 
 
 def _device_of(model: Any, params: list[Any]) -> Any:
-    torch = step_context.loaded_torch()
+    """The one device of the model's parameters; refused where that is not a CUDA device or CPU
+    mode's."""
     devices = {p.device for p in params}
     if len(devices) != 1:
         raise ParameterOffloadError(
@@ -57,7 +58,6 @@ def _device_of(model: Any, params: list[Any]) -> Any:
         if p.device != device:
             raise ParameterOffloadError(
                 f"parameter {name} is on {p.device}, the units' on {device}: move the model to one device first")
-    del torch
     return device
 
 
@@ -85,18 +85,29 @@ def _units_of(model: Any, units: Iterable[Any] | None) -> list[Any]:
         blocks = step_context.block_modules(model)
         return [m for m in modules if id(m) in blocks and any(True for _ in m.parameters())]
     chosen = list(units)
-    known = {id(m) for m in modules}
+    known, unit_ids = {id(m) for m in modules}, {id(u) for u in chosen}
     for unit in chosen:
         if id(unit) not in known:
             raise ParameterOffloadError(f"unit {type(unit).__name__} is not a module of the model")
-    inside: dict[int, Any] = {}
-    for unit in chosen:
         for inner in unit.modules():
-            if inner is not unit and id(inner) in {id(u) for u in chosen}:
+            if inner is not unit and id(inner) in unit_ids:
                 raise ParameterOffloadError(
                     f"unit {type(inner).__name__} is inside unit {type(unit).__name__}: units must not nest")
-            inside[id(inner)] = unit
     return chosen
+
+
+def _refuse_shared_outside(model: Any, units: list[Any], offloaded: set[int]) -> None:
+    """Refuses a unit's parameter that a module outside every unit holds too (it would read the
+    host parameter)."""
+    in_units = {id(m) for unit in units for m in unit.modules()}
+    for name, inner in model.named_modules():
+        if id(inner) in in_units:
+            continue
+        for pname, param in inner._parameters.items():
+            if param is not None and id(param) in offloaded:
+                raise ParameterOffloadError(
+                    f"parameter {name}.{pname} is also held outside every unit (tied weights): offload "
+                    "the modules that share it together (units=) or leave them on the device")
 
 
 class _Slot:
@@ -126,14 +137,19 @@ class OffloadedParameters:
         if not params:
             raise ParameterOffloadError("the model has no unit with parameters to offload (pass units=)")
         self.device = _device_of(model, params)
-        index = CPU_MODE if self.device.type == "cpu" else device_index(self.device)
-        device_name = "cpu" if index == CPU_MODE else f"cuda:{index}"
+        if self.device.type == "cpu":
+            device_name = "cpu"  # CPU mode's simulated device
+        else:  # stowage's CUDA allocator or torch's: the engine works over either
+            device_name = f"cuda:{torch.cuda._get_device_index(self.device, optional=True)}"
         module = torch_module()
         self._store = module.HostStateStore(device_name)
         self._transfers = module.ParameterTransfers(device_name)
         for param in params:
             if id(param) in _held and _held[id(param)]() is not None:
                 raise ParameterOffloadError("a parameter of these units is already offloaded by another open handle")
+            if param.is_sparse or param.layout != torch.strided:
+                raise ParameterOffloadError("stowage.offload.parameters moves dense parameters only")
+        _refuse_shared_outside(model, self.units, {id(p) for p in params})
         for unit in self.units:
             slots: list[int] = []
             for inner in unit.modules():
@@ -148,7 +164,6 @@ class OffloadedParameters:
                     if slot not in slots:
                         slots.append(slot)
             self._unit_slots.append(slots)
-        self._refuse_shared_outside(model, by_param)
         self._schedule = module.ParameterSchedule(
             [s.copy.numel() * s.copy.element_size() for s in self._slots], self._unit_slots, prefetch)
         for slot in self._slots:
@@ -161,15 +176,12 @@ class OffloadedParameters:
             self._handles.append(unit.register_forward_pre_hook(self._pre_forward_hook(u), with_kwargs=True))
             self._handles.append(unit.register_forward_hook(self._post_forward_hook(u), always_call=True))
         self.closed = False
-        del torch
 
     # --- setting up ----------------------------------------------------------------------------
 
     def _take(self, param: Any) -> _Slot:
         """Host memory for `param` (its values copied in) and its empty device copy."""
         torch = step_context.loaded_torch()
-        if param.is_sparse or param.layout != torch.strided:
-            raise ParameterOffloadError("stowage.offload.parameters moves dense parameters only")
         host = self._host_copy(param.detach())
         copy = torch.nn.Parameter(torch.empty_like(host, device=self.device), requires_grad=param.requires_grad)
         copy.untyped_storage().resize_(0)
@@ -183,18 +195,6 @@ class OffloadedParameters:
         host = self._store.empty(values.numel(), values.dtype).view(values.shape)
         host.copy_(values)
         return host
-
-    def _refuse_shared_outside(self, model: Any, by_param: dict[int, int]) -> None:
-        in_units = {id(m) for unit in self.units for m in unit.modules()}
-        for name, inner in model.named_modules():
-            if id(inner) in in_units:
-                continue
-            for pname, param in inner._parameters.items():
-                if param is not None and id(param) in by_param:
-                    self._restore_all()
-                    raise ParameterOffloadError(
-                        f"parameter {name}.{pname} is also held outside every unit (tied weights): offload "
-                        "the modules that share it together (units=) or leave them on the device")
 
     @staticmethod
     def _tensor_hooks_of(param: Any) -> Any:
@@ -215,6 +215,8 @@ class OffloadedParameters:
 
     def _apply(self, moves: tuple[list[int], list[int]]) -> None:
         fill, free = moves
+        if free:
+            self._transfers.filled()  # a prefetch let go: its fill completes before the memory is reused
         for i in free:
             self._slots[i].copy.untyped_storage().resize_(0)
         if not fill:
@@ -245,8 +247,13 @@ class OffloadedParameters:
         slot.param.data = slot.host
 
     def _hold(self, u: int, backward: bool) -> None:
-        self._apply(self._schedule.hold(u, backward))
+        """Holds unit `u`: its copies filled and waited for by the compute, the units ahead
+        filled behind it (waited for when they start)."""
+        fill, free = self._schedule.hold(u, backward)
+        own = set(self._unit_slots[u])
+        self._apply(([i for i in fill if i in own], free))
         self._transfers.filled()
+        self._apply(([i for i in fill if i not in own], []))
 
     def _release(self, u: int) -> None:
         self._apply(self._schedule.release(u))
