@@ -108,7 +108,6 @@ def test_the_parameters_live_in_host_memory_and_the_device_holds_the_window() ->
         unit = max(handle._schedule.unit_bytes(u) for u in range(len(handle.units)))
         seen: list[int] = []
         hooks = [b.register_forward_hook(lambda *_: seen.append(handle.resident_bytes)) for b in model.blocks]
-        hooks += [b.register_full_backward_hook(lambda *_: seen.append(handle.resident_bytes)) for b in model.blocks]
         for step in range(2):
             gpt_loss(model, step).backward()
             assert handle.resident_bytes == 0  # every copy freed when backward returns
@@ -117,8 +116,7 @@ def test_the_parameters_live_in_host_memory_and_the_device_holds_the_window() ->
         for h in hooks:
             h.remove()
         assert max(seen) <= 2 * unit  # forward: the unit and one ahead
-        # backward: the unit finishing, the unit starting and one ahead
-        assert handle.peak_resident_bytes <= 3 * unit < block_bytes
+        assert handle.peak_resident_bytes <= 2 * unit < block_bytes  # backward too
     finally:
         handle.close()
     assert stowage.memory_allocated() >= before  # back on the device (and their gradients)

@@ -19,10 +19,12 @@ the device); at most one open handle holds a parameter.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from stowage import step_context
 from stowage.serving import is_cpu_allocator, torch_module
+
+GradKey = Optional[tuple[Any, int]]  # a gradient of the graph: (node, output)
 
 # The parameters an open handle holds: id(param) -> the handle.
 _held: dict[int, weakref.ReferenceType[Any]] = {}
@@ -170,6 +172,8 @@ class OffloadedParameters:
             _held[id(slot.param)] = weakref.ref(self)
         self._backward_held = [False] * len(self.units)
         self._forward_holds = [0] * len(self.units)  # forwards of each unit running now
+        self._backward_task = [-1] * len(self.units)  # the backward that last held each unit
+        self._input_key: list[GradKey] = [None] * len(self.units)  # the gradient of its one input
         self._versions: list[list[int] | None] = [None] * len(self.units)  # host versions each forward saw
         self._callback_task = -1
         for u, unit in enumerate(self.units):
@@ -282,6 +286,8 @@ class OffloadedParameters:
                     inner._parameters[name] = slot.copy
             if torch.is_grad_enabled():
                 inputs = [a for a in _tensors((args, kwargs)) if a.requires_grad]
+                if inputs and not in_backward:
+                    self._input_key[u] = _grad_key(inputs[0]) if len(inputs) == 1 else None
                 if inputs:
                     torch.autograd.graph.register_multi_grad_hook(inputs, self._inputs_done_hook(u), mode="all")
 
@@ -307,34 +313,54 @@ class OffloadedParameters:
                 return
             if outputs:
                 self._versions[u] = [self._slots[i].param._version for i in self._unit_slots[u]]
-                torch.autograd.graph.register_multi_grad_hook(outputs, self._pre_backward_hook(u), mode="any")
+                for output in outputs:
+                    output.register_hook(self._output_grad_hook(u, _grad_key(output)))
             self._release(u)
 
         return post_forward
 
-    def _pre_backward_hook(self, u: int) -> Any:
-        def pre_backward(grad: Any) -> None:
-            torch = step_context.loaded_torch()
-            if torch.is_grad_enabled():
-                raise ParameterOffloadError(
-                    "backward with create_graph=True through offloaded parameters: the gradients' own graph would "
-                    "hold the device copies, which are freed after each unit; close the handle for higher-order "
-                    "gradients")
-            versions = self._versions[u]
-            if versions is not None:
-                for i, seen in zip(self._unit_slots[u], versions):
-                    if self._slots[i].param._version != seen:
-                        raise RuntimeError(
-                            "one of the variables needed for gradient computation has been modified by an inplace "
-                            f"operation: an offloaded parameter of shape {tuple(self._slots[i].param.shape)} is at "
-                            f"version {self._slots[i].param._version}; expected version {seen} instead "
-                            "(stowage.offload.parameters: its forward saw the earlier values)")
-            self._queue_end_of_backward()
-            if not self._backward_held[u]:
-                self._hold(u, True)
-                self._backward_held[u] = True
+    def _output_grad_hook(self, u: int, key: GradKey) -> Any:
+        """The hook on each output of unit `u`'s forward: the output's gradient is complete, so
+        the unit whose only input it is has passed backward (its copies go first: Note
+        [Parameters off the device]), and the first of the outputs in this backward holds `u`."""
 
-        return pre_backward
+        def output_grad(grad: Any) -> None:
+            if self.closed:
+                return
+            torch = step_context.loaded_torch()
+            for v, held in enumerate(self._backward_held):
+                if held and _same_gradient(self._input_key[v], key):
+                    self._backward_held[v] = False
+                    self._release(v)
+            task = torch._C._current_graph_task_id()
+            if self._backward_task[u] != task:
+                self._backward_task[u] = task
+                self._pre_backward(u)
+
+        return output_grad
+
+    def _pre_backward(self, u: int) -> None:
+        """Backward reached unit `u`'s outputs: its copies filled again (refused where they could
+        not be what its forward used)."""
+        torch = step_context.loaded_torch()
+        if torch.is_grad_enabled():
+            raise ParameterOffloadError(
+                "backward with create_graph=True through offloaded parameters: the gradients' own graph would "
+                "hold the device copies, which are freed after each unit; close the handle for higher-order "
+                "gradients")
+        versions = self._versions[u]
+        if versions is not None:
+            for i, seen in zip(self._unit_slots[u], versions):
+                if self._slots[i].param._version != seen:
+                    raise RuntimeError(
+                        "one of the variables needed for gradient computation has been modified by an inplace "
+                        f"operation: an offloaded parameter of shape {tuple(self._slots[i].param.shape)} is at "
+                        f"version {self._slots[i].param._version}; expected version {seen} instead "
+                        "(stowage.offload.parameters: its forward saw the earlier values)")
+        self._queue_end_of_backward()
+        if not self._backward_held[u]:
+            self._hold(u, True)
+            self._backward_held[u] = True
 
     def _inputs_done_hook(self, u: int) -> Any:
         def inputs_done(grads: Any) -> None:
@@ -378,8 +404,8 @@ class OffloadedParameters:
         self._callback_task = -1
         self._apply(self._schedule.release_all())
         self._backward_held = [False] * len(self.units)
-        self._forward_holds = [0] * len(self.units)  # forwards of each unit running now
         self._versions = [None] * len(self.units)
+        self._input_key = [None] * len(self.units)
 
     def _settle_failed_backward(self) -> None:
         """A backward that raised left its holds: let them go before the next forward."""
@@ -435,6 +461,16 @@ class OffloadedParameters:
 
     def __exit__(self, *error: Any) -> None:
         self.close()
+
+
+def _grad_key(tensor: Any) -> GradKey:
+    """Which gradient of the graph a tensor's is: its node (held: a node's Python object keeps
+    its identity while held) and output; None for a leaf."""
+    return None if tensor.grad_fn is None else (tensor.grad_fn, tensor.output_nr)
+
+
+def _same_gradient(a: GradKey, b: GradKey) -> bool:
+    return a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
 
 
 def _used_outside_its_unit(grad: Any) -> None:
