@@ -324,3 +324,19 @@ def test_refusals_name_what_cannot_be_kept_exact() -> None:
         stowage.offload.parameters(tiny_gpt(), prefetch=-1)
     with contextlib.suppress(Exception):
         stowage.mark_step()
+
+
+def test_a_model_trained_with_its_parameters_off_the_device_is_freed_with_its_handle() -> None:
+    import gc
+    import weakref
+
+    model = tiny_gpt()
+    handle = stowage.offload.parameters(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gpt_loss(model, 0).backward()
+    optimizer.step()
+    handle.close()
+    refs = [weakref.ref(model), weakref.ref(handle), weakref.ref(next(model.blocks.parameters()))]
+    del model, handle, optimizer
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]  # no hook keeps them through a cycle torch holds in C++

@@ -18,13 +18,16 @@ the device); at most one open handle holds a parameter.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Iterable, Optional
 
 from stowage import step_context
 from stowage.serving import is_cpu_allocator, torch_module
 
-GradKey = Optional[tuple[Any, int]]  # a gradient of the graph: (node, output)
+GradKey = Optional[tuple[int, int]]  # a gradient of the graph: (its node's mark, output)
+_MARK = "stowage.offload.parameters"
+_marks = itertools.count()
 
 # The parameters an open handle holds: id(param) -> the handle.
 _held: dict[int, weakref.ReferenceType[Any]] = {}
@@ -279,17 +282,20 @@ class OffloadedParameters:
                 if slot.copy.requires_grad != slot.param.requires_grad:
                     slot.copy.requires_grad_(slot.param.requires_grad)
                 if slot.copy.requires_grad and not slot.gradient_hooked:
-                    slot.copy.register_hook(self._tensor_hooks_of(slot.param))
-                    slot.copy.register_post_accumulate_grad_hook(self._gradient_hook(i))
+                    # (their handles go at close: a hook torch holds in C++ is out of the collector's sight)
+                    self._handles.append(slot.copy.register_hook(self._tensor_hooks_of(slot.param)))
+                    self._handles.append(slot.copy.register_post_accumulate_grad_hook(self._gradient_hook(i)))
                     slot.gradient_hooked = True
                 for inner, name in slot.places:
                     inner._parameters[name] = slot.copy
             if torch.is_grad_enabled():
                 inputs = [a for a in _tensors((args, kwargs)) if a.requires_grad]
                 if inputs and not in_backward:
-                    self._input_key[u] = _grad_key(inputs[0]) if len(inputs) == 1 else None
+                    self._input_key[u] = _gradient_of(inputs[0]) if len(inputs) == 1 else None
                 if inputs:
-                    torch.autograd.graph.register_multi_grad_hook(inputs, self._inputs_done_hook(u), mode="all")
+                    done = self._inputs_done_hook(u, len(inputs))
+                    for tensor in inputs:
+                        tensor.register_hook(done)
 
         return pre_forward
 
@@ -314,7 +320,7 @@ class OffloadedParameters:
             if outputs:
                 self._versions[u] = [self._slots[i].param._version for i in self._unit_slots[u]]
                 for output in outputs:
-                    output.register_hook(self._output_grad_hook(u, _grad_key(output)))
+                    output.register_hook(self._output_grad_hook(u, _marked_gradient(output)))
             self._release(u)
 
         return post_forward
@@ -362,13 +368,24 @@ class OffloadedParameters:
             self._hold(u, True)
             self._backward_held[u] = True
 
-    def _inputs_done_hook(self, u: int) -> Any:
-        def inputs_done(grads: Any) -> None:
+    def _inputs_done_hook(self, u: int, count: int) -> Any:
+        """A hook for each of unit `u`'s `count` inputs: once every one has its gradient in a
+        backward, that backward has passed the unit. (Not torch's register_multi_grad_hook: its
+        "all" mode holds the inputs' nodes in the hooks they hold, a cycle through C++ that would
+        keep this handle alive.) An input without a gradient leaves the unit to the end of backward."""
+        arrived: dict[int, int] = {}
+
+        def input_done(grad: Any) -> None:
+            task = step_context.loaded_torch()._C._current_graph_task_id()
+            arrived[task] = arrived.get(task, 0) + 1
+            if arrived[task] < count:
+                return
+            del arrived[task]
             if self._backward_held[u] and not self.closed:
                 self._backward_held[u] = False
                 self._release(u)
 
-        return inputs_done
+        return input_done
 
     def _gradient_hook(self, i: int) -> Any:
         def gradient_made(copy: Any) -> None:
@@ -463,14 +480,25 @@ class OffloadedParameters:
         self.close()
 
 
-def _grad_key(tensor: Any) -> GradKey:
-    """Which gradient of the graph a tensor's is: its node (held: a node's Python object keeps
-    its identity while held) and output; None for a leaf."""
-    return None if tensor.grad_fn is None else (tensor.grad_fn, tensor.output_nr)
+def _marked_gradient(tensor: Any) -> GradKey:
+    """Which gradient of the graph a unit's output's is: a number its node keeps in its metadata
+    (numbers, not the node: a hook that held its own tensor's node would be a cycle through C++
+    that the collector cannot see) and the output's index; None for a leaf."""
+    if tensor.grad_fn is None:
+        return None
+    mark = tensor.grad_fn.metadata.setdefault(_MARK, next(_marks))
+    return (mark, tensor.output_nr)
+
+
+def _gradient_of(tensor: Any) -> GradKey:
+    """The mark of a unit's input, where a unit's output made it (else None)."""
+    if tensor.grad_fn is None or _MARK not in tensor.grad_fn.metadata:
+        return None
+    return (tensor.grad_fn.metadata[_MARK], tensor.output_nr)
 
 
 def _same_gradient(a: GradKey, b: GradKey) -> bool:
-    return a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
+    return a is not None and a == b
 
 
 def _used_outside_its_unit(grad: Any) -> None:
