@@ -398,7 +398,7 @@ def run_cell(cell: Cell, caches: Caches) -> Outcome:
     reference = _reference(caches, model, pattern, feature.variant, feature.reference)
     if reference.failure is not None:
         return Outcome("FAIL", f"the reference run raised {_error_line(reference.failure.error)} (a suite error)")
-    host = feature.host or pattern.swaps
+    host = feature.host or pattern.swaps or (feature.host_on_gpu and config.device != "cpu")
     tolerance = _tolerance(caches, model, pattern, feature.variant, feature.reference) if host else None
     caches.warm(feature, model, config.scale)
     unplannable = _nothing_to_plan(caches, feature, model, config.scale)
