@@ -360,3 +360,17 @@ def test_stowage_s_offloaded_adamw_steps_the_host_parameters_as_torch_s_does() -
 
     for ours, theirs in zip(run(True, "stowage"), run(False, "torch")):
         assert torch.equal(ours, theirs)  # on a CPU the host kernel is torch's bit for bit
+
+
+def test_a_device_copy_kept_past_its_unit_is_refused_not_read() -> None:
+    model = tiny_gpt()
+    kept: list[torch.Tensor] = []
+    hook = model.blocks[0].mlp[0].register_forward_hook(lambda module, args, out: kept.append(module.weight))
+    with stowage.offload.parameters(model):
+        gpt_loss(model, 0).backward()
+        hook.remove()
+        assert kept and kept[0] is not model.blocks[0].mlp[0].weight  # the copy, freed since
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="outside its unit's forward"):
+            kept[0].sum()
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="freed"):
+            torch.nn.functional.linear(torch.ones(1, 64), kept[0])

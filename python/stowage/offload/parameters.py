@@ -190,7 +190,7 @@ class OffloadedParameters:
         """Host memory for `param` (its values copied in) and its empty device copy."""
         torch = step_context.loaded_torch()
         host = self._host_copy(param.detach())
-        copy = torch.nn.Parameter(torch.empty_like(host, device=self.device), requires_grad=param.requires_grad)
+        copy = _device_copy_type()(torch.empty_like(host, device=self.device), requires_grad=param.requires_grad)
         copy.untyped_storage().resize_(0)
         param.data = host
         slot = _Slot(param, host, copy)
@@ -478,6 +478,42 @@ class OffloadedParameters:
 
     def __exit__(self, *error: Any) -> None:
         self.close()
+
+
+# What may touch a device copy whose storage is freed: its storage, hooks and metadata, never its values.
+_METADATA = frozenset({"untyped_storage", "__get__", "__set__", "numel", "element_size", "register_hook",
+                       "register_post_accumulate_grad_hook", "requires_grad_", "size", "dim", "__hash__"})
+_copy_type: Any = None
+
+
+def _device_copy_type() -> Any:
+    """The class of the device copies: an nn.Parameter that refuses, with a clear error, an op
+    reading its values while its storage is freed (a reference to a unit's weight taken during the
+    unit's forward and used after it would read freed memory: a crash, or another tensor's bytes).
+    Ops on it return plain tensors."""
+    global _copy_type
+    if _copy_type is not None:
+        return _copy_type
+    torch = step_context.loaded_torch()
+
+    class DeviceCopy(torch.nn.Parameter):
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            with torch._C.DisableTorchFunctionSubclass():
+                if getattr(func, "__name__", "") not in _METADATA:
+                    for value in (*args, *kwargs.values()):
+                        for item in value if isinstance(value, (list, tuple)) else (value,):
+                            if isinstance(item, cls) and item.untyped_storage().nbytes() == 0 and item.numel() > 0:
+                                raise ParameterOffloadError(
+                                    f"{getattr(func, '__name__', func)} read the device copy of an offloaded parameter "
+                                    f"of shape {tuple(item.shape)} outside its unit's forward and backward, where it "
+                                    "is freed: read the parameter itself (module.weight outside the forward is the "
+                                    "host parameter), or keep the module on the device")
+                return func(*args, **kwargs)
+
+    _copy_type = DeviceCopy
+    return _copy_type
 
 
 def _marked_gradient(tensor: Any) -> GradKey:
