@@ -3,8 +3,9 @@ own way (where its parameters start matters to what fits), sets up its optimizer
 training step, one call a step, returning the loss. Every system trains the same Qwen2 model
 (transformers' Qwen2ForCausalLM, fp32 parameters), with AdamW, bf16 autocast on a GPU (fp32 on a
 CPU) and transformers' own loss (logits of the whole vocabulary), and all but stowage.fit with
-every decoder layer checkpointed (fit plans its own recomputation). DeepSpeed trains in its bf16
-mode (bf16 parameters, fp32 masters with the optimizer on the host), its way of mixed precision.
+every decoder layer checkpointed (fit plans its own recomputation). FSDP2 and DeepSpeed compute
+in bf16 their own ways instead of autocast (FSDP2's MixedPrecisionPolicy; DeepSpeed's bf16 mode:
+bf16 parameters, fp32 masters with the optimizer on the host): each system at its best setting.
 
 A system that cannot run here raises Unavailable with the reason, which becomes its row's."""
 
@@ -20,7 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import Qwen2ForCausalLM
 
 import stowage
@@ -78,11 +79,12 @@ def checkpoint_layers(model: Any) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def plain_step(trial: Trial, model: Any, optimizer: Any) -> Step:
+def plain_step(trial: Trial, model: Any, optimizer: Any, autocast: bool = True) -> Step:
     tokens = trial.tokens()
+    precision = trial.autocast if autocast else contextlib.nullcontext
 
     def step() -> float:
-        with trial.autocast():
+        with precision():
             loss = causal_lm_loss(model, tokens)
         loss.backward()
         optimizer.step()
@@ -140,10 +142,11 @@ def materialise(model: Any, trial: Trial, parameter_device: str, buffer_device: 
     model.to_empty(device=parameter_device)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
+            local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor's shard
             if name.endswith("norm.weight"):
-                parameter.fill_(1.0)
+                local.fill_(1.0)
             else:
-                parameter.normal_(0.0, 0.02)
+                local.normal_(0.0, 0.02)
     rotary = model.model.rotary_emb
     fresh = type(rotary)(config=trial.config())
     rotary.register_buffer("inv_freq", fresh.inv_freq.to(buffer_device), persistent=False)
@@ -157,8 +160,10 @@ def materialise(model: Any, trial: Trial, parameter_device: str, buffer_device: 
 def prepare_fsdp2(trial: Trial) -> Step:
     """FSDP2 on one process (world size 1): every decoder layer and the root a unit, parameters on
     the host under CPUOffloadPolicy (each unit's brought in before it runs, gradients sent back),
-    torch's AdamW on the host; every layer checkpointed. In CPU mode: no offload policy (the
-    parameters are on the CPU already), gloo."""
+    torch's AdamW on the host; every layer checkpointed. bf16 compute by its MixedPrecisionPolicy
+    (bf16 parameters gathered, fp32 gradients reduced), FSDP's own way and its leanest: autocast
+    would keep a bf16 copy of every gathered parameter until the forward ends. In CPU mode: no
+    offload policy (the parameters are on the CPU already), fp32, gloo."""
     start_single_process_group("nccl" if trial.device == "cuda" else "gloo")
     if trial.device == "cuda":
         torch.cuda.set_device(0)
@@ -166,14 +171,16 @@ def prepare_fsdp2(trial: Trial) -> Step:
         model = Qwen2ForCausalLM(trial.config())
     model.train()
     checkpoint_layers(model)
-    policy = CPUOffloadPolicy() if trial.device == "cuda" else OffloadPolicy()
-    mesh = init_device_mesh(trial.device, (1,))
+    on_gpu = trial.device == "cuda"
+    options = dict(mesh=init_device_mesh(trial.device, (1,)),
+                   offload_policy=CPUOffloadPolicy() if on_gpu else OffloadPolicy(),
+                   mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32) if on_gpu else MixedPrecisionPolicy())
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
     materialise(model, trial, "cpu", trial.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    return plain_step(trial, model, optimizer)
+    return plain_step(trial, model, optimizer, autocast=False)
 
 
 def deepspeed_offload(stage: int) -> Callable[[Trial], Step]:
@@ -187,7 +194,11 @@ def deepspeed_offload(stage: int) -> Callable[[Trial], Step]:
             import deepspeed
         except ImportError as error:
             raise Unavailable(f"deepspeed is not installed ({error}); tools/fetch-gpu-deps carries its wheel")
-        os.environ.setdefault("LOCAL_RANK", "0")
+        # A world of one already met (start_single_process_group); the variables DeepSpeed reads
+        # besides, so that it looks for no launcher (MPI) to find them
+        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                            ("MASTER_PORT", "29517")):
+            os.environ.setdefault(name, value)
         start_single_process_group("nccl")
         torch.cuda.set_device(0)
         config = deepspeed_config(trial, stage)

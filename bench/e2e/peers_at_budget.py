@@ -54,22 +54,26 @@ MARGIN_SHARE, MARGIN_BYTES = 0.05, 16 << 20  # of the budget, what a prediction 
 
 @dataclass(frozen=True)
 class Bytes:
-    """A system's memory a parameter: on the device for the whole model, on the host, and the
-    number of decoder layers whose parameters (fp32 and their gradients, 8 B a parameter) the
-    device holds at once where the parameters live on the host (0: all of them are on the
-    device already, counted in `device`)."""
+    """A system's memory a parameter: on the device for the whole model, on the host, the number
+    of decoder layers whose parameters (and their gradients, 8 B a parameter) the device holds at
+    once where the parameters live on the host (0: all of them are on the device, counted in
+    `device`), and whether bf16 autocast runs over fp32 parameters on the device: autocast keeps
+    the bf16 copy of every parameter it casts until it exits, 2 B a parameter on a GPU (none on a
+    CPU, where the dry run trains in fp32)."""
     device: float
     host: float
     layers_on_device: int = 0
+    autocast_copies: bool = True
 
 
 BYTES = {
     "torch+checkpoint": Bytes(16, 0),                # parameters, gradients, two moments
     "torchao-offload": Bytes(8, 16),                 # parameters and gradients; a pinned copy of both, moments
     "torchao-offload+gradients": Bytes(4, 16),       # gradients leave as backward makes them
-    "fsdp2-cpu-offload": Bytes(0, 16, 2),            # the root's embedding and head stay in
-    "deepspeed-zero2-offload": Bytes(4, 16),         # bf16 parameters and gradients; fp32 masters, grads, moments
-    "deepspeed-zero3-offload": Bytes(0, 18, 2),      # bf16 parameters on the host too
+    "fsdp2-cpu-offload": Bytes(0, 16, 2, False),     # bf16 compute by its MixedPrecisionPolicy; the root's
+                                                     # embedding and head stay in
+    "deepspeed-zero2-offload": Bytes(4, 16, 0, False),  # bf16 parameters and gradients; fp32 masters, grads, moments
+    "deepspeed-zero3-offload": Bytes(0, 18, 2, False),  # bf16 parameters on the host too
     "stowage-fit": Bytes(8, 16),                     # parameters and gradients; masters, moments, a gradient buffer
     "stowage-fit+parameters": Bytes(0, 12, 2),       # the issue's target: masters and moments
 }
@@ -94,6 +98,8 @@ def predicted_bytes(system: str, shape: DecoderShape, tokens: int, cpu_mode: boo
     model = BYTES[system]
     parameters = shape.parameters()
     device = model.device * parameters + fixed_device_bytes(shape, tokens)
+    if model.autocast_copies and not cpu_mode:
+        device += 2 * parameters
     if model.layers_on_device:
         embeddings = shape.vocab * shape.hidden * (1 if shape.tied else 2)
         device += 8 * (model.layers_on_device * shape.block_parameters() + embeddings)
@@ -235,8 +241,9 @@ def describe(point: Point) -> str:
         return (head + f"trains, {point.get('tokens_per_s', 0):,.0f} tokens/s, steps [{steps}] ms, device peak "
                 f"{point.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB, host "
                 f"{point.get('host_bytes_per_parameter', 0):.1f} B/param, {point.get('wall_s', 0)} s")
-    state = "not run" if point["fits"] is None else "does not train"
-    return head + f"{state}: {point.get('why', '')}"
+    if point["fits"] is None:  # its reason says why it was not run or not finished
+        return head + point.get("why", "not run")
+    return head + f"does not train: {point.get('why', '')}"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -263,6 +270,7 @@ def main() -> int:
     parser.add_argument("--systems", nargs="+", choices=SYSTEM_NAMES, default=list(VALUE_ORDER),
                         help="tried in this order")
     parser.add_argument("--small", action="store_true", help="the dry run's tiny shapes, batch 2 x 128")
+    parser.add_argument("--rungs", nargs="+", help="only these rungs of the ladder (names as the table gives them)")
     parser.add_argument("--steps", type=int, default=3, help="steps a point (the first is not in tokens/s)")
     parser.add_argument("--most-up", type=int, default=1, help="rungs tried above a prediction that trained")
     parser.add_argument("--budget-s", type=float, default=240.0, help="the whole run's time")
@@ -278,6 +286,11 @@ def main() -> int:
     args.device_total = device_total_bytes(args.device, args.budgets)
     clock = Clock(args.budget_s)
     rungs = ladder(TINY if args.small else QWEN25)
+    if args.rungs:
+        unknown = sorted(set(args.rungs) - {r.name for r in rungs})
+        if unknown:
+            parser.error(f"--rungs: {unknown} are not on the ladder; it has {[r.name for r in rungs]}")
+        rungs = [r for r in rungs if r.name in args.rungs]
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "machine": platform.node(), "command": " ".join(sys.argv), "device": args.device,
                               "batch": args.batch, "seq": args.seq, "device_total_bytes": args.device_total,
