@@ -210,10 +210,30 @@ class Search:
                 best, points = None, [first]
             else:
                 best, points = bracket(lambda i, s=system: self.try_rung(s, i), predicted[system], 1, lowest=0,
-                                       most_up=self.args.most_up)
+                                       most_up=self.args.most_up, doubling=False)
             rows[system] = row(system, self.budget, predicted[system], self.rungs, best, points)
         return {"budget": self.budget, "budget_bytes": self.budget_bytes(), "host_available_bytes": host,
-                "rows": {s: rows[s] for s in systems}, "points": list(self.tried.values())}
+                "rows": {s: rows[s] for s in systems}, "against_the_best_peer": self.against_the_best_peer(rows), "points": list(self.tried.values())}
+
+
+    def against_the_best_peer(self, rows: dict[str, Any]) -> dict[str, Any]:
+        """The issue's two questions: fit's largest model over the largest any peer trained, and fit's
+        tokens/s at that peer's largest model over the peer's (fit tried there if it was not)."""
+        peers = [r["largest"] for s, r in rows.items() if not s.startswith("stowage") and r["largest"]]
+        fitted = [r["largest"] for s, r in rows.items() if s.startswith("stowage") and r["largest"]]
+        if not peers or not fitted:
+            return {"why": "no peer trained" if not peers else "no stowage row trained"}
+        peer = max(peers, key=lambda p: (p["parameters"], p.get("tokens_per_s", 0)))
+        fit = max(fitted, key=lambda p: p["parameters"])
+        result: dict[str, Any] = {"peer": peer["system"], "peer_model": peer["model"], "fit_model": fit["model"],
+                                  "largest_ratio": round(fit["parameters"] / peer["parameters"], 2)}
+        if "stowage-fit" in rows and rows["stowage-fit"]["largest"]:
+            at_peer = self.try_rung("stowage-fit", peer["rung"])
+            if at_peer.get("fits") and peer.get("tokens_per_s"):
+                result["tokens_per_s_ratio_at_peer_model"] = round(at_peer["tokens_per_s"] / peer["tokens_per_s"], 2)
+            else:
+                result["tokens_per_s_at_peer_model"] = at_peer.get("why", "did not train")
+        return result
 
 
 def row(system: str, budget: str, predicted: int, rungs: list[DecoderShape], best: Point | None,
@@ -240,26 +260,37 @@ def describe(point: Point) -> str:
         steps = ", ".join(f"{s * 1000:.0f}" for s in point.get("step_s", []))
         return (head + f"trains, {point.get('tokens_per_s', 0):,.0f} tokens/s, steps [{steps}] ms, device peak "
                 f"{point.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB, host "
-                f"{point.get('host_bytes_per_parameter', 0):.1f} B/param, {point.get('wall_s', 0)} s")
+                f"{point.get('host_bytes_per_parameter', 0):.1f} B/param, setup {point.get('setup_s', 0)} s, "
+                f"{point.get('wall_s', 0)} s in all")
     if point["fits"] is None:  # its reason says why it was not run or not finished
         return head + point.get("why", "not run")
     return head + f"does not train: {point.get('why', '')}"
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| budget | system | largest trained | parameters | tokens/s | steps (ms) | device peak | "
-             "host B/param | smallest not trained: why |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| budget | system | largest trained | parameters | tokens/s | steps (ms) | setup (s) | device peak | "
+             "host B/param | smallest not trained: why |", "|---|---|---|---|---|---|---|---|---|---|"]
     for search in result["searches"]:
         for entry in search["rows"].values():
             best = entry["largest"]
             if best:
                 steps = ", ".join(f"{s * 1000:.0f}" for s in best.get("step_s", []))
                 figures = (f"{best['model']} | {best['parameters'] / 1e9:.3f}B | {best.get('tokens_per_s', 0):,.0f} | "
-                           f"{steps} | {best.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB | "
+                           f"{steps} | {best.get('setup_s', 0)} | {best.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB | "
                            f"{best.get('host_bytes_per_parameter', 0):.1f}")
             else:
-                figures = "none | | | | | "
+                figures = "none | | | | | | "
             lines.append(f"| {entry['budget']} | {entry['system']} | {figures} | {entry['bounded_by'][:160]} |")
+    for search in result["searches"]:
+        versus = search["against_the_best_peer"]
+        if "peer" not in versus:
+            lines.append(f"\n{search['budget']}: no comparison: {versus['why']}")
+            continue
+        speed = (f"{versus['tokens_per_s_ratio_at_peer_model']:.2f}x its tokens/s at {versus['peer_model']}"
+                 if "tokens_per_s_ratio_at_peer_model" in versus
+                 else f"at {versus['peer_model']}: {versus.get('tokens_per_s_at_peer_model', 'not compared')}")
+        lines.append(f"\n{search['budget']}: stowage's largest, {versus['fit_model']}, is {versus['largest_ratio']:.2f}x "
+                     f"the parameters of the best peer's ({versus['peer']}, {versus['peer_model']}); {speed}")
     return "\n".join(lines)
 
 

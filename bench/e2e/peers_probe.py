@@ -8,7 +8,8 @@ CPU mode (a simulated device of the budget's size: torch has no capped CPU devic
         --shape tiny-c,128,344,4,4,2,2048,1,4 --batch 2 --seq 128 --steps 3
 
 Prints one JSON line: fits (true, false: out of memory or refused with the reason; null: the
-system cannot run here, `why` says so), parameters, every step's wall time, tokens a second (the
+system cannot run here, `why` says so), parameters, the setup's time (the model's build, the
+optimizer's, and for stowage.fit its decision), every step's wall time, tokens a second (the
 median of the steps after the first), the device's peak reserved bytes and its total, and the
 host bytes a parameter (the process's resident memory after the first step less before the model
 was built, pinned buffers included, over the parameter count).
@@ -95,7 +96,9 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     times: list[float] = []
     losses: list[float] = []
     try:
+        started = time.perf_counter()
         step = SYSTEMS[args.system](Trial(shape, args.device, args.batch, args.seq, budget))
+        result["setup_s"] = round(time.perf_counter() - started, 2)  # the build, and fit's decision
         for _ in range(args.steps):
             started = time.perf_counter()
             losses.append(step())

@@ -18,6 +18,8 @@ E2E = REPO / "bench" / "e2e"
 sys.path.insert(0, str(E2E))
 
 from decoder_ladder import QWEN25, TINY, ladder  # noqa: E402
+from peers_at_budget import row  # noqa: E402
+from probe_runs import bracket  # noqa: E402
 
 
 def test_the_ladder_counts_the_parameters_transformers_builds() -> None:
@@ -58,3 +60,27 @@ def test_the_dry_run_trains_the_smallest_point_under_fit_and_tables_it(tmp_path:
     assert "needs CUDA" in search["rows"]["torchao-offload"]["bounded_by"]
     text = table.read_text()
     assert "| 64MiB | stowage-fit | tiny-a |" in text and "| 64MiB | torchao-offload | none |" in text
+
+
+def test_the_bracket_closes_on_both_sides_of_a_wrong_prediction() -> None:
+    """probe_runs.bracket as peers_at_budget runs it (a rung at a time) with its row: from a
+    prediction below the answer it climbs until a rung does not train, from one above it it
+    descends until one does; each rung is tried once, and the row names the largest that trained
+    and the smallest above it that did not, with why."""
+    rungs = ladder(TINY)
+    answer = 6
+    for predicted in (2, 6, 10):
+        tried: list[int] = []
+
+        def try_point(index: int) -> dict:
+            tried.append(index)
+            return {"system": "s", "rung": index, "model": rungs[index].name, "fits": index <= answer,
+                    "why": "out of memory"}
+
+        best, points = bracket(try_point, predicted, 1, lowest=0, most_up=10, doubling=False)
+        assert best is not None and best["rung"] == answer
+        assert len(tried) == len(set(tried))
+        entry = row("s", "64MiB", predicted, rungs, best, points)
+        assert entry["largest"]["rung"] == answer
+        assert entry["smallest_not"]["rung"] == answer + 1
+        assert entry["bounded_by"] == f"{rungs[answer + 1].name}: out of memory"
