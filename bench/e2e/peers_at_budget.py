@@ -20,11 +20,13 @@ Each point is a fresh process (peers_probe.py). A search per system would take m
 these sizes, so the points are chosen, then checked: each system's bytes a parameter on the
 device and on the host (BYTES below, the designs' own figures) and the step's fixed bytes (the
 logits of the whole vocabulary, the checkpointed layer inputs) predict the largest rung it trains
-at the budget; that rung is tried first for every system, then, while --budget-s lasts, the rung
-above it where it trained (the smallest that does not: the bracket is closed) or the rungs below
-where it did not. The table says, per system, the largest rung that trained, the smallest above
-it that did not and why (out of memory, fit's refusal, or not tried in the time), every step's
-time, the device's peak and the host bytes a parameter measured.
+at the budget; that rung is tried first for every system, then, while --budget-s lasts, the
+systems take turns a rung at a time: up from the largest that trained until one does not (the
+bracket is closed), or down from a prediction that did not train until one does. The table says,
+per system, the largest rung that trained, the smallest above it that did not and why (out of
+memory, fit's refusal, or not tried in the time), every step's time, the setup's (for fit, its
+decision), the device's peak and the host bytes a parameter measured; below it, fit's largest
+over the best peer's, and fit's tokens/s at that peer's largest model over the peer's.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ sys.path.insert(0, str(HERE))
 
 from decoder_ladder import QWEN25, TINY, DecoderShape, ladder  # noqa: E402
 from peers_probe import SYSTEM_NAMES, byte_size  # noqa: E402
-from probe_runs import Clock, Point, bracket, host_available_bytes, run_point  # noqa: E402
+from probe_runs import Clock, Point, host_available_bytes, run_point  # noqa: E402
 
 HOST_SHARE = 0.85    # of the host memory available, what a prediction may plan for
 MARGIN_SHARE, MARGIN_BYTES = 0.05, 16 << 20  # of the budget, what a prediction leaves free (fit's own margin)
@@ -162,7 +164,8 @@ class DeepSpeedAdam:
 
 
 class Search:
-    """The points of one budget: each system's predicted rung, then its bracket."""
+    """The points of one budget: each system's predicted rung, then its bracket a rung at a time,
+    the systems taking turns while the time lasts."""
 
     def __init__(self, args: argparse.Namespace, clock: Clock, rungs: list[DecoderShape], budget: str) -> None:
         self.args, self.clock, self.rungs, self.budget = args, clock, rungs, budget
@@ -171,12 +174,12 @@ class Search:
     def budget_bytes(self) -> int:
         return self.args.device_total if self.budget == "device" else byte_size(self.budget)
 
+    def points_of(self, system: str) -> list[Point]:
+        return [point for (name, _), point in self.tried.items() if name == system]
+
     def try_rung(self, system: str, index: int) -> Point:
         if (system, index) in self.tried:
             return self.tried[(system, index)]
-        if index >= len(self.rungs):
-            return {"system": system, "budget": self.budget, "rung": index, "model": "past the ladder",
-                    "parameters": 0, "fits": None, "why": "past the ladder's largest rung"}
         shape = self.rungs[index]
         point: Point = {"system": system, "budget": self.budget, "rung": index, "model": shape.name,
                         "parameters": shape.parameters()}
@@ -204,17 +207,21 @@ class Search:
                                 "bounded_by": why}
             else:
                 self.try_rung(system, predicted[system])
-        for system in [s for s in systems if s not in rows]:  # then the brackets, while time lasts
-            first = self.tried[(system, predicted[system])]
-            if first["fits"] is None:
-                best, points = None, [first]
-            else:
-                best, points = bracket(lambda i, s=system: self.try_rung(s, i), predicted[system], 1, lowest=0,
-                                       most_up=self.args.most_up, doubling=False)
-            rows[system] = row(system, self.budget, predicted[system], self.rungs, best, points)
+        searched = [s for s in systems if s not in rows]
+        moved = True
+        while moved:  # then the brackets, a rung a turn, until each is closed or the time is spent
+            moved = False
+            for system in searched:
+                index = next_rung(self.points_of(system), len(self.rungs))
+                if index is not None:
+                    self.try_rung(system, index)
+                    moved = True
+        for system in searched:
+            rows[system] = row(system, self.budget, self.rungs[predicted[system]].name, self.points_of(system),
+                               len(self.rungs))
         return {"budget": self.budget, "budget_bytes": self.budget_bytes(), "host_available_bytes": host,
-                "rows": {s: rows[s] for s in systems}, "against_the_best_peer": self.against_the_best_peer(rows), "points": list(self.tried.values())}
-
+                "rows": {s: rows[s] for s in systems}, "against_the_best_peer": self.against_the_best_peer(rows),
+                "points": list(self.tried.values())}
 
     def against_the_best_peer(self, rows: dict[str, Any]) -> dict[str, Any]:
         """The issue's two questions: fit's largest model over the largest any peer trained, and fit's
@@ -236,21 +243,36 @@ class Search:
         return result
 
 
-def row(system: str, budget: str, predicted: int, rungs: list[DecoderShape], best: Point | None,
-        points: list[Point]) -> dict[str, Any]:
-    """One system's answer: the largest rung that trained and the smallest above it that did not."""
+def next_rung(points: list[Point], rungs: int) -> int | None:
+    """The rung a system tries next: the one above the largest that trained, or where none did, the
+    one below the smallest that did not; None once the bracket is closed (the rung above the
+    largest that trained did not), at the ladder's ends, or after a point that was not run."""
+    if not points or any(p["fits"] is None for p in points):
+        return None
+    fitted = [p["rung"] for p in points if p["fits"]]
+    failed = {p["rung"] for p in points if p["fits"] is False}
+    if fitted:
+        above = max(fitted) + 1
+        return None if above in failed or above >= rungs else above
+    below = min(failed) - 1
+    return below if below >= 0 else None
+
+
+def row(system: str, budget: str, predicted: str, points: list[Point], rungs: int) -> dict[str, Any]:
+    """One system's answer: the largest rung that trained, the smallest above it that did not, and
+    what bounded it."""
+    fitted = [p for p in points if p["fits"]]
+    best = max(fitted, key=lambda p: p["rung"]) if fitted else None
     above = [p for p in points if p["fits"] is not True and (best is None or p["rung"] > best["rung"])]
     smallest_not = min(above, key=lambda p: p["rung"]) if above else None
-    entry: dict[str, Any] = {"system": system, "budget": budget, "predicted": rungs[predicted].name,
-                             "largest": best, "smallest_not": smallest_not}
-    if best is None and points and points[0]["fits"] is None:
-        entry["bounded_by"] = points[0].get("why", "not run")
-    elif smallest_not is None:
-        entry["bounded_by"] = "not closed: the next rung was not tried" if best else "nothing trained"
-    elif smallest_not["fits"] is None:
-        entry["bounded_by"] = f"{smallest_not['model']}: {smallest_not.get('why', 'not run')}"
-    else:
+    entry: dict[str, Any] = {"system": system, "budget": budget, "predicted": predicted, "largest": best,
+                             "smallest_not": smallest_not}
+    if smallest_not is not None:
         entry["bounded_by"] = f"{smallest_not['model']}: {smallest_not.get('why', 'failed')}"
+    elif best is not None and best["rung"] == rungs - 1:
+        entry["bounded_by"] = "the ladder's largest rung trained"
+    else:
+        entry["bounded_by"] = "nothing trained" if best is None else "not closed: the next rung was not tried"
     return entry
 
 
@@ -303,7 +325,6 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="the dry run's tiny shapes, batch 2 x 128")
     parser.add_argument("--rungs", nargs="+", help="only these rungs of the ladder (names as the table gives them)")
     parser.add_argument("--steps", type=int, default=3, help="steps a point (the first is not in tokens/s)")
-    parser.add_argument("--most-up", type=int, default=1, help="rungs tried above a prediction that trained")
     parser.add_argument("--budget-s", type=float, default=240.0, help="the whole run's time")
     parser.add_argument("--probe-s", type=float, default=150.0, help="one point's time at most")
     parser.add_argument("--deepspeed-build-s", type=float, default=120.0,

@@ -54,11 +54,11 @@ def run_point(command: list[str], clock: Clock, point: Point, limit_s: float | N
 
 
 def bracket(try_point: Callable[[int], Point], predicted: int, step_up: int, lowest: int = 1,
-            most_up: int = 4, doubling: bool = True) -> tuple[Point | None, list[Point]]:
-    """Tries `predicted`, then points past it (`step_up`, then, `doubling`, twice as far each
-    time; at most `most_up` of them) until one does not fit, or, where the prediction failed,
-    points below it (down to `lowest`) until one fits: (the largest point that fitted, every point
-    tried). A point that was not run (fits None) ends the search where it is."""
+            most_up: int = 4) -> tuple[Point | None, list[Point]]:
+    """Tries `predicted`, then points past it (`step_up`, then twice as far each time, at most
+    `most_up` of them) until one does not fit, or, where the prediction failed, points below it
+    (down to `lowest`) until one fits: (the largest point that fitted, every point tried). A point
+    that was not run (fits None) ends the search where it is."""
     points = [try_point(predicted)]
     if points[0]["fits"]:
         best, n, step = points[0], predicted, step_up
@@ -67,7 +67,7 @@ def bracket(try_point: Callable[[int], Point], predicted: int, step_up: int, low
             points.append(try_point(n))
             if not points[-1]["fits"]:
                 break
-            best, step = points[-1], 2 * step if doubling else step
+            best, step = points[-1], 2 * step
         return best, points
     n = predicted
     while points[-1]["fits"] is False and n - step_up >= lowest:

@@ -17,8 +17,9 @@
 #             torchao's CPUOffloadOptimizer, FSDP2 with CPUOffloadPolicy and DeepSpeed's
 #             ZeRO-Offload and ZeRO-3 (its wheels carried; its CPU Adam built by ninja there),
 #             each system's predicted point first, then the brackets; STOWAGE_GPU_PEERS_S bounds
-#             it (240: the predicted points and some brackets; the whole device as well,
-#             STOWAGE_GPU_PEERS_BUDGETS="24GiB device", wants a command of its own: build peers)
+#             it (240, estimated to hold the predicted points of stowage, torchao, stock and
+#             FSDP2; DeepSpeed, the brackets and the whole device, STOWAGE_GPU_PEERS_BUDGETS=
+#             "24GiB device", want a command of their own: STOWAGE_GPU_PEERS_S=420 ... build peers)
 #   headline  stage 3: bench/e2e/gpu_headline.py, the largest model (stock against fit) and the
 #             1.1B model's tokens a step (stock with checkpointing against fit), at bracketing
 #             points; STOWAGE_GPU_HEADLINE_S bounds it (270)

@@ -18,8 +18,7 @@ E2E = REPO / "bench" / "e2e"
 sys.path.insert(0, str(E2E))
 
 from decoder_ladder import QWEN25, TINY, ladder  # noqa: E402
-from peers_at_budget import row  # noqa: E402
-from probe_runs import bracket  # noqa: E402
+from peers_at_budget import next_rung, row  # noqa: E402
 
 
 def test_the_ladder_counts_the_parameters_transformers_builds() -> None:
@@ -54,7 +53,7 @@ def test_the_dry_run_trains_the_smallest_point_under_fit_and_tables_it(tmp_path:
     assert all(math.isfinite(loss) for loss in best["losses"]) and best["tokens_per_s"] > 0
     assert 0 < best["peak_reserved_bytes"] <= 64 << 20
     assert best["host_bytes_per_parameter"] > 0
-    assert fitted["bounded_by"].startswith("past the ladder")  # the only rung trained: nothing above it to try
+    assert fitted["bounded_by"] == "the ladder's largest rung trained"  # the only rung: nothing above it to try
     parameters_row = search["rows"]["stowage-fit+parameters"]
     assert parameters_row["largest"] is not None or "stowage" in parameters_row["bounded_by"]
     assert "needs CUDA" in search["rows"]["torchao-offload"]["bounded_by"]
@@ -63,24 +62,30 @@ def test_the_dry_run_trains_the_smallest_point_under_fit_and_tables_it(tmp_path:
 
 
 def test_the_bracket_closes_on_both_sides_of_a_wrong_prediction() -> None:
-    """probe_runs.bracket as peers_at_budget runs it (a rung at a time) with its row: from a
-    prediction below the answer it climbs until a rung does not train, from one above it it
-    descends until one does; each rung is tried once, and the row names the largest that trained
-    and the smallest above it that did not, with why."""
-    rungs = ladder(TINY)
-    answer = 6
-    for predicted in (2, 6, 10):
-        tried: list[int] = []
+    """peers_at_budget's search a rung at a time: from a prediction below the answer it climbs
+    until a rung does not train, from one above it it descends until one does, and it stops at the
+    ladder's top and after a point that was not run; each rung is tried once, and the row names the
+    largest that trained and the smallest above it that did not, with why."""
+    rungs = len(ladder(TINY))
+    for answer in (0, 6, rungs - 1):
+        for predicted in (0, 2, 6, 10, rungs - 1):
+            points = [point_at(predicted, answer)]
+            while (index := next_rung(points, rungs)) is not None:
+                assert index not in [p["rung"] for p in points]
+                points.append(point_at(index, answer))
+            entry = row("s", "64MiB", "predicted", points, rungs)
+            if answer == rungs - 1:
+                assert entry["largest"]["rung"] == answer and entry["smallest_not"] is None
+                assert entry["bounded_by"] == "the ladder's largest rung trained"
+            else:
+                assert entry["largest"]["rung"] == answer
+                assert entry["smallest_not"]["rung"] == answer + 1
+                assert entry["bounded_by"] == f"r{answer + 1}: out of memory"
+    stopped = [point_at(3, 6), {**point_at(4, 6), "fits": None, "why": "not run: the run's time budget was spent"}]
+    assert next_rung(stopped, rungs) is None
+    assert row("s", "64MiB", "r3", stopped, rungs)["bounded_by"] == "r4: not run: the run's time budget was spent"
 
-        def try_point(index: int) -> dict:
-            tried.append(index)
-            return {"system": "s", "rung": index, "model": rungs[index].name, "fits": index <= answer,
-                    "why": "out of memory"}
 
-        best, points = bracket(try_point, predicted, 1, lowest=0, most_up=10, doubling=False)
-        assert best is not None and best["rung"] == answer
-        assert len(tried) == len(set(tried))
-        entry = row("s", "64MiB", predicted, rungs, best, points)
-        assert entry["largest"]["rung"] == answer
-        assert entry["smallest_not"]["rung"] == answer + 1
-        assert entry["bounded_by"] == f"{rungs[answer + 1].name}: out of memory"
+def point_at(index: int, answer: int) -> dict:
+    """A point of a system that trains every rung up to `answer`."""
+    return {"system": "s", "rung": index, "model": f"r{index}", "fits": index <= answer, "why": "out of memory"}
