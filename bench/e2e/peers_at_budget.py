@@ -267,7 +267,9 @@ def row(system: str, budget: str, predicted: str, points: list[Point], rungs: in
     smallest_not = min(above, key=lambda p: p["rung"]) if above else None
     entry: dict[str, Any] = {"system": system, "budget": budget, "predicted": predicted, "largest": best,
                              "smallest_not": smallest_not}
-    if smallest_not is not None:
+    if best is None and points and all(p["fits"] is None for p in points):  # the system could not run here
+        entry["bounded_by"] = points[0].get("why", "not run")
+    elif smallest_not is not None:
         entry["bounded_by"] = f"{smallest_not['model']}: {smallest_not.get('why', 'failed')}"
     elif best is not None and best["rung"] == rungs - 1:
         entry["bounded_by"] = "the ladder's largest rung trained"
