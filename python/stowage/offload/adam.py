@@ -24,6 +24,10 @@ from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
+# update="exact" streams its buckets through a ring of up to three (Note [Staged buckets]): 4 M parameters
+# a bucket bound the ring at 96 MiB for fp32, and make its exposed ends (the first bucket's copy out,
+# the last one's write-back) short.
+STAGED_BUCKET_NUMEL = 1 << 22
 STAGING_SLOTS = torch_module().STAGING_SLOTS  # update="exact"'s staging ring, at most (Note [Staged buckets])
 # The offloaded optimizer would need more host memory than the process may use (a MemoryError).
 HostMemoryError = torch_module().HostMemoryError
@@ -160,7 +164,7 @@ class Adam(torch.optim.Optimizer):
                  amsgrad: bool = False, *, foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
                  decoupled_weight_decay: bool = False, update: str = "exact", device_fraction: float = 0.0,
-                 bucket_numel: int = DEFAULT_BUCKET_NUMEL, host_memory_limit: int | str | None = None,
+                 bucket_numel: int | None = None, host_memory_limit: int | str | None = None,
                  master_weights: bool = False) -> None:
         if differentiable:
             raise ValueError(f"stowage.offload.{type(self).__name__}: differentiable=True (gradients through the "
@@ -191,7 +195,8 @@ class Adam(torch.optim.Optimizer):
         bus_id = torch.cuda.get_device_properties(self._device).pci_bus_id if self._device.type == "cuda" else ""
         self._slots = torch_module().AdamSlots(
             str(self._device), type(self).__name__, update, torch_module().cpus_near(str(bus_id or "")),
-            self.master_weights, bucket_numel,
+            self.master_weights,
+            bucket_numel if bucket_numel is not None else STAGED_BUCKET_NUMEL if update == "exact" else DEFAULT_BUCKET_NUMEL,
             None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit"),
             weak_method(self._slot_name), weak_method(self._at_point))
         self._params: list[torch.Tensor] = []  # by slot number
