@@ -153,14 +153,19 @@ class AdamSlots {
   };
   // Before the host states change: delayed's pending update written back, parameters written
   // since taken as masters, gradients not copied out (or changed since) copied, check mode's
-  // comparison of the gradients, the options checked. in_backward refuses (runtime_error, the
+  // comparison of the gradients, the options checked. Staged (update="exact"): the writes to
+  // parameters with fp32 masters taken, every slot with a gradient counted as arrived (a sparse
+  // one, or one of another size, refused), the options checked; nothing is copied yet. in_backward refuses (runtime_error, the
   // step discarded) a parameter written after its bucket was updated, and gradients changed
   // after the updates that read them. Throwing, it leaves nothing applied (provisional updates
   // undone, the arrivals kept: step() may be called again).
   Prepared prepare_step(const StepInputs& inputs);
   // Each bucket's update not made yet, then (not delayed) each bucket's write-back, then the end:
-  // each part runs again where it threw and the first error is rethrown after the last. Check
-  // mode compares each parameter written back with the host's result.
+  // each part runs again where it threw and the first error is rethrown after the last. Staged,
+  // a bucket's update part first copies its parameters and gradients into its ring slot, and the
+  // write-backs interleave with the updates (offload/step_order.hpp's run_staged_step). Check
+  // mode compares each parameter written back with the host's result (and, staged, each copy out
+  // with the device's bytes).
   void commit_step(const StepInputs& inputs);
   // optimizer.clip_grad_norm_'s coefficient (a tensor, read at step()); the step's end forgets it.
   void clip_by(const at::Tensor& coefficient);

@@ -154,7 +154,9 @@ class Adam(torch.optim.Optimizer):
     """torch.optim.Adam (its update, options and state_dict) with host-resident states. Contract:
     used from one thread, as torch's optimizers. The bookkeeping is C++'s (adam_slots.hpp): each
     offloaded parameter is a slot numbered in bucket order, ``_params[i]`` its parameter; this
-    class observes torch (hooks, gradients, local shards) and hands what it sees to the slots."""
+    class observes torch (gradients and local shards at step(); with update="in_backward" or
+    "delayed" the post-accumulate hooks and DDP's communication hook too) and hands what it sees to
+    the slots."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf
     _torch_class: type[torch.optim.Optimizer] = torch.optim.Adam
