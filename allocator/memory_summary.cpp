@@ -80,6 +80,24 @@ std::string left_justified(const std::string& text, std::size_t width) {
   return text.size() >= width ? text : text + std::string(width - text.size(), ' ');
 }
 
+// `text` cut at spaces into pieces of at most `width` characters, the pieces after the first
+// indented by two (a word longer than the width is cut inside it).
+std::vector<std::string> wrapped(const std::string& text, std::size_t width) {
+  std::vector<std::string> pieces;
+  std::string rest = text;
+  std::string indent;
+  while (indent.size() + rest.size() > width) {
+    const std::size_t room = width - indent.size();
+    std::size_t cut = rest.rfind(' ', room);
+    if (cut == std::string::npos || cut == 0) cut = room;
+    pieces.push_back(indent + rest.substr(0, cut));
+    rest = rest.substr(rest[cut] == ' ' ? cut + 1 : cut);
+    indent = "  ";
+  }
+  pieces.push_back(indent + rest);
+  return pieces;
+}
+
 using Formatter = std::string (*)(std::int64_t, std::int64_t);
 
 std::string row(const std::string& label, const std::array<std::int64_t, 4>& values,
@@ -150,7 +168,7 @@ std::string memory_summary(const std::map<std::string, std::int64_t>& stats, con
   lines.push_back(std::string(kWidth, '='));
   if (!extra_lines.empty()) {
     for (const std::string& line : extra_lines) {
-      lines.push_back(joined({" ", left_justified(line, 73), " "}));
+      for (const std::string& piece : wrapped(line, 73)) lines.push_back(joined({" ", left_justified(piece, 73), " "}));
     }
     lines.push_back(std::string(kWidth, '='));
   }

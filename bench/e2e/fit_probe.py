@@ -31,7 +31,12 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from probe_runs import resident_bytes  # noqa: E402
 
 CONFIGS = ("torch", "torch+checkpoint", "torch+expandable", "stowage", "stowage+offload", "stowage+plan",
            "stowage+plan+optimizer")
@@ -129,14 +134,6 @@ def device_total_bytes(device: str) -> int:
     if device == "cpu":
         return int(stowage._torch.capacity(-1))
     return int(torch.cuda.mem_get_info()[1])
-
-
-def resident_bytes() -> int:
-    """This process's resident host memory (pinned buffers count once touched)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def probe(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,13 +29,15 @@ import datetime
 import json
 import math
 import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from probe_runs import Clock, bracket, host_available_bytes, run_point  # noqa: E402
+
 FIXED = dict(hidden=2048, heads=16, kv_heads=4, layers=16, vocab=32000, seq=2048)  # the 1.1B model
 LARGE = dict(hidden=4096, heads=32, kv_heads=8, vocab=32000, seq=2048, batch=2)    # the largest-model search
 SMALL_FIXED = dict(hidden=128, heads=4, kv_heads=2, layers=4, vocab=1024, seq=128)  # the dry run's sizes
@@ -46,17 +48,6 @@ SMALL_LARGE = dict(hidden=256, heads=4, kv_heads=2, vocab=1024, seq=128, batch=2
 ISSUE_HOST_BYTES_PER_PARAMETER = 12
 HOST_SHARE = 0.85
 DEVICE_SHARE = 0.95  # allocated bytes the caching allocator can place before its reserve is full
-
-
-class Clock:
-    """The run's remaining time; probes are refused once less than `floor` seconds remain."""
-
-    def __init__(self, budget_s: float, floor: float = 15.0) -> None:
-        self.deadline = time.monotonic() + budget_s
-        self.floor = floor
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
 
 
 def parameters_of(shape: dict[str, int], layers: int) -> int:
@@ -77,46 +68,18 @@ def host_bytes_per_parameter() -> int:
     return int(torch_module().bytes_per_parameter(torch.float32, 1))
 
 
-def host_available_bytes() -> int:
-    """MemAvailable, or the cgroup's limit less its usage where that is lower."""
-    available = 0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            available = int(line.split()[1]) * 1024
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        usage = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            available = min(available, int(limit) - usage)
-    except (OSError, ValueError):
-        pass
-    return available
-
-
 def probe(args: argparse.Namespace, clock: Clock, config: str, shape: dict[str, int], layers: int, batch: int,
           steps: int) -> dict[str, Any]:
     """One fresh-process point of fit_probe.py, under what is left of the run's budget."""
     point: dict[str, Any] = {"config": config, "layers": layers, "batch": batch, "seq": shape["seq"],
                              "tokens_per_step": batch * shape["seq"], "parameters": parameters_of(shape, layers)}
-    timeout = clock.left() - 5
-    if timeout < clock.floor:
-        return {**point, "fits": None, "why": "not run: the run's time budget was spent"}
     command = [sys.executable, str(HERE / "fit_probe.py"), "--config", config, "--device", args.device,
                "--capacity", args.capacity, "--hidden", str(shape["hidden"]), "--heads", str(shape["heads"]),
                "--kv-heads", str(shape["kv_heads"]), "--vocab", str(shape["vocab"]), "--layers", str(layers),
                "--batch", str(batch), "--seq", str(shape["seq"]), "--steps", str(steps)]
-    started = time.monotonic()
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**point, "fits": None, "why": f"not finished within the {timeout:.0f} s left of the run's budget"}
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
-        result = {**point, "fits": False, "why": f"exit status {completed.returncode}: {tail[0][:300]}"}
-    else:
-        result = {**point, **json.loads(lines[-1])}
-    result["wall_s"] = round(time.monotonic() - started, 1)
+    result = run_point(command, clock, point)
+    if "wall_s" not in result:  # not run
+        return result
     print(describe(result), flush=True)
     return result
 
@@ -139,26 +102,10 @@ def extrapolate(peaks: list[dict[str, Any]], key: str, total: int, measure: str)
     return max(int(x1 + (total - y1) // max(slope, 1)), 1)
 
 
-def bracket(args: argparse.Namespace, clock: Clock, config: str, shape: dict[str, int], predicted: int,
-            step_up: int, make: Any) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Probes `predicted`, then points past it (`step_up`, then twice as far each time) until one
-    does not fit, or, where the prediction failed, points below it until one fits: (the largest
-    point that fitted, every probe)."""
-    probes = [probe(args, clock, config, shape, *make(predicted), steps=3)]
-    if probes[0]["fits"]:
-        best, n, step = probes[0], predicted, step_up
-        for _ in range(4):  # up until a point does not fit (the prediction was low), at most 4 more
-            n += step
-            probes.append(probe(args, clock, config, shape, *make(n), steps=3))
-            if not probes[-1]["fits"]:
-                break
-            best, step = probes[-1], 2 * step
-        return best, probes
-    n = predicted
-    while probes[-1]["fits"] is False and n > step_up:
-        n = max(n - step_up, 1)
-        probes.append(probe(args, clock, config, shape, *make(n), steps=3))
-    return (probes[-1] if probes[-1]["fits"] else None), probes
+def bracket_points(args: argparse.Namespace, clock: Clock, config: str, shape: dict[str, int], predicted: int,
+                   step_up: int, make: Any) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """probe_runs.bracket over `make(n)`'s (layers, batch) points of one configuration."""
+    return bracket(lambda n: probe(args, clock, config, shape, *make(n), steps=3), predicted, step_up)
 
 
 def tokens_part(args: argparse.Namespace, clock: Clock, fixed: dict[str, int]) -> dict[str, Any]:
@@ -174,7 +121,7 @@ def tokens_part(args: argparse.Namespace, clock: Clock, fixed: dict[str, int]) -
     total = int(calibration[-1]["device_total_bytes"] * DEVICE_SHARE)
     predicted = extrapolate(calibration, "batch", total, "backward_peak_bytes")
     step_up = max(predicted // 10, 1)
-    best, probes = bracket(args, clock, "torch+checkpoint", fixed, predicted, step_up, lambda b: (layers, b))
+    best, probes = bracket_points(args, clock, "torch+checkpoint", fixed, predicted, step_up, lambda b: (layers, b))
     part.update(predicted_batch=predicted, stock_checkpoint_probes=probes, stock_checkpoint_best=best)
     if best is None:
         return {**part, "why": "no batch of stock with checkpointing trained near the prediction"}
@@ -192,7 +139,7 @@ def model_part(args: argparse.Namespace, clock: Clock, large: dict[str, int]) ->
         return {**part, "why": "stock did not train at the calibration's depths"}
     total = int(calibration[-1]["device_total_bytes"])
     predicted = extrapolate(calibration, "layers", total, "peak_reserved_bytes")
-    best, probes = bracket(args, clock, "torch", large, predicted, 1, lambda n: (n, batch))
+    best, probes = bracket_points(args, clock, "torch", large, predicted, 1, lambda n: (n, batch))
     part.update(predicted_layers=predicted, stock_probes=probes, stock_best=best)
     if best is None:
         return {**part, "why": "no depth of stock trained near the prediction"}

@@ -44,6 +44,27 @@ def in_backward() -> bool:
     return bool(_backward_probe.is_bw)
 
 
+def block_modules(root: Any) -> set[int]:
+    """The modules a plan may run under selective checkpointing: the outermost items of an
+    ``nn.ModuleList`` or ``nn.Sequential`` below the root (a model's repeated blocks); the root's
+    children when it has none."""
+    torch = loaded_torch()
+    containers = (torch.nn.ModuleList, torch.nn.Sequential)
+    found: set[int] = set()
+
+    def visit(module: Any, inside_block: bool) -> None:
+        for child in module.children():
+            is_block = not inside_block and isinstance(module, containers) and not isinstance(child, containers)
+            if is_block:
+                found.add(id(child))
+            visit(child, inside_block or is_block)
+
+    visit(root, False)
+    if not found:
+        found = {id(child) for child in root.children()}
+    return found
+
+
 class Call(NamedTuple):
     """One module forward running; ``backward``: it runs inside a backward (a recomputation)."""
 

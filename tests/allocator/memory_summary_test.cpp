@@ -63,6 +63,19 @@ TEST(MemorySummary, AbbreviatedLeavesThePoolsOutAndExtraLinesAreBoxed) {
   EXPECT_EQ(lines[lines.size() - 2], "| Offloaded: 1 GiB" + std::string(57, ' ') + " |");
 }
 
+TEST(MemorySummary, AnExtraLineWiderThanTheBoxIsWrappedAtSpaces) {
+  const std::string wide = "Pinned host memory: 309.99 MiB (peak 311.98 MiB, 100 pinnings, pageable 0 B)";
+  const std::string unbroken(150, 'x');
+  const auto lines = lines_of(memory_summary(zero_stats(), "t", true, {wide, unbroken}));
+  ASSERT_EQ(lines.size(), 47U - 18U + 1U + 2U + 3U);  // the two lines wrapped onto five, and the rule
+  for (const std::string& line : lines) EXPECT_EQ(line.size(), 77U) << line;
+  EXPECT_EQ(lines[lines.size() - 6], "| Pinned host memory: 309.99 MiB (peak 311.98 MiB, 100 pinnings, pageable 0 |");
+  EXPECT_EQ(lines[lines.size() - 5], "|   B)" + std::string(69, ' ') + " |");
+  EXPECT_EQ(lines[lines.size() - 4], "| " + std::string(73, 'x') + " |");
+  EXPECT_EQ(lines[lines.size() - 3], "|   " + std::string(71, 'x') + " |");
+  EXPECT_EQ(lines[lines.size() - 2], "|   " + std::string(6, 'x') + std::string(65, ' ') + " |");
+}
+
 TEST(MemorySummary, AMissingStatisticIsNamed) {
   auto stats = zero_stats();
   stats.erase("reserved_bytes.small_pool.freed");

@@ -12,10 +12,18 @@
 #             .gpu-deps/torch-tests) under torch's allocator and under stowage, compared test by
 #             test (tests/gpu/torch_allocator_tests/run.py; about 70-80 s a run, estimated);
 #             STOWAGE_GPU_TORCH_TESTS_S bounds both runs (200)
-#   headline  stage 2: bench/e2e/gpu_headline.py, the largest model (stock against fit) and the
+#   peers     stage 2: bench/e2e/peers_at_budget.py, the largest Qwen2.5-shaped decoder and its
+#             tokens/s at a 24 GiB budget for stowage.fit against stock + checkpointing,
+#             torchao's CPUOffloadOptimizer, FSDP2 with CPUOffloadPolicy and DeepSpeed's
+#             ZeRO-Offload and ZeRO-3 (its wheels carried; its CPU Adam built by ninja there),
+#             each system's predicted point first, then the brackets; STOWAGE_GPU_PEERS_S bounds
+#             it (240, estimated to hold the predicted points of stowage, torchao, stock and
+#             FSDP2; DeepSpeed, the brackets and the whole device, STOWAGE_GPU_PEERS_BUDGETS=
+#             "24GiB device", want a command of their own: STOWAGE_GPU_PEERS_S=420 ... build peers)
+#   headline  stage 3: bench/e2e/gpu_headline.py, the largest model (stock against fit) and the
 #             1.1B model's tokens a step (stock with checkpointing against fit), at bracketing
 #             points; STOWAGE_GPU_HEADLINE_S bounds it (270)
-#   rest      stage 3, whatever time is left: activation offload's overhead (against save_on_cpu
+#   rest      stage 4, whatever time is left: activation offload's overhead (against save_on_cpu
 #             and checkpointing), the offloaded optimizer's step (against torch's and torchao's),
 #             the allocator's Llama cycle
 #   bench     the earlier end-to-end and micro-benchmarks (GPT-2 steps, host time per allocation,
@@ -26,9 +34,9 @@
 #
 #   tools/fetch-gpu-deps                                 # here, once: .debs, torchao's and
 #                                                        # expecttest's wheels, torch's test_cuda.py
-#   tests/gpu/run.sh [OUTDIR] [build test headline rest bench]   # there, from the repository
-#                                                        # root, .gpu-deps carried; default: the
-#                                                        # first four
+#   tests/gpu/run.sh [OUTDIR] [build test peers headline rest bench]   # there, from the
+#                                                        # repository root, .gpu-deps carried;
+#                                                        # default: the first five
 #
 # The machine has CUDA 13, CMake, a C++ compiler and python3 with torch 2.11, pybind11 and
 # scikit-build-core, but no package registry: GoogleTest, Google Benchmark and hwloc come from
@@ -38,7 +46,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 packed="${1:-${OUT:-$root/build/gpu-results}}"
 shift || true
 stages=("$@")
-[[ ${#stages[@]} -eq 0 ]] && stages=(build test headline rest)
+[[ ${#stages[@]} -eq 0 ]] && stages=(build test peers headline rest)
 wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 started=$SECONDS
 deadline=$((started + ${STOWAGE_GPU_DEADLINE_S:-570}))
@@ -104,9 +112,9 @@ if wants build; then
   installed=$?
   wait "$cxx_build" || { echo "build failed:"; tail -40 "$out/build.txt"; pack; exit 1; }
   [[ $installed -eq 0 ]] || { echo "installing the Python package failed:"; tail -40 "$out/install.txt"; pack; exit 1; }
-  if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then  # torchao, for the optimizer's comparison
+  if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then  # torchao, DeepSpeed: the comparisons' peers
     "$python" -m pip install --no-deps --no-index --quiet .gpu-deps/wheels/*.whl >>"$out/install.txt" 2>&1 \
-      || echo "installing the carried wheels failed (see install.txt): torchao's comparison will be skipped"
+      || echo "installing the carried wheels failed (see install.txt): torchao's and DeepSpeed's comparisons will be skipped"
   fi
   "$python" -c "import stowage, stowage._torch as t; print('stowage', stowage.__version__, 'torch allocator', t.has_cuda)"
   library="$("$python" -c "import stowage; print(stowage.c_library_path())")"
@@ -144,6 +152,22 @@ if wants test; then
     tail -15 "$out/torch-allocator-tests.txt"
   fi
   stage_done test
+fi
+
+if wants peers; then
+  limit=$(bound "${STOWAGE_GPU_PEERS_S:-240}")
+  if ! "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+    echo "peers: NOT RUN: no GPU here (its dry run: bench/e2e/peers_at_budget.py --device cpu --small --budgets 40MiB)"
+  elif (( limit < 60 )); then
+    echo "peers: not run, $limit s left"
+  else
+    # shellcheck disable=SC2086  # the budgets are words
+    PYTHONUNBUFFERED=1 timeout $((limit + 15)) "$python" bench/e2e/peers_at_budget.py --device cuda \
+      --budgets ${STOWAGE_GPU_PEERS_BUDGETS:-24GiB} --budget-s "$limit" --json "$out/peers_at_budget.json" \
+      --markdown "$out/peers_at_budget.md" 2>&1 | tee "$out/peers_at_budget.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  fi
+  stage_done peers
 fi
 
 if wants headline; then

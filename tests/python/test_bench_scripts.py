@@ -163,3 +163,15 @@ def test_the_alias_watch_benchmark_reports_both_watches_on_and_off(tmp_path: Pat
     for kind in ("offload", "recompute"):
         assert len(result[kind]["step_ms"]["on"]) == len(result[kind]["step_ms"]["off"]) == 1
         assert result[kind]["watch_ms"][0] > 0  # the watch ran, and was timed
+
+
+def test_the_parameters_benchmark_trains_both_ways_to_the_same_bits(tmp_path: Path) -> None:
+    output = tmp_path / "parameters.json"
+    done = run_script("parameters_step.py", "--device", "cpu", "--layers", "2", "--width", "64", "--vocab", "256",
+                      "--batch", "2", "--seq", "32", "--steps", "2", "--rounds", "1", "--json", str(output))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    assert result["largest_difference"] == 0.0
+    plain, offloaded = result["summary"]["plain"], result["summary"]["parameters"]
+    assert offloaded["host_parameter_bytes"] > 0
+    assert offloaded["between_steps_bytes"] < plain["between_steps_bytes"]

@@ -228,4 +228,5 @@ PYBIND11_MODULE(_torch, module) {
   stowage::python::bind_optimizer(module);
   stowage::python::bind_adam_state_check(module);
   stowage::python::bind_adam_slots(module);
+  stowage::python::bind_parameters(module);
 }

@@ -13,5 +13,7 @@ void bind_optimizer(pybind11::module_& module);
 void bind_adam_state_check(pybind11::module_& module);
 // The offloaded optimizer's slots and step bookkeeping (adam_slots.hpp).
 void bind_adam_slots(pybind11::module_& module);
+// stowage.offload.parameters' schedule and copies.
+void bind_parameters(pybind11::module_& module);
 
 }  // namespace stowage::python

@@ -1,5 +1,6 @@
 """Offload: activations offloaded to host memory during forward and back ahead of backward
-(``stowage.offload.activations``), and Adam / AdamW with their states in host memory, updated on
+(``stowage.offload.activations``), parameters kept on the host and brought in unit by unit
+(``stowage.offload.parameters``), and Adam / AdamW with their states in host memory, updated on
 the CPU (``stowage.offload.Adam``, ``stowage.offload.AdamW``), imported on first use: their module
 imports torch, and ``import stowage`` must not (the import hook installs stowage as torch's
 allocator before torch first loads).
@@ -11,9 +12,10 @@ from stowage import _core
 from stowage.serving import torch_module
 from stowage.offload import activation_offload
 from stowage.offload.activation_offload import activations, end_step, stats
+from stowage.offload.parameters import OffloadedParameters, ParameterOffloadError, parameters
 
-__all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "activation_offload", "activations", "end_step",
-           "host_room", "stats", "summary_lines"]
+__all__ = ["Adam", "AdamW", "HostMemoryError", "OffloadReport", "OffloadedParameters", "ParameterOffloadError",
+           "activation_offload", "activations", "end_step", "host_room", "parameters", "stats", "summary_lines"]
 
 
 # The host memory this process may still take: the smallest of MemAvailable, the cgroup's room and

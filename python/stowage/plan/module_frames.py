@@ -94,25 +94,3 @@ class ModuleFrames:
         frame = self.stack.pop()
         if self._on_leave is not None:
             self._on_leave(frame)
-
-
-def block_modules(root: Any) -> set[int]:
-    """The modules a plan may run under selective checkpointing: the outermost items of an
-    ``nn.ModuleList`` or ``nn.Sequential`` below the root (a model's repeated blocks); the root's
-    children when it has none."""
-    import torch  # here: stowage.plan loads without torch (`stowage plan`, the command)
-
-    containers = (torch.nn.ModuleList, torch.nn.Sequential)
-    found: set[int] = set()
-
-    def visit(module: Any, inside_block: bool) -> None:
-        for child in module.children():
-            is_block = not inside_block and isinstance(module, containers) and not isinstance(child, containers)
-            if is_block:
-                found.add(id(child))
-            visit(child, inside_block or is_block)
-
-    visit(root, False)
-    if not found:
-        found = {id(child) for child in root.children()}
-    return found

@@ -20,10 +20,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from stowage import _core, memory
 from stowage.plan.calibration import measure_cost
-from stowage.plan.module_frames import Frame, ModuleFrames, block_modules
+from stowage.plan.module_frames import Frame, ModuleFrames
 from stowage.plan.sizes import SizedTrace, StepsDiffer, grid_points
 from stowage.serving import torch_module
-from stowage.step_context import SavedTensorRegion, in_backward
+from stowage.step_context import SavedTensorRegion, block_modules, in_backward
 
 PHASES = _core.TracePhase.__members__  # "forward", "backward", "optimizer"
 

@@ -37,7 +37,7 @@ SEED = 0
 CAPACITY = "4GiB"
 PATTERN_MODEL = "gpt"
 MAIN_FEATURES = ("allocator", "record.tags", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
-                 "adamw.delayed", "fit")
+                 "adamw.delayed", "fit", "parameters", "parameters.recompute")
 OWN_PATTERN_FEATURES = ("fit.micro_batches",)  # each on its one pattern, on every model
 VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")
 VARIANT_PATTERNS = ("plain", "accumulate_marked", "clip_optimizer", "state_dict_swap")
@@ -189,7 +189,7 @@ class Caches:
 
     def warm(self, feature: Feature, model: ModelSpec, scale: int) -> None:
         """Computes what the feature's setup will ask for, before the run seeds."""
-        if feature.name.startswith("plan") or feature.name.startswith("fit"):
+        if feature.name.startswith(("plan", "fit", "parameters.recompute")):
             self.plan(model, scale)
             self.recompute_plan(model, scale)
             self.lowest_peak(model, scale)
@@ -352,7 +352,7 @@ def judge_refusal(feature: Feature, pattern: Pattern, failure: Failure, referenc
     said = f"{_error_line(failure.error)} (step {failure.step}, {failure.phase})"
     if feature.name.endswith("in_backward"):
         point, named = pattern.refusal_point(steps), "in_backward"
-    elif feature.name.startswith(("plan", "fit")):
+    elif feature.name.startswith(("plan", "fit")) or feature.name == "parameters.recompute":
         point, named = pattern.refusal_point(steps, recomputing=True), RECOMPUTE_REFUSAL
     else:
         point, named = None, ""
@@ -398,7 +398,7 @@ def run_cell(cell: Cell, caches: Caches) -> Outcome:
     reference = _reference(caches, model, pattern, feature.variant, feature.reference)
     if reference.failure is not None:
         return Outcome("FAIL", f"the reference run raised {_error_line(reference.failure.error)} (a suite error)")
-    host = feature.host or pattern.swaps
+    host = feature.host or pattern.swaps or (feature.host_on_gpu and config.device != "cpu")
     tolerance = _tolerance(caches, model, pattern, feature.variant, feature.reference) if host else None
     caches.warm(feature, model, config.scale)
     unplannable = _nothing_to_plan(caches, feature, model, config.scale)

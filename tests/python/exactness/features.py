@@ -375,6 +375,37 @@ class RecordSetup(Setup):
         return []
 
 
+class ParametersSetup(Setup):
+    """``stowage.offload.parameters(model)`` for the whole run (the model's blocks' parameters in
+    host memory, each block's brought in as it runs), torch's optimizer stepping them there;
+    around it another feature's Setup (``inner``: a plan recomputing every block), if any."""
+
+    def __init__(self, variant: Variant, model: Any, inner: Setup | None = None) -> None:
+        super().__init__(variant)
+        self.inner = inner
+        self.handle = stowage.offload.parameters(model)
+
+    def step_context(self) -> contextlib.AbstractContextManager[Any]:
+        return self.inner.step_context() if self.inner is not None else contextlib.nullcontext()
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return self.inner.forward_context() if self.inner is not None else contextlib.nullcontext()
+
+    def vacuous(self) -> str | None:
+        if self.handle.peak_resident_bytes == 0:
+            return "no offloaded parameter came in"
+        return self.inner.vacuous() if self.inner is not None else None
+
+    def findings(self) -> list[str]:
+        self.handle.close()
+        return self.inner.findings() if self.inner is not None else []
+
+
+def parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant, recompute: bool = False) -> Setup:
+    inner = plan_setup(env, model, groups, variant, recompute=True) if recompute else None
+    return ParametersSetup(variant, model, inner)
+
+
 FeatureSetup = Callable[[Env, Any, Groups], Setup]
 
 
@@ -385,7 +416,8 @@ class Feature:
     allocator (CPU mode's simulated device, or torch's CUDA allocator on a GPU, where it is for the
     whole process); "delayed": DelayedReference, on stowage's allocator). ``own``: whose optimizer
     the loop steps ("torch" or "stowage"; patterns that need a method of stowage's are n/a where
-    it is torch's). ``host``: compared within the measured tolerance, not bitwise."""
+    it is torch's). ``host``: compared within the measured tolerance, not bitwise (``host_on_gpu``: so on
+    a GPU only, where torch's optimizer steps parameters kept on the host with its CPU kernels)."""
 
     name: str
     variant: str
@@ -394,6 +426,7 @@ class Feature:
     host: bool
     setup: FeatureSetup
     only_pattern: str | None = None  # the one pattern the feature's loop is (n/a on the others)
+    host_on_gpu: bool = False  # on a GPU its optimizer steps on the host (held to the tolerance there)
 
 
 def _features() -> dict[str, Feature]:
@@ -418,6 +451,11 @@ def _features() -> dict[str, Feature]:
         name = "fit" if variant.name == "adamw" else f"fit.{variant.name}"
         out.append(Feature(name, variant.name, "stowage_allocator", "stowage", True,
                            lambda env, model, groups, v=variant: fit_setup(env, model, groups, v)))
+    out.append(Feature("parameters", "adamw", "stowage_allocator", "torch", False,
+                       lambda env, model, groups: parameters_setup(env, model, groups, adamw), host_on_gpu=True))
+    out.append(Feature("parameters.recompute", "adamw", "stowage_allocator", "torch", False,
+                       lambda env, model, groups: parameters_setup(env, model, groups, adamw, recompute=True),
+                       host_on_gpu=True))
     out.append(Feature("fit.micro_batches", "adamw", "stowage_allocator", "stowage", True,
                        lambda env, model, groups: fit_micro_setup(env, model, groups, adamw), "fitted_step"))
     return {f.name: f for f in out}

@@ -1,0 +1,70 @@
+"""Parameters off the device on a real GPU: the host parameters pinned, the device's memory down
+by the blocks' parameters and held to the window during a step, gradients on the host equal to
+plain torch's (the same device kernels made them), the model freed with its handle.
+
+conftest.py made stowage torch's CUDA allocator; the exactness matrix (test_exactness_gpu.py) holds
+the `parameters` cells to torch over every pattern."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+
+import stowage
+import stowage.offload
+from gpt2_model import GPT, GPTConfig
+
+DEVICE = "cuda"
+
+
+def small_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=6, n_head=8, n_embd=512, vocab_size=8192, block_size=256)).to(DEVICE)
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    data = torch.randint(0, 8192, (4, 257), generator=torch.Generator().manual_seed(step)).to(DEVICE)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+def gradients_of(model: GPT, offload: bool) -> tuple[list[torch.Tensor], int, int]:
+    handle = stowage.offload.parameters(model) if offload else None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    between = torch.cuda.memory_allocated()
+    tokens, targets = batch(0)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        loss = model(tokens, targets)
+    loss.backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    grads = [p.grad.detach().to("cpu") for p in model.parameters()]
+    if handle is not None:
+        assert all(p.is_pinned() for p in model.h.parameters())
+        assert all(p.grad.device.type == "cpu" for p in model.h.parameters())
+        handle.close()
+    return grads, between, peak
+
+
+def test_gradients_equal_torch_s_and_the_device_holds_the_window() -> None:
+    ours, between_ours, peak_ours = gradients_of(small_gpt(), offload=True)
+    theirs, between_theirs, peak_theirs = gradients_of(small_gpt(), offload=False)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    block_bytes = sum(p.numel() * p.element_size() for p in small_gpt().h.parameters())
+    assert between_theirs - between_ours >= block_bytes
+    assert peak_ours < peak_theirs
+
+
+def test_a_closed_handle_and_its_model_are_freed() -> None:
+    model = small_gpt()
+    handle = stowage.offload.parameters(model)
+    tokens, targets = batch(1)
+    model(tokens, targets).backward()
+    handle.close()
+    refs = [weakref.ref(model), weakref.ref(handle)]
+    del model, handle
+    gc.collect()
+    assert [r() for r in refs] == [None, None]

@@ -1,0 +1,376 @@
+"""stowage.offload.parameters in CPU mode: each unit's parameters in host memory (not the simulated
+device's), brought in before the unit runs in forward and backward, training exactly as torch
+trains (bitwise: the same kernels on the same values), with checkpointing, autocast, micro-batches,
+tied weights, a peft LoRA model and a transformers model; the device's memory bounded by the
+window; refusals named."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+import stowage.offload  # noqa: E402
+from offload_models import DecoderBlock, TinyGpt, lm_loss  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+
+Step = Callable[[Any, int], torch.Tensor]
+
+
+def tiny_gpt() -> Any:
+    torch.manual_seed(0)
+    return TinyGpt(vocab=256, width=64, heads=4, layers=4, length=32)
+
+
+def tokens(step: int) -> torch.Tensor:
+    return torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
+
+
+def gpt_loss(model: Any, step: int) -> torch.Tensor:
+    ids = tokens(step)
+    return lm_loss(model(ids), ids)
+
+
+def train(make: Callable[[], Any], loss_of: Step, offload: bool, steps: int = 3, micro: int = 1,
+          units: Callable[[Any], Any] | None = None, prefetch: int = 1,
+          between: Callable[[Any, int], None] | None = None) -> tuple[list[torch.Tensor], list[Any], Any]:
+    """Trains a fresh model `steps` AdamW steps; returns its parameters, each step's gradients
+    (as the loop sees them before step()) and the handle (closed)."""
+    model = make()
+    handle = stowage.offload.parameters(model, units(model) if units else None, prefetch) if offload else None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2, foreach=True)
+    grads = []
+    for step in range(steps):
+        if between is not None:
+            between(model, step)
+        for index in range(micro):
+            (loss_of(model, step * micro + index) / micro).backward()
+        grads.append([None if p.grad is None else p.grad.clone() for p in trainable])
+        optimizer.step()
+        optimizer.zero_grad()
+    params = [p.detach().clone() for p in model.parameters()]
+    if handle is not None:
+        handle.close()
+    return params, grads, handle
+
+
+def assert_same(ours: tuple[Any, ...], theirs: tuple[Any, ...]) -> None:
+    for a, b in zip(ours[0], theirs[0]):
+        assert torch.equal(a, b)
+    for step_a, step_b in zip(ours[1], theirs[1]):
+        for a, b in zip(step_a, step_b):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+def checkpointed(reentrant: bool) -> Step:
+    """TinyGpt's forward with each block called under torch.utils.checkpoint."""
+
+    def loss(model: Any, step: int) -> torch.Tensor:
+        ids = tokens(step)
+        x = model.tokens(ids) + model.positions(torch.arange(ids.shape[1]))
+        for block in model.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=reentrant)
+        return lm_loss(model.norm(x) @ model.tokens.weight.t(), ids)
+
+    return loss
+
+
+def autocast_loss(model: Any, step: int) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return gpt_loss(model, step)
+
+
+@pytest.mark.parametrize("loss_of,micro", [(gpt_loss, 1), (gpt_loss, 2), (checkpointed(False), 1),
+                                           (checkpointed(True), 1), (autocast_loss, 1)],
+                         ids=["plain", "micro_batches", "checkpoint", "checkpoint_reentrant", "autocast_bf16"])
+def test_training_with_parameters_off_the_device_is_torch_s_bitwise(loss_of: Step, micro: int) -> None:
+    ours = train(tiny_gpt, loss_of, offload=True, micro=micro)
+    assert_same(ours, train(tiny_gpt, loss_of, offload=False, micro=micro))
+    assert ours[2].peak_resident_bytes > 0
+
+
+def test_the_parameters_live_in_host_memory_and_the_device_holds_the_window() -> None:
+    model = tiny_gpt()
+    before = stowage.memory_allocated()
+    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks.parameters())
+    handle = stowage.offload.parameters(model, prefetch=1)
+    try:
+        count = sum(1 for _ in model.blocks.parameters())
+        # the host copies are not the device's: the device lets go of the blocks' bytes (each rounded up)
+        assert block_bytes <= before - stowage.memory_allocated() <= block_bytes + 512 * count
+        assert handle.host_bytes == block_bytes
+        unit = max(handle._schedule.unit_bytes(u) for u in range(len(handle.units)))
+        seen: list[int] = []
+        hooks = [b.register_forward_hook(lambda *_: seen.append(handle.resident_bytes)) for b in model.blocks]
+        for step in range(2):
+            gpt_loss(model, step).backward()
+            assert handle.resident_bytes == 0  # every copy freed when backward returns
+            for p in model.blocks.parameters():
+                assert p.grad is not None and p.grad.untyped_storage().data_ptr() != 0
+        for h in hooks:
+            h.remove()
+        assert max(seen) <= 2 * unit  # forward: the unit and one ahead
+        assert handle.peak_resident_bytes <= 2 * unit < block_bytes  # backward too
+    finally:
+        handle.close()
+    assert stowage.memory_allocated() >= before  # back on the device (and their gradients)
+
+
+def test_device_memory_during_a_step_is_bounded_by_the_window_not_the_model() -> None:
+    def peak_of_step(offload: bool) -> tuple[int, int]:
+        model = tiny_gpt()
+        handle = stowage.offload.parameters(model, prefetch=1) if offload else None
+        torch.optim.AdamW(model.parameters(), lr=1e-2)
+        peaks = []
+        hook = torch.nn.modules.module.register_module_forward_hook(
+            lambda *_: peaks.append(stowage.memory_allocated()))
+        try:
+            gpt_loss(model, 0).backward()
+            peaks.append(stowage.memory_allocated())
+        finally:
+            hook.remove()
+        window = 3 * max(handle._schedule.unit_bytes(u) for u in range(len(handle.units))) if handle else 0
+        if handle is not None:
+            handle.close()
+        return max(peaks), window
+
+    plain, _ = peak_of_step(False)
+    offloaded, window = peak_of_step(True)
+    block_bytes = sum(p.numel() * p.element_size() for p in tiny_gpt().blocks.parameters())
+    # the blocks' parameters leave (their gradients too), the window stays
+    assert offloaded <= plain - block_bytes + window
+
+
+class TiedLm(torch.nn.Module):
+    """Embedding, blocks and a head whose weight is the embedding's (a module call each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(256, 64)
+        self.blocks = torch.nn.ModuleList(DecoderBlock(64, 4) for _ in range(2))
+        self.head = torch.nn.Linear(64, 256, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def tied_loss(model: Any, step: int) -> torch.Tensor:
+    ids = tokens(step)
+    return lm_loss(model(ids), ids)
+
+
+def test_tied_weights_have_one_copy_and_one_gradient() -> None:
+    units = lambda m: [m.embed, *m.blocks, m.head]  # noqa: E731
+    ours = train(TiedLm, tied_loss, offload=True, units=units)
+    assert_same(ours, train(TiedLm, tied_loss, offload=False))
+    shared = [s for s in ours[2]._slots if len(s.places) == 2]
+    assert len(shared) == 1 and shared[0].param is ours[2].units[0].weight  # one host parameter, one copy
+    model = TiedLm()
+    with pytest.raises(stowage.offload.ParameterOffloadError, match="tied weights"):
+        stowage.offload.parameters(model, units=[model.embed])
+    assert model.embed.weight.device == torch.device("cpu") and stowage.offload.parameters(model).close() is None
+
+
+def test_a_parameter_used_outside_its_unit_s_forward_is_refused() -> None:
+    model = tiny_gpt()  # its head multiplies by tokens.weight in the model's own forward
+    with stowage.offload.parameters(model, units=[model.tokens]):
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="outside"):
+            gpt_loss(model, 0).backward()
+
+
+def test_writes_between_steps_are_seen_by_the_next_forward() -> None:
+    def write(model: Any, step: int) -> None:
+        p = model.blocks[1].attention.qkv.weight if hasattr(model.blocks[1], "attention") else \
+            next(model.blocks[1].parameters())
+        if step == 1:
+            p.data.clamp_(-0.05, 0.05)
+        if step == 2:
+            p.data = p.data * 0.5  # a new storage, taken into host memory
+            model.load_state_dict(model.state_dict())
+
+    assert_same(train(tiny_gpt, gpt_loss, offload=True, between=write),
+                train(tiny_gpt, gpt_loss, offload=False, between=write))
+
+
+def test_eval_and_no_grad_bring_each_unit_in_and_let_it_go() -> None:
+    model = tiny_gpt()
+    reference = tiny_gpt()
+    with stowage.offload.parameters(model) as handle:
+        model.eval()
+        reference.eval()
+        with torch.no_grad():
+            assert torch.equal(model(tokens(0)), reference(tokens(0)))
+        assert handle.resident_bytes == 0
+        assert all(p.device == torch.device("cpu") for p in model.parameters())
+
+
+def halve(param: Any) -> None:
+    param.grad.mul_(0.5)
+
+
+def test_post_accumulate_and_tensor_hooks_of_the_host_parameter_run_as_torch_runs_them() -> None:
+    def hooked(model: Any, step: int) -> None:
+        if step == 0:
+            for index, p in enumerate(model.blocks.parameters()):
+                if index % 2:
+                    p.register_post_accumulate_grad_hook(halve)
+                else:
+                    p.register_hook(lambda g: g.clamp(-1e-3, 1e-3))
+
+    assert_same(train(tiny_gpt, gpt_loss, offload=True, between=hooked, micro=2),
+                train(tiny_gpt, gpt_loss, offload=False, between=hooked, micro=2))
+
+
+def test_close_puts_every_parameter_back_and_training_goes_on_as_torch_s() -> None:
+    model, reference = tiny_gpt(), tiny_gpt()
+    with stowage.offload.parameters(model):
+        gpt_loss(model, 0).backward()
+    gpt_loss(reference, 0).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad) and torch.equal(p, q)
+    gpt_loss(model, 1).backward()
+    gpt_loss(reference, 1).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+
+
+def test_a_transformers_gpt2_from_config_trains_as_torch() -> None:
+    transformers = pytest.importorskip("transformers")
+
+    def make() -> Any:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, vocab_size=256, n_positions=32,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return transformers.GPT2LMHeadModel(config)
+
+    def loss(model: Any, step: int) -> torch.Tensor:
+        ids = tokens(step)
+        return model(input_ids=ids, labels=ids).loss
+
+    ours = train(make, loss, offload=True)
+    assert_same(ours, train(make, loss, offload=False))
+    assert len(ours[2].units) == 3  # the decoder blocks (transformer.h)
+
+
+def test_a_lora_model_s_frozen_base_is_never_copied_back() -> None:
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+
+    def make() -> Any:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+
+    def loss(model: Any, step: int) -> torch.Tensor:
+        ids = tokens(step)
+        return model(input_ids=ids, labels=ids).loss
+
+    out_before = stowage.offload.stats().get("offload.to_host.bytes", 0)
+    ours = train(make, loss, offload=True)
+    copied_out = stowage.offload.stats().get("offload.to_host.bytes", 0) - out_before
+    assert_same(ours, train(make, loss, offload=False))
+    handle = ours[2]
+    adapters = sum(s.host.numel() * s.host.element_size() for s in handle._slots if s.param.requires_grad)
+    base = sum(s.host.numel() * s.host.element_size() for s in handle._slots if not s.param.requires_grad)
+    assert adapters > 0 and base > 10 * adapters
+    assert copied_out == 3 * adapters  # each step's adapter gradients, nothing of the base
+
+
+def test_refusals_name_what_cannot_be_kept_exact() -> None:
+    model = tiny_gpt()
+    with stowage.offload.parameters(model):
+        loss = gpt_loss(model, 0)
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="create_graph"):
+            loss.backward(create_graph=True)
+    model = tiny_gpt()
+    with stowage.offload.parameters(model):
+        loss = gpt_loss(model, 0)
+        p = next(model.blocks[0].parameters())
+        with torch.no_grad():
+            p.mul_(2.0)  # a write torch's backward would refuse too
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    model = tiny_gpt()
+    with stowage.offload.parameters(model):
+        loss = gpt_loss(model, 0)
+        p = next(model.blocks[0].parameters())
+        p.data = p.data * 2.0  # torch's graph would keep the old values
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="waits for backward"):
+            gpt_loss(model, 1)
+    sparse = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Embedding(10, 4, sparse=True)]))
+    with pytest.raises(stowage.offload.ParameterOffloadError, match="sparse"):
+        stowage.offload.parameters(sparse)
+    elsewhere = tiny_gpt()
+    elsewhere.norm.to("meta")
+    with pytest.raises(stowage.offload.ParameterOffloadError, match="one device"):
+        stowage.offload.parameters(elsewhere)
+    model = tiny_gpt()
+    with stowage.offload.parameters(model):
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="already offloaded"):
+            stowage.offload.parameters(model)
+    with pytest.raises(ValueError, match="prefetch"):
+        stowage.offload.parameters(tiny_gpt(), prefetch=-1)
+    with contextlib.suppress(Exception):
+        stowage.mark_step()
+
+
+def test_a_model_trained_with_its_parameters_off_the_device_is_freed_with_its_handle() -> None:
+    import gc
+    import weakref
+
+    model = tiny_gpt()
+    handle = stowage.offload.parameters(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gpt_loss(model, 0).backward()
+    optimizer.step()
+    handle.close()
+    refs = [weakref.ref(model), weakref.ref(handle), weakref.ref(next(model.blocks.parameters()))]
+    del model, handle, optimizer
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]  # no hook keeps them through a cycle torch holds in C++
+
+
+def test_stowage_s_offloaded_adamw_steps_the_host_parameters_as_torch_s_does() -> None:
+    def run(offload: bool, kind: str) -> list[torch.Tensor]:
+        model = tiny_gpt()
+        handle = stowage.offload.parameters(model) if offload else None
+        optimizer = (stowage.offload.AdamW(model.parameters(), lr=1e-2) if kind == "stowage"
+                     else torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True))
+        for step in range(3):
+            gpt_loss(model, step).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        params = [p.detach().clone() for p in model.parameters()]
+        if handle is not None:
+            handle.close()
+        getattr(optimizer, "close", lambda: None)()
+        return params
+
+    for ours, theirs in zip(run(True, "stowage"), run(False, "torch")):
+        assert torch.equal(ours, theirs)  # on a CPU the host kernel is torch's bit for bit
+
+
+def test_a_device_copy_kept_past_its_unit_is_refused_not_read() -> None:
+    model = tiny_gpt()
+    kept: list[torch.Tensor] = []
+    hook = model.blocks[0].mlp[0].register_forward_hook(lambda module, args, out: kept.append(module.weight))
+    with stowage.offload.parameters(model):
+        gpt_loss(model, 0).backward()
+        hook.remove()
+        assert kept and kept[0] is not model.blocks[0].mlp[0].weight  # the copy, freed since
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="outside its unit's forward"):
+            kept[0].sum()
+        with pytest.raises(stowage.offload.ParameterOffloadError, match="freed"):
+            torch.nn.functional.linear(torch.ones(1, 64), kept[0])
