@@ -24,6 +24,11 @@ from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
+# update="exact" streams its buckets through a ring of up to three (Note [Staged buckets]): 4 M parameters
+# a bucket bound the ring at 96 MiB for fp32, and make its exposed ends (the first bucket's copy out,
+# the last one's write-back) short.
+STAGED_BUCKET_NUMEL = 1 << 22
+STAGING_SLOTS = torch_module().STAGING_SLOTS  # update="exact"'s staging ring, at most (Note [Staged buckets])
 # The offloaded optimizer would need more host memory than the process may use (a MemoryError).
 HostMemoryError = torch_module().HostMemoryError
 
@@ -149,7 +154,9 @@ class Adam(torch.optim.Optimizer):
     """torch.optim.Adam (its update, options and state_dict) with host-resident states. Contract:
     used from one thread, as torch's optimizers. The bookkeeping is C++'s (adam_slots.hpp): each
     offloaded parameter is a slot numbered in bucket order, ``_params[i]`` its parameter; this
-    class observes torch (hooks, gradients, local shards) and hands what it sees to the slots."""
+    class observes torch (gradients and local shards at step(); with update="in_backward" or
+    "delayed" the post-accumulate hooks and DDP's communication hook too) and hands what it sees to
+    the slots."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf
     _torch_class: type[torch.optim.Optimizer] = torch.optim.Adam
@@ -159,7 +166,7 @@ class Adam(torch.optim.Optimizer):
                  amsgrad: bool = False, *, foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
                  decoupled_weight_decay: bool = False, update: str = "exact", device_fraction: float = 0.0,
-                 bucket_numel: int = DEFAULT_BUCKET_NUMEL, host_memory_limit: int | str | None = None,
+                 bucket_numel: int | None = None, host_memory_limit: int | str | None = None,
                  master_weights: bool = False) -> None:
         if differentiable:
             raise ValueError(f"stowage.offload.{type(self).__name__}: differentiable=True (gradients through the "
@@ -190,7 +197,8 @@ class Adam(torch.optim.Optimizer):
         bus_id = torch.cuda.get_device_properties(self._device).pci_bus_id if self._device.type == "cuda" else ""
         self._slots = torch_module().AdamSlots(
             str(self._device), type(self).__name__, update, torch_module().cpus_near(str(bus_id or "")),
-            self.master_weights, bucket_numel,
+            self.master_weights,
+            bucket_numel if bucket_numel is not None else STAGED_BUCKET_NUMEL if update == "exact" else DEFAULT_BUCKET_NUMEL,
             None if host_memory_limit is None else byte_count(host_memory_limit, "host_memory_limit"),
             weak_method(self._slot_name), weak_method(self._at_point))
         self._params: list[torch.Tensor] = []  # by slot number
@@ -248,7 +256,7 @@ class Adam(torch.optim.Optimizer):
         for param in joined:
             self._index[param] = len(self._params)
             self._params.append(param)
-            if param.requires_grad:
+            if param.requires_grad and self.update_mode != "exact":  # exact copies at step() (Note [Staged buckets])
                 handle = param.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated))
                 self._hooks.append(handle)
                 self._hook_ids[param] = handle.id
@@ -277,7 +285,8 @@ class Adam(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
-        """Micro-batches run inside are not the last of the step: nothing is copied out."""
+        """Micro-batches run inside are not the last of the step: nothing is copied out (with
+        update="exact" nothing is copied before step() anyway: a marker that changes nothing)."""
         self._accumulating += 1
         try:
             yield
@@ -285,7 +294,10 @@ class Adam(torch.optim.Optimizer):
             self._accumulating -= 1
 
     def attach(self, ddp_model: Any) -> None:
-        """Takes the gradients after DDP's all-reduce (a communication hook), not before it."""
+        """Takes the gradients after DDP's all-reduce (a communication hook), not before it. With
+        update="exact" nothing is needed: step() reads .grad, DDP's reduced gradient, then."""
+        if self.update_mode == "exact":
+            return
         hook = make_ddp_comm_hook(weak_method(self._arrive), self._backward_end, ddp_model.process_group)
         ddp_model.register_comm_hook(state=None, hook=hook)
         self._ddp_attached = True
@@ -501,9 +513,10 @@ class Adam(torch.optim.Optimizer):
             self.state.update({p: inner[p] for p in self._device_parameters() if p in inner})
 
     def host_stats(self) -> dict[str, Any]:
-        """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the device's
-        pinned pool's, shared with offloaded activations), its placement, the updating CPUs, and the
-        seconds spent in host updates and in comparing parameters' and gradients' bytes."""
+        """The host memory the states take (bytes, staging_bytes of them update="exact"'s staging
+        ring; pinned_bytes and pageable_bytes are the device's pinned pool's, shared with offloaded
+        activations), its placement, the updating CPUs, and the seconds spent in host updates and
+        in comparing parameters' and gradients' bytes."""
         return self._slots.host_stats()
 
     def close(self) -> None:

@@ -59,7 +59,9 @@ def test_states_take_no_device_memory_and_live_pinned() -> None:
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before < 64 << 20  # no fp32 states on the device
     stats = optimizer.host_stats()
-    assert stats["pinned_bytes"] >= sum(p.numel() for p in model.parameters()) * 16
+    # update="exact": fp32 masters and moments, 12 B a parameter, and the staging ring (Note [Staged buckets])
+    assert stats["pinned_bytes"] >= stats["allocated_bytes"] - stats["staging_bytes"] >= \
+        sum(p.numel() for p in model.parameters()) * 12
     optimizer.close()
 
 
@@ -74,7 +76,8 @@ def test_the_optimizer_s_copies_run_on_the_offload_engine_and_are_counted() -> N
     optimizer.zero_grad()
     torch.cuda.synchronize()
     after = stowage.memory_stats()
-    assert after["offload.to_host.bytes"] - before.get("offload.to_host.bytes", 0) == parameter_bytes
+    # update="exact" copies each parameter and its gradient out at step(), and the parameter back
+    assert after["offload.to_host.bytes"] - before.get("offload.to_host.bytes", 0) == 2 * parameter_bytes
     assert after["offload.to_device.bytes"] - before.get("offload.to_device.bytes", 0) == parameter_bytes
     optimizer.close()
 

@@ -45,8 +45,13 @@ class Variant:
         return getattr(torch.optim, self.kind)(copy_groups(groups), **HYPER, **self.options, **implementation)
 
     def stowage(self, groups: Groups, update: str = "exact") -> torch.optim.Optimizer:
-        return getattr(stowage.offload, self.kind)(copy_groups(groups), **HYPER, **self.options, update=update)
+        # Buckets of 4096 elements: the models' parameters fill several, so that update="exact"
+        # streams them through its staging ring's three slots (Note [Staged buckets]).
+        return getattr(stowage.offload, self.kind)(copy_groups(groups), **HYPER, **self.options, update=update,
+                                                   bucket_numel=BUCKET_NUMEL)
 
+
+BUCKET_NUMEL = 4096
 
 VARIANTS = {v.name: v for v in (Variant("adamw", "AdamW"), Variant("maximize", "AdamW", {"maximize": True}),
                                 Variant("amsgrad", "AdamW", {"amsgrad": True}), Variant("adam_l2", "Adam"))}
