@@ -1,5 +1,7 @@
 #include "offload/adam_buckets.hpp"
 
+#include <algorithm>
+
 #include "base/errors.hpp"
 
 namespace stowage::offload {
@@ -50,6 +52,17 @@ std::int64_t bytes_per_parameter(ElementType dtype, int grad_buffers, bool amsgr
   const std::int64_t states = 3 + (amsgrad ? 1 : 0);
   if (is_narrow(dtype, master_weights)) return (states + grad_buffers) * element;
   return 4 * states + grad_buffers * element + (dtype == ElementType::kFloat32 ? 0 : element);
+}
+
+std::int64_t staged_bytes_per_parameter(ElementType dtype, bool amsgrad, bool master_weights) noexcept {
+  const std::int64_t moments = 2 + (amsgrad ? 1 : 0);
+  if (is_narrow(dtype, master_weights)) return moments * static_cast<std::int64_t>(element_size(dtype));
+  return 4 * moments + (dtype == ElementType::kFloat32 ? 0 : 4);  // fp32 masters of a narrower parameter
+}
+
+std::int64_t staging_ring_bytes(ElementType dtype, std::int64_t bucket_numel, std::size_t buckets) noexcept {
+  const auto slots = static_cast<std::int64_t>(std::min(kStagingSlots, buckets));
+  return slots * 2 * static_cast<std::int64_t>(element_size(dtype)) * bucket_numel;
 }
 
 std::vector<UpdateRun> update_runs(std::span<const RunSlot> slots) {

@@ -54,11 +54,31 @@ struct BucketPlan {
 // for bf16 / fp16 parameters) rather than as fp32 masters and moments.
 [[nodiscard]] bool is_narrow(ElementType dtype, bool master_weights) noexcept;
 
-// Host bytes one offloaded parameter takes: its master and moments (and amsgrad's maximum), the
-// gradient staging buffers, and, with fp32 masters of a parameter that is not fp32, an output
-// buffer (otherwise the masters are written back as they are).
+// Host bytes one offloaded parameter takes where its buffers persist (update="in_backward" and
+// "delayed", whose gradients are copied out during backward): its master and moments (and
+// amsgrad's maximum), the gradient buffers, and, with fp32 masters of a parameter that is not
+// fp32, an output buffer (otherwise the masters are written back as they are).
 [[nodiscard]] std::int64_t bytes_per_parameter(ElementType dtype, int grad_buffers, bool amsgrad,
                                                bool master_weights) noexcept;
+
+// Note [Staged buckets]
+// update="exact" keeps on the host only what torch's optimizer keeps as state: the moments (and
+// amsgrad's maximum), and with master_weights the fp32 masters. At step() each bucket's parameters
+// and gradients, as they are on the device then, are copied into one slot of a ring of
+// min(kStagingSlots, buckets) host buffers, updated there, and its parameters written back from
+// there; a slot is taken again only once its last write-back has finished, so one bucket is copied
+// out while the one before is updated and the one before that is written back (the first copy
+// out and the last write-back alone are exposed). The ring's bytes follow the largest bucket, not
+// the count: host memory is the states' bytes a parameter plus a bounded staging.
+inline constexpr std::size_t kStagingSlots = 3;
+
+// Host bytes one offloaded parameter takes with staged buckets: its states alone.
+[[nodiscard]] std::int64_t staged_bytes_per_parameter(ElementType dtype, bool amsgrad, bool master_weights) noexcept;
+
+// Host bytes of the staging ring for `buckets` buckets of at most `bucket_numel` elements of
+// `dtype`: each of its min(kStagingSlots, buckets) slots holds one bucket's parameters and gradients.
+[[nodiscard]] std::int64_t staging_ring_bytes(ElementType dtype, std::int64_t bucket_numel,
+                                              std::size_t buckets) noexcept;
 
 // One parameter of a bucket at update time: where it lies, its step count before this update,
 // and whether it has a gradient this step.

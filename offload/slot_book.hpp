@@ -10,12 +10,14 @@
 // Note [Offloaded optimizer semantics]
 // A parameter is updated if and only if its gradient is there at step(); the gradient used is the
 // one present at step(), whoever changed it, and the options used are the param group's at step().
-// A slot's gradient is copied out once it is final: once every post-accumulate hook of its
+// With update="exact" every slot with a gradient at step() arrives then, and its parameter and
+// gradient are copied out as they are then (Note [Staged buckets] in adam_buckets.hpp): nothing
+// below about backward applies. In the other modes a slot's gradient is copied out once it is final: once every post-accumulate hook of its
 // parameter has run (the optimizer's hook fires among them: where hooks were registered after
 // it, it copies the gradient when the next parameter's fires, or at the end of backward; else at
 // once), or from DDP's reduced bucket; it is counted as arrived, and a checksum of the bytes
 // copied is kept. A bucket whose slots have all arrived is ready: "in_backward" updates it at
-// once (provisionally), the other modes at step(). step() compares the gradients present with
+// once (provisionally), "delayed" at step(). step() compares the gradients present with
 // the checksums, copies again those that changed since (replaced, written, by anyone) and forgets
 // those dropped, so that what is updated is what torch's optimizer would see; "in_backward"
 // refuses a change to a gradient a provisional update already read, and undoes and makes again a
@@ -63,8 +65,9 @@ class SlotBook {
   explicit SlotBook(UpdateMode mode) noexcept : mode_(mode) {}
 
   UpdateMode mode() const noexcept { return mode_; }
-  // Gradient staging buffers a bucket needs: two with delayed updates (the next step's gradients
-  // arrive while the last step's update reads the other), else one.
+  // Gradient buffers a bucket keeps where gradients are copied out in backward: two with delayed
+  // updates (the next step's gradients arrive while the last step's update reads the other), else
+  // one (exact mode stages them through a ring instead and keeps none).
   int grad_buffers() const noexcept { return mode_ == UpdateMode::kDelayed ? 2 : 1; }
   // The staging buffer this step's gradients go to.
   int grad_buffer() const noexcept { return grad_buffer_; }

@@ -32,6 +32,12 @@ void run_whole(const std::vector<std::function<void()>>& parts);
 // delayed) each bucket with one is written back ("write_back <bucket>"), then the end ("end").
 void run_step(const SlotBook& book, const StepWork& work);
 
+// update="exact" with staged buckets (Note [Staged buckets] in adam_buckets.hpp): bucket b's
+// write-back ("write_back <b>") comes just before bucket b + max(slots - 1, 1)'s update ("update
+// <...>"), so that a ring of `slots` buffers holds the bucket being copied out, the one being
+// updated and the one being written back; then the remaining write-backs, then the end ("end").
+void run_staged_step(const SlotBook& book, const StepWork& work, std::size_t slots);
+
 // delayed: the pending buckets' updates written back ("write_back <bucket>"), whole.
 void run_pending_write_backs(const SlotBook& book, const StepWork& work);
 

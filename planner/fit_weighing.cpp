@@ -51,6 +51,23 @@ std::int64_t offloaded_bytes(const LifetimeTrace& trace, const Plan& plan) {
   return bytes;
 }
 
+// The offloaded share's update as step() streams it (Note [Weighing fit's options]): the
+// parameters' and gradients' copies out (gradients in the parameters' dtype), the host update and
+// the write-back overlap, the slowest taking the whole; one bucket's copy out and write-back are
+// exposed at the ends.
+double streamed_update_ms(const FitInputs& in, double fraction) {
+  const double parameter_bytes = (1 - fraction) * static_cast<double>(in.memory.gradients);
+  if (parameter_bytes <= 0) return 0.0;
+  const CostModel& cost = in.traces.cost();
+  const double host_ms = (1 - fraction) * static_cast<double>(in.memory.parameter_count) *
+                         in.rates.host_ms_per_parameter;
+  const double out_ms = 2 * parameter_bytes / cost.to_host_bytes_per_ms;
+  const double back_ms = parameter_bytes / cost.to_device_bytes_per_ms;
+  const double bucket = std::min(parameter_bytes, static_cast<double>(in.host.bucket_bytes));
+  const double ends_ms = 2 * bucket / cost.to_host_bytes_per_ms + bucket / cost.to_device_bytes_per_ms;
+  return std::max({host_ms, out_ms, back_ms}) + ends_ms;
+}
+
 // One option: its memory arithmetic, and its plan where the memory leaves room for one (Note
 // [Weighing fit's options]).
 FitOption weigh_option(const FitInputs& in, const FitShare& share, std::int64_t micro_rows,
@@ -64,16 +81,16 @@ FitOption weigh_option(const FitInputs& in, const FitShare& share, std::int64_t 
   option.device_state_bytes = memory.states_on_device(share.kept_parameters);
   option.activation_budget = memory.usable - memory.in_use - option.device_state_bytes - in.reserve;
   if (micro_batches > 1) option.activation_budget -= memory.gradients;
-  option.host_bytes = memory.offloaded_parameters(share.kept_parameters) * in.host.bytes_per_parameter;
+  const std::int64_t offloaded = memory.offloaded_parameters(share.kept_parameters);
+  const std::int64_t parameter_bytes =  // offloaded (gradients are in their parameters' dtype)
+      memory.parameter_count > 0 ? offloaded * memory.gradients / memory.parameter_count : 0;
+  option.host_bytes = offloaded * in.host.bytes_per_parameter + in.host.staging_bytes(parameter_bytes);
   const bool foreach = in.foreach && fraction == 1.0;
   const auto temporary = static_cast<double>(foreach ? memory.foreach_temporary : memory.largest_parameter);
   option.optimizer_peak = memory.in_use + memory.gradients + option.device_state_bytes +
                           static_cast<std::int64_t>(temporary * fraction);
-  const double write_back_ms =
-      (1 - fraction) * static_cast<double>(memory.gradients) / in.traces.cost().to_device_bytes_per_ms;
-  option.update_ms = static_cast<double>(memory.parameter_count) *
-                     (fraction * in.rates.device_ms_per_parameter + (1 - fraction) * in.rates.host_ms_per_parameter);
-  option.update_ms += write_back_ms;  // the updated parameters cross back after the update
+  option.update_ms = static_cast<double>(memory.parameter_count) * fraction * in.rates.device_ms_per_parameter +
+                     streamed_update_ms(in, fraction);
   if (option.host_bytes > in.host.available) {
     option.reason = host_refusal("states", option.host_bytes, in.host);
     return option;
@@ -119,6 +136,12 @@ std::vector<FitShare> distinct(const std::vector<FitShare>& shares, const FitMem
 }
 
 }  // namespace
+
+std::int64_t FitHost::staging_bytes(std::int64_t parameter_bytes) const {
+  if (parameter_bytes <= 0 || bucket_bytes <= 0) return 0;
+  const std::int64_t buckets = (parameter_bytes + bucket_bytes - 1) / bucket_bytes;
+  return 2 * std::min(parameter_bytes, bucket_bytes) * std::min(buckets, staging_slots);
+}
 
 std::vector<FitOption> weigh_fit(const FitInputs& in) {
   STOWAGE_CHECK(!in.shares.empty(), "weigh_fit: no share to weigh");

@@ -11,11 +11,16 @@
 // gradients where the batch runs as micro-batches (they are there from the second one's start).
 // The optimizer's step holds the gradients, the kept states and a temporary: the multi-tensor
 // path (foreach, torch's optimizer alone) one copy of every parameter's, else the largest
-// parameter's, for the share kept. The host holds the offloaded parameters' states and the
+// parameter's, for the share kept. The host holds the offloaded parameters' states, the
+// offloaded optimizer's staging ring (up to three buckets, however many there are) and the
 // plan's offloaded activations (all on the host at once where the step turns). An option is
 // feasible when the host holds them, a plan fits, and the optimizer's step fits. Its step time
 // is the micro-batches' planned steps plus the update: the kept share's parameters at the
-// device's measured rate, the rest at the host's, and the rest's parameters crossing back.
+// device's measured rate, then the rest as the offloaded optimizer's step() streams it (Note
+// [Staged buckets] in offload/adam_buckets.hpp): each bucket's parameters and gradients cross to
+// the host, are updated there at the host's rate and the parameters cross back, one bucket's
+// copy out overlapping the last one's update and the one before's write-back, so the slowest of
+// the three takes the whole, plus the first bucket's copy out and the last one's write-back.
 //
 // Contract: pure functions of their inputs (the solver runs on the calling thread).
 #pragma once
@@ -57,6 +62,14 @@ struct FitHost {
   std::int64_t bytes_per_parameter = 0;
   std::int64_t available = 0;
   std::string limited_by;
+  // The offloaded optimizer's staging ring (Note [Staged buckets]): up to `staging_slots` slots,
+  // each one bucket's parameters and gradients, a bucket at most `bucket_bytes` of parameters (the
+  // part of the stream that is not overlapped).
+  std::int64_t bucket_bytes = 0;
+  std::int64_t staging_slots = 0;
+
+  // The ring's bytes where `parameter_bytes` of parameters are offloaded.
+  std::int64_t staging_bytes(std::int64_t parameter_bytes) const;
 };
 
 // AdamW's measured update time a parameter on each side.

@@ -229,8 +229,11 @@ void bind_fit_option(py::module_& module) {
            py::arg("foreach_temporary"), py::arg("largest_parameter"), py::arg("numels"), py::arg("state_bytes"))
       .def_property_readonly("states", &planner::FitMemory::states);
   py::class_<planner::FitHost>(module, "FitHost")
-      .def(py::init<std::int64_t, std::int64_t, std::string>(), py::arg("bytes_per_parameter"), py::arg("available"),
-           py::arg("limited_by"))
+      .def(py::init<std::int64_t, std::int64_t, std::string, std::int64_t, std::int64_t>(),
+           py::arg("bytes_per_parameter"), py::arg("available"), py::arg("limited_by"), py::arg("bucket_bytes") = 0,
+           py::arg("staging_slots") = 0)
+      .def_readonly("bytes_per_parameter", &planner::FitHost::bytes_per_parameter)
+      .def("staging_bytes", &planner::FitHost::staging_bytes, py::arg("parameter_bytes"))
       .def_readonly("available", &planner::FitHost::available)
       .def_readonly("limited_by", &planner::FitHost::limited_by);
   py::class_<planner::UpdateRates>(module, "UpdateRates")

@@ -38,6 +38,7 @@ AdamSlots::AdamSlots(const c10::Device& device, std::string owner, offload::Upda
       host_memory_limit_(host_memory_limit),
       name_of_(std::move(name_of)), at_point_(std::move(at_point)), book_(mode), store_(std::make_unique<HostStateStore>(device)),
       transfers_(std::make_unique<OptimizerTransfers>(device)), parameters_(device), gradients_(device),
+      ring_(mode == offload::UpdateMode::kExact ? std::make_unique<StagingRing>(*store_) : nullptr),
       queue_(std::make_shared<offload::UpdateQueue>(cpus)) {
   STOWAGE_CHECK(bucket_numel >= 1, "bucket_numel must be positive, not ", bucket_numel);
 }
@@ -67,12 +68,18 @@ std::int64_t AdamSlots::host_bytes(const Tensors& shards, const Indices& groups,
                                    const std::vector<bool>& amsgrad) const {
   STOWAGE_CHECK(amsgrad.size() == shards.size(), amsgrad.size(), " amsgrad flags for ", shards.size(), " parameters");
   std::int64_t needed = 0;
+  std::int64_t largest = 0;  // bucket, in bytes of parameters
   for (const offload::BucketPlan& bucket : plan(shards, groups)) {
     const std::size_t first = bucket.members.front();
-    needed += offload::bytes_per_parameter(element_type_of(shards[first].scalar_type()), book_.grad_buffers(),
-                                           amsgrad[first], master_weights_) * bucket.numel;
+    const offload::ElementType dtype = element_type_of(shards[first].scalar_type());
+    const std::int64_t per_parameter =
+        staged() ? offload::staged_bytes_per_parameter(dtype, amsgrad[first], master_weights_)
+                 : offload::bytes_per_parameter(dtype, book_.grad_buffers(), amsgrad[first], master_weights_);
+    needed += per_parameter * bucket.numel;
+    largest = std::max(largest, bucket.numel * static_cast<std::int64_t>(offload::element_size(dtype)));
   }
-  return needed;
+  const std::size_t buckets = book_.bucket_count() + plan(shards, groups).size();
+  return needed + (staged() ? ring_->growth_for(largest, buckets) : 0);
 }
 
 void AdamSlots::check_host_room(std::uint64_t needed) const {
@@ -97,12 +104,15 @@ AdamSlots::Indices AdamSlots::join(const Tensors& shards, const Indices& groups,
   Indices order;
   Indices joined;
   Tensors taken;
+  std::int64_t largest = 0;  // bucket, in bytes of parameters
   for (const offload::BucketPlan& plan_ : plan(shards, groups)) {
     const std::size_t first = plan_.members.front();
     std::vector<std::int64_t> numels;
     for (const std::size_t member : plan_.members) numels.push_back(shards[member].numel());
     auto host = std::make_unique<HostBucket>(*store_, shards[first].scalar_type(), numels, master_weights_,
-                                             amsgrad[first], book_.grad_buffers());
+                                             amsgrad[first]);
+    auto kept = staged() ? nullptr : std::make_unique<BucketBuffers>(*store_, *host, book_.grad_buffers());
+    largest = std::max(largest, host->numel() * static_cast<std::int64_t>(c10::elementSize(host->dtype())));
     const std::size_t bucket = book_.add_bucket(plan_.members.size());
     for (std::size_t k = 0; k < plan_.members.size(); ++k) {
       const at::Tensor& shard = shards[plan_.members[k]];
@@ -113,21 +123,24 @@ AdamSlots::Indices AdamSlots::join(const Tensors& shards, const Indices& groups,
       slot.shape = shard.sizes().vec();
       const auto view = [&](const at::Tensor& flat) { return flat.narrow(0, slot.offset, slot.numel).view(slot.shape); };
       slot.states.step = host->steps()[k];
-      slot.states.master = view(host->master());
+      slot.states.own_master = host->master().defined();
+      if (slot.states.own_master || kept != nullptr) {
+        slot.states.master = view(slot.states.own_master ? host->master() : kept->parameters());
+        slot.states.master.copy_(shard.detach());
+        joined.push_back(slots_.size());
+        taken.push_back(shard);
+      }
       slot.states.exp_avg = view(host->exp_avg());
       slot.states.exp_avg_sq = view(host->exp_avg_sq());
       if (host->max_exp_avg_sq().defined()) slot.states.max_exp_avg_sq = view(host->max_exp_avg_sq());
-      slot.states.own_master = host->out().defined();
-      slot.states.master.copy_(shard.detach());
-      joined.push_back(slots_.size());
-      taken.push_back(shard);
       order.push_back(plan_.members[k]);
       slots_.push_back(std::move(slot));
     }
-    buckets_.push_back({std::move(host), groups[first], std::nullopt, std::nullopt, nullptr, {}});
+    buckets_.push_back({std::move(host), std::move(kept), groups[first], std::nullopt, std::nullopt, nullptr, {}, {}});
   }
-  parameters_.extend(static_cast<std::int64_t>(joined.size()));
-  gradients_.extend(static_cast<std::int64_t>(joined.size()));
+  if (staged()) ring_->reserve(largest, book_.bucket_count());
+  parameters_.extend(static_cast<std::int64_t>(order.size()));
+  gradients_.extend(static_cast<std::int64_t>(order.size()));
   parameters_are(joined, taken);
   return order;
 }
@@ -151,9 +164,9 @@ void AdamSlots::copy_out(std::size_t slot, const at::Tensor& shard) {
                                 std::to_string(shard.numel()) + " elements where the parameter has " +
                                 std::to_string(s.numel));
   }
-  const HostBucket& host = *buckets_[s.bucket].host;
+  const BucketBuffers& kept = *buckets_[s.bucket].kept;
   const auto buffer = static_cast<std::size_t>(book_.grad_buffer());
-  transfers_->copy_out(host.grads().at(buffer).narrow(0, s.offset, s.numel), shard);
+  transfers_->copy_out(kept.gradients().at(buffer).narrow(0, s.offset, s.numel), shard);
   gradients_.remember_one(static_cast<std::int64_t>(slot), shard);  // the bytes the copy reads
   book_.arrive(slot, shard._version());
 }
@@ -166,6 +179,7 @@ void AdamSlots::refuse_sparse(std::size_t slot, const at::Tensor& gradient) cons
 }
 
 std::int64_t AdamSlots::arrive(std::size_t slot, const at::Tensor& gradient, const at::Tensor& shard) {
+  STOWAGE_CHECK(!staged(), "update='exact' copies gradients at step(), not as they arrive");
   const std::size_t bucket = book_.bucket_of(slot);
   refuse_sparse(slot, gradient);
   if (book_.mode() == offload::UpdateMode::kInBackward && book_.updated(bucket)) return kArrivedTwice;
@@ -239,7 +253,7 @@ std::int64_t AdamSlots::first_changed_gradient(const Tensors& shards) {
   for (std::size_t index = 0; index < slots_.size(); ++index) {
     if (!book_.arrived(index) || !shards[index].defined()) continue;
     const Slot& slot = slots_[index];
-    const at::Tensor copied = buckets_[slot.bucket].host->grads().at(buffer).narrow(0, slot.offset, slot.numel);
+    const at::Tensor copied = buckets_[slot.bucket].kept->gradients().at(buffer).narrow(0, slot.offset, slot.numel);
     const at::Tensor now = shards[index].detach().reshape(-1).to(copied.scalar_type()).cpu();
     if (!at::equal(bits(now), bits(copied))) return static_cast<std::int64_t>(index);
   }
@@ -275,8 +289,8 @@ AdamSlots::Indices AdamSlots::take_written(const Indices& slots, const Tensors& 
     const Slot& slot = slots_[slots[i]];
     const at::Tensor flat = shards[i].detach().reshape(-1);
     slot.states.master.view(-1).copy_(flat);
-    const at::Tensor& out = buckets_[slot.bucket].host->out();
-    if (out.defined()) out.narrow(0, slot.offset, slot.numel).copy_(flat);
+    const BucketBuffers* kept = buckets_[slot.bucket].kept.get();
+    if (kept != nullptr && kept->output().defined()) kept->output().narrow(0, slot.offset, slot.numel).copy_(flat);
     taken.push_back(slots[i]);
     taken_shards.push_back(shards[i]);
   }
@@ -285,7 +299,22 @@ AdamSlots::Indices AdamSlots::take_written(const Indices& slots, const Tensors& 
 }
 
 void AdamSlots::parameters_are(const Indices& slots, const Tensors& shards) {
-  parameters_.remember(rows(slots), shards);
+  STOWAGE_CHECK(slots.size() == shards.size(), slots.size(), " parameters with ", shards.size(), " tensors");
+  const Indices copied = with_host_copy(slots);
+  if (copied.size() == slots.size()) return parameters_.remember(rows(slots), shards);
+  Tensors copied_shards;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots_.at(slots[i]).states.master.defined()) copied_shards.push_back(shards[i]);
+  }
+  parameters_.remember(rows(copied), copied_shards);
+}
+
+AdamSlots::Indices AdamSlots::with_host_copy(const Indices& slots) const {
+  Indices out;
+  for (const std::size_t slot : slots) {
+    if (slots_.at(slot).states.master.defined()) out.push_back(slot);
+  }
+  return out;
 }
 
 // --- updates ------------------------------------------------------------------------------------
@@ -312,18 +341,30 @@ AdamSlots::Indices AdamSlots::outdated_updates(const std::vector<GroupOptions>& 
 AdamSlots::Indices AdamSlots::submit(std::size_t bucket, const GroupOptions& options, double grad_scale) {
   STOWAGE_CHECK(bucket < buckets_.size(), "no bucket ", bucket);
   Bucket& b = buckets_[bucket];
+  STOWAGE_CHECK(b.kept != nullptr, "bucket ", bucket, " is staged: its update is submitted as it is staged");
   if (book_.arrived_in(bucket) == 0) return {};
+  std::vector<CopyMark> waits;
+  for (const std::optional<CopyMark>& mark : {b.copied, b.returned}) {
+    if (mark.has_value()) waits.push_back(*mark);
+  }
+  return submit_over(bucket, options, grad_scale, b.kept->for_update(book_.grad_buffer(), std::move(waits)),
+                     b.kept->written_back());
+}
+
+AdamSlots::Indices AdamSlots::submit_over(std::size_t bucket, const GroupOptions& options, double grad_scale,
+                                          UpdateBuffers buffers, at::Tensor written_back) {
+  Bucket& b = buckets_[bucket];
   check_options(b, options);
   BucketUpdate update;
   update.hyper = offload::AdamWHyperparameters{options.lr, options.beta1, options.beta2, options.eps,
                                                options.weight_decay, grad_scale};
   update.hyper.decoupled_weight_decay = options.decoupled_weight_decay;
   update.hyper.maximize = options.maximize;
-  update.grad_buffer = book_.grad_buffer();
   update.provisional = book_.mode() == offload::UpdateMode::kInBackward;
   update.cpu_sqrt = device_.is_cpu();  // torch's CPU AdamW takes its CPU's square root
-  b.ticket = b.host->submit(*queue_, update, book_.has_gradient(bucket), b.copied, b.returned);
+  b.ticket = b.host->submit(*queue_, update, book_.has_gradient(bucket), std::move(buffers));
   b.options = options;
+  b.written_back = std::move(written_back);
   Indices slots = book_.submitted(bucket);
   if (b.ticket == nullptr) book_.clear_update(bucket);  // parameters without elements: nothing to run
   for (const std::size_t slot : slots) state_changes_.emplace_back(slot, true);
@@ -354,33 +395,31 @@ void AdamSlots::write_back(std::size_t bucket, const Tensors& shards) {
   if (!book_.updated(bucket)) return;
   finish(bucket);
   Bucket& b = buckets_[bucket];
-  const at::Tensor& source = b.host->out().defined() ? b.host->out() : b.host->master();
   const Indices slots = book_.updated_slots(bucket);
   STOWAGE_CHECK(shards.size() == slots_.size(), shards.size(), " parameters for ", slots_.size(), " slots");
   Tensors targets;
   Tensors views;
   for (const std::size_t slot : slots) {
     targets.push_back(shards[slot]);
-    views.push_back(source.narrow(0, slots_[slot].offset, slots_[slot].numel).view(shards[slot].sizes()));
+    views.push_back(b.written_back.narrow(0, slots_[slot].offset, slots_[slot].numel).view(shards[slot].sizes()));
   }
   b.returned = transfers_->write_back(targets, views);
-  transfers_->written_back();  // the checksums below read the parameters written back
-  parameters_are(slots, targets);
+  if (staged()) ring_->returned(bucket, b.returned);
   clear_update(bucket);
+  const Indices watched = with_host_copy(slots);
+  if (!watched.empty()) {
+    transfers_->written_back();  // the checksums below read the parameters written back
+    parameters_are(slots, targets);
+  }
+  check_arrivals(slots, targets, views);  // (before the buffers are used again)
 }
 
-std::int64_t AdamSlots::first_changed_arrival(const Indices& slots, const Tensors& shards) {
-  STOWAGE_CHECK(slots.size() == shards.size(), slots.size(), " parameters with ", shards.size(), " tensors");
-  Tensors views;
-  for (const std::size_t index : slots) {
-    const Slot& slot = slots_.at(index);
-    const HostBucket& host = *buckets_[slot.bucket].host;
-    const at::Tensor& source = host.out().defined() ? host.out() : host.master();
-    views.push_back(source.narrow(0, slot.offset, slot.numel));
-  }
+std::int64_t AdamSlots::first_changed_arrival(const Indices& slots, const Tensors& shards, const Tensors& results) {
+  STOWAGE_CHECK(slots.size() == shards.size() && slots.size() == results.size(), slots.size(), " parameters with ",
+                shards.size(), " tensors and ", results.size(), " results");
   transfers_->synchronize();
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    if (!at::equal(bits(shards[i].detach().cpu()), bits(views[i]))) return static_cast<std::int64_t>(slots[i]);
+    if (!at::equal(bits(shards[i].detach().cpu()), bits(results[i]))) return static_cast<std::int64_t>(slots[i]);
   }
   return -1;
 }
@@ -406,6 +445,7 @@ void AdamSlots::roll_back(const Indices& buckets) {
 void AdamSlots::clear_update(std::size_t bucket) {
   book_.clear_update(bucket);
   buckets_[bucket].ticket.reset();
+  if (staged()) buckets_[bucket].written_back = at::Tensor();  // (its ring slot goes to the next bucket)
 }
 
 void AdamSlots::end_step() {

@@ -1,12 +1,20 @@
 // AdamSlots: the offloaded optimizer's parameters in host memory and what happens to them in a
 // step, for stowage.offload.Adam (which observes torch and calls in here). It owns the host
 // buckets (host_bucket.hpp, laid out by offload/adam_buckets.hpp), each offloaded parameter's
-// views in them (a "slot": master, moments, step count), the step's bookkeeping
-// (offload/slot_book.hpp, Note [Offloaded optimizer semantics]), the copies on the offload engine
-// (optimizer_transfers.hpp), the queue the updates run on (offload/update_queue.hpp) and two
-// content watches (content_watch.hpp): the parameters as last written back or taken, and the
-// gradients as each was copied out, so that a change made by anyone (a hook, a write that leaves
-// versions alone, a tensor put in its place) is seen.
+// views in them (a "slot": moments, step count, master where the host keeps one), the step's
+// bookkeeping (offload/slot_book.hpp, Note [Offloaded optimizer semantics]), the copies on the
+// offload engine (optimizer_transfers.hpp), the queue the updates run on
+// (offload/update_queue.hpp) and the buffers the updates read, in one of two layouts chosen by
+// the update mode:
+// - update="exact": staged (Note [Staged buckets]): at step() each bucket's parameters and
+//   gradients, as they are then, go through a bounded ring (staging_ring.hpp); nothing is copied
+//   in backward, and no watch is needed but the parameters' where the host keeps fp32 masters of
+//   narrower ones (master_weights);
+// - "in_backward" and "delayed": kept (bucket_buffers.hpp): each bucket's parameters' copy and
+//   gradient buffers persist, gradients are copied out as backward finalises them, and two content
+//   watches (content_watch.hpp) hold the parameters as last written back or taken and the
+//   gradients as each was copied out, so that a change made by anyone (a hook, a write that leaves
+//   versions alone, a tensor put in its place) is seen.
 //
 // Slots are numbered in bucket order as they join; the caller keeps the parameter of each number
 // and hands in, where a call needs them, the tensors as they are now: the parameters' local
@@ -48,9 +56,11 @@
 #include "offload/step_order.hpp"
 #include "offload/update_queue.hpp"
 #include "python/tensors/content_watch.hpp"
+#include "python/tensors/bucket_buffers.hpp"
 #include "python/tensors/host_bucket.hpp"
 #include "python/tensors/host_state_store.hpp"
 #include "python/tensors/optimizer_transfers.hpp"
+#include "python/tensors/staging_ring.hpp"
 
 namespace stowage::torch_offload {
 
@@ -94,10 +104,13 @@ class AdamSlots {
   const offload::SlotBook& book() const noexcept { return book_; }
   offload::SlotBook& book_mutable() noexcept { return book_; }
   double watch_seconds() const noexcept { return parameters_.seconds() + gradients_.seconds(); }
+  // The staging ring's host bytes (0: buckets keep their buffers).
+  std::int64_t staging_bytes() const noexcept { return ring_ == nullptr ? 0 : ring_->bytes(); }
   std::size_t size() const noexcept { return slots_.size(); }
 
   // --- joining: parameters `shards` of param groups `groups` (numbers the caller gives) ---
-  // Host bytes their buckets would take (Note [Optimizer buckets]).
+  // Host bytes their buckets would take (Note [Optimizer buckets]), the staging ring's growth
+  // included (Note [Staged buckets]).
   std::int64_t host_bytes(const Tensors& shards, const Indices& groups, const std::vector<bool>& amsgrad) const;
   // Lays out their buckets; masters start from the shards. Returns, for each new slot in number
   // order, the position in `shards` of its parameter. Throws HostMemoryShortage, nothing joined,
@@ -177,11 +190,13 @@ class AdamSlots {
   };
   struct Bucket {
     std::unique_ptr<HostBucket> host;
+    std::unique_ptr<BucketBuffers> kept;  // null: staged through the ring
     std::size_t group = 0;
     std::optional<CopyMark> copied;    // this step's copies out
     std::optional<CopyMark> returned;  // the last write-back
     std::shared_ptr<offload::UpdateTicket> ticket;
-    GroupOptions options;  // its update's, while it has one
+    GroupOptions options;      // its update's, while it has one
+    at::Tensor written_back;  // flat: what its update's write-back copies, while it has one
   };
 
   // Per slot: whether it arrived and the gradient present now is not, byte for byte, the one
@@ -205,14 +220,28 @@ class AdamSlots {
   // in_backward: the provisional updates made with options other than their group's now (a
   // scheduler stepped, or lr set, between backward and step()).
   Indices outdated_updates(const std::vector<GroupOptions>& groups) const;
+  bool staged() const noexcept { return ring_ != nullptr; }
+  // The slots whose host keeps a copy of the parameter (kept buffers, or fp32 masters of narrower
+  // parameters): those whose writes the parameters' watch must see.
+  Indices with_host_copy(const Indices& slots) const;
+  // update="exact" (Note [Staged buckets]): prepare_step's part, the step's host part, and one
+  // bucket's parameters and gradients copied into its ring slot and its update submitted.
+  Prepared prepare_staged_step(const StepInputs& inputs);
+  void commit_staged_step(const StepInputs& inputs);
+  void stage(std::size_t bucket, const StepInputs& inputs, double grad_scale);
+  void check_staged(std::size_t bucket, const StepInputs& inputs, const at::Tensor& parameters,
+                    const at::Tensor& gradients);
+  // Submits the bucket's update over `buffers`, its write-back to copy `written_back`.
+  Indices submit_over(std::size_t bucket, const GroupOptions& options, double grad_scale, UpdateBuffers buffers,
+                      at::Tensor written_back);
   // Waits for the bucket's update (Note [Bounded waits]) and rethrows what it threw.
   void finish(std::size_t bucket);
   void finish_pending();
   // Waits for the update and starts writing back its slots' parameters (`shards`: every slot's).
   void write_back(std::size_t bucket, const Tensors& shards);
   // Check mode: after the copies, the first slot whose parameter is not bit for bit what the
-  // update made (-1: none).
-  std::int64_t first_changed_arrival(const Indices& slots, const Tensors& shards);
+  // update made, `results` (-1: none).
+  std::int64_t first_changed_arrival(const Indices& slots, const Tensors& shards, const Tensors& results);
   // Undoes the provisional updates of `buckets` (roll_back()); the slots whose step count is back
   // to 0 lose their state entry.
   void roll_back(const Indices& buckets);
@@ -225,12 +254,14 @@ class AdamSlots {
   void take_parameters_for_step(const StepInputs& inputs);
   void check_in_backward_exact(const StepInputs& inputs, double scale);
   bool redo_outdated_updates(const StepInputs& inputs);
-  // What the step's parts do (offload/step_order.hpp): `update`, the write-backs of `shards`
-  // (their slots added to `written_slots`), the end.
-  offload::StepWork step_work(const Tensors& shards, Indices& written_slots, std::function<void(std::size_t)> update);
+  // What the step's parts do (offload/step_order.hpp): `update`, the write-backs of `shards`,
+  // the end.
+  offload::StepWork step_work(const Tensors& shards, std::function<void(std::size_t)> update);
   void write_back_pending(const Tensors& shards);
   void check_gradients_copied(const Tensors& grad_shards);
-  void check_arrivals(const Indices& slots, const Tensors& shards);
+  // Check mode: the slots' parameters just written back are, bit for bit, their update's result
+  // (before the bucket's buffers are used again).
+  void check_arrivals(const Indices& slots, const Tensors& shards, const Tensors& results);
   // in_backward's refusals: the updates made undone and the step discarded, then thrown.
   [[noreturn]] void refuse(const std::string& message);
   double step_scale(const StepInputs& inputs) const;
@@ -259,6 +290,7 @@ class AdamSlots {
   ContentWatch gradients_;   // as copied out in the last backward
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  std::unique_ptr<StagingRing> ring_;  // update="exact"'s; null where buckets keep their buffers
   std::shared_ptr<offload::UpdateQueue> queue_;  // last: its jobs finish before the rest goes
 };
 

@@ -42,6 +42,7 @@ void AdamSlots::refuse(const std::string& message) {
 }
 
 AdamSlots::Prepared AdamSlots::prepare_step(const StepInputs& inputs) {
+  if (staged()) return prepare_staged_step(inputs);
   Prepared prepared;
   try {
     const bool delayed = book_.mode() == offload::UpdateMode::kDelayed;
@@ -126,14 +127,8 @@ void AdamSlots::check_gradients_copied(const Tensors& grad_shards) {
                            "the copy out corrupted it. Nothing of the step was applied.");
 }
 
-offload::StepWork AdamSlots::step_work(const Tensors& shards, Indices& written_slots,
-                                      std::function<void(std::size_t)> update) {
-  return {std::move(update),
-          [this, &shards, &written_slots](std::size_t bucket) {
-            const Indices slots = book_.updated_slots(bucket);
-            write_back(bucket, shards);
-            written_slots.insert(written_slots.end(), slots.begin(), slots.end());
-          },
+offload::StepWork AdamSlots::step_work(const Tensors& shards, std::function<void(std::size_t)> update) {
+  return {std::move(update), [this, &shards](std::size_t bucket) { write_back(bucket, shards); },
           [this] {
             if (book_.mode() == offload::UpdateMode::kDelayed) {
               book_.hold_pending();
@@ -146,27 +141,30 @@ offload::StepWork AdamSlots::step_work(const Tensors& shards, Indices& written_s
 }
 
 void AdamSlots::commit_step(const StepInputs& inputs) {
+  if (staged()) return commit_staged_step(inputs);
   const double scale = step_scale(inputs);
-  Indices written_slots;
-  offload::run_step(book_, step_work(inputs.shards, written_slots, [this, scale, &inputs](std::size_t bucket) {
+  offload::run_step(book_, step_work(inputs.shards, [this, scale, &inputs](std::size_t bucket) {
                       submit(bucket, inputs.groups.at(buckets_[bucket].group), scale);
                     }));
-  check_arrivals(written_slots, inputs.shards);
 }
 
 // delayed: the last step's updates written back, whole.
 void AdamSlots::write_back_pending(const Tensors& shards) {
-  Indices written_slots;
-  offload::run_pending_write_backs(book_, step_work(shards, written_slots, nullptr));
+  try {
+    offload::run_pending_write_backs(book_, step_work(shards, nullptr));
+  } catch (...) {
+    book_.clear_pending();
+    transfers_->written_back();
+    throw;
+  }
   book_.clear_pending();
   transfers_->written_back();
-  check_arrivals(written_slots, shards);
 }
 
 // Check mode: each parameter written back is, bit for bit, what the host update made.
-void AdamSlots::check_arrivals(const Indices& slots, const Tensors& shards) {
+void AdamSlots::check_arrivals(const Indices& slots, const Tensors& shards, const Tensors& results) {
   if (!check_mode() || slots.empty()) return;
-  const std::int64_t index = first_changed_arrival(slots, subset(shards, slots));
+  const std::int64_t index = first_changed_arrival(slots, shards, results);
   if (index < 0) return;
   throw std::runtime_error("stowage check: " + name_of_(static_cast<std::size_t>(index)) + ", arrived changed at "
                            "step " + std::to_string(steps_ended()) + ": its bytes on the device differ from the host "

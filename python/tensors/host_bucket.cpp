@@ -72,43 +72,43 @@ unsigned char* at_element(void* base, std::int64_t index, std::size_t size) {
 
 }  // namespace
 
-// The blocks behind the bucket's tensors, and the undo copies of its states. Update jobs hold it.
+// The blocks behind the bucket's states, and the undo copies of them. Update jobs hold it.
 struct HostBucket::Memory {
   std::vector<std::shared_ptr<void>> blocks;
-  void* master = nullptr;
+  void* master = nullptr;  // own fp32 masters (master_weights), else null
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   void* max_exp_avg_sq = nullptr;
-  std::vector<void*> grads;
-  void* out = nullptr;
   ElementType dtype = ElementType::kFloat32;  // the parameters'
   std::size_t state_bytes = 0;                // of one state buffer
+  void* undo_parameters = nullptr;               // the buffers' parameters the saved update read
   std::vector<std::vector<unsigned char>> undo;  // the states before a provisional update
 
-  std::vector<void*> states() const {
-    std::vector<void*> out_states{master, exp_avg, exp_avg_sq};
+  std::vector<void*> states(void* parameters) const {
+    std::vector<void*> out_states{parameters, exp_avg, exp_avg_sq};
     if (max_exp_avg_sq != nullptr) out_states.push_back(max_exp_avg_sq);
     return out_states;
   }
-  void save() {
-    const std::vector<void*> all = states();
+  void save(void* parameters) {
+    const std::vector<void*> all = states(parameters);
     undo.resize(all.size());
     for (std::size_t i = 0; i < all.size(); ++i) {
       undo[i].resize(state_bytes);
       std::memcpy(undo[i].data(), all[i], state_bytes);
     }
   }
-  void run(const BucketUpdate& update, const offload::UpdateRun& run, int threads, bool narrow) const;
+  void run(const BucketUpdate& update, const UpdateBuffers& buffers, const offload::UpdateRun& run, int threads,
+           bool narrow) const;
 };
 
-void HostBucket::Memory::run(const BucketUpdate& update, const offload::UpdateRun& r, int threads,
-                             bool narrow) const {
+void HostBucket::Memory::run(const BucketUpdate& update, const UpdateBuffers& buffers, const offload::UpdateRun& r,
+                             int threads, bool narrow) const {
   const std::size_t size = offload::element_size(dtype);
   const auto count = static_cast<std::size_t>(r.end - r.begin);
-  const void* grad = at_element(grads.at(static_cast<std::size_t>(update.grad_buffer)), r.begin, size);
+  const void* grad = static_cast<const unsigned char*>(buffers.gradients) + static_cast<std::size_t>(r.begin) * size;
   if (narrow) {
     offload::NarrowAdamBuffers b;
-    b.param = at_element(master, r.begin, size);
+    b.param = at_element(buffers.parameters, r.begin, size);
     b.exp_avg = at_element(exp_avg, r.begin, size);
     b.exp_avg_sq = at_element(exp_avg_sq, r.begin, size);
     b.grad = grad;
@@ -119,13 +119,13 @@ void HostBucket::Memory::run(const BucketUpdate& update, const offload::UpdateRu
     return;
   }
   offload::AdamWBuffers b;
-  b.master = reinterpret_cast<float*>(at_element(master, r.begin, 4));
+  b.master = reinterpret_cast<float*>(at_element(buffers.parameters, r.begin, 4));
   b.exp_avg = reinterpret_cast<float*>(at_element(exp_avg, r.begin, 4));
   b.exp_avg_sq = reinterpret_cast<float*>(at_element(exp_avg_sq, r.begin, 4));
   b.grad = grad;
   b.grad_type = dtype;
-  if (out != nullptr) {
-    b.out = at_element(out, r.begin, size);
+  if (buffers.output != nullptr) {
+    b.out = at_element(buffers.output, r.begin, size);
     b.out_type = dtype;
   }
   if (max_exp_avg_sq != nullptr) b.max_exp_avg_sq = reinterpret_cast<float*>(at_element(max_exp_avg_sq, r.begin, 4));
@@ -136,10 +136,9 @@ void HostBucket::Memory::run(const BucketUpdate& update, const offload::UpdateRu
 }
 
 HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::vector<std::int64_t>& numels,
-                       bool master_weights, bool amsgrad, int grad_buffers)
-    : narrow_(offload::is_narrow(element_type_of(dtype), master_weights)), numels_(numels),
-      memory_(std::make_shared<Memory>()) {
-  STOWAGE_CHECK(grad_buffers >= 1, "a bucket needs a gradient buffer");
+                       bool master_weights, bool amsgrad)
+    : narrow_(offload::is_narrow(element_type_of(dtype), master_weights)), dtype_(dtype),
+      state_type_(narrow_ ? dtype : at::kFloat), numels_(numels), memory_(std::make_shared<Memory>()) {
   for (const std::int64_t numel : numels) {
     STOWAGE_CHECK(numel >= 0, "a parameter of ", numel, " elements");
     offsets_.push_back(numel_);
@@ -148,33 +147,28 @@ HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::v
   }
   Memory& m = *memory_;
   m.dtype = element_type_of(dtype);
-  const at::ScalarType state = narrow_ ? dtype : at::kFloat;
-  m.state_bytes = static_cast<std::size_t>(numel_) * c10::elementSize(state);
-  const auto make = [&](at::ScalarType type, void*& pointer, bool zero) {
-    std::shared_ptr<void> block = store.allocate(static_cast<std::size_t>(numel_) * c10::elementSize(type));
+  m.state_bytes = static_cast<std::size_t>(numel_) * c10::elementSize(state_type_);
+  const auto make = [&](void*& pointer, bool zero) {
+    std::shared_ptr<void> block = store.allocate(m.state_bytes);
     pointer = block.get();
     m.blocks.push_back(block);
-    at::Tensor tensor = HostStateStore::tensor_over(block, numel_, type);
+    at::Tensor tensor = HostStateStore::tensor_over(block, numel_, state_type_);
     bytes_ += static_cast<std::int64_t>(tensor.nbytes());
     return zero ? tensor.zero_() : tensor;
   };
-  master_ = make(state, m.master, false);
-  exp_avg_ = make(state, m.exp_avg, true);
-  exp_avg_sq_ = make(state, m.exp_avg_sq, true);
-  if (amsgrad) max_exp_avg_sq_ = make(state, m.max_exp_avg_sq, true);
-  m.grads.resize(static_cast<std::size_t>(grad_buffers));
-  for (void*& grad : m.grads) grads_.push_back(make(dtype, grad, false));
-  if (state != dtype) out_ = make(dtype, m.out, false);
+  if (state_type_ != dtype) master_ = make(m.master, false);
+  exp_avg_ = make(m.exp_avg, true);
+  exp_avg_sq_ = make(m.exp_avg_sq, true);
+  if (amsgrad) max_exp_avg_sq_ = make(m.max_exp_avg_sq, true);
+  bytes_ += 2 * numel_ * static_cast<std::int64_t>(c10::elementSize(dtype));  // the gradients and parameters moved
 }
 
 std::shared_ptr<offload::UpdateTicket> HostBucket::submit(offload::UpdateQueue& queue, const BucketUpdate& update,
                                                           const std::vector<bool>& has_gradient,
-                                                          std::optional<CopyMark> copied,
-                                                          std::optional<CopyMark> returned) {
+                                                          UpdateBuffers buffers) {
   STOWAGE_CHECK(has_gradient.size() == steps_.size(), has_gradient.size(), " gradient flags for a bucket of ",
                 steps_.size(), " parameters");
-  STOWAGE_CHECK(update.grad_buffer >= 0 && static_cast<std::size_t>(update.grad_buffer) < grads_.size(),
-                "no gradient buffer ", update.grad_buffer);
+  STOWAGE_CHECK(buffers.parameters != nullptr && buffers.gradients != nullptr, "an update without buffers");
   std::vector<offload::RunSlot> slots;
   std::vector<float> before;
   for (std::size_t i = 0; i < steps_.size(); ++i) {
@@ -185,28 +179,28 @@ std::shared_ptr<offload::UpdateTicket> HostBucket::submit(offload::UpdateQueue& 
   }
   std::vector<offload::UpdateRun> runs = offload::update_runs(slots);
   if (runs.empty()) return nullptr;
-  if (update.provisional) saved_steps_ = std::move(before);
+  if (update.provisional) {
+    saved_steps_ = std::move(before);
+    memory_->undo_parameters = buffers.parameters;
+  }
   const int threads = queue.threads();
-  return queue.submit([memory = memory_, update, runs = std::move(runs), copied = std::move(copied),
-                       returned = std::move(returned), threads, narrow = narrow_] {
+  return queue.submit([memory = memory_, update, buffers = std::move(buffers), runs = std::move(runs), threads,
+                       narrow = narrow_] {
     // Saved first: whatever ends the job, restore() gives back the states it began from.
-    if (update.provisional) memory->save();
+    if (update.provisional) memory->save(buffers.parameters);
     // An update begun is finished: Ctrl-C does not end its waits (the step is made whole, Note
     // [Whole steps] in offload/slot_book.hpp); their deadlines do.
     const InterruptHold hold;
-    if (copied.has_value()) {
-      wait_until([&] { return copied->done(); }, {"the gradients of a bucket copied out", copied->bytes});
+    for (const CopyMark& mark : buffers.waits) {
+      wait_until([&] { return mark.done(); }, {"the copies of a bucket's gradients and parameters", mark.bytes});
     }
-    if (returned.has_value()) {  // the last write-back has left the output buffer
-      wait_until([&] { return returned->done(); }, {"the write-back of a bucket", returned->bytes});
-    }
-    for (const offload::UpdateRun& run : runs) memory->run(update, run, threads, narrow);
+    for (const offload::UpdateRun& run : runs) memory->run(update, buffers, run, threads, narrow);
   });
 }
 
 bool HostBucket::restore() {
   if (!saved_steps_.has_value()) return false;
-  const std::vector<void*> states = memory_->states();
+  const std::vector<void*> states = memory_->states(memory_->undo_parameters);
   for (std::size_t i = 0; i < states.size() && i < memory_->undo.size(); ++i) {
     std::memcpy(states[i], memory_->undo[i].data(), memory_->state_bytes);
   }

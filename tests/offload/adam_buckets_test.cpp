@@ -90,6 +90,18 @@ TEST(BytesPerParameter, CountsStatesStagingAndTheOutputBuffer) {
   EXPECT_FALSE(is_narrow(ElementType::kFloat32, false));
 }
 
+TEST(BytesPerParameter, StagedBucketsKeepTorchsStatesAndAStagingBoundedByTheLargestBucket) {
+  EXPECT_EQ(staged_bytes_per_parameter(ElementType::kFloat32, false, false), 8);   // two moments
+  EXPECT_EQ(staged_bytes_per_parameter(ElementType::kFloat32, true, false), 12);   // and amsgrad's maximum
+  EXPECT_EQ(staged_bytes_per_parameter(ElementType::kBFloat16, false, false), 4);  // narrow moments
+  EXPECT_EQ(staged_bytes_per_parameter(ElementType::kFloat16, true, false), 6);
+  EXPECT_EQ(staged_bytes_per_parameter(ElementType::kBFloat16, false, true), 12);  // fp32 masters and moments
+  EXPECT_EQ(staging_ring_bytes(ElementType::kFloat32, 1000, 1), 8000);  // one bucket: one slot
+  EXPECT_EQ(staging_ring_bytes(ElementType::kFloat32, 1000, 2), 16000);
+  EXPECT_EQ(staging_ring_bytes(ElementType::kBFloat16, 1000, 3), 12000);
+  EXPECT_EQ(staging_ring_bytes(ElementType::kFloat32, 1000, 1000), staging_ring_bytes(ElementType::kFloat32, 1000, 3));
+}
+
 TEST(UpdateRuns, JoinsNeighboursWithAGradientAndTheSameStep) {
   const std::vector<RunSlot> slots = {
       {0, 4, 1, true}, {4, 2, 1, true},    // one run

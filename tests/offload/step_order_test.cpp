@@ -60,6 +60,44 @@ TEST(StepOrder, ExactUpdatesEveryBucketThenWritesEachBackThenEnds) {
   step.book.check_invariants();
 }
 
+// Note [Staged buckets]: a bucket's ring slot is free again before the update that takes it next.
+TEST(StepOrder, StagedBucketsAreWrittenBackAsSoonAsTheRingNeedsTheirSlot) {
+  Recorded step(UpdateMode::kExact, 5);
+  run_staged_step(step.book, step.work, 3);
+  EXPECT_EQ(step.done, (Points{"update 0", "update 1", "write_back 0", "update 2", "write_back 1", "update 3",
+                               "write_back 2", "update 4", "write_back 3", "write_back 4", "end"}));
+  EXPECT_EQ(step.points, step.done);
+  for (const std::size_t slots : {1U, 2U, 3U}) {
+    for (const std::size_t buckets : {1U, 2U, 3U, 7U}) {
+      Recorded ring(UpdateMode::kExact, buckets);
+      run_staged_step(ring.book, ring.work, slots);
+      ASSERT_EQ(ring.done.size(), 2 * buckets + 1);
+      // In flight at each update: the buckets updated and not yet written back, at most the slots.
+      std::size_t in_flight = 0;
+      for (const std::string& done : ring.done) {
+        if (done.starts_with("update")) {
+          EXPECT_LE(++in_flight, slots) << slots << " slots, " << buckets << " buckets";
+        }
+        if (done.starts_with("write_back")) --in_flight;
+      }
+      EXPECT_EQ(in_flight, 0U);
+      EXPECT_EQ(ring.done.back(), "end");
+    }
+  }
+}
+
+TEST(StepOrder, AnErrorAtAnyPointOfAStagedStepFinishesItAndIsRaisedAfterIt) {
+  for (std::size_t fail_at = 1; fail_at <= 7; ++fail_at) {
+    Recorded step(UpdateMode::kExact, 3);
+    step.fail_at = fail_at;
+    EXPECT_THROW(run_staged_step(step.book, step.work, 2), std::runtime_error) << fail_at;
+    EXPECT_EQ(step.done, (Points{"update 0", "write_back 0", "update 1", "write_back 1", "update 2", "write_back 2",
+                                 "end"}))
+        << fail_at;
+    EXPECT_EQ(step.points.size(), 8U) << fail_at;
+  }
+}
+
 TEST(StepOrder, ABucketUpdatedInBackwardIsNotUpdatedAgain) {
   Recorded step(UpdateMode::kInBackward, 2);
   step.book.submitted(1);  // updated as its gradients arrived

@@ -36,7 +36,7 @@ FitOption option(double fraction, std::int64_t micro_batches, std::int64_t micro
 FitFacts facts() {
   FitMemory memory{512 * kMiB, 20 * kMiB, 1048576, 4 * kMiB, 4 * kMiB, 4 * kMiB, {1048576}, {16 * kMiB}};
   return FitFacts{"cpu", 600 * kMiB, "the budget", "step recorded at batch 8", "torch.optim.adamw.AdamW", "", "",
-                  HostLoad{6.0, 2}, memory, FitHost{16, 1024 * kMiB, "MemAvailable"}, 3 * kMiB};
+                  HostLoad{6.0, 2}, memory, FitHost{8, 1024 * kMiB, "MemAvailable", 0, 3}, 3 * kMiB};
 }
 
 std::vector<std::string> lines(const std::string& text) {

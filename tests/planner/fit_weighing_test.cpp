@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <random>
 #include <set>
@@ -28,7 +30,7 @@ FitInputs two_parameters(std::int64_t usable, std::int64_t host_available) {
   FitMemory memory{usable, 20 * kMiB, 2 * kMiB, 8 * kMiB, 8 * kMiB, 4 * kMiB, {kMiB, kMiB}, {8 * kMiB, 8 * kMiB}};
   return FitInputs{StepTraces(offloadable_step(8), cost),
                    memory,
-                   FitHost{16, host_available, "MemAvailable"},
+                   FitHost{8, host_available, "MemAvailable", kMiB, 3},
                    UpdateRates{1e-5, 1e-6},
                    {{1.0, 2}, {0.5, 1}, {0.0, 0}},
                    ShareSearch{4, 4, 1, 3},
@@ -66,17 +68,32 @@ TEST(PlannerFitWeighing, WorksOutEachShareAsByHand) {
   const FitOption& half = options[1];
   EXPECT_EQ(half.activation_budget, 60 * kMiB - 20 * kMiB - 8 * kMiB);
   EXPECT_EQ(half.optimizer_peak, 20 * kMiB + 8 * kMiB + 8 * kMiB + 2 * kMiB);  // the largest parameter's, halved
-  EXPECT_EQ(half.host_bytes, 16 * kMiB);
-  EXPECT_DOUBLE_EQ(half.update_ms, 2.0 * kMiB * (0.5 * 1e-6 + 0.5 * 1e-5) + 0.5 * 8.0 * kMiB / 2e6);
+  EXPECT_EQ(half.host_bytes, 8 * kMiB + 3 * 2 * kMiB);  // 8 B a parameter of states; 3 slots of 1 MiB buckets
+  // The kept half on the device, then the offloaded half streamed (Note [Weighing fit's options]): its
+  // host update (10.5 ms) outlasts its 4 MiB of parameters and 4 MiB of gradients out at 1e6 B/ms
+  // (8.4 ms) and its parameters back at 2e6 B/ms (2.1 ms); one bucket's (1 MiB) copies are exposed.
+  const double streamed = std::max({2.0 * kMiB * 0.5 * 1e-5, 2 * 4.0 * kMiB / 1e6, 4.0 * kMiB / 2e6});
+  EXPECT_DOUBLE_EQ(half.update_ms, 2.0 * kMiB * 0.5 * 1e-6 + streamed + 2 * 1.0 * kMiB / 1e6 + 1.0 * kMiB / 2e6);
+  EXPECT_DOUBLE_EQ(streamed, 2.0 * kMiB * 0.5 * 1e-5);
   EXPECT_DOUBLE_EQ(half.step_ms(), half.prediction.step_ms + half.update_ms);
+}
+
+TEST(PlannerFitWeighing, TheStagingRingHoldsAtMostItsSlotsOfTheLargestBucket) {
+  const FitHost host{8, 0, "MemAvailable", 4 * kMiB, 3};
+  EXPECT_EQ(host.staging_bytes(0), 0);
+  EXPECT_EQ(host.staging_bytes(kMiB), 2 * kMiB);           // one bucket of 1 MiB: one slot
+  EXPECT_EQ(host.staging_bytes(6 * kMiB), 2 * 2 * 4 * kMiB);  // two buckets: two slots
+  EXPECT_EQ(host.staging_bytes(100 * kMiB), 3 * 2 * 4 * kMiB);
+  EXPECT_EQ(host.staging_bytes(1000 * kMiB), host.staging_bytes(100 * kMiB));
+  EXPECT_EQ((FitHost{8, 0, "MemAvailable", 0, 0}.staging_bytes(kMiB)), 0);  // no ring (kept buffers)
 }
 
 TEST(PlannerFitWeighing, SaysWhyAnOptionIsOut) {
   const std::vector<FitOption> tight = weigh_fit(two_parameters(36 * kMiB, 20 * kMiB));
   EXPECT_EQ(tight[0].reason, "the states alone fill the device");
   EXPECT_FALSE(tight[0].solved);
-  EXPECT_EQ(tight[2].reason, "the host cannot hold the offloaded states: 32.00 MiB needed, 20.00 MiB available "
-                             "(MemAvailable)");
+  EXPECT_EQ(tight[2].reason, "the host cannot hold the offloaded states: 22.00 MiB needed, 20.00 MiB available "
+                             "(MemAvailable)");  // 2 M parameters at 8 B, and the staging ring's 3 x 2 MiB
   const std::vector<FitOption> small = weigh_fit(two_parameters(36 * kMiB + kMiB / 2, std::int64_t{1} << 40));
   EXPECT_EQ(small[0].reason.rfind("no plan fits: the lowest step peak found is ", 0), 0u) << small[0].reason;
   EXPECT_TRUE(small[0].solved);

@@ -61,12 +61,15 @@ def test_an_offloaded_tensor_corrupted_on_the_link_is_caught_naming_it_its_modul
     assert "saved in module '3' at step 2" in message, message  # Square's input, the first back
 
 
-def test_a_parameter_corrupted_on_its_way_back_is_caught_naming_it_and_the_step() -> None:
-    result = run("""
-        optimizer = stowage.offload.AdamW(model.parameters())
+# update="exact" copies each parameter and gradient out at step() (4 parameters: 8 copies), then
+# writes back; the other modes copy the gradients out in backward.
+@pytest.mark.parametrize("update, nth", [("exact", 9), ("in_backward", 1)])
+def test_a_parameter_corrupted_on_its_way_back_is_caught_naming_it_and_the_step(update: str, nth: int) -> None:
+    result = run(f"""
+        optimizer = stowage.offload.AdamW(model.parameters(), update="{update}")
         step(optimizer)
-        model(batch).mean().backward()  # the gradients' copies out
-        _torch.cpu_corrupt_copy(1)  # the next copy: a parameter's way back
+        model(batch).mean().backward()  # (in_backward: the gradients' copies out)
+        _torch.cpu_corrupt_copy({nth})  # a parameter's way back
         optimizer.step()
     """)
     assert result.returncode != 0
@@ -74,9 +77,32 @@ def test_a_parameter_corrupted_on_its_way_back_is_caught_naming_it_and_the_step(
     assert "stowage check: parameter '" in message and "arrived changed at step 1" in message, result.stderr
 
 
+def test_a_gradient_corrupted_on_its_way_out_at_step_is_caught_naming_it_and_copied_again() -> None:
+    """update="exact" copies gradients out in step(): a copy that differs from the device's bytes is
+    copied again, the step finishes from the good copy (Note [Whole steps]) and the error follows."""
+    result = run("""
+        import copy
+        twin = copy.deepcopy(model)
+        optimizer = stowage.offload.AdamW(model.parameters())
+        twin_optimizer = stowage.offload.AdamW(twin.parameters())
+        for m, o, corrupt in ((twin, twin_optimizer, None), (model, optimizer, 2)):
+            m(batch).mean().backward()
+            if corrupt:
+                _torch.cpu_corrupt_copy(corrupt)  # the first parameter's gradient on its way out
+            try:
+                o.step()
+            except RuntimeError as error:
+                print(error)
+        assert all(torch.equal(a, b) for a, b in zip(twin.parameters(), model.parameters())), "not the clean step"
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "stowage check: the gradient of parameter '" in result.stdout, result.stdout
+    assert "is not, bit for bit, what the device holds" in result.stdout, result.stdout
+
+
 def test_a_gradient_corrupted_on_its_way_out_is_caught_naming_it_with_nothing_applied() -> None:
     result = run("""
-        optimizer = stowage.offload.AdamW(model.parameters())
+        optimizer = stowage.offload.AdamW(model.parameters(), update="in_backward")
         step(optimizer)
         before = [p.detach().clone() for p in model.parameters()]
         _torch.cpu_corrupt_copy(1)  # the next copy: a gradient's way out

@@ -259,7 +259,8 @@ def test_frozen_parameters_take_no_hook_no_state_and_join_when_unfrozen() -> Non
     ref_optimizer = torch.optim.AdamW(reference.parameters(), **HYPER)
     frozen_numel = sum(p.numel() for p in model[0].parameters())
     trainable_numel = sum(p.numel() for p in model.parameters()) - frozen_numel
-    assert optimizer.host_stats()["allocated_bytes"] < (trainable_numel + frozen_numel // 2) * 16
+    stats = optimizer.host_stats()  # 8 B a parameter of states (update="exact"), besides the staging ring
+    assert stats["allocated_bytes"] - stats["staging_bytes"] < (trainable_numel + frozen_numel // 2) * 8
     for step in range(4):
         if step == 2:
             for m in (model, reference):
@@ -324,11 +325,16 @@ def test_zero_grad_without_step_skips_the_step_as_torch_does(update: str) -> Non
     assert_same(model, reference, optimizer, ref_optimizer)
 
 
-def test_a_sparse_gradient_is_refused_naming_the_parameter() -> None:
+@pytest.mark.parametrize("update", ["exact", "in_backward"])
+def test_a_sparse_gradient_is_refused_naming_the_parameter(update: str) -> None:
+    """As torch's Adam refuses one: at step() with update="exact" (nothing is read before it),
+    as the gradient arrives in the modes that copy it out in backward."""
     embedding = torch.nn.Embedding(100, 8, sparse=True)
-    optimizer = stowage.offload.AdamW(embedding.parameters())
+    optimizer = stowage.offload.AdamW(embedding.parameters(), update=update)
     with pytest.raises(RuntimeError, match=r"parameter 0 \(group 0, shape \[100, 8\]\) has a sparse gradient"):
         embedding(torch.tensor([1, 2, 3])).sum().backward()
+        optimizer.step()
+    assert embedding.weight not in optimizer.state  # nothing applied
     embedding.weight.grad = None
     dense = torch.nn.Embedding(100, 8)
     dense_optimizer = stowage.offload.AdamW(dense.parameters())

@@ -81,7 +81,7 @@ void load_slot(const AdamSlots& self, std::size_t slot, const py::object& saved,
   if (saved.is_none() || !py::bool_(saved)) {
     for (auto& [moment, key] : moments) moment.zero_();
     states.step.zero_();
-    states.master.copy_(shard.detach());
+    if (states.master.defined()) states.master.copy_(shard.detach());
     return;
   }
   const auto copy_into = [&](const at::Tensor& destination, const py::object& value) {
@@ -93,7 +93,7 @@ void load_slot(const AdamSlots& self, std::size_t slot, const py::object& saved,
   const py::object master = saved.attr("get")("master");
   if (!master.is_none() && states.own_master) {
     copy_into(states.master, master);
-  } else {
+  } else if (states.master.defined()) {  // (staged buckets keep no copy of the parameters)
     states.master.copy_(shard.detach());
   }
 }
@@ -122,6 +122,7 @@ py::dict host_stats(AdamSlots& self) {
   const PinnedHostPoolStats stats = self.store().stats();
   py::dict out;
   out["allocated_bytes"] = stats.allocated_bytes;
+  out["staging_bytes"] = self.staging_bytes();
   out["reserved_bytes"] = stats.reserved_bytes;
   out["pinned_bytes"] = stats.segments.pinned_bytes;
   out["pageable_bytes"] = stats.segments.pageable_bytes;

@@ -171,7 +171,22 @@ void bind_layout(py::module_& module) {
         return offload::bytes_per_parameter(element_type_of(dtype), grad_buffers, amsgrad, master_weights);
       },
       py::arg("dtype"), py::arg("grad_buffers"), py::arg("amsgrad") = false, py::arg("master_weights") = false,
-      "Host bytes one offloaded parameter takes");
+      "Host bytes one offloaded parameter takes where its buffers persist (update='in_backward', 'delayed')");
+  module.attr("STAGING_SLOTS") = offload::kStagingSlots;
+  module.def(
+      "staged_bytes_per_parameter",
+      [](at::ScalarType dtype, bool amsgrad, bool master_weights) {
+        return offload::staged_bytes_per_parameter(element_type_of(dtype), amsgrad, master_weights);
+      },
+      py::arg("dtype"), py::arg("amsgrad") = false, py::arg("master_weights") = false,
+      "Host bytes one offloaded parameter takes with update='exact': its states (Note [Staged buckets])");
+  module.def(
+      "staging_ring_bytes",
+      [](at::ScalarType dtype, std::int64_t bucket_numel, std::size_t buckets) {
+        return offload::staging_ring_bytes(element_type_of(dtype), bucket_numel, buckets);
+      },
+      py::arg("dtype"), py::arg("bucket_numel"), py::arg("buckets"),
+      "Host bytes of update='exact''s staging ring for `buckets` buckets of at most bucket_numel elements");
 }
 
 // InterruptHold as a Python context manager, entered and left on one thread (the hold is that

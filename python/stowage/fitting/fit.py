@@ -21,7 +21,7 @@ from stowage.fitting.measuring import measure, measure_rates, state_copies, uses
 from stowage.fitting.recording import record
 from stowage.fitting.side_effects import fit_trial
 from stowage.offload import host_room
-from stowage.offload.adam import Adam, AdamW
+from stowage.offload.adam import DEFAULT_BUCKET_NUMEL, STAGING_SLOTS, Adam, AdamW
 from stowage.offload.sharded import local
 from stowage.serving import memory_cap, serves, torch_module
 
@@ -73,13 +73,16 @@ def offload_refusal(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None) -> Any:
-    """A _core.FitHost: what an offloaded parameter takes on the host, and the process's room there."""
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    """A _core.FitHost: what an offloaded parameter takes on the host with update="exact" (its
+    states), its staging ring's bound (Note [Staged buckets]: up to three buckets' parameters and
+    gradients), and the process's room there."""
+    trained = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
-    per_parameter = max((torch_module().bytes_per_parameter(p.dtype, 1, amsgrad) for p in parameters if p.requires_grad), default=0)
+    per_parameter = max((torch_module().staged_bytes_per_parameter(p.dtype, amsgrad) for p in trained), default=0)
+    bucket_bytes = max((max(DEFAULT_BUCKET_NUMEL, p.numel()) * p.dtype.itemsize for p in trained), default=0)
     room = host_room(None if host_budget is None else byte_count(host_budget, "stowage.fit: host_budget"))
     limited_by = "host_budget" if room.limited_by == "host_memory_limit" else room.limited_by
-    return _core.FitHost(per_parameter, room.available_bytes, limited_by)
+    return _core.FitHost(per_parameter, room.available_bytes, limited_by, bucket_bytes, STAGING_SLOTS)
 
 
 def _units(check: CutCheck, example: ExampleBatch, micro_batches: int | str,

@@ -24,6 +24,7 @@ from stowage.warning_site import outside_stowage
 
 UPDATE_MODES = ("exact", "in_backward", "delayed")
 DEFAULT_BUCKET_NUMEL = 1 << 24  # 16 M parameters: 448 MB of traffic per update (Note [Optimizer buckets])
+STAGING_SLOTS = torch_module().STAGING_SLOTS  # update="exact"'s staging ring, at most (Note [Staged buckets])
 # The offloaded optimizer would need more host memory than the process may use (a MemoryError).
 HostMemoryError = torch_module().HostMemoryError
 
@@ -248,7 +249,7 @@ class Adam(torch.optim.Optimizer):
         for param in joined:
             self._index[param] = len(self._params)
             self._params.append(param)
-            if param.requires_grad:
+            if param.requires_grad and self.update_mode != "exact":  # exact copies at step() (Note [Staged buckets])
                 handle = param.register_post_accumulate_grad_hook(weak_method(self._gradient_accumulated))
                 self._hooks.append(handle)
                 self._hook_ids[param] = handle.id
@@ -277,7 +278,8 @@ class Adam(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
-        """Micro-batches run inside are not the last of the step: nothing is copied out."""
+        """Micro-batches run inside are not the last of the step: nothing is copied out (with
+        update="exact" nothing is copied before step() anyway: a marker that changes nothing)."""
         self._accumulating += 1
         try:
             yield
@@ -285,7 +287,10 @@ class Adam(torch.optim.Optimizer):
             self._accumulating -= 1
 
     def attach(self, ddp_model: Any) -> None:
-        """Takes the gradients after DDP's all-reduce (a communication hook), not before it."""
+        """Takes the gradients after DDP's all-reduce (a communication hook), not before it. With
+        update="exact" nothing is needed: step() reads .grad, DDP's reduced gradient, then."""
+        if self.update_mode == "exact":
+            return
         hook = make_ddp_comm_hook(weak_method(self._arrive), self._backward_end, ddp_model.process_group)
         ddp_model.register_comm_hook(state=None, hook=hook)
         self._ddp_attached = True
@@ -501,9 +506,10 @@ class Adam(torch.optim.Optimizer):
             self.state.update({p: inner[p] for p in self._device_parameters() if p in inner})
 
     def host_stats(self) -> dict[str, Any]:
-        """The host memory the states take (bytes; pinned_bytes and pageable_bytes are the device's
-        pinned pool's, shared with offloaded activations), its placement, the updating CPUs, and the
-        seconds spent in host updates and in comparing parameters' and gradients' bytes."""
+        """The host memory the states take (bytes, staging_bytes of them update="exact"'s staging
+        ring; pinned_bytes and pageable_bytes are the device's pinned pool's, shared with offloaded
+        activations), its placement, the updating CPUs, and the seconds spent in host updates and
+        in comparing parameters' and gradients' bytes."""
         return self._slots.host_stats()
 
     def close(self) -> None:
