@@ -89,9 +89,10 @@ Placed place(const FitInputs& in, const FitShare& share, bool parameters_on_host
     const FitBlocks& blocks = in.blocks;
     placed.in_use -= blocks.parameter_bytes;
     placed.gradients -= blocks.gradient_bytes;
-    placed.states -= blocks.state_bytes;
+    const std::int64_t states_moved = blocks.states_counted_on_device ? 0 : blocks.state_bytes;
+    placed.states -= states_moved;
     placed.window = blocks.window_bytes();
-    placed.host = blocks.parameter_bytes + blocks.gradient_bytes + blocks.state_bytes;
+    placed.host = blocks.parameter_bytes + blocks.gradient_bytes + states_moved;
     placed.update_ms = static_cast<double>(memory.parameter_count - blocks.trained_parameters) *
                            in.rates.device_ms_per_parameter +
                        static_cast<double>(blocks.trained_parameters) * in.rates.host_ms_per_parameter;

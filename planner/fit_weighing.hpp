@@ -32,7 +32,8 @@
 // the plan is solved on the trace without each unit's gradients once backward has passed it
 // (planner/gradients_sent.hpp).
 // The host holds the blocks' parameters, gradients and states besides the plan's offloaded
-// activations. Each micro-batch copies every unit's parameters in twice (forward, backward) and
+// activations (the states stay on the device's side where the device counts host tensors: CPU
+// mode). Each micro-batch copies every unit's parameters in twice (forward, backward) and
 // its gradients out: the copies in overlap the compute but for one unit's (taken as exposed,
 // however long the compute: the first unit waits for its copy), and whatever the compute does not
 // cover is exposed too; the gradients' copies out are taken as not overlapped at all (each
@@ -115,6 +116,9 @@ struct FitBlocks {
   std::int64_t largest_unit_gradient_bytes = 0;
   std::int64_t prefetch = 1;            // units filled ahead of the one running
   UnitGradients unit_gradients;         // each unit's module path and its gradients' bytes
+  // The optimizer's states of host parameters are plain host tensors the device's memory counts
+  // too (CPU mode's simulated device is the process's CPU memory): they stay on the device's side.
+  bool states_counted_on_device = false;
 
   // The device bytes a step adds with the parameters on the host: the window of copies and the
   // gradients being made.

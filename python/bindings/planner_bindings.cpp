@@ -247,13 +247,15 @@ void bind_fit_option(py::module_& module) {
   blocks.def(py::init([](std::int64_t units, std::int64_t parameter_bytes, std::int64_t gradient_bytes,
                          std::int64_t state_bytes, std::int64_t trained_parameters, std::int64_t largest_unit_bytes,
                          std::int64_t largest_unit_gradient_bytes, std::int64_t prefetch,
-                         planner::UnitGradients unit_gradients) {
-               return FitBlocks{units, parameter_bytes, gradient_bytes, state_bytes, trained_parameters,
-                                largest_unit_bytes, largest_unit_gradient_bytes, prefetch, std::move(unit_gradients)};
+                         planner::UnitGradients unit_gradients, bool states_counted_on_device) {
+               return FitBlocks{units,          parameter_bytes,       gradient_bytes, state_bytes, trained_parameters,
+                                largest_unit_bytes, largest_unit_gradient_bytes, prefetch, std::move(unit_gradients),
+                                states_counted_on_device};
              }),
              py::kw_only(), py::arg("units"), py::arg("parameter_bytes"), py::arg("gradient_bytes"),
              py::arg("state_bytes"), py::arg("trained_parameters"), py::arg("largest_unit_bytes"),
-             py::arg("largest_unit_gradient_bytes"), py::arg("prefetch"), py::arg("unit_gradients"));
+             py::arg("largest_unit_gradient_bytes"), py::arg("prefetch"), py::arg("unit_gradients"),
+             py::arg("states_counted_on_device") = false);
   readonly(blocks, "units", &FitBlocks::units, "parameter_bytes", &FitBlocks::parameter_bytes, "prefetch",
            &FitBlocks::prefetch, "unit_gradients", &FitBlocks::unit_gradients);
   module.def("with_gradients_sent", &planner::with_gradients_sent, py::arg("trace"), py::arg("units"),

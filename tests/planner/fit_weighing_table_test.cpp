@@ -100,7 +100,7 @@ FitOption on_host(std::string reason, std::int64_t host_bytes) {
 
 TEST(PlannerFitWeighingTable, SaysWhereTheParametersLiveAndTheirBytes) {
   FitFacts with_blocks = facts();
-  with_blocks.blocks = FitBlocks{4, 4 * kMiB, 4 * kMiB, 8 * kMiB, 1048576, kMiB, kMiB, 1, {}};
+  with_blocks.blocks = FitBlocks{4, 4 * kMiB, 4 * kMiB, 8 * kMiB, 1048576, kMiB, kMiB, 1, {}, false};
   const std::vector<FitOption> options{option(1.0, 1, 8, "the optimizer's step does not fit"),
                                        on_host("", 16 * kMiB)};
   const FitBatch batch{8, std::nullopt, false, "", ""};

@@ -49,7 +49,7 @@ FitInputs eight_blocks(std::int64_t usable, std::int64_t host_available, Paramet
   const std::vector<std::int64_t> numels(8, kMiB);
   const std::vector<std::int64_t> states(8, 8 * kMiB);
   FitMemory memory{usable, 34 * kMiB, 8 * kMiB, 32 * kMiB, 32 * kMiB, 4 * kMiB, numels, states};
-  const FitBlocks blocks{8, 32 * kMiB, 32 * kMiB, 64 * kMiB, 8 * kMiB, 4 * kMiB, 4 * kMiB, 1, {}};
+  const FitBlocks blocks{8, 32 * kMiB, 32 * kMiB, 64 * kMiB, 8 * kMiB, 4 * kMiB, 4 * kMiB, 1, {}, false};
   return FitInputs{StepTraces(offloadable_step(8), cost),
                    memory,
                    FitHost{8, host_available, "MemAvailable", 4 * kMiB, 3},
@@ -98,6 +98,18 @@ TEST(PlannerFitWeighing, ParametersAndGradientsFillingTheDeviceLeaveOnlyTheHostO
                                                     32.0 * kMiB / 1e6);
   EXPECT_DOUBLE_EQ(feasible->step_ms(), feasible->prediction.step_ms + feasible->parameter_copy_ms +
                                             feasible->update_ms);
+}
+
+TEST(PlannerFitWeighing, StatesTheDeviceCountsStayOnItsSideWithTheParametersOnTheHost) {
+  FitInputs inputs = eight_blocks(400 * kMiB, std::int64_t{1} << 40, ParameterPlacement::kHost);
+  inputs.blocks.states_counted_on_device = true;  // CPU mode: host tensors are the device's memory
+  const std::vector<FitOption> options = weigh_fit(inputs);
+  ASSERT_EQ(options.size(), 1u);
+  const FitOption& counted = options.front();
+  EXPECT_EQ(counted.device_state_bytes, 64 * kMiB);
+  EXPECT_EQ(counted.device_bytes, 2 * kMiB + 64 * kMiB);
+  EXPECT_EQ(counted.activation_budget, 400 * kMiB - 2 * kMiB - 64 * kMiB - 12 * kMiB);
+  EXPECT_EQ(counted.host_bytes, 32 * kMiB + 32 * kMiB);  // the plan offloads nothing: room to keep
 }
 
 TEST(PlannerFitWeighing, TheHostOptionTheHostCannotHoldIsRefusedNamingTheHostFigure) {

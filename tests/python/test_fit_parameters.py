@@ -34,9 +34,17 @@ def model_and_batch() -> tuple[Any, torch.Tensor]:
     return Llama(SHAPE), torch.randint(0, SHAPE.vocab, (2, 32), generator=torch.Generator().manual_seed(1))
 
 
-def reference_parameters(steps: int) -> list[torch.Tensor]:
+def adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, **HYPER)  # type: ignore[arg-type]
+
+
+def sgd(params: Any) -> torch.optim.Optimizer:  # no states: in CPU mode AdamW's, made on the host, count on the device
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def reference_parameters(steps: int, factory: Any = adamw) -> list[torch.Tensor]:
     model, tokens = model_and_batch()
-    optimizer = torch.optim.AdamW(model.parameters(), **HYPER)  # type: ignore[arg-type]
+    optimizer = factory(model.parameters())
     for _ in range(steps):
         loss_fn(model, tokens).backward()
         optimizer.step()
@@ -44,10 +52,9 @@ def reference_parameters(steps: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def fitted_with(capsys: Any, **options: Any) -> tuple[Any, Any, torch.Tensor, str]:
+def fitted_with(capsys: Any, factory: Any = adamw, **options: Any) -> tuple[Any, Any, torch.Tensor, str]:
     model, tokens = model_and_batch()
-    fitted = stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
-                         loss_fn=loss_fn, cost=COST, **options)
+    fitted = stowage.fit(model, factory, tokens, loss_fn=loss_fn, cost=COST, **options)
     return fitted, model, tokens, capsys.readouterr().out
 
 
@@ -55,10 +62,10 @@ def block_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.blocks.parameters())
 
 
-def train_and_compare(fitted: Any, model: Any, tokens: torch.Tensor, steps: int = 2) -> None:
+def train_and_compare(fitted: Any, model: Any, tokens: torch.Tensor, steps: int = 2, factory: Any = adamw) -> None:
     for _ in range(steps):
         fitted.step(tokens)
-    for mine, reference in zip(model.parameters(), reference_parameters(steps)):
+    for mine, reference in zip(model.parameters(), reference_parameters(steps, factory)):
         assert torch.equal(mine.detach().cpu(), reference)
 
 
@@ -85,23 +92,22 @@ def test_auto_keeps_them_on_the_host_only_where_the_device_holds_no_other_option
     assert not roomy.parameters_on_host
     assert all(not o.parameters_on_host or o.step_ms >= roomy.chosen.step_ms * 0.97 for o in roomy.options if o.feasible)
     del roomy
-    # fit keeps 16 MiB free: 18 MiB usable, below the blocks' parameters and gradients (25 MiB).
+    # fit keeps 16 MiB free: 18 MiB usable, below the parameters and their gradients (25 MiB).
     budget = stowage.memory_allocated() + 34 * MiB
     with pytest.raises(torch.OutOfMemoryError, match="does not fit"):  # the default: parameters on the device
-        fitted_with(capsys, budget=budget)
-    fitted, model, tokens, table = fitted_with(capsys, budget=budget, offload_parameters="auto")
+        fitted_with(capsys, sgd, budget=budget)
+    fitted, model, tokens, table = fitted_with(capsys, sgd, budget=budget, offload_parameters="auto")
     feasible = [o for o in fitted.options if o.feasible]
     assert feasible and all(o.parameters_on_host for o in feasible), table
     assert fitted.parameters_on_host
-    train_and_compare(fitted, model, tokens)
+    train_and_compare(fitted, model, tokens, factory=sgd)
     fitted.close()
 
 
 def test_a_host_too_small_for_them_is_named_in_the_refusal(capsys: Any) -> None:
     model, tokens = model_and_batch()
     with pytest.raises(torch.OutOfMemoryError) as refused:
-        stowage.fit(model, lambda params: torch.optim.AdamW(params, **HYPER), tokens,  # type: ignore[arg-type]
-                    loss_fn=loss_fn, cost=COST, offload_parameters=True, host_budget="8MiB")
+        stowage.fit(model, adamw, tokens, loss_fn=loss_fn, cost=COST, offload_parameters=True, host_budget="8MiB")
     said = str(refused.value)
     assert "the blocks' parameters on the host" in said
     assert "the host cannot hold the offloaded parameters, gradients and states" in said

@@ -166,7 +166,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    blocks = measure_blocks(model, state_copies(optimizer), PARAMETER_PREFETCH)
+    blocks = measure_blocks(model, state_copies(optimizer), PARAMETER_PREFETCH, device.type == "cpu")
     weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer),
                         blocks, _placement(model, offload_parameters, blocks))
     example, (options, chosen, tried) = checked_choice(weighing, example, check, model, loss_fn, device)

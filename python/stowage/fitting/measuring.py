@@ -52,10 +52,11 @@ def block_units(model: Any) -> list[Any]:
     return [m for m in model.modules() if id(m) in blocks and any(True for _ in m.parameters())]
 
 
-def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1) -> Any:
+def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1, cpu_mode: bool = False) -> Any:
     """What the model's blocks' parameters take (a _core.FitBlocks): their bytes, their gradients'
     and states' (``copies`` of each trained parameter), the largest block's, each parameter once
-    (tied weights inside the blocks are one parameter)."""
+    (tied weights inside the blocks are one parameter). ``cpu_mode``: the device is CPU mode's,
+    whose memory the states torch's optimizer makes for host parameters count in."""
     units = block_units(model)
     names = {id(module): name for name, module in model.named_modules()}
     seen: set[int] = set()
@@ -79,7 +80,7 @@ def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1) -> Any:
     return _core.FitBlocks(units=len(units), parameter_bytes=parameter_bytes, gradient_bytes=gradient_bytes,
                            state_bytes=copies * gradient_bytes, trained_parameters=trained,
                            largest_unit_bytes=largest, largest_unit_gradient_bytes=largest_gradients,
-                           prefetch=prefetch, unit_gradients=unit_gradients)
+                           prefetch=prefetch, unit_gradients=unit_gradients, states_counted_on_device=cpu_mode)
 
 
 def uses_foreach(optimizer: Any) -> bool:
