@@ -31,7 +31,11 @@ bool FitOption::keeps_everything() const noexcept {
 }
 
 double FitOption::step_ms() const noexcept {
-  return static_cast<double>(micro_batches) * prediction.step_ms + update_ms;
+  return static_cast<double>(micro_batches) * prediction.step_ms + parameter_copy_ms + update_ms;
+}
+
+std::int64_t FitBlocks::window_bytes() const {
+  return largest_unit_bytes * (1 + prefetch) + largest_unit_gradient_bytes;
 }
 
 namespace {
@@ -68,38 +72,86 @@ double streamed_update_ms(const FitInputs& in, double fraction) {
   return std::max({host_ms, out_ms, back_ms}) + ends_ms;
 }
 
-// One option: its memory arithmetic, and its plan where the memory leaves room for one (Note
-// [Weighing fit's options]).
-FitOption weigh_option(const FitInputs& in, const FitShare& share, std::int64_t micro_rows,
-                       std::int64_t micro_batches) {
+// What an option holds where, before its plan (Note [Weighing fit's options]).
+struct Placed {
+  std::int64_t in_use = 0;      // on the device between steps, states aside
+  std::int64_t gradients = 0;   // on the device after backward
+  std::int64_t states = 0;      // on the device
+  std::int64_t window = 0;      // added on the device by each step's parameter copies
+  std::int64_t host = 0;        // on the host, activations aside
+  double update_ms = 0;
+};
+
+Placed place(const FitInputs& in, const FitShare& share, bool parameters_on_host) {
   const FitMemory& memory = in.memory;
-  const double fraction = share.fraction;
-  FitOption option;
-  option.fraction = fraction;
-  option.micro_rows = micro_rows;
-  option.micro_batches = micro_batches;
-  option.device_state_bytes = memory.states_on_device(share.kept_parameters);
-  option.activation_budget = memory.usable - memory.in_use - option.device_state_bytes - in.reserve;
-  if (micro_batches > 1) option.activation_budget -= memory.gradients;
+  Placed placed{memory.in_use, memory.gradients, memory.states_on_device(share.kept_parameters), 0, 0, 0.0};
+  if (parameters_on_host) {  // the factory's optimizer: each parameter's states where it lives
+    const FitBlocks& blocks = in.blocks;
+    placed.in_use -= blocks.parameter_bytes;
+    placed.gradients -= blocks.gradient_bytes;
+    const std::int64_t states_moved = blocks.states_counted_on_device ? 0 : blocks.state_bytes;
+    placed.states -= states_moved;
+    placed.window = blocks.window_bytes();
+    placed.host = blocks.parameter_bytes + blocks.gradient_bytes + states_moved;
+    placed.update_ms = static_cast<double>(memory.parameter_count - blocks.trained_parameters) *
+                           in.rates.device_ms_per_parameter +
+                       static_cast<double>(blocks.trained_parameters) * in.rates.host_ms_per_parameter;
+    return placed;
+  }
   const std::int64_t offloaded = memory.offloaded_parameters(share.kept_parameters);
   const std::int64_t parameter_bytes =  // offloaded (gradients are in their parameters' dtype)
       memory.parameter_count > 0 ? offloaded * memory.gradients / memory.parameter_count : 0;
-  option.host_bytes = offloaded * in.host.bytes_per_parameter + in.host.staging_bytes(parameter_bytes);
-  const bool foreach = in.foreach && fraction == 1.0;
+  placed.host = offloaded * in.host.bytes_per_parameter + in.host.staging_bytes(parameter_bytes);
+  placed.update_ms = static_cast<double>(memory.parameter_count) * share.fraction * in.rates.device_ms_per_parameter +
+                     streamed_update_ms(in, share.fraction);
+  return placed;
+}
+
+// The blocks' parameters' copies a step waits for (Note [Weighing fit's options]), each
+// micro-batch's: one unit's in, what its compute does not cover of the rest, the gradients out.
+double parameter_copy_ms(const FitInputs& in, double compute_ms) {
+  const CostModel& cost = in.traces.cost();
+  const FitBlocks& blocks = in.blocks;
+  const double in_ms = 2 * static_cast<double>(blocks.parameter_bytes) / cost.to_device_bytes_per_ms;
+  const double unit_ms = static_cast<double>(blocks.largest_unit_bytes) / cost.to_device_bytes_per_ms;
+  const double out_ms = static_cast<double>(blocks.gradient_bytes) / cost.to_host_bytes_per_ms;
+  return unit_ms + std::max(in_ms - compute_ms, 0.0) + out_ms;
+}
+
+// One option: its memory arithmetic, and its plan where the memory leaves room for one (Note
+// [Weighing fit's options]).
+FitOption weigh_option(const FitInputs& in, const FitShare& share, bool parameters_on_host, std::int64_t micro_rows,
+                       std::int64_t micro_batches) {
+  const FitMemory& memory = in.memory;
+  const Placed placed = place(in, share, parameters_on_host);
+  FitOption option;
+  option.fraction = share.fraction;
+  option.micro_rows = micro_rows;
+  option.micro_batches = micro_batches;
+  option.parameters_on_host = parameters_on_host;
+  option.window_bytes = placed.window;
+  option.device_state_bytes = placed.states;
+  option.device_bytes = placed.in_use + placed.states;
+  option.activation_budget = memory.usable - placed.in_use - placed.states - placed.window - in.reserve;
+  if (micro_batches > 1) option.activation_budget -= placed.gradients;
+  option.host_bytes = placed.host;
+  const bool foreach = in.foreach && share.fraction == 1.0;
   const auto temporary = static_cast<double>(foreach ? memory.foreach_temporary : memory.largest_parameter);
-  option.optimizer_peak = memory.in_use + memory.gradients + option.device_state_bytes +
-                          static_cast<std::int64_t>(temporary * fraction);
-  option.update_ms = static_cast<double>(memory.parameter_count) * fraction * in.rates.device_ms_per_parameter +
-                     streamed_update_ms(in, fraction);
+  option.optimizer_peak = placed.in_use + placed.gradients + placed.states +
+                          static_cast<std::int64_t>(temporary * share.fraction);
+  option.update_ms = placed.update_ms;
+  const char* held = parameters_on_host ? "parameters, gradients and states" : "states";
   if (option.host_bytes > in.host.available) {
-    option.reason = host_refusal("states", option.host_bytes, in.host);
+    option.reason = host_refusal(held, option.host_bytes, in.host);
     return option;
   }
   if (option.activation_budget <= 0) {
-    option.reason = "the states alone fill the device";
+    option.reason = parameters_on_host ? "what stays on the device and the parameters' window fill it"
+                                       : "the states alone fill the device";
     return option;
   }
-  const LifetimeTrace trace = in.traces.at(micro_rows);
+  const LifetimeTrace trace = parameters_on_host ? with_gradients_sent(in.traces.at(micro_rows), in.blocks.unit_gradients)
+                                                 : in.traces.at(micro_rows);
   const auto budget = static_cast<std::uint64_t>(option.activation_budget);
   const DepthSolution found = solve_over_depths(trace, in.traces.cost(), budget, false, 0);
   CostModel at_depth = in.traces.cost();
@@ -108,13 +160,18 @@ FitOption weigh_option(const FitInputs& in, const FitShare& share, std::int64_t 
   option.decisions = found.solution.plan;
   option.prefetch_depth = found.prefetch_depth;
   option.prediction = Simulator(trace, at_depth, budget).simulate(option.decisions);
+  if (parameters_on_host) {
+    option.parameter_copy_ms = static_cast<double>(micro_batches) * parameter_copy_ms(in, option.prediction.step_ms);
+  }
   if (option.prediction.peak_bytes > budget) {
     option.reason = "no plan fits: the lowest step peak found is " + format_bytes(option.prediction.peak_bytes);
     return option;
   }
   option.host_bytes += offloaded_bytes(trace, option.decisions);
   if (option.host_bytes > in.host.available) {
-    option.reason = host_refusal("states and activations", option.host_bytes, in.host);
+    option.reason = host_refusal(parameters_on_host ? "parameters, gradients, states and activations"
+                                                    : "states and activations",
+                                 option.host_bytes, in.host);
   } else if (option.optimizer_peak > memory.usable) {
     option.reason = "the optimizer's step does not fit";
   }
@@ -143,23 +200,42 @@ std::int64_t FitHost::staging_bytes(std::int64_t parameter_bytes) const {
   return 2 * std::min(parameter_bytes, bucket_bytes) * std::min(buckets, staging_slots);
 }
 
+// The placements weighed: the parameters on the device unless forced to the host, on the host
+// where asked and the model has blocks with parameters.
+std::vector<bool> placements(const FitInputs& in) {
+  const bool can = in.blocks.units > 0 && in.blocks.parameter_bytes > 0;
+  switch (in.placement) {
+    case ParameterPlacement::kDevice: return {false};
+    case ParameterPlacement::kHost: return {true};
+    case ParameterPlacement::kEither: return can ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  }
+  return {false};
+}
+
 std::vector<FitOption> weigh_fit(const FitInputs& in) {
   STOWAGE_CHECK(!in.shares.empty(), "weigh_fit: no share to weigh");
-  const std::vector<FitShare> shares = distinct(in.shares, in.memory);
-  std::vector<double> fractions;
-  for (const FitShare& share : shares) fractions.push_back(share.fraction);
-  std::map<std::pair<double, std::int64_t>, FitOption> solved;
-  const EvaluateOption evaluate = [&](double fraction, std::int64_t micro_rows, std::int64_t micro_batches) {
-    if (in.micro_count && in.search.micro_rows && micro_rows == *in.search.micro_rows) micro_batches = *in.micro_count;
-    const auto share = std::find_if(shares.begin(), shares.end(), [&](const FitShare& s) { return s.fraction == fraction; });
-    FitOption option = weigh_option(in, *share, micro_rows, micro_batches);
-    const WeighedOption weighed{option.feasible(), option.keeps_everything(), option.feasible() ? option.step_ms() : 0.0};
-    solved.insert_or_assign({fraction, micro_rows}, std::move(option));
-    return weighed;
-  };
+  STOWAGE_CHECK(in.placement != ParameterPlacement::kHost || (in.blocks.units > 0 && in.blocks.parameter_bytes > 0),
+                "weigh_fit: parameters on the host, but the model has no block with parameters");
+  STOWAGE_CHECK(in.placement == ParameterPlacement::kDevice || in.shares.front().fraction == 1.0,
+                "weigh_fit: the parameters on the host are weighed with the factory's optimizer, share 1.0 first");
   std::vector<FitOption> listed;
-  for (const ShareChoice& choice : weigh_shares(fractions, in.search, evaluate)) {
-    listed.push_back(solved.at({choice.fraction, choice.micro_rows}));
+  for (const bool on_host : placements(in)) {
+    // With the parameters on the host the factory's optimizer updates them there: its share alone.
+    const std::vector<FitShare> shares = on_host ? std::vector<FitShare>{in.shares.front()} : distinct(in.shares, in.memory);
+    std::vector<double> fractions;
+    for (const FitShare& share : shares) fractions.push_back(share.fraction);
+    std::map<std::pair<double, std::int64_t>, FitOption> solved;
+    const EvaluateOption evaluate = [&](double fraction, std::int64_t micro_rows, std::int64_t micro_batches) {
+      if (in.micro_count && in.search.micro_rows && micro_rows == *in.search.micro_rows) micro_batches = *in.micro_count;
+      const auto share = std::find_if(shares.begin(), shares.end(), [&](const FitShare& s) { return s.fraction == fraction; });
+      FitOption option = weigh_option(in, *share, on_host, micro_rows, micro_batches);
+      const WeighedOption weighed{option.feasible(), option.keeps_everything(), option.feasible() ? option.step_ms() : 0.0};
+      solved.insert_or_assign({fraction, micro_rows}, std::move(option));
+      return weighed;
+    };
+    for (const ShareChoice& choice : weigh_shares(fractions, in.search, evaluate)) {
+      listed.push_back(solved.at({choice.fraction, choice.micro_rows}));
+    }
   }
   return listed;
 }

@@ -22,6 +22,26 @@
 // copy out overlapping the last one's update and the one before's write-back, so the slowest of
 // the three takes the whole, plus the first bucket's copy out and the last one's write-back.
 //
+// Where the blocks' parameters live is a dimension of its own (`placement`): on the device, as
+// built, or on the host (stowage.offload.parameters over the model's blocks, Note [Parameters off
+// the device] in offload/parameter_schedule.hpp), weighed with the factory's optimizer alone (it
+// updates each parameter where it lives: the blocks' on the host, with their states there). Then
+// the device no longer holds the blocks' parameters between steps, nor their gradients (each goes
+// to the host as it is made), nor their states; each step adds a window: the largest unit's
+// parameters x (1 + prefetch) and its gradients while they are made, kept from the plan's budget;
+// the plan is solved on the trace without each unit's gradients once backward has passed it
+// (planner/gradients_sent.hpp).
+// The host holds the blocks' parameters, gradients and states besides the plan's offloaded
+// activations (the states stay on the device's side where the device counts host tensors: CPU
+// mode). Each micro-batch copies every unit's parameters in twice (forward, backward) and
+// its gradients out: the copies in overlap the compute but for one unit's (taken as exposed,
+// however long the compute: the first unit waits for its copy), and whatever the compute does not
+// cover is exposed too; the gradients' copies out are taken as not overlapped at all (each
+// gradient's copy is waited for before it is added to `.grad`). The blocks' trained parameters
+// update at the host's rate, the rest at the device's. An option with the parameters on the host
+// wins only by its predicted step: within the tie, the parameters stay on the device (Note
+// [Choosing a share]).
+//
 // Contract: pure functions of their inputs (the solver runs on the calling thread).
 #pragma once
 
@@ -32,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/gradients_sent.hpp"
 #include "planner/plan.hpp"
 #include "planner/share_search.hpp"
 #include "planner/simulator.hpp"
@@ -84,6 +105,29 @@ struct FitShare {
   std::size_t kept_parameters = 0;
 };
 
+// The model's blocks (stowage.offload.parameters' units) and their parameters, as fit measured them.
+struct FitBlocks {
+  std::int64_t units = 0;
+  std::int64_t parameter_bytes = 0;     // every parameter of the units, trained or frozen
+  std::int64_t gradient_bytes = 0;      // one gradient per trained parameter of the units, in its dtype
+  std::int64_t state_bytes = 0;         // the optimizer's states of the units' trained parameters
+  std::int64_t trained_parameters = 0;  // the units' trained parameters, updated on the host
+  std::int64_t largest_unit_bytes = 0;  // the largest unit's parameters
+  std::int64_t largest_unit_gradient_bytes = 0;
+  std::int64_t prefetch = 1;            // units filled ahead of the one running
+  UnitGradients unit_gradients;         // each unit's module path and its gradients' bytes
+  // The optimizer's states of host parameters are plain host tensors the device's memory counts
+  // too (CPU mode's simulated device is the process's CPU memory): they stay on the device's side.
+  bool states_counted_on_device = false;
+
+  // The device bytes a step adds with the parameters on the host: the window of copies and the
+  // gradients being made.
+  std::int64_t window_bytes() const;
+};
+
+// Where fit may keep the blocks' parameters (fit's `offload_parameters`: False, True, "auto").
+enum class ParameterPlacement { kDevice, kHost, kEither };
+
 struct FitInputs {
   StepTraces traces;
   FitMemory memory;
@@ -94,6 +138,8 @@ struct FitInputs {
   std::optional<std::int64_t> micro_count;  // the micro-batches the size asked for runs as
   bool foreach = false;                     // torch's optimizer steps through its multi-tensor path
   std::int64_t reserve = 0;                 // device bytes kept from every plan
+  FitBlocks blocks;
+  ParameterPlacement placement = ParameterPlacement::kDevice;
 };
 
 struct FitOption {
@@ -103,8 +149,12 @@ struct FitOption {
   std::int64_t activation_budget = 0;
   std::int64_t device_state_bytes = 0;
   std::int64_t optimizer_peak = 0;  // device bytes during the optimizer's step
-  std::int64_t host_bytes = 0;      // offloaded states, and the plan's offloaded activations
+  std::int64_t host_bytes = 0;      // offloaded states (and parameters), and the plan's offloaded activations
+  std::int64_t device_bytes = 0;    // held between steps: what was in use (less parameters moved) and states
+  bool parameters_on_host = false;  // the blocks' parameters live on the host
+  std::int64_t window_bytes = 0;    // with them there: the device bytes a step adds for their copies
   double update_ms = 0;
+  double parameter_copy_ms = 0;     // the parameters' and gradients' copies not overlapped, the whole step's
   std::string reason;               // why it does not fit, or ""
   bool solved = false;              // a plan was solved (decisions, prefetch_depth and prediction hold)
   Plan decisions;

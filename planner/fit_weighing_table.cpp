@@ -78,13 +78,16 @@ std::string batch_row(const FitOption& chosen, const FitBatch& batch) {
   return "  " + left("batch", 24) + right(std::to_string(batch.rows), 12) + "  " + said;
 }
 
+std::string placement(const FitOption& option) { return option.parameters_on_host ? "host" : "device"; }
+
 std::string option_row(const FitOption& option, bool chosen, std::int64_t rows) {
   const std::string share = option.fraction == 1.0 ? "all (the factory's optimizer)" : percent(option.fraction);
   const std::string micro = option.micro_batches <= 1 ? "whole (" + std::to_string(rows) + ")"
                                                       : std::to_string(option.micro_batches) + " x " +
                                                             std::to_string(option.micro_rows);
   const std::string outcome = option.feasible() ? right(fixed(option.step_ms(), 0), 13) + " ms" : "  " + option.reason;
-  return "  " + left(share, 30) + right(micro, 14) + right(bytes_text(option.activation_budget), 18) +
+  return "  " + left(share, 30) + right(placement(option), 11) + right(micro, 14) +
+         right(bytes_text(option.activation_budget), 18) + right(bytes_text(option.device_bytes), 15) +
          right(bytes_text(option.host_bytes), 14) + outcome + (chosen ? "  <- chosen" : "");
 }
 
@@ -110,22 +113,40 @@ std::string fit_table(const std::vector<FitOption>& options, std::size_t chosen_
                       facts.capacity_bound + "), " + bytes_text(memory.usable) + " usable; " + facts.recorded + "\n";
   table += row("in use before the step", bytes_text(memory.in_use)) + "parameters (" +
            with_thousands(memory.parameter_count) + "), buffers, the batch\n";
-  table += row("gradients", bytes_text(memory.gradients)) + "made in backward, freed after the optimizer\n";
+  if (chosen.parameters_on_host) {
+    const FitBlocks& blocks = facts.blocks;
+    table += row("parameters on the host", bytes_text(blocks.parameter_bytes)) + "of the model's " +
+             std::to_string(blocks.units) + " blocks: they live on the host (stowage.offload.parameters, as under "
+             "FSDP2's CPU offload), each block's brought in as it runs, " + bytes_text(chosen.window_bytes) +
+             " at most on the device; fitted.close() puts them back\n";
+    table += row("gradients", bytes_text(memory.gradients - blocks.gradient_bytes)) +
+             "on the device, made in backward, freed after the optimizer; the blocks' " +
+             bytes_text(blocks.gradient_bytes) + " go to the host as made\n";
+  } else {
+    table += row("gradients", bytes_text(memory.gradients)) + "made in backward, freed after the optimizer\n";
+  }
   table += row("optimizer states", bytes_text(chosen.device_state_bytes)) + "on the device; " +
            bytes_text(memory.states() - chosen.device_state_bytes) + " in host memory (" + facts.optimizer + ")" +
            (facts.states_kept_because.empty() ? "" : "; kept on the device: " + facts.states_kept_because) + "\n";
   table += row("activations", bytes_text(chosen.activation_budget)) + "budget; " +
            activations(chosen, plan, facts.unplanned_peak) + "\n";
-  table += row("host memory", bytes_text(chosen.host_bytes)) + "for the offloaded states and activations, of " +
+  const std::string held = chosen.parameters_on_host ? "the blocks' parameters, gradients and states and the "
+                                                       "offloaded activations"
+                                                     : "the offloaded states and activations";
+  table += row("host memory", bytes_text(chosen.host_bytes)) + "for " + held + ", of " +
            bytes_text(facts.host.available) + " the process may take (" + facts.host.limited_by + ")\n";
   table += batch_row(chosen, batch) + "\n";
   if (!facts.tried.empty()) table += row("tried before training", "") + facts.tried + "\n";
   const double step_ms = chosen.step_ms();
+  const std::string copies = chosen.parameters_on_host
+                                 ? ", the parameters' copies waited for " + fixed(chosen.parameter_copy_ms, 0) + " ms"
+                                 : "";
   table += "  " + left("predicted step", 24) + right(fixed(step_ms, 0), 9) + " ms  (forward and backward " +
-           fixed(step_ms - chosen.update_ms, 0) + " ms, optimizer update " + fixed(chosen.update_ms, 0) + " ms)" +
-           busy_host_note(facts.load) + "\n\n";
-  table += "  " + left("states on the device", 30) + right("micro-batches", 14) + right("activation budget", 18) +
-           right("host memory", 14) + right("predicted step", 16);
+           fixed(step_ms - chosen.update_ms - chosen.parameter_copy_ms, 0) + " ms" + copies +
+           ", optimizer update " + fixed(chosen.update_ms, 0) + " ms)" + busy_host_note(facts.load) + "\n\n";
+  table += "  " + left("states on the device", 30) + right("parameters", 11) + right("micro-batches", 14) +
+           right("activation budget", 18) + right("device memory", 15) + right("host memory", 14) +
+           right("predicted step", 16);
   for (std::size_t i = 0; i < options.size(); ++i) {
     table.push_back('\n');
     table += option_row(options[i], i == chosen_index, batch.rows);
@@ -138,15 +159,27 @@ std::string no_fit_message(const std::vector<FitOption>& options, const FitMemor
                            const std::string& whole) {
   std::string lines;
   bool host_short = false;
+  const FitOption* least_on_host = nullptr;  // of the options the host refused with the parameters there
   for (const FitOption& option : options) {
     lines += "  " + percent(option.fraction) + " of the states on the device";
+    if (option.parameters_on_host) lines += ", the blocks' parameters on the host";
     if (option.micro_batches > 1) {
       lines += ", " + std::to_string(option.micro_batches) + " micro-batches of " + std::to_string(option.micro_rows) +
                " rows";
     }
     lines += " (room for the step " + bytes_text(option.activation_budget) +
              "): " + (option.reason.empty() ? "fits here, not on every rank" : option.reason) + "\n";
-    host_short = host_short || option.reason.find("the host cannot") != std::string::npos;
+    const bool refused_by_host = option.reason.find("the host cannot") != std::string::npos;
+    host_short = host_short || refused_by_host;
+    if (refused_by_host && option.parameters_on_host &&
+        (least_on_host == nullptr || option.host_bytes < least_on_host->host_bytes)) {
+      least_on_host = &option;
+    }
+  }
+  if (least_on_host != nullptr) {
+    lines += "  (with the blocks' parameters on the host, the host is what bounds the step: it would need " +
+             bytes_text(least_on_host->host_bytes) + " there; give the process more host memory (host_budget=, "
+             "the cgroup's limit) or train a smaller model)\n";
   }
   if (!states_kept_because.empty()) lines += "  (the states cannot move to host memory: " + states_kept_because + ")\n";
   if (!tried.empty()) lines += "  (tried before training: " + tried + ")\n";

@@ -1,6 +1,6 @@
 // What stowage.fit says of its weighing (planner/fit_weighing): the table it prints (where the
 // parameters, gradients, optimizer states and activations live, how the batch runs, the step's
-// predicted time, and every option weighed) and, where no option fits, the refusal that names
+// predicted time, and every option weighed with its device and host bytes) and, where no option fits, the refusal that names
 // each option's reason. Python prints the text; the words are tested there (tests/python/test_fit*).
 //
 // Contract: pure functions of their inputs.
@@ -33,6 +33,7 @@ struct FitFacts {
   FitMemory memory;
   FitHost host;
   std::int64_t unplanned_peak = 0;  // the chosen micro-batch's step with nothing planned
+  FitBlocks blocks;                 // the model's blocks, whose parameters an option may keep on the host
 };
 
 // The example batch as the table describes it.
@@ -57,7 +58,8 @@ std::string busy_host_note(const std::optional<HostLoad>& load);
 std::string fit_table(const std::vector<FitOption>& options, std::size_t chosen, const ChosenPlan& plan,
                       const FitFacts& facts, const FitBatch& batch);
 
-// Why no option fits: each option's reason, then what kept the states or the batch as they are.
+// Why no option fits: each option's reason, then what kept the states or the batch as they are,
+// and where the host bounds the options with the parameters there, what the least of them needs.
 std::string no_fit_message(const std::vector<FitOption>& options, const FitMemory& memory, std::int64_t unplanned,
                            const std::string& states_kept_because, const std::string& tried,
                            const std::string& whole);

@@ -98,7 +98,8 @@ std::optional<ShareChoice> pick_choice(const TimedChoices& step_ms, double tie) 
   std::optional<ShareChoice> best;
   for (const auto& [choice, ms] : step_ms) {
     const bool tied = ms <= fastest * (1 + tie);
-    if (tied && (!best || std::tuple(choice.micro_rows, choice.fraction) > std::tuple(best->micro_rows, best->fraction))) {
+    const auto rank = [](const ShareChoice& c) { return std::tuple(!c.parameters_on_host, c.micro_rows, c.fraction); };
+    if (tied && (!best || rank(choice) > rank(*best))) {
       best = choice;
     }
   }

@@ -9,8 +9,9 @@
 // fit, so that the table says why. Each option is solved once, by the caller's `evaluate` (the
 // planner under the memory the share leaves, with the step recorded at those rows). Of the
 // feasible options the fastest predicted step wins, where predictions within `tie` of it are
-// not told apart and the fewest micro-batches (the most rows), then the most states on the
-// device (the least changed), win. Ranks that train in step take a choice feasible on every
+// not told apart and the parameters on the device (the least changed: Note [Weighing fit's
+// options]), then the fewest micro-batches (the most rows), then the most states on the device,
+// win. Ranks that train in step take a choice feasible on every
 // rank, timed by its slowest rank.
 //
 // Contract: pure functions but for the calls to `evaluate`, made at most once per (share, rows)
@@ -28,6 +29,7 @@ namespace stowage::planner {
 struct ShareChoice {
   double fraction = 1.0;        // share of the states kept on the device
   std::int64_t micro_rows = 0;  // rows of one micro-batch
+  bool parameters_on_host = false;  // the blocks' parameters live on the host between their uses
 
   friend bool operator==(const ShareChoice&, const ShareChoice&) = default;
 };

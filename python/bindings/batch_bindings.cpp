@@ -36,14 +36,14 @@ void bind_fit_table(py::module_& module) {
       .def(py::init([](std::string device, std::int64_t capacity, std::string capacity_bound, std::string recorded,
                        std::string optimizer, std::string states_kept_because, std::string tried,
                        std::optional<planner::HostLoad> load, planner::FitMemory memory, planner::FitHost host,
-                       std::int64_t unplanned_peak) {
+                       std::int64_t unplanned_peak, planner::FitBlocks blocks) {
              return FitFacts{std::move(device), capacity, std::move(capacity_bound), std::move(recorded),
                              std::move(optimizer), std::move(states_kept_because), std::move(tried), load,
-                             std::move(memory), std::move(host), unplanned_peak};
+                             std::move(memory), std::move(host), unplanned_peak, blocks};
            }),
            py::kw_only(), py::arg("device"), py::arg("capacity"), py::arg("capacity_bound"), py::arg("recorded"),
            py::arg("optimizer"), py::arg("states_kept_because"), py::arg("tried"), py::arg("load"), py::arg("memory"),
-           py::arg("host"), py::arg("unplanned_peak"));
+           py::arg("host"), py::arg("unplanned_peak"), py::arg("blocks") = planner::FitBlocks{});
   module.def(
       "fit_table",
       [](const std::vector<planner::FitOption>& options, std::size_t chosen, std::int64_t predicted_peak,

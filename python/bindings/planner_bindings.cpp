@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -198,18 +199,21 @@ void bind_values(py::module_& module) {
       .def_readonly("prefetch_depth", &planner::CostModel::prefetch_depth);
 }
 
-// stowage.fit's choice (planner/share_search.hpp): choices cross as (share, micro-batch rows) tuples.
-using ChoiceTuple = std::pair<double, std::int64_t>;
+// stowage.fit's choice (planner/share_search.hpp): choices cross as (share, micro-batch rows,
+// parameters on the host) tuples.
+using ChoiceTuple = std::tuple<double, std::int64_t, bool>;
 
 planner::TimedChoices timed_choices(const std::map<ChoiceTuple, double>& step_ms) {
   planner::TimedChoices out;
-  for (const auto& [choice, ms] : step_ms) out.push_back({{choice.first, choice.second}, ms});
+  for (const auto& [choice, ms] : step_ms) {
+    out.push_back({{std::get<0>(choice), std::get<1>(choice), std::get<2>(choice)}, ms});
+  }
   return out;
 }
 
 std::optional<ChoiceTuple> as_tuple(const std::optional<planner::ShareChoice>& choice) {
   if (!choice) return std::nullopt;
-  return ChoiceTuple{choice->fraction, choice->micro_rows};
+  return ChoiceTuple{choice->fraction, choice->micro_rows, choice->parameters_on_host};
 }
 
 void bind_fit_option(py::module_& module) {
@@ -238,12 +242,37 @@ void bind_fit_option(py::module_& module) {
       .def_readonly("limited_by", &planner::FitHost::limited_by);
   py::class_<planner::UpdateRates>(module, "UpdateRates")
       .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"));
+  using planner::FitBlocks;
+  py::class_<FitBlocks> blocks(module, "FitBlocks", "The model's blocks and their parameters, as fit measured them.");
+  blocks.def(py::init([](std::int64_t units, std::int64_t parameter_bytes, std::int64_t gradient_bytes,
+                         std::int64_t state_bytes, std::int64_t trained_parameters, std::int64_t largest_unit_bytes,
+                         std::int64_t largest_unit_gradient_bytes, std::int64_t prefetch,
+                         planner::UnitGradients unit_gradients, bool states_counted_on_device) {
+               return FitBlocks{units,          parameter_bytes,       gradient_bytes, state_bytes, trained_parameters,
+                                largest_unit_bytes, largest_unit_gradient_bytes, prefetch, std::move(unit_gradients),
+                                states_counted_on_device};
+             }),
+             py::kw_only(), py::arg("units"), py::arg("parameter_bytes"), py::arg("gradient_bytes"),
+             py::arg("state_bytes"), py::arg("trained_parameters"), py::arg("largest_unit_bytes"),
+             py::arg("largest_unit_gradient_bytes"), py::arg("prefetch"), py::arg("unit_gradients"),
+             py::arg("states_counted_on_device") = false);
+  readonly(blocks, "units", &FitBlocks::units, "parameter_bytes", &FitBlocks::parameter_bytes, "prefetch",
+           &FitBlocks::prefetch, "unit_gradients", &FitBlocks::unit_gradients);
+  module.def("with_gradients_sent", &planner::with_gradients_sent, py::arg("trace"), py::arg("units"),
+             "The trace with each unit's gradients off the device once backward has passed it "
+             "(planner/gradients_sent.hpp).");
+  py::enum_<planner::ParameterPlacement>(module, "ParameterPlacement")
+      .value("DEVICE", planner::ParameterPlacement::kDevice)
+      .value("HOST", planner::ParameterPlacement::kHost)
+      .value("EITHER", planner::ParameterPlacement::kEither);
   using planner::FitOption;
   py::class_<FitOption> option(module, "FitOption");
   readonly(option, "fraction", &FitOption::fraction, "micro_rows", &FitOption::micro_rows, "micro_batches",
            &FitOption::micro_batches, "activation_budget", &FitOption::activation_budget, "device_state_bytes",
            &FitOption::device_state_bytes, "host_bytes", &FitOption::host_bytes, "update_ms", &FitOption::update_ms,
            "reason", &FitOption::reason, "solved", &FitOption::solved, "prefetch_depth", &FitOption::prefetch_depth);
+  readonly(option, "device_bytes", &FitOption::device_bytes, "parameters_on_host", &FitOption::parameters_on_host,
+           "window_bytes", &FitOption::window_bytes, "parameter_copy_ms", &FitOption::parameter_copy_ms);
   option.def_readonly("decisions", &FitOption::decisions)
       .def_property_readonly("feasible", &FitOption::feasible)
       .def_property_readonly("keeps_everything", &FitOption::keeps_everything)
@@ -257,16 +286,18 @@ void bind_fit_weighing(py::module_& module) {
       [](const planner::StepTraces& traces, const planner::FitMemory& memory, const planner::FitHost& host,
          const planner::UpdateRates& rates, const std::vector<std::pair<double, std::size_t>>& shares,
          const planner::ShareSearch& search, std::optional<std::int64_t> micro_count, bool foreach,
-         std::int64_t reserve) {
-        planner::FitInputs inputs{traces, memory, host, rates, {}, search, micro_count, foreach, reserve};
+         std::int64_t reserve, const planner::FitBlocks& blocks, planner::ParameterPlacement placement) {
+        planner::FitInputs inputs{traces, memory, host,    rates,  {},       search,
+                                  micro_count, foreach, reserve, blocks, placement};
         for (const auto& [fraction, kept] : shares) inputs.shares.push_back({fraction, kept});
         const py::gil_scoped_release release;
         return planner::weigh_fit(inputs);
       },
       py::arg("traces"), py::arg("memory"), py::arg("host"), py::arg("rates"), py::arg("shares"), py::arg("search"),
-      py::arg("micro_count"), py::arg("foreach"), py::arg("reserve"),
+      py::arg("micro_count"), py::arg("foreach"), py::arg("reserve"), py::arg("blocks") = planner::FitBlocks{},
+      py::arg("placement") = planner::ParameterPlacement::kDevice,
       "fit's options weighed, in order (Note [Weighing fit's options]); shares: (fraction, parameters kept), "
-      "largest first.");
+      "largest first; placement: where the blocks' parameters may live.");
   py::class_<planner::ShareSearch>(module, "ShareSearch")
       .def(py::init<std::int64_t, std::optional<std::int64_t>, std::int64_t, int>(), py::arg("rows"),
            py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"));
@@ -275,7 +306,7 @@ void bind_fit_weighing(py::module_& module) {
       [](const std::map<ChoiceTuple, double>& step_ms, double tie) {
         return as_tuple(planner::pick_choice(timed_choices(step_ms), tie));
       },
-      py::arg("step_ms"), py::arg("tie"), "The choice fit takes from {(share, rows): predicted ms}, or None.");
+      py::arg("step_ms"), py::arg("tie"), "The choice fit takes from {(share, rows, parameters on the host): predicted ms}, or None.");
   module.def(
       "agree_choice",
       [](const std::vector<std::map<ChoiceTuple, double>>& per_rank, double tie) {

@@ -25,6 +25,7 @@ FitOption option(double fraction, std::int64_t micro_batches, std::int64_t micro
   weighed.activation_budget = 64 * kMiB;
   weighed.device_state_bytes = fraction == 1.0 ? 16 * kMiB : 8 * kMiB;
   weighed.host_bytes = fraction == 1.0 ? 0 : 8 * kMiB;
+  weighed.device_bytes = 20 * kMiB + weighed.device_state_bytes;
   weighed.update_ms = 2.0;
   weighed.reason = std::move(reason);
   weighed.solved = weighed.reason.empty();
@@ -36,7 +37,7 @@ FitOption option(double fraction, std::int64_t micro_batches, std::int64_t micro
 FitFacts facts() {
   FitMemory memory{512 * kMiB, 20 * kMiB, 1048576, 4 * kMiB, 4 * kMiB, 4 * kMiB, {1048576}, {16 * kMiB}};
   return FitFacts{"cpu", 600 * kMiB, "the budget", "step recorded at batch 8", "torch.optim.adamw.AdamW", "", "",
-                  HostLoad{6.0, 2}, memory, FitHost{8, 1024 * kMiB, "MemAvailable", 0, 3}, 3 * kMiB};
+                  HostLoad{6.0, 2}, memory, FitHost{8, 1024 * kMiB, "MemAvailable", 0, 3}, 3 * kMiB, FitBlocks{}};
 }
 
 std::vector<std::string> lines(const std::string& text) {
@@ -77,10 +78,56 @@ TEST(PlannerFitWeighingTable, WritesEachRowAsFitPrintsIt) {
   EXPECT_NE(table[7].find("(forward and backward 21 ms, optimizer update 2 ms); measured on a busy host"),
             std::string::npos);
   EXPECT_EQ(table[8], "");
-  EXPECT_EQ(table[10], "  all (the factory's optimizer)      whole (8)         64.00 MiB           0 B  the plan does "
-                       "not fit");
-  EXPECT_EQ(table[11], "  50%                                    2 x 4         64.00 MiB      8.00 MiB           23 ms"
-                       "  <- chosen");
+  EXPECT_EQ(table[9], "  states on the device           parameters micro-batches activation budget  device memory"
+                      "   host memory  predicted step");
+  EXPECT_EQ(table[10], "  all (the factory's optimizer)      device     whole (8)         64.00 MiB      36.00 MiB"
+                       "           0 B  the plan does not fit");
+  EXPECT_EQ(table[11], "  50%                                device         2 x 4         64.00 MiB      28.00 MiB"
+                       "      8.00 MiB           23 ms  <- chosen");
+}
+
+// The blocks' parameters on the host: 4 blocks of 1 MiB each, their gradients 1 MiB each.
+FitOption on_host(std::string reason, std::int64_t host_bytes) {
+  FitOption weighed = option(1.0, 1, 8, std::move(reason));
+  weighed.parameters_on_host = true;
+  weighed.device_state_bytes = 0;
+  weighed.device_bytes = 16 * kMiB;
+  weighed.window_bytes = 3 * kMiB;
+  weighed.host_bytes = host_bytes;
+  weighed.parameter_copy_ms = 4.0;
+  return weighed;
+}
+
+TEST(PlannerFitWeighingTable, SaysWhereTheParametersLiveAndTheirBytes) {
+  FitFacts with_blocks = facts();
+  with_blocks.blocks = FitBlocks{4, 4 * kMiB, 4 * kMiB, 8 * kMiB, 1048576, kMiB, kMiB, 1, {}, false};
+  const std::vector<FitOption> options{option(1.0, 1, 8, "the optimizer's step does not fit"),
+                                       on_host("", 16 * kMiB)};
+  const FitBatch batch{8, std::nullopt, false, "", ""};
+  const auto table = lines(fit_table(options, 1, ChosenPlan{40 * kMiB, {kMiB, kMiB, 2 * kMiB, 0}}, with_blocks, batch));
+  ASSERT_EQ(table.size(), 13u);
+  EXPECT_EQ(table[2], "  parameters on the host      4.00 MiB  of the model's 4 blocks: they live on the host "
+                      "(stowage.offload.parameters, as under FSDP2's CPU offload), each block's brought in as it "
+                      "runs, 3.00 MiB at most on the device; fitted.close() puts them back");
+  EXPECT_EQ(table[3], "  gradients                        0 B  on the device, made in backward, freed after the "
+                      "optimizer; the blocks' 4.00 MiB go to the host as made");
+  EXPECT_NE(table[8].find("(forward and backward 10 ms, the parameters' copies waited for 4 ms, optimizer update 2 "
+                          "ms)"), std::string::npos) << table[8];
+  EXPECT_EQ(table[12], "  all (the factory's optimizer)        host     whole (8)         64.00 MiB      16.00 MiB"
+                       "     16.00 MiB           16 ms  <- chosen");
+}
+
+TEST(PlannerFitWeighingTable, ARefusalWhereTheHostBoundsTheParametersOnItSaysWhatTheyNeedThere) {
+  const std::string host = "the host cannot hold the offloaded parameters, gradients and states: 28.00 MiB needed, "
+                           "20.00 MiB available (MemAvailable)";
+  const std::vector<FitOption> options{option(1.0, 1, 8, "the optimizer's step does not fit"),
+                                       on_host(host, 28 * kMiB), on_host(host, 30 * kMiB)};
+  const auto found = lines(no_fit_message(options, facts().memory, 3 * kMiB, "", "", ""));
+  EXPECT_EQ(found[2], "  100% of the states on the device, the blocks' parameters on the host (room for the step "
+                      "64.00 MiB): " + host);
+  EXPECT_EQ(found[4], "  (with the blocks' parameters on the host, the host is what bounds the step: it would need "
+                      "28.00 MiB there; give the process more host memory (host_budget=, the cgroup's limit) or train "
+                      "a smaller model)");
 }
 
 TEST(PlannerFitWeighingTable, RefusesNamingEveryOptionAndWhatKeptTheStates) {

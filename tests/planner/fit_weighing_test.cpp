@@ -1,6 +1,7 @@
 // fit's weighing (planner/fit_weighing) against figures worked out by hand, and its invariants
 // over random memory figures: a feasible option's plan fits its budget, the host holds what it
-// offloads, the optimizer's step fits, and shares keeping the same states are weighed once.
+// offloads, the optimizer's step fits, and shares keeping the same states are weighed once; with
+// the blocks' parameters on the host, the device and host bytes they move and the copies' time.
 #include "planner/fit_weighing.hpp"
 
 #include <gtest/gtest.h>
@@ -36,7 +37,137 @@ FitInputs two_parameters(std::int64_t usable, std::int64_t host_available) {
                    ShareSearch{4, 4, 1, 3},
                    std::nullopt,
                    true,
-                   0};
+                   0,
+                   FitBlocks{},
+                   ParameterPlacement::kDevice};
+}
+
+// Eight blocks of one parameter each, 1M fp32 elements (4 MiB; 8 MiB of states), and 2 MiB in use
+// besides; torch's optimizer steps one parameter at a time (no foreach temporary).
+FitInputs eight_blocks(std::int64_t usable, std::int64_t host_available, ParameterPlacement placement) {
+  const CostModel cost{1e6, 2e6, 2};
+  const std::vector<std::int64_t> numels(8, kMiB);
+  const std::vector<std::int64_t> states(8, 8 * kMiB);
+  FitMemory memory{usable, 34 * kMiB, 8 * kMiB, 32 * kMiB, 32 * kMiB, 4 * kMiB, numels, states};
+  const FitBlocks blocks{8, 32 * kMiB, 32 * kMiB, 64 * kMiB, 8 * kMiB, 4 * kMiB, 4 * kMiB, 1, {}, false};
+  return FitInputs{StepTraces(offloadable_step(8), cost),
+                   memory,
+                   FitHost{8, host_available, "MemAvailable", 4 * kMiB, 3},
+                   UpdateRates{1e-5, 1e-6},
+                   {{1.0, 8}, {0.0, 0}},
+                   ShareSearch{4, 4, 1, 3},
+                   std::nullopt,
+                   false,
+                   0,
+                   blocks,
+                   placement};
+}
+
+const FitOption* first_feasible(const std::vector<FitOption>& options) {
+  const auto found = std::find_if(options.begin(), options.end(), [](const FitOption& o) { return o.feasible(); });
+  return found == options.end() ? nullptr : &*found;
+}
+
+TEST(PlannerFitWeighing, ParametersAndGradientsFillingTheDeviceLeaveOnlyTheHostOption) {
+  // 40 MiB: the parameters (32 MiB) and their gradients (32 MiB) alone outgrow it at the optimizer's
+  // step whatever share of the states stays; with the blocks' parameters on the host the device
+  // holds 2 MiB between steps and a window of two blocks' parameters and one's gradients (12 MiB).
+  const std::vector<FitOption> device_only = weigh_fit(eight_blocks(40 * kMiB, std::int64_t{1} << 40,
+                                                                    ParameterPlacement::kDevice));
+  EXPECT_EQ(first_feasible(device_only), nullptr);
+  for (const FitOption& option : device_only) EXPECT_FALSE(option.parameters_on_host);
+  const std::vector<FitOption> either = weigh_fit(eight_blocks(40 * kMiB, std::int64_t{1} << 40,
+                                                               ParameterPlacement::kEither));
+  const FitOption* feasible = first_feasible(either);
+  ASSERT_NE(feasible, nullptr);
+  EXPECT_TRUE(feasible->parameters_on_host);
+  for (const FitOption& option : either) EXPECT_EQ(option.feasible(), option.parameters_on_host) << option.reason;
+  EXPECT_EQ(feasible->fraction, 1.0);  // the factory's optimizer, updating the parameters where they live
+  EXPECT_EQ(feasible->device_bytes, 2 * kMiB);
+  EXPECT_EQ(feasible->window_bytes, 2 * 4 * kMiB + 4 * kMiB);
+  EXPECT_EQ(feasible->activation_budget, 40 * kMiB - 2 * kMiB - 12 * kMiB);
+  EXPECT_EQ(feasible->device_state_bytes, 0);
+  EXPECT_EQ(feasible->host_bytes, 32 * kMiB + 32 * kMiB + 64 * kMiB);  // parameters, gradients, states
+  EXPECT_EQ(feasible->optimizer_peak, 2 * kMiB + 4 * kMiB);  // the largest parameter's temporary
+  EXPECT_DOUBLE_EQ(feasible->update_ms, 8.0 * kMiB * 1e-5);  // every parameter trains in a block
+  // Each unit's 4 MiB in twice at 2e6 B/ms, one unit's exposed and what the compute does not cover,
+  // and the 32 MiB of gradients out at 1e6 B/ms, not overlapped.
+  const double in_ms = 2 * 32.0 * kMiB / 2e6;
+  EXPECT_DOUBLE_EQ(feasible->parameter_copy_ms, 4.0 * kMiB / 2e6 +
+                                                    std::max(in_ms - feasible->prediction.step_ms, 0.0) +
+                                                    32.0 * kMiB / 1e6);
+  EXPECT_DOUBLE_EQ(feasible->step_ms(), feasible->prediction.step_ms + feasible->parameter_copy_ms +
+                                            feasible->update_ms);
+}
+
+TEST(PlannerFitWeighing, StatesTheDeviceCountsStayOnItsSideWithTheParametersOnTheHost) {
+  FitInputs inputs = eight_blocks(400 * kMiB, std::int64_t{1} << 40, ParameterPlacement::kHost);
+  inputs.blocks.states_counted_on_device = true;  // CPU mode: host tensors are the device's memory
+  const std::vector<FitOption> options = weigh_fit(inputs);
+  ASSERT_EQ(options.size(), 1u);
+  const FitOption& counted = options.front();
+  EXPECT_EQ(counted.device_state_bytes, 64 * kMiB);
+  EXPECT_EQ(counted.device_bytes, 2 * kMiB + 64 * kMiB);
+  EXPECT_EQ(counted.activation_budget, 400 * kMiB - 2 * kMiB - 64 * kMiB - 12 * kMiB);
+  EXPECT_EQ(counted.host_bytes, 32 * kMiB + 32 * kMiB);  // the plan offloads nothing: room to keep
+}
+
+TEST(PlannerFitWeighing, TheHostOptionTheHostCannotHoldIsRefusedNamingTheHostFigure) {
+  const std::vector<FitOption> options = weigh_fit(eight_blocks(40 * kMiB, 100 * kMiB, ParameterPlacement::kHost));
+  ASSERT_FALSE(options.empty());
+  for (const FitOption& option : options) {
+    EXPECT_TRUE(option.parameters_on_host);
+    EXPECT_EQ(option.reason, "the host cannot hold the offloaded parameters, gradients and states: 128.00 MiB "
+                             "needed, 100.00 MiB available (MemAvailable)");
+  }
+}
+
+TEST(PlannerFitWeighing, TheParametersStayOnTheDeviceWhereTheyFitAsFast) {
+  // Room for everything on the device: the host option only adds copies, so it loses.
+  const std::vector<FitOption> options = weigh_fit(eight_blocks(400 * kMiB, std::int64_t{1} << 40,
+                                                                ParameterPlacement::kEither));
+  TimedChoices timed;
+  for (const FitOption& option : options) {
+    if (option.feasible()) timed.push_back({{option.fraction, option.micro_rows, option.parameters_on_host},
+                                            option.step_ms()});
+  }
+  const std::optional<ShareChoice> chosen = pick_choice(timed, 0.03);
+  ASSERT_TRUE(chosen.has_value());
+  EXPECT_FALSE(chosen->parameters_on_host);
+  EXPECT_TRUE(std::any_of(options.begin(), options.end(),
+                          [](const FitOption& o) { return o.parameters_on_host && o.feasible(); }));
+}
+
+TEST(PlannerFitWeighing, EveryPlacementsFeasibleOptionFitsTheDeviceAndTheHost) {
+  std::mt19937 random(5);
+  std::uniform_int_distribution<std::int64_t> usable(20 * kMiB, 140 * kMiB);
+  std::uniform_int_distribution<std::int64_t> host(0, 256 * kMiB);
+  std::uniform_int_distribution<std::int64_t> reserve(0, 4 * kMiB);
+  std::uniform_int_distribution<int> placement(0, 2);
+  for (int round = 0; round < 60; ++round) {
+    const auto where = static_cast<ParameterPlacement>(placement(random));
+    FitInputs inputs = eight_blocks(usable(random), host(random), where);
+    inputs.reserve = reserve(random);
+    inputs.search = ShareSearch{8, std::nullopt, 1, 3};
+    for (const FitOption& option : weigh_fit(inputs)) {
+      if (where == ParameterPlacement::kDevice) {
+        EXPECT_FALSE(option.parameters_on_host);
+      } else if (where == ParameterPlacement::kHost) {
+        EXPECT_TRUE(option.parameters_on_host);
+      }
+      if (!option.feasible()) continue;
+      const std::int64_t gradients = option.parameters_on_host ? 0 : 32 * kMiB;
+      EXPECT_LE(option.prediction.peak_bytes, static_cast<std::uint64_t>(option.activation_budget));
+      EXPECT_LE(option.host_bytes, inputs.host.available);
+      EXPECT_LE(option.optimizer_peak, inputs.memory.usable);
+      EXPECT_EQ(option.device_bytes + option.window_bytes + option.activation_budget + inputs.reserve +
+                    (option.micro_batches > 1 ? gradients : 0),
+                inputs.memory.usable)
+          << "round " << round;
+      EXPECT_EQ(option.window_bytes, option.parameters_on_host ? 12 * kMiB : 0);
+      EXPECT_EQ(option.parameter_copy_ms > 0, option.parameters_on_host);
+    }
+  }
 }
 
 TEST(PlannerStepTraces, RegionsLeftOutOfRecomputeAreNeitherCheckpointedNorRecomputedAtAnyRows) {

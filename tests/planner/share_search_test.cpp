@@ -22,6 +22,11 @@ TEST(ShareSearch, TheFastestWinsAndWithinTheTieTheMostRowsThenTheMostStates) {
   EXPECT_EQ(pick_choice({}, kTie), std::nullopt);
 }
 
+TEST(ShareSearch, TheParametersGoToTheHostOnlyForAFasterStep) {  // within the tie they stay on the device
+  EXPECT_EQ(pick_choice({{{1.0, 4, true}, 99.0}, {{0.5, 8, false}, 100.0}}, kTie), (ShareChoice{0.5, 8, false}));
+  EXPECT_EQ(pick_choice({{{1.0, 8, true}, 90.0}, {{1.0, 8, false}, 100.0}}, kTie), (ShareChoice{1.0, 8, true}));
+}
+
 TEST(ShareSearch, RanksAgreeOnAChoiceEveryRankFitsTimedByTheSlowest) {
   const std::vector<TimedChoices> ranks{{{{0.5, 8}, 100.0}, {{0.25, 8}, 100.0}, {{0.0, 8}, 100.0}},
                                         {{{0.25, 8}, 100.0}, {{0.0, 8}, 100.0}}};

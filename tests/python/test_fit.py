@@ -251,20 +251,24 @@ def test_ranks_agree_on_a_share_every_rank_fits_timed_by_the_slowest() -> None:
     def agree(per_rank):
         return agree_choice(per_rank, TIE)
 
-    # choices are (share of states on the device, rows of a micro-batch)
-    assert pick({(1.0, 8): 100.0, (0.5, 8): 99.0, (0.0, 8): 90.0}) == (0.0, 8)  # the fastest, beyond the tie
-    assert pick({(1.0, 8): 102.0, (0.5, 8): 100.0}) == (1.0, 8)  # within 3%: the most states on the device
+    # choices are (share of states on the device, rows of a micro-batch, parameters on the host)
+    D, H = False, True  # the blocks' parameters on the device, on the host
+    assert pick({(1.0, 8, D): 100.0, (0.5, 8, D): 99.0, (0.0, 8, D): 90.0}) == (0.0, 8, D)  # the fastest, beyond the tie
+    assert pick({(1.0, 8, D): 102.0, (0.5, 8, D): 100.0}) == (1.0, 8, D)  # within 3%: the most states on the device
     # within 3%: the fewest micro-batches first, then the most states on the device
-    assert pick({(1.0, 4): 100.0, (0.5, 8): 102.0, (0.25, 8): 101.0}) == (0.5, 8)
+    assert pick({(1.0, 4, D): 100.0, (0.5, 8, D): 102.0, (0.25, 8, D): 101.0}) == (0.5, 8, D)
     assert pick({}) is None
+    # the blocks' parameters go to the host for a faster step only: within 3% they stay on the device
+    assert pick({(1.0, 8, H): 99.0, (0.5, 8, D): 100.0}) == (0.5, 8, D)
+    assert pick({(1.0, 8, H): 90.0, (0.5, 8, D): 100.0}) == (1.0, 8, H)
     # rank 0 alone would keep half the states; rank 1's device cannot, so both keep a quarter
-    assert agree([{(0.5, 8): 100.0, (0.25, 8): 100.0, (0.0, 8): 100.0}, {(0.25, 8): 100.0, (0.0, 8): 100.0}]) \
-        == (0.25, 8)
+    assert agree([{(0.5, 8, D): 100.0, (0.25, 8, D): 100.0, (0.0, 8, D): 100.0}, {(0.25, 8, D): 100.0, (0.0, 8, D): 100.0}]) \
+        == (0.25, 8, D)
     # the slowest rank's time decides: a quarter is 10% slower on rank 1
-    assert agree([{(0.25, 8): 100.0, (0.0, 8): 100.0}, {(0.25, 8): 110.0, (0.0, 8): 100.0}]) == (0.0, 8)
-    assert agree([{(0.5, 8): 100.0}, {(0.25, 8): 100.0}]) is None
+    assert agree([{(0.25, 8, D): 100.0, (0.0, 8, D): 100.0}, {(0.25, 8, D): 110.0, (0.0, 8, D): 100.0}]) == (0.0, 8, D)
+    assert agree([{(0.5, 8, D): 100.0}, {(0.25, 8, D): 100.0}]) is None
     # micro-batches too: rank 1 cannot run 8 rows at once, so both run 4 x 2
-    assert agree([{(1.0, 8): 100.0, (1.0, 2): 120.0}, {(1.0, 2): 125.0}]) == (1.0, 2)
+    assert agree([{(1.0, 8, D): 100.0, (1.0, 2, D): 120.0}, {(1.0, 2, D): 125.0}]) == (1.0, 2, D)
 
 
 def test_a_device_stowage_does_not_serve_is_refused_with_the_fix() -> None:

@@ -10,6 +10,7 @@ thread that trains.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -23,6 +24,8 @@ from stowage._core import MIN_ROWS, MicroCut, format_bytes
 from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.side_effects import fit_trial, untouched
+from stowage.offload.parameters import ParameterOffloadError
+from stowage.offload.parameters import parameters as offloaded_parameters
 from stowage.plan import LifetimeTrace, Plan, SizedTrace
 from stowage.plan.applying import recompute_unannounced
 from stowage.serving import torch_module
@@ -31,10 +34,11 @@ FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
 TIE = 0.03
 EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
 TRIALS = 3  # choices tried at most
+PARAMETER_PREFETCH = 1  # blocks whose parameters come in ahead of the one running, where they live on the host
 OUT_OF_MEMORY_OVERSHOOT = 16 << 20  # taken for a tried step that ran out of memory (at least; fit's margin)
 RECOMPUTE_FAILURE = re.compile(r"stowage\.plan: block '([^']*)' ran .* when recomputed")
 
-Choice = tuple[float, int]  # (share of states on the device, rows of a micro-batch)
+Choice = tuple[float, int, bool]  # (share of states on the device, rows of a micro-batch, parameters on the host)
 TraceAt = Callable[[int], LifetimeTrace]  # one micro-batch's lifetime trace, by its rows
 
 
@@ -79,7 +83,7 @@ class Option:
 
     @property
     def key(self) -> Choice:
-        return (self.fraction, self.micro_rows)
+        return (self.fraction, self.micro_rows, self.parameters_on_host)
 
     @functools.cached_property
     def plan(self) -> Plan | None:  # None where none was solved (the states alone fill a device or host)
@@ -92,8 +96,8 @@ class Option:
 
 
 def _agreed(options: list[Option]) -> Choice | None:
-    """The choice this process takes: the fastest feasible one, within TIE the most rows, then the
-    most states (planner/share_search.hpp). Under torch.distributed every rank takes the same one,
+    """The choice this process takes: the fastest feasible one, within TIE the parameters on the
+    device, then the most rows, then the most states (planner/share_search.hpp). Under torch.distributed every rank takes the same one,
     feasible on every rank and timed by its slowest (where the update runs changes its rounding,
     parameters must stay identical across ranks, and the ranks' micro-batches meet in one all-reduce)."""
     mine = {o.key: o.step_ms for o in options if o.feasible}
@@ -110,8 +114,9 @@ def block_kind(path: str) -> str:  # "model.layers.5" -> "model.layers.*"
 
 @dataclass(frozen=True)
 class Weighing:
-    """What every weighing takes (``memory``, ``host``, ``rates``: _core.FitMemory, FitHost,
-    UpdateRates); ``cut`` None where fit chooses the micro-batches."""
+    """What every weighing takes (``memory``, ``host``, ``rates``, ``blocks``: _core.FitMemory,
+    FitHost, UpdateRates, FitBlocks; ``placement``: a _core.ParameterPlacement, where the blocks'
+    parameters may live); ``cut`` None where fit chooses the micro-batches."""
 
     traces: StepTraces
     memory: Any
@@ -121,6 +126,8 @@ class Weighing:
     cut: MicroCut | None
     can_offload: bool
     foreach: bool
+    blocks: Any
+    placement: Any
 
     def options(self, reserve: int, no_recompute: set[str]) -> list[Option]:
         """Every share weighed at the cut asked for, or where fit chooses, at the largest micro-batch
@@ -132,20 +139,37 @@ class Weighing:
         search = _core.ShareSearch(self.rows, self.cut.most if self.cut else None, MIN_ROWS, EXTRA_CUTS)
         traces = self.traces.native.without_recompute(excluded)
         weighed = _core.weigh_fit(traces, self.memory, self.host, self.rates, shares, search,
-                                  self.cut.count if self.cut else None, self.foreach, reserve)
-        return [Option(option, traces.at) for option in weighed]
+                                  self.cut.count if self.cut else None, self.foreach, reserve, self.blocks,
+                                  self.placement)
+        sent = functools.partial(_gradients_sent, traces, self.blocks.unit_gradients)  # as the host options weighed it
+        return [Option(option, sent if option.parameters_on_host else traces.at) for option in weighed]
 
 
-def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch.device) -> tuple[int, str]:
-    """`piece`'s forward and backward under `plan`: the bytes added beyond the prediction (0 where
-    it held), and the block kind whose recompute failed ("" where none did)."""
+def _gradients_sent(traces: Any, unit_gradients: list[tuple[str, int]], rows: int) -> LifetimeTrace:
+    """A micro-batch's trace with the blocks' gradients leaving as backward passes each block."""
+    return _core.with_gradients_sent(traces.at(rows), unit_gradients)
+
+
+def _run_once(model: Any, loss_fn: LossFn, piece: Any, chosen: Option, device: torch.device) -> tuple[int, str]:
+    """`piece`'s forward and backward as `chosen` trains (its plan; the blocks' parameters on the
+    host where it keeps them there): the bytes added beyond the prediction and the parameters'
+    window (0 where it held), and the block kind whose recompute failed ("" where none did)."""
+    plan = chosen.plan
+    assert plan is not None
     model.zero_grad(set_to_none=True)
-    start = memory.memory_allocated(device)
-    memory.reset_peak_stats(device)
-    floor = 0
+    floor, added = 0, 0
     try:
-        with recompute_unannounced(), plan:  # (training's plan says it recomputes, if it does)
-            loss_fn(model, piece).backward()
+        with contextlib.ExitStack() as trial:
+            if chosen.parameters_on_host:  # the trial's gradients dropped before it puts the parameters back
+                trial.enter_context(offloaded_parameters(model, prefetch=PARAMETER_PREFETCH))
+                trial.callback(model.zero_grad, set_to_none=True)
+            start = memory.memory_allocated(device)
+            memory.reset_peak_stats(device)
+            try:
+                with recompute_unannounced(), plan:  # (training's plan says it recomputes, if it does)
+                    loss_fn(model, piece).backward()
+            finally:
+                added = memory.max_memory_allocated(device) - start  # (before the parameters come back)
     except torch.OutOfMemoryError:
         floor = OUT_OF_MEMORY_OVERSHOOT
     except RuntimeError as error:
@@ -155,8 +179,7 @@ def _run_once(model: Any, loss_fn: LossFn, piece: Any, plan: Plan, device: torch
         return 0, block_kind(found.group(1))
     finally:
         model.zero_grad(set_to_none=True)
-    added = memory.max_memory_allocated(device) - start
-    return max(added - plan.predicted_peak_bytes, floor), ""
+    return max(added - plan.predicted_peak_bytes - chosen.window_bytes, floor), ""
 
 
 Chosen = tuple[list[Option], Option | None, str]  # the options, the one taken, what the trials found
@@ -169,13 +192,22 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
         options = weighing.options(reserve, no_recompute)
         choice = _agreed(options)
         chosen = next((o for o in options if o.key == choice), None)
-        if chosen is None or chosen.plan is None or chosen.keeps_everything or distributed() or attempt == TRIALS - 1:
+        untried = chosen is None or chosen.plan is None or (chosen.keeps_everything and not chosen.parameters_on_host)
+        if untried or distributed() or attempt == TRIALS - 1:
             return options, chosen, "; ".join(found)
+        assert chosen is not None and chosen.plan is not None
         piece = example.batch if example.units is None else \
             example.last_piece(MicroCut(example.rows, chosen.micro_batches, chosen.micro_rows))
         chosen.plan.model = model
-        with fit_trial(device), untouched(model, device):
-            overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen.plan, device)
+        try:
+            with fit_trial(device), untouched(model, device):
+                overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen, device)
+        except ParameterOffloadError as error:  # "auto" leaves them on the device; True says why
+            if weighing.placement != _core.ParameterPlacement.EITHER:
+                raise
+            weighing = dataclasses.replace(weighing, placement=_core.ParameterPlacement.DEVICE)
+            found.append(f"the blocks' parameters cannot live on the host ({error}): weighed again on the device")
+            continue
         if failed_block_kind:
             no_recompute.add(failed_block_kind)
             found.append(f"{failed_block_kind} computes otherwise when recomputed: not recomputed")

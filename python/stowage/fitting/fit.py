@@ -14,14 +14,15 @@ from stowage import memory as stowage_memory
 from stowage._core import MIN_ROWS, MicroCut, format_bytes
 from stowage.byte_counts import byte_count
 from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn, default_loss, given_units
-from stowage.fitting.choosing import Weighing, checked_choice
+from stowage.fitting.choosing import PARAMETER_PREFETCH, Weighing, checked_choice, distributed
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.fitted import Fitted
-from stowage.fitting.measuring import measure, measure_rates, state_copies, uses_foreach
+from stowage.fitting.measuring import measure, measure_blocks, measure_rates, state_copies, uses_foreach
 from stowage.fitting.recording import record
 from stowage.fitting.side_effects import fit_trial
 from stowage.offload import host_room
 from stowage.offload.adam import STAGED_BUCKET_NUMEL, STAGING_SLOTS, Adam, AdamW
+from stowage.offload.parameters import parameters as offloaded_parameters
 from stowage.offload.sharded import local
 from stowage.serving import memory_cap, serves, torch_module
 
@@ -85,6 +86,24 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     return _core.FitHost(per_parameter, room.available_bytes, limited_by, bucket_bytes, STAGING_SLOTS)
 
 
+def _placement(model: Any, offload_parameters: bool | str, blocks: Any) -> Any:
+    """Where the weighing may keep the blocks' parameters (a _core.ParameterPlacement): on the
+    device (False), on the host (True), or either, the weighing choosing ("auto": the device alone
+    under torch.distributed or DDP, whose all-reduce expects them there)."""
+    if offload_parameters is False:
+        return _core.ParameterPlacement.DEVICE
+    if offload_parameters is True:
+        if blocks.units == 0 or blocks.parameter_bytes == 0:
+            raise ValueError("stowage.fit: offload_parameters=True, but the model has no repeated blocks with "
+                             "parameters (the items of an nn.ModuleList or nn.Sequential) to keep on the host")
+        return _core.ParameterPlacement.HOST
+    if offload_parameters != "auto":
+        raise ValueError(f"stowage.fit: offload_parameters is True, False or 'auto', not {offload_parameters!r}")
+    if distributed() or isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return _core.ParameterPlacement.DEVICE
+    return _core.ParameterPlacement.EITHER
+
+
 def _units(check: CutCheck, example: ExampleBatch, micro_batches: int | str,
            loss_units: str | Callable[[Any], float] | None, device: torch.device) -> ExampleBatch:
     """The example with what its loss is a mean over, verified (cut_check) at the finest cut and the
@@ -106,7 +125,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         example_batch: Any, loss_fn: LossFn | None = None, budget: int | str | None = None, *,
         verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True,
         host_budget: int | str | None = None, micro_batches: int | str = 1,
-        loss_units: str | Callable[[Any], float] | None = None, split_batchnorm: bool = False) -> Fitted:
+        loss_units: str | Callable[[Any], float] | None = None, split_batchnorm: bool = False,
+        offload_parameters: bool | str = False) -> Fitted:
     """Fits ``model``'s training step to its device (README's "Fitting a larger model"):
     ``example_batch`` is the largest batch the loop trains on (with ``micro_batches``, its global
     batch); ``budget`` and ``host_budget`` cap the device and host memory (default: all the
@@ -114,7 +134,8 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     ``offload_optimizer=False`` keeps the factory's optimizer whole on the device;
     ``micro_batches``: 1 (whole), "auto" (fit chooses) or a count; ``loss_units`` says what the
     loss is a mean over, unchecked; ``split_batchnorm=True`` lets batch norm in training mode be
-    cut."""
+    cut; ``offload_parameters``: where the model's blocks' parameters live, False (on the device,
+    the default), True (on the host, stowage.offload.parameters) or "auto" (fit chooses)."""
     loss_fn = loss_fn or default_loss
     cost = dict(cost) if cost is not None else None
     parameters = list(model.parameters())
@@ -145,7 +166,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer))
+    blocks = measure_blocks(model, state_copies(optimizer), PARAMETER_PREFETCH, device.type == "cpu")
+    weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer),
+                        blocks, _placement(model, offload_parameters, blocks))
     example, (options, chosen, tried) = checked_choice(weighing, example, check, model, loss_fn, device)
     if chosen is None:
         whole = example.not_cut or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
@@ -164,9 +187,11 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
              "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "memory": memory,
              "optimizer": name, "load": load, "unplanned_peak": traces.at(chosen.micro_rows).unconstrained_peak_bytes,
-             "states_kept_because": refusal, "host": host, "tried": tried}
+             "states_kept_because": refusal, "host": host, "tried": tried, "blocks": blocks}
     example = example.cut_into(chosen.micro_batches, chosen.micro_rows or example.rows)
-    fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts)
+    # The blocks' parameters to the host where the choice keeps them there: the handle is the Fitted's.
+    moved = offloaded_parameters(model, prefetch=PARAMETER_PREFETCH) if chosen.parameters_on_host else None
+    fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts, moved)
     if verbose:
         print(fitted)
     return fitted

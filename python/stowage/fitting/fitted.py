@@ -3,7 +3,9 @@ loop to use: ``fitted.step(batch)``, or its own forward and backward under ``wit
 ``fitted.optimizer`` (README's "Fitting a larger model").
 
 Contract: used from the thread that trains, one step at a time (``with fitted:`` is not
-re-entrant). It owns the optimizer it returns; the model stays the caller's.
+re-entrant). It owns the optimizer it returns, and where fit keeps the model's blocks' parameters
+on the host, the stowage.offload.parameters handle that holds them there (``close()`` puts them
+back on the device); the model stays the caller's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from stowage.plan import Plan
 
 class Fitted:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, loss_fn: LossFn, chosen: Option,
-                 options: list[Option], example: ExampleBatch, facts: dict[str, Any]) -> None:
+                 options: list[Option], example: ExampleBatch, facts: dict[str, Any],
+                 offloaded_parameters: Any = None) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.offloaded_parameters = offloaded_parameters  # the handle keeping the blocks' parameters on the host
         self.chosen, self.options, self.example, self.facts = chosen, options, example, facts
         plan = chosen.plan
         # A plan that keeps every tensor changes nothing: the step then runs without hooks.
@@ -43,6 +47,17 @@ class Fitted:
     @property
     def device_fraction(self) -> float:  # the share of optimizer states on the device (1.0: the factory's)
         return self.chosen.fraction
+
+    @property
+    def parameters_on_host(self) -> bool:  # the model's blocks' parameters live on the host
+        return self.offloaded_parameters is not None and not self.offloaded_parameters.closed
+
+    def close(self) -> None:
+        """Puts the blocks' parameters (and their gradients) back on the device where fit keeps
+        them on the host (stowage.offload.parameters' close()); nothing otherwise. Once closed, the
+        step fit planned no longer holds: fit again to train on."""
+        if self.offloaded_parameters is not None and not self.offloaded_parameters.closed:
+            self.offloaded_parameters.close()
 
     def micro_batches(self, batch: Any) -> list[tuple[Any, float]]:
         """`batch` as the micro-batches fit chose (MicroCut: a larger batch as more), each with its

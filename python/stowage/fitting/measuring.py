@@ -1,6 +1,7 @@
 """What `fit` measures for its weighing (Note [Weighing fit's options] in planner/fit_weighing.hpp):
-the device's memory (`measure`) and how long AdamW's update takes a parameter on the host
-(stowage's kernel, as the offloaded optimizer runs it) and on the device (torch's fused AdamW).
+the device's memory (`measure`), what the model's blocks' parameters take (`measure_blocks`), and
+how long AdamW's update takes a parameter on the host (stowage's kernel, as the offloaded optimizer
+runs it) and on the device (torch's fused AdamW).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from stowage import _core
+from stowage import _core, step_context
 from stowage.memory import memory_allocated
 from stowage.offload.sharded import local
 from stowage.plan.calibration import best_seconds
@@ -42,6 +43,44 @@ def measure(parameters: list[torch.nn.Parameter], in_use: int, capacity: int, co
         parameter_count=sum(p.numel() for p in trainable), gradients=sum(sizes), foreach_temporary=sum(sizes),
         largest_parameter=max(sizes, default=0), numels=[local(p).numel() for p in parameters],
         state_bytes=[copies * local(p).numel() * p.element_size() if p.requires_grad else 0 for p in parameters])
+
+
+def block_units(model: Any) -> list[Any]:
+    """The modules stowage.offload.parameters takes as units by default: the model's repeated
+    blocks (step_context.block_modules) that hold parameters, in the model's order."""
+    blocks = step_context.block_modules(model)
+    return [m for m in model.modules() if id(m) in blocks and any(True for _ in m.parameters())]
+
+
+def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1, cpu_mode: bool = False) -> Any:
+    """What the model's blocks' parameters take (a _core.FitBlocks): their bytes, their gradients'
+    and states' (``copies`` of each trained parameter), the largest block's, each parameter once
+    (tied weights inside the blocks are one parameter). ``cpu_mode``: the device is CPU mode's,
+    whose memory the states torch's optimizer makes for host parameters count in."""
+    units = block_units(model)
+    names = {id(module): name for name, module in model.named_modules()}
+    seen: set[int] = set()
+    parameter_bytes = gradient_bytes = trained = largest = largest_gradients = 0
+    unit_gradients: list[tuple[str, int]] = []  # (module path, its gradients' bytes): as the trace names it
+    for unit in units:
+        unit_bytes = unit_gradient_bytes = 0
+        for param in unit.parameters():
+            size = param.numel() * param.element_size()
+            unit_bytes += size
+            unit_gradient_bytes += size if param.requires_grad else 0
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            parameter_bytes += size
+            if param.requires_grad:
+                gradient_bytes += size
+                trained += param.numel()
+        largest, largest_gradients = max(largest, unit_bytes), max(largest_gradients, unit_gradient_bytes)
+        unit_gradients.append((names[id(unit)], unit_gradient_bytes))
+    return _core.FitBlocks(units=len(units), parameter_bytes=parameter_bytes, gradient_bytes=gradient_bytes,
+                           state_bytes=copies * gradient_bytes, trained_parameters=trained,
+                           largest_unit_bytes=largest, largest_unit_gradient_bytes=largest_gradients,
+                           prefetch=prefetch, unit_gradients=unit_gradients, states_counted_on_device=cpu_mode)
 
 
 def uses_foreach(optimizer: Any) -> bool:

@@ -22,6 +22,7 @@ import torch
 
 import stowage
 import stowage.plan
+from stowage.fitting.measuring import measure_blocks
 from exactness.fitting import fit_model
 
 HYPER: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
@@ -329,6 +330,35 @@ def fit_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
     return FitSetup(variant, fitted, changed)
 
 
+class FitParametersSetup(FitSetup):
+    """The loop under ``stowage.fit`` keeping the model's blocks' parameters on the host (fit's
+    ``offload_parameters=True``), its handle closed (``fitted.close()``) once the run ends."""
+
+    def vacuous(self) -> str | None:
+        if not self.fitted.parameters_on_host:
+            return "fit kept the blocks' parameters on the device"
+        if self.fitted.offloaded_parameters.peak_resident_bytes == 0:
+            return "no offloaded parameter came in"
+        return None
+
+    def findings(self) -> list[str]:
+        self.fitted.close()
+        return super().findings()
+
+
+def fit_parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
+    """stowage.fit told to keep the blocks' parameters on the host (offload_parameters=True), at
+    fit's budget with room for the window of copies (at most every block's parameters twice and
+    their gradients: on the suite's models of two or three blocks it is most of them). ("auto"
+    choosing them there is tests/python/test_fit_parameters.py's: here no budget leaves the host
+    option alone, the window being every block.)"""
+    example = env.spec.batch(0, env.scale)
+    window = 3 * measure_blocks(model).parameter_bytes
+    fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
+                                env.spec, env.scale, COST, extra_room=window, offload_parameters=True)
+    return FitParametersSetup(variant, fitted, changed)
+
+
 def global_batch(spec: Any, step: int, scale: int) -> Any:
     """The batch of the accumulate pattern's two micro-batches of `step`, rows of the first then
     the second's (fitted.step cuts it back into the same two)."""
@@ -455,6 +485,9 @@ def _features() -> dict[str, Feature]:
                        lambda env, model, groups: parameters_setup(env, model, groups, adamw), host_on_gpu=True))
     out.append(Feature("parameters.recompute", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: parameters_setup(env, model, groups, adamw, recompute=True),
+                       host_on_gpu=True))
+    out.append(Feature("fit.parameters", "adamw", "stowage_allocator", "torch", False,
+                       lambda env, model, groups: fit_parameters_setup(env, model, groups, adamw),
                        host_on_gpu=True))
     out.append(Feature("fit.micro_batches", "adamw", "stowage_allocator", "stowage", True,
                        lambda env, model, groups: fit_micro_setup(env, model, groups, adamw), "fitted_step"))

@@ -105,11 +105,12 @@ def _changed(model: Any, before: Saved, device: str) -> str | None:
 
 
 def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, loss_fn: Any, caches: Any,
-              spec: Any, scale: int, cost: dict[str, float], **options: Any) -> tuple[Any, str | None]:
-    """``stowage.fit`` on `model` at `fit_budget`, its profile and rates served from `caches`;
-    returns what fit returned and what it changed of the model's buffers and the RNG stream
-    (put back as it was), if anything. `options` go to fit (micro_batches: the cached profile
-    is then one micro-batch's)."""
+              spec: Any, scale: int, cost: dict[str, float], extra_room: int = 0,
+              **options: Any) -> tuple[Any, str | None]:
+    """``stowage.fit`` on `model` at `fit_budget` (plus `extra_room` bytes), its profile and rates
+    served from `caches`; returns what fit returned and what it changed of the model's buffers and
+    the RNG stream (put back as it was), if anything. `options` go to fit (micro_batches: the
+    cached profile is then one micro-batch's)."""
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     before = _buffers_and_rng(model, spec.device)
     gc.collect()  # garbage of earlier runs, which fit's recording would collect, out of the count now
@@ -119,6 +120,7 @@ def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, los
             budget = fit_budget(*caches.micro_profile(spec, scale), trainable, accumulating=True)
         else:
             budget = fit_budget(caches.profile(spec, scale), caches.lowest_peak(spec, scale), trainable)
+        budget += extra_room
         with served(caches, spec, scale), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fitted = stowage.fit(model, factory, example, loss_fn=loss_fn, budget=budget, verbose=bool(os.environ.get("FITV")), cost=cost,

@@ -1,0 +1,121 @@
+"""stowage.fit choosing where the model's blocks' parameters live (README's "Fitting a larger
+model"): forced to the host (offload_parameters=True) or chosen there by "auto" where the device
+holds no other option, the table says so with each option's device and host bytes, the step is
+torch's bit for bit, and fitted.close() puts the parameters back on the device; a host too small
+is named in the refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stowage  # noqa: E402
+from stowage.models.llama import Llama, LlamaShape  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_mode_module")
+
+COST = {"to_host_bytes_per_ms": 8e6, "to_device_bytes_per_ms": 8e6, "prefetch_depth": 2}
+# Blocks large beside the embeddings and the activations: their parameters and gradients (about
+# 12.6 MiB each) fill a small device whatever share of the states stays on it.
+SHAPE = LlamaShape(hidden=256, layers=4, heads=4, kv_heads=2, vocab=256, max_sequence=32)
+HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+MiB = 1 << 20
+
+
+def loss_fn(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    return model.chunked_loss(tokens, chunks=2)
+
+
+def model_and_batch() -> tuple[Any, torch.Tensor]:
+    torch.manual_seed(0)
+    return Llama(SHAPE), torch.randint(0, SHAPE.vocab, (2, 32), generator=torch.Generator().manual_seed(1))
+
+
+def adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, **HYPER)  # type: ignore[arg-type]
+
+
+def sgd(params: Any) -> torch.optim.Optimizer:  # no states: in CPU mode AdamW's, made on the host, count on the device
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def reference_parameters(steps: int, factory: Any = adamw) -> list[torch.Tensor]:
+    model, tokens = model_and_batch()
+    optimizer = factory(model.parameters())
+    for _ in range(steps):
+        loss_fn(model, tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def fitted_with(capsys: Any, factory: Any = adamw, **options: Any) -> tuple[Any, Any, torch.Tensor, str]:
+    model, tokens = model_and_batch()
+    fitted = stowage.fit(model, factory, tokens, loss_fn=loss_fn, cost=COST, **options)
+    return fitted, model, tokens, capsys.readouterr().out
+
+
+def block_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.blocks.parameters())
+
+
+def train_and_compare(fitted: Any, model: Any, tokens: torch.Tensor, steps: int = 2, factory: Any = adamw) -> None:
+    for _ in range(steps):
+        fitted.step(tokens)
+    for mine, reference in zip(model.parameters(), reference_parameters(steps, factory)):
+        assert torch.equal(mine.detach().cpu(), reference)
+
+
+def test_forced_to_the_host_the_table_says_so_the_step_is_torch_s_and_close_puts_them_back(capsys: Any) -> None:
+    fitted, model, tokens, table = fitted_with(capsys, offload_parameters=True)
+    assert fitted.parameters_on_host and fitted.chosen.parameters_on_host
+    assert "  parameters on the host" in table and "of the model's 4 blocks: they live on the host" in table
+    assert "fitted.close() puts them back" in table
+    header = next(line for line in table.splitlines() if line.lstrip().startswith("states on the device"))
+    assert "parameters" in header and "device memory" in header and "host memory" in header
+    rows = [line for line in table.splitlines() if line.rstrip().endswith("<- chosen")]
+    assert len(rows) == 1 and " host " in rows[0]
+    # Between steps the device no longer holds the blocks' parameters.
+    held = stowage.memory_allocated()
+    train_and_compare(fitted, model, tokens)
+    fitted.close()
+    assert not fitted.parameters_on_host
+    assert stowage.memory_allocated() >= held + block_bytes(model)
+    fitted.close()  # a second close changes nothing
+
+
+def test_auto_keeps_them_on_the_host_only_where_the_device_holds_no_other_option(capsys: Any) -> None:
+    roomy, _, _, _ = fitted_with(capsys, offload_parameters="auto")  # a roomy device: nothing moves
+    assert not roomy.parameters_on_host
+    assert all(not o.parameters_on_host or o.step_ms >= roomy.chosen.step_ms * 0.97 for o in roomy.options if o.feasible)
+    del roomy
+    # fit keeps 16 MiB free: 18 MiB usable, below the parameters and their gradients (25 MiB).
+    budget = stowage.memory_allocated() + 34 * MiB
+    with pytest.raises(torch.OutOfMemoryError, match="does not fit"):  # the default: parameters on the device
+        fitted_with(capsys, sgd, budget=budget)
+    fitted, model, tokens, table = fitted_with(capsys, sgd, budget=budget, offload_parameters="auto")
+    feasible = [o for o in fitted.options if o.feasible]
+    assert feasible and all(o.parameters_on_host for o in feasible), table
+    assert fitted.parameters_on_host
+    train_and_compare(fitted, model, tokens, factory=sgd)
+    fitted.close()
+
+
+def test_a_host_too_small_for_them_is_named_in_the_refusal(capsys: Any) -> None:
+    model, tokens = model_and_batch()
+    with pytest.raises(torch.OutOfMemoryError) as refused:
+        stowage.fit(model, adamw, tokens, loss_fn=loss_fn, cost=COST, offload_parameters=True, host_budget="8MiB")
+    said = str(refused.value)
+    assert "the blocks' parameters on the host" in said
+    assert "the host cannot hold the offloaded parameters, gradients and states" in said
+    assert "the host is what bounds the step: it would need" in said
+
+
+def test_offload_parameters_takes_true_false_or_auto() -> None:
+    model, tokens = model_and_batch()
+    with pytest.raises(ValueError, match="offload_parameters is True, False or 'auto', not 'yes'"):
+        stowage.fit(model, lambda params: torch.optim.AdamW(params), tokens, loss_fn=loss_fn, cost=COST,
+                    offload_parameters="yes")
