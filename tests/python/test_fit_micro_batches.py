@@ -251,6 +251,11 @@ def test_micro_batches_are_near_equal_cuts_weighted_by_their_units() -> None:
         asked_cut(6, 4)
     with pytest.raises(ValueError, match="'auto' or a count"):
         asked_cut(6, 0)
+    # counts past int64 are refused as any other count would be (pybind's TypeError before)
+    with pytest.raises(ValueError, match="'auto' or a count of 1 or more, not -1000000000000000000000"):
+        asked_cut(6, -10**21)
+    with pytest.raises(ValueError, match="1000000000000000000000 micro-batches of a batch of 6 rows: more "):
+        asked_cut(6, 10**21)
     with pytest.raises(ValueError, match="the example batch has no rows"):
         asked_cut(0, 1)
     rows = torch.arange(13).reshape(13, 1)

@@ -156,7 +156,11 @@ class ExampleBatch:
     def of(batch: Any, micro_batches: int | str) -> ExampleBatch:
         """The example with the cut asked for (MicroCut.asked): a count is run as asked, or refused."""
         layout = BatchLayout.of(batch)
-        wrong = micro_batches != "auto" and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int))
+        wrong = micro_batches != "auto" and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
+                                             or micro_batches < 1)
+        if not wrong and micro_batches != "auto" and micro_batches >= 1 << 63:  # (past what MicroCut counts)
+            raise ValueError(f"stowage.fit: {micro_batches} micro-batches of a batch of {layout.rows} rows: more "
+                             "micro-batches than rows")
         cut = MicroCut.asked(layout.rows, None if wrong or micro_batches == "auto" else micro_batches)  # rows first
         if wrong:
             raise ValueError(f"stowage.fit: micro_batches is 'auto' or a count of 1 or more, not {micro_batches!r}")
