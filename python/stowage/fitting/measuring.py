@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 import torch
 
-from stowage import _core, step_context
+from stowage import _core
 from stowage.memory import memory_allocated
+from stowage.offload.parameters import block_units
 from stowage.offload.sharded import local
 from stowage.plan.calibration import best_seconds
 from stowage.serving import memory_cap, torch_module
@@ -43,13 +44,6 @@ def measure(parameters: list[torch.nn.Parameter], in_use: int, capacity: int, co
         parameter_count=sum(p.numel() for p in trainable), gradients=sum(sizes), foreach_temporary=sum(sizes),
         largest_parameter=max(sizes, default=0), numels=[local(p).numel() for p in parameters],
         state_bytes=[copies * local(p).numel() * p.element_size() if p.requires_grad else 0 for p in parameters])
-
-
-def block_units(model: Any) -> list[Any]:
-    """The modules stowage.offload.parameters takes as units by default: the model's repeated
-    blocks (step_context.block_modules) that hold parameters, in the model's order."""
-    blocks = step_context.block_modules(model)
-    return [m for m in model.modules() if id(m) in blocks and any(True for _ in m.parameters())]
 
 
 def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1, cpu_mode: bool = False) -> Any:

@@ -84,11 +84,17 @@ def _refuse_wrapped(model: Any) -> None:
                 "(make it sparse=False)")
 
 
+def block_units(model: Any) -> list[Any]:
+    """The units taken by default: the model's repeated blocks (step_context.block_modules) that
+    hold parameters, in the model's order."""
+    blocks = step_context.block_modules(model)
+    return [m for m in model.modules() if id(m) in blocks and any(True for _ in m.parameters())]
+
+
 def _units_of(model: Any, units: Iterable[Any] | None) -> list[Any]:
-    modules = list(model.modules())
     if units is None:
-        blocks = step_context.block_modules(model)
-        return [m for m in modules if id(m) in blocks and any(True for _ in m.parameters())]
+        return block_units(model)
+    modules = list(model.modules())
     chosen = list(units)
     known, unit_ids = {id(m) for m in modules}, {id(u) for u in chosen}
     for unit in chosen:
