@@ -27,4 +27,43 @@ void ParameterTransfers::fill(const std::vector<at::Tensor>& copies, const std::
   }
 }
 
+std::uint64_t ParameterTransfers::send_gradient(const at::Tensor& destination, const at::Tensor& gradient) {
+  transfers_.copy_out(destination, gradient);
+  in_flight_.push_back(transfers_.copies_out_issued());  // this copy's mark: it is the last issued
+  return queue_.send(static_cast<std::size_t>(destination.nbytes()));
+}
+
+bool ParameterTransfers::land_oldest(bool wait) {
+  const std::optional<CopyMark>& mark = in_flight_.front();
+  if (mark.has_value() && !mark->done()) {
+    if (!wait) return false;
+    ++host_waits_;
+    mark->engine->transfers().wait(mark->transfer, "an offloaded parameter's gradient copy to the host");
+  }
+  queue_.land(*queue_.oldest());
+  in_flight_.pop_front();
+  return true;
+}
+
+std::size_t ParameterTransfers::landed() {
+  std::size_t count = 0;
+  while (!in_flight_.empty() && land_oldest(false)) ++count;
+  if (count > 0) transfers_.release_done();
+  return count;
+}
+
+std::size_t ParameterTransfers::land_over_bound() {
+  const std::size_t count = queue_.over_bound();
+  for (std::size_t k = 0; k < count; ++k) land_oldest(true);
+  if (count > 0) transfers_.release_done();
+  return count;
+}
+
+std::size_t ParameterTransfers::land_all() {
+  const std::size_t count = in_flight_.size();
+  while (!in_flight_.empty()) land_oldest(true);
+  transfers_.release_done();
+  return count;
+}
+
 }  // namespace stowage::torch_offload
