@@ -261,17 +261,17 @@ class OffloadedParameters:
         fill, free = moves
         if free:
             self._transfers.filled()  # a prefetch let go: its fill completes before the memory is reused
-        for i in free:
-            _guard(self._slots[i].copy)
+        for i in free:  # (the plain class's calls cost nothing: the guard comes after)
             self._slots[i].copy.untyped_storage().resize_(0)
+            _guard(self._slots[i].copy)
         if not fill:
             return
         copies = [self._slots[i].copy for i in fill]
         for i in fill:
             self._take_in_replaced(i)
             copy = self._slots[i].copy
-            copy.untyped_storage().resize_(copy.numel() * copy.element_size())
             _unguard(copy)
+            copy.untyped_storage().resize_(copy.numel() * copy.element_size())
         self._transfers.fill(copies, [self._slots[i].host for i in fill])
 
     def _take_in_replaced(self, i: int) -> None:
@@ -547,8 +547,8 @@ class OffloadedParameters:
     def _restore_all(self) -> None:
         torch = step_context.loaded_torch()
         for slot in self._slots:
-            _guard(slot.copy)
             slot.copy.untyped_storage().resize_(0)
+            _guard(slot.copy)
             param = slot.param
             on_device = torch.empty_like(param.data, device=self.device)
             on_device.copy_(param.data)
