@@ -404,6 +404,8 @@ def test_backward_sends_gradients_without_a_host_wait_for_each() -> None:
         transfers = counting.transfers
         assert 0 < transfers.peak_gradient_bytes_in_flight <= transfers.gradient_bound_bytes
         assert transfers.gradient_bound_bytes == max(handle._schedule.unit_bytes(u) for u in range(len(handle.units)))
+    with pytest.raises(ValueError, match="gradient_bytes is a count of bytes"):
+        stowage.offload.parameters(tiny_gpt(), gradient_bytes=-1)
 
 
 def test_the_host_parameters_hooks_run_in_torch_s_order_on_complete_gradients() -> None:
