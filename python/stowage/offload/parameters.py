@@ -507,11 +507,14 @@ class OffloadedParameters:
         self._input_key = [None] * len(self.units)
 
     def _settle_failed_backward(self) -> None:
-        """A backward that raised left its holds: let them go before the next forward."""
-        if self._sent:
-            self._land_every_gradient()
-        if self._callback_task != -1:
-            self._end_of_backward()
+        """A backward that raised left its holds, and maybe gradients in flight (where autograd let
+        go of its graph task on its own thread, after the exception reached the caller): let them
+        go, and land them, before the next forward."""
+        if self._sent or self._callback_task != -1:
+            with self._landing:
+                self._land_every_gradient()
+                if self._callback_task != -1:
+                    self._end_of_backward()
 
     # --- the handle ----------------------------------------------------------------------------------
 
@@ -596,7 +599,7 @@ _copy_type: Any = None
 
 
 def _guard(copy: Any) -> None:
-    """Makes a device copy whose storage is about to be freed refuse ops reading its values."""
+    """Makes a device copy whose storage was just freed refuse ops reading its values."""
     copy.__class__ = _device_copy_type()
 
 
