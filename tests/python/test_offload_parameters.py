@@ -481,3 +481,37 @@ def test_a_filled_device_copy_is_a_plain_parameter_and_a_freed_one_is_guarded() 
         assert during == [torch.nn.Parameter]  # no Python guard on the ops of the unit's forward
         for slot in handle._slots:
             assert type(slot.copy) is not torch.nn.Parameter and isinstance(slot.copy, torch.nn.Parameter)
+
+
+class CountingStore:
+    """Stands in for a handle's host store, counting the host buffers it hands out."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.buffers = store, 0
+
+    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        self.buffers += 1
+        return self.store.empty(numel, dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_micro_batches_add_through_reused_staging_not_a_buffer_a_gradient() -> None:
+    model = tiny_gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with stowage.offload.parameters(model) as handle:
+        counting = CountingStore(handle._store)
+        handle._store = counting
+        offloaded = sum(1 for _ in model.blocks.parameters())
+        for step in range(2):
+            per_micro_batch = []
+            for micro in range(4):
+                before = counting.buffers
+                gpt_loss(model, 4 * step + micro).backward()
+                per_micro_batch.append(counting.buffers - before)
+            optimizer.step()
+            optimizer.zero_grad()  # set_to_none: the next step's first gradients become new .grad buffers
+            if step == 1:  # the staging the first step made is reused
+                assert per_micro_batch == [offloaded, 0, 0, 0]
+        assert len(handle._spare_staging) <= 2  # no more than were in flight at once
