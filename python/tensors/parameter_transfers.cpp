@@ -33,37 +33,31 @@ std::uint64_t ParameterTransfers::send_gradient(const at::Tensor& destination, c
   return queue_.send(static_cast<std::size_t>(destination.nbytes()));
 }
 
-bool ParameterTransfers::land_oldest(bool wait) {
-  const std::optional<CopyMark>& mark = in_flight_.front();
-  if (mark.has_value() && !mark->done()) {
-    if (!wait) return false;
+std::size_t ParameterTransfers::land(std::size_t count) {
+  if (count == 0) return 0;
+  // one wait, for the last of them: the copies complete in the order of the engine's one
+  // device-to-host stream, so the earlier ones have landed with it
+  const std::optional<CopyMark>& last = in_flight_[count - 1];
+  if (last.has_value() && !last->done()) {
     ++host_waits_;
-    mark->engine->transfers().wait(mark->transfer, "an offloaded parameter's gradient copy to the host");
+    last->engine->transfers().wait(last->transfer, "offloaded parameters' gradient copies to the host");
   }
-  queue_.land(*queue_.oldest());
-  in_flight_.pop_front();
-  return true;
+  for (std::size_t k = 0; k < count; ++k) {
+    queue_.land(*queue_.oldest());
+    in_flight_.pop_front();
+  }
+  transfers_.release_done();
+  return count;
 }
 
 std::size_t ParameterTransfers::landed() {
   std::size_t count = 0;
-  while (!in_flight_.empty() && land_oldest(false)) ++count;
-  if (count > 0) transfers_.release_done();
-  return count;
+  while (count < in_flight_.size() && (!in_flight_[count].has_value() || in_flight_[count]->done())) ++count;
+  return land(count);
 }
 
-std::size_t ParameterTransfers::land_over_bound() {
-  const std::size_t count = queue_.over_bound();
-  for (std::size_t k = 0; k < count; ++k) land_oldest(true);
-  if (count > 0) transfers_.release_done();
-  return count;
-}
+std::size_t ParameterTransfers::land_over_bound() { return land(queue_.over_bound()); }
 
-std::size_t ParameterTransfers::land_all() {
-  const std::size_t count = in_flight_.size();
-  while (!in_flight_.empty()) land_oldest(true);
-  transfers_.release_done();
-  return count;
-}
+std::size_t ParameterTransfers::land_all() { return land(in_flight_.size()); }
 
 }  // namespace stowage::torch_offload

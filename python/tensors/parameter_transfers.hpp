@@ -57,15 +57,14 @@ class ParameterTransfers {
   std::size_t land_all();
   std::size_t gradients_in_flight() const noexcept { return queue_.in_flight(); }
   const offload::GradientQueue& gradient_queue() const noexcept { return queue_; }
-  // The times the host waited for a gradient's copy that had not landed yet.
+  // The times the host waited for gradients' copies that had not landed yet (once a landing).
   std::int64_t host_waits() const noexcept { return host_waits_; }
   // Waits for every copy issued so far.
   void synchronize() { transfers_.synchronize(); }
 
  private:
-  // Takes the oldest gradient off the queue, waiting for its copy when `wait`; false when it has
-  // not landed and `wait` is false.
-  bool land_oldest(bool wait);
+  // Takes the `count` oldest gradients off the queue, waiting once for their copies to land.
+  std::size_t land(std::size_t count);
 
   OptimizerTransfers transfers_;
   offload::GradientQueue queue_;

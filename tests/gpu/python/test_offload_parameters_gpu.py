@@ -75,22 +75,24 @@ def test_a_closed_handle_and_its_model_are_freed() -> None:
 
 def test_backward_waits_on_the_host_only_past_the_bound_not_per_gradient() -> None:
     model = small_gpt()
-    with stowage.offload.parameters(model) as handle:
-        count = sum(1 for _ in model.h.parameters())
-        tokens, targets = batch(0)
-        for step in range(2):
-            waits_before = handle._transfers.host_waits
-            with torch.autocast(DEVICE, dtype=torch.bfloat16):
-                loss = model(tokens, targets)
-            loss.backward()
-            waits = handle._transfers.host_waits - waits_before
-            # bound: one unit's bytes, so a wait about once a unit, and the last ones at the end
-            assert waits <= len(handle.units) + 1 < count
-            assert handle._transfers.gradients_in_flight == 0 and not handle._sent
-            assert all(p.grad.is_pinned() for p in model.h.parameters())
-        transfers = handle._transfers
-        largest = max(p.numel() * p.element_size() for p in model.h.parameters())
-        assert transfers.peak_gradient_bytes_in_flight <= transfers.gradient_bound_bytes + largest
+    blocks_bytes = sum(p.numel() * p.element_size() for p in model.h.parameters())
+    largest = max(p.numel() * p.element_size() for p in model.h.parameters())
+    tokens, targets = batch(0)
+    for bound in (None, blocks_bytes):  # the default (the largest unit's bytes), then every gradient
+        with stowage.offload.parameters(model, gradient_bytes=bound) as handle:
+            for step in range(2):
+                waits_before = handle._transfers.host_waits
+                with torch.autocast(DEVICE, dtype=torch.bfloat16):
+                    loss = model(tokens, targets)
+                loss.backward()
+                waits = handle._transfers.host_waits - waits_before
+                assert handle._transfers.gradients_in_flight == 0 and not handle._sent
+                assert all(p.grad.is_pinned() for p in model.h.parameters())
+                if bound == blocks_bytes:
+                    assert waits <= 1  # the copies follow the compute by events; one wait, for the last ones
+            transfers = handle._transfers
+            assert transfers.peak_gradient_bytes_in_flight <= transfers.gradient_bound_bytes + largest
+        model.zero_grad(set_to_none=True)
 
 
 def test_a_backward_that_raises_leaves_torch_s_gradients_by_the_next_forward() -> None:
