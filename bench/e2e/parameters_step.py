@@ -8,6 +8,10 @@ GPU). Prints a table of medians; --json writes every figure.
 
     python bench/e2e/parameters_step.py --device cpu --layers 8 --width 512 --rounds 3
     python bench/e2e/parameters_step.py --device cuda --layers 24 --width 2048 --seq 2048
+
+--count adds, for the parameters mode, the host's waits for copies per step (calls waiting for
+every copy issued, and waits for a gradient's copy that had not landed) and the calls into the
+device copies' Python guard per step; it wraps the handle's transfers, so time without it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each mode")
     parser.add_argument("--prefetch", type=int, default=1)
+    parser.add_argument("--count", action="store_true", help="count host waits and guard calls (not timed)")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
@@ -66,11 +71,53 @@ def reset_peak(device: str) -> None:
         stowage.reset_peak_stats()
 
 
+class WaitCounter:
+    """Stands in for a handle's parameter transfers: counts the calls waiting for every copy
+    issued so far (synchronize) and passes every call on."""
+
+    def __init__(self, transfers: Any) -> None:
+        self.transfers, self.synchronized = transfers, 0
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+        self.transfers.synchronize()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transfers, name)
+
+    def host_waits(self) -> int:
+        return self.synchronized + int(getattr(self.transfers, "host_waits", 0))
+
+
+GUARD_CALLS = [0]
+
+
+def count_guard_calls() -> list[int]:
+    """Counts the calls into the device copies' Python guard (their class's __torch_function__)
+    in GUARD_CALLS, reset to 0."""
+    kind = sys.modules["stowage.offload.parameters"]._device_copy_type()
+    if "counted" not in kind.__dict__:
+        guard = kind.__dict__["__torch_function__"].__func__
+
+        def counted(cls: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            GUARD_CALLS[0] += 1
+            return guard(cls, func, types, args, kwargs)
+
+        kind.__torch_function__ = classmethod(counted)
+        kind.counted = True
+    GUARD_CALLS[0] = 0
+    return GUARD_CALLS
+
+
 def run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """One run of `mode`: a fresh model, `warmup` + `steps` steps; its figures and parameters."""
     device = "cuda" if args.device == "cuda" else "cpu"
     model, _ = seeded_model_and_tokens(args.layers, args.width, args.batch, args.seq, device, args.vocab)
     handle = stowage.offload.parameters(model, prefetch=args.prefetch) if mode == "parameters" else None
+    counter = guard_calls = None
+    if handle is not None and args.count:
+        counter = handle._transfers = WaitCounter(handle._transfers)
+        guard_calls = count_guard_calls()
     optimizer = make_optimizer(model)
     generator = torch.Generator().manual_seed(1)
     times, peaks = [], []
@@ -90,6 +137,12 @@ def run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
               "parameters": sum(p.numel() for p in model.parameters()),
               "host_parameter_bytes": handle.host_bytes if handle else 0,
               "window_bytes": handle.peak_resident_bytes if handle else 0}
+    if counter is not None and guard_calls is not None:
+        total = args.warmup + args.steps
+        result["host_waits_per_step"] = counter.host_waits() / total
+        result["guard_calls_per_step"] = guard_calls[0] / total
+        print(f"parameters: {result['host_waits_per_step']:g} host waits a step, "
+              f"{result['guard_calls_per_step']:g} guard calls a step")
     if handle is not None:
         handle.close()
     # numpy's memory, not the device's (in CPU mode torch's CPU tensors are the simulated device's)

@@ -57,14 +57,14 @@ class OptimizerTransfers {
   // Waits for every copy issued so far (Note [Bounded waits]: each wait's deadline follows the
   // bytes in flight).
   void synchronize();
+  // Lets go of the gradients whose copies have completed (their device memory may be reused).
+  void release_done();
 
  private:
   // Copies `bytes` over the engine after the compute so far; waits at once in CPU mode.
   TransferHandle copy(TransferDirection direction, void* dst, const void* src, std::size_t bytes);
   // Whether `tensor`'s memory is the device's, so that its copy crosses the engine.
   bool crosses_link(const at::Tensor& tensor) const;
-  // Lets go of the gradients whose copies have completed.
-  void release_done();
 
   c10::Device device_;
   OffloadEngine* engine_;  // null: a plain CPU device

@@ -27,4 +27,37 @@ void ParameterTransfers::fill(const std::vector<at::Tensor>& copies, const std::
   }
 }
 
+std::uint64_t ParameterTransfers::send_gradient(const at::Tensor& destination, const at::Tensor& gradient) {
+  transfers_.copy_out(destination, gradient);
+  in_flight_.push_back(transfers_.copies_out_issued());  // this copy's mark: it is the last issued
+  return queue_.send(static_cast<std::size_t>(destination.nbytes()));
+}
+
+std::size_t ParameterTransfers::land(std::size_t count) {
+  if (count == 0) return 0;
+  // one wait, for the last of them: the copies complete in the order of the engine's one
+  // device-to-host stream, so the earlier ones have landed with it
+  const std::optional<CopyMark>& last = in_flight_[count - 1];
+  if (last.has_value() && !last->done()) {
+    ++host_waits_;
+    last->engine->transfers().wait(last->transfer, "offloaded parameters' gradient copies to the host");
+  }
+  for (std::size_t k = 0; k < count; ++k) {
+    queue_.land(*queue_.oldest());
+    in_flight_.pop_front();
+  }
+  transfers_.release_done();
+  return count;
+}
+
+std::size_t ParameterTransfers::landed() {
+  std::size_t count = 0;
+  while (count < in_flight_.size() && (!in_flight_[count].has_value() || in_flight_[count]->done())) ++count;
+  return land(count);
+}
+
+std::size_t ParameterTransfers::land_over_bound() { return land(queue_.over_bound()); }
+
+std::size_t ParameterTransfers::land_all() { return land(in_flight_.size()); }
+
 }  // namespace stowage::torch_offload

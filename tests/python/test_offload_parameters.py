@@ -374,3 +374,144 @@ def test_a_device_copy_kept_past_its_unit_is_refused_not_read() -> None:
             kept[0].sum()
         with pytest.raises(stowage.offload.ParameterOffloadError, match="freed"):
             torch.nn.functional.linear(torch.ones(1, 64), kept[0])
+
+
+class CountingTransfers:
+    """Stands in for a handle's ParameterTransfers, counting the host's waits for every copy
+    (synchronize) and passing every call on."""
+
+    def __init__(self, transfers: Any) -> None:
+        self.transfers, self.synchronized = transfers, 0
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+        self.transfers.synchronize()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transfers, name)
+
+
+def test_backward_sends_gradients_without_a_host_wait_for_each() -> None:
+    model = tiny_gpt()
+    with stowage.offload.parameters(model) as handle:
+        counting = CountingTransfers(handle._transfers)
+        handle._transfers = counting
+        for step in range(2):
+            gpt_loss(model, step).backward()
+            assert counting.synchronized == 0  # no wait for all the copies issued so far, per gradient or at all
+            assert counting.gradients_in_flight == 0 and not handle._sent  # every gradient landed and applied
+        assert counting.host_waits == 0  # CPU mode: each copy has landed by the next gradient's hook
+        transfers = counting.transfers
+        assert 0 < transfers.peak_gradient_bytes_in_flight <= transfers.gradient_bound_bytes
+        assert transfers.gradient_bound_bytes == max(handle._schedule.unit_bytes(u) for u in range(len(handle.units)))
+    with pytest.raises(ValueError, match="gradient_bytes is a count of bytes"):
+        stowage.offload.parameters(tiny_gpt(), gradient_bytes=-1)
+
+
+def test_the_host_parameters_hooks_run_in_torch_s_order_on_complete_gradients() -> None:
+    def seen_by_hooks(offload: bool) -> list[tuple[int, float]]:
+        model = tiny_gpt()
+        handle = stowage.offload.parameters(model, gradient_bytes=0) if offload else None
+        seen: list[tuple[int, float]] = []
+        for index, p in enumerate(model.parameters()):
+            p.register_post_accumulate_grad_hook(lambda param, index=index: seen.append((index, param.grad.sum().item())))
+        for step in range(3):  # micro-batches: the later ones add to the .grad on the host
+            gpt_loss(model, step).backward()
+        if handle is not None:
+            handle.close()
+        return seen
+
+    offloaded = {i for i, (name, _) in enumerate(tiny_gpt().named_parameters()) if name.startswith("blocks.")}
+    ours, theirs = seen_by_hooks(True), seen_by_hooks(False)
+    # the host parameters' hooks run in torch's order among themselves (those of parameters on the
+    # device run when torch runs them, and may come before the host ones made just before them)
+    assert [s for s in ours if s[0] in offloaded] == [s for s in theirs if s[0] in offloaded]
+    assert sorted(ours) == sorted(theirs)  # each hook saw the whole gradient accumulated so far
+
+
+def test_a_backward_that_raises_leaves_the_gradients_torch_leaves() -> None:
+    def raising_loss(model: Any, step: int) -> torch.Tensor:
+        ids = tokens(step)
+        x = model.tokens(ids) + model.positions(torch.arange(ids.shape[1]))
+        for index, block in enumerate(model.blocks):
+            x = block(x)
+            if index == 1 and step == 0:
+                x.register_hook(boom)  # backward raises once blocks 3 and 2 made their gradients
+        return lm_loss(model.norm(x) @ model.tokens.weight.t(), ids)
+
+    def run(offload: bool) -> tuple[list[Any], list[torch.Tensor]]:
+        model = tiny_gpt()
+        handle = stowage.offload.parameters(model) if offload else None
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+        with pytest.raises(RuntimeError, match="boom"):
+            raising_loss(model, 0).backward()
+        if handle is not None:
+            assert not handle._sent  # landed before the exception reached us
+        after_failure = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        for step in range(1, 3):  # and training goes on
+            raising_loss(model, step).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        params = [p.detach().clone() for p in model.parameters()]
+        if handle is not None:
+            handle.close()
+        return after_failure, params
+
+    (ours_grads, ours), (their_grads, theirs) = run(True), run(False)
+    assert [g is None for g in ours_grads] == [g is None for g in their_grads]
+    assert any(g is not None for g in ours_grads) and any(g is None for g in ours_grads)
+    for a, b in zip(ours_grads, their_grads):
+        assert a is None or torch.equal(a, b)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+
+
+def boom(grad: torch.Tensor) -> None:
+    raise RuntimeError("boom")
+
+
+def test_a_filled_device_copy_is_a_plain_parameter_and_a_freed_one_is_guarded() -> None:
+    model = tiny_gpt()
+    during: list[type] = []
+    hook = model.blocks[0].mlp[0].register_forward_hook(lambda module, args, out: during.append(type(module.weight)))
+    with stowage.offload.parameters(model) as handle:
+        gpt_loss(model, 0).backward()
+        hook.remove()
+        assert during == [torch.nn.Parameter]  # no Python guard on the ops of the unit's forward
+        for slot in handle._slots:
+            assert type(slot.copy) is not torch.nn.Parameter and isinstance(slot.copy, torch.nn.Parameter)
+
+
+class CountingStore:
+    """Stands in for a handle's host store, counting the host buffers it hands out."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.buffers = store, 0
+
+    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        self.buffers += 1
+        return self.store.empty(numel, dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_micro_batches_add_through_reused_staging_not_a_buffer_a_gradient() -> None:
+    model = tiny_gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with stowage.offload.parameters(model) as handle:
+        counting = CountingStore(handle._store)
+        handle._store = counting
+        offloaded = sum(1 for _ in model.blocks.parameters())
+        for step in range(2):
+            per_micro_batch = []
+            for micro in range(4):
+                before = counting.buffers
+                gpt_loss(model, 4 * step + micro).backward()
+                per_micro_batch.append(counting.buffers - before)
+            optimizer.step()
+            optimizer.zero_grad()  # set_to_none: the next step's first gradients become new .grad buffers
+            if step == 1:  # the staging the first step made is reused
+                assert per_micro_batch == [offloaded, 0, 0, 0]
+        assert len(handle._spare_staging) <= 2  # no more than were in flight at once

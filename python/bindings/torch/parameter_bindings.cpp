@@ -60,13 +60,31 @@ void bind_transfers(py::module_& module) {
   using torch_offload::ParameterTransfers;
   py::class_<ParameterTransfers>(module, "ParameterTransfers",
                                  "Copies between host parameters and their device copies on the offload engine")
-      .def(py::init([](const std::string& device) { return std::make_unique<ParameterTransfers>(c10::Device(device)); }),
-           py::arg("device"))
+      .def(py::init([](const std::string& device, std::size_t gradient_bound_bytes) {
+             return std::make_unique<ParameterTransfers>(c10::Device(device), gradient_bound_bytes);
+           }),
+           py::arg("device"), py::arg("gradient_bound_bytes"))
       .def("fill", &ParameterTransfers::fill, py::arg("copies"), py::arg("hosts"),
            "Starts filling the device copies from the host parameters (versions kept)")
       .def("filled", &ParameterTransfers::filled, "Makes the compute wait for the fills issued so far")
-      .def("copy_out", &ParameterTransfers::copy_out, py::arg("destination"), py::arg("gradient"),
-           "Starts copying a device copy's gradient into a 1-D host buffer")
+      .def("send_gradient", &ParameterTransfers::send_gradient, py::arg("destination"), py::arg("gradient"),
+           "Starts copying a device copy's gradient into a 1-D host buffer after the compute that made it; "
+           "returns its ticket (Note [Gradients in flight])")
+      .def("landed", &ParameterTransfers::landed, "The oldest gradients landed, taken off the queue without waiting")
+      .def("land_over_bound", &ParameterTransfers::land_over_bound, py::call_guard<py::gil_scoped_release>(),
+           "Waits for the oldest gradients until those in flight are within the bound; how many landed")
+      .def("land_all", &ParameterTransfers::land_all, py::call_guard<py::gil_scoped_release>(),
+           "Waits for every gradient in flight; how many landed")
+      .def_property_readonly("gradients_in_flight", &ParameterTransfers::gradients_in_flight)
+      .def_property_readonly("gradient_bytes_in_flight",
+                             [](const ParameterTransfers& self) { return self.gradient_queue().bytes_in_flight(); })
+      .def_property_readonly(
+          "peak_gradient_bytes_in_flight",
+          [](const ParameterTransfers& self) { return self.gradient_queue().peak_bytes_in_flight(); })
+      .def_property_readonly("gradient_bound_bytes",
+                             [](const ParameterTransfers& self) { return self.gradient_queue().bound_bytes(); })
+      .def_property_readonly("host_waits", &ParameterTransfers::host_waits,
+                             "Times the host waited for a gradient's copy that had not landed")
       .def("synchronize", &ParameterTransfers::synchronize, py::call_guard<py::gil_scoped_release>(),
            "Waits for every copy issued so far");
 }

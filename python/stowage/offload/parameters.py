@@ -8,9 +8,14 @@ Each registered ``nn.Parameter`` keeps its identity and becomes a host tensor (`
 host memory, its ``.grad`` a host tensor), so torch's optimizers update it on the host. Each has
 one device copy: a leaf of the same requires_grad, the same object every step, swapped into its
 modules while their unit runs; its storage is filled from the host parameter before each use and
-freed after. Its gradient goes to the host parameter's ``.grad`` as autograd makes it (set, or
-added in place as torch's AccumulateGrad adds), then the host parameter's own post-accumulate
-hooks run: a loop between backward and step() sees torch's gradients.
+freed after. Its gradient leaves the device as autograd makes it, on the engine's
+device-to-host stream without a host wait each (Note [Gradients in flight] in
+offload/gradient_queue.hpp); once its copy has landed, the host parameter's ``.grad`` is set to it
+or added to in place (as torch's AccumulateGrad adds), then the host parameter's own
+post-accumulate hooks run, in the order the gradients were made. Every gradient has landed before
+backward returns, or, for a backward that raised, before the exception reaches the caller (where
+autograd lets go of its graph task there) and at the latest at the handle's next forward or
+close(): a loop between backward and step() sees torch's gradients.
 
 Contract: one training thread; a handle is closed once (``close()`` puts every parameter back on
 the device); at most one open handle holds a parameter.
@@ -18,7 +23,9 @@ the device); at most one open handle holds a parameter.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import threading
 import weakref
 from typing import Any, Iterable, Optional
 
@@ -37,11 +44,14 @@ class ParameterOffloadError(RuntimeError):
     """What stowage.offload.parameters cannot keep exact, said before any difference."""
 
 
-def parameters(model: Any, units: Iterable[Any] | None = None, prefetch: int = 1) -> OffloadedParameters:
+def parameters(model: Any, units: Iterable[Any] | None = None, prefetch: int = 1,
+               gradient_bytes: int | None = None) -> OffloadedParameters:
     """Moves the parameters of each of `model`'s units (its repeated blocks, or `units`) to host
     memory; each unit's come back on the device while it runs in forward and backward, the next
-    `prefetch` units' issued ahead. Returns the handle (a context manager; ``close()``)."""
-    return OffloadedParameters(model, units, prefetch)
+    `prefetch` units' issued ahead. At most `gradient_bytes` of gradients are on their way to the
+    host at once (default: the largest unit's parameters' bytes). Returns the handle (a context
+    manager; ``close()``)."""
+    return OffloadedParameters(model, units, prefetch, gradient_bytes)
 
 
 def _device_of(model: Any, params: list[Any]) -> Any:
@@ -128,16 +138,31 @@ class _Slot:
         self.param, self.host, self.copy = param, host, copy
         self.places: list[tuple[Any, str]] = []  # (module, name) in the units
         self.gradient_hooked = False
+        self.gradients_sent = 0  # its gradients sent to the host and not yet applied
+
+
+class _SentGradient:
+    """A gradient on its way to the host: the slot, the host values its copy lands in, and the
+    staging buffer under them (None: the values may become the host parameter's ``.grad``)."""
+
+    __slots__ = ("slot", "values", "staging")
+
+    def __init__(self, slot: int, values: Any, staging: Any) -> None:
+        self.slot, self.values, self.staging = slot, values, staging
 
 
 class OffloadedParameters:
     """The handle of ``stowage.offload.parameters``: the units, their parameters' host memory and
     device copies, the hooks that bring them in and take their gradients out."""
 
-    def __init__(self, model: Any, units: Iterable[Any] | None, prefetch: int) -> None:
+    def __init__(self, model: Any, units: Iterable[Any] | None, prefetch: int,
+                 gradient_bytes: int | None = None) -> None:
         torch = step_context.loaded_torch()
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(f"prefetch is a count of units ahead (0 or more), not {prefetch!r}")
+        if gradient_bytes is not None and (not isinstance(gradient_bytes, int) or isinstance(gradient_bytes, bool)
+                                           or gradient_bytes < 0):
+            raise ValueError(f"gradient_bytes is a count of bytes (0 or more), not {gradient_bytes!r}")
         _refuse_wrapped(model)
         self.units = _units_of(model, units)
         self._unit_slots: list[list[int]] = []
@@ -154,7 +179,6 @@ class OffloadedParameters:
             device_name = f"cuda:{torch.cuda._get_device_index(self.device, optional=True)}"
         module = torch_module()
         self._store = module.HostStateStore(device_name)
-        self._transfers = module.ParameterTransfers(device_name)
         for param in params:
             if id(param) in _held and _held[id(param)]() is not None:
                 raise ParameterOffloadError("a parameter of these units is already offloaded by another open handle")
@@ -177,6 +201,13 @@ class OffloadedParameters:
             self._unit_slots.append(slots)
         self._schedule = module.ParameterSchedule(
             [s.copy.numel() * s.copy.element_size() for s in self._slots], self._unit_slots, prefetch)
+        if gradient_bytes is None:
+            gradient_bytes = max(self._schedule.unit_bytes(u) for u in range(len(self.units)))
+        self._transfers = module.ParameterTransfers(device_name, gradient_bytes)
+        self._sent: collections.deque[_SentGradient] = collections.deque()  # oldest first, not yet applied
+        self._spare_staging: list[Any] = []  # host byte buffers for gradients added to a .grad
+        # Held while gradients are sent or applied: a failed backward's may land on autograd's thread.
+        self._landing = threading.RLock()
         for slot in self._slots:
             _held[id(slot.param)] = weakref.ref(self)
         self._backward_held = [False] * len(self.units)
@@ -230,14 +261,16 @@ class OffloadedParameters:
         fill, free = moves
         if free:
             self._transfers.filled()  # a prefetch let go: its fill completes before the memory is reused
-        for i in free:
+        for i in free:  # (the plain class's calls cost nothing: the guard comes after)
             self._slots[i].copy.untyped_storage().resize_(0)
+            _guard(self._slots[i].copy)
         if not fill:
             return
         copies = [self._slots[i].copy for i in fill]
         for i in fill:
             self._take_in_replaced(i)
             copy = self._slots[i].copy
+            _unguard(copy)
             copy.untyped_storage().resize_(copy.numel() * copy.element_size())
         self._transfers.fill(copies, [self._slots[i].host for i in fill])
 
@@ -401,29 +434,72 @@ class OffloadedParameters:
             if grad.is_sparse:
                 raise ParameterOffloadError("a sparse gradient reached an offloaded parameter: dense gradients only")
             self._queue_end_of_backward()
-            slot = self._slots[i]
-            staged = self._store.empty(grad.numel(), grad.dtype)
-            self._transfers.copy_out(staged, grad)
-            copy.grad = None
-            self._transfers.synchronize()
+            with self._landing:
+                self._transfers.landed()  # the older ones that have landed (never this one: not sent yet)
+                self._apply_landed()
+                self._send(i, grad)
+                copy.grad = None  # its memory is held until the copy has read it
+                self._transfers.land_over_bound()
+                self._apply_landed()
+
+        return gradient_made
+
+    def _send(self, i: int, grad: Any) -> None:
+        """Sends the gradient of slot `i` to the host: into a buffer that becomes the host
+        parameter's ``.grad`` where it has none and none is on its way, else into staging."""
+        slot = self._slots[i]
+        staging = None
+        if slot.param.grad is None and slot.gradients_sent == 0:
+            values = self._store.empty(grad.numel(), grad.dtype)
+        else:
+            staging = self._staging(grad.numel() * grad.element_size())
+            values = staging.view(grad.dtype)[: grad.numel()]
+        self._transfers.send_gradient(values, grad)
+        self._sent.append(_SentGradient(i, values, staging))
+        slot.gradients_sent += 1
+
+    def _staging(self, nbytes: int) -> Any:
+        """A host byte buffer of at least `nbytes` (a multiple of 8, so any dtype views it): the
+        smallest spare one that fits, else a new one. Staging is taken back as its gradient is
+        applied, so the spares are at most the bytes that were in flight at once."""
+        fitting = [k for k, b in enumerate(self._spare_staging) if b.numel() >= nbytes]
+        if fitting:
+            return self._spare_staging.pop(min(fitting, key=lambda k: self._spare_staging[k].numel()))
+        return self._store.empty((nbytes + 7) // 8 * 8, step_context.loaded_torch().uint8)
+
+    def _apply_landed(self) -> None:
+        """The host side of each gradient whose copy has landed, oldest first: ``.grad`` set or
+        added to, then the host parameter's post-accumulate hooks (a hook that raises leaves the
+        rest to the next call)."""
+        while len(self._sent) > self._transfers.gradients_in_flight:
+            sent = self._sent.popleft()
+            slot = self._slots[sent.slot]
+            slot.gradients_sent -= 1
             param = slot.param
+            landed = sent.values.view(param.shape)
             if param.grad is None:
-                param.grad = staged.view(param.shape)
+                param.grad = landed if sent.staging is None else landed.clone()
             else:
-                param.grad.add_(staged.view(param.shape))
+                param.grad.add_(landed)
+            if sent.staging is not None:
+                self._spare_staging.append(sent.staging)
             for hook in list((param._post_accumulate_grad_hooks or {}).values()):
                 hook(param)
 
-        return gradient_made
+    def _land_every_gradient(self) -> None:
+        with self._landing:
+            self._transfers.land_all()
+            self._apply_landed()
 
     def _queue_end_of_backward(self) -> None:
         torch = step_context.loaded_torch()
         task = torch._C._current_graph_task_id()
         if task != self._callback_task:
             self._callback_task = task
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            torch.autograd.Variable._execution_engine.queue_callback(_EndOfBackward(self))
 
     def _end_of_backward(self) -> None:
+        self._land_every_gradient()
         self._callback_task = -1
         self._apply(self._schedule.release_all())
         self._backward_held = [False] * len(self.units)
@@ -431,9 +507,14 @@ class OffloadedParameters:
         self._input_key = [None] * len(self.units)
 
     def _settle_failed_backward(self) -> None:
-        """A backward that raised left its holds: let them go before the next forward."""
-        if self._callback_task != -1:
-            self._end_of_backward()
+        """A backward that raised left its holds, and maybe gradients in flight (where autograd let
+        go of its graph task on its own thread, after the exception reached the caller): let them
+        go, and land them, before the next forward."""
+        if self._sent or self._callback_task != -1:
+            with self._landing:
+                self._land_every_gradient()
+                if self._callback_task != -1:
+                    self._end_of_backward()
 
     # --- the handle ----------------------------------------------------------------------------------
 
@@ -459,6 +540,7 @@ class OffloadedParameters:
         """Puts every parameter (and its gradient) back on the device; the hooks go."""
         if self.closed:
             return
+        self._land_every_gradient()
         self.closed = True
         for handle in self._handles:
             handle.remove()
@@ -469,6 +551,7 @@ class OffloadedParameters:
         torch = step_context.loaded_torch()
         for slot in self._slots:
             slot.copy.untyped_storage().resize_(0)
+            _guard(slot.copy)
             param = slot.param
             on_device = torch.empty_like(param.data, device=self.device)
             on_device.copy_(param.data)
@@ -486,17 +569,51 @@ class OffloadedParameters:
         self.close()
 
 
+class _EndOfBackward:
+    """The callback queued on a backward that reached an offloaded parameter: torch calls it when
+    the backward ends, and only when it succeeds; one that raised drops it uncalled as autograd lets
+    go of its graph task (before the exception reaches the caller where that task ran on the
+    caller's thread), and the gradients in flight land then all the same (a hook of the host
+    parameter that raises there is reported as Python reports errors in finalizers)."""
+
+    def __init__(self, handle: OffloadedParameters) -> None:
+        self._handle = weakref.ref(handle)
+        self._called = False
+
+    def __call__(self) -> None:
+        self._called = True
+        handle = self._handle()
+        if handle is not None:
+            handle._end_of_backward()
+
+    def __del__(self) -> None:
+        handle = self._handle()
+        if not self._called and handle is not None and not handle.closed:
+            handle._land_every_gradient()
+
+
 # What may touch a device copy whose storage is freed: its storage, hooks and metadata, never its values.
 _METADATA = frozenset({"untyped_storage", "__get__", "__set__", "numel", "element_size", "register_hook",
                        "register_post_accumulate_grad_hook", "requires_grad_", "size", "dim", "__hash__"})
 _copy_type: Any = None
 
 
+def _guard(copy: Any) -> None:
+    """Makes a device copy whose storage was just freed refuse ops reading its values."""
+    copy.__class__ = _device_copy_type()
+
+
+def _unguard(copy: Any) -> None:
+    """A filled device copy is a plain nn.Parameter: ops on it cost what they cost on any
+    parameter (no Python guard on the hot path of a unit's forward and backward)."""
+    copy.__class__ = step_context.loaded_torch().nn.Parameter
+
+
 def _device_copy_type() -> Any:
-    """The class of the device copies: an nn.Parameter that refuses, with a clear error, an op
-    reading its values while its storage is freed (a reference to a unit's weight taken during the
-    unit's forward and used after it would read freed memory: a crash, or another tensor's bytes).
-    Ops on it return plain tensors."""
+    """The class of the device copies while their storage is freed (_guard, _unguard): an
+    nn.Parameter that refuses, with a clear error, an op reading its values (a reference to a
+    unit's weight taken during the unit's forward and used after it would read freed memory: a
+    crash, or another tensor's bytes). Ops on it return plain tensors."""
     global _copy_type
     if _copy_type is not None:
         return _copy_type

@@ -1,6 +1,9 @@
 """Parameters off the device on a real GPU: the host parameters pinned, the device's memory down
 by the blocks' parameters and held to the window during a step, gradients on the host equal to
-plain torch's (the same device kernels made them), the model freed with its handle.
+plain torch's (the same device kernels made them) and sent there without a host wait each (the
+copies follow the compute by events; the host waits only past the bound of bytes in flight and
+at the end of backward), a failed backward's gradients as torch leaves them, the model freed with
+its handle.
 
 conftest.py made stowage torch's CUDA allocator; the exactness matrix (test_exactness_gpu.py) holds
 the `parameters` cells to torch over every pattern."""
@@ -68,3 +71,55 @@ def test_a_closed_handle_and_its_model_are_freed() -> None:
     del model, handle
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+def test_backward_waits_on_the_host_only_past_the_bound_not_per_gradient() -> None:
+    model = small_gpt()
+    blocks_bytes = sum(p.numel() * p.element_size() for p in model.h.parameters())
+    largest = max(p.numel() * p.element_size() for p in model.h.parameters())
+    tokens, targets = batch(0)
+    for bound in (None, blocks_bytes):  # the default (the largest unit's bytes), then every gradient
+        with stowage.offload.parameters(model, gradient_bytes=bound) as handle:
+            for step in range(2):
+                waits_before = handle._transfers.host_waits
+                with torch.autocast(DEVICE, dtype=torch.bfloat16):
+                    loss = model(tokens, targets)
+                loss.backward()
+                waits = handle._transfers.host_waits - waits_before
+                assert handle._transfers.gradients_in_flight == 0 and not handle._sent
+                assert all(p.grad.is_pinned() for p in model.h.parameters())
+                if bound == blocks_bytes:
+                    assert waits <= 1  # the copies follow the compute by events; one wait, for the last ones
+            transfers = handle._transfers
+            assert transfers.peak_gradient_bytes_in_flight <= transfers.gradient_bound_bytes + largest
+        model.zero_grad(set_to_none=True)
+
+
+def test_a_backward_that_raises_leaves_torch_s_gradients_by_the_next_forward() -> None:
+    def run(offload: bool) -> list[torch.Tensor | None]:
+        model = small_gpt()
+        handle = stowage.offload.parameters(model) if offload else None
+        tokens, targets = batch(2)
+        hook = model.h[1].register_forward_hook(lambda m, a, out: out.register_hook(_raise))
+        try:
+            model(tokens, targets).backward()
+        except RuntimeError as error:
+            assert "stop" in str(error)
+        hook.remove()
+        if handle is not None:
+            with torch.no_grad():
+                model(tokens, targets)  # the next forward: any gradient still in flight has landed
+            assert not handle._sent
+        grads = [None if p.grad is None else p.grad.detach().to("cpu") for p in model.parameters()]
+        if handle is not None:
+            handle.close()
+        return grads
+
+    ours, theirs = run(True), run(False)
+    assert any(g is not None for g in theirs)
+    for a, b in zip(ours, theirs):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def _raise(grad: torch.Tensor) -> None:
+    raise RuntimeError("stop")
