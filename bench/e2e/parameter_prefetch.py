@@ -55,9 +55,14 @@ def record(model: Any, tokens: torch.Tensor, targets: torch.Tensor, device: str)
 
 
 def weighed(trace: Any, paths: list[str], sizes: list[int], rate: float) -> dict[str, Any]:
+    """The planner's figures at `rate`, and beside them the estimate fit made before it chose the
+    depth (one block ahead always): one block's copy, plus what the step's compute does not cover
+    of every block's copy twice."""
     found = _core.parameter_prefetch(trace, paths, sizes, rate, 1 << 62)
+    compute = sum(op.duration_ms for op in trace.ops if op.phase != _core.TracePhase.optimizer)
+    fixed_estimate = max(sizes) / rate + max(2 * sum(sizes) / rate - compute, 0.0)
     return {"rate_bytes_per_ms": rate, "depth": found.depth, "exposed_ms": list(found.exposed_ms),
-            "window_bytes": list(found.window_bytes)}
+            "window_bytes": list(found.window_bytes), "fixed_one_ahead_estimate_ms": fixed_estimate}
 
 
 def main() -> int:
@@ -89,8 +94,10 @@ def main() -> int:
                    for d in range(len(first["exposed_ms"]))]
         depths = [r["results"][column]["depth"] for r in rounds]
         rate = statistics.median(r["results"][column]["rate_bytes_per_ms"] for r in rounds)
+        fixed = statistics.median(r["results"][column]["fixed_one_ahead_estimate_ms"] for r in rounds)
         print(f"{first['label']} ({rate / 1e6:.2f} MB/ms): depths chosen {depths}; exposed ms by depth "
-              + ", ".join(f"{d}: {ms:.2f}" for d, ms in enumerate(exposed)))
+              + ", ".join(f"{d}: {ms:.2f}" for d, ms in enumerate(exposed))
+              + f"; the fixed one-ahead estimate {fixed:.2f}")
     if options.json:
         options.json.write_text(json.dumps({"options": vars(options) | {"json": str(options.json)},
                                             "blocks": paths, "block_bytes": sizes, "rounds": rounds}, indent=1))
