@@ -7,6 +7,7 @@
 
 #include "base/byte_units.hpp"
 #include "base/errors.hpp"
+#include "planner/parameter_prefetch.hpp"
 #include "planner/prefetch_search.hpp"
 
 namespace stowage::planner {
@@ -32,10 +33,6 @@ bool FitOption::keeps_everything() const noexcept {
 
 double FitOption::step_ms() const noexcept {
   return static_cast<double>(micro_batches) * prediction.step_ms + parameter_copy_ms + update_ms;
-}
-
-std::int64_t FitBlocks::window_bytes() const {
-  return largest_unit_bytes * (1 + prefetch) + largest_unit_gradient_bytes;
 }
 
 namespace {
@@ -91,7 +88,6 @@ Placed place(const FitInputs& in, const FitShare& share, bool parameters_on_host
     placed.gradients -= blocks.gradient_bytes;
     const std::int64_t states_moved = blocks.states_counted_on_device ? 0 : blocks.state_bytes;
     placed.states -= states_moved;
-    placed.window = blocks.window_bytes();
     placed.host = blocks.parameter_bytes + blocks.gradient_bytes + states_moved;
     placed.update_ms = static_cast<double>(memory.parameter_count - blocks.trained_parameters) *
                            in.rates.device_ms_per_parameter +
@@ -108,28 +104,35 @@ Placed place(const FitInputs& in, const FitShare& share, bool parameters_on_host
 }
 
 // The blocks' parameters' copies a step waits for (Note [Weighing fit's options]), each
-// micro-batch's: one unit's in, what its compute does not cover of the rest, the gradients out.
-double parameter_copy_ms(const FitInputs& in, double compute_ms) {
-  const CostModel& cost = in.traces.cost();
-  const FitBlocks& blocks = in.blocks;
-  const double in_ms = 2 * static_cast<double>(blocks.parameter_bytes) / cost.to_device_bytes_per_ms;
-  const double unit_ms = static_cast<double>(blocks.largest_unit_bytes) / cost.to_device_bytes_per_ms;
-  const double out_ms = static_cast<double>(blocks.gradient_bytes) / cost.to_host_bytes_per_ms;
-  return unit_ms + std::max(in_ms - compute_ms, 0.0) + out_ms;
+// micro-batch's: the copies in as the passes wait for them at the depth, the gradients out.
+double parameter_copy_ms(const FitInputs& in, const ParameterPrefetch& prefetch) {
+  const double out_ms = static_cast<double>(in.blocks.gradient_bytes) / in.traces.cost().to_host_bytes_per_ms;
+  return prefetch.chosen_exposed_ms() + out_ms;
 }
 
-// One option: its memory arithmetic, and its plan where the memory leaves room for one (Note
-// [Weighing fit's options]).
-FitOption weigh_option(const FitInputs& in, const FitShare& share, bool parameters_on_host, std::int64_t micro_rows,
-                       std::int64_t micro_batches) {
+// How far ahead the blocks' parameters come in (Note [Parameter prefetch depth]), under `room`:
+// the device bytes left for the window and the activations.
+ParameterPrefetch parameter_prefetch(const FitInputs& in, const LifetimeTrace& trace, std::int64_t room) {
+  std::vector<std::string> paths;
+  for (const auto& [path, gradient_bytes] : in.blocks.unit_gradients) paths.push_back(path);
+  return choose_parameter_prefetch(unit_passes(trace, paths), in.blocks.unit_bytes,
+                                   in.traces.cost().to_device_bytes_per_ms,
+                                   room - in.blocks.largest_unit_gradient_bytes);
+}
+
+// One option as `placed`: its memory arithmetic, and its plan on `trace` where the memory leaves
+// room for one (Note [Weighing fit's options]); `prefetch` where the parameters are on the host.
+FitOption weigh_placed(const FitInputs& in, const FitShare& share, const Placed& placed, const LifetimeTrace& trace,
+                       std::int64_t micro_rows, std::int64_t micro_batches, const ParameterPrefetch* prefetch) {
   const FitMemory& memory = in.memory;
-  const Placed placed = place(in, share, parameters_on_host);
+  const bool parameters_on_host = prefetch != nullptr;
   FitOption option;
   option.fraction = share.fraction;
   option.micro_rows = micro_rows;
   option.micro_batches = micro_batches;
   option.parameters_on_host = parameters_on_host;
   option.window_bytes = placed.window;
+  option.parameter_prefetch = parameters_on_host ? prefetch->depth : 0;
   option.device_state_bytes = placed.states;
   option.device_bytes = placed.in_use + placed.states;
   option.activation_budget = memory.usable - placed.in_use - placed.states - placed.window - in.reserve;
@@ -150,8 +153,6 @@ FitOption weigh_option(const FitInputs& in, const FitShare& share, bool paramete
                                        : "the states alone fill the device";
     return option;
   }
-  const LifetimeTrace trace = parameters_on_host ? with_gradients_sent(in.traces.at(micro_rows), in.blocks.unit_gradients)
-                                                 : in.traces.at(micro_rows);
   const auto budget = static_cast<std::uint64_t>(option.activation_budget);
   const DepthSolution found = solve_over_depths(trace, in.traces.cost(), budget, false, 0);
   CostModel at_depth = in.traces.cost();
@@ -161,7 +162,7 @@ FitOption weigh_option(const FitInputs& in, const FitShare& share, bool paramete
   option.prefetch_depth = found.prefetch_depth;
   option.prediction = Simulator(trace, at_depth, budget).simulate(option.decisions);
   if (parameters_on_host) {
-    option.parameter_copy_ms = static_cast<double>(micro_batches) * parameter_copy_ms(in, option.prediction.step_ms);
+    option.parameter_copy_ms = static_cast<double>(micro_batches) * parameter_copy_ms(in, *prefetch);
   }
   if (option.prediction.peak_bytes > budget) {
     option.reason = "no plan fits: the lowest step peak found is " + format_bytes(option.prediction.peak_bytes);
@@ -176,6 +177,31 @@ FitOption weigh_option(const FitInputs& in, const FitShare& share, bool paramete
     option.reason = "the optimizer's step does not fit";
   }
   return option;
+}
+
+// Whether `option` was refused for want of device room for its activations (a smaller window may leave it).
+bool short_of_room(const FitOption& option) {
+  return option.activation_budget <= 0 ||
+         (option.solved && option.prediction.peak_bytes > static_cast<std::uint64_t>(option.activation_budget));
+}
+
+// One option, and with the parameters on the host its prefetch depth: the one chosen, or where no
+// plan fits there, the first shallower one where one does (Note [Weighing fit's options]).
+FitOption weigh_option(const FitInputs& in, const FitShare& share, bool parameters_on_host, std::int64_t micro_rows,
+                       std::int64_t micro_batches) {
+  Placed placed = place(in, share, parameters_on_host);
+  if (!parameters_on_host) {
+    return weigh_placed(in, share, placed, in.traces.at(micro_rows), micro_rows, micro_batches, nullptr);
+  }
+  const LifetimeTrace trace = with_gradients_sent(in.traces.at(micro_rows), in.blocks.unit_gradients);
+  const std::int64_t room = in.memory.usable - placed.in_use - placed.states - in.reserve -
+                            (micro_batches > 1 ? placed.gradients : 0);
+  ParameterPrefetch prefetch = parameter_prefetch(in, trace, room);
+  for (;; --prefetch.depth) {
+    placed.window = prefetch.chosen_window_bytes() + in.blocks.largest_unit_gradient_bytes;
+    FitOption option = weigh_placed(in, share, placed, trace, micro_rows, micro_batches, &prefetch);
+    if (option.feasible() || prefetch.depth == 0 || !short_of_room(option)) return option;
+  }
 }
 
 // The shares that place states differently: of shares keeping the same states only the smallest
@@ -216,6 +242,11 @@ std::vector<FitOption> weigh_fit(const FitInputs& in) {
   STOWAGE_CHECK(!in.shares.empty(), "weigh_fit: no share to weigh");
   STOWAGE_CHECK(in.placement != ParameterPlacement::kHost || (in.blocks.units > 0 && in.blocks.parameter_bytes > 0),
                 "weigh_fit: parameters on the host, but the model has no block with parameters");
+  STOWAGE_CHECK(in.placement == ParameterPlacement::kDevice ||
+                    (in.blocks.unit_bytes.size() == static_cast<std::size_t>(in.blocks.units) &&
+                     in.blocks.unit_gradients.size() == in.blocks.unit_bytes.size()),
+                "weigh_fit: ", in.blocks.units, " blocks, ", in.blocks.unit_bytes.size(), " blocks' bytes and ",
+                in.blocks.unit_gradients.size(), " blocks' paths");
   STOWAGE_CHECK(in.placement == ParameterPlacement::kDevice || in.shares.front().fraction == 1.0,
                 "weigh_fit: the parameters on the host are weighed with the factory's optimizer, share 1.0 first");
   std::vector<FitOption> listed;

@@ -27,17 +27,19 @@
 // the device] in offload/parameter_schedule.hpp), weighed with the factory's optimizer alone (it
 // updates each parameter where it lives: the blocks' on the host, with their states there). Then
 // the device no longer holds the blocks' parameters between steps, nor their gradients (each goes
-// to the host as it is made), nor their states; each step adds a window: the largest unit's
-// parameters x (1 + prefetch) and its gradients while they are made, kept from the plan's budget;
-// the plan is solved on the trace without each unit's gradients once backward has passed it
+// to the host as it is made), nor their states; each step adds a window: the units' parameters the
+// schedule holds at the prefetch depth chosen (Note [Parameter prefetch depth] in
+// planner/parameter_prefetch.hpp: the fewest units ahead whose copies wait least, under the room
+// left with no activations) and the largest unit's gradients while they are made, kept from the
+// plan's budget; where no plan fits at that depth, each shallower one is tried, the first that fits
+// kept. The plan is solved on the trace without each unit's gradients once backward has passed it
 // (planner/gradients_sent.hpp).
 // The host holds the blocks' parameters, gradients and states besides the plan's offloaded
 // activations (the states stay on the device's side where the device counts host tensors: CPU
 // mode). Each micro-batch copies every unit's parameters in twice (forward, backward) and
-// its gradients out: the copies in overlap the compute but for one unit's (taken as exposed,
-// however long the compute: the first unit waits for its copy), and whatever the compute does not
-// cover is exposed too; the gradients' copies out are taken as not overlapped at all (each
-// gradient's copy is waited for before it is added to `.grad`). The blocks' trained parameters
+// its gradients out: the copies in wait as the simulated passes at the chosen depth say; the
+// gradients' copies out are taken as not overlapped at all (each gradient's copy is waited for
+// before it is added to `.grad`). The blocks' trained parameters
 // update at the host's rate, the rest at the device's. An option with the parameters on the host
 // wins only by its predicted step: within the tie, the parameters stay on the device (Note
 // [Choosing a share]).
@@ -114,15 +116,11 @@ struct FitBlocks {
   std::int64_t trained_parameters = 0;  // the units' trained parameters, updated on the host
   std::int64_t largest_unit_bytes = 0;  // the largest unit's parameters
   std::int64_t largest_unit_gradient_bytes = 0;
-  std::int64_t prefetch = 1;            // units filled ahead of the one running
+  std::vector<std::int64_t> unit_bytes;  // each unit's parameters, in the order of `unit_gradients`
   UnitGradients unit_gradients;         // each unit's module path and its gradients' bytes
   // The optimizer's states of host parameters are plain host tensors the device's memory counts
   // too (CPU mode's simulated device is the process's CPU memory): they stay on the device's side.
   bool states_counted_on_device = false;
-
-  // The device bytes a step adds with the parameters on the host: the window of copies and the
-  // gradients being made.
-  std::int64_t window_bytes() const;
 };
 
 // Where fit may keep the blocks' parameters (fit's `offload_parameters`: False, True, "auto").
@@ -153,6 +151,7 @@ struct FitOption {
   std::int64_t device_bytes = 0;    // held between steps: what was in use (less parameters moved) and states
   bool parameters_on_host = false;  // the blocks' parameters live on the host
   std::int64_t window_bytes = 0;    // with them there: the device bytes a step adds for their copies
+  std::size_t parameter_prefetch = 0;  // and the units whose parameters come in ahead of the one running
   double update_ms = 0;
   double parameter_copy_ms = 0;     // the parameters' and gradients' copies not overlapped, the whole step's
   std::string reason;               // why it does not fit, or ""

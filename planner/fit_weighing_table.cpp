@@ -91,6 +91,12 @@ std::string option_row(const FitOption& option, bool chosen, std::int64_t rows) 
          right(bytes_text(option.host_bytes), 14) + outcome + (chosen ? "  <- chosen" : "");
 }
 
+// How far ahead the blocks' parameters come in (Note [Parameter prefetch depth]).
+std::string blocks_ahead(std::size_t depth) {
+  if (depth == 0) return "as it runs (its copy waited for: copies ahead would not shorten the step)";
+  return std::to_string(depth) + (depth == 1 ? " block" : " blocks") + " ahead of its use";
+}
+
 }  // namespace
 
 std::string busy_host_note(const std::optional<HostLoad>& load) {
@@ -117,8 +123,8 @@ std::string fit_table(const std::vector<FitOption>& options, std::size_t chosen_
     const FitBlocks& blocks = facts.blocks;
     table += row("parameters on the host", bytes_text(blocks.parameter_bytes)) + "of the model's " +
              std::to_string(blocks.units) + " blocks: they live on the host (stowage.offload.parameters, as under "
-             "FSDP2's CPU offload), each block's brought in as it runs, " + bytes_text(chosen.window_bytes) +
-             " at most on the device; fitted.close() puts them back\n";
+             "FSDP2's CPU offload), each block's brought in " + blocks_ahead(chosen.parameter_prefetch) + ", " +
+             bytes_text(chosen.window_bytes) + " at most on the device; fitted.close() puts them back\n";
     table += row("gradients", bytes_text(memory.gradients - blocks.gradient_bytes)) +
              "on the device, made in backward, freed after the optimizer; the blocks' " +
              bytes_text(blocks.gradient_bytes) + " go to the host as made\n";

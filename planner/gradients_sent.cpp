@@ -6,13 +6,9 @@
 
 namespace stowage::planner {
 
-namespace {
-
-bool inside(const std::string& module, const std::string& unit) {
+bool inside_unit(const std::string& module, const std::string& unit) {
   return module == unit || (module.size() > unit.size() && module.starts_with(unit) && module[unit.size()] == '.');
 }
-
-}  // namespace
 
 LifetimeTrace with_gradients_sent(LifetimeTrace trace, const UnitGradients& units) {
   std::vector<std::uint64_t> sent(trace.ops.size() + 1, 0);  // bytes leaving from each op on (a running sum)
@@ -20,7 +16,7 @@ LifetimeTrace with_gradients_sent(LifetimeTrace trace, const UnitGradients& unit
     if (bytes <= 0) continue;
     std::optional<std::size_t> last;  // the unit's last backward use of what it saved
     for (const SavedTensor& tensor : trace.tensors) {
-      if (inside(tensor.module, unit)) last = std::max(last.value_or(0), tensor.last_backward_use);
+      if (inside_unit(tensor.module, unit)) last = std::max(last.value_or(0), tensor.last_backward_use);
     }
     if (last && *last < trace.ops.size()) sent[*last + 1] += static_cast<std::uint64_t>(bytes);
   }

@@ -25,6 +25,9 @@ namespace stowage::planner {
 // A unit (its module path) and the bytes of its trained parameters' gradients.
 using UnitGradients = std::vector<std::pair<std::string, std::int64_t>>;
 
+// Whether `module` is `unit` or below it ("blocks.3" holds "blocks.3" and "blocks.3.mlp", not "blocks.30").
+bool inside_unit(const std::string& module, const std::string& unit);
+
 // `trace` with each unit's gradients off the device once backward has passed it.
 LifetimeTrace with_gradients_sent(LifetimeTrace trace, const UnitGradients& units);
 

@@ -55,6 +55,7 @@ std::size_t prefetch_issue_op(const Simulator& simulator, const std::vector<std:
       std::upper_bound(needs.begin(), needs.end(), s.first_backward_use) - needs.begin());
   if (listed && before > 0) --before;
   const std::size_t buffers = simulator.cost().prefetch_depth;
+  if (buffers == 0) return s.first_backward_use;  // nothing ahead: each asked for at its own use
   return before < buffers ? simulator.first_backward_op() : needs[before - buffers];
 }
 

@@ -17,6 +17,7 @@
 #include "planner/prefetch_search.hpp"
 #include "planner/file_formats.hpp"
 #include "planner/fit_weighing.hpp"
+#include "planner/parameter_prefetch.hpp"
 #include "planner/plan_lookup.hpp"
 #include "planner/plan_report.hpp"
 #include "planner/region_policy.hpp"
@@ -246,18 +247,34 @@ void bind_fit_option(py::module_& module) {
   py::class_<FitBlocks> blocks(module, "FitBlocks", "The model's blocks and their parameters, as fit measured them.");
   blocks.def(py::init([](std::int64_t units, std::int64_t parameter_bytes, std::int64_t gradient_bytes,
                          std::int64_t state_bytes, std::int64_t trained_parameters, std::int64_t largest_unit_bytes,
-                         std::int64_t largest_unit_gradient_bytes, std::int64_t prefetch,
+                         std::int64_t largest_unit_gradient_bytes, std::vector<std::int64_t> unit_bytes,
                          planner::UnitGradients unit_gradients, bool states_counted_on_device) {
                return FitBlocks{units,          parameter_bytes,       gradient_bytes, state_bytes, trained_parameters,
-                                largest_unit_bytes, largest_unit_gradient_bytes, prefetch, std::move(unit_gradients),
-                                states_counted_on_device};
+                                largest_unit_bytes, largest_unit_gradient_bytes, std::move(unit_bytes),
+                                std::move(unit_gradients), states_counted_on_device};
              }),
              py::kw_only(), py::arg("units"), py::arg("parameter_bytes"), py::arg("gradient_bytes"),
              py::arg("state_bytes"), py::arg("trained_parameters"), py::arg("largest_unit_bytes"),
-             py::arg("largest_unit_gradient_bytes"), py::arg("prefetch"), py::arg("unit_gradients"),
+             py::arg("largest_unit_gradient_bytes"), py::arg("unit_bytes"), py::arg("unit_gradients"),
              py::arg("states_counted_on_device") = false);
-  readonly(blocks, "units", &FitBlocks::units, "parameter_bytes", &FitBlocks::parameter_bytes, "prefetch",
-           &FitBlocks::prefetch, "unit_gradients", &FitBlocks::unit_gradients);
+  readonly(blocks, "units", &FitBlocks::units, "parameter_bytes", &FitBlocks::parameter_bytes, "unit_bytes",
+           &FitBlocks::unit_bytes, "unit_gradients", &FitBlocks::unit_gradients);
+  py::class_<planner::ParameterPrefetch> prefetch(module, "ParameterPrefetch",
+                                                  "How far ahead the blocks' parameters come in, and what each depth "
+                                                  "costs (planner/parameter_prefetch.hpp).");
+  readonly(prefetch, "depth", &planner::ParameterPrefetch::depth, "exposed_ms", &planner::ParameterPrefetch::exposed_ms,
+           "window_bytes", &planner::ParameterPrefetch::window_bytes);
+  module.def(
+      "parameter_prefetch",
+      [](const planner::LifetimeTrace& trace, const std::vector<std::string>& unit_paths,
+         const std::vector<std::int64_t>& unit_bytes, double to_device_bytes_per_ms, std::int64_t room_bytes) {
+        return planner::choose_parameter_prefetch(planner::unit_passes(trace, unit_paths), unit_bytes,
+                                                  to_device_bytes_per_ms, room_bytes);
+      },
+      py::arg("trace"), py::arg("unit_paths"), py::arg("unit_bytes"), py::arg("to_device_bytes_per_ms"),
+      py::arg("room_bytes"),
+      "The units' copies' exposed time and window by depth over `trace`'s passes, and the depth chosen under "
+      "`room_bytes` (Note [Parameter prefetch depth]).");
   module.def("with_gradients_sent", &planner::with_gradients_sent, py::arg("trace"), py::arg("units"),
              "The trace with each unit's gradients off the device once backward has passed it "
              "(planner/gradients_sent.hpp).");
@@ -272,7 +289,8 @@ void bind_fit_option(py::module_& module) {
            &FitOption::device_state_bytes, "host_bytes", &FitOption::host_bytes, "update_ms", &FitOption::update_ms,
            "reason", &FitOption::reason, "solved", &FitOption::solved, "prefetch_depth", &FitOption::prefetch_depth);
   readonly(option, "device_bytes", &FitOption::device_bytes, "parameters_on_host", &FitOption::parameters_on_host,
-           "window_bytes", &FitOption::window_bytes, "parameter_copy_ms", &FitOption::parameter_copy_ms);
+           "window_bytes", &FitOption::window_bytes, "parameter_copy_ms", &FitOption::parameter_copy_ms,
+           "parameter_prefetch", &FitOption::parameter_prefetch);
   option.def_readonly("decisions", &FitOption::decisions)
       .def_property_readonly("feasible", &FitOption::feasible)
       .def_property_readonly("keeps_everything", &FitOption::keeps_everything)

@@ -93,6 +93,7 @@ FitOption on_host(std::string reason, std::int64_t host_bytes) {
   weighed.device_state_bytes = 0;
   weighed.device_bytes = 16 * kMiB;
   weighed.window_bytes = 3 * kMiB;
+  weighed.parameter_prefetch = 2;
   weighed.host_bytes = host_bytes;
   weighed.parameter_copy_ms = 4.0;
   return weighed;
@@ -100,15 +101,16 @@ FitOption on_host(std::string reason, std::int64_t host_bytes) {
 
 TEST(PlannerFitWeighingTable, SaysWhereTheParametersLiveAndTheirBytes) {
   FitFacts with_blocks = facts();
-  with_blocks.blocks = FitBlocks{4, 4 * kMiB, 4 * kMiB, 8 * kMiB, 1048576, kMiB, kMiB, 1, {}, false};
+  with_blocks.blocks =
+      FitBlocks{4, 4 * kMiB, 4 * kMiB, 8 * kMiB, 1048576, kMiB, kMiB, {kMiB, kMiB, kMiB, kMiB}, {}, false};
   const std::vector<FitOption> options{option(1.0, 1, 8, "the optimizer's step does not fit"),
                                        on_host("", 16 * kMiB)};
   const FitBatch batch{8, std::nullopt, false, "", ""};
   const auto table = lines(fit_table(options, 1, ChosenPlan{40 * kMiB, {kMiB, kMiB, 2 * kMiB, 0}}, with_blocks, batch));
   ASSERT_EQ(table.size(), 13u);
   EXPECT_EQ(table[2], "  parameters on the host      4.00 MiB  of the model's 4 blocks: they live on the host "
-                      "(stowage.offload.parameters, as under FSDP2's CPU offload), each block's brought in as it "
-                      "runs, 3.00 MiB at most on the device; fitted.close() puts them back");
+                      "(stowage.offload.parameters, as under FSDP2's CPU offload), each block's brought in 2 blocks "
+                      "ahead of its use, 3.00 MiB at most on the device; fitted.close() puts them back");
   EXPECT_EQ(table[3], "  gradients                        0 B  on the device, made in backward, freed after the "
                       "optimizer; the blocks' 4.00 MiB go to the host as made");
   EXPECT_NE(table[8].find("(forward and backward 10 ms, the parameters' copies waited for 4 ms, optimizer update 2 "

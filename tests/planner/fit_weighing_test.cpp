@@ -11,7 +11,11 @@
 #include <cstdint>
 #include <random>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "planner/parameter_prefetch.hpp"
 #include "tests/planner/mirrored_step.hpp"
 
 namespace stowage::planner {
@@ -42,15 +46,34 @@ FitInputs two_parameters(std::int64_t usable, std::int64_t host_available) {
                    ParameterPlacement::kDevice};
 }
 
+// offloadable_step(n) run by n blocks: block i ("blocks.i") runs forward op i and saves tensor i,
+// used again by backward op 2n - 1 - i.
+LifetimeTrace blocks_step(std::size_t n) {
+  LifetimeTrace trace = offloadable_step(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    trace.ops[i].module = trace.tensors[i].module = "blocks." + std::to_string(i);
+  }
+  return trace;
+}
+
+UnitGradients block_gradients(std::size_t n, std::int64_t bytes) {
+  UnitGradients units;
+  for (std::size_t i = 0; i < n; ++i) units.emplace_back("blocks." + std::to_string(i), bytes);
+  return units;
+}
+
 // Eight blocks of one parameter each, 1M fp32 elements (4 MiB; 8 MiB of states), and 2 MiB in use
-// besides; torch's optimizer steps one parameter at a time (no foreach temporary).
-FitInputs eight_blocks(std::int64_t usable, std::int64_t host_available, ParameterPlacement placement) {
+// besides; torch's optimizer steps one parameter at a time (no foreach temporary). Each block runs
+// 1 ms in forward and 1 ms in backward; its copy in takes 4 MiB / 2e6 B/ms, about 2.1 ms.
+FitInputs eight_blocks(std::int64_t usable, std::int64_t host_available, ParameterPlacement placement,
+                       LifetimeTrace trace = blocks_step(8)) {
   const CostModel cost{1e6, 2e6, 2};
   const std::vector<std::int64_t> numels(8, kMiB);
   const std::vector<std::int64_t> states(8, 8 * kMiB);
   FitMemory memory{usable, 34 * kMiB, 8 * kMiB, 32 * kMiB, 32 * kMiB, 4 * kMiB, numels, states};
-  const FitBlocks blocks{8, 32 * kMiB, 32 * kMiB, 64 * kMiB, 8 * kMiB, 4 * kMiB, 4 * kMiB, 1, {}, false};
-  return FitInputs{StepTraces(offloadable_step(8), cost),
+  const FitBlocks blocks{8,        32 * kMiB, 32 * kMiB, 64 * kMiB, 8 * kMiB, 4 * kMiB, 4 * kMiB,
+                         std::vector<std::int64_t>(8, 4 * kMiB), block_gradients(8, 4 * kMiB), false};
+  return FitInputs{StepTraces(std::move(trace), cost),
                    memory,
                    FitHost{8, host_available, "MemAvailable", 4 * kMiB, 3},
                    UpdateRates{1e-5, 1e-6},
@@ -71,7 +94,8 @@ const FitOption* first_feasible(const std::vector<FitOption>& options) {
 TEST(PlannerFitWeighing, ParametersAndGradientsFillingTheDeviceLeaveOnlyTheHostOption) {
   // 40 MiB: the parameters (32 MiB) and their gradients (32 MiB) alone outgrow it at the optimizer's
   // step whatever share of the states stays; with the blocks' parameters on the host the device
-  // holds 2 MiB between steps and a window of two blocks' parameters and one's gradients (12 MiB).
+  // holds 2 MiB between steps and a window of two blocks' parameters and one's gradients (12 MiB):
+  // the copies (2.1 ms) outlast the blocks' compute (1 ms), so one block ahead keeps the stream busy.
   const std::vector<FitOption> device_only = weigh_fit(eight_blocks(40 * kMiB, std::int64_t{1} << 40,
                                                                     ParameterPlacement::kDevice));
   EXPECT_EQ(first_feasible(device_only), nullptr);
@@ -90,12 +114,11 @@ TEST(PlannerFitWeighing, ParametersAndGradientsFillingTheDeviceLeaveOnlyTheHostO
   EXPECT_EQ(feasible->host_bytes, 32 * kMiB + 32 * kMiB + 64 * kMiB);  // parameters, gradients, states
   EXPECT_EQ(feasible->optimizer_peak, 2 * kMiB + 4 * kMiB);  // the largest parameter's temporary
   EXPECT_DOUBLE_EQ(feasible->update_ms, 8.0 * kMiB * 1e-5);  // every parameter trains in a block
-  // Each unit's 4 MiB in twice at 2e6 B/ms, one unit's exposed and what the compute does not cover,
-  // and the 32 MiB of gradients out at 1e6 B/ms, not overlapped.
-  const double in_ms = 2 * 32.0 * kMiB / 2e6;
-  EXPECT_DOUBLE_EQ(feasible->parameter_copy_ms, 4.0 * kMiB / 2e6 +
-                                                    std::max(in_ms - feasible->prediction.step_ms, 0.0) +
-                                                    32.0 * kMiB / 1e6);
+  // One block ahead, each pass waits for the first block's copy whole and for each other's less the
+  // 1 ms the block before it ran; the 32 MiB of gradients out at 1e6 B/ms are not overlapped.
+  EXPECT_EQ(feasible->parameter_prefetch, 1u);
+  const double unit_ms = 4.0 * kMiB / 2e6;
+  EXPECT_NEAR(feasible->parameter_copy_ms, 2 * (unit_ms + 7 * (unit_ms - 1)) + 32.0 * kMiB / 1e6, 1e-9);
   EXPECT_DOUBLE_EQ(feasible->step_ms(), feasible->prediction.step_ms + feasible->parameter_copy_ms +
                                             feasible->update_ms);
 }
@@ -254,6 +277,48 @@ TEST(PlannerFitWeighing, FeasibleOptionsFitEverywhereAndSameStatesAreWeighedOnce
     }
     EXPECT_FALSE(fractions.contains(0.0) && fractions.contains(0.25)) << "round " << round;
   }
+}
+
+}  // namespace
+}  // namespace stowage::planner
+
+namespace stowage::planner {
+namespace {
+
+TEST(PlannerFitWeighing, TheHostOptionBringsTheBlocksInAsFarAheadAsALongBlockHides) {
+  // Block 0 runs 60 ms in forward: deeper, the other blocks' copies (2.1 ms each) come in under it.
+  LifetimeTrace trace = blocks_step(8);
+  trace.ops[0].duration_ms = 60;
+  const FitInputs inputs = eight_blocks(400 * kMiB, std::int64_t{1} << 40, ParameterPlacement::kHost, trace);
+  const std::vector<FitOption> options = weigh_fit(inputs);
+  const FitOption* feasible = first_feasible(options);
+  ASSERT_NE(feasible, nullptr);
+  std::vector<std::string> paths;
+  for (const auto& [path, bytes] : inputs.blocks.unit_gradients) paths.push_back(path);
+  const ParameterPrefetch expected = choose_parameter_prefetch(unit_passes(trace, paths), inputs.blocks.unit_bytes, 2e6,
+                                                               400 * kMiB);
+  EXPECT_GT(feasible->parameter_prefetch, 1u);
+  EXPECT_EQ(feasible->parameter_prefetch, expected.depth);
+  EXPECT_LT(expected.exposed_ms[expected.depth], expected.exposed_ms[1]);
+  EXPECT_EQ(feasible->window_bytes, static_cast<std::int64_t>(feasible->parameter_prefetch + 1) * 4 * kMiB + 4 * kMiB);
+  EXPECT_NEAR(feasible->parameter_copy_ms, expected.exposed_ms[expected.depth] + 32.0 * kMiB / 1e6, 1e-9);
+}
+
+TEST(PlannerFitWeighing, AWindowThatLeavesNoPlanRoomIsNarrowedToTheFirstDepthWhereOneFits) {
+  // As above, but the 8 MiB of saved tensors cannot move, and the device has 24 MiB: 2 MiB in use,
+  // 4 MiB of a block's gradients, 18 MiB for the parameters' window and the activations. The depth
+  // chosen under that room (two or three blocks ahead) leaves the plan less than 8 MiB; one block
+  // ahead leaves 10 MiB.
+  LifetimeTrace trace = blocks_step(8);
+  trace.ops[0].duration_ms = 60;
+  for (SavedTensor& tensor : trace.tensors) tensor.offloadable = false;
+  const std::int64_t usable = 24 * kMiB;
+  const FitInputs inputs = eight_blocks(usable, std::int64_t{1} << 40, ParameterPlacement::kHost, trace);
+  const std::vector<FitOption> options = weigh_fit(inputs);
+  const FitOption* feasible = first_feasible(options);
+  ASSERT_NE(feasible, nullptr) << options.front().reason;
+  EXPECT_EQ(feasible->parameter_prefetch, 1u);
+  EXPECT_EQ(feasible->window_bytes, 2 * 4 * kMiB + 4 * kMiB);
 }
 
 }  // namespace

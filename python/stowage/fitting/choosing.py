@@ -34,7 +34,6 @@ FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.0)
 TIE = 0.03
 EXTRA_CUTS = 3  # halvings weighed below the largest micro-batch that fits
 TRIALS = 3  # choices tried at most
-PARAMETER_PREFETCH = 1  # blocks whose parameters come in ahead of the one running, where they live on the host
 OUT_OF_MEMORY_OVERSHOOT = 16 << 20  # taken for a tried step that ran out of memory (at least; fit's margin)
 RECOMPUTE_FAILURE = re.compile(r"stowage\.plan: block '([^']*)' ran .* when recomputed")
 
@@ -161,7 +160,7 @@ def _run_once(model: Any, loss_fn: LossFn, piece: Any, chosen: Option, device: t
     try:
         with contextlib.ExitStack() as trial:
             if chosen.parameters_on_host:  # the trial's gradients dropped before it puts the parameters back
-                trial.enter_context(offloaded_parameters(model, prefetch=PARAMETER_PREFETCH))
+                trial.enter_context(offloaded_parameters(model, prefetch=chosen.parameter_prefetch))
                 trial.callback(model.zero_grad, set_to_none=True)
             start = memory.memory_allocated(device)
             memory.reset_peak_stats(device)

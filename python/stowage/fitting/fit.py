@@ -14,7 +14,7 @@ from stowage import memory as stowage_memory
 from stowage._core import MIN_ROWS, MicroCut, format_bytes
 from stowage.byte_counts import byte_count
 from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn, default_loss, given_units
-from stowage.fitting.choosing import PARAMETER_PREFETCH, Weighing, checked_choice, distributed
+from stowage.fitting.choosing import Weighing, checked_choice, distributed
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.measuring import measure, measure_blocks, measure_rates, state_copies, uses_foreach
@@ -166,7 +166,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    blocks = measure_blocks(model, state_copies(optimizer), PARAMETER_PREFETCH, device.type == "cpu")
+    blocks = measure_blocks(model, state_copies(optimizer), device.type == "cpu")
     weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer),
                         blocks, _placement(model, offload_parameters, blocks))
     example, (options, chosen, tried) = checked_choice(weighing, example, check, model, loss_fn, device)
@@ -189,8 +189,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
              "optimizer": name, "load": load, "unplanned_peak": traces.at(chosen.micro_rows).unconstrained_peak_bytes,
              "states_kept_because": refusal, "host": host, "tried": tried, "blocks": blocks}
     example = example.cut_into(chosen.micro_batches, chosen.micro_rows or example.rows)
-    # The blocks' parameters to the host where the choice keeps them there: the handle is the Fitted's.
-    moved = offloaded_parameters(model, prefetch=PARAMETER_PREFETCH) if chosen.parameters_on_host else None
+    # The blocks' parameters to the host where the choice keeps them there, as far ahead as it weighed
+    # (Note [Parameter prefetch depth]): the handle is the Fitted's.
+    moved = offloaded_parameters(model, prefetch=chosen.parameter_prefetch) if chosen.parameters_on_host else None
     fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts, moved)
     if verbose:
         print(fitted)

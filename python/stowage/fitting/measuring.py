@@ -46,16 +46,18 @@ def measure(parameters: list[torch.nn.Parameter], in_use: int, capacity: int, co
         state_bytes=[copies * local(p).numel() * p.element_size() if p.requires_grad else 0 for p in parameters])
 
 
-def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1, cpu_mode: bool = False) -> Any:
+def measure_blocks(model: Any, copies: int = 2, cpu_mode: bool = False) -> Any:
     """What the model's blocks' parameters take (a _core.FitBlocks): their bytes, their gradients'
-    and states' (``copies`` of each trained parameter), the largest block's, each parameter once
-    (tied weights inside the blocks are one parameter). ``cpu_mode``: the device is CPU mode's,
+    and states' (``copies`` of each trained parameter), each block's (its path and bytes: how far
+    ahead they come in is weighed from them), each parameter once in the totals (tied weights inside
+    the blocks are one parameter). ``cpu_mode``: the device is CPU mode's,
     whose memory the states torch's optimizer makes for host parameters count in."""
     units = block_units(model)
     names = {id(module): name for name, module in model.named_modules()}
     seen: set[int] = set()
     parameter_bytes = gradient_bytes = trained = largest = largest_gradients = 0
     unit_gradients: list[tuple[str, int]] = []  # (module path, its gradients' bytes): as the trace names it
+    unit_sizes: list[int] = []
     for unit in units:
         unit_bytes = unit_gradient_bytes = 0
         for param in unit.parameters():
@@ -71,10 +73,11 @@ def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1, cpu_mode: boo
                 trained += param.numel()
         largest, largest_gradients = max(largest, unit_bytes), max(largest_gradients, unit_gradient_bytes)
         unit_gradients.append((names[id(unit)], unit_gradient_bytes))
+        unit_sizes.append(unit_bytes)
     return _core.FitBlocks(units=len(units), parameter_bytes=parameter_bytes, gradient_bytes=gradient_bytes,
                            state_bytes=copies * gradient_bytes, trained_parameters=trained,
                            largest_unit_bytes=largest, largest_unit_gradient_bytes=largest_gradients,
-                           prefetch=prefetch, unit_gradients=unit_gradients, states_counted_on_device=cpu_mode)
+                           unit_bytes=unit_sizes, unit_gradients=unit_gradients, states_counted_on_device=cpu_mode)
 
 
 def uses_foreach(optimizer: Any) -> bool:

@@ -39,6 +39,7 @@ PATTERN_MODEL = "gpt"
 MAIN_FEATURES = ("allocator", "record.tags", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
                  "adamw.delayed", "fit", "parameters", "parameters.recompute", "fit.parameters")
 OWN_PATTERN_FEATURES = ("fit.micro_batches",)  # each on its one pattern, on every model
+OWN_MODEL_FEATURES = ("fit.parameters.auto",)  # each on its one model (on the plain loop; every pattern in full)
 VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")
 VARIANT_PATTERNS = ("plain", "accumulate_marked", "clip_optimizer", "state_dict_swap")
 ON_GPU_ALLOCATOR = ("on a GPU stowage is torch's CUDA allocator for the whole process, so there is no run on torch's "
@@ -86,16 +87,20 @@ def cells(config: Config) -> list[Cell]:
     on the plain loop, the optimizer variants (exact and under fit) on VARIANT_PATTERNS on
     PATTERN_MODEL. Full: every feature x pattern x model."""
     if config.full:
-        chosen = [Cell(f, p, m) for m in MODELS for p in PATTERNS for f in FEATURES]
+        chosen = [Cell(f, p, m) for m in MODELS for p in PATTERNS for f in FEATURES
+                  if FEATURES[f].only_model in (None, m)]
     else:
+        shared = [m for m in MODELS if m not in OWN_MODELS]  # an own model's cells are its feature's alone
         chosen = [Cell(f, p, PATTERN_MODEL) for p in PATTERNS for f in MAIN_FEATURES]
         chosen += [Cell(f, p, PATTERN_MODEL) for p in VARIANT_PATTERNS for f in VARIANT_FEATURES]
-        chosen += [Cell(f, "plain", m) for m in MODELS if m != PATTERN_MODEL for f in MAIN_FEATURES + VARIANT_FEATURES]
-        chosen += [Cell(f, FEATURES[f].only_pattern or "plain", m) for m in MODELS for f in OWN_PATTERN_FEATURES]
+        chosen += [Cell(f, "plain", m) for m in shared if m != PATTERN_MODEL for f in MAIN_FEATURES + VARIANT_FEATURES]
+        chosen += [Cell(f, FEATURES[f].only_pattern or "plain", m) for m in shared for f in OWN_PATTERN_FEATURES]
+        chosen += [Cell(f, "plain", FEATURES[f].only_model) for f in OWN_MODEL_FEATURES]
     return sorted(chosen, key=lambda c: (list(MODELS).index(c.model), list(PATTERNS).index(c.pattern)))
 
 
 OWN_PATTERNS = {FEATURES[f].only_pattern: f for f in OWN_PATTERN_FEATURES}
+OWN_MODELS = {FEATURES[f].only_model: f for f in OWN_MODEL_FEATURES}
 
 
 # --- caches --------------------------------------------------------------------------------------
@@ -391,6 +396,8 @@ def run_cell(cell: Cell, caches: Caches) -> Outcome:
         return Outcome("N/A", ON_GPU_ALLOCATOR)
     if feature.only_pattern is not None and pattern.name != feature.only_pattern:
         return Outcome("N/A", f"{feature.name} is a loop of its own (the {feature.only_pattern} pattern)")
+    if feature.only_model is not None and model.name != feature.only_model:
+        return Outcome("N/A", f"{feature.name} is shown on the {feature.only_model} model alone")
     if pattern.name in OWN_PATTERNS and feature.name != OWN_PATTERNS[pattern.name]:
         return Outcome("N/A", f"the {pattern.name} pattern is {OWN_PATTERNS[pattern.name]}'s loop")
     if pattern.needs is not None and feature.own == "torch":

@@ -350,12 +350,27 @@ def fit_parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant)
     """stowage.fit told to keep the blocks' parameters on the host (offload_parameters=True), at
     fit's budget with room for the window of copies (at most every block's parameters twice and
     their gradients: on the suite's models of two or three blocks it is most of them). ("auto"
-    choosing them there is tests/python/test_fit_parameters.py's: here no budget leaves the host
-    option alone, the window being every block.)"""
+    choosing them there is fit.parameters.auto's, on a model deep enough that a budget leaves the
+    host option alone.)"""
     example = env.spec.batch(0, env.scale)
     window = 3 * measure_blocks(model).parameter_bytes
     fitted, changed = fit_model(model, lambda params: variant.torch(groups), example, env.spec.loss, env.caches,
                                 env.spec, env.scale, COST, extra_room=window, offload_parameters=True)
+    return FitParametersSetup(variant, fitted, changed)
+
+
+def fit_auto_parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
+    """stowage.fit choosing where the blocks' parameters live (offload_parameters="auto"), torch's
+    optimizer whole on the device (offload_optimizer=False), at a budget half the blocks'
+    parameters short of what the parameters on the device need: the states and the step's lowest
+    planned peak beside what is in use. With the blocks' parameters on the host the device holds a
+    window of a few blocks' (how many ahead fit weighs: Note [Parameter prefetch depth]), so that
+    option alone fits, and fit must take it (FitParametersSetup.vacuous)."""
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    room = 2 * trainable + env.caches.lowest_peak(env.spec, env.scale) - measure_blocks(model).parameter_bytes // 2
+    fitted, changed = fit_model(model, lambda params: variant.torch(groups), env.spec.batch(0, env.scale),
+                                env.spec.loss, env.caches, env.spec, env.scale, COST, room=room,
+                                offload_parameters="auto", offload_optimizer=False)
     return FitParametersSetup(variant, fitted, changed)
 
 
@@ -456,6 +471,7 @@ class Feature:
     host: bool
     setup: FeatureSetup
     only_pattern: str | None = None  # the one pattern the feature's loop is (n/a on the others)
+    only_model: str | None = None  # the one model the feature is shown on (n/a on the others)
     host_on_gpu: bool = False  # on a GPU its optimizer steps on the host (held to the tolerance there)
 
 
@@ -489,6 +505,9 @@ def _features() -> dict[str, Feature]:
     out.append(Feature("fit.parameters", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: fit_parameters_setup(env, model, groups, adamw),
                        host_on_gpu=True))
+    out.append(Feature("fit.parameters.auto", "adamw", "stowage_allocator", "torch", False,
+                       lambda env, model, groups: fit_auto_parameters_setup(env, model, groups, adamw),
+                       host_on_gpu=True, only_model="deep"))
     out.append(Feature("fit.micro_batches", "adamw", "stowage_allocator", "stowage", True,
                        lambda env, model, groups: fit_micro_setup(env, model, groups, adamw), "fitted_step"))
     return {f.name: f for f in out}

@@ -41,6 +41,11 @@ def fit_budget(profile: Any, lowest: int, trainable_bytes: int, accumulating: bo
     unplanned = profile.unconstrained_peak_bytes
     states = 2 * trainable_bytes
     room = min(lowest + states // 2, (lowest + unplanned) // 2) + (trainable_bytes if accumulating else 0)
+    return budget_for(room)
+
+
+def budget_for(room: int) -> int:
+    """The budget that leaves fit `room` usable bytes beyond what the device holds now."""
     total = stowage.memory_allocated() + room
     if (total + 16 * MiB) * 0.05 <= 16 * MiB:  # fit keeps max(5%, 16 MiB) free for rounding
         return total + 16 * MiB
@@ -105,9 +110,10 @@ def _changed(model: Any, before: Saved, device: str) -> str | None:
 
 
 def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, loss_fn: Any, caches: Any,
-              spec: Any, scale: int, cost: dict[str, float], extra_room: int = 0,
+              spec: Any, scale: int, cost: dict[str, float], extra_room: int = 0, room: int | None = None,
               **options: Any) -> tuple[Any, str | None]:
-    """``stowage.fit`` on `model` at `fit_budget` (plus `extra_room` bytes), its profile and rates
+    """``stowage.fit`` on `model` at `fit_budget` (plus `extra_room` bytes; or, given `room`, at
+    `budget_for(room)`), its profile and rates
     served from `caches`; returns what fit returned and what it changed of the model's buffers and
     the RNG stream (put back as it was), if anything. `options` go to fit (micro_batches: the
     cached profile is then one micro-batch's)."""
@@ -116,7 +122,9 @@ def fit_model(model: Any, factory: Callable[[list[Any]], Any], example: Any, los
     gc.collect()  # garbage of earlier runs, which fit's recording would collect, out of the count now
     gc.disable()  # a collection between here and fit's own count of memory in use would move the window
     try:
-        if options.get("micro_batches", 1) != 1:
+        if room is not None:
+            budget = budget_for(room)
+        elif options.get("micro_batches", 1) != 1:
             budget = fit_budget(*caches.micro_profile(spec, scale), trainable, accumulating=True)
         else:
             budget = fit_budget(caches.profile(spec, scale), caches.lowest_peak(spec, scale), trainable)

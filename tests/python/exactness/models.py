@@ -140,6 +140,13 @@ def gpt_spec() -> ModelSpec:
                      "blocks.0.mlp.1")
 
 
+def deep_spec() -> ModelSpec:
+    """The GPT decoder six blocks deep (fit.parameters.auto's model: a window of a few blocks'
+    parameters is much less than all of them, so a budget can leave room for them on the host alone)."""
+    return ModelSpec("deep", lambda s: Gpt(128, 4, 6, 16 * s), lambda step, s: _tokens(step, 4, 16 * s),
+                     lambda model, tokens: _next_token_loss(model(tokens), tokens), "norm", "blocks.0.mlp.1")
+
+
 # --- the package's Llama-style GQA decoder ----------------------------------------------------
 
 def llama_spec() -> ModelSpec:
@@ -475,6 +482,7 @@ def running_spec() -> ModelSpec:
 MODELS: dict[str, Callable[[], ModelSpec]] = {
     "gpt": gpt_spec, "llama": llama_spec, "bert": bert_spec, "encdec": encdec_spec, "resnet": resnet_spec,
     "vit": vit_spec, "unet": unet_spec, "lstm": lstm_spec, "lora": lora_spec, "running": running_spec,
+    "deep": deep_spec,
 }
 
 
