@@ -22,6 +22,7 @@ pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
 WIDTH, ROWS, WIDE_BLOCKS, REPEATS = 64, 256, 5, 20
 TABLE_ROWS = 2048
+ATTEMPTS = 3  # recordings whose measured compute may be compared
 WIDE_BYTES = 4 * TABLE_ROWS * WIDTH
 HEAVY_BYTES = 4 * (WIDTH * WIDTH + WIDTH)
 
@@ -102,13 +103,25 @@ def fitted_at(monkeypatch: Any, to_device_bytes_per_ms: float) -> tuple[Any, lis
 
 
 def test_slow_copies_behind_a_long_block_come_in_several_blocks_ahead(monkeypatch: Any) -> None:
-    # A wide block's copy takes a sixth of the heavy block's forward (as a first fit measured it),
-    # far longer than a wide block runs: one block ahead, the copies of the wide blocks after the
-    # heavy one wait in turn; deeper, they come in while it runs.
+    # A wide block's copy takes a sixth of the heavy block's forward, far longer than a wide block
+    # runs: one block ahead, the copies of the wide blocks after the heavy one wait in turn;
+    # deeper, they come in while it runs. The heavy block's time is what a fit measures, which a
+    # busy host can stretch or shrink between two recordings: the copy rate is set from the last
+    # recording, and the premise (a copy between a twelfth and a half of the heavy block's forward
+    # as the fit that chose measured it) is checked before its choice is.
     measured, _ = fitted_at(monkeypatch, WIDE_BYTES * 1e4)
     heavy_ms = heavy_forward_ms(measured)
     measured.close()
-    fitted, asked = fitted_at(monkeypatch, WIDE_BYTES / (heavy_ms / 6))
+    for _ in range(ATTEMPTS):
+        copy_ms = heavy_ms / 6
+        fitted, asked = fitted_at(monkeypatch, WIDE_BYTES / copy_ms)
+        heavy_ms = heavy_forward_ms(fitted)
+        if heavy_ms / 12 <= copy_ms <= heavy_ms / 2:
+            break
+        fitted.close()
+    else:
+        pytest.skip(f"the heavy block's measured forward moved more than 2x between {ATTEMPTS + 1} recordings "
+                    "(a busy host): no premise to check the depth against")
     depth = fitted.chosen.parameter_prefetch
     assert fitted.parameters_on_host and depth > 1, str(fitted)
     assert f"brought in {depth} blocks ahead of its use" in str(fitted)
