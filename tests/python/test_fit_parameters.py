@@ -72,6 +72,10 @@ def train_and_compare(fitted: Any, model: Any, tokens: torch.Tensor, steps: int 
 def test_forced_to_the_host_the_table_says_so_the_step_is_torch_s_and_close_puts_them_back(capsys: Any) -> None:
     fitted, model, tokens, table = fitted_with(capsys, offload_parameters=True)
     assert fitted.parameters_on_host and fitted.chosen.parameters_on_host
+    # The offloaded twin updates the blocks' parameters where they live (the host kernel), the rest's
+    # states on the device: torch's whole share.
+    assert type(fitted.optimizer) is stowage.offload.AdamW and fitted.optimizer.device_fraction == 1.0
+    assert "stowage.offload.adam.AdamW" in table
     assert "  parameters on the host" in table and "of the model's 4 blocks: they live on the host" in table
     assert "fitted.close() puts them back" in table
     header = next(line for line in table.splitlines() if line.lstrip().startswith("states on the device"))
@@ -81,6 +85,8 @@ def test_forced_to_the_host_the_table_says_so_the_step_is_torch_s_and_close_puts
     # Between steps the device no longer holds the blocks' parameters.
     held = stowage.memory_allocated()
     train_and_compare(fitted, model, tokens)
+    block = next(model.blocks.parameters())
+    assert not stowage.serving.torch_module().cpu_owns(fitted.optimizer.state[block]["exp_avg"])  # host memory
     fitted.close()
     assert not fitted.parameters_on_host
     assert stowage.memory_allocated() >= held + block_bytes(model)
