@@ -110,6 +110,17 @@ def test_auto_keeps_them_on_the_host_only_where_the_device_holds_no_other_option
     fitted.close()
 
 
+def test_with_adamw_auto_moves_them_and_their_states_to_the_host_where_the_device_holds_no_other_option(
+        capsys: Any) -> None:
+    # The offloaded twin keeps the blocks' states in host memory, which CPU mode's device does not count.
+    budget = stowage.memory_allocated() + 34 * MiB
+    fitted, model, tokens, table = fitted_with(capsys, budget=budget, offload_parameters="auto")
+    assert fitted.parameters_on_host and type(fitted.optimizer) is stowage.offload.AdamW, table
+    assert fitted.chosen.device_state_bytes < 4 * MiB  # the embeddings' and norms' states alone
+    train_and_compare(fitted, model, tokens)
+    fitted.close()
+
+
 def test_a_host_too_small_for_them_is_named_in_the_refusal(capsys: Any) -> None:
     model, tokens = model_and_batch()
     with pytest.raises(torch.OutOfMemoryError) as refused:

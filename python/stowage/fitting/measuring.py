@@ -49,8 +49,9 @@ def measure(parameters: list[torch.nn.Parameter], in_use: int, capacity: int, co
 def measure_blocks(model: Any, copies: int = 2, prefetch: int = 1, cpu_mode: bool = False) -> Any:
     """What the model's blocks' parameters take (a _core.FitBlocks): their bytes, their gradients'
     and states' (``copies`` of each trained parameter), the largest block's, each parameter once
-    (tied weights inside the blocks are one parameter). ``cpu_mode``: the device is CPU mode's,
-    whose memory the states torch's optimizer makes for host parameters count in."""
+    (tied weights inside the blocks are one parameter). ``cpu_mode``: the device is CPU mode's and
+    the factory's optimizer stays, so the states torch makes for host parameters count in the
+    device's memory (the offloaded twin keeps them in its host store, outside it)."""
     units = block_units(model)
     names = {id(module): name for name, module in model.named_modules()}
     seen: set[int] = set()
