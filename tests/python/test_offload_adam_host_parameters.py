@@ -224,3 +224,18 @@ def test_updates_in_backward_are_refused_for_host_parameters_before_anything_cha
             optimizer.step()
         assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
     optimizer.close()
+
+
+def test_a_host_parameter_that_cannot_be_updated_in_place_is_refused_with_nothing_applied() -> None:
+    model = tiny_gpt()
+    optimizer = stowage.offload.AdamW(model.parameters(), lr=1e-2, device_fraction=0.5)
+    with stowage.offload.parameters(model):
+        gpt_loss(model, 0).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        block = model.blocks[1].attn.weight if hasattr(model.blocks[1], "attn") else next(model.blocks[1].parameters())
+        block.grad = block.grad.to_sparse()
+        with pytest.raises(ValueError, match="lives on the host.*sparse.*Nothing was applied"):
+            optimizer.step()
+        # the device share was not stepped either
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+        assert not optimizer.state

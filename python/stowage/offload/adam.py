@@ -457,9 +457,11 @@ class Adam(torch.optim.Optimizer):
             if skipped:
                 self._backward_end.disarm()
                 return False
+            self._move_device_states()  # (where their parameters live now; no value changes)
+            on_host = self._host_work()  # checked, with their states, before the device share's step changes anything
             self._at_point("device")
             self._step_on_device()
-            self._step_on_host()
+            self._step_on_host(on_host)
         except BaseException:
             self._undo_provisional()
             raise
@@ -473,7 +475,6 @@ class Adam(torch.optim.Optimizer):
         inner = self._device_optimizer
         if inner is None:
             return
-        self._move_device_states()
         for ours, theirs in zip(self._device_group_sources, inner.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
         for name in ("grad_scale", "found_inf"):
@@ -498,30 +499,34 @@ class Adam(torch.optim.Optimizer):
         """The device share's states go where their parameter lives now: to the host with it, back to
         the device once it is back (torch's step count stays where torch keeps it)."""
         inner = self._device_optimizer
-        assert inner is not None
+        if inner is None:
+            return
         for param in self._device_parameters():
             if id(param) in self._on_host and param in inner.state:
-                self._moved[param] = self._resident.to_host(inner.state.pop(param))
+                self._moved[param] = self._resident.to_host(inner.state[param])
+                del inner.state[param]
                 self.state[param] = self._moved[param]
             elif id(param) not in self._on_host and param in self._moved:
                 inner.state[param] = self._resident.to_device(self._moved.pop(param), param.device)
                 self.state[param] = inner.state[param]
 
-    def _step_on_host(self) -> None:
-        """Each parameter living on the host with a gradient, updated in place by the host kernel:
-        the gradients are checked first, so that a refusal leaves every parameter as it was."""
-        if not self._on_host:
-            return
-        grad_scale = getattr(self, "grad_scale", None)
-        scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
+    def _host_work(self) -> list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]:
+        """The parameters living on the host with a gradient, their groups and host states (made
+        where they have none yet); refused (nothing applied) where one cannot be updated in place."""
         work = [(p, g) for g in self.param_groups for p in g["params"] if id(p) in self._on_host and p.grad is not None]
         for param, _ in work:
-            if param.grad.device.type != "cpu" or param.grad.shape != param.shape or param.grad.is_sparse:
-                raise ValueError(f"stowage.offload.{type(self).__name__}: the gradient of {self._describe(param)} "
-                                 f"must be a dense host tensor of shape {list(param.shape)} (the parameter lives on "
-                                 f"the host), not {param.grad.device} {list(param.grad.shape)}")
-        for param, group in work:
-            entry = self._resident_entry(param, group)
+            why = self._resident.refusal(param.data, param.grad)
+            if why:
+                raise ValueError(f"stowage.offload.{type(self).__name__}: {self._describe(param)} lives on the host "
+                                 f"(stowage.offload.parameters), where step() updates it in place, but {why}. "
+                                 "Nothing was applied.")
+        return [(param, group, self._resident_entry(param, group)) for param, group in work]
+
+    def _step_on_host(self, work: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]) -> None:
+        """Each of `work` (_host_work) updated in place by the host kernel."""
+        grad_scale = getattr(self, "grad_scale", None)
+        scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
+        for param, group, entry in work:
             self._resident.update(param.data, param.grad.contiguous(), entry, group, scale)
             self.state[param] = entry
             if param in self._index and "master" in entry:  # the slot's master wrote the parameter

@@ -66,18 +66,27 @@ class ResidentUpdate:
     def _host_zeros(self, like: torch.Tensor) -> torch.Tensor:
         return self._store.empty(like.numel(), like.dtype).view(like.shape).zero_()
 
+    @staticmethod
+    def refusal(param: torch.Tensor, grad: torch.Tensor) -> str:
+        """Why `param` (its ``.data``) and `grad` cannot be updated in place on the host ("" when
+        they can): both dense host tensors of one shape, the parameter contiguous."""
+        if grad.is_sparse or grad.layout != torch.strided:
+            return "its gradient is sparse; the host update takes dense ones"
+        if param.device.type != "cpu" or not param.is_contiguous():
+            return (f"its .data was replaced by a tensor on {param.device} (or a strided view) since its last "
+                    "forward, which would take it into host memory: write into it in place (p.data.copy_(t)), "
+                    "or run a forward first")
+        if grad.device.type != "cpu" or grad.shape != param.shape:
+            return (f"its gradient is on {grad.device} with shape {list(grad.shape)}, not a host tensor of the "
+                    f"parameter's shape {list(param.shape)}")
+        return ""
+
     def update(self, param: torch.Tensor, grad: torch.Tensor, entry: dict[str, Any], group: dict[str, Any],
                grad_scale: float) -> None:
-        """One step of `param` (host memory) from `grad` (host memory, `grad_scale` applied as it is
-        read) over `entry`, the param group's options; the step count goes up by one. With an fp32
-        master (``entry["master"]``) the parameter is written from it in its own precision."""
-        if grad.is_sparse:
-            raise ValueError("stowage.offload.Adam: a sparse gradient on the host; the host update takes dense ones")
-        for tensor, what in ((param, "parameter"), (grad, "gradient")):
-            if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.shape != param.shape:
-                raise ValueError(f"stowage.offload.Adam: the host-resident {what} must be a contiguous host tensor "
-                                 f"of the parameter's shape {list(param.shape)}, not {tensor.device} "
-                                 f"{list(tensor.shape)}")
+        """One step of `param` (host memory; `refusal` empty) from `grad` (host memory, `grad_scale`
+        applied as it is read) over `entry`, the param group's options; the step count goes up by
+        one. With an fp32 master (``entry["master"]``) the parameter is written from it in its own
+        precision."""
         beta1, beta2 = group["betas"]
         hyper = dict(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
                      weight_decay=float(group["weight_decay"]), grad_scale=grad_scale, threads=self._threads,
