@@ -239,3 +239,32 @@ def test_a_host_parameter_that_cannot_be_updated_in_place_is_refused_with_nothin
         # the device share was not stepped either
         assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
         assert not optimizer.state
+
+
+@pytest.mark.parametrize("device_fraction", [0.0, 1.0], ids=["states_offloaded", "device_share"])
+def test_a_grad_scaler_unscales_in_the_update_and_an_inf_skips_the_step(device_fraction: float) -> None:
+    def run(make_optimizer: Callable[[Any], Any], offload: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        model = tiny_gpt()
+        optimizer = make_optimizer(model)
+        handle = stowage.offload.parameters(model) if offload else None
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # a power of two: unscaling is exact
+        skipped = []
+        for step in range(3):
+            scaler.scale(gpt_loss(model, step)).backward()
+            if step == 1:
+                next(model.blocks[0].parameters()).grad.view(-1)[0] = float("inf")  # an overflow on the host
+                skipped = [p.detach().clone() for p in model.parameters()]
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            if step == 1:
+                assert all(torch.equal(p, b) for p, b in zip(model.parameters(), skipped))
+        params = [p.detach().clone() for p in model.parameters()]
+        if handle is not None:
+            handle.close()
+        return params, skipped
+
+    ours = run(stowage_adamw(lr=1e-2, weight_decay=0.1, device_fraction=device_fraction), True)
+    theirs = run(torch_adamw(lr=1e-2, weight_decay=0.1), False)
+    assert_bitwise(ours[0], theirs[0])
+    assert_bitwise(ours[1], theirs[1])

@@ -152,6 +152,12 @@ def interrupts_held() -> Iterator[None]:
                 previous(*noted[0])
 
 
+def unscaling(grad_scale: torch.Tensor) -> torch.Tensor:
+    """What a GradScaler multiplies gradients by to unscale them (its own arithmetic: the
+    reciprocal in double, rounded to float32)."""
+    return torch.as_tensor(grad_scale).double().reciprocal().float()
+
+
 class Adam(torch.optim.Optimizer):
     """torch.optim.Adam (its update, options and state_dict) with host-resident states. Contract:
     used from one thread, as torch's optimizers. The bookkeeping is C++'s (adam_slots.hpp): each
@@ -477,12 +483,17 @@ class Adam(torch.optim.Optimizer):
             return
         for ours, theirs in zip(self._device_group_sources, inner.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
-        for name in ("grad_scale", "found_inf"):
-            if getattr(self, name, None) is not None:
-                setattr(inner, name, getattr(self, name))
         # torch's optimizer skips a parameter without a gradient: those living on the host lend theirs
         # to the host-resident part for its step.
         lent = {p: p.grad for p in self._device_parameters() if id(p) in self._on_host}
+        if getattr(inner, "_step_supports_amp_scaling", False):  # (fused) it unscales as it updates
+            for name in ("grad_scale", "found_inf"):
+                if getattr(self, name, None) is not None:
+                    setattr(inner, name, getattr(self, name))
+        elif getattr(self, "grad_scale", None) is not None:  # unscaled as GradScaler unscales for it
+            grads = [local(p.grad) for p in self._device_parameters() if p.grad is not None and p not in lent]
+            for device in {g.device for g in grads}:
+                torch._foreach_mul_([g for g in grads if g.device == device], unscaling(self.grad_scale).to(device))
         try:
             for param in lent:
                 param.grad = None
@@ -525,7 +536,7 @@ class Adam(torch.optim.Optimizer):
     def _step_on_host(self, work: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]) -> None:
         """Each of `work` (_host_work) updated in place by the host kernel."""
         grad_scale = getattr(self, "grad_scale", None)
-        scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
+        scale = 1.0 if grad_scale is None else float(unscaling(grad_scale))
         for param, group, entry in work:
             self._resident.update(param.data, param.grad.contiguous(), entry, group, scale)
             self.state[param] = entry
