@@ -224,6 +224,14 @@ def test_updates_in_backward_are_refused_for_host_parameters_before_anything_cha
             optimizer.step()
         assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
     optimizer.close()
+    # Frozen blocks on the host are not updated at all: nothing to refuse.
+    model = tiny_gpt()
+    model.blocks.requires_grad_(False)
+    optimizer = stowage.offload.AdamW(model.parameters(), lr=1e-2, update="delayed")
+    with stowage.offload.parameters(model):
+        gpt_loss(model, 0).backward()
+        optimizer.step()
+    optimizer.close()
 
 
 def test_a_host_parameter_that_cannot_be_updated_in_place_is_refused_with_nothing_applied() -> None:

@@ -435,7 +435,8 @@ class Adam(torch.optim.Optimizer):
         """id() of the trained parameters stowage.offload.parameters keeps on the host now; refused,
         before anything changes, where the update mode updates in backward (its copies expect the
         parameters on the device)."""
-        found = {id(p) for g in self.param_groups for p in g["params"] if home_device(p) is not None}
+        found = {id(p) for g in self.param_groups for p in g["params"]
+                 if p.requires_grad and home_device(p) is not None}
         if found and self.update_mode != "exact":
             raise ValueError(
                 f"stowage.offload.{type(self).__name__}(update={self.update_mode!r}): {len(found)} parameters live on "
