@@ -38,7 +38,7 @@ def adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, **HYPER)  # type: ignore[arg-type]
 
 
-def sgd(params: Any) -> torch.optim.Optimizer:  # no states: in CPU mode AdamW's, made on the host, count on the device
+def sgd(params: Any) -> torch.optim.Optimizer:  # no offloaded twin: the factory's optimizer steps the host parameters
     return torch.optim.SGD(params, lr=0.1)
 
 
@@ -105,7 +105,7 @@ def test_auto_keeps_them_on_the_host_only_where_the_device_holds_no_other_option
     fitted, model, tokens, table = fitted_with(capsys, sgd, budget=budget, offload_parameters="auto")
     feasible = [o for o in fitted.options if o.feasible]
     assert feasible and all(o.parameters_on_host for o in feasible), table
-    assert fitted.parameters_on_host
+    assert fitted.parameters_on_host and type(fitted.optimizer) is torch.optim.SGD  # no twin: the factory's
     train_and_compare(fitted, model, tokens, factory=sgd)
     fitted.close()
 
