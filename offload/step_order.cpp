@@ -60,7 +60,9 @@ void run_step(const SlotBook& book, const StepWork& work) {
 }
 
 void run_staged_step(const SlotBook& book, const StepWork& work, std::size_t slots) {
-  STOWAGE_CHECK(slots >= 1, "a staging ring without slots");
+  // (no bucket, no slot: an optimizer whose parameters all live elsewhere still ends its steps)
+  STOWAGE_CHECK(slots >= 1 || book.bucket_count() == 0, "a staging ring without slots for ", book.bucket_count(),
+                " buckets");
   STOWAGE_CHECK(book.mode() == UpdateMode::kExact, "only update='exact' stages its buckets");
   std::vector<std::function<void()>> parts;
   // Updates issued ahead of the oldest write-back not yet issued: a bucket's slot was last written

@@ -36,6 +36,7 @@ void run_step(const SlotBook& book, const StepWork& work);
 // write-back ("write_back <b>") comes just before bucket b + max(slots - 1, 1)'s update ("update
 // <...>"), so that a ring of `slots` buffers holds the bucket being copied out, the one being
 // updated and the one being written back; then the remaining write-backs, then the end ("end").
+// Without buckets the ring has no slot (0) and the step is its end alone.
 void run_staged_step(const SlotBook& book, const StepWork& work, std::size_t slots);
 
 // delayed: the pending buckets' updates written back ("write_back <bucket>"), whole.

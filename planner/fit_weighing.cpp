@@ -82,7 +82,7 @@ struct Placed {
 Placed place(const FitInputs& in, const FitShare& share, bool parameters_on_host) {
   const FitMemory& memory = in.memory;
   Placed placed{memory.in_use, memory.gradients, memory.states_on_device(share.kept_parameters), 0, 0, 0.0};
-  if (parameters_on_host) {  // the factory's optimizer: each parameter's states where it lives
+  if (parameters_on_host) {  // each parameter's states where it lives, the blocks' updated by the host kernel
     const FitBlocks& blocks = in.blocks;
     placed.in_use -= blocks.parameter_bytes;
     placed.gradients -= blocks.gradient_bytes;
@@ -139,7 +139,12 @@ FitOption weigh_placed(const FitInputs& in, const FitShare& share, const Placed&
   if (micro_batches > 1) option.activation_budget -= placed.gradients;
   option.host_bytes = placed.host;
   const bool foreach = in.foreach && share.fraction == 1.0;
-  const auto temporary = static_cast<double>(foreach ? memory.foreach_temporary : memory.largest_parameter);
+  std::int64_t temporary_bytes = foreach ? memory.foreach_temporary : memory.largest_parameter;
+  if (foreach && parameters_on_host && !in.blocks.states_counted_on_device) {
+    // torch's multi-tensor step runs over the parameters on the device alone: the blocks' are the host's
+    temporary_bytes = std::max<std::int64_t>(temporary_bytes - in.blocks.gradient_bytes, 0);
+  }
+  const auto temporary = static_cast<double>(temporary_bytes);
   option.optimizer_peak = placed.in_use + placed.gradients + placed.states +
                           static_cast<std::int64_t>(temporary * share.fraction);
   option.update_ms = placed.update_ms;

@@ -24,8 +24,14 @@
 //
 // Where the blocks' parameters live is a dimension of its own (`placement`): on the device, as
 // built, or on the host (stowage.offload.parameters over the model's blocks, Note [Parameters off
-// the device] in offload/parameter_schedule.hpp), weighed with the factory's optimizer alone (it
-// updates each parameter where it lives: the blocks' on the host, with their states there). Then
+// the device] in offload/parameter_schedule.hpp), weighed with the whole share (1.0) alone: each
+// parameter is updated where it lives, the blocks' on the host with their states there. Where the
+// optimizer has an offloaded twin (Adam, AdamW) fit runs it with that share: the blocks'
+// parameters are updated in place by the host kernel (python/stowage/offload/resident_adam.py),
+// at the host's measured rate, and torch's multi-tensor step (foreach) runs over the device's
+// parameters alone, so its temporary leaves the blocks' gradients out. Otherwise the factory's
+// optimizer updates them on the host with torch's CPU kernels, timed at the same rate (a lower
+// bound: torch's CPU update is not measured). Then
 // the device no longer holds the blocks' parameters between steps, nor their gradients (each goes
 // to the host as it is made), nor their states; each step adds a window: the units' parameters the
 // schedule holds at the prefetch depth chosen (Note [Parameter prefetch depth] in
@@ -36,10 +42,13 @@
 // (planner/gradients_sent.hpp).
 // The host holds the blocks' parameters, gradients and states besides the plan's offloaded
 // activations (the states stay on the device's side where the device counts host tensors: CPU
-// mode). Each micro-batch copies every unit's parameters in twice (forward, backward) and
+// mode with the factory's optimizer; the twin keeps them in its host store, which CPU mode's device
+// does not count). Each micro-batch copies every unit's parameters in twice (forward, backward) and
 // its gradients out: the copies in wait as the simulated passes at the chosen depth say; the
-// gradients' copies out are taken as not overlapped at all (each gradient's copy is waited for
-// before it is added to `.grad`). The blocks' trained parameters
+// gradients' copies out are taken as not overlapped at all (a bound: they leave on the engine's
+// device-to-host stream as backward makes them, Note [Gradients in flight] in
+// offload/gradient_queue.hpp, but how much of them the compute hides is not measured). The blocks'
+// trained parameters
 // update at the host's rate, the rest at the device's. An option with the parameters on the host
 // wins only by its predicted step: within the tie, the parameters stay on the device (Note
 // [Choosing a share]).

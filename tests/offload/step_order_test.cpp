@@ -60,6 +60,16 @@ TEST(StepOrder, ExactUpdatesEveryBucketThenWritesEachBackThenEnds) {
   step.book.check_invariants();
 }
 
+// An optimizer whose parameters all live elsewhere (the device share, the host) has no bucket and
+// a ring of no slot: its step is its end alone.
+TEST(StepOrder, StagedStepWithoutBucketsIsItsEndAlone) {
+  Recorded step(UpdateMode::kExact, 0);
+  run_staged_step(step.book, step.work, 0);
+  EXPECT_EQ(step.done, (Points{"end"}));
+  Recorded some(UpdateMode::kExact, 1);
+  EXPECT_THROW(run_staged_step(some.book, some.work, 0), std::exception);
+}
+
 // Note [Staged buckets]: a bucket's ring slot is free again before the update that takes it next.
 TEST(StepOrder, StagedBucketsAreWrittenBackAsSoonAsTheRingNeedsTheirSlot) {
   Recorded step(UpdateMode::kExact, 5);

@@ -135,6 +135,33 @@ TEST(PlannerFitWeighing, StatesTheDeviceCountsStayOnItsSideWithTheParametersOnTh
   EXPECT_EQ(counted.host_bytes, 32 * kMiB + 32 * kMiB);  // the plan offloads nothing: room to keep
 }
 
+// The offloaded twin updates the blocks' parameters on the host: torch's multi-tensor step runs over
+// the device's parameters alone, so its temporary leaves the blocks' gradients out (where the device
+// counts host tensors, CPU mode with the factory's optimizer, it does not).
+TEST(PlannerFitWeighing, WithTheParametersOnTheHostTheForeachTemporaryIsTheDevicesParametersAlone) {
+  FitInputs inputs = eight_blocks(400 * kMiB, std::int64_t{1} << 40, ParameterPlacement::kEither);
+  inputs.foreach = true;
+  inputs.memory.foreach_temporary = 36 * kMiB;  // the blocks' 32 MiB and 4 MiB of parameters outside them
+  std::vector<FitOption> options = weigh_fit(inputs);
+  const auto on_host = std::find_if(options.begin(), options.end(), [](const FitOption& o) {
+    return o.parameters_on_host;
+  });
+  const auto on_device = std::find_if(options.begin(), options.end(), [](const FitOption& o) {
+    return !o.parameters_on_host && o.fraction == 1.0;
+  });
+  ASSERT_NE(on_host, options.end());
+  ASSERT_NE(on_device, options.end());
+  EXPECT_EQ(on_host->optimizer_peak, 2 * kMiB + 4 * kMiB);
+  EXPECT_EQ(on_device->optimizer_peak, 34 * kMiB + 32 * kMiB + 64 * kMiB + 36 * kMiB);
+  inputs.blocks.states_counted_on_device = true;
+  options = weigh_fit(inputs);
+  const auto counted = std::find_if(options.begin(), options.end(), [](const FitOption& o) {
+    return o.parameters_on_host;
+  });
+  ASSERT_NE(counted, options.end());
+  EXPECT_EQ(counted->optimizer_peak, 2 * kMiB + 64 * kMiB + 36 * kMiB);
+}
+
 TEST(PlannerFitWeighing, TheHostOptionTheHostCannotHoldIsRefusedNamingTheHostFigure) {
   const std::vector<FitOption> options = weigh_fit(eight_blocks(40 * kMiB, 100 * kMiB, ParameterPlacement::kHost));
   ASSERT_FALSE(options.empty());

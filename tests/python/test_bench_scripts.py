@@ -165,6 +165,17 @@ def test_the_alias_watch_benchmark_reports_both_watches_on_and_off(tmp_path: Pat
         assert result[kind]["watch_ms"][0] > 0  # the watch ran, and was timed
 
 
+def test_the_host_update_benchmark_matches_torch_s_bits_and_reports_fit_s_prediction(tmp_path: Path) -> None:
+    output = tmp_path / "host_update.json"
+    done = run_script("host_update_step.py", "--device", "cpu", "--layers", "2", "--width", "64", "--vocab", "256",
+                      "--batch", "2", "--seq", "32", "--steps", "2", "--rounds", "1", "--json", str(output))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(output.read_text())
+    assert result["largest_difference"] == 0.0
+    assert result["fit"]["optimizer"] == "stowage.offload.adam.AdamW" and result["fit"]["update_ms"] > 0
+    assert all(len(result["runs"][mode][0]["update_ms"]) == 2 for mode in ("torch_forloop", "stowage"))
+
+
 def test_the_parameters_benchmark_trains_both_ways_to_the_same_bits(tmp_path: Path) -> None:
     output = tmp_path / "parameters.json"
     done = run_script("parameters_step.py", "--device", "cpu", "--layers", "2", "--width", "64", "--vocab", "256",

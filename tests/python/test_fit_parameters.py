@@ -38,7 +38,7 @@ def adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, **HYPER)  # type: ignore[arg-type]
 
 
-def sgd(params: Any) -> torch.optim.Optimizer:  # no states: in CPU mode AdamW's, made on the host, count on the device
+def sgd(params: Any) -> torch.optim.Optimizer:  # no offloaded twin: the factory's optimizer steps the host parameters
     return torch.optim.SGD(params, lr=0.1)
 
 
@@ -72,6 +72,10 @@ def train_and_compare(fitted: Any, model: Any, tokens: torch.Tensor, steps: int 
 def test_forced_to_the_host_the_table_says_so_the_step_is_torch_s_and_close_puts_them_back(capsys: Any) -> None:
     fitted, model, tokens, table = fitted_with(capsys, offload_parameters=True)
     assert fitted.parameters_on_host and fitted.chosen.parameters_on_host
+    # The offloaded twin updates the blocks' parameters where they live (the host kernel), the rest's
+    # states on the device: torch's whole share.
+    assert type(fitted.optimizer) is stowage.offload.AdamW and fitted.optimizer.device_fraction == 1.0
+    assert "stowage.offload.adam.AdamW" in table
     assert "  parameters on the host" in table and "of the model's 4 blocks: they live on the host" in table
     assert "fitted.close() puts them back" in table
     header = next(line for line in table.splitlines() if line.lstrip().startswith("states on the device"))
@@ -81,6 +85,8 @@ def test_forced_to_the_host_the_table_says_so_the_step_is_torch_s_and_close_puts
     # Between steps the device no longer holds the blocks' parameters.
     held = stowage.memory_allocated()
     train_and_compare(fitted, model, tokens)
+    block = next(model.blocks.parameters())
+    assert not stowage.serving.torch_module().cpu_owns(fitted.optimizer.state[block]["exp_avg"])  # host memory
     fitted.close()
     assert not fitted.parameters_on_host
     assert stowage.memory_allocated() >= held + block_bytes(model)
@@ -99,8 +105,19 @@ def test_auto_keeps_them_on_the_host_only_where_the_device_holds_no_other_option
     fitted, model, tokens, table = fitted_with(capsys, sgd, budget=budget, offload_parameters="auto")
     feasible = [o for o in fitted.options if o.feasible]
     assert feasible and all(o.parameters_on_host for o in feasible), table
-    assert fitted.parameters_on_host
+    assert fitted.parameters_on_host and type(fitted.optimizer) is torch.optim.SGD  # no twin: the factory's
     train_and_compare(fitted, model, tokens, factory=sgd)
+    fitted.close()
+
+
+def test_with_adamw_auto_moves_them_and_their_states_to_the_host_where_the_device_holds_no_other_option(
+        capsys: Any) -> None:
+    # The offloaded twin keeps the blocks' states in host memory, which CPU mode's device does not count.
+    budget = stowage.memory_allocated() + 34 * MiB
+    fitted, model, tokens, table = fitted_with(capsys, budget=budget, offload_parameters="auto")
+    assert fitted.parameters_on_host and type(fitted.optimizer) is stowage.offload.AdamW, table
+    assert fitted.chosen.device_state_bytes < 4 * MiB  # the embeddings' and norms' states alone
+    train_and_compare(fitted, model, tokens)
     fitted.close()
 
 

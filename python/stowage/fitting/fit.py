@@ -166,7 +166,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)
-    blocks = measure_blocks(model, state_copies(optimizer), device.type == "cpu")
+    # CPU mode counts host tensors as the device's: torch's states of the blocks' host parameters land
+    # there where the factory's optimizer stays; the offloaded twin keeps them in its host store.
+    blocks = measure_blocks(model, state_copies(optimizer), device.type == "cpu" and bool(refusal))
     weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer),
                         blocks, _placement(model, offload_parameters, blocks))
     example, (options, chosen, tried) = checked_choice(weighing, example, check, model, loss_fn, device)
@@ -176,7 +178,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         unplanned = traces.at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
         raise torch.OutOfMemoryError(_core.no_fit_message([o.weighed for o in options], memory, unplanned, refusal,
                                                           tried, whole))
-    if chosen.fraction < 1.0:  # the offloaded twin with the factory's groups, on DDP's all-reduce under DDP
+    # The offloaded twin with the factory's groups (on DDP's all-reduce under DDP) where a share goes to the
+    # host, or the blocks' parameters live there: its host kernel updates them in place.
+    if chosen.fraction < 1.0 or (chosen.parameters_on_host and not refusal):
         twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
         offloaded = twin([dict(group) for group in optimizer.param_groups], device_fraction=chosen.fraction,
                          host_memory_limit=host_budget)

@@ -50,8 +50,9 @@ def measure_blocks(model: Any, copies: int = 2, cpu_mode: bool = False) -> Any:
     """What the model's blocks' parameters take (a _core.FitBlocks): their bytes, their gradients'
     and states' (``copies`` of each trained parameter), each block's (its path and bytes: how far
     ahead they come in is weighed from them), each parameter once in the totals (tied weights inside
-    the blocks are one parameter). ``cpu_mode``: the device is CPU mode's,
-    whose memory the states torch's optimizer makes for host parameters count in."""
+    the blocks are one parameter). ``cpu_mode``: the device is CPU mode's and the factory's optimizer
+    stays, so the states torch makes for host parameters count in the device's memory (the
+    offloaded twin keeps them in its host store, outside it)."""
     units = block_units(model)
     names = {id(module): name for name, module in model.named_modules()}
     seen: set[int] = set()

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
+from stowage.offload.parameters import home_device
+from stowage.offload.resident_adam import ResidentUpdate
 from stowage.offload.sharded import is_sharded, local, shaped_like
 from stowage.warning_site import outside_stowage
 
@@ -150,13 +152,24 @@ def interrupts_held() -> Iterator[None]:
                 previous(*noted[0])
 
 
+def unscaling(grad_scale: torch.Tensor) -> torch.Tensor:
+    """What a GradScaler multiplies gradients by to unscale them (its own arithmetic: the
+    reciprocal in double, rounded to float32)."""
+    return torch.as_tensor(grad_scale).double().reciprocal().float()
+
+
 class Adam(torch.optim.Optimizer):
     """torch.optim.Adam (its update, options and state_dict) with host-resident states. Contract:
     used from one thread, as torch's optimizers. The bookkeeping is C++'s (adam_slots.hpp): each
     offloaded parameter is a slot numbered in bucket order, ``_params[i]`` its parameter; this
     class observes torch (gradients and local shards at step(); with update="in_backward" or
     "delayed" the post-accumulate hooks and DDP's communication hook too) and hands what it sees to
-    the slots."""
+    the slots.
+
+    A parameter that stowage.offload.parameters keeps on the host when step() runs is updated where
+    it lives, in place, by the host kernel (resident_adam.py), whichever part holds its states: a
+    slot's states stay in its bucket and the slot sits the step out; the device share's states
+    move to the host while the parameter lives there and back to the device with it."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf
     _torch_class: type[torch.optim.Optimizer] = torch.optim.Adam
@@ -195,6 +208,10 @@ class Adam(torch.optim.Optimizer):
             [{**{k: v for k, v in g.items() if k != "params"}, "params": [p for p, pg in kept if pg is g]}
              for g in self._device_group_sources])
         bus_id = torch.cuda.get_device_properties(self._device).pci_bus_id if self._device.type == "cuda" else ""
+        self._resident = ResidentUpdate(str(self._device), len(torch_module().cpus_near(str(bus_id or ""))),
+                                        self._device.type == "cpu")
+        self._moved: dict[torch.Tensor, dict[str, Any]] = {}  # the device share's states while on the host
+        self._on_host: set[int] = set()  # id() of the parameters living on the host in this step()
         self._slots = torch_module().AdamSlots(
             str(self._device), type(self).__name__, update, torch_module().cpus_near(str(bus_id or "")),
             self.master_weights,
@@ -230,7 +247,8 @@ class Adam(torch.optim.Optimizer):
 
     def _check_parameters(self, params: Iterable[torch.Tensor]) -> torch.device:
         params = list(params)
-        devices = {p.device for p in params} | ({self._device} if hasattr(self, "_device") else set())
+        # (a parameter stowage.offload.parameters keeps on the host counts as on the device it left)
+        devices = {home_device(p) or p.device for p in params} | ({self._device} if hasattr(self, "_device") else set())
         if len(devices) != 1:
             raise ValueError(f"stowage.offload.{type(self).__name__} takes parameters on one device, not "
                              f"{sorted(map(str, devices))}")
@@ -304,8 +322,8 @@ class Adam(torch.optim.Optimizer):
 
     def _gradient_accumulated(self, param: torch.Tensor) -> None:
         """`param`'s gradient is copied once final (Note [Offloaded optimizer semantics])."""
-        if self._accumulating or self._ddp_attached or param.grad is None:
-            return
+        if self._accumulating or self._ddp_attached or param.grad is None or home_device(param) is not None:
+            return  # (a parameter on the host is updated at step(), where it lives)
         self._backward_end.arm()
         self._deferred_arrives()
         # Hooks registered after ours still to run on `param` (torch keeps them in order; where it
@@ -372,9 +390,11 @@ class Adam(torch.optim.Optimizer):
         coefficient = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
         # The device share is clipped where it is; every other gradient (offloaded, or a frozen
         # parameter's that joins at step()) takes the coefficient in the host update.
+        # Gradients on the host whose parameter lives there are clipped in place, as torch's clip does.
         kept = [local(p.grad) for p in self._device_parameters() if p.grad is not None]
-        if kept:
-            torch._foreach_mul_(kept, coefficient.to(kept[0].device))
+        kept += [p.grad for p in self._params if p.grad is not None and home_device(p) is not None]
+        for device in {g.device for g in kept}:
+            torch._foreach_mul_([g for g in kept if g.device == device], coefficient.to(device))
         self._slots.clip_by(coefficient)
         return total
 
@@ -397,6 +417,7 @@ class Adam(torch.optim.Optimizer):
                 loss = closure()
         with interrupts_held():  # Ctrl-C is acted on once the step is whole
             self._deferred = None  # (not copied in backward: collected below as any late gradient)
+            self._on_host = self._living_on_host()
             try:
                 if not self._prepare_step():
                     return loss
@@ -410,8 +431,22 @@ class Adam(torch.optim.Optimizer):
                 self._backward_end.disarm()
         return loss
 
+    def _living_on_host(self) -> set[int]:
+        """id() of the trained parameters stowage.offload.parameters keeps on the host now; refused,
+        before anything changes, where the update mode updates in backward (its copies expect the
+        parameters on the device)."""
+        found = {id(p) for g in self.param_groups for p in g["params"]
+                 if p.requires_grad and home_device(p) is not None}
+        if found and self.update_mode != "exact":
+            raise ValueError(
+                f"stowage.offload.{type(self).__name__}(update={self.update_mode!r}): {len(found)} parameters live on "
+                "the host (stowage.offload.parameters), where step() updates them in place; updates made during "
+                "backward copy parameters from the device. Use update='exact' (the default). Nothing was applied.")
+        return found
+
     def _step_inputs(self) -> tuple[Any, ...]:  # AdamSlots::StepInputs
-        grads = [p.grad for p in self._params]
+        # A parameter living on the host sits the slots' step out: the host-resident part updates it.
+        grads = [None if id(p) in self._on_host else p.grad for p in self._params]
         found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
         return (grads, [None if g is None else local(g) for g in grads], self._shards(), self.param_groups,
                 1.0 if grad_scale is None else float(grad_scale), found_inf is not None,
@@ -429,8 +464,11 @@ class Adam(torch.optim.Optimizer):
             if skipped:
                 self._backward_end.disarm()
                 return False
+            self._move_device_states()  # (where their parameters live now; no value changes)
+            on_host = self._host_work()  # checked, with their states, before the device share's step changes anything
             self._at_point("device")
             self._step_on_device()
+            self._step_on_host(on_host)
         except BaseException:
             self._undo_provisional()
             raise
@@ -446,16 +484,78 @@ class Adam(torch.optim.Optimizer):
             return
         for ours, theirs in zip(self._device_group_sources, inner.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
-        for name in ("grad_scale", "found_inf"):
-            if getattr(self, name, None) is not None:
-                setattr(inner, name, getattr(self, name))
+        # torch's optimizer skips a parameter without a gradient: those living on the host lend theirs
+        # to the host-resident part for its step.
+        lent = {p: p.grad for p in self._device_parameters() if id(p) in self._on_host}
+        if getattr(inner, "_step_supports_amp_scaling", False):  # (fused) it unscales as it updates
+            for name in ("grad_scale", "found_inf"):
+                if getattr(self, name, None) is not None:
+                    setattr(inner, name, getattr(self, name))
+        elif getattr(self, "grad_scale", None) is not None:  # unscaled as GradScaler unscales for it
+            grads = [local(p.grad) for p in self._device_parameters() if p.grad is not None and p not in lent]
+            for device in {g.device for g in grads}:
+                torch._foreach_mul_([g for g in grads if g.device == device], unscaling(self.grad_scale).to(device))
         try:
+            for param in lent:
+                param.grad = None
             inner.step()
         finally:
+            for param, grad in lent.items():
+                param.grad = grad
             for name in ("grad_scale", "found_inf"):
                 if hasattr(inner, name):
                     delattr(inner, name)
         self.state.update({p: inner.state[p] for p in self._device_parameters() if p in inner.state})
+
+    def _move_device_states(self) -> None:
+        """The device share's states go where their parameter lives now: to the host with it, back to
+        the device once it is back (torch's step count stays where torch keeps it)."""
+        inner = self._device_optimizer
+        if inner is None:
+            return
+        for param in self._device_parameters():
+            if id(param) in self._on_host and param in inner.state:
+                self._moved[param] = self._resident.to_host(inner.state[param])
+                del inner.state[param]
+                self.state[param] = self._moved[param]
+            elif id(param) not in self._on_host and param in self._moved:
+                inner.state[param] = self._resident.to_device(self._moved.pop(param), param.device)
+                self.state[param] = inner.state[param]
+
+    def _host_work(self) -> list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]:
+        """The parameters living on the host with a gradient, their groups and host states (made
+        where they have none yet); refused (nothing applied) where one cannot be updated in place."""
+        work = [(p, g) for g in self.param_groups for p in g["params"] if id(p) in self._on_host and p.grad is not None]
+        for param, _ in work:
+            why = self._resident.refusal(param.data, param.grad)
+            if why:
+                raise ValueError(f"stowage.offload.{type(self).__name__}: {self._describe(param)} lives on the host "
+                                 f"(stowage.offload.parameters), where step() updates it in place, but {why}. "
+                                 "Nothing was applied.")
+        return [(param, group, self._resident_entry(param, group)) for param, group in work]
+
+    def _step_on_host(self, work: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]) -> None:
+        """Each of `work` (_host_work) updated in place by the host kernel."""
+        grad_scale = getattr(self, "grad_scale", None)
+        scale = 1.0 if grad_scale is None else float(unscaling(grad_scale))
+        for param, group, entry in work:
+            self._resident.update(param.data, param.grad.contiguous(), entry, group, scale)
+            self.state[param] = entry
+            if param in self._index and "master" in entry:  # the slot's master wrote the parameter
+                self._slots.parameters_are([self._index[param]], [param.data])
+
+    def _resident_entry(self, param: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        """The host states the update of `param` reads: its slot's, or the device share's (moved),
+        or fresh ones at its first step."""
+        index = self._index.get(param)
+        if index is not None:
+            return self._slots.state_entry(index)
+        if param not in self._moved:
+            self._moved[param] = self._resident.fresh_states(param, bool(group.get("amsgrad")))
+        return self._moved[param]
+
+    def _describe(self, param: torch.Tensor) -> str:
+        return torch_module().describe_parameter(self.param_groups, param)
 
     def _undo_provisional(self) -> None:
         """in_backward's updates made during a backward whose step() has not come are undone."""
@@ -507,6 +607,7 @@ class Adam(torch.optim.Optimizer):
             else:
                 self.state[param] = entry
         if self._device_optimizer is not None:
+            self._moved.clear()  # (the loaded states move to the host at the next step(), where needed)
             inner_state = torch_module().split_device_state(self._device_optimizer.param_groups, by_param)
             self._device_optimizer.load_state_dict(inner_state)
             inner = self._device_optimizer.state

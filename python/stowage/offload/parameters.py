@@ -54,6 +54,15 @@ def parameters(model: Any, units: Iterable[Any] | None = None, prefetch: int = 1
     return OffloadedParameters(model, units, prefetch, gradient_bytes)
 
 
+def home_device(param: Any) -> Any:
+    """The device whose memory `param` left for the host while an open handle keeps it there
+    (``param.data`` is then host memory; the optimizer updates it there), None where no open
+    handle holds it."""
+    ref = _held.get(id(param))
+    handle = None if ref is None else ref()
+    return None if handle is None or getattr(handle, "closed", True) else handle.device
+
+
 def _device_of(model: Any, params: list[Any]) -> Any:
     """The one device of the model's parameters; refused where that is not a CUDA device or CPU
     mode's."""

@@ -451,6 +451,14 @@ def parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant, rec
     return ParametersSetup(variant, model, inner)
 
 
+class ParametersAdamSetup(ParametersSetup):
+    """``stowage.offload.parameters(model)`` with stowage's offloaded optimizer (update="exact"):
+    the blocks' parameters updated where they live by the host kernel, the rest staged."""
+
+    def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
+        return self.variant.stowage(groups)
+
+
 FeatureSetup = Callable[[Env, Any, Groups], Setup]
 
 
@@ -502,7 +510,10 @@ def _features() -> dict[str, Feature]:
     out.append(Feature("parameters.recompute", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: parameters_setup(env, model, groups, adamw, recompute=True),
                        host_on_gpu=True))
-    out.append(Feature("fit.parameters", "adamw", "stowage_allocator", "torch", False,
+    out.append(Feature("offload.parameters+adamw", "adamw", "stowage_allocator", "stowage", False,
+                       lambda env, model, groups: ParametersAdamSetup(adamw, model), host_on_gpu=True))
+    # fit runs the offloaded twin over the blocks' parameters on the host (its host kernel)
+    out.append(Feature("fit.parameters", "adamw", "stowage_allocator", "stowage", False,
                        lambda env, model, groups: fit_parameters_setup(env, model, groups, adamw),
                        host_on_gpu=True))
     out.append(Feature("fit.parameters.auto", "adamw", "stowage_allocator", "torch", False,
