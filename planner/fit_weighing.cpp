@@ -231,14 +231,17 @@ std::int64_t FitHost::staging_bytes(std::int64_t parameter_bytes) const {
   return 2 * std::min(parameter_bytes, bucket_bytes) * std::min(buckets, staging_slots);
 }
 
-// The placements weighed: the parameters on the device unless forced to the host, on the host
-// where asked and the model has blocks with parameters.
+// The placements weighed, the device's first: the parameters on the device unless forced to the
+// host, on the host where asked and the model has blocks with parameters (kDeviceUnlessNoneFits:
+// where no option with them on the device is feasible, weigh_fit's loop stops before the host).
 std::vector<bool> placements(const FitInputs& in) {
   const bool can = in.blocks.units > 0 && in.blocks.parameter_bytes > 0;
   switch (in.placement) {
     case ParameterPlacement::kDevice: return {false};
     case ParameterPlacement::kHost: return {true};
-    case ParameterPlacement::kEither: return can ? std::vector<bool>{false, true} : std::vector<bool>{false};
+    case ParameterPlacement::kEither:
+    case ParameterPlacement::kDeviceUnlessNoneFits:
+      return can ? std::vector<bool>{false, true} : std::vector<bool>{false};
   }
   return {false};
 }
@@ -256,6 +259,8 @@ std::vector<FitOption> weigh_fit(const FitInputs& in) {
                 "weigh_fit: the parameters on the host are weighed with the factory's optimizer, share 1.0 first");
   std::vector<FitOption> listed;
   for (const bool on_host : placements(in)) {
+    const bool device_fits = std::any_of(listed.begin(), listed.end(), [](const FitOption& o) { return o.feasible(); });
+    if (on_host && in.placement == ParameterPlacement::kDeviceUnlessNoneFits && device_fits) break;
     // With the parameters on the host the factory's optimizer updates them there: its share alone.
     const std::vector<FitShare> shares = on_host ? std::vector<FitShare>{in.shares.front()} : distinct(in.shares, in.memory);
     std::vector<double> fractions;

@@ -132,8 +132,10 @@ struct FitBlocks {
   bool states_counted_on_device = false;
 };
 
-// Where fit may keep the blocks' parameters (fit's `offload_parameters`: False, True, "auto").
-enum class ParameterPlacement { kDevice, kHost, kEither };
+// Where fit may keep the blocks' parameters (fit's `offload_parameters`: False, True, "auto",
+// None): on the device; on the host; either, the faster predicted step winning; on the device
+// unless no option fits there, then either (the host options weighed only then).
+enum class ParameterPlacement { kDevice, kHost, kEither, kDeviceUnlessNoneFits };
 
 struct FitInputs {
   StepTraces traces;

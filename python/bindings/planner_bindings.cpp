@@ -281,7 +281,8 @@ void bind_fit_option(py::module_& module) {
   py::enum_<planner::ParameterPlacement>(module, "ParameterPlacement")
       .value("DEVICE", planner::ParameterPlacement::kDevice)
       .value("HOST", planner::ParameterPlacement::kHost)
-      .value("EITHER", planner::ParameterPlacement::kEither);
+      .value("EITHER", planner::ParameterPlacement::kEither)
+      .value("DEVICE_UNLESS_NONE_FITS", planner::ParameterPlacement::kDeviceUnlessNoneFits);
   using planner::FitOption;
   py::class_<FitOption> option(module, "FitOption");
   readonly(option, "fraction", &FitOption::fraction, "micro_rows", &FitOption::micro_rows, "micro_batches",

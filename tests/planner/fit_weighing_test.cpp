@@ -121,6 +121,14 @@ TEST(PlannerFitWeighing, ParametersAndGradientsFillingTheDeviceLeaveOnlyTheHostO
   EXPECT_NEAR(feasible->parameter_copy_ms, 2 * (unit_ms + 7 * (unit_ms - 1)) + 32.0 * kMiB / 1e6, 1e-9);
   EXPECT_DOUBLE_EQ(feasible->step_ms(), feasible->prediction.step_ms + feasible->parameter_copy_ms +
                                             feasible->update_ms);
+  // fit's default weighs the host only where nothing fits on the device: here, as "auto" does.
+  const std::vector<FitOption> unless = weigh_fit(eight_blocks(40 * kMiB, std::int64_t{1} << 40,
+                                                               ParameterPlacement::kDeviceUnlessNoneFits));
+  ASSERT_EQ(unless.size(), either.size());
+  for (std::size_t i = 0; i < unless.size(); ++i) {
+    EXPECT_EQ(unless[i].parameters_on_host, either[i].parameters_on_host);
+    EXPECT_EQ(unless[i].reason, either[i].reason);
+  }
 }
 
 TEST(PlannerFitWeighing, StatesTheDeviceCountsStayOnItsSideWithTheParametersOnTheHost) {
@@ -186,6 +194,11 @@ TEST(PlannerFitWeighing, TheParametersStayOnTheDeviceWhereTheyFitAsFast) {
   EXPECT_FALSE(chosen->parameters_on_host);
   EXPECT_TRUE(std::any_of(options.begin(), options.end(),
                           [](const FitOption& o) { return o.parameters_on_host && o.feasible(); }));
+  // fit's default does not weigh the host at all where the device holds an option.
+  const std::vector<FitOption> unless = weigh_fit(eight_blocks(400 * kMiB, std::int64_t{1} << 40,
+                                                               ParameterPlacement::kDeviceUnlessNoneFits));
+  EXPECT_FALSE(unless.empty());
+  for (const FitOption& option : unless) EXPECT_FALSE(option.parameters_on_host);
 }
 
 TEST(PlannerFitWeighing, EveryPlacementsFeasibleOptionFitsTheDeviceAndTheHost) {
@@ -193,13 +206,19 @@ TEST(PlannerFitWeighing, EveryPlacementsFeasibleOptionFitsTheDeviceAndTheHost) {
   std::uniform_int_distribution<std::int64_t> usable(20 * kMiB, 140 * kMiB);
   std::uniform_int_distribution<std::int64_t> host(0, 256 * kMiB);
   std::uniform_int_distribution<std::int64_t> reserve(0, 4 * kMiB);
-  std::uniform_int_distribution<int> placement(0, 2);
+  std::uniform_int_distribution<int> placement(0, 3);
   for (int round = 0; round < 60; ++round) {
     const auto where = static_cast<ParameterPlacement>(placement(random));
     FitInputs inputs = eight_blocks(usable(random), host(random), where);
     inputs.reserve = reserve(random);
     inputs.search = ShareSearch{8, std::nullopt, 1, 3};
-    for (const FitOption& option : weigh_fit(inputs)) {
+    const std::vector<FitOption> options = weigh_fit(inputs);
+    const bool device_fits = std::any_of(options.begin(), options.end(),
+                                         [](const FitOption& o) { return !o.parameters_on_host && o.feasible(); });
+    for (const FitOption& option : options) {
+      if (where == ParameterPlacement::kDeviceUnlessNoneFits && device_fits) {
+        EXPECT_FALSE(option.parameters_on_host);
+      }
       if (where == ParameterPlacement::kDevice) {
         EXPECT_FALSE(option.parameters_on_host);
       } else if (where == ParameterPlacement::kHost) {

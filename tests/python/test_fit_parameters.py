@@ -100,8 +100,8 @@ def test_auto_keeps_them_on_the_host_only_where_the_device_holds_no_other_option
     del roomy
     # fit keeps 16 MiB free: 18 MiB usable, below the parameters and their gradients (25 MiB).
     budget = stowage.memory_allocated() + 34 * MiB
-    with pytest.raises(torch.OutOfMemoryError, match="does not fit"):  # the default: parameters on the device
-        fitted_with(capsys, sgd, budget=budget)
+    with pytest.raises(torch.OutOfMemoryError, match="does not fit"):  # parameters on the device
+        fitted_with(capsys, sgd, budget=budget, offload_parameters=False)
     fitted, model, tokens, table = fitted_with(capsys, sgd, budget=budget, offload_parameters="auto")
     feasible = [o for o in fitted.options if o.feasible]
     assert feasible and all(o.parameters_on_host for o in feasible), table
@@ -121,6 +121,17 @@ def test_with_adamw_auto_moves_them_and_their_states_to_the_host_where_the_devic
     fitted.close()
 
 
+def test_by_default_they_move_only_where_no_option_fits_with_them_on_the_device(capsys: Any) -> None:
+    roomy, _, _, _ = fitted_with(capsys)  # a roomy device: the host is not even weighed
+    assert not roomy.parameters_on_host and not any(o.parameters_on_host for o in roomy.options)
+    del roomy
+    budget = stowage.memory_allocated() + 34 * MiB  # below the parameters and their gradients, as above
+    fitted, model, tokens, table = fitted_with(capsys, budget=budget)
+    assert fitted.parameters_on_host and type(fitted.optimizer) is stowage.offload.AdamW, table
+    train_and_compare(fitted, model, tokens)
+    fitted.close()
+
+
 def test_a_host_too_small_for_them_is_named_in_the_refusal(capsys: Any) -> None:
     model, tokens = model_and_batch()
     with pytest.raises(torch.OutOfMemoryError) as refused:
@@ -131,8 +142,9 @@ def test_a_host_too_small_for_them_is_named_in_the_refusal(capsys: Any) -> None:
     assert "the host is what bounds the step: it would need" in said
 
 
-def test_offload_parameters_takes_true_false_or_auto() -> None:
+def test_offload_parameters_takes_none_true_false_or_auto() -> None:
     model, tokens = model_and_batch()
-    with pytest.raises(ValueError, match="offload_parameters is True, False or 'auto', not 'yes'"):
+    said = r"offload_parameters is None \(the default\), True, False or 'auto', not 'yes'"
+    with pytest.raises(ValueError, match=said):
         stowage.fit(model, lambda params: torch.optim.AdamW(params), tokens, loss_fn=loss_fn, cost=COST,
                     offload_parameters="yes")

@@ -201,8 +201,8 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
         try:
             with fit_trial(device), untouched(model, device):
                 overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen, device)
-        except ParameterOffloadError as error:  # "auto" leaves them on the device; True says why
-            if weighing.placement != _core.ParameterPlacement.EITHER:
+        except ParameterOffloadError as error:  # "auto" and None leave them on the device; True says why
+            if weighing.placement == _core.ParameterPlacement.HOST:
                 raise
             weighing = dataclasses.replace(weighing, placement=_core.ParameterPlacement.DEVICE)
             found.append(f"the blocks' parameters cannot live on the host ({error}): weighed again on the device")

@@ -86,10 +86,11 @@ def _host_memory(optimizer: torch.optim.Optimizer, host_budget: int | str | None
     return _core.FitHost(per_parameter, room.available_bytes, limited_by, bucket_bytes, STAGING_SLOTS)
 
 
-def _placement(model: Any, offload_parameters: bool | str, blocks: Any) -> Any:
+def _placement(model: Any, offload_parameters: bool | str | None, blocks: Any) -> Any:
     """Where the weighing may keep the blocks' parameters (a _core.ParameterPlacement): on the
-    device (False), on the host (True), or either, the weighing choosing ("auto": the device alone
-    under torch.distributed or DDP, whose all-reduce expects them there)."""
+    device (False), on the host (True), either, the weighing choosing ("auto"), or on the device
+    unless no option fits there (None, the default); the device alone under torch.distributed or
+    DDP (whose all-reduce expects them there) unless True."""
     if offload_parameters is False:
         return _core.ParameterPlacement.DEVICE
     if offload_parameters is True:
@@ -97,10 +98,13 @@ def _placement(model: Any, offload_parameters: bool | str, blocks: Any) -> Any:
             raise ValueError("stowage.fit: offload_parameters=True, but the model has no repeated blocks with "
                              "parameters (the items of an nn.ModuleList or nn.Sequential) to keep on the host")
         return _core.ParameterPlacement.HOST
-    if offload_parameters != "auto":
-        raise ValueError(f"stowage.fit: offload_parameters is True, False or 'auto', not {offload_parameters!r}")
+    if offload_parameters is not None and offload_parameters != "auto":
+        raise ValueError("stowage.fit: offload_parameters is None (the default), True, False or 'auto', not "
+                         f"{offload_parameters!r}")
     if distributed() or isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return _core.ParameterPlacement.DEVICE
+    if offload_parameters is None:
+        return _core.ParameterPlacement.DEVICE_UNLESS_NONE_FITS
     return _core.ParameterPlacement.EITHER
 
 
@@ -126,7 +130,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
         verbose: bool = True, cost: dict[str, float] | None = None, offload_optimizer: bool = True,
         host_budget: int | str | None = None, micro_batches: int | str = 1,
         loss_units: str | Callable[[Any], float] | None = None, split_batchnorm: bool = False,
-        offload_parameters: bool | str = False) -> Fitted:
+        offload_parameters: bool | str | None = None) -> Fitted:
     """Fits ``model``'s training step to its device (README's "Fitting a larger model"):
     ``example_batch`` is the largest batch the loop trains on (with ``micro_batches``, its global
     batch); ``budget`` and ``host_budget`` cap the device and host memory (default: all the
@@ -134,8 +138,9 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     ``offload_optimizer=False`` keeps the factory's optimizer whole on the device;
     ``micro_batches``: 1 (whole), "auto" (fit chooses) or a count; ``loss_units`` says what the
     loss is a mean over, unchecked; ``split_batchnorm=True`` lets batch norm in training mode be
-    cut; ``offload_parameters``: where the model's blocks' parameters live, False (on the device,
-    the default), True (on the host, stowage.offload.parameters) or "auto" (fit chooses)."""
+    cut; ``offload_parameters``: where the model's blocks' parameters live: None (the default: on
+    the device unless no option fits there, then on the host where that fits), False (on the
+    device), True (on the host, stowage.offload.parameters) or "auto" (the faster predicted step)."""
     loss_fn = loss_fn or default_loss
     cost = dict(cost) if cost is not None else None
     parameters = list(model.parameters())
