@@ -128,26 +128,33 @@ def _raise(grad: torch.Tensor) -> None:
 def test_the_offloaded_adamw_updates_the_host_blocks_in_place_as_torch_does() -> None:
     # The blocks' parameters live on the host (pinned), the embeddings and the head on the GPU: one
     # stowage.offload.AdamW takes both, the blocks' updated in place by the host kernel with their
-    # states in host memory, the rest by torch's step on the device. A mirror of every parameter,
-    # each where it lives, stepped by torch's AdamW from the same gradients, must agree bit for bit.
+    # states in host memory, the rest by torch's step on the device. A mirror of every parameter on
+    # the GPU, stepped by torch's AdamW from the same gradients (what plain torch runs), agrees: the
+    # device's parameters bit for bit, the blocks' within torch's fused/foreach spread (the host
+    # kernel rounds as CUDA's sqrt does; the GPU's foreach may contract to fused multiply-adds).
     model = small_gpt()
     handle = stowage.offload.parameters(model)
     hyper = dict(lr=1e-3, weight_decay=0.1, foreach=True)
     optimizer = stowage.offload.AdamW(model.parameters(), **hyper)
-    mirror = [p.detach().clone() for p in model.parameters()]
+    mirror = [p.detach().to(DEVICE).clone() for p in model.parameters()]
     reference = torch.optim.AdamW(mirror, **hyper)
+    in_blocks = {id(p) for p in model.h.parameters()}
     for step in range(3):
         tokens, targets = batch(step)
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             loss = model(tokens, targets)
         loss.backward()
         for copy, param in zip(mirror, model.parameters()):
-            copy.grad = param.grad.detach().clone()
+            copy.grad = param.grad.detach().to(DEVICE)
         optimizer.step()
         reference.step()
         optimizer.zero_grad(set_to_none=True)
         for copy, param in zip(mirror, model.parameters()):
-            assert param.device == copy.device and torch.equal(param.detach(), copy)
+            if id(param) in in_blocks:
+                assert param.device.type == "cpu"
+                torch.testing.assert_close(param.detach().to(DEVICE), copy, rtol=2e-6, atol=1e-9)
+            else:
+                assert param.device == copy.device and torch.equal(param.detach(), copy)
     for param in model.h.parameters():
         assert param.is_pinned() and optimizer.state[param]["exp_avg"].device.type == "cpu"
     handle.close()
