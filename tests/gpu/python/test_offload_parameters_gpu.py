@@ -127,15 +127,15 @@ def _raise(grad: torch.Tensor) -> None:
 
 def test_the_offloaded_adamw_updates_the_host_blocks_in_place_as_torch_does() -> None:
     # The blocks' parameters live on the host (pinned), the embeddings and the head on the GPU: one
-    # stowage.offload.AdamW takes both, the blocks' updated in place by the host kernel with their
-    # states in host memory, the rest by torch's step on the device. A mirror of every parameter on
+    # stowage.offload.AdamW takes both (its whole share, as fit runs it), the blocks' updated in place
+    # by the host kernel with their states in host memory, the rest by torch's step on the device. A mirror of every parameter on
     # the GPU, stepped by torch's AdamW from the same gradients (what plain torch runs), agrees: the
     # device's parameters bit for bit, the blocks' within torch's fused/foreach spread (the host
     # kernel rounds as CUDA's sqrt does; the GPU's foreach may contract to fused multiply-adds).
     model = small_gpt()
     handle = stowage.offload.parameters(model)
     hyper = dict(lr=1e-3, weight_decay=0.1, foreach=True)
-    optimizer = stowage.offload.AdamW(model.parameters(), **hyper)
+    optimizer = stowage.offload.AdamW(model.parameters(), **hyper, device_fraction=1.0)  # as fit runs it
     mirror = [p.detach().to(DEVICE).clone() for p in model.parameters()]
     reference = torch.optim.AdamW(mirror, **hyper)
     in_blocks = {id(p) for p in model.h.parameters()}
