@@ -10,7 +10,7 @@ bench/e2e/parameters_models.py and tests/python/test_parameters_models.py train 
 A case's `build()` seeds and returns a fresh model in training mode, made on the CPU (CPU mode's
 device where stowage is enabled with device="cpu"); `batch(step)` the same inputs for the same
 step; `run(model, batch)` the scalar to differentiate, under bf16 autocast where `autocast`.
-Names ending in _checkpointing turn on transformers' (non-reentrant) gradient checkpointing.
+Names with _checkpointing turn on transformers' (non-reentrant) gradient checkpointing.
 """
 
 from __future__ import annotations

@@ -101,3 +101,25 @@ def test_auto_puts_the_blocks_on_the_host_where_the_device_option_cannot_fit_and
     ours = fit_trace(case, 2, room, "auto")
     assert ours["on_host"]
     assert differences(ours, {**trace(case, offload=False, steps=2, factory=sgd), "grads": []}) == []
+
+
+def test_a_forward_without_backward_does_not_keep_the_blocks_held_through_later_backwards() -> None:
+    """A forward with grad that is never backpropagated (a validation loss outside no_grad) must
+    not make every block look called twice in the next steps' forwards: backward lets each block go
+    once it has passed it, the device holding the window, not every block."""
+    case = CASES["gpt2"]
+    model = case.build()
+    handle = stowage.offload.parameters(model, prefetch=1)
+    seen: list[int] = []
+    for p in model.transformer.h.parameters():
+        p.register_post_accumulate_grad_hook(lambda _: seen.append(handle.resident_bytes))
+    unit = max(handle._schedule.unit_bytes(u) for u in range(len(handle.units)))
+    try:
+        case.step_loss(model, 0)  # dropped
+        for step in range(3):
+            seen.clear()
+            case.step_loss(model, step).backward()
+            model.zero_grad()
+        assert max(seen) <= 2 * unit  # the last step: the block and the one ahead
+    finally:
+        handle.close()

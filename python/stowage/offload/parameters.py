@@ -212,9 +212,11 @@ class OffloadedParameters:
             _held[id(slot.param)] = weakref.ref(self)
         self._backward_held = [False] * len(self.units)
         self._forward_holds = [0] * len(self.units)  # forwards of each unit running now
-        self._forward_calls = [0] * len(self.units)  # calls with grad in the forward since the last backward
-        # Units called more than once in one forward (a layer shared across depths, as ALBERT's): their
-        # copies stay held from their first backward hold to the end of backward.
+        self._forward_calls = [0] * len(self.units)  # calls with grad in forwards since the last backward
+        self._backward_ended = False  # a backward ended since: the next forward counts afresh
+        # Units called more than once in those forwards (a layer shared across depths, as ALBERT's): their
+        # copies stay held from their first backward hold to the end of backward (also through the end of
+        # a nested backward, a reentrant checkpoint's, that comes before).
         self._repeated = [False] * len(self.units)
         self._backward_task = [-1] * len(self.units)  # the backward that last held each unit
         self._input_key: list[GradKey] = [None] * len(self.units)  # the gradient of its one input
@@ -339,8 +341,11 @@ class OffloadedParameters:
                     slot.gradient_hooked = True
             self._place(u, copies=True)
             if torch.is_grad_enabled() and not in_backward:
+                if self._backward_ended:
+                    self._backward_ended = False
+                    self._forward_calls = [0] * len(self.units)
                 self._forward_calls[u] += 1
-                self._repeated[u] = self._repeated[u] or self._forward_calls[u] > 1
+                self._repeated[u] = self._forward_calls[u] > 1
             if torch.is_grad_enabled():
                 inputs = [a for a in _tensors((args, kwargs)) if a.requires_grad]
                 if inputs and not in_backward:
@@ -523,7 +528,7 @@ class OffloadedParameters:
             self._place(u, copies=False)
         self._apply(self._schedule.release_all())
         self._backward_held = [False] * len(self.units)
-        self._forward_calls = [0] * len(self.units)
+        self._backward_ended = True
         self._versions = [None] * len(self.units)
         self._input_key = [None] * len(self.units)
 
