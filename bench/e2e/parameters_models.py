@@ -137,6 +137,7 @@ def compare(case: Case, steps: int, rounds: int) -> dict[str, Any]:
         times["parameters"] += ours["step_ms"][1:]
     row["torch_ms"] = statistics.median(times["torch"])
     row["parameters_ms"] = statistics.median(times["parameters"])
+    row["torch_min_ms"], row["parameters_min_ms"] = min(times["torch"]), min(times["parameters"])
     return row
 
 
@@ -210,19 +211,21 @@ def fit_row(case: Case, steps: int) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]], with_fit: bool) -> str:
-    header = "| model | units found | bitwise | device bytes saved / units' parameters | step ms: torch, parameters (x) |"
-    rule = "|---|---|---|---|---|"
+    header = ("| model | units found | bitwise | device bytes saved / units' parameters | "
+              "step ms, median: torch, parameters (x) | fastest: torch, parameters |")
+    rule = "|---|---|---|---|---|---|"
     if with_fit:
         header += " fit: least room, device option's and auto's | auto chose | auto bitwise |"
         rule += "---|---|---|"
     lines = [header, rule]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row.get('units')} | refused or failed: {row['error'][:120]} | | |")
+            lines.append(f"| {row['model']} | {row.get('units')} | refused or failed: {row['error'][:120]} | | | |")
             continue
         same = "yes" if not row["differences"] else f"no ({len(row['differences'])}: {row['differences'][0]})"
         line = (f"| {row['model']} | {row['units']} | {same} | {row['saved']:,} / {row['unit_bytes']:,} | "
-                f"{row['torch_ms']:.1f}, {row['parameters_ms']:.1f} ({row['parameters_ms'] / row['torch_ms']:.2f}x) |")
+                f"{row['torch_ms']:.1f}, {row['parameters_ms']:.1f} ({row['parameters_ms'] / row['torch_ms']:.2f}x) | "
+                f"{row['torch_min_ms']:.1f}, {row['parameters_min_ms']:.1f} |")
         if with_fit:
             if "fit_differences" in row:
                 fit_same = "yes" if not row["fit_differences"] else f"no ({row['fit_differences'][0]})"
