@@ -221,6 +221,12 @@ class OffloadedParameters:
             _held[id(slot.param)] = weakref.ref(self)
         self._backward_held = [False] * len(self.units)
         self._forward_holds = [0] * len(self.units)  # forwards of each unit running now
+        self._forward_calls = [0] * len(self.units)  # calls with grad in forwards since the last backward
+        self._backward_ended = False  # a backward ended since: the next forward counts afresh
+        # Units called more than once in those forwards (a layer shared across depths, as ALBERT's): their
+        # copies stay held from their first backward hold to the end of backward (also through the end of
+        # a nested backward, a reentrant checkpoint's, that comes before).
+        self._repeated = [False] * len(self.units)
         self._backward_task = [-1] * len(self.units)  # the backward that last held each unit
         self._input_key: list[GradKey] = [None] * len(self.units)  # the gradient of its one input
         self._versions: list[list[int] | None] = [None] * len(self.units)  # host versions each forward saw
@@ -313,6 +319,14 @@ class OffloadedParameters:
     def _release(self, u: int) -> None:
         self._apply(self._schedule.release(u))
 
+    def _place(self, u: int, copies: bool) -> None:
+        """Puts unit `u`'s device copies (`copies`) or its host parameters in its modules."""
+        for i in self._unit_slots[u]:
+            slot = self._slots[i]
+            value = slot.copy if copies else slot.param
+            for inner, name in slot.places:
+                inner._parameters[name] = value
+
     # --- the hooks ---------------------------------------------------------------------------------
 
     def _pre_forward_hook(self, u: int) -> Any:
@@ -334,8 +348,13 @@ class OffloadedParameters:
                     self._handles.append(slot.copy.register_hook(self._tensor_hooks_of(slot.param)))
                     self._handles.append(slot.copy.register_post_accumulate_grad_hook(self._gradient_hook(i)))
                     slot.gradient_hooked = True
-                for inner, name in slot.places:
-                    inner._parameters[name] = slot.copy
+            self._place(u, copies=True)
+            if torch.is_grad_enabled() and not in_backward:
+                if self._backward_ended:
+                    self._backward_ended = False
+                    self._forward_calls = [0] * len(self.units)
+                self._forward_calls[u] += 1
+                self._repeated[u] = self._forward_calls[u] > 1
             if torch.is_grad_enabled():
                 inputs = [a for a in _tensors((args, kwargs)) if a.requires_grad]
                 if inputs and not in_backward:
@@ -353,18 +372,16 @@ class OffloadedParameters:
                 return
             self._forward_holds[u] -= 1
             torch = step_context.loaded_torch()
-            for i in self._unit_slots[u]:
-                slot = self._slots[i]
-                for inner, name in slot.places:
-                    inner._parameters[name] = slot.param
-            outputs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
             if step_context.in_backward():
-                # a recomputation: its hold is the unit's backward hold unless backward took one
+                # a recomputation: its hold is the unit's backward hold unless backward took one (the
+                # copies stay in the unit's modules while backward holds it)
                 if self._backward_held[u]:
                     self._release(u)
                 else:
                     self._backward_held[u] = True
                 return
+            self._place(u, copies=False)
+            outputs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
             if outputs:
                 self._versions[u] = [self._slots[i].param._version for i in self._unit_slots[u]]
                 for output in outputs:
@@ -383,11 +400,13 @@ class OffloadedParameters:
                 return
             torch = step_context.loaded_torch()
             for v, held in enumerate(self._backward_held):
-                if held and _same_gradient(self._input_key[v], key):
+                if held and not self._repeated[v] and _same_gradient(self._input_key[v], key):
                     self._backward_held[v] = False
+                    self._place(v, copies=False)
                     self._release(v)
             task = torch._C._current_graph_task_id()
-            if self._backward_task[u] != task:
+            # (a repeated unit let go by a nested backward's end, a reentrant checkpoint's, is held again)
+            if self._backward_task[u] != task or (self._repeated[u] and not self._backward_held[u]):
                 self._backward_task[u] = task
                 self._pre_backward(u)
 
@@ -415,6 +434,9 @@ class OffloadedParameters:
         if not self._backward_held[u]:
             self._hold(u, True)
             self._backward_held[u] = True
+        # In the unit's modules until backward lets go of it: a recomputation that runs the unit's
+        # forward without its hooks (transformers' checkpointing wraps forward, not the call) reads them.
+        self._place(u, copies=True)
 
     def _inputs_done_hook(self, u: int, count: int) -> Any:
         """A hook for each of unit `u`'s `count` inputs: once every one has its gradient in a
@@ -429,8 +451,9 @@ class OffloadedParameters:
             if arrived[task] < count:
                 return
             del arrived[task]
-            if self._backward_held[u] and not self.closed:
+            if self._backward_held[u] and not self._repeated[u] and not self.closed:
                 self._backward_held[u] = False
+                self._place(u, copies=False)
                 self._release(u)
 
         return input_done
@@ -510,8 +533,11 @@ class OffloadedParameters:
     def _end_of_backward(self) -> None:
         self._land_every_gradient()
         self._callback_task = -1
+        for u in range(len(self.units)):
+            self._place(u, copies=False)
         self._apply(self._schedule.release_all())
         self._backward_held = [False] * len(self.units)
+        self._backward_ended = True
         self._versions = [None] * len(self.units)
         self._input_key = [None] * len(self.units)
 
