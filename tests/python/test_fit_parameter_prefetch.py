@@ -5,7 +5,6 @@ the trial fit runs and the handle it hands back bring them in that far ahead."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ import stowage  # noqa: E402
 from stowage import _core  # noqa: E402
 import stowage.fitting.choosing as choosing  # noqa: E402
 
-fit_module = importlib.import_module("stowage.fitting.fit")  # (the package's `fit` is the function)
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -81,7 +79,7 @@ def heavy_forward_ms(fitted: Any) -> float:
 
 def fitted_at(monkeypatch: Any, to_device_bytes_per_ms: float) -> tuple[Any, list[int]]:
     """fit with the blocks' parameters on the host at the given copy rate; the depths the handles
-    it opened (its trial's, then training's) were given."""
+    it opened were given (one: its trial's, kept for training)."""
     asked: list[int] = []
 
     def spy(model: Any, units: Any = None, prefetch: int = 1) -> Any:
@@ -89,7 +87,6 @@ def fitted_at(monkeypatch: Any, to_device_bytes_per_ms: float) -> tuple[Any, lis
         return stowage.offload.parameters(model, units, prefetch)
 
     monkeypatch.setattr(choosing, "offloaded_parameters", spy)
-    monkeypatch.setattr(fit_module, "offloaded_parameters", spy)
     warm, batch = model_and_batch()  # the process's first steps run cold (its threads, its pages): not fit's
     for _ in range(2):
         loss_fn(warm, batch).backward()
@@ -125,7 +122,7 @@ def test_slow_copies_behind_a_long_block_come_in_several_blocks_ahead(monkeypatc
     depth = fitted.chosen.parameter_prefetch
     assert fitted.parameters_on_host and depth > 1, str(fitted)
     assert f"brought in {depth} blocks ahead of its use" in str(fitted)
-    assert asked == [depth, depth]  # the trial's handle, then the one fit hands back
+    assert asked == [depth]  # the trial's handle, the one fit hands back
     x, y = torch.randn(ROWS, WIDTH), torch.randint(0, 10, (ROWS,))
     fitted.step((x, y))
     sizes = [HEAVY_BYTES] + [WIDE_BYTES] * WIDE_BLOCKS  # the schedule holds the running block and `depth` more
@@ -138,5 +135,5 @@ def test_fast_copies_come_in_one_block_ahead_or_as_each_block_runs(monkeypatch: 
     fitted, asked = fitted_at(monkeypatch, WIDE_BYTES * 1e4)  # a wide block's copy in 0.1 us: nothing to hide
     depth = fitted.chosen.parameter_prefetch
     assert fitted.parameters_on_host and depth <= 1, str(fitted)
-    assert asked == [depth, depth]
+    assert asked == [depth]
     fitted.close()

@@ -6,6 +6,7 @@ is named in the refusal."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
+import stowage.fitting.choosing as choosing  # noqa: E402
 from stowage.models.llama import Llama, LlamaShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
@@ -148,3 +150,45 @@ def test_offload_parameters_takes_none_true_false_or_auto() -> None:
     with pytest.raises(ValueError, match=said):
         stowage.fit(model, lambda params: torch.optim.AdamW(params), tokens, loss_fn=loss_fn, cost=COST,
                     offload_parameters="yes")
+
+
+def test_the_blocks_cross_to_the_host_once_the_trial_s_handle_kept_for_training(monkeypatch: Any,
+                                                                               capsys: Any) -> None:
+    opened: list[Any] = []
+
+    def counted(model: Any, units: Any = None, prefetch: int = 1) -> Any:
+        opened.append(stowage.offload.parameters(model, units, prefetch))
+        return opened[-1]
+
+    monkeypatch.setattr(choosing, "offloaded_parameters", counted)
+    fitted, model, tokens, _ = fitted_with(capsys, offload_parameters=True)
+    assert len(opened) == 1 and fitted.offloaded_parameters is opened[0] and not opened[0].closed
+    train_and_compare(fitted, model, tokens)
+    fitted.close()
+
+
+def test_gradients_held_before_fit_are_there_after_it_with_the_blocks_on_the_host(capsys: Any) -> None:
+    model, tokens = model_and_batch()
+    loss_fn(model, tokens).backward()  # a loop that accumulated before it called fit
+    held = {name: p.grad.clone() for name, p in model.named_parameters()}
+    fitted = stowage.fit(model, adamw, tokens, loss_fn=loss_fn, cost=COST, offload_parameters=True, verbose=False)
+    assert fitted.parameters_on_host
+    for name, param in model.named_parameters():
+        assert torch.equal(param.grad, held[name]), name
+    fitted.close()
+
+
+def test_fit_raising_after_its_trial_leaves_no_parameter_on_the_host(monkeypatch: Any, capsys: Any) -> None:
+    fit_module = importlib.import_module("stowage.fitting.fit")  # (the package's `fit` is the function)
+
+    def refused(*args: Any) -> Any:
+        raise RuntimeError("refused after the trial")
+
+    monkeypatch.setattr(fit_module, "_training_optimizer", refused)
+    model, tokens = model_and_batch()
+    with pytest.raises(RuntimeError, match="refused after the trial"):
+        stowage.fit(model, adamw, tokens, loss_fn=loss_fn, cost=COST, offload_parameters=True, verbose=False)
+    # the trial's handle was closed: the parameters are the model's again and can be offloaded anew
+    home_device = importlib.import_module("stowage.offload.parameters").home_device
+    assert all(home_device(p) is None for p in model.parameters())
+    stowage.offload.parameters(model).close()

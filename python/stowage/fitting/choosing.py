@@ -10,7 +10,6 @@ thread that trains.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import re
@@ -96,8 +95,8 @@ class Option:
 
 def _agreed(options: list[Option]) -> Choice | None:
     """The choice this process takes: the fastest feasible one, within TIE the parameters on the
-    device, then the most rows, then the most states (planner/share_search.hpp). Under torch.distributed every rank takes the same one,
-    feasible on every rank and timed by its slowest (where the update runs changes its rounding,
+    device, then the most rows, then the most states (planner/share_search.hpp). Under
+    torch.distributed every rank takes the same one, feasible on every rank and timed by its slowest (where the update runs changes its rounding,
     parameters must stay identical across ranks, and the ranks' micro-batches meet in one all-reduce)."""
     mine = {o.key: o.step_ms for o in options if o.feasible}
     if not distributed():
@@ -149,26 +148,66 @@ def _gradients_sent(traces: Any, unit_gradients: list[tuple[str, int]], rows: in
     return _core.with_gradients_sent(traces.at(rows), unit_gradients)
 
 
-def _run_once(model: Any, loss_fn: LossFn, piece: Any, chosen: Option, device: torch.device) -> tuple[int, str]:
+class TrialParameters:
+    """The blocks' parameters on the host for fit's trials, and for training after them: one
+    stowage.offload.parameters handle, opened by the first trial of an option that keeps them there,
+    kept across trials at the same depth, closed before a trial with them on the device, and handed
+    to training where the option taken keeps them there at that depth (else closed): each parameter
+    crosses to the host once, not once for the trials and again for training.
+
+    A model whose parameters hold gradients when fit starts has each trial's handle closed at the
+    trial's end, as side_effects.untouched puts those gradients back on the parameters' device.
+
+    Contract: owned by one fit call, which calls ``close()`` when it raises; on fit's thread."""
+
+    def __init__(self, model: Any) -> None:
+        self._model, self._handle, self._prefetch = model, None, -1
+        self.kept_across_trials = all(p.grad is None for p in model.parameters())
+
+    def hold(self, prefetch: int) -> None:
+        if self._handle is not None and self._prefetch != prefetch:
+            self.close()
+        if self._handle is None:
+            self._handle, self._prefetch = offloaded_parameters(self._model, prefetch=prefetch), prefetch
+
+    def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            handle.close()
+
+    def taken_by(self, chosen: Option) -> Any:
+        """The handle training keeps where `chosen` keeps the parameters on the host (the trials'
+        where its depth is theirs, else a new one), None where it keeps them on the device."""
+        if not chosen.parameters_on_host:
+            self.close()
+            return None
+        self.hold(chosen.parameter_prefetch)
+        handle, self._handle = self._handle, None
+        return handle
+
+
+def _run_once(model: Any, loss_fn: LossFn, piece: Any, chosen: Option, device: torch.device,
+              parameters: TrialParameters) -> tuple[int, str]:
     """`piece`'s forward and backward as `chosen` trains (its plan; the blocks' parameters on the
-    host where it keeps them there): the bytes added beyond the prediction and the parameters'
-    window (0 where it held), and the block kind whose recompute failed ("" where none did)."""
+    host where it keeps them there, held in `parameters`): the bytes added beyond the prediction and
+    the parameters' window (0 where it held), and the block kind whose recompute failed ("" where
+    none did)."""
     plan = chosen.plan
     assert plan is not None
     model.zero_grad(set_to_none=True)
     floor, added = 0, 0
     try:
-        with contextlib.ExitStack() as trial:
-            if chosen.parameters_on_host:  # the trial's gradients dropped before it puts the parameters back
-                trial.enter_context(offloaded_parameters(model, prefetch=chosen.parameter_prefetch))
-                trial.callback(model.zero_grad, set_to_none=True)
-            start = memory.memory_allocated(device)
-            memory.reset_peak_stats(device)
-            try:
-                with recompute_unannounced(), plan:  # (training's plan says it recomputes, if it does)
-                    loss_fn(model, piece).backward()
-            finally:
-                added = memory.max_memory_allocated(device) - start  # (before the parameters come back)
+        if chosen.parameters_on_host:
+            parameters.hold(chosen.parameter_prefetch)
+        else:
+            parameters.close()
+        start = memory.memory_allocated(device)
+        memory.reset_peak_stats(device)
+        try:
+            with recompute_unannounced(), plan:  # (training's plan says it recomputes, if it does)
+                loss_fn(model, piece).backward()
+        finally:
+            added = memory.max_memory_allocated(device) - start
     except torch.OutOfMemoryError:
         floor = OUT_OF_MEMORY_OVERSHOOT
     except RuntimeError as error:
@@ -177,15 +216,19 @@ def _run_once(model: Any, loss_fn: LossFn, piece: Any, chosen: Option, device: t
             raise
         return 0, block_kind(found.group(1))
     finally:
-        model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)  # (the trial's gradients, before any parameter goes back)
+        if not parameters.kept_across_trials:
+            parameters.close()
     return max(added - plan.predicted_peak_bytes - chosen.window_bytes, floor), ""
 
 
 Chosen = tuple[list[Option], Option | None, str]  # the options, the one taken, what the trials found
 
 
-def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device) -> Chosen:
-    """The options and the one taken, its plan tried on the example's largest micro-batch."""
+def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.device,
+           parameters: TrialParameters) -> Chosen:
+    """The options and the one taken, its plan tried on the example's largest micro-batch (the
+    blocks' parameters held on the host in `parameters` for the trials that keep them there)."""
     reserve, no_recompute, found = 0, set(), []
     for attempt in range(TRIALS):
         options = weighing.options(reserve, no_recompute)
@@ -200,8 +243,9 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
         chosen.plan.model = model
         try:
             with fit_trial(device), untouched(model, device):
-                overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen, device)
+                overshoot, failed_block_kind = _run_once(model, loss_fn, piece, chosen, device, parameters)
         except ParameterOffloadError as error:  # "auto" and None leave them on the device; True says why
+            parameters.close()
             if weighing.placement == _core.ParameterPlacement.HOST:
                 raise
             weighing = dataclasses.replace(weighing, placement=_core.ParameterPlacement.DEVICE)
@@ -219,10 +263,10 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
 
 
 def checked_choice(weighing: Weighing, example: ExampleBatch, check: CutCheck | None, model: Any, loss_fn: LossFn,
-                   device: torch.device) -> tuple[ExampleBatch, Chosen]:
+                   device: torch.device, parameters: TrialParameters) -> tuple[ExampleBatch, Chosen]:
     """fit's choice, its cut verified on the example where fit chose it ("auto", units not given):
     a cut not verified (on any rank, under torch.distributed) is weighed again whole, saying why."""
-    choice = choose(weighing, model, loss_fn, example, device)
+    choice = choose(weighing, model, loss_fn, example, device, parameters)
     chosen = choice[1]
     verify = check is not None and weighing.cut is None and example.checked != LOSS_UNITS_GIVEN
     if check is None or not verify or chosen is None or chosen.micro_batches == 1:
@@ -239,4 +283,4 @@ def checked_choice(weighing: Weighing, example: ExampleBatch, check: CutCheck | 
     if not why_not:
         return verified, choice
     whole = example.whole(why_not)
-    return whole, choose(dataclasses.replace(weighing, cut=whole.cut), model, loss_fn, whole, device)
+    return whole, choose(dataclasses.replace(weighing, cut=whole.cut), model, loss_fn, whole, device, parameters)

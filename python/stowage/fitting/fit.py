@@ -14,7 +14,7 @@ from stowage import memory as stowage_memory
 from stowage._core import MIN_ROWS, MicroCut, format_bytes
 from stowage.byte_counts import byte_count
 from stowage.fitting.batches import LOSS_UNITS_GIVEN, ExampleBatch, LossFn, default_loss, given_units
-from stowage.fitting.choosing import Weighing, checked_choice, distributed
+from stowage.fitting.choosing import TrialParameters, Weighing, checked_choice, distributed
 from stowage.fitting.cut_check import CutCheck
 from stowage.fitting.fitted import Fitted
 from stowage.fitting.measuring import measure, measure_blocks, measure_rates, state_copies, uses_foreach
@@ -22,7 +22,6 @@ from stowage.fitting.recording import record
 from stowage.fitting.side_effects import fit_trial
 from stowage.offload import host_room
 from stowage.offload.adam import STAGED_BUCKET_NUMEL, STAGING_SLOTS, Adam, AdamW
-from stowage.offload.parameters import parameters as offloaded_parameters
 from stowage.offload.sharded import local
 from stowage.serving import memory_cap, serves, torch_module
 
@@ -108,6 +107,21 @@ def _placement(model: Any, offload_parameters: bool | str | None, blocks: Any) -
     return _core.ParameterPlacement.EITHER
 
 
+def _training_optimizer(model: Any, optimizer: torch.optim.Optimizer, chosen: Any, refusal: str,
+                        host_budget: int | str | None) -> torch.optim.Optimizer:
+    """The factory's optimizer, or its offloaded twin with the factory's groups (on DDP's all-reduce
+    under DDP) where `chosen` sends a share of the states to the host or keeps the blocks'
+    parameters there (its host kernel updates them in place) and nothing refused the twin."""
+    if chosen.fraction == 1.0 and not (chosen.parameters_on_host and not refusal):
+        return optimizer
+    twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
+    offloaded = twin([dict(group) for group in optimizer.param_groups], device_fraction=chosen.fraction,
+                     host_memory_limit=host_budget)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        offloaded.attach(model)
+    return offloaded
+
+
 def _units(check: CutCheck, example: ExampleBatch, micro_batches: int | str,
            loss_units: str | Callable[[Any], float] | None, device: torch.device) -> ExampleBatch:
     """The example with what its loss is a mean over, verified (cut_check) at the finest cut and the
@@ -176,32 +190,29 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     blocks = measure_blocks(model, state_copies(optimizer), device.type == "cpu" and bool(refusal))
     weighing = Weighing(traces, memory, host, rates, example.rows, example.cut, not refusal, uses_foreach(optimizer),
                         blocks, _placement(model, offload_parameters, blocks))
-    example, (options, chosen, tried) = checked_choice(weighing, example, check, model, loss_fn, device)
-    if chosen is None:
-        whole = example.not_cut or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
-                                    if micro_batches == 1 and example.rows > MIN_ROWS else "")
-        unplanned = traces.at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
-        raise torch.OutOfMemoryError(_core.no_fit_message([o.weighed for o in options], memory, unplanned, refusal,
-                                                          tried, whole))
-    # The offloaded twin with the factory's groups (on DDP's all-reduce under DDP) where a share goes to the
-    # host, or the blocks' parameters live there: its host kernel updates them in place.
-    if chosen.fraction < 1.0 or (chosen.parameters_on_host and not refusal):
-        twin = AdamW if type(optimizer) is torch.optim.AdamW else Adam
-        offloaded = twin([dict(group) for group in optimizer.param_groups], device_fraction=chosen.fraction,
-                         host_memory_limit=host_budget)
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            offloaded.attach(model)
-        optimizer = offloaded
-    name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
-    facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
-             "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "memory": memory,
-             "optimizer": name, "load": load, "unplanned_peak": traces.at(chosen.micro_rows).unconstrained_peak_bytes,
-             "states_kept_because": refusal, "host": host, "tried": tried, "blocks": blocks}
-    example = example.cut_into(chosen.micro_batches, chosen.micro_rows or example.rows)
-    # The blocks' parameters to the host where the choice keeps them there, as far ahead as it weighed
-    # (Note [Parameter prefetch depth]): the handle is the Fitted's.
-    moved = offloaded_parameters(model, prefetch=chosen.parameter_prefetch) if chosen.parameters_on_host else None
-    fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts, moved)
+    parameters = TrialParameters(model)  # the blocks' parameters on the host, from the first trial there
+    try:
+        example, (options, chosen, tried) = checked_choice(weighing, example, check, model, loss_fn, device,
+                                                           parameters)
+        if chosen is None:
+            whole = example.not_cut or ("micro_batches=1; micro_batches='auto' lets fit cut it into micro-batches"
+                                        if micro_batches == 1 and example.rows > MIN_ROWS else "")
+            unplanned = traces.at(example.cut.most if example.cut else example.rows).unconstrained_peak_bytes
+            weighed = [o.weighed for o in options]
+            raise torch.OutOfMemoryError(_core.no_fit_message(weighed, memory, unplanned, refusal, tried, whole))
+        optimizer = _training_optimizer(model, optimizer, chosen, refusal, host_budget)
+        name = type(optimizer).__module__ + "." + type(optimizer).__qualname__
+        facts = {"device": f"{device} (stowage's CPU mode)" if device.type == "cpu" else str(device),
+                 "capacity": capacity, "capacity_bound": bound, "recorded": recorded, "memory": memory,
+                 "optimizer": name, "load": load, "unplanned_peak": traces.at(chosen.micro_rows).unconstrained_peak_bytes,
+                 "states_kept_because": refusal, "host": host, "tried": tried, "blocks": blocks}
+        example = example.cut_into(chosen.micro_batches, chosen.micro_rows or example.rows)
+        # The blocks' parameters on the host where the choice keeps them there, as far ahead as it weighed
+        # (Note [Parameter prefetch depth]): the trials' handle where they ran at that depth; the Fitted's.
+        fitted = Fitted(model, optimizer, loss_fn, chosen, options, example, facts, parameters.taken_by(chosen))
+    except BaseException:
+        parameters.close()  # a refusal leaves the model as it found it: its parameters on the device
+        raise
     if verbose:
         print(fitted)
     return fitted
