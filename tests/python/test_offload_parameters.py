@@ -511,7 +511,31 @@ def test_micro_batches_add_through_reused_staging_not_a_buffer_a_gradient() -> N
                 gpt_loss(model, 4 * step + micro).backward()
                 per_micro_batch.append(counting.buffers - before)
             optimizer.step()
-            optimizer.zero_grad()  # set_to_none: the next step's first gradients become new .grad buffers
-            if step == 1:  # the staging the first step made is reused
-                assert per_micro_batch == [offloaded, 0, 0, 0]
+            optimizer.zero_grad()  # set_to_none: the next step's first gradients land where the last ones did
+            if step == 0:
+                assert per_micro_batch[0] == offloaded
+            else:  # the .grad buffers and the staging the first step made are reused: nothing pinned
+                assert per_micro_batch == [0, 0, 0, 0]
         assert len(handle._spare_staging) <= 2  # no more than were in flight at once
+
+
+def test_a_gradient_the_loop_kept_past_zero_grad_keeps_its_values() -> None:
+    # zero_grad(set_to_none=True) lets .grad go; a loop that kept it (or a view of it) still holds
+    # the values, which the next backward must not land in.
+    ours, theirs = tiny_gpt(), tiny_gpt()
+    with stowage.offload.parameters(ours):
+        gpt_loss(ours, 0).backward()
+        gpt_loss(theirs, 0).backward()
+        block = next(ours.blocks.parameters())
+        kept, kept_view = block.grad, block.grad[0]
+        values = kept.clone()
+        reused = [p.grad for p in ours.blocks.parameters()][1:]  # let go below: their memory may be reused
+        del reused
+        ours.zero_grad(set_to_none=True)
+        theirs.zero_grad(set_to_none=True)
+        gpt_loss(ours, 1).backward()
+        gpt_loss(theirs, 1).backward()
+        assert torch.equal(kept, values) and torch.equal(kept_view, values[0])
+        assert block.grad.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
+        for mine, reference in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(mine.grad, reference.grad)

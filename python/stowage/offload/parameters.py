@@ -148,6 +148,7 @@ class _Slot:
         self.places: list[tuple[Any, str]] = []  # (module, name) in the units
         self.gradient_hooked = False
         self.gradients_sent = 0  # its gradients sent to the host and not yet applied
+        self.gradient_buffer: Any = None  # the host memory its last gradient landed in, as a .grad
 
 
 class _SentGradient:
@@ -482,13 +483,25 @@ class OffloadedParameters:
         slot = self._slots[i]
         staging = None
         if slot.param.grad is None and slot.gradients_sent == 0:
-            values = self._store.empty(grad.numel(), grad.dtype)
+            values = self._gradient_buffer(slot, grad)
         else:
             staging = self._staging(grad.numel() * grad.element_size())
             values = staging.view(grad.dtype)[: grad.numel()]
         self._transfers.send_gradient(values, grad)
         self._sent.append(_SentGradient(i, values, staging))
         slot.gradients_sent += 1
+
+    def _gradient_buffer(self, slot: _Slot, grad: Any) -> Any:
+        """Host memory for a gradient that becomes `slot`'s ``.grad``: the buffer its last one
+        landed in where nothing holds that any more (``zero_grad(set_to_none=True)`` let it go),
+        else a new one, so a loop that kept the old ``.grad`` (or a view of it) keeps its values.
+        Reused, a step pins no host memory for its gradients: each new buffer large enough is a
+        pinned segment of its own, given back to the host when freed (offload/pinned_host_pool.hpp)."""
+        kept = slot.gradient_buffer
+        if kept is not None and kept.dtype == grad.dtype and kept.numel() == grad.numel() and _unshared(kept):
+            return kept
+        slot.gradient_buffer = self._store.empty(grad.numel(), grad.dtype)
+        return slot.gradient_buffer
 
     def _staging(self, nbytes: int) -> Any:
         """A host byte buffer of at least `nbytes` (a multiple of 8, so any dtype views it): the
@@ -593,6 +606,7 @@ class OffloadedParameters:
             param.data = on_device
             if param.grad is not None:
                 param.grad = param.grad.to(self.device, copy=True)
+            slot.gradient_buffer = None
             for inner, name in slot.places:
                 inner._parameters[name] = param
             _held.pop(id(param), None)
@@ -642,6 +656,13 @@ def _unguard(copy: Any) -> None:
     """A filled device copy is a plain nn.Parameter: ops on it cost what they cost on any
     parameter (no Python guard on the hot path of a unit's forward and backward)."""
     copy.__class__ = step_context.loaded_torch().nn.Parameter
+
+
+def _unshared(tensor: Any) -> bool:
+    """Whether no tensor but `tensor` holds its storage (the count includes the storage object this
+    asks through). torch without the count: taken as shared, so nothing is reused."""
+    count = getattr(step_context.loaded_torch()._C, "_storage_Use_Count", None)
+    return count is not None and count(tensor.untyped_storage()._cdata) <= 2
 
 
 def _device_copy_type() -> Any:
