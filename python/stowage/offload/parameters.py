@@ -151,6 +151,13 @@ class _Slot:
         self.gradient_buffer: Any = None  # the host memory its last gradient landed in, as a .grad
 
 
+class _GraphToken:
+    """Held by the hooks on a unit forward's outputs, which live as long as that forward's graph:
+    a weak reference to it says whether the graph still waits for backward."""
+
+    __slots__ = ("__weakref__",)
+
+
 class _SentGradient:
     """A gradient on its way to the host: the slot, the host values its copy lands in, and the
     staging buffer under them (None: the values may become the host parameter's ``.grad``)."""
@@ -222,11 +229,15 @@ class OffloadedParameters:
             _held[id(slot.param)] = weakref.ref(self)
         self._backward_held = [False] * len(self.units)
         self._forward_holds = [0] * len(self.units)  # forwards of each unit running now
-        self._forward_calls = [0] * len(self.units)  # calls with grad in forwards since the last backward
+        # Each unit's forwards with grad since the last backward whose graphs are alive (weak references
+        # to a token their outputs' hooks hold: a graph dropped unbackpropagated, a validation loss
+        # outside no_grad, lets its token go).
+        self._forward_graphs: list[list[weakref.ref[_GraphToken]]] = [[] for _ in self.units]
         self._backward_ended = False  # a backward ended since: the next forward counts afresh
-        # Units called more than once in those forwards (a layer shared across depths, as ALBERT's): their
-        # copies stay held from their first backward hold to the end of backward (also through the end of
-        # a nested backward, a reentrant checkpoint's, that comes before).
+        # Units called again while an earlier forward's graph of theirs waits for backward (a layer
+        # shared across depths, as ALBERT's): their copies stay held from their first backward hold to
+        # the end of backward (also through the end of a nested backward, a reentrant checkpoint's,
+        # that comes before).
         self._repeated = [False] * len(self.units)
         self._backward_task = [-1] * len(self.units)  # the backward that last held each unit
         self._input_key: list[GradKey] = [None] * len(self.units)  # the gradient of its one input
@@ -353,9 +364,9 @@ class OffloadedParameters:
             if torch.is_grad_enabled() and not in_backward:
                 if self._backward_ended:
                     self._backward_ended = False
-                    self._forward_calls = [0] * len(self.units)
-                self._forward_calls[u] += 1
-                self._repeated[u] = self._forward_calls[u] > 1
+                    self._forward_graphs = [[] for _ in self.units]
+                self._forward_graphs[u] = [ref for ref in self._forward_graphs[u] if ref() is not None]
+                self._repeated[u] = bool(self._forward_graphs[u])
             if torch.is_grad_enabled():
                 inputs = [a for a in _tensors((args, kwargs)) if a.requires_grad]
                 if inputs and not in_backward:
@@ -385,18 +396,20 @@ class OffloadedParameters:
             outputs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
             if outputs:
                 self._versions[u] = [self._slots[i].param._version for i in self._unit_slots[u]]
+                token = _GraphToken()  # alive while a hook of its outputs' graph is
+                self._forward_graphs[u].append(weakref.ref(token))
                 for output in outputs:
-                    output.register_hook(self._output_grad_hook(u, _marked_gradient(output)))
+                    output.register_hook(self._output_grad_hook(u, _marked_gradient(output), token))
             self._release(u)
 
         return post_forward
 
-    def _output_grad_hook(self, u: int, key: GradKey) -> Any:
+    def _output_grad_hook(self, u: int, key: GradKey, token: _GraphToken) -> Any:
         """The hook on each output of unit `u`'s forward: the output's gradient is complete, so
         the unit whose only input it is has passed backward (its copies go first: Note
         [Parameters off the device]), and the first of the outputs in this backward holds `u`."""
 
-        def output_grad(grad: Any) -> None:
+        def output_grad(grad: Any, graph: _GraphToken = token) -> None:  # (`graph`: held, not read)
             if self.closed:
                 return
             torch = step_context.loaded_torch()
