@@ -539,3 +539,15 @@ def test_a_gradient_the_loop_kept_past_zero_grad_keeps_its_values() -> None:
         assert block.grad.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
         for mine, reference in zip(ours.parameters(), theirs.parameters()):
             assert torch.equal(mine.grad, reference.grad)
+
+
+def test_the_default_gradient_bound_is_one_unit_s_trained_parameters() -> None:
+    # A unit's frozen parameters (a LoRA base) make no gradient: the bytes in flight are bounded by
+    # what one unit's gradients take, as fit's window counts them, not by its parameters'.
+    model = tiny_gpt()
+    for param in model.blocks.parameters():
+        param.requires_grad_(param.dim() == 1)  # the biases and norms train, the matrices are frozen
+    trained = max(sum(p.numel() * p.element_size() for p in block.parameters() if p.requires_grad)
+                  for block in model.blocks)
+    with stowage.offload.parameters(model) as handle:
+        assert handle._transfers.gradient_bound_bytes == trained

@@ -49,7 +49,8 @@ def parameters(model: Any, units: Iterable[Any] | None = None, prefetch: int = 1
     """Moves the parameters of each of `model`'s units (its repeated blocks, or `units`) to host
     memory; each unit's come back on the device while it runs in forward and backward, the next
     `prefetch` units' issued ahead. At most `gradient_bytes` of gradients are on their way to the
-    host at once (default: the largest unit's parameters' bytes). Returns the handle (a context
+    host at once (default: the largest unit's trained parameters' bytes, its parameters' where none
+    is trained yet). Returns the handle (a context
     manager; ``close()``)."""
     return OffloadedParameters(model, units, prefetch, gradient_bytes)
 
@@ -218,8 +219,10 @@ class OffloadedParameters:
             self._unit_slots.append(slots)
         self._schedule = module.ParameterSchedule(
             [s.copy.numel() * s.copy.element_size() for s in self._slots], self._unit_slots, prefetch)
-        if gradient_bytes is None:
-            gradient_bytes = max(self._schedule.unit_bytes(u) for u in range(len(self.units)))
+        if gradient_bytes is None:  # one unit's gradients, as fit's window counts them (its trained parameters')
+            trained = [sum(self._slots[i].copy.numel() * self._slots[i].copy.element_size()
+                           for i in slots if self._slots[i].param.requires_grad) for slots in self._unit_slots]
+            gradient_bytes = max(trained) or max(self._schedule.unit_bytes(u) for u in range(len(self.units)))
         self._transfers = module.ParameterTransfers(device_name, gradient_bytes)
         self._sent: collections.deque[_SentGradient] = collections.deque()  # oldest first, not yet applied
         self._spare_staging: list[Any] = []  # host byte buffers for gradients added to a .grad
