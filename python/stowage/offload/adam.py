@@ -509,7 +509,8 @@ class Adam(torch.optim.Optimizer):
 
     def _move_device_states(self) -> None:
         """The device share's states go where their parameter lives now: to the host with it, back to
-        the device once it is back (torch's step count stays where torch keeps it)."""
+        the device once it is back (the step count where torch keeps it: on the device for a fused or
+        capturable step, else on the CPU)."""
         inner = self._device_optimizer
         if inner is None:
             return
@@ -519,7 +520,9 @@ class Adam(torch.optim.Optimizer):
                 del inner.state[param]
                 self.state[param] = self._moved[param]
             elif id(param) not in self._on_host and param in self._moved:
-                inner.state[param] = self._resident.to_device(self._moved.pop(param), param.device)
+                group = next(g for g in inner.param_groups if any(p is param for p in g["params"]))
+                step_on_device = bool(group.get("fused") or group.get("capturable"))  # where torch keeps it
+                inner.state[param] = self._resident.to_device(self._moved.pop(param), param.device, step_on_device)
                 self.state[param] = inner.state[param]
 
     def _host_work(self) -> list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]:

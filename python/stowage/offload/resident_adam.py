@@ -52,12 +52,13 @@ class ResidentUpdate:
         return moved
 
     @staticmethod
-    def to_device(entry: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    def to_device(entry: dict[str, Any], device: torch.device, step_on_device: bool) -> dict[str, Any]:
         """`entry` copied back to `device` (CPU mode's too: a new tensor, not the host one), the
-        step count as it is."""
+        step count there too where `step_on_device` (torch's fused and capturable steps keep it on
+        the parameter's device), else as it is."""
         moved: dict[str, Any] = {}
         for name, value in entry.items():
-            if name == "step" or not isinstance(value, torch.Tensor):
+            if not isinstance(value, torch.Tensor) or (name == "step" and not step_on_device):
                 moved[name] = value
             else:
                 moved[name] = torch.empty_like(value, device=device).copy_(value)

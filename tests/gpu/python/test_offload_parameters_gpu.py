@@ -159,3 +159,23 @@ def test_the_offloaded_adamw_updates_the_host_blocks_in_place_as_torch_does() ->
         assert param.is_pinned() and optimizer.state[param]["exp_avg"].device.type == "cpu"
     handle.close()
     assert all(p.device.type == "cuda" for p in model.parameters())
+
+
+def test_a_fused_device_share_steps_on_once_its_parameters_come_back() -> None:
+    # The blocks' first steps run on the host (their states made there); back on the device after
+    # close(), torch's fused step wants each step count on the parameter's device, where it goes.
+    model = small_gpt()
+    optimizer = stowage.offload.AdamW(model.parameters(), lr=1e-3, fused=True, device_fraction=1.0)
+    handle = stowage.offload.parameters(model)
+    for step in range(2):
+        if step == 1:
+            handle.close()
+        tokens, targets = batch(step)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = model(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for param in model.h.parameters():
+        assert optimizer.state[param]["step"].device.type == "cuda"
+        assert optimizer.state[param]["exp_avg"].device.type == "cuda"
