@@ -9,6 +9,7 @@ output head, and GPT-2's initialisation. No dependency beyond torch.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 from dataclasses import dataclass
@@ -123,6 +124,24 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments the CPU-mode parameter benchmarks share: the device (CPU mode's capacity) and
+    the GPT and batch ``seeded_model_and_tokens`` makes from them."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--capacity", default="8GiB", help="CPU mode's simulated device")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Waits for the device's queued work (nothing to wait for on a CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def seeded_model_and_tokens(layers: int, width: int, batch: int, seq: int, device: str,

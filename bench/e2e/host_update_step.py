@@ -30,30 +30,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import stowage  # noqa: E402
 import stowage.offload  # noqa: E402
-from gpt2_model import make_optimizer, random_batch, seeded_model_and_tokens  # noqa: E402
+from gpt2_model import (add_model_arguments, make_optimizer, random_batch, seeded_model_and_tokens,  # noqa: E402
+                        synchronize)
 
 MODES = ("torch_forloop", "torch_foreach", "stowage")
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--capacity", default="8GiB", help="CPU mode's simulated device")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
+    add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each mode")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def optimizer_of(mode: str, model: Any) -> Any:

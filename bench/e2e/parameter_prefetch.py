@@ -25,20 +25,14 @@ import stowage  # noqa: E402
 import stowage.plan  # noqa: E402
 from stowage import _core  # noqa: E402
 from stowage.offload.parameters import block_units  # noqa: E402
-from gpt2_model import random_batch, seeded_model_and_tokens  # noqa: E402
+from gpt2_model import add_model_arguments, random_batch, seeded_model_and_tokens  # noqa: E402
 
 COPY_OVER_COMPUTE = (0.25, 1.0, 4.0)  # a block's copy over its mean forward-and-backward compute
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--capacity", default="8GiB", help="CPU mode's simulated device")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
+    add_model_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3, help="steps recorded, each weighed alone")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
