@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -89,3 +90,14 @@ class TinyGpt(nn.Module):
 
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def lora_llama(transformers: Any, peft: Any) -> Any:
+    """A two-layer Llama from config (no download) with peft's LoRA on q_proj and v_proj, made from
+    seed 0: its base frozen, its adapters trained (``transformers``, ``peft``: the modules, which
+    the caller imported or skipped on)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
 import stowage.offload  # noqa: E402
-from offload_models import TinyGpt, lm_loss  # noqa: E402
+from offload_models import TinyGpt, lm_loss, lora_llama  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cpu_mode_module")
 
@@ -184,11 +184,7 @@ def test_a_lora_model_s_frozen_base_has_no_states_and_is_never_updated() -> None
     peft = pytest.importorskip("peft")
 
     def make() -> Any:
-        torch.manual_seed(0)
-        config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-        return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+        return lora_llama(transformers, peft)
 
     def run(offload: bool, optimizer_of: Callable[[list[Any]], Any]) -> tuple[list[torch.Tensor], Any, Any]:
         model = make()
