@@ -40,7 +40,7 @@ MAIN_FEATURES = ("allocator", "record.tags", "activations", "plan", "plan.recomp
                  "adamw.delayed", "fit", "parameters", "parameters.recompute", "fit.parameters",
                  "offload.parameters+adamw")
 OWN_PATTERN_FEATURES = ("fit.micro_batches",)  # each on its one pattern, on every model
-OWN_MODEL_FEATURES = ("fit.parameters.auto",)  # each on its one model (on the plain loop; every pattern in full)
+OWN_MODEL_FEATURES = ("fit.parameters.auto", "fit.parameters.default")  # each on its one model (on the plain loop; every pattern in full)
 VARIANT_FEATURES = ("maximize.exact", "amsgrad.exact", "adam_l2.exact", "fit.maximize", "fit.amsgrad", "fit.adam_l2")
 VARIANT_PATTERNS = ("plain", "accumulate_marked", "clip_optimizer", "state_dict_swap")
 ON_GPU_ALLOCATOR = ("on a GPU stowage is torch's CUDA allocator for the whole process, so there is no run on torch's "

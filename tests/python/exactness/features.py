@@ -359,8 +359,10 @@ def fit_parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant)
     return FitParametersSetup(variant, fitted, changed)
 
 
-def fit_auto_parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant) -> Setup:
-    """stowage.fit choosing where the blocks' parameters live (offload_parameters="auto"), torch's
+def fit_auto_parameters_setup(env: Env, model: Any, groups: Groups, variant: Variant,
+                              placement: str | None = "auto") -> Setup:
+    """stowage.fit choosing where the blocks' parameters live (offload_parameters="auto", or None,
+    fit's default, which weighs the host only where nothing fits on the device), torch's
     optimizer whole on the device (offload_optimizer=False), at a budget half the blocks'
     parameters short of what the parameters on the device need: the states and the step's lowest
     planned peak beside what is in use. With the blocks' parameters on the host the device holds a
@@ -370,7 +372,7 @@ def fit_auto_parameters_setup(env: Env, model: Any, groups: Groups, variant: Var
     room = 2 * trainable + env.caches.lowest_peak(env.spec, env.scale) - measure_blocks(model).parameter_bytes // 2
     fitted, changed = fit_model(model, lambda params: variant.torch(groups), env.spec.batch(0, env.scale),
                                 env.spec.loss, env.caches, env.spec, env.scale, COST, room=room,
-                                offload_parameters="auto", offload_optimizer=False)
+                                offload_parameters=placement, offload_optimizer=False)
     return FitParametersSetup(variant, fitted, changed)
 
 
@@ -518,6 +520,9 @@ def _features() -> dict[str, Feature]:
                        host_on_gpu=True))
     out.append(Feature("fit.parameters.auto", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: fit_auto_parameters_setup(env, model, groups, adamw),
+                       host_on_gpu=True, only_model="deep"))
+    out.append(Feature("fit.parameters.default", "adamw", "stowage_allocator", "torch", False,
+                       lambda env, model, groups: fit_auto_parameters_setup(env, model, groups, adamw, None),
                        host_on_gpu=True, only_model="deep"))
     out.append(Feature("fit.micro_batches", "adamw", "stowage_allocator", "stowage", True,
                        lambda env, model, groups: fit_micro_setup(env, model, groups, adamw), "fitted_step"))
