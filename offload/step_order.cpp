@@ -17,6 +17,7 @@ std::function<void()> write_back_part(const SlotBook& book, const StepWork& work
   return [&book, &work, bucket] {
     at(work, "write_back " + std::to_string(bucket));
     if (book.updated(bucket)) work.write_back(bucket);  // (none: written back already, or none made)
+    if (work.landed) work.landed(bucket);
   };
 }
 

@@ -33,7 +33,9 @@
 // called with the name of each point of a step ("update <bucket>", "write_back <bucket>", "end"),
 // is a test seam that may throw there.
 //
-// Contract: one thread at a time (the optimizer's, under its lock). Every call may wait for the
+// Contract: one thread at a time: the optimizer's, under its lock, or, while an overlapped step is
+// pending (overlapped_step.hpp), the thread running its commit_step (the optimizer calls nothing
+// here until that step has ended). Every call may wait for the
 // host update or the copies and may be made without the GIL (name_of and at_point take it back).
 // Each call either does all it says or, when it throws, leaves the book as it was or resumable by
 // calling it again (Note [Whole steps]). The destructor waits for the copies still using the host
@@ -166,7 +168,11 @@ class AdamSlots {
   // write-backs interleave with the updates (offload/step_order.hpp's run_staged_step). Check
   // mode compares each parameter written back with the host's result (and, staged, each copy out
   // with the device's bytes).
-  void commit_step(const StepInputs& inputs);
+  // `landed` (staged only; may be empty): called as each bucket's write-back part ends, with the
+  // mark of its write-back (nullopt: complete already), from the thread running the step (Note
+  // [Overlapped steps]).
+  using Landed = std::function<void(std::size_t bucket, const std::optional<CopyMark>& written_back)>;
+  void commit_step(const StepInputs& inputs, const Landed& landed = {});
   // optimizer.clip_grad_norm_'s coefficient (a tensor, read at step()); the step's end forgets it.
   void clip_by(const at::Tensor& coefficient);
   // Makes states and parameters those of the last step(): provisional updates undone, delayed's
@@ -232,7 +238,7 @@ class AdamSlots {
   // update="exact" (Note [Staged buckets]): prepare_step's part, the step's host part, and one
   // bucket's parameters and gradients copied into its ring slot and its update submitted.
   Prepared prepare_staged_step(const StepInputs& inputs);
-  void commit_staged_step(const StepInputs& inputs);
+  void commit_staged_step(const StepInputs& inputs, const Landed& landed);
   void stage(std::size_t bucket, const StepInputs& inputs, double grad_scale);
   void check_staged(std::size_t bucket, const StepInputs& inputs, const at::Tensor& parameters,
                     const at::Tensor& gradients);

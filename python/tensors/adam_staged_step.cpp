@@ -65,12 +65,13 @@ AdamSlots::Prepared AdamSlots::prepare_staged_step(const StepInputs& inputs) {
   return prepared;
 }
 
-void AdamSlots::commit_staged_step(const StepInputs& inputs) {
+void AdamSlots::commit_staged_step(const StepInputs& inputs, const Landed& landed) {
   const double scale = step_scale(inputs);
-  offload::run_staged_step(book_, step_work(inputs.shards, [this, scale, &inputs](std::size_t bucket) {
-                             stage(bucket, inputs, scale);
-                           }),
-                           ring_->slot_count());
+  offload::StepWork work = step_work(inputs.shards, [this, scale, &inputs](std::size_t bucket) {
+    stage(bucket, inputs, scale);
+  });
+  if (landed) work.landed = [this, &landed](std::size_t bucket) { landed(bucket, buckets_[bucket].returned); };
+  offload::run_staged_step(book_, work, ring_->slot_count());
 }
 
 void AdamSlots::stage(std::size_t bucket, const StepInputs& inputs, double grad_scale) {

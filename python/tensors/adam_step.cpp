@@ -137,11 +137,12 @@ offload::StepWork AdamSlots::step_work(const Tensors& shards, std::function<void
             }
             end_step();
           },
-          at_point_};
+          at_point_, nullptr};
 }
 
-void AdamSlots::commit_step(const StepInputs& inputs) {
-  if (staged()) return commit_staged_step(inputs);
+void AdamSlots::commit_step(const StepInputs& inputs, const Landed& landed) {
+  if (staged()) return commit_staged_step(inputs, landed);
+  STOWAGE_CHECK(!landed, "only update='exact' (staged) lands its buckets one by one");
   const double scale = step_scale(inputs);
   offload::run_step(book_, step_work(inputs.shards, [this, scale, &inputs](std::size_t bucket) {
                       submit(bucket, inputs.groups.at(buckets_[bucket].group), scale);

@@ -93,19 +93,22 @@ std::optional<CopyMark> OptimizerTransfers::write_back(const std::vector<at::Ten
   return last_back_;
 }
 
-void OptimizerTransfers::written_back() {
-  if (!last_back_.has_value() || device_.is_cpu()) return;
-  TransferEngine& transfers = engine_->transfers();
-  const std::unique_ptr<ComputeTimeline> compute = current_timeline(device_, *engine_);
+void compute_waits_for(const c10::Device& device, const CopyMark& mark) {
+  TransferEngine& transfers = mark.engine->transfers();
+  const std::unique_ptr<ComputeTimeline> compute = current_timeline(device, *mark.engine);
   const Event arrival = transfers.borrow_event();
   try {
-    compute->wait(last_back_->transfer->finished(), arrival,
-                  {"the optimizer's parameter copies back", last_back_->bytes});
+    compute->wait(mark.transfer->finished(), arrival, {"the optimizer's parameter copies back", mark.bytes});
   } catch (...) {
     transfers.recycle_event(arrival);
     throw;
   }
   transfers.recycle_event(arrival);
+}
+
+void OptimizerTransfers::written_back() {
+  if (!last_back_.has_value() || device_.is_cpu()) return;
+  compute_waits_for(device_, *last_back_);
 }
 
 void OptimizerTransfers::synchronize() {

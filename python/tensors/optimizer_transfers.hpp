@@ -38,6 +38,10 @@ struct CopyMark {
   bool done() const { return engine->transfers().done(transfer); }
 };
 
+// Makes `device`'s current compute (the current CUDA stream; CPU mode's calling thread) wait for
+// the copy `mark` and every copy before it on its stream. Thread-safe (the engine's lock).
+void compute_waits_for(const c10::Device& device, const CopyMark& mark);
+
 class OptimizerTransfers {
  public:
   explicit OptimizerTransfers(const c10::Device& device);

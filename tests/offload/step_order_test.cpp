@@ -108,6 +108,25 @@ TEST(StepOrder, AnErrorAtAnyPointOfAStagedStepFinishesItAndIsRaisedAfterIt) {
   }
 }
 
+// Note [Overlapped steps]: a bucket lands right after its write-back part ends, once, before any
+// later part runs; also when a part threw and ran again.
+TEST(StepOrder, EachBucketLandsOnceRightAfterItsWriteBack) {
+  for (std::size_t fail_at = 0; fail_at <= 7; ++fail_at) {
+    Recorded step(UpdateMode::kExact, 3);
+    step.fail_at = fail_at;
+    step.work.landed = [&step](std::size_t bucket) { step.done.push_back("landed " + std::to_string(bucket)); };
+    try {
+      run_staged_step(step.book, step.work, 2);
+      EXPECT_EQ(fail_at, 0U);
+    } catch (const std::runtime_error&) {
+      EXPECT_NE(fail_at, 0U);
+    }
+    EXPECT_EQ(step.done, (Points{"update 0", "write_back 0", "landed 0", "update 1", "write_back 1", "landed 1",
+                                 "update 2", "write_back 2", "landed 2", "end"}))
+        << fail_at;
+  }
+}
+
 TEST(StepOrder, ABucketUpdatedInBackwardIsNotUpdatedAgain) {
   Recorded step(UpdateMode::kInBackward, 2);
   step.book.submitted(1);  // updated as its gradients arrived

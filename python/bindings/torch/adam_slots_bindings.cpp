@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <ATen/core/grad_mode.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -16,6 +17,7 @@
 
 #include "base/errors.hpp"
 #include "python/tensors/adam_slots.hpp"
+#include "python/tensors/overlapped_step.hpp"
 #include "python/bindings/torch/module_parts.hpp"
 
 namespace py = pybind11;
@@ -149,12 +151,41 @@ auto step_call(Call call) {
   };
 }
 
+// An OverlappedStep is deleted with the GIL released: its destructor waits for the step, whose
+// thread takes the GIL at each point (at_point) and to name a parameter.
+struct DeleteWithoutGil {
+  void operator()(OverlappedStep* step) const {
+    const py::gil_scoped_release release;
+    delete step;
+  }
+};
+
+void bind_overlapped_step(py::module_& module) {
+  py::class_<OverlappedStep, std::unique_ptr<OverlappedStep, DeleteWithoutGil>>(
+      module, "OverlappedStep",
+      "update='exact''s host part run behind the loop (python/tensors/overlapped_step.hpp, Note [Overlapped steps])")
+      .def(py::init([](AdamSlots& slots, const std::string& device, const OptionalTensors& grads,
+                       const OptionalTensors& grad_shards, const OptionalTensors& shards,
+                       const std::vector<py::dict>& groups, double grad_scale, bool inf_checked, bool skip) {
+             AdamSlots::StepInputs inputs{defined(grads), defined(grad_shards), defined(shards), options_of(groups),
+                                          grad_scale, inf_checked, skip};
+             return std::unique_ptr<OverlappedStep, DeleteWithoutGil>(
+                 new OverlappedStep(slots, std::move(inputs), c10::Device(device)));
+           }),
+           py::arg("slots"), py::arg("device"), py::arg("grads"), py::arg("grad_shards"), py::arg("shards"),
+           py::arg("groups"), py::arg("grad_scale"), py::arg("inf_checked"), py::arg("skip"), py::keep_alive<1, 2>())
+      .def("wait_landed", &OverlappedStep::wait_landed, py::arg("bucket"), Release())
+      .def("finish", &OverlappedStep::finish, Release())
+      .def_property_readonly("ended", &OverlappedStep::ended);
+}
+
 void bind_slot_queries(py::class_<AdamSlots>& slots) {
   slots.def("__len__", &AdamSlots::size)
       .def_property_readonly("allocated_bytes", [](AdamSlots& self) { return self.store().allocated_bytes(); })
       .def_property_readonly("bucket_count", [](const AdamSlots& self) { return self.book().bucket_count(); })
       .def("updated", [](const AdamSlots& self, std::size_t bucket) { return self.book().updated(bucket); })
       .def("arrived", [](const AdamSlots& self, std::size_t slot) { return self.book().arrived(slot); })
+      .def("bucket_of", [](const AdamSlots& self, std::size_t slot) { return self.book().bucket_of(slot); })
       .def_property_readonly("parameters_checked",
                              [](const AdamSlots& self) { return self.book().parameters_checked(); })
       .def("host_stats", &host_stats)
@@ -210,6 +241,7 @@ void bind_adam_slots(py::module_& module) {
       .def("roll_back", py::overload_cast<>(&AdamSlots::roll_back), Release())
       .def("reset_arrivals", &AdamSlots::reset_arrivals);
   torch_offload::bind_slot_queries(slots);
+  torch_offload::bind_overlapped_step(module);
 }
 
 }  // namespace stowage::python

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from stowage import checking
 from stowage.byte_counts import byte_count
 from stowage.serving import torch_module
+from stowage.offload import landing
 from stowage.offload.parameters import home_device
 from stowage.offload.resident_adam import ResidentUpdate
 from stowage.offload.sharded import is_sharded, local, shaped_like
@@ -180,12 +181,16 @@ class Adam(torch.optim.Optimizer):
                  capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
                  decoupled_weight_decay: bool = False, update: str = "exact", device_fraction: float = 0.0,
                  bucket_numel: int | None = None, host_memory_limit: int | str | None = None,
-                 master_weights: bool = False) -> None:
+                 master_weights: bool = False, overlap: bool = False) -> None:
         if differentiable:
             raise ValueError(f"stowage.offload.{type(self).__name__}: differentiable=True (gradients through the "
                              "update) needs the update in autograd: use torch's optimizer")
         if update not in UPDATE_MODES:
             raise ValueError(f"update must be one of {UPDATE_MODES}, not {update!r}")
+        if overlap and update != "exact":
+            raise ValueError(f"stowage.offload.{type(self).__name__}: overlap=True runs update='exact''s host part "
+                             f"behind the next forward; update={update!r} updates in backward. Use update='exact' "
+                             "with overlap=True, or overlap=False.")
         if not 0.0 <= device_fraction <= 1.0:
             raise ValueError(f"device_fraction must lie in [0, 1], not {device_fraction!r}")
         hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, foreach=foreach,
@@ -198,7 +203,14 @@ class Adam(torch.optim.Optimizer):
         self.update_mode = update
         self.device_fraction = device_fraction
         self.master_weights = bool(master_weights)
+        self.overlap = bool(overlap)
+        self._landing: landing.Landing | None = None  # the overlapped step pending (Note [Overlapped steps])
+        self._steps_started = 0
         self._device = self._check_parameters(p for g in self.param_groups for p in g["params"])
+        if overlap and any(is_sharded(p) for g in self.param_groups for p in g["params"]):
+            raise ValueError(f"stowage.offload.{type(self).__name__}: overlap=True waits for each parameter at its "
+                             "first use, and FSDP2's all-gathers read the local shards where no wait is seen. Use "
+                             "overlap=False with sharded parameters.")
         # The first parameters up to device_fraction of the count (adam_buckets.hpp's kept_on_device) stay on the
         # device, updated by torch's optimizer.
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
@@ -238,6 +250,8 @@ class Adam(torch.optim.Optimizer):
     # --- construction -------------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if hasattr(self, "_landing"):
+            self._land()
         super().add_param_group(param_group)
         if not hasattr(self, "_slots"):
             return
@@ -376,6 +390,7 @@ class Adam(torch.optim.Optimizer):
         """torch.nn.utils.clip_grad_norm_ over this optimizer's gradients, without a pass over the
         offloaded ones: their coefficient is applied as the host update reads them. Returns the
         total norm."""
+        self._land()
         if self.update_mode == "in_backward":
             # Buckets updated in backward before the norm existed are undone; step() updates every
             # bucket with the coefficient, exactly, as "exact" would.
@@ -411,6 +426,7 @@ class Adam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        self._land()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -425,11 +441,44 @@ class Adam(torch.optim.Optimizer):
                 self._sync_states()
             try:
                 with self._lock:
-                    self._slots.commit_step(*self._step_inputs())
+                    if self.overlap:
+                        self._start_overlapped()
+                    else:
+                        self._slots.commit_step(*self._step_inputs())
             finally:
-                self._sync_states()
+                if self._landing is None:
+                    self._sync_states()
                 self._backward_end.disarm()
         return loss
+
+    def _start_overlapped(self) -> None:
+        """The host part started behind the loop (Note [Overlapped steps]): what it reads and writes
+        (each updated parameter, its gradient, its state tensors) waits for its bucket until landed."""
+        inputs = self._step_inputs()
+        waiting: dict[int, list[torch.Tensor]] = {}
+        for index, (param, grad) in enumerate(zip(self._params, inputs[0])):
+            if grad is None:
+                continue
+            if param not in self.state:  # (its first update is this step's: the entry shows it once landed)
+                self.state[param] = self._slots.state_entry(index)
+            states = [v for v in self.state[param].values() if isinstance(v, torch.Tensor)]
+            waiting.setdefault(self._slots.bucket_of(index), []).extend([param, grad, *states])
+        self._steps_started += 1
+        step = torch_module().OverlappedStep(self._slots, str(self._device), *inputs)
+        self._landing = landing.Landing(step, type(self).__name__, self._steps_started, waiting)
+        landing.begin(self._landing)
+
+    def _land(self) -> None:
+        """Finishes the overlapped step pending, if any: its error, if no wait raised it yet, is
+        raised here, after the step was finished whole."""
+        pending, self._landing = self._landing, None
+        if pending is None:
+            return
+        try:
+            pending.finish()
+        finally:
+            landing.end(pending)
+            self._sync_states()
 
     def _living_on_host(self) -> set[int]:
         """id() of the trained parameters stowage.offload.parameters keeps on the host now; refused,
@@ -569,6 +618,7 @@ class Adam(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
         (and, in_backward, its provisional updates) are dropped as torch's would be."""
+        self._land()
         self._backward_abandoned()
         self._backward_end.disarm()
         super().zero_grad(set_to_none)
@@ -577,7 +627,9 @@ class Adam(torch.optim.Optimizer):
 
     def flush(self) -> None:
         """Makes the states and parameters those of the last step() (AdamSlots::flush), so that a
-        state_dict taken between backward and step() pairs the states with their parameters."""
+        state_dict taken between backward and step() pairs the states with their parameters; an
+        overlapped step pending is finished first."""
+        self._land()
         with self._lock, interrupts_held():
             try:
                 self._slots.flush(self._shards())
@@ -598,6 +650,7 @@ class Adam(torch.optim.Optimizer):
         """torch's load_state_dict, checked whole before anything changes: a bad entry is refused
         naming the parameter and the field (Note [Offloaded optimizer state_dict],
         python/bindings/torch/adam_state_check.cpp)."""
+        self._land()
         by_param = torch_module().check_adam_state(self.param_groups, state_dict, type(self).__name__, local)
         self.flush()
         for ours, saved in zip(self.param_groups, state_dict["param_groups"]):
@@ -621,6 +674,7 @@ class Adam(torch.optim.Optimizer):
         ring; pinned_bytes and pageable_bytes are the device's pinned pool's, shared with offloaded
         activations), its placement, the updating CPUs, and the seconds spent in host updates and
         in comparing parameters' and gradients' bytes."""
+        self._land()
         return self._slots.host_stats()
 
     def close(self) -> None:
