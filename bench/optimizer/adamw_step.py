@@ -1,7 +1,7 @@
 """The offloaded optimizer in a training step: step time, the GPU's idle time caused by the
 optimizer, how much of the host update backward hides, and the largest model that trains.
 
-    python3 bench/optimizer/adamw_step.py --compare [--layers 16 --hidden 2048 --batch 16] [--json OUT]
+    python3 bench/optimizer/adamw_step.py --compare [--layers 16 --hidden 2048 --batch 16] [--rounds 3] [--json OUT]
     python3 bench/optimizer/adamw_step.py --find-largest --mode stowage [--json OUT]
     python3 bench/optimizer/adamw_step.py --mode stowage       # one run, this process
 
@@ -11,6 +11,9 @@ Modes, one per fresh process:
   stowage_in_backward  stowage.offload.AdamW(update="in_backward") (exact: each bucket updated as
                     its gradients arrive in backward)
   stowage_delayed   stowage.offload.AdamW(update="delayed") (ZeRO-Offload's DPU: one step late)
+  stowage_overlapped  stowage.offload.AdamW(overlap=True) (exact: step() returns with the host part
+                    running; the next forward waits for each block's parameters; the loop zeroes
+                    gradients through the model, so that nothing but the forward waits)
   torchao           torchao.optim.CPUOffloadOptimizer over torch's fused AdamW (when installed)
 
 The model is stowage.models.llama's Llama-style decoder, parameters made on the device (fp32 with
@@ -41,7 +44,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2e"))
 
-MODES = ("device", "stowage", "stowage_in_backward", "stowage_delayed", "torchao")
+MODES = ("device", "stowage", "stowage_in_backward", "stowage_delayed", "stowage_overlapped", "torchao")
 HYPER = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
@@ -49,6 +52,9 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=MODES, default="stowage")
     parser.add_argument("--compare", action="store_true", help="every mode, each in a fresh process")
+    parser.add_argument("--modes", type=str, default=",".join(MODES), help="--compare's modes, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="--compare's rounds: every mode once a round, in turn (interleaved); medians over rounds")
     parser.add_argument("--find-largest", action="store_true", help="the most layers --mode trains")
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
@@ -82,6 +88,8 @@ def make_optimizer(mode: str, params: list[Any]) -> Any:
         return stowage.offload.AdamW(params, update="in_backward", master_weights=True, **HYPER)
     if mode == "stowage_delayed":
         return stowage.offload.AdamW(params, update="delayed", master_weights=True, **HYPER)
+    if mode == "stowage_overlapped":
+        return stowage.offload.AdamW(params, overlap=True, master_weights=True, **HYPER)
     if not cuda():
         raise SystemExit("torchao's CPUOffloadOptimizer offloads from a GPU: skipped in CPU mode")
     from torchao.optim import CPUOffloadOptimizer
@@ -161,10 +169,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import stowage
 
     model, optimizer, tokens = build(args)
+    # overlap=True: host_stats() and optimizer.zero_grad() would finish the pending step; its host
+    # update time is the total over the run's steps, read at the end.
+    overlapped = args.mode == "stowage_overlapped"
     steps: list[dict[str, float | None]] = []
     for index in range(args.warmup + args.steps):
-        before = update_seconds(optimizer)
-        watched = update_seconds(optimizer, "content_watch_seconds")
+        if overlapped and index == args.warmup:
+            total_before = update_seconds(optimizer)
+        before = None if overlapped else update_seconds(optimizer)
+        watched = None if overlapped else update_seconds(optimizer, "content_watch_seconds")
         clock = StepClock()
         wall = time.perf_counter()
         clock.mark()
@@ -173,11 +186,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         loss.backward()
         clock.mark()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        (model if overlapped else optimizer).zero_grad(set_to_none=True)
         clock.mark()
         forward_backward, idle = clock.spans_ms()
         wall_ms = (time.perf_counter() - wall) * 1e3
-        after = update_seconds(optimizer)
+        after = None if overlapped else update_seconds(optimizer)
         update = None if before is None or after is None else (after - before) * 1e3
         # The writes-through-.data and replaced-gradient checks (content checksums on the device).
         watch = None if watched is None else (update_seconds(optimizer, "content_watch_seconds") - watched) * 1e3
@@ -187,6 +200,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                           "hidden_share": None if not update else max(0.0, 1 - idle / update),
                           "content_watch_ms": watch,
                           "content_watch_share": None if watch is None else watch / wall_ms})
+    if overlapped:  # (finishes the last step)
+        per_step = (update_seconds(optimizer) - total_before) * 1e3 / args.steps
+        for s in steps:
+            s["host_update_ms"] = per_step
     tokens_per_step = args.batch * args.seq
     walls = [s["step_ms"] for s in steps]
     return {
@@ -195,6 +212,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "layers": args.layers, "hidden": args.hidden, "batch": args.batch, "seq": args.seq,
         "tokens_per_step": tokens_per_step, "steps": steps,
         "median_step_ms": statistics.median(walls), "max_step_ms": max(walls),
+        "median_forward_backward_ms": statistics.median(s["forward_backward_ms"] for s in steps),
+        "median_host_update_ms": (None if steps[0]["host_update_ms"] is None
+                                  else statistics.median(s["host_update_ms"] for s in steps)),
         "tokens_per_s": tokens_per_step * len(walls) / (sum(walls) / 1e3),
         "peak_allocated": int(stowage.max_memory_allocated(None if cuda() else "cpu")),
         "host_bytes": (optimizer.host_stats()["allocated_bytes"] if hasattr(optimizer, "host_stats") else None),
@@ -261,17 +281,38 @@ def find_largest(args: argparse.Namespace) -> dict[str, Any]:
             "probes": probes}
 
 
+def mode_lines(runs: list[dict[str, Any]]) -> str:
+    lines = []
+    for run in runs:
+        if "error" in run:
+            lines.append(f"{run['mode']:20} failed: {run['error']}")
+            continue
+        lines.append(f"{run['mode']:20} {run['parameters'] / 1e9:6.2f} B params  median {run['median_step_ms']:9.1f} ms  "
+                     f"max {run['max_step_ms']:9.1f} ms  {run['tokens_per_s']:9.0f} tok/s  per step (step/idle ms): "
+                     + " ".join(f"{s['step_ms']:.0f}/{s['optimizer_idle_ms']:.0f}" for s in run["steps"]))
+    return "\n  " + "\n  ".join(lines)
+
+
 def main() -> int:
     args = parse()
     if args.compare:
-        record: dict[str, Any] = {"bound": hiding_bound(args), "runs": [spawn(args, mode) for mode in MODES]}
-        for run in record["runs"]:
-            if "error" in run:
-                print(f"{run['mode']:16} failed: {run['error']}")
+        modes = [m for m in args.modes.split(",") if m]
+        unknown = sorted(set(modes) - set(MODES))
+        if unknown:
+            raise SystemExit(f"--modes: unknown {unknown}; the modes are {MODES}")
+        rounds = [[spawn(args, mode) for mode in modes] for _ in range(max(1, args.rounds))]
+        record: dict[str, Any] = {"bound": hiding_bound(args), "runs": rounds[0], "rounds": rounds}
+        for index, runs in enumerate(rounds):
+            print(f"round {index + 1}: {mode_lines(runs)}")
+        print("medians over rounds (step ms, forward+backward ms, host update ms):")
+        for mode in modes:
+            done = [run for runs in rounds for run in runs if run["mode"] == mode and "error" not in run]
+            if not done:
                 continue
-            print(f"{run['mode']:16} {run['parameters'] / 1e9:6.2f} B params  median {run['median_step_ms']:9.1f} ms  "
-                  f"max {run['max_step_ms']:9.1f} ms  {run['tokens_per_s']:9.0f} tok/s  per step: "
-                  + " ".join(f"{s['step_ms']:.0f}/{s['optimizer_idle_ms']:.0f}" for s in run["steps"]))
+            update = [r["median_host_update_ms"] for r in done if r.get("median_host_update_ms") is not None]
+            print(f"  {mode:20} {statistics.median(r['median_step_ms'] for r in done):9.1f} "
+                  f"{statistics.median(r['median_forward_backward_ms'] for r in done):9.1f} "
+                  f"{statistics.median(update) if update else float('nan'):9.1f}")
         print("bound:", {k: f"{v:.3g}" for k, v in record["bound"].items()}, "tokens/step:", args.batch * args.seq)
     elif args.find_largest:
         record = find_largest(args)

@@ -314,3 +314,21 @@ def test_what_the_loop_does_while_the_step_is_held_waits_for_it(between: Between
             assert a == b
     assert_bitwise(model, reference)
     assert_states_bitwise(ours, theirs)
+
+
+def test_a_view_taken_before_step_and_a_weight_used_functionally_wait_for_their_bucket() -> None:
+    model, reference = make_model(), make_model()
+    ours = overlapped(model)
+    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    views = [m[5].weight[:2] for m in (model, reference)]  # (taken before any step)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(9))
+    seen: list[Any] = []
+    for m, o, view in ((reference, theirs, views[1]), (model, ours, views[0])):
+        held = threading.Event()
+        o._at_step_point = lambda name, held=held: held.wait(10) if name.startswith("update") else None
+        loss_of(m, 0).backward()
+        o.step()
+        threading.Timer(0.2, held.set).start()
+        seen.append((view.sum().item(), torch.nn.functional.linear(x, m[3].weight).sum().item()))
+        m.zero_grad(set_to_none=True)
+    assert seen[0] == seen[1]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
 from typing import Any, Iterable
 
 import torch
@@ -53,6 +52,7 @@ class Landing:
                 if pointer:  # a storage shared by buckets waits for the last of them
                     self._by_storage[pointer] = max(bucket, self._by_storage.get(pointer, bucket))
         self._landed = -1  # every bucket up to this one has landed (waited for)
+        self._last = max(tensors_by_bucket, default=-1)
 
     @property
     def pending(self) -> bool:
@@ -60,6 +60,8 @@ class Landing:
 
     def bucket_of(self, tensor: torch.Tensor) -> int | None:
         """The bucket `tensor` waits for (None: none, or landed already)."""
+        if not self._by_id:
+            return None
         bucket = self._by_id.get(id(tensor))
         if bucket is None and self._by_storage:
             bucket = self._by_storage.get(storage_pointer(tensor))
@@ -71,6 +73,8 @@ class Landing:
         with self._named():
             self._step.wait_landed(bucket)
         self._landed = max(self._landed, bucket)
+        if self._landed >= self._last:  # nothing left to look for: ops pay two empty lookups
+            self._by_id, self._by_storage, self._held = {}, {}, []
 
     def finish(self) -> None:
         """Waits for the whole step; raises its error if no wait has yet."""
@@ -115,7 +119,7 @@ def storage_pointer(tensor: torch.Tensor) -> int:
 
 # --- the registry of pending steps, the hook and the mode -------------------------------------------
 
-_landings: weakref.WeakSet[Landing] = weakref.WeakSet()
+_landings: list[Landing] = []  # begun and not yet ended (an optimizer dropped meanwhile: until its step ends)
 _hook: Any = None  # the global forward pre-hook's handle, while anything is pending
 _mode_thread: int | None = None  # the thread the mode was pushed on, while it is
 
@@ -146,7 +150,7 @@ def wait_for_tensors(values: Iterable[Any]) -> None:
 
 
 def wait_for_tensor(tensor: torch.Tensor) -> None:
-    for landing in list(_landings):
+    for landing in _landings:
         bucket = landing.bucket_of(tensor)
         if bucket is not None:
             landing.wait(bucket)
@@ -155,7 +159,8 @@ def wait_for_tensor(tensor: torch.Tensor) -> None:
 def begin(landing: Landing) -> None:
     """Makes the loop wait for `landing`'s buckets: the hook and the mode go on."""
     global _hook, _mode_thread
-    _landings.add(landing)
+    if landing not in _landings:
+        _landings.append(landing)
     if _hook is None:
         _hook = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
     if _mode_thread is None:
@@ -165,7 +170,8 @@ def begin(landing: Landing) -> None:
 
 def end(landing: Landing) -> None:
     """`landing` is finished: forgotten, and the hook and mode taken off once nothing is pending."""
-    _landings.discard(landing)
+    if landing in _landings:
+        _landings.remove(landing)
     retire()
 
 
@@ -197,7 +203,7 @@ def _before_forward(module: torch.nn.Module, args: Any) -> None:
             # A compiled graph cannot wait op by op; an ended step's error is raised here (the
             # first wait that meets it).
             if compiled or landing.ended():
-                _landings.discard(landing)
+                _landings.remove(landing)
                 landing.finish()
     finally:
         retire()

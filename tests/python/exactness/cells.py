@@ -37,7 +37,7 @@ SEED = 0
 CAPACITY = "4GiB"
 PATTERN_MODEL = "gpt"
 MAIN_FEATURES = ("allocator", "record.tags", "activations", "plan", "plan.recompute", "adamw.exact", "adamw.in_backward",
-                 "adamw.delayed", "fit", "parameters", "parameters.recompute", "fit.parameters",
+                 "adamw.delayed", "adamw.overlapped", "fit", "parameters", "parameters.recompute", "fit.parameters",
                  "offload.parameters+adamw")
 OWN_PATTERN_FEATURES = ("fit.micro_batches",)  # each on its one pattern, on every model
 OWN_MODEL_FEATURES = ("fit.parameters.auto", "fit.parameters.default")  # each on its one model (on the plain loop; every pattern in full)

@@ -45,11 +45,11 @@ class Variant:
         implementation = implementation or {"foreach": True}
         return getattr(torch.optim, self.kind)(copy_groups(groups), **HYPER, **self.options, **implementation)
 
-    def stowage(self, groups: Groups, update: str = "exact") -> torch.optim.Optimizer:
+    def stowage(self, groups: Groups, update: str = "exact", **options: Any) -> torch.optim.Optimizer:
         # Buckets of 4096 elements: the models' parameters fill several, so that update="exact"
         # streams them through its staging ring's three slots (Note [Staged buckets]).
         return getattr(stowage.offload, self.kind)(copy_groups(groups), **HYPER, **self.options, update=update,
-                                                   bucket_numel=BUCKET_NUMEL)
+                                                   bucket_numel=BUCKET_NUMEL, **options)
 
 
 BUCKET_NUMEL = 4096
@@ -200,6 +200,23 @@ class StowageSetup(Setup):
 
     def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
         return self.variant.stowage(groups, self.update)
+
+
+class OverlappedSetup(StowageSetup):
+    """stowage's offloaded optimizer with update="exact" and overlap=True: step() returns with its
+    host part pending (Note [Overlapped steps]); vacuous when no step() returned so."""
+
+    def __init__(self, variant: Variant) -> None:
+        super().__init__(variant, "exact")
+        self.made: list[Any] = []
+
+    def optimizer(self, groups: Groups) -> torch.optim.Optimizer:
+        made = self.variant.stowage(groups, "exact", overlap=True)
+        self.made.append(made)
+        return made
+
+    def vacuous(self) -> str | None:
+        return None if any(o._steps_started for o in self.made) else "no step() returned with its update pending"
 
 
 class ActivationsSetup(Setup):
@@ -507,6 +524,8 @@ def _features() -> dict[str, Feature]:
         name = "fit" if variant.name == "adamw" else f"fit.{variant.name}"
         out.append(Feature(name, variant.name, "stowage_allocator", "stowage", True,
                            lambda env, model, groups, v=variant: fit_setup(env, model, groups, v)))
+    out.append(Feature("adamw.overlapped", "adamw", "stowage_allocator", "stowage", True,
+                       lambda env, model, groups: OverlappedSetup(adamw)))
     out.append(Feature("parameters", "adamw", "stowage_allocator", "torch", False,
                        lambda env, model, groups: parameters_setup(env, model, groups, adamw), host_on_gpu=True))
     out.append(Feature("parameters.recompute", "adamw", "stowage_allocator", "torch", False,

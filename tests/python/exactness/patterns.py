@@ -101,10 +101,15 @@ class Run:
         marker = getattr(self.setup.loop_methods(self.optimizer), "accumulating", None)
         return marker() if marker is not None else contextlib.nullcontext()
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, after_step: Callable[["Run"], None] | None = None) -> None:
+        """The optimizer's step; `after_step` runs right after it returns, before anything reads
+        the parameters (with overlap=True, while the step's host part may still be pending)."""
         self.record_grads()
         self.phase = "step"
         self.optimizer.step()
+        if after_step is not None:
+            self.phase = "after step"
+            after_step(self)
         self.record_parameters(self.step)
         for name, buffer in self.model.named_buffers():
             self.trace.record(self.step, "buffer", name, buffer)
@@ -130,10 +135,11 @@ Hook = Callable[[Run], None]
 
 
 def train_step(run: Run, *, micro: int = 1, marked: bool = False, autocast: bool = False,
-               after_backward: Hook | None = None, set_to_none: bool = True) -> None:
+               after_backward: Hook | None = None, set_to_none: bool = True, after_step: Hook | None = None) -> None:
     """One step: `micro` forward-backward passes (each loss times its share of the step's loss
     units, a half each for a mean over rows; with `marked`, all but the last inside the
-    optimizer's ``accumulating()``), `after_backward`, the optimizer's step, zero_grad."""
+    optimizer's ``accumulating()``), `after_backward`, the optimizer's step (and `after_step`
+    right after it), zero_grad."""
     for index in range(micro):
         marker = run.accumulating() if marked and index < micro - 1 else contextlib.nullcontext()
         with marker, run.stepping():
@@ -141,7 +147,7 @@ def train_step(run: Run, *, micro: int = 1, marked: bool = False, autocast: bool
             run.backward(loss * run.share(index, micro) if micro > 1 else loss, index)
     if after_backward is not None:
         after_backward(run)
-    run.optimizer_step()
+    run.optimizer_step(after_step)
     run.zero_grad(set_to_none)
 
 
@@ -245,6 +251,35 @@ def _replace_grad(run: Run) -> None:
 def _zero_one_grad(run: Run) -> None:
     run.record_grads()
     run.groups[0]["params"][-1].grad.zero_()
+
+
+# Right after step() returns (an overlapped step's host part may still be pending: Note
+# [Overlapped steps]), before the loop records anything: each parameter read (a logged norm); two
+# written (one clamped through .data, one copied into); a checkpoint of the model and the optimizer
+# saved and loaded back, into the model and a fresh optimizer.
+
+def _read_after_step(run: Run) -> None:
+    for p in run.params:
+        run.trace.record(run.step, "param", f"{run.names[p]} (its norm read right after step())", p.detach().norm())
+
+
+def _write_after_step(run: Run) -> None:
+    first, last = run.params[0], run.params[-1]
+    bound = float(last.detach().abs().max()) / 2
+    last.data.clamp_(-bound, bound)
+    with torch.no_grad():
+        first.copy_(first * 0.5)
+    run.data_written([first, last])
+
+
+def _checkpoint_after_step(run: Run) -> None:
+    saved = saved_and_loaded({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})
+    run.model.load_state_dict(saved["model"])
+    run.data_written(run.params)  # (delayed: the model's state_dict is its parameters as last written back)
+    replacement = run.setup.fresh(run.groups, run.optimizer)
+    run.optimizer = None  # type: ignore[assignment]  (dropped, as a loop that replaces it does)
+    replacement.load_state_dict(saved["optimizer"])
+    run.optimizer = replacement
 
 
 def _failing_step(run: Run, arm: Callable[[Run], Any]) -> None:
@@ -576,6 +611,9 @@ def _patterns() -> list[Pattern]:
         Pattern("data_saved_block", lambda r: _data_saved_loop(r, lambda spec: spec.block_probe),
                 recompute_refusal=("event", "backward 1")),
         Pattern("fitted_step", _fitted_steps, same_reference_as="accumulate"),
+        Pattern("read_after_step", lambda r: loop(r, after_step=_read_after_step)),
+        Pattern("write_after_step", lambda r: loop(r, after_step=first(_write_after_step))),
+        Pattern("checkpoint_after_step", lambda r: loop(r, after_step=first(_checkpoint_after_step))),
     ]
 
 
