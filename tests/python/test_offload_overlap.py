@@ -232,6 +232,7 @@ def test_a_pending_step_s_error_surfaces_once_named_and_the_step_is_whole() -> N
     theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
     train(reference, theirs, 2)
     train(model, ours, 1)
+    ours.flush()  # (step 1 landed before the seam is armed)
     failed = []
 
     def fail_once(name: str) -> None:
@@ -332,3 +333,26 @@ def test_a_view_taken_before_step_and_a_weight_used_functionally_wait_for_their_
         seen.append((view.sum().item(), torch.nn.functional.linear(x, m[3].weight).sum().item()))
         m.zero_grad(set_to_none=True)
     assert seen[0] == seen[1]
+
+
+def test_dropping_gradients_through_the_model_does_not_wait_for_the_step() -> None:
+    """model.zero_grad()'s ``p.grad = None`` reads and sets an attribute only: it returns while the
+    step is held (the step holds the gradients it has not copied out), and the step stays exact."""
+    model, reference = make_model(), make_model()
+    ours = overlapped(model)
+    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    train(reference, theirs, 1)
+    held = threading.Event()
+    ours._at_step_point = lambda name: held.wait(10) if name == "update 0" else None
+    loss_of(model, 0).backward()
+    ours.step()
+    release = threading.Timer(3.0, held.set)
+    release.start()
+    started = time.monotonic()
+    model.zero_grad(set_to_none=True)
+    assert time.monotonic() - started < 2.0
+    assert all(p.grad is None for p in model.parameters())
+    release.cancel()
+    held.set()
+    ours.flush()
+    assert_bitwise(model, reference)

@@ -124,12 +124,18 @@ _hook: Any = None  # the global forward pre-hook's handle, while anything is pen
 _mode_thread: int | None = None  # the thread the mode was pushed on, while it is
 
 
+# Reading or replacing a parameter's .grad attribute (``model.zero_grad()``'s ``p.grad = None``)
+# touches neither the parameter's values nor a gradient's: the step holds the gradients it took, and
+# an op on a gradient itself waits for it. (``p.data = x`` does wait: it swaps the parameter's storage.)
+_NO_WAIT = frozenset({torch.Tensor.grad.__get__, torch.Tensor.grad.__set__})
+
+
 class WaitForLandings(TorchFunctionMode):
     """Makes each op wait for the pending buckets of its tensor arguments (module docstring)."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        if _landings:
+        if _landings and func not in _NO_WAIT:
             wait_for_tensors(args)
             if kwargs:
                 wait_for_tensors(kwargs.values())
