@@ -8,9 +8,9 @@
 // finds the work ended with one (or to finish()), once: never lost, never raised twice.
 //
 // Contract: land() from the work's thread only; wait_landed(), ended() and landed() from any
-// thread (one mutex; a waiter blocks without holding it); finish() from the owner's thread. The work must end by itself (its own
-// waits are bounded: Note [Bounded waits]); the destructor waits for it and drops an error never
-// taken. Buckets are numbered 0..buckets-1; a number outside is LogicError.
+// thread (one mutex; a waiter blocks without holding it); finish() from the owner's thread. The
+// work must end by itself (its own waits are bounded: Note [Bounded waits]); the destructor waits
+// for it and drops an error never taken. Buckets are numbered 0..buckets-1; a number outside is LogicError.
 #pragma once
 
 #include <condition_variable>

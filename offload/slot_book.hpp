@@ -38,6 +38,9 @@
 // (Note [Bounded waits]); KeyboardInterrupt is raised once the step is whole. The host memory
 // an interrupted copy or update still uses is never freed under it: the updates hold their
 // bucket's memory, and the optimizer's end waits for its copies (or leaks what they use).
+// With overlap=True the host part runs after step() has returned (Note [Overlapped steps] in
+// step_order.hpp): whole means the same of it, and its error is raised at the first wait that meets
+// it once the step has ended, instead of from step().
 //
 // Invariants (check_invariants()): a bucket's arrived count is the number of its slots with a
 // version; an update's slots are its bucket's; a pending bucket has an update; "delayed" alone has

@@ -287,7 +287,8 @@ def mode_lines(runs: list[dict[str, Any]]) -> str:
         if "error" in run:
             lines.append(f"{run['mode']:20} failed: {run['error']}")
             continue
-        lines.append(f"{run['mode']:20} {run['parameters'] / 1e9:6.2f} B params  median {run['median_step_ms']:9.1f} ms  "
+        lines.append(f"{run['mode']:20} {run['parameters'] / 1e9:6.2f} B params  "
+                     f"median {run['median_step_ms']:9.1f} ms  "
                      f"max {run['max_step_ms']:9.1f} ms  {run['tokens_per_s']:9.0f} tok/s  per step (step/idle ms): "
                      + " ".join(f"{s['step_ms']:.0f}/{s['optimizer_idle_ms']:.0f}" for s in run["steps"]))
     return "\n  " + "\n  ".join(lines)

@@ -102,8 +102,9 @@ def main() -> int:
     paired = statistics.median(y - x for x, y in zip(plain, pending))
     print(f"GPT {args.layers}x{args.width}, batch {args.batch}x{args.seq}, CPU mode, {counter.ops} ops a forward, "
           f"{args.rounds} rounds of {args.forwards} forwards")
-    print(f"forward, nothing pending: median {a:.2f} ms, least {min(plain):.2f} ms  (rounds: {' '.join(f'{x:.1f}' for x in plain)})")
-    print(f"forward, a step pending:  median {b:.2f} ms, least {min(pending):.2f} ms  (rounds: {' '.join(f'{x:.1f}' for x in pending)})")
+    for name, values, middle in (("nothing pending", plain, a), ("a step pending: ", pending, b)):
+        print(f"forward, {name}: median {middle:.2f} ms, least {min(values):.2f} ms  "
+              f"(rounds: {' '.join(f'{x:.1f}' for x in values)})")
     print(f"per op while pending (median of the rounds' differences): {paired / counter.ops * 1e3:.2f} us "
           f"({paired / a * 100:+.1f}% of the forward)")
     for name, values in (("nothing pending", op_plain), ("an empty TorchFunctionMode", op_empty),

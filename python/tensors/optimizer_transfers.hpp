@@ -12,7 +12,8 @@
 // the call returns; a copy that touches no device memory (a plain CPU device, or tensors made
 // before CPU mode) is torch's copy_.
 //
-// Contract: one thread at a time (the optimizer's, under its lock); the engine outlives it.
+// Contract: one thread at a time (its AdamSlots' thread: Note [Overlapped steps]); the engine
+// outlives it.
 // Parameters written back have their version bumped, as copy_ would.
 #pragma once
 

@@ -8,9 +8,9 @@
 // (returned()), so no copy writes a buffer still being read. Every slot is sized for the largest
 // bucket: the ring's bytes do not grow with the bucket count past kStagingSlots.
 //
-// Contract: not thread-safe (the optimizer's thread, under its lock). The memory lives as long as
-// this and every update holding it (Slot::held()); reserve() only while no copy uses the ring
-// (it waits for the write-backs first).
+// Contract: not thread-safe (its AdamSlots' thread: Note [Overlapped steps]). The memory lives as
+// long as this and every update holding it (Slot::held()); reserve() only while no copy uses the
+// ring (it waits for the write-backs first).
 #pragma once
 
 #include <ATen/core/Tensor.h>

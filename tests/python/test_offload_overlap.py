@@ -8,6 +8,8 @@ named; what cannot wait is refused."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -356,3 +358,18 @@ def test_dropping_gradients_through_the_model_does_not_wait_for_the_step() -> No
     held.set()
     ours.flush()
     assert_bitwise(model, reference)
+
+
+def test_a_process_that_exits_with_a_step_pending_finishes_it_and_exits_cleanly() -> None:
+    script = (
+        "import threading, time, torch, stowage\n"
+        "stowage.enable(device='cpu', capacity='1GiB')\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(24, 64), torch.nn.Linear(64, 8))\n"
+        "opt = stowage.offload.AdamW(model.parameters(), bucket_numel=1000, overlap=True)\n"
+        "opt._at_step_point = lambda name: time.sleep(0.05)\n"
+        "model(torch.randn(4, 24)).sum().backward()\n"
+        "opt.step()\n"
+        "print('returned', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "returned" in done.stdout

@@ -24,6 +24,7 @@ Contract: the thread that called step() (the optimizer's); the registry below is
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from typing import Any, Iterable
@@ -195,6 +196,18 @@ def retire() -> None:
         if depth and torch._C._get_function_stack_at(depth - 1) is _mode:
             _mode.__exit__(None, None, None)
             _mode_thread = None
+
+
+@atexit.register
+def _finish_all() -> None:
+    """At exit, every pending step is finished before the interpreter goes (its thread takes the GIL
+    at each point of the step, which a finalising interpreter would not give back)."""
+    while _landings:
+        landing = _landings.pop()
+        try:
+            landing.finish()
+        except Exception as error:  # (nothing is left to raise it to)
+            print(f"stowage: {error}", file=sys.stderr)
 
 
 def _before_forward(module: torch.nn.Module, args: Any) -> None:
