@@ -373,3 +373,26 @@ def test_a_process_that_exits_with_a_step_pending_finishes_it_and_exits_cleanly(
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "returned" in done.stdout
+
+
+def test_a_grad_scaler_s_steps_and_skipped_step_are_the_waiting_step_s() -> None:
+    """GradScaler hands its scale and inf check to step(): known before the host part starts, so
+    the overlapped steps (one of them skipped for an inf) are the waiting optimizer's bit for bit."""
+    runs = []
+    for overlap in (False, True):
+        model = make_model()
+        optimizer = stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000, overlap=overlap)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        for step in range(STEPS):
+            scaler.scale(loss_of(model, step)).backward()
+            if step == 1:
+                next(model.parameters()).grad[0, 0] = float("inf")  # an overflow: the step is skipped
+            scaler.step(optimizer)
+            scaler.update()
+            model.zero_grad(set_to_none=True)
+        optimizer.flush()
+        runs.append((model, optimizer, scaler.get_scale()))
+    (waiting, waiting_optimizer, scale), (ours, ours_optimizer, our_scale) = runs
+    assert scale == our_scale == 1024.0 / 2
+    assert_bitwise(ours, waiting)
+    assert_states_bitwise(ours_optimizer, waiting_optimizer)
