@@ -396,3 +396,23 @@ def test_a_grad_scaler_s_steps_and_skipped_step_are_the_waiting_step_s() -> None
     assert scale == our_scale == 1024.0 / 2
     assert_bitwise(ours, waiting)
     assert_states_bitwise(ours_optimizer, waiting_optimizer)
+
+
+def test_a_step_inside_another_torch_function_mode_runs_whole_and_says_why() -> None:
+    """A `with torch.device(...)` block is a TorchFunctionMode: its exit pops whatever mode is on top,
+    so a step() inside one is not left pending (it warns once) and stays exact."""
+    model, reference = make_model(), make_model()
+    ours = overlapped(model)
+    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    train(reference, theirs, 2)
+    depth = torch._C._len_torch_function_stack()
+    with pytest.warns(UserWarning, match="TorchFunctionMode is active at step"):
+        for step in range(2):
+            loss_of(model, step).backward()
+            with torch.device("cpu"):
+                ours.step()
+            assert ours._landing is None
+            assert torch._C._len_torch_function_stack() == depth
+            model.zero_grad(set_to_none=True)
+    assert_bitwise(model, reference)
+    assert_states_bitwise(ours, theirs)

@@ -441,7 +441,13 @@ class Adam(torch.optim.Optimizer):
                 self._sync_states()
             try:
                 with self._lock:
-                    if self.overlap:
+                    conflict = landing.mode_conflict() if self.overlap else None
+                    if conflict is not None:
+                        self._warn_once(f"stowage.offload.{type(self).__name__}(overlap=True): {conflict}, whose exit "
+                                        "would take off the mode that makes the loop wait for the pending step; "
+                                        "this step() ran its host part before returning. Call step() outside the "
+                                        "mode to overlap it.")
+                    if self.overlap and conflict is None:
                         self._start_overlapped()
                     else:
                         self._slots.commit_step(*self._step_inputs())

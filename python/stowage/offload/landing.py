@@ -15,7 +15,8 @@ state tensors waits here for it, so that no loop sees a value the step has not f
 Buckets land in parameter order, so waiting for one waits for those before it. The mode is taken
 off once nothing is pending and it is the top of the thread's mode stack (else at the next chance).
 
-Limits: modes are thread-local, so another thread that reads parameters while a step is pending is
+A step() made while another TorchFunctionMode is active is not left pending (mode_conflict():
+that mode's exit pops whatever mode is on top, ours included). Limits: modes are thread-local, so another thread that reads parameters while a step is pending is
 not made to wait (call the optimizer's flush() first); a tensor sharing no storage with a parameter
 (a copy made by hand on another device) is not a parameter's; compiled functions (torch.compile of
 a function, not a module) are not waited for at their entry: their ops run inside the graph.
@@ -163,6 +164,18 @@ def wait_for_tensor(tensor: torch.Tensor) -> None:
             landing.wait(bucket)
 
 
+def mode_conflict() -> str | None:
+    """Why a step may not be left pending now (None: it may): another TorchFunctionMode is active
+    on this thread and ours is not on its stack. Ours would go above it, and its exit (which pops
+    whatever mode is on top) would take ours off while the step is pending."""
+    depth = torch._C._len_torch_function_stack()
+    stack = [torch._C._get_function_stack_at(i) for i in range(depth)]
+    if not stack or any(mode is _mode for mode in stack):
+        return None
+    return (f"a TorchFunctionMode is active at step() ({type(stack[-1]).__name__}, e.g. a `with torch.device(...)` "
+            "block or torch.set_default_device)")
+
+
 def begin(landing: Landing) -> None:
     """Makes the loop wait for `landing`'s buckets: the hook and the mode go on."""
     global _hook, _mode_thread
@@ -170,7 +183,8 @@ def begin(landing: Landing) -> None:
         _landings.append(landing)
     if _hook is None:
         _hook = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
-    if _mode_thread is None:
+    depth = torch._C._len_torch_function_stack()
+    if not any(torch._C._get_function_stack_at(i) is _mode for i in range(depth)):
         _mode.__enter__()
         _mode_thread = threading.get_ident()
 
