@@ -416,3 +416,14 @@ def test_a_step_inside_another_torch_function_mode_runs_whole_and_says_why() -> 
             model.zero_grad(set_to_none=True)
     assert_bitwise(model, reference)
     assert_states_bitwise(ours, theirs)
+
+
+@pytest.mark.parametrize("device_fraction", [0.5, 1.0])
+def test_a_device_share_steps_in_step_and_the_rest_overlaps(device_fraction: float) -> None:
+    model, reference = make_model(), make_model()
+    ours = overlapped(model, device_fraction=device_fraction)
+    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    train(model, ours, STEPS, log_norms)
+    train(reference, theirs, STEPS, log_norms)
+    ours.flush()
+    assert_bitwise(model, reference)
