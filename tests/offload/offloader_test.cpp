@@ -189,7 +189,9 @@ TEST(Offloader, TheMeasuredWindowHidesReloadsBehindUnevenCompute) {
   OffloaderHarness measured(options);  // prefetch "auto"
   one_pass_stall_ns(measured, gaps);   // measured
   const std::int64_t stall = one_pass_stall_ns(measured, gaps) + one_pass_stall_ns(measured, gaps);
-  EXPECT_LT(static_cast<double>(stall), 2 * (copy_ns + 3e6)) << "more than each pass's first copy, and a margin";
+  // Each pass's first copy, and 10 ms a pass for a busy machine's late wake-ups (one buffer ahead
+  // waits about 40 ms a pass; the adaptive lead alone, 40).
+  EXPECT_LT(static_cast<double>(stall), 2 * (copy_ns + 10e6)) << "more than each pass's first copy";
   const OffloaderStats stats = measured.offloader().stats();
   EXPECT_GE(stats.window_bytes, static_cast<std::int64_t>(3 * kMiB));
   EXPECT_LE(stats.window_bytes, static_cast<std::int64_t>(6 * kMiB));
