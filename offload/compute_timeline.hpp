@@ -27,6 +27,8 @@ class ComputeTimeline {
   // Records on `event` the compute work so far, for a copy to wait for; false when that work has
   // already run, so there is nothing to wait for.
   virtual bool record(Event event) = 0;
+  // Records on `arrival` (a timing event) the moment the compute reaches this point.
+  virtual void mark(Event arrival) = 0;
   // Records on `arrival` (a timing event) the moment the compute reaches this point, then makes
   // the compute after it wait for `finished`; the time from one to the other is the stall (or,
   // negative, the slack). Where the host itself waits (CPU mode), it waits as Note [Bounded
@@ -43,8 +45,9 @@ class DeviceStreamTimeline final : public ComputeTimeline {
     backend_.record_event(event, stream_);
     return true;
   }
+  void mark(Event arrival) override { backend_.record_event(arrival, stream_); }
   void wait(Event finished, Event arrival, const WaitFor&) override {
-    backend_.record_event(arrival, stream_);
+    mark(arrival);
     backend_.stream_wait_event(stream_, finished);
   }
 
@@ -62,8 +65,9 @@ class HostThreadTimeline final : public ComputeTimeline {
   bool record(Event) override { return false; }
   // The arrival is recorded on the default stream, which CPU mode leaves idle: it completes
   // at once, stamped with the time the thread got here.
+  void mark(Event arrival) override { backend_.record_event(arrival, Stream{}); }
   void wait(Event finished, Event arrival, const WaitFor& what) override {
-    backend_.record_event(arrival, Stream{});
+    mark(arrival);
     wait_until([&] { return backend_.query_event(finished); }, what, waits_);
   }
 

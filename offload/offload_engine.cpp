@@ -8,7 +8,7 @@ std::unique_ptr<PrefetchPolicy> make_prefetch_policy(const OffloadEngineOptions&
   if (options.prefetch_depth.has_value()) {
     return std::make_unique<FixedPrefetch>(*options.prefetch_depth);
   }
-  return std::make_unique<AdaptivePrefetch>(options.max_prefetch_bytes);
+  return std::make_unique<MeasuredPrefetch>(options.max_prefetch_bytes);
 }
 
 OffloadEngine::OffloadEngine(DeviceBackend& backend, CachingAllocator* allocator,

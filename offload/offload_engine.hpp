@@ -26,7 +26,8 @@ namespace stowage {
 
 struct OffloadEngineOptions {
   PinnedHostPoolOptions pool;
-  // Buffers ahead of use: nullopt adapts (Note [Prefetch window]) up to max_prefetch_bytes.
+  // Buffers ahead of use: nullopt chooses the window from measurements (Note [Prefetch window]),
+  // up to max_prefetch_bytes.
   std::optional<std::size_t> prefetch_depth;
   std::size_t max_prefetch_bytes = std::size_t{1} << 30;
 };

@@ -17,6 +17,10 @@ namespace {
 // before it gives up: keeps reload cheap when a retained graph holds many resident buffers.
 constexpr std::size_t kMaxSkippedBuffers = 256;
 
+// The most uses a pass records: a backward over a retained graph, repeated without an offload
+// between, is measured in passes of this many uses rather than in one record that keeps growing.
+constexpr std::size_t kMaxPassUses = std::size_t{1} << 16;
+
 constexpr auto kToHost = TransferDirection::kToHost;
 constexpr auto kToDevice = TransferDirection::kToDevice;
 
@@ -46,6 +50,7 @@ Offloader::~Offloader() {
   for (Parked& parked : parked_) released.push_back(std::move(parked.device));
   parked_.clear();
   for (const PendingUse& use : pending_uses_) engine_.recycle_event(use.arrival);
+  if (last_arrival_.has_value()) engine_.recycle_event(*last_arrival_);
   // `released` lets go after the lock (declared before it).
 }
 
@@ -71,6 +76,10 @@ std::optional<Offloader::OffloadId> Offloader::offload(DeviceBuffer buffer, Comp
   }
   engine_.recycle_event(after);  // the copy's wait holds the recording it saw
   const OffloadId id = next_id_++;
+  if (reloaded_since_offload_) {  // a forward after a backward
+    ++pass_;
+    reloaded_since_offload_ = false;
+  }
   Entry& entry = entries_[id];
   entry.state = OffloadState::kOffloading;
   entry.bytes = buffer.bytes;
@@ -116,7 +125,8 @@ DeviceBuffer Offloader::reload(OffloadId id, ComputeTimeline& compute) {
   std::lock_guard lock(mutex_);
   start_reloads_locked(claims, id, compute, released);
   Entry& entry = entries_.at(id);
-  if (entry.state == OffloadState::kReloading) wait_for_locked(entry, compute);
+  reloaded_since_offload_ = true;
+  use_locked(entry, compute);
   return entry.device;  // `released` lets go after the lock (declared before it)
 }
 
@@ -129,6 +139,10 @@ std::vector<Offloader::Claim> Offloader::claim_locked(OffloadId id) {
   }
   std::size_t buffers_ahead = ahead_buffers_;
   std::size_t bytes_ahead = ahead_bytes_;
+  if (it->second.state == OffloadState::kReloading) {  // the buffer in use is not ahead of use
+    --buffers_ahead;
+    bytes_ahead -= it->second.bytes;
+  }
   std::size_t skipped = 0;
   for (auto earlier = std::make_reverse_iterator(it);
        earlier != entries_.rend() && skipped < kMaxSkippedBuffers; ++earlier) {
@@ -209,17 +223,26 @@ void Offloader::start_reloads_locked(std::vector<Claim>& claims, OffloadId neede
   if (any) engine_.recycle_event(allocated);
 }
 
-void Offloader::wait_for_locked(Entry& entry, ComputeTimeline& compute) {
+void Offloader::use_locked(Entry& entry, ComputeTimeline& compute) {
   const Event arrival = engine_.borrow_event();
+  const bool copied = entry.state == OffloadState::kReloading;
   try {
-    compute.wait(entry.transfer->finished(), arrival,
-                 {"a saved tensor's copy back to the device",
-                  engine_.bytes_in_flight(TransferDirection::kToDevice, entry.transfer.get())});
+    if (copied) {
+      compute.wait(entry.transfer->finished(), arrival,
+                   {"a saved tensor's copy back to the device",
+                    engine_.bytes_in_flight(TransferDirection::kToDevice, entry.transfer.get())});
+    } else {
+      compute.mark(arrival);
+    }
   } catch (...) {  // interrupted or past its deadline: the buffer stays reloading, as it was
     engine_.recycle_event(arrival);
     throw;
   }
-  pending_uses_.push_back({arrival, entry.transfer});
+  if (!copied) {
+    pending_uses_.push_back({arrival, nullptr, 0, pass_});
+    return;
+  }
+  pending_uses_.push_back({arrival, entry.transfer, entry.bytes, pass_});
   entry.transfer.reset();
   release_host_locked(entry);  // reused once the copy back has completed (stream-ordered)
   entry.state = OffloadState::kResident;
@@ -238,12 +261,34 @@ void Offloader::observe_use_locked(double lateness) {
 void Offloader::measure_uses_locked() {
   while (!pending_uses_.empty()) {
     const PendingUse& use = pending_uses_.front();
-    const std::optional<double> lateness = engine_.seconds_after(use.arrival, use.transfer);
-    if (!lateness.has_value()) return;
-    engine_.recycle_event(use.arrival);
+    if (use.pass != measured_pass_ || pass_uses_.size() >= kMaxPassUses) end_pass_locked();
+    measured_pass_ = use.pass;
+    std::optional<double> lateness;
+    if (use.transfer != nullptr) {
+      lateness = engine_.seconds_after(use.arrival, use.transfer);
+      if (!lateness.has_value()) return;
+    }
+    std::optional<double> since_last;
+    if (last_arrival_.has_value()) {
+      since_last = engine_.seconds_between(*last_arrival_, use.arrival);
+      if (!since_last.has_value()) return;
+      pass_uses_.back().compute_seconds = std::max(0.0, *since_last - last_stall_);
+      engine_.recycle_event(*last_arrival_);
+    }
+    last_arrival_ = use.arrival;
+    last_stall_ = std::max(0.0, lateness.value_or(0.0));
+    pass_uses_.push_back({use.copy_bytes, 0.0});
     pending_uses_.pop_front();
-    observe_use_locked(*lateness);
+    if (lateness.has_value()) observe_use_locked(*lateness);
   }
+}
+
+void Offloader::end_pass_locked() {
+  if (!pass_uses_.empty()) policy_->observe_pass(pass_uses_, engine_.stats().bandwidth(kToDevice));
+  pass_uses_.clear();
+  if (last_arrival_.has_value()) engine_.recycle_event(*last_arrival_);
+  last_arrival_.reset();
+  last_stall_ = 0;
 }
 
 void Offloader::poll() {
@@ -273,7 +318,10 @@ void Offloader::poll_locked(std::vector<DeviceBuffer>& released) {
 
 void Offloader::synchronize() {
   engine_.synchronize("the offloader's copies at the end of the step");
-  poll();
+  std::vector<DeviceBuffer> released;
+  std::lock_guard lock(mutex_);
+  poll_locked(released);
+  if (pending_uses_.empty()) end_pass_locked();  // else the next pass's first use ends it
 }
 
 std::size_t Offloader::relieve_pressure(std::size_t bytes, Stream) noexcept {
@@ -398,6 +446,9 @@ void Offloader::set_prefetch_policy(std::unique_ptr<PrefetchPolicy> policy) {
   STOWAGE_CHECK(policy != nullptr, "an offloader needs a prefetch policy");
   std::lock_guard lock(mutex_);
   policy_ = std::move(policy);
+  pass_uses_.clear();  // measured for the policy replaced: the new one starts from the next use
+  if (last_arrival_.has_value()) engine_.recycle_event(*last_arrival_);
+  last_arrival_.reset();
 }
 
 OffloaderStats Offloader::stats() const {

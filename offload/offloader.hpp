@@ -27,6 +27,13 @@
 // Buffers come back in the reverse of their offload order, ahead of use as far as the prefetch
 // policy admits (Note [Prefetch window]) and only into memory free without eviction.
 //
+// Measuring: every reload marks on the compute the moment it got there. Once the marks and the
+// copies have completed, each use gives the policy its lateness (a stall, or slack) and joins
+// the pass's record: its copy bytes and the compute from it to the next use (the time between
+// the two marks less the stall). A pass is a backward: the reloads from the first after an
+// offload to the next offload; it goes to the policy when the next pass's first use is measured,
+// or at synchronize() when nothing is left to measure (Note [Reload simulation]).
+//
 // Contract: thread-safe. Device memory is allocated and device buffers are let go without the
 // offloader's lock, so allocating may call relieve_pressure on the same thread. The engine and
 // the pool must outlive the offloader; buffers still held when it is destroyed are dropped after
@@ -143,10 +150,12 @@ class Offloader final : public MemoryPressureHandler {
     TransferHandle transfer;
     DeviceBuffer device;
   };
-  // A use whose stall (or slack) is measured once its events complete.
+  // A use, measured once its events complete (see Measuring above).
   struct PendingUse {
     Event arrival;
-    TransferHandle transfer;
+    TransferHandle transfer;      // the copy the use waited for; null when it waited for none
+    std::size_t copy_bytes = 0;   // that copy's bytes
+    std::uint64_t pass = 0;
   };
   struct Claim {
     OffloadId id = 0;
@@ -166,11 +175,14 @@ class Offloader final : public MemoryPressureHandler {
                             std::vector<DeviceBuffer>& released);
   // Un-claims every claim (an allocation failed) and releases what was allocated.
   void unclaim(std::vector<Claim>& claims);
-  // Makes the compute wait for `entry`'s copy back and measures the stall.
-  void wait_for_locked(Entry& entry, ComputeTimeline& compute);
+  // Makes the compute wait for `entry`'s copy back, or (resident) marks where it got to; either
+  // is measured as a use.
+  void use_locked(Entry& entry, ComputeTimeline& compute);
   void poll_locked(std::vector<DeviceBuffer>& released);
   void measure_uses_locked();
   void observe_use_locked(double lateness);
+  // Hands the measured pass to the policy and starts the next.
+  void end_pass_locked();
   void set_offloaded_locked(Entry& entry, std::vector<DeviceBuffer>& released);
   void forget_locked(Entry& entry, std::vector<DeviceBuffer>& released);
   void release_host_locked(Entry& entry);
@@ -189,6 +201,12 @@ class Offloader final : public MemoryPressureHandler {
   std::size_t ahead_bytes_ = 0;
   std::vector<Parked> parked_;
   std::deque<PendingUse> pending_uses_;
+  std::uint64_t pass_ = 0;              // the pass reloads belong to now
+  bool reloaded_since_offload_ = false;  // the next offload starts a pass
+  std::uint64_t measured_pass_ = 0;     // the pass of pass_uses_
+  std::vector<ReloadUse> pass_uses_;    // its uses measured so far
+  std::optional<Event> last_arrival_;   // the last measured use's mark (for the compute after it)
+  double last_stall_ = 0;               // and its stall
   OffloadId next_id_ = 1;
   OffloaderStats stats_;
 };

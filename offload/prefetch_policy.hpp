@@ -4,14 +4,21 @@
 // Backward uses buffers in the reverse of the order forward offloaded them. A reload started
 // when the buffer before it is used is hidden if the compute between the two uses takes at least
 // its copy time; where it does not (a large buffer after a short op) the compute stalls. Buffers
-// brought in earlier hide more, but hold device memory until used. The adaptive policy keeps a
-// look-ahead time, `lead`: the window is the bytes the host-to-device link moves in `lead` at its
-// measured bandwidth, and at least the one buffer after the buffer in use. Each use measures how
-// late its copy was (from the moment the compute reached its wait to the copy's completion, on
-// the device): a copy late by t lengthens `lead` by t (it should have started t earlier); one
-// early by t shortens it by a quarter of t. So the window follows the link's bandwidth and the
-// compute time between uses, settling where stalls stop at the least device memory, and moves
-// when either changes. The offloader prefetches only into memory the allocator has free without
+// brought in earlier hide more, but hold device memory until used. The window is the bytes that
+// may be back or coming back ahead of use, the buffer in use excluded, and at least the one
+// buffer after it.
+//
+// MeasuredPrefetch (prefetch="auto") chooses the window from what a pass (one backward) measured:
+// each use's copy bytes, the compute from it to the next use (its arrival events, stalls taken
+// out) and the link's measured bandwidth. It replays the pass on paper (Note [Reload
+// simulation]) and takes the least window whose predicted stall is that of the widest window,
+// with every copy taken as kCopyMargin times slower than measured: each reload is then issued at
+// least its copy time (and the copies queued before it) ahead of its use, with the least device
+// memory held. Every completed pass chooses again, so the window follows the batch, the model
+// and the link. Before any pass has completed it follows AdaptivePrefetch: a look-ahead time,
+// `lead`, the window being the bytes the link moves in `lead`; a copy late by t lengthens `lead`
+// by t, one early by t shortens it by a quarter of t. The window never passes its bound
+// (max_prefetch), and the offloader prefetches only into memory the allocator has free without
 // evicting anything. FixedPrefetch keeps a set number of buffers ahead (0: each buffer comes back
 // when it is used).
 //
@@ -20,6 +27,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <span>
+
+#include "offload/reload_simulation.hpp"
 
 namespace stowage {
 
@@ -33,6 +44,9 @@ class PrefetchPolicy {
   // A use of a buffer whose copy completed `lateness_seconds` after the compute reached it
   // (negative: before); the link moves `bandwidth` bytes per second (0: unknown yet).
   virtual void observe(double lateness_seconds, double bandwidth) = 0;
+  // A pass (one backward) completed: its uses in order (Note [Reload simulation]) over a link of
+  // `bandwidth` bytes per second (0: unknown).
+  virtual void observe_pass(std::span<const ReloadUse> uses, double bandwidth) = 0;
   // The current window in bytes (for the statistics).
   virtual std::size_t window_bytes() const = 0;
 };
@@ -44,6 +58,7 @@ class FixedPrefetch final : public PrefetchPolicy {
     return buffers_ahead < buffers_;
   }
   void observe(double, double) override {}
+  void observe_pass(std::span<const ReloadUse>, double) override {}
   std::size_t window_bytes() const override { return 0; }
 
  private:
@@ -57,6 +72,7 @@ class AdaptivePrefetch final : public PrefetchPolicy {
   bool admits(std::size_t buffers_ahead, std::size_t bytes_ahead,
               std::size_t next_bytes) const override;
   void observe(double lateness_seconds, double bandwidth) override;
+  void observe_pass(std::span<const ReloadUse>, double) override {}
   std::size_t window_bytes() const override;
   double lead_seconds() const noexcept { return lead_; }
 
@@ -64,6 +80,31 @@ class AdaptivePrefetch final : public PrefetchPolicy {
   std::size_t max_bytes_;
   double lead_ = 0;       // seconds of link time the window covers
   double bandwidth_ = 0;  // bytes per second
+};
+
+// The window chosen from the last completed pass's measurements; AdaptivePrefetch before one.
+class MeasuredPrefetch final : public PrefetchPolicy {
+ public:
+  // Each copy is planned as taking this many times its measured time.
+  static constexpr double kCopyMargin = 1.25;
+  // A window whose predicted stall exceeds the least by at most this share of the pass's compute
+  // is as good.
+  static constexpr double kStallTolerance = 0.002;
+
+  // The window never passes `max_bytes`.
+  explicit MeasuredPrefetch(std::size_t max_bytes) : max_bytes_(max_bytes), before_measuring_(max_bytes) {}
+  bool admits(std::size_t buffers_ahead, std::size_t bytes_ahead,
+              std::size_t next_bytes) const override;
+  void observe(double lateness_seconds, double bandwidth) override;
+  void observe_pass(std::span<const ReloadUse> uses, double bandwidth) override;
+  std::size_t window_bytes() const override;
+  // The window chosen from a pass; nullopt before one completed (with a known bandwidth).
+  std::optional<std::size_t> chosen_window() const noexcept { return chosen_; }
+
+ private:
+  std::size_t max_bytes_;
+  AdaptivePrefetch before_measuring_;
+  std::optional<std::size_t> chosen_;
 };
 
 }  // namespace stowage

@@ -144,6 +144,11 @@ std::optional<double> TransferEngine::seconds_after(Event event, const TransferH
   return backend_.elapsed_seconds(event, transfer->finished_);
 }
 
+std::optional<double> TransferEngine::seconds_between(Event start, Event end) {
+  if (!backend_.query_event(start) || !backend_.query_event(end)) return std::nullopt;
+  return backend_.elapsed_seconds(start, end);
+}
+
 void TransferEngine::poll() {
   std::vector<TransferHandle> completed;
   std::lock_guard lock(mutex_);

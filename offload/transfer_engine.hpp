@@ -99,6 +99,9 @@ class TransferEngine {
   // Seconds from `event`'s latest recording (a timing event) to the transfer's completion, once
   // both have completed; nullopt before.
   std::optional<double> seconds_after(Event event, const TransferHandle& transfer);
+  // Seconds from `start`'s latest recording to `end`'s (timing events), once both have
+  // completed; nullopt before.
+  std::optional<double> seconds_between(Event start, Event end);
 
   // Bytes of the direction's copies in flight, up to and including `through` (all of them:
   // nullptr): what a wait for it waits for, copies completing in stream order.

@@ -4,6 +4,8 @@
     python3 bench/e2e/offload_step.py --device cuda --compare [--json OUT]          # GPT-2 medium
     python3 bench/e2e/offload_step.py --device cuda --compare --max-batch --cap-gib 14 [--json OUT]
     python3 bench/e2e/offload_step.py --device cpu --mode offload [--batch 8] [--json OUT]  # one run
+    python3 bench/e2e/offload_step.py --device cpu --compare --modes checkpoint,checkpoint+offload \
+        --bandwidth 200e6 [--repeat 3]      # block-boundary offload against checkpointing alone
 
 Modes, one per fresh process (CPU mode's device and torch's CUDA allocator are per process):
   none                 no offload
@@ -17,7 +19,10 @@ The model is bench/e2e/gpt2_model.py's GPT-2 (GPT-2's shapes; pre-norm blocks, S
 attention, tied head), random weights and tokens, AdamW, bf16 autocast on the GPU (fp32 on the
 CPU, where bf16 matmuls are slow). Each step is timed whole (forward, loss, backward, AdamW,
 stowage.mark_step()), synchronised on the GPU; every step's time is reported, not only the median.
-Peak memory is the allocator's peak allocated bytes over the measured steps.
+Peak memory is the allocator's peak allocated bytes over the measured steps. Each measured step's
+reload counters are reported too: uses that waited for their copy back (stalls), how long they
+waited (on the device on a GPU), copies back, and how many of those were prefetched; and the
+prefetch window at the end (Note [Prefetch window]).
 
 On the CPU the simulated device's link runs at memcpy speed (--link memcpy), or at the speed that
 gives the link the share of a step it has for GPT-2 medium on an H100 (--link gpu-ratio). On the
@@ -50,6 +55,7 @@ MODES = ("none", "checkpoint", "save_on_cpu", "offload", "checkpoint+offload")
 H100_FLOP_PER_LINK_BYTE = 989e12 / 55e9
 FP32_OVER_BF16 = 2
 MiB = float(1 << 20)
+RELOAD_COUNTERS = ("num_stalls", "stall_ns", "num_reloads", "num_prefetched")
 
 
 def parse() -> argparse.Namespace:
@@ -57,6 +63,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--mode", choices=MODES, default="none")
     parser.add_argument("--compare", action="store_true", help="every mode, each in its own process")
+    parser.add_argument("--modes", default=",".join(MODES), help="--compare's modes, comma-separated")
+    parser.add_argument("--repeat", type=int, default=1, help="--compare's rounds, the modes interleaved")
     parser.add_argument("--max-batch", action="store_true", help="the largest batch of each mode under --cap-gib")
     parser.add_argument("--cap-gib", type=float, default=14.0)
     parser.add_argument("--link", choices=("memcpy", "gpu-ratio"), default="memcpy")
@@ -67,6 +75,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}: choose from {', '.join(MODES)}")
     gpu = args.device == "cuda"
     args.batch = args.batch or 8
     args.seq = args.seq or (1024 if gpu else 256)
@@ -189,20 +200,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     model, optimizer, tokens, targets = build(args, args.batch)
     times: list[float] = []
+    reloads: list[dict[str, int]] = []
+    device = args.device if args.device == "cpu" else None
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            stowage.reset_peak_stats(args.device if args.device == "cpu" else None)
+            stowage.reset_peak_stats(device)
         synchronize(args)
+        before = stowage.memory_stats(device)
         start = time.perf_counter()
         one_step(args, model, optimizer, tokens, targets)
         synchronize(args)
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
-    stats = stowage.memory_stats(args.device if args.device == "cpu" else None)
+            after = stowage.memory_stats(device)
+            reloads.append({key: int(after.get(f"offload.{key}", 0) - before.get(f"offload.{key}", 0))
+                            for key in RELOAD_COUNTERS})
+    stats = stowage.memory_stats(device)
     return {
         "mode": args.mode, "device": args.device, "batch": args.batch, "seq": args.seq, **link,
         "parameters": model.num_parameters(),
         "step_ms": times,
+        "step_reloads": reloads,
         "median_ms": statistics.median(times),
         "tokens_per_s": args.batch * args.seq * len(times) / (sum(times) / 1e3),
         "peak_allocated": peak_allocated(args),
@@ -282,9 +300,10 @@ def spawn(args: argparse.Namespace, mode: str, extra: list[str]) -> dict[str, An
 
 
 def print_compare(results: list[dict[str, Any]]) -> None:
-    base = next((r for r in results if r.get("mode") == "none" and "median_ms" in r), None)
-    print(f"{'mode':20} {'median ms':>10} {'vs none':>8} {'peak MiB':>9} {'vs none':>8} "
-          f"{'offloaded MiB':>13} {'stall ms':>9}  steps (ms)")
+    base = next((r for r in results if r.get("mode") in ("none", "checkpoint") and "median_ms" in r), None)
+    against = f"vs {base['mode']}" if base else "vs -"
+    print(f"{'mode':20} {'median ms':>10} {against:>14} {'peak MiB':>9} {against:>14} "
+          f"{'offloaded MiB':>13} {'stalls':>6} {'stall ms':>9} {'prefetched':>10}  steps (ms)")
     for r in results:
         if "median_ms" not in r:
             print(f"{r['mode']:20} {r.get('error', 'failed')}")
@@ -292,22 +311,36 @@ def print_compare(results: list[dict[str, Any]]) -> None:
         o = r["offload"]
         time_ratio = f"{r['median_ms'] / base['median_ms']:.3f}" if base else "-"
         peak_ratio = f"{r['peak_allocated'] / base['peak_allocated']:.3f}" if base else "-"
-        print(f"{r['mode']:20} {r['median_ms']:10.1f} {time_ratio:>8} {r['peak_allocated'] / MiB:9.1f} "
-              f"{peak_ratio:>8} {o.get('offload.bytes_offloaded', 0) / MiB:13.1f} "
-              f"{o.get('offload.stall_ns', 0) / 1e6:9.1f}  {' '.join(f'{t:.0f}' for t in r['step_ms'])}")
+        steps = r.get("step_reloads", [])
+        stalls = sum(s["num_stalls"] for s in steps)
+        stall_ms = sum(s["stall_ns"] for s in steps) / 1e6
+        prefetched = f"{sum(s['num_prefetched'] for s in steps)}/{sum(s['num_reloads'] for s in steps)}"
+        print(f"{r['mode']:20} {r['median_ms']:10.1f} {time_ratio:>14} {r['peak_allocated'] / MiB:9.1f} "
+              f"{peak_ratio:>14} {o.get('offload.bytes_offloaded', 0) / MiB:13.1f} {stalls:6} {stall_ms:9.1f} "
+              f"{prefetched:>10}  {' '.join(f'{t:.0f}' for t in r['step_ms'])}")
+        if stalls:
+            per_step = " ".join(str(s["num_stalls"]) for s in steps)
+            per_step_ms = " ".join(f"{s['stall_ns'] / 1e6:.1f}" for s in steps)
+            print(f"{'':20} stalls a step: {per_step}; stall ms a step: {per_step_ms}; window now "
+                  f"{o.get('offload.prefetch_window_bytes', 0) / MiB:.1f} MiB")
 
 
 def main() -> int:
     args = parse()
-    modes = [m for m in MODES if not (m == "save_on_cpu" and args.device == "cpu")]
+    chosen = args.modes.split(",")
+    modes = [m for m in MODES if m in chosen and not (m == "save_on_cpu" and args.device == "cpu")]
     if args.compare:
         extra = ["--max-batch"] if args.max_batch else []
-        results = [spawn(args, mode, extra) for mode in modes]
-        if args.max_batch:
-            for r in results:
-                print(f"{r['mode']:20} largest batch {r.get('largest_batch')}  tokens/s {r.get('tokens_per_s')}")
-        else:
-            print_compare(results)
+        results = []
+        for round_ in range(args.repeat):  # the modes interleaved, round after round
+            if args.repeat > 1:
+                print(f"round {round_ + 1} of {args.repeat}", flush=True)
+            results += [spawn(args, mode, extra) for mode in modes]
+            if args.max_batch:
+                for r in results[-len(modes):]:
+                    print(f"{r['mode']:20} largest batch {r.get('largest_batch')}  tokens/s {r.get('tokens_per_s')}")
+            else:
+                print_compare(results[-len(modes):])
     else:
         results = [largest_batch(args) if args.max_batch else measure(args)]
     if args.json:

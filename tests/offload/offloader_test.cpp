@@ -133,6 +133,76 @@ TEST(Offloader, BuffersComeBackInReverseOrderAheadOfUse) {
   EXPECT_EQ(stats.num_prefetched, 5) << "all but the first came back ahead of use";
 }
 
+TEST(Offloader, OneBufferAheadMeansOneBeyondTheBufferInUse) {
+  OffloaderHarnessOptions options;
+  options.prefetch = 1;
+  OffloaderHarness harness(options);
+  HostThreadTimeline compute(harness.backend());
+  std::vector<Offloader::OffloadId> ids;
+  for (std::uint32_t seed = 0; seed < 6; ++seed) {
+    ids.push_back(*harness.offloader().offload(harness.filled(kMiB, seed), compute));
+  }
+  harness.offloader().synchronize();
+  for (std::size_t i = 6; i-- > 0;) {
+    harness.offloader().reload(ids[i], compute);
+    if (i > 0) {
+      EXPECT_EQ(harness.offloader().state(ids[i - 1]), OffloadState::kReloading)
+          << "the buffer after " << i << " comes back while " << i << " is in use";
+    }
+    harness.offloader().check_invariants();
+  }
+  EXPECT_EQ(harness.offloader().stats().num_prefetched, 5) << "all but the first came back ahead of use";
+  for (const auto id : ids) harness.offloader().drop(id);
+}
+
+// One backward on the simulated device: `gaps.size()` buffers of 1 MiB offloaded, then used in
+// reverse, `gaps[k]` of compute (a sleep) after the k-th use. Returns the stall it measured.
+std::int64_t one_pass_stall_ns(OffloaderHarness& harness, const std::vector<int>& gaps) {
+  HostThreadTimeline compute(harness.backend());
+  std::vector<Offloader::OffloadId> ids;
+  for (std::uint32_t seed = 0; seed < gaps.size(); ++seed) {
+    ids.push_back(*harness.offloader().offload(harness.filled(kMiB, seed), compute));
+  }
+  harness.offloader().synchronize();
+  const std::int64_t before = harness.offloader().stats().stall_ns;
+  for (std::size_t k = 0; k < gaps.size(); ++k) {
+    const auto id = ids[ids.size() - 1 - k];
+    harness.offloader().reload(id, compute);  // (not read back: reading is a copy on the link)
+    std::this_thread::sleep_for(std::chrono::milliseconds(gaps[k]));
+  }
+  for (const auto id : ids) harness.offloader().drop(id);
+  harness.offloader().synchronize();
+  harness.offloader().check_invariants();
+  return harness.offloader().stats().stall_ns - before;
+}
+
+// Copies of 7.8 ms (1 MiB at 128 MiB/s) behind uneven compute: 50 ms, then three uses 1 ms
+// apart, and again. One buffer ahead leaves each short compute a copy to wait for (about 7 ms
+// each, 6 a pass); the window measured in the first pass brings the next four during each long
+// compute, so from the second pass only the first use waits for its own copy. Stalls here come
+// from the link's sleeps, not the machine's speed: a busy machine only lengthens the computes.
+TEST(Offloader, TheMeasuredWindowHidesReloadsBehindUnevenCompute) {
+  const std::vector<int> gaps = {50, 1, 1, 1, 50, 1, 1, 1, 50, 0};
+  const double copy_ns = 1e9 / 128.0;  // 1 MiB at 128 MiB/s
+  OffloaderHarnessOptions options;
+  options.bandwidth = 128.0 * kMiB;
+  OffloaderHarness measured(options);  // prefetch "auto"
+  one_pass_stall_ns(measured, gaps);   // measured
+  const std::int64_t stall = one_pass_stall_ns(measured, gaps) + one_pass_stall_ns(measured, gaps);
+  // Each pass's first copy, and 10 ms a pass for a busy machine's late wake-ups (one buffer ahead
+  // waits about 40 ms a pass; the adaptive lead alone, 40).
+  EXPECT_LT(static_cast<double>(stall), 2 * (copy_ns + 10e6)) << "more than each pass's first copy";
+  const OffloaderStats stats = measured.offloader().stats();
+  EXPECT_GE(stats.window_bytes, static_cast<std::int64_t>(3 * kMiB));
+  EXPECT_LE(stats.window_bytes, static_cast<std::int64_t>(6 * kMiB));
+
+  options.prefetch = 1;
+  OffloaderHarness one_ahead(options);
+  one_pass_stall_ns(one_ahead, gaps);
+  const std::int64_t one_ahead_stall = one_pass_stall_ns(one_ahead, gaps) + one_pass_stall_ns(one_ahead, gaps);
+  EXPECT_GT(static_cast<double>(one_ahead_stall), 2 * (copy_ns + 6 * 5e6)) << "the pattern needs the window";
+}
+
 TEST(Offloader, PrefetchesOnlyIntoMemoryFreeWithoutEviction) {
   OffloaderHarnessOptions options;
   options.prefetch = 4;

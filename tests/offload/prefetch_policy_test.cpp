@@ -52,5 +52,48 @@ TEST(AdaptivePrefetch, TheWindowFollowsTheLinkAndStaysWithinItsBound) {
   EXPECT_EQ(fast.window_bytes(), 100 * slow.window_bytes());
 }
 
+TEST(MeasuredPrefetch, FollowsTheAdaptiveLeadUntilAPassIsMeasured) {
+  MeasuredPrefetch policy(1024 * kMiB);
+  EXPECT_TRUE(policy.admits(0, 0, 8 * kMiB));
+  EXPECT_FALSE(policy.admits(1, 8 * kMiB, 8 * kMiB)) << "one buffer ahead before any measurement";
+  policy.observe(0.020, 1e9);  // 20 ms late at 1 GB/s: a 20 MB window
+  EXPECT_EQ(policy.window_bytes(), 20'000'000u);
+  EXPECT_FALSE(policy.chosen_window().has_value());
+  const ReloadUse uses[] = {{10'000'000, 0.030}, {10'000'000, 0.0}};
+  policy.observe_pass(uses, 0.0);
+  EXPECT_FALSE(policy.chosen_window().has_value()) << "no bandwidth measured: nothing to go by";
+}
+
+TEST(MeasuredPrefetch, AMeasuredPassChoosesTheWindowAndLatenessNoLongerMovesIt) {
+  MeasuredPrefetch policy(1024 * kMiB);
+  policy.observe(0.500, 1e9);  // the first pass was very late: a wide adaptive window
+  EXPECT_EQ(policy.window_bytes(), 500'000'000u);
+  // Ten-ms copies (at 1 GB/s) behind a long compute and two short ones, as in
+  // reload_simulation_test: planned 1.25x slower, three buffers ahead hide them.
+  const std::size_t ten = 10'000'000;
+  const ReloadUse uneven[] = {{ten, 0.030}, {ten, 0.005}, {ten, 0.005}, {ten, 0.030}, {ten, 0.0}};
+  policy.observe_pass(uneven, 1e9);
+  ASSERT_TRUE(policy.chosen_window().has_value());
+  EXPECT_EQ(policy.window_bytes(), 3 * ten);
+  EXPECT_TRUE(policy.admits(2, 2 * ten, ten));
+  EXPECT_FALSE(policy.admits(3, 3 * ten, ten));
+  policy.observe(0.100, 1e9);
+  EXPECT_EQ(policy.window_bytes(), 3 * ten) << "the measured window stays until the next pass";
+  const ReloadUse slack[] = {{ten, 0.050}, {ten, 0.050}, {ten, 0.0}};
+  policy.observe_pass(slack, 1e9);
+  EXPECT_EQ(policy.window_bytes(), 0u) << "long computes: one buffer ahead is enough";
+  EXPECT_TRUE(policy.admits(0, 0, ten));
+  EXPECT_FALSE(policy.admits(1, ten, ten));
+}
+
+TEST(MeasuredPrefetch, TheChosenWindowStaysWithinItsBound) {
+  MeasuredPrefetch policy(15'000'000);
+  const std::size_t ten = 10'000'000;
+  const ReloadUse tight[] = {{ten, 0.001}, {ten, 0.001}, {ten, 0.001}, {ten, 0.0}};
+  policy.observe_pass(tight, 1e9);
+  EXPECT_LE(policy.window_bytes(), 15'000'000u);
+  EXPECT_FALSE(policy.admits(1, ten, ten));
+}
+
 }  // namespace
 }  // namespace stowage

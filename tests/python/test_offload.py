@@ -371,6 +371,46 @@ def test_under_a_capacity_where_the_model_runs_out_of_memory_it_trains_with_offl
     assert result.stdout.splitlines() == ["plain: out of memory: True", "offload: trained True"]
 
 
+def test_from_the_second_backward_reloads_come_back_before_their_use() -> None:
+    """Checkpointed GPT blocks whose boundaries (2 MiB each) are offloaded, over a link (100 MB/s:
+    21 ms a boundary) that can carry them behind a block's backward (its recomputation and
+    gradients, several times longer on any CPU). The first backward measures the copy and compute
+    times; from the second on, only the first uses of each backward, with nothing before them to
+    hide their copies behind, wait for a copy (two here; three allowed for a copy thread a busy
+    machine wakes late), and all waits are short beside the copies. (One buffer ahead used to
+    count the buffer in use, so every other block waited for its own copy: 7 waits a step, half
+    the copy time.) The counters are per step and measured on the device, not wall times."""
+    result = run_python(SLOW_LINK.format(capacity="4GiB", bandwidth="100MB", extra="") + """
+    from offload_models import TinyGpt, lm_loss
+    torch.manual_seed(0)
+    model = TinyGpt(vocab=512, width=256, heads=4, layers=12, length=256, checkpoint=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 512, (8, 256), generator=torch.Generator().manual_seed(0))
+    keys = ("num_stalls", "stall_ns", "bytes_reloaded", "num_reloads")
+    last = dict.fromkeys(keys, 0)
+    for step in range(4):
+        with stowage.offload.activations(min_bytes="1MiB"):
+            loss = lm_loss(model(ids), ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stowage.mark_step()
+        stats = stowage.memory_stats()
+        now = {key: stats["offload." + key] for key in keys}
+        print(step, *(now[key] - last[key] for key in keys))
+        last = now
+    """)
+    assert result.returncode == 0, result.stderr
+    steps = [[int(field) for field in line.split()] for line in result.stdout.splitlines()]
+    assert len(steps) == 4
+    for step, stalls, stall_ns, bytes_reloaded, reloads in steps[1:]:
+        copy_ns = bytes_reloaded / 100e6 * 1e9
+        assert reloads >= 12, steps  # every boundary came back through the link
+        assert stalls <= 3 and stall_ns <= 0.3 * copy_ns, (
+            f"step {step}: {stalls} of {reloads} uses waited {stall_ns / 1e6:.1f} ms for copies of "
+            f"{copy_ns / 1e6:.1f} ms (every step: {steps})")
+
+
 def test_hazards_on_a_slow_link_corrupt_nothing_and_leak_nothing() -> None:
     """Copies run slowly (50 MB/s) while forward reuses freed memory, a backward node sleeps while
     buffers come back, autograd frees a graph whose copies are in flight, and a forward raises:

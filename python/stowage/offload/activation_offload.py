@@ -76,9 +76,10 @@ class activations(SavedTensorOffload):
     """Offloads the tensors autograd saves during the ``with`` block to host memory.
 
     ``min_bytes``: storages smaller stay on the device (default 1 MiB). ``prefetch``: "auto"
-    (the look-ahead adapts to the link's measured bandwidth and the compute between uses, up to
-    ``max_prefetch`` bytes), or a number of tensors to bring back ahead of use (0: each when it is
-    used). ``exclude``: modules whose saved tensors stay on the device.
+    (the look-ahead, up to ``max_prefetch`` bytes, chosen from the last backward's measured copy
+    and compute times so that each reload starts at least its copy time before its use: Note
+    [Prefetch window]), or a number of tensors to bring back ahead of use beyond the one in use
+    (0: each when it is used). ``exclude``: modules whose saved tensors stay on the device.
     """
 
     def __init__(self, min_bytes: int | str = DEFAULT_MIN_BYTES, prefetch: int | str = "auto",
