@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -188,9 +191,13 @@ TEST(Offloader, TheMeasuredWindowHidesReloadsBehindUnevenCompute) {
   options.bandwidth = 128.0 * kMiB;
   OffloaderHarness measured(options);  // prefetch "auto"
   one_pass_stall_ns(measured, gaps);   // measured
-  const std::int64_t stall = one_pass_stall_ns(measured, gaps) + one_pass_stall_ns(measured, gaps);
-  // Each pass's first copy, and 10 ms a pass for a busy machine's late wake-ups (one buffer ahead
-  // waits about 40 ms a pass; the adaptive lead alone, 40).
+  // The least of three pairs of passes: each pass's first copy, and 10 ms a pass for a busy
+  // machine's late wake-ups (one buffer ahead waits about 40 ms a pass, every pass; the adaptive
+  // lead alone, 40).
+  std::int64_t stall = std::numeric_limits<std::int64_t>::max();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    stall = std::min(stall, one_pass_stall_ns(measured, gaps) + one_pass_stall_ns(measured, gaps));
+  }
   EXPECT_LT(static_cast<double>(stall), 2 * (copy_ns + 10e6)) << "more than each pass's first copy";
   const OffloaderStats stats = measured.offloader().stats();
   EXPECT_GE(stats.window_bytes, static_cast<std::int64_t>(3 * kMiB));
