@@ -360,6 +360,40 @@ def test_dropping_gradients_through_the_model_does_not_wait_for_the_step() -> No
     assert_bitwise(model, reference)
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_the_optimizer_s_zero_grad_right_after_step_overlaps_and_stays_exact(set_to_none: bool) -> None:
+    """optimizer.zero_grad() right after step(), the most common loop: dropping the gradients
+    returns while the step is held, zeroing them in place waits for their copies out; the next
+    forward overlaps, and the steps are torch's bit for bit."""
+    model, reference = make_model(), make_model()
+    ours = overlapped(model)
+    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    for step in range(3):
+        loss_of(reference, step).backward()
+        theirs.step()
+        theirs.zero_grad(set_to_none=set_to_none)
+    for step in range(3):
+        held = threading.Event()
+        ours._at_step_point = lambda name, held=held: held.wait(10) if name == "update 0" else None
+        loss_of(model, step).backward()
+        ours.step()
+        release = threading.Timer(3.0 if set_to_none else 0.2, held.set)
+        release.start()
+        started = time.monotonic()
+        ours.zero_grad(set_to_none=set_to_none)
+        if set_to_none:
+            assert time.monotonic() - started < 2.0, "zero_grad waited for the held step"
+            assert ours._landing is not None and not ours._landing.ended()
+            release.cancel()
+            held.set()
+        assert all(p.grad is None for p in model.parameters()) if set_to_none else \
+            all(not p.grad.any() for p in model.parameters())
+    ours._at_step_point = None
+    ours.flush()
+    assert_bitwise(model, reference)
+    assert_states_bitwise(ours, theirs)
+
+
 def test_a_process_that_exits_with_a_step_pending_finishes_it_and_exits_cleanly() -> None:
     script = (
         "import threading, time, torch, stowage\n"

@@ -623,9 +623,14 @@ class Adam(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; without a step() since the last backward, that backward's gradients
-        (and, in_backward, its provisional updates) are dropped as torch's would be."""
-        self._land()
-        self._backward_abandoned()
+        (and, in_backward, its provisional updates) are dropped as torch's would be. While an
+        overlapped step is pending it does not wait for it: that step took the only arrivals there
+        were (update="exact" has none outside step()) and holds the gradients it has not copied out
+        yet, so dropping them waits for nothing, and zeroing them in place waits for their bucket
+        (Note [Overlapped steps])."""
+        if self._landing is None or self._landing.ended():
+            self._land()
+            self._backward_abandoned()
         self._backward_end.disarm()
         super().zero_grad(set_to_none)
 
