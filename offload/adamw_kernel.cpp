@@ -164,8 +164,9 @@ template <bool kL2>
 
 // Elements [begin, end) in one pass, each square root correctly rounded (no vector function).
 // Restrict-qualified so that the compiler vectorises without alias checks (AdamWBuffers' rule);
-// `s` is copied so that no store through the buffers can be taken to change it.
-template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
+// `s` is copied so that no store through the buffers can be taken to change it. kOutOfPlace reads
+// the states from b.sources (in place, the sources are the buffers, read through them alone).
+template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad, bool kOutOfPlace>
 [[gnu::always_inline]] inline void update_in_one_pass(const StepScalars& scalars, const AdamWBuffers& b,
                                                       std::size_t begin, std::size_t end) {
   const StepScalars s = scalars;
@@ -173,20 +174,25 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
   float* __restrict m = b.exp_avg;
   float* __restrict v = b.exp_avg_sq;
   float* __restrict v_max = b.max_exp_avg_sq;
+  const float* __restrict master_in = b.sources.master;
+  const float* __restrict m_in = b.sources.exp_avg;
+  const float* __restrict v_in = b.sources.exp_avg_sq;
+  const float* __restrict v_max_in = b.sources.max_exp_avg_sq;
   const void* grad = b.grad;
   void* out = b.out;
   for (std::size_t i = begin; i < end; ++i) {
-    const float g = gradient<kL2>(load<G>(grad, i), master[i], s);
-    const float m_new = first_moment(m[i], g, s);
-    const float v_new = second_moment(v[i], g, s);
+    const float p0 = kOutOfPlace ? master_in[i] : master[i];
+    const float g = gradient<kL2>(load<G>(grad, i), p0, s);
+    const float m_new = first_moment(kOutOfPlace ? m_in[i] : m[i], g, s);
+    const float v_new = second_moment(kOutOfPlace ? v_in[i] : v[i], g, s);
     m[i] = m_new;
     v[i] = v_new;
     float v_hat = v_new;
     if constexpr (kAmsgrad) {
-      v_hat = running_max(v_max[i], v_new);
+      v_hat = running_max(kOutOfPlace ? v_max_in[i] : v_max[i], v_new);
       v_max[i] = v_hat;
     }
-    const float updated = stepped(master[i], m_new, std::sqrt(v_hat), s);
+    const float updated = stepped(p0, m_new, std::sqrt(v_hat), s);
     master[i] = updated;
     if constexpr (kOut) store<O>(out, i, updated);
   }
@@ -195,7 +201,7 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
 // Elements [begin, end) with the square roots of s.vector_sqrt, in chunks: the moments, then the
 // chunk's roots in one call, then the parameters and their output. The roots are taken straight
 // from the stored second moments (or their maximum).
-template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
+template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad, bool kOutOfPlace>
 [[gnu::always_inline]] inline void update_in_chunks(const StepScalars& scalars, const AdamWBuffers& b,
                                                     std::size_t begin, std::size_t end) {
   const StepScalars s = scalars;
@@ -203,6 +209,10 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
   float* __restrict m = b.exp_avg;
   float* __restrict v = b.exp_avg_sq;
   float* __restrict v_max = b.max_exp_avg_sq;
+  const float* __restrict master_in = b.sources.master;
+  const float* __restrict m_in = b.sources.exp_avg;
+  const float* __restrict v_in = b.sources.exp_avg_sq;
+  const float* __restrict v_max_in = b.sources.max_exp_avg_sq;
   const void* grad = b.grad;
   void* out = b.out;
   const float* rooted = kAmsgrad ? v_max : v;
@@ -210,42 +220,50 @@ template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
   for (std::size_t start = begin; start < end; start += kChunk) {
     const std::size_t stop = std::min(end, start + kChunk);
     for (std::size_t i = start; i < stop; ++i) {
-      const float g = gradient<kL2>(load<G>(grad, i), master[i], s);
-      m[i] = first_moment(m[i], g, s);
-      v[i] = second_moment(v[i], g, s);
-      if constexpr (kAmsgrad) v_max[i] = running_max(v_max[i], v[i]);
+      const float g = gradient<kL2>(load<G>(grad, i), kOutOfPlace ? master_in[i] : master[i], s);
+      m[i] = first_moment(kOutOfPlace ? m_in[i] : m[i], g, s);
+      v[i] = second_moment(kOutOfPlace ? v_in[i] : v[i], g, s);
+      if constexpr (kAmsgrad) v_max[i] = running_max(kOutOfPlace ? v_max_in[i] : v_max[i], v[i]);
     }
     s.vector_sqrt(static_cast<int>(stop - start), rooted + start, roots);
     for (std::size_t i = start; i < stop; ++i) {
-      const float updated = stepped(master[i], m[i], roots[i - start], s);
+      const float updated = stepped(kOutOfPlace ? master_in[i] : master[i], m[i], roots[i - start], s);
       master[i] = updated;
       if constexpr (kOut) store<O>(out, i, updated);
     }
   }
 }
 
-template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad>
+template <ElementType G, ElementType O, bool kOut, bool kL2, bool kAmsgrad, bool kOutOfPlace>
 [[gnu::always_inline]] inline void update_range(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
                                                 std::size_t end) {
-  if (s.vector_sqrt == nullptr) return update_in_one_pass<G, O, kOut, kL2, kAmsgrad>(s, b, begin, end);
-  update_in_chunks<G, O, kOut, kL2, kAmsgrad>(s, b, begin, end);
+  if (s.vector_sqrt == nullptr) return update_in_one_pass<G, O, kOut, kL2, kAmsgrad, kOutOfPlace>(s, b, begin, end);
+  update_in_chunks<G, O, kOut, kL2, kAmsgrad, kOutOfPlace>(s, b, begin, end);
 }
 
-// The variant for the step's penalty and amsgrad, chosen once per range.
-template <ElementType G, ElementType O, bool kOut>
+template <ElementType G, ElementType O, bool kOut, bool kOutOfPlace>
 [[gnu::always_inline]] inline void update_variant(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
                                                   std::size_t end) {
   const bool l2 = s.l2 != 0.0f;
   const bool amsgrad = b.max_exp_avg_sq != nullptr;
-  if (l2 && amsgrad) return update_range<G, O, kOut, true, true>(s, b, begin, end);
-  if (l2) return update_range<G, O, kOut, true, false>(s, b, begin, end);
-  if (amsgrad) return update_range<G, O, kOut, false, true>(s, b, begin, end);
-  update_range<G, O, kOut, false, false>(s, b, begin, end);
+  if (l2 && amsgrad) return update_range<G, O, kOut, true, true, kOutOfPlace>(s, b, begin, end);
+  if (l2) return update_range<G, O, kOut, true, false, kOutOfPlace>(s, b, begin, end);
+  if (amsgrad) return update_range<G, O, kOut, false, true, kOutOfPlace>(s, b, begin, end);
+  update_range<G, O, kOut, false, false, kOutOfPlace>(s, b, begin, end);
+}
+
+// The variant for the step's penalty, amsgrad and where the states are read, chosen once per range.
+template <ElementType G, ElementType O, bool kOut>
+[[gnu::always_inline]] inline void update_variant(const StepScalars& s, const AdamWBuffers& b, std::size_t begin,
+                                                  std::size_t end) {
+  if (b.sources.master != nullptr) return update_variant<G, O, kOut, true>(s, b, begin, end);
+  update_variant<G, O, kOut, false>(s, b, begin, end);
 }
 
 // One range of a parameter kept in its own precision T: every state read as fp32, updated, and
-// rounded to T as it is stored (torch's fused Adam on bf16 / fp16 parameters).
-template <ElementType T, bool kL2, bool kAmsgrad>
+// rounded to T as it is stored (torch's fused Adam on bf16 / fp16 parameters); kOutOfPlace reads
+// them from b.sources.
+template <ElementType T, bool kL2, bool kAmsgrad, bool kOutOfPlace>
 [[gnu::always_inline]] inline void narrow_range(const StepScalars& scalars, const NarrowAdamBuffers& b,
                                                 std::size_t begin, std::size_t end) {
   // Locals, restrict-qualified, as update_in_one_pass's.
@@ -254,32 +272,43 @@ template <ElementType T, bool kL2, bool kAmsgrad>
   std::uint16_t* __restrict m = static_cast<std::uint16_t*>(b.exp_avg);
   std::uint16_t* __restrict v = static_cast<std::uint16_t*>(b.exp_avg_sq);
   std::uint16_t* __restrict v_max = static_cast<std::uint16_t*>(b.max_exp_avg_sq);
+  const std::uint16_t* __restrict param_in = static_cast<const std::uint16_t*>(b.sources.param);
+  const std::uint16_t* __restrict m_in = static_cast<const std::uint16_t*>(b.sources.exp_avg);
+  const std::uint16_t* __restrict v_in = static_cast<const std::uint16_t*>(b.sources.exp_avg_sq);
+  const std::uint16_t* __restrict v_max_in = static_cast<const std::uint16_t*>(b.sources.max_exp_avg_sq);
   const std::uint16_t* __restrict grad = static_cast<const std::uint16_t*>(b.grad);
   for (std::size_t i = begin; i < end; ++i) {
-    const float p0 = load<T>(param, i);
+    const float p0 = kOutOfPlace ? load<T>(param_in, i) : load<T>(param, i);
     const float g = gradient<kL2>(load<T>(grad, i), p0, s);
-    const float m_new = first_moment(load<T>(m, i), g, s);
-    const float v_new = second_moment(load<T>(v, i), g, s);
+    const float m_new = first_moment(kOutOfPlace ? load<T>(m_in, i) : load<T>(m, i), g, s);
+    const float v_new = second_moment(kOutOfPlace ? load<T>(v_in, i) : load<T>(v, i), g, s);
     store<T>(m, i, m_new);
     store<T>(v, i, v_new);
     float v_hat = v_new;
     if constexpr (kAmsgrad) {
-      v_hat = running_max(load<T>(v_max, i), v_new);
+      v_hat = running_max(kOutOfPlace ? load<T>(v_max_in, i) : load<T>(v_max, i), v_new);
       store<T>(v_max, i, v_hat);
     }
     store<T>(param, i, stepped(p0, m_new, std::sqrt(v_hat), s));
   }
 }
 
-template <ElementType T>
+template <ElementType T, bool kOutOfPlace>
 [[gnu::always_inline]] inline void narrow_variant(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
                                                   std::size_t end) {
   const bool l2 = s.l2 != 0.0f;
   const bool amsgrad = b.max_exp_avg_sq != nullptr;
-  if (l2 && amsgrad) return narrow_range<T, true, true>(s, b, begin, end);
-  if (l2) return narrow_range<T, true, false>(s, b, begin, end);
-  if (amsgrad) return narrow_range<T, false, true>(s, b, begin, end);
-  narrow_range<T, false, false>(s, b, begin, end);
+  if (l2 && amsgrad) return narrow_range<T, true, true, kOutOfPlace>(s, b, begin, end);
+  if (l2) return narrow_range<T, true, false, kOutOfPlace>(s, b, begin, end);
+  if (amsgrad) return narrow_range<T, false, true, kOutOfPlace>(s, b, begin, end);
+  narrow_range<T, false, false, kOutOfPlace>(s, b, begin, end);
+}
+
+template <ElementType T>
+[[gnu::always_inline]] inline void narrow_variant(const StepScalars& s, const NarrowAdamBuffers& b, std::size_t begin,
+                                                  std::size_t end) {
+  if (b.sources.param != nullptr) return narrow_variant<T, true>(s, b, begin, end);
+  narrow_variant<T, false>(s, b, begin, end);
 }
 
 using NarrowFunction = void (*)(const StepScalars&, const NarrowAdamBuffers&, std::size_t, std::size_t);
@@ -342,11 +371,24 @@ void check_buffers(const AdamWHyperparameters& hyper, std::int64_t step, const A
                 "AdamW buffers of ", b.count, " elements need master, moments and gradient");
   STOWAGE_CHECK(static_cast<std::size_t>(b.grad_type) < 3 && static_cast<std::size_t>(b.out_type) < 3,
                 "unknown element type");
+  const AdamWSources& in = b.sources;
+  const bool out_of_place = in.master != nullptr;
+  const bool moments = (in.exp_avg != nullptr) == out_of_place && (in.exp_avg_sq != nullptr) == out_of_place;
+  const bool maximum = (in.max_exp_avg_sq != nullptr) == (out_of_place && b.max_exp_avg_sq != nullptr);
+  STOWAGE_CHECK(b.count == 0 || (moments && maximum),
+                "AdamW sources must be all set (out of place) or all null (in place)");
+}
+
+// The narrow sources as AdamWSources, for the checks the two share.
+AdamWSources as_sources(const NarrowAdamSources& in) {
+  return {static_cast<const float*>(in.param), static_cast<const float*>(in.exp_avg),
+          static_cast<const float*>(in.exp_avg_sq), static_cast<const float*>(in.max_exp_avg_sq)};
 }
 
 void check_narrow(const AdamWHyperparameters& hyper, std::int64_t step, const NarrowAdamBuffers& b) {
   check_buffers(hyper, step, {static_cast<float*>(b.param), static_cast<float*>(b.exp_avg),
-                              static_cast<float*>(b.exp_avg_sq), b.grad, b.type, nullptr, b.type, b.count});
+                              static_cast<float*>(b.exp_avg_sq), b.grad, b.type, nullptr, b.type, b.count,
+                              static_cast<float*>(b.max_exp_avg_sq), as_sources(b.sources)});
   STOWAGE_CHECK(b.type == ElementType::kBFloat16 || b.type == ElementType::kFloat16,
                 "parameters kept in their own precision are bfloat16 or float16");
 }
@@ -365,6 +407,9 @@ AdamWBuffers slice(const AdamWBuffers& b, std::size_t begin, std::size_t end) {
   out.grad = static_cast<const unsigned char*>(b.grad) + begin * element_size(b.grad_type);
   if (b.out != nullptr) out.out = static_cast<unsigned char*>(b.out) + begin * element_size(b.out_type);
   if (b.max_exp_avg_sq != nullptr) out.max_exp_avg_sq = b.max_exp_avg_sq + begin;
+  const auto from = [begin](const float* source) { return source == nullptr ? nullptr : source + begin; };
+  out.sources = {from(b.sources.master), from(b.sources.exp_avg), from(b.sources.exp_avg_sq),
+                 from(b.sources.max_exp_avg_sq)};
   out.count = end - begin;
   return out;
 }
@@ -426,19 +471,22 @@ void adam_step_narrow_reference(const AdamWHyperparameters& hyper, std::int64_t 
     if (bf16) store<ElementType::kBFloat16>(base, i, static_cast<float>(value));
     else store<ElementType::kFloat16>(base, i, static_cast<float>(value));
   };
+  const NarrowAdamSources& in = b.sources;
+  const bool apart = in.param != nullptr;  // out of place: the states read from the sources
   for (std::size_t i = 0; i < b.count; ++i) {
     double g = get(b.grad, i) * static_cast<double>(static_cast<float>(hyper.maximize ? -hyper.grad_scale
                                                                                         : hyper.grad_scale));
-    const double p0 = get(b.param, i);
+    const double p0 = get(apart ? in.param : b.param, i);
     if (!hyper.decoupled_weight_decay) g += hyper.weight_decay * p0;
     const double decay = hyper.decoupled_weight_decay ? hyper.weight_decay : 0.0;
-    const double m = hyper.beta1 * get(b.exp_avg, i) + (1.0 - hyper.beta1) * g;
-    const double v = hyper.beta2 * get(b.exp_avg_sq, i) + (1.0 - hyper.beta2) * g * g;
+    const double m = hyper.beta1 * get(apart ? in.exp_avg : b.exp_avg, i) + (1.0 - hyper.beta1) * g;
+    const double v_before = get(apart ? in.exp_avg_sq : b.exp_avg_sq, i);
+    const double v = hyper.beta2 * v_before + (1.0 - hyper.beta2) * g * g;
     put(b.exp_avg, i, m);
     put(b.exp_avg_sq, i, v);
     double v_hat = v;
     if (b.max_exp_avg_sq != nullptr) {
-      v_hat = std::max(get(b.max_exp_avg_sq, i), v);
+      v_hat = std::max(get(apart ? in.max_exp_avg_sq : b.max_exp_avg_sq, i), v);
       put(b.max_exp_avg_sq, i, v_hat);
     }
     put(b.param, i, p0 * (1.0 - hyper.lr * decay) - hyper.lr / bias1 * m / (std::sqrt(v_hat) / std::sqrt(bias2) + hyper.eps));
@@ -449,7 +497,12 @@ void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, 
   check_buffers(hyper, step, b);
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+  const AdamWSources& in = b.sources;
+  const bool apart = in.master != nullptr;  // out of place: the states read from the sources
   for (std::size_t i = 0; i < b.count; ++i) {
+    const float master = apart ? in.master[i] : b.master[i];
+    const float exp_avg = apart ? in.exp_avg[i] : b.exp_avg[i];
+    const float exp_avg_sq = apart ? in.exp_avg_sq[i] : b.exp_avg_sq[i];
     double g = 0;
     switch (b.grad_type) {
       case ElementType::kFloat32: g = load<ElementType::kFloat32>(b.grad, i); break;
@@ -458,15 +511,15 @@ void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, 
     }
     g *= static_cast<double>(static_cast<float>(hyper.maximize ? -hyper.grad_scale : hyper.grad_scale));
     const double decay = hyper.decoupled_weight_decay ? hyper.weight_decay : 0.0;
-    if (!hyper.decoupled_weight_decay) g += hyper.weight_decay * b.master[i];
-    const double p = b.master[i] * (1.0 - hyper.lr * decay);
-    const double m = hyper.beta1 * b.exp_avg[i] + (1.0 - hyper.beta1) * g;
-    const double v = hyper.beta2 * b.exp_avg_sq[i] + (1.0 - hyper.beta2) * g * g;
+    if (!hyper.decoupled_weight_decay) g += hyper.weight_decay * master;
+    const double p = master * (1.0 - hyper.lr * decay);
+    const double m = hyper.beta1 * exp_avg + (1.0 - hyper.beta1) * g;
+    const double v = hyper.beta2 * exp_avg_sq + (1.0 - hyper.beta2) * g * g;
     b.exp_avg[i] = static_cast<float>(m);
     b.exp_avg_sq[i] = static_cast<float>(v);
     double v_hat = v;
     if (b.max_exp_avg_sq != nullptr) {
-      b.max_exp_avg_sq[i] = std::max(b.max_exp_avg_sq[i], static_cast<float>(v));
+      b.max_exp_avg_sq[i] = std::max(apart ? in.max_exp_avg_sq[i] : b.max_exp_avg_sq[i], static_cast<float>(v));
       v_hat = b.max_exp_avg_sq[i];
     }
     b.master[i] = static_cast<float>(p - hyper.lr / bias1 * m / (std::sqrt(v_hat) / std::sqrt(bias2) + hyper.eps));
