@@ -47,9 +47,10 @@ bool is_narrow(ElementType dtype, bool master_weights) noexcept {
   return dtype != ElementType::kFloat32 && !master_weights;
 }
 
-std::int64_t bytes_per_parameter(ElementType dtype, int grad_buffers, bool amsgrad, bool master_weights) noexcept {
+std::int64_t bytes_per_parameter(ElementType dtype, int grad_buffers, bool amsgrad, bool master_weights,
+                                 int state_sets) noexcept {
   const auto element = static_cast<std::int64_t>(element_size(dtype));
-  const std::int64_t states = 3 + (amsgrad ? 1 : 0);
+  const std::int64_t states = (3 + (amsgrad ? 1 : 0)) * state_sets;
   if (is_narrow(dtype, master_weights)) return (states + grad_buffers) * element;
   return 4 * states + grad_buffers * element + (dtype == ElementType::kFloat32 ? 0 : element);
 }

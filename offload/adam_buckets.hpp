@@ -56,10 +56,11 @@ struct BucketPlan {
 
 // Host bytes one offloaded parameter takes where its buffers persist (update="in_backward" and
 // "delayed", whose gradients are copied out during backward): its master and moments (and
-// amsgrad's maximum), the gradient buffers, and, with fp32 masters of a parameter that is not
-// fp32, an output buffer (otherwise the masters are written back as they are).
+// amsgrad's maximum), `state_sets` times (two where updates are written out of place), the
+// gradient buffers, and, with fp32 masters of a parameter that is not fp32, an output buffer
+// (otherwise the masters are written back as they are).
 [[nodiscard]] std::int64_t bytes_per_parameter(ElementType dtype, int grad_buffers, bool amsgrad,
-                                               bool master_weights) noexcept;
+                                               bool master_weights, int state_sets = 1) noexcept;
 
 // Note [Staged buckets]
 // update="exact" keeps on the host only what torch's optimizer keeps as state: the moments (and

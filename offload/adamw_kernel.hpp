@@ -38,9 +38,22 @@ struct AdamWHyperparameters {
   VectorSqrt vector_sqrt = nullptr;
 };
 
+// Where an update written out of place reads the states it updates (Note [Provisional updates out
+// of place] in python/tensors/host_bucket.hpp): all null, it reads them from the buffers it writes
+// (in place); all set (max_exp_avg_sq with amsgrad alone), it reads them here and writes its
+// results to the buffers, bit for bit the in-place results, the sources left unchanged. Sources
+// must not overlap the buffers.
+struct AdamWSources {
+  const float* master = nullptr;
+  const float* exp_avg = nullptr;
+  const float* exp_avg_sq = nullptr;
+  const float* max_exp_avg_sq = nullptr;
+};
+
 // One tensor's (or one bucket's) buffers, all `count` elements long. The fp32 buffers are updated
-// in place; `out` (may be null: no output) receives the updated parameters converted to
-// `out_type`, rounded to nearest even. Buffers may be unaligned; `out` must not overlap the rest.
+// in place, or written from `sources`; `out` (may be null: no output) receives the updated
+// parameters converted to `out_type`, rounded to nearest even. Buffers may be unaligned; `out`
+// must not overlap the rest.
 struct AdamWBuffers {
   float* master = nullptr;
   float* exp_avg = nullptr;
@@ -52,6 +65,7 @@ struct AdamWBuffers {
   std::size_t count = 0;
   // amsgrad: the largest second moment seen, updated in place; null without amsgrad.
   float* max_exp_avg_sq = nullptr;
+  AdamWSources sources{};  // all null: in place
 };
 
 // Elements [begin, end) of `buffers`, for callers that split the work themselves.
@@ -69,7 +83,14 @@ void adamw_step_reference(const AdamWHyperparameters& hyper, std::int64_t step, 
 // A parameter kept in its own precision, bf16 or fp16, with its moments in that precision too:
 // what torch's Adam holds for such a parameter (no fp32 master). The update runs in fp32 and
 // rounds each state as it is stored, as torch's fused Adam does; the parameter is updated in
-// place, and is what is written back.
+// place (or written from `sources`, as AdamWSources), and is what is written back.
+struct NarrowAdamSources {
+  const void* param = nullptr;
+  const void* exp_avg = nullptr;
+  const void* exp_avg_sq = nullptr;
+  const void* max_exp_avg_sq = nullptr;
+};
+
 struct NarrowAdamBuffers {
   void* param = nullptr;
   void* exp_avg = nullptr;
@@ -78,6 +99,7 @@ struct NarrowAdamBuffers {
   void* max_exp_avg_sq = nullptr;   // amsgrad; null without
   ElementType type = ElementType::kBFloat16;  // kBFloat16 or kFloat16
   std::size_t count = 0;
+  NarrowAdamSources sources{};  // all null: in place
 };
 
 // As adamw_step, for parameters kept in their own precision.

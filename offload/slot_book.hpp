@@ -72,6 +72,10 @@ class SlotBook {
   // updates (the next step's gradients arrive while the last step's update reads the other), else
   // one (exact mode stages them through a ring instead and keeps none).
   int grad_buffers() const noexcept { return mode_ == UpdateMode::kDelayed ? 2 : 1; }
+  // Sets of update states a bucket keeps: two where updates are provisional ("in_backward": they
+  // are written out of place, Note [Provisional updates out of place] in
+  // python/tensors/host_bucket.hpp), else one.
+  int state_sets() const noexcept { return mode_ == UpdateMode::kInBackward ? 2 : 1; }
   // The staging buffer this step's gradients go to.
   int grad_buffer() const noexcept { return grad_buffer_; }
 

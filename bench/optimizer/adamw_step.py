@@ -64,6 +64,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--bucket-numel", type=int, default=None,
+                        help="the offloaded optimizers' bucket_numel (default: theirs); one bucket larger than the "
+                             "model makes in_backward's update start when backward ends, as exact's")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", type=str, default=None)
     return parser.parse_args()
@@ -75,21 +78,22 @@ def cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def make_optimizer(mode: str, params: list[Any]) -> Any:
+def make_optimizer(mode: str, params: list[Any], bucket_numel: int | None = None) -> Any:
     import torch
 
     import stowage
 
     if mode == "device":
         return torch.optim.AdamW(params, fused=True, **HYPER)
+    buckets = {} if bucket_numel is None else {"bucket_numel": bucket_numel}
     if mode == "stowage":
-        return stowage.offload.AdamW(params, master_weights=True, **HYPER)
+        return stowage.offload.AdamW(params, master_weights=True, **buckets, **HYPER)
     if mode == "stowage_in_backward":
-        return stowage.offload.AdamW(params, update="in_backward", master_weights=True, **HYPER)
+        return stowage.offload.AdamW(params, update="in_backward", master_weights=True, **buckets, **HYPER)
     if mode == "stowage_delayed":
-        return stowage.offload.AdamW(params, update="delayed", master_weights=True, **HYPER)
+        return stowage.offload.AdamW(params, update="delayed", master_weights=True, **buckets, **HYPER)
     if mode == "stowage_overlapped":
-        return stowage.offload.AdamW(params, overlap=True, master_weights=True, **HYPER)
+        return stowage.offload.AdamW(params, overlap=True, master_weights=True, **buckets, **HYPER)
     if not cuda():
         raise SystemExit("torchao's CPUOffloadOptimizer offloads from a GPU: skipped in CPU mode")
     from torchao.optim import CPUOffloadOptimizer
@@ -119,7 +123,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         torch.set_default_dtype(dtype)
         model = Llama(shape, device).to(dtype)  # parameters made in `dtype`; this casts the rotary tables
         torch.set_default_dtype(torch.float32)
-    optimizer = make_optimizer(args.mode, list(model.parameters()))
+    optimizer = make_optimizer(args.mode, list(model.parameters()), args.bucket_numel)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=device,
                            generator=torch.Generator(device).manual_seed(0))
     return model, optimizer, tokens

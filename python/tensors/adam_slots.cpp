@@ -74,7 +74,8 @@ std::int64_t AdamSlots::host_bytes(const Tensors& shards, const Indices& groups,
     const offload::ElementType dtype = element_type_of(shards[first].scalar_type());
     const std::int64_t per_parameter =
         staged() ? offload::staged_bytes_per_parameter(dtype, amsgrad[first], master_weights_)
-                 : offload::bytes_per_parameter(dtype, book_.grad_buffers(), amsgrad[first], master_weights_);
+                 : offload::bytes_per_parameter(dtype, book_.grad_buffers(), amsgrad[first], master_weights_,
+                                                book_.state_sets());
     needed += per_parameter * bucket.numel;
     largest = std::max(largest, bucket.numel * static_cast<std::int64_t>(offload::element_size(dtype)));
   }
@@ -109,9 +110,11 @@ AdamSlots::Indices AdamSlots::join(const Tensors& shards, const Indices& groups,
     const std::size_t first = plan_.members.front();
     std::vector<std::int64_t> numels;
     for (const std::size_t member : plan_.members) numels.push_back(shards[member].numel());
+    const bool provisional = book_.state_sets() == 2;  // (Note [Provisional updates out of place])
     auto host = std::make_unique<HostBucket>(*store_, shards[first].scalar_type(), numels, master_weights_,
-                                             amsgrad[first]);
-    auto kept = staged() ? nullptr : std::make_unique<BucketBuffers>(*store_, *host, book_.grad_buffers());
+                                             amsgrad[first], provisional);
+    auto kept = staged() ? nullptr
+                         : std::make_unique<BucketBuffers>(*store_, *host, book_.grad_buffers(), provisional);
     largest = std::max(largest, host->numel() * static_cast<std::int64_t>(c10::elementSize(host->dtype())));
     const std::size_t bucket = book_.add_bucket(plan_.members.size());
     for (std::size_t k = 0; k < plan_.members.size(); ++k) {
@@ -395,6 +398,7 @@ void AdamSlots::write_back(std::size_t bucket, const Tensors& shards) {
   if (!book_.updated(bucket)) return;
   finish(bucket);
   Bucket& b = buckets_[bucket];
+  b.host->stand();  // a provisional update's results become what is written back
   const Indices slots = book_.updated_slots(bucket);
   STOWAGE_CHECK(shards.size() == slots_.size(), shards.size(), " parameters for ", slots_.size(), " slots");
   Tensors targets;
@@ -451,7 +455,7 @@ void AdamSlots::clear_update(std::size_t bucket) {
 void AdamSlots::end_step() {
   for (Bucket& bucket : buckets_) {
     if (book_.mode() == offload::UpdateMode::kInBackward) bucket.ticket.reset();
-    bucket.host->forget();
+    bucket.host->stand();
   }
   book_.end_step();
   clip_ = at::Tensor();

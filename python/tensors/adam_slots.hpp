@@ -108,6 +108,13 @@ class AdamSlots {
   double watch_seconds() const noexcept { return parameters_.seconds() + gradients_.seconds(); }
   // The staging ring's host bytes (0: buckets keep their buffers).
   std::int64_t staging_bytes() const noexcept { return ring_ == nullptr ? 0 : ring_->bytes(); }
+  // Bytes in_backward's provisional updates copied between the two sets of states (the elements of
+  // parameters without a gradient: Note [Provisional updates out of place]).
+  std::int64_t copied_bytes() const noexcept {
+    std::int64_t copied = 0;
+    for (const Bucket& bucket : buckets_) copied += bucket.host->copied_bytes();
+    return copied;
+  }
   std::size_t size() const noexcept { return slots_.size(); }
 
   // --- joining: parameters `shards` of param groups `groups` (numbers the caller gives) ---

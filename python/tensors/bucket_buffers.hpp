@@ -5,7 +5,9 @@
 // buffers (two with delayed updates: the next step's arrive while the last step's update reads the
 // other) and, with fp32 masters of parameters that are not fp32, the output buffer the update
 // rounds them to for the copy back. update="exact" stages these through a ring instead
-// (staging_ring.hpp).
+// (staging_ring.hpp). Where the host bucket's updates are provisional (update="in_backward") the
+// parameters' copy has a second buffer its updates write to (Note [Provisional updates out of
+// place] in host_bucket.hpp), swapped by the host bucket's stand().
 //
 // Contract: not thread-safe (the optimizer's thread, under its lock); the memory lives as long as
 // this and every update holding it (for_update()).
@@ -24,7 +26,8 @@ namespace stowage::torch_offload {
 
 class BucketBuffers {
  public:
-  BucketBuffers(HostStateStore& store, const HostBucket& host, int grad_buffers);
+  // `provisional`: the host bucket's updates may be provisional (it keeps a second set of states).
+  BucketBuffers(HostStateStore& store, const HostBucket& host, int grad_buffers, bool provisional);
 
   // The flat parameters the update reads and updates (the states' type).
   const at::Tensor& parameters() const noexcept { return parameters_; }
@@ -34,13 +37,15 @@ class BucketBuffers {
   // What is written back: the output where there is one, else the parameters.
   const at::Tensor& written_back() const noexcept { return output_.defined() ? output_ : parameters_; }
   // The update's buffers with this step's gradients in `grad_buffer`, after `waits`.
-  UpdateBuffers for_update(int grad_buffer, std::vector<CopyMark> waits) const;
+  UpdateBuffers for_update(int grad_buffer, std::vector<CopyMark> waits);
+
 
  private:
   std::vector<std::shared_ptr<void>> blocks_;
   at::Tensor parameters_;
   std::vector<at::Tensor> gradients_;
   at::Tensor output_;
+  std::unique_ptr<DoubleBuffer> parameters_spare_;  // provisional updates of parameters not the host's masters
 };
 
 }  // namespace stowage::torch_offload

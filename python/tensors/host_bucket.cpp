@@ -64,71 +64,90 @@ offload::VectorSqrt torch_vector_sqrt() {
   return torch_mkl_sqrt().sqrt != nullptr ? &mkl_sqrt_here : nullptr;
 }
 
+// Where one update reads and writes the bucket's states: written to `parameters`, `exp_avg`, ...;
+// read from the `*_in` pointers (all null: in place, read where written).
+struct HostBucket::SetPointers {
+  void* parameters = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  void* max_exp_avg_sq = nullptr;  // null without amsgrad
+  const void* parameters_in = nullptr;
+  const void* exp_avg_in = nullptr;
+  const void* exp_avg_sq_in = nullptr;
+  const void* max_exp_avg_sq_in = nullptr;
+};
+
+// The blocks behind the bucket's states (both sets). Update jobs hold it.
+struct HostBucket::Memory {
+  std::vector<std::shared_ptr<void>> blocks;
+  ElementType dtype = ElementType::kFloat32;  // the parameters'
+  std::size_t state_size = 4;                 // bytes of one state element
+
+  void run(const BucketUpdate& update, const UpdateBuffers& buffers, const SetPointers& at,
+           const offload::UpdateRun& run, int threads, bool narrow) const;
+  // Elements [begin, end) of every state, copied from the set read to the set written.
+  void copy(const SetPointers& at, std::int64_t begin, std::int64_t end) const {
+    const auto offset = static_cast<std::size_t>(begin) * state_size;
+    const auto bytes = static_cast<std::size_t>(end - begin) * state_size;
+    const std::pair<void*, const void*> pairs[] = {{at.parameters, at.parameters_in},
+                                                   {at.exp_avg, at.exp_avg_in},
+                                                   {at.exp_avg_sq, at.exp_avg_sq_in},
+                                                   {at.max_exp_avg_sq, at.max_exp_avg_sq_in}};
+    for (const auto& [to, from] : pairs) {
+      if (to == nullptr) continue;
+      std::memcpy(static_cast<unsigned char*>(to) + offset, static_cast<const unsigned char*>(from) + offset, bytes);
+    }
+  }
+};
+
 namespace {
 
-unsigned char* at_element(void* base, std::int64_t index, std::size_t size) {
-  return static_cast<unsigned char*>(base) + static_cast<std::size_t>(index) * size;
+// Element `index` of `base` (null stays null: a state the update does not have, or reads in place).
+const unsigned char* at_element(const void* base, std::int64_t index, std::size_t size) {
+  return base == nullptr ? nullptr : static_cast<const unsigned char*>(base) + static_cast<std::size_t>(index) * size;
+}
+
+unsigned char* written_at(void* base, std::int64_t index, std::size_t size) {
+  return base == nullptr ? nullptr : static_cast<unsigned char*>(base) + static_cast<std::size_t>(index) * size;
 }
 
 }  // namespace
 
-// The blocks behind the bucket's states, and the undo copies of them. Update jobs hold it.
-struct HostBucket::Memory {
-  std::vector<std::shared_ptr<void>> blocks;
-  void* master = nullptr;  // own fp32 masters (master_weights), else null
-  void* exp_avg = nullptr;
-  void* exp_avg_sq = nullptr;
-  void* max_exp_avg_sq = nullptr;
-  ElementType dtype = ElementType::kFloat32;  // the parameters'
-  std::size_t state_bytes = 0;                // of one state buffer
-  void* undo_parameters = nullptr;               // the buffers' parameters the saved update read
-  std::vector<std::vector<unsigned char>> undo;  // the states before a provisional update
-
-  std::vector<void*> states(void* parameters) const {
-    std::vector<void*> out_states{parameters, exp_avg, exp_avg_sq};
-    if (max_exp_avg_sq != nullptr) out_states.push_back(max_exp_avg_sq);
-    return out_states;
-  }
-  void save(void* parameters) {
-    const std::vector<void*> all = states(parameters);
-    undo.resize(all.size());
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      undo[i].resize(state_bytes);
-      std::memcpy(undo[i].data(), all[i], state_bytes);
-    }
-  }
-  void run(const BucketUpdate& update, const UpdateBuffers& buffers, const offload::UpdateRun& run, int threads,
-           bool narrow) const;
-};
-
-void HostBucket::Memory::run(const BucketUpdate& update, const UpdateBuffers& buffers, const offload::UpdateRun& r,
-                             int threads, bool narrow) const {
+void HostBucket::Memory::run(const BucketUpdate& update, const UpdateBuffers& buffers, const SetPointers& at,
+                             const offload::UpdateRun& r, int threads, bool narrow) const {
   const std::size_t size = offload::element_size(dtype);
   const auto count = static_cast<std::size_t>(r.end - r.begin);
-  const void* grad = static_cast<const unsigned char*>(buffers.gradients) + static_cast<std::size_t>(r.begin) * size;
+  const void* grad = at_element(buffers.gradients, r.begin, size);
   if (narrow) {
     offload::NarrowAdamBuffers b;
-    b.param = at_element(buffers.parameters, r.begin, size);
-    b.exp_avg = at_element(exp_avg, r.begin, size);
-    b.exp_avg_sq = at_element(exp_avg_sq, r.begin, size);
+    b.param = written_at(at.parameters, r.begin, size);
+    b.exp_avg = written_at(at.exp_avg, r.begin, size);
+    b.exp_avg_sq = written_at(at.exp_avg_sq, r.begin, size);
     b.grad = grad;
-    if (max_exp_avg_sq != nullptr) b.max_exp_avg_sq = at_element(max_exp_avg_sq, r.begin, size);
+    b.max_exp_avg_sq = written_at(at.max_exp_avg_sq, r.begin, size);
     b.type = dtype;
     b.count = count;
+    b.sources = {at_element(at.parameters_in, r.begin, size), at_element(at.exp_avg_in, r.begin, size),
+                 at_element(at.exp_avg_sq_in, r.begin, size), at_element(at.max_exp_avg_sq_in, r.begin, size)};
     offload::adam_step_narrow(update.hyper, r.step, b, threads);
     return;
   }
+  const auto floats = [&](const void* base) {
+    return reinterpret_cast<const float*>(at_element(base, r.begin, 4));
+  };
+  const auto writable = [&](void* base) { return reinterpret_cast<float*>(written_at(base, r.begin, 4)); };
   offload::AdamWBuffers b;
-  b.master = reinterpret_cast<float*>(at_element(buffers.parameters, r.begin, 4));
-  b.exp_avg = reinterpret_cast<float*>(at_element(exp_avg, r.begin, 4));
-  b.exp_avg_sq = reinterpret_cast<float*>(at_element(exp_avg_sq, r.begin, 4));
+  b.master = writable(at.parameters);
+  b.exp_avg = writable(at.exp_avg);
+  b.exp_avg_sq = writable(at.exp_avg_sq);
   b.grad = grad;
   b.grad_type = dtype;
   if (buffers.output != nullptr) {
-    b.out = at_element(buffers.output, r.begin, size);
+    b.out = written_at(buffers.output, r.begin, size);
     b.out_type = dtype;
   }
-  if (max_exp_avg_sq != nullptr) b.max_exp_avg_sq = reinterpret_cast<float*>(at_element(max_exp_avg_sq, r.begin, 4));
+  b.max_exp_avg_sq = writable(at.max_exp_avg_sq);
+  b.sources = {floats(at.parameters_in), floats(at.exp_avg_in), floats(at.exp_avg_sq_in), floats(at.max_exp_avg_sq_in)};
   b.count = count;
   offload::AdamWHyperparameters hyper = update.hyper;
   hyper.vector_sqrt = update.cpu_sqrt ? torch_vector_sqrt() : nullptr;
@@ -136,7 +155,7 @@ void HostBucket::Memory::run(const BucketUpdate& update, const UpdateBuffers& bu
 }
 
 HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::vector<std::int64_t>& numels,
-                       bool master_weights, bool amsgrad)
+                       bool master_weights, bool amsgrad, bool provisional)
     : narrow_(offload::is_narrow(element_type_of(dtype), master_weights)), dtype_(dtype),
       state_type_(narrow_ ? dtype : at::kFloat), numels_(numels), memory_(std::make_shared<Memory>()) {
   for (const std::int64_t numel : numels) {
@@ -147,20 +166,56 @@ HostBucket::HostBucket(HostStateStore& store, at::ScalarType dtype, const std::v
   }
   Memory& m = *memory_;
   m.dtype = element_type_of(dtype);
-  m.state_bytes = static_cast<std::size_t>(numel_) * c10::elementSize(state_type_);
-  const auto make = [&](void*& pointer, bool zero) {
-    std::shared_ptr<void> block = store.allocate(m.state_bytes);
-    pointer = block.get();
+  m.state_size = c10::elementSize(state_type_);
+  const auto state_bytes = static_cast<std::size_t>(numel_) * m.state_size;
+  const auto make = [&](bool zero) {
+    std::shared_ptr<void> block = store.allocate(state_bytes);
     m.blocks.push_back(block);
     at::Tensor tensor = HostStateStore::tensor_over(block, numel_, state_type_);
     bytes_ += static_cast<std::int64_t>(tensor.nbytes());
-    return zero ? tensor.zero_() : tensor;
+    state_bytes_ += static_cast<std::int64_t>(tensor.nbytes());
+    if (zero) tensor.zero_();
+    if (provisional) {
+      spares_.push_back(std::make_unique<DoubleBuffer>(store, block, tensor));
+      m.blocks.push_back(spares_.back()->blocks().back());
+      state_bytes_ += spares_.back()->bytes();
+    }
+    return tensor;
   };
-  if (state_type_ != dtype) master_ = make(m.master, false);
-  exp_avg_ = make(m.exp_avg, true);
-  exp_avg_sq_ = make(m.exp_avg_sq, true);
-  if (amsgrad) max_exp_avg_sq_ = make(m.max_exp_avg_sq, true);
+  if (state_type_ != dtype) {
+    master_ = make(false);
+    if (provisional) master_spare_ = spares_.back().get();
+  }
+  exp_avg_ = make(true);
+  exp_avg_sq_ = make(true);
+  if (amsgrad) max_exp_avg_sq_ = make(true);
   bytes_ += 2 * numel_ * static_cast<std::int64_t>(c10::elementSize(dtype));  // the gradients and parameters moved
+}
+
+HostBucket::SetPointers HostBucket::set_pointers(const UpdateBuffers& buffers, bool provisional) const {
+  SetPointers at;
+  const auto current = [](const at::Tensor& tensor) { return tensor.defined() ? tensor.data_ptr() : nullptr; };
+  if (!provisional) {
+    at.parameters = buffers.parameters;
+    at.exp_avg = current(exp_avg_);
+    at.exp_avg_sq = current(exp_avg_sq_);
+    at.max_exp_avg_sq = current(max_exp_avg_sq_);
+    return at;
+  }
+  STOWAGE_CHECK(!spares_.empty(), "a provisional update of a bucket made without a second set of states");
+  DoubleBuffer* parameters = master_spare_ != nullptr ? master_spare_ : buffers.parameters_spare;
+  STOWAGE_CHECK(parameters != nullptr && parameters->current_data() == buffers.parameters,
+                "a provisional update's parameters have no second buffer");
+  const std::size_t first = master_spare_ != nullptr ? 1 : 0;  // the moments' spares follow the master's
+  at.parameters = parameters->spare_data();
+  at.exp_avg = spares_[first]->spare_data();
+  at.exp_avg_sq = spares_[first + 1]->spare_data();
+  if (max_exp_avg_sq_.defined()) at.max_exp_avg_sq = spares_[first + 2]->spare_data();
+  at.parameters_in = buffers.parameters;
+  at.exp_avg_in = current(exp_avg_);
+  at.exp_avg_sq_in = current(exp_avg_sq_);
+  at.max_exp_avg_sq_in = current(max_exp_avg_sq_);
+  return at;
 }
 
 std::shared_ptr<offload::UpdateTicket> HostBucket::submit(offload::UpdateQueue& queue, const BucketUpdate& update,
@@ -169,43 +224,65 @@ std::shared_ptr<offload::UpdateTicket> HostBucket::submit(offload::UpdateQueue& 
   STOWAGE_CHECK(has_gradient.size() == steps_.size(), has_gradient.size(), " gradient flags for a bucket of ",
                 steps_.size(), " parameters");
   STOWAGE_CHECK(buffers.parameters != nullptr && buffers.gradients != nullptr, "an update without buffers");
+  STOWAGE_CHECK(!provisional_.has_value(), "a bucket's update submitted while its provisional one neither stood nor "
+                "was undone");
   std::vector<offload::RunSlot> slots;
-  std::vector<float> before;
+  std::vector<float> steps;
   for (std::size_t i = 0; i < steps_.size(); ++i) {
-    float* step = steps_[i].data_ptr<float>();
-    before.push_back(*step);
-    if (has_gradient[i]) *step += 1.0F;
-    slots.push_back({offsets_[i], numels_[i], static_cast<std::int64_t>(*step), has_gradient[i]});
+    steps.push_back(*steps_[i].data_ptr<float>() + (has_gradient[i] ? 1.0F : 0.0F));
+    slots.push_back({offsets_[i], numels_[i], static_cast<std::int64_t>(steps.back()), has_gradient[i]});
   }
   std::vector<offload::UpdateRun> runs = offload::update_runs(slots);
   if (runs.empty()) return nullptr;
+  const SetPointers at = set_pointers(buffers, update.provisional);
+  // Out of place, the elements no run writes are copied into the second set: it becomes current whole.
+  std::vector<offload::UpdateRun> copies;
   if (update.provisional) {
-    saved_steps_ = std::move(before);
-    memory_->undo_parameters = buffers.parameters;
+    std::int64_t begin = 0;
+    for (const offload::UpdateRun& run : runs) {
+      if (run.begin > begin) copies.push_back({begin, run.begin, 0});
+      begin = run.end;
+    }
+    if (begin < numel_) copies.push_back({begin, numel_, 0});
+    for (const offload::UpdateRun& copy : copies) {
+      copied_bytes_ += (copy.end - copy.begin) * static_cast<std::int64_t>(memory_->state_size) *
+                       (max_exp_avg_sq_.defined() ? 4 : 3);
+    }
+    Provisional waiting{std::move(steps), {}};
+    for (const std::unique_ptr<DoubleBuffer>& spare : spares_) waiting.swapped.push_back(spare.get());
+    if (master_spare_ == nullptr) waiting.swapped.push_back(buffers.parameters_spare);
+    provisional_ = std::move(waiting);
+    for (DoubleBuffer* swapped : provisional_->swapped) {
+      for (const std::shared_ptr<void>& block : swapped->blocks()) buffers.held.push_back(block);
+    }
+  } else {
+    for (std::size_t i = 0; i < steps_.size(); ++i) *steps_[i].data_ptr<float>() = steps[i];
   }
   const int threads = queue.threads();
-  return queue.submit([memory = memory_, update, buffers = std::move(buffers), runs = std::move(runs), threads,
-                       narrow = narrow_] {
-    // Saved first: whatever ends the job, restore() gives back the states it began from.
-    if (update.provisional) memory->save(buffers.parameters);
+  return queue.submit([memory = memory_, update, buffers = std::move(buffers), at, runs = std::move(runs),
+                       copies = std::move(copies), threads, narrow = narrow_] {
     // An update begun is finished: Ctrl-C does not end its waits (the step is made whole, Note
     // [Whole steps] in offload/slot_book.hpp); their deadlines do.
     const InterruptHold hold;
     for (const CopyMark& mark : buffers.waits) {
       wait_until([&] { return mark.done(); }, {"the copies of a bucket's gradients and parameters", mark.bytes});
     }
-    for (const offload::UpdateRun& run : runs) memory->run(update, buffers, run, threads, narrow);
+    for (const offload::UpdateRun& copy : copies) memory->copy(at, copy.begin, copy.end);
+    for (const offload::UpdateRun& run : runs) memory->run(update, buffers, at, run, threads, narrow);
   });
 }
 
+bool HostBucket::stand() {
+  if (!provisional_.has_value()) return false;
+  for (DoubleBuffer* swapped : provisional_->swapped) swapped->swap();
+  for (std::size_t i = 0; i < steps_.size(); ++i) *steps_[i].data_ptr<float>() = provisional_->steps[i];
+  provisional_.reset();
+  return true;
+}
+
 bool HostBucket::restore() {
-  if (!saved_steps_.has_value()) return false;
-  const std::vector<void*> states = memory_->states(memory_->undo_parameters);
-  for (std::size_t i = 0; i < states.size() && i < memory_->undo.size(); ++i) {
-    std::memcpy(states[i], memory_->undo[i].data(), memory_->state_bytes);
-  }
-  for (std::size_t i = 0; i < steps_.size(); ++i) *steps_[i].data_ptr<float>() = (*saved_steps_)[i];
-  saved_steps_.reset();
+  if (!provisional_.has_value()) return false;
+  provisional_.reset();
   return true;
 }
 

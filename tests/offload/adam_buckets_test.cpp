@@ -85,6 +85,12 @@ TEST(BytesPerParameter, CountsStatesStagingAndTheOutputBuffer) {
   EXPECT_EQ(bytes_per_parameter(ElementType::kFloat32, 2, true, false), 24);   // 4 x 4 + 2 x 4
   EXPECT_EQ(bytes_per_parameter(ElementType::kBFloat16, 1, false, false), 8);  // narrow: 4 x 2
   EXPECT_EQ(bytes_per_parameter(ElementType::kBFloat16, 1, false, true), 16);  // 12 + 2 + 2 (out)
+  // in_backward's second set of states (Note [Provisional updates out of place]): the master (or a
+  // narrow parameter's copy), the moments and amsgrad's maximum, twice.
+  EXPECT_EQ(bytes_per_parameter(ElementType::kFloat32, 1, false, false, 2), 28);  // 2 x 3 x 4 + 4
+  EXPECT_EQ(bytes_per_parameter(ElementType::kFloat32, 1, true, false, 2), 36);   // 2 x 4 x 4 + 4
+  EXPECT_EQ(bytes_per_parameter(ElementType::kBFloat16, 1, false, false, 2), 14);  // 2 x 3 x 2 + 2
+  EXPECT_EQ(bytes_per_parameter(ElementType::kBFloat16, 1, false, true, 2), 28);   // 2 x 12 + 2 + 2
   EXPECT_TRUE(is_narrow(ElementType::kFloat16, false));
   EXPECT_FALSE(is_narrow(ElementType::kFloat16, true));
   EXPECT_FALSE(is_narrow(ElementType::kFloat32, false));

@@ -70,6 +70,9 @@ TEST(SlotBook, AnUpdateCoversTheSlotsWithAGradientOnly) {
 
 TEST(SlotBook, InBackwardUpdatesAreProvisionalUntilTheStepEnds) {
   SlotBook book(UpdateMode::kInBackward);
+  EXPECT_EQ(book.state_sets(), 2);  // provisional updates are written out of place
+  EXPECT_EQ(SlotBook(UpdateMode::kExact).state_sets(), 1);
+  EXPECT_EQ(SlotBook(UpdateMode::kDelayed).state_sets(), 1);
   book.add_bucket(1);
   book.add_bucket(1);
   EXPECT_TRUE(book.arrive(0, 0));

@@ -125,6 +125,7 @@ py::dict host_stats(AdamSlots& self) {
   py::dict out;
   out["allocated_bytes"] = stats.allocated_bytes;
   out["staging_bytes"] = self.staging_bytes();
+  out["copied_bytes"] = self.copied_bytes();
   out["reserved_bytes"] = stats.reserved_bytes;
   out["pinned_bytes"] = stats.segments.pinned_bytes;
   out["pageable_bytes"] = stats.segments.pageable_bytes;

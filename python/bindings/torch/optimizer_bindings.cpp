@@ -167,11 +167,14 @@ void bind_layout(py::module_& module) {
       "How many of the first parameters keep their states on the device for `fraction` of them by count");
   module.def(
       "bytes_per_parameter",
-      [](at::ScalarType dtype, int grad_buffers, bool amsgrad, bool master_weights) {
-        return offload::bytes_per_parameter(element_type_of(dtype), grad_buffers, amsgrad, master_weights);
+      [](at::ScalarType dtype, int grad_buffers, bool amsgrad, bool master_weights, int state_sets) {
+        return offload::bytes_per_parameter(element_type_of(dtype), grad_buffers, amsgrad, master_weights,
+                                            state_sets);
       },
       py::arg("dtype"), py::arg("grad_buffers"), py::arg("amsgrad") = false, py::arg("master_weights") = false,
-      "Host bytes one offloaded parameter takes where its buffers persist (update='in_backward', 'delayed')");
+      py::arg("state_sets") = 1,
+      "Host bytes one offloaded parameter takes where its buffers persist (update='in_backward': state_sets=2, "
+      "'delayed')");
   module.attr("STAGING_SLOTS") = offload::kStagingSlots;
   module.def(
       "staged_bytes_per_parameter",
