@@ -9,8 +9,8 @@
 // parameters' copy has a second buffer its updates write to (Note [Provisional updates out of
 // place] in host_bucket.hpp), swapped by the host bucket's stand().
 //
-// Contract: not thread-safe (the optimizer's thread, under its lock); the memory lives as long as
-// this and every update holding it (for_update()).
+// Contract: not thread-safe (one thread at a time: the optimizer's, under its lock, or an
+// overlapped step's); the memory lives as long as this and every update holding it (for_update()).
 #pragma once
 
 #include <ATen/core/Tensor.h>

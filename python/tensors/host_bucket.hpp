@@ -40,9 +40,10 @@
 // state_sets): 12 bytes more a fp32 parameter (16 with amsgrad), where the copies aside the
 // update used to take were 12-16 bytes of pageable memory no estimate counted.
 //
-// Contract: submit(), stand() and restore() from one thread (the optimizer's, under its lock),
-// and stand() and restore() only once the update has finished (stand() swaps memory the update
-// writes); the tensors handed out stay valid as long as anyone holds them.
+// Contract: submit(), stand() and restore() from one thread at a time (the optimizer's, under its
+// lock, or an overlapped step's), and stand() and restore() only once the update has finished
+// (stand() swaps memory the update writes); the tensors handed out stay valid as long as anyone
+// holds them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
