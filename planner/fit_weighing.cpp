@@ -19,6 +19,21 @@ std::int64_t FitMemory::states_on_device(std::size_t kept) const {
   return std::accumulate(state_bytes.begin(), end, std::int64_t{0});
 }
 
+std::int64_t FitMemory::tensors_with_states(std::size_t begin, std::size_t end) const {
+  std::int64_t count = 0;
+  for (std::size_t i = begin; i < end && i < state_bytes.size(); ++i) count += state_bytes[i] != 0 ? 1 : 0;
+  return count;
+}
+
+double UpdateRates::host_ms(std::int64_t parameters, std::int64_t tensors) const {
+  return static_cast<double>(parameters) * host_ms_per_parameter + static_cast<double>(tensors) * host_ms_per_tensor;
+}
+
+double UpdateRates::device_ms(std::int64_t parameters, std::int64_t tensors) const {
+  return static_cast<double>(parameters) * device_ms_per_parameter +
+         static_cast<double>(tensors) * device_ms_per_tensor;
+}
+
 std::int64_t FitMemory::offloaded_parameters(std::size_t kept) const {
   std::int64_t count = 0;
   for (std::size_t i = kept; i < numels.size() && i < state_bytes.size(); ++i) {
@@ -56,12 +71,21 @@ std::int64_t offloaded_bytes(const LifetimeTrace& trace, const Plan& plan) {
 // parameters' and gradients' copies out (gradients in the parameters' dtype), the host update and
 // the write-back overlap, the slowest taking the whole; one bucket's copy out and write-back are
 // exposed at the ends.
-double streamed_update_ms(const FitInputs& in, double fraction) {
-  const double parameter_bytes = (1 - fraction) * static_cast<double>(in.memory.gradients);
+double streamed_update_ms(const FitInputs& in, std::size_t kept) {
+  const FitMemory& memory = in.memory;
+  const std::int64_t offloaded = memory.offloaded_parameters(kept);
+  const double parameter_bytes =  // gradients are in their parameters' dtype
+      memory.parameter_count > 0 ? static_cast<double>(offloaded) * static_cast<double>(memory.gradients) /
+                                       static_cast<double>(memory.parameter_count)
+                                 : 0.0;
   if (parameter_bytes <= 0) return 0.0;
+  const std::int64_t tensors = memory.tensors_with_states(kept, memory.state_bytes.size());
+  if (in.rates.streamed_measured()) {
+    return static_cast<double>(offloaded) * in.rates.streamed_ms_per_parameter +
+           static_cast<double>(tensors) * in.rates.streamed_ms_per_tensor;
+  }
   const CostModel& cost = in.traces.cost();
-  const double host_ms = (1 - fraction) * static_cast<double>(in.memory.parameter_count) *
-                         in.rates.host_ms_per_parameter;
+  const double host_ms = in.rates.host_ms(offloaded, tensors);
   const double out_ms = 2 * parameter_bytes / cost.to_host_bytes_per_ms;
   const double back_ms = parameter_bytes / cost.to_device_bytes_per_ms;
   const double bucket = std::min(parameter_bytes, static_cast<double>(in.host.bucket_bytes));
@@ -89,17 +113,20 @@ Placed place(const FitInputs& in, const FitShare& share, bool parameters_on_host
     const std::int64_t states_moved = blocks.states_counted_on_device ? 0 : blocks.state_bytes;
     placed.states -= states_moved;
     placed.host = blocks.parameter_bytes + blocks.gradient_bytes + states_moved;
-    placed.update_ms = static_cast<double>(memory.parameter_count - blocks.trained_parameters) *
-                           in.rates.device_ms_per_parameter +
-                       static_cast<double>(blocks.trained_parameters) * in.rates.host_ms_per_parameter;
+    const std::int64_t tensors = memory.tensors_with_states(0, memory.state_bytes.size());
+    placed.update_ms = in.rates.device_ms(memory.parameter_count - blocks.trained_parameters,
+                                          std::max<std::int64_t>(tensors - blocks.trained_tensors, 0)) +
+                       in.rates.host_ms(blocks.trained_parameters, blocks.trained_tensors);
     return placed;
   }
   const std::int64_t offloaded = memory.offloaded_parameters(share.kept_parameters);
   const std::int64_t parameter_bytes =  // offloaded (gradients are in their parameters' dtype)
       memory.parameter_count > 0 ? offloaded * memory.gradients / memory.parameter_count : 0;
   placed.host = offloaded * in.host.bytes_per_parameter + in.host.staging_bytes(parameter_bytes);
-  placed.update_ms = static_cast<double>(memory.parameter_count) * share.fraction * in.rates.device_ms_per_parameter +
-                     streamed_update_ms(in, share.fraction);
+  // The kept share as kept (whole parameters, the leading ones), not its fraction of the count.
+  placed.update_ms = in.rates.device_ms(memory.parameter_count - offloaded,
+                                        memory.tensors_with_states(0, share.kept_parameters)) +
+                     streamed_update_ms(in, share.kept_parameters);
   return placed;
 }
 

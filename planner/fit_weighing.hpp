@@ -16,7 +16,8 @@
 // plan's offloaded activations (all on the host at once where the step turns). An option is
 // feasible when the host holds them, a plan fits, and the optimizer's step fits. Its step time
 // is the micro-batches' planned steps plus the update: the kept share's parameters at the
-// device's measured rate, then the rest as the offloaded optimizer's step() streams it (Note
+// device's measured rates (Note [Update rates]), then the rest at the rates measured of the
+// offloaded optimizer's step() itself, or where they were not, as modelled here: as it streams (Note
 // [Staged buckets] in offload/adam_buckets.hpp): each bucket's parameters and gradients cross to
 // the host, are updated there at the host's rate and the parameters cross back, one bucket's
 // copy out overlapping the last one's update and the one before's write-back, so the slowest of
@@ -87,6 +88,8 @@ struct FitMemory {
   std::int64_t states_on_device(std::size_t kept) const;
   // Parameters with states past the first `kept`.
   std::int64_t offloaded_parameters(std::size_t kept) const;
+  // The tensors with states among parameters [begin, end): each is one tensor the optimizer steps.
+  std::int64_t tensors_with_states(std::size_t begin, std::size_t end) const;
 };
 
 // The host's side: what an offloaded parameter takes there, what the process may take, and which limit that is.
@@ -104,10 +107,34 @@ struct FitHost {
   std::int64_t staging_bytes(std::int64_t parameter_bytes) const;
 };
 
-// AdamW's measured update time a parameter on each side.
+// The optimizer's measured update time on each side, as the implementation that runs there
+// steps (Note [Update rates]): a time a parameter (an element) and a time a tensor.
+//
+// Note [Update rates]
+// An update's time is a line in what it steps: a time per element (the kernel's memory traffic)
+// and a time per tensor (torch's for-loop runs a dozen ops a tensor, its multi-tensor and fused
+// paths a launch per chunk of tensors, the host update a Python call and a kernel call a tensor).
+// Each side is timed where fit runs, as the step will run it (python/stowage/fitting/measuring.py):
+// the device's with the factory's optimizer (its class and flags: torch picks the same
+// implementation for the same device and flags), the host's as parameters living on the host are
+// updated, and the offloaded share's as the offloaded optimizer's step() streams it, whole. Each
+// line goes through two differences: many small tensors against one (the time a tensor) and four
+// tensors of the model's typical size against one (the time an element, at the size whose passes
+// stay in or spill out of the caches as the model's do). A rate per element alone misses a
+// for-loop's cost a tensor, most of its update on a model of many small tensors.
 struct UpdateRates {
   double host_ms_per_parameter = 0;
   double device_ms_per_parameter = 0;
+  double host_ms_per_tensor = 0;
+  double device_ms_per_tensor = 0;
+  // The offloaded share's step() as it streams, timed whole (its copies, host update and write-back
+  // overlapping as they do); 0 where not measured: modelled from the host's rates and the copies.
+  double streamed_ms_per_parameter = 0;
+  double streamed_ms_per_tensor = 0;
+
+  double host_ms(std::int64_t parameters, std::int64_t tensors) const;
+  double device_ms(std::int64_t parameters, std::int64_t tensors) const;
+  bool streamed_measured() const noexcept { return streamed_ms_per_parameter > 0 || streamed_ms_per_tensor > 0; }
 };
 
 // A share of the states on the device and the parameters it keeps there (their count, leading).
@@ -130,6 +157,7 @@ struct FitBlocks {
   // The optimizer's states of host parameters are plain host tensors the device's memory counts
   // too (CPU mode's simulated device is the process's CPU memory): they stay on the device's side.
   bool states_counted_on_device = false;
+  std::int64_t trained_tensors = 0;  // the units' trained parameters as tensors (each once)
 };
 
 // Where fit may keep the blocks' parameters (fit's `offload_parameters`: False, True, "auto",

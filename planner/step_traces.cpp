@@ -1,5 +1,6 @@
 #include "planner/step_traces.hpp"
 
+#include <cmath>
 #include <utility>
 
 #include "base/errors.hpp"
@@ -22,6 +23,13 @@ StepTraces StepTraces::without_recompute(const std::set<std::int32_t>& regions) 
   return out;
 }
 
+StepTraces StepTraces::with_compute_scale(double scale) const {
+  STOWAGE_CHECK(std::isfinite(scale) && scale > 0, "a step's compute scale must be positive and finite, not ", scale);
+  StepTraces out = *this;
+  out.compute_scale_ = scale;
+  return out;
+}
+
 LifetimeTrace StepTraces::at(std::int64_t rows) const {
   LifetimeTrace trace;
   if (whole_) {
@@ -33,7 +41,9 @@ LifetimeTrace StepTraces::at(std::int64_t rows) const {
   }
   for (SavedTensor& tensor : trace.tensors) {
     if (not_recomputed_.contains(tensor.region)) tensor.recomputable = false;
+    tensor.recompute_ms *= compute_scale_;
   }
+  for (TraceOp& op : trace.ops) op.duration_ms *= compute_scale_;
   for (std::size_t r = 0; r < trace.regions.size(); ++r) {
     if (not_recomputed_.contains(static_cast<std::int32_t>(r))) trace.regions[r].checkpointable = false;
   }

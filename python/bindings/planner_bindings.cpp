@@ -192,6 +192,7 @@ void bind_values(py::module_& module) {
           py::arg("path"), "Writes the trace's file (stowage.plan.file_formats).");
   readonly(trace, "ops", &LifetimeTrace::ops, "kept_saves", &LifetimeTrace::kept_saves, "unconstrained_peak_bytes",
            &LifetimeTrace::unconstrained_peak_bytes);
+  trace.def_property_readonly("compute_ms", &LifetimeTrace::compute_ms, "The ops' durations summed.");
   py::class_<planner::CostModel>(module, "CostModel")
       .def(py::init<double, double, std::size_t>(), py::arg("to_host_bytes_per_ms"),
            py::arg("to_device_bytes_per_ms"), py::arg("prefetch_depth") = 2)
@@ -217,13 +218,33 @@ std::optional<ChoiceTuple> as_tuple(const std::optional<planner::ShareChoice>& c
   return ChoiceTuple{choice->fraction, choice->micro_rows, choice->parameters_on_host};
 }
 
-void bind_fit_option(py::module_& module) {
+void bind_update_rates(py::module_& module) {
+  using planner::UpdateRates;
+  py::class_<UpdateRates> rates(module, "UpdateRates", "The optimizer's update times (Note [Update rates]).");
+  rates.def(py::init<double, double, double, double, double, double>(), py::arg("host_ms_per_parameter"),
+            py::arg("device_ms_per_parameter"), py::arg("host_ms_per_tensor") = 0.0,
+            py::arg("device_ms_per_tensor") = 0.0, py::arg("streamed_ms_per_parameter") = 0.0,
+            py::arg("streamed_ms_per_tensor") = 0.0);
+  readonly(rates, "host_ms_per_parameter", &UpdateRates::host_ms_per_parameter, "device_ms_per_parameter",
+           &UpdateRates::device_ms_per_parameter, "host_ms_per_tensor", &UpdateRates::host_ms_per_tensor,
+           "device_ms_per_tensor", &UpdateRates::device_ms_per_tensor, "streamed_ms_per_parameter",
+           &UpdateRates::streamed_ms_per_parameter, "streamed_ms_per_tensor", &UpdateRates::streamed_ms_per_tensor);
+}
+
+void bind_step_traces(py::module_& module) {
   py::class_<planner::StepTraces>(module, "StepTraces", "One micro-batch's lifetime trace by its rows.")
       .def(py::init<planner::LifetimeTrace, planner::CostModel>(), py::arg("trace"), py::arg("cost"))
       .def(py::init<planner::SizedTrace, std::vector<std::int64_t>, std::size_t, planner::CostModel>(),
            py::arg("sized"), py::arg("values"), py::arg("rows_size"), py::arg("cost"))
       .def("without_recompute", &planner::StepTraces::without_recompute, py::arg("regions"))
+      .def("with_compute_scale", &planner::StepTraces::with_compute_scale, py::arg("scale"),
+           "The same traces, every op's and recompute's time times `scale` (Note [Calibrated compute]).")
+      .def_property_readonly("compute_scale", &planner::StepTraces::compute_scale)
       .def("at", &planner::StepTraces::at, py::arg("rows"), "The lifetime trace of a micro-batch of `rows` rows.");
+}
+
+void bind_fit_option(py::module_& module) {
+  bind_step_traces(module);
   using planner::FitMemory;
   py::class_<FitMemory> memory(module, "FitMemory", "The device's figures for one fit (Note [Weighing fit's options]).");
   readonly(memory, "usable", &FitMemory::usable, "in_use", &FitMemory::in_use, "parameter_count",
@@ -241,22 +262,22 @@ void bind_fit_option(py::module_& module) {
       .def("staging_bytes", &planner::FitHost::staging_bytes, py::arg("parameter_bytes"))
       .def_readonly("available", &planner::FitHost::available)
       .def_readonly("limited_by", &planner::FitHost::limited_by);
-  py::class_<planner::UpdateRates>(module, "UpdateRates")
-      .def(py::init<double, double>(), py::arg("host_ms_per_parameter"), py::arg("device_ms_per_parameter"));
+  bind_update_rates(module);
   using planner::FitBlocks;
   py::class_<FitBlocks> blocks(module, "FitBlocks", "The model's blocks and their parameters, as fit measured them.");
   blocks.def(py::init([](std::int64_t units, std::int64_t parameter_bytes, std::int64_t gradient_bytes,
                          std::int64_t state_bytes, std::int64_t trained_parameters, std::int64_t largest_unit_bytes,
                          std::int64_t largest_unit_gradient_bytes, std::vector<std::int64_t> unit_bytes,
-                         planner::UnitGradients unit_gradients, bool states_counted_on_device) {
+                         planner::UnitGradients unit_gradients, bool states_counted_on_device,
+                         std::int64_t trained_tensors) {
                return FitBlocks{units,          parameter_bytes,       gradient_bytes, state_bytes, trained_parameters,
                                 largest_unit_bytes, largest_unit_gradient_bytes, std::move(unit_bytes),
-                                std::move(unit_gradients), states_counted_on_device};
+                                std::move(unit_gradients), states_counted_on_device, trained_tensors};
              }),
              py::kw_only(), py::arg("units"), py::arg("parameter_bytes"), py::arg("gradient_bytes"),
              py::arg("state_bytes"), py::arg("trained_parameters"), py::arg("largest_unit_bytes"),
              py::arg("largest_unit_gradient_bytes"), py::arg("unit_bytes"), py::arg("unit_gradients"),
-             py::arg("states_counted_on_device") = false);
+             py::arg("states_counted_on_device") = false, py::arg("trained_tensors") = 0);
   readonly(blocks, "units", &FitBlocks::units, "parameter_bytes", &FitBlocks::parameter_bytes, "unit_bytes",
            &FitBlocks::unit_bytes, "unit_gradients", &FitBlocks::unit_gradients);
   py::class_<planner::ParameterPrefetch> prefetch(module, "ParameterPrefetch",

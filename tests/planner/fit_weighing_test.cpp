@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <cstdint>
 #include <random>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/errors.hpp"
 #include "planner/parameter_prefetch.hpp"
 #include "tests/planner/mirrored_step.hpp"
 
@@ -256,6 +258,25 @@ TEST(PlannerStepTraces, RegionsLeftOutOfRecomputeAreNeitherCheckpointedNorRecomp
   for (const SavedTensor& tensor : unchanged.tensors) EXPECT_TRUE(tensor.recomputable);
 }
 
+TEST(PlannerStepTraces, ACalibratedStepScalesEveryOpAndRecomputeAndTheWeighedStep) {
+  // Note [Calibrated compute]: the recorder's ops summed 1.6x the plain step's time; scaled by 1/1.6
+  // every op and recompute time shrinks alike, and a plan that keeps everything is predicted at it.
+  LifetimeTrace trace = offloadable_step(4);
+  for (SavedTensor& tensor : trace.tensors) tensor.recompute_ms = 2.0;
+  const StepTraces recorded(trace, CostModel{1e6, 2e6, 2});
+  const StepTraces calibrated = recorded.with_compute_scale(1 / 1.6);
+  EXPECT_EQ(calibrated.compute_scale(), 1 / 1.6);
+  EXPECT_DOUBLE_EQ(calibrated.at(8).compute_ms(), recorded.at(8).compute_ms() / 1.6);
+  for (const SavedTensor& tensor : calibrated.at(8).tensors) EXPECT_DOUBLE_EQ(tensor.recompute_ms, 2.0 / 1.6);
+  EXPECT_DOUBLE_EQ(recorded.at(8).compute_ms(), trace.compute_ms());  // the original is a value, untouched
+  FitInputs in = two_parameters(std::int64_t{1} << 40, std::int64_t{1} << 40);
+  const double whole_ms = weigh_fit(in)[0].prediction.step_ms;
+  in.traces = in.traces.with_compute_scale(0.5);
+  EXPECT_DOUBLE_EQ(weigh_fit(in)[0].prediction.step_ms, whole_ms / 2);
+  EXPECT_THROW(recorded.with_compute_scale(0), LogicError);
+  EXPECT_THROW(recorded.with_compute_scale(std::nan("")), LogicError);
+}
+
 TEST(PlannerFitWeighing, WorksOutEachShareAsByHand) {
   const std::vector<FitOption> options = weigh_fit(two_parameters(60 * kMiB, std::int64_t{1} << 40));
   ASSERT_EQ(options.size(), 3u);
@@ -276,6 +297,55 @@ TEST(PlannerFitWeighing, WorksOutEachShareAsByHand) {
   EXPECT_DOUBLE_EQ(half.update_ms, 2.0 * kMiB * 0.5 * 1e-6 + streamed + 2 * 1.0 * kMiB / 1e6 + 1.0 * kMiB / 2e6);
   EXPECT_DOUBLE_EQ(streamed, 2.0 * kMiB * 0.5 * 1e-5);
   EXPECT_DOUBLE_EQ(half.step_ms(), half.prediction.step_ms + half.update_ms);
+}
+
+TEST(PlannerFitWeighing, AShareIsUpdatedAsItKeepsWholeParametersNotAsItsFraction) {
+  // Parameters of 3M and 1M elements: the share 0.5 keeps the first whole (kept_on_device), so the
+  // device updates 3M of them and the host 1M, not 2M each.
+  FitInputs in = two_parameters(std::int64_t{1} << 40, std::int64_t{1} << 40);
+  in.memory = FitMemory{std::int64_t{1} << 40, 20 * kMiB, 4 * kMiB, 16 * kMiB, 16 * kMiB, 12 * kMiB,
+                        {3 * kMiB, kMiB}, {24 * kMiB, 8 * kMiB}};
+  in.shares = {{1.0, 2}, {0.5, 1}};
+  in.rates = UpdateRates{1e-5, 1e-6, 0.0, 0.0};
+  const std::vector<FitOption> options = weigh_fit(in);
+  ASSERT_EQ(options.size(), 2u);
+  const FitOption& half = options[1];
+  ASSERT_EQ(half.fraction, 0.5);
+  // The host's 1M (10.5 ms) outlasts 4 MiB of parameters and gradients out at 1e6 B/ms (8.4 ms) and
+  // 4 MiB back at 2e6 B/ms; one 1 MiB bucket's copies are exposed at the ends.
+  const double streamed = std::max({1.0 * kMiB * 1e-5, 2 * 4.0 * kMiB / 1e6, 4.0 * kMiB / 2e6});
+  EXPECT_DOUBLE_EQ(half.update_ms, 3.0 * kMiB * 1e-6 + streamed + 2 * 1.0 * kMiB / 1e6 + 1.0 * kMiB / 2e6);
+}
+
+TEST(PlannerFitWeighing, EachTensorAddsItsSidesTimeATensor) {
+  // Note [Update rates]: 0.5 ms a tensor on the device, 0.25 ms on the host; the device steps both
+  // tensors where it keeps every state, one where the share keeps one, the host the other.
+  FitInputs in = two_parameters(60 * kMiB, std::int64_t{1} << 40);
+  in.rates = UpdateRates{1e-5, 1e-6, 0.25, 0.5};
+  const std::vector<FitOption> options = weigh_fit(in);
+  ASSERT_EQ(options.size(), 3u);
+  EXPECT_DOUBLE_EQ(options[0].update_ms, 2.0 * kMiB * 1e-6 + 2 * 0.5);
+  const double streamed = std::max({1.0 * kMiB * 1e-5 + 0.25, 2 * 4.0 * kMiB / 1e6, 4.0 * kMiB / 2e6});
+  EXPECT_DOUBLE_EQ(options[1].update_ms, 1.0 * kMiB * 1e-6 + 0.5 + streamed + 2 * 1.0 * kMiB / 1e6 + 1.0 * kMiB / 2e6);
+  // With the blocks' parameters on the host: the eight blocks' eight tensors at the host's rates.
+  FitInputs blocks = eight_blocks(std::int64_t{1} << 40, std::int64_t{1} << 40, ParameterPlacement::kHost);
+  blocks.blocks.trained_tensors = 8;
+  blocks.rates = UpdateRates{1e-5, 1e-6, 0.25, 0.5};
+  const FitOption* host = first_feasible(weigh_fit(blocks));
+  ASSERT_NE(host, nullptr);
+  EXPECT_DOUBLE_EQ(host->update_ms, 8.0 * kMiB * 1e-5 + 8 * 0.25);
+}
+
+TEST(PlannerFitWeighing, AMeasuredStreamedStepTakesThePlaceOfTheModelledOne) {
+  // The offloaded share's step() timed whole at 3e-5 ms an element and 0.75 ms a tensor: the
+  // offloaded parameter (1M elements) costs that, whatever the copies' model would say.
+  FitInputs in = two_parameters(60 * kMiB, std::int64_t{1} << 40);
+  in.rates = UpdateRates{1e-5, 1e-6, 0.25, 0.5, 3e-5, 0.75};
+  const std::vector<FitOption> options = weigh_fit(in);
+  ASSERT_EQ(options.size(), 3u);
+  EXPECT_DOUBLE_EQ(options[0].update_ms, 2.0 * kMiB * 1e-6 + 2 * 0.5);  // nothing streamed
+  EXPECT_DOUBLE_EQ(options[1].update_ms, 1.0 * kMiB * 1e-6 + 0.5 + 1.0 * kMiB * 3e-5 + 0.75);
+  EXPECT_DOUBLE_EQ(options[2].update_ms, 2.0 * kMiB * 3e-5 + 2 * 0.75);
 }
 
 TEST(PlannerFitWeighing, TheStagingRingHoldsAtMostItsSlotsOfTheLargestBucket) {

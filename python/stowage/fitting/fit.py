@@ -181,7 +181,7 @@ def fit(model: Any, optimizer_factory: Callable[[list[torch.nn.Parameter]], torc
     gc.collect()
     memory = measure(ordered, stowage_memory.memory_allocated(device), capacity, state_copies(optimizer))
     with fit_trial(device):
-        rates = measure_rates(device, parameters[0].dtype)
+        rates = measure_rates(device, parameters[0].dtype, optimizer, list(memory.numels))
     load = (os.getloadavg()[0], len(os.sched_getaffinity(0)))  # the host while fit measured
     refusal = offload_refusal(optimizer) if offload_optimizer else "offload_optimizer=False"
     host = _host_memory(optimizer, host_budget)

@@ -1,10 +1,13 @@
 """`fit`'s recording of the step: whole at the example when it fits and is not to be cut; at 2 and 3
 rows when it may be cut (every cut's trace read off the rows' line); else at the first smaller grid
-(`profiling_grids`) it fits and runs the same ops at, evaluated at the example's (stowage.plan.sizes).
+(`profiling_grids`) it fits and runs the same ops at, evaluated at the example's (stowage.plan.sizes);
+then the step run plainly at a recorded point, its ops' times scaled to it (Note [Calibrated
+compute] in planner/step_traces.hpp).
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Callable
 
 import torch
@@ -17,9 +20,11 @@ from stowage.fitting.batches import ExampleBatch, LossFn, LossFnNeeded, profilin
 from stowage.fitting.choosing import StepTraces
 from stowage.fitting.side_effects import fit_trial, untouched
 from stowage.offload.sharded import local
+from stowage.plan.calibration import best_seconds
 from stowage.plan.sizes import StepsDiffer, grid_points
 
 MICRO_GRID = (MIN_ROWS, MIN_ROWS + 1)  # rows a step that may be cut is recorded at
+CALIBRATION_RUNS = 3  # plain steps timed once the step is recorded, their median taken
 
 
 class CannotCut(Exception):
@@ -41,7 +46,8 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
     try:
         if example.units is None:
             trace = stowage.plan.profile(lambda: step(example.batch), device=kind, cost=cost, model=model)
-            return StepTraces.whole(trace), f"step recorded at {shown(full)}"
+            return _calibrated(StepTraces.whole(trace), trace, lambda: step(example.batch), device), \
+                f"step recorded at {shown(full)}"
         try:
             sized = stowage.plan.profile(_on_cuts(step, example, {"batch": MICRO_GRID}), sizes={"batch": MICRO_GRID},
                                          device=kind, cost=cost, model=model)
@@ -50,7 +56,7 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
             why = "its ops differ with the rows" if isinstance(error, StepsDiffer) else "it fails on 2 or 3 rows"
             raise CannotCut(f"{why} ({str(error).splitlines()[0]})") from None
         rest = f" x seq {example.layout.seq}" if example.layout.seq is not None else ""
-        return StepTraces.by_rows(sized, {}), (
+        return _calibrated_sized(StepTraces.by_rows(sized, {}), sized, step, example, device), (
             f"step recorded at batch {{{', '.join(map(str, MICRO_GRID))}}}{rest}, planned per micro-batch")
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
@@ -66,10 +72,30 @@ def _profile(model: Any, loss_fn: LossFn, example: ExampleBatch, device: torch.d
             smallest, stowage_memory.memory_allocated(device), capacity, gradients, _first_line(failures[-1][1])))
     grid = sized.sizes
     if example.units is not None:
-        return StepTraces.by_rows(sized, {name: full[name] for name in grid}), (
+        traces = StepTraces.by_rows(sized, {name: full[name] for name in grid})
+        return _calibrated_sized(traces, sized, step, example, device), (
             f"step does not fit at 2 rows: recorded at {grid_shown}, planned per micro-batch")
     trace = sized.at({name: full[name] for name in grid})
-    return StepTraces.whole(trace), f"step does not fit whole: recorded at {grid_shown}, planned at {shown(full)}"
+    return _calibrated_sized(StepTraces.whole(trace), sized, step, example, device), (
+        f"step does not fit whole: recorded at {grid_shown}, planned at {shown(full)}")
+
+
+def _calibrated(traces: StepTraces, recorded: Any, run: Callable[[], None], device: torch.device) -> StepTraces:
+    """`traces` with their ops' times scaled so that `recorded` (a LifetimeTrace of them) takes what
+    `run`, the step it recorded, takes run plainly (Note [Calibrated compute] in
+    planner/step_traces.hpp): the median of CALIBRATION_RUNS runs (fit predicts a typical step)."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    plain_ms = statistics.median(best_seconds(run, synchronize, repeats=1) for _ in range(CALIBRATION_RUNS)) * 1e3
+    if recorded.compute_ms <= 0 or plain_ms <= 0:
+        return traces
+    return StepTraces(traces.native.with_compute_scale(plain_ms / recorded.compute_ms), traces.regions)
+
+
+def _calibrated_sized(traces: StepTraces, sized: Any, step: Callable[[Any], None], example: ExampleBatch,
+                      device: torch.device) -> StepTraces:
+    """`traces`, read off `sized` (a SizedTrace), calibrated at the grid's first point."""
+    piece = example.layout.at(example.batch, grid_points(sized.sizes)[0])  # cut before the runs are timed
+    return _calibrated(traces, sized.traces[0], lambda: step(piece), device)
 
 
 def _on_cuts(step: Callable[[Any], None], example: ExampleBatch,

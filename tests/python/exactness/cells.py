@@ -186,12 +186,15 @@ class Caches:
             self._plans[key] = recompute_plan(self.profile(model, scale))
         return self._plans[key]
 
-    def rates(self, device: Any, dtype: Any) -> Any:
+    def rates(self, device: Any, dtype: Any, optimizer: Any = None, numels: Any = None) -> Any:
         from stowage.fitting.measuring import measure_rates
 
-        if (str(device), dtype) not in self._rates:
-            self._rates[(str(device), dtype)] = measure_rates(device, dtype)
-        return self._rates[(str(device), dtype)]
+        implementation = None if optimizer is None else (type(optimizer), optimizer.defaults.get("foreach"),
+                                                         optimizer.defaults.get("fused"))
+        key = (str(device), dtype, implementation)
+        if key not in self._rates:
+            self._rates[key] = measure_rates(device, dtype, optimizer, numels)
+        return self._rates[key]
 
     def warm(self, feature: Feature, model: ModelSpec, scale: int) -> None:
         """Computes what the feature's setup will ask for, before the run seeds."""
