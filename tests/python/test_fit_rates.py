@@ -2,7 +2,8 @@
 implementation torch's optimizer will run there (the factory's class and flags), with a time a
 tensor beside the time an element, and fit's predicted update built from them: on a model of many
 small tensors, where torch's CPU for-loop spends most of its update a tensor at a time, the
-prediction follows what the step takes (wide margins: a busy 2-core machine's timings vary)."""
+prediction follows what the step takes (within 10x: a busy 2-core machine's timings vary; the
+benchmark measures how close)."""
 
 from __future__ import annotations
 
@@ -122,5 +123,7 @@ def test_the_predicted_update_follows_a_for_loop_over_many_small_tensors(monkeyp
         update_ms.append((time.perf_counter() - start) * 1e3)
         fitted.optimizer.zero_grad(set_to_none=True)
     best = min(update_ms[1:])
-    assert best / 3 < fitted.chosen.update_ms < best * 3, (
+    # Within 10x either way (the benchmark measures how close: bench/results/2026-11-29-cpu-fit-
+    # prediction.md): a probe or the steps slowed by a busy host stay inside; 100x low does not.
+    assert best / 10 < fitted.chosen.update_ms < best * 10, (
         fitted.chosen.update_ms, update_ms, rates.device_ms_per_parameter, rates.device_ms_per_tensor)
