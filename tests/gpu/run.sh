@@ -12,6 +12,12 @@
 #             .gpu-deps/torch-tests) under torch's allocator and under stowage, compared test by
 #             test (tests/gpu/torch_allocator_tests/run.py; about 70-80 s a run, estimated);
 #             STOWAGE_GPU_TORCH_TESTS_S bounds both runs (200)
+#   overlap   "The exact step, overlapped": the offloaded optimizer's step on the 0.85B model
+#             (bench/optimizer/adamw_step.py: overlap=True, exact, in_backward against torch's fused
+#             AdamW and torchao's CPUOffloadOptimizer, interleaved rounds), activation offload at block
+#             boundaries against checkpointing alone with the reload stall counters
+#             (bench/e2e/offload_step.py), and fit's predicted step against the measured one
+#             (bench/e2e/fit_prediction.py); STOWAGE_GPU_OVERLAP_S bounds it (200)
 #   peers     stage 2: bench/e2e/peers_at_budget.py, the largest Qwen2.5-shaped decoder and its
 #             tokens/s at a 24 GiB budget for stowage.fit against stock + checkpointing,
 #             torchao's CPUOffloadOptimizer, FSDP2 with CPUOffloadPolicy and DeepSpeed's
@@ -34,9 +40,9 @@
 #
 #   tools/fetch-gpu-deps                                 # here, once: .debs, torchao's and
 #                                                        # expecttest's wheels, torch's test_cuda.py
-#   tests/gpu/run.sh [OUTDIR] [build test peers headline rest bench]   # there, from the
+#   tests/gpu/run.sh [OUTDIR] [build test overlap peers headline rest bench]   # there, from the
 #                                                        # repository root, .gpu-deps carried;
-#                                                        # default: the first five
+#                                                        # default: the first six
 #
 # The machine has CUDA 13, CMake, a C++ compiler and python3 with torch 2.11, pybind11 and
 # scikit-build-core, but no package registry: GoogleTest, Google Benchmark and hwloc come from
@@ -46,7 +52,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 packed="${1:-${OUT:-$root/build/gpu-results}}"
 shift || true
 stages=("$@")
-[[ ${#stages[@]} -eq 0 ]] && stages=(build test peers headline rest)
+[[ ${#stages[@]} -eq 0 ]] && stages=(build test overlap peers headline rest)
 wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 started=$SECONDS
 deadline=$((started + ${STOWAGE_GPU_DEADLINE_S:-570}))
@@ -152,6 +158,26 @@ if wants test; then
     tail -15 "$out/torch-allocator-tests.txt"
   fi
   stage_done test
+fi
+
+if wants overlap; then
+  # Each job in turn within the stage's bound: the offloaded optimizer's modes (the step
+  # target: overlap=True at most torchao's and at most 1.1x max(host update, forward+backward)),
+  # block-boundary offload against checkpointing (at most 3% over it), fit's prediction (within 5%).
+  stage_end=$((SECONDS + $(bound "${STOWAGE_GPU_OVERLAP_S:-200}")))
+  for job in "adamw_overlapped bench/optimizer/adamw_step.py --compare --batch 16 --rounds 2 --modes device,stowage,stowage_overlapped,stowage_in_backward,torchao" \
+             "offload_reloads bench/e2e/offload_step.py --device cuda --compare --modes checkpoint,checkpoint+offload --repeat 3" \
+             "fit_prediction bench/e2e/fit_prediction.py --device cuda --models gpt --options device share host --layers 24 --width 2048 --rows 2 --seq 2048 --vocab 32000 --budget 24GiB"; do
+    name=${job%% *}; command=${job#* }
+    limit=$((stage_end - SECONDS))
+    (( limit > 30 )) || { echo "$name: not run, $limit s left"; continue; }
+    # shellcheck disable=SC2086  # the command's words
+    PYTHONUNBUFFERED=1 timeout "$limit" "$python" $command --json "$out/$name.json" >"$out/$name.txt" 2>&1 \
+      || { echo "$name: exit status $? (see $name.txt)"; status=1; }
+    tail -14 "$out/$name.txt"
+    pack
+  done
+  stage_done overlap
 fi
 
 if wants peers; then
