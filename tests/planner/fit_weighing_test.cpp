@@ -92,6 +92,8 @@ const FitOption* first_feasible(const std::vector<FitOption>& options) {
   const auto found = std::find_if(options.begin(), options.end(), [](const FitOption& o) { return o.feasible(); });
   return found == options.end() ? nullptr : &*found;
 }
+// (a pointer into a temporary vector would dangle: weigh first, then look)
+const FitOption* first_feasible(const std::vector<FitOption>&&) = delete;
 
 TEST(PlannerFitWeighing, ParametersAndGradientsFillingTheDeviceLeaveOnlyTheHostOption) {
   // 40 MiB: the parameters (32 MiB) and their gradients (32 MiB) alone outgrow it at the optimizer's
@@ -331,7 +333,8 @@ TEST(PlannerFitWeighing, EachTensorAddsItsSidesTimeATensor) {
   FitInputs blocks = eight_blocks(std::int64_t{1} << 40, std::int64_t{1} << 40, ParameterPlacement::kHost);
   blocks.blocks.trained_tensors = 8;
   blocks.rates = UpdateRates{1e-5, 1e-6, 0.25, 0.5};
-  const FitOption* host = first_feasible(weigh_fit(blocks));
+  const std::vector<FitOption> weighed = weigh_fit(blocks);  // (the option points into it)
+  const FitOption* host = first_feasible(weighed);
   ASSERT_NE(host, nullptr);
   EXPECT_DOUBLE_EQ(host->update_ms, 8.0 * kMiB * 1e-5 + 8 * 0.25);
 }
