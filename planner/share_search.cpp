@@ -87,9 +87,13 @@ std::vector<ShareChoice> weigh_shares(const std::vector<double>& fractions, cons
   return listed;
 }
 
-std::optional<ShareChoice> pick_choice(const TimedChoices& step_ms, double tie) {
+std::optional<ShareChoice> pick_choice(const TimedChoices& step_ms, double tie,
+                                       const std::optional<ShareChoice>& as_given) {
   if (step_ms.empty()) {
     return std::nullopt;
+  }
+  if (as_given && std::any_of(step_ms.begin(), step_ms.end(), [&](const auto& timed) { return timed.first == *as_given; })) {
+    return as_given;
   }
   double fastest = step_ms.front().second;
   for (const auto& [choice, ms] : step_ms) {

@@ -57,7 +57,13 @@ std::vector<ShareChoice> weigh_shares(const std::vector<double>& fractions, cons
 using TimedChoices = std::vector<std::pair<ShareChoice, double>>;
 
 // The choice to take from the feasible choices' predicted step times; nullopt when none.
-std::optional<ShareChoice> pick_choice(const TimedChoices& step_ms, double tie);
+// `as_given`, where the step fits as given (every state on the device, the whole batch at once, a
+// plan that neither recomputes nor offloads), is taken whatever the others' times: fit changes
+// nothing where nothing needs changing (a CPU's for-loop update timed slower than the host
+// kernel's would otherwise move the states for a few milliseconds that a GPU's fused update does
+// not lose, and a noisy timing would decide).
+std::optional<ShareChoice> pick_choice(const TimedChoices& step_ms, double tie,
+                                       const std::optional<ShareChoice>& as_given = std::nullopt);
 
 // One choice for ranks training in step: feasible on every rank, timed by its slowest.
 std::optional<ShareChoice> agree_choice(const std::vector<TimedChoices>& per_rank, double tie);

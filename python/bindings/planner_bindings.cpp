@@ -343,10 +343,14 @@ void bind_fit_weighing(py::module_& module) {
            py::arg("micro_rows"), py::arg("smallest"), py::arg("extra_cuts"));
   module.def(
       "pick_choice",
-      [](const std::map<ChoiceTuple, double>& step_ms, double tie) {
-        return as_tuple(planner::pick_choice(timed_choices(step_ms), tie));
+      [](const std::map<ChoiceTuple, double>& step_ms, double tie, const std::optional<ChoiceTuple>& as_given) {
+        std::optional<planner::ShareChoice> given;
+        if (as_given) given = planner::ShareChoice{std::get<0>(*as_given), std::get<1>(*as_given), std::get<2>(*as_given)};
+        return as_tuple(planner::pick_choice(timed_choices(step_ms), tie, given));
       },
-      py::arg("step_ms"), py::arg("tie"), "The choice fit takes from {(share, rows, parameters on the host): predicted ms}, or None.");
+      py::arg("step_ms"), py::arg("tie"), py::arg("as_given") = std::nullopt,
+      "The choice fit takes from {(share, rows, parameters on the host): predicted ms}, or None; as_given, the "
+      "choice that runs the step as given where it fits so, wins.");
   module.def(
       "agree_choice",
       [](const std::vector<std::map<ChoiceTuple, double>>& per_rank, double tie) {

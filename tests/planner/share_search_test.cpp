@@ -22,6 +22,14 @@ TEST(ShareSearch, TheFastestWinsAndWithinTheTieTheMostRowsThenTheMostStates) {
   EXPECT_EQ(pick_choice({}, kTie), std::nullopt);
 }
 
+TEST(ShareSearch, AStepThatFitsAsGivenIsTakenAsGiven) {
+  const TimedChoices timed{{{1.0, 8}, 100.0}, {{0.0, 8}, 60.0}};
+  EXPECT_EQ(pick_choice(timed, kTie), (ShareChoice{0.0, 8}));
+  EXPECT_EQ(pick_choice(timed, kTie, ShareChoice{1.0, 8}), (ShareChoice{1.0, 8}));
+  // Not among the feasible choices (it does not fit as given): the fastest.
+  EXPECT_EQ(pick_choice({{{0.5, 8}, 100.0}, {{0.0, 8}, 60.0}}, kTie, ShareChoice{1.0, 8}), (ShareChoice{0.0, 8}));
+}
+
 TEST(ShareSearch, TheParametersGoToTheHostOnlyForAFasterStep) {  // within the tie they stay on the device
   EXPECT_EQ(pick_choice({{{1.0, 4, true}, 99.0}, {{0.5, 8, false}, 100.0}}, kTie), (ShareChoice{0.5, 8, false}));
   EXPECT_EQ(pick_choice({{{1.0, 8, true}, 90.0}, {{1.0, 8, false}, 100.0}}, kTie), (ShareChoice{1.0, 8, true}));

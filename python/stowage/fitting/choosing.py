@@ -93,14 +93,18 @@ class Option:
         return Plan(trace.with_cost(cost), self.weighed.decisions, self.activation_budget)
 
 
-def _agreed(options: list[Option]) -> Choice | None:
-    """The choice this process takes: the fastest feasible one, within TIE the parameters on the
-    device, then the most rows, then the most states (planner/share_search.hpp). Under
-    torch.distributed every rank takes the same one, feasible on every rank and timed by its slowest (where the update runs changes its rounding,
+def _agreed(options: list[Option], rows: int) -> Choice | None:
+    """The choice this process takes: the step as given where it fits so (every state on the device,
+    the batch of `rows` whole, nothing recomputed or offloaded), else the fastest feasible one,
+    within TIE the parameters on the device, then the most rows, then the most states
+    (planner/share_search.hpp). Under torch.distributed every rank takes the same one, the fastest
+    feasible on every rank timed by its slowest (where the update runs changes its rounding,
     parameters must stay identical across ranks, and the ranks' micro-batches meet in one all-reduce)."""
     mine = {o.key: o.step_ms for o in options if o.feasible}
     if not distributed():
-        return _core.pick_choice(mine, TIE)
+        as_given = (1.0, rows, False)
+        given = next((o for o in options if o.key == as_given and o.feasible and o.keeps_everything), None)
+        return _core.pick_choice(mine, TIE, None if given is None else as_given)
     every: list[dict[Choice, float]] = [{} for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather_object(every, mine)
     return _core.agree_choice(every, TIE)
@@ -232,7 +236,7 @@ def choose(weighing: Weighing, model: Any, loss_fn: LossFn, example: ExampleBatc
     reserve, no_recompute, found = 0, set(), []
     for attempt in range(TRIALS):
         options = weighing.options(reserve, no_recompute)
-        choice = _agreed(options)
+        choice = _agreed(options, weighing.rows)
         chosen = next((o for o in options if o.key == choice), None)
         untried = chosen is None or chosen.plan is None or (chosen.keeps_everything and not chosen.parameters_on_host)
         if untried or distributed() or attempt == TRIALS - 1:
