@@ -47,6 +47,13 @@ def overlapped(model: Any, **options: Any) -> Any:
     return stowage.offload.AdamW(model.parameters(), **HYPER, bucket_numel=1000, overlap=True, **options)
 
 
+def twins(**options: Any) -> tuple[Any, Any, Any, Any]:
+    """A model and its reference, the overlapped optimizer over the first and torch's over the other."""
+    model, reference = make_model(), make_model()
+    return model, reference, overlapped(model, **options), torch.optim.AdamW(reference.parameters(), **HYPER,
+                                                                              foreach=False)
+
+
 Between = Callable[[Any, Any, list[Any]], None]  # (model, optimizer, log): what the loop does after step()
 
 
@@ -110,9 +117,7 @@ def read_states(model: Any, optimizer: Any, log: list[Any]) -> None:
 @pytest.mark.parametrize("between", [None, log_norms, clamp_first_weight, copy_into_last, ema_of_parameters,
                                      read_states])
 def test_overlapped_steps_match_torch_adamw_bit_for_bit(between: Between | None) -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     log = train(model, ours, STEPS, between)
     expected = train(reference, theirs, STEPS, between)
     for a, b in zip(log, expected):
@@ -127,9 +132,7 @@ def test_overlapped_steps_match_torch_adamw_bit_for_bit(between: Between | None)
 
 @pytest.mark.parametrize("options", [dict(clip=True), dict(loss_scale=1024.0), dict(set_to_none=False)])
 def test_clipping_loss_scaling_and_gradients_zeroed_in_place_stay_exact(options: dict[str, Any]) -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     train(model, ours, STEPS, **options)
     train(reference, theirs, STEPS, **options)
     assert_bitwise(model, reference)
@@ -137,9 +140,7 @@ def test_clipping_loss_scaling_and_gradients_zeroed_in_place_stay_exact(options:
 
 
 def test_gradients_zeroed_in_place_by_the_model_right_after_step_are_copied_out_first() -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     for step in range(STEPS):
         for m, o in ((model, ours), (reference, theirs)):
             loss_of(m, step).backward()
@@ -149,9 +150,7 @@ def test_gradients_zeroed_in_place_by_the_model_right_after_step_are_copied_out_
 
 
 def test_a_checkpoint_saved_right_after_step_continues_bit_for_bit() -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     train(reference, theirs, 2 * STEPS)
     train(model, ours, STEPS)
     # one more step, and the checkpoint taken while it is pending: the model's first
@@ -175,9 +174,7 @@ def test_a_checkpoint_saved_right_after_step_continues_bit_for_bit() -> None:
 
 
 def test_a_model_state_dict_taken_while_pending_holds_the_step_s_result() -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     train(reference, theirs, 1)
     held = threading.Event()
     ours._at_step_point = lambda name: held.wait(5) if name == "update 0" else None
@@ -229,9 +226,7 @@ def test_without_overlap_step_does_not_return_while_the_update_is_held() -> None
 
 
 def test_a_pending_step_s_error_surfaces_once_named_and_the_step_is_whole() -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     train(reference, theirs, 2)
     train(model, ours, 1)
     ours.flush()  # (step 1 landed before the seam is armed)
@@ -296,9 +291,7 @@ def zero_gradients_in_place(model: Any, optimizer: Any, log: list[Any]) -> None:
 def test_what_the_loop_does_while_the_step_is_held_waits_for_it(between: Between) -> None:
     """The host part held at its first bucket's update while the loop reads or writes parameters,
     gradients or states: each waits, and the result is torch's bit for bit."""
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     expected = train(reference, theirs, 2, between)
     log: list[Any] = []
     for step in range(2):
@@ -320,9 +313,7 @@ def test_what_the_loop_does_while_the_step_is_held_waits_for_it(between: Between
 
 
 def test_a_view_taken_before_step_and_a_weight_used_functionally_wait_for_their_bucket() -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     views = [m[5].weight[:2] for m in (model, reference)]  # (taken before any step)
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(9))
     seen: list[Any] = []
@@ -340,9 +331,7 @@ def test_a_view_taken_before_step_and_a_weight_used_functionally_wait_for_their_
 def test_dropping_gradients_through_the_model_does_not_wait_for_the_step() -> None:
     """model.zero_grad()'s ``p.grad = None`` reads and sets an attribute only: it returns while the
     step is held (the step holds the gradients it has not copied out), and the step stays exact."""
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     train(reference, theirs, 1)
     held = threading.Event()
     ours._at_step_point = lambda name: held.wait(10) if name == "update 0" else None
@@ -365,9 +354,7 @@ def test_the_optimizer_s_zero_grad_right_after_step_overlaps_and_stays_exact(set
     """optimizer.zero_grad() right after step(), the most common loop: dropping the gradients
     returns while the step is held, zeroing them in place waits for their copies out; the next
     forward overlaps, and the steps are torch's bit for bit."""
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     for step in range(3):
         loss_of(reference, step).backward()
         theirs.step()
@@ -435,9 +422,7 @@ def test_a_grad_scaler_s_steps_and_skipped_step_are_the_waiting_step_s() -> None
 def test_a_step_inside_another_torch_function_mode_runs_whole_and_says_why() -> None:
     """A `with torch.device(...)` block is a TorchFunctionMode: its exit pops whatever mode is on top,
     so a step() inside one is not left pending (it warns once) and stays exact."""
-    model, reference = make_model(), make_model()
-    ours = overlapped(model)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins()
     train(reference, theirs, 2)
     depth = torch._C._len_torch_function_stack()
     with pytest.warns(UserWarning, match="TorchFunctionMode is active at step"):
@@ -454,9 +439,7 @@ def test_a_step_inside_another_torch_function_mode_runs_whole_and_says_why() -> 
 
 @pytest.mark.parametrize("device_fraction", [0.5, 1.0])
 def test_a_device_share_steps_in_step_and_the_rest_overlaps(device_fraction: float) -> None:
-    model, reference = make_model(), make_model()
-    ours = overlapped(model, device_fraction=device_fraction)
-    theirs = torch.optim.AdamW(reference.parameters(), **HYPER, foreach=False)
+    model, reference, ours, theirs = twins(device_fraction=device_fraction)
     train(model, ours, STEPS, log_norms)
     train(reference, theirs, STEPS, log_norms)
     ours.flush()
